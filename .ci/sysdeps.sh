@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the system tools the test suite uses (rsync, nft, ip, tmux), when run as root and missing.
+set -euo pipefail
+declare -A pkg_for=([rsync]=rsync [nft]=nftables [ip]=iproute2 [tmux]=tmux [ssh-keygen]=openssh-client)
+missing=()
+for cmd in "${!pkg_for[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_for[$cmd]}")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "sysdeps: missing ${missing[*]}; not root, so the tests that need them will skip" >&2
+    exit 0
+fi
+echo "sysdeps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

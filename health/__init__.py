@@ -1,0 +1,5 @@
+"""health package of shoal."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

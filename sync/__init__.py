@@ -1,0 +1,5 @@
+"""sync package of shoal."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
