@@ -5,6 +5,8 @@ Ordering invariant, checked on load: failure detection < collective < quorum < w
 
 from __future__ import annotations
 
+import itertools
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -14,29 +16,69 @@ class Timeouts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     http_request_s: float = Field(10.0, gt=0, description="One HTTP request to a peer (API calls).")
-    peer_status_s: float = Field(3.0, gt=0, description="One /v1/status or /v1/peers read by the monitor or CLI.")
-    probe_interval_s: float = Field(0.5, gt=0, description="SWIM protocol period: one direct probe per period.")
-    probe_timeout_s: float = Field(0.3, gt=0, description="Wait for a direct probe's ack before indirect probes.")
-    indirect_probe_timeout_s: float = Field(0.6, gt=0, description="Wait for an indirect probe through k peers.")
-    suspicion_s: float = Field(1.0, gt=0, description="Base time a suspect has to refute before dead (scaled by log N).")
-    dead_reap_s: float = Field(300.0, gt=0, description="How long a dead or left member stays in the view.")
+    peer_status_s: float = Field(
+        3.0, gt=0, description="One /v1/status or /v1/peers read by the monitor or CLI."
+    )
+    probe_interval_s: float = Field(
+        0.5, gt=0, description="SWIM protocol period: one direct probe per period."
+    )
+    probe_timeout_s: float = Field(
+        0.3, gt=0, description="Wait for a direct probe's ack before indirect probes."
+    )
+    indirect_probe_timeout_s: float = Field(
+        0.6, gt=0, description="Wait for an indirect probe through k peers."
+    )
+    suspicion_s: float = Field(
+        1.0, gt=0, description="Base time a suspect has to refute before dead (scaled by log N)."
+    )
+    dead_reap_s: float = Field(
+        300.0, gt=0, description="How long a dead or left member stays in the view."
+    )
     mdns_s: float = Field(3.0, gt=0, description="One zeroconf registration or query.")
-    sync_s: float = Field(300.0, gt=0, description="One whole sync of one category from one peer (SHOAL_SYNC_TIMEOUT).")
-    sync_piece_s: float = Field(60.0, gt=0, description="One piece (range request) of a file transfer.")
+    sync_s: float = Field(
+        300.0,
+        gt=0,
+        description="One whole sync of one category from one peer (SHOAL_SYNC_TIMEOUT).",
+    )
+    sync_piece_s: float = Field(
+        60.0, gt=0, description="One piece (range request) of a file transfer."
+    )
     ssh_connect_s: float = Field(10.0, gt=0, description="Opening an SSH connection for rsync.")
-    sqlite_busy_s: float = Field(5.0, gt=0, description="SQLite busy timeout for any database of the node.")
-    health_check_s: float = Field(5.0, gt=0, description="One health check before it counts as hung.")
-    breaker_recovery_s: float = Field(60.0, gt=0, description="Circuit breaker OPEN time before half-open probes.")
-    breaker_probe_s: float = Field(30.0, gt=0, description="A half-open probe that never reports is failed after this.")
+    sqlite_busy_s: float = Field(
+        5.0, gt=0, description="SQLite busy timeout for any database of the node."
+    )
+    health_check_s: float = Field(
+        5.0, gt=0, description="One health check before it counts as hung."
+    )
+    breaker_recovery_s: float = Field(
+        60.0, gt=0, description="Circuit breaker OPEN time before half-open probes."
+    )
+    breaker_probe_s: float = Field(
+        30.0, gt=0, description="A half-open probe that never reports is failed after this."
+    )
     heartbeat_interval_s: float = Field(0.25, gt=0, description="Coordinator heartbeat period.")
-    lease_s: float = Field(1.5, gt=0, description="Coordinator lease; held only while a majority acked within it.")
-    election_min_s: float = Field(1.5, gt=0, description="Lower bound of the randomized election timeout.")
-    election_max_s: float = Field(3.0, gt=0, description="Upper bound of the randomized election timeout.")
-    collective_s: float = Field(30.0, gt=0, description="A torch.distributed collective or store operation.")
+    lease_s: float = Field(
+        1.5, gt=0, description="Coordinator lease; held only while a majority acked within it."
+    )
+    election_min_s: float = Field(
+        1.5, gt=0, description="Lower bound of the randomized election timeout."
+    )
+    election_max_s: float = Field(
+        3.0, gt=0, description="Upper bound of the randomized election timeout."
+    )
+    collective_s: float = Field(
+        30.0, gt=0, description="A torch.distributed collective or store operation."
+    )
     quorum_s: float = Field(60.0, gt=0, description="Forming a process group from a new plan.")
-    watchdog_s: float = Field(120.0, gt=0, description="systemd watchdog (WatchdogSec) for the event loop.")
-    shutdown_s: float = Field(8.0, gt=0, description="Graceful stop on SIGTERM: leave, stop loops, close the WAL.")
-    auth_skew_s: float = Field(300.0, gt=0, description="Accepted clock difference of a signed request's timestamp.")
+    watchdog_s: float = Field(
+        120.0, gt=0, description="systemd watchdog (WatchdogSec) for the event loop."
+    )
+    shutdown_s: float = Field(
+        8.0, gt=0, description="Graceful stop on SIGTERM: leave, stop loops, close the WAL."
+    )
+    auth_skew_s: float = Field(
+        300.0, gt=0, description="Accepted clock difference of a signed request's timestamp."
+    )
 
     @property
     def detection_s(self) -> float:
@@ -63,7 +105,7 @@ class Timeouts(BaseModel):
             ("quorum_s", self.quorum_s),
             ("watchdog_s", self.watchdog_s),
         ]
-        for (low_name, low), (high_name, high) in zip(chain, chain[1:], strict=False):
+        for (low_name, low), (high_name, high) in itertools.pairwise(chain):
             if not low < high:
                 raise ValueError(
                     f"timeouts must satisfy detection < collective_s < quorum_s < watchdog_s; "

@@ -1,0 +1,74 @@
+"""Settings of a node, the YAML host inventory, the timeout table, and request signing."""
+
+from __future__ import annotations
+
+from config.auth import (
+    HEADER_NODE,
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    NonceCache,
+    read_secret_file,
+    sign_request,
+    signed_headers,
+    signing_middleware,
+    verify_request,
+)
+from config.errors import AuthError, ConfigError, InventoryError
+from config.fields import Category, HostStatus, Role, is_valid_node_id
+from config.inventory import (
+    BreakerSection,
+    ClusterSection,
+    HostEntry,
+    Inventory,
+    SyncSection,
+    eligible_hosts,
+    load_inventory,
+    parse_inventory,
+)
+from config.nodeid import load_or_create_node_id
+from config.settings import (
+    ENV_VARS,
+    LoadedSettings,
+    LogFormat,
+    NodeSettings,
+    describe_settings,
+    load_settings,
+)
+from config.timeouts import Timeouts
+
+__all__ = [
+    "ENV_VARS",
+    "HEADER_NODE",
+    "HEADER_NONCE",
+    "HEADER_SIGNATURE",
+    "HEADER_TIMESTAMP",
+    "AuthError",
+    "BreakerSection",
+    "Category",
+    "ClusterSection",
+    "ConfigError",
+    "HostEntry",
+    "HostStatus",
+    "Inventory",
+    "InventoryError",
+    "LoadedSettings",
+    "LogFormat",
+    "NodeSettings",
+    "NonceCache",
+    "Role",
+    "SyncSection",
+    "Timeouts",
+    "describe_settings",
+    "eligible_hosts",
+    "is_valid_node_id",
+    "load_inventory",
+    "load_or_create_node_id",
+    "load_settings",
+    "parse_inventory",
+    "read_secret_file",
+    "sign_request",
+    "signed_headers",
+    "signing_middleware",
+    "verify_request",
+]

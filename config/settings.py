@@ -1,0 +1,201 @@
+"""A node's settings: defaults < config file < environment < CLI flags, and their sources."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from config.errors import ConfigError
+from config.fields import Category, NodeId, Port, Role
+from config.timeouts import Timeouts
+from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class NodeSettings(BaseModel):
+    """Everything one node is configured with. Frozen: a change means a new object."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_id: NodeId | None = Field(None, description="Stable id; generated once into the data dir.")
+    data_dir: Path = Field(Path(".shoal"), description="Where the node keeps its state and data.")
+    wal_dir: Path | None = Field(None, description="Directory of the WAL database (data_dir/wal).")
+    bind: str = Field("127.0.0.1", min_length=1, description="Address the HTTP API listens on.")
+    port: Port = Field(8770, description="HTTP API port; membership uses the same UDP port.")
+    advertise_address: str | None = Field(None, description="Address peers reach this node at.")
+    mdns: bool = Field(True, description="Advertise and discover peers with mDNS.")
+    cluster_name: str = Field(
+        "shoal", min_length=1, description="Peers of other clusters are ignored."
+    )
+    secret_file: Path | None = Field(None, description="Cluster secret (chmod 600) for signing.")
+    metrics_token_file: Path | None = Field(None, description="Bearer token file for /metrics.")
+    inventory: Path | None = Field(None, description="YAML host inventory.")
+    role: Role = Field(
+        Role.AUTO, description="Role preference: auto, training, inference, selfplay."
+    )
+    storage_paths: dict[Category, Path] = Field(
+        default_factory=dict, description="Per-category directories (default data_dir/<category>)."
+    )
+    seeds: tuple[str, ...] = Field((), description="HOST:PORT of peers to join through.")
+    voters: tuple[NodeId, ...] | None = Field(None, description="Voter ids when no inventory.")
+    insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
+    log_format: LogFormat = Field(LogFormat.TEXT, description="text or json log lines.")
+    circuit_threshold: int = Field(5, ge=1, description="Failures in a row that open a breaker.")
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, seeds: tuple[str, ...]) -> tuple[str, ...]:
+        for seed in seeds:
+            host, sep, port = seed.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(f"each seed must be HOST:PORT, got {seed!r}")
+        return seeds
+
+    @property
+    def wal_path(self) -> Path:
+        """The WAL database file."""
+        return (self.wal_dir or self.data_dir / "wal") / "wal.db"
+
+    def category_path(self, category: Category | str) -> Path:
+        """The directory of a data category."""
+        category = Category(category)
+        return self.storage_paths.get(category, self.data_dir / category.value)
+
+    def config_hash(self) -> str:
+        """Hash of the settings that must agree across the cluster (drift shows in the monitor)."""
+        shared = {
+            "cluster_name": self.cluster_name,
+            "timeouts": self.timeouts.model_dump(),
+            "circuit_threshold": self.circuit_threshold,
+            "voters": self.voters,
+        }
+        blob = json.dumps(shared, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+ENV_VARS: dict[str, str] = {
+    "SHOAL_CLUSTER_CONFIG": "inventory",
+    "SHOAL_DATA_DIR": "data_dir",
+    "SHOAL_NODE_ID": "node_id",
+    "SHOAL_P2P_PORT": "port",
+    "SHOAL_SYNC_TIMEOUT": "timeouts.sync_s",
+    "SHOAL_WAL_DIR": "wal_dir",
+    "SHOAL_CIRCUIT_THRESHOLD": "circuit_threshold",
+    "SHOAL_BIND": "bind",
+    "SHOAL_SECRET_FILE": "secret_file",
+}
+"""Environment variable -> setting (dotted for nested). SHOAL_CONFIG names the config file."""
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    """Effective settings, the source of each (`default`, `file:PATH:LINE`, `env:VAR`, `flag`)."""
+
+    settings: NodeSettings
+    sources: Mapping[str, str]
+    config_file: Path | None
+
+
+def _put(target: dict[str, Any], dotted: str, value: Any) -> None:
+    head, _, rest = dotted.partition(".")
+    if rest:
+        inner = target.setdefault(head, {})
+        if not isinstance(inner, dict):
+            inner = {}
+            target[head] = inner
+        _put(inner, rest, value)
+    else:
+        target[head] = value
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key == "timeouts" and isinstance(value, Mapping) and not prefix:
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _source_of(loc: tuple[str, ...], sources: Mapping[str, str]) -> str:
+    for depth in range(len(loc), 0, -1):
+        name = ".".join(loc[:depth])
+        if name in sources:
+            return sources[name]
+    return "default"
+
+
+def load_settings(
+    config_file: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> LoadedSettings:
+    """Merge defaults < config file < environment < flags and validate once.
+
+    `config_file` (or SHOAL_CONFIG) is a YAML mapping of NodeSettings fields. `flags` holds
+    only the flags the user gave, by setting name. Errors name the file and line, the
+    variable or the flag, and the field.
+    """
+    env = os.environ if env is None else env
+    flags = flags or {}
+    path_text = config_file if config_file is not None else env.get("SHOAL_CONFIG")
+    path = Path(path_text).expanduser() if path_text else None
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    doc: YamlDocument | None = None
+    if path is not None:
+        doc = load_yaml_mapping(path, "config file")
+        for name, value in _flatten(doc.data).items():
+            _put(merged, name, value)
+            sources[name] = f"file:{doc.where(name.split('.'))}"
+    for var, name in ENV_VARS.items():
+        if var in env and env[var] != "":
+            _put(merged, name, env[var])
+            sources[name] = f"env:{var}"
+    for name, value in flags.items():
+        if value is None:
+            continue
+        _put(merged, name, value)
+        sources[name] = "flag"
+    try:
+        settings = NodeSettings.model_validate(merged)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(str(part) for part in error.get("loc", ()))
+            source = _source_of(loc, sources)
+            where = {"default": "settings", "flag": "command line"}.get(source, source)
+            where = where.removeprefix("file:").replace("env:", "environment variable ")
+            problems.append(f"{where}: {describe_error(NodeSettings, error)}")
+        raise ConfigError(problems) from exc
+    settings = settings.model_copy(
+        update={
+            "data_dir": settings.data_dir.expanduser().resolve(),
+            "wal_dir": settings.wal_dir.expanduser().resolve() if settings.wal_dir else None,
+        }
+    )
+    return LoadedSettings(settings=settings, sources=sources, config_file=path)
+
+
+def describe_settings(loaded: LoadedSettings) -> list[tuple[str, Any, str]]:
+    """(setting, value, source) rows for `shoal config show`; nested timeouts flattened."""
+    rows: list[tuple[str, Any, str]] = []
+    dumped = loaded.settings.model_dump(mode="json")
+    for name, value in _flatten(dumped).items():
+        rows.append((name, value, loaded.sources.get(name, "default")))
+    return rows
