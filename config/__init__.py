@@ -36,6 +36,7 @@ from config.settings import (
     load_settings,
 )
 from config.timeouts import Timeouts
+from config.version import shoal_version
 
 __all__ = [
     "ENV_VARS",
@@ -69,6 +70,7 @@ __all__ = [
     "read_secret_file",
     "sign_request",
     "signed_headers",
+    "shoal_version",
     "signing_middleware",
     "verify_request",
 ]

@@ -1,0 +1,60 @@
+"""What every `shoal` command shares: consoles, error exits, JSON output, loading settings."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from config import ConfigError, LoadedSettings, load_settings
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+T = TypeVar("T")
+
+
+def fail(problems: list[str] | str, code: int = EXIT_USAGE) -> NoReturn:
+    """Print each problem as one line on stderr and exit with `code` (2: usage or config)."""
+    for line in [problems] if isinstance(problems, str) else problems:
+        err_console.print(f"shoal: error: {line}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Turn a ConfigError into its lines on stderr and exit code 2, never a traceback."""
+    try:
+        yield
+    except ConfigError as exc:
+        fail(exc.problems, EXIT_USAGE)
+
+
+def guarded(fn: Callable[[], T]) -> T:
+    with config_errors():
+        return fn()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout, for scripts."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def settings_from(
+    config_file: Path | None = None, flags: dict[str, Any] | None = None
+) -> LoadedSettings:
+    """Effective settings for a command: defaults < file < environment < the flags given."""
+    with config_errors():
+        return load_settings(config_file, flags=flags or {})
+    raise AssertionError("unreachable")  # pragma: no cover
