@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,9 +11,17 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from aiohttp import ClientMiddlewareType, ClientSession, ClientTimeout
 from rich.console import Console
 
-from config import ConfigError, LoadedSettings, load_settings
+from config import (
+    ConfigError,
+    LoadedSettings,
+    NodeSettings,
+    load_settings,
+    read_secret_file,
+    signing_middleware,
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -58,3 +67,27 @@ def settings_from(
     with config_errors():
         return load_settings(config_file, flags=flags or {})
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def node_url(settings: NodeSettings, url: str | None = None) -> str:
+    """`url` when given, else the local daemon's API address from the settings."""
+    if url:
+        return url.rstrip("/")
+    host = settings.bind
+    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+def client_session(settings: NodeSettings, timeout_s: float | None = None) -> ClientSession:
+    """An aiohttp session that signs every request when the settings name a secret file."""
+    middlewares: tuple[ClientMiddlewareType, ...] = ()
+    if settings.secret_file is not None:
+        secret = read_secret_file(settings.secret_file)
+        middlewares = (signing_middleware(secret, f"cli-{socket.gethostname()}"),)
+    timeout = ClientTimeout(total=timeout_s or settings.timeouts.http_request_s)
+    return ClientSession(timeout=timeout, middlewares=middlewares)
