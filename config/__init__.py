@@ -68,9 +68,9 @@ __all__ = [
     "load_settings",
     "parse_inventory",
     "read_secret_file",
+    "shoal_version",
     "sign_request",
     "signed_headers",
-    "shoal_version",
     "signing_middleware",
     "verify_request",
 ]
