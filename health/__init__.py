@@ -1,5 +1,93 @@
-"""health package of shoal."""
+"""health: circuit breakers per peer and transport, health checks, Prometheus metrics.
+
+May import config and wal only; sync and node import it.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from health.breaker import (
+    BreakerConfig,
+    BreakerSnapshot,
+    CircuitBreaker,
+    CircuitState,
+    Clock,
+    StateListener,
+    counts_as_failure,
+)
+from health.checker import (
+    CheckFn,
+    CheckResult,
+    ComponentHealth,
+    HealthChecker,
+    HealthStatus,
+    HealthSummary,
+    SummaryListener,
+    summarize,
+)
+from health.checks import (
+    WalLike,
+    WalStatsLike,
+    disk_check,
+    disk_usage,
+    memory_check,
+    read_rss_bytes,
+    wal_backlog_check,
+    wal_check,
+)
+from health.errors import CircuitOpenError, HealthConfigError, HealthError
+from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
+from health.metrics import NodeMetrics, package_version
+from health.registry import (
+    BreakerRegistry,
+    TransitionListener,
+    all_breakers,
+    breaker_for,
+    configure_breakers,
+    default_registry,
+    reset_all_breakers,
+)
+from health.report import format_breakers, format_health_report
+
+__all__ = [
+    "BreakerConfig",
+    "BreakerRegistry",
+    "BreakerSnapshot",
+    "CheckFn",
+    "CheckResult",
+    "CircuitBreaker",
+    "CircuitOpenError",
+    "CircuitState",
+    "Clock",
+    "ComponentHealth",
+    "GpuInfo",
+    "GpuReader",
+    "HealthChecker",
+    "HealthConfigError",
+    "HealthError",
+    "HealthStatus",
+    "HealthSummary",
+    "NodeMetrics",
+    "StateListener",
+    "SummaryListener",
+    "TransitionListener",
+    "WalLike",
+    "WalStatsLike",
+    "all_breakers",
+    "breaker_for",
+    "configure_breakers",
+    "counts_as_failure",
+    "default_registry",
+    "disk_check",
+    "disk_usage",
+    "format_breakers",
+    "format_health_report",
+    "gpu_check",
+    "memory_check",
+    "package_version",
+    "read_gpus",
+    "read_rss_bytes",
+    "reset_all_breakers",
+    "summarize",
+    "wal_backlog_check",
+    "wal_check",
+]

@@ -1,0 +1,402 @@
+"""Circuit breaker guarding the calls to one peer over one transport.
+
+A single-threaded asyncio state machine: every state change happens between awaits, so no lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from config.timeouts import Timeouts
+from health.errors import CircuitOpenError, HealthConfigError, HealthError
+
+__all__ = [
+    "BreakerConfig",
+    "BreakerSnapshot",
+    "CircuitBreaker",
+    "CircuitState",
+    "Clock",
+    "StateListener",
+    "counts_as_failure",
+]
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Clock = Callable[[], float]
+StateListener = Callable[[str, "CircuitState", "CircuitState"], None]
+
+
+class CircuitState(enum.StrEnum):
+    """CLOSED lets calls through, OPEN refuses them, HALF_OPEN admits a few probe calls."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    """How a breaker counts failures and backs off. Times in seconds of the breaker's clock.
+
+    `excluded` exceptions and those for which `is_failure(exc)` is False are the peer answering
+    "no" (auth errors, 4xx): they count as successes. CancelledError never counts.
+    """
+
+    failure_threshold: int = 5
+    recovery_timeout_s: float = 60.0
+    half_open_requests: int = 1
+    max_backoff_s: float = 600.0
+    decay_after_s: float = 300.0
+    probe_timeout_s: float = 30.0
+    excluded: tuple[type[BaseException], ...] = ()
+    is_failure: Callable[[BaseException], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise HealthConfigError(
+                f"failure_threshold must be at least 1, got {self.failure_threshold}"
+            )
+        if self.half_open_requests < 1:
+            raise HealthConfigError(
+                f"half_open_requests must be at least 1, got {self.half_open_requests}"
+            )
+        for field_name in ("recovery_timeout_s", "decay_after_s", "probe_timeout_s"):
+            value = getattr(self, field_name)
+            if not value > 0:
+                raise HealthConfigError(f"{field_name} must be positive, got {value}")
+        if self.max_backoff_s < self.recovery_timeout_s:
+            raise HealthConfigError(
+                f"max_backoff_s ({self.max_backoff_s}) must not be below "
+                f"recovery_timeout_s ({self.recovery_timeout_s})"
+            )
+
+    @classmethod
+    def from_timeouts(cls, timeouts: Timeouts, failure_threshold: int = 5) -> BreakerConfig:
+        """The config whose recovery and probe times come from the node's timeout table."""
+        return cls(
+            failure_threshold=failure_threshold,
+            recovery_timeout_s=timeouts.breaker_recovery_s,
+            probe_timeout_s=timeouts.breaker_probe_s,
+            max_backoff_s=max(600.0, timeouts.breaker_recovery_s),
+        )
+
+
+@dataclass(frozen=True)
+class BreakerSnapshot:
+    """One breaker's state at one moment, for /v1/status and the dashboard.
+
+    `opened_at` is a reading of the breaker's clock; `retry_after_s` is None while CLOSED.
+    """
+
+    name: str
+    peer: str
+    transport: str
+    state: CircuitState
+    consecutive_failures: int
+    opened_at: float | None
+    retry_after_s: float | None
+    current_recovery_s: float
+    total_failures: int
+    total_successes: int
+
+
+def counts_as_failure(config: BreakerConfig, exc: BaseException) -> bool:
+    """Whether `exc` leaving a guarded call counts against the peer."""
+    if not isinstance(exc, Exception):
+        return False  # CancelledError, KeyboardInterrupt, SystemExit: not the peer's fault
+    if config.excluded and isinstance(exc, config.excluded):
+        return False
+    if config.is_failure is None:
+        return True
+    try:
+        return config.is_failure(exc)
+    except Exception:
+        logger.warning("is_failure predicate raised on %r; counting it as a failure", exc)
+        return True
+
+
+@dataclass(frozen=True)
+class _Ticket:
+    """An admitted call: the epoch (state generation) it was admitted in, its probe slot if any."""
+
+    epoch: int
+    probe_id: int | None
+
+
+# Admitted calls of the current task, innermost last: (id(breaker), ticket). Immutable tuples, so
+# a task spawned inside `async with breaker:` never sees or pops its parent's ticket.
+_TICKETS: ContextVar[tuple[tuple[int, _Ticket], ...]] = ContextVar("health_breaker_tickets")
+
+
+class CircuitBreaker:
+    """Guards calls to one peer: `async with breaker:` or `@breaker` on an async function.
+
+    Raises CircuitOpenError instead of running the call while OPEN, or while HALF_OPEN with all
+    probe slots taken. Time-based transitions happen lazily, when the breaker is next used or read.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: BreakerConfig | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        peer: str | None = None,
+        transport: str = "",
+    ) -> None:
+        self.name = name
+        self.peer = peer if peer is not None else name
+        self.transport = transport
+        self._config = config if config is not None else BreakerConfig()
+        self._clock = clock
+        self._listeners: list[StateListener] = []
+        self._state = CircuitState.CLOSED
+        self._epoch = 0
+        self._consecutive_failures = 0
+        self._opened_at: float | None = None
+        self._recovery_s = self._config.recovery_timeout_s
+        self._healthy_since = clock()
+        self._probes: dict[int, float] = {}  # probe id -> admission time
+        self._next_probe_id = 0
+        self._probe_successes = 0
+        self._total_failures = 0
+        self._total_successes = 0
+
+    def __repr__(self) -> str:
+        return f"<CircuitBreaker {self.name!r} {self._state.value}>"
+
+    @property
+    def config(self) -> BreakerConfig:
+        return self._config
+
+    @property
+    def state(self) -> CircuitState:
+        """The current state, after applying any transition that time has made due."""
+        self._advance(self._clock())
+        return self._state
+
+    def add_listener(self, listener: StateListener) -> None:
+        """Call `listener(name, old, new)` on every state change; its errors are logged only."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: StateListener) -> None:
+        self._listeners.remove(listener)
+
+    def reconfigure(self, config: BreakerConfig) -> None:
+        """Use `config` from now on, keeping the state; the backoff is clamped to its bounds."""
+        self._config = config
+        self._recovery_s = min(
+            max(self._recovery_s, config.recovery_timeout_s), config.max_backoff_s
+        )
+
+    def reset(self) -> None:
+        """Back to CLOSED with the base recovery time; calls in flight no longer count."""
+        now = self._clock()
+        self._recovery_s = self._config.recovery_timeout_s
+        if self._state is CircuitState.CLOSED:
+            self._epoch += 1
+            self._consecutive_failures = 0
+            self._healthy_since = now
+        else:
+            self._transition(CircuitState.CLOSED, now, reason="reset")
+
+    def snapshot(self) -> BreakerSnapshot:
+        now = self._clock()
+        self._advance(now)
+        retry_after: float | None = None
+        if self._state is CircuitState.OPEN:
+            retry_after = max(0.0, self._reopen_at() - now)
+        elif self._state is CircuitState.HALF_OPEN:
+            retry_after = 0.0
+        return BreakerSnapshot(
+            name=self.name,
+            peer=self.peer,
+            transport=self.transport,
+            state=self._state,
+            consecutive_failures=self._consecutive_failures,
+            opened_at=self._opened_at,
+            retry_after_s=retry_after,
+            current_recovery_s=self._recovery_s,
+            total_failures=self._total_failures,
+            total_successes=self._total_successes,
+        )
+
+    async def __aenter__(self) -> CircuitBreaker:
+        ticket = self._admit()
+        _TICKETS.set((*_TICKETS.get(()), (id(self), ticket)))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack = _TICKETS.get(())
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == id(self):
+                ticket = stack[i][1]
+                _TICKETS.set(stack[:i] + stack[i + 1 :])
+                break
+        else:
+            raise HealthError(f"circuit {self.name!r} exited without a matching enter")
+        self._complete(ticket, exc)
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """Decorate an async function so that every call goes through this breaker."""
+
+        @functools.wraps(fn)
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            async with self:
+                return await fn(*args, **kwargs)
+
+        return guarded
+
+    def _reopen_at(self) -> float:
+        assert self._opened_at is not None
+        return self._opened_at + self._recovery_s
+
+    def _admit(self) -> _Ticket:
+        now = self._clock()
+        self._advance(now)
+        if self._state is CircuitState.CLOSED:
+            return _Ticket(self._epoch, None)
+        if self._state is CircuitState.OPEN:
+            raise CircuitOpenError(self.name, self._reopen_at() - now)
+        if len(self._probes) >= self._config.half_open_requests:
+            free_at = min(self._probes.values()) + self._config.probe_timeout_s
+            raise CircuitOpenError(
+                self.name,
+                free_at - now,
+                reason=f"half-open with all {self._config.half_open_requests} probe slots busy",
+            )
+        probe_id = self._next_probe_id
+        self._next_probe_id += 1
+        self._probes[probe_id] = now
+        return _Ticket(self._epoch, probe_id)
+
+    def _complete(self, ticket: _Ticket, exc: BaseException | None) -> None:
+        now = self._clock()
+        self._advance(now)
+        current = ticket.epoch == self._epoch
+        if exc is not None and not isinstance(exc, Exception):
+            if current and ticket.probe_id is not None:
+                self._probes.pop(ticket.probe_id, None)  # cancelled: frees the slot, no verdict
+            return
+        if exc is None or not counts_as_failure(self._config, exc):
+            self._total_successes += 1
+            if current:
+                self._on_success(ticket, now)
+            return
+        self._total_failures += 1
+        if not current:
+            return  # admitted before the last transition: its verdict is stale
+        if self._state is CircuitState.HALF_OPEN:
+            self._trip(now, reason=f"probe failed: {exc!r}", backoff=True)
+            return
+        self._consecutive_failures += 1
+        if self._consecutive_failures >= self._config.failure_threshold:
+            self._trip(now, reason=f"last error: {exc!r}", backoff=False)
+
+    def _on_success(self, ticket: _Ticket, now: float) -> None:
+        if self._state is CircuitState.CLOSED:
+            self._consecutive_failures = 0
+        elif self._state is CircuitState.HALF_OPEN and ticket.probe_id is not None:
+            if self._probes.pop(ticket.probe_id, None) is None:
+                return
+            self._probe_successes += 1
+            if self._probe_successes >= self._config.half_open_requests:
+                self._transition(CircuitState.CLOSED, now, reason="probes succeeded")
+
+    def _advance(self, now: float) -> None:
+        """Apply the transitions that time alone makes: decay, OPEN->HALF_OPEN, probe timeouts."""
+        for _ in range(4):  # at most OPEN -> HALF_OPEN -> OPEN (probe expired) -> HALF_OPEN
+            if self._state is CircuitState.CLOSED:
+                self._decay(now)
+                return
+            if self._state is CircuitState.OPEN:
+                if now < self._reopen_at():
+                    return
+                self._transition(CircuitState.HALF_OPEN, self._reopen_at(), reason="recovery due")
+                continue
+            if not self._probes:
+                return
+            expired_at = min(self._probes.values()) + self._config.probe_timeout_s
+            if now < expired_at:
+                return
+            self._total_failures += 1
+            self._trip(expired_at, reason="a probe never reported", backoff=True)
+
+    def _decay(self, now: float) -> None:
+        """Halve the backoff once per healthy period of `decay_after_s` spent CLOSED."""
+        base = self._config.recovery_timeout_s
+        period = self._config.decay_after_s
+        while self._recovery_s > base and now - self._healthy_since >= period:
+            self._recovery_s = max(base, self._recovery_s / 2)
+            self._healthy_since += period
+
+    def _trip(self, at: float, *, reason: str, backoff: bool) -> None:
+        if backoff:
+            self._recovery_s = min(self._recovery_s * 2, self._config.max_backoff_s)
+        self._transition(CircuitState.OPEN, at, reason=reason)
+
+    def _transition(self, new: CircuitState, at: float, *, reason: str) -> None:
+        old = self._state
+        failures = self._consecutive_failures
+        self._state = new
+        self._epoch += 1
+        self._probes.clear()
+        self._probe_successes = 0
+        if new is CircuitState.CLOSED:
+            self._consecutive_failures = 0
+            self._opened_at = None
+            self._healthy_since = at
+        elif new is CircuitState.OPEN:
+            self._opened_at = at
+        self._log_transition(old, new, failures, reason)
+        for listener in list(self._listeners):
+            try:
+                listener(self.name, old, new)
+            except Exception:
+                logger.warning(
+                    "listener %r of circuit %s failed on %s -> %s",
+                    listener,
+                    self.name,
+                    old.value,
+                    new.value,
+                    exc_info=True,
+                )
+
+    def _log_transition(
+        self, old: CircuitState, new: CircuitState, failures: int, reason: str
+    ) -> None:
+        if new is CircuitState.OPEN and old is CircuitState.CLOSED:
+            logger.warning(
+                "circuit %s opened after %d consecutive failures (%s); retry in %.1f s",
+                self.name,
+                failures,
+                reason,
+                self._recovery_s,
+            )
+        elif new is CircuitState.OPEN:
+            logger.debug(
+                "circuit %s still failing (%s); open again for %.1f s",
+                self.name,
+                reason,
+                self._recovery_s,
+            )
+        elif new is CircuitState.CLOSED:
+            logger.info("circuit %s closed (%s)", self.name, reason)
+        else:
+            logger.debug("circuit %s half-open: admitting probe calls", self.name)

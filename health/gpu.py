@@ -1,0 +1,283 @@
+"""GPU health through NVML (nvidia-ml-py, imported lazily): memory, load, temperature, ECC,
+remapped rows and Xid events. No GPU, no driver or no library is "not applicable", never a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, TypeVar
+
+from health.checker import CheckFn, CheckResult, HealthStatus
+from health.errors import HealthError
+
+__all__ = ["GpuInfo", "GpuReader", "gpu_check", "read_gpus"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MIB = 1024 * 1024
+MAX_EVENTS_PER_READ = 1000
+_XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
+_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+_VOLATILE_ECC = 0  # NVML_VOLATILE_ECC: since the driver was loaded
+_TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as NVML reports it; None where the GPU or driver does not support a reading.
+
+    `error` is True when the GPU has a hardware fault (uncorrected ECC errors, failed row
+    remapping, Xid errors, or it cannot be read); `problems` says which, in words.
+    """
+
+    index: int
+    name: str
+    uuid: str
+    util_pct: float | None
+    memory_used_mb: float | None
+    memory_total_mb: float | None
+    temperature_c: float | None
+    ecc_uncorrected: int | None
+    remapped_pending: bool | None
+    remapped_failed: bool | None
+    xid_errors: int | None
+    error: bool
+    last_xid: int | None = None
+    last_xid_age_s: float | None = None
+    problems: tuple[str, ...] = ()
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class GpuReader:
+    """Owns this process's NVML session and its Xid event subscription.
+
+    `read()` blocks on the driver: call it through `asyncio.to_thread`. Thread-safe.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._nvml: ModuleType | None = None
+        self._events: Any = None
+        self._xids: dict[str, list[tuple[float, int]]] = {}  # uuid -> (seen at, Xid code)
+        self._closed = False
+
+    def read(self) -> list[GpuInfo]:
+        """Every GPU of this host, or [] when there is none or no usable driver."""
+        return self.read_with_reason()[0]
+
+    def read_with_reason(self) -> tuple[list[GpuInfo], str]:
+        """The GPUs, and why the list is empty (or "" when it is not)."""
+        with self._lock:
+            if self._closed:
+                raise HealthError("GPU reader is closed")
+            if self._nvml is None:
+                reason = self._init()
+                if reason:
+                    return [], reason
+            nvml = self._nvml
+            assert nvml is not None
+            try:
+                count = int(nvml.nvmlDeviceGetCount())
+            except nvml.NVMLError as exc:
+                return [], f"NVML cannot count GPUs: {exc}"
+            if count == 0:
+                return [], "no NVIDIA GPU found"
+            self._drain_events(nvml)
+            return [self._read_one(nvml, index) for index in range(count)], ""
+
+    def close(self) -> None:
+        """End the NVML session. Idempotent and irreversible."""
+        with self._lock:
+            self._closed = True
+            nvml, self._nvml = self._nvml, None
+            if nvml is None:
+                return
+            try:
+                if self._events is not None:
+                    nvml.nvmlEventSetFree(self._events)
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                logger.debug("NVML shutdown failed: %s", exc)
+
+    def _init(self) -> str:
+        try:
+            nvml = importlib.import_module("pynvml")
+        except ImportError as exc:
+            return f"nvidia-ml-py is not installed ({exc})"
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            return f"no NVIDIA driver ({exc})"
+        self._nvml = nvml
+        self._subscribe_xids(nvml)
+        return ""
+
+    def _subscribe_xids(self, nvml: ModuleType) -> None:
+        try:
+            self._events = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            logger.debug("NVML event sets unsupported, Xid errors not readable: %s", exc)
+            return
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                nvml.nvmlDeviceRegisterEvents(handle, _XID_CRITICAL, self._events)
+                self._xids[_text(nvml.nvmlDeviceGetUUID(handle))] = []
+            except nvml.NVMLError as exc:
+                logger.debug("GPU %d: Xid events not readable: %s", index, exc)
+
+    def _drain_events(self, nvml: ModuleType) -> None:
+        if self._events is None:
+            return
+        now = self._clock()
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._events, 0)
+                uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+            except nvml.NVMLError:
+                return  # NVML_ERROR_TIMEOUT: no more events
+            if data.eventType & _XID_CRITICAL:
+                self._xids.setdefault(uuid, []).append((now, int(data.eventData)))
+                logger.warning("GPU %s reported Xid %d", uuid, int(data.eventData))
+
+    def _read_one(self, nvml: ModuleType, index: int) -> GpuInfo:
+        def attempt(fn: Callable[[], T]) -> T | None:
+            try:
+                return fn()
+            except nvml.NVMLError:
+                return None
+
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except nvml.NVMLError as exc:
+            return _unreadable(index, f"cannot read GPU {index}: {exc}")
+        memory = attempt(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        util = attempt(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+        temperature = attempt(lambda: nvml.nvmlDeviceGetTemperature(handle, _TEMPERATURE_GPU))
+        ecc = attempt(lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, _UNCORRECTED, _VOLATILE_ECC))
+        remapped = attempt(lambda: nvml.nvmlDeviceGetRemappedRows(handle))
+        pending = bool(remapped[2]) if remapped is not None else None
+        failed = bool(remapped[3]) if remapped is not None else None
+        xids = self._xids.get(uuid)
+        problems: list[str] = []
+        if ecc:
+            problems.append(f"{int(ecc)} uncorrected ECC errors")
+        if failed:
+            problems.append("row remapping failed")
+        if xids:
+            problems.append(f"{len(xids)} Xid errors, last Xid {xids[-1][1]}")
+        return GpuInfo(
+            index=index,
+            name=name,
+            uuid=uuid,
+            util_pct=float(util.gpu) if util is not None else None,
+            memory_used_mb=memory.used / MIB if memory is not None else None,
+            memory_total_mb=memory.total / MIB if memory is not None else None,
+            temperature_c=float(temperature) if temperature is not None else None,
+            ecc_uncorrected=int(ecc) if ecc is not None else None,
+            remapped_pending=pending,
+            remapped_failed=failed,
+            xid_errors=len(xids) if xids is not None else None,
+            error=bool(problems),
+            last_xid=xids[-1][1] if xids else None,
+            last_xid_age_s=self._clock() - xids[-1][0] if xids else None,
+            problems=tuple(problems),
+        )
+
+
+def _unreadable(index: int, problem: str) -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        name="unknown",
+        uuid="",
+        util_pct=None,
+        memory_used_mb=None,
+        memory_total_mb=None,
+        temperature_c=None,
+        ecc_uncorrected=None,
+        remapped_pending=None,
+        remapped_failed=None,
+        xid_errors=None,
+        error=True,
+        problems=(problem,),
+    )
+
+
+_default_reader = GpuReader()
+
+
+def read_gpus(reader: GpuReader | None = None) -> list[GpuInfo]:
+    """Every GPU of this host ([] without GPU or driver). Blocks: use `asyncio.to_thread`."""
+    return (reader or _default_reader).read()
+
+
+def gpu_check(
+    reader: GpuReader | None = None,
+    degraded_temp_c: float = 85.0,
+    unhealthy_temp_c: float = 95.0,
+    xid_window_s: float = 600.0,
+) -> CheckFn:
+    """Unhealthy on uncorrected ECC errors, failed row remapping, an Xid within `xid_window_s`,
+    an unreadable GPU or `unhealthy_temp_c`; degraded on a pending remap or `degraded_temp_c`."""
+    source = reader or _default_reader
+
+    async def check() -> CheckResult:
+        gpus, reason = await asyncio.to_thread(source.read_with_reason)
+        if not gpus:
+            return CheckResult(HealthStatus.NOT_APPLICABLE, reason)
+        worst = HealthStatus.HEALTHY
+        notes: list[str] = []
+        metrics: dict[str, float] = {"gpus": len(gpus)}
+        for gpu in gpus:
+            status, gpu_notes = _grade_gpu(gpu, degraded_temp_c, unhealthy_temp_c, xid_window_s)
+            worst = max(worst, status, key=lambda s: s.severity)
+            notes.extend(f"GPU {gpu.index}: {note}" for note in gpu_notes)
+            for key in ("util_pct", "memory_used_mb", "temperature_c"):
+                value = getattr(gpu, key)
+                if value is not None:
+                    metrics[f"gpu{gpu.index}_{key}"] = value
+        message = "; ".join(notes) if notes else f"{len(gpus)} GPUs ok"
+        return CheckResult(worst, message, metrics)
+
+    return check
+
+
+def _grade_gpu(
+    gpu: GpuInfo, degraded_temp_c: float, unhealthy_temp_c: float, xid_window_s: float
+) -> tuple[HealthStatus, list[str]]:
+    """A GPU's status and notes; an Xid older than `xid_window_s` is mentioned, not graded."""
+    bad: list[str] = [p for p in gpu.problems if "Xid" not in p]
+    warn: list[str] = []
+    info: list[str] = []
+    if gpu.last_xid_age_s is not None and gpu.xid_errors:
+        note = (
+            f"{gpu.xid_errors} Xid errors, last Xid {gpu.last_xid} {gpu.last_xid_age_s:.0f} s ago"
+        )
+        (bad if gpu.last_xid_age_s < xid_window_s else info).append(note)
+    if gpu.remapped_pending:
+        warn.append("row remapping pending (reset the GPU to apply)")
+    if gpu.temperature_c is not None and gpu.temperature_c >= degraded_temp_c:
+        note = f"temperature {gpu.temperature_c:.0f} C"
+        (bad if gpu.temperature_c >= unhealthy_temp_c else warn).append(note)
+    if bad:
+        status = HealthStatus.UNHEALTHY
+    elif warn:
+        status = HealthStatus.DEGRADED
+    else:
+        status = HealthStatus.HEALTHY
+    return status, bad + warn + info
