@@ -101,6 +101,11 @@ def loopback_cluster(
     _close(made)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Also declared in pyproject.toml; repeated so the plugin works on its own (--strict-markers).
+    config.addinivalue_line("markers", "netns: needs root and ip netns (multi-host harness)")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A test using netns_cluster is a netns test, so `-m "not netns"` deselects it.
     for item in items:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tests.cluster import (
     NetnsCluster,
     NetnsClusterFactory,
     PartitionUnsupportedError,
+    netns_unavailable_reason,
     remove_stale_namespaces,
     wait_until,
 )
@@ -326,7 +328,8 @@ def test_stale_namespaces_of_dead_runs_are_removed_and_live_ones_kept() -> None:
     finished = subprocess.Popen(["true"])
     finished.wait()
     owner = subprocess.Popen(["sleep", "600"])
-    stale, live = f"shl{finished.pid}c0-h0", f"shl{owner.pid}c0-h0"
+    # c9999: a cluster number no real run reaches, so a reused pid cannot clash with a live run.
+    stale, live = f"shl{finished.pid}c9999-h0", f"shl{owner.pid}c9999-h0"
     squatter = None
     try:
         for ns in (stale, live):
@@ -383,3 +386,48 @@ def test_a_failing_test_shows_the_tail_of_every_process_log(tmp_path: Path) -> N
     assert result.returncode == 1, result.stdout + result.stderr
     assert "loopback cluster 0 process logs" in result.stdout
     assert "daemon said hi" in result.stdout
+
+
+NETNS_TESTS = textwrap.dedent(
+    """
+    import pytest
+
+    def test_uses_the_fixture(netns_cluster):
+        netns_cluster(2)
+
+    @pytest.mark.netns
+    def test_only_marked():
+        pass
+    """
+)
+
+
+def test_netns_unavailable_reason_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(shutil, "which", lambda _tool: None)
+    reason = netns_unavailable_reason()
+    assert reason is not None
+    assert "uid 1000, not root" in reason
+    assert "`ip` not found (install iproute2)" in reason
+    assert "`nft` not found (install nftables)" in reason
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["skip", "required"])
+def test_netns_tests_skip_with_a_reason_or_fail_when_required(
+    tmp_path: Path, required: bool
+) -> None:
+    (tmp_path / "test_inner.py").write_text(NETNS_TESTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PATH": str(tmp_path / "no-tools")}
+    env.pop("SHOAL_REQUIRE_NETNS", None)
+    if required:
+        env["SHOAL_REQUIRE_NETNS"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rsE", "-p", "tests.cluster.fixtures", "test_inner.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "netns tests need root and iproute2: `ip` not found" in result.stdout, result.stdout
+    assert ("2 errors" if required else "2 skipped") in result.stdout, result.stdout
