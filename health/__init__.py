@@ -14,16 +14,7 @@ from health.breaker import (
     StateListener,
     counts_as_failure,
 )
-from health.checker import (
-    CheckFn,
-    CheckResult,
-    ComponentHealth,
-    HealthChecker,
-    HealthStatus,
-    HealthSummary,
-    SummaryListener,
-    summarize,
-)
+from health.checker import HealthChecker
 from health.checks import (
     WalLike,
     WalStatsLike,
@@ -44,9 +35,19 @@ from health.registry import (
     breaker_for,
     configure_breakers,
     default_registry,
+    format_breakers,
     reset_all_breakers,
 )
-from health.report import format_breakers, format_health_report
+from health.status import (
+    CheckFn,
+    CheckResult,
+    ComponentHealth,
+    HealthStatus,
+    HealthSummary,
+    SummaryListener,
+    format_health_report,
+    summarize,
+)
 
 __all__ = [
     "BreakerConfig",

@@ -1,4 +1,4 @@
-"""Health checks with timeouts and hysteresis, summarised per component for /health and /metrics.
+"""HealthChecker: runs named checks with timeouts and hysteresis, in the background or on demand.
 
 A component turns unhealthy after N failures in a row and healthy after M successes in a row.
 """
@@ -6,115 +6,27 @@ A component turns unhealthy after N failures in a row and healthy after M succes
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from config.timeouts import Timeouts
 from health.breaker import Clock
 from health.errors import HealthConfigError, HealthError
+from health.status import (
+    CheckFn,
+    CheckResult,
+    ComponentHealth,
+    HealthStatus,
+    HealthSummary,
+    SummaryListener,
+    summarize,
+)
 
-__all__ = [
-    "CheckFn",
-    "CheckResult",
-    "ComponentHealth",
-    "HealthChecker",
-    "HealthStatus",
-    "HealthSummary",
-    "SummaryListener",
-    "summarize",
-]
+__all__ = ["HealthChecker"]
 
 logger = logging.getLogger(__name__)
-
-
-class HealthStatus(enum.StrEnum):
-    """How a component is; NOT_APPLICABLE (no GPU on a CPU host) never worsens a summary."""
-
-    HEALTHY = "healthy"
-    DEGRADED = "degraded"
-    UNHEALTHY = "unhealthy"
-    NOT_APPLICABLE = "not_applicable"
-
-    @property
-    def severity(self) -> int:
-        """0 healthy, 1 degraded, 2 unhealthy, -1 not applicable (the metrics gauge value)."""
-        return _SEVERITY[self]
-
-
-_SEVERITY = {
-    HealthStatus.NOT_APPLICABLE: -1,
-    HealthStatus.HEALTHY: 0,
-    HealthStatus.DEGRADED: 1,
-    HealthStatus.UNHEALTHY: 2,
-}
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """What one run of a check found; `metrics` are numbers worth showing (used_pct, rss_mb)."""
-
-    status: HealthStatus
-    message: str = ""
-    metrics: Mapping[str, float] = field(default_factory=dict)
-
-
-CheckFn = Callable[[], Awaitable[CheckResult]]
-
-
-@dataclass(frozen=True)
-class ComponentHealth:
-    """A component's reported health; `last_check` is Unix time, None before the first run."""
-
-    name: str
-    status: HealthStatus
-    message: str
-    last_check: float | None
-    metrics: Mapping[str, float]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status.value,
-            "message": self.message,
-            "last_check": self.last_check,
-            "metrics": dict(self.metrics),
-        }
-
-
-@dataclass(frozen=True)
-class HealthSummary:
-    """The worst status over the applicable components, and every component."""
-
-    status: HealthStatus
-    components: tuple[ComponentHealth, ...]
-
-    def component(self, name: str) -> ComponentHealth | None:
-        return next((c for c in self.components if c.name == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON: {"status": ..., "components": [{name, status, message, last_check, metrics}]}."""
-        return {
-            "status": self.status.value,
-            "components": [component.to_dict() for component in self.components],
-        }
-
-
-SummaryListener = Callable[[HealthSummary], None]
-
-
-def summarize(components: tuple[ComponentHealth, ...]) -> HealthSummary:
-    """The summary of `components`: healthy when none applies."""
-    worst = max(
-        (c.status for c in components if c.status is not HealthStatus.NOT_APPLICABLE),
-        key=lambda status: status.severity,
-        default=HealthStatus.HEALTHY,
-    )
-    return HealthSummary(worst, components)
 
 
 @dataclass(frozen=True)

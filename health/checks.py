@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from health.checker import CheckFn, CheckResult, HealthStatus
 from health.errors import HealthConfigError
+from health.status import CheckFn, CheckResult, HealthStatus
 
 __all__ = [
     "WalLike",

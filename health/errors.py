@@ -1,9 +1,5 @@
-"""Exceptions of the health package.
-
-HealthError -- base of every error raised by health
- +-- CircuitOpenError -- a breaker refused a call; carries name and retry_after_s
- +-- HealthConfigError (also ValueError) -- a breaker or check was configured wrongly
-"""
+"""Exceptions of health: HealthError is the base of all; CircuitOpenError (a breaker refused
+a call) and HealthConfigError (also a ValueError: a threshold or breaker config is invalid)."""
 
 from __future__ import annotations
 

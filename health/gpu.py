@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-from health.checker import CheckFn, CheckResult, HealthStatus
 from health.errors import HealthError
+from health.status import CheckFn, CheckResult, HealthStatus
 
 __all__ = ["GpuInfo", "GpuReader", "gpu_check", "read_gpus"]
 

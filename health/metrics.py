@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from health.breaker import CircuitBreaker, CircuitState
-from health.checker import HealthSummary
 from health.registry import BreakerRegistry
+from health.status import HealthSummary
 
 __all__ = ["NodeMetrics", "package_version"]
 

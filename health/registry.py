@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from health.breaker import (
     BreakerConfig,
@@ -25,6 +25,7 @@ __all__ = [
     "breaker_for",
     "configure_breakers",
     "default_registry",
+    "format_breakers",
     "reset_all_breakers",
 ]
 
@@ -192,3 +193,20 @@ def reset_all_breakers() -> None:
 def configure_breakers(default: BreakerConfig) -> None:
     """Set the config of the default registry's breakers, existing and future."""
     _default_registry.configure_breakers(default)
+
+
+def format_breakers(snapshots: Iterable[BreakerSnapshot]) -> str:
+    """One line per breaker that is not closed, or a line saying all are closed."""
+    rows = list(snapshots)
+    lines = []
+    for snap in rows:
+        if snap.state is CircuitState.CLOSED:
+            continue
+        retry = "" if snap.retry_after_s is None else f", retry in {snap.retry_after_s:.0f} s"
+        lines.append(
+            f"  {snap.peer} over {snap.transport or '-'}: {snap.state.value}"
+            f" (backoff {snap.current_recovery_s:g} s{retry}, "
+            f"{snap.total_failures} failures / {snap.total_successes} successes)"
+        )
+    header = f"circuits: {len(lines)} of {len(rows)} not closed"
+    return "\n".join([header, *lines])
