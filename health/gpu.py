@@ -75,7 +75,10 @@ class GpuReader:
         self._closed = False
 
     def read(self) -> list[GpuInfo]:
-        """Every GPU of this host, or [] when there is none or no usable driver."""
+        """Every GPU of this host, or [] when there is none or no usable driver.
+
+        Raises HealthError when the driver is loaded but fails, or the reader is closed.
+        """
         return self.read_with_reason()[0]
 
     def read_with_reason(self) -> tuple[list[GpuInfo], str]:
@@ -92,7 +95,7 @@ class GpuReader:
             try:
                 count = int(nvml.nvmlDeviceGetCount())
             except nvml.NVMLError as exc:
-                return [], f"NVML cannot count GPUs: {exc}"
+                raise HealthError(f"NVML is loaded but cannot count GPUs: {exc}") from exc
             if count == 0:
                 return [], "no NVIDIA GPU found"
             self._drain_events(nvml)
@@ -128,10 +131,11 @@ class GpuReader:
     def _subscribe_xids(self, nvml: ModuleType) -> None:
         try:
             self._events = nvml.nvmlEventSetCreate()
+            count = int(nvml.nvmlDeviceGetCount())
         except nvml.NVMLError as exc:
             logger.debug("NVML event sets unsupported, Xid errors not readable: %s", exc)
             return
-        for index in range(int(nvml.nvmlDeviceGetCount())):
+        for index in range(count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 nvml.nvmlDeviceRegisterEvents(handle, _XID_CRITICAL, self._events)
@@ -222,7 +226,10 @@ _default_reader = GpuReader()
 
 
 def read_gpus(reader: GpuReader | None = None) -> list[GpuInfo]:
-    """Every GPU of this host ([] without GPU or driver). Blocks: use `asyncio.to_thread`."""
+    """Every GPU of this host ([] without GPU or driver). Blocks: use `asyncio.to_thread`.
+
+    Raises HealthError when the driver is loaded but fails.
+    """
     return (reader or _default_reader).read()
 
 

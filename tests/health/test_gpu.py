@@ -217,6 +217,19 @@ async def test_lost_gpu_is_unhealthy(nvml: FakeNvml) -> None:
     assert (await gpu_check(reader)()).status is HealthStatus.UNHEALTHY
 
 
+async def test_failing_driver_is_an_error(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    reader = GpuReader()
+    reader.read()
+
+    def broken() -> int:
+        raise NVMLError("Unknown Error")
+
+    monkeypatch.setattr(sys.modules["pynvml"], "nvmlDeviceGetCount", broken)
+    with pytest.raises(HealthError, match="cannot count GPUs: Unknown Error") as info:
+        reader.read()
+    assert isinstance(info.value.__cause__, NVMLError)
+
+
 @pytest.mark.parametrize(
     ("gpus", "init_error", "reason"),
     [
