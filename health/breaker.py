@@ -167,6 +167,8 @@ class CircuitBreaker:
         self._opened_at: float | None = None
         self._recovery_s = self._config.recovery_timeout_s
         self._healthy_since = clock()
+        self._closed_at: float | None = None  # None: never opened yet
+        self._loud = False  # whether the current open episode was logged at WARNING
         self._probes: dict[int, float] = {}  # probe id -> admission time
         self._next_probe_id = 0
         self._probe_successes = 0
@@ -358,13 +360,19 @@ class CircuitBreaker:
         self._epoch += 1
         self._probes.clear()
         self._probe_successes = 0
+        if old is CircuitState.CLOSED and new is CircuitState.OPEN:
+            # A peer that fails again within a healthy period of closing is the same episode.
+            self._loud = (
+                self._closed_at is None or at - self._closed_at >= self._config.decay_after_s
+            )
+        self._log_transition(old, new, failures, reason)
         if new is CircuitState.CLOSED:
             self._consecutive_failures = 0
             self._opened_at = None
             self._healthy_since = at
+            self._closed_at = at
         elif new is CircuitState.OPEN:
             self._opened_at = at
-        self._log_transition(old, new, failures, reason)
         for listener in list(self._listeners):
             try:
                 listener(self.name, old, new)
@@ -381,8 +389,11 @@ class CircuitBreaker:
     def _log_transition(
         self, old: CircuitState, new: CircuitState, failures: int, reason: str
     ) -> None:
+        """WARNING when a peer starts failing, INFO when it recovers; the rest of an episode, and
+        an episode that starts within `decay_after_s` of the last one ending, at DEBUG."""
         if new is CircuitState.OPEN and old is CircuitState.CLOSED:
-            logger.warning(
+            logger.log(
+                logging.WARNING if self._loud else logging.DEBUG,
                 "circuit %s opened after %d consecutive failures (%s); retry in %.1f s",
                 self.name,
                 failures,
@@ -397,6 +408,11 @@ class CircuitBreaker:
                 self._recovery_s,
             )
         elif new is CircuitState.CLOSED:
-            logger.info("circuit %s closed (%s)", self.name, reason)
+            logger.log(
+                logging.INFO if self._loud else logging.DEBUG,
+                "circuit %s closed (%s)",
+                self.name,
+                reason,
+            )
         else:
             logger.debug("circuit %s half-open: admitting probe calls", self.name)

@@ -354,6 +354,30 @@ async def test_opening_logs_warning_once_then_debug(
     assert "opened after 3 consecutive failures" in warnings[0].getMessage()
 
 
+async def test_flapping_peer_warns_once_per_episode(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    breaker = make(clock)
+    caplog.set_level("DEBUG", logger="health.breaker")
+
+    def loud() -> list[str]:
+        return [r.levelname for r in caplog.records if r.levelno > 10]
+
+    await trip(breaker)
+    clock.advance(10.0)
+    await call(breaker)
+    assert loud() == ["WARNING", "INFO"]
+    for _ in range(3):  # fails again soon after closing: the same episode
+        clock.advance(30.0)
+        await trip(breaker)
+        clock.advance(10.0)
+        await call(breaker)
+    assert loud() == ["WARNING", "INFO"]
+    clock.advance(100.0)  # a healthy period: the next failure is news
+    await trip(breaker)
+    assert loud() == ["WARNING", "INFO", "WARNING"]
+
+
 async def test_task_spawned_inside_a_call_has_its_own_ticket(clock: FakeClock) -> None:
     breaker = make(clock)
 
