@@ -33,13 +33,20 @@ def advert_properties(advert: Advert) -> dict[str, str]:
     }
 
 
-def service_info(advert: Advert, name: str | None = None) -> AsyncServiceInfo:
-    """The zeroconf record set of an advert; `name` defaults to `<node id>._shoal._tcp.local.`."""
+def service_info(
+    advert: Advert, name: str | None = None, server: str | None = None
+) -> AsyncServiceInfo:
+    """The zeroconf record set of an advert.
+
+    `name` defaults to `<node id>._shoal._tcp.local.`, the host name `server` to `name`.
+    """
+    name = name or f"{advert.node_id}.{SERVICE_TYPE}"
     return AsyncServiceInfo(
         SERVICE_TYPE,
-        name or f"{advert.node_id}.{SERVICE_TYPE}",
+        name,
         port=advert.port,
         properties=advert_properties(advert),
+        server=server or name,
         parsed_addresses=list(advert.addresses),
     )
 
@@ -137,7 +144,7 @@ class MdnsAgent:
         """Publish a changed advert (same node id) under the registered name."""
         if self._aiozc is None or self._info is None or self._closed:
             raise DiscoveryError("mDNS is not running")
-        info = service_info(advert, self._info.name)
+        info = service_info(advert, self._info.name, self._info.server)
         try:
             announced = await self._aiozc.async_update_service(info)
             self._info, self._advert = info, advert

@@ -1,0 +1,205 @@
+"""mDNS discovery with real zeroconf on 127.0.0.1 (dev mode), in one process and across two.
+
+Every test uses its own cluster name and node ids, so parallel runs on this host do not meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import socket
+import struct
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from zeroconf import _core as zeroconf_core
+
+from config import Timeouts
+from node.discovery import Discovery
+from node.discovery_candidates import Advert, Candidate
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = Timeouts(mdns_s=2.0)
+LOOPBACK = "127.0.0.1"
+# zeroconf's own registration timing, shrunk (probe 3 x 500 ms, announce 3 x 225 ms).
+FAST_ZEROCONF = {
+    "_CHECK_TIME": 10,
+    "_REGISTER_TIME": 20,
+    "_UNREGISTER_TIME": 20,
+    "_PROBE_RANDOM_DELAY_INTERVAL": (1, 5),
+}
+
+
+def _loopback_multicast_problem() -> str | None:
+    """Why multicast on 127.0.0.1 does not reach this host's own sockets, or None when it does."""
+    group = "224.0.0.251"
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender,
+    ):
+        try:
+            receiver.bind(("", 0))
+            receiver.settimeout(1.0)
+            membership = socket.inet_aton(group) + socket.inet_aton(LOOPBACK)
+            receiver.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+            sender.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
+            sender.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, struct.pack("B", 1))
+            sender.sendto(b"shoal", (group, receiver.getsockname()[1]))
+            receiver.recv(16)
+        except OSError as exc:
+            return f"multicast on {LOOPBACK} does not work on this host: {exc}"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_loopback_multicast() -> None:
+    problem = _loopback_multicast_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+@pytest.fixture(autouse=True)
+def _fast_zeroconf(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name, value in FAST_ZEROCONF.items():
+        monkeypatch.setattr(zeroconf_core, name, value)
+    yield
+
+
+@pytest.fixture
+def cluster() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def _advert(name: str, cluster: str, port: int) -> Advert:
+    return Advert(f"{name}-{uuid.uuid4().hex[:8]}", cluster, "0.1.0", port, (LOOPBACK,))
+
+
+@contextlib.asynccontextmanager
+async def _node(advert: Advert, seen: list[Candidate] | None = None) -> AsyncIterator[Discovery]:
+    sink = seen if seen is not None else []
+    async with Discovery(
+        advert,
+        sink.append,
+        mdns=True,
+        inventory=None,
+        seeds=[],
+        timeouts=FAST,
+        interfaces=[LOOPBACK],
+    ) as discovery:
+        yield discovery
+
+
+async def _wait_until(predicate: Callable[[], bool], timeout_s: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_two_nodes_find_each_other_and_ignore_themselves(cluster: str) -> None:
+    a, b = _advert("a", cluster, 9001), _advert("b", cluster, 9002)
+    seen_a: list[Candidate] = []
+    seen_b: list[Candidate] = []
+    async with _node(a, seen_a) as node_a, _node(b, seen_b) as node_b:
+        assert node_a.mdns_active and node_b.mdns_active
+        await _wait_until(lambda: b.node_id in node_a.mdns_peers())
+        await _wait_until(lambda: a.node_id in node_b.mdns_peers())
+        assert node_a.mdns_peers() == {b.node_id: Candidate(LOOPBACK, 9002, "mdns", b.node_id)}
+        assert Candidate(LOOPBACK, 9001, "mdns", a.node_id) in seen_b
+    assert {c.node_id for c in seen_a} == {b.node_id}
+    assert {c.node_id for c in seen_b} == {a.node_id}
+
+
+async def test_advert_of_another_cluster_is_ignored(
+    cluster: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="node.discovery_mdns")
+    a, stranger = _advert("a", cluster, 9001), _advert("x", f"{cluster}-other", 9009)
+    seen: list[Candidate] = []
+    async with _node(a, seen) as node_a, _node(stranger):
+        await _wait_until(lambda: stranger.node_id in caplog.text)
+        assert "ignoring mDNS advert" in caplog.text
+        assert node_a.mdns_peers() == {}
+    assert seen == []
+
+
+async def test_goodbye_is_seen_and_only_logged(
+    cluster: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="node.discovery_mdns")
+    a, b = _advert("a", cluster, 9001), _advert("b", cluster, 9002)
+    seen: list[Candidate] = []
+    async with _node(a, seen) as node_a:
+        async with _node(b):
+            await _wait_until(lambda: b.node_id in node_a.mdns_peers())
+        await _wait_until(lambda: b.node_id not in node_a.mdns_peers())
+        assert f"mDNS advert of {b.node_id} withdrawn" in caplog.text
+    assert {c.node_id for c in seen} == {b.node_id}
+
+
+async def test_update_advert_propagates(cluster: str) -> None:
+    a, b = _advert("a", cluster, 9001), _advert("b", cluster, 9002)
+    seen: list[Candidate] = []
+    async with _node(a, seen) as node_a, _node(b) as node_b:
+        await _wait_until(lambda: b.node_id in node_a.mdns_peers())
+        await node_b.update_advert(dataclasses.replace(b, port=9102, version="0.2.0"))
+        assert node_b.advert.port == 9102
+        await _wait_until(lambda: node_a.mdns_peers()[b.node_id].port == 9102)
+        with pytest.raises(ValueError, match="node id cannot change"):
+            await node_b.update_advert(dataclasses.replace(b, node_id="someone-else"))
+    assert Candidate(LOOPBACK, 9102, "mdns", b.node_id) in seen
+
+
+CHILD = """
+import asyncio, sys
+from zeroconf import _core
+from config import Timeouts
+from node.discovery import Discovery
+from node.discovery_candidates import Advert
+
+for name, value in {fast!r}.items():
+    setattr(_core, name, value)
+
+async def main():
+    advert = Advert({node_id!r}, {cluster!r}, "0.1.0", 9005, ("127.0.0.1",))
+    async with Discovery(advert, print, mdns=True, inventory=None, seeds=[],
+                         timeouts=Timeouts(mdns_s=2.0), interfaces=["127.0.0.1"]):
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+asyncio.run(main())
+"""
+
+
+async def test_nodes_in_two_processes_find_each_other(cluster: str) -> None:
+    a, child_id = _advert("a", cluster, 9001), f"child-{uuid.uuid4().hex[:8]}"
+    code = CHILD.format(fast=FAST_ZEROCONF, node_id=child_id, cluster=cluster)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        async with _node(a) as node_a:
+            assert await asyncio.wait_for(child.stdout.readline(), 15) == b"ready\n"
+            await _wait_until(lambda: child_id in node_a.mdns_peers())
+            assert node_a.mdns_peers()[child_id] == Candidate(LOOPBACK, 9005, "mdns", child_id)
+            found_by_child = await asyncio.wait_for(child.stdout.readline(), 8)
+            assert a.node_id.encode() in found_by_child
+            child.stdin.close()
+            assert await asyncio.wait_for(child.wait(), 10) == 0
+            await _wait_until(lambda: child_id not in node_a.mdns_peers())
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
