@@ -1,0 +1,153 @@
+"""The HTTP API v1 of a node: health, status, peers, metrics, the OpenAPI document."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from health import CircuitState, HealthStatus
+from node.openapi import RouteDoc, openapi_document
+from node.runtime import NodeRuntime
+from node.security import AUTH_POLICY, AuthPolicy, auth_middleware, error_middleware
+
+RUNTIME = web.AppKey("runtime", NodeRuntime)
+ROUTE_DOCS: web.AppKey[tuple[RouteDoc, ...]] = web.AppKey("route_docs", tuple)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+CORE_DOCS = (
+    RouteDoc(
+        "GET",
+        "/v1/health",
+        "Health of this node: healthy, degraded or unhealthy, with every component",
+        ((200, "healthy or degraded"), (503, "unhealthy")),
+        authenticated=False,
+    ),
+    RouteDoc("GET", "/v1/status", "This node: identity, role, term, members, WAL, breakers, GPUs"),
+    RouteDoc("GET", "/v1/peers", "The membership view: one object per member"),
+    RouteDoc("GET", "/metrics", "Prometheus metrics (signature or Authorization: Bearer token)"),
+    RouteDoc("GET", "/v1/openapi.json", "This document"),
+)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    if runtime.health is None:
+        return web.json_response({"status": HealthStatus.HEALTHY.value, "components": []})
+    summary = runtime.health.summary()
+    status = 503 if summary.status is HealthStatus.UNHEALTHY else 200
+    return web.json_response(summary.to_dict(), status=status)
+
+
+def _member_dict(member: Any) -> dict[str, Any]:
+    meta = dict(member.meta)
+    return {
+        "node_id": member.node_id,
+        "address": member.address,
+        "port": member.port,
+        "state": str(member.state),
+        "incarnation": member.incarnation,
+        "last_seen_s": round(member.last_seen_s, 3),
+        "role": meta.get("role"),
+        "version": meta.get("version"),
+        "is_self": bool(getattr(member, "is_self", False)),
+        "meta": meta,
+    }
+
+
+async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
+    """The /v1/status document (also what `shoal status` prints)."""
+    wal: dict[str, Any] = {"pending": None, "oldest_pending_age_s": None}
+    if runtime.wal is not None:
+        stats = await runtime.wal.stats()
+        wal = {"pending": stats.pending, "oldest_pending_age_s": stats.oldest_pending_age_s}
+    snapshots = runtime.breakers.all_breakers()
+    open_breakers = [
+        f"{snap.peer}/{snap.transport}"
+        for snap in snapshots
+        if snap.state is not CircuitState.CLOSED
+    ]
+    counts = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
+    if runtime.membership is not None:
+        counts.update(runtime.membership.counts())
+    health = runtime.health.summary().status.value if runtime.health is not None else "healthy"
+    return {
+        "node_id": runtime.node_id,
+        "cluster": runtime.settings.cluster_name,
+        "version": runtime.version,
+        "address": runtime.address,
+        "port": runtime.settings.port,
+        "started_at": runtime.started_at,
+        "uptime_s": round(runtime.uptime_s, 3),
+        "role": runtime.role,
+        "term": runtime.term,
+        "coordinator": runtime.coordinator,
+        "plan_version": runtime.plan_version,
+        "members": counts,
+        "wal": wal,
+        "breakers": {
+            "open": open_breakers,
+            "details": [
+                {
+                    "peer": snap.peer,
+                    "transport": snap.transport,
+                    "state": snap.state.value,
+                    "retry_after_s": snap.retry_after_s,
+                }
+                for snap in snapshots
+                if snap.state is not CircuitState.CLOSED
+            ],
+        },
+        "health": health,
+        "gpus": runtime.gpus(),
+        "config_hash": runtime.settings.config_hash(),
+        "notes": list(runtime.notes),
+    }
+
+
+async def handle_status(request: web.Request) -> web.Response:
+    return web.json_response(await status_document(request.app[RUNTIME]))
+
+
+async def handle_peers(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    members: Sequence[Any] = runtime.membership.members() if runtime.membership else []
+    return web.json_response({"members": [_member_dict(m) for m in members]})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    if runtime.metrics is None:
+        raise web.HTTPServiceUnavailable(reason="metrics are not initialised yet")
+    body, content_type = runtime.metrics.render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
+async def handle_openapi(request: web.Request) -> web.Response:
+    docs: tuple[RouteDoc, ...] = request.app[ROUTE_DOCS]
+    return web.json_response(openapi_document(docs))
+
+
+def build_app(
+    runtime: NodeRuntime,
+    policy: AuthPolicy,
+    extra_routes: Iterable[web.RouteDef] = (),
+    extra_docs: Iterable[RouteDoc] = (),
+) -> web.Application:
+    """The node's aiohttp application: core routes plus the routes other packages export."""
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware], client_max_size=MAX_BODY_BYTES
+    )
+    app[RUNTIME] = runtime
+    app[AUTH_POLICY] = policy
+    app[ROUTE_DOCS] = (*CORE_DOCS, *extra_docs)
+    app.router.add_get("/v1/health", handle_health)
+    app.router.add_get("/v1/status", handle_status)
+    app.router.add_get("/v1/peers", handle_peers)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/v1/openapi.json", handle_openapi)
+    app.router.add_routes(list(extra_routes))
+    return app

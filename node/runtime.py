@@ -1,0 +1,63 @@
+"""What the HTTP API reads about its node: one object the daemon fills as components start."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from config import NodeSettings
+from health import BreakerRegistry, HealthChecker, NodeMetrics
+from wal import WriteAheadLog
+
+
+class MemberLike(Protocol):
+    """One member of the membership view, as the API shows it."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def incarnation(self) -> int: ...
+    @property
+    def last_seen_s(self) -> float: ...
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
+
+
+class MembershipLike(Protocol):
+    """The membership view the API reads."""
+
+    def members(self) -> Sequence[Any]: ...
+    def counts(self) -> Mapping[str, int]: ...
+
+
+@dataclass
+class NodeRuntime:
+    """The live state of one node. Components are None until started (and in API tests)."""
+
+    settings: NodeSettings
+    node_id: str
+    address: str
+    version: str
+    breakers: BreakerRegistry
+    started_at: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    wal: WriteAheadLog | None = None
+    health: HealthChecker | None = None
+    metrics: NodeMetrics | None = None
+    membership: MembershipLike | None = None
+    gpus: Callable[[], list[dict[str, Any]]] = list
+    role: str | None = None
+    term: int | None = None
+    coordinator: str | None = None
+    plan_version: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def uptime_s(self) -> float:
+        return time.monotonic() - self.started_monotonic

@@ -1,0 +1,99 @@
+"""Server side of peer authentication and the JSON error contract of the HTTP API."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from config import AuthError, NonceCache, verify_request
+
+log = logging.getLogger(__name__)
+
+UNAUTHENTICATED = frozenset({("GET", "/v1/health")})
+"""(method, path) pairs served without a signature."""
+
+
+@dataclass
+class AuthPolicy:
+    """The node's secret (None: dev mode, loopback only) and the /metrics bearer token."""
+
+    secret: bytes | None
+    metrics_token: bytes | None = None
+    skew_s: float = 300.0
+    nonces: NonceCache = field(default_factory=NonceCache)
+
+
+AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
+PEER_ID = web.RequestKey("peer_id", str)
+
+
+def json_error(status: int, reason: str, **extra: object) -> web.Response:
+    """A JSON error answer: {"error": reason, "status": status, ...}."""
+    body = {"error": reason, "status": status, **extra}
+    return web.json_response(body, status=status)
+
+
+def _bearer_ok(request: web.Request, token: bytes | None) -> bool:
+    header = request.headers.get("Authorization", "")
+    if token is None or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse unsigned or badly signed requests with 401 and a JSON reason."""
+    policy = request.app[AUTH_POLICY]
+    if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
+        return await handler(request)
+    if request.path == "/metrics" and _bearer_ok(request, policy.metrics_token):
+        return await handler(request)
+    body = await request.read()
+    try:
+        peer = verify_request(
+            policy.secret,
+            request.headers,
+            request.method,
+            request.raw_path,
+            body,
+            policy.nonces,
+            now=time.time(),
+            skew_s=policy.skew_s,
+        )
+    except AuthError as exc:
+        log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
+        return json_error(401, exc.reason)
+    request[PEER_ID] = peer
+    return await handler(request)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error answer is JSON; client mistakes are 4xx, never 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        text = exc.text
+        reason = exc.reason if text is None or text.startswith(str(exc.status)) else text
+        response = json_error(exc.status, reason)
+        for name in ("Allow", "Retry-After"):
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
+    except json.JSONDecodeError as exc:
+        return json_error(400, f"malformed JSON: {exc}")
+
+
+def bad_request(reason: str) -> web.HTTPBadRequest:
+    """A 400 whose body is the JSON reason."""
+    return web.HTTPBadRequest(
+        text=json.dumps({"error": reason, "status": 400}), content_type="application/json"
+    )

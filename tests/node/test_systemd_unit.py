@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+UNIT = Path(__file__).resolve().parents[2] / "config" / "systemd" / "shoal.service"
+
+
+def test_unit_declares_notify_watchdog_restart_and_keeps_gpus() -> None:
+    text = UNIT.read_text()
+    for line in (
+        "Type=notify",
+        "Restart=on-failure",
+        "RestartSec=5",
+        "WatchdogSec=120",
+        "StateDirectory=shoal",
+        "User=shoal",
+    ):
+        assert line in text.splitlines(), line
+    assert "PrivateDevices" not in text, "GPUs must stay visible"
+
+
+def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    shoal = Path(sys.executable).parent / "shoal"
+    assert shoal.exists(), "the shoal console script must be installed in the venv"
+    unit = tmp_path / "shoal.service"
+    unit.write_text(UNIT.read_text().replace("/opt/shoal/.venv/bin/shoal", str(shoal)))
+    result = subprocess.run(
+        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    assert result.stdout + result.stderr == ""
