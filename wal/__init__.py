@@ -1,5 +1,45 @@
-"""wal package of shoal."""
+"""Durable write-ahead log of a shoal node: operations that must survive a crash, group-committed
+to SQLite (WAL mode, synchronous=FULL), their recovery, and the node's small durable state.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from wal.entry import (
+    BUILTIN_ENTRY_TYPES,
+    EXPORT_STARTED,
+    GAME_RECORDED,
+    MODEL_TRAINED,
+    SYNC_COMPLETED,
+    SYNC_STARTED,
+    EntryState,
+    RecoveryHandler,
+    RecoveryResult,
+    WalConfig,
+    WalEntry,
+    WalObserver,
+    WalStats,
+)
+from wal.errors import WalCorruptError, WalError, WalFullError
+from wal.log import WriteAheadLog
+from wal.schema import move_aside
+
+__all__ = [
+    "BUILTIN_ENTRY_TYPES",
+    "EXPORT_STARTED",
+    "GAME_RECORDED",
+    "MODEL_TRAINED",
+    "SYNC_COMPLETED",
+    "SYNC_STARTED",
+    "EntryState",
+    "RecoveryHandler",
+    "RecoveryResult",
+    "WalConfig",
+    "WalCorruptError",
+    "WalEntry",
+    "WalError",
+    "WalFullError",
+    "WalObserver",
+    "WalStats",
+    "WriteAheadLog",
+    "move_aside",
+]

@@ -1,0 +1,196 @@
+"""One batch of write requests applied in a single SQLite transaction on the writer's thread.
+
+Durable counters are read and written inside the same transaction, so ids and totals stay exact.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from wal.entry import EntryState
+from wal.errors import WalError
+from wal.schema import read_counters
+
+_KEY_LOOKUP_CHUNK = 500
+_INSERT_SQL = (
+    "INSERT INTO entries (id, entry_type, key, payload, state, created_at, updated_at)"
+    " VALUES (?, ?, ?, ?, 'pending', ?, ?)"
+)
+_FINISH_SQL = (
+    "UPDATE entries SET state = ?, updated_at = ?, error = coalesce(?, error)"
+    " WHERE id = ? AND state = 'pending' RETURNING state"
+)
+_FAIL_SQL = (
+    "UPDATE entries SET retries = retries + 1, error = ?, updated_at = ?,"
+    " state = CASE WHEN retries + 1 >= ? THEN 'failed' ELSE 'pending' END"
+    " WHERE id = ? AND state = 'pending' RETURNING state"
+)
+_CLEANUP_SQL = (
+    "DELETE FROM entries WHERE id IN (SELECT id FROM entries"
+    " WHERE state != 'pending' AND updated_at < ? ORDER BY updated_at LIMIT ?) RETURNING state"
+)
+_TOTAL_OF = {
+    EntryState.COMMITTED: "committed_total",
+    EntryState.ROLLED_BACK: "rolled_back_total",
+    EntryState.FAILED: "failed_total",
+}
+
+
+# Requests are NamedTuples, not frozen dataclasses: just as immutable, and built once per
+# append on the hot path, where a frozen dataclass's __init__ costs four times as much.
+class AppendRequest(NamedTuple):
+    entry_type: str
+    key: str | None
+    payload_json: str
+    created_at: float
+
+
+class TransitionRequest(NamedTuple):
+    """Finish a pending entry (COMMITTED, ROLLED_BACK) or count a failed try (FAILED)."""
+
+    entry_id: int
+    target: EntryState
+    error: str | None
+
+
+class StateSetRequest(NamedTuple):
+    key: str
+    value_json: str
+
+
+class CleanupRequest(NamedTuple):
+    cutoff: float
+    limit: int
+
+
+Request = AppendRequest | TransitionRequest | StateSetRequest | CleanupRequest
+# An append yields its id; a transition the entry's state and whether this request changed it.
+Result = int | tuple[EntryState, bool] | None | WalError
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    results: list[Result]
+    counters: dict[str, int]
+
+
+def pending_from(counters: dict[str, int]) -> int:
+    """Pending entries implied by the durable totals: every entry starts pending, ends once."""
+    finished = sum(counters[name] for name in _TOTAL_OF.values())
+    return counters["appended_total"] - finished
+
+
+def apply_batch(
+    conn: sqlite3.Connection, requests: Sequence[Request], max_retries: int, now: float
+) -> BatchOutcome:
+    """Apply `requests` in one transaction; returns once COMMIT (and its fsync) returned."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        counters = read_counters(conn)
+        before = dict(counters)
+        results: list[Result] = [None] * len(requests)
+        _apply_appends(conn, requests, counters, results)
+        for index, request in enumerate(requests):
+            if isinstance(request, TransitionRequest):
+                results[index] = _transition(conn, request, counters, max_retries, now)
+            elif isinstance(request, StateSetRequest):
+                conn.execute(
+                    "INSERT OR REPLACE INTO node_state (key, value, updated_at) VALUES (?, ?, ?)",
+                    (request.key, request.value_json, now),
+                )
+            elif isinstance(request, CleanupRequest):
+                results[index] = _cleanup(conn, request, counters)
+        changed = [(value, name) for name, value in counters.items() if before[name] != value]
+        conn.executemany("UPDATE counters SET value = ? WHERE name = ?", changed)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return BatchOutcome(results, counters)
+
+
+def _apply_appends(
+    conn: sqlite3.Connection,
+    requests: Sequence[Request],
+    counters: dict[str, int],
+    results: list[Result],
+) -> None:
+    appends = [(i, r) for i, r in enumerate(requests) if isinstance(r, AppendRequest)]
+    if not appends:
+        return
+    keys = list({r.key for _, r in appends if r.key is not None})
+    existing: dict[str, int] = {}
+    for start in range(0, len(keys), _KEY_LOOKUP_CHUNK):
+        chunk = keys[start : start + _KEY_LOOKUP_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        sql = f"SELECT key, id FROM entries WHERE key IN ({marks})"  # noqa: S608 (only ? marks)
+        existing.update((str(k), int(v)) for k, v in conn.execute(sql, chunk))
+    next_id = counters["last_id"]
+    rows = []
+    for index, request in appends:
+        if request.key is not None and request.key in existing:
+            results[index] = existing[request.key]
+            continue
+        next_id += 1
+        results[index] = next_id
+        if request.key is not None:
+            existing[request.key] = next_id
+        rows.append(
+            (
+                next_id,
+                request.entry_type,
+                request.key,
+                request.payload_json,
+                request.created_at,
+                request.created_at,
+            )
+        )
+    conn.executemany(_INSERT_SQL, rows)
+    counters["appended_total"] += next_id - counters["last_id"]
+    counters["last_id"] = next_id
+
+
+def _transition(
+    conn: sqlite3.Connection,
+    request: TransitionRequest,
+    counters: dict[str, int],
+    max_retries: int,
+    now: float,
+) -> Result:
+    if request.target is EntryState.FAILED:
+        params: tuple[object, ...] = (request.error, now, max_retries, request.entry_id)
+        row = conn.execute(_FAIL_SQL, params).fetchone()
+    else:
+        params = (request.target.value, now, request.error, request.entry_id)
+        row = conn.execute(_FINISH_SQL, params).fetchone()
+    if row is not None:
+        state = EntryState(row[0])
+        if request.target is EntryState.FAILED:
+            counters["retries_total"] += 1
+        if state.finished:
+            counters[_TOTAL_OF[state]] += 1
+        return (state, True)
+    current = conn.execute("SELECT state FROM entries WHERE id = ?", (request.entry_id,))
+    found = current.fetchone()
+    if found is None:
+        return WalError(f"no WAL entry with id {request.entry_id}")
+    return (EntryState(found[0]), False)
+
+
+def _cleanup(conn: sqlite3.Connection, request: CleanupRequest, counters: dict[str, int]) -> int:
+    removed = conn.execute(_CLEANUP_SQL, (request.cutoff, request.limit)).fetchall()
+    for (state,) in removed:
+        counters[f"removed_{state}"] += 1
+    return len(removed)
+
+
+def checkpoint(conn: sqlite3.Connection, mode: str) -> tuple[int, int, int]:
+    """Run a WAL checkpoint (PASSIVE or TRUNCATE): (busy, frames in -wal, frames copied)."""
+    if mode not in ("PASSIVE", "TRUNCATE"):
+        raise ValueError(f"unsupported checkpoint mode {mode!r}")
+    busy, frames, copied = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    return int(busy), int(frames), int(copied)

@@ -1,0 +1,152 @@
+"""Plain data of the write-ahead log: entry states and types, entries, configuration, results.
+
+Everything here is a frozen dataclass, an enum or a Protocol; nothing owns a resource.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+GAME_RECORDED: Final = "game_recorded"
+MODEL_TRAINED: Final = "model_trained"
+SYNC_STARTED: Final = "sync_started"
+SYNC_COMPLETED: Final = "sync_completed"
+EXPORT_STARTED: Final = "export_started"
+BUILTIN_ENTRY_TYPES: Final = frozenset(
+    {GAME_RECORDED, MODEL_TRAINED, SYNC_STARTED, SYNC_COMPLETED, EXPORT_STARTED}
+)
+
+MAX_ENTRY_TYPE_CHARS: Final = 128
+MAX_KEY_CHARS: Final = 1024
+
+
+class EntryState(enum.StrEnum):
+    """Life of an entry: pending, then exactly one of committed, rolled_back or failed."""
+
+    PENDING = "pending"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        """True for the three final states."""
+        return self is not EntryState.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class WalEntry:
+    """One logged operation as stored; times are Unix epoch seconds."""
+
+    id: int
+    entry_type: str
+    key: str | None
+    payload: dict[str, Any]
+    state: EntryState
+    created_at: float
+    updated_at: float
+    retries: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WalConfig:
+    """Tuning of one WriteAheadLog; the defaults suit a node daemon.
+
+    max_batch / max_batch_delay_ms: a batch closes at max_batch requests, or when no more
+    requests arrive, but the writer never lingers longer than max_batch_delay_ms gathering one.
+    busy_timeout_s: SQLite lock wait of every connection. op_timeout_s: the longest one batch or
+    read may take before the caller gets a WalError. checkpoint_interval_s: PASSIVE checkpoint
+    period while busy; idle_checkpoint_s: quiet time after which the -wal file is truncated.
+    """
+
+    max_batch: int = 1024
+    max_batch_delay_ms: float = 2.0
+    max_pending: int = 100_000
+    max_payload_bytes: int = 1 << 20
+    max_retries: int = 5
+    busy_timeout_s: float = 5.0
+    op_timeout_s: float = 30.0
+    checkpoint_interval_s: float = 30.0
+    idle_checkpoint_s: float = 1.0
+    queue_limit: int = 16_384
+    wal_autocheckpoint_pages: int = 4096
+    journal_size_limit_bytes: int = 64 << 20
+    quick_check_on_open: bool = True
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_batch": self.max_batch,
+            "max_pending": self.max_pending,
+            "max_payload_bytes": self.max_payload_bytes,
+            "max_retries": self.max_retries,
+            "busy_timeout_s": self.busy_timeout_s,
+            "op_timeout_s": self.op_timeout_s,
+            "checkpoint_interval_s": self.checkpoint_interval_s,
+            "idle_checkpoint_s": self.idle_checkpoint_s,
+            "queue_limit": self.queue_limit,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"WalConfig.{name} must be positive, got {value!r}")
+        non_negative = {
+            "max_batch_delay_ms": self.max_batch_delay_ms,
+            "wal_autocheckpoint_pages": self.wal_autocheckpoint_pages,
+            "journal_size_limit_bytes": self.journal_size_limit_bytes,
+        }
+        for name, value in non_negative.items():
+            if value < 0:
+                raise ValueError(f"WalConfig.{name} must not be negative, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class WalStats:
+    """A snapshot of the log. Current counts and lifetime totals (kept in the file) of entries.
+
+    queue_depth is requests waiting for the writer in this process; sizes are of the database
+    file and of its SQLite -wal file (0 when absent).
+    """
+
+    pending: int
+    committed: int
+    rolled_back: int
+    failed: int
+    oldest_pending_age_s: float | None
+    appended_total: int
+    committed_total: int
+    rolled_back_total: int
+    failed_total: int
+    retries_total: int
+    removed_total: int
+    last_id: int
+    queue_depth: int
+    db_size_bytes: int
+    wal_file_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    """What one `recover` pass did: handlers that succeeded (committed), raised (a retry was
+    counted; `exhausted` of those reached max_retries and are now failed), and entries of a type
+    without a handler, left pending."""
+
+    recovered: int
+    failed: int
+    skipped: int
+    exhausted: int
+
+
+RecoveryHandler = Callable[[WalEntry], Awaitable[object]]
+
+
+class WalObserver(Protocol):
+    """Receives measurements from a WriteAheadLog; called on the event loop, must not block."""
+
+    def on_append(self, latency_s: float) -> None:
+        """Time from an append call to its durable acknowledgement."""
+
+    def on_pending(self, count: int) -> None:
+        """Number of pending entries, after each batch the writer committed."""
