@@ -39,11 +39,12 @@ class _State(enum.Enum):
 class Discovery:
     """Owns the zeroconf instance (when `mdns`) and the task that re-feeds inventory and seeds.
 
-    `on_candidate` is called in the event loop for every candidate, repeatedly: inventory hosts
-    (except this node) and resolved seeds every `refeed_interval_s`, mDNS peers of our cluster
-    when their advert appears or changes. mDNS listens on `interfaces` (default: the advert's
-    addresses). Entering raises DiscoveryError when mDNS cannot start; the caller may then run
-    a Discovery with `mdns=False`. Bad seeds raise ConfigError at construction.
+    `on_candidate` is called in the event loop for every candidate, repeatedly: mDNS peers of
+    our cluster when their advert appears or changes, and every `refeed_interval_s` the current
+    mDNS peers, the inventory hosts (except this node) and the resolved seeds. mDNS listens on
+    `interfaces` (default: the advert's addresses). Entering raises DiscoveryError when mDNS
+    cannot start; the caller may then run a Discovery with `mdns=False`. Bad seeds raise
+    ConfigError at construction.
     """
 
     def __init__(
@@ -138,8 +139,10 @@ class Discovery:
         if self._mdns is not None:
             await self._mdns.update(advert)
 
-    async def feed_static_once(self) -> None:
-        """Feed every inventory host and every resolvable seed once."""
+    async def feed_once(self) -> None:
+        """Feed every current mDNS peer, every inventory host and every resolvable seed once."""
+        for candidate in self.mdns_peers().values():
+            self._emit(candidate)
         if self._inventory is not None:
             for candidate in inventory_candidates(self._inventory, self._advert):
                 self._emit(candidate)
@@ -176,7 +179,7 @@ class Discovery:
     async def _refeed_forever(self) -> None:
         while True:
             try:
-                await self.feed_static_once()
+                await self.feed_once()
             except Exception as exc:  # a bug in one round must not end discovery
                 log_repeated(
                     log,

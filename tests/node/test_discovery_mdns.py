@@ -14,7 +14,7 @@ import struct
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -65,10 +65,9 @@ def _needs_loopback_multicast() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _fast_zeroconf(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _fast_zeroconf(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in FAST_ZEROCONF.items():
         monkeypatch.setattr(zeroconf_core, name, value)
-    yield
 
 
 @pytest.fixture
@@ -81,7 +80,9 @@ def _advert(name: str, cluster: str, port: int) -> Advert:
 
 
 @contextlib.asynccontextmanager
-async def _node(advert: Advert, seen: list[Candidate] | None = None) -> AsyncIterator[Discovery]:
+async def _node(
+    advert: Advert, seen: list[Candidate] | None = None, refeed_interval_s: float = 10.0
+) -> AsyncIterator[Discovery]:
     sink = seen if seen is not None else []
     async with Discovery(
         advert,
@@ -91,6 +92,7 @@ async def _node(advert: Advert, seen: list[Candidate] | None = None) -> AsyncIte
         seeds=[],
         timeouts=FAST,
         interfaces=[LOOPBACK],
+        refeed_interval_s=refeed_interval_s,
     ) as discovery:
         yield discovery
 
@@ -106,12 +108,15 @@ async def test_two_nodes_find_each_other_and_ignore_themselves(cluster: str) -> 
     a, b = _advert("a", cluster, 9001), _advert("b", cluster, 9002)
     seen_a: list[Candidate] = []
     seen_b: list[Candidate] = []
-    async with _node(a, seen_a) as node_a, _node(b, seen_b) as node_b:
-        assert node_a.mdns_active and node_b.mdns_active
+    async with _node(a, seen_a, refeed_interval_s=0.02) as node_a, _node(b, seen_b) as node_b:
+        assert node_a.mdns_active
+        assert node_b.mdns_active
         await _wait_until(lambda: b.node_id in node_a.mdns_peers())
         await _wait_until(lambda: a.node_id in node_b.mdns_peers())
-        assert node_a.mdns_peers() == {b.node_id: Candidate(LOOPBACK, 9002, "mdns", b.node_id)}
+        from_b = Candidate(LOOPBACK, 9002, "mdns", b.node_id)
+        assert node_a.mdns_peers() == {b.node_id: from_b}
         assert Candidate(LOOPBACK, 9001, "mdns", a.node_id) in seen_b
+        await _wait_until(lambda: seen_a.count(from_b) >= 3)  # current peers are re-fed
     assert {c.node_id for c in seen_a} == {b.node_id}
     assert {c.node_id for c in seen_b} == {a.node_id}
 
@@ -188,7 +193,8 @@ async def test_nodes_in_two_processes_find_each_other(cluster: str) -> None:
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
-    assert child.stdin is not None and child.stdout is not None
+    assert child.stdin is not None
+    assert child.stdout is not None
     try:
         async with _node(a) as node_a:
             assert await asyncio.wait_for(child.stdout.readline(), 15) == b"ready\n"
