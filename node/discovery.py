@@ -129,7 +129,8 @@ class Discovery:
     async def update_advert(self, advert: Advert) -> None:
         """Advertise changed properties (cluster, version, port, addresses) of this node.
 
-        Raises ValueError when the node id changes, DiscoveryError when mDNS fails.
+        Raises ValueError when the node id changes, DiscoveryError when mDNS fails (the new
+        advert still applies to the inventory and seed sources).
         """
         if self._state is not _State.OPENED:
             raise DiscoveryError(f"Discovery is {self._state.value}")

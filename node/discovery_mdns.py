@@ -162,15 +162,16 @@ class MdnsAgent:
         for task in tasks:
             task.cancel()
         aiozc, self._aiozc = self._aiozc, None
+        browser, self._browser = self._browser, None
         try:
             await asyncio.gather(*tasks, return_exceptions=True)
-            if self._browser is not None:
-                await self._browser.async_cancel()
             if aiozc is not None and self._info is not None:
                 await self._await_broadcast(await aiozc.async_unregister_service(self._info))
         except (OSError, RuntimeError, ZeroconfError, TimeoutError) as exc:
             log.warning("%s: mDNS goodbye failed: %s", self._advert.node_id, exc)
         finally:
+            if browser is not None:
+                await browser.async_cancel()
             if aiozc is not None:
                 await aiozc.async_close()
 
