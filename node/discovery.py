@@ -197,9 +197,7 @@ class Discovery:
         try:
             addresses = await resolve_host(host, port, self._timeouts.mdns_s)
         except DiscoveryError as exc:
-            log_repeated(
-                log, self._warned, key, "%s: seed %s: %s", self._advert.node_id, key[5:], exc
-            )
+            log_repeated(log, self._warned, key, "%s: %s: %s", self._advert.node_id, key, exc)
             return
         self._warned.discard(key)
         own = {normalize_address(address) for address in self._advert.addresses}
