@@ -282,9 +282,11 @@ def test_cleanup_after_an_exception_inside_the_context_manager(tmp_path: Path) -
 
 HOLDER = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from pathlib import Path
     from tests.cluster import NetnsCluster
+    # As in an interactive run (a background job of a script starts with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cluster = NetnsCluster(2, Path(sys.argv[1]))
     proc = cluster.hosts[1].spawn(["sleep", "600"])
     print(cluster.prefix, proc.pid, flush=True)
