@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test check sysdeps lint types pytest clean
+.PHONY: test check sysdeps lint types pytest clean run
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,6 +30,11 @@ pytest: $(STAMP)
 	$(VENV)/bin/pytest
 
 test: sysdeps check pytest
+
+# Start one node with embedded defaults: SQLite and state in ./.shoal, API on 127.0.0.1:8770.
+run: $(STAMP)
+	@echo "shoal: starting a node; API at http://127.0.0.1:$${SHOAL_P2P_PORT:-8770} (Ctrl-C stops it)"
+	$(VENV)/bin/shoal serve --data-dir .shoal
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -6,6 +6,7 @@ import typer
 
 from config import shoal_version
 from node.cli_common import console
+from node import cli_serve
 from node.cli_hosts import config_app, hosts_app
 
 app = typer.Typer(
@@ -17,6 +18,7 @@ app = typer.Typer(
 )
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(config_app, name="config")
+cli_serve.register(app)
 
 
 @app.command("version")

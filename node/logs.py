@@ -14,13 +14,13 @@ from config import LogFormat
 class NodeContextFilter(logging.Filter):
     """Adds `node_id` and `term` to every record."""
 
-    def __init__(self, node_id: str, term: Callable[[], int | None]) -> None:
+    def __init__(self, node_id: Callable[[], str], term: Callable[[], int | None]) -> None:
         super().__init__()
-        self.node_id = node_id
+        self._node_id = node_id
         self._term = term
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.node_id = self.node_id
+        record.node_id = self._node_id()
         term = self._term()
         record.term = "-" if term is None else term
         return True
@@ -45,7 +45,10 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(
-    log_format: LogFormat, node_id: str, term: Callable[[], int | None], level: int = logging.INFO
+    log_format: LogFormat,
+    node_id: Callable[[], str],
+    term: Callable[[], int | None],
+    level: int = logging.INFO,
 ) -> logging.Handler:
     """Install one stderr handler on the root logger; returns it so it can be removed."""
     handler = logging.StreamHandler(sys.stderr)

@@ -1,0 +1,297 @@
+"""The node daemon: start components in order, serve until told to stop, stop in reverse.
+
+Order: settings and secrets -> WAL (recovery) -> health and metrics -> HTTP listener ->
+membership -> discovery; then READY=1. Stop: leave, discovery, membership, HTTP, health, WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+import random
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import ifaddr
+from aiohttp import web
+
+from config import (
+    ConfigError,
+    Inventory,
+    NodeSettings,
+    load_inventory,
+    load_or_create_node_id,
+    read_secret_file,
+    shoal_version,
+)
+from health import (
+    BreakerConfig,
+    BreakerRegistry,
+    GpuReader,
+    HealthChecker,
+    NodeMetrics,
+    disk_check,
+    gpu_check,
+    memory_check,
+    wal_backlog_check,
+    wal_check,
+)
+from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
+from node.api import build_app
+from node.discovery import Discovery
+from node.discovery_candidates import Advert
+from node.errors import DiscoveryError, StartupError
+from node.runtime import NodeRuntime
+from node.security import AuthPolicy
+from node.systemd import SystemdNotifier
+from wal import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and `localhost`."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Secrets:
+    cluster: bytes | None
+    metrics_token: bytes | None
+
+
+def load_secrets(settings: NodeSettings) -> Secrets:
+    """Read the secret files and refuse a non-loopback bind without a secret (unless insecure)."""
+    cluster = read_secret_file(settings.secret_file) if settings.secret_file else None
+    token = None
+    if settings.metrics_token_file is not None:
+        token = read_secret_file(settings.metrics_token_file, "metrics token file")
+    if cluster is None and not is_loopback(settings.bind):
+        if not settings.insecure:
+            raise ConfigError(
+                f"bind {settings.bind}: refusing to serve beyond loopback without a cluster "
+                "secret; pass --secret-file FILE (chmod 600), bind 127.0.0.1, or --insecure"
+            )
+        log.warning(
+            "serving on %s WITHOUT authentication (--insecure): anyone who reaches this "
+            "port can read status and data",
+            settings.bind,
+        )
+    return Secrets(cluster, token)
+
+
+def resolve_node_id(settings: NodeSettings, inventory: Inventory | None) -> str:
+    """Explicit id, else this host's inventory entry (matched by address), else the data dir's."""
+    if settings.node_id:
+        return settings.node_id
+    if inventory is not None:
+        found = find_self_in_inventory(inventory, local_addresses(), settings.port)
+        if found is not None:
+            return found
+    return load_or_create_node_id(settings.data_dir)
+
+
+def advertise_address(settings: NodeSettings) -> str:
+    """The address peers reach this node at."""
+    if settings.advertise_address:
+        return settings.advertise_address
+    if settings.bind not in ("0.0.0.0", "::", ""):  # noqa: S104 - comparing, not binding
+        return settings.bind
+    candidates = [a for a in local_addresses() if not is_loopback(a) and ":" not in a]
+    return candidates[0] if candidates else "127.0.0.1"
+
+
+class NodeDaemon:
+    """One running node. `async with NodeDaemon(settings) as daemon:` starts it; exit stops it."""
+
+    def __init__(self, settings: NodeSettings, *, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self._rng = rng or random.Random()
+        self._stack = AsyncExitStack()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._notifier = SystemdNotifier()
+        self.runtime: NodeRuntime | None = None
+        self.port: int = settings.port
+        self._membership: Any = None
+        self._closed = False
+
+    async def start(self) -> None:
+        """Start every component in order; on failure, stop what started and re-raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aenter__(self) -> NodeDaemon:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _start(self) -> None:
+        settings = self.settings
+        secrets = load_secrets(settings)
+        inventory = load_inventory(settings.inventory) if settings.inventory else None
+        node_id = resolve_node_id(settings, inventory)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        breakers = BreakerRegistry(
+            BreakerConfig(
+                failure_threshold=inventory.circuit_breaker.failure_threshold
+                if inventory is not None and "circuit_threshold" not in settings.model_fields_set
+                else settings.circuit_threshold,
+                recovery_timeout_s=inventory.circuit_breaker.recovery_timeout
+                if inventory is not None
+                else settings.timeouts.breaker_recovery_s,
+                probe_timeout_s=settings.timeouts.breaker_probe_s,
+            )
+        )
+        metrics = NodeMetrics(node_id, shoal_version())
+        metrics.bind_breakers(breakers)
+        runtime = NodeRuntime(
+            settings=settings,
+            node_id=node_id,
+            address=advertise_address(settings),
+            version=shoal_version(),
+            breakers=breakers,
+            metrics=metrics,
+        )
+        self.runtime = runtime
+        self._notifier.status("opening the WAL")
+        wal = WriteAheadLog(settings.wal_path, observer=metrics)
+        await self._stack.enter_async_context(wal)
+        runtime.wal = wal
+        pending = await wal.pending()
+        if pending:
+            log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
+        await self._start_health(runtime, wal)
+        await self._start_http(runtime, secrets)
+        await self._start_membership(runtime, secrets, inventory)
+        self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
+        self._notifier.ready(f"serving {node_id} on {settings.bind}:{self.port}")
+        log.info("node %s serving on http://%s:%d", node_id, settings.bind, self.port)
+
+    async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
+        settings = runtime.settings
+        checker = HealthChecker(timeouts=settings.timeouts)
+        checker.add_check("disk", disk_check(settings.data_dir), interval_s=30.0)
+        checker.add_check("wal", wal_check(wal), interval_s=15.0)
+        checker.add_check("wal_backlog", wal_backlog_check(wal), interval_s=15.0)
+        checker.add_check("memory", memory_check(), interval_s=30.0)
+        reader = GpuReader()
+        self._stack.callback(reader.close)
+        checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
+        runtime.gpus = lambda: [dataclasses.asdict(gpu) for gpu in reader.read()]
+        assert runtime.metrics is not None
+        checker.add_listener(runtime.metrics.record_health)
+        await self._stack.enter_async_context(checker)
+        runtime.health = checker
+
+    async def _start_http(self, runtime: NodeRuntime, secrets: Secrets) -> None:
+        policy = AuthPolicy(
+            secret=secrets.cluster,
+            metrics_token=secrets.metrics_token,
+            skew_s=runtime.settings.timeouts.auth_skew_s,
+        )
+        app = build_app(runtime, policy)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        self._stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, runtime.settings.bind, runtime.settings.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {runtime.settings.bind}:{runtime.settings.port}: "
+                f"{exc.strerror or exc}; is another shoal running? choose another --port"
+            ) from exc
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+
+    async def _start_membership(
+        self, runtime: NodeRuntime, secrets: Secrets, inventory: Inventory | None
+    ) -> None:
+        """Membership over UDP on the API's port number, fed by discovery."""
+        from node.membership import Membership, UdpMembershipTransport
+
+        settings = runtime.settings
+        meta = {
+            "version": runtime.version,
+            "role": settings.role.value,
+            "cluster": settings.cluster_name,
+            "config_hash": settings.config_hash(),
+        }
+        transport = UdpMembershipTransport(
+            settings.bind, self.port, secret=secrets.cluster, cluster=settings.cluster_name
+        )
+        membership = Membership(
+            runtime.node_id,
+            runtime.address,
+            self.port,
+            meta,
+            transport,
+            settings.timeouts,
+            cluster=settings.cluster_name,
+            rng=self._rng,
+        )
+        await self._stack.enter_async_context(membership)
+        self._membership = membership
+        runtime.membership = membership
+        advert = Advert(
+            node_id=runtime.node_id,
+            cluster=settings.cluster_name,
+            version=runtime.version,
+            port=self.port,
+            addresses=(runtime.address,),
+        )
+        interfaces = choose_interfaces(ifaddr.get_adapters(), None, settings.bind)
+
+        def make_discovery(mdns: bool) -> Discovery:
+            return Discovery(
+                advert,
+                lambda candidate: membership.add_candidate(candidate.address, candidate.port),
+                mdns=mdns,
+                inventory=inventory,
+                seeds=settings.seeds,
+                timeouts=settings.timeouts,
+                interfaces=interfaces,
+            )
+
+        try:
+            await self._stack.enter_async_context(make_discovery(settings.mdns))
+        except DiscoveryError as exc:
+            log.error("mDNS discovery is off, inventory and seeds still work: %s", exc)
+            runtime.notes.append(f"mDNS discovery is off: {exc}")
+            await self._stack.enter_async_context(make_discovery(False))
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Leave the cluster, stop every component in reverse order. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._notifier.stopping()
+        if self._membership is not None:
+            try:
+                await self._membership.leave(timeout_s=1.0)
+            except Exception as exc:  # leaving is best effort; peers will detect us anyway
+                log.warning("announcing leave failed: %s", exc)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stack.aclose()
