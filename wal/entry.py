@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 GAME_RECORDED: Final = "game_recorded"
 MODEL_TRAINED: Final = "model_trained"
@@ -142,6 +142,7 @@ class RecoveryResult:
 RecoveryHandler = Callable[[WalEntry], Awaitable[object]]
 
 
+@runtime_checkable
 class WalObserver(Protocol):
     """Receives measurements from a WriteAheadLog; called on the event loop, must not block."""
 

@@ -194,7 +194,7 @@ def _table_names(conn: sqlite3.Connection) -> set[str]:
 
 def _quick_check(conn: sqlite3.Connection, path: Path) -> None:
     rows = conn.execute("PRAGMA quick_check(5)").fetchall()
-    problems = [str(row[0]) for row in rows]
+    problems = [" ".join(str(row[0]).split()) for row in rows]
     if problems != ["ok"]:
         raise WalCorruptError(path, "integrity check failed: " + "; ".join(problems))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ async def test_append_returns_a_durable_pending_entry(wal: WriteAheadLog) -> Non
     assert entry.retries == 0
     assert entry.error is None
     assert entry.created_at == entry.updated_at
-    with sqlite3.connect(wal.path) as conn:
+    with closing(sqlite3.connect(wal.path)) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         row = conn.execute("SELECT state FROM entries WHERE id = ?", (entry_id,)).fetchone()
     assert row == ("pending",)

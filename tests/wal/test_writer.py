@@ -1,0 +1,191 @@
+"""The group-commit writer: batching, backpressure, observer hooks, failed transactions,
+timeouts and checkpoints of the SQLite -wal file."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+import wal.writer
+from tests.wal.conftest import FAST
+from wal import GAME_RECORDED, WalConfig, WalError, WalObserver, WriteAheadLog
+
+
+class CountingObserver:
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.pending: list[int] = []
+
+    def on_append(self, latency_s: float) -> None:
+        self.latencies.append(latency_s)
+
+    def on_pending(self, count: int) -> None:
+        self.pending.append(count)
+
+
+class BrokenObserver:
+    def on_append(self, latency_s: float) -> None:
+        raise RuntimeError("metrics down")
+
+    def on_pending(self, count: int) -> None:
+        raise RuntimeError("metrics down")
+
+
+async def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_concurrent_appends_share_transactions(wal_path: Path) -> None:
+    observer = CountingObserver()
+    async with WriteAheadLog(wal_path, config=FAST, observer=observer) as wal:
+        await asyncio.gather(*(wal.append(GAME_RECORDED, {"n": n}) for n in range(1000)))
+    assert len(observer.latencies) == 1000
+    assert all(latency >= 0 for latency in observer.latencies)
+    assert 1 <= len(observer.pending) <= 10
+    assert observer.pending[-1] == 1000
+
+
+async def test_batches_hold_at_most_max_batch_requests(wal_path: Path) -> None:
+    observer = CountingObserver()
+    config = WalConfig(max_batch=10)
+    async with WriteAheadLog(wal_path, config=config, observer=observer) as wal:
+        ids = await asyncio.gather(*(wal.append(GAME_RECORDED, {"n": n}) for n in range(100)))
+    assert len(set(ids)) == 100
+    assert len(observer.pending) >= 10
+    assert observer.pending == sorted(observer.pending)
+
+
+async def test_observer_sees_pending_count_after_each_batch(wal_path: Path) -> None:
+    observer = CountingObserver()
+    async with WriteAheadLog(wal_path, config=FAST, observer=observer) as wal:
+        first = await wal.append(GAME_RECORDED, {})
+        assert observer.pending[-1] == 1
+        await wal.append(GAME_RECORDED, {})
+        assert observer.pending[-1] == 2
+        await wal.commit(first)
+        assert observer.pending[-1] == 1
+    assert isinstance(observer, WalObserver)
+
+
+async def test_a_failing_observer_does_not_stop_writes(
+    wal_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with WriteAheadLog(wal_path, config=FAST, observer=BrokenObserver()) as wal:
+        assert await wal.append(GAME_RECORDED, {}) == 1
+        assert await wal.append(GAME_RECORDED, {}) == 2
+    assert any("observer" in r.getMessage() for r in caplog.records)
+
+
+def gate_batches(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the writer thread wait on `release` before each batch; `entered` is set on entry."""
+    entered, release = threading.Event(), threading.Event()
+    real = wal.writer.apply_batch
+
+    def gated(*args: object, **kwargs: object) -> object:
+        entered.set()
+        release.wait(timeout=30)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wal.writer, "apply_batch", gated)
+    return entered, release
+
+
+async def test_the_queue_to_the_writer_is_bounded(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, release = gate_batches(monkeypatch)
+    config = WalConfig(queue_limit=5, max_batch=2)
+    async with WriteAheadLog(wal_path, config=config) as log:
+        appends = [asyncio.ensure_future(log.append(GAME_RECORDED, {"n": n})) for n in range(50)]
+        await wait_until(entered.is_set)
+        await asyncio.sleep(0.05)
+        assert (await log.stats()).queue_depth <= 5
+        assert not any(a.done() for a in appends)
+        release.set()
+        ids = await asyncio.gather(*appends)
+    assert sorted(ids) == list(range(1, 51))
+
+
+async def test_a_slow_batch_times_out_and_the_writer_goes_on(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, release = gate_batches(monkeypatch)
+    config = WalConfig(op_timeout_s=0.2)
+    async with WriteAheadLog(wal_path, config=config) as log:
+        with pytest.raises(WalError, match=r"writing timed out after 0\.2 s"):
+            await log.append(GAME_RECORDED, {"slow": True})
+        release.set()
+        later = await log.append(GAME_RECORDED, {"slow": False})
+        # The timed-out entry was written after all, just never acknowledged.
+        assert later == 2
+        assert (await log.stats()).pending == 2
+
+
+async def test_a_failed_transaction_fails_its_batch_and_writes_resume(
+    wal_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with WriteAheadLog(wal_path, config=FAST) as log:
+        first = await log.append(GAME_RECORDED, {})
+        with closing(sqlite3.connect(wal_path, isolation_level=None)) as other:
+            other.execute(
+                "CREATE TRIGGER poison BEFORE INSERT ON entries WHEN NEW.entry_type = 'poison'"
+                " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+            )
+            results = await asyncio.gather(
+                log.append("poison", {}),
+                *(log.append(GAME_RECORDED, {"n": n}) for n in range(5)),
+                return_exceptions=True,
+            )
+            assert all(isinstance(r, WalError) for r in results)
+            assert "injected failure" in str(results[0])
+            stats = await log.stats()
+            assert (stats.appended_total, stats.last_id, stats.pending) == (1, first, 1)
+            other.execute("DROP TRIGGER poison")
+        assert await log.append(GAME_RECORDED, {}) == first + 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("a batch failed" in m for m in messages)
+    assert any("writes succeed again" in m for m in messages)
+
+
+async def test_idle_log_truncates_its_sqlite_wal_file(wal_path: Path) -> None:
+    async with WriteAheadLog(wal_path, config=FAST) as log:
+        await asyncio.gather(*(log.append(GAME_RECORDED, {"n": n}) for n in range(100)))
+        wal_file = wal_path.with_name(wal_path.name + "-wal")
+        await wait_until(lambda: wal_file.stat().st_size == 0)
+        stats = await log.stats()
+        assert (stats.wal_file_bytes, stats.pending) == (0, 100)
+
+
+async def test_busy_log_checkpoints_into_the_database_periodically(wal_path: Path) -> None:
+    config = WalConfig(
+        wal_autocheckpoint_pages=0, checkpoint_interval_s=0.001, idle_checkpoint_s=3600
+    )
+    async with WriteAheadLog(wal_path, config=config) as log:
+        before = (await log.stats()).db_size_bytes
+        for n in range(20):
+            await log.append(GAME_RECORDED, {"n": n, "pad": "z" * 2000})
+        after = (await log.stats()).db_size_bytes
+    assert after > before
+
+
+async def test_an_open_log_logs_a_failed_checkpoint_and_keeps_going(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(conn: sqlite3.Connection, mode: str) -> tuple[int, int, int]:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(wal.writer, "checkpoint", broken)
+    caplog.set_level(logging.WARNING, logger="wal")
+    async with WriteAheadLog(wal_path, config=WalConfig(checkpoint_interval_s=0.001)) as log:
+        await log.append(GAME_RECORDED, {})
+        assert await log.append(GAME_RECORDED, {}) == 2
+    assert any("checkpoint failed" in r.getMessage() for r in caplog.records)
