@@ -106,7 +106,8 @@ class Host:
     ) -> subprocess.CompletedProcess[str]:
         """Run `argv` on this host to completion and capture its output as text.
 
-        With `check`, a non-zero exit raises `HarnessError` carrying the command's output.
+        With `check`, a non-zero exit raises `HarnessError` carrying the command's output;
+        `subprocess.TimeoutExpired` after `timeout_s` (the command is killed).
         """
         full_env = None if env is None else {**os.environ, **env}
         result = subprocess.run(
@@ -257,10 +258,14 @@ class LoopbackCluster(Cluster):
             raise ValueError(f"a cluster needs at least one host, got n={n}")
         super().__init__(base_dir)
         ports: list[int] = []
-        while len(ports) < n:
-            port = free_port()
-            if port not in ports:
-                ports.append(port)
+        try:
+            while len(ports) < n:
+                port = free_port()
+                if port not in ports:
+                    ports.append(port)
+        except BaseException:
+            self.close()
+            raise
         self.hosts = tuple(
             self._make_host(i, "127.0.0.1", port, None) for i, port in enumerate(ports)
         )
