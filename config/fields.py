@@ -38,16 +38,25 @@ class Category(StrEnum):
     ROLLOUTS = "rollouts"
 
 
-def _port(value: Any) -> int:
-    text = str(value).strip() if isinstance(value, str) else value
+def _parse_port(value: Any, low: int, hint: str = "") -> int:
+    text = value.strip() if isinstance(value, str) else value
+    message = f"must be an integer {low}-65535{hint}, got {value!r}"
     if isinstance(text, bool) or not (
         isinstance(text, int) or (isinstance(text, str) and text.isdigit())
     ):
-        raise ValueError(f"must be an integer 1-65535, got {value!r}")
+        raise ValueError(message)
     port = int(text)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"must be an integer 1-65535, got {value!r}")
+    if not low <= port <= 65535:
+        raise ValueError(message)
     return port
+
+
+def _port(value: Any) -> int:
+    return _parse_port(value, 1)
+
+
+def _listen_port(value: Any) -> int:
+    return _parse_port(value, 0, " (0 picks a free port)")
 
 
 def _node_id(value: Any) -> str:
@@ -60,6 +69,7 @@ def _node_id(value: Any) -> str:
 
 
 Port = Annotated[int, BeforeValidator(_port)]
+ListenPort = Annotated[int, BeforeValidator(_listen_port)]
 NodeId = Annotated[str, BeforeValidator(_node_id)]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from config.errors import ConfigError
-from config.fields import Category, NodeId, Port, Role
+from config.fields import Category, ListenPort, NodeId, Role
 from config.timeouts import Timeouts
 from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping
 
@@ -33,7 +33,7 @@ class NodeSettings(BaseModel):
     data_dir: Path = Field(Path(".shoal"), description="Where the node keeps its state and data.")
     wal_dir: Path | None = Field(None, description="Directory of the WAL database (data_dir/wal).")
     bind: str = Field("127.0.0.1", min_length=1, description="Address the HTTP API listens on.")
-    port: Port = Field(8770, description="HTTP API port; membership uses the same UDP port.")
+    port: ListenPort = Field(8770, description="HTTP API port; membership uses the same UDP port.")
     advertise_address: str | None = Field(None, description="Address peers reach this node at.")
     mdns: bool = Field(True, description="Advertise and discover peers with mDNS.")
     cluster_name: str = Field(

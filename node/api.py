@@ -77,7 +77,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "cluster": runtime.settings.cluster_name,
         "version": runtime.version,
         "address": runtime.address,
-        "port": runtime.settings.port,
+        "port": runtime.port or runtime.settings.port,
         "started_at": runtime.started_at,
         "uptime_s": round(runtime.uptime_s, 3),
         "role": runtime.role,

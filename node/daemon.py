@@ -218,6 +218,7 @@ class NodeDaemon:
         sockets = getattr(server, "sockets", None) or []
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
+        runtime.port = self.port
 
     async def _start_membership(
         self, runtime: NodeRuntime, secrets: Secrets, inventory: Inventory | None

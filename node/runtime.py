@@ -45,6 +45,7 @@ class NodeRuntime:
     address: str
     version: str
     breakers: BreakerRegistry
+    port: int = 0
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
     wal: WriteAheadLog | None = None

@@ -65,7 +65,8 @@ def test_bad_env_value_names_the_variable() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(env={"SHOAL_P2P_PORT": "abc"})
     assert info.value.problems == [
-        "environment variable SHOAL_P2P_PORT: port: must be an integer 1-65535, got 'abc'"
+        "environment variable SHOAL_P2P_PORT: port: must be an integer 0-65535 (0 picks a free "
+        "port), got 'abc'"
     ]
 
 

@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession
+
+from config import NodeSettings, load_settings
+from node.daemon import NodeDaemon
+from node.errors import StartupError
+
+FAST = {
+    "timeouts.probe_interval_s": 0.1,
+    "timeouts.probe_timeout_s": 0.05,
+    "timeouts.indirect_probe_timeout_s": 0.1,
+    "timeouts.suspicion_s": 0.3,
+}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
+    base = {
+        "data_dir": tmp_path / name,
+        "node_id": name,
+        "port": 0,
+        "mdns": False,
+        "cluster_name": f"t{os.getpid()}",
+        **FAST,
+    }
+    return load_settings(env={}, flags={**base, **flags}).settings
+
+
+@asynccontextmanager
+async def _daemon(settings: NodeSettings) -> AsyncIterator[NodeDaemon]:
+    async with NodeDaemon(settings) as daemon:
+        yield daemon
+
+
+async def _get(url: str) -> Any:
+    async with ClientSession() as session, session.get(url) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def test_daemon_serves_status_of_itself(tmp_path: Path) -> None:
+    async with _daemon(_settings(tmp_path, "solo")) as daemon:
+        assert daemon.port != 0
+        status = await _get(f"http://127.0.0.1:{daemon.port}/v1/status")
+        assert status["node_id"] == "solo"
+        assert status["port"] == daemon.port
+        assert status["members"]["alive"] == 1
+        assert status["wal"]["pending"] == 0
+        health = await _get(f"http://127.0.0.1:{daemon.port}/v1/health")
+        names = {component["name"] for component in health["components"]}
+        assert {"disk", "wal", "wal_backlog", "memory", "gpu"} <= names
+        gpu = next(c for c in health["components"] if c["name"] == "gpu")
+        assert gpu["status"] == "not_applicable"
+    await daemon.close()  # idempotent
+
+
+async def test_two_daemons_join_through_a_seed_and_see_a_leave(tmp_path: Path) -> None:
+    async with _daemon(_settings(tmp_path, "a")) as first:
+        seed = f"127.0.0.1:{first.port}"
+        second = NodeDaemon(_settings(tmp_path, "b", seeds=(seed,)))
+        await second.start()
+        url = f"http://127.0.0.1:{first.port}/v1/peers"
+        deadline = time.monotonic() + 10
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = {m["node_id"]: m["state"] for m in (await _get(url))["members"]}
+            if states.get("b") == "alive":
+                break
+            await asyncio.sleep(0.05)
+        assert states.get("b") == "alive", states
+        await second.close()
+        states = {m["node_id"]: m["state"] for m in (await _get(url))["members"]}
+        assert states["b"] == "left"
+
+
+async def test_port_in_use_is_a_startup_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await NodeDaemon(_settings(tmp_path, "x", port=port)).start()
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "node", "serve", "--data-dir", str(tmp_path / "d"), *args]
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_serve_exits_0_on_sigterm_within_10_s(tmp_path: Path) -> None:
+    port = _free_port()
+    process = _serve(tmp_path, "--port", str(port), "--no-mdns", "--node-id", "n1")
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("daemon never listened")
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        if process.poll() is None:
+            process.kill()
+        output = process.communicate()[0]
+    assert "left the cluster" in output
+
+
+def test_serve_refuses_public_bind_without_secret(tmp_path: Path) -> None:
+    process = _serve(tmp_path, "--bind", "0.0.0.0", "--port", "0", "--no-mdns")
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode == 2
+    assert "refusing to serve beyond loopback without a cluster secret" in output
+    assert "Traceback" not in output
+
+
+def test_serve_refuses_group_readable_secret(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123456789abcdef")
+    secret.chmod(0o640)
+    process = _serve(tmp_path, "--secret-file", str(secret), "--port", "0", "--no-mdns")
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode == 2
+    assert f"chmod 600 {secret}" in output
