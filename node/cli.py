@@ -5,9 +5,10 @@ from __future__ import annotations
 import typer
 
 from config import shoal_version
-from node.cli_common import console
 from node import cli_serve
+from node.cli_common import console
 from node.cli_hosts import config_app, hosts_app
+from node.cli_wal import wal_app
 
 app = typer.Typer(
     name="shoal",
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(config_app, name="config")
+app.add_typer(wal_app, name="wal")
 cli_serve.register(app)
 
 

@@ -28,6 +28,7 @@ from node.cli_common import (
 from node.daemon import NodeDaemon
 from node.errors import NodeError
 from node.logs import configure_logging
+from wal import WalCorruptError, WalError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,9 @@ def serve(
         asyncio.run(_serve(settings))
     except ConfigError as exc:
         fail(exc.problems)
-    except NodeError as exc:
+    except WalCorruptError as exc:
+        fail(str(exc))
+    except (NodeError, WalError) as exc:
         fail(str(exc), EXIT_FAILURE)
 
 

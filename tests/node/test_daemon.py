@@ -149,3 +149,15 @@ def test_serve_refuses_group_readable_secret(tmp_path: Path) -> None:
     output = process.communicate(timeout=30)[0]
     assert process.returncode == 2
     assert f"chmod 600 {secret}" in output
+
+
+def test_serve_stops_on_a_corrupt_wal_naming_the_file(tmp_path: Path) -> None:
+    wal = tmp_path / "d" / "wal" / "wal.db"
+    wal.parent.mkdir(parents=True)
+    wal.write_bytes(b"garbage" * 1000)
+    process = _serve(tmp_path, "--port", "0", "--no-mdns")
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode == 2
+    assert str(wal) in output
+    assert "--move-aside" in output
+    assert "Traceback" not in output
