@@ -87,6 +87,7 @@ class WriteAheadLog:
         self._reader: ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
         self._close_task: asyncio.Task[None] | None = None
+        self._claimed = False
 
     @property
     def path(self) -> Path:
@@ -112,6 +113,7 @@ class WriteAheadLog:
             if self._state is not _Lifecycle.UNOPENED:
                 raise WalError(f"{self._path}: write-ahead log was already opened")
             claim(self._path.resolve())
+            self._claimed = True
             try:
                 self._writer = BatchWriter(self._path, self._config, self._observer)
                 await self._writer.open()
@@ -134,12 +136,16 @@ class WriteAheadLog:
     async def close(self) -> None:
         """Write what is queued, checkpoint and close. Idempotent; the log cannot be reopened."""
         async with self._lifecycle_lock:
-            if self._close_task is None:
+            if self._state is _Lifecycle.UNOPENED:
+                self._state = _Lifecycle.CLOSED
+            if self._state is _Lifecycle.OPEN:
                 self._state = _Lifecycle.CLOSED
                 self._close_task = asyncio.create_task(self._release(), name="wal-close")
-        await asyncio.shield(self._close_task)
+        if self._close_task is not None:
+            await asyncio.shield(self._close_task)
 
     async def _release(self) -> None:
+        """Free everything open() acquired, in reverse order; safe after a partial open."""
         try:
             if self._writer is not None:
                 await self._writer.close()
@@ -151,7 +157,9 @@ class WriteAheadLog:
                 self._read_conn = None
                 if self._reader is not None:
                     self._reader.shutdown(wait=False)
-                release(self._path.resolve())
+                if self._claimed:
+                    release(self._path.resolve())
+                    self._claimed = False
 
     async def append(
         self, entry_type: str, payload: Mapping[str, Any], *, key: str | None = None
@@ -170,7 +178,9 @@ class WriteAheadLog:
             _check_name("entry_type", entry_type, MAX_ENTRY_TYPE_CHARS)
         if key is not None:
             _check_name("key", key, MAX_KEY_CHARS)
-        payload_json = _to_json(payload if payload.__class__ is dict else dict(payload), "payload")
+        if payload.__class__ is not dict:
+            payload = _as_dict(payload)
+        payload_json = _to_json(payload, "payload")
         if len(payload_json) > self._config.max_payload_bytes:
             raise WalError(
                 f"payload of {entry_type!r} is {len(payload_json)} bytes, over the "
@@ -199,7 +209,7 @@ class WriteAheadLog:
 
     async def rollback(self, entry_id: int, *, reason: str = "") -> None:
         """Mark a pending entry rolled back, keeping `reason` as its error."""
-        await self._finish(entry_id, EntryState.ROLLED_BACK, reason, "roll back")
+        await self._finish(entry_id, EntryState.ROLLED_BACK, reason or None, "roll back")
 
     async def fail(self, entry_id: int, *, error: str) -> EntryState:
         """Count a failed try of a pending entry; returns FAILED once max_retries is reached,
@@ -313,6 +323,8 @@ class WriteAheadLog:
             ) from exc
         except (sqlite3.Error, OSError) as exc:
             raise translate(exc, self._path, doing) from exc
+        except ValueError as exc:
+            raise WalError(f"{self._path}: {doing} found invalid stored JSON: {exc}") from exc
 
 
 def _read_stats(conn: sqlite3.Connection, path: Path, queue_depth: int) -> WalStats:
@@ -354,6 +366,12 @@ def _file_size(path: Path) -> int:
 def _check_name(what: str, value: str, max_chars: int) -> None:
     if not isinstance(value, str) or not value or len(value) > max_chars:
         raise WalError(f"{what} must be a non-empty string of at most {max_chars} characters")
+
+
+def _as_dict(payload: object) -> dict[str, Any]:
+    if not isinstance(payload, Mapping):
+        raise WalError(f"payload must be a mapping, not {type(payload).__name__}")
+    return dict(payload)
 
 
 def _to_json(value: object, what: str) -> str:

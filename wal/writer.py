@@ -53,6 +53,7 @@ class BatchWriter:
         self._task: asyncio.Task[None] | None = None
         self._in_flight: list[list[_Item]] = []
         self._accepting = False
+        self._refusal = "write-ahead log is closed"
         self._failing = False
         self.pending_count = 0
         self.appends_in_flight = 0
@@ -82,7 +83,7 @@ class BatchWriter:
     def enqueue(self, request: Request) -> asyncio.Future[Result]:
         """Queue `request`; the future resolves once its batch committed (or with a WalError)."""
         if not self._accepting:
-            raise WalError(f"{self._path}: write-ahead log is closed")
+            raise WalError(f"{self._path}: {self._refusal}")
         future: asyncio.Future[Result] = self._loop.create_future()
         self._items.append((request, future))
         if request.__class__ is AppendRequest:
@@ -125,17 +126,18 @@ class BatchWriter:
             self._executor.shutdown(wait=False)
 
     async def _stop_task(self) -> None:
-        assert self._task is not None
+        task = self._task
+        assert task is not None
         waiter = self._items_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        try:
-            async with asyncio.timeout(self._config.op_timeout_s):
-                await asyncio.shield(self._task)
-        except TimeoutError:
+        done, _ = await asyncio.wait([task], timeout=self._config.op_timeout_s)
+        if not done:
             logger.error("WAL %s: writer did not stop in time; cancelling it", self._path)
-            self._task.cancel()
-            await asyncio.wait([self._task])
+            task.cancel()
+            await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("WAL %s: writer had stopped on an error", self._path)
 
     async def _call(self, fn: Callable[..., T], doing: str, *args: object) -> T:
         return await self._wait(self._start(fn, *args), doing)
@@ -184,8 +186,13 @@ class BatchWriter:
                 if loop.time() - last_checkpoint >= self._config.checkpoint_interval_s:
                     await self._checkpoint("PASSIVE")
                     last_checkpoint = loop.time()
+        except Exception as exc:
+            logger.exception("WAL %s: writer stopped on an unexpected error", self._path)
+            self._refusal = f"writer stopped on an unexpected error: {exc!r}"
+            raise
         finally:
-            closed = WalError(f"{self._path}: write-ahead log is closed")
+            self._accepting = False
+            closed = WalError(f"{self._path}: {self._refusal}")
             for batch in self._in_flight:
                 _fail_items(batch, closed)
             self._in_flight.clear()

@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,10 +187,11 @@ async def test_payload_over_the_limit_is_refused(wal_path: Path) -> None:
         (GAME_RECORDED, {"x": object()}, None, "not JSON-serialisable"),
         (GAME_RECORDED, {"x": float("nan")}, None, "not JSON-serialisable"),
         (GAME_RECORDED, {}, "", "key"),
+        (GAME_RECORDED, ["not", "a", "mapping"], None, "payload must be a mapping"),
     ],
 )
 async def test_invalid_appends_are_refused(
-    wal: WriteAheadLog, entry_type: str, payload: dict[str, object], key: str | None, message: str
+    wal: WriteAheadLog, entry_type: str, payload: Any, key: str | None, message: str
 ) -> None:
     with pytest.raises(WalError, match=message):
         await wal.append(entry_type, payload, key=key)
@@ -308,6 +310,10 @@ async def test_a_second_log_on_the_same_file_in_one_process_is_refused(
     with pytest.raises(WalError, match="already open by another WriteAheadLog"):
         await other.open()
     await other.close()
+    third = WriteAheadLog(wal.path, config=FAST)
+    with pytest.raises(WalError, match="already open by another WriteAheadLog"):
+        await third.open()
+    assert await wal.append(GAME_RECORDED, {}) == 1
 
 
 async def test_the_file_can_be_opened_again_after_close(wal_path: Path) -> None:
@@ -324,3 +330,19 @@ async def test_close_truncates_the_sqlite_wal_file(wal_path: Path) -> None:
         assert (await wal.stats()).wal_file_bytes > 0
     wal_file = wal_path.with_name(wal_path.name + "-wal")
     assert not wal_file.exists() or wal_file.stat().st_size == 0
+
+
+async def test_rollback_without_reason_stores_no_error(wal: WriteAheadLog) -> None:
+    entry_id = await wal.append(GAME_RECORDED, {})
+    await wal.rollback(entry_id)
+    entry = await wal.get(entry_id)
+    assert entry is not None
+    assert (entry.state, entry.error) == (EntryState.ROLLED_BACK, None)
+
+
+async def test_invalid_stored_json_is_a_wal_error(wal: WriteAheadLog) -> None:
+    entry_id = await wal.append(GAME_RECORDED, {})
+    with closing(sqlite3.connect(wal.path, isolation_level=None)) as other:
+        other.execute("UPDATE entries SET payload = '{broken' WHERE id = ?", (entry_id,))
+    with pytest.raises(WalError, match="invalid stored JSON"):
+        await wal.get(entry_id)

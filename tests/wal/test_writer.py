@@ -189,3 +189,21 @@ async def test_an_open_log_logs_a_failed_checkpoint_and_keeps_going(
         await log.append(GAME_RECORDED, {})
         assert await log.append(GAME_RECORDED, {}) == 2
     assert any("checkpoint failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_crashed_writer_fails_callers_instead_of_hanging(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def crash(self: wal.writer.BatchWriter) -> None:
+        raise RuntimeError("bug in the writer")
+
+    async with WriteAheadLog(wal_path, config=FAST) as log:
+        assert await log.append(GAME_RECORDED, {}) == 1
+        monkeypatch.setattr(wal.writer.BatchWriter, "_gather", crash)
+        with pytest.raises(WalError, match="writer stopped on an unexpected error"):
+            await log.append(GAME_RECORDED, {})
+        with pytest.raises(WalError, match="writer stopped on an unexpected error"):
+            await log.append(GAME_RECORDED, {})
+    assert any("writer stopped" in r.getMessage() for r in caplog.records)
+    async with WriteAheadLog(wal_path, config=FAST) as log:
+        assert (await log.stats()).appended_total == 1
