@@ -1,0 +1,204 @@
+"""Record ingestion throughput: 8 producers posting 1,000-game batches to a loopback server.
+
+Prints one JSON document: acknowledged records/s through HTTP (server in a subprocess), plain
+sqlite3 executemany of the same rows with the same pragmas, their ratio, and a peer pull.
+Usage: python bench/records_bench.py [--records N] [--producers 8] [--moves array|string|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sync import (  # noqa: E402
+    GAMES_SCHEMA,
+    RecordStore,
+    RecordStores,
+    StoreOptions,
+    add_record_routes,
+    pull_records,
+    validate_records,
+)
+from sync.record_schema import create_table_sql, insert_sql  # noqa: E402
+
+BATCH = 1000
+TIME_LIMIT_S = 60.0
+
+
+def make_record(index: int, moves_shape: str) -> dict[str, Any]:
+    """A ~1 KB game: 120 moves as an array of move strings, or 160 moves as one string."""
+    files = "abcdefgh"
+    count = 120 if moves_shape == "array" else 160
+    moves = [
+        f"{files[i % 8]}{i % 8 + 1}{files[(i + 3) % 8]}{(i + 5) % 8 + 1}" for i in range(count)
+    ]
+    return {
+        "game_id": f"bench-{moves_shape}-{index:09d}",
+        "created_at": 1_700_000_000.0 + index * 0.001,
+        "board_type": "square8",
+        "num_players": 2,
+        "winner": index % 2,
+        "moves": moves if moves_shape == "array" else " ".join(moves),
+        "quality": (index % 100) / 100,
+        "source_node": "bench-producer",
+    }
+
+
+async def serve(data_dir: Path) -> None:
+    stores = RecordStores(data_dir, options=StoreOptions())
+    app = web.Application()
+    add_record_routes(app, stores, "bench-server")
+    async with stores:
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            sys.stdout.write(f"PORT {runner.addresses[0][1]}\n")
+            sys.stdout.flush()
+            stop = asyncio.Event()
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+
+async def produce(url: str, bodies: list[bytes], producers: int) -> tuple[int, float]:
+    queue = list(reversed(bodies))
+    acknowledged = 0
+    deadline = time.monotonic() + TIME_LIMIT_S
+
+    async def producer(session: aiohttp.ClientSession) -> None:
+        nonlocal acknowledged
+        while queue and time.monotonic() < deadline:
+            body = queue.pop()
+            async with session.post(
+                url, data=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                data = await response.json()
+                assert response.status == 200, data
+                acknowledged += data["accepted"] + data["duplicates"]
+
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(producer(session) for _ in range(producers)))
+        return acknowledged, time.perf_counter() - start
+
+
+def plain_sqlite(path: Path, records: list[dict[str, Any]]) -> float:
+    rows = validate_records(GAMES_SCHEMA, records, "bench")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    for statement in create_table_sql(GAMES_SCHEMA):
+        conn.execute(statement)
+    sql = insert_sql(GAMES_SCHEMA)
+    start = time.perf_counter()
+    for offset in range(0, len(rows), BATCH):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(sql, rows[offset : offset + BATCH])
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return len(rows) / elapsed
+
+
+async def pull(base_url: str, path: Path, limit: int) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
+        RecordStore(path, GAMES_SCHEMA) as store,
+    ):
+        start = time.perf_counter()
+        result = await pull_records(session, base_url, "games", store, limit=limit)
+        elapsed = time.perf_counter() - start
+    return {
+        "pulled": result.pulled,
+        "inserted": result.inserted,
+        "seconds": round(elapsed, 2),
+        "records_per_s": round(result.pulled / elapsed),
+    }
+
+
+def run_shape(shape: str, count: int, producers: int, work: Path) -> dict[str, Any]:
+    records = [make_record(i, shape) for i in range(count)]
+    bodies = [
+        json.dumps(records[i : i + BATCH], separators=(",", ":")).encode()
+        for i in range(0, count, BATCH)
+    ]
+    server_dir = work / f"server-{shape}"
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(server_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        port = int(line.split()[1])
+        base_url = f"http://127.0.0.1:{port}"
+        acknowledged, elapsed = asyncio.run(
+            produce(f"{base_url}/v1/records/games", bodies, producers)
+        )
+        pulled = asyncio.run(pull(base_url, work / f"pulled-{shape}.db", 5000))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    http_rate = acknowledged / elapsed
+    plain_rate = plain_sqlite(work / f"plain-{shape}.db", records[:acknowledged])
+    return {
+        "moves": shape,
+        "record_bytes": round(sum(len(b) for b in bodies) / count),
+        "records": acknowledged,
+        "http_seconds": round(elapsed, 2),
+        "http_records_per_s": round(http_rate),
+        "plain_sqlite_records_per_s": round(plain_rate),
+        "ratio": round(http_rate / plain_rate, 3),
+        "pull": pulled,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--producers", type=int, default=8)
+    parser.add_argument("--moves", choices=["array", "string", "both"], default="both")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.serve))
+        return
+    shapes = ["string", "array"] if args.moves == "both" else [args.moves]
+    with tempfile.TemporaryDirectory(prefix="records-bench-") as work:
+        results = [run_shape(s, args.records, args.producers, Path(work)) for s in shapes]
+    report = {
+        "bench": "records_ingest",
+        "producers": args.producers,
+        "batch": BATCH,
+        "cpus": os.cpu_count(),
+        "sqlite": sqlite3.sqlite_version,
+        "results": results,
+    }
+    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
