@@ -1,8 +1,6 @@
 """Durable appends/s and append latency of the WAL at 1, 16, 64 and 1,024 concurrent writers,
 against two aiosqlite baselines (one COMMIT per append; 64 tasks sharing one connection).
-
-Prints JSON. Usage: .venv/bin/python bench/wal_bench.py [--seconds 2.5] [--writers 1 16 64 1024]
-"""
+Prints JSON. Usage: .venv/bin/python bench/wal_bench.py [--seconds 2.5] [--writers 1 16 64 1024]"""
 
 from __future__ import annotations
 

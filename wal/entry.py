@@ -73,7 +73,7 @@ class WalConfig:
     checkpoint_interval_s: float = 30.0
     idle_checkpoint_s: float = 1.0
     queue_limit: int = 16_384
-    wal_autocheckpoint_pages: int = 4096
+    wal_autocheckpoint_pages: int = 1000
     journal_size_limit_bytes: int = 64 << 20
     quick_check_on_open: bool = True
 

@@ -1,8 +1,5 @@
-"""Exceptions of the wal package; errors of sqlite3 and OSError are translated into these.
-
-WalError                  every error of the write-ahead log (closed, invalid, I/O, timeout)
-+-- WalFullError          too many pending entries; append refused until some finish
-+-- WalCorruptError       the file is not a shoal WAL or fails its integrity check
+"""Exceptions of the wal package: WalError, and under it WalFullError (too many pending entries)
+and WalCorruptError (not a shoal WAL, or damaged). sqlite3 and OS errors are translated to these.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Writer process of the crash tests: appends from many tasks, printing one line per ack.
-
-Lines: `a <id> <token>` once an append is durable, `c <id>` once its commit is. With --count
-it stops cleanly after that many appends; otherwise it runs until killed.
+"""Writer process of the crash tests: appends from many tasks, printing `a <id> <token>` per
+durable append and `c <id>` per durable commit; with --count it stops, else it runs until killed.
 """
 
 from __future__ import annotations

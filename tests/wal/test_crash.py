@@ -1,9 +1,6 @@
-"""Crash safety: a writer process SIGKILLed at random moments never loses an acknowledged entry,
-and two processes appending to one file never collide.
-
-SHOAL_WAL_CRASH_ROUNDS sets the number of kill rounds (default 50; bench/wal_bench.py --soak
-runs many more); SHOAL_WAL_CRASH_SEED replays one sequence of kills.
-"""
+"""Crash safety: a writer process SIGKILLed at random moments never loses an acknowledged entry.
+SHOAL_WAL_CRASH_ROUNDS sets the kill rounds (default 50; raise it for a soak), SHOAL_WAL_CRASH_SEED
+replays one sequence."""
 
 from __future__ import annotations
 
