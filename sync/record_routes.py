@@ -109,9 +109,16 @@ def _guarded(fn: Handler) -> Handler:
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes | None:
-    """The request body, or None when it exceeds `max_bytes` (ignores client_max_size)."""
+    """The request body, or None when it exceeds `max_bytes`.
+
+    Streams it, so the app's client_max_size does not apply; a body a middleware already read
+    (e.g. to check a signature) is taken from aiohttp's cache.
+    """
     if request.content_length is not None and request.content_length > max_bytes:
         return None
+    if request.content.at_eof():
+        cached = await request.read()
+        return cached if len(cached) <= max_bytes else None
     data = bytearray()
     async for chunk in request.content.iter_chunked(1 << 16):
         data += chunk

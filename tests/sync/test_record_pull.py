@@ -1,0 +1,120 @@
+"""Pulling records between nodes: exactly once from two sources, resumable, and P2PSyncClient."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from sync import (
+    GAMES_SCHEMA,
+    P2PSyncClient,
+    PullResult,
+    RecordPullError,
+    RecordStore,
+    RecordStores,
+    SinceQuery,
+    pull_records,
+)
+from tests.sync.record_fixtures import SMALL, base_url, game, serve, session
+from tests.sync.record_proxy import FaultyProxy
+
+__all__ = ["session"]
+
+
+@pytest.fixture
+async def sources(tmp_path: Path) -> AsyncIterator[tuple[TestServer, TestServer]]:
+    """Peer A holds games 0-6999, peer B games 3000-9999 (4,000 in common)."""
+    async with (
+        RecordStores(tmp_path / "a", options=SMALL) as a,
+        RecordStores(tmp_path / "b", options=SMALL) as b,
+    ):
+        for start in range(0, 7000, 3500):
+            await a["games"].ingest([game(i) for i in range(start, start + 3500)], "peer-a")
+            await b["games"].ingest([game(i) for i in range(3000 + start, 6500 + start)], "peer-b")
+        async with serve(a, "peer-a") as server_a, serve(b, "peer-b") as server_b:
+            yield server_a, server_b
+
+
+@pytest.fixture
+async def local(tmp_path: Path) -> AsyncIterator[RecordStore]:
+    async with RecordStore(tmp_path / "local" / "games.db", GAMES_SCHEMA, SMALL) as store:
+        yield store
+
+
+async def all_ids(store: RecordStore) -> list[str]:
+    page = await store.since(SinceQuery(limit=10_000))
+    return [record["game_id"] for record in page.records]
+
+
+async def test_pull_from_two_sources_inserts_each_record_once(
+    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+) -> None:
+    server_a, server_b = sources
+    from_a = await pull_records(session, base_url(server_a), "games", local)
+    assert (from_a.pulled, from_a.inserted, from_a.duplicates) == (7000, 7000, 0)
+    assert from_a.cursor == (1_700_006_999.0, "g-006999")
+    from_b = await pull_records(session, base_url(server_b), "games", local, limit=999)
+    assert (from_b.pulled, from_b.inserted, from_b.duplicates) == (7000, 3000, 4000)
+    assert await all_ids(local) == [f"g-{i:06d}" for i in range(10_000)]
+    assert local.status().count == 10_000
+    [kept] = await local.get(["g-004000"])
+    assert kept == {**game(4000), "source_node": "peer-a"}  # the first copy wins, unchanged
+
+    nothing_new = await pull_records(session, base_url(server_a), "games", local, from_a.cursor)
+    assert nothing_new == PullResult(0, 0, 0, from_a.cursor)
+    again = await pull_records(session, base_url(server_b), "games", local, limit=5000)
+    assert (again.pulled, again.inserted, again.duplicates) == (7000, 0, 7000)
+
+
+async def test_a_pull_resumes_from_its_cursor(
+    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+) -> None:
+    url = base_url(sources[0])
+    first = await pull_records(session, url, "games", local, limit=1000, max_records=2500)
+    assert (first.pulled, first.inserted) == (3000, 3000)
+    assert first.cursor == (1_700_002_999.0, "g-002999")
+    rest = await pull_records(session, url, "games", local, first.cursor, limit=1000)
+    assert (rest.pulled, rest.inserted, rest.duplicates) == (4000, 4000, 0)
+    filtered = await pull_records(
+        session, url, "games", local, filters={"min_quality": 0.9, "board_type": "hex8"}
+    )
+    assert (filtered.pulled, filtered.inserted) == (700, 0)
+
+
+async def test_a_failed_pull_reports_what_it_committed(
+    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+) -> None:
+    async with FaultyProxy(sources[0].port or 0) as proxy:
+        proxy.pass_requests, proxy.fail_503 = 2, 1
+        with pytest.raises(RecordPullError, match="HTTP 503") as info:
+            await pull_records(session, proxy.url, "games", local, limit=1000)
+        partial = info.value.result
+        assert (partial.pulled, partial.inserted) == (2000, 2000)
+        assert partial.cursor == (1_700_001_999.0, "g-001999")
+        rest = await pull_records(session, proxy.url, "games", local, partial.cursor)
+        assert (rest.pulled, rest.inserted) == (5000, 5000)
+    assert local.status().count == 7000
+    with pytest.raises(RecordPullError, match="bogus: unknown parameter") as bad:
+        await pull_records(session, base_url(sources[0]), "games", local, filters={"bogus": 1})
+    assert bad.value.result == PullResult(0, 0, 0, None)
+
+
+async def test_p2p_sync_client(sources: tuple[TestServer, TestServer], local: RecordStore) -> None:
+    server_a = sources[0]
+    async with P2PSyncClient("127.0.0.1", server_a.port or 0, node_id="node-c") as peer:
+        status = await peer.get_status()
+        assert (status["store"], status["count"]) == ("games", 7000)
+        assert status["newest_created_at"] == 1_700_006_999.0
+        wanted = [f"g-{i:06d}" for i in range(0, 9000, 30)]  # 300 ids, 3 requests
+        games = await peer.get_games(wanted)
+        assert [g["game_id"] for g in games] == wanted[: len(range(0, 7000, 30))]
+        recent = await peer.pull_games_since(1_700_005_500.0)
+        assert [g["game_id"] for g in recent] == [f"g-{i:06d}" for i in range(5500, 7000)]
+        assert recent[0] == {**game(5500), "source_node": "peer-a"}
+        result = await peer.pull_into(local, (1_700_006_000.0, None))
+        assert (result.pulled, result.inserted) == (1000, 1000)
+    await peer.close()
