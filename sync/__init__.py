@@ -18,7 +18,7 @@ from sync.errors import (
 )
 from sync.record_client import RecordClient, parse_retry_after, retry_delay_s
 from sync.record_pull import P2PSyncClient, fetch_page, pull_records
-from sync.record_routes import add_record_routes, record_routes
+from sync.record_routes import add_record_routes, record_route_docs, record_routes
 from sync.record_schema import (
     BUILTIN_SCHEMAS,
     GAMES_SCHEMA,
@@ -79,6 +79,7 @@ __all__ = [
     "parse_retry_after",
     "parse_since_query",
     "pull_records",
+    "record_route_docs",
     "record_routes",
     "retry_delay_s",
     "row_to_record",

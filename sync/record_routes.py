@@ -193,6 +193,56 @@ def record_routes(
     ]
 
 
+def record_route_docs() -> list[dict[str, Any]]:
+    """OpenAPI notes of the record routes, as keyword arguments of node's RouteDoc."""
+    store = ("store", "path", "Record store name: games, rollouts or a configured one")
+    refusals = ((400, "bad query, naming the parameter"), (404, "unknown store"))
+    return [
+        {"method": "GET", "path": PREFIX, "summary": "Status of every record store"},
+        {
+            "method": "POST",
+            "path": PREFIX + "/{store}",
+            "summary": "Ingest a JSON array (or NDJSON) of records; answered once durable",
+            "responses": (
+                (200, '{"accepted": N, "duplicates": M}'),
+                (400, "invalid record or malformed JSON; nothing written"),
+                (404, "unknown store"),
+                (413, "too many records or too large a body"),
+                (503, "queue full or store unavailable; see Retry-After"),
+            ),
+            "parameters": (store,),
+        },
+        {
+            "method": "GET",
+            "path": PREFIX + "/{store}/status",
+            "summary": "count, newest_created_at and size_bytes of a store",
+            "responses": ((200, "OK"), (404, "unknown store")),
+            "parameters": (store,),
+        },
+        {
+            "method": "GET",
+            "path": PREFIX + "/{store}/since",
+            "summary": "Records after (ts, after) in (time, key) order, with the next cursor",
+            "responses": ((200, '{"records": [...], "next": {"ts", "after"} | null}'), *refusals),
+            "parameters": (
+                store,
+                ("ts", "query", "Time bound; without `after`, records with time >= ts"),
+                ("after", "query", "Key bound: records with (time, key) > (ts, after)"),
+                ("limit", "query", f"Page size, 1-{MAX_PAGE_LIMIT} (default 1000)"),
+                ("min_<field>", "query", "Lower bound of a number field, e.g. min_quality"),
+                ("<field>", "query", "Equality on a text or integer field, e.g. board_type"),
+            ),
+        },
+        {
+            "method": "GET",
+            "path": PREFIX + "/{store}/get",
+            "summary": "Records by key: ?key=a&key=b (1-1000 keys); absent ones listed in missing",
+            "responses": ((200, '{"records": [...], "missing": [...]}'), *refusals),
+            "parameters": (store, ("key", "query", "A record key; repeat for more")),
+        },
+    ]
+
+
 def add_record_routes(
     app: web.Application,
     stores: Mapping[str, RecordStore],

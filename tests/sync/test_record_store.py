@@ -195,7 +195,7 @@ async def test_merge_refuses_a_corrupt_or_foreign_snapshot(
     corrupt = tmp_path / "corrupt.db"
     corrupt.write_bytes(bytes(data))
     async with RecordStore(tmp_path / "b" / "games.db", GAMES_SCHEMA, SMALL) as other:
-        with pytest.raises(SnapshotError, match="integrity check failed|not a readable"):
+        with pytest.raises(SnapshotError, match="integrity check failed"):
             await other.merge_from(corrupt, "n")
         garbage = tmp_path / "garbage.db"
         garbage.write_bytes(b"not a database at all" * 500)
