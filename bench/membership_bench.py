@@ -87,16 +87,23 @@ async def build(size: int, seed: int, *, warm: bool) -> tuple[InMemoryNetwork, l
         endpoint = network.endpoint(address_of(index), PORT, cluster="lab", secret=SECRET)
         nodes.append(
             Membership(
-                f"node-{index:04d}", address_of(index), PORT, META, endpoint, Timeouts(),
-                cluster="lab", rng=random.Random(seed * 100_003 + index), clock=loop.time,
+                f"node-{index:04d}",
+                address_of(index),
+                PORT,
+                META,
+                endpoint,
+                Timeouts(),
+                cluster="lab",
+                rng=random.Random(seed * 100_003 + index),
+                clock=loop.time,
             )
-        )  # fmt: skip
+        )
     if warm:
         now = loop.time()
         known = [
-            Member(node.self_id, address_of(i), PORT, MemberState.ALIVE, 0, node.member(node.self_id).meta, now)  # type: ignore[union-attr]
+            Member(node.self_id, address_of(i), PORT, MemberState.ALIVE, 0, META, now)
             for i, node in enumerate(nodes)
-        ]  # fmt: skip
+        ]
         for node in nodes:
             node.preload(known)
     for node in nodes:
@@ -105,6 +112,20 @@ async def build(size: int, seed: int, *, warm: bool) -> tuple[InMemoryNetwork, l
         for node in nodes[1:]:
             node.add_candidate(address_of(0), PORT)
     return network, nodes
+
+
+def watch_for_death(victim: Membership, peers: list[Membership]) -> dict[str, float]:
+    """A dict that fills with peer id -> loop time at which that peer marked `victim` dead."""
+    loop = asyncio.get_running_loop()
+    dead_at: dict[str, float] = {}
+    for peer in peers:
+
+        def on_event(event: MemberEvent, name: str = peer.self_id) -> None:
+            if event.kind == EventKind.DEAD and event.member.node_id == victim.self_id:
+                dead_at.setdefault(name, loop.time())
+
+        peer.add_listener(on_event)
+    return dead_at
 
 
 async def crash_run(size: int, seed: int, *, warm_s: float, warm: bool = True) -> dict[str, Any]:
@@ -128,26 +149,14 @@ async def crash_run(size: int, seed: int, *, warm_s: float, warm: bool = True) -
     steady_rate = (network.total_bytes_sent() - steady_bytes) / (loop.time() - steady_from) / size
     false_suspicions = sum(node.counts()["suspect"] + node.counts()["dead"] for node in nodes)
 
-    rng = random.Random(seed)
-    victim = nodes[rng.randrange(size)]
+    victim = nodes[random.Random(seed).randrange(size)]
     peers = [node for node in nodes if node is not victim]
-    dead_at: dict[str, float] = {}
-
-    def watcher(name: str) -> Any:
-        def on_event(event: MemberEvent) -> None:
-            if event.kind == EventKind.DEAD and event.member.node_id == victim.self_id:
-                dead_at.setdefault(name, loop.time())
-
-        return on_event
-
-    for peer in peers:
-        peer.add_listener(watcher(peer.self_id))
+    dead_at = watch_for_death(victim, peers)
     killed_at, bytes_at_kill = loop.time(), network.total_bytes_sent()
     network.isolate(victim.member(victim.self_id).address)  # type: ignore[union-attr]
     await victim.close()
     while len(dead_at) < len(peers) and loop.time() - killed_at < 60:
         await asyncio.sleep(0.05)
-    all_know = loop.time() - killed_at
     await asyncio.sleep(2.0)
     event_rate = (network.total_bytes_sent() - bytes_at_kill) / (loop.time() - killed_at) / size
     sim_s = loop.time() - start
@@ -158,7 +167,7 @@ async def crash_run(size: int, seed: int, *, warm_s: float, warm: bool = True) -
     times = sorted(t - killed_at for t in dead_at.values())
     result = {
         "members": size,
-        "all_know_dead_s": round(all_know, 3) if len(times) == len(peers) else None,
+        "all_know_dead_s": round(times[-1], 3) if len(times) == len(peers) else None,
         "first_dead_s": round(times[0], 3) if times else None,
         "median_dead_s": round(statistics.median(times), 3) if times else None,
         "peers_knowing": len(times),
@@ -183,16 +192,7 @@ async def kill_to_dead(size: int, trials: int, seed: int) -> dict[str, Any]:
         await asyncio.sleep(5.0 + trial * 0.137)
         victim = nodes[trial % size]
         killed_at = loop.time()
-        dead_at: dict[str, float] = {}
-        for peer in nodes:
-            if peer is victim:
-                continue
-
-            def on_event(event: MemberEvent, name: str = peer.self_id) -> None:
-                if event.kind == EventKind.DEAD and event.member.node_id == victim.self_id:
-                    dead_at.setdefault(name, loop.time())
-
-            peer.add_listener(on_event)
+        dead_at = watch_for_death(victim, [node for node in nodes if node is not victim])
         network.isolate(victim.member(victim.self_id).address)  # type: ignore[union-attr]
         await victim.close()
         while len(dead_at) < size - 1 and loop.time() - killed_at < 30:
@@ -217,11 +217,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "clock": "real" if args.real else "virtual (fast-forwarded event loop)",
         "timeouts": Timeouts().model_dump(
-            include={"probe_interval_s", "probe_timeout_s", "indirect_probe_timeout_s",
-                     "suspicion_s", "dead_reap_s"}
+            include={
+                "probe_interval_s",
+                "probe_timeout_s",
+                "indirect_probe_timeout_s",
+                "suspicion_s",
+                "dead_reap_s",
+            }
         ),
         "network": "in-memory, 0.5-1.5 ms one-way delay, signed datagrams (HMAC-SHA256)",
-    }  # fmt: skip
+    }
     out["crash"] = [await crash_run(size, 7, warm_s=args.warm_s) for size in sizes]
     if args.join:
         out["join"] = await crash_run(args.join, 11, warm_s=args.warm_s, warm=False)

@@ -64,6 +64,7 @@ log = logging.getLogger("node.membership")
 
 _ALIVE = (MemberState.ALIVE,)
 _STALL_WARN_AGAIN_S = 600.0
+_MAX_JOIN_SEQS = 256
 
 
 class Phase(enum.Enum):
@@ -100,6 +101,7 @@ class SwimProtocol:
         self._acks = AckTable(rng)
         self._suspicions = SuspicionTimers(clock, self._suspicion_expired)
         self._candidates: dict[Address, int] = {}
+        self._join_seqs: dict[int, Address] = {}
         self._reprobe: str | None = None
         self._stalls: deque[tuple[float, float]] = deque(maxlen=32)
         self._stall_threshold_s = stall_threshold_s(
@@ -177,6 +179,11 @@ class SwimProtocol:
             self._start_suspicion(member, by or self.self_id)
         if outcome.gossip:
             self._queue_update(self._as_update(member, by))
+        if current is not None and current.state in UP and current.endpoint != member.endpoint:
+            # Tell the old address: if a live node is still there, it refutes at once, and two
+            # live claimants of one id find each other in a few messages instead of sync rounds.
+            hint = Message(MessageKind.GOSSIP, self.self_id, 0)
+            self._send(hint, current.endpoint, [self._as_update(member, by)])
         if outcome.event is not None:
             self._emit(outcome.event, member, None if current is None else current.state)
         if outcome.conflict is not None:
@@ -335,7 +342,11 @@ class SwimProtocol:
             self._candidates.pop(endpoint, None)
         else:
             self._candidates[endpoint] = attempts
-        message = Message(MessageKind.PING, self.self_id, self._acks.next_seq(), target=None)
+        seq = self._acks.next_seq()
+        self._join_seqs[seq] = endpoint
+        while len(self._join_seqs) > _MAX_JOIN_SEQS:
+            del self._join_seqs[next(iter(self._join_seqs))]
+        message = Message(MessageKind.PING, self.self_id, seq, target=None)
         self._send(message, endpoint, [self._self_update()])
 
     # --- receiving -----------------------------------------------------------------------------
@@ -365,6 +376,10 @@ class SwimProtocol:
         if kind == MessageKind.PING:
             self._on_ping(message, source)
         elif kind == MessageKind.ACK:
+            if self._join_seqs.pop(message.seq, None) is not None:
+                joined = self._table.get(message.sender)
+                if joined is not None:
+                    self._start_sync(joined, self._clock(), force=True)  # push-pull on join
             relay = self._acks.on_ack(message.seq, message.sender)
             if relay is not None:
                 self._send(
@@ -487,10 +502,8 @@ class SwimProtocol:
     async def _wait(self, future: asyncio.Future[str], timeout_s: float) -> bool:
         due = self._clock() + timeout_s
         await asyncio.wait([future], timeout=timeout_s)
-        if future.done():
-            return True
-        self._note_wake(due)
-        return False
+        self._note_wake(due)  # also when acked: resuming long after `due` means we stalled
+        return future.done()
 
     async def _probe(self, target: Member) -> None:
         """Ping `target`; without an ack, ping-req it through k others; then judge."""
