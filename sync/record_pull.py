@@ -116,6 +116,9 @@ async def pull_records(
     def result() -> PullResult:
         return PullResult(pulled, inserted, duplicates, cursor)
 
+    def failed(exc: SyncError) -> RecordPullError:
+        return RecordPullError(f"pull of {store} from {base_url}: {exc}", result())
+
     pending: asyncio.Task[Page] | None = asyncio.create_task(
         fetch_page(session, base_url, store, since, limit, filters)
     )
@@ -124,29 +127,57 @@ async def pull_records(
             try:
                 records, following = await pending
             except SyncError as exc:
-                raise RecordPullError(f"pull of {store} from {base_url}: {exc}", result()) from exc
+                raise failed(exc) from exc
             pending = None
-            if following is not None and (
-                max_records is None or pulled + len(records) < max_records
-            ):
-                pending = asyncio.create_task(
-                    fetch_page(session, base_url, store, following, limit, filters)
-                )
             if not records:
                 break
             try:
                 rows = validate_records(schema, records, source_node)
+                reached = page_end(schema.time_column, schema.key, records, cursor)
+            except SyncError as exc:
+                raise failed(exc) from exc
+            if following is not None and (
+                max_records is None or pulled + len(records) < max_records
+            ):
+                pending = asyncio.create_task(
+                    fetch_page(session, base_url, store, reached, limit, filters)
+                )
+            try:
                 counts = await local_store.ingest_rows(rows, wait_s=store_wait_s)
             except SyncError as exc:
-                raise RecordPullError(f"pull of {store} from {base_url}: {exc}", result()) from exc
+                raise failed(exc) from exc
             pulled += len(records)
             inserted += counts.accepted
             duplicates += counts.duplicates
-            last = records[-1]
-            cursor = (float(last[schema.time_column]), last[schema.key])
+            cursor = reached
     finally:
         await _finish(pending)
     return result()
+
+
+def page_end(
+    time_column: str, key: str, records: Sequence[dict[str, Any]], before: Cursor | None
+) -> Cursor:
+    """The cursor after a page of valid records; RecordRequestError unless it moved past `before`
+    (a peer that keeps answering the same page must not keep a pull going forever)."""
+    last = records[-1]
+    reached: Cursor = (float(last[time_column]), last[key])
+    if before is not None:
+        ts, after = before
+        moved = reached[0] > ts or (reached[0] == ts and _key_after(reached[1], after))
+        if not moved:
+            raise RecordRequestError(f"the peer's page ends at {reached}, not after {before}")
+    return reached
+
+
+def _key_after(key: RecordKey | None, bound: RecordKey | None) -> bool:
+    if bound is None:
+        return True
+    if isinstance(key, str) and isinstance(bound, str):
+        return key > bound
+    if isinstance(key, int) and isinstance(bound, int):
+        return key > bound
+    return False
 
 
 class P2PSyncClient:
@@ -225,13 +256,18 @@ class P2PSyncClient:
     ) -> list[dict[str, Any]]:
         """Every game of the peer with created_at >= timestamp, in (created_at, game_id) order."""
         games: list[dict[str, Any]] = []
-        cursor: Cursor | None = (timestamp, None)
-        while cursor is not None:
-            records, cursor = await fetch_page(
+        cursor: Cursor = (timestamp, None)
+        while True:
+            records, following = await fetch_page(
                 self.session, self.base_url, "games", cursor, DEFAULT_PAGE_LIMIT, filters
             )
             games.extend(records)
-        return games
+            if following is None or not records:
+                return games
+            try:
+                cursor = page_end("created_at", "game_id", records, cursor)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise RecordRequestError(f"{self.base_url}: malformed game record") from exc
 
     async def pull_into(
         self, local_store: RecordStore, since: Cursor | None = None, **options: Any

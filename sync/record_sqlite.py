@@ -155,18 +155,25 @@ def fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def write_snapshot(conn: sqlite3.Connection, schema: RecordSchema, target: Path) -> SnapshotInfo:
-    """VACUUM INTO a temp file beside `target`, fsync, rename into place, fsync the directory."""
+def read_only_uri(path: Path) -> str:
+    """A URI that opens `path` read-only (safe for any characters in the path)."""
+    return f"{Path(path).resolve().as_uri()}?mode=ro"
+
+
+def write_snapshot(
+    source: Path, options: StoreOptions, schema: RecordSchema, target: Path
+) -> SnapshotInfo:
+    """VACUUM INTO a temp file beside `target`, fsync, rename into place, fsync the directory.
+
+    Uses its own connection, so the store's reads and writes go on meanwhile.
+    """
     target = Path(target)
     temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        conn.execute("PRAGMA query_only = 0")  # VACUUM INTO writes only the new file
-        try:
+        with contextlib.closing(sqlite3.connect(source, timeout=options.busy_timeout_s)) as conn:
             conn.execute("VACUUM INTO ?", (str(temp),))
-        finally:
-            conn.execute("PRAGMA query_only = 1")
-        with contextlib.closing(sqlite3.connect(f"file:{temp}?mode=ro", uri=True)) as copy:
+        with contextlib.closing(sqlite3.connect(read_only_uri(temp), uri=True)) as copy:
             records = int(copy.execute(f'SELECT COUNT(*) FROM "{schema.name}"').fetchone()[0])  # noqa: S608
         fsync_path(temp)
         os.replace(temp, target)
@@ -183,7 +190,7 @@ def open_snapshot(path: Path, schema: RecordSchema) -> sqlite3.Connection:
     if not Path(path).is_file():
         raise SnapshotError(f"{path}: no such snapshot file")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
     except sqlite3.Error as exc:
         raise SnapshotError(f"{path}: cannot open snapshot: {exc}") from exc
     try:

@@ -252,10 +252,12 @@ class RecordStore:
                 return
             self._serve(conn)
         finally:
-            if conn is not None:
-                db.checkpoint(conn, "TRUNCATE", str(self.path))
-                conn.close()
-            self._writer_done.set_result(None)
+            try:
+                if conn is not None:
+                    db.checkpoint(conn, "TRUNCATE", str(self.path))
+                    conn.close()
+            finally:
+                self._writer_done.set_result(None)
 
     def _serve(self, conn: sqlite3.Connection) -> None:
         dirty = False
@@ -360,10 +362,10 @@ class RecordStore:
 
     async def snapshot_to(self, path: Path) -> SnapshotInfo:
         """A consistent copy of the store at `path` (VACUUM INTO a temp file, fsync, rename)."""
-        info: SnapshotInfo = await self._read(
-            db.write_snapshot, self._reader_connection(), self.schema, Path(path)
+        self._check_open()
+        return await asyncio.to_thread(
+            db.write_snapshot, self.path, self.options, self.schema, Path(path)
         )
-        return info
 
     async def merge_from(self, path: Path, node_id: str, wait_s: float = math.inf) -> IngestResult:
         """Insert (OR IGNORE) every record of the snapshot at `path`; never replaces the live file.

@@ -166,7 +166,7 @@ def parse_since_query(
         elif name == "after":
             after = parse_key(schema, name, text)
         elif name == "limit":
-            if not text.isdigit() or not 1 <= int(text) <= max_limit:
+            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= max_limit:
                 raise RecordQueryError(name, f"expected an integer 1-{max_limit}, got {text!r}")
             limit = int(text)
         elif name.startswith("min_") and kinds.get(name[4:]) in (FieldKind.REAL, FieldKind.INTEGER):

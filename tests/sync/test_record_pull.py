@@ -7,6 +7,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from sync import (
@@ -118,3 +119,19 @@ async def test_p2p_sync_client(sources: tuple[TestServer, TestServer], local: Re
         result = await peer.pull_into(local, (1_700_006_000.0, None))
         assert (result.pulled, result.inserted) == (1000, 1000)
     await peer.close()
+
+
+async def test_a_peer_that_repeats_its_page_stops_the_pull(
+    local: RecordStore, session: aiohttp.ClientSession
+) -> None:
+    async def same_page(request: web.Request) -> web.Response:
+        page = [game(1), game(2)]
+        return web.json_response({"records": page, "next": {"ts": 0.0, "after": "g-000000"}})
+
+    app = web.Application()
+    app.router.add_get("/v1/records/games/since", same_page)
+    async with TestServer(app, host="127.0.0.1", port=0) as stuck:
+        with pytest.raises(RecordPullError, match="not after") as info:
+            await pull_records(session, base_url(stuck), "games", local, limit=2)
+    assert (info.value.result.pulled, info.value.result.inserted) == (2, 2)
+    assert local.status().count == 2
