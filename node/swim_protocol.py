@@ -95,6 +95,7 @@ class SwimProtocol:
         self._transport = transport
         self._rng = rng
         self._clock = clock
+        self._id = me.node_id
         self._table = MemberTable(me, rng)
         self._events = EventHub(me.node_id, clock)
         self._queue = GossipQueue()
@@ -118,7 +119,7 @@ class SwimProtocol:
 
     @property
     def self_id(self) -> str:
-        return self._table.me.node_id
+        return self._id
 
     # --- events ----------------------------------------------------------------------------
 
@@ -126,7 +127,7 @@ class SwimProtocol:
         self._events.emit(kind, self._table.view(member, self._clock()), previous)
 
     def _report_conflict(self, member: Member, other: Address) -> None:
-        if member.node_id == self.self_id:
+        if member.node_id == self._id:
             member = replace(member, conflict=other)
             self._table.me = member
         self._events.conflict(self._table.view(member, self._clock()), other)
@@ -145,10 +146,10 @@ class SwimProtocol:
             return Update(node_id, state, incarnation, member.address, member.port, member.meta)
         if state == MemberState.LEFT:
             return Update(node_id, state, incarnation)
-        return Update(node_id, state, incarnation, by=by or self.self_id)
+        return Update(node_id, state, incarnation, by=by or self._id)
 
     def _merge(self, update: Update, *, sync_from: str | None = None) -> None:
-        if update.node_id == self.self_id:
+        if update.node_id == self._id:
             self._merge_self(update)
             return
         current = self._table.get(update.node_id)
@@ -156,7 +157,7 @@ class SwimProtocol:
             if current is None and update.state not in UP:
                 return
             update = from_sync(update, sync_from)
-        if is_confirmation(current, update, self.self_id):
+        if is_confirmation(current, update, self._id):
             assert update.by is not None
             if self._suspicions.confirm(update.node_id, update.by):
                 self._queue_update(update)
@@ -176,13 +177,13 @@ class SwimProtocol:
             or current.state != member.state
             or current.incarnation != member.incarnation
         ):
-            self._start_suspicion(member, by or self.self_id)
+            self._start_suspicion(member, by or self._id)
         if outcome.gossip:
             self._queue_update(self._as_update(member, by))
         if current is not None and current.state in UP and current.endpoint != member.endpoint:
             # Tell the old address: if a live node is still there, it refutes at once, and two
             # live claimants of one id find each other in a few messages instead of sync rounds.
-            hint = Message(MessageKind.GOSSIP, self.self_id, 0)
+            hint = Message(MessageKind.GOSSIP, self._id, 0)
             self._send(hint, current.endpoint, [self._as_update(member, by)])
         if outcome.event is not None:
             self._emit(outcome.event, member, None if current is None else current.state)
@@ -198,7 +199,7 @@ class SwimProtocol:
         now = self._clock()
         foreign = outcome.foreign
         if foreign is not None:
-            in_conflict = self._events.in_conflict(self.self_id, foreign)
+            in_conflict = self._events.in_conflict(self._id, foreign)
             if outcome.conflict:
                 self._report_conflict(me, foreign)
             if in_conflict:
@@ -211,7 +212,7 @@ class SwimProtocol:
             self._health = apply_health(self._health, 1, self._tuning.max_health_score)
         log.debug(
             "%s: refuting %s at incarnation %d with %d",
-            self.self_id,
+            self._id,
             update.state,
             update.incarnation,
             outcome.refute_to,
@@ -252,7 +253,7 @@ class SwimProtocol:
             grace = scaled_s(self._timeouts.probe_interval_s, self._health)
             self._suspicions.extend(suspicion, grace, now)
             return
-        dead = Update(suspicion.node_id, MemberState.DEAD, suspicion.incarnation, by=self.self_id)
+        dead = Update(suspicion.node_id, MemberState.DEAD, suspicion.incarnation, by=self._id)
         self._merge(dead)
 
     def _suspect(self, node_id: str, nackers: Iterable[str]) -> None:
@@ -260,7 +261,7 @@ class SwimProtocol:
         current = self._table.get(node_id)
         if current is None or current.state not in UP:
             return
-        me = self.self_id
+        me = self._id
         if current.state == MemberState.ALIVE:
             update = Update(node_id, MemberState.SUSPECT, current.incarnation, by=me)
             self._apply(current, merge_remote(current, update, self._clock(), from_sync=False), me)
@@ -310,7 +311,7 @@ class SwimProtocol:
         self._gossip_handle = None
         sent = False
         for peer in self._table.pick(self._tuning.gossip_fanout, UP):
-            message = Message(MessageKind.GOSSIP, self.self_id, 0)
+            message = Message(MessageKind.GOSSIP, self._id, 0)
             sent = self._send(message, peer.endpoint, only_with_updates=True) or sent
         if sent and len(self._queue):
             self._arm_gossip(self._timeouts.probe_interval_s * self._tuning.gossip_interval_mult)
@@ -326,14 +327,14 @@ class SwimProtocol:
             return
         self._table.synced_at[member.node_id] = now
         seq = self._acks.next_seq()
-        message = Message(MessageKind.SYNC, self.self_id, seq, digest=self._table.digest())
+        message = Message(MessageKind.SYNC, self._id, seq, digest=self._table.digest())
         self._transport.send(encode_header(message), member.endpoint)
 
     def _send_state(self, address: Address, *, reply: bool) -> None:
         records = chain([self._table.me], self._table)
         blobs = [encode_update(member_record(member)) for member in records]
         seq = self._acks.next_seq()
-        for body in state_chunks(self.self_id, seq, reply, blobs, self._transport.body_budget):
+        for body in state_chunks(self._id, seq, reply, blobs, self._transport.body_budget):
             self._transport.send(body, address)
 
     def _ping_candidate(self, endpoint: Address) -> None:
@@ -346,7 +347,7 @@ class SwimProtocol:
         self._join_seqs[seq] = endpoint
         while len(self._join_seqs) > _MAX_JOIN_SEQS:
             del self._join_seqs[next(iter(self._join_seqs))]
-        message = Message(MessageKind.PING, self.self_id, seq, target=None)
+        message = Message(MessageKind.PING, self._id, seq, target=None)
         self._send(message, endpoint, [self._self_update()])
 
     # --- receiving -----------------------------------------------------------------------------
@@ -357,19 +358,19 @@ class SwimProtocol:
         try:
             message = decode_message(body)
         except WireError as exc:
-            log.debug("%s: malformed message from %s:%s: %s", self.self_id, *source, exc)
+            log.debug("%s: malformed message from %s:%s: %s", self._id, *source, exc)
             return
         try:
             self._handle(message, source)
         except Exception as exc:
             self.last_error = f"handling {message.kind} from {message.sender}: {exc!r}"
-            log.exception("%s: failed to handle %s from %s", self.self_id, message.kind, source)
+            log.exception("%s: failed to handle %s from %s", self._id, message.kind, source)
 
     def _handle(self, message: Message, source: Address) -> None:
         sync_from = message.sender if message.kind == MessageKind.STATE else None
         for update in message.updates:
             self._merge(update, sync_from=sync_from)
-        if message.sender == self.self_id:
+        if message.sender == self._id:
             return
         self._heard(message.sender, source)
         kind = message.kind
@@ -382,9 +383,7 @@ class SwimProtocol:
                     self._start_sync(joined, self._clock(), force=True)  # push-pull on join
             relay = self._acks.on_ack(message.seq, message.sender)
             if relay is not None:
-                self._send(
-                    Message(MessageKind.ACK, self.self_id, relay.origin_seq), relay.requester
-                )
+                self._send(Message(MessageKind.ACK, self._id, relay.origin_seq), relay.requester)
         elif kind == MessageKind.NACK:
             self._acks.on_nack(message.seq, message.sender)
         elif kind == MessageKind.PING_REQ:
@@ -410,18 +409,18 @@ class SwimProtocol:
             self._start_sync(member, now)
 
     def _on_ping(self, message: Message, source: Address) -> None:
-        if message.target is not None and message.target != self.self_id:
-            log.debug("%s: ignoring a ping for %s", self.self_id, message.target)
+        if message.target is not None and message.target != self._id:
+            log.debug("%s: ignoring a ping for %s", self._id, message.target)
             return
         extra = [self._self_update()] if message.target is None else []
         sender = self._table.get(message.sender)
         if sender is not None and sender.state != MemberState.ALIVE:
             extra.append(self._as_update(sender, None))
-        self._send(Message(MessageKind.ACK, self.self_id, message.seq), source, extra)
+        self._send(Message(MessageKind.ACK, self._id, message.seq), source, extra)
 
     def _on_ping_req(self, message: Message, source: Address) -> None:
         target, address, port = message.target, message.target_address, message.target_port
-        if target is None or target == self.self_id or address is None or port is None:
+        if target is None or target == self._id or address is None or port is None:
             return
         nack_after = self._tuning.nack_fraction * self._timeouts.indirect_probe_timeout_s
         seq = self._acks.relay(target, source, message.seq, nack_after, self._relay_expired)
@@ -429,11 +428,11 @@ class SwimProtocol:
         extra = []
         if known is not None and known.state != MemberState.ALIVE:
             extra.append(self._as_update(known, None))
-        ping = Message(MessageKind.PING, self.self_id, seq, target=target)
+        ping = Message(MessageKind.PING, self._id, seq, target=target)
         self._send(ping, (address, port), extra)
 
     def _relay_expired(self, wait: RelayWait) -> None:
-        self._send(Message(MessageKind.NACK, self.self_id, wait.origin_seq), wait.requester)
+        self._send(Message(MessageKind.NACK, self._id, wait.origin_seq), wait.requester)
 
     # --- probing -------------------------------------------------------------------------------
 
@@ -447,7 +446,7 @@ class SwimProtocol:
                     await self._probe(target)
             except Exception as exc:  # a background loop records its failure and keeps running
                 self.last_error = f"probe loop: {exc!r}"
-                log.exception("%s: membership probe round failed", self.self_id)
+                log.exception("%s: membership probe round failed", self._id)
             wake_at = started + scaled_s(self._timeouts.probe_interval_s, self._health)
             delay = wake_at - self._clock()
             if delay > 0:
@@ -467,7 +466,7 @@ class SwimProtocol:
         log.log(
             logging.WARNING if warn else logging.DEBUG,
             "%s: event loop stalled %.2fs; probe timeouts in that window do not count",
-            self.self_id,
+            self._id,
             late,
         )
 
@@ -512,7 +511,7 @@ class SwimProtocol:
         relays: list[Member] = []
         try:
             extra = [self._as_update(target, None)] if target.state == MemberState.SUSPECT else []
-            ping = Message(MessageKind.PING, self.self_id, seq, target=target.node_id)
+            ping = Message(MessageKind.PING, self._id, seq, target=target.node_id)
             self._send(ping, target.endpoint, extra)
             if await self._wait(
                 wait.future, scaled_s(self._timeouts.probe_timeout_s, self._health)
@@ -523,7 +522,7 @@ class SwimProtocol:
                 wait.relays = frozenset(relay.node_id for relay in relays)
                 request = Message(
                     MessageKind.PING_REQ,
-                    self.self_id,
+                    self._id,
                     seq,
                     target=target.node_id,
                     target_address=target.address,
@@ -544,8 +543,6 @@ class SwimProtocol:
         self._health = apply_health(self._health, delta, self._tuning.max_health_score)
         if result == ProbeResult.DISCOUNTED:
             self._reprobe = target.node_id
-            log.debug(
-                "%s: probe of %s overlapped a stall; not counted", self.self_id, target.node_id
-            )
+            log.debug("%s: probe of %s overlapped a stall; not counted", self._id, target.node_id)
         elif result == ProbeResult.FAILED:
             self._suspect(target.node_id, wait.nackers)
