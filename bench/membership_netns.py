@@ -1,0 +1,241 @@
+"""Membership across real hosts: 8 `shoal serve` daemons in network namespaces (needs root),
+default timeouts, discovery by inventory and mDNS, the cluster secret set.
+
+(a) kill-to-dead: SIGKILL one daemon; time until each other daemon's /v1/peers shows it dead,
+    10 kills, the killed daemon restarted (and all alive everywhere) before the next. Targets:
+    median <= 2.5 s, max <= 5 s over every (kill, peer) sample.
+(c) idle cost of one daemon among 8 members: VmRSS and CPU (utime + stime) over 10 s while
+    nothing polls the daemons. Targets: <= 80 MB, <= 1 % of one CPU.
+Times come from one probe process on a ninth host polling every daemon every 0.1 s (resolution).
+Prints JSON. Usage: sudo .venv/bin/python bench/membership_netns.py [--kills 10] [--idle-s 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.cluster import (  # noqa: E402
+    Host,
+    NetnsCluster,
+    WaitTimeoutError,
+    netns_unavailable_reason,
+)
+from tests.node.netns_swarm import (  # noqa: E402
+    Observation,
+    Swarm,
+    all_alive,
+    everyone_sees,
+    inventory_yaml,
+)
+
+NODES = 8
+KILLS = 10
+IDLE_S = 10.0
+PROBE_INTERVAL_S = 0.1
+START_S = 60.0
+DEAD_WAIT_S = 15.0
+REJOIN_WAIT_S = 30.0
+TARGETS = {
+    "kill_to_dead_median_s": 2.5,
+    "kill_to_dead_max_s": 5.0,
+    "idle_rss_mb": 80.0,
+    "idle_cpu_percent": 1.0,
+}
+
+
+@contextmanager
+def running_swarm(nodes: int = NODES) -> Iterator[Swarm]:
+    """`nodes` daemons (inventory + mDNS) plus the probe on a host of its own, all alive."""
+    with NetnsCluster(nodes + 1) as cluster:
+        hosts, probe_host = cluster.hosts[:nodes], cluster.hosts[nodes]
+        inventory = cluster.base_dir / "hosts.yaml"
+        inventory.write_text(inventory_yaml(hosts, "shoal"), encoding="utf-8")
+
+        def serve_args(host: Host) -> list[str]:
+            return ["--inventory", str(inventory)]
+
+        swarm = Swarm(cluster, hosts, probe_host, serve_args)
+        swarm.start_probe(PROBE_INTERVAL_S)
+        swarm.start_all()
+        ready = swarm.wait_answering(START_S)
+        swarm.watch.wait(
+            all_alive(swarm.names), since=ready, timeout_s=START_S, message="all alive"
+        )
+        yield swarm
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def idle_cost(swarm: Swarm, seconds: float = IDLE_S) -> dict[str, Any]:
+    """RSS and CPU of every daemon over `seconds` with the probe paused (nothing polls them)."""
+    probe = swarm.watch.probe
+    pids = {name: proc.pid for name, proc in swarm.daemons.items()}
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    probe.stop()
+    try:
+        started, ticks_before = time.monotonic(), {n: _cpu_ticks(p) for n, p in pids.items()}
+        rss_peak = {n: _rss_kb(p) for n, p in pids.items()}
+        while time.monotonic() - started < seconds:
+            time.sleep(0.5)
+            for name, pid in pids.items():
+                rss_peak[name] = max(rss_peak[name], _rss_kb(pid))
+        elapsed = time.monotonic() - started
+        ticks = {n: _cpu_ticks(p) - ticks_before[n] for n, p in pids.items()}
+    finally:
+        probe.cont()
+    cpu = {n: round(100.0 * t * tick_s / elapsed, 3) for n, t in ticks.items()}
+    rss = {n: round(kb / 1024, 1) for n, kb in rss_peak.items()}
+    return {
+        "seconds": round(elapsed, 2),
+        "members": len(pids),
+        "rss_mb": {"max": max(rss.values()), "mean": round(statistics.mean(rss.values()), 1)},
+        "cpu_percent": {"max": max(cpu.values()), "mean": round(statistics.mean(cpu.values()), 3)},
+        "per_node": {n: {"rss_mb": rss[n], "cpu_percent": cpu[n]} for n in sorted(pids)},
+        "targets": {"rss_mb": TARGETS["idle_rss_mb"], "cpu_percent": TARGETS["idle_cpu_percent"]},
+        "met": {
+            "rss": max(rss.values()) <= TARGETS["idle_rss_mb"],
+            "cpu": max(cpu.values()) <= TARGETS["idle_cpu_percent"],
+        },
+    }
+
+
+def _one_kill(swarm: Swarm, victim: str) -> tuple[dict[str, float], float | None]:
+    """Kill `victim`; seconds until each other daemon showed it dead; then restart it and return
+    the seconds until all were alive everywhere again (None when that timed out)."""
+    watch, others = swarm.watch, swarm.others(victim)
+    first_dead: dict[str, float] = {}
+    killed_at = time.monotonic()
+
+    def note(observation: Observation) -> None:
+        if (
+            observation.t >= killed_at
+            and observation.host != victim
+            and observation.state_of(victim) == "dead"
+        ):
+            first_dead.setdefault(observation.host, observation.t - killed_at)
+
+    swarm.daemons[victim].kill()
+    with suppress(WaitTimeoutError):  # a missed peer counts in `missed_samples`
+        watch.wait(
+            everyone_sees(victim, {"dead"}, others),
+            since=killed_at,
+            timeout_s=DEAD_WAIT_S,
+            message=f"{victim} dead everywhere",
+            on_observation=note,
+        )
+    restarted_at = time.monotonic()
+    swarm.start(swarm.host(victim))
+    try:
+        whole_at = watch.wait(
+            all_alive(swarm.names),
+            since=restarted_at,
+            timeout_s=REJOIN_WAIT_S,
+            message=f"{victim} back",
+        )
+    except WaitTimeoutError:
+        return first_dead, None
+    return first_dead, whole_at - restarted_at
+
+
+def kill_to_dead(swarm: Swarm, kills: int = KILLS) -> dict[str, Any]:
+    """SIGKILL a daemon `kills` times (a different one each time, round robin)."""
+    samples: list[float] = []
+    per_kill: list[dict[str, Any]] = []
+    missed = 0
+    for index in range(kills):
+        victim = swarm.names[(index + 1) % len(swarm.names)]
+        first_dead, rejoin_s = _one_kill(swarm, victim)
+        expected = len(swarm.names) - 1
+        missed += expected - len(first_dead)
+        samples.extend(first_dead.values())
+        per_kill.append(
+            {
+                "victim": victim,
+                "all_peers_s": round(max(first_dead.values()), 2)
+                if len(first_dead) == expected
+                else None,
+                "first_peer_s": round(min(first_dead.values()), 2) if first_dead else None,
+                "restart_to_all_alive_s": None if rejoin_s is None else round(rejoin_s, 2),
+            }
+        )
+        if rejoin_s is None:
+            break
+    median = statistics.median(samples) if samples else None
+    worst = max(samples) if samples else None
+    return {
+        "kills": len(per_kill),
+        "samples": len(samples),
+        "missed_samples": missed,
+        "median_s": None if median is None else round(median, 2),
+        "p90_s": round(statistics.quantiles(samples, n=10)[-1], 2) if len(samples) > 1 else None,
+        "max_s": None if worst is None else round(worst, 2),
+        "per_kill": per_kill,
+        "targets": {
+            "median_s": TARGETS["kill_to_dead_median_s"],
+            "max_s": TARGETS["kill_to_dead_max_s"],
+        },
+        "met": {
+            "median": median is not None
+            and missed == 0
+            and median <= TARGETS["kill_to_dead_median_s"],
+            "max": worst is not None and missed == 0 and worst <= TARGETS["kill_to_dead_max_s"],
+        },
+    }
+
+
+def run(nodes: int = NODES, kills: int = KILLS, idle_s: float = IDLE_S) -> dict[str, Any]:
+    """Both measurements on one cluster: (c) idle cost first, then (a) kill-to-dead."""
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        return {"bench": "membership_netns", "skipped": reason}
+    started = time.monotonic()
+    with running_swarm(nodes) as swarm:
+        idle = idle_cost(swarm, idle_s)
+        kill = kill_to_dead(swarm, kills)
+    return {
+        "bench": "membership_netns",
+        "nodes": nodes,
+        "setup": "netns hosts on one bridge; default timeouts; inventory + mDNS; secret set; "
+        f"probe polls /v1/peers every {PROBE_INTERVAL_S} s",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "kill_to_dead": kill,
+        "idle": idle,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=NODES)
+    parser.add_argument("--kills", type=int, default=KILLS)
+    parser.add_argument("--idle-s", type=float, default=IDLE_S)
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.nodes, args.kills, args.idle_s), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""shoal daemons on a netns cluster, watched by one probe process on a host of its own.
+
+`Swarm` starts, restarts and signals the daemons; `ViewWatch` reads the probe's output (see
+`netns_probe.py`) incrementally and waits until the daemons' views satisfy a condition, returning
+the probe time at which it first held. Used by tests/node/test_daemon_netns.py and
+bench/membership_netns.py.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
+
+__all__ = [
+    "Observation",
+    "Swarm",
+    "ViewWatch",
+    "Views",
+    "all_alive",
+    "everyone_sees",
+    "inventory_yaml",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).with_name("netns_probe.py")
+POLL_S = 0.02
+
+Views = Mapping[str, "Observation"]
+Condition = Callable[[Views], bool]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One answer (or failure to answer) of the daemon on host `host`, at probe time `t`."""
+
+    t: float
+    host: str
+    members: Mapping[str, tuple[str, int]] | None
+    error: str | None = None
+
+    def state_of(self, node_id: str) -> str | None:
+        if self.members is None:
+            return None
+        found = self.members.get(node_id)
+        return None if found is None else found[0]
+
+
+def all_alive(names: Iterable[str]) -> Condition:
+    """Every daemon of `names` answers and shows every one of `names` alive."""
+    wanted = tuple(names)
+
+    def check(views: Views) -> bool:
+        return all(
+            name in views and all(views[name].state_of(other) == "alive" for other in wanted)
+            for name in wanted
+        )
+
+    return check
+
+
+def everyone_sees(node_id: str, states: Iterable[str], observers: Iterable[str]) -> Condition:
+    """Every daemon of `observers` answers and shows `node_id` in one of `states`."""
+    wanted, watching = frozenset(states), tuple(observers)
+
+    def check(views: Views) -> bool:
+        return all(name in views and views[name].state_of(node_id) in wanted for name in watching)
+
+    return check
+
+
+def inventory_yaml(hosts: Sequence[Host], cluster_name: str) -> str:
+    """An inventory listing `hosts` by name at their address and port."""
+    lines = [f"cluster: {{name: {cluster_name}}}", "hosts:"]
+    lines += [f"  {h.name}: {{ssh_host: {h.address}, p2p_port: {h.port}}}" for h in hosts]
+    return "\n".join(lines) + "\n"
+
+
+class ViewWatch:
+    """The latest view of every daemon, from the probe's log, read as it grows."""
+
+    def __init__(self, probe: ClusterProcess, hosts: Sequence[Host]) -> None:
+        self.probe = probe
+        self._names = {h.endpoint: h.name for h in hosts}
+        self._offset = 0
+        self._partial = b""
+        self.latest: dict[str, Observation] = {}
+        self.first_answer: dict[str, float] = {}
+
+    def read(self) -> list[Observation]:
+        """The observations written since the last read, in order; updates `latest`."""
+        try:
+            with self.probe.log_path.open("rb") as log:
+                log.seek(self._offset)
+                data = log.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        found = []
+        for line in lines:
+            if not line.startswith(b"{"):
+                continue
+            record = json.loads(line)
+            host = self._names.get(record["target"])
+            if host is None:
+                continue
+            members = record.get("members")
+            observation = Observation(
+                record["t"],
+                host,
+                None if members is None else {k: (v[0], v[1]) for k, v in members.items()},
+                record.get("error"),
+            )
+            self.latest[host] = observation
+            if members is not None:
+                self.first_answer.setdefault(host, observation.t)
+            found.append(observation)
+        return found
+
+    def wait(
+        self,
+        condition: Condition,
+        *,
+        since: float,
+        timeout_s: float,
+        message: str,
+        on_observation: Callable[[Observation], None] | None = None,
+    ) -> float:
+        """Wait until `condition` holds over views answered at or after `since`.
+
+        Returns the probe time of the observation that made it hold. Every observation made
+        meanwhile is passed to `on_observation` (which may raise to fail fast). Raises
+        WaitTimeoutError naming `message` and the last views after `timeout_s` (wall time).
+        """
+        fresh: dict[str, Observation] = {
+            name: obs for name, obs in self.latest.items() if obs.t >= since
+        }
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for observation in self.read():
+                if on_observation is not None:
+                    on_observation(observation)
+                if observation.t < since:
+                    continue
+                if observation.members is None:
+                    fresh.pop(observation.host, None)
+                else:
+                    fresh[observation.host] = observation
+                if condition(fresh):
+                    return observation.t
+            if time.monotonic() > deadline:
+                raise WaitTimeoutError(
+                    f"timed out after {timeout_s:g}s waiting for {message}; "
+                    f"last views: {self.describe()}"
+                )
+            if not self.probe.running():
+                raise WaitTimeoutError(f"the probe exited: {self.probe.log_tail(10)}")
+            time.sleep(POLL_S)
+
+    def watch_for(
+        self, duration_s: float, on_observation: Callable[[Observation], None]
+    ) -> list[Observation]:
+        """Pass every observation of the next `duration_s` to `on_observation`; return them."""
+        seen: list[Observation] = []
+        end = time.monotonic() + duration_s
+        while True:
+            for observation in self.read():
+                on_observation(observation)
+                seen.append(observation)
+            if time.monotonic() >= end:
+                return seen
+            time.sleep(POLL_S)
+
+    def describe(self) -> str:
+        """The latest view of every daemon, one compact line each."""
+        parts = []
+        for name in sorted(self.latest):
+            obs = self.latest[name]
+            if obs.members is None:
+                parts.append(f"{name}@{obs.t:.2f}: {obs.error}")
+            else:
+                seen = ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in sorted(obs.members.items()))
+                parts.append(f"{name}@{obs.t:.2f}: {seen}")
+        return "; ".join(parts)
+
+
+class Swarm:
+    """Daemons on `hosts` of `cluster`, started with `serve_args(host)` added to `shoal serve`.
+
+    Every daemon binds its host's address with the cluster secret in `secret_file`; the probe
+    runs on `probe_host` (a host with no daemon, so no partition cuts it off).
+    """
+
+    def __init__(
+        self,
+        cluster: NetnsCluster,
+        hosts: Sequence[Host],
+        probe_host: Host,
+        serve_args: Callable[[Host], Sequence[str]],
+    ) -> None:
+        self.cluster = cluster
+        self.hosts = tuple(hosts)
+        self.probe_host = probe_host
+        self._serve_args = serve_args
+        self.secret_file = cluster.base_dir / "secret"
+        self.secret_file.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
+        self.secret_file.chmod(0o600)
+        self.daemons: dict[str, ClusterProcess] = {}
+        self._watch: ViewWatch | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)
+
+    @property
+    def watch(self) -> ViewWatch:
+        if self._watch is None:
+            raise RuntimeError("start_probe() first")
+        return self._watch
+
+    def host(self, name: str) -> Host:
+        return next(h for h in self.hosts if h.name == name)
+
+    def argv(self, host: Host) -> list[str]:
+        return [
+            sys.executable, "-m", "node", "serve",
+            "--bind", host.address,
+            "--port", str(host.port),
+            "--data-dir", str(host.data_dir),
+            "--secret-file", str(self.secret_file),
+            *self._serve_args(host),
+        ]  # fmt: skip
+
+    def start(self, host: Host) -> ClusterProcess:
+        """Start (or restart) the daemon of `host`; returns at once."""
+        proc = host.spawn(self.argv(host), cwd=ROOT, name="shoal")
+        self.daemons[host.name] = proc
+        return proc
+
+    def start_all(self, hosts: Iterable[Host] | None = None) -> None:
+        for host in self.hosts if hosts is None else hosts:
+            self.start(host)
+
+    def start_probe(self, interval_s: float = 0.1, timeout_s: float = 0.5) -> ViewWatch:
+        argv = [
+            sys.executable, str(PROBE),
+            "--secret-file", str(self.secret_file),
+            "--interval-s", str(interval_s),
+            "--timeout-s", str(timeout_s),
+            *(h.endpoint for h in self.hosts),
+        ]  # fmt: skip
+        proc = self.probe_host.spawn(argv, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, name="probe")
+        self._watch = ViewWatch(proc, self.hosts)
+        return self._watch
+
+    def wait_answering(self, timeout_s: float, names: Iterable[str] | None = None) -> float:
+        """Wait until the daemons of `names` (default all) answered; the time the last did."""
+        wanted = tuple(self.names if names is None else names)
+        watch = self.watch
+
+        def answered(views: Views) -> bool:
+            return all(name in watch.first_answer for name in wanted)
+
+        watch.wait(answered, since=0.0, timeout_s=timeout_s, message=f"{wanted} answering")
+        return max(watch.first_answer[name] for name in wanted)
+
+    def others(self, name: str) -> tuple[str, ...]:
+        return tuple(n for n in self.names if n != name)
