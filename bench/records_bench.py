@@ -1,7 +1,8 @@
 """Record ingestion throughput: 8 producers posting 1,000-game batches to a loopback server.
 
 Prints one JSON document: acknowledged records/s through HTTP (server in a subprocess), plain
-sqlite3 executemany of the same rows with the same pragmas, their ratio, and a peer pull.
+sqlite3 executemany of the same rows with the same pragmas, their ratio, and a pull of 100,000
+records from that server into a local store (pages of 5,000).
 Usage: python bench/records_bench.py [--records N] [--producers 8] [--moves array|string|both]
 """
 
@@ -39,6 +40,7 @@ from sync import (  # noqa: E402
 from sync.record_schema import create_table_sql, insert_sql  # noqa: E402
 
 BATCH = 1000
+PULL_RECORDS = 100_000
 TIME_LIMIT_S = 60.0
 
 
@@ -127,7 +129,9 @@ async def pull(base_url: str, path: Path, limit: int) -> dict[str, Any]:
         RecordStore(path, GAMES_SCHEMA) as store,
     ):
         start = time.perf_counter()
-        result = await pull_records(session, base_url, "games", store, limit=limit)
+        result = await pull_records(
+            session, base_url, "games", store, limit=limit, max_records=PULL_RECORDS
+        )
         elapsed = time.perf_counter() - start
     return {
         "pulled": result.pulled,

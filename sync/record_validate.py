@@ -10,6 +10,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from sync.errors import RecordValidationError
@@ -35,6 +36,18 @@ _KIND_TYPES: dict[FieldKind, frozenset[type]] = {
 
 _Convert = Callable[[Any], Any]
 _dumps = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode
+
+
+def _dumps_fast(value: Any) -> str:
+    """_dumps(value), quicker for the common list of plain strings (moves); same text."""
+    if type(value) is list and value:
+        try:
+            joined = "".join(value)
+        except TypeError:
+            return _dumps(value)
+        if len(encode_basestring_ascii(joined)) == len(joined) + 2:  # nothing to escape
+            return '["' + '","'.join(value) + '"]'
+    return _dumps(value)
 
 
 class _Invalid(Exception):
@@ -177,9 +190,9 @@ def _fast_rows(
             elif spec.kind is FieldKind.BOOL:
                 values = [value if value is None else int(value) for value in values]
             elif _NONE in types:
-                values = [value if value is None else _dumps(value) for value in values]
+                values = [value if value is None else _dumps_fast(value) for value in values]
             else:
-                values = list(map(_dumps, values))
+                values = list(map(_dumps_fast, values))
             columns.append(values)
     except (TypeError, ValueError, OverflowError, RecursionError):
         return None

@@ -117,10 +117,14 @@ def test_rollout_payload_is_any_json_including_null() -> None:
     assert row_to_record(ROLLOUTS_SCHEMA, rows[0]) == rollout(0)
 
 
+RANDOM_VALUES = [
+    *(None, True, 0, -(2**63), 2**63, 1.5, math.inf, "", "é", "\ud800", "x", [1], {"k": 2}),
+    *(["a", "b"], ['q"', "b"], ["é"], [], ["a", 1], ["\n"], ["a", ["b"]], [math.nan]),
+]
+
+
 def _random_value(rng: random.Random) -> Any:
-    return rng.choice(
-        [None, True, 0, -(2**63), 2**63, 1.5, math.inf, "", "é", "\ud800", "x", [1], {"k": 2}]
-    )
+    return rng.choice(RANDOM_VALUES)
 
 
 def test_fast_path_agrees_with_the_exact_path_on_random_batches() -> None:

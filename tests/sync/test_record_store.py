@@ -16,6 +16,7 @@ from sync import (
     GAMES_SCHEMA,
     ROLLOUTS_SCHEMA,
     IngestResult,
+    RecordSchemaError,
     RecordStore,
     RecordStores,
     SinceQuery,
@@ -24,6 +25,7 @@ from sync import (
     StoreClosedError,
     StoreOptions,
     StoreWriteError,
+    schema_from_mapping,
 )
 from tests.sync.record_fixtures import SMALL, game, rollout
 
@@ -238,14 +240,22 @@ async def test_a_table_of_another_schema_is_refused(tmp_path: Path) -> None:
 
 async def test_record_stores_open_the_built_ins_in_their_category_dirs(tmp_path: Path) -> None:
     settings = NodeSettings(data_dir=tmp_path, storage_paths={"rollouts": tmp_path / "fast"})
-    stores = RecordStores.for_settings(settings)
+    evals = schema_from_mapping(
+        "evals",
+        {"key": "eval_id", "time_column": "at", "fields": {"eval_id": "text", "at": "real"}},
+    )
+    stores = RecordStores.for_settings(settings, extra_schemas=[evals])
     assert stores.paths == {
+        "evals": tmp_path / "records" / "evals.db",
         "games": tmp_path / "games" / "games.db",
         "rollouts": tmp_path / "fast" / "rollouts.db",
     }
+    with pytest.raises(RecordSchemaError, match="declared twice"):
+        RecordStores(tmp_path, extra_schemas=[GAMES_SCHEMA])
     assert len(stores) == 0
     async with stores:
-        assert sorted(stores) == ["games", "rollouts"]
+        assert sorted(stores) == ["evals", "games", "rollouts"]
+        assert await stores["evals"].ingest([{"eval_id": "e1", "at": 1}], "n") == IngestResult(1)
         assert stores["games"].options.busy_timeout_s == settings.timeouts.sqlite_busy_s
         await stores["rollouts"].ingest([rollout(1)], "n")
     await stores.close()
