@@ -66,7 +66,8 @@ class EventHub:
         return True
 
     def forget(self, node_id: str) -> None:
-        self._warned_at.pop(node_id, None)
+        for kind in (EventKind.SUSPECT, EventKind.DEAD):
+            self._warned_at.pop(f"{kind}:{node_id}", None)
 
     def _log(self, kind: EventKind, member: MemberView, other: Address | None) -> None:
         me, node_id = self._self_id, member.node_id
@@ -83,9 +84,10 @@ class EventHub:
             )
         elif kind in (EventKind.SUSPECT, EventKind.DEAD):
             now = self._clock()
-            repeated = now - self._warned_at.get(node_id, -math.inf) < WARN_AGAIN_S
-            if kind == EventKind.DEAD and not repeated:
-                self._warned_at[node_id] = now
+            key = f"{kind}:{node_id}"
+            repeated = now - self._warned_at.get(key, -math.inf) < WARN_AGAIN_S
+            if not repeated:
+                self._warned_at[key] = now
             level = logging.INFO if kind == EventKind.SUSPECT else logging.WARNING
             log.log(
                 logging.DEBUG if repeated else level,

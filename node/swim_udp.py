@@ -31,7 +31,10 @@ class _Protocol(asyncio.DatagramProtocol):
         self._owner = owner
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self._owner.received(data, (str(addr[0]), int(addr[1])))
+        host = str(addr[0])
+        if host.startswith("::ffff:") and "." in host:
+            host = host[7:]  # an IPv4 peer seen through a dual-stack socket
+        self._owner.received(data, (host, int(addr[1])))
 
     def error_received(self, exc: Exception) -> None:
         self._owner.network_error("receive", exc)
@@ -64,6 +67,7 @@ class UdpMembershipTransport:
         self._counters = Counters()
         self._closed = False
         self._warned: set[str] = set()
+        self._ipv6 = False
 
     @property
     def cluster(self) -> str:
@@ -93,6 +97,7 @@ class UdpMembershipTransport:
                 "membership UDP on %s:%s accepts unsigned datagrams (no secret)", host, port
             )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._ipv6 = family == socket.AF_INET6
         loop = asyncio.get_running_loop()
         try:
             transport, _ = await loop.create_datagram_endpoint(
@@ -117,6 +122,8 @@ class UdpMembershipTransport:
             self._counters.dropped["oversize_send"] += 1
             log.debug("not sending a %d-byte membership datagram to %s", len(datagram), address)
             return
+        if self._ipv6 and ":" not in address[0]:
+            address = (f"::ffff:{address[0]}", address[1])
         try:
             self._transport.sendto(datagram, address)
         except (OSError, ValueError) as exc:

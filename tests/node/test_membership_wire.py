@@ -1,0 +1,219 @@
+"""The wire format, the envelope, datagram budgets and the event log policy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+
+import pytest
+
+from config.timeouts import Timeouts
+from node.membership import Membership
+from node.membership_events import EventHub
+from node.membership_types import (
+    EventKind,
+    Member,
+    MemberState,
+    MemberView,
+    Update,
+    freeze_meta,
+)
+from node.swim_transport import DatagramHandler, TransportStats
+from node.swim_wire import (
+    MAX_DATAGRAM_BYTES,
+    Drop,
+    Envelope,
+    Message,
+    MessageKind,
+    WireError,
+    decode_message,
+    encode_message,
+    encode_update,
+    state_chunks,
+)
+
+META = freeze_meta(
+    {
+        "version": "0.1.0",
+        "role": "training",
+        "cluster": "lab",
+        "gpu_count": 8,
+        "gpu_vram_gb": 80.0,
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "config_hash": "3f9a1c27be0d",
+        "spare": None,
+        "ready": True,
+    }
+)
+ALIVE = Update("n7", MemberState.ALIVE, 4, "10.0.0.7", 8770, META)
+SUSPECT = Update("n8", MemberState.SUSPECT, 2, by="n1")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(MessageKind.PING, "n1", 17, target="n2", updates=(ALIVE, SUSPECT)),
+        Message(MessageKind.PING, "n1", 18, target=None),
+        Message(MessageKind.ACK, "n2", 17, updates=(Update("n9", MemberState.LEFT, 0),)),
+        Message(MessageKind.NACK, "n3", 17),
+        Message(MessageKind.PING_REQ, "n1", 19, "n2", "10.0.0.2", 8770, updates=(SUSPECT,)),
+        Message(MessageKind.SYNC, "n1", 20, digest="00ff00ff00ff00ff"),
+        Message(MessageKind.STATE, "n1", 21, chunk=2, chunks=3, reply=True, updates=(ALIVE,)),
+        Message(MessageKind.GOSSIP, "n1", 0, updates=(Update("n9", MemberState.DEAD, 5, by="n3"),)),
+    ],
+)
+def test_messages_round_trip(message: Message) -> None:
+    body = encode_message(message)
+    assert decode_message(body) == message
+    assert json.loads(body)["t"] == message.kind.value
+
+
+def test_bodies_are_compact() -> None:
+    ping = encode_message(Message(MessageKind.PING, "node-0017", 123456789, target="node-0042"))
+    assert ping == b'{"t":"ping","f":"node-0017","s":123456789,"to":"node-0042"}'
+    assert len(encode_update(ALIVE)) < 250
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"t":"hello","f":"n1","s":1}',
+        b'{"t":"ping","f":"","s":1}',
+        b'{"t":"ping","f":"n1","s":-1}',
+        b'{"t":"ping","f":"n1","s":true}',
+        b'{"t":"preq","f":"n1","s":1,"to":"n2","a":"10.0.0.2","p":70000}',
+        b'{"t":"ack","f":"n1","s":1,"u":{"n":"x"}}',
+        b'{"t":"ack","f":"n1","s":1,"u":[{"n":"x","k":"z","i":0}]}',
+        b'{"t":"ack","f":"n1","s":1,"u":[{"n":"x","k":"a","i":0,"a":"10.0.0.1"}]}',
+        b'{"t":"ack","f":"n1","s":1,"u":[{"n":"x","k":"a","i":0,"m":{"k":[1]}}]}',
+        b'{"t":"ack","f":"' + b"x" * 200 + b'","s":1}',
+    ],
+)
+def test_malformed_bodies_are_refused(body: bytes) -> None:
+    with pytest.raises(WireError):
+        decode_message(body)
+
+
+def test_envelope_signs_and_refuses_forgeries() -> None:
+    signed = Envelope("lab", b"secret")
+    now = 1_700_000_000.0
+    datagram = signed.seal(b'{"t":"ping"}', now)
+    assert signed.open(datagram, now + 299).body == b'{"t":"ping"}'
+    assert signed.open(datagram.replace(b"ping", b"pong"), now).drop == Drop.BAD_MAC
+    assert signed.open(datagram, now + 301).drop == Drop.STALE
+    assert Envelope("lab", b"other").open(datagram, now).drop == Drop.BAD_MAC
+    assert Envelope("prod", b"secret").open(datagram, now).drop == Drop.CLUSTER
+    unsigned = Envelope("lab").seal(b"{}", now)
+    assert signed.open(unsigned, now).drop == Drop.UNSIGNED
+    assert Envelope("lab").open(unsigned, now).body == b"{}"
+    assert Envelope("lab").open(datagram, now).body == b'{"t":"ping"}'
+    assert signed.open(b"garbage", now).drop == Drop.MALFORMED
+    assert signed.open(b'{"v":2}\n{}', now).drop == Drop.MALFORMED
+    header = json.loads(datagram.split(b"\n", 1)[0])
+    assert set(header) == {"v", "c", "ts", "mac"}
+    assert header["c"] == "lab"
+
+
+def test_a_full_budget_body_fits_one_datagram() -> None:
+    for envelope in (Envelope("lab", b"s"), Envelope("a-long-cluster-name " * 3), Envelope("é")):
+        body = b"x" * envelope.body_budget
+        assert len(envelope.seal(body, 1_700_000_000)) <= MAX_DATAGRAM_BYTES
+
+
+def test_full_state_is_split_into_chunks_that_fit() -> None:
+    records = [
+        encode_update(Update(f"node-{i:04d}", MemberState.ALIVE, i, "10.0.0.1", 8770, META))
+        for i in range(300)
+    ]
+    budget = Envelope("lab", b"s").body_budget
+    chunks = state_chunks("n1", 5, True, records, budget)
+    assert len(chunks) > 40
+    decoded = [decode_message(chunk) for chunk in chunks]
+    assert all(len(chunk) <= budget for chunk in chunks)
+    assert [m.chunk for m in decoded] == list(range(len(chunks)))
+    assert {m.chunks for m in decoded} == {len(chunks)}
+    assert [m.reply for m in decoded] == [True] + [False] * (len(chunks) - 1)
+    assert sum(len(m.updates) for m in decoded) == 300
+
+
+class RecordingTransport:
+    """A transport seam that keeps what it is asked to send and checks it fits a datagram."""
+
+    def __init__(self) -> None:
+        self.envelope = Envelope("lab", b"secret")
+        self.sent: list[bytes] = []
+        self.handler: DatagramHandler | None = None
+
+    @property
+    def cluster(self) -> str:
+        return "lab"
+
+    @property
+    def body_budget(self) -> int:
+        return self.envelope.body_budget
+
+    async def start(self, handler: DatagramHandler) -> None:
+        self.handler = handler
+
+    def send(self, body: bytes, address: tuple[str, int]) -> None:
+        assert len(self.envelope.seal(body, 1_700_000_000)) <= MAX_DATAGRAM_BYTES
+        self.sent.append(body)
+
+    def stats(self) -> TransportStats:
+        return TransportStats()
+
+    async def close(self) -> None:
+        self.handler = None
+
+
+async def test_piggyback_lists_are_trimmed_to_fit_a_datagram() -> None:
+    transport = RecordingTransport()
+    timeouts = Timeouts(probe_interval_s=0.02, probe_timeout_s=0.01, indirect_probe_timeout_s=0.02)
+    node = Membership(
+        "n0", "10.0.0.1", 8770, {}, transport, timeouts, cluster="lab", rng=random.Random(1)
+    )
+    known = [
+        Member(f"node-{i:03d}", f"10.0.1.{i}", 8770, MemberState.ALIVE, 0, META, 0.0)
+        for i in range(1, 200)
+    ]
+    node.preload(known)
+    async with node:
+        assert transport.handler is not None
+        for start in range(0, 199, 10):
+            news = tuple(
+                Update(m.node_id, MemberState.ALIVE, 1, m.address, m.port, META)
+                for m in known[start : start + 10]
+            )
+            gossip = Message(MessageKind.GOSSIP, known[start].node_id, 0, updates=news)
+            transport.handler(encode_message(gossip), (known[start].address, 8770))
+        await asyncio.sleep(0.1)
+    carried = [len(decode_message(body).updates) for body in transport.sent]
+    assert max(carried) >= 4
+    assert all(count <= 16 for count in carried)
+
+
+def test_peer_failures_are_logged_once_at_warning_then_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="node.membership")
+    hub = EventHub("me", clock=lambda: 100.0)
+    seen: list[EventKind] = []
+    hub.add(lambda event: seen.append(event.kind))
+    remove = hub.add(lambda event: 1 / 0)  # a broken listener is logged, not raised
+    view = MemberView("n1", "10.0.0.1", 8770, MemberState.DEAD, 0, 1.0, META)
+    hub.emit(EventKind.DEAD, view, MemberState.SUSPECT)
+    hub.emit(EventKind.DEAD, view, MemberState.SUSPECT)
+    remove()
+    hub.emit(EventKind.DEAD, view, MemberState.SUSPECT)
+    deaths = [r.levelno for r in caplog.records if "is dead" in r.getMessage()]
+    assert deaths == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert seen == [EventKind.DEAD] * 3
+    assert sum("listener failed" in r.getMessage() for r in caplog.records) == 2
+    assert hub.conflict(view, ("10.0.0.9", 8770))
+    assert not hub.conflict(view, ("10.0.0.9", 8770))
+    errors = [r for r in caplog.records if "claimed by two live nodes" in r.getMessage()]
+    assert [r.levelno for r in errors] == [logging.ERROR]
