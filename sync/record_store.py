@@ -79,7 +79,7 @@ class RecordStore:
         self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"records-{schema.name}-reader")
         self._reader_conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
-        self._closing: asyncio.Future[None] | None = None
+        self._closing: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -143,18 +143,17 @@ class RecordStore:
     async def close(self) -> None:
         """Refuse new work, commit what was admitted, TRUNCATE-checkpoint and close. Idempotent."""
         if self._closing is None:
-            self._closing = asyncio.get_running_loop().create_future()
             was_open = self._state is _State.OPEN
             self._state = _State.CLOSED
-            try:
-                self._fail_waiters()
-                if was_open:
-                    await self._shutdown()
-            finally:
-                self._closing.set_result(None)
+            self._fail_waiters()
+            # owned by the store: a caller cancelled mid-close does not stop the drain
+            self._closing = asyncio.get_running_loop().create_task(self._shutdown(was_open))
         await asyncio.shield(self._closing)
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, was_open: bool) -> None:
+        if not was_open:
+            self._reader.shutdown(wait=False)
+            return
         if self._writer is not None:
             self._jobs.put(None)
             await asyncio.wrap_future(self._writer_done)

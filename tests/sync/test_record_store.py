@@ -261,3 +261,23 @@ async def test_record_stores_open_the_built_ins_in_their_category_dirs(tmp_path:
     await stores.close()
     assert len(stores) == 0
     assert (tmp_path / "fast" / "rollouts.db").exists()
+
+
+async def test_close_commits_what_was_admitted_and_refuses_what_waits(tmp_path: Path) -> None:
+    options = StoreOptions(max_pending_records=5, max_wait_s=10)
+    store = RecordStore(tmp_path / "games.db", GAMES_SCHEMA, options)
+    await store.open()
+    with write_locked(store.path):
+        admitted = asyncio.create_task(store.ingest([game(i) for i in range(5)], "n"))
+        await wait_until_pending(store, 5)
+        waiting = asyncio.create_task(store.ingest([game(9)], "n"))
+        await asyncio.sleep(0.02)
+        closing = asyncio.create_task(store.close())
+        with pytest.raises(StoreClosedError):
+            await waiting
+        await asyncio.sleep(0.02)
+        assert not closing.done()  # the admitted batch is still being committed
+    assert await admitted == IngestResult(5, 0)
+    await closing
+    async with RecordStore(tmp_path / "games.db", GAMES_SCHEMA, options) as again:
+        assert again.status().count == 5
