@@ -22,6 +22,7 @@ from node.membership_table import UP
 from node.membership_types import (
     EventKind,
     Member,
+    MemberEvent,
     MemberState,
     MemberView,
     MetaValue,
@@ -36,10 +37,18 @@ from node.swim_udp import UdpMembershipTransport
 from node.swim_wire import Message, MessageKind, encode_update
 
 __all__ = [
+    "EventKind",
     "InMemoryNetwork",
     "Listener",
+    "Member",
+    "MemberEvent",
+    "MemberState",
+    "MemberView",
     "Membership",
     "MembershipTransport",
+    "MetaValue",
+    "SwimTuning",
+    "TransportStats",
     "UdpMembershipTransport",
 ]
 

@@ -336,3 +336,20 @@ async def test_lifecycle_and_candidates(cluster: Cluster) -> None:
     await member.close()
     with pytest.raises(Exception, match="starts once"):
         await member.start()
+
+
+async def test_lossy_network_kills_no_one() -> None:
+    network = InMemoryNetwork(random.Random(11), delay_s=0.001, jitter_s=0.002, drop_rate=0.1)
+    lossy = Cluster(network)
+    try:
+        await lossy.grow(5)
+        await wait_for(lossy.all_alive, what="convergence despite 10% loss")
+        await asyncio.sleep(1.0)
+        for name in lossy.nodes:
+            assert not [e for e in lossy.events[name] if e.kind == EventKind.DEAD]
+        per_host = [network.bytes_sent(host(index)) for index in range(5)]
+        assert all(sent > 0 for sent in per_host)
+        assert sum(per_host) == network.total_bytes_sent()
+    finally:
+        await lossy.close()
+        network.close()

@@ -192,8 +192,7 @@ async def test_piggyback_lists_are_trimmed_to_fit_a_datagram() -> None:
             transport.handler(encode_message(gossip), (known[start].address, 8770))
         await asyncio.sleep(0.1)
     carried = [len(decode_message(body).updates) for body in transport.sent]
-    assert max(carried) >= 4
-    assert all(count <= 16 for count in carried)
+    assert 4 <= max(carried) < 16  # ~220-byte updates: the byte budget, not the count, binds
 
 
 def test_peer_failures_are_logged_once_at_warning_then_at_debug(
