@@ -1,21 +1,5 @@
-"""Wire format of membership datagrams: compact JSON bodies inside a signed envelope.
-
-A datagram is one envelope line, a newline, then the body (both UTF-8 JSON, at most
-MAX_DATAGRAM_BYTES in all). The envelope is `{"v":1,"c":CLUSTER,"ts":UNIX_S,"mac":MAC}` where
-MAC is base64url(HMAC-SHA256(secret, "SW1\\n" CLUSTER "\\n" TS "\\n" BODY)) without padding, or
-"" when the cluster runs without a secret. Bodies (keys kept to one or two letters):
-
-    ping   {"t":"ping","f":FROM,"s":SEQ,"to":TARGET|null,"u":[UPDATE...]}   to=null: join probe
-    ack    {"t":"ack","f":FROM,"s":SEQ,"u":[...]}        answers ping (or a relayed ping-req)
-    nack   {"t":"nack","f":FROM,"s":SEQ}                 relay: target did not answer in time
-    preq   {"t":"preq","f":FROM,"s":SEQ,"to":TARGET,"a":ADDR,"p":PORT,"u":[...]}  ping-req
-    sync   {"t":"sync","f":FROM,"s":SEQ,"d":DIGEST}      push-pull: here is my view's digest
-    gsp    {"t":"gsp","f":FROM,"s":0,"u":[...]}          eager gossip of fresh updates, no reply
-    state  {"t":"state","f":FROM,"s":SEQ,"i":CHUNK,"c":CHUNKS,"r":0|1,"u":[RECORD...]}
-           one chunk of a full view; r=1 asks the receiver to send its own view back
-
-    UPDATE/RECORD {"n":ID,"k":"a"|"s"|"d"|"l","i":INCARNATION,"a":ADDR,"p":PORT,"m":{META},"b":BY}
-    (a, p, m on alive updates and on every full-state record; b on suspect and dead.)
+"""Wire format of membership datagrams: compact JSON bodies inside a signed envelope line.
+The format is specified on `Message` (bodies) and `Envelope` (the line before them).
 """
 
 from __future__ import annotations
@@ -69,7 +53,21 @@ class MessageKind(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One decoded body. Fields beyond kind, sender and seq are set per kind (see the module)."""
+    """One body: UTF-8 JSON, keys of one or two letters, per kind:
+
+        ping   {"t":"ping","f":FROM,"s":SEQ,"to":TARGET|null,"u":[UPDATE...]}  null: join probe
+        ack    {"t":"ack","f":FROM,"s":SEQ,"u":[...]}      answers a ping (or a relayed ping-req)
+        nack   {"t":"nack","f":FROM,"s":SEQ}               relay: the target did not answer
+        preq   {"t":"preq","f":FROM,"s":SEQ,"to":TARGET,"a":ADDR,"p":PORT,"u":[...]}  ping-req
+        sync   {"t":"sync","f":FROM,"s":SEQ,"d":DIGEST}    push-pull: my view's digest
+        state  {"t":"state","f":FROM,"s":SEQ,"i":CHUNK,"c":CHUNKS,"r":0|1,"u":[RECORD...]}
+               one chunk of a full view; r=1 (first chunk only) asks for the receiver's view back
+        gsp    {"t":"gsp","f":FROM,"s":0,"u":[...]}        eager gossip of fresh updates, no reply
+
+    UPDATE and RECORD: {"n":ID,"k":"a"|"s"|"d"|"l","i":INCARNATION,"a":ADDR,"p":PORT,"m":{META},
+    "b":BY}: state alive/suspect/dead/left; a, p and m on alive updates and full-state records,
+    b (who suspects or declared dead) on suspect and dead. "u" is omitted when empty.
+    """
 
     kind: MessageKind
     sender: str
@@ -301,7 +299,12 @@ def _cluster_json(cluster: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """Sealing and opening datagrams of one cluster; `secret` None is unauthenticated dev mode."""
+    """Sealing and opening datagrams of one cluster; `secret` None is unauthenticated dev mode.
+
+    A datagram is `{"v":1,"c":CLUSTER,"ts":UNIX_S,"mac":MAC}`, a newline, then the body; at most
+    MAX_DATAGRAM_BYTES in all. MAC = base64url(HMAC-SHA256(secret, "SW1\\n" CLUSTER "\\n" TS
+    "\\n" BODY)) without padding, or "" without a secret.
+    """
 
     cluster: str
     secret: bytes | None = None
