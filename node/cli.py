@@ -8,6 +8,7 @@ from config import shoal_version
 from node import cli_serve
 from node.cli_common import console
 from node.cli_hosts import config_app, hosts_app
+from node.cli_records import records_app
 from node.cli_wal import wal_app
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(config_app, name="config")
 app.add_typer(wal_app, name="wal")
+app.add_typer(records_app, name="records")
 cli_serve.register(app)
 
 

@@ -1,7 +1,7 @@
 """The node daemon: start components in order, serve until told to stop, stop in reverse.
 
-Order: settings and secrets -> WAL (recovery) -> health and metrics -> HTTP listener ->
-membership -> discovery; then READY=1. Stop: leave, discovery, membership, HTTP, health, WAL.
+Order: secrets -> WAL (recovery) -> health -> record stores and HTTP -> membership -> discovery;
+then READY=1. Stop in reverse: leave, discovery, membership, HTTP, stores, health, WAL.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ from node.api import build_app
 from node.discovery import Discovery
 from node.discovery_candidates import Advert
 from node.errors import DiscoveryError, StartupError
+from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.systemd import SystemdNotifier
+from sync import RecordStores, record_route_docs, record_routes
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -202,7 +204,14 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
         )
-        app = build_app(runtime, policy)
+        stores = RecordStores.for_settings(runtime.settings)
+        await self._stack.enter_async_context(stores)
+        app = build_app(
+            runtime,
+            policy,
+            extra_routes=record_routes(stores, runtime.node_id),
+            extra_docs=[RouteDoc(**doc) for doc in record_route_docs()],
+        )
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)

@@ -161,3 +161,28 @@ def test_serve_stops_on_a_corrupt_wal_naming_the_file(tmp_path: Path) -> None:
     assert str(wal) in output
     assert "--move-aside" in output
     assert "Traceback" not in output
+
+
+async def test_daemon_ingests_records_durably_and_documents_the_routes(tmp_path: Path) -> None:
+    game = {
+        "game_id": "g-1",
+        "created_at": 1.0,
+        "board_type": "hex8",
+        "num_players": 2,
+        "winner": 1,
+        "moves": ["a1", "b2"],
+    }
+    settings = _settings(tmp_path, "rec")
+    async with _daemon(settings) as daemon, ClientSession() as session:
+        url = f"http://127.0.0.1:{daemon.port}"
+        async with session.post(f"{url}/v1/records/games", json=[game, game]) as response:
+            assert response.status == 200
+            assert await response.json() == {"accepted": 1, "duplicates": 1}
+        async with session.get(f"{url}/v1/openapi.json") as response:
+            paths = (await response.json())["paths"]
+        assert "post" in paths["/v1/records/{store}"]
+    assert (settings.category_path("games") / "games.db").exists()
+    async with _daemon(settings) as daemon, ClientSession() as session:
+        url = f"http://127.0.0.1:{daemon.port}/v1/records/games/status"
+        async with session.get(url) as response:
+            assert (await response.json())["count"] == 1
