@@ -59,7 +59,8 @@ class WalConfig:
     max_batch / max_batch_delay_ms: a batch closes at max_batch requests, or when no more
     requests arrive, but the writer never lingers longer than max_batch_delay_ms gathering one.
     busy_timeout_s: SQLite lock wait of every connection. op_timeout_s: the longest one batch or
-    read may take before the caller gets a WalError. checkpoint_interval_s: PASSIVE checkpoint
+    read may take before the caller gets a WalError; open_timeout_s: the same for opening, which
+    includes the quick check of the whole file. checkpoint_interval_s: PASSIVE checkpoint
     period while busy; idle_checkpoint_s: quiet time after which the -wal file is truncated.
     """
 
@@ -70,6 +71,7 @@ class WalConfig:
     max_retries: int = 5
     busy_timeout_s: float = 5.0
     op_timeout_s: float = 30.0
+    open_timeout_s: float = 120.0
     checkpoint_interval_s: float = 30.0
     idle_checkpoint_s: float = 1.0
     queue_limit: int = 16_384
@@ -85,6 +87,7 @@ class WalConfig:
             "max_retries": self.max_retries,
             "busy_timeout_s": self.busy_timeout_s,
             "op_timeout_s": self.op_timeout_s,
+            "open_timeout_s": self.open_timeout_s,
             "checkpoint_interval_s": self.checkpoint_interval_s,
             "idle_checkpoint_s": self.idle_checkpoint_s,
             "queue_limit": self.queue_limit,

@@ -88,6 +88,7 @@ def release(path: Path) -> None:
 def open_write_connection(path: Path, config: WalConfig) -> sqlite3.Connection:
     """Open (creating when absent) and validate the WAL at `path`; the caller owns the result."""
     _check_files(path)
+    created = not path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
@@ -105,9 +106,11 @@ def open_write_connection(path: Path, config: WalConfig) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute(f"PRAGMA wal_autocheckpoint = {int(config.wal_autocheckpoint_pages)}")
         conn.execute(f"PRAGMA journal_size_limit = {int(config.journal_size_limit_bytes)}")
+        if created:
+            fsync_directory(path.parent)
     except BaseException as exc:
         conn.close()
-        if isinstance(exc, sqlite3.Error):
+        if isinstance(exc, sqlite3.Error | OSError):
             raise _open_error(exc, path) from exc
         raise
     return conn
@@ -125,7 +128,7 @@ def open_read_connection(path: Path, config: WalConfig) -> sqlite3.Connection:
     return conn
 
 
-def _open_error(exc: sqlite3.Error, path: Path) -> WalError:
+def _open_error(exc: sqlite3.Error | OSError, path: Path) -> WalError:
     if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
         return WalCorruptError(path, "not an SQLite database")
     return translate(exc, path, "opening")
@@ -224,14 +227,19 @@ def move_aside(path: Path) -> Path:
             source = sidecar(path, suffix)
             if source.exists():
                 os.replace(source, sidecar(target, suffix))
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_directory(path.parent)
     except OSError as exc:
         raise WalError(f"{path}: moving aside to {target} failed: {exc}") from exc
     return target
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a created or renamed entry of `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def row_to_entry(row: tuple[Any, ...]) -> WalEntry:

@@ -70,7 +70,8 @@ class BatchWriter:
 
     async def open(self) -> None:
         """Open and validate the file, read its counters and start the batching task."""
-        self._conn = await self._call(open_write_connection, "opening", self._path, self._config)
+        opening = self._start(open_write_connection, self._path, self._config)
+        self._conn = await self._wait(opening, "opening", self._config.open_timeout_s)
         counters = await self._call(read_counters, "reading counters", self._conn)
         missing = set(COUNTER_NAMES) - counters.keys()
         if missing:
@@ -145,14 +146,13 @@ class BatchWriter:
     def _start(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def _wait(self, job: asyncio.Future[T], doing: str) -> T:
+    async def _wait(self, job: asyncio.Future[T], doing: str, timeout_s: float | None = None) -> T:
+        limit_s = self._config.op_timeout_s if timeout_s is None else timeout_s
         try:
-            async with asyncio.timeout(self._config.op_timeout_s):
+            async with asyncio.timeout(limit_s):
                 return await job
         except TimeoutError as exc:
-            raise WalError(
-                f"{self._path}: {doing} timed out after {self._config.op_timeout_s} s"
-            ) from exc
+            raise WalError(f"{self._path}: {doing} timed out after {limit_s} s") from exc
         except (sqlite3.Error, OSError) as exc:
             raise translate(exc, self._path, doing) from exc
 

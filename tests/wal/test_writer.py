@@ -118,10 +118,9 @@ async def test_the_queue_to_the_writer_is_bounded(
 async def test_a_slow_batch_times_out_and_the_writer_goes_on(
     wal_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, release = gate_batches(monkeypatch)
-    config = WalConfig(op_timeout_s=0.2)
-    async with WriteAheadLog(wal_path, config=config) as log:
-        with pytest.raises(WalError, match=r"writing timed out after 0\.2 s"):
+    async with WriteAheadLog(wal_path, config=WalConfig(op_timeout_s=1.0)) as log:
+        _, release = gate_batches(monkeypatch)
+        with pytest.raises(WalError, match=r"writing timed out after 1\.0 s"):
             await log.append(GAME_RECORDED, {"slow": True})
         release.set()
         later = await log.append(GAME_RECORDED, {"slow": False})
