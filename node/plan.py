@@ -1,0 +1,264 @@
+"""Role plans as data: the plan a coordinator publishes, its (term, version) fence, and the rules
+that say which plan a node applies and which requests it refuses as stale.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, TypeGuard
+
+from config import Role
+from node.errors import NodeError
+
+Backend = Literal["nccl", "gloo"]
+FENCE_HEADER = "X-Shoal-Fence"
+"""HTTP header carrying the fence of a role-dependent request, as `term.version`."""
+
+_PLAN_ROLES = frozenset({Role.TRAINING, Role.INFERENCE, Role.SELFPLAY})
+
+
+class PlanError(NodeError):
+    """A plan, fence or policy is malformed (bad JSON from a peer, impossible bounds)."""
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class PlanFence:
+    """The (term, version) of a plan; plans and fences are ordered by term, then version."""
+
+    term: int
+    version: int
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.term) and _is_int(self.version)) or self.term < 0 or self.version < 0:
+            raise PlanError(f"fence ({self.term!r}, {self.version!r}) needs two integers >= 0")
+
+    def to_header(self) -> str:
+        return f"{self.term}.{self.version}"
+
+    @classmethod
+    def from_header(cls, text: str) -> PlanFence:
+        """Parse `term.version` (the FENCE_HEADER value); PlanError when malformed."""
+        term, dot, version = text.strip().partition(".")
+        if not dot or not term.isdigit() or not version.isdigit():
+            raise PlanError(f"fence {text!r} is not 'term.version'")
+        return cls(int(term), int(version))
+
+    def to_list(self) -> list[int]:
+        return [self.term, self.version]
+
+    @classmethod
+    def from_value(cls, value: object) -> PlanFence | None:
+        """A fence from its JSON form `[term, version]`, or None for JSON null."""
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise PlanError(f"fence {value!r} must be [term, version]")
+        return cls(value[0], value[1])
+
+
+FenceLike = PlanFence | tuple[int, int]
+
+
+def as_fence(value: FenceLike) -> PlanFence:
+    return value if isinstance(value, PlanFence) else PlanFence(value[0], value[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """Where training nodes meet: rank 0's address and port, the world size, the backend.
+
+    world_size 0 means nobody trains; master_addr is then the empty string.
+    """
+
+    master_addr: str
+    master_port: int
+    world_size: int
+    backend: Backend
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "world_size": self.world_size,
+            "backend": self.backend,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rendezvous:
+        backend = data.get("backend")
+        if backend not in ("nccl", "gloo"):
+            raise PlanError(f"rendezvous backend {backend!r} must be 'nccl' or 'gloo'")
+        addr, port, size = data.get("master_addr"), data.get("master_port"), data.get("world_size")
+        if not isinstance(addr, str) or not _is_int(port) or not _is_int(size) or size < 0:
+            raise PlanError(f"rendezvous {dict(data)!r} is malformed")
+        return cls(addr, port, size, backend)
+
+
+@dataclass(frozen=True, slots=True)
+class RolePlan:
+    """What every node does under one (term, version): roles, training ranks and rendezvous.
+
+    `training_ranks[i]` is the node of rank i; rank 0 is the master. `note` says why in words
+    (for example why nobody trains).
+    """
+
+    term: int
+    version: int
+    roles: Mapping[str, Role]
+    training_ranks: tuple[str, ...]
+    rendezvous: Rendezvous
+    note: str = ""
+    _digest: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        PlanFence(self.term, self.version)
+        roles = MappingProxyType(dict(sorted(self.roles.items())))
+        if any(role not in _PLAN_ROLES for role in roles.values()):
+            raise PlanError("a plan assigns only training, inference or selfplay")
+        training = {node for node, role in roles.items() if role is Role.TRAINING}
+        if set(self.training_ranks) != training or len(self.training_ranks) != len(training):
+            raise PlanError("training_ranks must list each training node exactly once")
+        if self.rendezvous.world_size != len(self.training_ranks):
+            raise PlanError("rendezvous world_size must equal the number of training ranks")
+        object.__setattr__(self, "roles", roles)
+        object.__setattr__(self, "training_ranks", tuple(self.training_ranks))
+        object.__setattr__(self, "_digest", _hash_assignment(self._assignment()))
+
+    @property
+    def fence(self) -> PlanFence:
+        return PlanFence(self.term, self.version)
+
+    @property
+    def digest(self) -> str:
+        """Hash of the assignment (roles, ranks, rendezvous), independent of term and version."""
+        return self._digest
+
+    def role_of(self, node_id: str) -> Role | None:
+        return self.roles.get(node_id)
+
+    def rank_of(self, node_id: str) -> int | None:
+        """The training rank of `node_id`, or None when it does not train."""
+        try:
+            return self.training_ranks.index(node_id)
+        except ValueError:
+            return None
+
+    def same_assignment(self, other: RolePlan | None) -> bool:
+        """True when `other` assigns the same roles, ranks and rendezvous (any fence)."""
+        return other is not None and other.digest == self.digest
+
+    def _assignment(self) -> dict[str, Any]:
+        return {
+            "roles": {node: role.value for node, role in self.roles.items()},
+            "training_ranks": list(self.training_ranks),
+            "rendezvous": self.rendezvous.to_dict(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"term": self.term, "version": self.version, **self._assignment(), "note": self.note}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RolePlan:
+        """The plan of a JSON object; PlanError names what is wrong."""
+        if not isinstance(data, Mapping):
+            raise PlanError(f"plan must be an object, not {type(data).__name__}")
+        try:
+            roles_raw = data["roles"]
+            ranks = data["training_ranks"]
+            rendezvous = data["rendezvous"]
+            term, version = data["term"], data["version"]
+        except KeyError as exc:
+            raise PlanError(f"plan lacks {exc.args[0]!r}") from exc
+        if not isinstance(roles_raw, Mapping) or not isinstance(ranks, list):
+            raise PlanError("plan roles must be an object and training_ranks a list")
+        if not isinstance(rendezvous, Mapping):
+            raise PlanError("plan rendezvous must be an object")
+        try:
+            roles = {str(node): Role(role) for node, role in roles_raw.items()}
+        except ValueError as exc:
+            raise PlanError(f"plan has an unknown role: {exc}") from exc
+        note = data.get("note", "")
+        return cls(
+            term=term,
+            version=version,
+            roles=roles,
+            training_ranks=tuple(str(node) for node in ranks),
+            rendezvous=Rendezvous.from_dict(rendezvous),
+            note=note if isinstance(note, str) else "",
+        )
+
+
+def should_apply(current: FenceLike | None, incoming: FenceLike) -> bool:
+    """True when a plan fenced `incoming` is strictly newer than the applied `current`."""
+    return current is None or as_fence(incoming) > as_fence(current)
+
+
+class FenceVerdict(enum.StrEnum):
+    """How a presented fence compares with the plan this node applies."""
+
+    CURRENT = "current"
+    STALE = "stale"
+    AHEAD = "ahead"
+    MISSING = "missing"
+    NO_PLAN = "no_plan"
+
+
+@dataclass(frozen=True, slots=True)
+class FenceResult:
+    """The answer to a fenced request: `ok`, else HTTP `status` 409 with a `reason`."""
+
+    verdict: FenceVerdict
+    current: PlanFence | None
+    presented: PlanFence | None
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is FenceVerdict.CURRENT
+
+    @property
+    def status(self) -> int:
+        return 200 if self.ok else 409
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict.value,
+            "current": None if self.current is None else self.current.to_list(),
+            "presented": None if self.presented is None else self.presented.to_list(),
+            "reason": self.reason,
+        }
+
+
+def check_fence(current: FenceLike | None, presented: FenceLike | None) -> FenceResult:
+    """Accept a role-dependent request only under exactly the plan this node applies.
+
+    Older fences are stale (the sender acts on a superseded plan); newer ones are refused too
+    (this node has not applied that plan yet; the sender retries once it has).
+    """
+    now = None if current is None else as_fence(current)
+    shown = None if presented is None else as_fence(presented)
+    if shown is None:
+        return FenceResult(FenceVerdict.MISSING, now, None, "request carries no plan fence")
+    if now is None:
+        return FenceResult(FenceVerdict.NO_PLAN, None, shown, "this node has applied no plan yet")
+    if shown < now:
+        reason = f"fence {shown.to_header()} is stale; this node applies {now.to_header()}"
+        return FenceResult(FenceVerdict.STALE, now, shown, reason)
+    if shown > now:
+        reason = f"fence {shown.to_header()} is ahead of this node's {now.to_header()}; retry"
+        return FenceResult(FenceVerdict.AHEAD, now, shown, reason)
+    return FenceResult(FenceVerdict.CURRENT, now, shown, "current")
+
+
+def _hash_assignment(assignment: Mapping[str, Any]) -> str:
+    text = json.dumps(assignment, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
