@@ -134,15 +134,27 @@ class WriteAheadLog:
         )
 
     async def close(self) -> None:
-        """Write what is queued, checkpoint and close. Idempotent; the log cannot be reopened."""
+        """Write what is queued, checkpoint and close; the log cannot be reopened.
+
+        Idempotent: only the first call raises when closing fails; later calls just wait for it.
+        """
+        first = False
         async with self._lifecycle_lock:
             if self._state is _Lifecycle.UNOPENED:
                 self._state = _Lifecycle.CLOSED
             if self._state is _Lifecycle.OPEN:
                 self._state = _Lifecycle.CLOSED
                 self._close_task = asyncio.create_task(self._release(), name="wal-close")
-        if self._close_task is not None:
-            await asyncio.shield(self._close_task)
+                first = True
+        task = self._close_task
+        if task is None:
+            return
+        if first:
+            await asyncio.shield(task)
+            return
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("WAL %s: closing had failed: %s", self._path, task.exception())
 
     async def _release(self) -> None:
         """Free everything open() acquired, in reverse order; safe after a partial open."""

@@ -346,3 +346,22 @@ async def test_invalid_stored_json_is_a_wal_error(wal: WriteAheadLog) -> None:
         other.execute("UPDATE entries SET payload = '{broken' WHERE id = ?", (entry_id,))
     with pytest.raises(WalError, match="invalid stored JSON"):
         await wal.get(entry_id)
+
+
+async def test_concurrent_closes_all_return(wal_path: Path) -> None:
+    wal = WriteAheadLog(wal_path, config=FAST)
+    await wal.open()
+    await wal.append(GAME_RECORDED, {})
+    await asyncio.gather(wal.close(), wal.close(), wal.close())
+    await wal.close()
+
+
+async def test_a_cancelled_append_is_still_written_once_queued(wal: WriteAheadLog) -> None:
+    task = asyncio.create_task(wal.append(GAME_RECORDED, {"n": 1}))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wal.append(GAME_RECORDED, {"n": 2}) == 2
+    stats = await wal.stats()
+    assert (stats.appended_total, stats.pending) == (2, 2)
