@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import enum
-import json
 import logging
 import random
 import time
@@ -19,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 
 from config import Timeouts, read_secret_file, signing_middleware
 from sync.errors import (
@@ -70,7 +70,7 @@ def retry_delay_s(
 def encode_batch(batch: Sequence[Any]) -> bytes:
     """The JSON body of one batch; RecordValidationError if a record is not JSON."""
     try:
-        return json.dumps(list(batch), allow_nan=False, separators=(",", ":")).encode()
+        return orjson.dumps(list(batch))
     except (TypeError, ValueError, RecursionError) as exc:
         raise RecordValidationError(None, "", f"records are not JSON: {exc}") from exc
 
@@ -78,7 +78,7 @@ def encode_batch(batch: Sequence[Any]) -> bytes:
 def rejection(status: int, body: bytes) -> RecordRejectedError:
     """A RecordRejectedError from a node's JSON refusal (or its raw text)."""
     try:
-        data = json.loads(body)
+        data = orjson.loads(body)
     except ValueError:
         data = None
     if isinstance(data, Mapping) and isinstance(data.get("reason"), str):
@@ -230,7 +230,7 @@ class RecordClient:
 
 def _ingest_result(url: str, payload: bytes) -> IngestResult:
     try:
-        data = json.loads(payload)
+        data = orjson.loads(payload)
         return IngestResult(int(data["accepted"]), int(data["duplicates"]))
     except (ValueError, TypeError, KeyError) as exc:
         raise RecordRequestError(f"{url}: unexpected answer {payload[:200]!r}", 200) from exc

@@ -6,13 +6,13 @@ Each page is committed in one transaction (INSERT OR IGNORE) before the cursor m
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 
 from config import Timeouts, signing_middleware
 from sync.errors import RecordPullError, RecordRequestError, StoreClosedError, SyncError
@@ -53,7 +53,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str, params: Any = None
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise RecordRequestError(f"{url}: {type(exc).__name__}: {exc}") from exc
     try:
-        return json.loads(payload)
+        return orjson.loads(payload)
     except ValueError as exc:
         raise RecordRequestError(f"{url}: answer is not JSON", response.status) from exc
 

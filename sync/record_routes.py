@@ -5,11 +5,11 @@ Every refusal is JSON `{"error": code, "reason": text}`; client input never caus
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from sync.errors import (
@@ -33,15 +33,13 @@ PREFIX = "/v1/records"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+def _dumps_text(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
 def _loads(text: str) -> Any:
-    return _decoder.decode(text)
+    # orjson parses several times faster than json and refuses NaN and Infinity itself.
+    return orjson.loads(text)
 
 
 def parse_body(body: bytes, ndjson: bool) -> list[Any]:
@@ -171,7 +169,7 @@ def record_routes(
         store = store_of(request)
         query = parse_since_query(store.schema, request.query, MAX_PAGE_LIMIT)
         page = await store.since(query)
-        return web.json_response(page.to_json())
+        return web.json_response(page.to_json(), dumps=_dumps_text)
 
     async def get(request: web.Request) -> web.StreamResponse:
         store = store_of(request)
@@ -182,7 +180,7 @@ def record_routes(
         records = await store.get(keys)
         found = {record[store.schema.key] for record in records}
         missing = [key for key in dict.fromkeys(keys) if key not in found]
-        return web.json_response({"records": records, "missing": missing})
+        return web.json_response({"records": records, "missing": missing}, dumps=_dumps_text)
 
     return [
         web.get(PREFIX, _guarded(all_status)),

@@ -77,11 +77,11 @@ async def test_invalid_record_is_400_naming_it_and_nothing_is_written(
     ("payload", "reason"),
     [
         (b'[{"game_id": ', "records: malformed JSON"),
-        (b"NaN", "records: malformed JSON: NaN is not valid JSON"),
+        (b"NaN", "records: malformed JSON"),
         (b'{"game_id": "a"}', "records: expected a JSON array of objects"),
         (b"\xff\xfe[]", "records: body is not UTF-8"),
         (b"[" * 100_000 + b"]" * 100_000, "records: malformed JSON"),
-        (b"[1e999]", "records[0]: expected object"),
+        (b"[1e999]", "records: malformed JSON"),
     ],
 )
 async def test_malformed_bodies_are_400_never_500(
