@@ -188,9 +188,17 @@ def _cleanup(conn: sqlite3.Connection, request: CleanupRequest, counters: dict[s
     return len(removed)
 
 
-def checkpoint(conn: sqlite3.Connection, mode: str) -> tuple[int, int, int]:
-    """Run a WAL checkpoint (PASSIVE or TRUNCATE): (busy, frames in -wal, frames copied)."""
+def checkpoint(conn: sqlite3.Connection, mode: str, busy_timeout_s: float) -> tuple[int, int, int]:
+    """Run a WAL checkpoint (PASSIVE or TRUNCATE): (busy, frames in -wal, frames copied).
+
+    TRUNCATE is tried without waiting for readers (busy=1 when one is active): it runs on the
+    writer's thread, so waiting would hold up every write queued behind it.
+    """
     if mode not in ("PASSIVE", "TRUNCATE"):
         raise ValueError(f"unsupported checkpoint mode {mode!r}")
-    busy, frames, copied = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        busy, frames, copied = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
     return int(busy), int(frames), int(copied)

@@ -118,7 +118,13 @@ class BatchWriter:
                 await self._stop_task()
             if self._conn is not None:
                 try:
-                    await self._call(checkpoint, "checkpointing on close", self._conn, "TRUNCATE")
+                    await self._call(
+                        checkpoint,
+                        "checkpointing on close",
+                        self._conn,
+                        "TRUNCATE",
+                        self._config.busy_timeout_s,
+                    )
                 except WalError as exc:
                     logger.warning("WAL %s: final checkpoint failed: %s", self._path, exc)
                 await self._call(self._conn.close, "closing")
@@ -287,7 +293,7 @@ class BatchWriter:
     async def _checkpoint(self, mode: str) -> None:
         try:
             busy, frames, copied = await self._call(
-                checkpoint, f"{mode} checkpoint", self._conn, mode
+                checkpoint, f"{mode} checkpoint", self._conn, mode, self._config.busy_timeout_s
             )
         except WalError as exc:
             logger.warning("WAL %s: %s checkpoint failed: %s", self._path, mode, exc)

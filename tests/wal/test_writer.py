@@ -179,7 +179,7 @@ async def test_busy_log_checkpoints_into_the_database_periodically(wal_path: Pat
 async def test_an_open_log_logs_a_failed_checkpoint_and_keeps_going(
     wal_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(conn: sqlite3.Connection, mode: str) -> tuple[int, int, int]:
+    def broken(conn: sqlite3.Connection, mode: str, busy_s: float) -> tuple[int, int, int]:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(wal.writer, "checkpoint", broken)
@@ -206,3 +206,22 @@ async def test_a_crashed_writer_fails_callers_instead_of_hanging(
     assert any("writer stopped" in r.getMessage() for r in caplog.records)
     async with WriteAheadLog(wal_path, config=FAST) as log:
         assert (await log.stats()).appended_total == 1
+
+
+async def test_a_long_reader_does_not_hold_up_writes_at_idle_checkpoints(wal_path: Path) -> None:
+    # A TRUNCATE that waited for the reader would wait busy_timeout_s (60 s) and the append
+    # after it would fail its op_timeout_s (10 s).
+    config = WalConfig(busy_timeout_s=60.0, op_timeout_s=10.0, idle_checkpoint_s=0.01)
+    async with WriteAheadLog(wal_path, config=config) as log:
+        await log.append(GAME_RECORDED, {})
+        with closing(sqlite3.connect(wal_path, isolation_level=None)) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM entries").fetchone()
+            for n in range(5):
+                await log.append(GAME_RECORDED, {"n": n})
+                await asyncio.sleep(0.05)
+            reader.execute("COMMIT")
+        wal_file = wal_path.with_name(wal_path.name + "-wal")
+        await log.append(GAME_RECORDED, {})
+        await wait_until(lambda: wal_file.stat().st_size == 0)
+        assert (await log.stats()).pending == 7
