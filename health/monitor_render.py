@@ -22,6 +22,7 @@ __all__ = [
     "gpu_text",
     "render_dashboard",
     "render_text",
+    "seen_style",
     "wal_text",
 ]
 
@@ -99,16 +100,20 @@ def _node_cell(row: NodeRow, narrow: bool) -> Text:
     return text
 
 
+def seen_style(row: NodeRow, probe_interval_s: float) -> str:
+    """Style of the seconds since last heard: red when suspect or dead, amber past two probe
+    intervals, else none."""
+    if row.state in ("suspect", "dead"):
+        return RED
+    if row.last_seen_s is not None and row.last_seen_s > 2 * probe_interval_s:
+        return "" if row.state == "left" else AMBER
+    return ""
+
+
 def _seen_cell(row: NodeRow, probe_interval_s: float) -> Text:
     if row.last_seen_s is None:
         return Text("-", style=DIM)
-    if row.state in ("suspect", "dead"):
-        style = RED
-    elif row.last_seen_s > 2 * probe_interval_s and row.state != "left":
-        style = AMBER
-    else:
-        style = ""
-    return Text(format_duration(row.last_seen_s), style=style)
+    return Text(format_duration(row.last_seen_s), style=seen_style(row, probe_interval_s))
 
 
 def _health_cell(row: NodeRow) -> Text:
@@ -216,7 +221,7 @@ def _title(status: ClusterStatus, hint: str | None) -> Text:
     return text
 
 
-def _totals(status: ClusterStatus) -> Text:
+def _totals(status: ClusterStatus) -> list[Text]:
     s = status.summary
     down = [
         f"{count} {what}"
@@ -229,27 +234,48 @@ def _totals(status: ClusterStatus) -> Text:
         )
         if count
     ]
-    text = Text(f"nodes {s.nodes_alive}/{s.nodes_total} alive")
+    nodes = Text(f"nodes {s.nodes_alive}/{s.nodes_total} alive")
     if down:
-        text.append(f" ({', '.join(down)})", style=RED if s.nodes_dead or s.nodes_suspect else "")
-    text.append(f" | GPUs {s.gpus_total}")
+        nodes.append(f" ({', '.join(down)})", style=RED if s.nodes_dead or s.nodes_suspect else "")
+    gpus = Text(f"GPUs {s.gpus_total}")
     if s.gpus_faulty:
-        text.append(f" ({s.gpus_faulty} faulty)", style=RED)
-    text.append(f" | pending ops {s.wal_pending_total} | breakers open {s.breakers_open_total}")
-    return text
+        gpus.append(f" ({s.gpus_faulty} faulty)", style=RED)
+    pending = Text(f"pending ops {s.wal_pending_total}", style=AMBER if s.wal_pending_total else "")
+    return [nodes, gpus, pending, Text(f"breakers open {s.breakers_open_total}")]
 
 
-def _cluster_line(status: ClusterStatus) -> Text:
+def _cluster_parts(status: ClusterStatus) -> list[Text]:
     s = status.summary
     if status.coordinator is None:
-        text = Text("coordinator: none")
+        coordinator = Text("coordinator: none")
     else:
-        text = Text(f"coordinator {status.coordinator} (*)")
+        coordinator = Text(f"coordinator {status.coordinator} (*)")
     if status.term is not None:
-        text.append(f", term {status.term}")
-    text.append(f" | version {s.version_majority or '-'} | config {s.config_hash_majority or '-'}")
+        coordinator.append(f", term {status.term}")
+    parts = [
+        coordinator,
+        Text(f"version {s.version_majority or '-'}"),
+        Text(f"config {s.config_hash_majority or '-'}"),
+    ]
     if s.drifted:
-        text.append(f" | drift (!): {', '.join(s.drifted)}", style=AMBER)
+        parts.append(Text(f"drift (!): {', '.join(s.drifted)}", style=AMBER))
+    return parts
+
+
+def _joined(parts: Sequence[Text], width: int, separator: str = " | ") -> Text:
+    """`parts` joined by `separator` on one line, breaking between parts (not inside one) when
+    the line would pass `width`."""
+    text = Text()
+    used = 0
+    for index, part in enumerate(parts):
+        if index and used + len(separator) + part.cell_len > width:
+            text.append("\n")
+            used = 0
+        elif index:
+            text.append(separator)
+            used += len(separator)
+        text.append_text(part)
+        used += part.cell_len
     return text
 
 
@@ -278,8 +304,8 @@ def render_dashboard(
     return Group(
         _title(status, hint),
         _table(status, probe_interval_s, width),
-        _totals(status),
-        _cluster_line(status),
+        _joined(_totals(status), width),
+        _joined(_cluster_parts(status), width),
         _failures(status),
     )
 
