@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,22 +124,32 @@ def idle_cost(swarm: Swarm, seconds: float = IDLE_S) -> dict[str, Any]:
     }
 
 
-def _one_kill(swarm: Swarm, victim: str) -> tuple[dict[str, float], float | None]:
-    """Kill `victim`; seconds until each other daemon showed it dead; then restart it and return
-    the seconds until all were alive everywhere again (None when that timed out)."""
+@dataclass
+class KillResult:
+    """Seconds from one SIGKILL until each other daemon showed the victim dead, until the first
+    showed it suspect, and from its restart until all were alive everywhere (None: timed out)."""
+
+    first_dead: dict[str, float] = field(default_factory=dict)
+    first_suspect: float | None = None
+    rejoin_s: float | None = None
+
+
+def _one_kill(swarm: Swarm, victim: str) -> KillResult:
+    """Kill `victim`, time its detection, restart it and wait until all are alive again."""
     watch, others = swarm.watch, swarm.others(victim)
-    first_dead: dict[str, float] = {}
+    result = KillResult()
     killed_at = time.monotonic()
 
     def note(observation: Observation) -> None:
-        if (
-            observation.t >= killed_at
-            and observation.host != victim
-            and observation.state_of(victim) == "dead"
-        ):
-            first_dead.setdefault(observation.host, observation.t - killed_at)
+        if observation.t < killed_at or observation.host == victim:
+            return
+        state = observation.state_of(victim)
+        if state == "dead":
+            result.first_dead.setdefault(observation.host, observation.t - killed_at)
+        if state in ("suspect", "dead") and result.first_suspect is None:
+            result.first_suspect = observation.t - killed_at
 
-    swarm.daemons[victim].kill()
+    swarm.kill(victim)
     with suppress(WaitTimeoutError):  # a missed peer counts in `missed_samples`
         watch.wait(
             everyone_sees(victim, {"dead"}, others),
@@ -157,8 +168,13 @@ def _one_kill(swarm: Swarm, victim: str) -> tuple[dict[str, float], float | None
             message=f"{victim} back",
         )
     except WaitTimeoutError:
-        return first_dead, None
-    return first_dead, whole_at - restarted_at
+        return result
+    result.rejoin_s = whole_at - restarted_at
+    return result
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def kill_to_dead(swarm: Swarm, kills: int = KILLS) -> dict[str, Any]:
@@ -168,31 +184,33 @@ def kill_to_dead(swarm: Swarm, kills: int = KILLS) -> dict[str, Any]:
     missed = 0
     for index in range(kills):
         victim = swarm.names[(index + 1) % len(swarm.names)]
-        first_dead, rejoin_s = _one_kill(swarm, victim)
+        kill = _one_kill(swarm, victim)
+        dead = kill.first_dead
         expected = len(swarm.names) - 1
-        missed += expected - len(first_dead)
-        samples.extend(first_dead.values())
+        missed += expected - len(dead)
+        samples.extend(dead.values())
         per_kill.append(
             {
                 "victim": victim,
-                "all_peers_s": round(max(first_dead.values()), 2)
-                if len(first_dead) == expected
-                else None,
-                "first_peer_s": round(min(first_dead.values()), 2) if first_dead else None,
-                "restart_to_all_alive_s": None if rejoin_s is None else round(rejoin_s, 2),
+                "first_suspect_s": _rounded(kill.first_suspect),
+                "first_peer_dead_s": _rounded(min(dead.values(), default=None)),
+                "all_peers_dead_s": _rounded(max(dead.values())) if len(dead) == expected else None,
+                "restart_to_all_alive_s": _rounded(kill.rejoin_s),
             }
         )
-        if rejoin_s is None:
+        if kill.rejoin_s is None:
             break
     median = statistics.median(samples) if samples else None
     worst = max(samples) if samples else None
+    suspects = [k["first_suspect_s"] for k in per_kill if k["first_suspect_s"] is not None]
     return {
         "kills": len(per_kill),
         "samples": len(samples),
         "missed_samples": missed,
-        "median_s": None if median is None else round(median, 2),
+        "median_s": _rounded(median),
         "p90_s": round(statistics.quantiles(samples, n=10)[-1], 2) if len(samples) > 1 else None,
-        "max_s": None if worst is None else round(worst, 2),
+        "max_s": _rounded(worst),
+        "first_suspect_median_s": statistics.median(suspects) if suspects else None,
         "per_kill": per_kill,
         "targets": {
             "median_s": TARGETS["kill_to_dead_median_s"],

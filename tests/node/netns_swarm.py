@@ -19,6 +19,7 @@ from pathlib import Path
 from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
 
 __all__ = [
+    "DaemonExitedError",
     "Observation",
     "Swarm",
     "ViewWatch",
@@ -82,6 +83,10 @@ def inventory_yaml(hosts: Sequence[Host], cluster_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+class DaemonExitedError(AssertionError):
+    """A daemon that should be running has exited (a test failure)."""
+
+
 class ViewWatch:
     """The latest view of every daemon, from the probe's log, read as it grows."""
 
@@ -92,6 +97,8 @@ class ViewWatch:
         self._partial = b""
         self.latest: dict[str, Observation] = {}
         self.first_answer: dict[str, float] = {}
+        self.guard: Callable[[], None] | None = None
+        """Called on every poll of `wait` and `watch_for`; raises to stop waiting early."""
 
     def read(self) -> list[Observation]:
         """The observations written since the last read, in order; updates `latest`."""
@@ -161,8 +168,7 @@ class ViewWatch:
                     f"timed out after {timeout_s:g}s waiting for {message}; "
                     f"last views: {self.describe()}"
                 )
-            if not self.probe.running():
-                raise WaitTimeoutError(f"the probe exited: {self.probe.log_tail(10)}")
+            self._check()
             time.sleep(POLL_S)
 
     def watch_for(
@@ -177,7 +183,14 @@ class ViewWatch:
                 seen.append(observation)
             if time.monotonic() >= end:
                 return seen
+            self._check()
             time.sleep(POLL_S)
+
+    def _check(self) -> None:
+        if not self.probe.running():
+            raise WaitTimeoutError(f"the probe exited: {self.probe.log_tail(10)}")
+        if self.guard is not None:
+            self.guard()
 
     def describe(self) -> str:
         """The latest view of every daemon, one compact line each."""
@@ -214,6 +227,8 @@ class Swarm:
         self.secret_file.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
         self.secret_file.chmod(0o600)
         self.daemons: dict[str, ClusterProcess] = {}
+        self.down: set[str] = set()
+        """Daemons stopped on purpose (`kill`, `terminate`); any other that exits is a failure."""
         self._watch: ViewWatch | None = None
 
     @property
@@ -243,7 +258,26 @@ class Swarm:
         """Start (or restart) the daemon of `host`; returns at once."""
         proc = host.spawn(self.argv(host), cwd=ROOT, name="shoal")
         self.daemons[host.name] = proc
+        self.down.discard(host.name)
         return proc
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the daemon of host `name` (a crash) and reap it."""
+        self.down.add(name)
+        self.daemons[name].kill()
+
+    def terminate(self, name: str) -> int:
+        """SIGTERM the daemon of host `name`; its exit status (SIGKILL after 10 s)."""
+        self.down.add(name)
+        return self.daemons[name].terminate()
+
+    def check_daemons(self) -> None:
+        """Raise DaemonExitedError when a daemon not stopped on purpose has exited."""
+        for name, proc in self.daemons.items():
+            if name not in self.down and not proc.running():
+                raise DaemonExitedError(
+                    f"the daemon on {name} exited with {proc.returncode}:\n{proc.log_tail(20)}"
+                )
 
     def start_all(self, hosts: Iterable[Host] | None = None) -> None:
         for host in self.hosts if hosts is None else hosts:
@@ -259,6 +293,7 @@ class Swarm:
         ]  # fmt: skip
         proc = self.probe_host.spawn(argv, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, name="probe")
         self._watch = ViewWatch(proc, self.hosts)
+        self._watch.guard = self.check_daemons
         return self._watch
 
     def wait_answering(self, timeout_s: float, names: Iterable[str] | None = None) -> float:
