@@ -153,6 +153,8 @@ async def crash_run(size: int, seed: int, *, warm_s: float, warm: bool = True) -
     steady_rate = (network.total_bytes_sent() - steady_bytes) / steady_s / size
     steady_cpu = (time.process_time() - steady_cpu) / steady_s
     false_suspicions = sum(node.counts()["suspect"] + node.counts()["dead"] for node in nodes)
+    loop_stalls = sum(node.stall_count for node in nodes)
+    unhealthy = sum(1 for node in nodes if node.local_health > 0)
 
     victim = nodes[random.Random(seed).randrange(size)]
     peers = [node for node in nodes if node is not victim]
@@ -179,6 +181,8 @@ async def crash_run(size: int, seed: int, *, warm_s: float, warm: bool = True) -
         "bytes_per_node_per_s_steady": round(steady_rate),
         "bytes_per_node_per_s_crash_window": round(event_rate),
         "false_suspect_or_dead_before_crash": false_suspicions,
+        "loop_stalls_seen_before_crash": loop_stalls,
+        "members_with_local_health_above_0": unhealthy,
         "sim_s": round(sim_s, 1),
         "wall_s": round(time.perf_counter() - wall0, 1),
         "cpu_per_sim_s": round((time.process_time() - cpu0) / sim_s, 3),
