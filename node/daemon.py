@@ -30,8 +30,11 @@ from config import (
 from health import (
     BreakerConfig,
     BreakerRegistry,
+    CheckFn,
+    CheckResult,
     GpuReader,
     HealthChecker,
+    HealthStatus,
     NodeMetrics,
     disk_check,
     gpu_check,
@@ -44,6 +47,7 @@ from node.api import build_app
 from node.discovery import Discovery
 from node.discovery_candidates import Advert
 from node.errors import DiscoveryError, StartupError
+from node.membership import Membership, UdpMembershipTransport
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
@@ -109,6 +113,26 @@ def advertise_address(settings: NodeSettings) -> str:
         return settings.bind
     candidates = [a for a in local_addresses() if not is_loopback(a) and ":" not in a]
     return candidates[0] if candidates else "127.0.0.1"
+
+
+def membership_check(membership: Membership) -> CheckFn:
+    """Degraded while this node's own Lifeguard health score says it misses acks or stalls."""
+
+    async def check() -> CheckResult:
+        score = membership.local_health
+        stalls = membership.stall_count
+        dropped = sum(membership.transport_stats().dropped.values())
+        metrics = {"local_health": float(score), "stalls": float(stalls), "dropped": float(dropped)}
+        if score > 0 or stalls > 0:
+            message = (
+                f"local health score {score}, {stalls} recent event-loop stalls: this node "
+                "is slow to answer probes (CPU starved or blocked loop)"
+            )
+            return CheckResult(HealthStatus.DEGRADED, message, metrics)
+        counts = membership.counts()
+        return CheckResult(HealthStatus.HEALTHY, f"{counts.get('alive', 0)} members alive", metrics)
+
+    return check
 
 
 class NodeDaemon:
@@ -233,8 +257,6 @@ class NodeDaemon:
         self, runtime: NodeRuntime, secrets: Secrets, inventory: Inventory | None
     ) -> None:
         """Membership over UDP on the API's port number, fed by discovery."""
-        from node.membership import Membership, UdpMembershipTransport
-
         settings = runtime.settings
         meta = {
             "version": runtime.version,
@@ -243,7 +265,11 @@ class NodeDaemon:
             "config_hash": settings.config_hash(),
         }
         transport = UdpMembershipTransport(
-            settings.bind, self.port, secret=secrets.cluster, cluster=settings.cluster_name
+            settings.bind,
+            self.port,
+            secret=secrets.cluster,
+            cluster=settings.cluster_name,
+            max_skew_s=settings.timeouts.auth_skew_s,
         )
         membership = Membership(
             runtime.node_id,
@@ -258,6 +284,8 @@ class NodeDaemon:
         await self._stack.enter_async_context(membership)
         self._membership = membership
         runtime.membership = membership
+        if runtime.health is not None:
+            runtime.health.add_check("membership", membership_check(membership), interval_s=5.0)
         advert = Advert(
             node_id=runtime.node_id,
             cluster=settings.cluster_name,
