@@ -5,6 +5,7 @@ Durable counters are read and written inside the same transaction, so ids and to
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,7 +109,8 @@ def apply_batch(
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # the original error is what matters
+                conn.execute("ROLLBACK")
         raise
     return BatchOutcome(results, counters)
 

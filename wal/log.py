@@ -244,7 +244,8 @@ class WriteAheadLog:
     async def cleanup(self, older_than_s: float = 86400) -> int:
         """Delete finished entries last updated more than `older_than_s` ago; returns how many.
 
-        Pending entries are never removed. Deletes in chunks so appends keep flowing.
+        Pending entries are never removed; keys of removed entries may be appended again.
+        Deletes in chunks so appends keep flowing.
         """
         writer = self._open_writer()
         cutoff = time.time() - older_than_s
