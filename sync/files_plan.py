@@ -1,0 +1,136 @@
+"""Decisions of file sync, without I/O: which version of each file wins, what to pull from
+whom, and the order of sources to try (P2PFallbackSync); plus the results of a sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from health import CircuitOpenError
+from sync.files_errors import (
+    AllSourcesFailedError,
+    FileSyncError,
+    InsufficientSpaceError,
+    TransferBusyError,
+)
+from sync.manifest import ManifestEntry
+from sync.transport import PeerRef
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+LOCAL_ERRORS = (InsufficientSpaceError, TransferBusyError)
+"""Errors of this node, not of a source: trying another source would not help."""
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one sync of one category did. `errors` holds one line per failure."""
+
+    files_transferred: int = 0
+    bytes_transferred: int = 0
+    duration_seconds: float = 0.0
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterSyncStats:
+    """A sync of several categories from every peer: totals, the peers everything came from
+    (`nodes_synced`, a count) and those that failed (`failed_nodes`, node ids)."""
+
+    total_files: int
+    total_bytes: int
+    nodes_synced: int
+    failed_nodes: tuple[str, ...]
+    category_stats: Mapping[str, SyncStats] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PullItem:
+    """One file to pull: the winning version and the peers that hold exactly it, best first.
+    `replaces` is the hash of the older local version, None for a new file."""
+
+    entry: ManifestEntry
+    sources: tuple[PeerRef, ...]
+    replaces: str | None = None
+
+
+def version_key(entry: ManifestEntry) -> tuple[int, str]:
+    """Newest wins: the later mtime, then (a tie between different contents) the larger hash,
+    so every node picks the same version."""
+    return (entry.mtime_ns, entry.hash)
+
+
+def plan_pulls(
+    local: Mapping[str, ManifestEntry],
+    remotes: Sequence[tuple[PeerRef, Iterable[ManifestEntry]]],
+) -> list[PullItem]:
+    """The files to pull, by path: each path's newest version among the peers, when this node
+    lacks the path or holds an older version. Nothing is ever deleted."""
+    versions: dict[str, dict[str, tuple[ManifestEntry, list[PeerRef]]]] = {}
+    for peer, entries in remotes:
+        for entry in entries:
+            by_hash = versions.setdefault(entry.path, {})
+            known = by_hash.get(entry.hash)
+            if known is None:
+                by_hash[entry.hash] = (entry, [peer])
+            else:
+                if entry.mtime_ns > known[0].mtime_ns:
+                    by_hash[entry.hash] = (entry, known[1])
+                known[1].append(peer)
+    items: list[PullItem] = []
+    for path in sorted(versions):
+        entry, peers = max(versions[path].values(), key=lambda item: version_key(item[0]))
+        mine = local.get(path)
+        if mine is not None and (
+            mine.hash == entry.hash or version_key(mine) >= version_key(entry)
+        ):
+            continue
+        items.append(PullItem(entry, tuple(peers), mine.hash if mine is not None else None))
+    return items
+
+
+@dataclass(frozen=True)
+class P2PFallbackSync:
+    """Where to get one file: the primary host, then each fallback, all within `timeout_s`."""
+
+    primary: PeerRef
+    fallbacks: tuple[PeerRef, ...] = ()
+    timeout_s: float = 300.0
+
+    @property
+    def sources(self) -> tuple[PeerRef, ...]:
+        """Primary then fallbacks, each node once."""
+        seen: set[str] = set()
+        ordered: list[PeerRef] = []
+        for peer in (self.primary, *self.fallbacks):
+            if peer.node_id not in seen:
+                seen.add(peer.node_id)
+                ordered.append(peer)
+        return tuple(ordered)
+
+    async def run(self, path: str, attempt: Callable[[PeerRef], Awaitable[T]]) -> T:
+        """`attempt(peer)` for each source in order until one succeeds. A source's failure
+        (FileSyncError, CircuitOpenError) moves on; this node's own errors (no space, busy)
+        stop at once. AllSourcesFailedError when none succeeds or time runs out."""
+        errors: list[tuple[str, BaseException]] = []
+        current = self.primary
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                for peer in self.sources:
+                    current = peer
+                    try:
+                        return await attempt(peer)
+                    except LOCAL_ERRORS:
+                        raise
+                    except (FileSyncError, CircuitOpenError) as exc:
+                        errors.append((peer.node_id, exc))
+                        logger.debug("%s from %s failed: %s", path, peer.node_id, exc)
+        except TimeoutError as exc:
+            errors.append((current.node_id, exc))
+            raise AllSourcesFailedError(path, errors) from exc
+        raise AllSourcesFailedError(path, errors)
