@@ -19,7 +19,7 @@ from typing import Any, Self
 import aiohttp
 from yarl import URL
 
-from config import Inventory, signing_middleware
+from config import Inventory, Timeouts, signing_middleware
 from health.monitor_model import (
     ClusterStatus,
     MonitorError,
@@ -32,6 +32,7 @@ from health.monitor_rules import build_cluster_status
 
 __all__ = [
     "DEFAULT_NODE_URL",
+    "DEFAULT_TIMEOUT_S",
     "ClusterMonitor",
     "describe_fetch_error",
     "node_url",
@@ -41,6 +42,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_NODE_URL = "http://127.0.0.1:8770"
+DEFAULT_TIMEOUT_S = Timeouts().peer_status_s
 DEFAULT_PEER_VIEWS = 3
 DEFAULT_MAX_CONCURRENCY = 256
 
@@ -155,7 +157,7 @@ class ClusterMonitor:
         nodes: Sequence[str] = (),
         inventory: Inventory | None = None,
         secret: bytes | None = None,
-        timeout_s: float = 3.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         *,
         peer_views: int = DEFAULT_PEER_VIEWS,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,

@@ -14,6 +14,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from config import Timeouts
 from health.monitor_model import ClusterStatus, FailureEvent, GpuReading, NodeRow
 
 __all__ = [
@@ -30,6 +31,7 @@ AMBER = "dark_orange"
 RED = "bold red"
 GREEN = "green"
 DIM = "dim"
+PROBE_INTERVAL_S = Timeouts().probe_interval_s
 NARROW_WIDTH = 110
 """Below this many columns the address, role, term and version columns are left out."""
 
@@ -296,7 +298,7 @@ def _failures(status: ClusterStatus) -> Text:
 def render_dashboard(
     status: ClusterStatus,
     *,
-    probe_interval_s: float = 0.5,
+    probe_interval_s: float = PROBE_INTERVAL_S,
     width: int = 120,
     hint: str | None = None,
 ) -> RenderableType:
@@ -310,11 +312,13 @@ def render_dashboard(
     )
 
 
-def render_text(status: ClusterStatus, *, probe_interval_s: float = 0.5, width: int = 120) -> str:
+def render_text(
+    status: ClusterStatus, *, probe_interval_s: float = PROBE_INTERVAL_S, width: int = 120
+) -> str:
     """The dashboard as plain text (no colour, no cursor codes), for pipes and cron."""
     buffer = io.StringIO()
     console = Console(
         file=buffer, width=width, color_system=None, force_terminal=False, highlight=False
     )
     console.print(render_dashboard(status, probe_interval_s=probe_interval_s, width=width))
-    return buffer.getvalue()
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())

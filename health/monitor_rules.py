@@ -27,6 +27,8 @@ __all__ = [
 ]
 
 _SEVERITY = {"alive": 0, "suspect": 1, "dead": 2, "left": 3, UNKNOWN_STATE: -1}
+_ESCALATIONS = frozenset({"suspect", "died"})
+_OUTAGE_STEPS = frozenset({"unreachable", "suspect"})
 FAILURE_WINDOW_S = 300.0
 MAX_FAILURES = 10
 
@@ -87,8 +89,9 @@ def recent_failures(
     window_s: float = FAILURE_WINDOW_S,
     limit: int = MAX_FAILURES,
 ) -> tuple[FailureEvent, ...]:
-    """New failures since `previous` (died, suspect, unreachable, flapped), newest first, followed
-    by the previous ones still within `window_s`; at most `limit`."""
+    """New failures since `previous` (died, suspect, unreachable, flapped), newest first, then
+    the previous ones still within `window_s` (an outage's earlier steps replaced by its
+    latest); at most `limit`."""
     if previous is None:
         return ()
     before = {row.node_id: row for row in previous.nodes}
@@ -108,7 +111,15 @@ def recent_failures(
         ):
             detail = f"{old.state} -> alive, incarnation {old.incarnation} -> {row.incarnation}"
             fresh.append(FailureEvent(row.node_id, "flapped", now, detail))
-    kept = [event for event in previous.recent_failures if now - event.at <= window_s]
+    # One outage reads as one line: an escalation (unreachable -> suspect -> died) replaces
+    # the earlier steps of the same node.
+    escalated = {event.node_id for event in fresh if event.kind in _ESCALATIONS}
+    kept = [
+        event
+        for event in previous.recent_failures
+        if now - event.at <= window_s
+        and not (event.node_id in escalated and event.kind in _OUTAGE_STEPS)
+    ]
     return tuple((fresh + kept)[:limit])
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from health.cluster_monitor import DEFAULT_INTERVAL_S, MonitorOptions, run_monitor
+from health.monitor_run import DEFAULT_INTERVAL_S, MonitorOptions, run_monitor
 
 
 def monitor(

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from config import NodeSettings, load_settings
-from health.cluster_monitor import ClusterMonitor, ClusterStatus, MonitorError, main
+from health.cluster_monitor import main
+from health.monitor_client import ClusterMonitor
+from health.monitor_model import ClusterStatus, MonitorError
 from node.daemon import NodeDaemon
 
 FAST = {

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from health.cluster_monitor import ClusterMonitor, ClusterStatus
+from health.monitor_client import ClusterMonitor
+from health.monitor_model import ClusterStatus
 from tests.cluster.cluster import LoopbackCluster
 from tests.cluster.fixtures import LoopbackClusterFactory
 from tests.cluster.process import ClusterProcess

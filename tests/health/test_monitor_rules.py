@@ -232,3 +232,19 @@ def test_node_urls_are_normalized() -> None:
     for bad in ("ftp://x", "http://h/x", "", "http://:80"):
         with pytest.raises(MonitorError, match="not a node URL"):
             normalize_node_url(bad)
+
+
+def test_an_outage_reads_as_one_failure_line() -> None:
+    steps = [("alive", None), ("alive", "timeout after 3.0 s"), ("suspect", "timeout after 3.0 s"),
+             ("dead", "timeout after 3.0 s")]  # fmt: skip
+    status = None
+    for now, (state, error) in enumerate(steps):
+        status = cluster(
+            (report("a", 1), seen("a", 1)),
+            (report("b", 2, error=error), seen("b", 2, state)),
+            now=float(now),
+            previous=status,
+        )
+        assert status.recent_failures == () or len(status.recent_failures) == 1
+    assert status is not None
+    assert [(e.node_id, e.kind, e.at) for e in status.recent_failures] == [("b", "died", 3.0)]
