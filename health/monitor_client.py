@@ -13,13 +13,14 @@ import socket
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 from yarl import URL
 
-from config import Inventory, Timeouts, signing_middleware
+from config import Inventory, Timeouts, load_inventory, signing_middleware
 from health.monitor_model import (
     ClusterStatus,
     MonitorError,
@@ -148,14 +149,15 @@ class ClusterMonitor:
     """Reads /v1/peers and /v1/status of a cluster's nodes; owns one aiohttp session.
 
     With `nodes` (base URLs) the rest of the cluster is learned from their membership views; with
-    `inventory` every listed host is asked too; with neither, the local node at DEFAULT_NODE_URL.
-    Use `async with`; `close()` is idempotent and irreversible.
+    `inventory` (or its file; InventoryError when unreadable) every listed host is asked too; with
+    neither, the local node at DEFAULT_NODE_URL. Use `async with`; `close()` is idempotent and
+    irreversible.
     """
 
     def __init__(
         self,
         nodes: Sequence[str] = (),
-        inventory: Inventory | None = None,
+        inventory: Inventory | Path | str | None = None,
         secret: bytes | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         *,
@@ -166,6 +168,8 @@ class ClusterMonitor:
         if timeout_s <= 0:
             raise MonitorError(f"timeout_s must be positive, got {timeout_s}")
         seeds = [_target_of(url) for url in nodes]
+        if isinstance(inventory, Path | str):
+            inventory = load_inventory(inventory)
         if inventory is not None:
             seeds += [
                 _Target(node_url(host.address, host.p2p_port), host.address, host.p2p_port, name)

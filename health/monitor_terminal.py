@@ -60,7 +60,8 @@ def print_status(
 
 class QuitKeys:
     """Owns the terminal mode of `stream` while watching: cbreak on enter (so one key press is
-    read without Enter), restored on exit; sets `stop` when q is pressed. No-op off a TTY."""
+    read without Enter), restored on exit; sets `stop` when q is pressed. No-op off a TTY or
+    in a background job."""
 
     def __init__(self, stop: asyncio.Event, stream: TextIO) -> None:
         self._stop = stop
@@ -73,6 +74,8 @@ class QuitKeys:
         if not _is_tty(self._stream):
             return self
         fd = self._stream.fileno()
+        if os.tcgetpgrp(fd) != os.getpgrp():  # in the background: touching the mode stops us
+            return self
         self._saved = termios.tcgetattr(fd)
         tty.setcbreak(fd)
         self._fd = fd

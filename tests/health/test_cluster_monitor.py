@@ -143,6 +143,9 @@ async def test_inventory_mode_asks_every_host(tmp_path: Path) -> None:
         assert nodes["n9"]["error"] == "unreachable: connection refused"
         assert nodes["n9"]["state"] == "unknown"
         assert nodes["n0"]["error"] is None
+        async with ClusterMonitor(inventory=inventory, timeout_s=1.0) as monitor:
+            status = await monitor.get_cluster_status()
+        assert [row.node_id for row in status.nodes] == ["n0", "n1", "n9"]
 
 
 async def test_unreachable_and_silent_nodes_are_rows_and_do_not_stall(tmp_path: Path) -> None:
