@@ -115,6 +115,11 @@ def advertise_address(settings: NodeSettings) -> str:
     return candidates[0] if candidates else "127.0.0.1"
 
 
+DISCOVERY_REFEED_S = 3.0
+"""How often inventory hosts and seeds are offered to membership again (a seed that started
+after us is found within this time; each offer costs at most a few datagrams per host)."""
+
+
 def membership_check(membership: Membership) -> CheckFn:
     """Degraded while this node's own Lifeguard health score says it misses acks or stalls."""
 
@@ -304,6 +309,7 @@ class NodeDaemon:
                 seeds=settings.seeds,
                 timeouts=settings.timeouts,
                 interfaces=interfaces,
+                refeed_interval_s=DISCOVERY_REFEED_S,
             )
 
         try:
