@@ -42,20 +42,32 @@ def _is_tty(stream: TextIO) -> bool:
         return False
 
 
+def _drop_closed_stdout() -> None:
+    """The reader of stdout went away (`| head`): point stdout at /dev/null so that later
+    writes and the interpreter's final flush do not fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def print_status(
     status: ClusterStatus, out: TextIO, *, as_json: bool, probe_interval_s: float
 ) -> None:
     """One status on `out`: indented JSON, a coloured dashboard on a terminal, else plain text."""
-    if as_json:
-        out.write(json.dumps(status.to_dict(), indent=2) + "\n")
-    elif _is_tty(out):
-        console = Console(file=out, highlight=False)
-        console.print(
-            render_dashboard(status, probe_interval_s=probe_interval_s, width=console.width)
-        )
-    else:
-        out.write(render_text(status, probe_interval_s=probe_interval_s, width=plain_width()))
-    out.flush()
+    try:
+        if as_json:
+            out.write(json.dumps(status.to_dict(), indent=2) + "\n")
+        elif _is_tty(out):
+            console = Console(file=out, highlight=False)
+            console.print(
+                render_dashboard(status, probe_interval_s=probe_interval_s, width=console.width)
+            )
+        else:
+            out.write(render_text(status, probe_interval_s=probe_interval_s, width=plain_width()))
+        out.flush()
+    except BrokenPipeError:
+        _drop_closed_stdout()
 
 
 class QuitKeys:
@@ -217,9 +229,4 @@ async def _feed(
             async for status in statuses:
                 emit(status)
     except BrokenPipeError:
-        # The reader went away (`| head`): nothing more to show; stdout is pointed at
-        # /dev/null so the interpreter's final flush does not complain.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _drop_closed_stdout()
