@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from health.monitor_run import DEFAULT_INTERVAL_S, MonitorOptions, run_monitor
+from health.monitor_run import MonitorOptions, run_monitor
 
 
 def monitor(
@@ -31,7 +31,7 @@ def monitor(
     interval: Annotated[
         float,
         typer.Option("--interval", metavar="S", help="Seconds between refreshes with --watch."),
-    ] = DEFAULT_INTERVAL_S,
+    ] = MonitorOptions.interval_s,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print JSON (one document per line with --watch).")
     ] = False,
