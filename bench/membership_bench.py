@@ -9,7 +9,8 @@ max <= 5 s. Runs on a fast-forwarded event loop (virtual time: timers fire in or
 waiting, so results do not depend on this machine's load); `--real` runs in real time instead,
 and `steady_cpu_per_sim_s` (CPU seconds per simulated second once settled) says whether one
 real event loop keeps up (below 1.0).
-Usage: python bench/membership_bench.py [--sizes 1000,100] [--trials 12] [--real]
+With --netns (root) it also runs part (a) and (c) with real daemons: bench/membership_netns.py.
+Usage: python bench/membership_bench.py [--sizes 1000,100] [--trials 12] [--real] [--netns]
 """
 
 from __future__ import annotations
@@ -251,6 +252,12 @@ def run() -> None:
     parser.add_argument("--warm-s", type=float, default=10.0)
     parser.add_argument("--join", type=int, default=100, help="also grow a cluster by joins")
     parser.add_argument("--real", action="store_true", help="real time instead of virtual")
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="also run 8 real daemons in network namespaces (root): kill-to-dead over 10 kills, "
+        "idle RSS and CPU (bench/membership_netns.py)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.real:
@@ -261,6 +268,10 @@ def run() -> None:
             result = loop.run_until_complete(main(args))
         finally:
             loop.close()
+    if args.netns:
+        from bench import membership_netns
+
+        result = {"simulation": result, "netns": membership_netns.run()}
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

@@ -28,6 +28,17 @@ from health.checks import (
 from health.errors import CircuitOpenError, HealthConfigError, HealthError
 from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
 from health.metrics import NodeMetrics, package_version
+from health.monitor_client import ClusterMonitor
+from health.monitor_model import (
+    ClusterStatus,
+    ClusterSummary,
+    FailureEvent,
+    GpuReading,
+    MonitorError,
+    NodeRow,
+)
+from health.monitor_render import render_dashboard, render_text
+from health.monitor_run import MonitorOptions, run_monitor
 from health.registry import (
     BreakerRegistry,
     TransitionListener,
@@ -59,15 +70,23 @@ __all__ = [
     "CircuitOpenError",
     "CircuitState",
     "Clock",
+    "ClusterMonitor",
+    "ClusterStatus",
+    "ClusterSummary",
     "ComponentHealth",
+    "FailureEvent",
     "GpuInfo",
     "GpuReader",
+    "GpuReading",
     "HealthChecker",
     "HealthConfigError",
     "HealthError",
     "HealthStatus",
     "HealthSummary",
+    "MonitorError",
+    "MonitorOptions",
     "NodeMetrics",
+    "NodeRow",
     "StateListener",
     "SummaryListener",
     "TransitionListener",
@@ -87,7 +106,10 @@ __all__ = [
     "package_version",
     "read_gpus",
     "read_rss_bytes",
+    "render_dashboard",
+    "render_text",
     "reset_all_breakers",
+    "run_monitor",
     "summarize",
     "wal_backlog_check",
     "wal_check",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from health.monitor_run import MonitorOptions, run_monitor
+from health import MonitorOptions, run_monitor
 
 
 def monitor(
