@@ -37,8 +37,10 @@ class FileCatalog:
     """Owns the manifest cache of every file category (async context manager; close() is
     idempotent). Cache files live in `cache_dir`, never inside a category directory.
 
-    A first manifest page is cut from a listing at most `listing_fresh_s` old; later pages of
-    the same walk come from the listing the first one used while it is under `cursor_ttl_s`.
+    A first manifest page is cut from a listing at most `listing_fresh_s` old, or
+    `scan_interval_factor` times as old as that listing took to make (so serving manifests to
+    many peers spends at most about 1/factor of the time scanning); later pages of the same
+    walk come from the listing the first one used while it is under `cursor_ttl_s`.
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class FileCatalog:
         mounts: Sequence[MountInfo] | None = None,
         hasher: Hasher = digest_of_fd,
         listing_fresh_s: float = 1.0,
+        scan_interval_factor: float = 10.0,
         cursor_ttl_s: float = 300.0,
     ) -> None:
         self.piece_size = check_piece_size(piece_size)
@@ -57,6 +60,7 @@ class FileCatalog:
         self._roots = {category: Path(root) for category, root in roots.items()}
         self._mounts = mounts
         self._listing_fresh_s = listing_fresh_s
+        self._scan_interval_factor = scan_interval_factor
         self._cursor_ttl_s = cursor_ttl_s
         self._caches = {
             category: ManifestCache(
@@ -158,4 +162,7 @@ class FileCatalog:
             and time.monotonic() - previous.taken_at < self._cursor_ttl_s
         ):
             return previous
-        return await cache.listing(self._listing_fresh_s)
+        max_age_s = self._listing_fresh_s
+        if previous is not None:
+            max_age_s = max(max_age_s, previous.scan_s * self._scan_interval_factor)
+        return await cache.listing(max_age_s)

@@ -17,6 +17,7 @@ import aiohttp
 from sync.files_errors import (
     ContentMismatchError,
     FileChangedError,
+    FileSyncError,
     FileTransferError,
     PathRefusedError,
 )
@@ -99,9 +100,14 @@ class PieceSink:
         total = sum(len(chunk) for chunk in chunks)
         if self._offset + total > self._end:
             raise FileTransferError(f"{self._entry.path}: peer sent more bytes than asked for")
-        written = os.pwritev(self._fd, chunks, self._offset)
-        if written != total:
-            os.pwrite(self._fd, b"".join(chunks)[written:], self._offset + written)
+        try:
+            written = os.pwritev(self._fd, chunks, self._offset)
+            if written != total:
+                os.pwrite(self._fd, b"".join(chunks)[written:], self._offset + written)
+        except OSError as exc:
+            raise FileSyncError(
+                f"{self._entry.path}: cannot write the partial file: {exc}"
+            ) from exc
         self._offset += total
         for chunk in chunks:
             self._feed(memoryview(chunk))
@@ -214,13 +220,13 @@ async def download_run(
     loop = asyncio.get_running_loop()
     job: asyncio.Future[None] | None = None
     received = 0
+    batch: list[bytes] = []
     try:
         async with (
             asyncio.timeout(timeout_s),
             session.get(file_url, params=params, headers=headers) as response,
         ):
             _check_answer(response, entry, run, peer)
-            batch: list[bytes] = []
             batch_bytes = 0
             async for chunk in response.content.iter_any():
                 if limiter is not None:
@@ -238,8 +244,13 @@ async def download_run(
             job = None
             if batch:
                 await asyncio.to_thread(sink.write, batch)
+                batch = []
             await asyncio.to_thread(sink.finish)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        await settle(job)
+        job = None
+        if batch:  # keep what arrived: its complete pieces are verified now, not fetched again
+            await asyncio.to_thread(sink.write, batch)
         raise FileTransferError(
             f"{peer}: {entry.path}: {type(exc).__name__}: {exc} after {received} bytes"
         ) from exc

@@ -129,6 +129,14 @@ class HttpTransport:
         self, peer: PeerRef, category: str, entry: ManifestEntry, dest_root: Path
     ) -> TransferResult:
         """Install `entry` from `peer` at `dest_root`/`entry.path` (see Transport)."""
+        try:
+            return await self._fetch(peer, category, entry, dest_root)
+        except OSError as exc:
+            raise FileSyncError(f"{category}/{entry.path}: local file error: {exc}") from exc
+
+    async def _fetch(
+        self, peer: PeerRef, category: str, entry: ManifestEntry, dest_root: Path
+    ) -> TransferResult:
         session = self._open_session()
         started = time.monotonic()
         final = dest_path(dest_root, entry.path)

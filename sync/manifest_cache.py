@@ -59,6 +59,7 @@ class Listing:
     paths: tuple[str, ...]
     etag: str
     taken_at: float
+    scan_s: float = 0.0
 
     def page(self, after: str | None, limit: int) -> tuple[int, int, str | None]:
         """(start, end, next cursor) of the page after path `after` of at most `limit`."""
@@ -120,7 +121,7 @@ def _compare(
     return unchanged, changed, removed
 
 
-def _build_listing(cached: list[CachedFile]) -> Listing:
+def _build_listing(cached: list[CachedFile], started: float) -> Listing:
     cached.sort(key=lambda item: item.entry.path)
     texts = tuple(item.text for item in cached)
     etag = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:32]
@@ -130,6 +131,7 @@ def _build_listing(cached: list[CachedFile]) -> Listing:
         tuple(item.entry.path for item in cached),
         etag,
         time.monotonic(),
+        time.monotonic() - started,
     )
 
 
@@ -273,6 +275,7 @@ class ManifestCache:
                 current.taken_at >= requested_at or requested_at - current.taken_at < max_age_s
             ):
                 return current
+            started = time.monotonic()
             unchanged, changed, removed = await asyncio.to_thread(_compare, self.root, self._files)
             fresh = await self._hash_paths(changed)
             for path in removed:
@@ -282,7 +285,7 @@ class ManifestCache:
             for item in fresh:
                 self._files[item.entry.path] = item
             unchanged.extend(fresh)
-            listing = await asyncio.to_thread(_build_listing, unchanged)
+            listing = await asyncio.to_thread(_build_listing, unchanged, started)
             if fresh or removed:
                 await self._run_db(self._write, fresh, removed)
             self._listing = listing

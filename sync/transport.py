@@ -197,6 +197,7 @@ def fsync_directory(directory: Path) -> None:
 def make_directories(root: Path, directory: Path) -> None:
     """Create `directory` (inside `root`) and its missing parents, each made durable by an
     fsync of its parent. Blocking."""
+    root.mkdir(parents=True, exist_ok=True)
     missing: list[Path] = []
     current = directory
     while current != root and not current.is_dir():
