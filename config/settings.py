@@ -48,6 +48,10 @@ class NodeSettings(BaseModel):
     storage_paths: dict[Category, Path] = Field(
         default_factory=dict, description="Per-category directories (default data_dir/<category>)."
     )
+    record_stores: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Extra record stores: name -> {key, time_column, fields: {name: kind}}.",
+    )
     seeds: tuple[str, ...] = Field((), description="HOST:PORT of peers to join through.")
     voters: tuple[NodeId, ...] | None = Field(None, description="Voter ids when no inventory.")
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")

@@ -52,7 +52,14 @@ from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.systemd import SystemdNotifier
-from sync import RecordStores, record_route_docs, record_routes
+from sync import (
+    RecordSchema,
+    RecordSchemaError,
+    RecordStores,
+    record_route_docs,
+    record_routes,
+    schema_from_mapping,
+)
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -92,6 +99,17 @@ def load_secrets(settings: NodeSettings) -> Secrets:
             settings.bind,
         )
     return Secrets(cluster, token)
+
+
+def extra_record_schemas(settings: NodeSettings) -> list[RecordSchema]:
+    """The record stores the config declares beside games and rollouts."""
+    schemas = []
+    for name, declaration in sorted(settings.record_stores.items()):
+        try:
+            schemas.append(schema_from_mapping(name, declaration))
+        except RecordSchemaError as exc:
+            raise ConfigError(f"record_stores.{name}: {exc}") from exc
+    return schemas
 
 
 def resolve_node_id(settings: NodeSettings, inventory: Inventory | None) -> str:
@@ -233,7 +251,9 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
         )
-        stores = RecordStores.for_settings(runtime.settings)
+        stores = RecordStores.for_settings(
+            runtime.settings, extra_schemas=extra_record_schemas(runtime.settings)
+        )
         await self._stack.enter_async_context(stores)
         app = build_app(
             runtime,

@@ -186,3 +186,30 @@ async def test_daemon_ingests_records_durably_and_documents_the_routes(tmp_path:
         url = f"http://127.0.0.1:{daemon.port}/v1/records/games/status"
         async with session.get(url) as response:
             assert (await response.json())["count"] == 1
+
+
+async def test_extra_record_store_from_config(tmp_path: Path) -> None:
+    stores = {
+        "evals": {
+            "key": "eval_id",
+            "time_column": "created_at",
+            "fields": {"eval_id": "text", "created_at": "real", "score": "real"},
+        }
+    }
+    settings = _settings(tmp_path, "ev", record_stores=stores)
+    async with _daemon(settings) as daemon, ClientSession() as session:
+        url = f"http://127.0.0.1:{daemon.port}/v1/records/evals"
+        record = {"eval_id": "e1", "created_at": 2.0, "score": 0.5}
+        async with session.post(url, json=[record]) as response:
+            assert await response.json() == {"accepted": 1, "duplicates": 0}
+        async with session.post(url, json=[{"eval_id": "e2", "created_at": 2.0}]) as response:
+            assert response.status == 400
+            assert "records[0].score" in (await response.json())["reason"]
+
+
+async def test_bad_extra_record_store_is_a_config_error(tmp_path: Path) -> None:
+    from config import ConfigError
+
+    settings = _settings(tmp_path, "bad", record_stores={"x": {"key": "id"}})
+    with pytest.raises(ConfigError, match="record_stores.x"):
+        await NodeDaemon(settings).start()
