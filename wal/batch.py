@@ -100,17 +100,25 @@ def apply_batch(
         counters = read_counters(conn)
         before = dict(counters)
         results: list[Result] = [None] * len(requests)
-        _apply_appends(conn, requests, counters, results)
+        appends: list[tuple[int, AppendRequest]] = []
+        others: list[tuple[int, Request]] = []
         for index, request in enumerate(requests):
-            if isinstance(request, TransitionRequest):
-                results[index] = _transition(conn, request, counters, max_retries, now)
-            elif isinstance(request, StateSetRequest):
+            if isinstance(request, AppendRequest):
+                appends.append((index, request))
+            else:
+                others.append((index, request))
+        if appends:
+            _apply_appends(conn, appends, counters, results)
+        for index, other in others:
+            if isinstance(other, TransitionRequest):
+                results[index] = _transition(conn, other, counters, max_retries, now)
+            elif isinstance(other, StateSetRequest):
                 conn.execute(
                     "INSERT OR REPLACE INTO node_state (key, value, updated_at) VALUES (?, ?, ?)",
-                    (request.key, request.value_json, now),
+                    (other.key, other.value_json, now),
                 )
-            elif isinstance(request, CleanupRequest):
-                results[index] = _cleanup(conn, request, counters)
+            elif isinstance(other, CleanupRequest):
+                results[index] = _cleanup(conn, other, counters)
         changed = [(value, name) for name, value in counters.items() if before[name] != value]
         conn.executemany("UPDATE counters SET value = ? WHERE name = ?", changed)
         conn.execute("COMMIT")
@@ -124,13 +132,10 @@ def apply_batch(
 
 def _apply_appends(
     conn: sqlite3.Connection,
-    requests: Sequence[Request],
+    appends: list[tuple[int, AppendRequest]],
     counters: dict[str, int],
     results: list[Result],
 ) -> None:
-    appends = [(i, r) for i, r in enumerate(requests) if isinstance(r, AppendRequest)]
-    if not appends:
-        return
     keys = list({r.key for _, r in appends if r.key is not None})
     existing: dict[str, int] = {}
     for start in range(0, len(keys), _KEY_LOOKUP_CHUNK):
