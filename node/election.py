@@ -53,6 +53,7 @@ VOTE_KEY = "election.vote"
 """DurableState key of {"term": int, "voted_for": str | null}, written as one value."""
 PLAN_KEY = "election.plan"
 """DurableState key of the newest plan this node adopted (RolePlan.to_dict), or null."""
+_WARN_AFTER_FAILURES = 3
 
 Listener = Callable[[ElectionEvent], None]
 CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
@@ -106,7 +107,7 @@ class Elector:
         self._loop_task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[None]] = set()
         self._heartbeats_in_flight: set[str] = set()
-        self._failing: set[str] = set()
+        self._failing: dict[str, int] = {}
         self._persist_lock = asyncio.Lock()
         self._stored = DurableRecord()
         self._stored_plan: RolePlan | None = None
@@ -383,7 +384,7 @@ class Elector:
             return
         if self._phase is not _Phase.RUNNING:
             return
-        self._failing.discard(item.to)
+        self._peer_answered(item.to)
         state = self._running_state()
         new, outbound = core.on_message(state, reply, self._clock(), self._rng)
         self._commit(state, new)
@@ -391,16 +392,27 @@ class Elector:
         self._send_all(outbound)
 
     def _peer_failed(self, peer: str, why: str) -> None:
-        level = logging.DEBUG if peer in self._failing else logging.WARNING
-        self._failing.add(peer)
+        """A peer's third failure in a row logs at WARNING (once), the others at DEBUG."""
+        failures = self._failing.get(peer, 0) + 1
+        self._failing[peer] = failures
         log.log(
-            level,
-            "node %s term %s: no election answer from %s: %s",
+            logging.WARNING if failures == _WARN_AFTER_FAILURES else logging.DEBUG,
+            "node %s term %s: no election answer from %s (%d in a row): %s",
             self.config.node_id,
             self._state.term if self._state else "-",
             peer,
+            failures,
             why,
         )
+
+    def _peer_answered(self, peer: str) -> None:
+        if self._failing.pop(peer, 0) >= _WARN_AFTER_FAILURES:
+            log.info(
+                "node %s term %s: %s answers election messages again",
+                self.config.node_id,
+                self._state.term if self._state else "-",
+                peer,
+            )
 
 
 def _fence(plan: RolePlan | None) -> object:
