@@ -290,19 +290,25 @@ class Elector:
             )
 
     async def _run(self) -> None:
+        failures = 0
         while True:
             self._wake.clear()
             try:
                 await self._tick()
-            except (ElectionError, OSError) as exc:
-                log.warning(
-                    "node %s term %s: election step failed: %s",
+                failures = 0
+            except Exception as exc:  # recorded and retried; the loop must keep running
+                failures += 1
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "node %s term %s: election step failed (%d in a row): %r",
                     self.config.node_id,
-                    self.state.term,
+                    self._state.term if self._state else "-",
+                    failures,
                     exc,
                 )
-            except Exception:
-                log.exception("node %s: election step failed", self.config.node_id)
+            if failures:  # back off, even when woken, so a failing store is not hammered
+                await asyncio.sleep(min(0.05 * failures, self.config.heartbeat_interval_s))
+                continue
             delay = self._next_wakeup() - self._clock()
             if delay > 0 and not self._wake.is_set():
                 try:

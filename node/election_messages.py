@@ -79,7 +79,7 @@ class VoteReply:
         return cls(
             _int(data, "term"),
             _text(data, "voter"),
-            _bool(data, "granted"),
+            _bool(data, "granted", required=True),
             _bool(data, "pre_vote"),
             reason if isinstance(reason, str) else "",
         )
@@ -152,7 +152,7 @@ class HeartbeatAck:
             _int(data, "term"),
             _text(data, "node"),
             _int(data, "seq"),
-            _bool(data, "success"),
+            _bool(data, "success", required=True),
             fence,
         )
 
@@ -247,8 +247,8 @@ def _text(data: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def _bool(data: Mapping[str, Any], key: str) -> bool:
-    value = data.get(key, False)
+def _bool(data: Mapping[str, Any], key: str, required: bool = False) -> bool:
+    value = data.get(key) if required else data.get(key, False)
     if not isinstance(value, bool):
         raise ElectionError(f"election message field {key!r} must be true or false")
     return value

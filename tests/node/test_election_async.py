@@ -405,3 +405,30 @@ async def test_wal_durable_state_adapter() -> None:
     await durable.set(VOTE_KEY, {"term": 2, "voted_for": "a"})
     assert wal.values == {VOTE_KEY: {"term": 2, "voted_for": "a"}}
     assert await durable.get(VOTE_KEY) == {"term": 2, "voted_for": "a"}
+
+
+class FlakyDurable(InMemoryDurableState):
+    """Fails its first `failures` writes, like a WAL that is briefly unavailable."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def set(self, key: str, value: Any) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError("database is locked")
+        await super().set(key, value)
+
+
+async def test_election_survives_a_failing_store_and_a_failing_listener(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(("a", "b", "c"))
+    for node in "abc":
+        cluster.durables[node] = FlakyDurable(failures=4)
+    for node in "abc":
+        elector = await cluster.start(node)
+        elector.add_listener(lambda event: 1 / 0)
+    await eventually(cluster.settled)
+    assert all(len(names) == 1 for names in cluster.coordinators_by_term().values())
