@@ -6,9 +6,12 @@ Everything here is a frozen dataclass, an enum or a Protocol; nothing owns a res
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
+
+from wal.errors import WalError
 
 GAME_RECORDED: Final = "game_recorded"
 MODEL_TRAINED: Final = "model_trained"
@@ -154,3 +157,50 @@ class WalObserver(Protocol):
 
     def on_pending(self, count: int) -> None:
         """Number of pending entries, after each batch the writer committed."""
+
+
+def check_name(what: str, value: str, max_chars: int) -> None:
+    """Raise WalError unless `value` is a non-empty str of at most `max_chars` characters."""
+    if not isinstance(value, str) or not value or len(value) > max_chars:
+        raise WalError(f"{what} must be a non-empty string of at most {max_chars} characters")
+
+
+def as_payload(payload: object) -> dict[str, Any]:
+    """A dict copy of a mapping payload; WalError for anything else."""
+    if not isinstance(payload, Mapping):
+        raise WalError(f"payload must be a mapping, not {type(payload).__name__}")
+    return dict(payload)
+
+
+def encode_json(value: object, what: str) -> str:
+    """Compact, strict JSON of `value` (no NaN); WalError naming `what` when it is not JSON."""
+    try:
+        return _encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise WalError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _json_encoder() -> Callable[[object], str]:
+    """json's C encoder built once: json.dumps builds one per call, half its cost on the append
+    path. Falls back to a JSONEncoder with the same output where the C module is missing."""
+    fallback = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+    try:
+        import _json
+
+        encoder = _json.make_encoder(
+            None, _refuse, _json.encode_basestring_ascii, None, ":", ",", False, False, False
+        )
+    except (ImportError, TypeError):
+        return fallback
+
+    def encode(value: object) -> str:
+        return "".join(encoder(value, 0))
+
+    return encode
+
+
+_encode = _json_encoder()

@@ -32,19 +32,20 @@ from wal.entry import (
     WalEntry,
     WalObserver,
     WalStats,
+    as_payload,
+    check_name,
+    encode_json,
 )
 from wal.errors import WalError, WalFullError, translate
 from wal.recovery import RecoveryOps, describe_pending, run_recovery
 from wal.schema import (
     claim,
     open_read_connection,
-    read_counters,
     read_entry,
-    read_oldest_pending_created_at,
     read_pending,
     read_state,
+    read_stats,
     release,
-    sidecar,
 )
 from wal.writer import BatchWriter
 
@@ -52,7 +53,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CLEANUP_CHUNK = 10_000
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 class _Lifecycle(enum.Enum):
@@ -187,12 +187,12 @@ class WriteAheadLog:
         if self._state is not _Lifecycle.OPEN or writer is None:
             writer = self._open_writer()
         if entry_type.__class__ is not str or not 0 < len(entry_type) <= MAX_ENTRY_TYPE_CHARS:
-            _check_name("entry_type", entry_type, MAX_ENTRY_TYPE_CHARS)
+            check_name("entry_type", entry_type, MAX_ENTRY_TYPE_CHARS)
         if key is not None:
-            _check_name("key", key, MAX_KEY_CHARS)
+            check_name("key", key, MAX_KEY_CHARS)
         if payload.__class__ is not dict:
-            payload = _as_dict(payload)
-        payload_json = _to_json(payload, "payload")
+            payload = as_payload(payload)
+        payload_json = encode_json(payload, "payload")
         if len(payload_json) > self._config.max_payload_bytes:
             raise WalError(
                 f"payload of {entry_type!r} is {len(payload_json)} bytes, over the "
@@ -261,7 +261,7 @@ class WriteAheadLog:
         """Counts, lifetime totals and file sizes; see WalStats."""
         writer = self._open_writer()
         return await self._read(
-            _read_stats, "reading stats", self._conn(), self._path, writer.queue_depth
+            read_stats, "reading stats", self._conn(), self._path, writer.queue_depth
         )
 
     async def recover(self, handlers: Mapping[str, RecoveryHandler]) -> RecoveryResult:
@@ -284,8 +284,8 @@ class WriteAheadLog:
     async def state_set(self, key: str, value: Any) -> None:
         """Store a JSON-serialisable value under `key`; durable when this returns."""
         writer = self._open_writer()
-        _check_name("state key", key, MAX_KEY_CHARS)
-        await writer.submit(StateSetRequest(key, _to_json(value, f"state {key!r}")))
+        check_name("state key", key, MAX_KEY_CHARS)
+        await writer.submit(StateSetRequest(key, encode_json(value, f"state {key!r}")))
 
     async def _finish(
         self, entry_id: int, target: EntryState, error: str | None, verb: str
@@ -338,57 +338,3 @@ class WriteAheadLog:
             raise translate(exc, self._path, doing) from exc
         except ValueError as exc:
             raise WalError(f"{self._path}: {doing} found invalid stored JSON: {exc}") from exc
-
-
-def _read_stats(conn: sqlite3.Connection, path: Path, queue_depth: int) -> WalStats:
-    """Runs on the reader thread: one read transaction for counters and the oldest entry."""
-    conn.execute("BEGIN")
-    try:
-        totals = read_counters(conn)
-        oldest = read_oldest_pending_created_at(conn)
-    finally:
-        conn.execute("COMMIT")
-    finished = totals["committed_total"] + totals["rolled_back_total"] + totals["failed_total"]
-    removed = {s: totals[f"removed_{s}"] for s in ("committed", "rolled_back", "failed")}
-    return WalStats(
-        pending=totals["appended_total"] - finished,
-        committed=totals["committed_total"] - removed["committed"],
-        rolled_back=totals["rolled_back_total"] - removed["rolled_back"],
-        failed=totals["failed_total"] - removed["failed"],
-        oldest_pending_age_s=None if oldest is None else max(0.0, time.time() - oldest),
-        appended_total=totals["appended_total"],
-        committed_total=totals["committed_total"],
-        rolled_back_total=totals["rolled_back_total"],
-        failed_total=totals["failed_total"],
-        retries_total=totals["retries_total"],
-        removed_total=sum(removed.values()),
-        last_id=totals["last_id"],
-        queue_depth=queue_depth,
-        db_size_bytes=_file_size(path),
-        wal_file_bytes=_file_size(sidecar(path, "-wal")),
-    )
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _check_name(what: str, value: str, max_chars: int) -> None:
-    if not isinstance(value, str) or not value or len(value) > max_chars:
-        raise WalError(f"{what} must be a non-empty string of at most {max_chars} characters")
-
-
-def _as_dict(payload: object) -> dict[str, Any]:
-    if not isinstance(payload, Mapping):
-        raise WalError(f"payload must be a mapping, not {type(payload).__name__}")
-    return dict(payload)
-
-
-def _to_json(value: object, what: str) -> str:
-    try:
-        return _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise WalError(f"{what} is not JSON-serialisable: {exc}") from exc

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wal.entry import EntryState, WalConfig, WalEntry
+from wal.entry import EntryState, WalConfig, WalEntry, WalStats
 from wal.errors import WalCorruptError, WalError, translate
 
 APPLICATION_ID = 0x5348574C  # "SHWL": marks a file as a shoal write-ahead log
@@ -289,3 +289,39 @@ def read_state(conn: sqlite3.Connection, key: str) -> str | None:
     """The JSON text stored under `key` in the node's durable state, or None."""
     row = conn.execute("SELECT value FROM node_state WHERE key = ?", (key,)).fetchone()
     return None if row is None else str(row[0])
+
+
+def read_stats(conn: sqlite3.Connection, path: Path, queue_depth: int) -> WalStats:
+    """Counts, totals and file sizes, from one read transaction of counters and oldest entry."""
+    conn.execute("BEGIN")
+    try:
+        totals = read_counters(conn)
+        oldest = read_oldest_pending_created_at(conn)
+    finally:
+        conn.execute("COMMIT")
+    finished = totals["committed_total"] + totals["rolled_back_total"] + totals["failed_total"]
+    removed = {s: totals[f"removed_{s}"] for s in ("committed", "rolled_back", "failed")}
+    return WalStats(
+        pending=totals["appended_total"] - finished,
+        committed=totals["committed_total"] - removed["committed"],
+        rolled_back=totals["rolled_back_total"] - removed["rolled_back"],
+        failed=totals["failed_total"] - removed["failed"],
+        oldest_pending_age_s=None if oldest is None else max(0.0, time.time() - oldest),
+        appended_total=totals["appended_total"],
+        committed_total=totals["committed_total"],
+        rolled_back_total=totals["rolled_back_total"],
+        failed_total=totals["failed_total"],
+        retries_total=totals["retries_total"],
+        removed_total=sum(removed.values()),
+        last_id=totals["last_id"],
+        queue_depth=queue_depth,
+        db_size_bytes=_file_size(path),
+        wal_file_bytes=_file_size(sidecar(path, "-wal")),
+    )
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
