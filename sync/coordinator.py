@@ -94,6 +94,7 @@ class SyncCoordinator:
         self._warned: set[str] = set()
         self._recovery = FileRecovery(self)
         self.last_stats: dict[str, SyncStats] = {}
+        self._settled: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
         self._closed = False
 
     @property
@@ -168,6 +169,7 @@ class SyncCoordinator:
             raise
         local = await local_task
         remotes: list[tuple[PeerRef, tuple[ManifestEntry, ...]]] = []
+        etags: list[tuple[str, str]] = []
         for peer, remote in zip(peers, remote_results, strict=True):
             if isinstance(remote, asyncio.CancelledError):
                 raise remote
@@ -185,7 +187,14 @@ class SyncCoordinator:
                 logger.debug("%s shares %s with this node; nothing to copy", peer.node_id, category)
                 continue
             remotes.append((peer, remote.entries))
-        plan = plan_pulls(dict(zip(local.paths, local.entries, strict=True)), remotes)
+            etags.append((peer.node_id, remote.etag))
+        settled = (local.etag, tuple(etags))
+        if self._settled.get(category) == settled and all(etag for _, etag in etags):
+            plan = []  # neither side changed since a sync that found nothing to pull
+        else:
+            plan = plan_pulls(dict(zip(local.paths, local.entries, strict=True)), remotes)
+        if not plan:
+            self._settled[category] = settled
         outcomes = await asyncio.gather(
             *(self._pull_item(category, item.entry, item.sources) for item in plan),
             return_exceptions=True,

@@ -10,7 +10,6 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
@@ -22,6 +21,7 @@ from sync.files_errors import (
     PathRefusedError,
 )
 from sync.manifest import ManifestEntry
+from sync.transport import await_jobs, settle_all
 
 BATCH_BYTES = 4 << 20
 HASH_HEADER = "X-Shoal-Content-Hash"
@@ -82,7 +82,8 @@ def plan_runs(verified: list[bool], streams: int) -> list[PieceRun]:
 
 class PieceSink:
     """Writes a run's bytes at their offsets in the partial file and checks each piece as it
-    completes. `write` and `finish` block; they run in a worker thread, one call at a time."""
+    completes. `store` and `check` block; a batch is stored and checked in two worker threads
+    at once, and at most one `check` runs at a time (the hash state is sequential)."""
 
     def __init__(self, fd: int, entry: ManifestEntry, run: PieceRun, peer: str) -> None:
         self._fd = fd
@@ -96,19 +97,25 @@ class PieceSink:
         self._in_piece = 0
         self.verified = 0
 
-    def write(self, chunks: list[bytes]) -> None:
-        total = sum(len(chunk) for chunk in chunks)
+    def reserve(self, total: int) -> int:
+        """The file offset of the next `total` bytes (on the event loop, before storing)."""
         if self._offset + total > self._end:
             raise FileTransferError(f"{self._entry.path}: peer sent more bytes than asked for")
-        try:
-            written = os.pwritev(self._fd, chunks, self._offset)
-            if written != total:
-                os.pwrite(self._fd, b"".join(chunks)[written:], self._offset + written)
-        except OSError as exc:
-            raise FileSyncError(
-                f"{self._entry.path}: cannot write the partial file: {exc}"
-            ) from exc
+        offset = self._offset
         self._offset += total
+        return offset
+
+    def store(self, chunks: list[bytes], offset: int) -> None:
+        total = sum(len(chunk) for chunk in chunks)
+        try:
+            written = os.pwritev(self._fd, chunks, offset)
+            if written != total:
+                os.pwrite(self._fd, b"".join(chunks)[written:], offset + written)
+        except OSError as exc:
+            message = f"{self._entry.path}: cannot write the partial file: {exc}"
+            raise FileSyncError(message) from exc
+
+    def check(self, chunks: list[bytes]) -> None:
         for chunk in chunks:
             self._feed(memoryview(chunk))
 
@@ -147,21 +154,12 @@ class PieceSink:
             )
 
 
-async def settle(job: asyncio.Future[Any] | None) -> None:
-    """Wait until a worker-thread job has finished, even through cancellation (it writes to a
-    descriptor the caller is about to close); cancellation is re-raised afterwards."""
-    if job is None:
-        return
-    cancelled = False
-    while not job.done():
-        try:
-            await asyncio.wait([job])
-        except asyncio.CancelledError:
-            cancelled = True
-    if not job.cancelled():
-        job.exception()
-    if cancelled:
-        raise asyncio.CancelledError
+def _submit(sink: PieceSink, batch: list[bytes], offset: int) -> list[asyncio.Future[None]]:
+    loop = asyncio.get_running_loop()
+    return [
+        loop.run_in_executor(None, sink.store, batch, offset),
+        loop.run_in_executor(None, sink.check, batch),
+    ]
 
 
 def _refusal(response: aiohttp.ClientResponse, entry: ManifestEntry, peer: str) -> Exception:
@@ -217,8 +215,7 @@ async def download_run(
         headers["Range"] = f"bytes={start}-{end - 1}"
     params = {"path": entry.path, "hash": entry.hash}
     sink = PieceSink(fd, entry, run, peer)
-    loop = asyncio.get_running_loop()
-    job: asyncio.Future[None] | None = None
+    jobs: list[asyncio.Future[None]] = []
     received = 0
     batch: list[bytes] = []
     try:
@@ -235,25 +232,24 @@ async def download_run(
                 batch_bytes += len(chunk)
                 received += len(chunk)
                 if batch_bytes >= BATCH_BYTES:
-                    if job is not None:
-                        await job
-                    job = loop.run_in_executor(None, sink.write, batch)
+                    await await_jobs(jobs)
+                    jobs = _submit(sink, batch, sink.reserve(batch_bytes))
                     batch, batch_bytes = [], 0
-            if job is not None:
-                await job
-            job = None
+            await await_jobs(jobs)
+            jobs = []
             if batch:
-                await asyncio.to_thread(sink.write, batch)
+                await await_jobs(_submit(sink, batch, sink.reserve(batch_bytes)))
                 batch = []
-            await asyncio.to_thread(sink.finish)
+            sink.finish()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        await settle(job)
-        job = None
+        await await_jobs(jobs)
+        jobs = []
         if batch:  # keep what arrived: its complete pieces are verified now, not fetched again
-            await asyncio.to_thread(sink.write, batch)
+            total = sum(len(chunk) for chunk in batch)
+            await await_jobs(_submit(sink, batch, sink.reserve(total)))
         raise FileTransferError(
             f"{peer}: {entry.path}: {type(exc).__name__}: {exc} after {received} bytes"
         ) from exc
     finally:
-        await settle(job)
+        await settle_all(jobs)
     return received

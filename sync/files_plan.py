@@ -71,26 +71,24 @@ def plan_pulls(
 ) -> list[PullItem]:
     """The files to pull, by path: each path's newest version among the peers, when this node
     lacks the path or holds an older version. Nothing is ever deleted."""
-    versions: dict[str, dict[str, tuple[ManifestEntry, list[PeerRef]]]] = {}
+    candidates: dict[str, list[tuple[ManifestEntry, PeerRef]]] = {}
+    get = local.get
     for peer, entries in remotes:
         for entry in entries:
-            by_hash = versions.setdefault(entry.path, {})
-            known = by_hash.get(entry.hash)
-            if known is None:
-                by_hash[entry.hash] = (entry, [peer])
-            else:
-                if entry.mtime_ns > known[0].mtime_ns:
-                    by_hash[entry.hash] = (entry, known[1])
-                known[1].append(peer)
+            mine = get(entry.path)
+            if mine is not None and (
+                mine.hash == entry.hash or version_key(mine) >= version_key(entry)
+            ):
+                continue
+            candidates.setdefault(entry.path, []).append((entry, peer))
     items: list[PullItem] = []
-    for path in sorted(versions):
-        entry, peers = max(versions[path].values(), key=lambda item: version_key(item[0]))
-        mine = local.get(path)
-        if mine is not None and (
-            mine.hash == entry.hash or version_key(mine) >= version_key(entry)
-        ):
-            continue
-        items.append(PullItem(entry, tuple(peers), mine.hash if mine is not None else None))
+    for path in sorted(candidates):
+        offers = candidates[path]
+        newest = max(version_key(entry) for entry, _ in offers)
+        winner = next(entry for entry, _ in offers if version_key(entry) == newest)
+        holders = tuple(peer for entry, peer in offers if entry.hash == winner.hash)
+        mine = get(path)
+        items.append(PullItem(winner, holders, mine.hash if mine is not None else None))
     return items
 
 

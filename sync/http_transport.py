@@ -27,11 +27,12 @@ from sync.files_errors import (
 from sync.guards import dest_path
 from sync.manifest import ManifestEntry, ManifestPage, parse_page
 from sync.transport import (
-    PartialFile,
     PeerRef,
     TransferResult,
     install_file,
     make_directories,
+    open_partial,
+    run_blocking,
     verify_present_pieces,
 )
 
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "/v1/sync"
 DEFAULT_PAGE_LIMIT = 10_000
+READ_BUFFER_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class HttpTransport:
                 ),
                 middlewares=middlewares,
                 auto_decompress=False,
+                read_bufsize=READ_BUFFER_BYTES,
             )
             self._state = _State.OPEN
         return self._session
@@ -141,9 +144,9 @@ class HttpTransport:
         started = time.monotonic()
         final = dest_path(dest_root, entry.path)
         await asyncio.to_thread(make_directories, dest_root, final.parent)
-        partial = await asyncio.to_thread(PartialFile.open, final.parent, entry.hash)
+        partial = await open_partial(final.parent, entry.hash)
         try:
-            verified = await asyncio.to_thread(verify_present_pieces, partial.fd, entry)
+            verified = await run_blocking(verify_present_pieces, partial.fd, entry)
             resumed = sum(entry.piece_span(i)[1] for i, ok in enumerate(verified) if ok)
             streams = self._streams if entry.size >= self._parallel_min_bytes else 1
             runs = plan_runs(verified, streams)
@@ -166,11 +169,11 @@ class HttpTransport:
                 received = sum(await _gather_or_cancel(jobs))
             except ContentMismatchError:
                 if entry.piece_count == 1:
-                    await asyncio.to_thread(partial.discard)
+                    await run_blocking(partial.discard)
                 raise
-            await asyncio.to_thread(install_file, partial.path, final, entry, partial.fd, True)
+            await run_blocking(install_file, partial.path, final, entry, partial.fd, True)
         finally:
-            await asyncio.to_thread(partial.close)
+            partial.close()
         if resumed:
             logger.info(
                 "%s/%s: resumed with %d bytes already verified", category, entry.path, resumed

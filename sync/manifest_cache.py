@@ -14,14 +14,14 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from sync.files_errors import FileSyncError
-from sync.guards import is_internal_name
+from sync.guards import INTERNAL_PREFIX
 from sync.manifest import ManifestEntry, check_piece_size, digest_of_fd
 
 logger = logging.getLogger(__name__)
@@ -72,9 +72,28 @@ def stat_key(info: os.stat_result) -> StatKey:
     return (info.st_size, info.st_mtime_ns, info.st_ino)
 
 
-def scan_tree(root: Path) -> Iterator[tuple[str, StatKey]]:
+def _plain_name(name: str, directory: str) -> bool:
+    """False for our .shoal- files and names that are not valid UTF-8 (not listable)."""
+    if name.startswith(INTERNAL_PREFIX):
+        return False
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            logger.debug("skipping %r in %s: name is not UTF-8", name, directory)
+            return False
+    return True
+
+
+def scan_tree(root: Path) -> list[tuple[str, StatKey]]:
     """(relative path, stat key) of every regular file under `root`, not following symlinks
     and skipping .shoal- files and names that are not UTF-8. Blocking."""
+    found: list[tuple[str, StatKey]] = []
+    _walk(root, lambda path, key: found.append((path, key)))
+    return found
+
+
+def _walk(root: Path, visit: Callable[[str, StatKey], object]) -> None:
     stack = [(os.fspath(root), "")]
     while stack:
         directory, prefix = stack.pop()
@@ -82,12 +101,7 @@ def scan_tree(root: Path) -> Iterator[tuple[str, StatKey]]:
             with os.scandir(directory) as it:
                 for item in it:
                     name = item.name
-                    if is_internal_name(name):
-                        continue
-                    try:
-                        name.encode("utf-8")
-                    except UnicodeEncodeError:
-                        logger.debug("skipping %s: name is not UTF-8", item.path)
+                    if not _plain_name(name, directory):
                         continue
                     if item.is_dir(follow_symlinks=False):
                         stack.append((item.path, f"{prefix}{name}/"))
@@ -96,7 +110,7 @@ def scan_tree(root: Path) -> Iterator[tuple[str, StatKey]]:
                             info = item.stat(follow_symlinks=False)
                         except FileNotFoundError:
                             continue
-                        yield f"{prefix}{name}", (info.st_size, info.st_mtime_ns, info.st_ino)
+                        visit(prefix + name, (info.st_size, info.st_mtime_ns, info.st_ino))
         except (FileNotFoundError, NotADirectoryError):
             continue
         except PermissionError as exc:
@@ -106,19 +120,50 @@ def scan_tree(root: Path) -> Iterator[tuple[str, StatKey]]:
 def _compare(
     root: Path, files: Mapping[str, CachedFile]
 ) -> tuple[list[CachedFile], list[str], list[str]]:
-    """(unchanged cached files, changed or new paths, removed paths) of a scan. Blocking."""
+    """(unchanged cached files, changed or new paths, removed paths) of a scan. Blocking.
+
+    The walk of _walk, inlined: this loop runs once per file on every listing."""
     unchanged: list[CachedFile] = []
     changed: list[str] = []
-    seen: set[str] = set()
-    for path, key in scan_tree(root):
-        seen.add(path)
-        cached = files.get(path)
-        if cached is not None and cached.key == key:
-            unchanged.append(cached)
-        else:
-            changed.append(path)
-    removed = [path for path in files if path not in seen]
-    return unchanged, changed, removed
+    known = 0
+    get = files.get
+    stack = [(os.fspath(root), "")]
+    while stack:
+        directory, prefix = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                for item in it:
+                    name = item.name
+                    if name.startswith(INTERNAL_PREFIX) or (
+                        not name.isascii() and not _plain_name(name, directory)
+                    ):
+                        continue
+                    if item.is_file(follow_symlinks=False):
+                        try:
+                            info = item.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        path = prefix + name
+                        cached = get(path)
+                        if cached is None:
+                            changed.append(path)
+                            continue
+                        known += 1
+                        if cached.key == (info.st_size, info.st_mtime_ns, info.st_ino):
+                            unchanged.append(cached)
+                        else:
+                            changed.append(path)
+                    elif item.is_dir(follow_symlinks=False):
+                        stack.append((item.path, f"{prefix}{name}/"))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except PermissionError as exc:
+            logger.warning("cannot list %s: %s", directory, exc)
+    if known == len(files):
+        return unchanged, changed, []
+    seen = {item.entry.path for item in unchanged}
+    seen.update(changed)
+    return unchanged, changed, [path for path in files if path not in seen]
 
 
 def _build_listing(cached: list[CachedFile], started: float) -> Listing:
@@ -154,6 +199,8 @@ class ManifestCache:
         self._hasher = hasher
         self._files: dict[str, CachedFile] = {}
         self._listing: Listing | None = None
+        self._generation = 0  # bumped by every change of _files outside a scan
+        self._listed_generation = -1
         self._lock = asyncio.Lock()
         self._db: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -284,8 +331,21 @@ class ManifestCache:
                 self._files.pop(path, None)
             for item in fresh:
                 self._files[item.entry.path] = item
+            if (
+                current is not None
+                and not changed
+                and not removed
+                and self._listed_generation == self._generation
+            ):
+                listing = dataclasses.replace(  # same files, same stat keys: same listing
+                    current, taken_at=time.monotonic(), scan_s=time.monotonic() - started
+                )
+                self._listing = listing
+                return listing
             unchanged.extend(fresh)
             listing = await asyncio.to_thread(_build_listing, unchanged, started)
+            self._generation += 1
+            self._listed_generation = self._generation
             if fresh or removed:
                 await self._run_db(self._write, fresh, removed)
             self._listing = listing
@@ -355,6 +415,7 @@ class ManifestCache:
             item = await asyncio.to_thread(self._hash_open, path, fd)
             if item is not None:
                 self._files[path] = item
+                self._generation += 1
                 await self._run_db(self._write, [item], [])
         return item.entry if item is not None else None
 
@@ -366,4 +427,5 @@ class ManifestCache:
         item = CachedFile(stat_key(info), entry, entry.json_text())
         async with self._lock:
             self._files[entry.path] = item
+            self._generation += 1
             await self._run_db(self._write, [item], [])

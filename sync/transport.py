@@ -5,14 +5,16 @@ in it, and the final verify, fsync, atomic rename and fsync of the directory.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
 from sync.files_errors import ContentMismatchError, FileSyncError, TransferBusyError
@@ -20,6 +22,8 @@ from sync.guards import partial_name
 from sync.manifest import ManifestEntry, digest_of_fd, hash_fd
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _UNLOCKABLE = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
 
@@ -166,6 +170,52 @@ def _lock(fd: int, path: Path) -> None:
         if exc.errno not in _UNLOCKABLE:
             raise
         logger.debug("%s: flock not supported here (%s); continuing unlocked", path, exc)
+
+
+async def settle_all(jobs: Sequence[asyncio.Future[Any]]) -> None:
+    """Wait until worker-thread jobs have really finished, even through cancellation: they use
+    a descriptor the caller is about to close. A cancellation meanwhile is re-raised after."""
+    cancelled = False
+    for job in jobs:
+        while not job.done():
+            try:
+                await asyncio.wait([job])
+            except asyncio.CancelledError:
+                cancelled = True
+        if not job.cancelled():
+            job.exception()  # retrieved: the caller reports the first failure itself
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def await_jobs(jobs: Sequence[asyncio.Future[T]]) -> list[T]:
+    """The results of worker-thread jobs, raising the first failure only once all finished;
+    cancelling the caller never abandons a running job (see settle_all)."""
+    try:
+        return [await asyncio.shield(job) for job in jobs]
+    finally:
+        await settle_all(jobs)
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a worker thread, cancellation-safe like await_jobs."""
+    job: asyncio.Future[T] = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    return (await await_jobs([job]))[0]
+
+
+async def open_partial(directory: Path, content_hash: str) -> PartialFile:
+    """PartialFile.open in a worker thread; closed again if the caller is cancelled meanwhile,
+    so the lock is never left held."""
+    job = asyncio.get_running_loop().run_in_executor(
+        None, PartialFile.open, directory, content_hash
+    )
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await settle_all([job])
+        if not job.cancelled() and job.exception() is None:
+            job.result().close()
+        raise
 
 
 def verify_present_pieces(fd: int, entry: ManifestEntry) -> list[bool]:
