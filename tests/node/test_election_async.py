@@ -421,6 +421,10 @@ class FlakyDurable(InMemoryDurableState):
         await super().set(key, value)
 
 
+def broken_listener(event: ElectionEvent) -> None:
+    raise RuntimeError(f"listener bug on {event.kind}")
+
+
 async def test_election_survives_a_failing_store_and_a_failing_listener(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -429,6 +433,6 @@ async def test_election_survives_a_failing_store_and_a_failing_listener(
         cluster.durables[node] = FlakyDurable(failures=4)
     for node in "abc":
         elector = await cluster.start(node)
-        elector.add_listener(lambda event: 1 / 0)
+        elector.add_listener(broken_listener)
     await eventually(cluster.settled)
     assert all(len(names) == 1 for names in cluster.coordinators_by_term().values())

@@ -205,16 +205,16 @@ class Sim:
             self.apply(node, new, out)
             self.maybe_publish(node, local)
         elif kind == "persisted":
-            node_id, incarnation, durable, plan, out = payload
+            node_id, incarnation, durable, plan, released = payload
             node = self.nodes[str(node_id)]
             if node.state is None or incarnation != node.incarnation:
                 return  # crashed before the write finished: nothing stored, nothing sent
             assert isinstance(durable, DurableRecord)
-            assert isinstance(out, list)
+            assert isinstance(released, list)
             node.stored = durable
             if isinstance(plan, RolePlan):
                 node.stored_plan = plan
-            self.release(node, out)
+            self.release(node, released)
         elif kind == "fault":
             self.fault()
         elif kind == "boot":
