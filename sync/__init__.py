@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sync.coordinator import SyncCoordinator, SyncOptions
 from sync.errors import (
     RecordPullError,
     RecordQueryError,
@@ -16,6 +17,25 @@ from sync.errors import (
     SyncError,
     UnknownStoreError,
 )
+from sync.file_routes import file_route_docs, file_routes
+from sync.files_catalog import FILE_CATEGORIES, FileCatalog
+from sync.files_errors import (
+    AllSourcesFailedError,
+    ContentMismatchError,
+    FileChangedError,
+    FileSyncError,
+    FileTransferError,
+    InsufficientSpaceError,
+    ManifestError,
+    PathRefusedError,
+    TransferBusyError,
+    UnknownCategoryError,
+)
+from sync.files_plan import ClusterSyncStats, P2PFallbackSync, PullItem, SyncStats, plan_pulls
+from sync.guards import SpaceReserve, validate_rel_path
+from sync.http_transport import HttpTransport, RemoteManifest
+from sync.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
+from sync.manifest_cache import Listing, ManifestCache
 from sync.record_client import RecordClient, parse_retry_after, retry_delay_s
 from sync.record_pull import P2PSyncClient, fetch_page, pull_records
 from sync.record_routes import add_record_routes, record_route_docs, record_routes
@@ -42,16 +62,55 @@ from sync.record_types import (
     parse_since_query,
 )
 from sync.record_validate import row_to_record, validate_records
+from sync.storage import (
+    MountInfo,
+    StorageCapabilities,
+    StorageKind,
+    StorageProvider,
+    detect_storage,
+)
+from sync.transport import (
+    PartialFile,
+    PeerRef,
+    TransferResult,
+    Transport,
+    install_file,
+    make_directories,
+    open_partial,
+    verify_present_pieces,
+)
 
 __all__ = [
     "BUILTIN_SCHEMAS",
+    "DEFAULT_PIECE_SIZE",
+    "FILE_CATEGORIES",
     "GAMES_SCHEMA",
     "ROLLOUTS_SCHEMA",
+    "AllSourcesFailedError",
+    "ClusterSyncStats",
+    "ContentMismatchError",
     "Cursor",
     "FieldKind",
     "FieldSpec",
+    "FileCatalog",
+    "FileChangedError",
+    "FileSyncError",
+    "FileTransferError",
+    "HttpTransport",
     "IngestResult",
+    "InsufficientSpaceError",
+    "Listing",
+    "ManifestCache",
+    "ManifestEntry",
+    "ManifestError",
+    "ManifestPage",
+    "MountInfo",
+    "P2PFallbackSync",
     "P2PSyncClient",
+    "PartialFile",
+    "PathRefusedError",
+    "PeerRef",
+    "PullItem",
     "PullResult",
     "RecordClient",
     "RecordPage",
@@ -64,20 +123,40 @@ __all__ = [
     "RecordStore",
     "RecordStores",
     "RecordValidationError",
+    "RemoteManifest",
     "SinceQuery",
     "SnapshotError",
     "SnapshotInfo",
+    "SpaceReserve",
+    "StorageCapabilities",
+    "StorageKind",
+    "StorageProvider",
     "StoreBusyError",
     "StoreClosedError",
     "StoreOptions",
     "StoreStatus",
     "StoreWriteError",
+    "SyncCoordinator",
     "SyncError",
+    "SyncOptions",
+    "SyncStats",
+    "TransferBusyError",
+    "TransferResult",
+    "Transport",
+    "UnknownCategoryError",
     "UnknownStoreError",
     "add_record_routes",
+    "detect_storage",
     "fetch_page",
+    "file_route_docs",
+    "file_routes",
+    "hash_file",
+    "install_file",
+    "make_directories",
+    "open_partial",
     "parse_retry_after",
     "parse_since_query",
+    "plan_pulls",
     "pull_records",
     "record_route_docs",
     "record_routes",
@@ -85,4 +164,6 @@ __all__ = [
     "row_to_record",
     "schema_from_mapping",
     "validate_records",
+    "validate_rel_path",
+    "verify_present_pieces",
 ]
