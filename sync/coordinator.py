@@ -31,7 +31,7 @@ from sync.guards import SpaceReserve, check_free_space, dest_path
 from sync.http_transport import HttpTransport, RemoteManifest
 from sync.manifest import ManifestEntry
 from sync.transport import PeerRef, TransferResult, Transport
-from wal import SYNC_STARTED, WriteAheadLog
+from wal import SYNC_STARTED, WalError, WriteAheadLog
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +252,10 @@ class SyncCoordinator:
                 "size": entry.size,
                 "mtime_ns": entry.mtime_ns,
             }
-            wal_id = await self._wal.append(SYNC_STARTED, payload)
+            try:
+                wal_id = await self._wal.append(SYNC_STARTED, payload)
+            except WalError as exc:
+                raise FileSyncError(f"cannot log the transfer of {entry.path}: {exc}") from exc
         try:
             result = await self.install(category, entry, sources)
         except Exception as exc:
@@ -261,7 +264,10 @@ class SyncCoordinator:
                     await self._wal.rollback(wal_id, reason=f"{type(exc).__name__}: {exc}")
             raise
         if self._wal is not None and wal_id is not None:
-            await self._wal.commit(wal_id)
+            try:
+                await self._wal.commit(wal_id)
+            except WalError as exc:
+                raise FileSyncError(f"{entry.path} installed, but its log entry: {exc}") from exc
         return result
 
     async def install(

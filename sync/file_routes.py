@@ -219,6 +219,9 @@ def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[w
             return _refusal(400, "bad_path", f"cannot open: {exc.strerror or exc}")
         try:
             return await _file_answer(request, category, path, fd)
+        except FileSyncError as exc:
+            os.close(fd)
+            return _refusal(503, "unavailable", str(exc))
         except BaseException:
             os.close(fd)
             raise

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
-from sync.files_errors import ContentMismatchError, FileSyncError, TransferBusyError
+from sync.files_errors import (
+    ContentMismatchError,
+    FileSyncError,
+    PathRefusedError,
+    TransferBusyError,
+)
 from sync.guards import partial_name
 from sync.manifest import ManifestEntry, digest_of_fd, hash_fd
 
@@ -246,8 +251,10 @@ def fsync_directory(directory: Path) -> None:
 
 def make_directories(root: Path, directory: Path) -> None:
     """Create `directory` (inside `root`) and its missing parents, each made durable by an
-    fsync of its parent. Blocking."""
+    fsync of its parent; PathRefusedError when a symlink on the way leads outside `root`.
+    Blocking."""
     root.mkdir(parents=True, exist_ok=True)
+    root_real = os.path.realpath(root)
     missing: list[Path] = []
     current = directory
     while current != root and not current.is_dir():
@@ -261,6 +268,9 @@ def make_directories(root: Path, directory: Path) -> None:
                 raise FileSyncError(f"{path} exists and is not a directory") from None
             continue
         fsync_directory(path.parent)
+    real = os.path.realpath(directory)
+    if real != root_real and not real.startswith(root_real.rstrip("/") + "/"):
+        raise PathRefusedError(str(directory), "a symlink leads outside the category root")
 
 
 def install_file(

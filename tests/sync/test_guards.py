@@ -32,7 +32,13 @@ from sync.guards import (
 )
 from sync.http_transport import HttpTransport
 from sync.transport import PeerRef
-from tests.sync.files_fixtures import FAST_TIMEOUTS, LOCAL_MOUNTS, PIECE, CountingHasher
+from tests.sync.files_fixtures import (
+    FAST_TIMEOUTS,
+    LOCAL_MOUNTS,
+    PIECE,
+    CountingHasher,
+    FileNode,
+)
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 REFUSED = [
@@ -246,3 +252,15 @@ def test_sweep_removes_temp_files_and_old_unreferenced_partials(tmp_path: Path) 
     assert names == [".shoal-tmp-x-1", "a/.shoal-partial-old", "a/.shoal-tmp-y-2"]
     assert (tmp_path / f".shoal-partial-{keep}").exists()
     assert young.exists()
+
+
+async def test_pull_never_writes_through_a_symlink_out_of_the_root(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    async with FileNode(tmp_path / "a", "a") as a, FileNode(tmp_path / "b", "b") as b:
+        a.write("evil/x.bin", b"payload")
+        (b.root() / "evil").symlink_to(outside)
+        stats = await b.sync.sync("models", [a.peer])
+        assert stats.files_transferred == 0
+        assert "outside the category root" in stats.errors[0]
+        assert list(outside.iterdir()) == []

@@ -116,3 +116,19 @@ async def test_recorded_entries_are_not_hashed_again(tmp_path: Path) -> None:
         assert hasher.calls == 0
         assert listing.entries[0].hash == digest
         assert listing.entries[0].mtime_ns == path.stat().st_mtime_ns
+
+
+async def test_files_recorded_after_a_listing_appear_in_the_next(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    write_file(root / "old.bin", b"old")
+    hasher = CountingHasher()
+    async with ManifestCache(root, tmp_path / "m.db", PIECE, hasher=hasher) as cache:
+        first = await cache.listing()
+        path = write_file(root / "new.bin", b"installed by a transfer")
+        size, digest, pieces = hash_file(path, PIECE)
+        await cache.record(ManifestEntry("new.bin", size, 0, digest, pieces, PIECE), path.stat())
+        second = await cache.listing()
+        assert second.paths == ("new.bin", "old.bin")
+        assert second.etag != first.etag
+        assert hasher.calls == 1
+        assert (await cache.listing()).etag == second.etag
