@@ -189,6 +189,14 @@ async def test_an_empty_file_becomes_a_new_wal(wal_path: Path) -> None:
         assert await wal.append(GAME_RECORDED, {}) == 1
 
 
+async def test_a_database_killed_while_being_created_becomes_a_new_wal(wal_path: Path) -> None:
+    wal_path.parent.mkdir(parents=True)
+    with closing(sqlite3.connect(wal_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+    async with WriteAheadLog(wal_path, config=FAST) as wal:
+        assert await wal.append(GAME_RECORDED, {}) == 1
+
+
 async def test_move_aside_renames_the_set_and_a_new_wal_starts(wal_path: Path) -> None:
     wal_path.parent.mkdir(parents=True)
     wal_path.write_bytes(b"garbage" * 100)
