@@ -160,7 +160,8 @@ class Elector:
 
     @property
     def state(self) -> ElectionState:
-        """The current (immutable) election state."""
+        """The current (immutable) election state, in memory: it may run ahead of what is
+        durable by one write. Listeners hear of a change only once it is durable."""
         return self._running_state()
 
     @property
@@ -228,7 +229,7 @@ class Elector:
             ):
                 backers = tuple(sorted(lease_backers(new, now)))
             self._queue.append((self._commit_seq, event, backers))
-            self._log_event(event)
+            _log_event(event)
         if new is not old:
             self._wake.set()
 
@@ -266,28 +267,6 @@ class Elector:
             await self._adoption_log.append(record)
         except (OSError, PlanError) as exc:
             log.warning("node %s: adoption log write failed: %s", self.config.node_id, exc)
-
-    def _log_event(self, event: ElectionEvent) -> None:
-        status = event.status
-        if event.kind is ElectionEventKind.ELECTED:
-            log.info("node %s term %s: elected coordinator", status.node_id, status.term)
-        elif event.kind is ElectionEventKind.STEPPED_DOWN:
-            log.warning("node %s term %s: stepped down as coordinator", status.node_id, status.term)
-        elif event.kind is ElectionEventKind.COORDINATOR_CHANGED:
-            log.info(
-                "node %s term %s: coordinator is %s",
-                status.node_id,
-                status.term,
-                status.coordinator,
-            )
-        elif event.plan is not None:
-            log.info(
-                "node %s term %s: adopted plan %s (%s)",
-                status.node_id,
-                status.term,
-                event.plan.fence.to_header(),
-                event.plan.note,
-            )
 
     async def _run(self) -> None:
         failures = 0
@@ -419,6 +398,19 @@ class Elector:
                 self._state.term if self._state else "-",
                 peer,
             )
+
+
+def _log_event(event: ElectionEvent) -> None:
+    status, plan = event.status, event.plan
+    what = {
+        ElectionEventKind.ELECTED: "elected coordinator",
+        ElectionEventKind.STEPPED_DOWN: "stepped down as coordinator",
+        ElectionEventKind.COORDINATOR_CHANGED: f"coordinator is {status.coordinator}",
+        ElectionEventKind.PLAN_ADOPTED: "adopted plan "
+        + ("-" if plan is None else f"{plan.fence.to_header()} ({plan.note})"),
+    }[event.kind]
+    level = logging.WARNING if event.kind is ElectionEventKind.STEPPED_DOWN else logging.INFO
+    log.log(level, "node %s term %s: %s", status.node_id, status.term, what)
 
 
 def _fence(plan: RolePlan | None) -> object:

@@ -21,6 +21,7 @@ from node.election_state import ElectionConfig, ElectionEvent, ElectionEventKind
 from node.plan import PlanFence
 from node.plan_log import AdoptionLog, check_adoption_logs, read_adoption_log
 from node.roles import NodeCapabilities, PlanDebouncer, RolePolicy
+from wal import WriteAheadLog
 
 FAST = {
     "heartbeat_interval_s": 0.03,
@@ -436,3 +437,34 @@ async def test_election_survives_a_failing_store_and_a_failing_listener(
         elector.add_listener(broken_listener)
     await eventually(cluster.settled)
     assert all(len(names) == 1 for names in cluster.coordinators_by_term().values())
+
+
+async def test_vote_and_plan_survive_a_restart_in_a_real_wal(tmp_path: Path) -> None:
+    network = InMemoryElectionNetwork()
+    members = [caps("solo")]
+
+    def make(wal: WriteAheadLog) -> Elector:
+        return Elector(
+            ElectionConfig("solo", ("solo",), **FAST),
+            network.transport("solo"),
+            WalDurableState(wal),
+            capabilities=lambda: members,
+            policy=POLICY,
+            rng=random.Random(3),
+        )
+
+    adopted: list[ElectionEvent] = []
+    async with WriteAheadLog(tmp_path / "wal.db") as wal, make(wal) as elector:
+        elector.add_listener(adopted.append)
+        # listeners hear of a plan only once it is durable
+        await eventually(lambda: any(e.kind is ElectionEventKind.PLAN_ADOPTED for e in adopted))
+        first = elector.plan
+        assert first is not None
+        assert await wal.state_get(VOTE_KEY) == {"term": 1, "voted_for": "solo"}
+        assert await wal.state_get(PLAN_KEY) == first.to_dict()
+    async with WriteAheadLog(tmp_path / "wal.db") as wal, make(wal) as elector:
+        assert elector.status.term == 1
+        assert elector.plan == first  # restored, so an older plan is never applied again
+        await eventually(lambda: elector.status.term == 2 and elector.plan != first)
+        assert elector.plan is not None
+        assert elector.plan.fence == PlanFence(2, first.version + 1)
