@@ -1,9 +1,5 @@
 """The election as a pure state machine (no I/O, no clock, no tasks): Raft's election rules with
 pre-vote, a fixed voter set, and a coordinator lease held only while a majority acknowledges.
-
-Every function takes the state and the local monotonic time `now` and returns the next state and
-the messages to send. The driver must durably store `state.durable` (and `state.plan`) whenever
-they change, before it sends any of the returned messages.
 """
 
 from __future__ import annotations
@@ -34,7 +30,8 @@ from node.election_state import (
 from node.plan import RolePlan, should_apply
 
 Step = tuple[ElectionState, list[Outbound]]
-"""The next state and the messages to send, in order."""
+"""The next state and the messages to send, in order. The driver stores `state.durable` (and
+`state.plan`) whenever they change, before it sends any of the messages."""
 
 
 def on_tick(state: ElectionState, now: float, rng: random.Random) -> Step:

@@ -1,7 +1,5 @@
-"""Which node does what: the pure rule that turns members' capabilities into a role plan.
-
-Training goes first to nodes that prefer it, then to `auto` nodes with the most VRAM per GPU
-(then most GPUs, then node id); `auto` nodes that do not train do self-play.
+"""Which node does what: the pure rule that turns members' capabilities into a role plan, and
+the debouncer that turns a burst of membership changes into one new plan.
 """
 
 from __future__ import annotations
@@ -66,6 +64,10 @@ def compute_plan(
     previous: RolePlan | None = None,
 ) -> RolePlan:
     """The plan (term, version) for `members` under `policy`.
+
+    Training goes first to nodes that prefer it, then to `auto` nodes with the most VRAM per
+    GPU (then most GPUs, then node id), up to max_training; `auto` nodes that do not train do
+    self-play, inference and selfplay preferences are kept.
 
     Deterministic in its inputs (member order does not matter). With `previous`, training nodes
     that survive keep their relative rank order and come first; newcomers follow in choice order.

@@ -214,6 +214,20 @@ async def test_failover_after_the_coordinator_dies(make_cluster: Callable[..., C
     assert cluster.check_logs() == []
 
 
+async def test_a_minority_of_the_voter_set_never_elects(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(("a", "b", "c", "d", "e"))
+    for node in "ab":  # c, d and e never start: 2 of 5 voters are alive
+        await cluster.start(node)
+    await asyncio.sleep(1.0)  # several election timeouts
+    assert cluster.leaders() == []
+    assert all(e.status.role is not ElectionRole.COORDINATOR for e in cluster.electors.values())
+    assert all(e.status.term == 0 for e in cluster.electors.values())  # pre-votes failed
+    await cluster.start("c")
+    await eventually(lambda: len(cluster.leaders()) == 1)
+
+
 async def test_partitioned_coordinator_steps_down_and_majority_elects(
     make_cluster: Callable[..., Cluster],
 ) -> None:

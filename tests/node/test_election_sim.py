@@ -1,10 +1,5 @@
-"""Randomized schedules of the pure election core under a discrete-event simulator.
-
-Five voters and one non-voter; messages are delayed, dropped, cut one way or by partitions;
-nodes crash (losing memory and unwritten state) and restart (keeping what was durable); each
-node's monotonic clock has its own offset and a rate within the configured drift. Invariants:
-one coordinator per term, no two leases at once, no voter votes twice in a term, plans only
-move forward on every node, and a coordinator emerges once the faults stop.
+"""Randomized schedules of the pure election core under a discrete-event simulator: delays,
+drops, one-way cuts, partitions, crashes (memory and unwritten state lost) and restarts.
 """
 
 from __future__ import annotations
@@ -304,6 +299,10 @@ def run_schedule(seed: int, chaos_s: float = 20.0, calm_s: float = 8.0) -> Sim:
 
 @pytest.mark.parametrize("block", range(4))
 def test_randomized_schedules_keep_every_invariant(block: int) -> None:
+    """Five voters and one non-voter, each clock with its own offset and a rate within the
+    drift bound. Checked throughout: one coordinator per term, no two leases at once, no voter
+    votes twice in a term, plans only move forward on every node. After the faults stop, one
+    coordinator leads and every node follows its plan."""
     elections = 0
     for seed in range(block * 50, block * 50 + 50):
         sim = run_schedule(seed)
