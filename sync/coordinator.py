@@ -11,10 +11,8 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from config import NodeSettings, Timeouts
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
 from sync.files_catalog import FileCatalog
 from sync.files_errors import (
@@ -25,38 +23,26 @@ from sync.files_errors import (
     FileTransferError,
     PathRefusedError,
 )
-from sync.files_plan import ClusterSyncStats, P2PFallbackSync, SyncStats, plan_pulls
+from sync.files_plan import (
+    ClusterSyncStats,
+    P2PFallbackSync,
+    SyncOptions,
+    SyncStats,
+    plan_pulls,
+)
 from sync.files_recovery import FileRecovery, install_copy, local_entry, partial_size
-from sync.guards import SpaceReserve, check_free_space, dest_path
+from sync.guards import check_free_space, dest_path
 from sync.http_transport import HttpTransport, RemoteManifest
 from sync.manifest import ManifestEntry
 from sync.transport import PeerRef, TransferResult, Transport
 from wal import SYNC_STARTED, WalError, WriteAheadLog
 
+__all__ = ["PeersFn", "SyncCoordinator", "SyncOptions"]
+
 logger = logging.getLogger(__name__)
 
 PeersFn = Callable[[], Sequence[PeerRef] | Awaitable[Sequence[PeerRef]]]
 RETRYABLE = (ContentMismatchError, FileTransferError)
-
-
-@dataclass(frozen=True)
-class SyncOptions:
-    """Tuning of a coordinator. `retries`: extra tries of one peer and transport after a
-    network failure or a corrupt piece. A file of at least `large_file_bytes` waits for one of
-    `max_large_transfers` slots; smaller ones for one of `max_small_transfers`."""
-
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    retries: int = 2
-    retry_delay_s: float = 0.5
-    max_large_transfers: int = 1
-    max_small_transfers: int = 4
-    large_file_bytes: int = 64 << 20
-    reserve: SpaceReserve = field(default_factory=SpaceReserve)
-    partial_max_age_s: float = 86400.0
-
-    @classmethod
-    def from_settings(cls, settings: NodeSettings, **overrides: object) -> SyncOptions:
-        return cls(timeouts=settings.timeouts, **overrides)  # type: ignore[arg-type]
 
 
 class SyncCoordinator:

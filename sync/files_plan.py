@@ -1,5 +1,5 @@
 """Decisions of file sync, without I/O: which version of each file wins, what to pull from
-whom, and the order of sources to try (P2PFallbackSync); plus the results of a sync.
+whom, and the order of sources to try (P2PFallbackSync); plus the options and results of a sync.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from config import NodeSettings, Timeouts
 from health import CircuitOpenError
 from sync.files_errors import (
     AllSourcesFailedError,
@@ -17,6 +18,7 @@ from sync.files_errors import (
     InsufficientSpaceError,
     TransferBusyError,
 )
+from sync.guards import SpaceReserve
 from sync.manifest import ManifestEntry
 from sync.transport import PeerRef
 
@@ -25,6 +27,26 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 LOCAL_ERRORS = (InsufficientSpaceError, TransferBusyError)
 """Errors of this node, not of a source: trying another source would not help."""
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """Tuning of a coordinator. `retries`: extra tries of one peer and transport after a
+    network failure or a corrupt piece. A file of at least `large_file_bytes` waits for one of
+    `max_large_transfers` slots; smaller ones for one of `max_small_transfers`."""
+
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    retries: int = 2
+    retry_delay_s: float = 0.5
+    max_large_transfers: int = 1
+    max_small_transfers: int = 4
+    large_file_bytes: int = 64 << 20
+    reserve: SpaceReserve = field(default_factory=SpaceReserve)
+    partial_max_age_s: float = 86400.0
+
+    @classmethod
+    def from_settings(cls, settings: NodeSettings, **overrides: object) -> SyncOptions:
+        return cls(timeouts=settings.timeouts, **overrides)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

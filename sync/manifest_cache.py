@@ -85,38 +85,6 @@ def _plain_name(name: str, directory: str) -> bool:
     return True
 
 
-def scan_tree(root: Path) -> list[tuple[str, StatKey]]:
-    """(relative path, stat key) of every regular file under `root`, not following symlinks
-    and skipping .shoal- files and names that are not UTF-8. Blocking."""
-    found: list[tuple[str, StatKey]] = []
-    _walk(root, lambda path, key: found.append((path, key)))
-    return found
-
-
-def _walk(root: Path, visit: Callable[[str, StatKey], object]) -> None:
-    stack = [(os.fspath(root), "")]
-    while stack:
-        directory, prefix = stack.pop()
-        try:
-            with os.scandir(directory) as it:
-                for item in it:
-                    name = item.name
-                    if not _plain_name(name, directory):
-                        continue
-                    if item.is_dir(follow_symlinks=False):
-                        stack.append((item.path, f"{prefix}{name}/"))
-                    elif item.is_file(follow_symlinks=False):
-                        try:
-                            info = item.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        visit(prefix + name, (info.st_size, info.st_mtime_ns, info.st_ino))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except PermissionError as exc:
-            logger.warning("cannot list %s: %s", directory, exc)
-
-
 def _compare(
     root: Path, files: Mapping[str, CachedFile]
 ) -> tuple[list[CachedFile], list[str], list[str]]:
