@@ -21,7 +21,6 @@ from sync.files_errors import (
     FileChangedError,
     FileSyncError,
     FileTransferError,
-    PathRefusedError,
 )
 from sync.files_plan import (
     ClusterSyncStats,
@@ -287,8 +286,10 @@ class SyncCoordinator:
                     async with breaker:
                         try:
                             return await transport.fetch(peer, category, entry, root)
-                        except (FileChangedError, PathRefusedError) as exc:
-                            refusal = exc  # the peer answered; it is not failing
+                        except RETRYABLE:
+                            raise
+                        except FileSyncError as exc:
+                            refusal = exc  # the peer said no, or this node failed: no fault
                 except CircuitOpenError as exc:
                     last = exc
                     break
@@ -372,7 +373,10 @@ class SyncCoordinator:
         result = answer.get("result")
         if not isinstance(result, dict):
             return None
-        return TransferResult(**result)
+        try:
+            return TransferResult(**result)
+        except TypeError as exc:
+            raise FileTransferError(f"{peer.node_id}: malformed pull answer: {exc}") from exc
 
     async def run_forever(self, interval_s: float, peers_fn: PeersFn | None = None) -> None:
         """Sync every category from the alive peers every `interval_s` until cancelled; a
