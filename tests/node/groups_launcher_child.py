@@ -1,0 +1,54 @@
+"""A training command for the launcher tests; appends one JSON line per event to $CHILD_OUT.
+
+$CHILD_MODE: "run" (until SIGTERM), "crash" (exit 3 at once), "finish" (exit 0 at once),
+"stubborn" (ignore SIGTERM, run until SIGKILL). Events: {"event": "start"|"term", "pid",
+"t": MONOTONIC, "env": {the rendezvous variables}}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_GENERATION")
+
+
+def record(event: str) -> None:
+    line = {
+        "event": event,
+        "pid": os.getpid(),
+        "t": time.monotonic(),
+        "cwd": os.getcwd(),
+        "extra": os.environ.get("CHILD_EXTRA"),
+        "env": {key: os.environ.get(key) for key in KEYS},
+    }
+    with open(os.environ["CHILD_OUT"], "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+def on_term(signum: int, frame: object) -> None:
+    record("term")
+    sys.exit(0)
+
+
+def main() -> None:
+    mode = os.environ.get("CHILD_MODE", "run")
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_term)
+    record("start")
+    print(f"child {os.getpid()} mode {mode}", flush=True)
+    if mode == "crash":
+        sys.exit(3)
+    if mode == "finish":
+        sys.exit(0)
+    while True:
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""The training launcher: env of the child, restarts per generation, stops, backoff and close."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.groups import Rendezvous
+from node.launcher import (
+    LauncherError,
+    LauncherState,
+    TrainingLauncher,
+    restart_delay_s,
+    training_env,
+)
+
+GRANDCHILD = re.compile(r"^grandchild (\d+)$", re.MULTILINE)
+CHILD = str(Path(__file__).with_name("groups_launcher_child.py"))
+
+
+def rdv(generation: int = 1, rank: int | None = 1, **changes: Any) -> Rendezvous:
+    fields: dict[str, Any] = {
+        "rank": rank,
+        "world_size": 2,
+        "master_addr": "127.0.0.1",
+        "master_port": 29500 + generation,
+        "backend": "gloo",
+        "generation": generation,
+        "term": 1,
+        "plan_version": generation,
+    }
+    return Rendezvous(**(fields | changes))
+
+
+def events(out: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    if not out.exists():
+        return []
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    return [line for line in lines if kind is None or line["event"] == kind]
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    return tmp_path / "events.jsonl"
+
+
+def launcher(
+    tmp_path: Path, out: Path, mode: str = "run", stop_timeout_s: float = 5.0, **kw: Any
+) -> TrainingLauncher:
+    env = {"PATH": os.environ["PATH"], "CHILD_OUT": str(out), "CHILD_MODE": mode}
+    return TrainingLauncher(
+        [sys.executable, CHILD],
+        tmp_path,
+        tmp_path / "logs" / "train.log",
+        env | {"CHILD_EXTRA": "kept"},
+        stop_timeout_s=stop_timeout_s,
+        backoff_s=kw.pop("backoff_s", 0.1),
+        max_backoff_s=kw.pop("max_backoff_s", 1.0),
+        **kw,
+    )
+
+
+def test_training_env_sets_the_rendezvous_and_keeps_the_base() -> None:
+    env = training_env(rdv(generation=7, rank=1), {"PATH": "/bin", "RANK": "stale"})
+    assert env == {
+        "PATH": "/bin",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29507",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "SHOAL_GENERATION": "7",
+    }
+
+
+def test_training_env_refuses_a_rendezvous_without_rank() -> None:
+    with pytest.raises(LauncherError, match="generation 3 gives this node no rank"):
+        training_env(rdv(generation=3, rank=None), {})
+
+
+def test_restart_delay_doubles_up_to_the_cap() -> None:
+    delays = [restart_delay_s(failures, 0.5, 3.0) for failures in range(1, 6)]
+    assert delays == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_an_empty_command_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match="empty"):
+        TrainingLauncher([], tmp_path, tmp_path / "log", stop_timeout_s=1.0)
+
+
+async def test_starts_the_child_with_the_env_in_workdir_and_logs(tmp_path: Path, out: Path) -> None:
+    async with launcher(tmp_path, out) as runner:
+        await runner.apply(rdv(generation=4, rank=1))
+        await wait_until(lambda: len(events(out, "start")) == 1)
+        start = events(out, "start")[0]
+        assert start["env"] == {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29504",
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "SHOAL_GENERATION": "4",
+        }
+        assert start["extra"] == "kept"
+        assert Path(start["cwd"]) == tmp_path
+        status = runner.status
+        assert (status.state, status.generation, status.pid) == (
+            LauncherState.RUNNING,
+            4,
+            start["pid"],
+        )
+        log_path = tmp_path / "logs" / "train.log"
+        await wait_until(lambda: f"child {start['pid']} mode run" in log_path.read_text())
+        assert "=== shoal: generation 4 rank 1/2 master 127.0.0.1:29504" in log_path.read_text()
+
+
+async def test_same_generation_keeps_the_child_and_a_new_one_restarts_it(
+    tmp_path: Path, out: Path
+) -> None:
+    async with launcher(tmp_path, out) as runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) == 1)
+        first = events(out, "start")[0]["pid"]
+        await runner.apply(rdv(generation=1, term=2, plan_version=9))
+        assert runner.status.pid == first
+        assert runner.status.state is LauncherState.RUNNING
+
+        await runner.apply(rdv(generation=2, rank=0))
+        await wait_until(lambda: len(events(out, "start")) == 2)
+        assert [event["pid"] for event in events(out, "term")] == [first]
+        assert gone(first)
+        second = events(out, "start")[1]
+        assert second["env"]["SHOAL_GENERATION"] == "2"
+        assert second["env"]["RANK"] == "0"
+        assert runner.status.pid == second["pid"] != first
+
+
+@pytest.mark.parametrize("no_rank", [None, rdv(generation=2, rank=None)])
+async def test_no_rank_stops_the_child(tmp_path: Path, out: Path, no_rank: Rendezvous) -> None:
+    async with launcher(tmp_path, out) as runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) == 1)
+        pid = events(out, "start")[0]["pid"]
+        await runner.apply(no_rank)
+        assert [event["pid"] for event in events(out, "term")] == [pid]
+        assert gone(pid)
+        status = runner.status
+        assert (status.state, status.pid, status.generation) == (LauncherState.IDLE, None, None)
+
+
+async def test_crashed_child_restarts_with_backoff_only_while_current(
+    tmp_path: Path, out: Path
+) -> None:
+    async with launcher(tmp_path, out, mode="crash", backoff_s=0.1, max_backoff_s=0.4) as runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) >= 4)
+        times = [event["t"] for event in events(out, "start")]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        for gap, delay_s in zip(gaps, [0.1, 0.2, 0.4], strict=False):
+            assert gap >= delay_s
+        assert runner.status.last_exit_code == 3
+
+        await runner.apply(rdv(generation=2))
+        generation_2 = len(events(out, "start"))
+        await wait_until(lambda: len(events(out, "start")) >= generation_2 + 2)
+        assert {event["env"]["SHOAL_GENERATION"] for event in events(out)[generation_2:]} == {"2"}
+
+        await runner.apply(None)
+        stopped_at = len(events(out, "start"))
+        await asyncio.sleep(0.6)
+        assert len(events(out, "start")) == stopped_at
+        assert runner.status.state is LauncherState.IDLE
+
+
+async def test_finished_child_is_not_restarted_until_a_new_generation(
+    tmp_path: Path, out: Path
+) -> None:
+    async with launcher(tmp_path, out, mode="finish") as runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: runner.status.state is LauncherState.DONE)
+        assert runner.status.last_exit_code == 0
+        await runner.apply(rdv(generation=1, plan_version=5))
+        await asyncio.sleep(0.3)
+        assert len(events(out, "start")) == 1
+        await runner.apply(rdv(generation=2))
+        await wait_until(lambda: len(events(out, "start")) == 2)
+
+
+async def test_child_ignoring_sigterm_is_killed_after_stop_timeout(
+    tmp_path: Path, out: Path
+) -> None:
+    async with launcher(tmp_path, out, mode="stubborn", stop_timeout_s=0.3) as runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) == 1)
+        pid = events(out, "start")[0]["pid"]
+        started = time.monotonic()
+        await runner.apply(None)
+        assert time.monotonic() - started >= 0.3
+        assert gone(pid)
+        assert runner.status.last_exit_code == -9
+
+
+async def test_stop_reaches_the_childs_own_children(tmp_path: Path, out: Path) -> None:
+    script = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print('grandchild', p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log_path = tmp_path / "train.log"
+
+    def grandchild_pid() -> int | None:
+        found = GRANDCHILD.findall(log_path.read_text()) if log_path.exists() else []
+        return int(found[0]) if found else None
+
+    runner = TrainingLauncher([sys.executable, "-c", script], tmp_path, log_path, stop_timeout_s=5)
+    async with runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: grandchild_pid() is not None)
+    grandchild = grandchild_pid()
+    assert grandchild is not None
+    await wait_until(lambda: gone(grandchild), timeout_s=5.0)
+
+
+async def test_close_stops_the_child_and_is_final(tmp_path: Path, out: Path) -> None:
+    runner = launcher(tmp_path, out)
+    await runner.apply(rdv(generation=1))
+    await wait_until(lambda: len(events(out, "start")) == 1)
+    await runner.close()
+    await runner.close()
+    assert len(events(out, "term")) == 1
+    assert runner.status.state is LauncherState.CLOSED
+    assert runner.status.pid is None
+    with pytest.raises(LauncherError, match="closed"):
+        await runner.apply(rdv(generation=2))
+
+
+async def test_a_command_that_cannot_start_is_retried_and_reported(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-trainer"
+    runner = TrainingLauncher(
+        [str(missing)], tmp_path, tmp_path / "log", stop_timeout_s=1.0, backoff_s=0.05
+    )
+    async with runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: runner.status.last_error is not None)
+        error = runner.status.last_error
+        assert error is not None
+        assert str(missing) in error
+        assert runner.status.state is LauncherState.BACKOFF
