@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from config.errors import ConfigError
-from config.fields import Category, ListenPort, NodeId, Role
+from config.fields import Category, ListenPort, NodeId, Port, Role
 from config.timeouts import Timeouts
 from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping
 
@@ -54,6 +54,15 @@ class NodeSettings(BaseModel):
     )
     seeds: tuple[str, ...] = Field((), description="HOST:PORT of peers to join through.")
     voters: tuple[NodeId, ...] | None = Field(None, description="Voter ids when no inventory.")
+    min_training: int = Field(1, ge=0, description="Fewer possible training nodes: none trains.")
+    max_training: int = Field(64, ge=0, description="At most this many training nodes.")
+    master_port: Port = Field(29500, description="Base port of the training rendezvous (rank 0).")
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="torch.distributed backend: auto (nccl when all trainers have GPUs)."
+    )
+    adoption_log: Path | None = Field(
+        None, description="Append every adopted (term, coordinator, plan) here (JSON lines)."
+    )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     log_format: LogFormat = Field(LogFormat.TEXT, description="text or json log lines.")
     circuit_threshold: int = Field(5, ge=1, description="Failures in a row that open a breaker.")

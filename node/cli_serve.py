@@ -89,6 +89,10 @@ def serve(
     log_format: Annotated[
         LogFormat | None, typer.Option("--log-format", help="text or json log lines.")
     ] = None,
+    voters: Annotated[
+        str | None,
+        typer.Option("--voters", help="ID,ID,... the fixed voter set when there is no inventory."),
+    ] = None,
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM or SIGINT."""
     flags: dict[str, Any] = {
@@ -103,6 +107,7 @@ def serve(
         "secret_file": secret_file,
         "insecure": True if insecure else None,
         "log_format": log_format,
+        "voters": tuple(v.strip() for v in voters.split(",") if v.strip()) if voters else None,
     }
     settings = settings_from(config_file, flags).settings
     try:
@@ -180,6 +185,39 @@ def peers(
     console.print(table)
 
 
+def roles(
+    node: NodeOption = None, as_json: JsonOption = False, config_file: ConfigOption = None
+) -> None:
+    """Print the role plan a node applies: term, version, each node's role, training ranks."""
+    settings = settings_from(config_file).settings
+    url = node_url(settings, node)
+    document = asyncio.run(_get_json(settings, url, "/v1/plan"))
+    if as_json:
+        print_json(document)
+        return
+    plan = document.get("plan")
+    if not plan:
+        console.print(
+            f"no plan yet (term {document.get('term')}, coordinator {document.get('coordinator')})",
+            highlight=False,
+        )
+        return
+    ranks = {node_id: rank for rank, node_id in enumerate(plan["training_ranks"])}
+    rendezvous = plan["rendezvous"]
+    table = Table(
+        title=f"plan {plan['term']}.{plan['version']} by {document.get('coordinator')}: "
+        f"world {rendezvous['world_size']} at {rendezvous['master_addr'] or '-'}:"
+        f"{rendezvous['master_port']} ({rendezvous['backend']})"
+    )
+    for column in ("node", "role", "rank"):
+        table.add_column(column)
+    for node_id, role in sorted(plan["roles"].items()):
+        table.add_row(node_id, role, str(ranks.get(node_id, "-")))
+    console.print(table)
+    if plan.get("note"):
+        console.print(plan["note"], highlight=False)
+
+
 def dev_inventory(nodes: int, base_port: int) -> str:
     """The inventory `shoal dev-cluster` writes for its loopback nodes."""
     lines = ["cluster: {name: dev}", "hosts:"]
@@ -248,4 +286,5 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("status")(status)
     app.command("peers")(peers)
+    app.command("roles")(roles)
     app.command("dev-cluster")(dev_cluster)

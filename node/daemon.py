@@ -44,10 +44,11 @@ from health import (
 )
 from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
 from node.api import build_app
+from node.coordination import Coordination, resolve_voters
 from node.discovery import Discovery
 from node.discovery_candidates import Advert
 from node.errors import DiscoveryError, StartupError
-from node.membership import Membership, UdpMembershipTransport
+from node.membership import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
@@ -170,6 +171,7 @@ class NodeDaemon:
         self.runtime: NodeRuntime | None = None
         self.port: int = settings.port
         self._membership: Any = None
+        self._gpu_meta: dict[str, MetaValue] = {}
         self._closed = False
 
     async def start(self) -> None:
@@ -215,6 +217,8 @@ class NodeDaemon:
             metrics=metrics,
         )
         self.runtime = runtime
+        coordination = Coordination(runtime, resolve_voters(settings, inventory, node_id))
+        self._coordination = coordination
         self._notifier.status("opening the WAL")
         wal = WriteAheadLog(settings.wal_path, observer=metrics)
         await self._stack.enter_async_context(wal)
@@ -223,8 +227,12 @@ class NodeDaemon:
         if pending:
             log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
         await self._start_health(runtime, wal)
-        await self._start_http(runtime, secrets)
-        await self._start_membership(runtime, secrets, inventory)
+        await self._start_http(runtime, secrets, coordination)
+        membership = await self._start_membership(runtime, secrets)
+        self._notifier.status("joining the election")
+        await coordination.start(membership, inventory, secrets.cluster, wal, self._rng)
+        self._stack.push_async_callback(coordination.close)
+        await self._start_discovery(runtime, membership, inventory)
         self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
         self._notifier.ready(f"serving {node_id} on {settings.bind}:{self.port}")
         log.info("node %s serving on http://%s:%d", node_id, settings.bind, self.port)
@@ -240,12 +248,21 @@ class NodeDaemon:
         self._stack.callback(reader.close)
         checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
         runtime.gpus = lambda: [dataclasses.asdict(gpu) for gpu in reader.read()]
+        gpus = reader.read()
+        if gpus:
+            self._gpu_meta = {
+                "gpu_count": len(gpus),
+                "gpu": gpus[0].name,
+                "gpu_vram_gb": round(max(g.memory_total_mb or 0.0 for g in gpus) / 1024, 1),
+            }
         assert runtime.metrics is not None
         checker.add_listener(runtime.metrics.record_health)
         await self._stack.enter_async_context(checker)
         runtime.health = checker
 
-    async def _start_http(self, runtime: NodeRuntime, secrets: Secrets) -> None:
+    async def _start_http(
+        self, runtime: NodeRuntime, secrets: Secrets, coordination: Coordination
+    ) -> None:
         policy = AuthPolicy(
             secret=secrets.cluster,
             metrics_token=secrets.metrics_token,
@@ -258,8 +275,14 @@ class NodeDaemon:
         app = build_app(
             runtime,
             policy,
-            extra_routes=record_routes(stores, runtime.node_id),
-            extra_docs=[RouteDoc(**doc) for doc in record_route_docs()],
+            extra_routes=[
+                *record_routes(stores, runtime.node_id),
+                *coordination.routes(),
+            ],
+            extra_docs=[
+                *(RouteDoc(**doc) for doc in record_route_docs()),
+                *coordination.docs(),
+            ],
         )
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
@@ -278,16 +301,15 @@ class NodeDaemon:
             self.port = int(sockets[0].getsockname()[1])
         runtime.port = self.port
 
-    async def _start_membership(
-        self, runtime: NodeRuntime, secrets: Secrets, inventory: Inventory | None
-    ) -> None:
+    async def _start_membership(self, runtime: NodeRuntime, secrets: Secrets) -> Membership:
         """Membership over UDP on the API's port number, fed by discovery."""
         settings = runtime.settings
-        meta = {
+        meta: dict[str, MetaValue] = {
             "version": runtime.version,
             "role": settings.role.value,
             "cluster": settings.cluster_name,
             "config_hash": settings.config_hash(),
+            **self._gpu_meta,
         }
         transport = UdpMembershipTransport(
             settings.bind,
@@ -311,6 +333,13 @@ class NodeDaemon:
         runtime.membership = membership
         if runtime.health is not None:
             runtime.health.add_check("membership", membership_check(membership), interval_s=5.0)
+        return membership
+
+    async def _start_discovery(
+        self, runtime: NodeRuntime, membership: Membership, inventory: Inventory | None
+    ) -> None:
+        """mDNS, inventory and seeds feed candidates to membership."""
+        settings = runtime.settings
         advert = Advert(
             node_id=runtime.node_id,
             cluster=settings.cluster_name,

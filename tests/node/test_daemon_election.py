@@ -1,0 +1,149 @@
+"""The election wired into real daemons on 127.0.0.1: one coordinator, plans, rendezvous."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession
+from typer.testing import CliRunner
+
+from config import NodeSettings, load_settings
+from node.cli import app
+from node.daemon import NodeDaemon
+
+FAST = {
+    "timeouts.probe_interval_s": 0.1,
+    "timeouts.probe_timeout_s": 0.05,
+    "timeouts.indirect_probe_timeout_s": 0.1,
+    "timeouts.suspicion_s": 0.3,
+    "timeouts.heartbeat_interval_s": 0.05,
+    "timeouts.lease_s": 0.4,
+    "timeouts.election_min_s": 0.3,
+    "timeouts.election_max_s": 0.6,
+}
+
+
+def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
+    base = {
+        "data_dir": tmp_path / name,
+        "node_id": name,
+        "port": 0,
+        "mdns": False,
+        "cluster_name": f"e{os.getpid()}",
+        **FAST,
+    }
+    return load_settings(env={}, flags={**base, **flags}).settings
+
+
+async def _get(port: int, path: str) -> Any:
+    async with (
+        ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
+        return response.status, await response.json()
+
+
+async def _until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+async def test_lone_node_coordinates_itself(tmp_path: Path) -> None:
+    async with NodeDaemon(_settings(tmp_path, "solo")) as daemon:
+
+        async def coordinating() -> bool:
+            _, status = await _get(daemon.port, "/v1/status")
+            return bool(status["coordinator"] == "solo" and status["plan_version"] is not None)
+
+        await _until(coordinating, 5, "the lone node to coordinate")
+        status, plan = await _get(daemon.port, "/v1/plan")
+        assert status == 200
+        assert plan["plan"]["roles"] == {"solo": "selfplay"}
+
+
+async def test_three_voters_elect_one_coordinator_and_fail_over(tmp_path: Path) -> None:
+    names = ["v1", "v2", "v3"]
+    daemons = {}
+    first = NodeDaemon(
+        _settings(tmp_path, "v1", voters=tuple(names), backend="gloo", role="training")
+    )
+    await first.start()
+    daemons["v1"] = first
+    seed = (f"127.0.0.1:{first.port}",)
+    try:
+        for name in names[1:]:
+            daemon = NodeDaemon(
+                _settings(
+                    tmp_path, name, voters=tuple(names), seeds=seed, backend="gloo", role="training"
+                )
+            )
+            await daemon.start()
+            daemons[name] = daemon
+
+        async def statuses() -> dict[str, dict[str, Any]]:
+            return {n: (await _get(d.port, "/v1/status"))[1] for n, d in daemons.items()}
+
+        async def agreed() -> bool:
+            seen = await statuses()
+            coordinators = {s["coordinator"] for s in seen.values()}
+            return (
+                len(coordinators) == 1
+                and None not in coordinators
+                and all(s["role"] == "training" for s in seen.values())
+            )
+
+        await _until(agreed, 10, "one coordinator and a 3-node training plan")
+        leader = next(iter({s["coordinator"] for s in (await statuses()).values()}))
+        _, rendezvous = await _get(daemons["v2"].port, "/v1/rendezvous")
+        assert rendezvous["world_size"] == 3
+        assert rendezvous["backend"] == "gloo"
+        assert rendezvous["rank"] in (0, 1, 2)
+        old_term = (await statuses())[leader]["term"]
+
+        await daemons.pop(leader).close()
+
+        async def failed_over() -> bool:
+            seen = await statuses()
+            coordinators = {s["coordinator"] for s in seen.values()}
+            return (
+                len(coordinators) == 1
+                and leader not in coordinators
+                and None not in coordinators
+                and all(s["term"] > old_term for s in seen.values())
+            )
+
+        await _until(failed_over, 10, "a new coordinator after the old one left")
+
+        async def replanned() -> bool:
+            seen = [(await _get(d.port, "/v1/rendezvous"))[1] for d in daemons.values()]
+            return all(r.get("world_size") == 2 for r in seen)
+
+        await _until(replanned, 10, "a 2-node training plan")
+        survivor = next(iter(daemons.values()))
+        url = f"http://127.0.0.1:{survivor.port}"
+        result = await asyncio.to_thread(CliRunner().invoke, app, ["roles", "--node", url])
+        assert result.exit_code == 0, result.output
+        assert "training" in result.output
+    finally:
+        for daemon in daemons.values():
+            await daemon.close()
+
+
+async def test_a_minority_of_the_voter_set_never_elects(tmp_path: Path) -> None:
+    voters = ("m1", "m2", "m3")
+    async with NodeDaemon(_settings(tmp_path, "m1", voters=voters)) as daemon:
+        await asyncio.sleep(1.5)  # several election timeouts
+        _, status = await _get(daemon.port, "/v1/status")
+        assert status["coordinator"] is None
+        code, body = await _get(daemon.port, "/v1/rendezvous")
+        assert code == 409
+        assert "no role plan yet" in body["error"]
