@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from config import Inventory, NodeSettings
+from config import ConfigError, Inventory, NodeSettings
 from node.election import Elector
 from node.election_http import ELECTION_DOCS, HttpElectionTransport, election_routes
 from node.election_io import WalDurableState
@@ -54,11 +54,16 @@ class VoterSet:
 
 
 def resolve_voters(settings: NodeSettings, inventory: Inventory | None, node_id: str) -> VoterSet:
-    """`--voters`, else the inventory's voters, else this node alone (a one-voter cluster)."""
+    """The inventory's voters, else `--voters`, else this node alone (a one-voter cluster)."""
+    if inventory is not None:
+        if settings.voters and tuple(settings.voters) != inventory.voters:
+            raise ConfigError(
+                f"voters: --voters {','.join(settings.voters)} conflicts with the inventory's "
+                f"voters {','.join(inventory.voters)}; set them in one place only"
+            )
+        return VoterSet(inventory.voters, True)
     if settings.voters:
         return VoterSet(tuple(settings.voters), True)
-    if inventory is not None:
-        return VoterSet(inventory.voters, True)
     return VoterSet((node_id,), False)
 
 
