@@ -19,6 +19,7 @@ from sync.storage import MARKER_NAME, MountInfo
 from sync.transport import PeerRef, TransferResult, install_file
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
+    LOCAL_MOUNTS,
     NO_RESERVE,
     PIECE,
     CountingHasher,
@@ -306,3 +307,17 @@ async def test_transfers_are_bounded_per_size_class(tmp_path: Path) -> None:
         stats = await b.sync.sync("models", [PeerRef("a", a.peer.url, ("copy",))])
         assert (stats.files_transferred, stats.errors) == (9, ())
         assert copier.peak == {"large": 1, "small": 2}
+
+
+async def test_catalog_and_options_from_node_settings(tmp_path: Path) -> None:
+    from config import load_settings
+    from sync.files_catalog import FILE_CATEGORIES, FileCatalog
+
+    settings = load_settings(env={"SHOAL_DATA_DIR": str(tmp_path), "SHOAL_SYNC_TIMEOUT": "42"})
+    catalog = FileCatalog.for_settings(settings.settings, piece_size=PIECE, mounts=LOCAL_MOUNTS)
+    async with catalog:
+        assert catalog.categories == FILE_CATEGORIES == ("models", "training", "configs")
+        assert catalog.root("models") == settings.settings.category_path("models")
+        assert (tmp_path / "sync" / "manifest-models.db").exists()
+    options = SyncOptions.from_settings(settings.settings, max_large_transfers=2)
+    assert (options.timeouts.sync_s, options.max_large_transfers) == (42.0, 2)
