@@ -2,9 +2,10 @@
 
 usage: groups_worker.py DAEMON_URL [COLLECTIVE_S]
 
-Prints one JSON line per event: {"event": "joined"|"reduced"|"failed", "t": MONOTONIC,
-"pid", "generation", "rank", "world_size", "value"}. all_reduce sums rank + 1 over the group.
-Runs until killed.
+Prints one JSON line per event: {"event", "t": MONOTONIC, "pid", ...}, where event is "joining"
+(torch is imported), "joined", "reduced" (with "value"), "changed" or "failed" (with "error");
+all but joining and failed carry "generation", "rank" and "world_size". all_reduce sums rank + 1
+over the group. Runs until killed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     daemon_url = sys.argv[1]
     collective_s = float(sys.argv[2]) if len(sys.argv) > 2 else 5.0
     timeouts = Timeouts(collective_s=collective_s, quorum_s=collective_s * 4)
+    print(json.dumps({"event": "joining", "t": time.monotonic(), "pid": os.getpid()}), flush=True)
     group = join_group(
         timeout_s=30, daemon_url=daemon_url, timeouts=timeouts, changed_interval_s=0.2
     )
@@ -50,6 +52,7 @@ def main() -> None:
             continue
         emit("reduced", group, value=tensor.item())
         if group.changed():
+            emit("changed", group)
             group.regroup(timeout_s=30)
             emit("joined", group)
         time.sleep(0.05)
