@@ -1,0 +1,361 @@
+"""Five voting shoal daemons on a netns cluster and one probe of their election.
+
+`start_voters` writes the inventory (every daemon a voter), one config file per daemon (its
+timeouts, its adoption log) and starts the daemons and `election_netns_probe.py` on a host of its
+own; `ElectionWatch` reads the probe's output as it grows and waits for conditions on the
+daemons' views. Used by tests/node/test_election_netns.py, test_groups_netns.py and
+bench/election_bench.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.plan_log import AdoptionRecord, check_adoption_logs, read_adoption_log
+from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
+from tests.node.netns_swarm import Swarm
+
+__all__ = [
+    "FAST_TIMEOUTS",
+    "START_S",
+    "ElectionWatch",
+    "Fence",
+    "PlanView",
+    "Views",
+    "adoption_problems",
+    "agreed",
+    "converged",
+    "coordinator_of",
+    "read_logs",
+    "start_voters",
+]
+
+PROBE = Path(__file__).with_name("election_netns_probe.py")
+ROOT = Path(__file__).resolve().parents[2]
+POLL_S = 0.02
+START_S = 40.0
+"""Bound on five daemons starting and electing side by side on two loaded cores."""
+
+FAST_TIMEOUTS: Mapping[str, float] = {
+    "heartbeat_interval_s": 0.1,
+    "lease_s": 0.6,
+    "election_min_s": 0.6,
+    "election_max_s": 1.2,
+    "probe_interval_s": 0.2,
+    "probe_timeout_s": 0.1,
+    "indirect_probe_timeout_s": 0.2,
+    "suspicion_s": 0.4,
+}
+"""Shrunk election and membership timing (config file `timeouts:`) for the chaos schedule."""
+
+Fence = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """One answer of GET /v1/plan from the daemon on `host` at probe time `t` (or `error`)."""
+
+    t: float
+    host: str
+    term: int | None = None
+    coordinator: str | None = None
+    lease_valid: bool = False
+    plan: Fence | None = None
+    ranks: tuple[str, ...] | None = None
+    error: str | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.error is None
+
+
+Views = Mapping[str, PlanView]
+Condition = Callable[[Views], bool]
+
+
+def coordinator_of(views: Views, names: Iterable[str]) -> tuple[str, int] | None:
+    """(coordinator, term) when every one of `names` answers and all name the same coordinator
+    in the same term with a valid lease (the coordinator's own, or heard within it)."""
+    seen = [views.get(name) for name in names]
+    if not seen or any(v is None or not v.answered or not v.lease_valid for v in seen):
+        return None
+    found = {(v.coordinator, v.term) for v in seen if v is not None}
+    if len(found) != 1:
+        return None
+    coordinator, term = found.pop()
+    if coordinator is None or term is None:
+        return None
+    return coordinator, term
+
+
+def agreed(
+    names: Iterable[str], *, above_term: int = -1, not_coordinator: str | None = None
+) -> Condition:
+    """Every daemon of `names` follows one coordinator with a live lease, in a term above
+    `above_term`, other than `not_coordinator`."""
+    wanted = tuple(names)
+
+    def check(views: Views) -> bool:
+        found = coordinator_of(views, wanted)
+        return found is not None and found[1] > above_term and found[0] != not_coordinator
+
+    return check
+
+
+def converged(names: Iterable[str], *, at_least: Fence | None = None) -> Condition:
+    """`agreed(names)` and every one of them applies the same plan (at least `at_least`)."""
+    wanted = tuple(names)
+    leader = agreed(wanted)
+
+    def check(views: Views) -> bool:
+        if not leader(views):
+            return False
+        fences = {views[name].plan for name in wanted}
+        if len(fences) != 1:
+            return False
+        fence = fences.pop()
+        return fence is not None and (at_least is None or fence >= at_least)
+
+    return check
+
+
+class ElectionWatch:
+    """The latest election view of every daemon, from the probe's log, read as it grows."""
+
+    def __init__(self, probe: ClusterProcess, hosts: Sequence[Host]) -> None:
+        self.probe = probe
+        self._names = {h.endpoint: h.name for h in hosts}
+        self._offset = 0
+        self._partial = b""
+        self.latest: dict[str, PlanView] = {}
+        self.guard: Callable[[], None] | None = None
+        """Called on every poll of `wait` and `watch_for`; raises to stop waiting early."""
+
+    def read(self) -> list[PlanView]:
+        """The views answered since the last read, in order; updates `latest`."""
+        try:
+            with self.probe.log_path.open("rb") as log:
+                log.seek(self._offset)
+                data = log.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        found = []
+        for line in lines:
+            if not line.startswith(b"{"):
+                continue
+            record = json.loads(line)
+            host = self._names.get(record["target"])
+            if host is None:
+                continue
+            view = _view(host, record)
+            self.latest[host] = view
+            found.append(view)
+        return found
+
+    def wait(
+        self,
+        condition: Condition,
+        *,
+        since: float,
+        timeout_s: float,
+        message: str,
+        hold_s: float = 0.0,
+        on_view: Callable[[PlanView], None] | None = None,
+    ) -> float:
+        """Wait until `condition` holds over views answered at or after `since`, and keeps
+        holding for `hold_s` of probe time. Returns the probe time it began to hold.
+
+        Every view read meanwhile goes to `on_view` (which may raise to fail fast). Raises
+        WaitTimeoutError naming `message` and the last views after `timeout_s` (wall time).
+        """
+        fresh = {name: view for name, view in self.latest.items() if view.t >= since}
+        held_since: float | None = None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for view in self.read():
+                if on_view is not None:
+                    on_view(view)
+                if view.t < since:
+                    continue
+                fresh[view.host] = view
+                if not condition(fresh):
+                    held_since = None
+                    continue
+                held_since = view.t if held_since is None else held_since
+                if view.t - held_since >= hold_s:
+                    return held_since
+            if time.monotonic() > deadline:
+                raise WaitTimeoutError(
+                    f"timed out after {timeout_s:g}s waiting for {message}; "
+                    f"last views: {self.describe()}"
+                )
+            self._check()
+            time.sleep(POLL_S)
+
+    def watch_for(
+        self, duration_s: float, on_view: Callable[[PlanView], None] | None = None
+    ) -> list[PlanView]:
+        """Pass every view of the next `duration_s` to `on_view`; return them."""
+        seen: list[PlanView] = []
+        end = time.monotonic() + duration_s
+        while True:
+            for view in self.read():
+                if on_view is not None:
+                    on_view(view)
+                seen.append(view)
+            if time.monotonic() >= end:
+                return seen
+            self._check()
+            time.sleep(POLL_S)
+
+    def _check(self) -> None:
+        if not self.probe.running():
+            raise WaitTimeoutError(f"the probe exited: {self.probe.log_tail(10)}")
+        if self.guard is not None:
+            self.guard()
+
+    def describe(self) -> str:
+        """The latest view of every daemon, one compact item each."""
+        parts = []
+        for name in sorted(self.latest):
+            v = self.latest[name]
+            if v.error is not None:
+                parts.append(f"{name}@{v.t:.2f}: {v.error}")
+                continue
+            lease = "lease" if v.lease_valid else "no lease"
+            plan = "-" if v.plan is None else f"{v.plan[0]}.{v.plan[1]}"
+            parts.append(f"{name}@{v.t:.2f}: term {v.term} coord {v.coordinator} ({lease}) {plan}")
+        return "; ".join(parts)
+
+
+def _view(host: str, record: Mapping[str, Any]) -> PlanView:
+    if "error" in record:
+        return PlanView(record["t"], host, error=str(record["error"]))
+    plan = record.get("plan")
+    ranks = record.get("ranks")
+    return PlanView(
+        t=record["t"],
+        host=host,
+        term=record["term"],
+        coordinator=record["coordinator"],
+        lease_valid=bool(record["lease_valid"]),
+        plan=None if plan is None else (int(plan[0]), int(plan[1])),
+        ranks=None if ranks is None else tuple(ranks),
+    )
+
+
+def inventory_text(hosts: Sequence[Host], cluster_name: str) -> str:
+    """An inventory listing `hosts` by name at their address and port, all of them voters."""
+    voters = ", ".join(h.name for h in hosts)
+    lines = [f"cluster: {{name: {cluster_name}, voters: [{voters}]}}", "hosts:"]
+    lines += [f"  {h.name}: {{ssh_host: {h.address}, p2p_port: {h.port}}}" for h in hosts]
+    return "\n".join(lines) + "\n"
+
+
+def adoption_log_path(host: Host) -> Path:
+    return host.data_dir / "adoption.jsonl"
+
+
+def start_voters(
+    cluster: NetnsCluster,
+    daemons: int,
+    *,
+    timeouts: Mapping[str, float] | None = None,
+    settings: Mapping[str, object] | None = None,
+    probe_interval_s: float = 0.05,
+) -> tuple[Swarm, ElectionWatch]:
+    """Start `daemons` voters on the first hosts of `cluster` and the probe on the next host.
+
+    Each daemon gets `--inventory` (all of them voters), `--no-mdns`, `--node-id` and a config
+    file with `timeouts`, `settings` and its `adoption_log`. Returns at once: wait on the watch.
+    """
+    hosts, probe_host = cluster.hosts[:daemons], cluster.hosts[daemons]
+    inventory = cluster.base_dir / "hosts.yaml"
+    inventory.write_text(inventory_text(hosts, "shoal"), encoding="utf-8")
+    for host in hosts:
+        config: dict[str, object] = {
+            **(settings or {}),
+            "adoption_log": str(adoption_log_path(host)),
+        }
+        if timeouts:
+            config["timeouts"] = dict(timeouts)
+        # JSON is YAML: one line, no quoting surprises.
+        config_path(host).write_text(json.dumps(config) + "\n", encoding="utf-8")
+
+    def serve_args(host: Host) -> list[str]:
+        return [
+            "--no-mdns",
+            "--node-id", host.name,
+            "--inventory", str(inventory),
+            "--config", str(config_path(host)),
+        ]  # fmt: skip
+
+    swarm = Swarm(cluster, hosts, probe_host, serve_args)
+    argv = [
+        sys.executable, str(PROBE),
+        "--secret-file", str(swarm.secret_file),
+        "--interval-s", str(probe_interval_s),
+        "--timeout-s", "0.5",
+        *(h.endpoint for h in hosts),
+    ]  # fmt: skip
+    probe = probe_host.spawn(argv, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, name="probe")
+    watch = ElectionWatch(probe, hosts)
+    watch.guard = swarm.check_daemons
+    swarm.start_all()
+    return swarm, watch
+
+
+def config_path(host: Host) -> Path:
+    return host.cluster.base_dir / f"{host.name}.yaml"
+
+
+def read_logs(hosts: Iterable[Host]) -> dict[str, list[AdoptionRecord]]:
+    """Every host's adoption log (empty for a host that never adopted anything)."""
+    logs: dict[str, list[AdoptionRecord]] = {}
+    for host in hosts:
+        path = adoption_log_path(host)
+        logs[host.name] = read_adoption_log(path) if path.exists() else []
+    return logs
+
+
+def adoption_problems(
+    logs: Mapping[str, Sequence[AdoptionRecord]], voters: Sequence[str]
+) -> list[str]:
+    """`check_adoption_logs`, plus: every plan any node adopted was published by its term's
+    coordinator with a majority of the voters behind it (the publisher's own record)."""
+    problems = check_adoption_logs(logs, voters)
+    quorum = len(voters) // 2 + 1
+    published: dict[tuple[int, int], AdoptionRecord] = {}
+    for node, records in logs.items():
+        for record in records:
+            publisher = record.backers is not None and record.coordinator == node
+            if record.kind == "plan" and publisher and record.plan_term is not None:
+                published[(record.plan_term, record.plan_version or 0)] = record
+    for node, records in sorted(logs.items()):
+        for record in records:
+            if record.kind != "plan" or record.plan_term is None or record.plan_version is None:
+                continue
+            fence = (record.plan_term, record.plan_version)
+            source = published.get(fence)
+            if source is None:
+                problems.append(
+                    f"{node}: adopted plan {fence[0]}.{fence[1]} that no coordinator logged "
+                    "publishing"
+                )
+            elif len(set(source.backers or ()) & set(voters)) < quorum:
+                problems.append(
+                    f"{node}: adopted plan {fence[0]}.{fence[1]} published by "
+                    f"{source.node} with only {source.backers} behind it"
+                )
+            elif source.plan_digest != record.plan_digest:
+                problems.append(f"{node}: plan {fence[0]}.{fence[1]} differs from the published")
+    return problems
