@@ -222,7 +222,8 @@ class ElasticGroup:
 
     @property
     def rendezvous(self) -> Rendezvous:
-        if self._rendezvous is None or self._formed is None:
+        """The rendezvous of the group formed now; GroupError between a failure and regroup."""
+        if self._rendezvous is None or self._store is None:
             raise GroupError("no process group is formed; call regroup()")
         return self._rendezvous
 
@@ -249,13 +250,14 @@ class ElasticGroup:
 
     def changed(self) -> bool:
         """True once the daemon shows another group for this node (or none); polls at most once
-        per `changed_interval_s`, else answers from the last poll. A failed poll answers False."""
+        per `changed_interval_s` (each poll waits at most peer_status_s), else answers from the
+        last poll. A failed poll answers False and is logged."""
         now = self._clock()
         if self._changed or now - self._last_poll < self._changed_interval_s:
             return self._changed
         self._last_poll = now
         try:
-            answer = fetch_rendezvous(self.endpoint)
+            answer = fetch_rendezvous(self.endpoint, self.timeouts.peer_status_s)
         except RendezvousError as exc:
             level = logging.DEBUG if self._warned else logging.WARNING
             log.log(level, "generation %s: cannot check the rendezvous: %s", self._formed, exc)
@@ -275,9 +277,8 @@ class ElasticGroup:
         deadline = self._clock() + (self.timeouts.quorum_s if timeout_s is None else timeout_s)
         self._destroy()
         rendezvous = self._wait_for_rank(deadline)
-        self._rendezvous = rendezvous
         self._store = _form(rendezvous, self.timeouts, deadline, self._clock)
-        self._formed = rendezvous.generation
+        self._rendezvous, self._formed = rendezvous, rendezvous.generation
         self._changed = False
         self._last_poll = self._clock()
         log.info("generation %s: formed the group: %s", rendezvous.generation, rendezvous)
@@ -319,8 +320,11 @@ class ElasticGroup:
             return
         self._store = None
         dist = _torch()[1]
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except RuntimeError as exc:
+            log.warning("generation %s: destroying the process group failed: %s", self._formed, exc)
 
 
 def join_group(
