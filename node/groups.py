@@ -351,24 +351,23 @@ def _form(
     """Connect to (rank 0: host) the generation's store and init the default group on it."""
     torch, dist = _torch()
     generation, rank, size = rendezvous.generation, rendezvous.rank, rendezvous.world_size
-    where = f"{rendezvous.master_addr}:{rendezvous.master_port}"
+    address, port = rendezvous.master_addr, rendezvous.master_port
     backend = choose_backend(rendezvous.backend, torch.cuda.is_available())
     if backend != rendezvous.backend:
         log.warning("generation %s: CUDA is unavailable; using gloo, not nccl", generation)
     if rank != 0:
         _wait_for_master(rendezvous, deadline, clock)
     join_s = max(1.0, deadline - clock())
-    address, port = rendezvous.master_addr, rendezvous.master_port
     try:
         store = dist.TCPStore(address, port, size, rank == 0, timeout=timedelta(seconds=join_s))
     except RuntimeError as exc:
         if rank != 0:
             raise MasterUnreachable(
-                f"generation {generation}: cannot join the store at {where}: {exc}"
+                f"generation {generation}: cannot join the store at {address}:{port}: {exc}"
             ) from exc
         raise GroupError(
-            f"generation {generation}: rank 0 could not host the store on port "
-            f"{rendezvous.master_port}, or not all {size} ranks joined in {join_s:.1f} s: {exc}"
+            f"generation {generation}: rank 0 could not host the store on port {port}, "
+            f"or not all {size} ranks joined in {join_s:.1f} s: {exc}"
         ) from exc
     collective = timedelta(seconds=timeouts.collective_s)
     store.set_timeout(collective)
@@ -379,7 +378,8 @@ def _form(
         )
     except RuntimeError as exc:
         raise GroupError(
-            f"generation {generation}: {backend} group of {size} at {where} did not form: {exc}"
+            f"generation {generation}: {backend} group of {size} at {address}:{port} "
+            f"did not form: {exc}"
         ) from exc
     return prefixed
 

@@ -314,3 +314,12 @@ def test_unreachable_master_names_address_and_generation(daemon: FakeDaemon) -> 
         ):
             group.regroup(timeout_s=1.0)
         assert not dist().is_initialized()
+
+
+def test_rank_zero_names_the_ranks_that_never_joined(daemon: FakeDaemon) -> None:
+    port = free_port()
+    daemon.answer = rdv(generation=9, rank=0, world_size=2, master_port=port)
+    with ElasticGroup(endpoint_of(daemon), TIMEOUTS) as group:
+        with pytest.raises(GroupError, match=f"generation 9: rank 0 could not host .* port {port}"):
+            group.regroup(timeout_s=1.0)
+        assert not dist().is_initialized()
