@@ -4,8 +4,9 @@ usage: election_netns_probe.py --secret-file FILE [--interval-s S] [--timeout-s 
 
 Each target is polled on its own (a hung daemon does not slow the others): a signed GET /v1/plan
 every interval, printing `{"t": MONOTONIC, "target": "ADDRESS:PORT", "node", "term",
-"coordinator", "lease_valid", "plan": [TERM, VERSION] | null, "ranks": [NODE, ...] | null}`,
-or `"error"` instead when it did not answer. `t` is time.monotonic()
+"coordinator", "lease_valid", "plan": [TERM, VERSION] | null, "ranks": [NODE, ...] | null,
+"nodes": [NODE, ...] | null}` (`nodes`: every node the plan gives a role), or `"error"` instead
+when it did not answer. `t` is time.monotonic()
 when the answer arrived (one clock for every process of the machine). Runs until killed.
 """
 
@@ -40,6 +41,7 @@ def _fields(document: dict[str, Any]) -> dict[str, object]:
         "lease_valid": document["lease_valid"],
         "plan": None if plan is None else [plan["term"], plan["version"]],
         "ranks": None if plan is None else plan["training_ranks"],
+        "nodes": None if plan is None else sorted(plan["roles"]),
     }
 
 

@@ -68,6 +68,7 @@ class PlanView:
     lease_valid: bool = False
     plan: Fence | None = None
     ranks: tuple[str, ...] | None = None
+    nodes: tuple[str, ...] | None = None
     error: str | None = None
 
     @property
@@ -108,19 +109,27 @@ def agreed(
     return check
 
 
-def converged(names: Iterable[str], *, at_least: Fence | None = None) -> Condition:
-    """`agreed(names)` and every one of them applies the same plan (at least `at_least`)."""
+def converged(
+    names: Iterable[str], *, at_least: Fence | None = None, above_term: int = -1
+) -> Condition:
+    """`agreed(names, above_term=...)` and every one of them applies the same plan, at least
+    `at_least`, made in the coordinator's term, giving a role to exactly `names`."""
     wanted = tuple(names)
-    leader = agreed(wanted)
+    leader = agreed(wanted, above_term=above_term)
 
     def check(views: Views) -> bool:
         if not leader(views):
             return False
-        fences = {views[name].plan for name in wanted}
-        if len(fences) != 1:
+        plans = {(views[name].plan, views[name].nodes) for name in wanted}
+        if len(plans) != 1:
             return False
-        fence = fences.pop()
-        return fence is not None and (at_least is None or fence >= at_least)
+        fence, nodes = plans.pop()
+        return (
+            fence is not None
+            and fence[0] == views[wanted[0]].term
+            and (at_least is None or fence >= at_least)
+            and set(nodes or ()) == set(wanted)
+        )
 
     return check
 
@@ -241,7 +250,7 @@ def _view(host: str, record: Mapping[str, Any]) -> PlanView:
     if "error" in record:
         return PlanView(record["t"], host, error=str(record["error"]))
     plan = record.get("plan")
-    ranks = record.get("ranks")
+    ranks, nodes = record.get("ranks"), record.get("nodes")
     return PlanView(
         t=record["t"],
         host=host,
@@ -250,6 +259,7 @@ def _view(host: str, record: Mapping[str, Any]) -> PlanView:
         lease_valid=bool(record["lease_valid"]),
         plan=None if plan is None else (int(plan[0]), int(plan[1])),
         ranks=None if ranks is None else tuple(ranks),
+        nodes=None if nodes is None else tuple(nodes),
     )
 
 

@@ -8,16 +8,23 @@ checks every node's adoption log. Each test starts a fresh cluster.
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pytest
 
 from config import Timeouts
 from tests.cluster import NetnsClusterFactory
 from tests.node.election_netns_swarm import (
+    FAST_TIMEOUTS,
     START_S,
     ElectionWatch,
+    Fence,
+    PlanView,
+    Views,
     adoption_problems,
     agreed,
     converged,
@@ -84,3 +91,272 @@ def test_coordinator_crash_fails_over_within_detection(
     )
     assert elapsed <= FAILOVER_BOUND_S, f"failover took {elapsed:.2f} s > {FAILOVER_BOUND_S} s"
     _check_logs(swarm)
+
+
+def test_partition_two_three_minority_has_no_coordinator_and_no_new_plan(
+    netns_cluster: NetnsClusterFactory, record_property: RecordProperty
+) -> None:
+    swarm, watch = _start(netns_cluster)
+    leader, term = coordinator_of(watch.latest, swarm.names) or ("?", -1)
+    minority = (leader, swarm.others(leader)[0])
+    majority = swarm.others(leader)[1:]
+    before = {name: watch.latest[name].plan for name in minority}
+    cut_at = time.monotonic()
+    swarm.cluster.partition([swarm.host(n) for n in minority], [swarm.host(n) for n in majority])
+    no_lease_from = cut_at + 2 * DEFAULTS.lease_s + 0.5
+    seen_minority: list[PlanView] = []
+
+    def minority_holds(view: PlanView) -> None:
+        # The coordinator keeps its lease at most lease_s after its last acknowledged round and
+        # the follower honours it lease_s after the last heartbeat: 2 lease_s, then none.
+        if view.host not in minority or view.t < cut_at or not view.answered:
+            return
+        seen_minority.append(view)
+        assert view.plan == before[view.host], (
+            f"{view.host} on the 2 side applied plan {view.plan} (had {before[view.host]})"
+        )
+        if view.t >= no_lease_from:
+            assert not view.lease_valid, f"{view.host} on the 2 side still has a lease: {view}"
+
+    def majority_leads(views: Views) -> bool:
+        if not agreed(majority, above_term=term)(views):
+            return False
+        plans = {views[name].plan for name in majority}
+        fence = plans.pop() if len(plans) == 1 else None
+        return fence is not None and fence[0] > term
+
+    elected_at = watch.wait(
+        majority_leads,
+        since=cut_at,
+        timeout_s=FAILOVER_BOUND_S + 10.0,
+        message="the 3 side to elect a coordinator and apply its plan",
+        on_view=minority_holds,
+    )
+    watch.watch_for(max(0.0, no_lease_from + 1.0 - time.monotonic()), minority_holds)
+    late = [v for v in seen_minority if v.t >= no_lease_from]
+    assert {v.host for v in late} == set(minority), f"no late views of the 2 side: {late}"
+    new_leader, new_term = coordinator_of(watch.latest, majority) or ("?", -1)
+    newest = watch.latest[majority[0]].plan
+    assert all(watch.latest[n].term == term for n in minority), (
+        f"the 2 side raised its term (pre-vote should stop it): {watch.describe()}"
+    )
+
+    heal_at = time.monotonic()
+    swarm.cluster.heal()
+    healed_at = watch.wait(
+        converged(swarm.names, at_least=newest, above_term=term),
+        since=heal_at,
+        timeout_s=30.0,
+        hold_s=1.0,
+        message="one coordinator and one plan for all 5 after the heal",
+    )
+    final = coordinator_of(watch.latest, swarm.names)
+    record_property("partition_elect_s", round(elected_at - cut_at, 3))
+    record_property("heal_converge_s", round(healed_at - heal_at, 3))
+    print(
+        f"2|3 partition: {minority} lost {leader}'s lease; {majority} elected {new_leader} "
+        f"(term {new_term}, plan {newest}) {elected_at - cut_at:.2f} s after the cut; after "
+        f"the heal all 5 follow {final} with plan {watch.latest[leader].plan} after "
+        f"{healed_at - heal_at:.2f} s"
+    )
+    _check_logs(swarm)
+
+
+FAST = Timeouts(**FAST_TIMEOUTS)
+SLACK_S = 1.5
+"""Allowance for a loaded event loop and the probe's own timeout on top of the lease."""
+PARTITION_SHAPES = ((2, 3), (1, 4), (2, 3), (1, 2, 2))
+
+
+@dataclass
+class Chaos:
+    """The randomized schedule's state: what is cut, down or paused, and since when."""
+
+    swarm: Swarm
+    watch: ElectionWatch
+    rng: random.Random
+    seed: int
+    groups: tuple[tuple[str, ...], ...] = ()
+    paused: set[str] = field(default_factory=set)
+    cut_off: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Node -> (monotonic, wall) time since which it is cut off with a minority and running."""
+    frozen: dict[str, Fence | None] = field(default_factory=dict)
+    windows: list[tuple[str, float, float]] = field(default_factory=list)
+    """(node, wall start, wall end) of every stretch a node spent cut off with a minority."""
+    history: list[str] = field(default_factory=list)
+    terms: set[tuple[int, str]] = field(default_factory=set)
+    checked: int = 0
+    """Views of nodes cut off with a minority past the lease window (the checks that bit)."""
+    published: int = 0
+
+    @property
+    def down(self) -> set[str]:
+        return self.swarm.down
+
+    def note(self, what: str) -> None:
+        self.history.append(f"{time.monotonic():.2f} {what}")
+
+    def check_view(self, view: PlanView) -> None:
+        """A node cut off with a minority loses its lease and applies no plan after it."""
+        if not view.answered:
+            return
+        if view.lease_valid and view.coordinator is not None and view.term is not None:
+            self.terms.add((view.term, view.coordinator))
+        since = self.cut_off.get(view.host)
+        if since is None or view.host in self.paused:
+            return
+        age = view.t - since[0]
+        if age >= FAST.lease_s + SLACK_S:
+            fence = self.frozen.setdefault(view.host, view.plan)
+            assert view.plan == fence, self.fail(
+                f"{view.host}, cut off with a minority {age:.2f} s ago, applied plan "
+                f"{view.plan} after {fence}"
+            )
+        if age >= 2 * FAST.lease_s + SLACK_S:
+            self.checked += 1
+            assert not view.lease_valid, self.fail(
+                f"{view.host}, cut off with a minority {age:.2f} s ago, has a lease: {view}"
+            )
+
+    def fail(self, message: str) -> str:
+        if CHAOS_SEED_ENV in message:
+            return message
+        return (
+            f"{message}\nchaos seed {self.seed} (rerun with {CHAOS_SEED_ENV}={self.seed}); "
+            "schedule:\n  " + "\n  ".join(self.history)
+        )
+
+    def _close_window(self, name: str) -> None:
+        since = self.cut_off.pop(name, None)
+        if since is not None:
+            self.windows.append((name, since[1], time.time()))
+        self.frozen.pop(name, None)
+
+    def heal(self, *, note: bool = True) -> None:
+        for name in list(self.cut_off):
+            self._close_window(name)
+        self.swarm.cluster.heal()
+        if note and self.groups:
+            self.note("heal")
+        self.groups = ()
+
+    def partition(self) -> None:
+        self.heal(note=False)
+        names = list(self.swarm.names)
+        self.rng.shuffle(names)
+        groups, start = [], 0
+        for size in self.rng.choice(PARTITION_SHAPES):
+            groups.append(tuple(names[start : start + size]))
+            start += size
+        self.swarm.cluster.partition(*([self.swarm.host(n) for n in g] for g in groups))
+        cut = (time.monotonic(), time.time())
+        self.groups = tuple(groups)
+        self.cut_off = {n: cut for g in groups if len(g) <= VOTERS // 2 for n in g}
+        self.note(f"partition {' | '.join(','.join(g) for g in groups)}")
+
+    def kill(self, name: str, what: str = "") -> None:
+        self.swarm.kill(name)
+        self.note(f"kill {what}{name}")
+
+    def restart(self, name: str) -> None:
+        self.swarm.start(self.swarm.host(name))
+        self.note(f"restart {name}")
+
+    def pause(self, name: str) -> None:
+        self.swarm.daemons[name].stop()
+        self.paused.add(name)
+        self.note(f"pause {name}")
+
+    def resume_all(self) -> None:
+        # A paused node may still hold requests from before the pause: its minority stretch
+        # starts again when it runs again.
+        for name in sorted(self.paused):
+            self.swarm.daemons[name].cont()
+            if name in self.cut_off:
+                self._close_window(name)
+                self.cut_off[name] = (time.monotonic(), time.time())
+            self.note(f"resume {name}")
+        self.paused.clear()
+
+    def round(self) -> None:
+        """One random action, then 0.5-2 s of watching every view."""
+        rng, up = self.rng, [n for n in self.swarm.names if n not in self.down]
+        leader = coordinator_of(self.watch.latest, up)
+        choices: list[tuple[str, int]] = [("partition", 3), ("heal", 2 if self.groups else 0)]
+        if len(self.down) < 2:
+            choices += [("kill", 2), ("kill_leader", 2 if leader else 0), ("pause", 1)]
+        if self.down:
+            choices += [("restart", 3)]
+        action = rng.choices([c for c, _ in choices], [w for _, w in choices])[0]
+        if action == "partition":
+            self.partition()
+        elif action == "heal":
+            self.heal()
+        elif action == "kill":
+            self.kill(rng.choice(up))
+        elif action == "kill_leader" and leader is not None:
+            self.kill(leader[0], "coordinator ")
+        elif action == "pause":
+            self.pause(rng.choice(up))
+        elif action == "restart":
+            self.restart(rng.choice(sorted(self.down)))
+        self.watch.watch_for(rng.uniform(0.5, 2.0), self.check_view)
+        self.resume_all()
+
+    def log_problems(self) -> list[str]:
+        """The adoption logs' violations, and plans a node adopted while cut off with a
+        minority, later than a lease after the cut."""
+        logs = read_logs(self.swarm.hosts)
+        problems = adoption_problems(logs, self.swarm.names)
+        self.published = sum(
+            r.kind == "plan" and r.backers is not None for records in logs.values() for r in records
+        )
+        for name, start, end in self.windows:
+            problems.extend(
+                f"{name} adopted plan {r.plan_term}.{r.plan_version} {r.time - start:.2f} s "
+                "into a stretch cut off with a minority"
+                for r in logs[name]
+                if r.kind == "plan" and start + FAST.lease_s + SLACK_S <= r.time < end
+            )
+        return problems
+
+
+def test_randomized_partitions_kills_and_restarts_keep_one_coordinator_per_term(
+    netns_cluster: NetnsClusterFactory, record_property: RecordProperty
+) -> None:
+    seed = int(os.environ.get(CHAOS_SEED_ENV) or random.SystemRandom().randrange(2**32))
+    print(f"chaos seed {seed} (rerun with {CHAOS_SEED_ENV}={seed})")
+    swarm, watch = _start(netns_cluster, dict(FAST_TIMEOUTS))
+    chaos = Chaos(swarm, watch, random.Random(seed), seed)
+    started = time.monotonic()
+    try:
+        for _ in range(CHAOS_ROUNDS):
+            chaos.round()
+        chaos.heal()
+        for name in sorted(chaos.down):
+            chaos.restart(name)
+        healed_at = time.monotonic()
+        watch.wait(
+            converged(swarm.names),
+            since=healed_at,
+            timeout_s=30.0,
+            hold_s=1.0,
+            message="one coordinator and one plan for all 5 after the final heal",
+            on_view=chaos.check_view,
+        )
+        converged_s = time.monotonic() - healed_at
+        final = coordinator_of(watch.latest, swarm.names)
+        for name in swarm.names:
+            swarm.kill(name)
+        problems = chaos.log_problems()
+        assert not problems, "adoption log violations:\n" + "\n".join(problems)
+    except AssertionError as exc:
+        raise AssertionError(chaos.fail(str(exc))) from exc
+    record_property("chaos_seed", seed)
+    record_property("chaos_converge_s", round(converged_s, 3))
+    print(
+        f"{CHAOS_ROUNDS} rounds in {healed_at - started:.1f} s, {len(chaos.terms)} coordinator "
+        f"terms seen, {chaos.published} plans published, {chaos.checked} views of nodes cut "
+        f"off with a minority checked; final {final} {converged_s:.2f} s after the final heal; "
+        "schedule:\n  " + "\n  ".join(chaos.history)
+    )
