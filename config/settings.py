@@ -66,6 +66,9 @@ class NodeSettings(BaseModel):
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     log_format: LogFormat = Field(LogFormat.TEXT, description="text or json log lines.")
     circuit_threshold: int = Field(5, ge=1, description="Failures in a row that open a breaker.")
+    sync_interval_s: float = Field(
+        60.0, ge=0, description="Background pull of files and records from alive peers (0: off)."
+    )
     timeouts: Timeouts = Field(default_factory=Timeouts)
 
     @field_validator("seeds")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from config import shoal_version
-from node import cli_monitor, cli_serve
+from node import cli_monitor, cli_serve, cli_sync
 from node.cli_common import console
 from node.cli_hosts import config_app, hosts_app
 from node.cli_records import records_app
@@ -24,6 +24,7 @@ app.add_typer(wal_app, name="wal")
 app.add_typer(records_app, name="records")
 cli_serve.register(app)
 cli_monitor.register(app)
+cli_sync.register(app)
 
 
 @app.command("version")

@@ -52,6 +52,7 @@ from node.membership import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
+from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from sync import (
     RecordSchema,
@@ -227,12 +228,20 @@ class NodeDaemon:
         if pending:
             log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
         await self._start_health(runtime, wal)
-        await self._start_http(runtime, secrets, coordination)
+        stores = RecordStores.for_settings(settings, extra_schemas=extra_record_schemas(settings))
+        await self._stack.enter_async_context(stores)
+        self._notifier.status("resuming interrupted transfers")
+        sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s)
+        self._stack.push_async_callback(sync_service.close)
+        await sync_service.open(wal, stores)
+        await self._start_http(runtime, secrets, coordination, stores, sync_service)
         membership = await self._start_membership(runtime, secrets)
         self._notifier.status("joining the election")
         await coordination.start(membership, inventory, secrets.cluster, wal, self._rng)
         self._stack.push_async_callback(coordination.close)
         await self._start_discovery(runtime, membership, inventory)
+        sync_service.attach(membership)
+        self._spawn(sync_service.run_forever(), "background-sync")
         self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
         self._notifier.ready(f"serving {node_id} on {settings.bind}:{self.port}")
         log.info("node %s serving on http://%s:%d", node_id, settings.bind, self.port)
@@ -261,27 +270,30 @@ class NodeDaemon:
         runtime.health = checker
 
     async def _start_http(
-        self, runtime: NodeRuntime, secrets: Secrets, coordination: Coordination
+        self,
+        runtime: NodeRuntime,
+        secrets: Secrets,
+        coordination: Coordination,
+        stores: RecordStores,
+        sync_service: SyncService,
     ) -> None:
         policy = AuthPolicy(
             secret=secrets.cluster,
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
         )
-        stores = RecordStores.for_settings(
-            runtime.settings, extra_schemas=extra_record_schemas(runtime.settings)
-        )
-        await self._stack.enter_async_context(stores)
         app = build_app(
             runtime,
             policy,
             extra_routes=[
                 *record_routes(stores, runtime.node_id),
                 *coordination.routes(),
+                *sync_service.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
                 *coordination.docs(),
+                *sync_service.docs(),
             ],
         )
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)

@@ -1,0 +1,247 @@
+"""Data sync in the daemon: file categories through the SyncCoordinator, record stores by
+cursor pulls, on an interval and on request (`POST /v1/sync/run`, `shoal sync`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from config import signing_middleware
+from node.membership import Membership, MemberState
+from node.openapi import RouteDoc
+from node.runtime import NodeRuntime
+from node.security import bad_request, json_error
+from sync import (
+    FILE_CATEGORIES,
+    FileCatalog,
+    HttpTransport,
+    PeerRef,
+    RecordPullError,
+    RecordStores,
+    SyncCoordinator,
+    SyncStats,
+    file_route_docs,
+    file_routes,
+    pull_records,
+)
+from wal import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+RUN_PATH = "/v1/sync/run"
+STATUS_PATH = "/v1/sync/status"
+
+
+def _stats_dict(stats: SyncStats) -> dict[str, Any]:
+    return {**dataclasses.asdict(stats), "errors": list(stats.errors)}
+
+
+class SyncService:
+    """Owns the file catalog, the HTTP transport, the coordinator and the record pulls."""
+
+    def __init__(self, runtime: NodeRuntime, secret: bytes | None, interval_s: float) -> None:
+        self._runtime = runtime
+        self._secret = secret
+        self._interval_s = interval_s
+        self._stack = AsyncExitStack()
+        self._membership: Membership | None = None
+        self._stores: RecordStores | None = None
+        self._wal: WriteAheadLog | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._lock = asyncio.Lock()
+        self.catalog: FileCatalog | None = None
+        self.coordinator: SyncCoordinator | None = None
+        self.last_run: dict[str, Any] | None = None
+        self.running = False
+
+    async def open(self, wal: WriteAheadLog, stores: RecordStores) -> None:
+        """Open the catalog and coordinator, then resume transfers the WAL says were cut off."""
+        runtime = self._runtime
+        settings = runtime.settings
+        self._wal = wal
+        self._stores = stores
+        catalog = await self._stack.enter_async_context(FileCatalog.for_settings(settings))
+        http = HttpTransport(
+            node_id=runtime.node_id, secret=self._secret, timeouts=settings.timeouts
+        )
+        self._stack.push_async_callback(http.close)
+        coordinator = SyncCoordinator(
+            catalog,
+            http,
+            self_peer=PeerRef(runtime.node_id, self._self_url()),
+            wal=wal,
+            breakers=runtime.breakers,
+            metrics=runtime.metrics,
+            peers_fn=self.alive_peers,
+        )
+        self._stack.push_async_callback(coordinator.close)
+        await coordinator.start()
+        result = await wal.recover(coordinator.recovery_handlers())
+        log.info("sync: WAL recovery of transfers: %s", result)
+        middlewares = (signing_middleware(self._secret, runtime.node_id),) if self._secret else ()
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=settings.timeouts.sync_s),
+            middlewares=middlewares,
+        )
+        self._stack.push_async_callback(self._session.close)
+        self.catalog = catalog
+        self.coordinator = coordinator
+
+    def _self_url(self) -> str:
+        return f"http://{self._runtime.address}:{self._runtime.port or self._runtime.settings.port}"
+
+    def attach(self, membership: Membership) -> None:
+        self._membership = membership
+
+    def alive_peers(self) -> Sequence[PeerRef]:
+        if self._membership is None:
+            return []
+        return [
+            PeerRef(m.node_id, f"http://{m.address}:{m.port}")
+            for m in self._membership.members()
+            if m.state is MemberState.ALIVE and not m.is_self
+        ]
+
+    def routes(self) -> list[web.RouteDef]:
+        """File endpoints plus run/status. Built before open(); handlers read state lazily."""
+
+        async def pull(*args: Any, **kwargs: Any) -> Any:
+            if self.coordinator is None:
+                raise web.HTTPServiceUnavailable(reason="sync is not running yet")
+            return await self.coordinator.pull_file(*args, **kwargs)
+
+        assert self.catalog is not None, "open() before routes()"
+        return [
+            *file_routes(self.catalog, pull),
+            web.post(RUN_PATH, self._handle_run),
+            web.get(STATUS_PATH, self._handle_status),
+        ]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        return [
+            *(RouteDoc(**doc) for doc in file_route_docs()),
+            RouteDoc(
+                "POST",
+                RUN_PATH,
+                'Sync now: {"categories": [...], "from": node_id | null}; answers the stats',
+                ((200, "per-category SyncStats and record pulls"), (400, "unknown category")),
+            ),
+            RouteDoc("GET", STATUS_PATH, "The last sync run, whether one is running, the peers"),
+        ]
+
+    async def _handle_run(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else {}
+        if not isinstance(body, dict):
+            raise bad_request("expected a JSON object")
+        categories = body.get("categories") or []
+        source = body.get("from")
+        stores = list(self._stores or {})
+        known = [*FILE_CATEGORIES, *stores]
+        if not isinstance(categories, list) or any(c not in known for c in categories):
+            raise bad_request(f"categories: each must be one of {', '.join(known)}")
+        if source is not None and not isinstance(source, str):
+            raise bad_request("from: expected a node id")
+        peers = [p for p in self.alive_peers() if source is None or p.node_id == source]
+        if source is not None and not peers:
+            return json_error(404, f"from: {source} is not an alive peer of this node")
+        return web.json_response(await self.run_once(categories or known, peers))
+
+    async def _handle_status(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "running": self.running,
+                "last_run": self.last_run,
+                "interval_s": self._interval_s,
+                "peers": [p.node_id for p in self.alive_peers()],
+            }
+        )
+
+    async def run_once(self, categories: Sequence[str], peers: Sequence[PeerRef]) -> dict[str, Any]:
+        """Sync `categories` from `peers` now (one run at a time); returns a JSON summary."""
+        async with self._lock:
+            self.running = True
+            started = time.monotonic()
+            try:
+                result: dict[str, Any] = {
+                    "files": {},
+                    "records": {},
+                    "peers": [p.node_id for p in peers],
+                }
+                for category in categories:
+                    if category in FILE_CATEGORIES and self.coordinator is not None:
+                        stats = await self.coordinator.sync(category, peers)
+                        result["files"][category] = _stats_dict(stats)
+                    elif self._stores is not None and category in self._stores:
+                        result["records"][category] = await self._pull_store(category, peers)
+                result["duration_seconds"] = round(time.monotonic() - started, 3)
+                result["finished_at"] = time.time()
+                self.last_run = result
+                return result
+            finally:
+                self.running = False
+
+    async def _pull_store(self, store: str, peers: Sequence[PeerRef]) -> dict[str, Any]:
+        assert self._stores is not None
+        assert self._wal is not None
+        assert self._session is not None
+        counts = {"pulled": 0, "inserted": 0, "duplicates": 0}
+        errors: list[str] = []
+        for peer in peers:
+            key = f"records.cursor.{store}.{peer.node_id}"
+            saved = await self._wal.state_get(key)
+            since = (float(saved[0]), saved[1]) if isinstance(saved, list) else None
+            breaker = self._runtime.breakers.breaker_for(peer.node_id, "http")
+            try:
+                async with breaker:
+                    pulled = await pull_records(
+                        self._session,
+                        peer.url,
+                        store,
+                        self._stores[store],
+                        since=since,
+                        source_node=peer.node_id,
+                    )
+            except RecordPullError as exc:
+                pulled = exc.result
+                errors.append(f"{peer.node_id}: {exc}")
+            except Exception as exc:  # a peer's failure is counted, the loop goes on
+                errors.append(f"{peer.node_id}: {exc}")
+                continue
+            if pulled.cursor is not None:
+                await self._wal.state_set(key, list(pulled.cursor))
+            for field in counts:
+                counts[field] += getattr(pulled, field)
+        return {**counts, "errors": errors}
+
+    async def run_forever(self) -> None:
+        """Pull from alive peers every interval; a failed round is logged and the loop goes on."""
+        if self._interval_s <= 0:
+            return
+        warned = False
+        while True:
+            await asyncio.sleep(self._interval_s)
+            peers = self.alive_peers()
+            if not peers:
+                continue
+            try:
+                await self.run_once([*FILE_CATEGORIES, *(self._stores or {})], peers)
+                warned = False
+            except Exception as exc:  # recorded, never fatal for the daemon
+                log.log(
+                    logging.DEBUG if warned else logging.WARNING, "background sync failed: %s", exc
+                )
+                warned = True
+
+    async def close(self) -> None:
+        """Close the session, coordinator and catalog. Idempotent."""
+        self.coordinator = None
+        await self._stack.aclose()

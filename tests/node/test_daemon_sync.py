@@ -1,0 +1,106 @@
+"""Data sync through real daemons: files and records move exactly once, on request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession
+from typer.testing import CliRunner
+
+from config import NodeSettings, load_settings
+from node.cli import app
+from node.daemon import NodeDaemon
+
+FAST = {
+    "timeouts.probe_interval_s": 0.1,
+    "timeouts.probe_timeout_s": 0.05,
+    "timeouts.indirect_probe_timeout_s": 0.1,
+    "timeouts.suspicion_s": 0.3,
+    "sync_interval_s": 0,
+}
+
+
+def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
+    base = {
+        "data_dir": tmp_path / name,
+        "node_id": name,
+        "port": 0,
+        "mdns": False,
+        "cluster_name": f"s{os.getpid()}",
+        **FAST,
+    }
+    return load_settings(env={}, flags={**base, **flags}).settings
+
+
+def _game(index: int, quality: float) -> dict[str, Any]:
+    return {
+        "game_id": f"g-{index}",
+        "created_at": 1000.0 + index,
+        "board_type": "hex8" if index % 2 else "sq8",
+        "num_players": 2,
+        "winner": index % 2,
+        "moves": ["a1", "b2"],
+        "quality": quality,
+    }
+
+
+async def test_files_and_records_move_to_a_peer_exactly_once(tmp_path: Path) -> None:
+    source = NodeDaemon(_settings(tmp_path, "src"))
+    await source.start()
+    try:
+        checkpoint = source.settings.category_path("models") / "run1" / "ckpt.pt"
+        checkpoint.parent.mkdir(parents=True)
+        checkpoint.write_bytes(os.urandom(300_000))
+        async with ClientSession() as session:
+            url = f"http://127.0.0.1:{source.port}/v1/records/games"
+            games = [_game(i, i / 10) for i in range(10)]
+            async with session.post(url, json=games) as response:
+                assert (await response.json())["accepted"] == 10
+        seed = (f"127.0.0.1:{source.port}",)
+        async with NodeDaemon(_settings(tmp_path, "dst", seeds=seed)) as dest:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                async with (
+                    ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{dest.port}/v1/sync/status") as response,
+                ):
+                    if (await response.json())["peers"] == ["src"]:
+                        break
+                await asyncio.sleep(0.05)
+            runner = CliRunner()
+            node = f"http://127.0.0.1:{dest.port}"
+            result = await asyncio.to_thread(
+                runner.invoke, app, ["sync", "models", "games", "--node", node, "--json"]
+            )
+            assert result.exit_code == 0, result.output
+            summary = json.loads(result.output)
+            assert summary["files"]["models"]["files_transferred"] == 1
+            assert summary["records"]["games"]["inserted"] == 10
+            copied = dest.settings.category_path("models") / "run1" / "ckpt.pt"
+            assert copied.read_bytes() == checkpoint.read_bytes()
+            again = await asyncio.to_thread(
+                runner.invoke, app, ["sync", "--node", node, "--from", "src", "--json"]
+            )
+            assert again.exit_code == 0, again.output
+            second = json.loads(again.output)
+            assert second["files"]["models"]["files_transferred"] == 0
+            assert second["records"]["games"]["inserted"] == 0
+            status = await asyncio.to_thread(
+                runner.invoke, app, ["sync", "status", "--node", node, "--json"]
+            )
+            assert json.loads(status.output)["last_run"]["peers"] == ["src"]
+            async with (
+                ClientSession() as session,
+                session.get(f"{node}/v1/records/games/status") as response,
+            ):
+                assert (await response.json())["count"] == 10
+            bad = await asyncio.to_thread(runner.invoke, app, ["sync", "nope", "--node", node])
+            assert bad.exit_code == 1
+            assert "categories" in bad.output
+    finally:
+        await source.close()
