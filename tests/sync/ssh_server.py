@@ -6,14 +6,33 @@ channel after some bytes."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import os
 import shlex
-from collections.abc import Callable
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 
+from sync.http_transport import HttpTransport
+from sync.rsync_transport import RsyncTransport, SshTarget
+from sync.transport import PeerRef, Transport
+from tests.sync.files_fixtures import FAST_TIMEOUTS, FileNode
+
 Rewrite = Callable[[list[str]], list[str]]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What the server does to one command: rewrite its argv, close after some bytes."""
+
+    rewrite: Rewrite | None = None
+    die_after_bytes: int | None = None
 
 
 def write_key(key: asyncssh.SSHKey, path: Path) -> Path:
@@ -52,6 +71,7 @@ class SshServer:
         self.rewrite = rewrite
         self.die_after_bytes = die_after_bytes
         self.commands: list[list[str]] = []
+        self.next_faults: list[Fault] = []
         self.port = 0
         self._server: asyncssh.SSHAcceptor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -97,8 +117,11 @@ class SshServer:
             process.stderr.write(b"only rsync --server commands are allowed\n")
             process.exit(126)
             return
-        if self.rewrite is not None:
-            argv = self.rewrite(argv)
+        fault = self.next_faults.pop(0) if self.next_faults else Fault(self.rewrite)
+        if fault.rewrite is not None:
+            argv = fault.rewrite(argv)
+        die_after = fault.die_after_bytes
+        die_after = self.die_after_bytes if die_after is None else die_after
         self.commands.append(argv)
         child = await asyncio.create_subprocess_exec(
             *argv,
@@ -112,7 +135,7 @@ class SshServer:
         try:
             pumps = [
                 asyncio.ensure_future(_pump_in(process.stdin, child.stdin)),
-                asyncio.ensure_future(self._pump_out(child.stdout, process.stdout)),
+                asyncio.ensure_future(_pump_out(child.stdout, process.stdout, die_after)),
                 asyncio.ensure_future(_copy(child.stderr, process.stderr)),
             ]
             try:
@@ -130,21 +153,22 @@ class SshServer:
                 child.kill()
                 await child.wait()
 
-    async def _pump_out(
-        self, source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes]
-    ) -> None:
-        sent = 0
-        while chunk := await source.read(65536):
-            if self.die_after_bytes is not None and sent + len(chunk) > self.die_after_bytes:
-                sink.write(chunk[: max(0, self.die_after_bytes - sent)])
-                raise _Died
-            sent += len(chunk)
-            sink.write(chunk)
-            await sink.drain()
-
 
 class _Died(Exception):
     pass
+
+
+async def _pump_out(
+    source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes], die_after: int | None
+) -> None:
+    sent = 0
+    while chunk := await source.read(65536):
+        if die_after is not None and sent + len(chunk) > die_after:
+            sink.write(chunk[: max(0, die_after - sent)])
+            raise _Died
+        sent += len(chunk)
+        sink.write(chunk)
+        await sink.drain()
 
 
 async def _pump_in(source: asyncssh.SSHReader[bytes], sink: asyncio.StreamWriter) -> None:
@@ -159,3 +183,87 @@ async def _copy(source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes]) -
     while chunk := await source.read(65536):
         sink.write(chunk)
         await sink.drain()
+
+
+class ThreadedSshServer:
+    """An SshServer on its own event loop in a daemon thread, shared by tests whose loops
+    differ (the contract suite's rsync case); `close()` stops both."""
+
+    def __init__(self, directory: Path) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.server = SshServer(directory)
+        asyncio.run_coroutine_threadsafe(self.server.__aenter__(), self._loop).result(30)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self.server.close(), self._loop).result(30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._loop.close()
+
+
+class RsyncCase:
+    """The contract suite's rsync case: every node's data dir served by one shared SSH server;
+    faults are one-shot (the next command reads a corrupted copy, or its channel dies)."""
+
+    name = "rsync"
+    keeps_verified_pieces = False  # the mismatching temp file is deleted, not a delta basis
+
+    def __init__(self) -> None:
+        self._ssh: ThreadedSshServer | None = None
+        self.roots: dict[str, Path] = {}
+
+    def ssh(self) -> SshServer:
+        if self._ssh is None:
+            self._ssh = ThreadedSshServer(Path(tempfile.mkdtemp(prefix="shoal-ssh-")))
+            atexit.register(self._ssh.close)
+        return self._ssh.server
+
+    def transports(self, http: HttpTransport) -> dict[str, Transport]:
+        ssh = self.ssh()
+        target = SshTarget("127.0.0.1", ssh.port, key_path=str(ssh.client_key_path))
+        transport = RsyncTransport(
+            lambda peer: target,
+            known_hosts=ssh.known_hosts,
+            timeouts=FAST_TIMEOUTS,
+            remote_root=lambda peer, category: str(self.roots[peer.node_id] / category),
+        )
+        return {"rsync": transport}
+
+    def peer(self, node: FileNode) -> PeerRef:
+        self.roots[node.node_id] = node.base / "data"
+        return PeerRef(node.node_id, node.peer.url, (self.name,))
+
+    @contextlib.asynccontextmanager
+    async def faulty_peer(
+        self, node: FileNode, corrupt_after: int | None = None, die_after: int | None = None
+    ) -> AsyncIterator[PeerRef]:
+        peer = self.peer(node)
+        ssh = self.ssh()
+        if corrupt_after is None:
+            ssh.next_faults.append(Fault(die_after_bytes=die_after))
+            yield peer
+            return
+        with tempfile.TemporaryDirectory(prefix="shoal-corrupt-") as copy:
+            original = str(node.base / "data")
+            shutil.copytree(original, copy, dirs_exist_ok=True)
+            for directory, _, names in os.walk(copy):
+                for name in names:
+                    _flip_byte(Path(directory) / name, corrupt_after)
+
+            def rewrite(argv: list[str]) -> list[str]:
+                return [arg.replace(original, copy, 1) for arg in argv]
+
+            ssh.next_faults.append(Fault(rewrite, die_after))
+            yield peer
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    with path.open("r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        if byte:
+            handle.seek(offset)
+            handle.write(bytes([byte[0] ^ 0xFF]))
