@@ -63,6 +63,14 @@ class NodeSettings(BaseModel):
     adoption_log: Path | None = Field(
         None, description="Append every adopted (term, coordinator, plan) here (JSON lines)."
     )
+    training_command: tuple[str, ...] | None = Field(
+        None,
+        description="A training program the daemon runs with MASTER_ADDR, MASTER_PORT, RANK, "
+        "WORLD_SIZE, LOCAL_RANK, SHOAL_GENERATION while this node trains; restarted on a new plan.",
+    )
+    training_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment of the training program."
+    )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     log_format: LogFormat = Field(LogFormat.TEXT, description="text or json log lines.")
     circuit_threshold: int = Field(5, ge=1, description="Failures in a row that open a breaker.")

@@ -3,9 +3,11 @@ membership changes into re-plans, and the /v1/rendezvous endpoint for training p
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import os
 import random
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -19,7 +21,9 @@ from config import ConfigError, Inventory, NodeSettings
 from node.election import Elector
 from node.election_http import ELECTION_DOCS, HttpElectionTransport, election_routes
 from node.election_io import WalDurableState
-from node.election_state import ElectionConfig, ElectionEvent
+from node.election_state import ElectionConfig, ElectionEvent, ElectionEventKind
+from node.groups import Rendezvous as TrainingRendezvous
+from node.launcher import TrainingLauncher
 from node.membership import EventKind, MemberEvent, Membership, MemberState
 from node.openapi import RouteDoc
 from node.plan import RolePlan
@@ -110,6 +114,8 @@ class Coordination:
         self.elector: Elector | None = None
         self._warned_unconfigured = False
         self._stack = AsyncExitStack()
+        self._launcher: TrainingLauncher | None = None
+        self._launches: set[asyncio.Task[None]] = set()
 
     def routes(self) -> list[web.RouteDef]:
         """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous."""
@@ -187,6 +193,21 @@ class Coordination:
             adoption_log=adoption_log,
             rng=rng,
         )
+        if settings.training_command:
+            data_dir = settings.data_dir
+            launcher = TrainingLauncher(
+                settings.training_command,
+                data_dir,
+                data_dir / "training.log",
+                {
+                    **os.environ,
+                    **settings.training_env,
+                    "SHOAL_DAEMON_URL": f"http://{runtime.address}:{runtime.port}",
+                },
+                stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
+            )
+            self._stack.push_async_callback(launcher.close)
+            self._launcher = launcher
         elector.add_listener(self._on_election_event)
         await self._stack.enter_async_context(elector)
         self.elector = elector
@@ -227,6 +248,12 @@ class Coordination:
     def _on_election_event(self, event: ElectionEvent) -> None:
         if self.elector is not None:
             self._apply_status(self.elector)
+            if self._launcher is not None and event.kind is ElectionEventKind.PLAN_ADOPTED:
+                document = rendezvous_document(self.elector.plan, self._runtime.node_id)
+                rendezvous = TrainingRendezvous.from_dict(document) if document else None
+                task = asyncio.create_task(self._launcher.apply(rendezvous))
+                self._launches.add(task)
+                task.add_done_callback(self._launched)
         log.info(
             "election: %s (term %d, coordinator %s, plan %s)",
             event.kind.value,
@@ -245,7 +272,15 @@ class Coordination:
         role = plan.role_of(runtime.node_id) if plan is not None else None
         runtime.role = role.value if role is not None else runtime.settings.role.value
 
+    def _launched(self, task: asyncio.Task[None]) -> None:
+        self._launches.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("training launcher: %s", task.exception())
+
     async def close(self) -> None:
-        """Stop the elector, then its transport. Idempotent."""
+        """Stop the training program, the elector, then its transport. Idempotent."""
         self.elector = None
+        for task in list(self._launches):
+            task.cancel()
+        await asyncio.gather(*self._launches, return_exceptions=True)
         await self._stack.aclose()

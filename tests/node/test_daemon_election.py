@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -147,3 +149,35 @@ async def test_a_minority_of_the_voter_set_never_elects(tmp_path: Path) -> None:
         code, body = await _get(daemon.port, "/v1/rendezvous")
         assert code == 409
         assert "no role plan yet" in body["error"]
+
+
+async def test_daemon_launches_the_training_command_with_the_rendezvous(tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    script = (
+        "import json, os, sys, time; "
+        "keys = ['MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE', 'LOCAL_RANK', "
+        "'SHOAL_GENERATION', 'SHOAL_DAEMON_URL']; "
+        f"open({str(out)!r}, 'w').write(json.dumps({{k: os.environ.get(k) for k in keys}})); "
+        "time.sleep(60)"
+    )
+    settings = _settings(
+        tmp_path,
+        "trainer",
+        role="training",
+        backend="gloo",
+        training_command=(sys.executable, "-c", script),
+    )
+    async with NodeDaemon(settings) as daemon:
+
+        async def launched() -> bool:
+            return out.exists() and out.stat().st_size > 0
+
+        await _until(launched, 10, "the training command to start")
+        env = json.loads(out.read_text())
+        _, rendezvous = await _get(daemon.port, "/v1/rendezvous")
+        assert env["RANK"] == "0"
+        assert env["WORLD_SIZE"] == "1"
+        assert env["LOCAL_RANK"] == "0"
+        assert env["MASTER_PORT"] == str(rendezvous["master_port"])
+        assert env["SHOAL_GENERATION"] == str(rendezvous["generation"])
+        assert env["SHOAL_DAEMON_URL"] == f"http://127.0.0.1:{daemon.port}"
