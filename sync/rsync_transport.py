@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ PARTIAL_DIR = ".shoal-rsync-partial"
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 _STAT = re.compile(r"^(Literal|Matched) data: ([\d,.]+) bytes", re.MULTILINE)
 _TERM_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 
 
@@ -226,6 +228,7 @@ class RsyncTransport:
                 stderr=asyncio.subprocess.PIPE,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise FileTransferError(f"{where}: cannot start {argv[0]}: {exc}") from exc
@@ -244,6 +247,13 @@ class RsyncTransport:
         if child.returncode != 0:
             raise classify_failure(where, child.returncode or -1, err)
         return out
+
+
+def _die_with_parent() -> None:
+    """In the rsync child before exec: SIGTERM it (it keeps its partial file) when this
+    process dies, even by SIGKILL, so that no orphan keeps writing the temp file."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _with_host(target: SshTarget, host: str) -> SshTarget:

@@ -35,10 +35,16 @@ from wal import WalConfig, WriteAheadLog  # noqa: E402
 TIMEOUTS = Timeouts(http_request_s=2.0, sync_s=20.0, sync_piece_s=5.0)
 
 
-def transports_for(name: str, http: HttpTransport) -> dict[str, Transport]:
+def transports_for(
+    name: str, http: HttpTransport, bandwidth: float | None = None
+) -> dict[str, Transport]:
     """The transports of this puller; a new transport adds its name here."""
     if name == "http":
         return {"http": http}
+    if name == "rsync":
+        from tests.sync.ssh_server import rsync_from_env
+
+        return {"rsync": rsync_from_env(TIMEOUTS, bandwidth)}
     raise SystemExit(f"unknown transport {name!r}")
 
 
@@ -59,7 +65,7 @@ async def pull(args: argparse.Namespace) -> None:
             http,
             self_peer=PeerRef("puller", "http://127.0.0.1:9"),
             wal=wal,
-            transports=transports_for(args.transport, http),
+            transports=transports_for(args.transport, http, args.bandwidth),
             options=SyncOptions(
                 timeouts=TIMEOUTS,
                 retry_delay_s=0.01,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -19,11 +20,13 @@ from pathlib import Path
 
 import asyncssh
 
+from config import Timeouts
 from sync.http_transport import HttpTransport
 from sync.rsync_transport import RsyncTransport, SshTarget
 from sync.transport import PeerRef, Transport
 from tests.sync.files_fixtures import FAST_TIMEOUTS, FileNode
 
+ENV_VAR = "SHOAL_TEST_RSYNC"
 Rewrite = Callable[[list[str]], list[str]]
 
 
@@ -140,7 +143,7 @@ class SshServer:
             ]
             try:
                 await asyncio.gather(*pumps[1:])
-            except _Died:
+            except (_Died, BrokenPipeError, ConnectionError):
                 child.kill()
                 process.close()
                 return
@@ -234,6 +237,15 @@ class RsyncCase:
 
     def peer(self, node: FileNode) -> PeerRef:
         self.roots[node.node_id] = node.base / "data"
+        ssh = self.ssh()
+        os.environ[ENV_VAR] = json.dumps(
+            {
+                "port": ssh.port,
+                "key": str(ssh.client_key_path),
+                "known_hosts": str(ssh.known_hosts),
+                "roots": {node_id: str(root) for node_id, root in self.roots.items()},
+            }
+        )
         return PeerRef(node.node_id, node.peer.url, (self.name,))
 
     @contextlib.asynccontextmanager
@@ -258,6 +270,21 @@ class RsyncCase:
 
             ssh.next_faults.append(Fault(rewrite, die_after))
             yield peer
+
+
+def rsync_from_env(timeouts: Timeouts, bandwidth_bytes_per_s: float | None) -> RsyncTransport:
+    """The rsync transport of a puller subprocess, configured by the RsyncCase that started
+    it (through the SHOAL_TEST_RSYNC environment variable)."""
+    config = json.loads(os.environ[ENV_VAR])
+    target = SshTarget("127.0.0.1", config["port"], key_path=config["key"])
+    roots: dict[str, str] = config["roots"]
+    return RsyncTransport(
+        lambda peer: target,
+        known_hosts=Path(config["known_hosts"]),
+        timeouts=timeouts,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        remote_root=lambda peer, category: f"{roots[peer.node_id]}/{category}",
+    )
 
 
 def _flip_byte(path: Path, offset: int) -> None:

@@ -171,6 +171,8 @@ async def zygote() -> AsyncIterator[Zygote]:
 async def test_resume_after_sigkill_never_leaves_a_wrong_file(
     case: TransportCase, tmp_path: Path
 ) -> None:
+    if case.name == "rsync":
+        pytest.skip("rsync's SSH start-up (~1 s) outlasts the 0.45 s kill window of the rounds")
     rng = random.Random(1234)
     size = 12 * PIECE  # about 0.35 s at 512 KiB/s: most kills land mid-transfer
     puller_dir = tmp_path / "puller"
