@@ -62,6 +62,7 @@ from sync.record_types import (
     parse_since_query,
 )
 from sync.record_validate import row_to_record, validate_records
+from sync.rsync_transport import HostKeyError, RsyncTransport, SshAuthError, SshTarget
 from sync.storage import (
     MountInfo,
     StorageCapabilities,
@@ -96,6 +97,7 @@ __all__ = [
     "FileChangedError",
     "FileSyncError",
     "FileTransferError",
+    "HostKeyError",
     "HttpTransport",
     "IngestResult",
     "InsufficientSpaceError",
@@ -124,10 +126,13 @@ __all__ = [
     "RecordStores",
     "RecordValidationError",
     "RemoteManifest",
+    "RsyncTransport",
     "SinceQuery",
     "SnapshotError",
     "SnapshotInfo",
     "SpaceReserve",
+    "SshAuthError",
+    "SshTarget",
     "StorageCapabilities",
     "StorageKind",
     "StorageProvider",
