@@ -1,0 +1,65 @@
+"""Elastic training groups across real hosts: three training-role `shoal serve` daemons in
+network namespaces (every one a voter, the cluster secret set, role training, backend gloo,
+min_training 1, default timeouts), each with a training process beside it that joins through its
+local daemon and all_reduces in a loop. One host dies; the other two re-form without restarting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.cluster import NetnsClusterFactory
+from tests.node.election_netns_swarm import START_S, Views, converged, start_voters
+from tests.node.groups_netns_trainers import TRAINING_SETTINGS, Trainers
+
+pytestmark = pytest.mark.netns
+RecordProperty = Callable[[str, object], None]
+
+TRAINERS = 3
+REFORM_S = 15.0
+"""From the kill to the first all_reduce over the two survivors (the contract)."""
+
+
+def test_two_survivors_reform_a_group_without_restarting(
+    netns_cluster: NetnsClusterFactory, record_property: RecordProperty
+) -> None:
+    cluster = netns_cluster(TRAINERS + 1)
+    swarm, watch = start_voters(cluster, TRAINERS, settings=TRAINING_SETTINGS)
+    names = swarm.names
+
+    def all_train(views: Views) -> bool:
+        return converged(names)(views) and set(views[names[0]].ranks or ()) == set(names)
+
+    watch.wait(all_train, since=0.0, timeout_s=START_S, message="a plan training all 3 nodes")
+    trainers = Trainers(swarm)
+    trainers.start_all()
+    first = trainers.wait_reduced(names, TRAINERS, since=0.0, timeout_s=START_S)
+    assert {e.value for e in first.values()} == {6.0}, first
+    trainers.wait_reduced(names, TRAINERS, since=0.0, timeout_s=START_S, count=10)
+    victim = next(name for name, event in first.items() if event.rank == 0)
+    coordinator = watch.latest[names[0]].coordinator
+    survivors = swarm.others(victim)
+    pids = {name: trainers.procs[name].pid for name in survivors}
+
+    killed_at = time.monotonic()
+    trainers.kill(victim)
+    swarm.kill(victim)
+    reformed = trainers.wait_reduced(
+        survivors, TRAINERS - 1, since=killed_at, timeout_s=REFORM_S + 15
+    )
+    elapsed = max(event.t for event in reformed.values()) - killed_at
+    record_property("kill_to_two_rank_all_reduce_s", round(elapsed, 3))
+    print(
+        f"SIGKILL of rank 0's host {victim} (daemon and trainer; coordinator was {coordinator}) "
+        f"-> first all_reduce over {survivors}: {elapsed:.2f} s; survivors' events:\n"
+        + trainers.describe(last=4)
+    )
+    assert {e.value for e in reformed.values()} == {3.0}, reformed
+    for name in survivors:
+        assert trainers.procs[name].running(), f"the trainer on {name} exited"
+        seen = {e.pid for e in trainers.events[name]}
+        assert seen == {pids[name]}, f"{name}'s trainer was restarted: pids {seen}"
+    assert elapsed <= REFORM_S, f"re-forming took {elapsed:.2f} s > {REFORM_S} s"
