@@ -24,6 +24,7 @@ from tests.node.netns_swarm import Swarm
 __all__ = [
     "FAST_TIMEOUTS",
     "START_S",
+    "Condition",
     "ElectionWatch",
     "Fence",
     "PlanView",
