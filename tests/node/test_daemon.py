@@ -211,5 +211,5 @@ async def test_bad_extra_record_store_is_a_config_error(tmp_path: Path) -> None:
     from config import ConfigError
 
     settings = _settings(tmp_path, "bad", record_stores={"x": {"key": "id"}})
-    with pytest.raises(ConfigError, match="record_stores.x"):
+    with pytest.raises(ConfigError, match=r"record_stores\.x"):
         await NodeDaemon(settings).start()
