@@ -74,6 +74,14 @@ class NodeSettings(BaseModel):
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     log_format: LogFormat = Field(LogFormat.TEXT, description="text or json log lines.")
     circuit_threshold: int = Field(5, ge=1, description="Failures in a row that open a breaker.")
+    sync_transports: tuple[Literal["http", "rsync"], ...] = Field(
+        ("http",),
+        min_length=1,
+        description="Transports tried for each file, in order (rsync needs the inventory's ssh_*).",
+    )
+    ssh_known_hosts: Path | None = Field(
+        None, description="known_hosts for rsync over SSH (default ~/.ssh/known_hosts)."
+    )
     sync_interval_s: float = Field(
         60.0, ge=0, description="Background pull of files and records from alive peers (0: off)."
     )

@@ -231,7 +231,7 @@ class NodeDaemon:
         stores = RecordStores.for_settings(settings, extra_schemas=extra_record_schemas(settings))
         await self._stack.enter_async_context(stores)
         self._notifier.status("resuming interrupted transfers")
-        sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s)
+        sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s, inventory)
         self._stack.push_async_callback(sync_service.close)
         await sync_service.open(wal, stores)
         await self._start_http(runtime, secrets, coordination, stores, sync_service)

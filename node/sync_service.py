@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from config import signing_middleware
+from config import ConfigError, Inventory, signing_middleware
 from node.membership import Membership, MemberState
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
@@ -26,8 +26,11 @@ from sync import (
     PeerRef,
     RecordPullError,
     RecordStores,
+    RsyncTransport,
+    SshTarget,
     SyncCoordinator,
     SyncStats,
+    Transport,
     file_route_docs,
     file_routes,
     pull_records,
@@ -47,8 +50,15 @@ def _stats_dict(stats: SyncStats) -> dict[str, Any]:
 class SyncService:
     """Owns the file catalog, the HTTP transport, the coordinator and the record pulls."""
 
-    def __init__(self, runtime: NodeRuntime, secret: bytes | None, interval_s: float) -> None:
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        secret: bytes | None,
+        interval_s: float,
+        inventory: Inventory | None = None,
+    ) -> None:
         self._runtime = runtime
+        self._inventory = inventory
         self._secret = secret
         self._interval_s = interval_s
         self._stack = AsyncExitStack()
@@ -73,6 +83,20 @@ class SyncService:
             node_id=runtime.node_id, secret=self._secret, timeouts=settings.timeouts
         )
         self._stack.push_async_callback(http.close)
+        transports: dict[str, Transport] = {"http": http}
+        if "rsync" in settings.sync_transports:
+            if self._inventory is None:
+                raise ConfigError(
+                    "sync_transports: rsync needs an inventory (ssh_host, ssh_user, ssh_key of "
+                    "every host); add --inventory or drop rsync"
+                )
+            rsync = RsyncTransport(
+                {n: SshTarget.from_host(h) for n, h in self._inventory.hosts.items()},
+                known_hosts=settings.ssh_known_hosts,
+                timeouts=settings.timeouts,
+            )
+            self._stack.push_async_callback(rsync.close)
+            transports["rsync"] = rsync
         coordinator = SyncCoordinator(
             catalog,
             http,
@@ -81,6 +105,7 @@ class SyncService:
             breakers=runtime.breakers,
             metrics=runtime.metrics,
             peers_fn=self.alive_peers,
+            transports=transports,
         )
         self._stack.push_async_callback(coordinator.close)
         await coordinator.start()
@@ -105,7 +130,11 @@ class SyncService:
         if self._membership is None:
             return []
         return [
-            PeerRef(m.node_id, f"http://{m.address}:{m.port}")
+            PeerRef(
+                m.node_id,
+                f"http://{m.address}:{m.port}",
+                transports=tuple(self._runtime.settings.sync_transports),
+            )
             for m in self._membership.members()
             if m.state is MemberState.ALIVE and not m.is_self
         ]

@@ -104,3 +104,13 @@ async def test_files_and_records_move_to_a_peer_exactly_once(tmp_path: Path) -> 
             assert "categories" in bad.output
     finally:
         await source.close()
+
+
+async def test_rsync_without_an_inventory_is_a_config_error(tmp_path: Path) -> None:
+    import pytest
+
+    from config import ConfigError
+
+    settings = _settings(tmp_path, "r", sync_transports=("rsync", "http"))
+    with pytest.raises(ConfigError, match="rsync needs an inventory"):
+        await NodeDaemon(settings).start()
