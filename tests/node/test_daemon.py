@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
@@ -15,29 +14,16 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession
 
-from config import NodeSettings, load_settings
+from config import NodeSettings
 from node.daemon import NodeDaemon
 from node.errors import StartupError
+from tests.node.daemons import test_settings
 
-FAST = {
-    "timeouts.probe_interval_s": 0.1,
-    "timeouts.probe_timeout_s": 0.05,
-    "timeouts.indirect_probe_timeout_s": 0.1,
-    "timeouts.suspicion_s": 0.3,
-}
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
-    base = {
-        "data_dir": tmp_path / name,
-        "node_id": name,
-        "port": 0,
-        "mdns": False,
-        "cluster_name": f"t{os.getpid()}",
-        **FAST,
-    }
-    return load_settings(env={}, flags={**base, **flags}).settings
+    return test_settings(tmp_path, name, **flags)
 
 
 @asynccontextmanager

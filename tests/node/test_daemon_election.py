@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -14,32 +13,14 @@ from typing import Any
 from aiohttp import ClientSession
 from typer.testing import CliRunner
 
-from config import NodeSettings, load_settings
+from config import NodeSettings
 from node.cli import app
 from node.daemon import NodeDaemon
-
-FAST = {
-    "timeouts.probe_interval_s": 0.1,
-    "timeouts.probe_timeout_s": 0.05,
-    "timeouts.indirect_probe_timeout_s": 0.1,
-    "timeouts.suspicion_s": 0.3,
-    "timeouts.heartbeat_interval_s": 0.05,
-    "timeouts.lease_s": 0.4,
-    "timeouts.election_min_s": 0.3,
-    "timeouts.election_max_s": 0.6,
-}
+from tests.node.daemons import FAST_ELECTION, test_settings
 
 
 def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
-    base = {
-        "data_dir": tmp_path / name,
-        "node_id": name,
-        "port": 0,
-        "mdns": False,
-        "cluster_name": f"e{os.getpid()}",
-        **FAST,
-    }
-    return load_settings(env={}, flags={**base, **flags}).settings
+    return test_settings(tmp_path, name, **FAST_ELECTION, **flags)
 
 
 async def _get(port: int, path: str) -> Any:

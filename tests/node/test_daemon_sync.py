@@ -12,29 +12,14 @@ from typing import Any
 from aiohttp import ClientSession
 from typer.testing import CliRunner
 
-from config import NodeSettings, load_settings
+from config import NodeSettings
 from node.cli import app
 from node.daemon import NodeDaemon
-
-FAST = {
-    "timeouts.probe_interval_s": 0.1,
-    "timeouts.probe_timeout_s": 0.05,
-    "timeouts.indirect_probe_timeout_s": 0.1,
-    "timeouts.suspicion_s": 0.3,
-    "sync_interval_s": 0,
-}
+from tests.node.daemons import test_settings
 
 
 def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
-    base = {
-        "data_dir": tmp_path / name,
-        "node_id": name,
-        "port": 0,
-        "mdns": False,
-        "cluster_name": f"s{os.getpid()}",
-        **FAST,
-    }
-    return load_settings(env={}, flags={**base, **flags}).settings
+    return test_settings(tmp_path, name, sync_interval_s=0, **flags)
 
 
 def _game(index: int, quality: float) -> dict[str, Any]:
