@@ -50,7 +50,7 @@ def regroup(group: ElasticGroup) -> None:
 def main() -> None:
     daemon_url, secret_file = sys.argv[1], sys.argv[2]
     collective_s = float(sys.argv[3]) if len(sys.argv) > 3 else 5.0
-    timeouts = Timeouts(collective_s=collective_s, quorum_s=collective_s * 4)
+    timeouts = Timeouts(collective_s=collective_s, quorum_s=collective_s * 2)
     group = join_group(
         timeout_s=60.0,
         daemon_url=daemon_url,

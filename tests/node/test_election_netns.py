@@ -43,6 +43,9 @@ DETECTION_S = DEFAULTS.lease_s + DEFAULTS.election_max_s
 """Worst case from a crash to a survivor standing: the lease it still honours, then the
 longest election timeout (default timeouts)."""
 FAILOVER_BOUND_S = DETECTION_S + 2.0
+SLACK_S = 1.5
+"""Allowance on top of a lease for a loaded event loop and the probe's 0.5 s request timeout
+(a view is timed when its answer arrives)."""
 CHAOS_ROUNDS = 24
 CHAOS_SEED_ENV = "SHOAL_CHAOS_SEED"
 
@@ -54,7 +57,11 @@ def _start(
     cluster = netns_cluster(VOTERS + 1)
     swarm, watch = start_voters(cluster, VOTERS, timeouts=timeouts)
     watch.wait(
-        converged(swarm.names), since=0.0, timeout_s=START_S, message="a first coordinator + plan"
+        converged(swarm.names),
+        since=0.0,
+        timeout_s=START_S,
+        hold_s=1.0,
+        message="a first coordinator and one plan for all 5",
     )
     return swarm, watch
 
@@ -103,7 +110,7 @@ def test_partition_two_three_minority_has_no_coordinator_and_no_new_plan(
     before = {name: watch.latest[name].plan for name in minority}
     cut_at = time.monotonic()
     swarm.cluster.partition([swarm.host(n) for n in minority], [swarm.host(n) for n in majority])
-    no_lease_from = cut_at + 2 * DEFAULTS.lease_s + 0.5
+    no_lease_from = cut_at + 2 * DEFAULTS.lease_s + SLACK_S
     seen_minority: list[PlanView] = []
 
     def minority_holds(view: PlanView) -> None:
@@ -163,8 +170,6 @@ def test_partition_two_three_minority_has_no_coordinator_and_no_new_plan(
 
 
 FAST = Timeouts(**FAST_TIMEOUTS)
-SLACK_S = 1.5
-"""Allowance for a loaded event loop and the probe's own timeout on top of the lease."""
 PARTITION_SHAPES = ((2, 3), (1, 4), (2, 3), (1, 2, 2))
 
 
