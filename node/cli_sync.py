@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
 import aiohttp
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from config import NodeSettings
@@ -23,6 +33,8 @@ from node.cli_common import (
     print_json,
     settings_from,
 )
+
+log = logging.getLogger(__name__)
 
 
 async def _request(
@@ -64,6 +76,41 @@ def _print_run(result: dict[str, Any]) -> None:
     console.print(f"took {result.get('duration_seconds', 0):.2f} s", highlight=False)
 
 
+async def _run_with_progress(
+    settings: NodeSettings, base: str, run: Coroutine[Any, Any, Any]
+) -> Any:
+    """Await `run` while a progress bar follows the daemon's counters (files, bytes, rate, ETA)."""
+    task = asyncio.ensure_future(run)
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.fields[files]}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        bar = progress.add_task("sync", total=None, files="listing peers")
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if task.done():
+                break
+            try:
+                status = await _request(settings, "GET", f"{base}/v1/sync/status")
+            except (typer.Exit, Exception) as exc:  # the run's answer decides; a poll may miss
+                log.debug("progress poll failed: %s", exc)
+                continue
+            counts = status.get("progress") or {}
+            if counts.get("files_total"):
+                progress.update(
+                    bar,
+                    total=counts["bytes_total"] or None,
+                    completed=counts["bytes_done"],
+                    files=f"{counts['files_done']}/{counts['files_total']} files",
+                )
+    return await task
+
+
 def sync(
     categories: Annotated[
         list[str] | None,
@@ -102,15 +149,7 @@ def sync(
     body = {"categories": categories or [], "from": source}
     coroutine = _request(settings, "POST", f"{base}/v1/sync/run", body)
     if sys.stderr.isatty() and not as_json:
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("syncing {task.description}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-        ) as progress:
-            progress.add_task(", ".join(categories or ["everything"]), total=None)
-            result = asyncio.run(coroutine)
+        result = asyncio.run(_run_with_progress(settings, base, coroutine))
     else:
         result = asyncio.run(coroutine)
     if as_json:

@@ -188,6 +188,7 @@ class SyncService:
         return web.json_response(
             {
                 "running": self.running,
+                "progress": self.coordinator.progress.to_dict() if self.coordinator else None,
                 "last_run": self.last_run,
                 "interval_s": self._interval_s,
                 "peers": [p.node_id for p in self.alive_peers()],
@@ -198,6 +199,8 @@ class SyncService:
         """Sync `categories` from `peers` now (one run at a time); returns a JSON summary."""
         async with self._lock:
             self.running = True
+            if self.coordinator is not None:
+                self.coordinator.progress.reset()
             started = time.monotonic()
             try:
                 result: dict[str, Any] = {

@@ -25,7 +25,9 @@ from sync.files_errors import (
 from sync.files_plan import (
     ClusterSyncStats,
     P2PFallbackSync,
+    PullItem,
     SyncOptions,
+    SyncProgress,
     SyncStats,
     plan_pulls,
 )
@@ -79,6 +81,7 @@ class SyncCoordinator:
         self._warned: set[str] = set()
         self._recovery = FileRecovery(self)
         self.last_stats: dict[str, SyncStats] = {}
+        self.progress = SyncProgress()
         self._settled: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
         self._closed = False
 
@@ -180,10 +183,17 @@ class SyncCoordinator:
             plan = plan_pulls(dict(zip(local.paths, local.entries, strict=True)), remotes)
         if not plan:
             self._settled[category] = settled
-        outcomes = await asyncio.gather(
-            *(self._pull_item(category, item.entry, item.sources) for item in plan),
-            return_exceptions=True,
-        )
+        progress = self.progress
+        progress.files_total += len(plan)
+        progress.bytes_total += sum(item.entry.size for item in plan)
+
+        async def tracked(item: PullItem) -> TransferResult | None:
+            result = await self._pull_item(category, item.entry, item.sources)
+            progress.files_done += 1
+            progress.bytes_done += item.entry.size
+            return result
+
+        outcomes = await asyncio.gather(*(tracked(item) for item in plan), return_exceptions=True)
         files = transferred = 0
         for item, outcome in zip(plan, outcomes, strict=True):
             if isinstance(outcome, asyncio.CancelledError):

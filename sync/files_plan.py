@@ -71,6 +71,28 @@ class ClusterSyncStats:
     category_stats: Mapping[str, SyncStats] = field(default_factory=dict)
 
 
+@dataclass
+class SyncProgress:
+    """Transfers planned and finished since the last `reset()` (a file counts as done when it
+    is installed or failed); the daemon shows it while a sync runs. Owned by the coordinator."""
+
+    files_total: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    bytes_done: int = 0
+
+    def reset(self) -> None:
+        self.files_total = self.bytes_total = self.files_done = self.bytes_done = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "files_total": self.files_total,
+            "bytes_total": self.bytes_total,
+            "files_done": self.files_done,
+            "bytes_done": self.bytes_done,
+        }
+
+
 @dataclass(frozen=True)
 class PullItem:
     """One file to pull: the winning version and the peers that hold exactly it, best first.

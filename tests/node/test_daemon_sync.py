@@ -12,7 +12,8 @@ from typing import Any
 from aiohttp import ClientSession
 from typer.testing import CliRunner
 
-from config import NodeSettings
+from config import NodeSettings, load_settings
+from node import cli_sync
 from node.cli import app
 from node.daemon import NodeDaemon
 from tests.node.daemons import test_settings
@@ -78,7 +79,31 @@ async def test_files_and_records_move_to_a_peer_exactly_once(tmp_path: Path) -> 
             status = await asyncio.to_thread(
                 runner.invoke, app, ["sync", "status", "--node", node, "--json"]
             )
-            assert json.loads(status.output)["last_run"]["peers"] == ["src"]
+            status_document = json.loads(status.output)
+            assert status_document["last_run"]["peers"] == ["src"]
+            assert status_document["running"] is False
+            (checkpoint.parent / "ckpt2.pt").write_bytes(b"x" * 5000)
+            settings = load_settings(env={}, flags={"port": dest.port}).settings
+            deadline = time.monotonic() + 15  # the source re-lists its tree within seconds
+            transferred = 0
+            while not transferred and time.monotonic() < deadline:
+                run = cli_sync._request(
+                    settings, "POST", f"{node}/v1/sync/run", {"categories": ["models"]}
+                )
+                result_with_bar = await cli_sync._run_with_progress(settings, node, run)
+                transferred = result_with_bar["files"]["models"]["files_transferred"]
+            assert transferred == 1
+            async with (
+                ClientSession() as session,
+                session.get(f"{node}/v1/sync/status") as response,
+            ):
+                progress = (await response.json())["progress"]
+            assert progress == {
+                "files_total": 1,
+                "bytes_total": 5000,
+                "files_done": 1,
+                "bytes_done": 5000,
+            }
             async with (
                 ClientSession() as session,
                 session.get(f"{node}/v1/records/games/status") as response,
