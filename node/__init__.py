@@ -13,6 +13,9 @@ from node.election_http import ELECTION_DOCS, HttpElectionTransport, election_ro
 from node.election_io import WalDurableState
 from node.election_state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
 from node.errors import DiscoveryError, MembershipError, NodeError, StartupError
+from node.groups import ElasticGroup, GroupError, join_group
+from node.groups import Rendezvous as TrainingRendezvous
+from node.launcher import TrainingLauncher, training_env
 from node.membership import (
     EventKind,
     InMemoryNetwork,
@@ -34,6 +37,7 @@ from node.plan_log import AdoptionLog, check_adoption_logs, read_adoption_log
 from node.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
+from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 
 __all__ = [
@@ -47,12 +51,14 @@ __all__ = [
     "Coordination",
     "Discovery",
     "DiscoveryError",
+    "ElasticGroup",
     "ElectionConfig",
     "ElectionEvent",
     "ElectionEventKind",
     "ElectionStatus",
     "Elector",
     "EventKind",
+    "GroupError",
     "HttpElectionTransport",
     "InMemoryNetwork",
     "Listener",
@@ -74,7 +80,10 @@ __all__ = [
     "RouteDoc",
     "StartupError",
     "SwimTuning",
+    "SyncService",
     "SystemdNotifier",
+    "TrainingLauncher",
+    "TrainingRendezvous",
     "TransportStats",
     "UdpMembershipTransport",
     "VoterSet",
@@ -88,6 +97,7 @@ __all__ = [
     "election_routes",
     "error_middleware",
     "find_self_in_inventory",
+    "join_group",
     "load_secrets",
     "local_addresses",
     "openapi_document",
@@ -97,4 +107,5 @@ __all__ = [
     "resolve_voters",
     "should_apply",
     "status_document",
+    "training_env",
 ]
