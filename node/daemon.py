@@ -135,6 +135,7 @@ def advertise_address(settings: NodeSettings) -> str:
     return candidates[0] if candidates else "127.0.0.1"
 
 
+MAX_REQUEST_LINE_BYTES = 256 * 1024
 DISCOVERY_REFEED_S = 3.0
 """How often inventory hosts and seeds are offered to membership again (a seed that started
 after us is found within this time; each offer costs at most a few datagrams per host)."""
@@ -296,7 +297,13 @@ class NodeDaemon:
                 *sync_service.docs(),
             ],
         )
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=2.0,
+            # GET /v1/records/{store}/get takes up to 1000 keys in its query string.
+            max_line_size=MAX_REQUEST_LINE_BYTES,
+        )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, runtime.settings.bind, runtime.settings.port)

@@ -199,3 +199,25 @@ async def test_bad_extra_record_store_is_a_config_error(tmp_path: Path) -> None:
     settings = _settings(tmp_path, "bad", record_stores={"x": {"key": "id"}})
     with pytest.raises(ConfigError, match=r"record_stores\.x"):
         await NodeDaemon(settings).start()
+
+
+async def test_get_accepts_a_thousand_long_keys(tmp_path: Path) -> None:
+    games = [
+        {
+            "game_id": f"selfplay-run-0042-game-{i:08d}",
+            "created_at": float(i),
+            "board_type": "hex8",
+            "num_players": 2,
+            "winner": 0,
+            "moves": "a1",
+        }
+        for i in range(1000)
+    ]
+    async with _daemon(_settings(tmp_path, "get")) as daemon, ClientSession() as session:
+        url = f"http://127.0.0.1:{daemon.port}/v1/records/games"
+        async with session.post(url, json=games) as response:
+            assert (await response.json())["accepted"] == 1000
+        query = [("key", game["game_id"]) for game in games]
+        async with session.get(f"{url}/get", params=query) as response:
+            assert response.status == 200, await response.text()
+            assert len((await response.json())["records"]) == 1000
