@@ -83,7 +83,7 @@ def plan_applied(names: tuple[str, ...], min_term: int) -> Condition:
 def one_failover(swarm: Swarm, watch: ElectionWatch) -> dict[str, Any]:
     """Kill the coordinator, time the failover and the new plan, restart it, wait for all."""
     names = swarm.names
-    leader, term = coordinator_of(watch.latest, names) or ("?", -1)
+    leader, term = coordinator_of(watch.matched, names) or ("?", -1)
     survivors = swarm.others(leader)
     first_timer: list[float] = []
 
@@ -101,7 +101,7 @@ def one_failover(swarm: Swarm, watch: ElectionWatch) -> dict[str, Any]:
         message="a new coordinator",
         on_view=note,
     )
-    new_leader, new_term = coordinator_of(watch.latest, survivors) or ("?", term + 1)
+    new_leader, new_term = coordinator_of(watch.matched, survivors) or ("?", term + 1)
     plan_at = watch.wait(
         plan_applied(survivors, new_term), since=killed_at, timeout_s=WAIT_S, message="its plan"
     )

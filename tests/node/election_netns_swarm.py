@@ -144,6 +144,8 @@ class ElectionWatch:
         self._offset = 0
         self._partial = b""
         self.latest: dict[str, PlanView] = {}
+        self.matched: dict[str, PlanView] = {}
+        """The views that made the last successful `wait` hold (fresher ones may be in latest)."""
         self.guard: Callable[[], None] | None = None
         """Called on every poll of `wait` and `watch_for`; raises to stop waiting early."""
 
@@ -202,6 +204,7 @@ class ElectionWatch:
                     continue
                 held_since = view.t if held_since is None else held_since
                 if view.t - held_since >= hold_s:
+                    self.matched = dict(fresh)
                     return held_since
             if time.monotonic() > deadline:
                 raise WaitTimeoutError(

@@ -44,7 +44,7 @@ def test_two_survivors_reform_a_group_without_restarting(
     assert {e.value for e in first.values()} == {6.0}, first
     trainers.wait_reduced(names, TRAINERS, since=0.0, timeout_s=START_S, count=10)
     victim = next(name for name, event in first.items() if event.rank == victim_rank)
-    coordinator = watch.latest[names[0]].coordinator
+    coordinator = watch.matched[names[0]].coordinator
     survivors = swarm.others(victim)
     pids = {name: trainers.procs[name].pid for name in survivors}
 
