@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import logging
 import os
 import re
@@ -86,6 +87,14 @@ def parse_stats(output: str) -> tuple[int, int]:
     """(literal bytes sent, bytes matched from the local basis) from `rsync --stats`."""
     found = {kind: int(re.sub(r"[,.]", "", value)) for kind, value in _STAT.findall(output)}
     return found.get("Literal", 0), found.get("Matched", 0)
+
+
+def rsync_temp_name(final_name: str) -> str:
+    """rsync's destination for `final_name`, one per file name (not per version): its partial
+    file in PARTIAL_DIR is the delta basis of the next version and is replaced by it, so a
+    superseded version's partial never stays behind."""
+    digest = hashlib.sha256(final_name.encode(errors="surrogateescape")).hexdigest()
+    return f"{TEMP_PREFIX}rsync-{digest[:40]}"
 
 
 def classify_failure(where: str, status: int, stderr: str) -> FileTransferError:
@@ -190,7 +199,7 @@ class RsyncTransport:
             raise FileSyncError("rsync transport is closed")
         started = time.monotonic()
         final = dest_path(dest_root, entry.path)
-        temp = final.parent / f"{TEMP_PREFIX}rsync-{entry.hash[:40]}"
+        temp = final.parent / rsync_temp_name(final.name)
         where = f"{peer.node_id}:{category}/{entry.path}"
         try:
             await asyncio.to_thread(make_directories, dest_root, final.parent)
@@ -250,10 +259,12 @@ class RsyncTransport:
 
 
 def _die_with_parent() -> None:
-    """In the rsync child before exec: SIGTERM it (it keeps its partial file) when this
-    process dies, even by SIGKILL, so that no orphan keeps writing the temp file."""
+    """In the rsync child before exec: SIGKILL it when this process dies, even by SIGKILL, so
+    that no orphan keeps writing the temp file. (On SIGTERM rsync waits for its receiver,
+    which finishes the file; killed, its SSH helper dies with it and the receiver, at the
+    end of its input, keeps its partial file.)"""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _with_host(target: SshTarget, host: str) -> SshTarget:

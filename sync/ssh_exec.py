@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,7 @@ KIND_HOST_KEY = "host-key"
 KIND_AUTH = "auth"
 KIND_CONNECT = "connect"
 EXIT_SSH_FAILED = 255
+_PR_SET_PDEATHSIG = 1
 
 
 def _report(kind: str, message: str) -> int:
@@ -97,7 +100,21 @@ async def run(argv: Sequence[str]) -> int:
     return EXIT_SSH_FAILED if status is None or status < 0 else status
 
 
+def _exit_with_parent() -> None:
+    """Be SIGTERMed when rsync (the parent) dies: rsync's receiver, a sibling process, reads
+    this helper's stdout, so without this it would finish the transfer for nobody; with it,
+    it sees the end of its input and keeps its partial file for a resume."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        sys.exit(EXIT_SSH_FAILED)
+
+
 def main() -> None:
+    _exit_with_parent()
     sys.exit(asyncio.run(run(sys.argv[1:])))
 
 

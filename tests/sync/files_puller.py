@@ -2,7 +2,8 @@
 
 Usage: python tests/sync/files_puller.py DATA_DIR PEER_URL [--transport http]
        [--category models] [--piece-size N] [--bandwidth BYTES_PER_S]
-Prints `READY` once its WAL is open (tests SIGKILL it from then on), then
+Prints `READY` once its WAL is open (tests SIGKILL it from then on), with rsync `FLOWING`
+once rsync's receiver has created its working file (SSH is up, bytes are arriving), then
 `DONE <files> <bytes> <recovered>` when the sync finished.
 
 With `--zygote` it imports everything once, then forks one puller per `RUN <args>` line read
@@ -26,7 +27,7 @@ if str(ROOT) not in sys.path:
 from config import Timeouts  # noqa: E402
 from sync.coordinator import SyncCoordinator, SyncOptions  # noqa: E402
 from sync.files_catalog import FileCatalog  # noqa: E402
-from sync.guards import SpaceReserve  # noqa: E402
+from sync.guards import TEMP_PREFIX, SpaceReserve  # noqa: E402
 from sync.http_transport import HttpTransport  # noqa: E402
 from sync.storage import MountInfo  # noqa: E402
 from sync.transport import PeerRef, Transport  # noqa: E402
@@ -46,6 +47,26 @@ def transports_for(
 
         return {"rsync": rsync_from_env(TIMEOUTS, bandwidth)}
     raise SystemExit(f"unknown transport {name!r}")
+
+
+POLL_S = 0.005
+
+
+def is_rsync_working_file(name: str) -> bool:
+    """rsync's working file of the transport's temp file: `<temp name>.XXXXXX`."""
+    return name.startswith(f"{TEMP_PREFIX}rsync-") and "." in name[len(TEMP_PREFIX) :]
+
+
+async def report_when_rsync_receives(root: Path) -> None:
+    """Print `FLOWING` once an rsync working file exists under `root` (its receiver has
+    started writing: SSH start-up is over)."""
+    while True:
+        for _, _, names in os.walk(root):
+            if any(is_rsync_working_file(name) for name in names):
+                sys.stdout.write("FLOWING\n")
+                sys.stdout.flush()
+                return
+        await asyncio.sleep(POLL_S)
 
 
 async def pull(args: argparse.Namespace) -> None:
@@ -76,9 +97,17 @@ async def pull(args: argparse.Namespace) -> None:
         async with coordinator:
             sys.stdout.write("READY\n")
             sys.stdout.flush()
-            recovered = await wal.recover(coordinator.recovery_handlers())
-            peer = PeerRef("server", args.peer_url, (args.transport,))
-            stats = await coordinator.sync(args.category, [peer])
+            watcher = None
+            if args.transport == "rsync":
+                root = catalog.root(args.category)
+                watcher = asyncio.create_task(report_when_rsync_receives(root))
+            try:
+                recovered = await wal.recover(coordinator.recovery_handlers())
+                peer = PeerRef("server", args.peer_url, (args.transport,))
+                stats = await coordinator.sync(args.category, [peer])
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
             if stats.errors:
                 sys.stdout.write(f"ERRORS {stats.errors}\n")
             sys.stdout.write(

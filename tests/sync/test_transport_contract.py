@@ -1,11 +1,12 @@
-"""The contract every file transport keeps, run against each one (today: http; an rsync case
-adds itself to CASES): a complete verified file, resume after the puller is SIGKILLed, bytes
-corrupted in transit detected and retried, a peer dying mid-transfer served by a fallback."""
+"""The contract every file transport keeps, run against each one (http and rsync, in CASES):
+a complete verified file, resume after the puller is SIGKILLed, bytes corrupted in transit
+detected and retried, a peer dying mid-transfer served by a fallback."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -24,6 +25,7 @@ from sync.manifest import ManifestEntry
 from sync.transport import PeerRef, Transport
 from tests.sync.files_fixtures import PIECE, FileNode, content_hash_of, internal_files
 from tests.sync.files_proxy import FaultProxy
+from tests.sync.files_puller import is_rsync_working_file
 from tests.sync.ssh_server import RsyncCase
 from wal import SYNC_STARTED
 
@@ -119,8 +121,11 @@ class Zygote:
         assert raw, "the puller zygote exited"
         return raw.decode().strip()
 
-    async def round(self, args: list[str], kill_after_s: float | None) -> tuple[bool, list[str]]:
-        """Run one puller; SIGKILL it `kill_after_s` after READY. (finished, its lines)."""
+    async def round(
+        self, args: list[str], kill_after_s: float | None, kill_from: str = "READY"
+    ) -> tuple[bool, list[str]]:
+        """Run one puller; SIGKILL it `kill_after_s` after it printed `kill_from` (READY, or
+        FLOWING for rsync), unless it ended before that line. (finished, its lines)."""
         assert self.process.stdin is not None
         self.process.stdin.write(("RUN " + " ".join(args) + "\n").encode())
         await self.process.stdin.drain()
@@ -136,11 +141,17 @@ class Zygote:
                 ready = True
             elif line.startswith(("EXIT", "FAILED")):
                 raise AssertionError(f"puller ended before READY: {lines}")
-        if kill_after_s is not None:
+        ended = False
+        while kill_from not in lines and not ended:
+            line = await self.line()
+            ended = line.startswith("EXIT")
+            if not ended:
+                lines.append(line)
+        if kill_after_s is not None and not ended:
             await asyncio.sleep(kill_after_s)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        while not (line := await self.line()).startswith("EXIT"):
+        while not ended and not (line := await self.line()).startswith("EXIT"):
             lines.append(line)
         return any(item.startswith("DONE") for item in lines), lines
 
@@ -168,13 +179,32 @@ async def zygote() -> AsyncIterator[Zygote]:
             await process.wait()
 
 
+@dataclasses.dataclass(frozen=True)
+class KillRounds:
+    """How the SIGKILL rounds of one transport are paced: the file size, the puller's
+    bandwidth, the line the kill delay starts from and that delay's upper bound."""
+
+    size_bytes: int
+    bandwidth_bytes_per_s: int
+    kill_from: str
+    kill_window_s: float
+
+
+# http: READY is moments before the first bytes; about 0.375 s per transfer at 512 KiB/s.
+# rsync: SSH start-up (~1 s) is left out by starting the delay at FLOWING (rsync's receiver
+# writes its working file); about 0.3 s per transfer at 320 KiB/s (--bwlimit=320).
+PACING = {
+    "http": KillRounds(12 * PIECE, 512 << 10, "READY", 0.45),
+    "rsync": KillRounds(6 * PIECE, 320 << 10, "FLOWING", 0.35),
+}
+
+
 async def test_resume_after_sigkill_never_leaves_a_wrong_file(
     case: TransportCase, tmp_path: Path
 ) -> None:
-    if case.name == "rsync":
-        pytest.skip("rsync's SSH start-up (~1 s) outlasts the 0.45 s kill window of the rounds")
     rng = random.Random(1234)
-    size = 12 * PIECE  # about 0.35 s at 512 KiB/s: most kills land mid-transfer
+    pacing = PACING[case.name]
+    size = pacing.size_bytes
     puller_dir = tmp_path / "puller"
     final = puller_dir / "models" / "ckpt.pt"
     async with _node(case, tmp_path / "server", "server") as server:
@@ -195,18 +225,19 @@ async def test_resume_after_sigkill_never_leaves_a_wrong_file(
             "--piece-size",
             str(PIECE),
             "--bandwidth",
-            str(512 << 10),
+            str(pacing.bandwidth_bytes_per_s),
         ]
         interrupted = finished = 0
         async with zygote() as pullers:
             for round_no in range(KILL_ROUNDS):
-                done, lines = await pullers.round(args, rng.uniform(0.0, 0.45))
+                kill_after_s = rng.uniform(0.0, pacing.kill_window_s)
+                done, lines = await pullers.round(args, kill_after_s, pacing.kill_from)
                 assert not any(line.startswith("FAILED") for line in lines), lines
                 if final.exists():
                     got = content_hash_of(final)
                     assert got in versions, f"round {round_no}: final path holds a wrong file"
                     assert final.stat().st_size == size
-                partials = [p for p in internal_files(final.parent) if "partial" in p]
+                partials = await _settled_partials(final.parent)
                 interrupted += bool(partials)
                 finished += done
                 if (final.exists() and content_hash_of(final) == current) or round_no % 5 == 4:
@@ -214,8 +245,20 @@ async def test_resume_after_sigkill_never_leaves_a_wrong_file(
             done, lines = await pullers.round(args, None)
         assert done, lines
         assert content_hash_of(final) == current
-        assert internal_files(puller_dir / "models") == []
-        assert interrupted >= 3, f"only {interrupted} kills landed mid-transfer"
+        assert sorted(os.listdir(final.parent)) == ["ckpt.pt"]  # no partial, temp or dir left
+        assert interrupted >= 3, f"only {interrupted} kills landed mid-transfer ({finished} done)"
+
+
+async def _settled_partials(directory: Path) -> list[str]:
+    """The partial files in `directory` once no killed transfer is still writing: rsync's
+    receiver, cut off when its puller (and so its SSH helper) died, moves its working file
+    (`<temp name>.XXXXXX`) into its partial dir as it exits."""
+    async with asyncio.timeout(10):
+        while any(
+            is_rsync_working_file(name) for _, _, names in os.walk(directory) for name in names
+        ):
+            await asyncio.sleep(0.01)
+    return [p for p in internal_files(directory) if "partial" in p]
 
 
 async def test_corrupted_bytes_are_detected_and_retried(
