@@ -67,7 +67,10 @@ class Timeouts(BaseModel):
         3.0, gt=0, description="Upper bound of the randomized election timeout."
     )
     collective_s: float = Field(
-        30.0, gt=0, description="A torch.distributed collective or store operation."
+        10.0,
+        gt=0,
+        description="A torch.distributed collective or store operation; also bounds how long a "
+        "survivor blocked in a collective with a dead peer waits before it re-forms its group.",
     )
     quorum_s: float = Field(60.0, gt=0, description="Forming a process group from a new plan.")
     watchdog_s: float = Field(

@@ -58,6 +58,7 @@ def _member_dict(member: Any) -> dict[str, Any]:
 
 async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
     """The /v1/status document (also what `shoal status` prints)."""
+    runtime.refresh()
     wal: dict[str, Any] = {"pending": None, "oldest_pending_age_s": None}
     if runtime.wal is not None:
         stats = await runtime.wal.stats()

@@ -212,6 +212,7 @@ class Coordination:
         await self._stack.enter_async_context(elector)
         self.elector = elector
         self._apply_status(elector)
+        self._runtime.refreshers.append(self._refresh)
         self._stack.callback(membership.add_listener(self._membership_listener(membership)))
         return elector
 
@@ -261,6 +262,10 @@ class Coordination:
             event.status.coordinator,
             event.status.plan_version,
         )
+
+    def _refresh(self) -> None:
+        if self.elector is not None:
+            self._apply_status(self.elector)
 
     def _apply_status(self, elector: Elector) -> None:
         runtime = self._runtime

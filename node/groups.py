@@ -369,6 +369,8 @@ def _form(
             f"generation {generation}: rank 0 could not host the store on port {port}, "
             f"or not all {size} ranks joined in {join_s:.1f} s: {exc}"
         ) from exc
+    if backend == "gloo":
+        _bind_gloo_to_route(address)
     collective = timedelta(seconds=timeouts.collective_s)
     store.set_timeout(collective)
     prefixed = dist.PrefixStore(store_prefix(generation), store)
@@ -382,6 +384,32 @@ def _form(
             f"did not form: {exc}"
         ) from exc
     return prefixed
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of the local interface whose address routes to `address`, or None."""
+    import ifaddr  # zeroconf's dependency; imported here to keep `node.groups` light
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # no packet is sent: this only asks the routing table
+            local = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    for adapter in ifaddr.get_adapters():
+        if any(ip.ip == local for ip in adapter.ips):
+            return str(adapter.nice_name)
+    return None
+
+
+def _bind_gloo_to_route(master_addr: str) -> None:
+    """Make gloo advertise the address that reaches the master, not the hostname's (which is
+    often 127.0.x.1 in /etc/hosts); an operator's GLOO_SOCKET_IFNAME wins."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    name = interface_towards(master_addr)
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def _wait_for_master(rendezvous: Rendezvous, deadline: float, clock: Callable[[], float]) -> None:

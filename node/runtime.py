@@ -58,6 +58,12 @@ class NodeRuntime:
     coordinator: str | None = None
     plan_version: int | None = None
     notes: list[str] = field(default_factory=list)
+    refreshers: list[Callable[[], None]] = field(default_factory=list)
+    """Called before status is read, so live fields (term, coordinator) are never stale."""
+
+    def refresh(self) -> None:
+        for refresh in self.refreshers:
+            refresh()
 
     @property
     def uptime_s(self) -> float:

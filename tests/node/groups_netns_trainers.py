@@ -64,10 +64,9 @@ class Trainers:
             sys.executable, str(WORKER),
             f"http://{host.endpoint}", str(self.swarm.secret_file), str(self.collective_s),
         ]  # fmt: skip
-        # gloo picks its interface from the machine's hostname, which resolves to 127.0.0.1
-        # here (as on many hosts): ranks would advertise loopback to each other. node/groups.py
-        # does not choose the interface, so name it as an operator must.
-        env = {"PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "eth0"}
+        # No GLOO_SOCKET_IFNAME: node/groups.py binds gloo to the interface that routes to the
+        # master (the hostname resolves to 127.0.0.1 here, which would break the mesh).
+        env = {"PYTHONPATH": str(ROOT)}
         proc = host.spawn(argv, cwd=ROOT, env=env, name="trainer")
         self.procs[host.name] = proc
         self.killed.discard(host.name)

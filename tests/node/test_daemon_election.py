@@ -162,3 +162,33 @@ async def test_daemon_launches_the_training_command_with_the_rendezvous(tmp_path
         assert env["MASTER_PORT"] == str(rendezvous["master_port"])
         assert env["SHOAL_GENERATION"] == str(rendezvous["generation"])
         assert env["SHOAL_DAEMON_URL"] == f"http://127.0.0.1:{daemon.port}"
+
+
+async def test_status_drops_a_coordinator_that_is_gone(tmp_path: Path) -> None:
+    names = ("w1", "w2", "w3")
+    daemons: dict[str, NodeDaemon] = {}
+    try:
+        for name in names:
+            seeds = (f"127.0.0.1:{daemons['w1'].port}",) if daemons else ()
+            daemon = NodeDaemon(_settings(tmp_path, name, voters=names, seeds=seeds))
+            await daemon.start()
+            daemons[name] = daemon
+
+        async def elected() -> bool:
+            seen = [(await _get(d.port, "/v1/status"))[1]["coordinator"] for d in daemons.values()]
+            return len(set(seen)) == 1 and seen[0] is not None
+
+        await _until(elected, 10, "a coordinator")
+        leader = (await _get(daemons["w1"].port, "/v1/status"))[1]["coordinator"]
+        others = [n for n in names if n != leader]
+        await daemons.pop(leader).close()
+        await daemons.pop(others[0]).close()
+        survivor = daemons[others[1]]
+
+        async def dropped() -> bool:
+            return (await _get(survivor.port, "/v1/status"))[1]["coordinator"] is None
+
+        await _until(dropped, 5, "the survivor to stop naming the dead coordinator")
+    finally:
+        for daemon in daemons.values():
+            await daemon.close()
