@@ -9,6 +9,7 @@ GroupError                 base of this module's errors (a NodeError)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
@@ -369,15 +370,14 @@ def _form(
             f"generation {generation}: rank 0 could not host the store on port {port}, "
             f"or not all {size} ranks joined in {join_s:.1f} s: {exc}"
         ) from exc
-    if backend == "gloo":
-        _bind_gloo_to_route(address)
     collective = timedelta(seconds=timeouts.collective_s)
     store.set_timeout(collective)
     prefixed = dist.PrefixStore(store_prefix(generation), store)
     try:
-        dist.init_process_group(
-            backend, store=prefixed, rank=rank, world_size=size, timeout=collective
-        )
+        with _gloo_bound_to_route(address if backend == "gloo" else None):
+            dist.init_process_group(
+                backend, store=prefixed, rank=rank, world_size=size, timeout=collective
+            )
     except RuntimeError as exc:
         raise GroupError(
             f"generation {generation}: {backend} group of {size} at {address}:{port} "
@@ -402,14 +402,22 @@ def interface_towards(address: str) -> str | None:
     return None
 
 
-def _bind_gloo_to_route(master_addr: str) -> None:
-    """Make gloo advertise the address that reaches the master, not the hostname's (which is
-    often 127.0.x.1 in /etc/hosts); an operator's GLOO_SOCKET_IFNAME wins."""
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
+@contextlib.contextmanager
+def _gloo_bound_to_route(master_addr: str | None) -> Iterator[None]:
+    """While a gloo group forms, make it advertise the address that reaches the master, not
+    the hostname's (often 127.0.x.1 in /etc/hosts). An operator's GLOO_SOCKET_IFNAME wins; the
+    environment is restored afterwards so nothing leaks into child processes."""
+    name = None
+    if master_addr is not None and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        name = interface_towards(master_addr)
+    if name is None:
+        yield
         return
-    name = interface_towards(master_addr)
-    if name is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = name
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
 
 
 def _wait_for_master(rendezvous: Rendezvous, deadline: float, clock: Callable[[], float]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import warnings
@@ -323,3 +324,18 @@ def test_rank_zero_names_the_ranks_that_never_joined(daemon: FakeDaemon) -> None
         with pytest.raises(GroupError, match=f"generation 9: rank 0 could not host .* port {port}"):
             group.regroup(timeout_s=1.0)
         assert not dist().is_initialized()
+
+
+def test_gloo_interface_binding_is_scoped_and_yields_to_the_operator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from node import groups
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    with groups._gloo_bound_to_route("127.0.0.1"):
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    with groups._gloo_bound_to_route("127.0.0.1"):
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
