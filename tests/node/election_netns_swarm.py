@@ -19,7 +19,7 @@ from typing import Any
 
 from node.plan_log import AdoptionRecord, check_adoption_logs, read_adoption_log
 from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
-from tests.node.netns_swarm import Swarm
+from tests.node.netns_swarm import ProbeLog, Swarm
 
 __all__ = [
     "FAST_TIMEOUTS",
@@ -140,9 +140,7 @@ class ElectionWatch:
 
     def __init__(self, probe: ClusterProcess, hosts: Sequence[Host]) -> None:
         self.probe = probe
-        self._names = {h.endpoint: h.name for h in hosts}
-        self._offset = 0
-        self._partial = b""
+        self._log = ProbeLog(probe, hosts)
         self.latest: dict[str, PlanView] = {}
         self.matched: dict[str, PlanView] = {}
         """The views that made the last successful `wait` hold (fresher ones may be in latest)."""
@@ -151,23 +149,8 @@ class ElectionWatch:
 
     def read(self) -> list[PlanView]:
         """The views answered since the last read, in order; updates `latest`."""
-        try:
-            with self.probe.log_path.open("rb") as log:
-                log.seek(self._offset)
-                data = log.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
         found = []
-        for line in lines:
-            if not line.startswith(b"{"):
-                continue
-            record = json.loads(line)
-            host = self._names.get(record["target"])
-            if host is None:
-                continue
+        for host, record in self._log.records():
             view = _view(host, record)
             self.latest[host] = view
             found.append(view)

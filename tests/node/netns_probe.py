@@ -16,7 +16,9 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -30,27 +32,38 @@ def _line(target: str, **fields: object) -> None:
     print(json.dumps({"t": time.monotonic(), "target": target, **fields}), flush=True)
 
 
+Fields = Callable[[Any], dict[str, object]]
+
+
+def _members(document: Any) -> dict[str, object]:
+    return {"members": {m["node_id"]: [m["state"], m["incarnation"]] for m in document["members"]}}
+
+
 async def _watch(
-    session: aiohttp.ClientSession, secret: bytes, target: str, interval_s: float
+    session: aiohttp.ClientSession,
+    secret: bytes,
+    target: str,
+    interval_s: float,
+    path: str,
+    fields: Fields,
 ) -> None:
-    url = f"http://{target}{PEERS_PATH}"
+    url = f"http://{target}{path}"
     loop = asyncio.get_running_loop()
     while True:
         started = loop.time()
-        headers = signed_headers(secret, PROBE_NODE_ID, "GET", PEERS_PATH)
+        headers = signed_headers(secret, PROBE_NODE_ID, "GET", path)
         try:
             async with session.get(url, headers=headers) as response:
                 document = await response.json(content_type=None)
                 if response.status != 200:
                     raise ValueError(f"HTTP {response.status}: {document}")
-            members = {m["node_id"]: [m["state"], m["incarnation"]] for m in document["members"]}
-            _line(target, members=members)
+            _line(target, **fields(document))
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             _line(target, error=f"{type(exc).__name__}: {exc}")
         await asyncio.sleep(max(0.0, started + interval_s - loop.time()))
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _main(args: argparse.Namespace, path: str, fields: Fields) -> None:
     secret = read_secret_file(Path(args.secret_file))
     timeout = aiohttp.ClientTimeout(total=args.timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
@@ -59,19 +72,26 @@ async def _main(args: argparse.Namespace) -> None:
         asyncio.TaskGroup() as group,
     ):
         for target in args.targets:
-            group.create_task(_watch(session, secret, target, args.interval_s))
+            group.create_task(_watch(session, secret, target, args.interval_s, path, fields))
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_probe(
+    argv: list[str], description: str, path: str, fields: Fields, interval_s: float
+) -> int:
+    """Parse the probe's flags and poll `path` of every target, printing `fields` of each answer."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--secret-file", required=True)
-    parser.add_argument("--interval-s", type=float, default=0.1)
+    parser.add_argument("--interval-s", type=float, default=interval_s)
     parser.add_argument("--timeout-s", type=float, default=0.5)
     parser.add_argument("targets", nargs="+", help="ADDRESS:PORT of a daemon")
     args = parser.parse_args(argv)
     print("ready", flush=True)
-    asyncio.run(_main(args))
+    asyncio.run(_main(args, path, fields))
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_probe(argv, __doc__.splitlines()[0], PEERS_PATH, _members, 0.1)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
 
@@ -87,23 +88,19 @@ class DaemonExitedError(AssertionError):
     """A daemon that should be running has exited (a test failure)."""
 
 
-class ViewWatch:
-    """The latest view of every daemon, from the probe's log, read as it grows."""
+class ProbeLog:
+    """The probe's JSON lines, read as its log grows: (host name, answer) per line."""
 
     def __init__(self, probe: ClusterProcess, hosts: Sequence[Host]) -> None:
-        self.probe = probe
+        self._path = probe.log_path
         self._names = {h.endpoint: h.name for h in hosts}
         self._offset = 0
         self._partial = b""
-        self.latest: dict[str, Observation] = {}
-        self.first_answer: dict[str, float] = {}
-        self.guard: Callable[[], None] | None = None
-        """Called on every poll of `wait` and `watch_for`; raises to stop waiting early."""
 
-    def read(self) -> list[Observation]:
-        """The observations written since the last read, in order; updates `latest`."""
+    def records(self) -> list[tuple[str, dict[str, Any]]]:
+        """The answers written since the last call, in order, for known hosts."""
         try:
-            with self.probe.log_path.open("rb") as log:
+            with self._path.open("rb") as log:
                 log.seek(self._offset)
                 data = log.read()
         except FileNotFoundError:
@@ -117,8 +114,26 @@ class ViewWatch:
                 continue
             record = json.loads(line)
             host = self._names.get(record["target"])
-            if host is None:
-                continue
+            if host is not None:
+                found.append((host, record))
+        return found
+
+
+class ViewWatch:
+    """The latest view of every daemon, from the probe's log, read as it grows."""
+
+    def __init__(self, probe: ClusterProcess, hosts: Sequence[Host]) -> None:
+        self.probe = probe
+        self._log = ProbeLog(probe, hosts)
+        self.latest: dict[str, Observation] = {}
+        self.first_answer: dict[str, float] = {}
+        self.guard: Callable[[], None] | None = None
+        """Called on every poll of `wait` and `watch_for`; raises to stop waiting early."""
+
+    def read(self) -> list[Observation]:
+        """The observations written since the last read, in order; updates `latest`."""
+        found = []
+        for host, record in self._log.records():
             members = record.get("members")
             observation = Observation(
                 record["t"],
