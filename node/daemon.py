@@ -103,6 +103,23 @@ def load_secrets(settings: NodeSettings) -> Secrets:
     return Secrets(cluster, token)
 
 
+def breaker_config(settings: NodeSettings, inventory: Inventory | None) -> BreakerConfig:
+    """Every peer's breaker: the timeout table, then the inventory's `circuit_breaker` section;
+    a threshold set in the config file, environment or flags (SHOAL_CIRCUIT_THRESHOLD) wins."""
+    config = BreakerConfig.from_timeouts(settings.timeouts, settings.circuit_threshold)
+    if inventory is None:
+        return config
+    section = inventory.circuit_breaker
+    threshold = (
+        settings.circuit_threshold
+        if "circuit_threshold" in settings.model_fields_set
+        else section.failure_threshold
+    )
+    return dataclasses.replace(
+        config, failure_threshold=threshold, recovery_timeout_s=section.recovery_timeout
+    )
+
+
 def extra_record_schemas(settings: NodeSettings) -> list[RecordSchema]:
     """The record stores the config declares beside games and rollouts."""
     schemas = []
@@ -197,17 +214,7 @@ class NodeDaemon:
         inventory = load_inventory(settings.inventory) if settings.inventory else None
         node_id = resolve_node_id(settings, inventory)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        breakers = BreakerRegistry(
-            BreakerConfig(
-                failure_threshold=inventory.circuit_breaker.failure_threshold
-                if inventory is not None and "circuit_threshold" not in settings.model_fields_set
-                else settings.circuit_threshold,
-                recovery_timeout_s=inventory.circuit_breaker.recovery_timeout
-                if inventory is not None
-                else settings.timeouts.breaker_recovery_s,
-                probe_timeout_s=settings.timeouts.breaker_probe_s,
-            )
-        )
+        breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
         metrics.bind_breakers(breakers)
         runtime = NodeRuntime(

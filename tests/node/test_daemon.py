@@ -221,3 +221,64 @@ async def test_get_accepts_a_thousand_long_keys(tmp_path: Path) -> None:
         async with session.get(f"{url}/get", params=query) as response:
             assert response.status == 200, await response.text()
             assert len((await response.json())["records"]) == 1000
+
+
+def test_breaker_config_from_timeouts_inventory_and_environment(tmp_path: Path) -> None:
+    from config import load_inventory, load_settings
+    from node.daemon import breaker_config
+
+    inventory_file = tmp_path / "hosts.yaml"
+    inventory_file.write_text(
+        "hosts:\n  a: {ssh_host: 10.0.0.1}\n"
+        "circuit_breaker: {failure_threshold: 9, recovery_timeout: 12}\n"
+    )
+    inventory = load_inventory(inventory_file)
+    plain = load_settings(env={}).settings
+    assert breaker_config(plain, None).failure_threshold == 5
+    assert breaker_config(plain, None).recovery_timeout_s == plain.timeouts.breaker_recovery_s
+    from_inventory = breaker_config(plain, inventory)
+    assert (from_inventory.failure_threshold, from_inventory.recovery_timeout_s) == (9, 12)
+    env = load_settings(env={"SHOAL_CIRCUIT_THRESHOLD": "3"}).settings
+    assert breaker_config(env, inventory).failure_threshold == 3
+    assert breaker_config(env, inventory).recovery_timeout_s == 12
+
+
+async def test_status_and_peers_commands(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from node.cli import app
+
+    runner = CliRunner()
+    async with _daemon(_settings(tmp_path, "cli")) as daemon:
+        node = f"http://127.0.0.1:{daemon.port}"
+        result = await asyncio.to_thread(runner.invoke, app, ["status", "--node", node, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["node_id"] == "cli"
+        table = await asyncio.to_thread(runner.invoke, app, ["status", "--node", node])
+        assert "cli at" in table.output
+        peers = await asyncio.to_thread(runner.invoke, app, ["peers", "--node", node])
+        assert peers.exit_code == 0, peers.output
+        assert "cli (self)" in peers.output
+    gone = await asyncio.to_thread(runner.invoke, app, ["peers", "--node", node])
+    assert gone.exit_code == 1
+    assert f"{node}/v1/peers: unreachable" in gone.output
+
+
+async def test_a_seed_that_starts_later_is_found_by_the_refeed(tmp_path: Path) -> None:
+    from node.daemon import DISCOVERY_REFEED_S
+
+    port = _free_port()
+    async with _daemon(_settings(tmp_path, "early", seeds=(f"127.0.0.1:{port}",))) as early:
+        await asyncio.sleep(1.0)  # the seed's first offers go unanswered
+        async with _daemon(_settings(tmp_path, "late", port=port)):
+            url = f"http://127.0.0.1:{early.port}/v1/peers"
+            deadline = time.monotonic() + DISCOVERY_REFEED_S + 2
+            states: dict[str, str] = {}
+            while time.monotonic() < deadline:
+                states = {m["node_id"]: m["state"] for m in (await _get(url))["members"]}
+                if states.get("late") == "alive":
+                    break
+                await asyncio.sleep(0.1)
+            assert states.get("late") == "alive", states
