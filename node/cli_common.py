@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from aiohttp import ClientMiddlewareType, ClientSession, ClientTimeout
+from aiohttp import ClientError, ClientMiddlewareType, ClientSession, ClientTimeout
 from rich.console import Console
 
 from config import (
@@ -91,3 +91,26 @@ def client_session(settings: NodeSettings, timeout_s: float | None = None) -> Cl
         middlewares = (signing_middleware(secret, f"cli-{socket.gethostname()}"),)
     timeout = ClientTimeout(total=timeout_s or settings.timeouts.http_request_s)
     return ClientSession(timeout=timeout, middlewares=middlewares)
+
+
+async def request_json(
+    settings: NodeSettings,
+    method: str,
+    url: str,
+    body: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+) -> Any:
+    """One signed request to a daemon and its JSON answer; an error answer or an unreachable
+    daemon exits 1 with one line naming the URL and the reason."""
+    try:
+        async with (
+            client_session(settings, timeout_s) as session,
+            session.request(method, url, json=body) as response,
+        ):
+            document = await response.json(content_type=None)
+            if response.status >= 400:
+                reason = document.get("error") if isinstance(document, dict) else document
+                fail(f"{url}: {response.status}: {reason}", EXIT_FAILURE)
+            return document
+    except (ClientError, TimeoutError, ValueError) as exc:
+        fail(f"{url}: unreachable: {exc or type(exc).__name__}", EXIT_FAILURE)

@@ -11,18 +11,17 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import aiohttp
 import typer
 from rich.table import Table
 
 from config import ConfigError, LogFormat, NodeSettings
 from node.cli_common import (
     EXIT_FAILURE,
-    client_session,
     console,
     fail,
     node_url,
     print_json,
+    request_json,
     settings_from,
 )
 from node.daemon import NodeDaemon
@@ -121,18 +120,9 @@ def serve(
 
 
 async def _get_json(settings: NodeSettings, url: str, path: str) -> Any:
-    try:
-        async with (
-            client_session(settings, settings.timeouts.peer_status_s) as session,
-            session.get(url + path) as response,
-        ):
-            body = await response.json(content_type=None)
-            if response.status >= 400:
-                reason = body.get("error") if isinstance(body, dict) else body
-                fail(f"{url}{path}: {response.status}: {reason}", EXIT_FAILURE)
-            return body
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        fail(f"{url}: unreachable: {exc or type(exc).__name__}", EXIT_FAILURE)
+    return await request_json(
+        settings, "GET", url + path, timeout_s=settings.timeouts.peer_status_s
+    )
 
 
 def status(

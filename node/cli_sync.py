@@ -9,7 +9,6 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
-import aiohttp
 import typer
 from rich.progress import (
     BarColumn,
@@ -25,12 +24,11 @@ from rich.table import Table
 from config import NodeSettings
 from node.cli_common import (
     EXIT_FAILURE,
-    client_session,
     console,
     err_console,
-    fail,
     node_url,
     print_json,
+    request_json,
     settings_from,
 )
 
@@ -40,18 +38,7 @@ log = logging.getLogger(__name__)
 async def _request(
     settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
 ) -> Any:
-    try:
-        async with (
-            client_session(settings, settings.timeouts.sync_s * 2) as session,
-            session.request(method, url, json=body) as response,
-        ):
-            document = await response.json(content_type=None)
-            if response.status >= 400:
-                reason = document.get("error") if isinstance(document, dict) else document
-                fail(f"{url}: {response.status}: {reason}", EXIT_FAILURE)
-            return document
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        fail(f"{url}: unreachable: {exc or type(exc).__name__}", EXIT_FAILURE)
+    return await request_json(settings, method, url, body, timeout_s=settings.timeouts.sync_s * 2)
 
 
 def _print_run(result: dict[str, Any]) -> None:
