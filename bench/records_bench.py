@@ -37,7 +37,7 @@ from sync import (  # noqa: E402
     pull_records,
     validate_records,
 )
-from sync.record_schema import create_table_sql, insert_sql  # noqa: E402
+from sync.records.schema import create_table_sql, insert_sql  # noqa: E402
 
 BATCH = 1000
 PULL_RECORDS = 100_000

@@ -28,8 +28,8 @@ from health.checks import (
 from health.errors import CircuitOpenError, HealthConfigError, HealthError
 from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
 from health.metrics import NodeMetrics, package_version
-from health.monitor_client import ClusterMonitor
-from health.monitor_model import (
+from health.monitor.client import ClusterMonitor
+from health.monitor.model import (
     ClusterStatus,
     ClusterSummary,
     FailureEvent,
@@ -37,8 +37,8 @@ from health.monitor_model import (
     MonitorError,
     NodeRow,
 )
-from health.monitor_render import render_dashboard, render_text
-from health.monitor_run import MonitorOptions, run_monitor
+from health.monitor.render import render_dashboard, render_text
+from health.monitor.run import MonitorOptions, run_monitor
 from health.registry import (
     BreakerRegistry,
     TransitionListener,

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from health.monitor_client import DEFAULT_NODE_URL
-from health.monitor_run import (
+from health.monitor.client import DEFAULT_NODE_URL
+from health.monitor.run import (
     DEFAULT_INTERVAL_S,
     PROG,
     MonitorOptions,

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
 from node.api import build_app, status_document
-from node.coordination import Coordination, VoterSet, rendezvous_document, resolve_voters
 from node.daemon import NodeDaemon, load_secrets, resolve_node_id
-from node.discovery import Discovery
-from node.discovery_candidates import Advert, Candidate, CandidateSource
-from node.election import Elector
-from node.election_http import ELECTION_DOCS, HttpElectionTransport, election_routes
-from node.election_io import WalDurableState
-from node.election_state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
+from node.discovery.candidates import Advert, Candidate, CandidateSource
+from node.discovery.feed import Discovery
+from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
+from node.election.elector import Elector
+from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
+from node.election.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
+from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+from node.election.seams import WalDurableState
+from node.election.service import Coordination, VoterSet, rendezvous_document, resolve_voters
+from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
 from node.errors import DiscoveryError, MembershipError, NodeError, StartupError
-from node.groups import ElasticGroup, GroupError, join_group
-from node.groups import Rendezvous as TrainingRendezvous
-from node.launcher import TrainingLauncher, training_env
-from node.membership import (
+from node.membership.service import (
     EventKind,
     InMemoryNetwork,
     Listener,
@@ -32,13 +32,13 @@ from node.membership import (
     UdpMembershipTransport,
 )
 from node.openapi import RouteDoc, openapi_document
-from node.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
-from node.plan_log import AdoptionLog, check_adoption_logs, read_adoption_log
-from node.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
+from node.training.groups import ElasticGroup, GroupError, join_group
+from node.training.groups import Rendezvous as TrainingRendezvous
+from node.training.launcher import TrainingLauncher, training_env
 
 __all__ = [
     "ELECTION_DOCS",

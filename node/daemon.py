@@ -44,11 +44,11 @@ from health import (
 )
 from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
 from node.api import build_app
-from node.coordination import Coordination, resolve_voters
-from node.discovery import Discovery
-from node.discovery_candidates import Advert
+from node.discovery.candidates import Advert
+from node.discovery.feed import Discovery
+from node.election.service import Coordination, resolve_voters
 from node.errors import DiscoveryError, StartupError
-from node.membership import Membership, MetaValue, UdpMembershipTransport
+from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy

@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from config import ConfigError, Inventory, signing_middleware
-from node.membership import Membership, MemberState
+from node.membership.service import Membership, MemberState
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import bad_request, json_error

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from sync.coordinator import SyncCoordinator, SyncOptions
 from sync.errors import (
     RecordPullError,
     RecordQueryError,
@@ -17,9 +16,9 @@ from sync.errors import (
     SyncError,
     UnknownStoreError,
 )
-from sync.file_routes import file_route_docs, file_routes
-from sync.files_catalog import FILE_CATEGORIES, FileCatalog
-from sync.files_errors import (
+from sync.files.catalog import FILE_CATEGORIES, FileCatalog
+from sync.files.engine import SyncCoordinator, SyncOptions
+from sync.files.errors import (
     AllSourcesFailedError,
     ContentMismatchError,
     FileChangedError,
@@ -31,15 +30,16 @@ from sync.files_errors import (
     TransferBusyError,
     UnknownCategoryError,
 )
-from sync.files_plan import ClusterSyncStats, P2PFallbackSync, PullItem, SyncStats, plan_pulls
+from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
+from sync.files.manifest_cache import Listing, ManifestCache
+from sync.files.plan import ClusterSyncStats, P2PFallbackSync, PullItem, SyncStats, plan_pulls
+from sync.files.routes import file_route_docs, file_routes
 from sync.guards import SpaceReserve, validate_rel_path
-from sync.http_transport import HttpTransport, RemoteManifest
-from sync.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
-from sync.manifest_cache import Listing, ManifestCache
-from sync.record_client import RecordClient, parse_retry_after, retry_delay_s
-from sync.record_pull import P2PSyncClient, fetch_page, pull_records
-from sync.record_routes import add_record_routes, record_route_docs, record_routes
-from sync.record_schema import (
+from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
+from sync.records.pull import P2PSyncClient, fetch_page, pull_records
+from sync.records.registry import RecordStores
+from sync.records.routes import add_record_routes, record_route_docs, record_routes
+from sync.records.schema import (
     BUILTIN_SCHEMAS,
     GAMES_SCHEMA,
     ROLLOUTS_SCHEMA,
@@ -48,9 +48,8 @@ from sync.record_schema import (
     RecordSchema,
     schema_from_mapping,
 )
-from sync.record_store import RecordStore
-from sync.record_stores import RecordStores
-from sync.record_types import (
+from sync.records.store import RecordStore
+from sync.records.types import (
     Cursor,
     IngestResult,
     PullResult,
@@ -61,8 +60,7 @@ from sync.record_types import (
     StoreStatus,
     parse_since_query,
 )
-from sync.record_validate import row_to_record, validate_records
-from sync.rsync_transport import HostKeyError, RsyncTransport, SshAuthError, SshTarget
+from sync.records.validate import row_to_record, validate_records
 from sync.storage import (
     MountInfo,
     StorageCapabilities,
@@ -70,7 +68,8 @@ from sync.storage import (
     StorageProvider,
     detect_storage,
 )
-from sync.transport import (
+from sync.transports.http import HttpTransport, RemoteManifest
+from sync.transports.protocol import (
     PartialFile,
     PeerRef,
     TransferResult,
@@ -80,6 +79,7 @@ from sync.transport import (
     open_partial,
     verify_present_pieces,
 )
+from sync.transports.rsync import HostKeyError, RsyncTransport, SshAuthError, SshTarget
 
 __all__ = [
     "BUILTIN_SCHEMAS",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sync.record_types import PullResult
+    from sync.records.types import PullResult
 
 __all__ = [
     "RecordPullError",

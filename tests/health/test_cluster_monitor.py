@@ -17,8 +17,8 @@ import pytest
 
 from config import NodeSettings, load_settings
 from health.cluster_monitor import main
-from health.monitor_client import ClusterMonitor
-from health.monitor_model import ClusterStatus, MonitorError
+from health.monitor.client import ClusterMonitor
+from health.monitor.model import ClusterStatus, MonitorError
 from node.daemon import NodeDaemon
 
 FAST = {
@@ -317,7 +317,7 @@ def test_shoal_monitor_command_runs_the_same_program(
 ) -> None:
     import typer
 
-    from node.cli_monitor import register
+    from node.cli.monitor import register
 
     monkeypatch.delenv("SHOAL_CONFIG", raising=False)
     app = typer.Typer()

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from health.monitor_model import ClusterStatus, NodeReport, Observation, parse_status
-from health.monitor_render import (
+from health.monitor.model import ClusterStatus, NodeReport, Observation, parse_status
+from health.monitor.render import (
     AMBER,
     RED,
     breakers_text,
@@ -20,7 +20,7 @@ from health.monitor_render import (
     render_text,
     seen_style,
 )
-from health.monitor_rules import build_cluster_status
+from health.monitor.rules import build_cluster_status
 
 NAMES = ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
 

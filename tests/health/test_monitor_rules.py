@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from health.monitor_client import describe_fetch_error, normalize_node_url
-from health.monitor_model import (
+from health.monitor.client import describe_fetch_error, normalize_node_url
+from health.monitor.model import (
     MonitorError,
     NodeReport,
     Observation,
@@ -15,7 +15,7 @@ from health.monitor_model import (
     parse_peers,
     parse_status,
 )
-from health.monitor_rules import build_cluster_status, freshest_observation, majority
+from health.monitor.rules import build_cluster_status, freshest_observation, majority
 
 NODE_KEYS = {
     "node_id", "address", "port", "state", "role", "last_seen_s", "health", "wal_pending",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.plan_log import AdoptionRecord, check_adoption_logs, read_adoption_log
+from node.election.adoption import AdoptionRecord, check_adoption_logs, read_adoption_log
 from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
 from tests.node.netns_swarm import ProbeLog, Swarm
 

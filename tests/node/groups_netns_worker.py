@@ -17,7 +17,7 @@ import time
 import warnings
 
 from config import Timeouts
-from node.groups import ElasticGroup, GroupError, join_group
+from node.training.groups import ElasticGroup, GroupError, join_group
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from typer.testing import CliRunner
 
-from node.cli_records import records_app
+from node.cli.records import records_app
 from sync import RecordStores, StoreOptions, add_record_routes
 from tests.sync.record_fixtures import game
 

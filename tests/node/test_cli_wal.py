@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from node.cli import app
-from node.cli_wal import parse_duration_s
+from node.cli.wal import parse_duration_s
 from wal import WriteAheadLog
 
 runner = CliRunner()

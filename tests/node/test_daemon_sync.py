@@ -13,8 +13,8 @@ from aiohttp import ClientSession
 from typer.testing import CliRunner
 
 from config import NodeSettings, load_settings
-from node import cli_sync
 from node.cli import app
+from node.cli import sync as cli_sync
 from node.daemon import NodeDaemon
 from tests.node.daemons import test_settings
 

@@ -18,9 +18,9 @@ from node.addresses import (
     local_networks,
     preferred_address,
 )
-from node.discovery import Discovery
-from node.discovery_candidates import Advert, Candidate, inventory_candidates, parse_seed
-from node.discovery_mdns import advert_from_txt, advert_properties, candidate_for
+from node.discovery.candidates import Advert, Candidate, inventory_candidates, parse_seed
+from node.discovery.feed import Discovery
+from node.discovery.mdns import advert_from_txt, advert_properties, candidate_for
 from node.errors import DiscoveryError
 
 FAST = Timeouts(mdns_s=1.0)
@@ -174,7 +174,7 @@ def test_advert_txt_round_trip_and_filtering() -> None:
 
 
 async def test_inventory_and_seeds_are_fed_and_refed(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="node.discovery")
+    caplog.set_level(logging.DEBUG, logger="node.discovery.feed")
     inventory = _inventory(
         {
             "gpu-a": {"ssh_host": "10.0.0.5"},

@@ -21,8 +21,8 @@ import pytest
 from zeroconf import _core as zeroconf_core
 
 from config import Timeouts
-from node.discovery import Discovery
-from node.discovery_candidates import Advert, Candidate
+from node.discovery.candidates import Advert, Candidate
+from node.discovery.feed import Discovery
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Timeouts(mdns_s=2.0)
@@ -124,7 +124,7 @@ async def test_two_nodes_find_each_other_and_ignore_themselves(cluster: str) -> 
 async def test_advert_of_another_cluster_is_ignored(
     cluster: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="node.discovery_mdns")
+    caplog.set_level(logging.DEBUG, logger="node.discovery.mdns")
     a, stranger = _advert("a", cluster, 9001), _advert("x", f"{cluster}-other", 9009)
     seen: list[Candidate] = []
     async with _node(a, seen) as node_a, _node(stranger):
@@ -137,7 +137,7 @@ async def test_advert_of_another_cluster_is_ignored(
 async def test_goodbye_is_seen_and_only_logged(
     cluster: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="node.discovery_mdns")
+    caplog.set_level(logging.INFO, logger="node.discovery.mdns")
     a, b = _advert("a", cluster, 9001), _advert("b", cluster, 9002)
     seen: list[Candidate] = []
     async with _node(a, seen) as node_a:
@@ -165,8 +165,8 @@ CHILD = """
 import asyncio, sys
 from zeroconf import _core
 from config import Timeouts
-from node.discovery import Discovery
-from node.discovery_candidates import Advert
+from node.discovery.feed import Discovery
+from node.discovery.candidates import Advert
 
 for name, value in {fast!r}.items():
     setattr(_core, name, value)
@@ -197,11 +197,24 @@ async def test_nodes_in_two_processes_find_each_other(cluster: str) -> None:
     assert child.stdout is not None
     try:
         async with _node(a) as node_a:
-            assert await asyncio.wait_for(child.stdout.readline(), 15) == b"ready\n"
+            # The child may find node a before it prints "ready": collect every line it prints.
+            lines: list[bytes] = []
+
+            async def read_until(
+                predicate: Callable[[list[bytes]], bool], timeout_s: float
+            ) -> None:
+                async def loop() -> None:
+                    while not predicate(lines):
+                        line = await child.stdout.readline()  # type: ignore[union-attr]
+                        assert line, f"the child exited early after printing {lines!r}"
+                        lines.append(line)
+
+                await asyncio.wait_for(loop(), limit_s)
+
+            await read_until(lambda seen: b"ready\n" in seen, 15)
             await _wait_until(lambda: child_id in node_a.mdns_peers())
             assert node_a.mdns_peers()[child_id] == Candidate(LOOPBACK, 9005, "mdns", child_id)
-            found_by_child = await asyncio.wait_for(child.stdout.readline(), 8)
-            assert a.node_id.encode() in found_by_child
+            await read_until(lambda seen: any(a.node_id.encode() in line for line in seen), 8)
             child.stdin.close()
             assert await asyncio.wait_for(child.wait(), 10) == 0
             await _wait_until(lambda: child_id not in node_a.mdns_peers())

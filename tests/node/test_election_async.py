@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from config import Role
-from node.election import PLAN_KEY, VOTE_KEY, Elector
-from node.election_io import InMemoryDurableState, InMemoryElectionNetwork, WalDurableState
-from node.election_messages import ElectionError, Heartbeat, VoteReason, VoteRequest
-from node.election_state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionRole
-from node.plan import PlanFence
-from node.plan_log import AdoptionLog, check_adoption_logs, read_adoption_log
-from node.roles import NodeCapabilities, PlanDebouncer, RolePolicy
+from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
+from node.election.elector import PLAN_KEY, VOTE_KEY, Elector
+from node.election.messages import ElectionError, Heartbeat, VoteReason, VoteRequest
+from node.election.plan import PlanFence
+from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy
+from node.election.seams import InMemoryDurableState, InMemoryElectionNetwork, WalDurableState
+from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionRole
 from wal import WriteAheadLog
 
 FAST = {

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 import pytest
 
 from config import Role, Timeouts
-from node import election_core as core
-from node.election_messages import (
+from node.election import core
+from node.election.messages import (
     ElectionError,
     Heartbeat,
     HeartbeatAck,
@@ -20,7 +20,9 @@ from node.election_messages import (
     VoteReply,
     VoteRequest,
 )
-from node.election_state import (
+from node.election.plan import PlanFence, RolePlan
+from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+from node.election.state import (
     DurableRecord,
     ElectionConfig,
     ElectionEventKind,
@@ -36,8 +38,6 @@ from node.election_state import (
     status_of,
     with_observers,
 )
-from node.plan import PlanFence, RolePlan
-from node.roles import NodeCapabilities, RolePolicy, compute_plan
 
 VOTERS = ("a", "b", "c", "d", "e")
 LEASE = 1.5

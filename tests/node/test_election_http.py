@@ -15,8 +15,8 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from config import Role, signing_middleware
-from node.election import Elector
-from node.election_http import (
+from node.election.elector import Elector
+from node.election.http import (
     ELECTION_DOCS,
     HEARTBEAT_PATH,
     PLAN_PATH,
@@ -25,11 +25,11 @@ from node.election_http import (
     election_routes,
     fence_refusal,
 )
-from node.election_io import InMemoryDurableState
-from node.election_messages import Heartbeat, PlanAnnounce, VoteRequest
-from node.election_state import ElectionConfig, ElectionRole
-from node.plan import FENCE_HEADER, PlanFence
-from node.roles import NodeCapabilities, RolePolicy
+from node.election.messages import Heartbeat, PlanAnnounce, VoteRequest
+from node.election.plan import FENCE_HEADER, PlanFence
+from node.election.roles import NodeCapabilities, RolePolicy
+from node.election.seams import InMemoryDurableState
+from node.election.state import ElectionConfig, ElectionRole
 from node.security import AUTH_POLICY, AuthPolicy, auth_middleware, error_middleware
 
 SECRET = b"election-test-secret-0123456789abcdef"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from config import Role
-from node.election_messages import (
+from node.election.messages import (
     ElectionError,
     Heartbeat,
     HeartbeatAck,
@@ -17,7 +17,7 @@ from node.election_messages import (
     VoteRequest,
     message_from_dict,
 )
-from node.plan import PlanFence, Rendezvous, RolePlan
+from node.election.plan import PlanFence, Rendezvous, RolePlan
 
 PLAN = RolePlan(
     term=3,

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from config import Role
-from node import election_core as core
-from node.election_messages import Heartbeat, HeartbeatAck, Outbound, VoteReply, VoteRequest
-from node.election_state import (
+from node.election import core
+from node.election.adoption import AdoptionRecord, adoption_record, check_adoption_logs
+from node.election.messages import Heartbeat, HeartbeatAck, Outbound, VoteReply, VoteRequest
+from node.election.plan import RolePlan
+from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+from node.election.state import (
     DurableRecord,
     ElectionConfig,
     ElectionRole,
@@ -28,9 +31,6 @@ from node.election_state import (
     next_wakeup,
     with_observers,
 )
-from node.plan import RolePlan
-from node.plan_log import AdoptionRecord, adoption_record, check_adoption_logs
-from node.roles import NodeCapabilities, RolePolicy, compute_plan
 
 VOTERS = ("a", "b", "c", "d", "e")
 NODES = (*VOTERS, "x")

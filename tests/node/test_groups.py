@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from config import Timeouts
-from node.groups import (
+from node.training.groups import (
     DaemonEndpoint,
     ElasticGroup,
     GroupError,
@@ -200,8 +200,8 @@ def test_importing_node_needs_no_torch() -> None:
     code = (
         "import sys\n"
         "sys.modules['torch'] = None\n"
-        "import node, node.groups, node.launcher\n"
-        "from node.groups import GroupError, _torch\n"
+        "import node, node.training.groups, node.training.launcher\n"
+        "from node.training.groups import GroupError, _torch\n"
         "try:\n"
         "    _torch()\n"
         "except GroupError as exc:\n"
@@ -266,7 +266,7 @@ def test_changed_when_rank_is_gone_and_not_when_the_daemon_fails(
         group.regroup(timeout_s=10)
         daemon.answer = (500, {"error": "restarting"})
         clock.now += 5
-        with caplog.at_level(logging.WARNING, logger="node.groups"):
+        with caplog.at_level(logging.WARNING, logger="node.training.groups"):
             assert not group.changed()
         assert "generation 4: cannot check the rendezvous" in caplog.text
         daemon.answer = (409, {"error": "this node runs selfplay"})
@@ -279,7 +279,7 @@ def test_nccl_rendezvous_without_cuda_forms_a_gloo_group(
 ) -> None:
     daemon.answer = rdv(backend="nccl", master_port=free_port())
     with (
-        caplog.at_level(logging.WARNING, logger="node.groups"),
+        caplog.at_level(logging.WARNING, logger="node.training.groups"),
         ElasticGroup(endpoint_of(daemon), TIMEOUTS) as group,
     ):
         group.regroup(timeout_s=10)
@@ -329,7 +329,7 @@ def test_rank_zero_names_the_ranks_that_never_joined(daemon: FakeDaemon) -> None
 def test_gloo_interface_binding_is_scoped_and_yields_to_the_operator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from node import groups
+    from node.training import groups
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     with groups._gloo_bound_to_route("127.0.0.1"):

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from node.groups import Rendezvous
-from node.launcher import (
+from node.training.groups import Rendezvous
+from node.training.launcher import (
     LauncherError,
     LauncherState,
     TrainingLauncher,

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Callable, Iterable
 import pytest
 
 from config.timeouts import Timeouts
-from node.membership import InMemoryNetwork, Membership
-from node.membership_types import EventKind, MemberEvent, MemberState, Update
-from node.swim_timers import ProbeWait
-from node.swim_wire import Message, MessageKind, encode_message
+from node.membership.service import InMemoryNetwork, Membership
+from node.membership.timers import ProbeWait
+from node.membership.types import EventKind, MemberEvent, MemberState, Update
+from node.membership.wire import Message, MessageKind, encode_message
 
 FAST = Timeouts(
     probe_interval_s=0.05,
@@ -271,7 +271,7 @@ async def test_one_way_cut_is_bridged_by_indirect_probes(cluster: Cluster) -> No
 async def test_duplicate_node_id_is_reported_on_both_sides(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="node.membership")
+    caplog.set_level(logging.ERROR, logger="node.membership.service")
     await cluster.grow(3)
     await wait_for(cluster.all_alive, what="convergence")
     original = cluster.nodes["n1"]

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from node.errors import MembershipError
-from node.membership_rules import (
+from node.membership.gossip import GossipQueue
+from node.membership.rules import (
     ProbeResult,
     Suspicion,
     apply_health,
@@ -28,7 +29,7 @@ from node.membership_rules import (
     sync_interval_s,
     view_digest,
 )
-from node.membership_types import (
+from node.membership.types import (
     EventKind,
     Member,
     MemberState,
@@ -37,7 +38,6 @@ from node.membership_types import (
     freeze_meta,
     validate_node_id,
 )
-from node.swim_gossip import GossipQueue
 
 A, S, D, L = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 

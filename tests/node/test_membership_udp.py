@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import pytest
 
 from config.timeouts import Timeouts
-from node.membership import Membership, UdpMembershipTransport
-from node.membership_types import EventKind, MemberEvent, MemberState
-from node.swim_transport import MembershipTransport
+from node.membership.service import Membership, UdpMembershipTransport
+from node.membership.transport import MembershipTransport
+from node.membership.types import EventKind, MemberEvent, MemberState
 
 SECRET = b"test-cluster-secret-0123456789"
 FAST = Timeouts(
@@ -39,7 +39,7 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> Non
 async def test_signed_datagrams_pass_and_forged_ones_are_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="node.swim_udp")
+    caplog.set_level(logging.DEBUG, logger="node.membership.udp")
     received: list[tuple[bytes, tuple[str, int]]] = []
     receiver = UdpMembershipTransport("127.0.0.1", 0, secret=SECRET, cluster="lab")
     senders = {

@@ -10,9 +10,10 @@ import random
 import pytest
 
 from config.timeouts import Timeouts
-from node.membership import Membership
-from node.membership_events import EventHub
-from node.membership_types import (
+from node.membership.events import EventHub
+from node.membership.service import Membership
+from node.membership.transport import DatagramHandler, TransportStats
+from node.membership.types import (
     EventKind,
     Member,
     MemberState,
@@ -20,8 +21,7 @@ from node.membership_types import (
     Update,
     freeze_meta,
 )
-from node.swim_transport import DatagramHandler, TransportStats
-from node.swim_wire import (
+from node.membership.wire import (
     MAX_DATAGRAM_BYTES,
     Drop,
     Envelope,
@@ -198,7 +198,7 @@ async def test_piggyback_lists_are_trimmed_to_fit_a_datagram() -> None:
 def test_peer_failures_are_logged_once_at_warning_then_at_debug(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="node.membership")
+    caplog.set_level(logging.DEBUG, logger="node.membership.service")
     hub = EventHub("me", clock=lambda: 100.0)
     seen: list[EventKind] = []
     hub.add(lambda event: seen.append(event.kind))

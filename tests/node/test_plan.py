@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from config import Role
-from node.plan import (
+from node.election.plan import (
     FenceVerdict,
     PlanError,
     PlanFence,

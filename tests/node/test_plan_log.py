@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from node.election_state import ElectionEvent, ElectionEventKind, ElectionRole, ElectionStatus
-from node.plan import PlanError, PlanFence, Rendezvous, RolePlan
-from node.plan_log import (
+from node.election.adoption import (
     AdoptionLog,
     AdoptionRecord,
     adoption_record,
     check_adoption_logs,
     read_adoption_log,
 )
+from node.election.plan import PlanError, PlanFence, Rendezvous, RolePlan
+from node.election.state import ElectionEvent, ElectionEventKind, ElectionRole, ElectionStatus
 
 VOTERS = ("a", "b", "c")
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from config import HostEntry, Role
-from node.plan import PlanError, RolePlan
-from node.roles import (
+from node.election.plan import PlanError, RolePlan
+from node.election.roles import (
     NodeCapabilities,
     PlanDebouncer,
     RolePolicy,

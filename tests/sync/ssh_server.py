@@ -21,9 +21,9 @@ from pathlib import Path
 import asyncssh
 
 from config import Timeouts
-from sync.http_transport import HttpTransport
-from sync.rsync_transport import RsyncTransport, SshTarget
-from sync.transport import PeerRef, Transport
+from sync.transports.http import HttpTransport
+from sync.transports.protocol import PeerRef, Transport
+from sync.transports.rsync import RsyncTransport, SshTarget
 from tests.sync.files_fixtures import FAST_TIMEOUTS, FileNode
 
 ENV_VAR = "SHOAL_TEST_RSYNC"

@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sync.coordinator import SyncOptions
+from sync.files.engine import SyncOptions
+from sync.files.manifest import ManifestEntry
 from sync.guards import SpaceReserve, partial_name
-from sync.manifest import ManifestEntry
 from sync.storage import MARKER_NAME, MountInfo
-from sync.transport import PeerRef, TransferResult, install_file
+from sync.transports.protocol import PeerRef, TransferResult, install_file
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
     LOCAL_MOUNTS,
@@ -311,7 +311,7 @@ async def test_transfers_are_bounded_per_size_class(tmp_path: Path) -> None:
 
 async def test_catalog_and_options_from_node_settings(tmp_path: Path) -> None:
     from config import load_settings
-    from sync.files_catalog import FILE_CATEGORIES, FileCatalog
+    from sync.files.catalog import FILE_CATEGORIES, FileCatalog
 
     settings = load_settings(env={"SHOAL_DATA_DIR": str(tmp_path), "SHOAL_SYNC_TIMEOUT": "42"})
     catalog = FileCatalog.for_settings(settings.settings, piece_size=PIECE, mounts=LOCAL_MOUNTS)

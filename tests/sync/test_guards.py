@@ -19,9 +19,9 @@ from node.api import build_app
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
-from sync.file_routes import file_route_docs, file_routes
-from sync.files_catalog import FileCatalog
-from sync.files_errors import InsufficientSpaceError, PathRefusedError
+from sync.files.catalog import FileCatalog
+from sync.files.errors import InsufficientSpaceError, PathRefusedError
+from sync.files.routes import file_route_docs, file_routes
 from sync.guards import (
     SpaceReserve,
     check_free_space,
@@ -30,8 +30,8 @@ from sync.guards import (
     sweep_stale_files,
     validate_rel_path,
 )
-from sync.http_transport import HttpTransport
-from sync.transport import PeerRef
+from sync.transports.http import HttpTransport
+from sync.transports.protocol import PeerRef
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
     LOCAL_MOUNTS,

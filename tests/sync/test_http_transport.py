@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sync.files_errors import FileChangedError, TransferBusyError
+from sync.files.errors import FileChangedError, TransferBusyError
+from sync.files.manifest import ManifestEntry
 from sync.guards import partial_name
-from sync.http_transport import HttpTransport
-from sync.manifest import ManifestEntry
-from sync.transport import PartialFile
+from sync.transports.http import HttpTransport
+from sync.transports.protocol import PartialFile
 from tests.sync.files_fixtures import FAST_TIMEOUTS, PIECE, FileNode, internal_files
 
 

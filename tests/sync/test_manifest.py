@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from health import CircuitOpenError
-from sync.files_errors import (
+from sync.files.errors import (
     AllSourcesFailedError,
     FileTransferError,
     InsufficientSpaceError,
     ManifestError,
 )
-from sync.files_plan import P2PFallbackSync, plan_pulls
-from sync.manifest import ManifestEntry, content_hash, hash_file, parse_entry, parse_page
-from sync.transport import PeerRef
+from sync.files.manifest import ManifestEntry, content_hash, hash_file, parse_entry, parse_page
+from sync.files.plan import P2PFallbackSync, plan_pulls
+from sync.transports.protocol import PeerRef
 
 PIECE = 4096
 A = PeerRef("a", "http://127.0.0.1:1")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sync.manifest import ManifestEntry, hash_file
-from sync.manifest_cache import ManifestCache
+from sync.files.manifest import ManifestEntry, hash_file
+from sync.files.manifest_cache import ManifestCache
 from tests.sync.files_fixtures import PIECE, CountingHasher, write_file
 
 

@@ -23,8 +23,8 @@ from sync import (
     schema_from_mapping,
     validate_records,
 )
-from sync.record_types import since_sql
-from sync.record_validate import _exact_rows, _fast_rows
+from sync.records.types import since_sql
+from sync.records.validate import _exact_rows, _fast_rows
 from tests.sync.record_fixtures import game, rollout
 
 

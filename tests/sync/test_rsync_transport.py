@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from config import HostEntry, Timeouts
-from sync.files_errors import ContentMismatchError, FileTransferError
-from sync.manifest import ManifestEntry, hash_file
-from sync.rsync_transport import (
+from sync.files.errors import ContentMismatchError, FileTransferError
+from sync.files.manifest import ManifestEntry, hash_file
+from sync.transports.protocol import PeerRef
+from sync.transports.rsync import (
     HostKeyError,
     RsyncTransport,
     SshAuthError,
@@ -23,7 +24,6 @@ from sync.rsync_transport import (
     default_remote_root,
     parse_stats,
 )
-from sync.transport import PeerRef
 from tests.sync.files_fixtures import internal_files
 from tests.sync.ssh_server import SshServer, generate_key, known_hosts_line, write_key
 

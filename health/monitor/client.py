@@ -1,0 +1,341 @@
+"""ClusterMonitor: asks every node of a cluster for its status, concurrently and each within a
+timeout, and turns the answers (or why there are none) into a ClusterStatus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import errno
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+from yarl import URL
+
+from config import Inventory, Timeouts, load_inventory, signing_middleware
+from health.monitor.model import (
+    ClusterStatus,
+    MonitorError,
+    NodeReport,
+    Observation,
+    parse_peers,
+    parse_status,
+)
+from health.monitor.rules import build_cluster_status
+
+__all__ = [
+    "DEFAULT_NODE_URL",
+    "DEFAULT_TIMEOUT_S",
+    "ClusterMonitor",
+    "describe_fetch_error",
+    "node_url",
+    "normalize_node_url",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NODE_URL = "http://127.0.0.1:8770"
+DEFAULT_TIMEOUT_S = Timeouts().peer_status_s
+DEFAULT_PEER_VIEWS = 3
+DEFAULT_MAX_CONCURRENCY = 256
+
+
+class _FetchError(MonitorError):
+    """One request to one node failed; `reason` is what its row shows."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class _Target:
+    url: str
+    address: str
+    port: int
+    node_id: str | None
+
+
+def node_url(address: str, port: int, scheme: str = "http") -> str:
+    """The API base URL of a node at address:port (IPv6 addresses in brackets)."""
+    host = f"[{address}]" if ":" in address else address
+    return f"{scheme}://{host}:{port}"
+
+
+def normalize_node_url(text: str) -> str:
+    """`http://HOST:PORT` from a URL or a bare `HOST:PORT`; MonitorError when it is neither."""
+    text = text.strip()
+    candidate = text if "://" in text else f"http://{text}"
+    try:
+        parsed = URL(candidate)
+        host, port = parsed.host, parsed.port
+    except ValueError as exc:
+        raise MonitorError(f"not a node URL (http://HOST:PORT): {text!r}") from exc
+    if parsed.scheme not in ("http", "https") or not host or parsed.path not in ("", "/"):
+        raise MonitorError(f"not a node URL (http://HOST:PORT): {text!r}")
+    if port is None:  # pragma: no cover - yarl fills the scheme's default port
+        raise MonitorError(f"not a node URL (http://HOST:PORT): {text!r}")
+    return str(parsed.origin())
+
+
+def _target_of(url: str) -> _Target:
+    parsed = URL(normalize_node_url(url))
+    assert parsed.host is not None
+    assert parsed.port is not None
+    return _Target(str(parsed), parsed.host, parsed.port, None)
+
+
+def _remembered(
+    previous: ClusterStatus | None, seeds: Sequence[_Target], scheme: str
+) -> list[_Target]:
+    """Nodes of the previous refresh that are not seeds, so a dead seed hides nobody; a node
+    that left and no longer answers is forgotten."""
+    if previous is None:
+        return []
+    seed_ids = {t.node_id for t in seeds if t.node_id}
+    endpoints = {(t.address, t.port) for t in seeds}
+    return [
+        _Target(node_url(row.address, row.port, scheme), row.address, row.port, row.node_id)
+        for row in previous.nodes
+        if row.node_id not in seed_ids
+        and (row.address, row.port) not in endpoints
+        and not (row.state == "left" and row.error is not None)
+    ]
+
+
+def describe_fetch_error(exc: BaseException, timeout_s: float) -> str:
+    """The one-line reason a row shows for a failed request (never a traceback)."""
+    if isinstance(exc, TimeoutError):
+        return f"timeout after {float(timeout_s)} s"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "unreachable: cannot resolve host"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        code = exc.os_error.errno
+        if code == errno.ECONNREFUSED:
+            return "unreachable: connection refused"
+        text = exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
+        return f"unreachable: {text.lower()}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "unreachable: server disconnected"
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return f"unreachable: {exc or type(exc).__name__}"
+    return f"error: {exc or type(exc).__name__}"
+
+
+def _http_reason(status: int, body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    reason = data.get("error") if isinstance(data, dict) else None
+    return f"{status}: {reason or body[:80].decode(errors='replace').strip() or 'no reason'}"
+
+
+class ClusterMonitor:
+    """Reads /v1/peers and /v1/status of a cluster's nodes; owns one aiohttp session.
+
+    With `nodes` (base URLs) the rest of the cluster is learned from their membership views; with
+    `inventory` (or its file; InventoryError when unreadable) every listed host is asked too; with
+    neither, the local node at DEFAULT_NODE_URL. Use `async with`; `close()` is idempotent and
+    irreversible.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[str] = (),
+        inventory: Inventory | Path | str | None = None,
+        secret: bytes | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        peer_views: int = DEFAULT_PEER_VIEWS,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        client_id: str | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise MonitorError(f"timeout_s must be positive, got {timeout_s}")
+        seeds = [_target_of(url) for url in nodes]
+        if isinstance(inventory, Path | str):
+            inventory = load_inventory(inventory)
+        if inventory is not None:
+            seeds += [
+                _Target(node_url(host.address, host.p2p_port), host.address, host.p2p_port, name)
+                for name, host in sorted(inventory.hosts.items())
+            ]
+        if not seeds:
+            seeds = [_target_of(DEFAULT_NODE_URL)]
+        self._seeds = tuple(seeds)
+        self._viewer_seeds = len(nodes) if nodes else min(len(seeds), peer_views)
+        self._scheme = URL(self._seeds[0].url).scheme
+        self._secret = secret
+        self._timeout_s = timeout_s
+        self._peer_views = max(1, peer_views)
+        self._max_concurrency = max(1, max_concurrency)
+        self._client_id = client_id or f"monitor-{socket.gethostname()}"
+        self._state = _State.UNOPENED
+        self._session: aiohttp.ClientSession | None = None
+        self._limit = asyncio.Semaphore(self._max_concurrency)
+        self._previous: ClusterStatus | None = None
+
+    async def __aenter__(self) -> Self:
+        self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    def open(self) -> None:
+        """Create the session (inside a running event loop). Refuses a closed monitor."""
+        if self._state is _State.CLOSED:
+            raise MonitorError("this ClusterMonitor is closed; make a new one")
+        if self._state is _State.OPENED:
+            return
+        middlewares = () if self._secret is None else (
+            signing_middleware(self._secret, self._client_id),
+        )  # fmt: skip
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._max_concurrency),
+            middlewares=middlewares,
+            raise_for_status=False,
+        )
+        self._state = _State.OPENED
+
+    async def close(self) -> None:
+        """Close the session. Idempotent and irreversible."""
+        self._state = _State.CLOSED
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def get_cluster_status(self) -> ClusterStatus:
+        """Ask the cluster once: views of up to `peer_views` nodes, the status of every node.
+
+        Failures since the previous call of this monitor are in `recent_failures`.
+        """
+        self.open()
+        now = time.time()
+        seeds = [*self._seeds, *_remembered(self._previous, self._seeds, self._scheme)]
+        viewers = seeds[: self._viewer_seeds]
+        reports, views, answered = await self._round(seeds, viewers)
+        known_ids = {t.node_id for t in seeds if t.node_id} | {
+            r.status.node_id for r in reports if r.status is not None
+        }
+        known_endpoints = {(t.address, t.port) for t in seeds}
+        members: dict[str, Observation] = {}
+        for obs in views:
+            if obs.node_id not in known_ids and (obs.address, obs.port) not in known_endpoints:
+                members.setdefault(obs.node_id, obs)
+        new = [
+            _Target(node_url(o.address, o.port, self._scheme), o.address, o.port, o.node_id)
+            for _, o in sorted(members.items())
+        ]
+        more_viewers = self._more_viewers(seeds, reports, new, answered)
+        if new or more_viewers:
+            more_reports, more_views, _ = await self._round(new, more_viewers)
+            reports += more_reports
+            views += more_views
+        status = build_cluster_status(reports, views, now, self._previous)
+        self._previous = status
+        return status
+
+    async def watch(self, interval_s: float) -> AsyncGenerator[ClusterStatus, None]:
+        """A status now and then every `interval_s` (measured from the start of each refresh)."""
+        if interval_s <= 0:
+            raise MonitorError(f"interval_s must be positive, got {interval_s}")
+        while True:
+            started = time.monotonic()
+            yield await self.get_cluster_status()
+            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+
+    def _more_viewers(
+        self,
+        seeds: Sequence[_Target],
+        reports: Sequence[NodeReport],
+        new: Sequence[_Target],
+        answered: int,
+    ) -> list[_Target]:
+        """Nodes to read views from when fewer than `peer_views` seeds gave one."""
+        wanted = self._peer_views - answered
+        if wanted <= 0:
+            return []
+        asked = {t.url for t in seeds[: self._viewer_seeds]}
+        reachable = [
+            _Target(r.url, r.address, r.port, r.status.node_id)
+            for r in reports
+            if r.status is not None and r.url not in asked
+        ]
+        return (reachable + list(new))[:wanted]
+
+    async def _round(
+        self, status_of: Sequence[_Target], views_of: Sequence[_Target]
+    ) -> tuple[list[NodeReport], list[Observation], int]:
+        """Status of `status_of` and views of `views_of`, all at once; (reports, views, views
+        that answered)."""
+        session = self._session
+        if session is None:
+            raise MonitorError("this ClusterMonitor is closed")
+        async with asyncio.TaskGroup() as group:
+            status_tasks = [group.create_task(self._report(session, t)) for t in status_of]
+            view_tasks = [group.create_task(self._view(session, t)) for t in views_of]
+        found = [task.result() for task in view_tasks]
+        views = [obs for answer in found if answer is not None for obs in answer]
+        answered = sum(1 for answer in found if answer is not None)
+        return [task.result() for task in status_tasks], views, answered
+
+    async def _report(self, session: aiohttp.ClientSession, target: _Target) -> NodeReport:
+        try:
+            status = parse_status(await self._get_json(session, target.url, "/v1/status"))
+        except _FetchError as exc:
+            return NodeReport(target.url, target.address, target.port, target.node_id, None,
+                              exc.reason)  # fmt: skip
+        except ValueError as exc:
+            return NodeReport(target.url, target.address, target.port, target.node_id, None,
+                              f"bad status document: {exc}")  # fmt: skip
+        return NodeReport(target.url, target.address, target.port, target.node_id, status, None)
+
+    async def _view(
+        self, session: aiohttp.ClientSession, target: _Target
+    ) -> tuple[Observation, ...] | None:
+        try:
+            return parse_peers(await self._get_json(session, target.url, "/v1/peers"))
+        except (_FetchError, ValueError) as exc:
+            logger.debug("no membership view from %s: %s", target.url, exc)
+            return None
+
+    async def _get_json(self, session: aiohttp.ClientSession, url: str, path: str) -> Any:
+        """The JSON body of GET url+path, or _FetchError(reason) within the timeout."""
+        async with self._limit:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    async with session.get(url + path) as response:
+                        status, body = response.status, await response.read()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise _FetchError(describe_fetch_error(exc, self._timeout_s)) from exc
+        if status >= 400:
+            raise _FetchError(_http_reason(status, body))
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise _FetchError(f"bad response: not JSON ({exc})") from exc

@@ -1,0 +1,125 @@
+"""What every `shoal` command shares: consoles, error exits, JSON output, loading settings."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from aiohttp import ClientError, ClientMiddlewareType, ClientSession, ClientTimeout
+from rich.console import Console
+
+from config import (
+    ConfigError,
+    LoadedSettings,
+    NodeSettings,
+    load_settings,
+    read_secret_file,
+    signing_middleware,
+)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+T = TypeVar("T")
+
+
+def fail(problems: list[str] | str, code: int = EXIT_USAGE) -> NoReturn:
+    """Print each problem as one line on stderr and exit with `code` (2: usage or config)."""
+    for line in [problems] if isinstance(problems, str) else problems:
+        err_console.print(f"shoal: error: {line}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Turn a ConfigError into its lines on stderr and exit code 2, never a traceback."""
+    try:
+        yield
+    except ConfigError as exc:
+        fail(exc.problems, EXIT_USAGE)
+
+
+def guarded(fn: Callable[[], T]) -> T:
+    with config_errors():
+        return fn()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout, for scripts."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def settings_from(
+    config_file: Path | None = None, flags: dict[str, Any] | None = None
+) -> LoadedSettings:
+    """Effective settings for a command: defaults < file < environment < the flags given."""
+    with config_errors():
+        return load_settings(config_file, flags=flags or {})
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def node_url(settings: NodeSettings, url: str | None = None) -> str:
+    """`url` when given, else the local daemon's API address from the settings."""
+    if url:
+        return url.rstrip("/")
+    host = settings.bind
+    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+def client_session(settings: NodeSettings, timeout_s: float | None = None) -> ClientSession:
+    """An aiohttp session that signs every request when the settings name a secret file."""
+    middlewares: tuple[ClientMiddlewareType, ...] = ()
+    if settings.secret_file is not None:
+        secret = read_secret_file(settings.secret_file)
+        middlewares = (signing_middleware(secret, f"cli-{socket.gethostname()}"),)
+    timeout = ClientTimeout(total=timeout_s or settings.timeouts.http_request_s)
+    return ClientSession(timeout=timeout, middlewares=middlewares)
+
+
+async def request_json(
+    settings: NodeSettings,
+    method: str,
+    url: str,
+    body: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+) -> Any:
+    """One signed request to a daemon and its JSON answer; an error answer or an unreachable
+    daemon exits 1 with one line naming the URL and the reason."""
+    try:
+        async with (
+            client_session(settings, timeout_s) as session,
+            session.request(method, url, json=body) as response,
+        ):
+            document = await response.json(content_type=None)
+            if response.status >= 400:
+                reason = document.get("error") if isinstance(document, dict) else document
+                fail(f"{url}: {response.status}: {reason}", EXIT_FAILURE)
+            return document
+    except (ClientError, TimeoutError, ValueError) as exc:
+        fail(f"{url}: unreachable: {exc or type(exc).__name__}", EXIT_FAILURE)
+
+
+NodeOption = Annotated[
+    str | None, typer.Option("--node", help="Daemon URL; default the local node from the config.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="Config file (YAML); default $SHOAL_CONFIG.")
+]

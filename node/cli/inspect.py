@@ -1,0 +1,117 @@
+"""`shoal status`, `shoal peers` and `shoal roles`: what one node sees."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from config import NodeSettings
+from node.cli.common import (
+    ConfigOption,
+    JsonOption,
+    NodeOption,
+    console,
+    node_url,
+    print_json,
+    request_json,
+    settings_from,
+)
+
+
+async def _get_json(settings: NodeSettings, url: str, path: str) -> Any:
+    return await request_json(
+        settings, "GET", url + path, timeout_s=settings.timeouts.peer_status_s
+    )
+
+
+def status(
+    node: NodeOption = None, as_json: JsonOption = False, config_file: ConfigOption = None
+) -> None:
+    """Show the status of a node (default: the local one)."""
+    settings = settings_from(config_file).settings
+    url = node_url(settings, node)
+    document = asyncio.run(_get_json(settings, url, "/v1/status"))
+    if as_json:
+        print_json(document)
+        return
+    table = Table(show_header=False, title=f"{document['node_id']} at {url}")
+    for key in ("cluster", "version", "address", "port", "role", "term", "coordinator", "health"):
+        table.add_row(key, str(document.get(key)))
+    members = document.get("members", {})
+    table.add_row("members", ", ".join(f"{k} {v}" for k, v in members.items()))
+    wal = document.get("wal", {})
+    table.add_row(
+        "wal", f"{wal.get('pending')} pending, oldest {wal.get('oldest_pending_age_s')} s"
+    )
+    table.add_row("breakers open", ", ".join(document.get("breakers", {}).get("open", [])) or "-")
+    table.add_row("uptime", f"{document.get('uptime_s', 0):.0f} s")
+    console.print(table)
+
+
+def peers(
+    node: NodeOption = None, as_json: JsonOption = False, config_file: ConfigOption = None
+) -> None:
+    """Show a node's membership view: every member, its state and incarnation."""
+    settings = settings_from(config_file).settings
+    url = node_url(settings, node)
+    document = asyncio.run(_get_json(settings, url, "/v1/peers"))
+    if as_json:
+        print_json(document)
+        return
+    table = Table(title=f"members seen by {url}")
+    for column in ("node", "address", "state", "incarnation", "last seen", "role", "version"):
+        table.add_column(column)
+    for member in document.get("members", []):
+        table.add_row(
+            member["node_id"] + (" (self)" if member.get("is_self") else ""),
+            f"{member['address']}:{member['port']}",
+            member["state"],
+            str(member["incarnation"]),
+            f"{member['last_seen_s']:.1f} s",
+            str(member.get("role")),
+            str(member.get("version")),
+        )
+    console.print(table)
+
+
+def roles(
+    node: NodeOption = None, as_json: JsonOption = False, config_file: ConfigOption = None
+) -> None:
+    """Print the role plan a node applies: term, version, each node's role, training ranks."""
+    settings = settings_from(config_file).settings
+    url = node_url(settings, node)
+    document = asyncio.run(_get_json(settings, url, "/v1/plan"))
+    if as_json:
+        print_json(document)
+        return
+    plan = document.get("plan")
+    if not plan:
+        console.print(
+            f"no plan yet (term {document.get('term')}, coordinator {document.get('coordinator')})",
+            highlight=False,
+        )
+        return
+    ranks = {node_id: rank for rank, node_id in enumerate(plan["training_ranks"])}
+    rendezvous = plan["rendezvous"]
+    table = Table(
+        title=f"plan {plan['term']}.{plan['version']} by {document.get('coordinator')}: "
+        f"world {rendezvous['world_size']} at {rendezvous['master_addr'] or '-'}:"
+        f"{rendezvous['master_port']} ({rendezvous['backend']})"
+    )
+    for column in ("node", "role", "rank"):
+        table.add_column(column)
+    for node_id, role in sorted(plan["roles"].items()):
+        table.add_row(node_id, role, str(ranks.get(node_id, "-")))
+    console.print(table)
+    if plan.get("note"):
+        console.print(plan["note"], highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the read-only inspection commands to the app."""
+    app.command("status")(status)
+    app.command("peers")(peers)
+    app.command("roles")(roles)

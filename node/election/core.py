@@ -1,0 +1,287 @@
+"""The election as a pure state machine (no I/O, no clock, no tasks): Raft's election rules with
+pre-vote, a fixed voter set, and a coordinator lease held only while a majority acknowledges.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+from node.election.messages import (
+    ElectionError,
+    Heartbeat,
+    HeartbeatAck,
+    Message,
+    Outbound,
+    VoteReason,
+    VoteReply,
+    VoteRequest,
+)
+from node.election.plan import RolePlan, should_apply
+from node.election.state import (
+    ElectionConfig,
+    ElectionRole,
+    ElectionState,
+    election_timeout,
+    follows_live_coordinator,
+    lease_valid,
+    stepdown_at,
+)
+
+Step = tuple[ElectionState, list[Outbound]]
+"""The next state and the messages to send, in order. The driver stores `state.durable` (and
+`state.plan`) whenever they change, before it sends any of the messages."""
+
+
+def on_tick(state: ElectionState, now: float, rng: random.Random) -> Step:
+    """Time passed: step down without a lease, send due heartbeats, or start an election."""
+    if state.role is ElectionRole.COORDINATOR:
+        if now >= stepdown_at(state):
+            return _become_follower(state, state.term, None, now, rng), []
+        if now >= state.next_heartbeat_at:
+            return _heartbeat_round(state, now, observers=now >= state.next_observer_heartbeat_at)
+        return state, []
+    if state.config.is_voter and now >= state.election_deadline:
+        return on_timeout(state, now, rng)
+    return state, []
+
+
+def on_timeout(state: ElectionState, now: float, rng: random.Random) -> Step:
+    """The election timer fired: ask the voters for pre-votes (term + 1). Non-voters never stand."""
+    config = state.config
+    if not config.is_voter or state.role is ElectionRole.COORDINATOR:
+        return state, []
+    state = replace(
+        state,
+        role=ElectionRole.CANDIDATE,
+        pre_vote=True,
+        votes=frozenset({config.node_id}),
+        coordinator=None,
+        election_deadline=now + election_timeout(config, rng),
+    )
+    if config.quorum == 1:
+        return _start_candidacy(state, now, rng)
+    request = VoteRequest(state.term + 1, config.node_id, pre_vote=True)
+    return state, _to_other_voters(config, request)
+
+
+def on_message(state: ElectionState, message: Message, now: float, rng: random.Random) -> Step:
+    """Any message from a peer; a request's answer is returned addressed to its sender."""
+    if isinstance(message, VoteRequest):
+        state, reply = handle_vote_request(state, message, now, rng)
+        return state, [Outbound(message.candidate, reply)]
+    if isinstance(message, Heartbeat):
+        state, ack = handle_heartbeat(state, message, now, rng)
+        return state, [Outbound(message.coordinator, ack)]
+    if isinstance(message, VoteReply):
+        return handle_vote_reply(state, message, now, rng)
+    return handle_heartbeat_ack(state, message, now, rng)
+
+
+def handle_vote_request(
+    state: ElectionState, request: VoteRequest, now: float, rng: random.Random
+) -> tuple[ElectionState, VoteReply]:
+    """Grant at most one vote per term, never while following a live coordinator, never as a
+    non-voter. A lease denial leaves the term alone, so a returning node cannot disrupt."""
+    config = state.config
+
+    def answer(granted: bool, reason: VoteReason) -> VoteReply:
+        return VoteReply(state.term, config.node_id, granted, request.pre_vote, reason.value)
+
+    if not config.is_voter:
+        return state, answer(False, VoteReason.NOT_VOTER)
+    if request.candidate not in config.voters or request.candidate == config.node_id:
+        return state, answer(False, VoteReason.UNKNOWN_CANDIDATE)
+    if request.term < state.term:
+        return state, answer(False, VoteReason.STALE_TERM)
+    if follows_live_coordinator(state, now):
+        return state, answer(False, VoteReason.LEASE)
+    if request.pre_vote:
+        if request.term > state.term or state.voted_for in (None, request.candidate):
+            granted = VoteReply(request.term, config.node_id, True, True, VoteReason.GRANTED.value)
+            return state, granted
+        return state, answer(False, VoteReason.ALREADY_VOTED)
+    if request.term > state.term:
+        state = _become_follower(state, request.term, None, now, rng)
+    if state.voted_for not in (None, request.candidate):
+        return state, answer(False, VoteReason.ALREADY_VOTED)
+    state = replace(
+        state,
+        voted_for=request.candidate,
+        election_deadline=now + election_timeout(config, rng),
+    )
+    return state, answer(True, VoteReason.GRANTED)
+
+
+def handle_heartbeat(
+    state: ElectionState, heartbeat: Heartbeat, now: float, rng: random.Random
+) -> tuple[ElectionState, HeartbeatAck]:
+    """Follow the coordinator of a term at least ours; adopt its plan when newer than ours."""
+    config = state.config
+
+    def ack(current: ElectionState, success: bool) -> HeartbeatAck:
+        fence = current.plan_fence
+        return HeartbeatAck(current.term, config.node_id, heartbeat.seq, success, fence)
+
+    stale = heartbeat.term < state.term
+    same_term_other_leader = heartbeat.term == state.term and (
+        state.role is ElectionRole.COORDINATOR
+        or state.coordinator not in (None, heartbeat.coordinator)
+    )
+    if stale or same_term_other_leader or heartbeat.coordinator not in config.voters:
+        return state, ack(state, False)
+    state = _become_follower(state, heartbeat.term, heartbeat.coordinator, now, rng)
+    state = replace(state, leader_seen_at=now)
+    plan = heartbeat.plan
+    if (
+        plan is not None
+        and plan.term == heartbeat.term
+        and should_apply(state.plan_fence, plan.fence)
+    ):
+        state = replace(state, plan=plan)
+    return state, ack(state, True)
+
+
+def handle_vote_reply(
+    state: ElectionState, reply: VoteReply, now: float, rng: random.Random
+) -> Step:
+    """Count a (pre-)vote; a majority of pre-votes starts the real election, a majority of
+    votes makes this node coordinator. A denial from a higher term makes it a follower."""
+    config = state.config
+    if reply.term > state.term and not reply.granted:
+        return _become_follower(state, reply.term, None, now, rng), []
+    if state.role is not ElectionRole.CANDIDATE or not reply.granted:
+        return state, []
+    if reply.voter not in config.voters or reply.pre_vote != state.pre_vote:
+        return state, []
+    if reply.term != (state.term + 1 if state.pre_vote else state.term):
+        return state, []
+    state = replace(state, votes=state.votes | {reply.voter})
+    if len(state.votes) < config.quorum:
+        return state, []
+    if state.pre_vote:
+        return _start_candidacy(state, now, rng)
+    return _become_coordinator(state, now)
+
+
+def handle_heartbeat_ack(
+    state: ElectionState, ack: HeartbeatAck, now: float, rng: random.Random
+) -> Step:
+    """Record a follower's acknowledgement; a higher term makes this coordinator step down."""
+    if ack.term > state.term:
+        return _become_follower(state, ack.term, None, now, rng), []
+    if state.role is not ElectionRole.COORDINATOR or ack.term != state.term or not ack.success:
+        return state, []
+    state = replace(state, peer_fences={**state.peer_fences, ack.node: ack.plan_fence})
+    sent = dict(state.rounds).get(ack.seq)
+    if sent is None or ack.node not in state.config.voters or ack.node == state.config.node_id:
+        return state, []
+    if sent <= state.acked.get(ack.node, -math.inf):
+        return state, []
+    return replace(state, acked={**state.acked, ack.node: sent}), []
+
+
+def publish_plan(state: ElectionState, plan: RolePlan, now: float) -> Step:
+    """Adopt `plan` as coordinator and send it to every follower now.
+
+    ElectionError unless this node holds the lease of `plan.term` and the plan is newer.
+    """
+    if not lease_valid(state, now):
+        raise ElectionError(f"{state.config.node_id} holds no coordinator lease; not publishing")
+    if plan.term != state.term or not should_apply(state.plan_fence, plan.fence):
+        raise ElectionError(f"plan {plan.fence} is not newer within term {state.term}")
+    return _heartbeat_round(replace(state, plan=plan), now, observers=True)
+
+
+def _start_candidacy(state: ElectionState, now: float, rng: random.Random) -> Step:
+    config = state.config
+    state = replace(
+        state,
+        role=ElectionRole.CANDIDATE,
+        pre_vote=False,
+        term=state.term + 1,
+        voted_for=config.node_id,
+        votes=frozenset({config.node_id}),
+        coordinator=None,
+        election_deadline=now + election_timeout(config, rng),
+    )
+    if config.quorum == 1:
+        return _become_coordinator(state, now)
+    return state, _to_other_voters(config, VoteRequest(state.term, config.node_id))
+
+
+def _become_coordinator(state: ElectionState, now: float) -> Step:
+    state = replace(
+        state,
+        role=ElectionRole.COORDINATOR,
+        pre_vote=False,
+        coordinator=state.config.node_id,
+        votes=frozenset(),
+        won_at=now,
+        rounds=(),
+        acked={},
+        peer_fences={},
+        leader_seen_at=None,
+    )
+    return _heartbeat_round(state, now, observers=True)
+
+
+def _become_follower(
+    state: ElectionState, term: int, coordinator: str | None, now: float, rng: random.Random
+) -> ElectionState:
+    new_term = term != state.term
+    return replace(
+        state,
+        role=ElectionRole.FOLLOWER,
+        pre_vote=False,
+        term=term,
+        voted_for=None if new_term else state.voted_for,
+        coordinator=coordinator,
+        votes=frozenset(),
+        rounds=(),
+        acked={},
+        peer_fences={},
+        election_deadline=now + election_timeout(state.config, rng),
+    )
+
+
+def _heartbeat_round(state: ElectionState, now: float, observers: bool) -> Step:
+    config = state.config
+    seq = state.seq + 1
+    horizon = now - config.lease_s
+    rounds = (*(r for r in state.rounds if r[1] > horizon), (seq, now))
+    targets = [voter for voter in config.voters if voter != config.node_id]
+    if observers:
+        targets += sorted(state.observers)
+    plan = state.plan if state.plan is not None and state.plan.term == state.term else None
+    if not lease_valid(state, now):
+        plan = None
+    fence = state.plan_fence
+    messages = [
+        Outbound(
+            target,
+            Heartbeat(
+                state.term,
+                config.node_id,
+                seq,
+                fence,
+                plan if plan is not None and state.peer_fences.get(target) != fence else None,
+            ),
+        )
+        for target in targets
+    ]
+    state = replace(
+        state,
+        seq=seq,
+        rounds=rounds,
+        next_heartbeat_at=now + config.heartbeat_interval_s,
+        next_observer_heartbeat_at=(
+            now + config.observer_interval_s if observers else state.next_observer_heartbeat_at
+        ),
+    )
+    return state, messages
+
+
+def _to_other_voters(config: ElectionConfig, message: VoteRequest) -> list[Outbound]:
+    return [Outbound(voter, message) for voter in config.voters if voter != config.node_id]

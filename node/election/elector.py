@@ -1,0 +1,417 @@
+"""The elector: runs one node's election state machine on the event loop, persists its vote
+before any message leaves, sends through an injected transport, and publishes role plans while
+it holds the coordinator lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+
+from node.election import core
+from node.election.adoption import AdoptionLog, adoption_record
+from node.election.messages import (
+    ElectionError,
+    Heartbeat,
+    HeartbeatAck,
+    Message,
+    Outbound,
+    PlanAnnounce,
+    VoteReply,
+    VoteRequest,
+)
+from node.election.plan import PlanError, RolePlan
+from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy, compute_plan
+from node.election.seams import DurableState, ElectionTransport
+from node.election.state import (
+    DurableRecord,
+    ElectionConfig,
+    ElectionEvent,
+    ElectionEventKind,
+    ElectionRole,
+    ElectionState,
+    ElectionStatus,
+    events_between,
+    initial_state,
+    lease_backers,
+    lease_valid,
+    next_plan_version,
+    next_wakeup,
+    status_of,
+    with_observers,
+)
+
+log = logging.getLogger(__name__)
+
+VOTE_KEY = "election.vote"
+"""DurableState key of {"term": int, "voted_for": str | null}, written as one value."""
+PLAN_KEY = "election.plan"
+"""DurableState key of the newest plan this node adopted (RolePlan.to_dict), or null."""
+_WARN_AFTER_FAILURES = 3
+
+Listener = Callable[[ElectionEvent], None]
+CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
+
+
+class _Phase(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+class Elector:
+    """One node's elector. `async with Elector(...)` loads the durable vote and starts the timer
+    loop; HTTP handlers call `handle_vote_request` and `handle_heartbeat`.
+
+    Invariant: every message a step returns is sent only after the step's durable state (term,
+    vote, plan) is stored; there is no await between a step and recording its events.
+    """
+
+    def __init__(
+        self,
+        config: ElectionConfig,
+        transport: ElectionTransport,
+        durable: DurableState,
+        *,
+        capabilities: CapabilitiesSource | None = None,
+        policy: RolePolicy | None = None,
+        debounce: PlanDebouncer | None = None,
+        adoption_log: AdoptionLog | None = None,
+        request_timeout_s: float | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self._transport = transport
+        self._durable = durable
+        self._capabilities = capabilities
+        self._policy = policy
+        self._debounce = debounce or PlanDebouncer()
+        self._adoption_log = adoption_log
+        self._request_timeout_s = request_timeout_s or config.lease_s
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._phase = _Phase.NEW
+        self._state: ElectionState | None = None
+        self._observers: frozenset[str] = frozenset()
+        self._listeners: list[Listener] = []
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._sends: set[asyncio.Task[None]] = set()
+        self._heartbeats_in_flight: set[str] = set()
+        self._failing: dict[str, int] = {}
+        self._persist_lock = asyncio.Lock()
+        self._stored = DurableRecord()
+        self._stored_plan: RolePlan | None = None
+        self._commit_seq = 0
+        self._persisted_seq = 0
+        self._queue: deque[tuple[int, ElectionEvent, tuple[str, ...] | None]] = deque()
+        self._dispatch_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> Elector:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Load the durable vote and plan, then start the timers. Only once."""
+        if self._phase is not _Phase.NEW:
+            raise ElectionError(f"elector of {self.config.node_id} cannot start twice")
+        record = DurableRecord.from_value(await self._durable.get(VOTE_KEY))
+        stored_plan = await self._durable.get(PLAN_KEY)
+        try:
+            plan = None if stored_plan is None else RolePlan.from_dict(stored_plan)
+        except PlanError as exc:
+            log.warning("node %s: ignoring the stored plan: %s", self.config.node_id, exc)
+            plan = None
+        self._stored, self._stored_plan = record, plan
+        state = initial_state(self.config, record, plan, self._clock(), self._rng)
+        self._state = with_observers(state, self._observers)
+        self._phase = _Phase.RUNNING
+        self._loop_task = asyncio.create_task(self._run(), name=f"elector-{self.config.node_id}")
+        log.info(
+            "node %s term %s: election started (%d voters, %s)",
+            self.config.node_id,
+            record.term,
+            len(self.config.voters),
+            "voter" if self.config.is_voter else "non-voter",
+        )
+
+    async def close(self) -> None:
+        """Stop the timers and cancel requests in flight. Idempotent and irreversible."""
+        if self._phase is _Phase.CLOSED:
+            return
+        self._phase = _Phase.CLOSED
+        tasks = [*self._sends, *([self._loop_task] if self._loop_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._sends.clear()
+
+    @property
+    def state(self) -> ElectionState:
+        """The current (immutable) election state, in memory: it may run ahead of what is
+        durable by one write. Listeners hear of a change only once it is durable."""
+        return self._running_state()
+
+    @property
+    def status(self) -> ElectionStatus:
+        return status_of(self._running_state(), self._clock())
+
+    @property
+    def plan(self) -> RolePlan | None:
+        return None if self._state is None else self._state.plan
+
+    def plan_announce(self) -> PlanAnnounce:
+        """The GET /v1/plan document of this node."""
+        status = self.status
+        return PlanAnnounce(
+            self.config.node_id, status.term, status.coordinator, status.lease_valid, self.plan
+        )
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener(event)` on every change, after the change is durable; returns remover."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def set_observers(self, node_ids: Iterable[str]) -> None:
+        """The non-voters the coordinator heartbeats (alive members outside the voter set)."""
+        self._observers = frozenset(node_ids)
+        if self._state is not None:
+            self._state = with_observers(self._state, self._observers)
+
+    def notify_membership_changed(self) -> None:
+        """A member joined, died or changed; the coordinator re-plans after the debounce."""
+        self._debounce = self._debounce.changed(self._clock())
+        self._wake.set()
+
+    async def handle_vote_request(self, request: VoteRequest) -> VoteReply:
+        """Answer a candidate; a granted vote is durable before this returns."""
+        state = self._running_state()
+        new, reply = core.handle_vote_request(state, request, self._clock(), self._rng)
+        self._commit(state, new)
+        await self._settle()
+        return reply
+
+    async def handle_heartbeat(self, heartbeat: Heartbeat) -> HeartbeatAck:
+        """Answer the coordinator; a new term or plan is durable before this returns."""
+        state = self._running_state()
+        new, ack = core.handle_heartbeat(state, heartbeat, self._clock(), self._rng)
+        self._commit(state, new)
+        await self._settle()
+        return ack
+
+    def _running_state(self) -> ElectionState:
+        if self._phase is not _Phase.RUNNING or self._state is None:
+            raise ElectionError(f"elector of {self.config.node_id} is {self._phase.value}")
+        return self._state
+
+    def _commit(self, old: ElectionState, new: ElectionState) -> None:
+        """Make `new` current and queue its events; never awaits."""
+        now = self._clock()
+        self._state = new
+        self._commit_seq += 1
+        for event in events_between(old, new, now):
+            backers = None
+            if (
+                event.kind is ElectionEventKind.PLAN_ADOPTED
+                and new.role is ElectionRole.COORDINATOR
+            ):
+                backers = tuple(sorted(lease_backers(new, now)))
+            self._queue.append((self._commit_seq, event, backers))
+            _log_event(event)
+        if new is not old:
+            self._wake.set()
+
+    async def _settle(self) -> None:
+        """Store the newest durable state, then deliver the events it covers, in order."""
+        await self._persist()
+        async with self._dispatch_lock:
+            while self._queue and self._queue[0][0] <= self._persisted_seq:
+                _, event, backers = self._queue.popleft()
+                for listener in list(self._listeners):
+                    try:
+                        listener(event)
+                    except Exception:
+                        log.exception("node %s: election listener failed", self.config.node_id)
+                await self._record(event, backers)
+
+    async def _persist(self) -> None:
+        async with self._persist_lock:
+            seq, state = self._commit_seq, self._running_state()
+            if state.durable != self._stored:
+                await self._durable.set(VOTE_KEY, state.durable.to_dict())
+                self._stored = state.durable
+            if state.plan is not None and state.plan_fence != _fence(self._stored_plan):
+                await self._durable.set(PLAN_KEY, state.plan.to_dict())
+                self._stored_plan = state.plan
+            self._persisted_seq = max(self._persisted_seq, seq)
+
+    async def _record(self, event: ElectionEvent, backers: tuple[str, ...] | None) -> None:
+        if self._adoption_log is None:
+            return
+        record = adoption_record(event, self._wall_clock(), backers)
+        if record is None:
+            return
+        try:
+            await self._adoption_log.append(record)
+        except (OSError, PlanError) as exc:
+            log.warning("node %s: adoption log write failed: %s", self.config.node_id, exc)
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            self._wake.clear()
+            try:
+                await self._tick()
+                failures = 0
+            except Exception as exc:  # recorded and retried; the loop must keep running
+                failures += 1
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "node %s term %s: election step failed (%d in a row): %r",
+                    self.config.node_id,
+                    self._state.term if self._state else "-",
+                    failures,
+                    exc,
+                )
+            if failures:  # back off, even when woken, so a failing store is not hammered
+                await asyncio.sleep(min(0.05 * failures, self.config.heartbeat_interval_s))
+                continue
+            delay = self._next_wakeup() - self._clock()
+            if delay > 0 and not self._wake.is_set():
+                try:
+                    async with asyncio.timeout(min(delay, 3600.0)):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+
+    async def _tick(self) -> None:
+        state = self._running_state()
+        now = self._clock()
+        new, outbound = core.on_tick(state, now, self._rng)
+        self._commit(state, new)
+        outbound += self._maybe_publish(now)
+        await self._settle()
+        self._send_all(outbound)
+
+    def _next_wakeup(self) -> float:
+        state = self._running_state()
+        wakeup = next_wakeup(state)
+        due = self._debounce.due_at()
+        if due is not None and state.role is ElectionRole.COORDINATOR:
+            wakeup = min(wakeup, due)
+        return wakeup if math.isfinite(wakeup) else self._clock() + 3600.0
+
+    def _maybe_publish(self, now: float) -> list[Outbound]:
+        """Publish a plan when this node holds the lease and its term has none yet, or when
+        membership changes have settled. Returns the heartbeats that carry it."""
+        state = self._running_state()
+        if state.role is not ElectionRole.COORDINATOR:
+            self._debounce = self._debounce.cleared()
+            return []
+        if self._capabilities is None or self._policy is None or not lease_valid(state, now):
+            return []
+        new_term = state.plan is None or state.plan.term != state.term
+        if not new_term and not self._debounce.is_due(now):
+            return []
+        self._debounce = self._debounce.cleared()
+        try:
+            members = self._capabilities()
+            plan = compute_plan(
+                state.term, next_plan_version(state), members, self._policy, previous=state.plan
+            )
+        except (PlanError, ValueError) as exc:
+            log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)
+            return []
+        if not new_term and plan.same_assignment(state.plan):
+            return []
+        new, outbound = core.publish_plan(state, plan, now)
+        self._commit(state, new)
+        return outbound
+
+    def _send_all(self, outbound: Sequence[Outbound]) -> None:
+        for item in outbound:
+            if isinstance(item.message, Heartbeat):
+                if item.to in self._heartbeats_in_flight:
+                    continue
+                self._heartbeats_in_flight.add(item.to)
+            task = asyncio.create_task(self._send(item), name=f"election-send-{item.to}")
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+
+    async def _send(self, item: Outbound) -> None:
+        reply: Message | None = None
+        try:
+            async with asyncio.timeout(self._request_timeout_s):
+                if isinstance(item.message, VoteRequest):
+                    reply = await self._transport.request_vote(item.to, item.message)
+                elif isinstance(item.message, Heartbeat):
+                    reply = await self._transport.send_heartbeat(item.to, item.message)
+        except Exception as exc:  # timeouts and transport errors mean "no answer"
+            self._peer_failed(item.to, repr(exc))
+            return
+        finally:
+            if isinstance(item.message, Heartbeat):
+                self._heartbeats_in_flight.discard(item.to)
+        if reply is None:
+            self._peer_failed(item.to, "no answer")
+            return
+        if self._phase is not _Phase.RUNNING:
+            return
+        self._peer_answered(item.to)
+        state = self._running_state()
+        new, outbound = core.on_message(state, reply, self._clock(), self._rng)
+        self._commit(state, new)
+        await self._settle()
+        self._send_all(outbound)
+
+    def _peer_failed(self, peer: str, why: str) -> None:
+        """A peer's third failure in a row logs at WARNING (once), the others at DEBUG."""
+        failures = self._failing.get(peer, 0) + 1
+        self._failing[peer] = failures
+        log.log(
+            logging.WARNING if failures == _WARN_AFTER_FAILURES else logging.DEBUG,
+            "node %s term %s: no election answer from %s (%d in a row): %s",
+            self.config.node_id,
+            self._state.term if self._state else "-",
+            peer,
+            failures,
+            why,
+        )
+
+    def _peer_answered(self, peer: str) -> None:
+        if self._failing.pop(peer, 0) >= _WARN_AFTER_FAILURES:
+            log.info(
+                "node %s term %s: %s answers election messages again",
+                self.config.node_id,
+                self._state.term if self._state else "-",
+                peer,
+            )
+
+
+def _log_event(event: ElectionEvent) -> None:
+    status, plan = event.status, event.plan
+    what = {
+        ElectionEventKind.ELECTED: "elected coordinator",
+        ElectionEventKind.STEPPED_DOWN: "stepped down as coordinator",
+        ElectionEventKind.COORDINATOR_CHANGED: f"coordinator is {status.coordinator}",
+        ElectionEventKind.PLAN_ADOPTED: "adopted plan "
+        + ("-" if plan is None else f"{plan.fence.to_header()} ({plan.note})"),
+    }[event.kind]
+    level = logging.WARNING if event.kind is ElectionEventKind.STEPPED_DOWN else logging.INFO
+    log.log(level, "node %s term %s: %s", status.node_id, status.term, what)
+
+
+def _fence(plan: RolePlan | None) -> object:
+    return None if plan is None else plan.fence

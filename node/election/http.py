@@ -1,0 +1,262 @@
+"""Election over HTTP: the routes (`POST /v1/election/vote`, `POST /v1/election/heartbeat`,
+`GET /v1/plan`), the aiohttp transport that signs its requests, and the 409 fence check that
+role-dependent handlers run first.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+from config import signing_middleware
+from node.election.elector import Elector
+from node.election.messages import (
+    ElectionError,
+    Heartbeat,
+    HeartbeatAck,
+    VoteReply,
+    VoteRequest,
+)
+from node.election.plan import FENCE_HEADER, PlanError, PlanFence, check_fence
+from node.openapi import RouteDoc
+from node.security import PEER_ID, json_error
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+VOTE_PATH = "/v1/election/vote"
+HEARTBEAT_PATH = "/v1/election/heartbeat"
+PLAN_PATH = "/v1/plan"
+MAX_ELECTION_BODY_BYTES = 4 * 1024 * 1024
+
+ELECTION_DOCS = (
+    RouteDoc(
+        "POST",
+        VOTE_PATH,
+        "A candidate asks for a (pre-)vote; the answer is durable before it is sent",
+        (
+            (200, "the vote reply"),
+            (400, "malformed request"),
+            (403, "signer is not the sender"),
+            (503, "election not running"),
+        ),
+    ),
+    RouteDoc(
+        "POST",
+        HEARTBEAT_PATH,
+        "The coordinator's heartbeat, carrying its plan; answered with an acknowledgement",
+        (
+            (200, "the acknowledgement"),
+            (400, "malformed request"),
+            (403, "signer is not the sender"),
+            (503, "election not running"),
+        ),
+    ),
+    RouteDoc(
+        "GET",
+        PLAN_PATH,
+        "This node's term, coordinator, lease and the role plan it applies",
+        ((200, "the plan document"), (503, "election not running")),
+    ),
+)
+
+ElectorSource = Callable[[], Elector | None]
+AddressOf = Callable[[str], tuple[str, int] | None]
+
+
+def election_routes(elector: ElectorSource) -> list[web.RouteDef]:
+    """The election routes; `elector()` is the running Elector, or None (answered 503)."""
+
+    async def vote(request: web.Request) -> web.Response:
+        running = _running(elector)
+        message = VoteRequest.from_dict(await _read_message(request))
+        _check_sender(request, message.candidate)
+        reply = await _answer(running.handle_vote_request(message))
+        return web.json_response(reply.to_dict())
+
+    async def heartbeat(request: web.Request) -> web.Response:
+        running = _running(elector)
+        message = Heartbeat.from_dict(await _read_message(request))
+        _check_sender(request, message.coordinator)
+        ack = await _answer(running.handle_heartbeat(message))
+        return web.json_response(ack.to_dict())
+
+    async def plan(request: web.Request) -> web.Response:
+        return web.json_response(_running(elector).plan_announce().to_dict())
+
+    def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+        async def run(request: web.Request) -> web.Response:
+            try:
+                response: web.Response = await handler(request)
+                return response
+            except _Refusal as refusal:
+                return json_error(refusal.status, refusal.reason)
+            except ElectionError as exc:
+                return json_error(400, str(exc))
+
+        return run
+
+    return [
+        web.post(VOTE_PATH, guarded(vote)),
+        web.post(HEARTBEAT_PATH, guarded(heartbeat)),
+        web.get(PLAN_PATH, guarded(plan)),
+    ]
+
+
+def fence_refusal(request: web.Request, current: PlanFence | None) -> web.Response | None:
+    """None when the request's FENCE_HEADER matches `current`; else the 409 (or 400 for a
+    malformed header) to answer with. Role-dependent handlers call this first."""
+    header = request.headers.get(FENCE_HEADER)
+    try:
+        presented = None if header is None else PlanFence.from_header(header)
+    except PlanError as exc:
+        return json_error(400, str(exc))
+    result = check_fence(current, presented)
+    if result.ok:
+        return None
+    return json_error(409, result.reason, fence=result.to_dict())
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _running(elector: ElectorSource) -> Elector:
+    running = elector()
+    if running is None:
+        raise _Refusal(503, "election is not running on this node")
+    return running
+
+
+async def _read_message(request: web.Request) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > MAX_ELECTION_BODY_BYTES:
+        raise _Refusal(413, f"election messages are at most {MAX_ELECTION_BODY_BYTES} bytes")
+    try:
+        data = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Refusal(400, f"malformed JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise _Refusal(400, "an election message is a JSON object")
+    return data
+
+
+def _check_sender(request: web.Request, sender: str) -> None:
+    signer = request.get(PEER_ID)
+    if signer is not None and signer != sender:
+        raise _Refusal(403, f"request signed by {signer!r} speaks for {sender!r}")
+
+
+async def _answer(pending: Awaitable[T]) -> T:
+    try:
+        return await pending
+    except ElectionError as exc:
+        raise _Refusal(503, str(exc)) from exc
+    except Exception as exc:  # the durable store failed: no answer is the safe answer
+        log.warning("election request failed: %r", exc)
+        raise _Refusal(503, f"cannot store election state: {exc}") from exc
+
+
+class _Phase(enum.Enum):
+    UNOPENED = "unopened"
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+class HttpElectionTransport:
+    """ElectionTransport over HTTP: signed requests (when a secret is set) to the peer's API at
+    `address_of(node_id)`; any failure, timeout or refusal answers None."""
+
+    def __init__(
+        self,
+        node_id: str,
+        address_of: AddressOf,
+        *,
+        secret: bytes | None,
+        timeout_s: float,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self._address_of = address_of
+        self._secret = secret
+        self._timeout_s = timeout_s
+        self._session = session
+        self._owns_session = session is None
+        self._phase = _Phase.UNOPENED
+
+    async def __aenter__(self) -> HttpElectionTransport:
+        self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def open(self) -> None:
+        """Create the session (unless one was given); a closed transport cannot reopen."""
+        if self._phase is not _Phase.UNOPENED:
+            raise ElectionError(f"election transport is {self._phase.value}")
+        if self._session is None:
+            middlewares = (
+                () if self._secret is None else (signing_middleware(self._secret, self.node_id),)
+            )
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),
+                middlewares=middlewares,
+            )
+        self._phase = _Phase.OPENED
+
+    async def close(self) -> None:
+        """Close the session this transport made. Idempotent."""
+        self._phase = _Phase.CLOSED
+        session, self._session = self._session, None
+        if session is not None and self._owns_session:
+            await session.close()
+
+    async def request_vote(self, to: str, request: VoteRequest) -> VoteReply | None:
+        data = await self._post(to, VOTE_PATH, request.to_dict())
+        return None if data is None else _parse(VoteReply.from_dict, data, to)
+
+    async def send_heartbeat(self, to: str, heartbeat: Heartbeat) -> HeartbeatAck | None:
+        data = await self._post(to, HEARTBEAT_PATH, heartbeat.to_dict())
+        return None if data is None else _parse(HeartbeatAck.from_dict, data, to)
+
+    async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
+        if self._phase is not _Phase.OPENED or self._session is None:
+            raise ElectionError(f"election transport is {self._phase.value}")
+        endpoint = self._address_of(to)
+        if endpoint is None:
+            return None
+        host, port = endpoint
+        url = f"http://{_host(host)}:{port}{path}"
+        try:
+            async with self._session.post(url, json=body) as response:
+                if response.status != 200:
+                    log.debug("node %s: %s %s answered %d", self.node_id, to, path, response.status)
+                    return None
+                return await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("node %s: %s %s failed: %r", self.node_id, to, path, exc)
+            return None
+
+
+def _parse(parser: Callable[[dict[str, Any]], T], data: object, peer: str) -> T | None:
+    if not isinstance(data, dict):
+        return None
+    try:
+        return parser(data)
+    except ElectionError as exc:
+        log.debug("malformed election answer from %s: %s", peer, exc)
+        return None
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,258 @@
+"""The messages of coordinator election and their JSON form (the bodies of the HTTP endpoints
+`POST /v1/election/vote` and `POST /v1/election/heartbeat` and their answers).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from node.election.plan import PlanError, PlanFence, RolePlan
+from node.errors import NodeError
+
+
+class ElectionError(NodeError):
+    """A malformed election message, or an elector used outside its lifecycle."""
+
+
+class VoteReason(enum.StrEnum):
+    """Why a vote was granted or denied (carried in VoteReply.reason)."""
+
+    GRANTED = "granted"
+    STALE_TERM = "stale_term"
+    ALREADY_VOTED = "already_voted"
+    LEASE = "lease"
+    NOT_VOTER = "not_voter"
+    UNKNOWN_CANDIDATE = "unknown_candidate"
+
+
+@dataclass(frozen=True, slots=True)
+class VoteRequest:
+    """`candidate` asks for a vote in `term`. A pre-vote asks "would you vote for me in `term`?"
+    without anyone changing state; a real election follows only a majority of pre-votes."""
+
+    term: int
+    candidate: str
+    pre_vote: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "vote_request",
+            "term": self.term,
+            "candidate": self.candidate,
+            "pre_vote": self.pre_vote,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VoteRequest:
+        _expect_type(data, "vote_request")
+        return cls(_int(data, "term"), _text(data, "candidate"), _bool(data, "pre_vote"))
+
+
+@dataclass(frozen=True, slots=True)
+class VoteReply:
+    """`voter`'s answer. `term` is the voter's current term (a candidate behind it steps down),
+    except in a granted pre-vote, where it echoes the term asked about."""
+
+    term: int
+    voter: str
+    granted: bool
+    pre_vote: bool = False
+    reason: str = VoteReason.GRANTED.value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "vote_reply",
+            "term": self.term,
+            "voter": self.voter,
+            "granted": self.granted,
+            "pre_vote": self.pre_vote,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VoteReply:
+        _expect_type(data, "vote_reply")
+        reason = data.get("reason", "")
+        return cls(
+            _int(data, "term"),
+            _text(data, "voter"),
+            _bool(data, "granted", required=True),
+            _bool(data, "pre_vote"),
+            reason if isinstance(reason, str) else "",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The coordinator of `term` is alive. `seq` numbers its rounds; `plan_fence` is its current
+    plan's fence and `plan` the whole plan when the receiver has not acknowledged that fence."""
+
+    term: int
+    coordinator: str
+    seq: int
+    plan_fence: PlanFence | None = None
+    plan: RolePlan | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "heartbeat",
+            "term": self.term,
+            "coordinator": self.coordinator,
+            "seq": self.seq,
+            "plan_fence": None if self.plan_fence is None else self.plan_fence.to_list(),
+            "plan": None if self.plan is None else self.plan.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Heartbeat:
+        _expect_type(data, "heartbeat")
+        plan_data = data.get("plan")
+        try:
+            fence = PlanFence.from_value(data.get("plan_fence"))
+            plan = None if plan_data is None else RolePlan.from_dict(plan_data)
+        except PlanError as exc:
+            raise ElectionError(f"heartbeat carries a bad plan: {exc}") from exc
+        if plan is not None and plan.fence != fence:
+            raise ElectionError("heartbeat plan_fence does not match its plan")
+        return cls(_int(data, "term"), _text(data, "coordinator"), _int(data, "seq"), fence, plan)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAck:
+    """`node` answers heartbeat `seq`: `success` when it follows that coordinator in `term`
+    (its own term, higher when the heartbeat was stale); `plan_fence` is the plan it applies."""
+
+    term: int
+    node: str
+    seq: int
+    success: bool
+    plan_fence: PlanFence | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "heartbeat_ack",
+            "term": self.term,
+            "node": self.node,
+            "seq": self.seq,
+            "success": self.success,
+            "plan_fence": None if self.plan_fence is None else self.plan_fence.to_list(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HeartbeatAck:
+        _expect_type(data, "heartbeat_ack")
+        try:
+            fence = PlanFence.from_value(data.get("plan_fence"))
+        except PlanError as exc:
+            raise ElectionError(f"heartbeat ack carries a bad fence: {exc}") from exc
+        return cls(
+            _int(data, "term"),
+            _text(data, "node"),
+            _int(data, "seq"),
+            _bool(data, "success", required=True),
+            fence,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanAnnounce:
+    """What a node knows of the current plan: the `GET /v1/plan` document."""
+
+    node: str
+    term: int
+    coordinator: str | None
+    lease_valid: bool
+    plan: RolePlan | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "plan_announce",
+            "node": self.node,
+            "term": self.term,
+            "coordinator": self.coordinator,
+            "lease_valid": self.lease_valid,
+            "plan": None if self.plan is None else self.plan.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanAnnounce:
+        _expect_type(data, "plan_announce")
+        coordinator = data.get("coordinator")
+        plan_data = data.get("plan")
+        try:
+            plan = None if plan_data is None else RolePlan.from_dict(plan_data)
+        except PlanError as exc:
+            raise ElectionError(f"plan document is malformed: {exc}") from exc
+        return cls(
+            _text(data, "node"),
+            _int(data, "term"),
+            coordinator if isinstance(coordinator, str) else None,
+            _bool(data, "lease_valid"),
+            plan,
+        )
+
+
+Request = VoteRequest | Heartbeat
+Reply = VoteReply | HeartbeatAck
+Message = VoteRequest | VoteReply | Heartbeat | HeartbeatAck
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A message the election core wants delivered to node `to`."""
+
+    to: str
+    message: Message
+
+
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
+    "vote_request": VoteRequest.from_dict,
+    "vote_reply": VoteReply.from_dict,
+    "heartbeat": Heartbeat.from_dict,
+    "heartbeat_ack": HeartbeatAck.from_dict,
+}
+
+
+def message_from_dict(data: object) -> Message:
+    """Any election message from its JSON object (dispatch on `type`); ElectionError if bad."""
+    if not isinstance(data, Mapping):
+        raise ElectionError(f"election message must be an object, not {type(data).__name__}")
+    parser = _PARSERS.get(str(data.get("type")))
+    if parser is None:
+        raise ElectionError(f"unknown election message type {data.get('type')!r}")
+    return parser(data)
+
+
+def _expect_type(data: Mapping[str, Any], expected: str) -> None:
+    if not isinstance(data, Mapping):
+        raise ElectionError(f"{expected} must be an object, not {type(data).__name__}")
+    if data.get("type", expected) != expected:
+        raise ElectionError(f"expected a {expected}, got type {data.get('type')!r}")
+
+
+def _int(data: Mapping[str, Any], key: str) -> int:
+    value = data.get(key)
+    if not _is_int(value) or value < 0:
+        raise ElectionError(f"election message field {key!r} must be an integer >= 0")
+    return value
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value or len(value) > 128:
+        raise ElectionError(f"election message field {key!r} must be a node id (1-128 chars)")
+    return value
+
+
+def _bool(data: Mapping[str, Any], key: str, required: bool = False) -> bool:
+    value = data.get(key) if required else data.get(key, False)
+    if not isinstance(value, bool):
+        raise ElectionError(f"election message field {key!r} must be true or false")
+    return value
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,251 @@
+"""Which node does what: the pure rule that turns members' capabilities into a role plan, and
+the debouncer that turns a burst of membership changes into one new plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from config import HostEntry, Role
+from node.election.plan import Backend, PlanError, Rendezvous, RolePlan
+
+BackendChoice = Literal["nccl", "gloo", "auto"]
+AUTO_FALLBACK_ROLE = Role.SELFPLAY
+"""What an `auto` node that does not train does: self-play (it generates the training data)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapabilities:
+    """What the coordinator knows of one alive member. `gpu_vram_gb` is per GPU."""
+
+    node_id: str
+    address: str
+    gpu_count: int = 0
+    gpu_type: str | None = None
+    gpu_vram_gb: float = 0.0
+    preference: Role = Role.AUTO
+
+
+@dataclass(frozen=True, slots=True)
+class RolePolicy:
+    """Bounds and knobs of role assignment.
+
+    Fewer than `min_training` possible trainers means nobody trains. `prefer_vram` orders `auto`
+    nodes by VRAM per GPU before GPU count (False: GPU count first). `backend` "auto" picks nccl
+    when every training node has a GPU, else gloo; under "gloo", GPU-less `auto` nodes may train;
+    under "nccl", GPU-less nodes never train.
+    """
+
+    min_training: int
+    max_training: int
+    prefer_vram: bool = True
+    master_port: int = 29500
+    backend: BackendChoice = "auto"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_training <= self.max_training:
+            raise PlanError(
+                f"role policy needs 0 <= min_training ({self.min_training}) "
+                f"<= max_training ({self.max_training})"
+            )
+        if not 0 < self.master_port < 65536:
+            raise PlanError(f"role policy master_port {self.master_port} is not in 1..65535")
+        if self.backend not in ("nccl", "gloo", "auto"):
+            raise PlanError(f"role policy backend {self.backend!r} is not nccl, gloo or auto")
+
+
+def compute_plan(
+    term: int,
+    version: int,
+    members: Sequence[NodeCapabilities],
+    policy: RolePolicy,
+    previous: RolePlan | None = None,
+) -> RolePlan:
+    """The plan (term, version) for `members` under `policy`.
+
+    Training goes first to nodes that prefer it, then to `auto` nodes with the most VRAM per
+    GPU (then most GPUs, then node id), up to max_training; `auto` nodes that do not train do
+    self-play, inference and selfplay preferences are kept.
+
+    Deterministic in its inputs (member order does not matter). With `previous`, training nodes
+    that survive keep their relative rank order and come first; newcomers follow in choice order.
+    """
+    by_id = _by_id(members)
+    chosen = _choose_trainers(by_id.values(), policy)
+    eligible = len(chosen)
+    if eligible < policy.min_training:
+        chosen = []
+    ranks = _stable_ranks(chosen, previous)
+    roles = {node_id: _non_training_role(cap) for node_id, cap in by_id.items()}
+    roles.update(dict.fromkeys(ranks, Role.TRAINING))
+    rendezvous = Rendezvous(
+        master_addr=by_id[ranks[0]].address if ranks else "",
+        master_port=policy.master_port,
+        world_size=len(ranks),
+        backend=_resolve_backend(policy.backend, [by_id[node] for node in ranks]),
+    )
+    return RolePlan(
+        term=term,
+        version=version,
+        roles=roles,
+        training_ranks=tuple(ranks),
+        rendezvous=rendezvous,
+        note=_note(eligible, len(ranks), len(by_id), policy),
+    )
+
+
+def trainer_order_key(cap: NodeCapabilities, prefer_vram: bool) -> tuple[float, float, str]:
+    """Sort key among candidates of one preference: more VRAM and GPUs first, then node id."""
+    if prefer_vram:
+        return (-cap.gpu_vram_gb, -cap.gpu_count, cap.node_id)
+    return (-cap.gpu_count, -cap.gpu_vram_gb, cap.node_id)
+
+
+def can_train(cap: NodeCapabilities, backend: BackendChoice) -> bool:
+    """Whether `cap` may take a training rank under `backend`."""
+    if cap.preference is Role.TRAINING:
+        return cap.gpu_count > 0 or backend != "nccl"
+    if cap.preference is Role.AUTO:
+        return cap.gpu_count > 0 or backend == "gloo"
+    return False
+
+
+def capabilities_from_meta(
+    node_id: str,
+    address: str,
+    meta: Mapping[str, object],
+    host: HostEntry | None = None,
+) -> NodeCapabilities:
+    """Capabilities from a member's gossiped meta (`role`, `gpu_count`, `gpu_vram_gb`, `gpu`),
+    falling back to its inventory entry, then to a GPU-less `auto` node."""
+    return NodeCapabilities(
+        node_id=node_id,
+        address=address,
+        gpu_count=_meta_int(meta.get("gpu_count"), host.gpu_count if host else 0),
+        gpu_type=_meta_str(meta.get("gpu"), host.gpu if host else None),
+        gpu_vram_gb=_meta_float(meta.get("gpu_vram_gb"), host.gpu_vram_gb if host else 0.0),
+        preference=_meta_role(meta.get("role"), host.role if host else Role.AUTO),
+    )
+
+
+def _by_id(members: Sequence[NodeCapabilities]) -> dict[str, NodeCapabilities]:
+    by_id: dict[str, NodeCapabilities] = {}
+    for cap in sorted(members, key=lambda cap: cap.node_id):
+        if cap.node_id in by_id:
+            raise PlanError(f"member {cap.node_id!r} is listed twice")
+        by_id[cap.node_id] = cap
+    return by_id
+
+
+def _choose_trainers(members: Iterable[NodeCapabilities], policy: RolePolicy) -> list[str]:
+    candidates = [cap for cap in members if can_train(cap, policy.backend)]
+    preferring = [cap for cap in candidates if cap.preference is Role.TRAINING]
+    auto = [cap for cap in candidates if cap.preference is Role.AUTO]
+    ordered = sorted(preferring, key=lambda cap: trainer_order_key(cap, policy.prefer_vram))
+    ordered += sorted(auto, key=lambda cap: trainer_order_key(cap, policy.prefer_vram))
+    return [cap.node_id for cap in ordered[: policy.max_training]]
+
+
+def _stable_ranks(chosen: list[str], previous: RolePlan | None) -> list[str]:
+    if previous is None:
+        return list(chosen)
+    picked = set(chosen)
+    survivors = [node for node in previous.training_ranks if node in picked]
+    kept = set(survivors)
+    return survivors + [node for node in chosen if node not in kept]
+
+
+def _non_training_role(cap: NodeCapabilities) -> Role:
+    if cap.preference in (Role.INFERENCE, Role.SELFPLAY):
+        return cap.preference
+    return AUTO_FALLBACK_ROLE
+
+
+def _resolve_backend(choice: BackendChoice, trainers: Sequence[NodeCapabilities]) -> Backend:
+    if choice == "nccl":
+        return "nccl"
+    if choice == "gloo":
+        return "gloo"
+    if trainers and all(cap.gpu_count > 0 for cap in trainers):
+        return "nccl"
+    return "gloo"
+
+
+def _note(eligible: int, training: int, members: int, policy: RolePolicy) -> str:
+    if training == 0 and eligible < policy.min_training:
+        return (
+            f"nobody trains: {eligible} of {members} members can train, "
+            f"min_training is {policy.min_training}"
+        )
+    return (
+        f"{training} of {members} members train "
+        f"(min {policy.min_training}, max {policy.max_training})"
+    )
+
+
+def _meta_int(value: object, default: int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default
+
+
+def _meta_float(value: object, default: float) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return default
+
+
+def _meta_str(value: object, default: str | None) -> str | None:
+    return value if isinstance(value, str) and value else default
+
+
+def _meta_role(value: object, default: Role) -> Role:
+    if isinstance(value, str):
+        try:
+            return Role(value)
+        except ValueError:
+            return default
+    return default
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDebouncer:
+    """When to recompute the plan after membership changes: `quiet_s` after the last change,
+    but no later than `max_wait_s` after the first, so a burst of joins and deaths makes one plan.
+
+    Pure state: each method returns a new debouncer.
+    """
+
+    quiet_s: float = 0.5
+    max_wait_s: float = 2.0
+    first_change_at: float | None = None
+    last_change_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.quiet_s < 0 or self.max_wait_s < self.quiet_s:
+            raise PlanError("debounce needs 0 <= quiet_s <= max_wait_s")
+
+    @property
+    def pending(self) -> bool:
+        return self.first_change_at is not None
+
+    def changed(self, now: float) -> PlanDebouncer:
+        """Record a change at `now`."""
+        first = now if self.first_change_at is None else self.first_change_at
+        return replace(self, first_change_at=first, last_change_at=now)
+
+    def due_at(self) -> float | None:
+        """When the pending changes should produce a plan; None when nothing is pending."""
+        if self.first_change_at is None or self.last_change_at is None:
+            return None
+        return min(self.last_change_at + self.quiet_s, self.first_change_at + self.max_wait_s)
+
+    def is_due(self, now: float) -> bool:
+        due = self.due_at()
+        return due is not None and now >= due
+
+    def cleared(self) -> PlanDebouncer:
+        """Nothing pending (after the plan was computed, or when this node stopped leading)."""
+        return replace(self, first_change_at=None, last_change_at=None)

@@ -1,0 +1,291 @@
+"""Wires the election into a running node: voters, the elector over HTTP, plans into status,
+membership changes into re-plans, and the /v1/rendezvous endpoint for training processes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from config import ConfigError, Inventory, NodeSettings
+from node.election.adoption import AdoptionLog
+from node.election.elector import Elector
+from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
+from node.election.plan import RolePlan
+from node.election.roles import RolePolicy, capabilities_from_meta
+from node.election.seams import WalDurableState
+from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
+from node.membership.service import EventKind, MemberEvent, Membership, MemberState
+from node.openapi import RouteDoc
+from node.runtime import NodeRuntime
+from node.security import json_error
+from node.training.groups import Rendezvous as TrainingRendezvous
+from node.training.launcher import TrainingLauncher
+from wal import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+RENDEZVOUS_PATH = "/v1/rendezvous"
+GENERATION_PORT_SPAN = 1000
+REPLAN_EVENTS = frozenset(
+    {
+        EventKind.JOINED,
+        EventKind.ALIVE,
+        EventKind.DEAD,
+        EventKind.LEFT,
+        EventKind.UPDATED,
+        EventKind.REAPED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class VoterSet:
+    """The fixed voters; `configured` is False for a lone node that defaulted to itself."""
+
+    voters: tuple[str, ...]
+    configured: bool
+
+
+def resolve_voters(settings: NodeSettings, inventory: Inventory | None, node_id: str) -> VoterSet:
+    """The inventory's voters, else `--voters`, else this node alone (a one-voter cluster)."""
+    if inventory is not None:
+        if settings.voters and tuple(settings.voters) != inventory.voters:
+            raise ConfigError(
+                f"voters: --voters {','.join(settings.voters)} conflicts with the inventory's "
+                f"voters {','.join(inventory.voters)}; set them in one place only"
+            )
+        return VoterSet(inventory.voters, True)
+    if settings.voters:
+        return VoterSet(tuple(settings.voters), True)
+    return VoterSet((node_id,), False)
+
+
+def training_generation(plan: RolePlan) -> int:
+    """An id of the training group (ranks and rendezvous), equal on every node for one group."""
+    blob = json.dumps(
+        {"ranks": list(plan.training_ranks), "rendezvous": plan.rendezvous.to_dict()},
+        sort_keys=True,
+    ).encode()
+    return int(hashlib.sha256(blob).hexdigest()[:8], 16)
+
+
+def rendezvous_document(plan: RolePlan | None, node_id: str) -> dict[str, Any] | None:
+    """This node's rendezvous under `plan`, or None without a plan.
+
+    The master port moves with the generation (base + generation mod 1000) so a new group's
+    store never meets the previous group's socket.
+    """
+    if plan is None:
+        return None
+    generation = training_generation(plan)
+    rendezvous = plan.rendezvous
+    port = rendezvous.master_port
+    if rendezvous.world_size:
+        port = rendezvous.master_port + generation % GENERATION_PORT_SPAN
+    return {
+        "rank": plan.rank_of(node_id),
+        "world_size": rendezvous.world_size,
+        "master_addr": rendezvous.master_addr,
+        "master_port": port,
+        "backend": str(rendezvous.backend),
+        "generation": generation,
+        "term": plan.term,
+        "plan_version": plan.version,
+    }
+
+
+class Coordination:
+    """Owns the elector and its transport for one node; `routes()` serve them over HTTP."""
+
+    def __init__(self, runtime: NodeRuntime, voter_set: VoterSet) -> None:
+        self._runtime = runtime
+        self._voter_set = voter_set
+        self.elector: Elector | None = None
+        self._warned_unconfigured = False
+        self._stack = AsyncExitStack()
+        self._launcher: TrainingLauncher | None = None
+        self._launches: set[asyncio.Task[None]] = set()
+
+    def routes(self) -> list[web.RouteDef]:
+        """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous."""
+        return [*election_routes(lambda: self.elector), web.get(RENDEZVOUS_PATH, self._rendezvous)]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        rendezvous = RouteDoc(
+            "GET",
+            RENDEZVOUS_PATH,
+            "This node's training rendezvous: rank, world_size, master_addr, master_port, "
+            "backend, generation",
+            ((200, "rendezvous"), (409, "this node has no plan yet")),
+        )
+        return [*ELECTION_DOCS, rendezvous]
+
+    async def _rendezvous(self, request: web.Request) -> web.Response:
+        plan = self.elector.plan if self.elector is not None else None
+        document = rendezvous_document(plan, self._runtime.node_id)
+        if document is None:
+            return json_error(409, "no role plan yet: no coordinator has published one")
+        return web.json_response(document)
+
+    async def start(
+        self,
+        membership: Membership,
+        inventory: Inventory | None,
+        secret: bytes | None,
+        wal: WriteAheadLog,
+        rng: random.Random,
+    ) -> Elector:
+        runtime = self._runtime
+        settings = runtime.settings
+
+        def address_of(node_id: str) -> tuple[str, int] | None:
+            member = membership.member(node_id)
+            if member is not None:
+                return (member.address, member.port)
+            host = inventory.hosts.get(node_id) if inventory is not None else None
+            return (host.address, host.p2p_port) if host is not None else None
+
+        def capabilities() -> list[Any]:
+            return [
+                capabilities_from_meta(
+                    m.node_id,
+                    m.address,
+                    m.meta,
+                    inventory.hosts.get(m.node_id) if inventory is not None else None,
+                )
+                for m in membership.members()
+                if m.state is MemberState.ALIVE
+            ]
+
+        transport = HttpElectionTransport(
+            runtime.node_id, address_of, secret=secret, timeout_s=settings.timeouts.lease_s
+        )
+        await self._stack.enter_async_context(transport)
+        adoption_log = None
+        if settings.adoption_log is not None:
+            adoption_log = AdoptionLog(Path(settings.adoption_log))
+            await self._stack.enter_async_context(adoption_log)
+        elector = Elector(
+            ElectionConfig.from_timeouts(
+                runtime.node_id, self._voter_set.voters, settings.timeouts
+            ),
+            transport,
+            WalDurableState(wal),
+            capabilities=capabilities,
+            policy=RolePolicy(
+                min_training=settings.min_training,
+                max_training=settings.max_training,
+                master_port=settings.master_port,
+                backend=settings.backend,
+            ),
+            adoption_log=adoption_log,
+            rng=rng,
+        )
+        if settings.training_command:
+            data_dir = settings.data_dir
+            launcher = TrainingLauncher(
+                settings.training_command,
+                data_dir,
+                data_dir / "training.log",
+                {
+                    **os.environ,
+                    **settings.training_env,
+                    "SHOAL_DAEMON_URL": f"http://{runtime.address}:{runtime.port}",
+                },
+                stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
+            )
+            self._stack.push_async_callback(launcher.close)
+            self._launcher = launcher
+        elector.add_listener(self._on_election_event)
+        await self._stack.enter_async_context(elector)
+        self.elector = elector
+        self._apply_status(elector)
+        self._runtime.refreshers.append(self._refresh)
+        self._stack.callback(membership.add_listener(self._membership_listener(membership)))
+        return elector
+
+    def _membership_listener(self, membership: Membership) -> Callable[[MemberEvent], None]:
+        voters = set(self._voter_set.voters)
+        node_id = self._runtime.node_id
+
+        def on_event(event: MemberEvent) -> None:
+            elector = self.elector
+            if elector is None:
+                return
+            alive = [m for m in membership.members() if m.state is MemberState.ALIVE]
+            elector.set_observers(
+                m.node_id for m in alive if m.node_id not in voters and m.node_id != node_id
+            )
+            if event.kind in REPLAN_EVENTS:
+                elector.notify_membership_changed()
+            if not self._voter_set.configured and len(alive) > 1:
+                self._report_unconfigured(len(alive) - 1)
+
+        return on_event
+
+    def _report_unconfigured(self, peers: int) -> None:
+        note = (
+            "no voter set configured: this node coordinates only itself although it sees "
+            f"{peers} peer(s); set cluster.voters in the inventory or --voters to elect one "
+            "coordinator for the cluster"
+        )
+        if not self._warned_unconfigured:
+            self._warned_unconfigured = True
+            log.warning("%s", note)
+            self._runtime.notes.append(note)
+
+    def _on_election_event(self, event: ElectionEvent) -> None:
+        if self.elector is not None:
+            self._apply_status(self.elector)
+            if self._launcher is not None and event.kind is ElectionEventKind.PLAN_ADOPTED:
+                document = rendezvous_document(self.elector.plan, self._runtime.node_id)
+                rendezvous = TrainingRendezvous.from_dict(document) if document else None
+                task = asyncio.create_task(self._launcher.apply(rendezvous))
+                self._launches.add(task)
+                task.add_done_callback(self._launched)
+        log.info(
+            "election: %s (term %d, coordinator %s, plan %s)",
+            event.kind.value,
+            event.status.term,
+            event.status.coordinator,
+            event.status.plan_version,
+        )
+
+    def _refresh(self) -> None:
+        if self.elector is not None:
+            self._apply_status(self.elector)
+
+    def _apply_status(self, elector: Elector) -> None:
+        runtime = self._runtime
+        status = elector.status
+        runtime.term = status.term
+        runtime.coordinator = status.coordinator
+        plan = elector.plan
+        runtime.plan_version = plan.version if plan is not None else None
+        role = plan.role_of(runtime.node_id) if plan is not None else None
+        runtime.role = role.value if role is not None else runtime.settings.role.value
+
+    def _launched(self, task: asyncio.Task[None]) -> None:
+        self._launches.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("training launcher: %s", task.exception())
+
+    async def close(self) -> None:
+        """Stop the training program, the elector, then its transport. Idempotent."""
+        self.elector = None
+        for task in list(self._launches):
+            task.cancel()
+        await asyncio.gather(*self._launches, return_exceptions=True)
+        await self._stack.aclose()

@@ -1,0 +1,159 @@
+"""The view's bookkeeping: members by id and by address, when each was last heard from and went
+down, random picks, the shuffled probe order, and the view digest."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Container, Iterator
+from itertools import chain
+
+from node.membership.rules import view_digest
+from node.membership.types import Address, Member, MemberState, MemberView
+
+UP = (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+class MemberTable:
+    """Members of one node's view and their indexes (a class: it owns mutable indexes that must
+    change together). `me` is this node; it is never among `get`/`pick` results."""
+
+    def __init__(self, me: Member, rng: random.Random) -> None:
+        self._me = me
+        self._rng = rng
+        self._members: dict[str, Member] = {}
+        self._ids: list[str] = []
+        self._id_index: dict[str, int] = {}
+        self._by_endpoint: dict[Address, str] = {}
+        self.heard_at: dict[str, float] = {}
+        self.down_since: dict[str, float] = {}
+        self.synced_at: dict[str, float] = {}
+        self._probe_order: list[str] = []
+        self._probe_index = 0
+        self._version = 0
+        self._digest: tuple[int, str] = (-1, "")
+
+    @property
+    def me(self) -> Member:
+        return self._me
+
+    @me.setter
+    def me(self, member: Member) -> None:
+        self._me = member
+        self._version += 1
+
+    def __len__(self) -> int:
+        """Members other than this node."""
+        return len(self._members)
+
+    @property
+    def size(self) -> int:
+        """N of the protocol's formulas: every member, this node included."""
+        return len(self._members) + 1
+
+    def __iter__(self) -> Iterator[Member]:
+        return iter(self._members.values())
+
+    def get(self, node_id: str) -> Member | None:
+        return self._members.get(node_id)
+
+    def at(self, endpoint: Address) -> Member | None:
+        node_id = self._by_endpoint.get(endpoint)
+        return None if node_id is None else self._members.get(node_id)
+
+    def store(self, previous: Member | None, member: Member) -> None:
+        """Put `member` in place of `previous` (None: a new member)."""
+        node_id = member.node_id
+        self._members[node_id] = member
+        self._version += 1
+        if previous is None:
+            self._id_index[node_id] = len(self._ids)
+            self._ids.append(node_id)
+            if self._probe_index < len(self._probe_order):
+                spot = self._rng.randint(self._probe_index, len(self._probe_order))
+                self._probe_order.insert(spot, node_id)
+        elif (
+            previous.endpoint != member.endpoint
+            and self._by_endpoint.get(previous.endpoint) == node_id
+        ):
+            del self._by_endpoint[previous.endpoint]
+        self._by_endpoint[member.endpoint] = node_id
+        if member.state in UP:
+            self.down_since.pop(node_id, None)
+        elif previous is None or previous.state != member.state:
+            self.down_since[node_id] = member.state_since
+
+    def remove(self, node_id: str) -> Member:
+        member = self._members.pop(node_id)
+        self._version += 1
+        index = self._id_index.pop(node_id)
+        last = self._ids.pop()
+        if last != node_id:
+            self._ids[index] = last
+            self._id_index[last] = index
+        if self._by_endpoint.get(member.endpoint) == node_id:
+            del self._by_endpoint[member.endpoint]
+        for table in (self.heard_at, self.down_since, self.synced_at):
+            table.pop(node_id, None)
+        return member
+
+    def pick(
+        self, count: int, states: Container[MemberState], exclude: Container[str] = ()
+    ) -> list[Member]:
+        """Up to `count` random distinct members in `states`, in O(count) for large views."""
+        ids = self._ids
+        if count <= 0 or not ids:
+            return []
+        if len(ids) <= 4 * count + 16:
+            pool = [m for i in ids if i not in exclude and (m := self._members[i]).state in states]
+            return self._rng.sample(pool, min(count, len(pool)))
+        picked: dict[str, Member] = {}
+        for _ in range(count * 8):
+            node_id = ids[self._rng.randrange(len(ids))]
+            member = self._members[node_id]
+            if node_id not in exclude and node_id not in picked and member.state in states:
+                picked[node_id] = member
+                if len(picked) >= count:
+                    break
+        return list(picked.values())
+
+    def next_probe_target(self) -> Member | None:
+        """Round-robin over a shuffled list of every member, reshuffled each round, so each live
+        member is probed once per round; members added mid-round land at a random later spot."""
+        for _ in range(len(self._probe_order) + 1):
+            if self._probe_index >= len(self._probe_order):
+                self._probe_order = list(self._ids)
+                self._rng.shuffle(self._probe_order)
+                self._probe_index = 0
+                if not self._probe_order:
+                    return None
+            member = self._members.get(self._probe_order[self._probe_index])
+            self._probe_index += 1
+            if member is not None and member.state in UP:
+                return member
+        return None
+
+    def digest(self) -> str:
+        """`view_digest` of every member with this node, cached until the view changes."""
+        if self._digest[0] != self._version:
+            self._digest = (self._version, view_digest(chain([self._me], self._members.values())))
+        return self._digest[1]
+
+    def view(self, member: Member, now: float) -> MemberView:
+        is_self = member.node_id == self._me.node_id
+        heard = now if is_self else self.heard_at.get(member.node_id, member.state_since)
+        return MemberView(
+            member.node_id,
+            member.address,
+            member.port,
+            member.state,
+            member.incarnation,
+            max(0.0, now - heard),
+            member.meta,
+            is_self,
+            member.conflict,
+        )
+
+    def views(self, now: float) -> list[MemberView]:
+        """This node first, then every member by id."""
+        others = sorted(self._members.values(), key=lambda m: m.node_id)
+        return [self.view(member, now) for member in chain([self._me], others)]

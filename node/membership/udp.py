@@ -1,0 +1,169 @@
+"""`UdpMembershipTransport`: membership datagrams over UDP on the HTTP API's port number,
+sealed with HMAC-SHA256 when a cluster secret is set (see `node.membership.wire` for the format).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from node.errors import MembershipError
+from node.membership.transport import Counters, DatagramHandler, TransportStats
+from node.membership.types import Address
+from node.membership.wire import MAX_DATAGRAM_BYTES, Envelope
+
+log = logging.getLogger(__name__)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, owner: UdpMembershipTransport) -> None:
+        self._owner = owner
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        host = str(addr[0])
+        if host.startswith("::ffff:") and "." in host:
+            host = host[7:]  # an IPv4 peer seen through a dual-stack socket
+        self._owner.received(data, (host, int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        self._owner.network_error("receive", exc)
+
+
+class UdpMembershipTransport:
+    """A UDP socket bound to (bind_address, port), owned from `bind`/`start` until `close`.
+
+    Without a secret every datagram of our cluster is accepted (dev mode; the daemon refuses that
+    beyond loopback unless told --insecure). With one, unsigned, badly signed and stale (more
+    than max_skew_s off) datagrams are dropped silently with a DEBUG log and a counter, as are
+    datagrams of another cluster. Destinations must be IP literals: resolve names beforehand.
+    """
+
+    def __init__(
+        self,
+        bind_address: str,
+        port: int,
+        *,
+        secret: bytes | None,
+        cluster: str,
+        max_skew_s: float = 300.0,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._bind = (bind_address, port)
+        self._envelope = Envelope(cluster, secret, max_skew_s)
+        self._wall_clock = wall_clock
+        self._transport: asyncio.DatagramTransport | None = None
+        self._handler: DatagramHandler | None = None
+        self._counters = Counters()
+        self._closed = False
+        self._warned: set[str] = set()
+        self._ipv6 = False
+
+    @property
+    def cluster(self) -> str:
+        return self._envelope.cluster
+
+    @property
+    def body_budget(self) -> int:
+        return self._envelope.body_budget
+
+    @property
+    def local_address(self) -> Address:
+        """The bound (address, port); binds happen in `bind` or `start`."""
+        if self._transport is None:
+            raise MembershipError("UDP membership transport is not bound")
+        name = self._transport.get_extra_info("sockname")
+        return (str(name[0]), int(name[1]))
+
+    async def bind(self) -> Address:
+        """Bind the socket (port 0 picks one) and return the bound address. Idempotent."""
+        if self._closed:
+            raise MembershipError("UDP membership transport is closed")
+        if self._transport is not None:
+            return self.local_address
+        host, port = self._bind
+        if self._envelope.secret is None and not _is_loopback(host):
+            log.warning(
+                "membership UDP on %s:%s accepts unsigned datagrams (no secret)", host, port
+            )
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._ipv6 = family == socket.AF_INET6
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _Protocol(self), local_addr=(host, port), family=family
+            )
+        except OSError as exc:
+            raise MembershipError(
+                f"cannot bind membership UDP on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        self._transport = transport
+        return self.local_address
+
+    async def start(self, handler: DatagramHandler) -> None:
+        await self.bind()
+        self._handler = handler
+
+    def send(self, body: bytes, address: Address) -> None:
+        if self._transport is None or self._closed:
+            return
+        datagram = self._envelope.seal(body, self._wall_clock())
+        if len(datagram) > MAX_DATAGRAM_BYTES:
+            self._counters.dropped["oversize_send"] += 1
+            log.debug("not sending a %d-byte membership datagram to %s", len(datagram), address)
+            return
+        if self._ipv6 and ":" not in address[0]:
+            address = (f"::ffff:{address[0]}", address[1])
+        try:
+            self._transport.sendto(datagram, address)
+        except (OSError, ValueError) as exc:
+            self.network_error(f"send to {address[0]}:{address[1]}", exc)
+            return
+        self._counters.sent_datagrams += 1
+        self._counters.sent_bytes += len(datagram)
+
+    def received(self, datagram: bytes, source: Address) -> None:
+        if self._handler is None or self._closed:
+            return
+        opened = self._envelope.open(datagram, self._wall_clock())
+        if opened.body is None:
+            self._counters.dropped[str(opened.drop)] += 1
+            log.debug(
+                "dropped a membership datagram from %s:%s: %s", source[0], source[1], opened.drop
+            )
+            return
+        self._counters.received_datagrams += 1
+        self._counters.received_bytes += len(datagram)
+        self._handler(opened.body, source)
+
+    def network_error(self, what: str, exc: Exception) -> None:
+        """Log a socket error once at WARNING per kind of operation, then at DEBUG."""
+        self._counters.dropped["network_error"] += 1
+        key = what.split(" ", 1)[0] + type(exc).__name__
+        level = logging.DEBUG if key in self._warned else logging.WARNING
+        self._warned.add(key)
+        log.log(level, "membership UDP %s failed: %s", what, exc)
+
+    def stats(self) -> TransportStats:
+        return self._counters.snapshot()
+
+    async def close(self) -> None:
+        """Close the socket. Idempotent; a closed transport cannot be reopened."""
+        if self._closed:
+            return
+        self._closed = True
+        self._handler = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+            await asyncio.sleep(0)  # let the loop run connection_lost and release the socket

@@ -1,0 +1,359 @@
+"""Wire format of membership datagrams: compact JSON bodies inside a signed envelope line.
+The format is specified on `Message` (bodies) and `Envelope` (the line before them).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import functools
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from node.errors import MembershipError
+from node.membership.types import (
+    MAX_NODE_ID_CHARS,
+    Member,
+    MemberState,
+    Update,
+    freeze_meta,
+)
+
+MAX_DATAGRAM_BYTES = 1400
+ENVELOPE_VERSION = 1
+_MAC_CHARS = 43
+_MAX_ENVELOPE_BYTES = 512
+_MAX_ADDRESS_CHARS = 255
+_MAX_SEQ = 2**63
+_STATE_CODE = {
+    MemberState.ALIVE: "a",
+    MemberState.SUSPECT: "s",
+    MemberState.DEAD: "d",
+    MemberState.LEFT: "l",
+}
+_CODE_STATE = {code: state for state, code in _STATE_CODE.items()}
+
+
+class WireError(MembershipError):
+    """A body that is not a valid membership message."""
+
+
+class MessageKind(enum.StrEnum):
+    PING = "ping"
+    ACK = "ack"
+    NACK = "nack"
+    PING_REQ = "preq"
+    SYNC = "sync"
+    STATE = "state"
+    GOSSIP = "gsp"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One body: UTF-8 JSON, keys of one or two letters, per kind:
+
+        ping   {"t":"ping","f":FROM,"s":SEQ,"to":TARGET|null,"u":[UPDATE...]}  null: join probe
+        ack    {"t":"ack","f":FROM,"s":SEQ,"u":[...]}      answers a ping (or a relayed ping-req)
+        nack   {"t":"nack","f":FROM,"s":SEQ}               relay: the target did not answer
+        preq   {"t":"preq","f":FROM,"s":SEQ,"to":TARGET,"a":ADDR,"p":PORT,"u":[...]}  ping-req
+        sync   {"t":"sync","f":FROM,"s":SEQ,"d":DIGEST}    push-pull: my view's digest
+        state  {"t":"state","f":FROM,"s":SEQ,"i":CHUNK,"c":CHUNKS,"r":0|1,"u":[RECORD...]}
+               one chunk of a full view; r=1 (first chunk only) asks for the receiver's view back
+        gsp    {"t":"gsp","f":FROM,"s":0,"u":[...]}        eager gossip of fresh updates, no reply
+
+    UPDATE and RECORD: {"n":ID,"k":"a"|"s"|"d"|"l","i":INCARNATION,"a":ADDR,"p":PORT,"m":{META},
+    "b":BY}: state alive/suspect/dead/left; a, p and m on alive updates and full-state records,
+    b (who suspects or declared dead) on suspect and dead. "u" is omitted when empty.
+    """
+
+    kind: MessageKind
+    sender: str
+    seq: int
+    target: str | None = None
+    target_address: str | None = None
+    target_port: int | None = None
+    digest: str | None = None
+    chunk: int = 0
+    chunks: int = 1
+    reply: bool = False
+    updates: tuple[Update, ...] = ()
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_update(update: Update) -> bytes:
+    obj: dict[str, object] = {
+        "n": update.node_id,
+        "k": _STATE_CODE[update.state],
+        "i": update.incarnation,
+    }
+    if update.address is not None and update.port is not None:
+        obj["a"] = update.address
+        obj["p"] = update.port
+    if update.meta is not None:
+        obj["m"] = dict(update.meta)
+    if update.by is not None:
+        obj["b"] = update.by
+    return _dumps(obj)
+
+
+def member_record(member: Member) -> Update:
+    """A member as a full-state record (meta only for members that are up)."""
+    up = member.state in (MemberState.ALIVE, MemberState.SUSPECT)
+    return Update(
+        member.node_id,
+        member.state,
+        member.incarnation,
+        member.address,
+        member.port,
+        member.meta if up else None,
+    )
+
+
+def encode_header(message: Message) -> bytes:
+    """The body of `message` without its updates (they are spliced in by `assemble`)."""
+    obj: dict[str, object] = {"t": message.kind.value, "f": message.sender, "s": message.seq}
+    kind = message.kind
+    if kind in (MessageKind.PING, MessageKind.PING_REQ):
+        obj["to"] = message.target
+    if kind == MessageKind.PING_REQ:
+        obj["a"] = message.target_address
+        obj["p"] = message.target_port
+    elif kind == MessageKind.SYNC:
+        obj["d"] = message.digest
+    elif kind == MessageKind.STATE:
+        obj["i"] = message.chunk
+        obj["c"] = message.chunks
+        obj["r"] = 1 if message.reply else 0
+    return _dumps(obj)
+
+
+def assemble(header: bytes, blobs: Sequence[bytes]) -> bytes:
+    """A body from an encoded header and encoded updates."""
+    if not blobs:
+        return header
+    return header[:-1] + b',"u":[' + b",".join(blobs) + b"]}"
+
+
+def added_size(blob_count: int, blob_bytes: int) -> int:
+    """Bytes that `blob_count` updates of `blob_bytes` in all add to a header."""
+    return 0 if blob_count == 0 else 6 + blob_bytes + blob_count
+
+
+def encode_message(message: Message) -> bytes:
+    return assemble(encode_header(message), [encode_update(u) for u in message.updates])
+
+
+def state_chunks(
+    sender: str, seq: int, reply: bool, blobs: Sequence[bytes], budget: int
+) -> list[bytes]:
+    """A full view as `state` bodies of at most `budget` bytes each (oversized records dropped)."""
+    probe = Message(MessageKind.STATE, sender, seq, chunk=99999, chunks=99999, reply=reply)
+    room = budget - len(encode_header(probe)) - 7
+    groups: list[list[bytes]] = [[]]
+    used = 0
+    for blob in blobs:
+        if len(blob) + 1 > room:
+            continue
+        if used + len(blob) + 1 > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(blob)
+        used += len(blob) + 1
+    return [
+        assemble(
+            encode_header(
+                Message(
+                    MessageKind.STATE,
+                    sender,
+                    seq,
+                    chunk=i,
+                    chunks=len(groups),
+                    reply=reply and i == 0,
+                )
+            ),
+            group,
+        )
+        for i, group in enumerate(groups)
+    ]
+
+
+# --- decoding -----------------------------------------------------------------------------
+
+
+def _text(obj: dict[str, object], key: str, max_chars: int) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars:
+        raise WireError(f"field {key!r} must be a string of 1..{max_chars} chars")
+    return value
+
+
+def _opt_text(obj: dict[str, object], key: str, max_chars: int) -> str | None:
+    return None if obj.get(key) is None else _text(obj, key, max_chars)
+
+
+def _int(obj: dict[str, object], key: str, low: int, high: int) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
+        raise WireError(f"field {key!r} must be an integer in {low}..{high - 1}")
+    return value
+
+
+def decode_update(raw: object) -> Update:
+    if not isinstance(raw, dict):
+        raise WireError("an update must be an object")
+    state = _CODE_STATE.get(str(raw.get("k")))
+    if state is None:
+        raise WireError(f"unknown member state {raw.get('k')!r}")
+    address = _opt_text(raw, "a", _MAX_ADDRESS_CHARS)
+    port = None if raw.get("p") is None else _int(raw, "p", 1, 65536)
+    if (address is None) != (port is None):
+        raise WireError("address and port travel together")
+    meta_raw = raw.get("m")
+    if meta_raw is not None and not isinstance(meta_raw, dict):
+        raise WireError("meta must be an object")
+    try:
+        meta = None if meta_raw is None else freeze_meta(meta_raw)
+    except MembershipError as exc:
+        raise WireError(str(exc)) from exc
+    return Update(
+        node_id=_text(raw, "n", MAX_NODE_ID_CHARS),
+        state=state,
+        incarnation=_int(raw, "i", 0, _MAX_SEQ),
+        address=address,
+        port=port,
+        meta=meta,
+        by=_opt_text(raw, "b", MAX_NODE_ID_CHARS),
+    )
+
+
+def decode_message(body: bytes) -> Message:
+    """The message in `body`; WireError when it is not one."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireError(f"body is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise WireError("body must be an object")
+    try:
+        kind = MessageKind(str(raw.get("t")))
+    except ValueError as exc:
+        raise WireError(f"unknown message type {raw.get('t')!r}") from exc
+    updates_raw = raw.get("u", [])
+    if not isinstance(updates_raw, list):
+        raise WireError("updates must be a list")
+    target_port = None
+    if kind == MessageKind.PING_REQ:
+        target_port = _int(raw, "p", 1, 65536)
+    return Message(
+        kind=kind,
+        sender=_text(raw, "f", MAX_NODE_ID_CHARS),
+        seq=_int(raw, "s", 0, _MAX_SEQ),
+        target=_opt_text(raw, "to", MAX_NODE_ID_CHARS),
+        target_address=_text(raw, "a", _MAX_ADDRESS_CHARS) if target_port else None,
+        target_port=target_port,
+        digest=_opt_text(raw, "d", 64) if kind == MessageKind.SYNC else None,
+        chunk=_int(raw, "i", 0, 1 << 20) if kind == MessageKind.STATE else 0,
+        chunks=_int(raw, "c", 1, 1 << 20) if kind == MessageKind.STATE else 1,
+        reply=raw.get("r") == 1,
+        updates=tuple(decode_update(u) for u in updates_raw),
+    )
+
+
+# --- envelope -----------------------------------------------------------------------------
+
+
+class Drop(enum.StrEnum):
+    """Why a datagram was refused."""
+
+    MALFORMED = "malformed"
+    CLUSTER = "cluster"
+    UNSIGNED = "unsigned"
+    BAD_MAC = "bad_mac"
+    STALE = "stale"
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A received datagram: its body, or why it was dropped."""
+
+    body: bytes | None
+    drop: Drop | None = None
+
+
+def _mac(secret: bytes, cluster: str, timestamp: int, body: bytes) -> str:
+    signed = b"SW1\n" + cluster.encode() + b"\n" + str(timestamp).encode() + b"\n" + body
+    raw = hmac.digest(secret, signed, hashlib.sha256)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+@functools.lru_cache(maxsize=16)
+def _cluster_json(cluster: str) -> bytes:
+    return _dumps(cluster)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """Sealing and opening datagrams of one cluster; `secret` None is unauthenticated dev mode.
+
+    A datagram is `{"v":1,"c":CLUSTER,"ts":UNIX_S,"mac":MAC}`, a newline, then the body; at most
+    MAX_DATAGRAM_BYTES in all. MAC = base64url(HMAC-SHA256(secret, "SW1\\n" CLUSTER "\\n" TS
+    "\\n" BODY)) without padding, or "" without a secret.
+    """
+
+    cluster: str
+    secret: bytes | None = None
+    max_skew_s: float = 300.0
+
+    @property
+    def overhead_bytes(self) -> int:
+        return len(self.seal(b"", 9_999_999_999.0)) + (0 if self.secret else _MAC_CHARS)
+
+    @property
+    def body_budget(self) -> int:
+        """Largest body that fits in one datagram."""
+        return MAX_DATAGRAM_BYTES - self.overhead_bytes
+
+    def seal(self, body: bytes, now_s: float) -> bytes:
+        timestamp = int(now_s)
+        mac = _mac(self.secret, self.cluster, timestamp, body) if self.secret else ""
+        return b"".join(
+            (
+                b'{"v":%d,"c":' % ENVELOPE_VERSION,
+                _cluster_json(self.cluster),
+                b',"ts":%d,"mac":"%s"}\n' % (timestamp, mac.encode()),
+                body,
+            )
+        )
+
+    def open(self, datagram: bytes, now_s: float) -> Opened:
+        """The body of `datagram` if it is ours and, with a secret, signed within max_skew_s."""
+        newline = datagram.find(b"\n", 0, _MAX_ENVELOPE_BYTES)
+        if newline < 0:
+            return Opened(None, Drop.MALFORMED)
+        try:
+            header = json.loads(datagram[:newline])
+        except (ValueError, UnicodeDecodeError):
+            return Opened(None, Drop.MALFORMED)
+        if not isinstance(header, dict) or header.get("v") != ENVELOPE_VERSION:
+            return Opened(None, Drop.MALFORMED)
+        timestamp, mac = header.get("ts"), header.get("mac")
+        if not isinstance(timestamp, int) or not isinstance(mac, str):
+            return Opened(None, Drop.MALFORMED)
+        if header.get("c") != self.cluster:
+            return Opened(None, Drop.CLUSTER)
+        body = datagram[newline + 1 :]
+        if self.secret is None:
+            return Opened(body)
+        if not mac:
+            return Opened(None, Drop.UNSIGNED)
+        if not hmac.compare_digest(mac, _mac(self.secret, self.cluster, timestamp, body)):
+            return Opened(None, Drop.BAD_MAC)
+        if abs(now_s - timestamp) > self.max_skew_s:
+            return Opened(None, Drop.STALE)
+        return Opened(body)

@@ -1,0 +1,464 @@
+"""Elastic torch.distributed process groups formed from the local daemon's GET /v1/rendezvous.
+
+torch is imported lazily, on the first join: importing this module never needs torch.
+
+GroupError                 base of this module's errors (a NodeError)
+ +-- RendezvousError       the daemon is unreachable, refuses, or answers a malformed rendezvous
+ +-- MasterUnreachable     rank 0's store of a generation could not be reached before the deadline
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from config import Timeouts, read_secret_file, signed_headers
+from node.election.plan import Backend
+from node.errors import NodeError
+
+log = logging.getLogger(__name__)
+
+RENDEZVOUS_PATH = "/v1/rendezvous"
+ENV_DAEMON_URL = "SHOAL_DAEMON_URL"
+
+
+class GroupError(NodeError):
+    """A process group could not be formed or re-formed; the message says which generation."""
+
+
+class RendezvousError(GroupError):
+    """The daemon's /v1/rendezvous is unreachable, refused, or malformed."""
+
+
+class MasterUnreachable(GroupError):
+    """Rank 0's store (master_addr:master_port) of a generation did not answer in time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """This node's part of the training group, as served by the daemon at GET /v1/rendezvous.
+
+    `rank` is None when this node does not train under the current plan. `generation` changes
+    whenever the training group changes; `master_port` is the one rank 0 hosts the TCPStore on
+    for this generation (chosen by the coordinator; this module relies on nothing else).
+    """
+
+    rank: int | None
+    world_size: int
+    master_addr: str
+    master_port: int
+    backend: Backend
+    generation: int
+    term: int
+    plan_version: int
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "generation", "term", "plan_version"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise RendezvousError(f"rendezvous {name} must be an integer >= 0, not {value!r}")
+        if self.backend not in ("nccl", "gloo"):
+            raise RendezvousError(f"rendezvous backend {self.backend!r} must be 'nccl' or 'gloo'")
+        if not isinstance(self.master_addr, str):
+            raise RendezvousError(f"rendezvous master_addr {self.master_addr!r} is not a string")
+        if not _is_int(self.master_port) or not 0 <= self.master_port < 65536:
+            raise RendezvousError(f"rendezvous master_port {self.master_port!r} is not a port")
+        if self.rank is None:
+            return
+        if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
+            raise RendezvousError(f"rendezvous rank {self.rank!r} is not below {self.world_size}")
+        if not self.master_addr or self.master_port == 0:
+            raise RendezvousError("a rendezvous with a rank needs master_addr and master_port")
+
+    @property
+    def store_prefix(self) -> str:
+        return store_prefix(self.generation)
+
+    def same_group(self, other: Rendezvous | None) -> bool:
+        """True when `other` puts this node in the same group: generation, rank and master."""
+        return other is not None and other.to_dict() | _FENCE == self.to_dict() | _FENCE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Rendezvous:
+        """The rendezvous of a JSON object; RendezvousError names the bad or missing field."""
+        if not isinstance(data, Mapping):
+            raise RendezvousError(f"rendezvous must be a JSON object, not {type(data).__name__}")
+        names = [spec.name for spec in fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise RendezvousError(f"rendezvous lacks {', '.join(missing)}")
+        return cls(**{name: data[name] for name in names})
+
+
+_FENCE = {"term": 0, "plan_version": 0}
+"""Overrides of the fields that do not change the group (a new plan, the same training set)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoRank:
+    """The daemon's answer when this node has no training rank: HTTP status and its reason."""
+
+    status: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonEndpoint:
+    """Where and how to ask the local daemon: its URL, the secret to sign with (None: unsigned)."""
+
+    url: str
+    secret: bytes | None = None
+    node_id: str = "trainer"
+    timeout_s: float = 10.0
+
+
+def store_prefix(generation: int) -> str:
+    """The TCPStore key prefix of one generation: stale ranks never see a newer group's keys."""
+    return f"shoal/gen{generation}"
+
+
+def choose_backend(requested: Backend, cuda_available: bool) -> Backend:
+    """NCCL only when asked for and CUDA is available; gloo otherwise."""
+    return "nccl" if requested == "nccl" and cuda_available else "gloo"
+
+
+def daemon_endpoint(
+    daemon_url: str | None = None,
+    secret_file: str | Path | None = None,
+    node_id: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeouts: Timeouts | None = None,
+) -> DaemonEndpoint:
+    """The endpoint from arguments, else SHOAL_DAEMON_URL / SHOAL_P2P_PORT, SHOAL_SECRET_FILE
+    and SHOAL_NODE_ID; without a URL, http://127.0.0.1:8770."""
+    env = os.environ if env is None else env
+    if daemon_url is None:
+        port = env.get("SHOAL_P2P_PORT") or "8770"
+        daemon_url = env.get(ENV_DAEMON_URL) or f"http://127.0.0.1:{port}"
+    if not daemon_url.startswith(("http://", "https://")):
+        raise RendezvousError(f"daemon URL {daemon_url!r} must start with http:// or https://")
+    secret_path = secret_file if secret_file is not None else env.get("SHOAL_SECRET_FILE")
+    secret = read_secret_file(Path(secret_path)) if secret_path else None
+    return DaemonEndpoint(
+        url=daemon_url.rstrip("/"),
+        secret=secret,
+        node_id=node_id or env.get("SHOAL_NODE_ID") or "trainer",
+        timeout_s=(timeouts or Timeouts()).http_request_s,
+    )
+
+
+def fetch_rendezvous(
+    endpoint: DaemonEndpoint, timeout_s: float | None = None
+) -> Rendezvous | NoRank:
+    """One GET /v1/rendezvous: the rendezvous, or NoRank on 404/409; RendezvousError otherwise."""
+    headers = {"Accept": "application/json"}
+    if endpoint.secret is not None:
+        headers.update(signed_headers(endpoint.secret, endpoint.node_id, "GET", RENDEZVOUS_PATH))
+    request = urllib.request.Request(endpoint.url + RENDEZVOUS_PATH, headers=headers)  # noqa: S310 (scheme checked in daemon_endpoint)
+    wait_s = endpoint.timeout_s if timeout_s is None else max(0.05, timeout_s)
+    where = f"{endpoint.url}{RENDEZVOUS_PATH}"
+    try:
+        with urllib.request.urlopen(request, timeout=wait_s) as response:  # noqa: S310
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        reason = _error_reason(exc.read())
+        if exc.code in (404, 409):
+            return NoRank(exc.code, reason)
+        raise RendezvousError(f"{where} answered {exc.code}: {reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise RendezvousError(f"daemon at {where} is unreachable: {cause}") from exc
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise RendezvousError(f"{where} answered invalid JSON: {body[:200]!r}") from exc
+    try:
+        return Rendezvous.from_dict(data)
+    except RendezvousError as exc:
+        raise RendezvousError(f"{where} answered a bad rendezvous: {exc}") from exc
+
+
+class ElasticGroup:
+    """The torch.distributed default process group of this process, re-formed per generation.
+
+    Owns the process group and, on rank 0, the TCPStore server. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        endpoint: DaemonEndpoint,
+        timeouts: Timeouts | None = None,
+        *,
+        changed_interval_s: float = 1.0,
+        poll_interval_s: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeouts = timeouts or Timeouts()
+        self._changed_interval_s = changed_interval_s
+        self._poll_interval_s = poll_interval_s
+        self._clock = clock
+        self._rendezvous: Rendezvous | None = None
+        self._formed: int | None = None
+        self._store: Any = None
+        self._last_poll = -float("inf")
+        self._changed = False
+        self._warned = False
+        self._closed = False
+
+    @property
+    def rendezvous(self) -> Rendezvous:
+        """The rendezvous of the group formed now; GroupError between a failure and regroup."""
+        if self._rendezvous is None or self._store is None:
+            raise GroupError("no process group is formed; call regroup()")
+        return self._rendezvous
+
+    @property
+    def generation(self) -> int:
+        return self.rendezvous.generation
+
+    @property
+    def rank(self) -> int:
+        rank = self.rendezvous.rank
+        assert rank is not None
+        return rank
+
+    @property
+    def world_size(self) -> int:
+        return self.rendezvous.world_size
+
+    @property
+    def store(self) -> Any:
+        """The generation's PrefixStore (keys land under shoal/gen<generation>/)."""
+        if self._store is None:
+            raise GroupError("no process group is formed; call regroup()")
+        return self._store
+
+    def changed(self) -> bool:
+        """True once the daemon shows another group for this node (or none); polls at most once
+        per `changed_interval_s` (each poll waits at most peer_status_s), else answers from the
+        last poll. A failed poll answers False and is logged."""
+        now = self._clock()
+        if self._changed or now - self._last_poll < self._changed_interval_s:
+            return self._changed
+        self._last_poll = now
+        try:
+            answer = fetch_rendezvous(self.endpoint, self.timeouts.peer_status_s)
+        except RendezvousError as exc:
+            level = logging.DEBUG if self._warned else logging.WARNING
+            log.log(level, "generation %s: cannot check the rendezvous: %s", self._formed, exc)
+            self._warned = True
+            return False
+        self._warned = False
+        current = answer if isinstance(answer, Rendezvous) and answer.rank is not None else None
+        self._changed = self._rendezvous is None or not self._rendezvous.same_group(current)
+        return self._changed
+
+    def regroup(self, timeout_s: float | None = None) -> None:
+        """Destroy the process group, wait until the daemon shows a generation other than the
+        last formed one with a rank for this node, and form it; GroupError after `timeout_s`
+        (default quorum_s)."""
+        if self._closed:
+            raise GroupError("the group is closed")
+        deadline = self._clock() + (self.timeouts.quorum_s if timeout_s is None else timeout_s)
+        self._destroy()
+        rendezvous = self._wait_for_rank(deadline)
+        self._store = _form(rendezvous, self.timeouts, deadline, self._clock)
+        self._rendezvous, self._formed = rendezvous, rendezvous.generation
+        self._changed = False
+        self._last_poll = self._clock()
+        log.info("generation %s: formed the group: %s", rendezvous.generation, rendezvous)
+
+    def close(self) -> None:
+        """Destroy the process group; idempotent and final."""
+        self._closed = True
+        self._destroy()
+
+    def __enter__(self) -> ElasticGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _wait_for_rank(self, deadline: float) -> Rendezvous:
+        problem = "no answer yet"
+        while True:
+            try:
+                answer = fetch_rendezvous(self.endpoint, deadline - self._clock())
+            except RendezvousError as exc:
+                answer, problem = None, str(exc)
+            if isinstance(answer, Rendezvous):
+                if answer.rank is not None and answer.generation != self._formed:
+                    return answer
+                problem = f"generation {answer.generation}, rank {answer.rank}"
+            elif isinstance(answer, NoRank):
+                problem = f"{answer.status}: {answer.reason}"
+            left_s = deadline - self._clock()
+            if left_s <= 0:
+                raise GroupError(
+                    f"{self.endpoint.url} showed no generation but {self._formed} with a rank "
+                    f"for this node in time (last answer: {problem})"
+                )
+            time.sleep(min(self._poll_interval_s, left_s))
+
+    def _destroy(self) -> None:
+        if self._store is None:
+            return
+        self._store = None
+        dist = _torch()[1]
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except RuntimeError as exc:
+            log.warning("generation %s: destroying the process group failed: %s", self._formed, exc)
+
+
+def join_group(
+    timeout_s: float | None = None,
+    daemon_url: str | None = None,
+    *,
+    secret_file: str | Path | None = None,
+    node_id: str | None = None,
+    timeouts: Timeouts | None = None,
+    changed_interval_s: float = 1.0,
+) -> ElasticGroup:
+    """Form this process's torch.distributed group from the daemon's rendezvous: wait up to
+    `timeout_s` (default quorum_s) for a rank, then join rank 0's store; GroupError if not."""
+    timeouts = timeouts or Timeouts()
+    endpoint = daemon_endpoint(daemon_url, secret_file, node_id, timeouts=timeouts)
+    group = ElasticGroup(endpoint, timeouts, changed_interval_s=changed_interval_s)
+    group.regroup(timeout_s)
+    return group
+
+
+def _form(
+    rendezvous: Rendezvous, timeouts: Timeouts, deadline: float, clock: Callable[[], float]
+) -> Any:
+    """Connect to (rank 0: host) the generation's store and init the default group on it."""
+    torch, dist = _torch()
+    generation, rank, size = rendezvous.generation, rendezvous.rank, rendezvous.world_size
+    address, port = rendezvous.master_addr, rendezvous.master_port
+    backend = choose_backend(rendezvous.backend, torch.cuda.is_available())
+    if backend != rendezvous.backend:
+        log.warning("generation %s: CUDA is unavailable; using gloo, not nccl", generation)
+    if rank != 0:
+        _wait_for_master(rendezvous, deadline, clock)
+    join_s = max(1.0, deadline - clock())
+    try:
+        store = dist.TCPStore(address, port, size, rank == 0, timeout=timedelta(seconds=join_s))
+    except RuntimeError as exc:
+        if rank != 0:
+            raise MasterUnreachable(
+                f"generation {generation}: cannot join the store at {address}:{port}: {exc}"
+            ) from exc
+        raise GroupError(
+            f"generation {generation}: rank 0 could not host the store on port {port}, "
+            f"or not all {size} ranks joined in {join_s:.1f} s: {exc}"
+        ) from exc
+    collective = timedelta(seconds=timeouts.collective_s)
+    store.set_timeout(collective)
+    prefixed = dist.PrefixStore(store_prefix(generation), store)
+    try:
+        with _gloo_bound_to_route(address if backend == "gloo" else None):
+            dist.init_process_group(
+                backend, store=prefixed, rank=rank, world_size=size, timeout=collective
+            )
+    except RuntimeError as exc:
+        raise GroupError(
+            f"generation {generation}: {backend} group of {size} at {address}:{port} "
+            f"did not form: {exc}"
+        ) from exc
+    return prefixed
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of the local interface whose address routes to `address`, or None."""
+    import ifaddr  # zeroconf's dependency; imported here to keep `node.training.groups` light
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # no packet is sent: this only asks the routing table
+            local = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    for adapter in ifaddr.get_adapters():
+        if any(ip.ip == local for ip in adapter.ips):
+            return str(adapter.nice_name)
+    return None
+
+
+@contextlib.contextmanager
+def _gloo_bound_to_route(master_addr: str | None) -> Iterator[None]:
+    """While a gloo group forms, make it advertise the address that reaches the master, not
+    the hostname's (often 127.0.x.1 in /etc/hosts). An operator's GLOO_SOCKET_IFNAME wins; the
+    environment is restored afterwards so nothing leaks into child processes."""
+    name = None
+    if master_addr is not None and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        name = interface_towards(master_addr)
+    if name is None:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+
+
+def _wait_for_master(rendezvous: Rendezvous, deadline: float, clock: Callable[[], float]) -> None:
+    """Probe rank 0's port until it accepts, so the error names it and the deadline holds."""
+    address, started = (rendezvous.master_addr, rendezvous.master_port), clock()
+    while True:
+        try:
+            with socket.create_connection(address, timeout=max(0.05, min(1.0, deadline - clock()))):
+                return
+        except OSError as exc:
+            if clock() + 0.1 >= deadline:
+                raise MasterUnreachable(
+                    f"generation {rendezvous.generation}: master {address[0]}:{address[1]} "
+                    f"unreachable for {clock() - started:.1f} s ({exc})"
+                ) from exc
+        time.sleep(0.1)
+
+
+def _torch() -> tuple[Any, Any]:
+    """torch and torch.distributed, imported on first use without NumPy's import warning."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+            import torch
+            import torch.distributed as dist
+    except ImportError as exc:
+        raise GroupError(f"torch is not installed ({exc}); install shoal[torch]") from exc
+    if not dist.is_available():
+        raise GroupError("this torch build has no torch.distributed")
+    return torch, dist
+
+
+def _error_reason(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:200].decode(errors="replace") or "no reason given"
+    if isinstance(data, Mapping):
+        return str(data.get("error") or data.get("reason") or data)
+    return str(data)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,168 @@
+"""The file categories of a node (models, training, configs): their directories, manifest
+caches, storage providers and shared-storage identities, for the routes and the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from config import Category, NodeSettings
+from sync.files.errors import FileSyncError, UnknownCategoryError
+from sync.files.manifest import DEFAULT_PIECE_SIZE, check_piece_size, digest_of_fd
+from sync.files.manifest_cache import Hasher, Listing, ManifestCache
+from sync.storage import (
+    MountInfo,
+    StorageKind,
+    StorageProvider,
+    detect_storage,
+    provider_of,
+    shared_id,
+)
+
+logger = logging.getLogger(__name__)
+
+FILE_CATEGORIES: tuple[str, ...] = (
+    Category.MODELS.value,
+    Category.TRAINING.value,
+    Category.CONFIGS.value,
+)
+
+
+class FileCatalog:
+    """Owns the manifest cache of every file category (async context manager; close() is
+    idempotent). Cache files live in `cache_dir`, never inside a category directory.
+
+    A first manifest page is cut from a listing at most `listing_fresh_s` old, or
+    `scan_interval_factor` times as old as that listing took to make (so serving manifests to
+    many peers spends at most about 1/factor of the time scanning); later pages of the same
+    walk come from the listing the first one used while it is under `cursor_ttl_s`.
+    """
+
+    def __init__(
+        self,
+        roots: Mapping[str, Path],
+        cache_dir: Path,
+        *,
+        piece_size: int = DEFAULT_PIECE_SIZE,
+        mounts: Sequence[MountInfo] | None = None,
+        hasher: Hasher = digest_of_fd,
+        listing_fresh_s: float = 1.0,
+        scan_interval_factor: float = 10.0,
+        cursor_ttl_s: float = 300.0,
+    ) -> None:
+        self.piece_size = check_piece_size(piece_size)
+        self.cache_dir = Path(cache_dir)
+        self._roots = {category: Path(root) for category, root in roots.items()}
+        self._mounts = mounts
+        self._listing_fresh_s = listing_fresh_s
+        self._scan_interval_factor = scan_interval_factor
+        self._cursor_ttl_s = cursor_ttl_s
+        self._caches = {
+            category: ManifestCache(
+                root, self.cache_dir / f"manifest-{category}.db", piece_size, hasher=hasher
+            )
+            for category, root in self._roots.items()
+        }
+        self._providers: list[StorageProvider] = []
+        self._shared_ids: dict[str, str | None] = {}
+        self._opened = False
+        self._closed = False
+
+    @classmethod
+    def for_settings(cls, settings: NodeSettings, **options: object) -> FileCatalog:
+        """The catalog of a node: its three file categories, caches in data_dir/sync."""
+        roots = {category: settings.category_path(category) for category in FILE_CATEGORIES}
+        return cls(roots, settings.data_dir / "sync", **options)  # type: ignore[arg-type]
+
+    async def __aenter__(self) -> FileCatalog:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open every cache, detect the storage of each category and mark shared storage."""
+        if self._opened:
+            raise FileSyncError("file catalog was already opened")
+        self._opened = True
+        try:
+            for cache in self._caches.values():
+                await cache.open()
+            self._providers = await asyncio.to_thread(detect_storage, self._roots, self._mounts)
+            for category, root in self._roots.items():
+                provider = provider_of(self._providers, category)
+                self._shared_ids[category] = await asyncio.to_thread(shared_id, provider, root)
+                if provider is not None and provider.kind is StorageKind.EPHEMERAL:
+                    logger.warning(
+                        "category %s at %s is on %s (%s): its files are lost on restart",
+                        category,
+                        root,
+                        provider.mount.fs_type,
+                        provider.kind.value,
+                    )
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Close every cache; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for cache in self._caches.values():
+            with contextlib.suppress(FileSyncError):
+                await cache.close()
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return tuple(self._roots)
+
+    @property
+    def providers(self) -> list[StorageProvider]:
+        return list(self._providers)
+
+    def root(self, category: str) -> Path:
+        """The directory of `category`; UnknownCategoryError when it is not a file category."""
+        try:
+            return self._roots[category]
+        except KeyError:
+            raise UnknownCategoryError(category) from None
+
+    def cache(self, category: str) -> ManifestCache:
+        try:
+            return self._caches[category]
+        except KeyError:
+            raise UnknownCategoryError(category) from None
+
+    def provider(self, category: str) -> StorageProvider | None:
+        return provider_of(self._providers, category)
+
+    def shared_id(self, category: str) -> str | None:
+        """Identity of the shared storage `category` lives on; None when not shared."""
+        self.root(category)
+        return self._shared_ids.get(category)
+
+    async def listing(self, category: str, max_age_s: float = 0.0) -> Listing:
+        """Every file of `category` (see ManifestCache.listing)."""
+        return await self.cache(category).listing(max_age_s)
+
+    async def listing_for_page(self, category: str, after: str | None) -> Listing:
+        """The listing a manifest page is cut from (see the class docstring)."""
+        cache = self.cache(category)
+        previous = cache.last_listing
+        if (
+            after is not None
+            and previous is not None
+            and time.monotonic() - previous.taken_at < self._cursor_ttl_s
+        ):
+            return previous
+        max_age_s = self._listing_fresh_s
+        if previous is not None:
+            max_age_s = max(max_age_s, previous.scan_s * self._scan_interval_factor)
+        return await cache.listing(max_age_s)

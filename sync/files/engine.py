@@ -1,0 +1,409 @@
+"""SyncCoordinator: pulls what peers have and this node lacks, category by category, each file
+through the peer's breakers and logged in the WAL; pushes on request; loops in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+
+from health import BreakerRegistry, CircuitOpenError, NodeMetrics
+from sync.files.catalog import FileCatalog
+from sync.files.errors import (
+    AllSourcesFailedError,
+    ContentMismatchError,
+    FileChangedError,
+    FileSyncError,
+    FileTransferError,
+)
+from sync.files.manifest import ManifestEntry
+from sync.files.plan import (
+    ClusterSyncStats,
+    P2PFallbackSync,
+    PullItem,
+    SyncOptions,
+    SyncProgress,
+    SyncStats,
+    plan_pulls,
+)
+from sync.files.recovery import FileRecovery, install_copy, local_entry, partial_size
+from sync.guards import check_free_space, dest_path
+from sync.transports.http import HttpTransport, RemoteManifest
+from sync.transports.protocol import PeerRef, TransferResult, Transport
+from wal import SYNC_STARTED, WalError, WriteAheadLog
+
+__all__ = ["PeersFn", "SyncCoordinator", "SyncOptions"]
+
+logger = logging.getLogger(__name__)
+
+PeersFn = Callable[[], Sequence[PeerRef] | Awaitable[Sequence[PeerRef]]]
+RETRYABLE = (ContentMismatchError, FileTransferError)
+
+
+class SyncCoordinator:
+    """File sync of one node (async context manager; close() is idempotent).
+
+    Owns no connection: the catalog, transports and WAL are opened and closed by the caller.
+    Call `start()` (sweeps stale temp files) before `wal.recover(recovery_handlers())`.
+    """
+
+    def __init__(
+        self,
+        catalog: FileCatalog,
+        http: HttpTransport,
+        *,
+        self_peer: PeerRef,
+        wal: WriteAheadLog | None = None,
+        breakers: BreakerRegistry | None = None,
+        metrics: NodeMetrics | None = None,
+        transports: Mapping[str, Transport] | None = None,
+        options: SyncOptions | None = None,
+        peers_fn: PeersFn | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.http = http
+        self.self_peer = self_peer
+        self.options = options if options is not None else SyncOptions()
+        self._wal = wal
+        self._breakers = breakers if breakers is not None else BreakerRegistry()
+        self._metrics = metrics
+        self._transports: dict[str, Transport] = dict(transports or {"http": http})
+        self._peers_fn = peers_fn
+        self._large = asyncio.Semaphore(self.options.max_large_transfers)
+        self._small = asyncio.Semaphore(self.options.max_small_transfers)
+        self._in_flight: set[tuple[str, str]] = set()
+        self._warned: set[str] = set()
+        self._recovery = FileRecovery(self)
+        self.last_stats: dict[str, SyncStats] = {}
+        self.progress = SyncProgress()
+        self._settled: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+        self._closed = False
+
+    @property
+    def wal(self) -> WriteAheadLog | None:
+        return self._wal
+
+    @property
+    def breakers(self) -> BreakerRegistry:
+        return self._breakers
+
+    async def __aenter__(self) -> SyncCoordinator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Remove stale temp files, and partial files no pending WAL entry will resume."""
+        await self._recovery.sweep()
+
+    async def close(self) -> None:
+        """Refuse new work; idempotent. Transfers in flight belong to their callers' tasks."""
+        self._closed = True
+
+    def recovery_handlers(self) -> dict[str, Callable[..., Awaitable[object]]]:
+        """Handlers for `wal.recover`: resume (or clean up) each interrupted transfer."""
+        return self._recovery.handlers()
+
+    def _warn(self, key: str, message: str, *args: object) -> None:
+        """Log a repeated failure once at WARNING, then at DEBUG until it clears."""
+        level = logging.DEBUG if key in self._warned else logging.WARNING
+        self._warned.add(key)
+        logger.log(level, "node %s: %s", self.self_peer.node_id, message % args)
+
+    async def _peers(self, peers: Sequence[PeerRef] | None) -> list[PeerRef]:
+        if peers is None:
+            if self._peers_fn is None:
+                return []
+            found = self._peers_fn()
+            peers = await found if inspect.isawaitable(found) else found
+        return [peer for peer in peers if peer.node_id != self.self_peer.node_id]
+
+    async def _list_remote(self, peer: PeerRef, category: str) -> RemoteManifest:
+        async with self._breakers.breaker_for(peer.node_id, "http"):
+            return await self.http.list_manifest(peer, category, self.catalog.piece_size)
+
+    async def sync(self, category: str, peers: Sequence[PeerRef] | None = None) -> SyncStats:
+        """Pull from `peers` (default: the peers function's alive peers) the files of
+        `category` that are new or newer there. Failures are counted in the stats."""
+        stats, _ = await self._sync_category(category, await self._peers(peers))
+        return stats
+
+    async def _sync_category(
+        self, category: str, peers: list[PeerRef]
+    ) -> tuple[SyncStats, set[str]]:
+        if self._closed:
+            raise FileSyncError("sync coordinator is closed")
+        started = time.monotonic()
+        self.catalog.root(category)
+        local_id = self.catalog.shared_id(category)
+        errors: list[str] = []
+        failed: set[str] = set()
+        local_task = asyncio.ensure_future(self.catalog.listing(category))
+        try:
+            remote_results = await asyncio.gather(
+                *(self._list_remote(peer, category) for peer in peers), return_exceptions=True
+            )
+        except BaseException:
+            local_task.cancel()
+            await asyncio.gather(local_task, return_exceptions=True)
+            raise
+        local = await local_task
+        remotes: list[tuple[PeerRef, tuple[ManifestEntry, ...]]] = []
+        etags: list[tuple[str, str]] = []
+        for peer, remote in zip(peers, remote_results, strict=True):
+            if isinstance(remote, asyncio.CancelledError):
+                raise remote
+            if isinstance(remote, BaseException):
+                self._warn(
+                    f"manifest:{peer.node_id}", "manifest of %s failed: %s", peer.node_id, remote
+                )
+                if self._metrics is not None:
+                    self._metrics.record_request_error(peer.node_id)
+                errors.append(f"{peer.node_id}: manifest: {remote}")
+                failed.add(peer.node_id)
+                continue
+            self._warned.discard(f"manifest:{peer.node_id}")
+            if local_id is not None and remote.shared_id == local_id:
+                logger.debug("%s shares %s with this node; nothing to copy", peer.node_id, category)
+                continue
+            remotes.append((peer, remote.entries))
+            etags.append((peer.node_id, remote.etag))
+        settled = (local.etag, tuple(etags))
+        if self._settled.get(category) == settled and all(etag for _, etag in etags):
+            plan = []  # neither side changed since a sync that found nothing to pull
+        else:
+            plan = plan_pulls(dict(zip(local.paths, local.entries, strict=True)), remotes)
+        if not plan:
+            self._settled[category] = settled
+        progress = self.progress
+        progress.files_total += len(plan)
+        progress.bytes_total += sum(item.entry.size for item in plan)
+
+        async def tracked(item: PullItem) -> TransferResult | None:
+            result = await self._pull_item(category, item.entry, item.sources)
+            progress.files_done += 1
+            progress.bytes_done += item.entry.size
+            return result
+
+        outcomes = await asyncio.gather(*(tracked(item) for item in plan), return_exceptions=True)
+        files = transferred = 0
+        for item, outcome in zip(plan, outcomes, strict=True):
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            if isinstance(outcome, BaseException):
+                errors.append(f"{item.entry.path}: {outcome}")
+                if isinstance(outcome, AllSourcesFailedError):
+                    failed.update(peer for peer, _ in outcome.errors)
+            elif outcome is not None:
+                files += 1
+                transferred += outcome.bytes_transferred
+        duration = time.monotonic() - started
+        if self._metrics is not None:
+            self._metrics.observe_sync(category, duration)
+        stats = SyncStats(files, transferred, duration, tuple(errors))
+        self.last_stats[category] = stats
+        return stats, failed
+
+    async def _pull_item(
+        self, category: str, entry: ManifestEntry, sources: Sequence[PeerRef]
+    ) -> TransferResult | None:
+        key = (category, entry.path)
+        if key in self._in_flight:
+            return None
+        self._in_flight.add(key)
+        try:
+            slots = self._large if entry.size >= self.options.large_file_bytes else self._small
+            async with slots:
+                plan = P2PFallbackSync(sources[0], tuple(sources[1:]), self.options.timeouts.sync_s)
+                return await self.fetch(category, entry, plan)
+        finally:
+            self._in_flight.discard(key)
+
+    async def fetch(
+        self, category: str, entry: ManifestEntry, sources: P2PFallbackSync
+    ) -> TransferResult:
+        """Install `entry` from the first source that delivers it, logged in the WAL: a
+        `sync_started` entry, committed once the file is in place (left pending by a crash or
+        cancellation, so recovery resumes it; rolled back on failure)."""
+        root = self.catalog.root(category)
+        final = dest_path(root, entry.path)
+        present = await asyncio.to_thread(partial_size, final.parent, entry.hash)
+        await asyncio.to_thread(check_free_space, root, entry.size - present, self.options.reserve)
+        wal_id: int | None = None
+        if self._wal is not None:
+            payload = {
+                "peer": sources.primary.to_json(),
+                "category": category,
+                "path": entry.path,
+                "hash": entry.hash,
+                "size": entry.size,
+                "mtime_ns": entry.mtime_ns,
+            }
+            try:
+                wal_id = await self._wal.append(SYNC_STARTED, payload)
+            except WalError as exc:
+                raise FileSyncError(f"cannot log the transfer of {entry.path}: {exc}") from exc
+        try:
+            result = await self.install(category, entry, sources)
+        except Exception as exc:
+            if self._wal is not None and wal_id is not None:
+                with contextlib.suppress(Exception):
+                    await self._wal.rollback(wal_id, reason=f"{type(exc).__name__}: {exc}")
+            raise
+        if self._wal is not None and wal_id is not None:
+            try:
+                await self._wal.commit(wal_id)
+            except WalError as exc:
+                raise FileSyncError(f"{entry.path} installed, but its log entry: {exc}") from exc
+        return result
+
+    async def install(
+        self, category: str, entry: ManifestEntry, sources: P2PFallbackSync
+    ) -> TransferResult:
+        """Fetch and install `entry` from `sources` without a WAL entry (recovery uses this)."""
+        root = self.catalog.root(category)
+        result = await sources.run(
+            entry.path, lambda peer: self._fetch_from(peer, category, entry, root)
+        )
+        final = dest_path(root, entry.path)
+        info = await asyncio.to_thread(os.stat, final)
+        if info.st_size == entry.size and info.st_mtime_ns == entry.mtime_ns:
+            await self.catalog.cache(category).record(entry, info)
+        return result
+
+    async def _fetch_from(
+        self, peer: PeerRef, category: str, entry: ManifestEntry, root: Path
+    ) -> TransferResult:
+        """Try each of the peer's transports in order, each through its breaker, retrying a
+        network failure or a corrupt piece up to `retries` times."""
+        last: BaseException = FileTransferError(f"{peer.node_id}: no usable transport")
+        for name in peer.transports:
+            transport = self._transports.get(name)
+            if transport is None:
+                continue
+            breaker = self._breakers.breaker_for(peer.node_id, name)
+            for attempt in range(self.options.retries + 1):
+                refusal: FileSyncError | None = None
+                try:
+                    async with breaker:
+                        try:
+                            return await transport.fetch(peer, category, entry, root)
+                        except RETRYABLE:
+                            raise
+                        except FileSyncError as exc:
+                            refusal = exc  # the peer said no, or this node failed: no fault
+                except CircuitOpenError as exc:
+                    last = exc
+                    break
+                except RETRYABLE as exc:
+                    last = exc
+                    if self._metrics is not None:
+                        self._metrics.record_request_error(peer.node_id)
+                    self._warn(
+                        f"fetch:{peer.node_id}",
+                        "%s/%s from %s over %s (try %d): %s",
+                        category,
+                        entry.path,
+                        peer.node_id,
+                        name,
+                        attempt + 1,
+                        exc,
+                    )
+                    if attempt < self.options.retries:
+                        await asyncio.sleep(self.options.retry_delay_s * (attempt + 1))
+                    continue
+                if refusal is not None:
+                    raise refusal
+        raise last
+
+    async def full_cluster_sync(
+        self, categories: Sequence[str] | None = None, timeout_s: float | None = None
+    ) -> ClusterSyncStats:
+        """Sync every category (default: all file categories) from every peer the peers
+        function returns, within `timeout_s` (default sync_s); categories not reached in time
+        count as failed for every peer."""
+        chosen = list(categories) if categories is not None else list(self.catalog.categories)
+        peers = await self._peers(None)
+        per_category: dict[str, SyncStats] = {}
+        failed: set[str] = set()
+        try:
+            async with asyncio.timeout(timeout_s or self.options.timeouts.sync_s):
+                for category in chosen:
+                    stats, bad = await self._sync_category(category, peers)
+                    per_category[category] = stats
+                    failed |= bad
+        except TimeoutError:
+            for category in chosen:
+                per_category.setdefault(category, SyncStats(errors=("timed out",)))
+            failed |= {peer.node_id for peer in peers}
+        return ClusterSyncStats(
+            total_files=sum(s.files_transferred for s in per_category.values()),
+            total_bytes=sum(s.bytes_transferred for s in per_category.values()),
+            nodes_synced=len({peer.node_id for peer in peers} - failed),
+            failed_nodes=tuple(sorted(failed)),
+            category_stats=per_category,
+        )
+
+    async def pull_file(
+        self, category: str, path: str, content_hash: str, source: PeerRef
+    ) -> TransferResult | None:
+        """Pull version `content_hash` of `path` from `source` now (a push from it); None when
+        this node already has it. FileChangedError when the source no longer has it."""
+        if await local_entry(self.catalog, category, path, content_hash) is not None:
+            return None
+        async with self._breakers.breaker_for(source.node_id, "http"):
+            page = await self.http.manifest_page(
+                source, category, piece_size=self.catalog.piece_size, path=path
+            )
+        entry = page.entries[0] if page.entries else None
+        if entry is None or entry.hash != content_hash:
+            raise FileChangedError(f"{source.node_id}: {path} is no longer that version", 409)
+        plan = P2PFallbackSync(source, (), self.options.timeouts.sync_s)
+        return await self.fetch(category, entry, plan)
+
+    async def push_file(
+        self, local_path: Path | str, category: str, rel_path: str, peer: PeerRef
+    ) -> TransferResult | None:
+        """Make `peer` hold this file: placed at `rel_path` of `category` here first (copied in
+        atomically when `local_path` is elsewhere), then the peer is asked to pull it from us
+        (`POST /v1/sync/{category}/pull`). Returns the peer's transfer, None if it had it."""
+        entry = await install_copy(self.catalog, Path(local_path), category, rel_path)
+        async with self._breakers.breaker_for(peer.node_id, "http"):
+            answer = await self.http.request_pull(
+                peer, category, rel_path, entry.hash, self.self_peer
+            )
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            return None
+        try:
+            return TransferResult(**result)
+        except TypeError as exc:
+            raise FileTransferError(f"{peer.node_id}: malformed pull answer: {exc}") from exc
+
+    async def run_forever(self, interval_s: float, peers_fn: PeersFn | None = None) -> None:
+        """Sync every category from the alive peers every `interval_s` until cancelled; a
+        failed round is logged (once at WARNING) and the loop goes on."""
+        if peers_fn is not None:
+            self._peers_fn = peers_fn
+        while not self._closed:
+            for category in self.catalog.categories:
+                try:
+                    stats = await self.sync(category)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self._warn(f"round:{category}", "sync of %s failed: %s", category, exc)
+                    continue
+                if stats.errors:
+                    self._warn(f"round:{category}", "sync of %s: %s", category, stats.errors[0])
+                else:
+                    self._warned.discard(f"round:{category}")
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,299 @@
+"""HTTP routes of file sync: paged manifests, file bytes with ranges guarded by the content hash,
+and pull requests from peers that push. Refusals are JSON `{"error": code, "reason": text}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from sync.files.catalog import FileCatalog
+from sync.files.docs import PREFIX, file_route_docs
+from sync.files.download import HASH_HEADER
+from sync.files.errors import (
+    AllSourcesFailedError,
+    FileChangedError,
+    FileSyncError,
+    InsufficientSpaceError,
+    PathRefusedError,
+    TransferBusyError,
+    UnknownCategoryError,
+)
+from sync.guards import check_raw_query_value, open_inside, validate_rel_path
+from sync.transports.protocol import PeerRef, TransferResult
+
+__all__ = ["PREFIX", "PullHandler", "file_route_docs", "file_routes"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PAGE_LIMIT = 10_000
+MAX_PAGE_LIMIT = 50_000
+SENDFILE_FALLBACK_CHUNK = 1 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)\Z")
+
+PullHandler = Callable[[str, str, str, PeerRef], Awaitable[TransferResult | None]]
+"""pull(category, path, hash, source) -> the transfer, or None when the file was already here."""
+
+
+def _refusal(status: int, code: str, reason: str, **headers: str) -> web.Response:
+    response = web.json_response({"error": code, "reason": reason}, status=status)
+    response.headers.update(headers)
+    return response
+
+
+def _raw_param(request: web.Request, name: str) -> str | None:
+    for item in request.rel_url.raw_query_string.split("&"):
+        key, sep, value = item.partition("=")
+        if sep and key == name:
+            return value
+    return None
+
+
+def _path_param(request: web.Request) -> str:
+    raw = _raw_param(request, "path")
+    if raw is None:
+        raise PathRefusedError("", "the path parameter is required")
+    check_raw_query_value(raw)
+    return validate_rel_path(request.query.get("path", ""))
+
+
+def _expected_hash(request: web.Request) -> str | None:
+    wanted = request.query.get("hash")
+    if wanted is None:
+        header = request.headers.get("If-Match", "").strip()
+        if not header or header == "*":
+            return None
+        wanted = header.removeprefix("W/").strip('"')
+    return wanted.lower()
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(start, end exclusive) of a single `bytes=` range, None for the whole file; ValueError
+    when it is malformed or unsatisfiable."""
+    if header is None:
+        return None
+    match = _RANGE.match(header.strip())
+    if match is None or (not match.group(1) and not match.group(2)):
+        raise ValueError(f"unsupported Range {header!r}")
+    first, last = match.group(1), match.group(2)
+    if not first:
+        start, end = max(0, size - int(last)), size
+    else:
+        start = int(first)
+        end = min(size, int(last) + 1) if last else size
+    if start >= size or end <= start:
+        raise ValueError(f"Range {header!r} outside a file of {size} bytes")
+    return start, end
+
+
+class _FileSlice(web.StreamResponse):
+    """Sends `count` bytes of an open file from `offset` with sendfile; owns and closes `fd`."""
+
+    def __init__(self, fd: int, offset: int, count: int, status: int, headers: dict[str, str]):
+        super().__init__(status=status, headers=headers)
+        self.content_length = count
+        self._fd = fd
+        self._offset = offset
+        self._count = count
+        self._close_fd = weakref.finalize(self, os.close, fd)
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
+        if self.prepared:
+            return await super().prepare(request)
+        try:
+            writer = await super().prepare(request)
+            if self._count and request.method != "HEAD":
+                await self._send(request, writer)
+            await super().write_eof()
+            return writer
+        finally:
+            self._close_fd()
+
+    async def _send(self, request: web.BaseRequest, writer: Any) -> None:
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("connection lost")
+        with os.fdopen(self._fd, "rb", buffering=0, closefd=False) as file:
+            try:
+                await asyncio.get_running_loop().sendfile(
+                    transport, file, self._offset, self._count
+                )
+                return
+            except NotImplementedError:
+                pass
+        offset, end = self._offset, self._offset + self._count
+        while offset < end:
+            size = min(SENDFILE_FALLBACK_CHUNK, end - offset)
+            chunk = await asyncio.to_thread(os.pread, self._fd, size, offset)
+            if not chunk:
+                raise ConnectionResetError("file shrank while being sent")
+            await writer.write(chunk)
+            offset += len(chunk)
+
+
+def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[web.RouteDef]:
+    """The file sync routes over `catalog`; `pull` (SyncCoordinator.pull_file) serves
+    `POST .../pull`, which answers 503 without it. Mount behind the node's auth middleware."""
+
+    def category_of(request: web.Request) -> str:
+        category = request.match_info["category"]
+        catalog.root(category)
+        return category
+
+    async def manifest(request: web.Request) -> web.StreamResponse:
+        try:
+            category = category_of(request)
+            limit = _limit(request.query.get("limit"))
+            if "path" in request.query:
+                return await _one_entry(request, category)
+            after = request.query.get("after")
+            listing = await catalog.listing_for_page(category, after)
+        except UnknownCategoryError as exc:
+            return _refusal(404, "unknown_category", str(exc))
+        except (PathRefusedError, ValueError) as exc:
+            return _refusal(400, "bad_request", str(exc))
+        etag = f'"{listing.etag}"'
+        if after is None and request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        start, end, following = listing.page(after, limit)
+        head = {
+            "category": category,
+            "algorithm": "sha256",
+            "piece_size": catalog.piece_size,
+            "etag": listing.etag,
+            "shared_id": catalog.shared_id(category),
+            "next": following,
+        }
+        text = json.dumps(head, separators=(",", ":"))[:-1]
+        text += ',"entries":[' + ",".join(listing.texts[start:end]) + "]}"
+        return web.Response(text=text, content_type="application/json", headers={"ETag": etag})
+
+    async def _one_entry(request: web.Request, category: str) -> web.Response:
+        path = _path_param(request)
+        entries: list[dict[str, Any]] = []
+        try:
+            fd, _ = await asyncio.to_thread(open_inside, catalog.root(category), path)
+        except (FileNotFoundError, NotADirectoryError):
+            fd = -1
+        except OSError as exc:
+            raise PathRefusedError(path, exc.strerror or str(exc)) from exc
+        if fd >= 0:
+            try:
+                entry = await catalog.cache(category).entry_for_open_file(path, fd)
+            finally:
+                os.close(fd)
+            if entry is not None:
+                entries.append(entry.to_json())
+        body = {
+            "category": category,
+            "algorithm": "sha256",
+            "piece_size": catalog.piece_size,
+            "etag": "",
+            "shared_id": catalog.shared_id(category),
+            "next": None,
+            "entries": entries,
+        }
+        return web.json_response(body)
+
+    async def file(request: web.Request) -> web.StreamResponse:
+        try:
+            category = category_of(request)
+            path = _path_param(request)
+            fd, _ = await asyncio.to_thread(open_inside, catalog.root(category), path)
+        except UnknownCategoryError as exc:
+            return _refusal(404, "unknown_category", str(exc))
+        except PathRefusedError as exc:
+            return _refusal(400, "bad_path", str(exc))
+        except (FileNotFoundError, NotADirectoryError):
+            return _refusal(404, "not_found", "no such file")
+        except OSError as exc:
+            return _refusal(400, "bad_path", f"cannot open: {exc.strerror or exc}")
+        try:
+            return await _file_answer(request, category, path, fd)
+        except FileSyncError as exc:
+            os.close(fd)
+            return _refusal(503, "unavailable", str(exc))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    async def _file_answer(
+        request: web.Request, category: str, path: str, fd: int
+    ) -> web.StreamResponse:
+        entry = await catalog.cache(category).entry_for_open_file(path, fd)
+        if entry is None:
+            os.close(fd)
+            return _refusal(409, "changing", "the file is being written", **{"Retry-After": "1"})
+        expected = _expected_hash(request)
+        hashes = {HASH_HEADER: entry.hash, "ETag": f'"{entry.hash}"'}
+        if expected is not None and expected != entry.hash:
+            os.close(fd)
+            return _refusal(412, "changed", "the file no longer has that hash", **hashes)
+        try:
+            span = parse_range(request.headers.get("Range"), entry.size)
+        except ValueError as exc:
+            os.close(fd)
+            headers = {"Content-Range": f"bytes */{entry.size}"}
+            return _refusal(416, "bad_range", str(exc), **headers)
+        headers = {**hashes, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        if span is None:
+            return _FileSlice(fd, 0, entry.size, 200, headers)
+        start, end = span
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
+        return _FileSlice(fd, start, end - start, 206, headers)
+
+    async def pull_request(request: web.Request) -> web.Response:
+        if pull is None:
+            return _refusal(503, "unavailable", "this node does not take pull requests")
+        try:
+            category = category_of(request)
+            data = await request.json()
+            if not isinstance(data, dict):
+                raise ValueError("body must be a JSON object")
+            path = validate_rel_path(data.get("path"))  # type: ignore[arg-type]
+            content_hash = data.get("hash")
+            if not isinstance(content_hash, str) or not _HEX64.match(content_hash):
+                raise ValueError("hash must be 64 lowercase hex digits")
+            source = PeerRef.from_json(data.get("peer"))
+        except UnknownCategoryError as exc:
+            return _refusal(404, "unknown_category", str(exc))
+        except ValueError as exc:
+            return _refusal(400, "bad_request", str(exc))
+        try:
+            result = await pull(category, path, content_hash, source)
+        except (FileChangedError, TransferBusyError) as exc:
+            return _refusal(409, "conflict", str(exc))
+        except AllSourcesFailedError as exc:
+            status = 409 if exc.only_changed else 502
+            return _refusal(status, "source_failed", str(exc))
+        except InsufficientSpaceError as exc:
+            return _refusal(507, "insufficient_storage", str(exc))
+        except PathRefusedError as exc:
+            return _refusal(400, "bad_path", str(exc))
+        except FileSyncError as exc:
+            return _refusal(502, "source_failed", str(exc))
+        body = {"installed": result is not None, "result": result.to_json() if result else None}
+        return web.json_response(body)
+
+    return [
+        web.get(PREFIX + "/{category}/manifest", manifest, allow_head=False),
+        web.get(PREFIX + "/{category}/file", file, allow_head=False),
+        web.post(PREFIX + "/{category}/pull", pull_request),
+    ]
+
+
+def _limit(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_PAGE_LIMIT
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE_LIMIT:
+        raise ValueError(f"limit must be an integer 1..{MAX_PAGE_LIMIT}")
+    return int(text)

@@ -1,0 +1,310 @@
+"""The HTTP transport: manifests, resumable verified file downloads with range requests, and
+pull requests ("please pull this file from me") to peers' file sync endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from config import Timeouts, signing_middleware
+from sync.files.download import RateLimiter, download_run, plan_runs
+from sync.files.errors import (
+    ContentMismatchError,
+    FileSyncError,
+    FileTransferError,
+    ManifestError,
+)
+from sync.files.manifest import ManifestEntry, ManifestPage, parse_page
+from sync.guards import dest_path
+from sync.transports.protocol import (
+    PeerRef,
+    TransferResult,
+    install_file,
+    make_directories,
+    open_partial,
+    run_blocking,
+    verify_present_pieces,
+)
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "/v1/sync"
+DEFAULT_PAGE_LIMIT = 10_000
+READ_BUFFER_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class RemoteManifest:
+    """A peer's whole manifest of one category, as read page by page."""
+
+    peer: str
+    category: str
+    entries: tuple[ManifestEntry, ...]
+    etag: str
+    shared_id: str | None
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+def category_url(peer: PeerRef, category: str, leaf: str) -> str:
+    return f"{peer.url.rstrip('/')}{PREFIX}/{quote(category, safe='')}/{leaf}"
+
+
+class HttpTransport:
+    """Fetches files from peers' `GET /v1/sync/{category}/file` (owns one ClientSession; async
+    context manager, close() idempotent and final).
+
+    Requests are signed when `secret` is set. `streams` range requests run at once for a file
+    of at least `parallel_min_bytes`; `bandwidth_bytes_per_s` caps all downloads together.
+    """
+
+    name = "http"
+
+    def __init__(
+        self,
+        *,
+        node_id: str = "",
+        secret: bytes | None = None,
+        timeouts: Timeouts | None = None,
+        bandwidth_bytes_per_s: float | None = None,
+        streams: int = 2,
+        parallel_min_bytes: int = 64 << 20,
+        page_limit: int = DEFAULT_PAGE_LIMIT,
+    ) -> None:
+        self._timeouts = timeouts if timeouts is not None else Timeouts()
+        self._node_id = node_id or "shoal"
+        self._secret = secret
+        self._limiter = RateLimiter(bandwidth_bytes_per_s) if bandwidth_bytes_per_s else None
+        self._streams = max(1, streams)
+        self._parallel_min_bytes = parallel_min_bytes
+        self._page_limit = page_limit
+        self._session: aiohttp.ClientSession | None = None
+        self._state = _State.UNOPENED
+        self._manifests: dict[tuple[str, str], RemoteManifest] = {}
+
+    async def __aenter__(self) -> HttpTransport:
+        self._open_session()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._state is _State.CLOSED:
+            raise FileSyncError("HTTP transport is closed")
+        if self._session is None:
+            middlewares = (signing_middleware(self._secret, self._node_id),) if self._secret else ()
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    sock_connect=self._timeouts.http_request_s,
+                    sock_read=self._timeouts.sync_piece_s,
+                ),
+                middlewares=middlewares,
+                auto_decompress=False,
+                read_bufsize=READ_BUFFER_BYTES,
+            )
+            self._state = _State.OPEN
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session; idempotent. The transport cannot be used afterwards."""
+        self._state = _State.CLOSED
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def fetch(
+        self, peer: PeerRef, category: str, entry: ManifestEntry, dest_root: Path
+    ) -> TransferResult:
+        """Install `entry` from `peer` at `dest_root`/`entry.path` (see Transport)."""
+        try:
+            return await self._fetch(peer, category, entry, dest_root)
+        except OSError as exc:
+            raise FileSyncError(f"{category}/{entry.path}: local file error: {exc}") from exc
+
+    async def _fetch(
+        self, peer: PeerRef, category: str, entry: ManifestEntry, dest_root: Path
+    ) -> TransferResult:
+        session = self._open_session()
+        started = time.monotonic()
+        final = dest_path(dest_root, entry.path)
+        await asyncio.to_thread(make_directories, dest_root, final.parent)
+        partial = await open_partial(final.parent, entry.hash)
+        try:
+            verified = await run_blocking(verify_present_pieces, partial.fd, entry)
+            resumed = sum(entry.piece_span(i)[1] for i, ok in enumerate(verified) if ok)
+            streams = self._streams if entry.size >= self._parallel_min_bytes else 1
+            runs = plan_runs(verified, streams)
+            url = category_url(peer, category, "file")
+            piece_s = self._timeouts.sync_piece_s
+            jobs = [
+                download_run(
+                    session,
+                    url,
+                    entry,
+                    run,
+                    partial.fd,
+                    peer.node_id,
+                    piece_s * (run.last - run.first + 1),
+                    self._limiter,
+                )
+                for run in runs
+            ]
+            try:
+                received = sum(await _gather_or_cancel(jobs))
+            except ContentMismatchError:
+                if entry.piece_count == 1:
+                    await run_blocking(partial.discard)
+                raise
+            await run_blocking(install_file, partial.path, final, entry, partial.fd, True)
+        finally:
+            partial.close()
+        if resumed:
+            logger.info(
+                "%s/%s: resumed with %d bytes already verified", category, entry.path, resumed
+            )
+        return TransferResult(
+            peer=peer.node_id,
+            transport=self.name,
+            category=category,
+            path=entry.path,
+            hash=entry.hash,
+            size_bytes=entry.size,
+            bytes_transferred=received,
+            resumed_bytes=resumed,
+            duration_s=time.monotonic() - started,
+        )
+
+    async def _get_json(
+        self, url: str, params: dict[str, str], headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        session = self._open_session()
+        try:
+            async with (
+                asyncio.timeout(self._timeouts.sync_s),
+                session.get(url, params=params, headers=headers) as response,
+            ):
+                if response.status == 304:
+                    return 304, None
+                body = await response.read()
+                if response.status != 200:
+                    raise FileTransferError(
+                        f"{url}: HTTP {response.status}: {_reason(body)}", response.status
+                    )
+                return 200, json.loads(body)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise FileTransferError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:
+            raise ManifestError(f"{url}: answer is not JSON: {exc}") from exc
+
+    async def manifest_page(
+        self,
+        peer: PeerRef,
+        category: str,
+        after: str | None = None,
+        piece_size: int | None = None,
+        path: str | None = None,
+    ) -> ManifestPage:
+        """One page of a peer's manifest (or the entry of one `path`)."""
+        params = {"limit": str(self._page_limit)}
+        if after is not None:
+            params["after"] = after
+        if path is not None:
+            params["path"] = path
+        _, data = await self._get_json(category_url(peer, category, "manifest"), params)
+        return parse_page(data, piece_size)
+
+    async def list_manifest(
+        self, peer: PeerRef, category: str, piece_size: int | None = None
+    ) -> RemoteManifest:
+        """A peer's whole manifest of `category`; unchanged since the last call (same etag),
+        the previous listing is reused without transferring it again."""
+        key = (peer.node_id, category)
+        cached = self._manifests.get(key)
+        url = category_url(peer, category, "manifest")
+        headers = {"If-None-Match": f'"{cached.etag}"'} if cached is not None else None
+        status, data = await self._get_json(url, {"limit": str(self._page_limit)}, headers)
+        if status == 304 and cached is not None:
+            return cached
+        page = parse_page(data, piece_size)
+        entries = list(page.entries)
+        etags = {page.etag}
+        while page.next is not None:
+            page = await self.manifest_page(peer, category, page.next, piece_size)
+            entries.extend(page.entries)
+            etags.add(page.etag)
+        listing = RemoteManifest(peer.node_id, category, tuple(entries), page.etag, page.shared_id)
+        if len(etags) == 1 and page.etag:
+            self._manifests[key] = listing
+        else:
+            self._manifests.pop(key, None)
+        return listing
+
+    async def request_pull(
+        self, peer: PeerRef, category: str, path: str, content_hash: str, source: PeerRef
+    ) -> dict[str, Any]:
+        """Ask `peer` to pull `path` (version `content_hash`) from `source`; returns its answer
+        once the file is installed there. FileTransferError carries the refusal status."""
+        session = self._open_session()
+        url = category_url(peer, category, "pull")
+        body = {"peer": source.to_json(), "path": path, "hash": content_hash}
+        try:
+            async with (
+                asyncio.timeout(self._timeouts.sync_s + self._timeouts.http_request_s),
+                session.post(url, json=body) as response,
+            ):
+                payload = await response.read()
+                if response.status != 200:
+                    raise FileTransferError(
+                        f"{peer.node_id}: pull of {path} refused: HTTP {response.status}: "
+                        f"{_reason(payload)}",
+                        response.status,
+                    )
+                answer = json.loads(payload)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise FileTransferError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:
+            raise FileTransferError(f"{url}: answer is not JSON") from exc
+        if not isinstance(answer, dict):
+            raise FileTransferError(f"{url}: answer is not a JSON object")
+        return answer
+
+
+def _reason(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:300]
+    if isinstance(data, dict):
+        return str(data.get("reason") or data.get("error") or data)[:300]
+    return str(data)[:300]
+
+
+async def _gather_or_cancel(jobs: list[Any]) -> list[int]:
+    """Run the download jobs together; the first failure cancels the rest (awaited) and is
+    raised as itself, not as a group."""
+    if len(jobs) == 1:
+        return [await jobs[0]]
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
