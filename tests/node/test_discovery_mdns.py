@@ -201,7 +201,7 @@ async def test_nodes_in_two_processes_find_each_other(cluster: str) -> None:
             lines: list[bytes] = []
 
             async def read_until(
-                predicate: Callable[[list[bytes]], bool], timeout_s: float
+                predicate: Callable[[list[bytes]], bool], limit_s: float
             ) -> None:
                 async def loop() -> None:
                     while not predicate(lines):
