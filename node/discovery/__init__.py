@@ -1,1 +1,1 @@
-"""node.discovery."""
+"""Discovery: candidate peers from mDNS adverts, the inventory and seeds, fed to membership."""

@@ -1,1 +1,3 @@
-"""node.election."""
+"""Election: terms, votes and leases, role plans and their fences, the adoption log, the election
+HTTP routes.
+"""

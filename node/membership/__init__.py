@@ -1,1 +1,3 @@
-"""node.membership."""
+"""SWIM membership with Lifeguard: the member table, probe/suspect/dead rules, gossip, the signed
+UDP wire.
+"""

@@ -1,1 +1,3 @@
-"""node.training."""
+"""Training processes: elastic torch.distributed groups from the plan's rendezvous, and the
+launcher.
+"""

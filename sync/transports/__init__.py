@@ -1,1 +1,3 @@
-"""sync.transports."""
+"""How bytes move between nodes: the transport protocol and partial-file helpers, HTTP pieces,
+rsync over SSH.
+"""
