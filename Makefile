@@ -9,10 +9,12 @@ STAMP := $(VENV)/.installed-stamp
 $(PY):
 	python3 -m venv $(VENV)
 
+# Installer output goes to $(VENV)/install.log; a failure prints its tail.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,torch]'
-	touch $(STAMP)
+	@echo "shoal: installing shoal and its packages into $(VENV) (log: $(VENV)/install.log)"
+	@{ $(PY) -m pip install --upgrade pip && $(PY) -m pip install -e '.[test,torch]'; } \
+		> $(VENV)/install.log 2>&1 || { tail -n 40 $(VENV)/install.log; exit 1; }
+	@touch $(STAMP)
 
 sysdeps:
 	@bash .ci/sysdeps.sh
@@ -33,8 +35,11 @@ test: sysdeps check pytest
 
 # Start one node with embedded defaults: SQLite and state in ./.shoal, API on 127.0.0.1:8770.
 run: $(STAMP)
-	@echo "shoal: starting a node; API at http://127.0.0.1:$${SHOAL_P2P_PORT:-8770} (Ctrl-C stops it)"
-	$(VENV)/bin/shoal serve --data-dir .shoal
+	@port=$${SHOAL_P2P_PORT:-8770}; \
+	echo "shoal: a node at http://127.0.0.1:$$port with state in .shoal (Ctrl-C stops it)"; \
+	echo "  try, from another terminal:  .venv/bin/shoal status   .venv/bin/cluster_monitor"; \
+	echo "  a local 3-node cluster:      .venv/bin/shoal dev-cluster --nodes 3"
+	@$(VENV)/bin/shoal serve --data-dir .shoal
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
