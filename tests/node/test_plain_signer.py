@@ -1,0 +1,73 @@
+"""A signer written from the README's "Request signing" section alone, with plain hmac."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from node.daemon import NodeDaemon
+from tests.node.daemons import test_settings
+
+KEY_TEXT = "  plain-signer-test-secret-0123456789  \n"
+
+
+def plain_request(
+    port: int, method: str, target: str, body: bytes = b"", key_text: str = KEY_TEXT
+) -> tuple[int, Any]:
+    """One request signed exactly as the README says, with no code of shoal's."""
+    key = key_text.strip().encode()
+    timestamp = str(int(time.time()))
+    nonce = secrets.token_hex(16)
+    message = "\n".join(
+        [method.upper(), target, timestamp, nonce, hashlib.sha256(body).hexdigest()]
+    )
+    headers = {
+        "X-Shoal-Node": "plain-client",
+        "X-Shoal-Timestamp": timestamp,
+        "X-Shoal-Nonce": nonce,
+        "X-Shoal-Signature": hmac.new(key, message.encode(), hashlib.sha256).hexdigest(),
+        "Content-Type": "application/json",
+    }
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, target, body=body or None, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        connection.close()
+
+
+async def test_a_plain_hmac_signer_from_the_readme_is_accepted(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(KEY_TEXT)
+    os.chmod(secret_file, 0o600)
+    settings = test_settings(tmp_path, "signed", secret_file=secret_file)
+    async with NodeDaemon(settings) as daemon:
+        port = daemon.port
+        status, document = await asyncio.to_thread(
+            plain_request, port, "GET", "/v1/records/games/since?ts=0&limit=5"
+        )
+        assert status == 200, document
+        assert document["records"] == []
+        record = {
+            "game_id": "g1", "created_at": 1.0, "board_type": "hex8",
+            "num_players": 2, "winner": 1, "moves": ["a1", "b2"],
+        }  # fmt: skip
+        body = json.dumps([record]).encode()
+        status, document = await asyncio.to_thread(
+            plain_request, port, "POST", "/v1/records/games", body
+        )
+        assert status == 200, document
+        assert document["accepted"] == 1
+        status, document = await asyncio.to_thread(
+            plain_request, port, "GET", "/v1/status", b"", "wrong-key-wrong-key-wrong-key"
+        )
+        assert status == 401, document
