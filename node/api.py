@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from health import CircuitState, HealthStatus
+from node.metrics import install_node_metrics
 from node.openapi import RouteDoc, openapi_document
 from node.runtime import NodeRuntime
 from node.security import AUTH_POLICY, AuthPolicy, auth_middleware, error_middleware
@@ -139,9 +140,11 @@ def build_app(
     extra_docs: Iterable[RouteDoc] = (),
 ) -> web.Application:
     """The node's aiohttp application: core routes plus the routes other packages export."""
-    app = web.Application(
-        middlewares=[error_middleware, auth_middleware], client_max_size=MAX_BODY_BYTES
-    )
+    middlewares: list[Any] = [error_middleware, auth_middleware]
+    http_metrics = install_node_metrics(runtime)
+    if http_metrics is not None:
+        middlewares.insert(0, http_metrics.middleware())
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     app[AUTH_POLICY] = policy
     app[ROUTE_DOCS] = (*CORE_DOCS, *extra_docs)

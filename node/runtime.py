@@ -60,6 +60,8 @@ class NodeRuntime:
     notes: list[str] = field(default_factory=list)
     refreshers: list[Callable[[], None]] = field(default_factory=list)
     """Called before status is read, so live fields (term, coordinator) are never stale."""
+    extensions: dict[type, object] = field(default_factory=dict)
+    """Objects installed once per runtime (the HTTP metrics), keyed by their type."""
 
     def refresh(self) -> None:
         for refresh in self.refreshers:

@@ -1,0 +1,176 @@
+"""Cluster metrics of one node for Prometheus: read from the runtime at scrape time, plus HTTP.
+
+Members by state, term, coordinator and plan version, per-GPU readings and every HTTP request by
+route pattern and status. Labels stay low-cardinality: route patterns, never paths or ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from node.runtime import NodeRuntime
+
+__all__ = ["HTTP_BUCKETS_S", "HttpMetrics", "RuntimeCollector", "install_node_metrics"]
+
+MEMBER_STATES = ("alive", "suspect", "dead", "left")
+HTTP_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+UNMATCHED_ROUTE = "unmatched"
+MIB = 1024 * 1024
+
+
+class RuntimeCollector(Collector):
+    """Reads the node's live state on every scrape, so the series are never stale."""
+
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        runtime = self._runtime
+        runtime.refresh()
+        yield from self._membership(runtime)
+        yield from self._election(runtime)
+        yield from self._gpus(runtime.gpus())
+
+    @staticmethod
+    def _membership(runtime: NodeRuntime) -> Iterator[Metric]:
+        members = GaugeMetricFamily(
+            "shoal_members", "Members of this node's membership view by state", labels=["state"]
+        )
+        counts = dict(runtime.membership.counts()) if runtime.membership is not None else {}
+        for state in MEMBER_STATES:
+            members.add_metric([state], float(counts.get(state, 0)))
+        yield members
+
+    @staticmethod
+    def _election(runtime: NodeRuntime) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "shoal_election_term",
+            "The highest election term this node knows (0 before any)",
+            value=float(runtime.term or 0),
+        )
+        yield GaugeMetricFamily(
+            "shoal_coordinator",
+            "1 while this node is the coordinator of its term",
+            value=1.0 if runtime.coordinator == runtime.node_id else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "shoal_coordinator_known",
+            "1 while this node knows a coordinator with a valid lease",
+            value=1.0 if runtime.coordinator else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "shoal_plan_version",
+            "Version of the role plan this node applies (0 before any)",
+            value=float(runtime.plan_version or 0),
+        )
+
+    @staticmethod
+    def _gpus(readings: list[dict[str, Any]]) -> Iterator[Metric]:
+        gauges = {
+            "util_pct": GaugeMetricFamily(
+                "shoal_gpu_utilization_ratio", "GPU utilization (0-1), NVML", labels=["gpu"]
+            ),
+            "memory_used_mb": GaugeMetricFamily(
+                "shoal_gpu_memory_used_bytes", "GPU memory in use, NVML", labels=["gpu"]
+            ),
+            "memory_total_mb": GaugeMetricFamily(
+                "shoal_gpu_memory_total_bytes", "GPU memory in total, NVML", labels=["gpu"]
+            ),
+            "temperature_c": GaugeMetricFamily(
+                "shoal_gpu_temperature_celsius", "GPU temperature, NVML", labels=["gpu"]
+            ),
+            "power_w": GaugeMetricFamily(
+                "shoal_gpu_power_watts", "GPU power draw, NVML", labels=["gpu"]
+            ),
+        }
+        counters = {
+            "ecc_uncorrected": CounterMetricFamily(
+                "shoal_gpu_ecc_uncorrected_errors",
+                "Uncorrected ECC errors since the driver loaded, NVML",
+                labels=["gpu"],
+            ),
+            "xid_errors": CounterMetricFamily(
+                "shoal_gpu_xid_errors", "XID errors seen by this node, NVML", labels=["gpu"]
+            ),
+        }
+        scale = {"util_pct": 0.01, "memory_used_mb": MIB, "memory_total_mb": MIB}
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {**gauges, **counters}
+        for reading in readings:
+            gpu = str(reading.get("index", "?"))
+            for key, family in families.items():
+                value = reading.get(key)
+                if isinstance(value, int | float):
+                    family.add_metric([gpu], float(value) * scale.get(key, 1.0))
+        yield from gauges.values()
+        yield from counters.values()
+
+
+class HttpMetrics:
+    """Requests served by route pattern, method and status, with a duration histogram."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "shoal_http_requests",
+            "HTTP requests served, by route pattern, method and status",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "shoal_http_request_duration_seconds",
+            "Time to answer an HTTP request, by route pattern and method",
+            ["route", "method"],
+            buckets=HTTP_BUCKETS_S,
+            registry=registry,
+        )
+
+    def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
+        self.requests.labels(route=route, method=method, status=str(status)).inc()
+        self.duration.labels(route=route, method=method).observe(duration_s)
+
+    def middleware(self) -> Any:
+        """An aiohttp middleware (outermost) that observes every answer, refusals included."""
+
+        @web.middleware
+        async def observe_request(request: web.Request, handler: Any) -> web.StreamResponse:
+            started = time.monotonic()
+            status = 500
+            try:
+                response: web.StreamResponse = await handler(request)
+                status = response.status
+                return response
+            except web.HTTPException as exc:
+                status = exc.status
+                raise
+            finally:
+                self.observe(_route_of(request), request.method, status, time.monotonic() - started)
+
+        return observe_request
+
+
+def _route_of(request: web.Request) -> str:
+    """The route pattern (`/v1/records/{store}`), never the path: labels stay few."""
+    resource = request.match_info.route.resource
+    if resource is None:
+        return UNMATCHED_ROUTE
+    return resource.canonical
+
+
+def install_node_metrics(runtime: NodeRuntime) -> HttpMetrics | None:
+    """Register the runtime collector in the node's registry; the HTTP metrics to observe with."""
+    if runtime.metrics is None:
+        return None
+    existing = runtime.extensions.get(HttpMetrics)
+    if isinstance(existing, HttpMetrics):
+        return existing
+    registry = runtime.metrics.registry
+    registry.register(RuntimeCollector(runtime))
+    http = HttpMetrics(registry)
+    runtime.extensions[HttpMetrics] = http
+    return http
