@@ -200,9 +200,7 @@ async def test_nodes_in_two_processes_find_each_other(cluster: str) -> None:
             # The child may find node a before it prints "ready": collect every line it prints.
             lines: list[bytes] = []
 
-            async def read_until(
-                predicate: Callable[[list[bytes]], bool], limit_s: float
-            ) -> None:
+            async def read_until(predicate: Callable[[list[bytes]], bool], limit_s: float) -> None:
                 async def loop() -> None:
                     while not predicate(lines):
                         line = await child.stdout.readline()  # type: ignore[union-attr]
