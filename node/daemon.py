@@ -48,6 +48,7 @@ from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
 from node.election.service import Coordination, resolve_voters
 from node.errors import DiscoveryError, StartupError
+from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
@@ -192,6 +193,7 @@ class NodeDaemon:
         self._membership: Any = None
         self._gpu_meta: dict[str, MetaValue] = {}
         self._closed = False
+        self._protocol_log = QuietProtocolLog(logging.getLogger("aiohttp.server"))
 
     async def start(self) -> None:
         """Start every component in order; on failure, stop what started and re-raise."""
@@ -310,6 +312,7 @@ class NodeDaemon:
             shutdown_timeout=2.0,
             # GET /v1/records/{store}/get takes up to 1000 keys in its query string.
             max_line_size=MAX_REQUEST_LINE_BYTES,
+            logger=self._protocol_log,
         )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)

@@ -7,6 +7,9 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 from config import LogFormat
 
@@ -65,3 +68,49 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(level)
     return handler
+
+
+class QuietProtocolLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger that keeps malformed requests from flooding the daemon log.
+
+    A request the HTTP parser refuses (a NUL in a header, a garbage request line) is one DEBUG
+    line, at most `debug_per_s` a second, and a WARNING every `summary_s` counts them. Every
+    other record (a handler's unexpected exception) passes through unchanged.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        debug_per_s: float = 1.0,
+        summary_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(logger, {})
+        self._debug_gap_s = 1.0 / debug_per_s
+        self._summary_s = summary_s
+        self._clock = clock
+        self._last_debug = -float("inf")
+        self._window_started = clock()
+        self._refused = 0
+        self.refused_total = 0
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if not isinstance(exc, HttpProcessingError):
+            super().log(level, msg, *args, **kwargs)
+            return
+        now = self._clock()
+        self._refused += 1
+        self.refused_total += 1
+        if now - self._last_debug >= self._debug_gap_s:
+            self._last_debug = now
+            self.logger.debug("malformed HTTP request refused: %s", exc)
+        if now - self._window_started >= self._summary_s:
+            self.logger.warning(
+                "%d malformed HTTP request(s) refused in the last %.0f s",
+                self._refused,
+                now - self._window_started,
+            )
+            self._refused = 0
+            self._window_started = now
