@@ -43,9 +43,10 @@ def status(
     members = document.get("members", {})
     table.add_row("members", ", ".join(f"{k} {v}" for k, v in members.items()))
     wal = document.get("wal", {})
-    table.add_row(
-        "wal", f"{wal.get('pending')} pending, oldest {wal.get('oldest_pending_age_s')} s"
-    )
+    oldest = wal.get("oldest_pending_age_s")
+    oldest_text = "-" if oldest is None else f"{oldest:.0f} s"
+    pending = wal.get("pending")
+    table.add_row("wal", f"{'-' if pending is None else pending} pending, oldest {oldest_text}")
     table.add_row("breakers open", ", ".join(document.get("breakers", {}).get("open", [])) or "-")
     table.add_row("uptime", f"{document.get('uptime_s', 0):.0f} s")
     console.print(table)

@@ -35,8 +35,15 @@ def parse_duration_s(text: str) -> float:
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
-def _wal_path(config_file: Path | None) -> Path:
-    return settings_from(config_file).settings.wal_path
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="The node's data dir (default from the config); its WAL."),
+]
+
+
+def _wal_path(config_file: Path | None, data_dir: Path | None = None) -> Path:
+    flags = {"data_dir": data_dir} if data_dir is not None else None
+    return settings_from(config_file, flags).settings.wal_path
 
 
 def _with_wal(path: Path, action: Callable[[WriteAheadLog], Awaitable[T]]) -> T:
@@ -56,9 +63,11 @@ def _with_wal(path: Path, action: Callable[[WriteAheadLog], Awaitable[T]]) -> T:
 
 
 @wal_app.command("status")
-def wal_status(config_file: ConfigOption = None, as_json: JsonOption = False) -> None:
+def wal_status(
+    config_file: ConfigOption = None, data_dir: DataDirOption = None, as_json: JsonOption = False
+) -> None:
     """Counts of pending, committed and failed operations, the oldest pending, file sizes."""
-    path = _wal_path(config_file)
+    path = _wal_path(config_file, data_dir)
     stats = _with_wal(path, lambda wal: wal.stats())
     document: dict[str, Any] = {"path": str(path), **dataclasses.asdict(stats)}
     if as_json:
@@ -76,10 +85,11 @@ def wal_pending(
         str | None, typer.Option("--type", help="Only entries of this type.")
     ] = None,
     config_file: ConfigOption = None,
+    data_dir: DataDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Operations not yet committed, oldest first."""
-    path = _wal_path(config_file)
+    path = _wal_path(config_file, data_dir)
     entries = _with_wal(path, lambda wal: wal.pending(entry_type))
     rows = [
         {
@@ -113,6 +123,7 @@ def wal_cleanup(
         str, typer.Option("--older-than", help="Age of finished entries to delete: 90s, 15m, 24h.")
     ] = "24h",
     config_file: ConfigOption = None,
+    data_dir: DataDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Delete finished (committed, rolled back, failed) entries older than a duration."""
@@ -120,7 +131,7 @@ def wal_cleanup(
         older_than_s = parse_duration_s(older_than)
     except ValueError as exc:
         fail(f"--older-than: {exc}")
-    path = _wal_path(config_file)
+    path = _wal_path(config_file, data_dir)
     removed = _with_wal(path, lambda wal: wal.cleanup(older_than_s=older_than_s))
     if as_json:
         print_json({"path": str(path), "removed": removed, "older_than_s": older_than_s})
@@ -141,9 +152,10 @@ def wal_open(
         ),
     ] = False,
     config_file: ConfigOption = None,
+    data_dir: DataDirOption = None,
 ) -> None:
     """Check that the WAL opens cleanly; with --move-aside, set a damaged one aside."""
-    path = _wal_path(config_file)
+    path = _wal_path(config_file, data_dir)
 
     async def check() -> int:
         async with WriteAheadLog(path) as wal:

@@ -183,6 +183,8 @@ def _fast_rows(
                 texts = [v for v in values if v is not None] if _NONE in types else values
                 if not all(map(str.isascii, texts)) and not all(map(_encodable, texts)):
                     return None
+                if name == schema.key and (not all(texts) or "\x00" in "".join(texts)):
+                    return None
             elif spec.kind is FieldKind.INTEGER:
                 present = [value for value in values if value is not None]
                 if present and not (min(present) >= _INT_MIN and max(present) <= _INT_MAX):
@@ -230,10 +232,20 @@ def _exact_rows(
                 continue
             try:
                 row.append(convert(value))
+                if name == schema.key:
+                    _check_key(value)
             except _Invalid as exc:
                 raise RecordValidationError(index, name, str(exc)) from None
         rows.append(tuple(row))
     return rows
+
+
+def _check_key(value: Any) -> None:
+    """A record key is a non-empty string without NUL (it names the record in URLs and logs)."""
+    if value == "":
+        raise _Invalid("the key must not be empty")
+    if isinstance(value, str) and "\x00" in value:
+        raise _Invalid("the key must not contain NUL")
 
 
 def row_to_record(schema: RecordSchema, row: Sequence[Any]) -> dict[str, Any]:

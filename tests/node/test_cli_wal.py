@@ -90,3 +90,14 @@ def test_corrupt_wal_stops_with_the_file_name_and_moves_aside_only_on_request(
     assert len(moved) == 1
     assert moved[0].read_bytes().startswith(b"this is not")
     assert runner.invoke(app, ["wal", "status"], env=_env(tmp_path)).exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["status", "pending", "cleanup", "open"])
+def test_data_dir_flag_picks_the_node_whose_wal_is_read(tmp_path: Path, command: str) -> None:
+    node_dir = tmp_path / "node-b"
+    _fill(node_dir / "wal" / "wal.db")
+    env = {"SHOAL_DATA_DIR": str(tmp_path / "elsewhere"), "SHOAL_CONFIG": ""}
+    extra = ["--json"] if command != "open" else []
+    result = runner.invoke(app, ["wal", command, "--data-dir", str(node_dir), *extra], env=env)
+    assert result.exit_code == 0, result.output
+    assert str(node_dir / "wal" / "wal.db") in result.output.replace("\n", "")

@@ -212,3 +212,17 @@ def test_bad_since_query_names_the_parameter(query: dict[str, str], message: str
     with pytest.raises(RecordQueryError) as info:
         parse_since_query(GAMES_SCHEMA, query)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("", "the key must not be empty"), ("g\x00-1", "the key must not contain NUL")],
+)
+@pytest.mark.parametrize("schema", [GAMES_SCHEMA, ROLLOUTS_SCHEMA])
+def test_empty_keys_and_nul_in_keys_are_refused(
+    key: str, message: str, schema: RecordSchema
+) -> None:
+    make = game if schema is GAMES_SCHEMA else rollout
+    records = [make(1), make(2)]
+    records[1][schema.key] = key
+    assert error_of(records, schema) == f"records[1].{schema.key}: {message}"
