@@ -94,31 +94,36 @@ class Inventory(_Frozen):
         return tuple(sorted(self.hosts))
 
 
-def _consistency_problems(inventory: Inventory, doc: YamlDocument | None) -> list[str]:
+def _consistency_problems(
+    host_names: list[str],
+    endpoints: Mapping[str, tuple[str, int]],
+    voters: tuple[str, ...] | None,
+    doc: YamlDocument | None,
+) -> list[str]:
+    """Problems across fields: voters that are not hosts, two hosts on one address:port."""
+
     def where(*loc: str) -> str:
         return f"{doc.where(loc)}: " if doc is not None else ""
 
     problems = []
-    if not inventory.hosts:
+    if not host_names:
         problems.append(f"{where('hosts')}hosts: the inventory lists no hosts")
-    for index, voter in enumerate(inventory.cluster.voters or ()):
-        if voter not in inventory.hosts:
-            known = ", ".join(sorted(inventory.hosts)) or "none"
+    for index, voter in enumerate(voters or ()):
+        if voter not in host_names:
+            known = ", ".join(sorted(host_names)) or "none"
             problems.append(
                 f"{where('cluster', 'voters', str(index))}cluster.voters[{index}]: "
                 f"'{voter}' is not a host in hosts (hosts: {known})"
             )
-    voters = inventory.cluster.voters or ()
-    if len(set(voters)) != len(voters):
+    if voters is not None and len(set(voters)) != len(voters):
         problems.append(f"{where('cluster', 'voters')}cluster.voters: lists a voter twice")
-    if inventory.cluster.voters is not None and not voters:
+    if voters is not None and not voters:
         problems.append(f"{where('cluster', 'voters')}cluster.voters: must not be empty")
     seen: dict[tuple[str, int], str] = {}
-    for name, host in inventory.hosts.items():
-        endpoint = (host.address, host.p2p_port)
+    for name, endpoint in endpoints.items():
         if endpoint in seen:
             problems.append(
-                f"{where('hosts', name)}hosts.{name}: address {host.address}:{host.p2p_port} "
+                f"{where('hosts', name)}hosts.{name}: address {endpoint[0]}:{endpoint[1]} "
                 f"is also used by hosts.{seen[endpoint]}"
             )
         else:
@@ -126,13 +131,41 @@ def _consistency_problems(inventory: Inventory, doc: YamlDocument | None) -> lis
     return problems
 
 
+def _partial_consistency_problems(data: Mapping[str, Any], doc: YamlDocument | None) -> list[str]:
+    """The cross-field problems of data that failed schema validation, from what did validate.
+
+    So one pass of `shoal hosts check` reports a duplicate address beside a bad port.
+    """
+    hosts = data.get("hosts")
+    if not isinstance(hosts, Mapping):
+        return []
+    endpoints = {}
+    for name, entry in hosts.items():
+        try:
+            host = HostEntry.model_validate(entry)
+        except ValidationError:
+            continue
+        endpoints[str(name)] = (host.address, host.p2p_port)
+    cluster = data.get("cluster")
+    raw_voters = cluster.get("voters") if isinstance(cluster, Mapping) else None
+    voters = None
+    if isinstance(raw_voters, list) and all(isinstance(v, str) for v in raw_voters):
+        voters = tuple(raw_voters)
+    return _consistency_problems([str(name) for name in hosts], endpoints, voters, doc)
+
+
 def parse_inventory(data: Mapping[str, Any], doc: YamlDocument | None = None) -> Inventory:
     """Validate inventory data; every problem is reported at once in one InventoryError."""
     try:
         inventory = Inventory.model_validate(dict(data))
     except ValidationError as exc:
-        raise InventoryError(validation_problems(Inventory, exc, doc)) from exc
-    problems = _consistency_problems(inventory, doc)
+        problems = validation_problems(Inventory, exc, doc)
+        extra = [p for p in _partial_consistency_problems(data, doc) if p not in problems]
+        raise InventoryError([*problems, *extra]) from exc
+    endpoints = {name: (host.address, host.p2p_port) for name, host in inventory.hosts.items()}
+    problems = _consistency_problems(
+        list(inventory.hosts), endpoints, inventory.cluster.voters, doc
+    )
     if problems:
         raise InventoryError(problems)
     if doc is not None:

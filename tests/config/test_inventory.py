@@ -118,3 +118,23 @@ def test_secrets_are_never_printed(tmp_path: Path) -> None:
     inventory = load_inventory(path)
     assert "s3cr3t" not in repr(inventory)
     assert "s3cr3t" not in inventory.model_dump_json()
+
+
+def test_every_error_is_reported_in_one_pass(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "cluster: {name: t, voters: [a, nope]}\n"
+        "hosts:\n"
+        "  a: {ssh_host: 1.2.3.4, p2p_port: 99999}\n"
+        "  b: {ssh_host: 1.2.3.4, p2p_port: 8770, rol: training}\n"
+        "  d: {ssh_host: 1.2.3.5, p2p_port: 8770}\n"
+        "  e: {ssh_host: 1.2.3.5, p2p_port: 8770}\n",
+    )
+    problems = _problems(path)
+    assert len(problems) == 4, problems
+    assert any("hosts.a.p2p_port" in p for p in problems)
+    assert any("hosts.b.rol: unknown key" in p for p in problems)
+    assert any("cluster.voters[1]: 'nope' is not a host" in p for p in problems)
+    assert any(
+        p.endswith("hosts.e: address 1.2.3.5:8770 is also used by hosts.d") for p in problems
+    )
