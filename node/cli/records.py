@@ -187,12 +187,31 @@ def records_import(
                 lines = lines_read
                 if not batch:
                     continue
-                try:
-                    total += await client.send_batch(store, [record for _, record in batch])
-                except RecordRejectedError as exc:
-                    rejected = f"{file}: {rejected_line(exc, batch)}"
+                # The server refuses a batch whole, naming its first bad record: report that
+                # line, drop it, and send the rest again, so every good record is ingested.
+                while batch:
+                    try:
+                        total += await client.send_batch(store, [record for _, record in batch])
+                    except RecordRejectedError as exc:
+                        if exc.index is None or not 0 <= exc.index < len(batch):
+                            first, last = batch[0][0], batch[-1][0]
+                            rejected = (
+                                f"{file}: the batch of lines {first}-{last} was refused and "
+                                f"nothing of it ingested: {exc.reason}"
+                            )
+                            break
+                        bad.append(batch[exc.index][0])
+                        err_console.print(
+                            f"{file}:{rejected_line(exc, batch).removeprefix('line ')}",
+                            markup=False,
+                            highlight=False,
+                        )
+                        del batch[exc.index]
+                        continue
+                    sent += len(batch)
                     break
-                sent += len(batch)
+                if rejected:
+                    break
                 progress(sent, handle.tell())
         summary = ImportSummary(
             store, str(file), lines, sent, total.accepted, total.duplicates, len(bad)
@@ -210,7 +229,11 @@ def records_import(
     if rejected:
         fail(f"rejected by {url}: {rejected}", EXIT_FAILURE)
     if bad:
-        fail(f"{file}: {len(bad)} bad lines were skipped (first: line {bad[0]})", EXIT_FAILURE)
+        fail(
+            f"{file}: {len(bad)} bad line(s) were skipped (first: line {min(bad)}); "
+            "every other line was ingested",
+            EXIT_FAILURE,
+        )
 
 
 @contextlib.contextmanager

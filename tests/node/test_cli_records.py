@@ -133,7 +133,7 @@ def test_bad_lines_are_reported_with_their_numbers_and_skipped(node: str, tmp_pa
     assert result.exit_code == 1
     assert "g.jsonl:2: malformed JSON" in result.stderr
     assert "g.jsonl:4: expected a JSON object" in result.stderr
-    assert "2 bad lines were skipped (first: line 2)" in result.stderr
+    assert "2 bad line(s) were skipped (first: line 2)" in result.stderr
     summary = json.loads(result.stdout.strip())
     assert (summary["lines"], summary["accepted"], summary["bad_lines"]) == (5, 2, 2)
 
@@ -141,11 +141,19 @@ def test_bad_lines_are_reported_with_their_numbers_and_skipped(node: str, tmp_pa
 def test_a_rejected_record_names_its_line_and_exits_1(node: str, tmp_path: Path) -> None:
     lines = [json.dumps(game(i)) for i in range(6)]
     lines[4] = json.dumps(game(4, num_players="two"))
+    lines[5] = json.dumps(game(5, winner="nobody"))
+    lines[1] = json.dumps({**game(1), "game_id": ""})
     path = write_lines(tmp_path / "g.jsonl", lines)
     result = invoke("import", "games", str(path), "--node", node, "--batch-size", "3")
     assert result.exit_code == 1
-    assert f"{path}: line 5: num_players: expected integer" in result.stderr
-    assert json.loads(result.stdout.strip())["accepted"] == 3  # the first batch was durable
+    assert f"{path}:2: game_id: the key must not be empty" in result.stderr
+    assert f"{path}:5: num_players: expected integer" in result.stderr
+    assert f"{path}:6: winner: expected integer" in result.stderr
+    assert "3 bad line(s) were skipped (first: line 2); every other line was ingested" in (
+        result.stderr
+    )
+    summary = json.loads(result.stdout.strip())
+    assert (summary["accepted"], summary["bad_lines"]) == (3, 3)  # the good ones of each batch
     unknown = invoke("import", "nope", str(path), "--node", node)
     assert unknown.exit_code == 1
     assert "unknown record store 'nope'" in unknown.stderr
