@@ -132,6 +132,22 @@ def extra_record_schemas(settings: NodeSettings) -> list[RecordSchema]:
     return schemas
 
 
+def inventory_cluster_name(settings: NodeSettings, inventory: Inventory | None) -> NodeSettings:
+    """The settings with the inventory's `cluster.name` when the settings keep the default."""
+    default = NodeSettings.model_fields["cluster_name"].default
+    if inventory is None or inventory.cluster.name == settings.cluster_name:
+        return settings
+    if settings.cluster_name != default:
+        log.warning(
+            "cluster_name %r (settings) differs from %r in the inventory %s; using the settings'",
+            settings.cluster_name,
+            inventory.cluster.name,
+            inventory.source,
+        )
+        return settings
+    return settings.model_copy(update={"cluster_name": inventory.cluster.name})
+
+
 def resolve_node_id(settings: NodeSettings, inventory: Inventory | None) -> str:
     """Explicit id, else this host's inventory entry (matched by address), else the data dir's."""
     if settings.node_id:
@@ -214,6 +230,7 @@ class NodeDaemon:
         settings = self.settings
         secrets = load_secrets(settings)
         inventory = load_inventory(settings.inventory) if settings.inventory else None
+        settings = self.settings = inventory_cluster_name(settings, inventory)
         node_id = resolve_node_id(settings, inventory)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         breakers = BreakerRegistry(breaker_config(settings, inventory))

@@ -1,17 +1,45 @@
-"""`shoal dev-cluster`: N nodes on 127.0.0.1 with their own ports and data dirs."""
+"""`shoal dev-cluster`: N nodes on 127.0.0.1 with their own ports and data dirs, a place to try
+failures: a node that dies leaves the others running, and `kill` / `restart` act on one node.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from node.cli.common import EXIT_FAILURE, console, fail
+
+STATE_FILE = "dev-cluster.json"
+DEFAULT_DIR = Path(".shoal/dev")
+POLL_S = 0.5
+
+dev_app = typer.Typer(
+    help="A local cluster on 127.0.0.1 to try shoal and its failures: start it, then kill and "
+    "restart single nodes from another terminal while cluster_monitor watches.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Parent of every node's data dir.")]
+
+
+@dataclass(frozen=True)
+class DevNode:
+    """One node of the dev cluster as the state file records it."""
+
+    name: str
+    port: int
+    pid: int
+    log: str
 
 
 def dev_inventory(nodes: int, base_port: int) -> str:
@@ -22,18 +50,81 @@ def dev_inventory(nodes: int, base_port: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _node_command(data_dir: Path, name: str, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "node", "serve",
+        "--node-id", name,
+        "--port", str(port),
+        "--data-dir", str(data_dir / name),
+        "--inventory", str(data_dir / "hosts.yaml"),
+    ]  # fmt: skip
+
+
+def _spawn(data_dir: Path, name: str, port: int) -> tuple[DevNode, subprocess.Popen[bytes]]:
+    log_path = data_dir / f"{name}.log"
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
+            _node_command(data_dir, name, port),
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,  # Ctrl-C reaches the dev cluster, which stops the nodes
+        )
+    return DevNode(name, port, process.pid, str(log_path)), process
+
+
+def _write_state(data_dir: Path, nodes: dict[str, DevNode]) -> None:
+    path = data_dir / STATE_FILE
+    temp = path.with_suffix(".tmp")
+    temp.write_text(json.dumps({"nodes": [asdict(n) for n in nodes.values()]}, indent=2) + "\n")
+    temp.replace(path)
+
+
+def read_state(data_dir: Path) -> dict[str, DevNode]:
+    """The nodes of the dev cluster running from `data_dir`; exits 1 when there is none."""
+    path = data_dir / STATE_FILE
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        fail(f"{path}: no dev cluster runs from {data_dir} (start one: shoal dev-cluster)", 1)
+    except (OSError, ValueError) as exc:
+        fail(f"{path}: cannot read the dev cluster's state: {exc}", EXIT_FAILURE)
+    return {entry["name"]: DevNode(**entry) for entry in document["nodes"]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _node_named(nodes: dict[str, DevNode], name: str) -> DevNode:
+    if name not in nodes:
+        fail(f"no node {name!r} in the dev cluster (nodes: {', '.join(sorted(nodes))})")
+    return nodes[name]
+
+
+@dev_app.callback()
 def dev_cluster(
+    ctx: typer.Context,
     nodes: Annotated[int, typer.Option("--nodes", min=1, max=64, help="How many nodes.")] = 3,
     base_port: Annotated[int, typer.Option("--base-port", help="Port of the first node.")] = 8770,
-    data_dir: Annotated[
-        Path, typer.Option("--data-dir", help="Parent of every node's data dir.")
-    ] = Path(".shoal/dev"),
+    data_dir: DataDirOption = DEFAULT_DIR,
 ) -> None:
-    """Start N nodes on 127.0.0.1 (own ports and data dirs); Ctrl-C stops them all."""
+    """Start N nodes on 127.0.0.1 (own ports and data dirs); Ctrl-C stops them all.
+
+    A node that dies is reported and the others keep running; `shoal dev-cluster kill NODE` and
+    `shoal dev-cluster restart NODE` (from another terminal) act on one node.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     data_dir.mkdir(parents=True, exist_ok=True)
-    inventory = data_dir / "hosts.yaml"
-    inventory.write_text(dev_inventory(nodes, base_port), encoding="utf-8")
-    processes: list[subprocess.Popen[bytes]] = []
+    (data_dir / "hosts.yaml").write_text(dev_inventory(nodes, base_port), encoding="utf-8")
+    children: list[subprocess.Popen[bytes]] = []
+    running: dict[str, DevNode] = {}
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -41,42 +132,112 @@ def dev_cluster(
     signal.signal(signal.SIGTERM, interrupt)
     try:
         for index in range(1, nodes + 1):
-            command = [
-                sys.executable, "-m", "node", "serve",
-                "--node-id", f"dev-{index}",
-                "--port", str(base_port + index - 1),
-                "--data-dir", str(data_dir / f"dev-{index}"),
-                "--inventory", str(inventory),
-            ]  # fmt: skip
-            log_file = open(data_dir / f"dev-{index}.log", "ab")  # noqa: SIM115 - child owns it
-            processes.append(
-                subprocess.Popen(command, stdout=log_file, stderr=log_file)  # noqa: S603
-            )
-            log_file.close()
-        for index in range(nodes):
+            node, process = _spawn(data_dir, f"dev-{index}", base_port + index - 1)
+            running[node.name] = node
+            children.append(process)
+        _write_state(data_dir, running)
+        for node in running.values():
             console.print(
-                f"dev-{index + 1}: http://127.0.0.1:{base_port + index}  "
-                f"(log {data_dir / f'dev-{index + 1}.log'})",
-                highlight=False,
+                f"{node.name}: http://127.0.0.1:{node.port}  (log {node.log})", highlight=False
             )
-        console.print("press Ctrl-C to stop every node", highlight=False)
-        while all(process.poll() is None for process in processes):
-            time.sleep(0.5)
-        dead = [f"dev-{i + 1}" for i, p in enumerate(processes) if p.poll() is not None]
-        fail(f"node(s) {', '.join(dead)} exited; see their logs in {data_dir}", EXIT_FAILURE)
+        console.print(
+            "press Ctrl-C to stop every node; from another terminal try "
+            f"`shoal dev-cluster kill dev-1 --data-dir {data_dir}` and watch `cluster_monitor "
+            f"--node http://127.0.0.1:{base_port + 1} --watch`",
+            highlight=False,
+        )
+        _watch(data_dir, children)
     except KeyboardInterrupt:
         console.print("stopping...", highlight=False)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=12)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        _stop_all(data_dir, children)
+
+
+def _watch(data_dir: Path, children: list[subprocess.Popen[bytes]]) -> None:
+    """Report nodes that die or come back until every node is gone or Ctrl-C."""
+    reported: set[tuple[str, int]] = set()
+    while True:
+        for child in children:
+            child.poll()  # reap our own children so a killed node is no zombie
+        nodes = read_state(data_dir)
+        alive = [n for n in nodes.values() if _alive(n.pid)]
+        for node in nodes.values():
+            if node in alive or (node.name, node.pid) in reported:
+                continue
+            reported.add((node.name, node.pid))
+            console.print(
+                f"{node.name} (pid {node.pid}) exited; the other nodes keep running. "
+                f"Restart it: shoal dev-cluster restart {node.name} --data-dir {data_dir}",
+                highlight=False,
+            )
+        if not alive:
+            fail(f"every node exited; see their logs in {data_dir}", EXIT_FAILURE)
+        time.sleep(POLL_S)
+
+
+def _stop_all(data_dir: Path, children: list[subprocess.Popen[bytes]]) -> None:
+    pids = {child.pid for child in children}
+    if (data_dir / STATE_FILE).exists():
+        pids |= {node.pid for node in read_state(data_dir).values()}
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 12
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    (data_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+@dev_app.command("kill")
+def dev_kill(
+    node: Annotated[str, typer.Argument(help="The node, e.g. dev-2.")],
+    how: Annotated[
+        str, typer.Option("--signal", help="KILL (a crash), TERM (a clean leave) or STOP.")
+    ] = "KILL",
+    data_dir: DataDirOption = DEFAULT_DIR,
+) -> None:
+    """Send a signal to one node of the running dev cluster (default SIGKILL, a crash)."""
+    try:
+        signum = signal.Signals[f"SIG{how.upper().removeprefix('SIG')}"]
+    except KeyError:
+        fail(f"--signal: unknown signal {how!r} (use KILL, TERM, STOP or CONT)")
+    target = _node_named(read_state(data_dir), node)
+    if not _alive(target.pid):
+        fail(f"{node} (pid {target.pid}) is not running; restart it with dev-cluster restart", 1)
+    os.kill(target.pid, signum)
+    console.print(f"sent SIG{signum.name.removeprefix('SIG')} to {node} (pid {target.pid})")
+
+
+@dev_app.command("restart")
+def dev_restart(
+    node: Annotated[str, typer.Argument(help="The node, e.g. dev-2.")],
+    data_dir: DataDirOption = DEFAULT_DIR,
+) -> None:
+    """Start one node of the running dev cluster again (stopping it first if it still runs)."""
+    nodes = read_state(data_dir)
+    target = _node_named(nodes, node)
+    if _alive(target.pid):
+        os.kill(target.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 12
+        while _alive(target.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(target.pid):
+            os.kill(target.pid, signal.SIGKILL)
+    fresh, _ = _spawn(data_dir, node, target.port)
+    nodes[node] = fresh
+    _write_state(data_dir, nodes)
+    console.print(f"{node} restarted (pid {fresh.pid}) on http://127.0.0.1:{fresh.port}")
 
 
 def register(app: typer.Typer) -> None:
     """Add `shoal dev-cluster` to the app."""
-    app.command("dev-cluster")(dev_cluster)
+    app.add_typer(dev_app, name="dev-cluster")
