@@ -164,11 +164,22 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _source_of(loc: tuple[str, ...], sources: Mapping[str, str]) -> str:
+def _source_of(loc: tuple[str, ...], sources: Mapping[str, str], message: str = "") -> str:
+    """Where the value at `loc` came from. An error of a whole section (the timeout ordering)
+    names the sources of the section's values that its message mentions."""
     for depth in range(len(loc), 0, -1):
         name = ".".join(loc[:depth])
         if name in sources:
             return sources[name]
+    prefix = ".".join(loc) + "." if loc else ""
+    inside = {k: v for k, v in sources.items() if k.startswith(prefix) and prefix}
+    named = [v for k, v in inside.items() if k.rsplit(".", 1)[-1] in message]
+    named = named or list(inside.values())
+    if named:
+        kinds = {v.split(":", 1)[0] for v in named}
+        if kinds == {"file"}:
+            return "file:" + ", ".join(v.removeprefix("file:") for v in named)
+        return named[0]
     return "default"
 
 
@@ -210,7 +221,7 @@ def load_settings(
         problems = []
         for error in exc.errors():
             loc = tuple(str(part) for part in error.get("loc", ()))
-            source = _source_of(loc, sources)
+            source = _source_of(loc, sources, str(error.get("msg", "")))
             where = {"default": "settings", "flag": "command line"}.get(source, source)
             where = where.removeprefix("file:").replace("env:", "environment variable ")
             problems.append(f"{where}: {describe_error(NodeSettings, error)}")

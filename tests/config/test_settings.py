@@ -119,3 +119,13 @@ def test_config_hash_ignores_node_specific_settings() -> None:
     b = load_settings(env={"SHOAL_NODE_ID": "b", "SHOAL_P2P_PORT": "2"}).settings
     c = load_settings(env={"SHOAL_SYNC_TIMEOUT": "5"}).settings
     assert a.config_hash() == b.config_hash() != c.config_hash()
+
+
+def test_timeout_ordering_error_names_the_file_and_lines(tmp_path: Path) -> None:
+    config = tmp_path / "shoal.yaml"
+    config.write_text("bind: 127.0.0.1\ntimeouts:\n  collective_s: 500\n  quorum_s: 20\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config, env={})
+    [problem] = info.value.problems
+    assert problem.startswith(f"{config}:3, {config}:4: timeouts: ")
+    assert "collective_s=500 is not below quorum_s=20" in problem
