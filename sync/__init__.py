@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sync.cluster import cluster_stats_from_json, full_cluster_sync
 from sync.errors import (
     RecordPullError,
     RecordQueryError,
@@ -32,10 +33,18 @@ from sync.files.errors import (
 )
 from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
 from sync.files.manifest_cache import Listing, ManifestCache
-from sync.files.plan import ClusterSyncStats, P2PFallbackSync, PullItem, SyncStats, plan_pulls
+from sync.files.plan import (
+    ClusterSyncStats,
+    FallbackSources,
+    PullItem,
+    RecordSyncStats,
+    SyncStats,
+    plan_pulls,
+)
 from sync.files.routes import file_route_docs, file_routes
 from sync.guards import SpaceReserve, validate_rel_path
 from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
+from sync.records.fallback import GamesPull, P2PFallbackSync
 from sync.records.pull import P2PSyncClient, fetch_page, pull_records
 from sync.records.registry import RecordStores
 from sync.records.routes import add_record_routes, record_route_docs, record_routes
@@ -91,12 +100,14 @@ __all__ = [
     "ClusterSyncStats",
     "ContentMismatchError",
     "Cursor",
+    "FallbackSources",
     "FieldKind",
     "FieldSpec",
     "FileCatalog",
     "FileChangedError",
     "FileSyncError",
     "FileTransferError",
+    "GamesPull",
     "HostKeyError",
     "HttpTransport",
     "IngestResult",
@@ -124,6 +135,7 @@ __all__ = [
     "RecordSchemaError",
     "RecordStore",
     "RecordStores",
+    "RecordSyncStats",
     "RecordValidationError",
     "RemoteManifest",
     "RsyncTransport",
@@ -151,10 +163,12 @@ __all__ = [
     "UnknownCategoryError",
     "UnknownStoreError",
     "add_record_routes",
+    "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
     "file_route_docs",
     "file_routes",
+    "full_cluster_sync",
     "hash_file",
     "install_file",
     "make_directories",

@@ -25,7 +25,7 @@ from sync.files.errors import (
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import (
     ClusterSyncStats,
-    P2PFallbackSync,
+    FallbackSources,
     PullItem,
     SyncOptions,
     SyncProgress,
@@ -222,13 +222,13 @@ class SyncCoordinator:
         try:
             slots = self._large if entry.size >= self.options.large_file_bytes else self._small
             async with slots:
-                plan = P2PFallbackSync(sources[0], tuple(sources[1:]), self.options.timeouts.sync_s)
+                plan = FallbackSources(sources[0], tuple(sources[1:]), self.options.timeouts.sync_s)
                 return await self.fetch(category, entry, plan)
         finally:
             self._in_flight.discard(key)
 
     async def fetch(
-        self, category: str, entry: ManifestEntry, sources: P2PFallbackSync
+        self, category: str, entry: ManifestEntry, sources: FallbackSources
     ) -> TransferResult:
         """Install `entry` from the first source that delivers it, logged in the WAL: a
         `sync_started` entry, committed once the file is in place (left pending by a crash or
@@ -266,7 +266,7 @@ class SyncCoordinator:
         return result
 
     async def install(
-        self, category: str, entry: ManifestEntry, sources: P2PFallbackSync
+        self, category: str, entry: ManifestEntry, sources: FallbackSources
     ) -> TransferResult:
         """Fetch and install `entry` from `sources` without a WAL entry (recovery uses this)."""
         root = self.catalog.root(category)
@@ -325,13 +325,16 @@ class SyncCoordinator:
         raise last
 
     async def full_cluster_sync(
-        self, categories: Sequence[str] | None = None, timeout_s: float | None = None
+        self,
+        categories: Sequence[str] | None = None,
+        timeout_s: float | None = None,
+        peers: Sequence[PeerRef] | None = None,
     ) -> ClusterSyncStats:
-        """Sync every category (default: all file categories) from every peer the peers
-        function returns, within `timeout_s` (default sync_s); categories not reached in time
-        count as failed for every peer."""
+        """Sync every category (default: all file categories) from `peers` (default: every
+        peer the peers function returns), within `timeout_s` (default sync_s); categories not
+        reached in time count as failed for every peer."""
         chosen = list(categories) if categories is not None else list(self.catalog.categories)
-        peers = await self._peers(None)
+        peers = await self._peers(peers)
         per_category: dict[str, SyncStats] = {}
         failed: set[str] = set()
         try:
@@ -366,7 +369,7 @@ class SyncCoordinator:
         entry = page.entries[0] if page.entries else None
         if entry is None or entry.hash != content_hash:
             raise FileChangedError(f"{source.node_id}: {path} is no longer that version", 409)
-        plan = P2PFallbackSync(source, (), self.options.timeouts.sync_s)
+        plan = FallbackSources(source, (), self.options.timeouts.sync_s)
         return await self.fetch(category, entry, plan)
 
     async def push_file(

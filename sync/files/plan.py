@@ -1,6 +1,6 @@
 """Decisions of file sync, without I/O: which version of each file wins, what to pull from
-whom, and the order of sources to try (P2PFallbackSync); plus the options and results of a sync.
-"""
+whom, and the order of sources to try (FallbackSources); plus the options and results of a
+sync."""
 
 from __future__ import annotations
 
@@ -60,15 +60,27 @@ class SyncStats:
 
 
 @dataclass(frozen=True)
+class RecordSyncStats:
+    """What one pull of one record store from every peer did."""
+
+    pulled: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ClusterSyncStats:
     """A sync of several categories from every peer: totals, the peers everything came from
-    (`nodes_synced`, a count) and those that failed (`failed_nodes`, node ids)."""
+    (`nodes_synced`, a count) and those that failed (`failed_nodes`, node ids); per file
+    category `category_stats`, per record store `record_stats`."""
 
     total_files: int
     total_bytes: int
     nodes_synced: int
     failed_nodes: tuple[str, ...]
     category_stats: Mapping[str, SyncStats] = field(default_factory=dict)
+    record_stats: Mapping[str, RecordSyncStats] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,7 +149,7 @@ def plan_pulls(
 
 
 @dataclass(frozen=True)
-class P2PFallbackSync:
+class FallbackSources:
     """Where to get one file: the primary host, then each fallback, all within `timeout_s`."""
 
     primary: PeerRef
