@@ -76,6 +76,7 @@ from sync.storage import (
     StorageKind,
     StorageProvider,
     detect_storage,
+    provider_of,
 )
 from sync.transports.http import HttpTransport, RemoteManifest
 from sync.transports.protocol import (
@@ -176,6 +177,7 @@ __all__ = [
     "parse_retry_after",
     "parse_since_query",
     "plan_pulls",
+    "provider_of",
     "pull_records",
     "record_route_docs",
     "record_routes",

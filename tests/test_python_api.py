@@ -44,8 +44,8 @@ from sync import (
     SyncError,
     detect_storage,
     full_cluster_sync,
+    provider_of,
 )
-from sync.storage import provider_of
 from tests.node.daemons import test_settings
 from wal import GAME_RECORDED, SYNC_STARTED, EntryState, WriteAheadLog
 
