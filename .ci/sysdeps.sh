@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the system tools the test suite uses (rsync, nft, ip, tmux), when run as root and missing.
+# Installs the system tools the test suite uses (rsync, nft, ip, tmux, ssh-keygen, systemd-analyze),
+# when run as root and missing.
 set -euo pipefail
-declare -A pkg_for=([rsync]=rsync [nft]=nftables [ip]=iproute2 [tmux]=tmux [ssh-keygen]=openssh-client)
+declare -A pkg_for=([rsync]=rsync [nft]=nftables [ip]=iproute2 [tmux]=tmux [ssh-keygen]=openssh-client
+    [systemd-analyze]=systemd)
 missing=()
 for cmd in "${!pkg_for[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_for[$cmd]}")
