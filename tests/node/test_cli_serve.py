@@ -170,7 +170,13 @@ def test_dev_cluster_starts_n_nodes_that_find_each_other_and_stops_them(tmp_path
             alive = all(s["members"]["alive"] == 2 for s in statuses)
             return alive and len(coordinators) == 1 and None not in coordinators
 
-        _wait_for("dev cluster of 2 with one coordinator", formed, process)
+        try:
+            _wait_for("dev cluster of 2 with one coordinator", formed, process)
+        except pytest.fail.Exception as exc:
+            logs = "".join(
+                f"\n--- {log.name}:\n{log.read_text()[-3000:]}" for log in data.glob("*.log")
+            )
+            pytest.fail(f"{exc}{logs}")
         assert (data / "hosts.yaml").is_file()
         assert sorted(p.name for p in data.glob("dev-*.log")) == ["dev-1.log", "dev-2.log"]
         output = _stop(process, signal.SIGINT)
