@@ -4,7 +4,9 @@ training script drives it: against real daemons on loopback, real SQLite files, 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -340,3 +342,26 @@ async def test_cluster_monitor_status_and_watch(source: NodeDaemon) -> None:
         print(f"two watch updates 0.2 s apart took {waited:.2f} s")
         assert seen[1] > seen[0]
         assert waited >= 0.2
+
+
+# -- the README table -----------------------------------------------------------------------
+
+
+def test_readme_python_api_names_exist() -> None:
+    """Every `package.Name` of the README's Python API table is exported by that package."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 19
+    named = set()
+    for row in rows:
+        shoal_column = row.split(" | ")[1]
+        named.update(
+            re.findall(r"\b(config|wal|health|sync)\.([A-Za-z_]+)(?:\.([a-z_]+))?", shoal_column)
+        )
+    assert len(named) >= 10
+    for package, name, method in sorted(named):
+        module = importlib.import_module(package)
+        assert name in module.__all__, f"README names {package}.{name}, which {package} lacks"
+        if method:
+            assert hasattr(getattr(module, name), method), f"{package}.{name} has no {method}"
