@@ -31,7 +31,7 @@ from sync.files.errors import (
     TransferBusyError,
     UnknownCategoryError,
 )
-from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
+from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
 from sync.files.manifest_cache import Listing, ManifestCache
 from sync.files.plan import (
     ClusterSyncStats,
@@ -47,7 +47,7 @@ from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
 from sync.records.fallback import GamesPull, P2PFallbackSync
 from sync.records.pull import P2PSyncClient, fetch_page, pull_records
 from sync.records.registry import RecordStores
-from sync.records.routes import add_record_routes, record_route_docs, record_routes
+from sync.records.routes import record_route_docs, record_routes
 from sync.records.schema import (
     BUILTIN_SCHEMAS,
     GAMES_SCHEMA,
@@ -163,14 +163,12 @@ __all__ = [
     "Transport",
     "UnknownCategoryError",
     "UnknownStoreError",
-    "add_record_routes",
     "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
     "file_route_docs",
     "file_routes",
     "full_cluster_sync",
-    "hash_file",
     "install_file",
     "make_directories",
     "open_partial",

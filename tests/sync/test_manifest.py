@@ -17,9 +17,10 @@ from sync.files.errors import (
     InsufficientSpaceError,
     ManifestError,
 )
-from sync.files.manifest import ManifestEntry, content_hash, hash_file, parse_entry, parse_page
+from sync.files.manifest import ManifestEntry, content_hash, parse_entry, parse_page
 from sync.files.plan import FallbackSources, plan_pulls
 from sync.transports.protocol import PeerRef
+from tests.sync.files_fixtures import hash_file
 
 PIECE = 4096
 A = PeerRef("a", "http://127.0.0.1:1")
