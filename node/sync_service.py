@@ -246,7 +246,7 @@ class SyncService:
         assert self._session is not None
         counts = {"pulled": 0, "inserted": 0, "duplicates": 0}
         errors: list[str] = []
-        failed: list[str] = []
+        failed: dict[str, str] = {}
         for peer in peers:
             key = f"records.cursor.{store}.{peer.node_id}"
             saved = await self._wal.state_get(key)
@@ -265,10 +265,10 @@ class SyncService:
             except RecordPullError as exc:
                 pulled = exc.result
                 errors.append(f"{peer.node_id}: {exc}")
-                failed.append(peer.node_id)
+                failed[peer.node_id] = str(exc)
             except Exception as exc:  # a peer's failure is counted, the loop goes on
                 errors.append(f"{peer.node_id}: {exc}")
-                failed.append(peer.node_id)
+                failed[peer.node_id] = str(exc)
                 continue
             if pulled.cursor is not None:
                 await self._wal.state_set(key, list(pulled.cursor))

@@ -36,6 +36,7 @@ from sync.files.manifest_cache import Listing, ManifestCache
 from sync.files.plan import (
     ClusterSyncStats,
     FallbackSources,
+    NodeSyncStats,
     PullItem,
     RecordSyncStats,
     SyncStats,
@@ -119,6 +120,7 @@ __all__ = [
     "ManifestError",
     "ManifestPage",
     "MountInfo",
+    "NodeSyncStats",
     "P2PFallbackSync",
     "P2PSyncClient",
     "PartialFile",

@@ -15,7 +15,13 @@ import orjson
 from config import NodeSettings, load_settings, read_secret_file, signing_middleware
 from sync.errors import SyncError
 from sync.files.catalog import FILE_CATEGORIES
-from sync.files.plan import ClusterSyncStats, RecordSyncStats, SyncStats
+from sync.files.plan import (
+    ClusterSyncStats,
+    NodeSyncStats,
+    RecordSyncStats,
+    SyncStats,
+    node_totals,
+)
 
 __all__ = ["cluster_stats_from_json", "full_cluster_sync"]
 
@@ -26,8 +32,22 @@ def _strings(value: Any) -> tuple[str, ...]:
     return tuple(str(item) for item in value) if isinstance(value, list) else ()
 
 
+def _node_stats(nodes: Mapping[str, Any]) -> dict[str, NodeSyncStats]:
+    return {
+        node: NodeSyncStats(
+            int(counts["files_transferred"]),
+            int(counts["bytes_transferred"]),
+            _strings(counts["errors"]),
+        )
+        for node, counts in nodes.items()
+    }
+
+
 def cluster_stats_from_json(answer: Mapping[str, Any]) -> ClusterSyncStats:
-    """The ClusterSyncStats of a node's `/v1/sync/run` answer; SyncError when it is malformed."""
+    """The ClusterSyncStats of a node's `/v1/sync/run` answer; SyncError when it is malformed.
+
+    `node_stats` holds the files and bytes from each peer, and its errors of every category
+    and record store."""
     try:
         files = {
             category: SyncStats(
@@ -35,6 +55,7 @@ def cluster_stats_from_json(answer: Mapping[str, Any]) -> ClusterSyncStats:
                 int(stats["bytes_transferred"]),
                 float(stats["duration_seconds"]),
                 _strings(stats["errors"]),
+                _node_stats(stats.get("nodes", {})),
             )
             for category, stats in answer.get("files", {}).items()
         }
@@ -47,6 +68,11 @@ def cluster_stats_from_json(answer: Mapping[str, Any]) -> ClusterSyncStats:
             )
             for store, stats in answer.get("records", {}).items()
         }
+        nodes = node_totals(files)
+        for store, stats in answer.get("records", {}).items():
+            for node, error in stats.get("failed_nodes", {}).items():
+                failure = NodeSyncStats(errors=(f"{store}: {error}",))
+                nodes[node] = nodes.get(node, NodeSyncStats()) + failure
         return ClusterSyncStats(
             total_files=sum(stats.files_transferred for stats in files.values()),
             total_bytes=sum(stats.bytes_transferred for stats in files.values()),
@@ -54,6 +80,7 @@ def cluster_stats_from_json(answer: Mapping[str, Any]) -> ClusterSyncStats:
             failed_nodes=_strings(answer["failed_nodes"]),
             category_stats=files,
             record_stats=records,
+            node_stats=dict(sorted(nodes.items())),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise SyncError(f"malformed sync answer ({type(exc).__name__}: {exc})") from exc

@@ -36,6 +36,7 @@ from sync import (
     FileCatalog,
     HttpTransport,
     MountInfo,
+    NodeSyncStats,
     P2PFallbackSync,
     P2PSyncClient,
     PeerRef,
@@ -108,20 +109,31 @@ async def source(tmp_path: Path) -> AsyncIterator[NodeDaemon]:
 
 
 async def test_sync_coordinator_sync_category(tmp_path: Path, source: NodeDaemon) -> None:
-    """SyncCoordinator(...).sync(category): the files of one category, with their stats."""
+    """SyncCoordinator(...).sync(category): the files of one category, with their stats in
+    total and per peer; a dead peer's failure is named."""
     peer = PeerRef("src", f"http://127.0.0.1:{source.port}")
+    dead = PeerRef("dead", f"http://127.0.0.1:{_free_port()}")
     me = PeerRef("me", "http://127.0.0.1:1")
     roots = {category: tmp_path / "me" / category for category in FILE_CATEGORIES}
     async with (
         FileCatalog(roots, tmp_path / "me" / "sync") as catalog,
         HttpTransport() as http,
-        SyncCoordinator(catalog, http, self_peer=me, peers_fn=lambda: [peer]) as coordinator,
+        SyncCoordinator(catalog, http, self_peer=me, peers_fn=lambda: [peer, dead]) as coordinator,
     ):
         stats = await coordinator.sync("models")
-        again = await coordinator.sync("models")
-    assert (stats.files_transferred, stats.bytes_transferred, stats.errors) == (1, 200_000, ())
+        again = await coordinator.full_cluster_sync(["models"], timeout_s=60.0)
+        only_src = await coordinator.full_cluster_sync(["models"], 60.0, peers=[peer])
+    assert (stats.files_transferred, stats.bytes_transferred) == (1, 200_000)
     assert stats.duration_seconds > 0
-    assert again.files_transferred == 0
+    assert len(stats.errors) == 1
+    assert stats.errors[0].startswith("dead: manifest: ")
+    assert stats.nodes["src"] == NodeSyncStats(1, 200_000, ())
+    (error,) = stats.nodes["dead"].errors
+    assert error.startswith("manifest: ")
+    assert again.category_stats["models"].files_transferred == 0
+    assert (again.failed_nodes, again.nodes_synced) == (("dead",), 1)
+    assert again.node_stats["dead"].errors
+    assert (only_src.failed_nodes, only_src.nodes_synced) == ((), 1)
     copied = roots["models"] / "run1" / "ckpt.pt"
     original = source.settings.category_path("models") / "run1" / "ckpt.pt"
     assert copied.read_bytes() == original.read_bytes()
@@ -152,12 +164,16 @@ async def test_full_cluster_sync_per_category_and_per_node(
             (),
         )
         assert models.duration_seconds > 0
+        assert models.nodes == {"src": NodeSyncStats(1, 200_000, ())}
+        assert stats.node_stats == {"src": NodeSyncStats(1, 200_000, ())}
         assert stats.record_stats["games"].inserted == 15
         # the source has no "evals" store: that pull fails, and the source is a failed node
         failing = await full_cluster_sync(["evals"], node_url=url, settings=settings)
         assert failing.failed_nodes == ("src",)
         assert failing.nodes_synced == 0
         assert "src" in failing.record_stats["evals"].errors[0]
+        (error,) = failing.node_stats["src"].errors
+        assert error.startswith("evals: ")
 
 
 async def test_full_cluster_sync_names_an_unreachable_node(tmp_path: Path) -> None:

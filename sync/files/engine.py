@@ -26,10 +26,12 @@ from sync.files.manifest import ManifestEntry
 from sync.files.plan import (
     ClusterSyncStats,
     FallbackSources,
+    NodeSyncStats,
     PullItem,
     SyncOptions,
     SyncProgress,
     SyncStats,
+    node_totals,
     plan_pulls,
 )
 from sync.files.recovery import FileRecovery, install_copy, local_entry, partial_size
@@ -146,6 +148,8 @@ class SyncCoordinator:
         local_id = self.catalog.shared_id(category)
         errors: list[str] = []
         failed: set[str] = set()
+        per_node: dict[str, list[str]] = {}  # errors by peer
+        node_files: dict[str, tuple[int, int]] = {}
         local_task = asyncio.ensure_future(self.catalog.listing(category))
         try:
             remote_results = await asyncio.gather(
@@ -168,6 +172,7 @@ class SyncCoordinator:
                 if self._metrics is not None:
                     self._metrics.record_request_error(peer.node_id)
                 errors.append(f"{peer.node_id}: manifest: {remote}")
+                per_node.setdefault(peer.node_id, []).append(f"manifest: {remote}")
                 failed.add(peer.node_id)
                 continue
             self._warned.discard(f"manifest:{peer.node_id}")
@@ -202,13 +207,21 @@ class SyncCoordinator:
                 errors.append(f"{item.entry.path}: {outcome}")
                 if isinstance(outcome, AllSourcesFailedError):
                     failed.update(peer for peer, _ in outcome.errors)
+                    for peer_id, error in outcome.errors:
+                        per_node.setdefault(peer_id, []).append(f"{item.entry.path}: {error}")
             elif outcome is not None:
                 files += 1
                 transferred += outcome.bytes_transferred
+                count, size = node_files.get(outcome.peer, (0, 0))
+                node_files[outcome.peer] = (count + 1, size + outcome.bytes_transferred)
         duration = time.monotonic() - started
         if self._metrics is not None:
             self._metrics.observe_sync(category, duration)
-        stats = SyncStats(files, transferred, duration, tuple(errors))
+        nodes = {
+            node: NodeSyncStats(*node_files.get(node, (0, 0)), tuple(per_node.get(node, ())))
+            for node in sorted({*node_files, *per_node})
+        }
+        stats = SyncStats(files, transferred, duration, tuple(errors), nodes)
         self.last_stats[category] = stats
         return stats, failed
 
@@ -353,6 +366,7 @@ class SyncCoordinator:
             nodes_synced=len({peer.node_id for peer in peers} - failed),
             failed_nodes=tuple(sorted(failed)),
             category_stats=per_category,
+            node_stats=node_totals(per_category),
         )
 
     async def pull_file(
