@@ -49,6 +49,7 @@ from sync import (
     full_cluster_sync,
     provider_of,
 )
+from sync.records.fallback import split_host
 from tests.node.daemons import test_settings
 from wal import GAME_RECORDED, SYNC_STARTED, EntryState, WriteAheadLog
 
@@ -212,6 +213,19 @@ async def test_p2p_fallback_sync_falls_back(tmp_path: Path, source: NodeDaemon) 
                 await fallback.pull_games(board_type="sq8", min_games=5)
         with pytest.raises(StoreClosedError):
             await fallback.pull_games()
+
+
+def test_fallback_hosts_are_parsed_and_each_asked_once() -> None:
+    assert split_host("10.0.0.1") == ("10.0.0.1", 8770)
+    assert split_host("10.0.0.1:9000") == ("10.0.0.1", 9000)
+    assert split_host("[::1]:9000") == ("::1", 9000)
+    assert split_host("::1") == ("::1", 8770)
+    with pytest.raises(ValueError, match="'h:x': port must be a number"):
+        split_host("h:x")
+    fallback = P2PFallbackSync("a", ["b", "a", "c:1", "b"], timeout=1.0)
+    assert fallback.hosts == ("a", "b", "c:1")
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        P2PFallbackSync("a", timeout=0)
 
 
 # -- WAL ------------------------------------------------------------------------------------

@@ -58,9 +58,10 @@ class GamesPull:
 
 
 class P2PFallbackSync:
-    """Pulls games from `primary_host`, then each of `fallback_hosts` in order, until one
-    answers within `timeout` seconds with at least `min_games` games (async context manager;
-    close() is idempotent). Hosts are `address` or `address:port` (default port 8770).
+    """Pulls games from `primary_host`, then each of `fallback_hosts` in order (each host once),
+    until one answers with at least `min_games` games; each host gets `timeout` seconds (async
+    context manager; close() is idempotent). Hosts are `address` or `address:port` (default
+    port 8770).
 
     Signs requests with `secret` as `node_id` when given.
     """
@@ -77,7 +78,9 @@ class P2PFallbackSync:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         hosts = [primary_host]
-        hosts.extend(host for host in fallback_hosts if host not in hosts)
+        for host in fallback_hosts:
+            if host not in hosts:
+                hosts.append(host)
         self.hosts: tuple[str, ...] = tuple(hosts)
         self._targets = [split_host(host) for host in self.hosts]
         self.timeout_s = timeout
