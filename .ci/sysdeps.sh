@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs the system tools the test suite uses (rsync, nft, ip, tmux, prometheus), when run as root and missing.
+# Installs the system tools the test suite uses (rsync, nft, ip, tmux, ssh-keygen, systemd-analyze,
+# prometheus, promtool), when run as root and missing.
 set -euo pipefail
 declare -A pkg_for=([rsync]=rsync [nft]=nftables [ip]=iproute2 [tmux]=tmux [ssh-keygen]=openssh-client
-    [prometheus]=prometheus [promtool]=prometheus)
+    [systemd-analyze]=systemd [prometheus]=prometheus [promtool]=prometheus)
 missing=()
 for cmd in "${!pkg_for[@]}"; do
-    command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_for[$cmd]}")
+    if ! command -v "$cmd" >/dev/null 2>&1 && [[ " ${missing[*]} " != *" ${pkg_for[$cmd]} "* ]]; then
+        missing+=("${pkg_for[$cmd]}")
+    fi
 done
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0

@@ -33,8 +33,8 @@ from sync import (  # noqa: E402
     RecordStore,
     RecordStores,
     StoreOptions,
-    add_record_routes,
     pull_records,
+    record_routes,
     validate_records,
 )
 from sync.records.schema import create_table_sql, insert_sql  # noqa: E402
@@ -66,7 +66,7 @@ def make_record(index: int, moves_shape: str) -> dict[str, Any]:
 async def serve(data_dir: Path) -> None:
     stores = RecordStores(data_dir, options=StoreOptions())
     app = web.Application()
-    add_record_routes(app, stores, "bench-server")
+    app.add_routes(record_routes(stores, "bench-server"))
     async with stores:
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()

@@ -101,6 +101,19 @@ class NodeSettings(BaseModel):
         """The WAL database file."""
         return (self.wal_dir or self.data_dir / "wal") / "wal.db"
 
+    @property
+    def local_url(self) -> str:
+        """The URL a process on this host reaches this node's API at (a wildcard bind is
+        reached on loopback)."""
+        host = self.bind
+        if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
     def category_path(self, category: Category | str) -> Path:
         """The directory of a data category."""
         category = Category(category)

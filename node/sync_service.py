@@ -161,7 +161,8 @@ class SyncService:
             RouteDoc(
                 "POST",
                 RUN_PATH,
-                'Sync now: {"categories": [...], "from": node_id | null}; answers the stats',
+                'Sync now: {"categories": [...], "from": node_id | null, "timeout_s": S | null}; '
+                "answers the per-category stats, failed_nodes and nodes_synced",
                 ((200, "per-category SyncStats and record pulls"), (400, "unknown category")),
             ),
             RouteDoc("GET", STATUS_PATH, "The last sync run, whether one is running, the peers"),
@@ -179,10 +180,15 @@ class SyncService:
             raise bad_request(f"categories: each must be one of {', '.join(known)}")
         if source is not None and not isinstance(source, str):
             raise bad_request("from: expected a node id")
+        timeout_s = body.get("timeout_s")
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0
+        ):
+            raise bad_request("timeout_s: expected a positive number of seconds")
         peers = [p for p in self.alive_peers() if source is None or p.node_id == source]
         if source is not None and not peers:
             return json_error(404, f"from: {source} is not an alive peer of this node")
-        return web.json_response(await self.run_once(categories or known, peers))
+        return web.json_response(await self.run_once(categories or known, peers, timeout_s))
 
     async def _handle_status(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -195,8 +201,12 @@ class SyncService:
             }
         )
 
-    async def run_once(self, categories: Sequence[str], peers: Sequence[PeerRef]) -> dict[str, Any]:
-        """Sync `categories` from `peers` now (one run at a time); returns a JSON summary."""
+    async def run_once(
+        self, categories: Sequence[str], peers: Sequence[PeerRef], timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Sync `categories` from `peers` now (one run at a time), the file categories within
+        `timeout_s` (default sync_s per file category); returns a JSON summary with the peers
+        that failed (`failed_nodes`) and how many did not (`nodes_synced`)."""
         async with self._lock:
             self.running = True
             if self.coordinator is not None:
@@ -208,12 +218,21 @@ class SyncService:
                     "records": {},
                     "peers": [p.node_id for p in peers],
                 }
-                for category in categories:
-                    if category in FILE_CATEGORIES and self.coordinator is not None:
-                        stats = await self.coordinator.sync(category, peers)
+                failed: set[str] = set()
+                files = [c for c in categories if c in FILE_CATEGORIES]
+                if files and self.coordinator is not None:
+                    budget = timeout_s or self._runtime.settings.timeouts.sync_s * len(files)
+                    cluster = await self.coordinator.full_cluster_sync(files, budget, peers)
+                    for category, stats in cluster.category_stats.items():
                         result["files"][category] = _stats_dict(stats)
-                    elif self._stores is not None and category in self._stores:
-                        result["records"][category] = await self._pull_store(category, peers)
+                    failed.update(cluster.failed_nodes)
+                for category in categories:
+                    if self._stores is not None and category in self._stores:
+                        pulled = await self._pull_store(category, peers)
+                        result["records"][category] = pulled
+                        failed.update(pulled["failed_nodes"])
+                result["failed_nodes"] = sorted(failed)
+                result["nodes_synced"] = len({p.node_id for p in peers} - failed)
                 result["duration_seconds"] = round(time.monotonic() - started, 3)
                 result["finished_at"] = time.time()
                 self.last_run = result
@@ -227,6 +246,7 @@ class SyncService:
         assert self._session is not None
         counts = {"pulled": 0, "inserted": 0, "duplicates": 0}
         errors: list[str] = []
+        failed: dict[str, str] = {}
         for peer in peers:
             key = f"records.cursor.{store}.{peer.node_id}"
             saved = await self._wal.state_get(key)
@@ -245,14 +265,16 @@ class SyncService:
             except RecordPullError as exc:
                 pulled = exc.result
                 errors.append(f"{peer.node_id}: {exc}")
+                failed[peer.node_id] = str(exc)
             except Exception as exc:  # a peer's failure is counted, the loop goes on
                 errors.append(f"{peer.node_id}: {exc}")
+                failed[peer.node_id] = str(exc)
                 continue
             if pulled.cursor is not None:
                 await self._wal.state_set(key, list(pulled.cursor))
             for field in counts:
                 counts[field] += getattr(pulled, field)
-        return {**counts, "errors": errors}
+        return {**counts, "errors": errors, "failed_nodes": failed}
 
     async def run_forever(self) -> None:
         """Pull from alive peers every interval; a failed round is logged and the loop goes on."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sync.cluster import cluster_stats_from_json, full_cluster_sync
 from sync.errors import (
     RecordPullError,
     RecordQueryError,
@@ -30,15 +31,24 @@ from sync.files.errors import (
     TransferBusyError,
     UnknownCategoryError,
 )
-from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
+from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
 from sync.files.manifest_cache import Listing, ManifestCache
-from sync.files.plan import ClusterSyncStats, P2PFallbackSync, PullItem, SyncStats, plan_pulls
+from sync.files.plan import (
+    ClusterSyncStats,
+    FallbackSources,
+    NodeSyncStats,
+    PullItem,
+    RecordSyncStats,
+    SyncStats,
+    plan_pulls,
+)
 from sync.files.routes import file_route_docs, file_routes
 from sync.guards import SpaceReserve, validate_rel_path
 from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
+from sync.records.fallback import GamesPull, P2PFallbackSync
 from sync.records.pull import P2PSyncClient, fetch_page, pull_records
 from sync.records.registry import RecordStores
-from sync.records.routes import add_record_routes, record_route_docs, record_routes
+from sync.records.routes import record_route_docs, record_routes
 from sync.records.schema import (
     BUILTIN_SCHEMAS,
     GAMES_SCHEMA,
@@ -67,6 +77,7 @@ from sync.storage import (
     StorageKind,
     StorageProvider,
     detect_storage,
+    provider_of,
 )
 from sync.transports.http import HttpTransport, RemoteManifest
 from sync.transports.protocol import (
@@ -91,12 +102,14 @@ __all__ = [
     "ClusterSyncStats",
     "ContentMismatchError",
     "Cursor",
+    "FallbackSources",
     "FieldKind",
     "FieldSpec",
     "FileCatalog",
     "FileChangedError",
     "FileSyncError",
     "FileTransferError",
+    "GamesPull",
     "HostKeyError",
     "HttpTransport",
     "IngestResult",
@@ -107,6 +120,7 @@ __all__ = [
     "ManifestError",
     "ManifestPage",
     "MountInfo",
+    "NodeSyncStats",
     "P2PFallbackSync",
     "P2PSyncClient",
     "PartialFile",
@@ -124,6 +138,7 @@ __all__ = [
     "RecordSchemaError",
     "RecordStore",
     "RecordStores",
+    "RecordSyncStats",
     "RecordValidationError",
     "RemoteManifest",
     "RsyncTransport",
@@ -150,18 +165,19 @@ __all__ = [
     "Transport",
     "UnknownCategoryError",
     "UnknownStoreError",
-    "add_record_routes",
+    "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
     "file_route_docs",
     "file_routes",
-    "hash_file",
+    "full_cluster_sync",
     "install_file",
     "make_directories",
     "open_partial",
     "parse_retry_after",
     "parse_since_query",
     "plan_pulls",
+    "provider_of",
     "pull_records",
     "record_route_docs",
     "record_routes",

@@ -73,14 +73,7 @@ def node_url(settings: NodeSettings, url: str | None = None) -> str:
     """`url` when given, else the local daemon's API address from the settings."""
     if url:
         return url.rstrip("/")
-    host = settings.bind
-    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{settings.port}"
+    return settings.local_url
 
 
 def client_session(settings: NodeSettings, timeout_s: float | None = None) -> ClientSession:

@@ -25,11 +25,13 @@ from sync.files.errors import (
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import (
     ClusterSyncStats,
-    P2PFallbackSync,
+    FallbackSources,
+    NodeSyncStats,
     PullItem,
     SyncOptions,
     SyncProgress,
     SyncStats,
+    node_totals,
     plan_pulls,
 )
 from sync.files.recovery import FileRecovery, install_copy, local_entry, partial_size
@@ -146,6 +148,8 @@ class SyncCoordinator:
         local_id = self.catalog.shared_id(category)
         errors: list[str] = []
         failed: set[str] = set()
+        per_node: dict[str, list[str]] = {}  # errors by peer
+        node_files: dict[str, tuple[int, int]] = {}
         local_task = asyncio.ensure_future(self.catalog.listing(category))
         try:
             remote_results = await asyncio.gather(
@@ -168,6 +172,7 @@ class SyncCoordinator:
                 if self._metrics is not None:
                     self._metrics.record_request_error(peer.node_id)
                 errors.append(f"{peer.node_id}: manifest: {remote}")
+                per_node.setdefault(peer.node_id, []).append(f"manifest: {remote}")
                 failed.add(peer.node_id)
                 continue
             self._warned.discard(f"manifest:{peer.node_id}")
@@ -202,13 +207,21 @@ class SyncCoordinator:
                 errors.append(f"{item.entry.path}: {outcome}")
                 if isinstance(outcome, AllSourcesFailedError):
                     failed.update(peer for peer, _ in outcome.errors)
+                    for peer_id, error in outcome.errors:
+                        per_node.setdefault(peer_id, []).append(f"{item.entry.path}: {error}")
             elif outcome is not None:
                 files += 1
                 transferred += outcome.bytes_transferred
+                count, size = node_files.get(outcome.peer, (0, 0))
+                node_files[outcome.peer] = (count + 1, size + outcome.bytes_transferred)
         duration = time.monotonic() - started
         if self._metrics is not None:
             self._metrics.observe_sync(category, duration)
-        stats = SyncStats(files, transferred, duration, tuple(errors))
+        nodes = {
+            node: NodeSyncStats(*node_files.get(node, (0, 0)), tuple(per_node.get(node, ())))
+            for node in sorted({*node_files, *per_node})
+        }
+        stats = SyncStats(files, transferred, duration, tuple(errors), nodes)
         self.last_stats[category] = stats
         return stats, failed
 
@@ -222,13 +235,13 @@ class SyncCoordinator:
         try:
             slots = self._large if entry.size >= self.options.large_file_bytes else self._small
             async with slots:
-                plan = P2PFallbackSync(sources[0], tuple(sources[1:]), self.options.timeouts.sync_s)
+                plan = FallbackSources(sources[0], tuple(sources[1:]), self.options.timeouts.sync_s)
                 return await self.fetch(category, entry, plan)
         finally:
             self._in_flight.discard(key)
 
     async def fetch(
-        self, category: str, entry: ManifestEntry, sources: P2PFallbackSync
+        self, category: str, entry: ManifestEntry, sources: FallbackSources
     ) -> TransferResult:
         """Install `entry` from the first source that delivers it, logged in the WAL: a
         `sync_started` entry, committed once the file is in place (left pending by a crash or
@@ -266,7 +279,7 @@ class SyncCoordinator:
         return result
 
     async def install(
-        self, category: str, entry: ManifestEntry, sources: P2PFallbackSync
+        self, category: str, entry: ManifestEntry, sources: FallbackSources
     ) -> TransferResult:
         """Fetch and install `entry` from `sources` without a WAL entry (recovery uses this)."""
         root = self.catalog.root(category)
@@ -325,13 +338,16 @@ class SyncCoordinator:
         raise last
 
     async def full_cluster_sync(
-        self, categories: Sequence[str] | None = None, timeout_s: float | None = None
+        self,
+        categories: Sequence[str] | None = None,
+        timeout_s: float | None = None,
+        peers: Sequence[PeerRef] | None = None,
     ) -> ClusterSyncStats:
-        """Sync every category (default: all file categories) from every peer the peers
-        function returns, within `timeout_s` (default sync_s); categories not reached in time
-        count as failed for every peer."""
+        """Sync every category (default: all file categories) from `peers` (default: every
+        peer the peers function returns), within `timeout_s` (default sync_s); categories not
+        reached in time count as failed for every peer."""
         chosen = list(categories) if categories is not None else list(self.catalog.categories)
-        peers = await self._peers(None)
+        peers = await self._peers(peers)
         per_category: dict[str, SyncStats] = {}
         failed: set[str] = set()
         try:
@@ -350,6 +366,7 @@ class SyncCoordinator:
             nodes_synced=len({peer.node_id for peer in peers} - failed),
             failed_nodes=tuple(sorted(failed)),
             category_stats=per_category,
+            node_stats=node_totals(per_category),
         )
 
     async def pull_file(
@@ -366,7 +383,7 @@ class SyncCoordinator:
         entry = page.entries[0] if page.entries else None
         if entry is None or entry.hash != content_hash:
             raise FileChangedError(f"{source.node_id}: {path} is no longer that version", 409)
-        plan = P2PFallbackSync(source, (), self.options.timeouts.sync_s)
+        plan = FallbackSources(source, (), self.options.timeouts.sync_s)
         return await self.fetch(category, entry, plan)
 
     async def push_file(

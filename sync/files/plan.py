@@ -1,6 +1,6 @@
 """Decisions of file sync, without I/O: which version of each file wins, what to pull from
-whom, and the order of sources to try (P2PFallbackSync); plus the options and results of a sync.
-"""
+whom, and the order of sources to try (FallbackSources); plus the options and results of a
+sync."""
 
 from __future__ import annotations
 
@@ -50,25 +50,66 @@ class SyncOptions:
 
 
 @dataclass(frozen=True)
+class NodeSyncStats:
+    """What came from one peer: files installed from it, their bytes, and its failures."""
+
+    files_transferred: int = 0
+    bytes_transferred: int = 0
+    errors: tuple[str, ...] = ()
+
+    def __add__(self, other: NodeSyncStats) -> NodeSyncStats:
+        return NodeSyncStats(
+            self.files_transferred + other.files_transferred,
+            self.bytes_transferred + other.bytes_transferred,
+            self.errors + other.errors,
+        )
+
+
+@dataclass(frozen=True)
 class SyncStats:
-    """What one sync of one category did. `errors` holds one line per failure."""
+    """What one sync of one category did. `errors` holds one line per failure; `nodes` the
+    same per peer (a failure of this node's own, like a full disk, is in `errors` only)."""
 
     files_transferred: int = 0
     bytes_transferred: int = 0
     duration_seconds: float = 0.0
+    errors: tuple[str, ...] = ()
+    nodes: Mapping[str, NodeSyncStats] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecordSyncStats:
+    """What one pull of one record store from every peer did."""
+
+    pulled: int = 0
+    inserted: int = 0
+    duplicates: int = 0
     errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class ClusterSyncStats:
     """A sync of several categories from every peer: totals, the peers everything came from
-    (`nodes_synced`, a count) and those that failed (`failed_nodes`, node ids)."""
+    (`nodes_synced`, a count) and those that failed (`failed_nodes`, node ids); per file
+    category `category_stats`, per record store `record_stats`, per peer `node_stats` (files
+    of every category)."""
 
     total_files: int
     total_bytes: int
     nodes_synced: int
     failed_nodes: tuple[str, ...]
     category_stats: Mapping[str, SyncStats] = field(default_factory=dict)
+    record_stats: Mapping[str, RecordSyncStats] = field(default_factory=dict)
+    node_stats: Mapping[str, NodeSyncStats] = field(default_factory=dict)
+
+
+def node_totals(per_category: Mapping[str, SyncStats]) -> dict[str, NodeSyncStats]:
+    """Per peer, the sum over categories of what came from it."""
+    totals: dict[str, NodeSyncStats] = {}
+    for stats in per_category.values():
+        for node, counts in stats.nodes.items():
+            totals[node] = totals.get(node, NodeSyncStats()) + counts
+    return dict(sorted(totals.items()))
 
 
 @dataclass
@@ -137,7 +178,7 @@ def plan_pulls(
 
 
 @dataclass(frozen=True)
-class P2PFallbackSync:
+class FallbackSources:
     """Where to get one file: the primary host, then each fallback, all within `timeout_s`."""
 
     primary: PeerRef

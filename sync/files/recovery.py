@@ -15,7 +15,7 @@ from health import CircuitOpenError
 from sync.files.catalog import FileCatalog
 from sync.files.errors import FileSyncError, PathRefusedError, UnknownCategoryError
 from sync.files.manifest import ManifestEntry, digest_of_fd
-from sync.files.plan import P2PFallbackSync
+from sync.files.plan import FallbackSources
 from sync.guards import (
     check_free_space,
     dest_path,
@@ -179,7 +179,7 @@ class FileRecovery:
             await asyncio.to_thread(
                 check_free_space, root, remote.size - present, coordinator.options.reserve
             )
-            plan = P2PFallbackSync(peer, (), coordinator.options.timeouts.sync_s)
+            plan = FallbackSources(peer, (), coordinator.options.timeouts.sync_s)
             await coordinator.install(category, remote, plan)
         except (FileSyncError, CircuitOpenError) as exc:
             logger.warning(

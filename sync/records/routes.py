@@ -239,14 +239,3 @@ def record_route_docs() -> list[dict[str, Any]]:
             "parameters": (store, ("key", "query", "A record key; repeat for more")),
         },
     ]
-
-
-def add_record_routes(
-    app: web.Application,
-    stores: Mapping[str, RecordStore],
-    node_id: str,
-    max_records: int = DEFAULT_MAX_RECORDS,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> None:
-    """Mount record_routes(...) on `app`."""
-    app.add_routes(record_routes(stores, node_id, max_records, max_body_bytes))

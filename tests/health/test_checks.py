@@ -21,6 +21,7 @@ from health import (
     wal_backlog_check,
     wal_check,
 )
+from tests.skips import skip_unless_required
 
 MIB = 1024 * 1024
 
@@ -29,7 +30,7 @@ MIB = 1024 * 1024
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs mounted for this test (needs root)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
+        skip_unless_required("mounting a size-limited tmpfs needs root")
     mount_point = tmp_path / "small"
     mount_point.mkdir()
     mounted = subprocess.run(
@@ -39,7 +40,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         check=False,
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        skip_unless_required(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield mount_point
     finally:

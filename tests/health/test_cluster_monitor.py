@@ -148,20 +148,64 @@ async def test_inventory_mode_asks_every_host(tmp_path: Path) -> None:
         assert [row.node_id for row in status.nodes] == ["n0", "n1", "n9"]
 
 
+class _SilentServers:
+    """Servers that accept connections and never answer; they count how many connections are
+    open at once across all of them."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.max_open = 0
+        self.servers: list[asyncio.Server] = []
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self, n: int) -> list[int]:
+        for _ in range(n):
+            self.servers.append(await asyncio.start_server(self._hold, "127.0.0.1", 0))
+        return [int(server.sockets[0].getsockname()[1]) for server in self.servers]
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
+        self.max_open = max(self.max_open, self.open)
+        self.writers.add(writer)
+        try:
+            await reader.read()  # until the client gives up and closes
+        finally:
+            self.open -= 1
+            self.writers.discard(writer)
+            writer.close()
+
+    async def close(self) -> None:
+        for writer in list(self.writers):
+            writer.close()
+        for server in self.servers:
+            server.close()
+            await server.wait_closed()
+
+
 async def test_unreachable_and_silent_nodes_are_rows_and_do_not_stall(tmp_path: Path) -> None:
+    """Every node is asked at once: four silent nodes hold four connections open together (a
+    monitor asking one node after another holds one), and each becomes a timeout row."""
+    silent = _SilentServers()
     async with _cluster(tmp_path, 1) as daemons:
-        with _silent_port() as silent:
+        ports = await silent.start(4)
+        try:
             refused = _closed_port()
-            urls = [_url(daemons[0]), f"127.0.0.1:{refused}", f"127.0.0.1:{silent}"]
+            urls = [_url(daemons[0]), f"127.0.0.1:{refused}"]
+            urls += [f"127.0.0.1:{port}" for port in ports]
             async with ClusterMonitor(nodes=urls, timeout_s=0.5) as monitor:
                 started = time.monotonic()
                 status = await monitor.get_cluster_status()
                 elapsed = time.monotonic() - started
-    assert elapsed < 1.5  # concurrent: one timeout, not one per node
+        finally:
+            await silent.close()
+    print(f"status of 6 nodes (4 silent, timeout 0.5 s) took {elapsed:.2f} s")
+    assert silent.max_open >= 4, f"silent nodes asked at once: at most {silent.max_open}"
+    assert elapsed < 30, "liveness: the monitor must not hang on silent nodes"
     rows = {row.node_id: row for row in status.nodes}
     assert rows["n0"].error is None
     assert rows[f"127.0.0.1:{refused}"].error == "unreachable: connection refused"
-    assert rows[f"127.0.0.1:{silent}"].error == "timeout after 0.5 s"
+    for port in ports:
+        assert rows[f"127.0.0.1:{port}"].error == "timeout after 0.5 s"
     assert status.exit_code == 1
 
 

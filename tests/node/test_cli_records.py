@@ -15,7 +15,7 @@ from aiohttp import web
 from typer.testing import CliRunner
 
 from node.cli.records import records_app
-from sync import RecordStores, StoreOptions, add_record_routes
+from sync import RecordStores, StoreOptions, record_routes
 from tests.sync.record_fixtures import game
 
 runner = CliRunner()
@@ -58,7 +58,7 @@ class ServerThread:
         self._stop = asyncio.Event()
         stores = RecordStores(self.data_dir, options=StoreOptions(idle_checkpoint_s=0.2))
         app = web.Application()
-        add_record_routes(app, stores, "cli-node")
+        app.add_routes(record_routes(stores, "cli-node"))
         async with stores:
             runner = web.AppRunner(app, handle_signals=False)
             await runner.setup()

@@ -5,6 +5,8 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from node.systemd import SystemdNotifier
 
 
@@ -39,23 +41,47 @@ def test_watchdog_interval_only_for_this_pid() -> None:
     assert SystemdNotifier(env={**env, "WATCHDOG_PID": "1"}).watchdog_s is None
 
 
-async def test_watchdog_loop_pets_at_half_interval(tmp_path: Path) -> None:
+async def test_watchdog_loop_pets_at_half_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pet is followed by a wait of exactly half of WATCHDOG_USEC: the interval itself is
+    checked (a loop petting at the full interval fails), not a count after a sleep."""
     sock, path = _listener(tmp_path)
     sock.setblocking(False)
-    with sock:
-        notifier = SystemdNotifier(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})
-        task = asyncio.create_task(notifier.watchdog_loop())
-        await asyncio.sleep(0.12)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        received = []
+    waits: list[float] = []
+    pets_before_wait: list[int] = []
+    received: list[bytes] = []
+    real_sleep = asyncio.sleep
+
+    def drain() -> None:
         while True:
             try:
                 received.append(sock.recv(64))
             except BlockingIOError:
-                break
-        assert len(received) >= 2
-        assert set(received) == {b"WATCHDOG=1"}
+                return
+
+    async def recording_sleep(delay: float) -> None:
+        drain()
+        waits.append(delay)
+        pets_before_wait.append(len(received))
+        if len(waits) == 3:
+            raise asyncio.CancelledError
+        await real_sleep(0)
+
+    with sock:
+        notifier = SystemdNotifier(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "3000000"})
+        monkeypatch.setattr("node.systemd.asyncio.sleep", recording_sleep)
+        with pytest.raises(asyncio.CancelledError):
+            await notifier.watchdog_loop()
+    assert waits == [1.5, 1.5, 1.5]
+    assert pets_before_wait == [1, 2, 3], "one WATCHDOG=1 before each wait"
+    assert set(received) == {b"WATCHDOG=1"}
+
+
+async def test_watchdog_loop_without_watchdog_returns_at_once() -> None:
+    notifier = SystemdNotifier(env={"NOTIFY_SOCKET": "/x"})
+    async with asyncio.timeout(1):
+        await notifier.watchdog_loop()
 
 
 def test_unreachable_socket_is_reported_not_raised(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.skips import skip_unless_required
 
 UNIT = Path(__file__).resolve().parents[2] / "config" / "systemd" / "shoal.service"
 
@@ -28,7 +28,7 @@ def test_unit_declares_notify_watchdog_restart_and_keeps_gpus() -> None:
 def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+        skip_unless_required("systemd-analyze is not installed (Debian package systemd)")
     shoal = Path(sys.executable).parent / "shoal"
     assert shoal.exists(), "the shoal console script must be installed in the venv"
     unit = tmp_path / "shoal.service"

@@ -16,7 +16,7 @@ from config import Timeouts
 from health import BreakerConfig, BreakerRegistry
 from sync.files.catalog import FileCatalog
 from sync.files.engine import SyncCoordinator, SyncOptions
-from sync.files.manifest import digest_of_fd, hash_file
+from sync.files.manifest import digest_of_fd
 from sync.files.routes import file_routes
 from sync.guards import SpaceReserve
 from sync.storage import MountInfo
@@ -51,6 +51,16 @@ def write_file(path: Path, data: bytes, mtime_ns: int | None = None) -> Path:
         os.utime(temp, ns=(mtime_ns, mtime_ns))
     os.replace(temp, path)
     return path
+
+
+def hash_file(path: str | os.PathLike[str], piece_size: int) -> tuple[int, str, tuple[str, ...]]:
+    """(size, hash, piece hashes) of a file, as a manifest entry holds them (the product hashes
+    open files: digest_of_fd)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return digest_of_fd(fd, piece_size)
+    finally:
+        os.close(fd)
 
 
 def content_hash_of(path: Path, piece_size: int = PIECE) -> str:

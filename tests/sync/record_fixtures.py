@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from sync import RecordStore, RecordStores, StoreOptions, add_record_routes
+from sync import RecordStore, RecordStores, StoreOptions, record_routes
 
 NODE_ID = "node-a"
 SMALL = StoreOptions(busy_timeout_s=5.0, max_wait_s=1.0, idle_checkpoint_s=0.2)
@@ -47,7 +47,7 @@ async def serve(
 ) -> AsyncIterator[TestServer]:
     """The record routes of `stores` on a real TestServer at 127.0.0.1, port 0."""
     app = web.Application()
-    add_record_routes(app, stores, node_id, **options)
+    app.add_routes(record_routes(stores, node_id, **options))
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     try:

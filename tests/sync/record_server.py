@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sync import RecordStores, StoreOptions, add_record_routes  # noqa: E402
+from sync import RecordStores, StoreOptions, record_routes  # noqa: E402
 
 
 async def serve(data_dir: Path, node_id: str, options: StoreOptions) -> None:
     stores = RecordStores(data_dir, options=options)
     app = web.Application()
-    add_record_routes(app, stores, node_id)
+    app.add_routes(record_routes(stores, node_id))
     async with stores:
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()

@@ -17,9 +17,10 @@ from sync.files.errors import (
     InsufficientSpaceError,
     ManifestError,
 )
-from sync.files.manifest import ManifestEntry, content_hash, hash_file, parse_entry, parse_page
-from sync.files.plan import P2PFallbackSync, plan_pulls
+from sync.files.manifest import ManifestEntry, content_hash, parse_entry, parse_page
+from sync.files.plan import FallbackSources, plan_pulls
 from sync.transports.protocol import PeerRef
+from tests.sync.files_fixtures import hash_file
 
 PIECE = 4096
 A = PeerRef("a", "http://127.0.0.1:1")
@@ -148,7 +149,7 @@ async def test_fallback_tries_primary_then_fallbacks() -> None:
             raise CircuitOpenError("b/http", 5.0)
         return peer.node_id
 
-    assert await P2PFallbackSync(A, (B, A, C), 5.0).run("f", attempt) == "c"
+    assert await FallbackSources(A, (B, A, C), 5.0).run("f", attempt) == "c"
     assert tried == ["a", "b", "c"]
 
 
@@ -157,13 +158,13 @@ async def test_fallback_stops_on_local_errors_and_reports_every_source() -> None
         raise InsufficientSpaceError("/d", 10, 1, 5)
 
     with pytest.raises(InsufficientSpaceError):
-        await P2PFallbackSync(A, (B,), 5.0).run("f", no_space)
+        await FallbackSources(A, (B,), 5.0).run("f", no_space)
 
     async def failing(peer: PeerRef) -> None:
         raise FileTransferError(f"{peer.node_id} down")
 
     with pytest.raises(AllSourcesFailedError) as caught:
-        await P2PFallbackSync(A, (B,), 5.0).run("f", failing)
+        await FallbackSources(A, (B,), 5.0).run("f", failing)
     assert [peer for peer, _ in caught.value.errors] == ["a", "b"]
 
 
@@ -172,4 +173,4 @@ async def test_fallback_gives_up_when_time_runs_out() -> None:
         await asyncio.sleep(10)
 
     with pytest.raises(AllSourcesFailedError, match="every source failed"):
-        await P2PFallbackSync(A, (B,), 0.05).run("f", slow)
+        await FallbackSources(A, (B,), 0.05).run("f", slow)

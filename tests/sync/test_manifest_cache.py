@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sync.files.manifest import ManifestEntry, hash_file
+from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import ManifestCache
-from tests.sync.files_fixtures import PIECE, CountingHasher, write_file
+from tests.sync.files_fixtures import PIECE, CountingHasher, hash_file, write_file
 
 
 def _tree(root: Path, count: int) -> None:

@@ -21,8 +21,8 @@ from sync import (
     RecordStores,
     SinceQuery,
     StoreClosedError,
-    add_record_routes,
     parse_retry_after,
+    record_routes,
     retry_delay_s,
 )
 from tests.sync.record_fixtures import base_url, game, server, stores
@@ -120,7 +120,7 @@ async def test_secret_file_signs_every_request(tmp_path: Path, stores: RecordSto
     secret_file.chmod(0o600)
     seen: list[str] = []
     app = web.Application(middlewares=[verifying(secret_file.read_bytes(), seen)])
-    add_record_routes(app, stores, "node-a")
+    app.add_routes(record_routes(stores, "node-a"))
     signed = TestServer(app, host="127.0.0.1", port=0)
     await signed.start_server()
     try:

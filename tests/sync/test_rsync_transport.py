@@ -13,7 +13,7 @@ import pytest
 
 from config import HostEntry, Timeouts
 from sync.files.errors import ContentMismatchError, FileTransferError
-from sync.files.manifest import ManifestEntry, hash_file
+from sync.files.manifest import ManifestEntry
 from sync.transports.protocol import PeerRef
 from sync.transports.rsync import (
     HostKeyError,
@@ -24,7 +24,7 @@ from sync.transports.rsync import (
     default_remote_root,
     parse_stats,
 )
-from tests.sync.files_fixtures import internal_files
+from tests.sync.files_fixtures import hash_file, internal_files
 from tests.sync.ssh_server import SshServer, generate_key, known_hosts_line, write_key
 
 PIECE = 64 << 10

@@ -20,7 +20,7 @@ import pytest
 from health import BreakerConfig, BreakerRegistry, CircuitState
 from sync.files.errors import ContentMismatchError
 from sync.files.manifest import ManifestEntry
-from sync.files.plan import P2PFallbackSync
+from sync.files.plan import FallbackSources
 from sync.transports.http import HttpTransport
 from sync.transports.protocol import PeerRef, Transport
 from tests.sync.files_fixtures import PIECE, FileNode, content_hash_of, internal_files
@@ -94,7 +94,7 @@ async def test_complete_file_is_verified_and_logged(case: TransportCase, tmp_pat
     ):
         a.write("ckpt/step-100.pt", data, mtime_ns=1_700_000_000_000_000_001)
         entry = await _entry(a, "ckpt/step-100.pt")
-        result = await b.sync.fetch("models", entry, P2PFallbackSync(case.peer(a)))
+        result = await b.sync.fetch("models", entry, FallbackSources(case.peer(a)))
         final = b.root() / "ckpt" / "step-100.pt"
         assert final.read_bytes() == data
         assert final.stat().st_mtime_ns == entry.mtime_ns
@@ -278,7 +278,7 @@ async def test_corrupted_bytes_are_detected_and_retried(
                 await transport.fetch(bad, "models", entry, b.root())
             assert not (b.root() / "m.bin").exists()
         async with case.faulty_peer(a, corrupt_after=PIECE // 2) as bad:
-            result = await b.sync.fetch("models", entry, P2PFallbackSync(bad))
+            result = await b.sync.fetch("models", entry, FallbackSources(bad))
         assert (b.root() / "m.bin").read_bytes() == data
         snapshot = breakers.breaker_for("a", case.name).snapshot()
         assert snapshot.total_failures == 1
@@ -303,7 +303,7 @@ async def test_dead_peer_trips_its_breaker_and_the_fallback_serves(
         entry = await _entry(a, "m.bin")
         assert entry == await _entry(c, "m.bin")
         async with case.faulty_peer(a, die_after=4 * PIECE) as dying:
-            plan = P2PFallbackSync(dying, (case.peer(c),), timeout_s=20.0)
+            plan = FallbackSources(dying, (case.peer(c),), timeout_s=20.0)
             result = await b.sync.fetch("models", entry, plan)
         assert result.peer == "c"
         assert result.resumed_bytes > 0  # pieces from the dead peer were verified and kept

@@ -54,14 +54,35 @@ async def test_concurrent_appends_share_transactions(wal_path: Path) -> None:
     assert observer.pending[-1] == 1000
 
 
-async def test_batches_hold_at_most_max_batch_requests(wal_path: Path) -> None:
-    observer = CountingObserver()
+async def test_batches_hold_at_most_max_batch_requests(
+    wal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 100 appends queued behind a held batch, every later batch is cut at exactly
+    max_batch requests (a batch of max_batch + 1 fails), and none is lost."""
+    sizes: list[int] = []
+    held, release = threading.Event(), threading.Event()
+    real = wal.writer.apply_batch
+
+    def recording(conn: sqlite3.Connection, requests: list[object], *args: object) -> object:
+        sizes.append(len(requests))
+        held.set()
+        release.wait(timeout=30)
+        return real(conn, requests, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wal.writer, "apply_batch", recording)
     config = WalConfig(max_batch=10)
-    async with WriteAheadLog(wal_path, config=config, observer=observer) as wal:
-        ids = await asyncio.gather(*(wal.append(GAME_RECORDED, {"n": n}) for n in range(100)))
-    assert len(set(ids)) == 100
-    assert len(observer.pending) >= 10
-    assert observer.pending == sorted(observer.pending)
+    async with WriteAheadLog(wal_path, config=config) as log:
+        first = asyncio.ensure_future(log.append(GAME_RECORDED, {"n": -1}))
+        await wait_until(held.is_set)
+        rest = [asyncio.ensure_future(log.append(GAME_RECORDED, {"n": n})) for n in range(100)]
+        await asyncio.sleep(0.05)  # let every append reach the writer's queue
+        release.set()
+        ids = await asyncio.gather(first, *rest)
+    assert len(set(ids)) == 101
+    assert sum(sizes) == 101
+    assert sizes[0] == 1
+    assert max(sizes) == 10, sizes
+    assert sizes[1:] == [10] * 10, sizes
 
 
 async def test_observer_sees_pending_count_after_each_batch(wal_path: Path) -> None:
