@@ -16,8 +16,10 @@ from health.breaker import (
 )
 from health.checker import HealthChecker
 from health.checks import (
+    DiskWrites,
     WalLike,
     WalStatsLike,
+    WriteFailure,
     disk_check,
     disk_usage,
     memory_check,
@@ -74,6 +76,7 @@ __all__ = [
     "ClusterStatus",
     "ClusterSummary",
     "ComponentHealth",
+    "DiskWrites",
     "FailureEvent",
     "GpuInfo",
     "GpuReader",
@@ -92,6 +95,7 @@ __all__ = [
     "TransitionListener",
     "WalLike",
     "WalStatsLike",
+    "WriteFailure",
     "all_breakers",
     "breaker_for",
     "configure_breakers",

@@ -3,33 +3,41 @@
 from __future__ import annotations
 
 from sync.errors import (
-    RecordPullError,
-    RecordQueryError,
-    RecordRejectedError,
-    RecordRequestError,
-    RecordSchemaError,
-    RecordValidationError,
-    SnapshotError,
-    StoreBusyError,
-    StoreClosedError,
-    StoreWriteError,
-    SyncError,
-    UnknownStoreError,
-)
-from sync.files.catalog import FILE_CATEGORIES, FileCatalog
-from sync.files.engine import SyncCoordinator, SyncOptions
-from sync.files.errors import (
     AllSourcesFailedError,
     ContentMismatchError,
     FileChangedError,
     FileSyncError,
     FileTransferError,
+    FileTransferTimeoutError,
+    HostKeyError,
     InsufficientSpaceError,
     ManifestError,
     PathRefusedError,
+    RecordPullError,
+    RecordQueryError,
+    RecordRejectedError,
+    RecordRequestError,
+    RecordRequestTimeoutError,
+    RecordSchemaError,
+    RecordValidationError,
+    SnapshotError,
+    SshAuthError,
+    StoreBusyError,
+    StoreClosedError,
+    StoreFullError,
+    StoreLockedError,
+    StoreWriteError,
+    SyncError,
     TransferBusyError,
     UnknownCategoryError,
+    UnknownStoreError,
+    free_bytes,
+    is_disk_full,
+    sync_error,
+    translated,
 )
+from sync.files.catalog import FILE_CATEGORIES, FileCatalog
+from sync.files.engine import SyncCoordinator, SyncOptions
 from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
 from sync.files.manifest_cache import Listing, ManifestCache
 from sync.files.plan import ClusterSyncStats, P2PFallbackSync, PullItem, SyncStats, plan_pulls
@@ -79,7 +87,7 @@ from sync.transports.protocol import (
     open_partial,
     verify_present_pieces,
 )
-from sync.transports.rsync import HostKeyError, RsyncTransport, SshAuthError, SshTarget
+from sync.transports.rsync import RsyncTransport, SshTarget
 
 __all__ = [
     "BUILTIN_SCHEMAS",
@@ -97,6 +105,7 @@ __all__ = [
     "FileChangedError",
     "FileSyncError",
     "FileTransferError",
+    "FileTransferTimeoutError",
     "HostKeyError",
     "HttpTransport",
     "IngestResult",
@@ -120,6 +129,7 @@ __all__ = [
     "RecordQueryError",
     "RecordRejectedError",
     "RecordRequestError",
+    "RecordRequestTimeoutError",
     "RecordSchema",
     "RecordSchemaError",
     "RecordStore",
@@ -138,6 +148,8 @@ __all__ = [
     "StorageProvider",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreFullError",
+    "StoreLockedError",
     "StoreOptions",
     "StoreStatus",
     "StoreWriteError",
@@ -155,8 +167,10 @@ __all__ = [
     "fetch_page",
     "file_route_docs",
     "file_routes",
+    "free_bytes",
     "hash_file",
     "install_file",
+    "is_disk_full",
     "make_directories",
     "open_partial",
     "parse_retry_after",
@@ -168,6 +182,8 @@ __all__ = [
     "retry_delay_s",
     "row_to_record",
     "schema_from_mapping",
+    "sync_error",
+    "translated",
     "validate_records",
     "validate_rel_path",
     "verify_present_pieces",
