@@ -56,9 +56,9 @@ class DiskWrites:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._failures: dict[str, WriteFailure] = {}
-        self._listeners: list[Callable[[WriteFailure], None]] = []
+        self._listeners: list[Callable[[WriteFailure], object]] = []
 
-    def add_listener(self, listener: Callable[[WriteFailure], None]) -> None:
+    def add_listener(self, listener: Callable[[WriteFailure], object]) -> None:
         """Call `listener(failure)` for every failed write from now on."""
         self._listeners.append(listener)
 

@@ -32,6 +32,7 @@ from health import (
     BreakerRegistry,
     CheckFn,
     CheckResult,
+    DiskWrites,
     GpuReader,
     HealthChecker,
     HealthStatus,
@@ -52,6 +53,7 @@ from node.membership.service import Membership, MetaValue, UdpMembershipTranspor
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
+from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from sync import (
@@ -191,6 +193,7 @@ class NodeDaemon:
         self.port: int = settings.port
         self._membership: Any = None
         self._gpu_meta: dict[str, MetaValue] = {}
+        self._disk_writes = DiskWrites()
         self._closed = False
 
     async def start(self) -> None:
@@ -212,8 +215,8 @@ class NodeDaemon:
         settings = self.settings
         secrets = load_secrets(settings)
         inventory = load_inventory(settings.inventory) if settings.inventory else None
+        prepare_data_dir(settings.data_dir)
         node_id = resolve_node_id(settings, inventory)
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
         metrics.bind_breakers(breakers)
@@ -236,7 +239,9 @@ class NodeDaemon:
         if pending:
             log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
         await self._start_health(runtime, wal)
-        stores = RecordStores.for_settings(settings, extra_schemas=extra_record_schemas(settings))
+        stores = RecordStores.for_settings(
+            settings, extra_schemas=extra_record_schemas(settings), writes=self._disk_writes
+        )
         await self._stack.enter_async_context(stores)
         self._notifier.status("resuming interrupted transfers")
         sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s, inventory)
@@ -257,7 +262,13 @@ class NodeDaemon:
     async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
         settings = runtime.settings
         checker = HealthChecker(timeouts=settings.timeouts)
-        checker.add_check("disk", disk_check(settings.data_dir), interval_s=30.0)
+        writes = self._disk_writes
+        checker.add_check("disk", disk_check(settings.data_dir, writes=writes), interval_s=30.0)
+        writes.add_listener(
+            lambda failure: checker.report(
+                "disk", CheckResult(HealthStatus.UNHEALTHY, failure.describe())
+            )
+        )
         checker.add_check("wal", wal_check(wal), interval_s=15.0)
         checker.add_check("wal_backlog", wal_backlog_check(wal), interval_s=15.0)
         checker.add_check("memory", memory_check(), interval_s=30.0)

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -33,9 +34,7 @@ AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
 PEER_ID = web.RequestKey("peer_id", str)
 
 
-def json_error(
-    status: int, reason: str, *, code: str | None = None, **extra: object
-) -> web.Response:
+def json_error(status: int, reason: str, *, code: str | None = None, **extra: Any) -> web.Response:
     """An error answer in the one shape {"error": code, "reason": reason, "status": status, ...};
     `code` defaults to the status's (config.wire.STATUS_CODES)."""
     return error_response(status, reason, code, **extra)
@@ -97,6 +96,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return json_error(500, f"{request.method} {request.path} failed; see the node's log")
 
 
-def bad_request(reason: str, *, code: str | None = None, **extra: object) -> web.HTTPException:
+def bad_request(reason: str, *, code: str | None = None, **extra: Any) -> web.HTTPException:
     """A 400 to raise, whose body is the one error shape."""
     return error_exception(400, reason, code, **extra)

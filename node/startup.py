@@ -16,12 +16,12 @@ PROBE_BYTES = 64 * 1024
 def prepare_data_dir(data_dir: Path) -> None:
     """Create `data_dir` and prove it takes a durable write, or raise StartupError whose one line
     says which: a file in the way, not writable, read-only, or a full disk."""
-    if data_dir.exists() and not data_dir.is_dir():
-        raise StartupError(
-            f"data dir {data_dir} is a file, not a directory; move it away or choose another "
-            "--data-dir"
-        )
     try:
+        if data_dir.exists() and not data_dir.is_dir():
+            raise StartupError(
+                f"data dir {data_dir} is a file, not a directory; move it away or choose another "
+                "--data-dir"
+            )
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise data_dir_error(exc, data_dir) from exc

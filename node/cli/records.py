@@ -17,7 +17,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from config import NodeSettings
+from config import NodeSettings, read_error
 from node.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -30,6 +30,7 @@ from node.cli.common import (
     print_json,
     settings_from,
 )
+from node.errors import peer_error
 from sync import (
     Cursor,
     IngestResult,
@@ -89,14 +90,15 @@ def records_status(
     async def fetch() -> Any:
         async with client_session(settings) as session, session.get(f"{url}/v1/records") as answer:
             if answer.status != 200:
-                raise RecordRequestError(f"HTTP {answer.status}: {await answer.text()}")
+                error = read_error(answer.status, await answer.read())
+                raise RecordRequestError(str(error), answer.status)
             return await answer.json()
 
     try:
         with config_errors():
             data = asyncio.run(fetch())
     except (aiohttp.ClientError, TimeoutError) as exc:
-        fail(f"cannot reach the node at {url}: {exc}", EXIT_FAILURE)
+        fail(f"cannot reach the node: {peer_error(exc, url)}", EXIT_FAILURE)
     except SyncError as exc:
         _unreachable(url, exc)
     if as_json:

@@ -446,7 +446,7 @@ def _error_reason(body: bytes) -> str:
     except ValueError:
         return body[:200].decode(errors="replace") or "no reason given"
     if isinstance(data, Mapping):
-        return str(data.get("error") or data.get("reason") or data)
+        return str(data.get("reason") or data.get("error") or data)
     return str(data)
 
 
