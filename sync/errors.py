@@ -155,20 +155,23 @@ class StoreWriteError(SyncError):
 
 
 class StoreFullError(StoreWriteError):
-    """The filesystem of `path` is full (`free_bytes` left); nothing of the failed batch is kept."""
+    """The filesystem of `path` is full (`free_bytes` left); nothing of the failed batch is kept.
 
-    def __init__(self, path: Path | str, free_bytes: int | None, message: str) -> None:
+    `doing` says what failed, e.g. `/data/games/games.db: cannot commit`.
+    """
+
+    def __init__(self, path: Path | str, free_bytes: int | None, doing: str) -> None:
         self.path = Path(path)
         self.free_bytes = free_bytes
-        self.message = message
+        self.doing = doing
         free = "unknown" if free_bytes is None else str(free_bytes)
         super().__init__(
-            f"{message}; the disk holding {self.path} is full ({free} bytes free): free space "
-            "there; writes resume by themselves"
+            f"{doing}: the disk is full ({free} bytes free); free space there and writes "
+            "resume by themselves"
         )
 
     def __reduce__(self) -> tuple[type[StoreFullError], tuple[Path, int | None, str]]:
-        return (type(self), (self.path, self.free_bytes, self.message))
+        return (type(self), (self.path, self.free_bytes, self.doing))
 
 
 class StoreLockedError(StoreWriteError):
@@ -432,7 +435,7 @@ def sync_error(
     if isinstance(exc, SyncError):
         return exc
     if path is not None and is_disk_full(exc):
-        return StoreFullError(path, free_bytes(path), f"{message}: {describe(exc)}")
+        return StoreFullError(path, free_bytes(path), message)
     ssh = _asyncssh_error(exc, message)
     if ssh is not None:
         return ssh

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, NoReturn
 
 import aiohttp
 import typer
@@ -76,8 +76,10 @@ def _target(node: str | None, config_file: Path | None) -> tuple[NodeSettings, s
     return settings, node_url(settings, node)
 
 
-def _unreachable(url: str, exc: SyncError) -> None:
-    fail(f"{url}: {exc}", EXIT_FAILURE)
+def _unreachable(url: str, exc: SyncError) -> NoReturn:
+    """One line naming the node (once) and its own reason."""
+    text = str(exc)
+    fail(text if text.startswith(url) else f"{url}: {text}", EXIT_FAILURE)
 
 
 @records_app.command("status")
@@ -205,7 +207,7 @@ def records_import(
         try:
             summary, rejected = asyncio.run(send(progress))
         except SyncError as exc:
-            fail(f"{url}: {exc}", EXIT_FAILURE)
+            _unreachable(url, exc)
         except OSError as exc:
             fail(f"{file}: cannot read: {exc}", EXIT_USAGE)
     sys.stdout.write(json.dumps(asdict(summary)) + "\n")
@@ -282,7 +284,7 @@ def records_export(
         with config_errors():
             count = asyncio.run(export())
     except SyncError as exc:
-        fail(f"{url}: {exc}", EXIT_FAILURE)
+        _unreachable(url, exc)
     except BrokenPipeError:
         # the reader went away (e.g. `| head`): stop quietly, and keep the exit flush quiet too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

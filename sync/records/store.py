@@ -346,8 +346,10 @@ class RecordStore:
             self._writes.succeeded(self.path)
             return
         error = failed[-1]
-        free = error.free_bytes if isinstance(error, StoreFullError) else free_bytes(self.path)
-        self._writes.failed(self.path, str(error), free)
+        if isinstance(error, StoreFullError):
+            self._writes.failed(self.path, "the disk is full", error.free_bytes)
+        else:
+            self._writes.failed(self.path, str(error), free_bytes(self.path))
 
     # --- reading ------------------------------------------------------------------------------
 
