@@ -27,7 +27,14 @@ from health.checks import (
     wal_backlog_check,
     wal_check,
 )
-from health.errors import CircuitOpenError, HealthConfigError, HealthError
+from health.errors import (
+    CircuitOpenError,
+    FetchError,
+    FetchTimeoutError,
+    HealthConfigError,
+    HealthError,
+    UsageError,
+)
 from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
 from health.metrics import NodeMetrics, package_version
 from health.monitor.client import ClusterMonitor
@@ -78,6 +85,8 @@ __all__ = [
     "ComponentHealth",
     "DiskWrites",
     "FailureEvent",
+    "FetchError",
+    "FetchTimeoutError",
     "GpuInfo",
     "GpuReader",
     "GpuReading",
@@ -93,6 +102,7 @@ __all__ = [
     "StateListener",
     "SummaryListener",
     "TransitionListener",
+    "UsageError",
     "WalLike",
     "WalStatsLike",
     "WriteFailure",
