@@ -209,6 +209,7 @@ def record_route_docs() -> list[dict[str, Any]]:
                 (404, "unknown store"),
                 (413, "too many records or too large a body"),
                 (503, "queue full or store unavailable; see Retry-After"),
+                (507, "disk full: nothing written; path and free_bytes name the disk"),
             ),
             "parameters": (store,),
         },
