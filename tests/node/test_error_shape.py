@@ -6,10 +6,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+import typer
 from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestServer
 
-from config import error_body, error_exception, error_response, read_error
+from config import error_body, error_exception, error_response, load_settings, read_error
+from node.cli.common import request_json
 from node.daemon import NodeDaemon
+from node.security import error_middleware
 from sync import FILE_CATEGORIES
 from tests.node.daemons import test_settings
 
@@ -115,3 +120,36 @@ def test_the_helpers_build_and_read_the_shape() -> None:
     )
     assert read_error(502, b"<html>bad gateway</html>").reason == "<html>bad gateway</html>"
     assert read_error(409, b'{"error": "old shape"}').reason == "old shape"
+
+
+async def test_an_unexpected_exception_is_a_500_in_the_one_shape() -> None:
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    app = web.Application(middlewares=[error_middleware])
+    app.router.add_get("/v1/broken", broken)
+    async with (
+        TestServer(app, host="127.0.0.1") as server,
+        ClientSession() as session,
+        session.get(server.make_url("/v1/broken")) as response,
+    ):
+        body = await response.json()
+    assert_shape(500, body, "GET /v1/broken")
+    assert body["error"] == "internal_error"
+    assert "a bug" not in body["reason"]  # details go to the log, not to the caller
+
+
+async def test_cli_prints_the_nodes_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    async def refuse(request: web.Request) -> web.Response:
+        return error_response(409, "no role plan yet: no coordinator has published one", "no_plan")
+
+    app = web.Application()
+    app.router.add_get("/v1/rendezvous", refuse)
+    settings = load_settings(env={}).settings
+    async with TestServer(app, host="127.0.0.1") as server:
+        url = str(server.make_url("/v1/rendezvous"))
+        with pytest.raises(typer.Exit) as exit_info:
+            await request_json(settings, "GET", url)
+    assert exit_info.value.exit_code == 1
+    err = capsys.readouterr().err
+    assert f"{url}: HTTP 409: no role plan yet: no coordinator has published one (no_plan)" in err
