@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 
 from config import ErrorAnswer
-from sync import StoreFullError, StoreLockedError, StoreWriteError, is_disk_full
+from sync import StoreFullError, StoreLockedError, StoreWriteError, free_bytes, is_disk_full
 from wal import WalError
 
 __all__ = [
@@ -203,7 +203,7 @@ def startup_error(exc: BaseException, data_dir: Path) -> StartupError | None:
     if isinstance(exc, StoreLockedError):
         return StartupError(str(exc))
     if isinstance(exc, StoreFullError) or is_disk_full(exc):
-        free = exc.free_bytes if isinstance(exc, StoreFullError) else None
+        free = exc.free_bytes if isinstance(exc, StoreFullError) else free_bytes(data_dir)
         return data_dir_error(OSError(errno.ENOSPC, "No space left on device"), data_dir, free)
     if isinstance(exc, MembershipError) and _os_error(exc, _PORT_ERRNOS) is not None:
         return StartupError(

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from config import NodeSettings
+from node.errors import StartupError
+from node.startup import prepare_data_dir
 from sync import RecordStores
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +105,17 @@ def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
         subprocess.run(["umount", str(mount_point)], check=True)
 
 
+def fill_up(filler: Path) -> None:
+    """Write `filler` until its filesystem has no space left."""
+    with filler.open("wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+
+
 def test_tcp_port_in_use(tmp_path: Path) -> None:
     port = free_port()
     with socket.socket() as holder:
@@ -147,16 +160,19 @@ def test_read_only_data_dir_says_read_only(tmp_path: Path) -> None:
 
 def test_full_disk_at_start_up(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "small", "size=1m") as mount_point:
-        filler = mount_point / "filler"
-        with filler.open("wb") as handle:
-            try:
-                while True:
-                    handle.write(b"\0" * 65536)
-                    handle.flush()
-            except OSError:
-                pass
+        fill_up(mount_point / "filler")
         result = serve(mount_point / "data", free_port())
     assert_one_line(result, f"data dir {mount_point / 'data'}: the disk is full", "bytes free")
+
+
+def test_the_data_dir_must_take_a_write_before_anything_starts(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", "size=1m") as mount_point:
+        (mount_point / "data").mkdir()
+        fill_up(mount_point / "filler")
+        with pytest.raises(StartupError, match=r"the disk is full \(\d+ bytes free\)"):
+            prepare_data_dir(mount_point / "data")
+    prepare_data_dir(tmp_path / "new" / "data")  # created, written, and the probe removed
+    assert list((tmp_path / "new" / "data").iterdir()) == []
 
 
 def test_record_store_locked_by_another_process(tmp_path: Path) -> None:
