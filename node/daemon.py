@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import os
 import random
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -330,7 +331,8 @@ class NodeDaemon:
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {runtime.settings.bind}:{runtime.settings.port}: "
-                f"{exc.strerror or exc}; is another shoal running? choose another --port"
+                f"{os.strerror(exc.errno) if exc.errno else exc}; is another shoal running? "
+                "choose another --port"
             ) from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []

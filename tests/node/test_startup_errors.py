@@ -122,7 +122,7 @@ def test_tcp_port_in_use(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", port))
         holder.listen()
         result = serve(tmp_path / "data", port)
-    assert_one_line(result, f"cannot listen on 127.0.0.1:{port}", "--port")
+    assert_one_line(result, f"cannot listen on 127.0.0.1:{port}: Address already in use", "--port")
 
 
 def test_udp_membership_port_in_use(tmp_path: Path) -> None:
