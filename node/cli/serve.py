@@ -13,8 +13,9 @@ import typer
 from config import ConfigError, LogFormat, NodeSettings
 from node.cli.common import EXIT_FAILURE, ConfigOption, fail, settings_from
 from node.daemon import NodeDaemon
-from node.errors import NodeError, startup_error
+from node.errors import NodeError
 from node.logs import configure_logging
+from node.startup import startup_error
 from sync import SyncError
 from wal import WalCorruptError, WalError
 

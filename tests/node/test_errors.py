@@ -17,8 +17,8 @@ from node.errors import (
     PeerTimeoutError,
     StartupError,
     peer_error,
-    startup_error,
 )
+from node.startup import startup_error
 from sync import StoreFullError, StoreLockedError
 from wal import WalError
 
