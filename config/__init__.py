@@ -14,7 +14,7 @@ from config.auth import (
     signing_middleware,
     verify_request,
 )
-from config.errors import AuthError, ConfigError, InventoryError
+from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
 from config.fields import Category, HostStatus, Role, is_valid_node_id
 from config.inventory import (
     BreakerSection,
@@ -37,6 +37,7 @@ from config.settings import (
 )
 from config.timeouts import Timeouts
 from config.version import shoal_version
+from config.wire import ErrorAnswer, error_body, error_exception, error_response, read_error
 
 __all__ = [
     "ENV_VARS",
@@ -49,6 +50,8 @@ __all__ = [
     "Category",
     "ClusterSection",
     "ConfigError",
+    "ConfigPackageError",
+    "ErrorAnswer",
     "HostEntry",
     "HostStatus",
     "Inventory",
@@ -62,11 +65,15 @@ __all__ = [
     "Timeouts",
     "describe_settings",
     "eligible_hosts",
+    "error_body",
+    "error_exception",
+    "error_response",
     "is_valid_node_id",
     "load_inventory",
     "load_or_create_node_id",
     "load_settings",
     "parse_inventory",
+    "read_error",
     "read_secret_file",
     "shoal_version",
     "sign_request",

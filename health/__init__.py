@@ -16,8 +16,10 @@ from health.breaker import (
 )
 from health.checker import HealthChecker
 from health.checks import (
+    DiskWrites,
     WalLike,
     WalStatsLike,
+    WriteFailure,
     disk_check,
     disk_usage,
     memory_check,
@@ -25,7 +27,14 @@ from health.checks import (
     wal_backlog_check,
     wal_check,
 )
-from health.errors import CircuitOpenError, HealthConfigError, HealthError
+from health.errors import (
+    CircuitOpenError,
+    FetchError,
+    FetchTimeoutError,
+    HealthConfigError,
+    HealthError,
+    UsageError,
+)
 from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
 from health.metrics import NodeMetrics, package_version
 from health.monitor.client import ClusterMonitor
@@ -74,7 +83,10 @@ __all__ = [
     "ClusterStatus",
     "ClusterSummary",
     "ComponentHealth",
+    "DiskWrites",
     "FailureEvent",
+    "FetchError",
+    "FetchTimeoutError",
     "GpuInfo",
     "GpuReader",
     "GpuReading",
@@ -90,8 +102,10 @@ __all__ = [
     "StateListener",
     "SummaryListener",
     "TransitionListener",
+    "UsageError",
     "WalLike",
     "WalStatsLike",
+    "WriteFailure",
     "all_breakers",
     "breaker_for",
     "configure_breakers",

@@ -147,6 +147,27 @@ class HealthChecker:
         """Call `listener(summary)` after every run; its errors are logged only."""
         self._listeners.append(listener)
 
+    def report(self, name: str, result: CheckResult) -> ComponentHealth:
+        """Record `result` for component `name` now, as a check run would, except that an
+        unhealthy report counts at once: it is an observed failure (a write that failed), not a
+        probe that may flake. The component recovers through its check's successes as usual."""
+        check = self._checks.get(name)
+        if check is None:
+            raise HealthError(f"no health check named {name!r}")
+        prev = self._streaks[name]
+        if result.status is HealthStatus.UNHEALTHY:
+            streak = _Streak(HealthStatus.UNHEALTHY, failures=check.fail_threshold, recovering=True)
+        else:
+            streak = _apply(prev, result.status, check.fail_threshold, check.recover_threshold)
+        self._streaks[name] = streak
+        component = ComponentHealth(
+            name, streak.status, result.message, self._wall_clock(), dict(result.metrics)
+        )
+        self._components[name] = component
+        _log_change(name, prev.status, streak.status, result.message, first=False)
+        self._notify()
+        return component
+
     def summary(self) -> HealthSummary:
         """The latest health of every component, without running anything."""
         return summarize(tuple(self._components[name] for name in self._checks))

@@ -1,4 +1,4 @@
-"""Built-in checks: free disk space, WAL write latency and backlog, process memory.
+"""Built-in checks: free disk space (and failed writes), WAL write latency and backlog, memory.
 
 Each factory validates its thresholds and returns an async check function for HealthChecker.
 """
@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,8 +17,10 @@ from health.errors import HealthConfigError
 from health.status import CheckFn, CheckResult, HealthStatus
 
 __all__ = [
+    "DiskWrites",
     "WalLike",
     "WalStatsLike",
+    "WriteFailure",
     "disk_check",
     "disk_usage",
     "memory_check",
@@ -27,6 +31,60 @@ __all__ = [
 
 WAL_PROBE_KEY = "health.probe"
 MIB = 1024 * 1024
+SPACE_RETURNED_BYTES = 4 * MIB
+"""A failed write is forgotten once its filesystem has this much more free space than then."""
+
+
+@dataclass(frozen=True)
+class WriteFailure:
+    """A write to `path` failed with `message` while `free_bytes` were free (None: unknown)."""
+
+    path: str
+    message: str
+    free_bytes: int | None
+    at: float
+
+    def describe(self) -> str:
+        free = "unknown" if self.free_bytes is None else f"{self.free_bytes} bytes"
+        return f"write to {self.path} failed ({free} free): {self.message}"
+
+
+class DiskWrites:
+    """The ledger of failed writes that stores report; the disk check stays unhealthy while it
+    holds one, and listeners hear of each failure at once (not only at the next check)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._failures: dict[str, WriteFailure] = {}
+        self._listeners: list[Callable[[WriteFailure], object]] = []
+
+    def add_listener(self, listener: Callable[[WriteFailure], object]) -> None:
+        """Call `listener(failure)` for every failed write from now on."""
+        self._listeners.append(listener)
+
+    def failed(self, path: str | os.PathLike[str], message: str, free_bytes: int | None) -> None:
+        """A write to `path` failed; remembered until it succeeds or space returns."""
+        failure = WriteFailure(str(path), message, free_bytes, self._clock())
+        self._failures[failure.path] = failure
+        for listener in list(self._listeners):
+            listener(failure)
+
+    def succeeded(self, path: str | os.PathLike[str]) -> None:
+        """A write to `path` succeeded: forget its failure."""
+        self._failures.pop(str(path), None)
+
+    @property
+    def failures(self) -> tuple[WriteFailure, ...]:
+        return tuple(self._failures.values())
+
+    def forget_where_space_returned(self, free_now: Callable[[str], int | None]) -> None:
+        """Forget failures whose filesystem now has SPACE_RETURNED_BYTES more free than then."""
+        for failure in self.failures:
+            now = free_now(failure.path)
+            if failure.free_bytes is None or now is None:
+                continue
+            if now >= failure.free_bytes + SPACE_RETURNED_BYTES:
+                self._failures.pop(failure.path, None)
 
 
 class WalStatsLike(Protocol):
@@ -82,11 +140,24 @@ def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int, float]:
     return total, free, used_pct
 
 
+def _free_bytes(path: str) -> int | None:
+    for candidate in (Path(path), *Path(path).parents):
+        try:
+            return disk_usage(candidate)[1]
+        except OSError:
+            continue
+    return None
+
+
 def disk_check(
-    path: str | os.PathLike[str], degraded_pct: float = 80.0, unhealthy_pct: float = 90.0
+    path: str | os.PathLike[str],
+    degraded_pct: float = 80.0,
+    unhealthy_pct: float = 90.0,
+    writes: DiskWrites | None = None,
 ) -> CheckFn:
     """Degraded when the filesystem of `path` is `degraded_pct` % full, unhealthy at
-    `unhealthy_pct` %; unreadable is unhealthy."""
+    `unhealthy_pct` %; unreadable is unhealthy; so is a failed write in `writes` until that
+    path is written again or its filesystem has SPACE_RETURNED_BYTES more free."""
     _require_order("disk_check", degraded_pct, unhealthy_pct)
     where = Path(path)
 
@@ -95,6 +166,12 @@ def disk_check(
             total, free, used_pct = await asyncio.to_thread(disk_usage, where)
         except OSError as exc:
             return CheckResult(HealthStatus.UNHEALTHY, f"cannot read free space of {where}: {exc}")
+        if writes is not None:
+            writes.forget_where_space_returned(_free_bytes)
+            if writes.failures:
+                failure = writes.failures[-1]
+                metrics = {"free_bytes": free, "total_bytes": total, "failed_writes": 1.0}
+                return CheckResult(HealthStatus.UNHEALTHY, failure.describe(), metrics)
         status = _grade(used_pct, degraded_pct, unhealthy_pct)
         message = f"{where}: {used_pct:.1f}% used, {free / MIB:.1f} MiB free"
         if status is HealthStatus.UNHEALTHY:

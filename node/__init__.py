@@ -15,7 +15,20 @@ from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.election.seams import WalDurableState
 from node.election.service import Coordination, VoterSet, rendezvous_document, resolve_voters
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
-from node.errors import DiscoveryError, MembershipError, NodeError, StartupError
+from node.errors import (
+    DiscoveryError,
+    ElectionError,
+    LauncherError,
+    MasterUnreachable,
+    MembershipError,
+    NodeError,
+    PeerRequestError,
+    PeerTimeoutError,
+    PlanError,
+    RendezvousError,
+    StartupError,
+    WireError,
+)
 from node.membership.service import (
     EventKind,
     InMemoryNetwork,
@@ -53,6 +66,7 @@ __all__ = [
     "DiscoveryError",
     "ElasticGroup",
     "ElectionConfig",
+    "ElectionError",
     "ElectionEvent",
     "ElectionEventKind",
     "ElectionStatus",
@@ -61,7 +75,9 @@ __all__ = [
     "GroupError",
     "HttpElectionTransport",
     "InMemoryNetwork",
+    "LauncherError",
     "Listener",
+    "MasterUnreachable",
     "Member",
     "MemberEvent",
     "MemberState",
@@ -74,7 +90,11 @@ __all__ = [
     "NodeDaemon",
     "NodeError",
     "NodeRuntime",
+    "PeerRequestError",
+    "PeerTimeoutError",
+    "PlanError",
     "PlanFence",
+    "RendezvousError",
     "RolePlan",
     "RolePolicy",
     "RouteDoc",
@@ -88,6 +108,7 @@ __all__ = [
     "UdpMembershipTransport",
     "VoterSet",
     "WalDurableState",
+    "WireError",
     "auth_middleware",
     "build_app",
     "check_adoption_logs",

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import os
 import random
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from health import (
     BreakerRegistry,
     CheckFn,
     CheckResult,
+    DiskWrites,
     GpuReader,
     HealthChecker,
     HealthStatus,
@@ -53,6 +55,7 @@ from node.membership.service import Membership, MetaValue, UdpMembershipTranspor
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
+from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from sync import (
@@ -208,6 +211,7 @@ class NodeDaemon:
         self.port: int = settings.port
         self._membership: Any = None
         self._gpu_meta: dict[str, MetaValue] = {}
+        self._disk_writes = DiskWrites()
         self._closed = False
         self._protocol_log = QuietProtocolLog(logging.getLogger("aiohttp.server"))
 
@@ -231,8 +235,8 @@ class NodeDaemon:
         secrets = load_secrets(settings)
         inventory = load_inventory(settings.inventory) if settings.inventory else None
         settings = self.settings = inventory_cluster_name(settings, inventory)
+        prepare_data_dir(settings.data_dir)
         node_id = resolve_node_id(settings, inventory)
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
         metrics.bind_breakers(breakers)
@@ -255,7 +259,9 @@ class NodeDaemon:
         if pending:
             log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
         await self._start_health(runtime, wal)
-        stores = RecordStores.for_settings(settings, extra_schemas=extra_record_schemas(settings))
+        stores = RecordStores.for_settings(
+            settings, extra_schemas=extra_record_schemas(settings), writes=self._disk_writes
+        )
         await self._stack.enter_async_context(stores)
         self._notifier.status("resuming interrupted transfers")
         sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s, inventory)
@@ -276,7 +282,13 @@ class NodeDaemon:
     async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
         settings = runtime.settings
         checker = HealthChecker(timeouts=settings.timeouts)
-        checker.add_check("disk", disk_check(settings.data_dir), interval_s=30.0)
+        writes = self._disk_writes
+        checker.add_check("disk", disk_check(settings.data_dir, writes=writes), interval_s=30.0)
+        writes.add_listener(
+            lambda failure: checker.report(
+                "disk", CheckResult(HealthStatus.UNHEALTHY, failure.describe())
+            )
+        )
         checker.add_check("wal", wal_check(wal), interval_s=15.0)
         checker.add_check("wal_backlog", wal_backlog_check(wal), interval_s=15.0)
         checker.add_check("memory", memory_check(), interval_s=30.0)
@@ -339,7 +351,8 @@ class NodeDaemon:
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {runtime.settings.bind}:{runtime.settings.port}: "
-                f"{exc.strerror or exc}; is another shoal running? choose another --port"
+                f"{os.strerror(exc.errno) if exc.errno else exc}; is another shoal running? "
+                "choose another --port"
             ) from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []

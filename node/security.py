@@ -7,11 +7,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from config import AuthError, NonceCache, verify_request
+from config import AuthError, NonceCache, error_exception, error_response, verify_request
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,10 @@ AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
 PEER_ID = web.RequestKey("peer_id", str)
 
 
-def json_error(status: int, reason: str, **extra: object) -> web.Response:
-    """A JSON error answer: {"error": reason, "status": status, ...}."""
-    body = {"error": reason, "status": status, **extra}
-    return web.json_response(body, status=status)
+def json_error(status: int, reason: str, *, code: str | None = None, **extra: Any) -> web.Response:
+    """An error answer in the one shape {"error": code, "reason": reason, "status": status, ...};
+    `code` defaults to the status's (config.wire.STATUS_CODES)."""
+    return error_response(status, reason, code, **extra)
 
 
 def _bearer_ok(request: web.Request, token: bytes | None) -> bool:
@@ -68,14 +69,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         )
     except AuthError as exc:
         log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
-        return json_error(401, exc.reason)
+        return json_error(401, exc.reason, code="unauthorized")
     request[PEER_ID] = peer
     return await handler(request)
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error answer is JSON; client mistakes are 4xx, never 500."""
+    """Every error answer is JSON in the one shape; client mistakes are 4xx, never 500."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -89,11 +90,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 response.headers[name] = exc.headers[name]
         return response
     except json.JSONDecodeError as exc:
-        return json_error(400, f"malformed JSON: {exc}")
+        return json_error(400, f"malformed JSON: {exc}", code="malformed_json")
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return json_error(500, f"{request.method} {request.path} failed; see the node's log")
 
 
-def bad_request(reason: str) -> web.HTTPBadRequest:
-    """A 400 whose body is the JSON reason."""
-    return web.HTTPBadRequest(
-        text=json.dumps({"error": reason, "status": 400}), content_type="application/json"
-    )
+def bad_request(reason: str, *, code: str | None = None, **extra: Any) -> web.HTTPException:
+    """A 400 to raise, whose body is the one error shape."""
+    return error_exception(400, reason, code, **extra)

@@ -4,33 +4,41 @@ from __future__ import annotations
 
 from sync.cluster import cluster_stats_from_json, full_cluster_sync
 from sync.errors import (
-    RecordPullError,
-    RecordQueryError,
-    RecordRejectedError,
-    RecordRequestError,
-    RecordSchemaError,
-    RecordValidationError,
-    SnapshotError,
-    StoreBusyError,
-    StoreClosedError,
-    StoreWriteError,
-    SyncError,
-    UnknownStoreError,
-)
-from sync.files.catalog import FILE_CATEGORIES, FileCatalog
-from sync.files.engine import SyncCoordinator, SyncOptions
-from sync.files.errors import (
     AllSourcesFailedError,
     ContentMismatchError,
     FileChangedError,
     FileSyncError,
     FileTransferError,
+    FileTransferTimeoutError,
+    HostKeyError,
     InsufficientSpaceError,
     ManifestError,
     PathRefusedError,
+    RecordPullError,
+    RecordQueryError,
+    RecordRejectedError,
+    RecordRequestError,
+    RecordRequestTimeoutError,
+    RecordSchemaError,
+    RecordValidationError,
+    SnapshotError,
+    SshAuthError,
+    StoreBusyError,
+    StoreClosedError,
+    StoreFullError,
+    StoreLockedError,
+    StoreWriteError,
+    SyncError,
     TransferBusyError,
     UnknownCategoryError,
+    UnknownStoreError,
+    free_bytes,
+    is_disk_full,
+    sync_error,
+    translated,
 )
+from sync.files.catalog import FILE_CATEGORIES, FileCatalog
+from sync.files.engine import SyncCoordinator, SyncOptions
 from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
 from sync.files.manifest_cache import Listing, ManifestCache
 from sync.files.plan import (
@@ -90,7 +98,7 @@ from sync.transports.protocol import (
     open_partial,
     verify_present_pieces,
 )
-from sync.transports.rsync import HostKeyError, RsyncTransport, SshAuthError, SshTarget
+from sync.transports.rsync import RsyncTransport, SshTarget
 
 __all__ = [
     "BUILTIN_SCHEMAS",
@@ -109,6 +117,7 @@ __all__ = [
     "FileChangedError",
     "FileSyncError",
     "FileTransferError",
+    "FileTransferTimeoutError",
     "GamesPull",
     "HostKeyError",
     "HttpTransport",
@@ -134,6 +143,7 @@ __all__ = [
     "RecordQueryError",
     "RecordRejectedError",
     "RecordRequestError",
+    "RecordRequestTimeoutError",
     "RecordSchema",
     "RecordSchemaError",
     "RecordStore",
@@ -153,6 +163,8 @@ __all__ = [
     "StorageProvider",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreFullError",
+    "StoreLockedError",
     "StoreOptions",
     "StoreStatus",
     "StoreWriteError",
@@ -170,8 +182,10 @@ __all__ = [
     "fetch_page",
     "file_route_docs",
     "file_routes",
+    "free_bytes",
     "full_cluster_sync",
     "install_file",
+    "is_disk_full",
     "make_directories",
     "open_partial",
     "parse_retry_after",
@@ -184,6 +198,8 @@ __all__ = [
     "retry_delay_s",
     "row_to_record",
     "schema_from_mapping",
+    "sync_error",
+    "translated",
     "validate_records",
     "validate_rel_path",
     "verify_present_pieces",

@@ -1,6 +1,7 @@
-"""Exceptions of the sync package.
+"""Exceptions of the sync package, and the one table translating the errors underneath.
 
-SyncError -- base of every error raised by sync; sqlite3, aiohttp and OSError errors are chained
+SyncError -- base of every error raised by sync; sqlite3, aiohttp, asyncssh and OSError errors are
+ |           translated by `sync_error` / `translated` below and chained
  +-- RecordSchemaError (also ValueError) -- a record store schema is declared wrongly
  +-- RecordValidationError (also ValueError) -- one record broke its schema: index, field, message
  +-- RecordQueryError (also ValueError) -- a query parameter is bad; `param` names it
@@ -8,32 +9,76 @@ SyncError -- base of every error raised by sync; sqlite3, aiohttp and OSError er
  +-- StoreClosedError -- the record store is closed or closing
  +-- StoreBusyError -- the store's queue stayed full for max_wait_s; carries retry_after_s
  +-- StoreWriteError -- SQLite failed to open, write or read a record store
+ |    +-- StoreFullError -- the disk is full: carries path and free_bytes (HTTP 507)
+ |    +-- StoreLockedError -- another process holds the store's lock file
  +-- SnapshotError -- a snapshot could not be written, or is corrupt or of another schema
  +-- RecordRequestError -- a request to a node's record endpoints failed; carries status
+ |    +-- RecordRequestTimeoutError (also TimeoutError) -- no answer in time
  |    +-- RecordRejectedError -- the node refused the records (400, 404, 413); never retried
  +-- RecordPullError -- a pull stopped partway; `result` says what was committed and where to resume
+ +-- FileSyncError -- base of file sync errors
+      +-- PathRefusedError (also ValueError) -- a relative path is absolute, escapes, or is bad
+      +-- UnknownCategoryError (also LookupError) -- not a file category of this node
+      +-- ManifestError -- a peer's manifest (or one entry of it) is malformed or inconsistent
+      +-- InsufficientSpaceError -- a transfer would leave less free space than the reserve
+      +-- TransferBusyError -- another transfer holds the partial file of the same content
+      +-- ContentMismatchError -- received bytes did not hash to what the manifest promised
+      +-- FileChangedError -- the peer no longer has that version (HTTP 412 or 404)
+      +-- FileTransferError -- network failure or unexpected answer; carries status (or None)
+      |    +-- FileTransferTimeoutError (also TimeoutError) -- no answer in time
+      |    +-- HostKeyError -- the peer's SSH host key is unknown or changed
+      |    +-- SshAuthError -- the peer's SSH server refused the client key
+      +-- AllSourcesFailedError -- every peer (and transport) failed; carries each error
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import errno
+import os
+import sqlite3
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
-if TYPE_CHECKING:
-    from sync.records.types import PullResult
+import aiohttp
+
+from sync.records.cursor import PullResult
 
 __all__ = [
+    "AllSourcesFailedError",
+    "ContentMismatchError",
+    "FileChangedError",
+    "FileSyncError",
+    "FileTransferError",
+    "FileTransferTimeoutError",
+    "HostKeyError",
+    "InsufficientSpaceError",
+    "ManifestError",
+    "PathRefusedError",
     "RecordPullError",
     "RecordQueryError",
     "RecordRejectedError",
     "RecordRequestError",
+    "RecordRequestTimeoutError",
     "RecordSchemaError",
     "RecordValidationError",
     "SnapshotError",
+    "SshAuthError",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreFullError",
+    "StoreLockedError",
     "StoreWriteError",
     "SyncError",
+    "TransferBusyError",
+    "UnknownCategoryError",
     "UnknownStoreError",
+    "describe",
+    "free_bytes",
+    "is_disk_full",
+    "sync_error",
+    "translated",
 ]
 
 
@@ -109,6 +154,41 @@ class StoreWriteError(SyncError):
     """SQLite failed to open, write or read a record store; nothing of the failed batch is kept."""
 
 
+class StoreFullError(StoreWriteError):
+    """The filesystem of `path` is full (`free_bytes` left); nothing of the failed batch is kept.
+
+    `doing` says what failed, e.g. `/data/games/games.db: cannot commit`.
+    """
+
+    def __init__(self, path: Path | str, free_bytes: int | None, doing: str) -> None:
+        self.path = Path(path)
+        self.free_bytes = free_bytes
+        self.doing = doing
+        free = "unknown" if free_bytes is None else str(free_bytes)
+        super().__init__(
+            f"{doing}: the disk is full ({free} bytes free); free space there and writes "
+            "resume by themselves"
+        )
+
+    def __reduce__(self) -> tuple[type[StoreFullError], tuple[Path, int | None, str]]:
+        return (type(self), (self.path, self.free_bytes, self.doing))
+
+
+class StoreLockedError(StoreWriteError):
+    """Another process holds the lock file of the store at `path`."""
+
+    def __init__(self, path: Path | str, lock_path: Path | str) -> None:
+        self.path = Path(path)
+        self.lock_path = Path(lock_path)
+        super().__init__(
+            f"{self.path}: locked by another process (lock file {self.lock_path}); is another "
+            "shoal running with this data dir? stop it or choose another --data-dir"
+        )
+
+    def __reduce__(self) -> tuple[type[StoreLockedError], tuple[Path, Path]]:
+        return (type(self), (self.path, self.lock_path))
+
+
 class SnapshotError(SyncError):
     """A snapshot could not be written, or a file to merge is corrupt or of another schema."""
 
@@ -125,6 +205,10 @@ class RecordRequestError(SyncError):
 
     def __reduce__(self) -> tuple[type[RecordRequestError], tuple[str, int | None]]:
         return (type(self), (str(self), self.status))
+
+
+class RecordRequestTimeoutError(RecordRequestError, TimeoutError):
+    """A request to a node's record endpoints got no answer in time."""
 
 
 class RecordRejectedError(RecordRequestError):
@@ -153,3 +237,237 @@ class RecordPullError(SyncError):
     def __init__(self, message: str, result: PullResult) -> None:
         self.result = result
         super().__init__(message)
+
+
+class FileSyncError(SyncError):
+    """Base of the errors of file sync (manifests, transports, the coordinator)."""
+
+
+class PathRefusedError(FileSyncError, ValueError):
+    """`path` is not a plain relative path inside its category root; `reason` says why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"path {path!r} refused: {reason}")
+
+    def __reduce__(self) -> tuple[type[PathRefusedError], tuple[str, str]]:
+        return (type(self), (self.path, self.reason))
+
+
+class UnknownCategoryError(FileSyncError, LookupError):
+    """`category` is not one of this node's file categories."""
+
+    def __init__(self, category: str) -> None:
+        self.category = category
+        super().__init__(f"unknown file category {category!r}")
+
+    def __reduce__(self) -> tuple[type[UnknownCategoryError], tuple[str]]:
+        return (type(self), (self.category,))
+
+
+class ManifestError(FileSyncError):
+    """A manifest page or entry is malformed, or its piece hashes do not add up to its hash."""
+
+
+class InsufficientSpaceError(FileSyncError):
+    """Writing `needed_bytes` would leave less than `reserve_bytes` free in `directory`."""
+
+    def __init__(
+        self, directory: str, needed_bytes: int, free_bytes: int, reserve_bytes: int
+    ) -> None:
+        self.directory = directory
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.reserve_bytes = reserve_bytes
+        super().__init__(
+            f"{directory}: {needed_bytes} bytes needed, {free_bytes} free, "
+            f"{reserve_bytes} must stay free"
+        )
+
+    def __reduce__(self) -> tuple[type[InsufficientSpaceError], tuple[str, int, int, int]]:
+        return (
+            type(self),
+            (self.directory, self.needed_bytes, self.free_bytes, self.reserve_bytes),
+        )
+
+
+class TransferBusyError(FileSyncError):
+    """Another transfer (in this or another process) is writing the same partial file."""
+
+
+class ContentMismatchError(FileSyncError):
+    """Bytes from `peer` did not match the expected hash (piece `piece`, or None: whole file)."""
+
+    def __init__(self, message: str, peer: str = "", piece: int | None = None) -> None:
+        self.peer = peer
+        self.piece = piece
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[ContentMismatchError], tuple[str, str, int | None]]:
+        return (type(self), (str(self), self.peer, self.piece))
+
+
+class FileChangedError(FileSyncError):
+    """The peer refused: the file changed (412, `current_hash` is its hash now) or is gone (404)."""
+
+    def __init__(self, message: str, status: int, current_hash: str | None = None) -> None:
+        self.status = status
+        self.current_hash = current_hash
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[FileChangedError], tuple[str, int, str | None]]:
+        return (type(self), (str(self), self.status, self.current_hash))
+
+
+class FileTransferError(FileSyncError):
+    """A request to a peer failed: no answer (`status` None) or an unexpected status."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[FileTransferError], tuple[str, int | None]]:
+        return (type(self), (str(self), self.status))
+
+
+class FileTransferTimeoutError(FileTransferError, TimeoutError):
+    """A request to a peer got no answer (or no more bytes) in time."""
+
+
+class HostKeyError(FileTransferError):
+    """The peer's SSH host key is unknown or differs from its known_hosts entry."""
+
+
+class SshAuthError(FileTransferError):
+    """The peer's SSH server refused the client key."""
+
+
+class AllSourcesFailedError(FileSyncError):
+    """No source delivered the file; `errors` holds (peer, error) in the order tried."""
+
+    def __init__(self, path: str, errors: Sequence[tuple[str, BaseException]]) -> None:
+        self.path = path
+        self.errors = tuple(errors)
+        tried = "; ".join(f"{peer}: {error}" for peer, error in self.errors) or "no sources"
+        super().__init__(f"{path}: every source failed ({tried})")
+
+    @property
+    def only_changed(self) -> bool:
+        """True when every source answered that it no longer has this version."""
+        return bool(self.errors) and all(
+            isinstance(error, FileChangedError) for _, error in self.errors
+        )
+
+
+# --- the one table: errors of aiohttp, asyncssh, sqlite3 and the OS -> SyncError --------------
+
+_SQLITE_FULL = 13
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+LIBRARY_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientError,
+    sqlite3.Error,
+    OSError,
+    TimeoutError,
+)
+"""What `translated` catches (asyncssh.Error too, once asyncssh is imported)."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when `exc` (or what it chains) says the disk or the quota is full."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
+            return True
+        if isinstance(current, sqlite3.Error):
+            code = getattr(current, "sqlite_errorcode", None)
+            if (isinstance(code, int) and code & 0xFF == _SQLITE_FULL) or "is full" in str(current):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged process may still write on the filesystem of `path` (or its
+    nearest existing parent); None when that cannot be read."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """`exc` as a short human phrase: its text, or its type when it has none."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror if exc.filename is None else f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
+
+
+def _asyncssh_error(exc: BaseException, message: str) -> SyncError | None:
+    asyncssh = sys.modules.get("asyncssh")
+    if asyncssh is None or not isinstance(exc, asyncssh.Error):
+        return None
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return HostKeyError(f"{message}: host key not verifiable: {exc}")
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return SshAuthError(f"{message}: key refused: {exc}")
+    return FileTransferError(f"{message}: {describe(exc)}")
+
+
+def sync_error(
+    exc: BaseException,
+    message: str,
+    kind: type[StoreWriteError] | type[RecordRequestError] | type[FileTransferError],
+    *,
+    path: Path | None = None,
+) -> SyncError:
+    """The most specific SyncError of family `kind` for an error of a library underneath.
+
+    A full disk (ENOSPC, EDQUOT, SQLITE_FULL) at `path` is StoreFullError; a timeout is the
+    family's timeout subclass; asyncssh's host key and auth refusals are HostKeyError and
+    SshAuthError. The caller chains it (`raise ... from exc`). A SyncError is returned as is.
+    """
+    if isinstance(exc, SyncError):
+        return exc
+    if path is not None and is_disk_full(exc):
+        return StoreFullError(path, free_bytes(path), message)
+    ssh = _asyncssh_error(exc, message)
+    if ssh is not None:
+        return ssh
+    text = f"{message}: {describe(exc)}"
+    if isinstance(exc, TimeoutError):
+        if issubclass(kind, RecordRequestError):
+            return RecordRequestTimeoutError(f"{message}: timed out")
+        if issubclass(kind, FileTransferError):
+            return FileTransferTimeoutError(f"{message}: timed out")
+    if issubclass(kind, RecordRequestError | FileTransferError):
+        status = getattr(exc, "status", None)
+        return kind(text, status if isinstance(status, int) else None)
+    return kind(text)
+
+
+@contextmanager
+def translated(
+    message: str,
+    kind: type[StoreWriteError] | type[RecordRequestError] | type[FileTransferError],
+    *,
+    path: Path | None = None,
+) -> Iterator[None]:
+    """Raise `sync_error(exc, message, kind, path=path) from exc` for an error of aiohttp,
+    asyncssh, sqlite3 or the OS inside the block (httpx's map_httpcore_exceptions, for sync)."""
+    try:
+        yield
+    except SyncError:
+        raise
+    except Exception as exc:
+        asyncssh = sys.modules.get("asyncssh")
+        if not isinstance(exc, LIBRARY_ERRORS) and not (
+            asyncssh is not None and isinstance(exc, asyncssh.Error)
+        ):
+            raise
+        raise sync_error(exc, message, kind, path=path) from exc

@@ -19,7 +19,7 @@ from wal.entry import (
     WalObserver,
     WalStats,
 )
-from wal.errors import WalCorruptError, WalError, WalFullError
+from wal.errors import WalBusyError, WalCorruptError, WalDiskFullError, WalError, WalFullError
 from wal.log import WriteAheadLog
 from wal.schema import move_aside
 
@@ -33,8 +33,10 @@ __all__ = [
     "EntryState",
     "RecoveryHandler",
     "RecoveryResult",
+    "WalBusyError",
     "WalConfig",
     "WalCorruptError",
+    "WalDiskFullError",
     "WalEntry",
     "WalError",
     "WalFullError",

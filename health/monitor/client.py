@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import errno
 import json
 import logging
 import socket
@@ -21,6 +20,8 @@ import aiohttp
 from yarl import URL
 
 from config import Inventory, Timeouts, load_inventory, signing_middleware
+from health.errors import FetchError, fetch_error, http_fetch_error
+from health.errors import describe_fetch_error as describe_fetch_error
 from health.monitor.model import (
     ClusterStatus,
     MonitorError,
@@ -46,14 +47,6 @@ DEFAULT_NODE_URL = "http://127.0.0.1:8770"
 DEFAULT_TIMEOUT_S = Timeouts().peer_status_s
 DEFAULT_PEER_VIEWS = 3
 DEFAULT_MAX_CONCURRENCY = 256
-
-
-class _FetchError(MonitorError):
-    """One request to one node failed; `reason` is what its row shows."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
 
 
 class _State(enum.Enum):
@@ -115,34 +108,6 @@ def _remembered(
         and (row.address, row.port) not in endpoints
         and not (row.state == "left" and row.error is not None)
     ]
-
-
-def describe_fetch_error(exc: BaseException, timeout_s: float) -> str:
-    """The one-line reason a row shows for a failed request (never a traceback)."""
-    if isinstance(exc, TimeoutError):
-        return f"timeout after {float(timeout_s)} s"
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return "unreachable: cannot resolve host"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        code = exc.os_error.errno
-        if code == errno.ECONNREFUSED:
-            return "unreachable: connection refused"
-        text = exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
-        return f"unreachable: {text.lower()}"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "unreachable: server disconnected"
-    if isinstance(exc, aiohttp.ClientError | OSError):
-        return f"unreachable: {exc or type(exc).__name__}"
-    return f"error: {exc or type(exc).__name__}"
-
-
-def _http_reason(status: int, body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = None
-    reason = data.get("error") if isinstance(data, dict) else None
-    return f"{status}: {reason or body[:80].decode(errors='replace').strip() or 'no reason'}"
 
 
 class ClusterMonitor:
@@ -307,7 +272,7 @@ class ClusterMonitor:
     async def _report(self, session: aiohttp.ClientSession, target: _Target) -> NodeReport:
         try:
             status = parse_status(await self._get_json(session, target.url, "/v1/status"))
-        except _FetchError as exc:
+        except FetchError as exc:
             return NodeReport(target.url, target.address, target.port, target.node_id, None,
                               exc.reason)  # fmt: skip
         except ValueError as exc:
@@ -320,22 +285,22 @@ class ClusterMonitor:
     ) -> tuple[Observation, ...] | None:
         try:
             return parse_peers(await self._get_json(session, target.url, "/v1/peers"))
-        except (_FetchError, ValueError) as exc:
+        except (FetchError, ValueError) as exc:
             logger.debug("no membership view from %s: %s", target.url, exc)
             return None
 
     async def _get_json(self, session: aiohttp.ClientSession, url: str, path: str) -> Any:
-        """The JSON body of GET url+path, or _FetchError(reason) within the timeout."""
+        """The JSON body of GET url+path, or FetchError(reason) within the timeout."""
         async with self._limit:
             try:
                 async with asyncio.timeout(self._timeout_s):
                     async with session.get(url + path) as response:
                         status, body = response.status, await response.read()
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise _FetchError(describe_fetch_error(exc, self._timeout_s)) from exc
+                raise fetch_error(exc, self._timeout_s) from exc
         if status >= 400:
-            raise _FetchError(_http_reason(status, body))
+            raise http_fetch_error(status, body)
         try:
             return json.loads(body)
         except ValueError as exc:
-            raise _FetchError(f"bad response: not JSON ({exc})") from exc
+            raise FetchError(f"bad response: not JSON ({exc})") from exc

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from health.errors import HealthError
+from health.errors import MonitorError as MonitorError
 
 __all__ = [
     "ClusterStatus",
@@ -28,10 +28,6 @@ __all__ = [
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 UNKNOWN_STATE = "unknown"
 """State of a node no fetched membership view mentions."""
-
-
-class MonitorError(HealthError):
-    """cluster_monitor could not do what was asked (bad targets, a closed monitor)."""
 
 
 def _int(value: Any) -> int | None:

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TextIO
 
 from config import ConfigError, Inventory, load_inventory, load_settings, read_secret_file
+from health.errors import MonitorError as MonitorError
+from health.errors import UsageError as UsageError
 from health.monitor.client import ClusterMonitor, normalize_node_url
-from health.monitor.model import ClusterStatus, MonitorError
+from health.monitor.model import ClusterStatus
 from health.monitor.terminal import print_status, watch_statuses
 
 __all__ = [
@@ -35,10 +37,6 @@ EXIT_FAILING = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 DEFAULT_INTERVAL_S = 2.0
-
-
-class UsageError(MonitorError):
-    """A bad flag or value on the command line (exit status 2)."""
 
 
 @dataclass(frozen=True)

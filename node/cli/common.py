@@ -19,9 +19,11 @@ from config import (
     LoadedSettings,
     NodeSettings,
     load_settings,
+    read_error,
     read_secret_file,
     signing_middleware,
 )
+from node.errors import PeerRequestError, peer_error
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -94,19 +96,19 @@ async def request_json(
     timeout_s: float | None = None,
 ) -> Any:
     """One signed request to a daemon and its JSON answer; an error answer or an unreachable
-    daemon exits 1 with one line naming the URL and the reason."""
+    daemon exits 1 with one line naming the URL and the node's own reason."""
     try:
         async with (
             client_session(settings, timeout_s) as session,
             session.request(method, url, json=body) as response,
         ):
-            document = await response.json(content_type=None)
+            payload = await response.read()
             if response.status >= 400:
-                reason = document.get("error") if isinstance(document, dict) else document
-                fail(f"{url}: {response.status}: {reason}", EXIT_FAILURE)
-            return document
-    except (ClientError, TimeoutError, ValueError) as exc:
-        fail(f"{url}: unreachable: {exc or type(exc).__name__}", EXIT_FAILURE)
+                answer = read_error(response.status, payload)
+                fail(str(PeerRequestError.from_answer(url, answer)), EXIT_FAILURE)
+            return json.loads(payload)
+    except (ClientError, TimeoutError, OSError, ValueError) as exc:
+        fail(str(peer_error(exc, url)), EXIT_FAILURE)
 
 
 NodeOption = Annotated[

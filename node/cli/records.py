@@ -10,14 +10,14 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, NoReturn
 
 import aiohttp
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from config import NodeSettings
+from config import NodeSettings, read_error
 from node.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -30,6 +30,7 @@ from node.cli.common import (
     print_json,
     settings_from,
 )
+from node.errors import peer_error
 from sync import (
     Cursor,
     IngestResult,
@@ -75,8 +76,10 @@ def _target(node: str | None, config_file: Path | None) -> tuple[NodeSettings, s
     return settings, node_url(settings, node)
 
 
-def _unreachable(url: str, exc: SyncError) -> None:
-    fail(f"{url}: {exc}", EXIT_FAILURE)
+def _unreachable(url: str, exc: SyncError) -> NoReturn:
+    """One line naming the node (once) and its own reason."""
+    text = str(exc)
+    fail(text if text.startswith(url) else f"{url}: {text}", EXIT_FAILURE)
 
 
 @records_app.command("status")
@@ -89,14 +92,15 @@ def records_status(
     async def fetch() -> Any:
         async with client_session(settings) as session, session.get(f"{url}/v1/records") as answer:
             if answer.status != 200:
-                raise RecordRequestError(f"HTTP {answer.status}: {await answer.text()}")
+                error = read_error(answer.status, await answer.read())
+                raise RecordRequestError(str(error), answer.status)
             return await answer.json()
 
     try:
         with config_errors():
             data = asyncio.run(fetch())
     except (aiohttp.ClientError, TimeoutError) as exc:
-        fail(f"cannot reach the node at {url}: {exc}", EXIT_FAILURE)
+        fail(f"cannot reach the node: {peer_error(exc, url)}", EXIT_FAILURE)
     except SyncError as exc:
         _unreachable(url, exc)
     if as_json:
@@ -222,7 +226,7 @@ def records_import(
         try:
             summary, rejected = asyncio.run(send(progress))
         except SyncError as exc:
-            fail(f"{url}: {exc}", EXIT_FAILURE)
+            _unreachable(url, exc)
         except OSError as exc:
             fail(f"{file}: cannot read: {exc}", EXIT_USAGE)
     sys.stdout.write(json.dumps(asdict(summary)) + "\n")
@@ -303,7 +307,7 @@ def records_export(
         with config_errors():
             count = asyncio.run(export())
     except SyncError as exc:
-        fail(f"{url}: {exc}", EXIT_FAILURE)
+        _unreachable(url, exc)
     except BrokenPipeError:
         # the reader went away (e.g. `| head`): stop quietly, and keep the exit flush quiet too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

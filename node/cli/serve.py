@@ -15,6 +15,8 @@ from node.cli.common import EXIT_FAILURE, ConfigOption, fail, settings_from
 from node.daemon import NodeDaemon
 from node.errors import NodeError
 from node.logs import configure_logging
+from node.startup import startup_error
+from sync import SyncError
 from wal import WalCorruptError, WalError
 
 log = logging.getLogger(__name__)
@@ -95,8 +97,11 @@ def serve(
         fail(exc.problems)
     except WalCorruptError as exc:
         fail(str(exc))
-    except (NodeError, WalError) as exc:
-        fail(str(exc), EXIT_FAILURE)
+    except (NodeError, WalError, SyncError, OSError) as exc:
+        known = startup_error(exc, settings.data_dir)
+        if known is not None:
+            fail(str(known), known.exit_code)
+        fail(str(exc) or type(exc).__name__, EXIT_FAILURE)
 
 
 def register(app: typer.Typer) -> None:

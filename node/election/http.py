@@ -24,6 +24,7 @@ from node.election.messages import (
     VoteRequest,
 )
 from node.election.plan import FENCE_HEADER, PlanError, PlanFence, check_fence
+from node.errors import NodeError
 from node.openapi import RouteDoc
 from node.security import PEER_ID, json_error
 
@@ -123,7 +124,7 @@ def fence_refusal(request: web.Request, current: PlanFence | None) -> web.Respon
     return json_error(409, result.reason, fence=result.to_dict())
 
 
-class _Refusal(Exception):
+class _Refusal(NodeError):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status

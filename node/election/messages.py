@@ -10,11 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from node.election.plan import PlanError, PlanFence, RolePlan
-from node.errors import NodeError
-
-
-class ElectionError(NodeError):
-    """A malformed election message, or an elector used outside its lifecycle."""
+from node.errors import ElectionError as ElectionError
 
 
 class VoteReason(enum.StrEnum):

@@ -13,17 +13,13 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeGuard
 
 from config import Role
-from node.errors import NodeError
+from node.errors import PlanError as PlanError
 
 Backend = Literal["nccl", "gloo"]
 FENCE_HEADER = "X-Shoal-Fence"
 """HTTP header carrying the fence of a role-dependent request, as `term.version`."""
 
 _PLAN_ROLES = frozenset({Role.TRAINING, Role.INFERENCE, Role.SELFPLAY})
-
-
-class PlanError(NodeError):
-    """A plan, fence or policy is malformed (bad JSON from a peer, impossible bounds)."""
 
 
 @dataclass(frozen=True, order=True, slots=True)

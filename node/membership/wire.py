@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from node.errors import MembershipError
+from node.errors import WireError as WireError
 from node.membership.types import (
     MAX_NODE_ID_CHARS,
     Member,
@@ -35,10 +36,6 @@ _STATE_CODE = {
     MemberState.LEFT: "l",
 }
 _CODE_STATE = {code: state for state, code in _STATE_CODE.items()}
-
-
-class WireError(MembershipError):
-    """A body that is not a valid membership message."""
 
 
 class MessageKind(enum.StrEnum):

@@ -26,24 +26,14 @@ from typing import Any, TypeGuard
 
 from config import Timeouts, read_secret_file, signed_headers
 from node.election.plan import Backend
-from node.errors import NodeError
+from node.errors import GroupError as GroupError
+from node.errors import MasterUnreachable as MasterUnreachable
+from node.errors import RendezvousError as RendezvousError
 
 log = logging.getLogger(__name__)
 
 RENDEZVOUS_PATH = "/v1/rendezvous"
 ENV_DAEMON_URL = "SHOAL_DAEMON_URL"
-
-
-class GroupError(NodeError):
-    """A process group could not be formed or re-formed; the message says which generation."""
-
-
-class RendezvousError(GroupError):
-    """The daemon's /v1/rendezvous is unreachable, refused, or malformed."""
-
-
-class MasterUnreachable(GroupError):
-    """Rank 0's store (master_addr:master_port) of a generation did not answer in time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,7 +446,7 @@ def _error_reason(body: bytes) -> str:
     except ValueError:
         return body[:200].decode(errors="replace") or "no reason given"
     if isinstance(data, Mapping):
-        return str(data.get("error") or data.get("reason") or data)
+        return str(data.get("reason") or data.get("error") or data)
     return str(data)
 
 

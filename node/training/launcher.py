@@ -15,14 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from node.errors import NodeError
+from node.errors import LauncherError as LauncherError
 from node.training.groups import Rendezvous
 
 log = logging.getLogger(__name__)
-
-
-class LauncherError(NodeError):
-    """The launcher was misused (closed, no command) or given a rendezvous without a rank."""
 
 
 class LauncherState(enum.StrEnum):

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from sync.files.errors import (
+from sync.errors import (
     ContentMismatchError,
     FileChangedError,
     FileSyncError,
     FileTransferError,
     PathRefusedError,
+    sync_error,
 )
 from sync.files.manifest import ManifestEntry
 from sync.transports.protocol import await_jobs, settle_all
@@ -247,8 +248,8 @@ async def download_run(
         if batch:  # keep what arrived: its complete pieces are verified now, not fetched again
             total = sum(len(chunk) for chunk in batch)
             await await_jobs(_submit(sink, batch, sink.reserve(total)))
-        raise FileTransferError(
-            f"{peer}: {entry.path}: {type(exc).__name__}: {exc} after {received} bytes"
+        raise sync_error(
+            exc, f"{peer}: {entry.path}: after {received} bytes", FileTransferError
         ) from exc
     finally:
         await settle_all(jobs)

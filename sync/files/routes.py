@@ -1,5 +1,6 @@
 """HTTP routes of file sync: paged manifests, file bytes with ranges guarded by the content hash,
-and pull requests from peers that push. Refusals are JSON `{"error": code, "reason": text}`.
+and pull requests from peers that push. Refusals are JSON `{"error": code, "reason": text,
+"status": N}` (config.wire).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from config import error_response
 from sync.files.catalog import FileCatalog
 from sync.files.docs import PREFIX, file_route_docs
 from sync.files.download import HASH_HEADER
@@ -45,9 +47,7 @@ PullHandler = Callable[[str, str, str, PeerRef], Awaitable[TransferResult | None
 
 
 def _refusal(status: int, code: str, reason: str, **headers: str) -> web.Response:
-    response = web.json_response({"error": code, "reason": reason}, status=status)
-    response.headers.update(headers)
-    return response
+    return error_response(status, reason, code, headers=headers)
 
 
 def _raw_param(request: web.Request, name: str) -> str | None:
@@ -276,7 +276,13 @@ def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[w
             status = 409 if exc.only_changed else 502
             return _refusal(status, "source_failed", str(exc))
         except InsufficientSpaceError as exc:
-            return _refusal(507, "insufficient_storage", str(exc))
+            return error_response(
+                507,
+                str(exc),
+                "insufficient_storage",
+                path=exc.directory,
+                free_bytes=exc.free_bytes,
+            )
         except PathRefusedError as exc:
             return _refusal(400, "bad_path", str(exc))
         except FileSyncError as exc:

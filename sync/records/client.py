@@ -11,7 +11,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -20,18 +20,21 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from config import Timeouts, read_secret_file, signing_middleware
+from config import Timeouts, read_error, read_secret_file, signing_middleware
 from sync.errors import (
     RecordRejectedError,
     RecordRequestError,
     RecordValidationError,
     StoreClosedError,
+    sync_error,
 )
 from sync.records.types import IngestResult
 
 logger = logging.getLogger(__name__)
 
 REJECTED_STATUSES = frozenset({400, 404, 413})
+RETRIED_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+"""Errors of a request that are retried (then translated by sync.errors.sync_error)."""
 RETRIED_STATUSES = frozenset({502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
 
@@ -76,22 +79,16 @@ def encode_batch(batch: Sequence[Any]) -> bytes:
 
 
 def rejection(status: int, body: bytes) -> RecordRejectedError:
-    """A RecordRejectedError from a node's JSON refusal (or its raw text)."""
-    try:
-        data = orjson.loads(body)
-    except ValueError:
-        data = None
-    if isinstance(data, Mapping) and isinstance(data.get("reason"), str):
-        index = data.get("index")
-        field = data.get("field")
-        return RecordRejectedError(
-            data["reason"],
-            status,
-            index if isinstance(index, int) else None,
-            field if isinstance(field, str) else None,
-        )
-    text = body.decode("utf-8", "replace").strip()[:500]
-    return RecordRejectedError(text or f"HTTP {status}", status)
+    """A RecordRejectedError from a node's error answer (config.wire's shape) or its raw text."""
+    answer = read_error(status, body)
+    index = answer.extra.get("index")
+    field = answer.extra.get("field")
+    return RecordRejectedError(
+        answer.reason,
+        status,
+        index if isinstance(index, int) else None,
+        field if isinstance(field, str) else None,
+    )
 
 
 class _State(enum.Enum):
@@ -209,15 +206,15 @@ class RecordClient:
                         )
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
                     status = response.status
-                    problem = f"HTTP {status}"
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+                    problem = f"HTTP {status}: {rejection(status, payload).reason}"
+            except RETRIED_ERRORS as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 if attempt == self.retries:
-                    raise RecordRequestError(
-                        f"{url}: gave up after {attempt + 1} attempts: {problem}"
+                    raise sync_error(
+                        exc, f"{url}: gave up after {attempt + 1} attempts", RecordRequestError
                     ) from exc
             except aiohttp.ClientError as exc:
-                raise RecordRequestError(f"{url}: {exc}") from exc
+                raise sync_error(exc, url, RecordRequestError) from exc
             if attempt == self.retries:
                 raise RecordRequestError(
                     f"{url}: gave up after {attempt + 1} attempts: {problem}", status

@@ -15,7 +15,13 @@ import aiohttp
 import orjson
 
 from config import Timeouts, signing_middleware
-from sync.errors import RecordPullError, RecordRequestError, StoreClosedError, SyncError
+from sync.errors import (
+    RecordPullError,
+    RecordRequestError,
+    StoreClosedError,
+    SyncError,
+    translated,
+)
 from sync.records.client import rejection
 from sync.records.store import RecordStore
 from sync.records.types import DEFAULT_PAGE_LIMIT, Cursor, PullResult, RecordKey
@@ -40,7 +46,7 @@ def since_params(
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str, params: Any = None) -> Any:
-    try:
+    with translated(url, RecordRequestError):
         async with session.get(url, params=params) as response:
             payload = await response.read()
             if response.status != 200:
@@ -50,8 +56,6 @@ async def _get_json(session: aiohttp.ClientSession, url: str, params: Any = None
                 raise RecordRequestError(
                     f"{url}: HTTP {response.status}: {refusal}", response.status
                 )
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise RecordRequestError(f"{url}: {type(exc).__name__}: {exc}") from exc
     try:
         return orjson.loads(payload)
     except ValueError as exc:

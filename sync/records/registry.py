@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from config import Category, NodeSettings
+from health import DiskWrites
 from sync.errors import RecordSchemaError, StoreClosedError
 from sync.records.schema import BUILTIN_SCHEMAS, RecordSchema
 from sync.records.store import RecordStore
@@ -39,7 +40,10 @@ class RecordStores(Mapping[str, RecordStore]):
         extra_schemas: Sequence[RecordSchema] = (),
         options: StoreOptions | None = None,
         category_dirs: Mapping[str, Path] | None = None,
+        writes: DiskWrites | None = None,
     ) -> None:
+        """`writes` hears of every store's failed and succeeded commits (disk health)."""
+        self._writes = writes
         schemas = dict(BUILTIN_SCHEMAS)
         for schema in extra_schemas:
             if schema.name in schemas:
@@ -61,12 +65,13 @@ class RecordStores(Mapping[str, RecordStore]):
         settings: NodeSettings,
         extra_schemas: Sequence[RecordSchema] = (),
         options: StoreOptions | None = None,
+        writes: DiskWrites | None = None,
     ) -> RecordStores:
         """Stores at settings.category_path(store) / f"{store}.db", busy timeout from config."""
         base = options or StoreOptions()
         options = replace(base, busy_timeout_s=settings.timeouts.sqlite_busy_s)
         dirs = {c.value: settings.category_path(c) for c in Category}
-        return cls(settings.data_dir, extra_schemas, options, dirs)
+        return cls(settings.data_dir, extra_schemas, options, dirs, writes)
 
     @property
     def paths(self) -> dict[str, Path]:
@@ -89,7 +94,7 @@ class RecordStores(Mapping[str, RecordStore]):
         self._state = "open"
         try:
             for name, (path, schema) in self._planned.items():
-                store = RecordStore(path, schema, self._options)
+                store = RecordStore(path, schema, self._options, self._writes)
                 await store.open()
                 self._stores[name] = store
         except BaseException:

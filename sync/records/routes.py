@@ -1,22 +1,24 @@
 """HTTP routes of the record stores: ingest (JSON or NDJSON), status, since-pages and lookups.
 
-Every refusal is JSON `{"error": code, "reason": text}`; client input never causes a 500.
+Every refusal is JSON `{"error": code, "reason": text, "status": N}` (config.wire); client input
+never causes a 500.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from config import error_response as error_answer
 from sync.errors import (
     RecordQueryError,
     RecordValidationError,
     StoreBusyError,
     StoreClosedError,
+    StoreFullError,
     StoreWriteError,
     SyncError,
     UnknownStoreError,
@@ -74,11 +76,7 @@ def parse_body(body: bytes, ndjson: bool) -> list[Any]:
 
 
 def _refusal(status: int, code: str, reason: str, **extra: Any) -> web.Response:
-    headers = {}
-    if "retry_after_s" in extra:
-        headers["Retry-After"] = str(max(1, math.ceil(extra.pop("retry_after_s"))))
-    body = {"error": code, "reason": reason, **extra}
-    return web.json_response(body, status=status, headers=headers)
+    return error_answer(status, reason, code, **extra)
 
 
 def error_response(exc: SyncError) -> web.Response:
@@ -89,6 +87,10 @@ def error_response(exc: SyncError) -> web.Response:
         return _refusal(400, "bad_query", str(exc), param=exc.param)
     if isinstance(exc, UnknownStoreError):
         return _refusal(404, "unknown_store", str(exc))
+    if isinstance(exc, StoreFullError):
+        return _refusal(
+            507, "insufficient_storage", str(exc), path=str(exc.path), free_bytes=exc.free_bytes
+        )
     if isinstance(exc, StoreBusyError):
         return _refusal(503, "busy", str(exc), retry_after_s=exc.retry_after_s)
     if isinstance(exc, StoreClosedError | StoreWriteError):
@@ -207,6 +209,7 @@ def record_route_docs() -> list[dict[str, Any]]:
                 (404, "unknown store"),
                 (413, "too many records or too large a body"),
                 (503, "queue full or store unavailable; see Retry-After"),
+                (507, "disk full: nothing written; path and free_bytes name the disk"),
             ),
             "parameters": (store,),
         },

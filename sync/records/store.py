@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import enum
+import errno
 import fcntl
 import logging
 import math
@@ -24,12 +25,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from health import DiskWrites
 from sync.errors import (
     SnapshotError,
     StoreBusyError,
     StoreClosedError,
+    StoreFullError,
+    StoreLockedError,
     StoreWriteError,
     SyncError,
+    free_bytes,
+    sync_error,
 )
 from sync.records import sqlite as db
 from sync.records.schema import RecordSchema, insert_sql
@@ -61,9 +67,15 @@ class RecordStore:
     """Owns `path` (exclusively, by a lock file), its writer thread and its reader connection."""
 
     def __init__(
-        self, path: Path, schema: RecordSchema, options: StoreOptions | None = None
+        self,
+        path: Path,
+        schema: RecordSchema,
+        options: StoreOptions | None = None,
+        writes: DiskWrites | None = None,
     ) -> None:
+        """`writes` hears of every failed and succeeded commit (the node's disk health)."""
         self.path = Path(path)
+        self._writes = writes
         self.schema = schema
         self.options = options or StoreOptions()
         self._insert = insert_sql(schema)
@@ -135,8 +147,10 @@ class RecordStore:
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
-            raise StoreWriteError(
-                f"{self.path}: cannot lock {lock_path} (is another process using it?): {exc}"
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StoreLockedError(self.path, lock_path) from exc
+            raise sync_error(
+                exc, f"{self.path}: cannot lock", StoreWriteError, path=self.path
             ) from exc
         return fd
 
@@ -309,6 +323,7 @@ class RecordStore:
             self._loop.call_soon_threadsafe(self._complete, batch, outcome, newest)
 
     def _complete(self, batch: list[_Job], outcome: _Outcome, newest: Any) -> None:
+        self._report_writes(outcome)
         for (rows, future), result in zip(batch, outcome, strict=True):
             self._pending -= len(rows)
             if isinstance(result, IngestResult):
@@ -322,6 +337,19 @@ class RecordStore:
         if newest is not None:
             self._newest = float(newest)
         self._wake()
+
+    def _report_writes(self, outcome: _Outcome) -> None:
+        if self._writes is None:
+            return
+        failed = [result for result in outcome if isinstance(result, StoreWriteError)]
+        if not failed:
+            self._writes.succeeded(self.path)
+            return
+        error = failed[-1]
+        if isinstance(error, StoreFullError):
+            self._writes.failed(self.path, "the disk is full", error.free_bytes)
+        else:
+            self._writes.failed(self.path, str(error), free_bytes(self.path))
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -392,8 +420,7 @@ class RecordStore:
 
 
 def _write_error(path: Path, what: str, exc: BaseException) -> SyncError:
-    if isinstance(exc, SyncError):
-        return exc
-    error = StoreWriteError(f"{path}: {what}: {exc}")
-    error.__cause__ = exc
+    error = sync_error(exc, f"{path}: {what}", StoreWriteError, path=path)
+    if error is not exc:
+        error.__cause__ = exc
     return error

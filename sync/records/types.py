@@ -11,11 +11,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sync.errors import RecordQueryError
+from sync.records.cursor import Cursor, PullResult, RecordKey
 from sync.records.schema import FieldKind, RecordSchema
 
-RecordKey = str | int
-Cursor = tuple[float, RecordKey | None]
-"""(time, key) of the last record seen; key None means every record at or after `time`."""
+__all__ = [
+    "DEFAULT_PAGE_LIMIT",
+    "MAX_GET_KEYS",
+    "MAX_PAGE_LIMIT",
+    "Cursor",
+    "IngestResult",
+    "PullResult",
+    "RecordKey",
+    "RecordPage",
+    "SinceQuery",
+    "SnapshotInfo",
+    "StoreOptions",
+    "StoreStatus",
+    "parse_get_keys",
+    "parse_key",
+    "parse_since_query",
+    "since_sql",
+]
 
 DEFAULT_PAGE_LIMIT = 1000
 MAX_PAGE_LIMIT = 10_000
@@ -91,16 +107,6 @@ class RecordPage:
     def to_json(self) -> dict[str, Any]:
         cursor = None if self.next is None else {"ts": self.next[0], "after": self.next[1]}
         return {"records": self.records, "next": cursor}
-
-
-@dataclass(frozen=True)
-class PullResult:
-    """A pull: records received, newly inserted, already present, and the cursor to resume from."""
-
-    pulled: int
-    inserted: int
-    duplicates: int
-    cursor: Cursor | None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from sync.errors import RecordValidationError
+from sync.errors import RecordValidationError, SyncError
 from sync.records.schema import FieldKind, FieldSpec, RecordSchema
 
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
@@ -55,7 +55,7 @@ def _dumps_fast(value: Any) -> str:
     return _dumps(value)
 
 
-class _Invalid(Exception):
+class _Invalid(SyncError):
     """Raised by a converter; the caller adds index and field."""
 
 

@@ -17,13 +17,14 @@ from urllib.parse import quote
 import aiohttp
 
 from config import Timeouts, signing_middleware
-from sync.files.download import RateLimiter, download_run, plan_runs
-from sync.files.errors import (
+from sync.errors import (
     ContentMismatchError,
     FileSyncError,
     FileTransferError,
     ManifestError,
+    sync_error,
 )
+from sync.files.download import RateLimiter, download_run, plan_runs
 from sync.files.manifest import ManifestEntry, ManifestPage, parse_page
 from sync.guards import dest_path
 from sync.transports.protocol import (
@@ -208,7 +209,7 @@ class HttpTransport:
                     )
                 return 200, json.loads(body)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise FileTransferError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise sync_error(exc, url, FileTransferError) from exc
         except ValueError as exc:
             raise ManifestError(f"{url}: answer is not JSON: {exc}") from exc
 
@@ -277,7 +278,7 @@ class HttpTransport:
                     )
                 answer = json.loads(payload)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise FileTransferError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise sync_error(exc, url, FileTransferError) from exc
         except ValueError as exc:
             raise FileTransferError(f"{url}: answer is not JSON") from exc
         if not isinstance(answer, dict):

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from config import HostEntry, Timeouts
-from sync.files.errors import FileSyncError, FileTransferError
+from sync.errors import FileSyncError, FileTransferError
+from sync.errors import HostKeyError as HostKeyError
+from sync.errors import SshAuthError as SshAuthError
 from sync.files.manifest import ManifestEntry
 from sync.guards import TEMP_PREFIX, dest_path
 from sync.transports.protocol import PeerRef, TransferResult, install_file, make_directories
@@ -35,14 +37,6 @@ _STAT = re.compile(r"^(Literal|Matched) data: ([\d,.]+) bytes", re.MULTILINE)
 _TERM_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-
-
-class HostKeyError(FileTransferError):
-    """The peer's SSH host key is unknown or differs from its known_hosts entry."""
-
-
-class SshAuthError(FileTransferError):
-    """The peer's SSH server refused the client key."""
 
 
 @dataclass(frozen=True)

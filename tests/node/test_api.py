@@ -151,7 +151,7 @@ async def test_unsigned_or_badly_signed_is_401(
         session.get(server.make_url("/v1/status"), headers={**base, **headers}) as resp,
     ):
         assert resp.status == 401
-        assert reason in (await resp.json())["error"]
+        assert reason in (await resp.json())["reason"]
 
 
 async def test_replayed_and_stale_requests_are_401(server: TestServer) -> None:
@@ -161,11 +161,11 @@ async def test_replayed_and_stale_requests_are_401(server: TestServer) -> None:
             assert resp.status == 200
         async with session.get(server.make_url("/v1/peers"), headers=headers) as resp:
             assert resp.status == 401
-            assert "nonce seen before" in (await resp.json())["error"]
+            assert "nonce seen before" in (await resp.json())["reason"]
         stale = signed_headers(SECRET, "x", "GET", "/v1/peers", now=1_000_000)
         async with session.get(server.make_url("/v1/peers"), headers=stale) as resp:
             assert resp.status == 401
-            assert "off" in (await resp.json())["error"]
+            assert "off" in (await resp.json())["reason"]
 
 
 async def test_metrics_with_bearer_token_and_parsable(server: TestServer) -> None:
@@ -208,7 +208,7 @@ async def test_bad_input_gets_json_4xx_never_500(server: TestServer, signed: Cli
         assert (await resp.json())["status"] == 405
     async with signed.post(server.make_url("/v1/echo"), data=b"{not json") as resp:
         assert resp.status == 400
-        assert "malformed JSON" in (await resp.json())["error"]
+        assert "malformed JSON" in (await resp.json())["reason"]
     huge = io.BytesIO(json.dumps({"x": "a" * (65 * 1024 * 1024)}).encode())
     async with (
         ClientSession() as session,

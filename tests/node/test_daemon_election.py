@@ -129,7 +129,7 @@ async def test_a_minority_of_the_voter_set_never_elects(tmp_path: Path) -> None:
         assert status["coordinator"] is None
         code, body = await _get(daemon.port, "/v1/rendezvous")
         assert code == 409
-        assert "no role plan yet" in body["error"]
+        assert "no role plan yet" in body["reason"]
 
 
 async def test_daemon_launches_the_training_command_with_the_rendezvous(tmp_path: Path) -> None:

@@ -142,7 +142,7 @@ async def test_routes_refuse_unsigned_impersonating_malformed_and_not_running(
                 assert response.status == 401
             async with signed("c").post(vote, json=body) as response:
                 assert response.status == 403
-                assert "speaks for" in (await response.json())["error"]
+                assert "speaks for" in (await response.json())["reason"]
             async with signed("a").post(vote, data=b"{nope") as response:
                 assert response.status == 400
             async with signed("a").post(vote, json={"term": "one", "candidate": "a"}) as resp:

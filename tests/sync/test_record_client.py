@@ -66,7 +66,9 @@ async def test_503_is_retried_after_retry_after(server: TestServer) -> None:
         assert (proxy.requests, proxy.forwarded) == (3, 1)
         proxy.fail_503 = 10
         async with fast_client(proxy.url, retries=2) as client:
-            with pytest.raises(RecordRequestError, match="gave up after 3 attempts") as info:
+            with pytest.raises(
+                RecordRequestError, match="gave up after 3 attempts: HTTP 503: busy"
+            ) as info:
                 await client.record("games", [game(2)])
         assert info.value.status == 503
 
