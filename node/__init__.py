@@ -13,7 +13,7 @@ from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_ro
 from node.election.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.election.seams import WalDurableState
-from node.election.service import Coordination, VoterSet, rendezvous_document, resolve_voters
+from node.election.service import ElectionService, VoterSet, resolve_voters
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
 from node.errors import DiscoveryError, MembershipError, NodeError, StartupError
 from node.membership.service import (
@@ -36,9 +36,9 @@ from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
-from node.training.groups import ElasticGroup, GroupError, join_group
-from node.training.groups import Rendezvous as TrainingRendezvous
+from node.training.groups import ElasticGroup, join_group
 from node.training.launcher import TrainingLauncher, training_env
+from node.training.rendezvous import GroupError, Rendezvous, rendezvous_for
 
 __all__ = [
     "ELECTION_DOCS",
@@ -48,13 +48,13 @@ __all__ = [
     "AuthPolicy",
     "Candidate",
     "CandidateSource",
-    "Coordination",
     "Discovery",
     "DiscoveryError",
     "ElasticGroup",
     "ElectionConfig",
     "ElectionEvent",
     "ElectionEventKind",
+    "ElectionService",
     "ElectionStatus",
     "Elector",
     "EventKind",
@@ -75,6 +75,7 @@ __all__ = [
     "NodeError",
     "NodeRuntime",
     "PlanFence",
+    "Rendezvous",
     "RolePlan",
     "RolePolicy",
     "RouteDoc",
@@ -83,7 +84,6 @@ __all__ = [
     "SyncService",
     "SystemdNotifier",
     "TrainingLauncher",
-    "TrainingRendezvous",
     "TransportStats",
     "UdpMembershipTransport",
     "VoterSet",
@@ -102,7 +102,7 @@ __all__ = [
     "local_addresses",
     "openapi_document",
     "read_adoption_log",
-    "rendezvous_document",
+    "rendezvous_for",
     "resolve_node_id",
     "resolve_voters",
     "should_apply",

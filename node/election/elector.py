@@ -329,7 +329,12 @@ class Elector:
         try:
             members = self._capabilities()
             plan = compute_plan(
-                state.term, next_plan_version(state), members, self._policy, previous=state.plan
+                state.term,
+                next_plan_version(state),
+                members,
+                self._policy,
+                previous=state.plan,
+                highest_generation=state.generation,
             )
         except (PlanError, ValueError) as exc:
             log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)

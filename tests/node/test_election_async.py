@@ -322,7 +322,7 @@ async def test_no_vote_twice_in_a_term_across_a_restart(
     now[0] += 1.0  # past the boot denial
     granted = await voter.handle_vote_request(VoteRequest(5, "a"))
     assert granted.granted
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 5, "voted_for": "a"}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 5, "voted_for": "a", "generation": 0}
     await cluster.crash("b")
     restarted = await cluster.start("b", clock=lambda: now[0])
     denied = await restarted.handle_vote_request(VoteRequest(5, "c"))
@@ -349,7 +349,7 @@ async def test_a_granted_vote_is_durable_before_the_reply(
     assert not second.granted
     reply = await first
     assert reply.granted
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 3, "voted_for": "a"}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 3, "voted_for": "a", "generation": 0}
 
 
 class FailingDurable(InMemoryDurableState):
@@ -379,7 +379,7 @@ async def test_heartbeat_handler_adopts_and_persists_the_term(
     assert ack.term == 4
     assert follower.status.coordinator == "a"
     assert follower.status.lease_valid
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 4, "voted_for": None}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 4, "voted_for": None, "generation": 0}
     stale = await follower.handle_heartbeat(Heartbeat(3, "c", 1))
     assert not stale.success
 
@@ -474,7 +474,7 @@ async def test_vote_and_plan_survive_a_restart_in_a_real_wal(tmp_path: Path) -> 
         await eventually(lambda: any(e.kind is ElectionEventKind.PLAN_ADOPTED for e in adopted))
         first = elector.plan
         assert first is not None
-        assert await wal.state_get(VOTE_KEY) == {"term": 1, "voted_for": "solo"}
+        assert await wal.state_get(VOTE_KEY) == {"term": 1, "voted_for": "solo", "generation": 1}
         assert await wal.state_get(PLAN_KEY) == first.to_dict()
     async with WriteAheadLog(tmp_path / "wal.db") as wal, make(wal) as elector:
         assert elector.status.term == 1

@@ -17,15 +17,14 @@ from typing import Any
 import pytest
 
 from config import Timeouts
-from node.training.groups import (
+from node.training.groups import ElasticGroup, choose_backend
+from node.training.rendezvous import (
     DaemonEndpoint,
-    ElasticGroup,
     GroupError,
     MasterUnreachable,
     NoRank,
     Rendezvous,
     RendezvousError,
-    choose_backend,
     daemon_endpoint,
     fetch_rendezvous,
     store_prefix,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from node.training.groups import Rendezvous
+from node.training.rendezvous import Rendezvous
 from tests.node.groups_fake_daemon import FakeDaemon, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from node.training.groups import Rendezvous
 from node.training.launcher import (
     LauncherError,
     LauncherState,
@@ -23,6 +22,7 @@ from node.training.launcher import (
     restart_delay_s,
     training_env,
 )
+from node.training.rendezvous import Rendezvous
 
 GRANDCHILD = re.compile(r"^grandchild (\d+)$", re.MULTILINE)
 CHILD = str(Path(__file__).with_name("groups_launcher_child.py"))

@@ -57,9 +57,9 @@ def test_training_preference_first_then_auto_by_vram() -> None:
         "e": Role.SELFPLAY,
     }
     assert (plan.term, plan.version) == (3, 7)
-    assert plan.rendezvous.master_addr == members[1].address
-    assert plan.rendezvous.world_size == 3
-    assert plan.rendezvous.backend == "nccl"
+    assert plan.group.master_addr == members[1].address
+    assert plan.group.world_size == 3
+    assert plan.group.backend == "nccl"
     assert plan.rank_of("b") == 0
     assert plan.rank_of("d") is None
 
@@ -99,8 +99,8 @@ def test_below_min_training_nobody_trains_and_says_why() -> None:
     members = [gpu("a"), gpu("b", preference=Role.INFERENCE), cpu("c")]
     plan = compute_plan(2, 1, members, RolePolicy(min_training=2, max_training=4))
     assert plan.training_ranks == ()
-    assert plan.rendezvous.world_size == 0
-    assert plan.rendezvous.master_addr == ""
+    assert plan.group.world_size == 0
+    assert plan.group.master_addr == ""
     assert set(plan.roles.values()) == {Role.SELFPLAY, Role.INFERENCE}
     assert "nobody trains" in plan.note
     assert "min_training is 2" in plan.note
@@ -110,29 +110,29 @@ def test_every_node_dead_but_one() -> None:
     survivor = [gpu("last", preference=Role.TRAINING)]
     plan = compute_plan(9, 4, survivor, POLICY)
     assert plan.training_ranks == ("last",)
-    assert plan.rendezvous.world_size == 1
-    assert plan.rendezvous.master_addr == survivor[0].address
+    assert plan.group.world_size == 1
+    assert plan.group.master_addr == survivor[0].address
     lonely = compute_plan(9, 4, [gpu("last", preference=Role.INFERENCE)], POLICY)
     assert lonely.training_ranks == ()
     assert lonely.roles == {"last": Role.INFERENCE}
     empty = compute_plan(9, 4, [], POLICY)
     assert empty.roles == {}
-    assert empty.rendezvous.world_size == 0
+    assert empty.group.world_size == 0
 
 
 def test_backends() -> None:
     mixed = [gpu("g"), cpu("c", preference=Role.TRAINING)]
     auto = compute_plan(1, 1, mixed, POLICY)
     assert auto.training_ranks == ("c", "g")
-    assert auto.rendezvous.backend == "gloo"
+    assert auto.group.backend == "gloo"
     nccl = compute_plan(1, 1, mixed, RolePolicy(1, 4, backend="nccl"))
     assert nccl.training_ranks == ("g",)
-    assert nccl.rendezvous.backend == "nccl"
+    assert nccl.group.backend == "nccl"
     cpus = [cpu("x"), cpu("y")]
     assert compute_plan(1, 1, cpus, POLICY).training_ranks == ()
     gloo = compute_plan(1, 1, cpus, RolePolicy(1, 4, backend="gloo"))
     assert gloo.training_ranks == ("x", "y")
-    assert gloo.rendezvous.backend == "gloo"
+    assert gloo.group.backend == "gloo"
 
 
 def test_member_order_does_not_matter() -> None:
@@ -153,7 +153,7 @@ def test_surviving_trainers_keep_their_relative_order() -> None:
     assert first.training_ranks == ("a", "b", "c", "d")
     without_a = compute_plan(1, 2, members[1:], POLICY, previous=first)
     assert without_a.training_ranks == ("b", "c", "d")
-    assert without_a.rendezvous.master_addr == members[1].address
+    assert without_a.group.master_addr == members[1].address
     joined = compute_plan(1, 3, [*members[1:], gpu("e", 96)], POLICY, previous=without_a)
     assert joined.training_ranks == ("b", "c", "d", "e")
     # a newcomer that outranks everyone still cannot reorder the survivors
