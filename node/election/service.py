@@ -33,7 +33,7 @@ from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
-TRAINING_CHECK_INTERVAL_S = 5.0
+TRAINING_CHECK_INTERVAL_S = 2.0
 REPLAN_EVENTS = frozenset(
     {
         EventKind.JOINED,
@@ -255,6 +255,8 @@ class ElectionService:
             log.warning("this node cannot train and gives up its rank: %s", reason)
         else:
             log.info("this node offers itself for training again")
+            if self._launcher is not None:
+                self._launcher.forgive()
         if self.elector is not None:
             self.elector.notify_membership_changed()
 

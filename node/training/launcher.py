@@ -80,7 +80,8 @@ class TrainingLauncher:
     A child that fails (exit code != 0, or cannot start) is restarted after `restart_delay_s`
     while its generation is current; the backoff resets once a child ran `healthy_after_s`.
     After `max_failures` failures within `failure_window_s` it gives up (state GAVE_UP) and calls
-    `on_give_up(reason)`, until a new generation is applied. A child that exits 0 finished its
+    `on_give_up(reason)`, and stays given up (also without a rank) until a new generation
+    starts or `forgive()`. A child that exits 0 finished its
     work and is restarted only by a new generation (unless `restart_on_success`). Stopping sends
     SIGTERM to the process group, then SIGKILL after `stop_timeout_s`.
     """
@@ -168,6 +169,12 @@ class TrainingLauncher:
                 self._supervise(wanted, self._stopping), name=f"training-gen{wanted.generation}"
             )
 
+    def forgive(self) -> None:
+        """Leave GAVE_UP for IDLE (the node offers itself for training again)."""
+        if self._state is LauncherState.GAVE_UP:
+            self._state = LauncherState.IDLE
+            self._failed_at.clear()
+
     async def close(self) -> None:
         """Stop the child; idempotent and final."""
         async with self._lock:
@@ -190,7 +197,7 @@ class TrainingLauncher:
         # Shielded: if our caller is cancelled, the supervisor still finishes stopping the child.
         await asyncio.shield(task)
         self._task = None
-        if self._state is not LauncherState.CLOSED:
+        if self._state not in (LauncherState.CLOSED, LauncherState.GAVE_UP):
             self._state = LauncherState.IDLE
 
     async def _supervise(self, rendezvous: Rendezvous, stopping: asyncio.Event) -> None:

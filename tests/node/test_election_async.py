@@ -57,6 +57,7 @@ class Cluster:
         self.events: dict[str, list[ElectionEvent]] = defaultdict(list)
         self.logs: dict[str, AdoptionLog] = {}
         self.members: dict[str, NodeCapabilities] = {}
+        self.policy = POLICY
         self.seed = 0
 
     async def start(self, node: str, **kwargs: Any) -> Elector:
@@ -68,7 +69,7 @@ class Cluster:
             self.network.transport(node),
             self.durables[node],
             capabilities=lambda: list(self.members.values()),
-            policy=POLICY,
+            policy=self.policy,
             debounce=PlanDebouncer(quiet_s=0.1, max_wait_s=0.3),
             adoption_log=log,
             rng=random.Random(self.seed),
@@ -212,6 +213,56 @@ async def test_failover_after_the_coordinator_dies(make_cluster: Callable[..., C
     assert old not in new_plan.roles
     assert all(len(names) == 1 for names in cluster.coordinators_by_term().values())
     assert cluster.check_logs() == []
+
+
+async def test_generations_rise_across_failovers_a_b_a(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """The trainer A coordinates, dies (B takes over, B's group), returns and trains again: the
+    group is A's first group again, yet its generation is new, and generations only rise."""
+    cluster = make_cluster(("a", "b", "c"))
+    cluster.policy = RolePolicy(min_training=1, max_training=1, master_port=29400)
+    for node in "abc":
+        await cluster.start(node)
+    await eventually(cluster.settled)
+    first = cluster.leaders()[0]
+    cluster.members[first] = caps(first, vram=80)  # the coordinator becomes the one trainer
+    cluster.electors[first].notify_membership_changed()
+
+    def trains(node: str) -> bool:
+        plan = cluster.electors[cluster.leaders()[0]].plan if cluster.settled() else None
+        return plan is not None and plan.training_ranks == (node,)
+
+    await eventually(lambda: trains(first))
+    seen = []
+
+    def record() -> None:
+        leader = cluster.leaders()[0]
+        plan = cluster.electors[leader].plan
+        assert plan is not None
+        seen.append((leader, plan.training_ranks, plan.group, plan.generation))
+
+    record()
+    await cluster.crash(first)
+    cluster.members.pop(first)
+    await eventually(lambda: cluster.settled() and cluster.leaders()[0] != first)
+    record()
+    second = cluster.leaders()[0]
+    await cluster.start(first)
+    cluster.electors[second].notify_membership_changed()
+    await eventually(lambda: trains(first))
+    record()
+    await cluster.crash(second)  # the coordinator moves again (to A or the third voter)
+    cluster.members.pop(second)
+    await eventually(lambda: cluster.settled() and cluster.leaders()[0] != second)
+    record()
+    print("coordinator, ranks, generation:", [(c, r, g) for c, r, _, g in seen])
+    generations = [g for _, _, _, g in seen]
+    assert seen[2][1:3] == seen[0][1:3]  # A's group again (the old hash repeated here)
+    assert generations[0] < generations[1] < generations[2]
+    assert generations[3] == generations[2]  # same group under the next coordinator: kept
+    for node, elector in cluster.electors.items():
+        assert elector.state.generation == generations[2], node
 
 
 async def test_a_minority_of_the_voter_set_never_elects(

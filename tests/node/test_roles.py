@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -222,3 +223,43 @@ def test_debouncer_makes_one_plan_of_a_burst() -> None:
     assert not steady.cleared().pending
     with pytest.raises(PlanError):
         PlanDebouncer(quiet_s=1.0, max_wait_s=0.5)
+
+
+def test_generation_stays_with_the_group_and_never_repeats() -> None:
+    """A -> B -> A: the group with A, then without A, then with A again gets three generations
+    (a hash of ranks and group, as before, would repeat the first)."""
+    policy = RolePolicy(min_training=1, max_training=1)
+    a, b = gpu("a", 80), gpu("b", 40)
+    with_a = compute_plan(1, 1, [a, b], policy)
+    assert (with_a.training_ranks, with_a.generation) == (("a",), 1)
+    # nothing changed, or only the fence: the generation stays (no needless regroup)
+    again = compute_plan(1, 2, [a, b], policy, previous=with_a, highest_generation=1)
+    assert again.generation == 1
+    # a failover keeps the generation when the new coordinator applied the same plan
+    new_term = compute_plan(2, 1, [b, a], policy, previous=with_a, highest_generation=1)
+    assert new_term.generation == 1
+    without_a = compute_plan(2, 2, [b], policy, previous=new_term, highest_generation=1)
+    back = compute_plan(3, 1, [a, b], policy, previous=without_a, highest_generation=2)
+    assert (without_a.training_ranks, back.training_ranks) == (("b",), ("a",))
+    assert back.group == with_a.group
+    sequence = [with_a.generation, without_a.generation, back.generation]
+    assert sequence == [1, 2, 3]
+    # a coordinator that saw a newer generation elsewhere continues above it
+    assert compute_plan(4, 1, [a, b], policy, previous=back, highest_generation=9).generation == 10
+
+
+def test_a_node_that_cannot_train_gives_its_rank_away_with_its_reason() -> None:
+    reason = "training command failed 5 times in 300 s; last: exited 1"
+    members = [gpu("a", 80, preference=Role.TRAINING), gpu("b", 40), gpu("c", 24)]
+    first = compute_plan(1, 1, members, RolePolicy(1, 2))
+    assert first.training_ranks == ("a", "b")
+    failing = [replace(members[0], cannot_train=reason), *members[1:]]
+    plan = compute_plan(1, 2, failing, RolePolicy(1, 2), previous=first, highest_generation=1)
+    assert plan.training_ranks == ("b", "c")
+    assert plan.role_of("a") is Role.SELFPLAY
+    assert dict(plan.cannot_train) == {"a": reason}
+    assert plan.generation == 2
+    assert RolePlan.from_dict(plan.to_dict()) == plan
+    cap = capabilities_from_meta("a", "10.0.0.1", {"cannot_train": reason, "gpu_count": 1})
+    assert cap.cannot_train == reason
+    assert capabilities_from_meta("a", "10.0.0.1", {"cannot_train": ""}).cannot_train is None
