@@ -230,8 +230,14 @@ async def test_generations_rise_across_failovers_a_b_a(
     cluster.electors[first].notify_membership_changed()
 
     def trains(node: str) -> bool:
-        plan = cluster.electors[cluster.leaders()[0]].plan if cluster.settled() else None
-        return plan is not None and plan.training_ranks == (node,)
+        """Settled on a plan of the current coordinator's term in which only `node` trains."""
+        if not cluster.settled():
+            return False
+        leader = cluster.electors[cluster.leaders()[0]]
+        plan = leader.plan
+        return (
+            plan is not None and plan.term == leader.status.term and plan.training_ranks == (node,)
+        )
 
     await eventually(lambda: trains(first))
     seen = []
@@ -245,7 +251,7 @@ async def test_generations_rise_across_failovers_a_b_a(
     record()
     await cluster.crash(first)
     cluster.members.pop(first)
-    await eventually(lambda: cluster.settled() and cluster.leaders()[0] != first)
+    await eventually(lambda: trains(min(set("abc") - {first})))  # equal VRAM: lowest id
     record()
     second = cluster.leaders()[0]
     await cluster.start(first)
@@ -254,7 +260,7 @@ async def test_generations_rise_across_failovers_a_b_a(
     record()
     await cluster.crash(second)  # the coordinator moves again (to A or the third voter)
     cluster.members.pop(second)
-    await eventually(lambda: cluster.settled() and cluster.leaders()[0] != second)
+    await eventually(lambda: trains(first) and cluster.leaders()[0] != second)
     record()
     print("coordinator, ranks, generation:", [(c, r, g) for c, r, _, g in seen])
     generations = [g for _, _, _, g in seen]
@@ -373,7 +379,11 @@ async def test_no_vote_twice_in_a_term_across_a_restart(
     now[0] += 1.0  # past the boot denial
     granted = await voter.handle_vote_request(VoteRequest(5, "a"))
     assert granted.granted
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 5, "voted_for": "a", "generation": 0}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {
+        "term": 5,
+        "voted_for": "a",
+        "generation": 0,
+    }
     await cluster.crash("b")
     restarted = await cluster.start("b", clock=lambda: now[0])
     denied = await restarted.handle_vote_request(VoteRequest(5, "c"))
@@ -400,7 +410,11 @@ async def test_a_granted_vote_is_durable_before_the_reply(
     assert not second.granted
     reply = await first
     assert reply.granted
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 3, "voted_for": "a", "generation": 0}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {
+        "term": 3,
+        "voted_for": "a",
+        "generation": 0,
+    }
 
 
 class FailingDurable(InMemoryDurableState):
@@ -430,7 +444,11 @@ async def test_heartbeat_handler_adopts_and_persists_the_term(
     assert ack.term == 4
     assert follower.status.coordinator == "a"
     assert follower.status.lease_valid
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 4, "voted_for": None, "generation": 0}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {
+        "term": 4,
+        "voted_for": None,
+        "generation": 0,
+    }
     stale = await follower.handle_heartbeat(Heartbeat(3, "c", 1))
     assert not stale.success
 
