@@ -131,9 +131,9 @@ class Sim:
             holder = self.leaders.setdefault(new.term, node.node_id)
             if holder != node.node_id:
                 raise Violation(f"term {new.term}: {holder} and {node.node_id} both lead")
-        if old.plan is not None and new.plan is not None:
-            if new.plan.generation < old.plan.generation:
-                raise Violation(f"{node.node_id}: generation went back to {new.plan.generation}")
+        before, after = old.plan, new.plan
+        if before is not None and after is not None and after.generation < before.generation:
+            raise Violation(f"{node.node_id}: generation went back to {after.generation}")
         self.check_leases(node)
         self.check_denials_cover_leases()
         durable_changed = new.durable != node.stored or (

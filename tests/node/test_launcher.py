@@ -310,10 +310,12 @@ async def test_a_child_that_keeps_failing_gives_up_and_reports_it(
         assert result.metrics["failures"] == 3.0
         # without a rank it stays given up (still degraded) until forgiven or a new generation
         await runner.apply(None)
-        assert runner.status.state is LauncherState.GAVE_UP
+        given_up = runner.status
+        assert given_up.state is LauncherState.GAVE_UP
         assert (await check()).status is HealthStatus.DEGRADED
         runner.forgive()
-        assert runner.status.state is LauncherState.IDLE
+        forgiven = runner.status
+        assert forgiven.state is LauncherState.IDLE
         assert (await check()).status is HealthStatus.HEALTHY
         # a new generation is a fresh start
         await runner.apply(rdv(generation=2))
