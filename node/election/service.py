@@ -23,6 +23,7 @@ from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_ro
 from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
+from node.errors import MembershipError
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
@@ -34,6 +35,8 @@ from wal import WriteAheadLog
 log = logging.getLogger(__name__)
 
 TRAINING_CHECK_INTERVAL_S = 2.0
+CANNOT_TRAIN_REASON_CHARS = 200
+"""The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
 REPLAN_EVENTS = frozenset(
     {
         EventKind.JOINED,
@@ -250,7 +253,12 @@ class ElectionService:
         membership = self._membership
         if membership is None:
             return
-        membership.update_meta({CANNOT_TRAIN_META: reason})
+        reason = reason[:CANNOT_TRAIN_REASON_CHARS]
+        try:
+            membership.update_meta({CANNOT_TRAIN_META: reason})
+        except MembershipError as exc:
+            log.error("cannot tell the cluster that this node cannot train: %s", exc)
+            return
         if reason:
             log.warning("this node cannot train and gives up its rank: %s", reason)
         else:
