@@ -71,6 +71,18 @@ class NodeSettings(BaseModel):
     training_env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment of the training program."
     )
+    training_max_failures: int = Field(
+        5,
+        ge=1,
+        description="Failed starts of the training program within training_failure_window_s "
+        "after which this node reports itself unable to train (its rank goes to another node).",
+    )
+    training_failure_window_s: float = Field(
+        300.0,
+        gt=0,
+        description="Window of training_max_failures; also how long the node stays unable to "
+        "train before it offers itself again.",
+    )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     log_format: LogFormat = Field(LogFormat.TEXT, description="text or json log lines.")
     circuit_threshold: int = Field(5, ge=1, description="Failures in a row that open a breaker.")

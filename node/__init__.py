@@ -13,7 +13,7 @@ from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_ro
 from node.election.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.election.seams import WalDurableState
-from node.election.service import Coordination, VoterSet, rendezvous_document, resolve_voters
+from node.election.service import ElectionService, VoterSet, resolve_voters
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
 from node.errors import (
     DiscoveryError,
@@ -49,9 +49,9 @@ from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
-from node.training.groups import ElasticGroup, GroupError, join_group
-from node.training.groups import Rendezvous as TrainingRendezvous
+from node.training.groups import ElasticGroup, join_group
 from node.training.launcher import TrainingLauncher, training_env
+from node.training.rendezvous import GroupError, Rendezvous, rendezvous_for
 
 __all__ = [
     "ELECTION_DOCS",
@@ -61,7 +61,6 @@ __all__ = [
     "AuthPolicy",
     "Candidate",
     "CandidateSource",
-    "Coordination",
     "Discovery",
     "DiscoveryError",
     "ElasticGroup",
@@ -69,6 +68,7 @@ __all__ = [
     "ElectionError",
     "ElectionEvent",
     "ElectionEventKind",
+    "ElectionService",
     "ElectionStatus",
     "Elector",
     "EventKind",
@@ -94,6 +94,7 @@ __all__ = [
     "PeerTimeoutError",
     "PlanError",
     "PlanFence",
+    "Rendezvous",
     "RendezvousError",
     "RolePlan",
     "RolePolicy",
@@ -103,7 +104,6 @@ __all__ = [
     "SyncService",
     "SystemdNotifier",
     "TrainingLauncher",
-    "TrainingRendezvous",
     "TransportStats",
     "UdpMembershipTransport",
     "VoterSet",
@@ -123,7 +123,7 @@ __all__ = [
     "local_addresses",
     "openapi_document",
     "read_adoption_log",
-    "rendezvous_document",
+    "rendezvous_for",
     "resolve_node_id",
     "resolve_voters",
     "should_apply",

@@ -48,7 +48,7 @@ from node.addresses import choose_interfaces, find_self_in_inventory, local_addr
 from node.api import build_app
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
-from node.election.service import Coordination, resolve_voters
+from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
@@ -249,8 +249,8 @@ class NodeDaemon:
             metrics=metrics,
         )
         self.runtime = runtime
-        coordination = Coordination(runtime, resolve_voters(settings, inventory, node_id))
-        self._coordination = coordination
+        election = ElectionService(runtime, resolve_voters(settings, inventory, node_id))
+        self._election = election
         self._notifier.status("opening the WAL")
         wal = WriteAheadLog(settings.wal_path, observer=metrics)
         await self._stack.enter_async_context(wal)
@@ -267,11 +267,11 @@ class NodeDaemon:
         sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s, inventory)
         self._stack.push_async_callback(sync_service.close)
         await sync_service.open(wal, stores)
-        await self._start_http(runtime, secrets, coordination, stores, sync_service)
+        await self._start_http(runtime, secrets, election, stores, sync_service)
         membership = await self._start_membership(runtime, secrets)
         self._notifier.status("joining the election")
-        await coordination.start(membership, inventory, secrets.cluster, wal, self._rng)
-        self._stack.push_async_callback(coordination.close)
+        await election.start(membership, inventory, secrets.cluster, wal, self._rng)
+        self._stack.push_async_callback(election.close)
         await self._start_discovery(runtime, membership, inventory)
         sync_service.attach(membership)
         self._spawn(sync_service.run_forever(), "background-sync")
@@ -312,7 +312,7 @@ class NodeDaemon:
         self,
         runtime: NodeRuntime,
         secrets: Secrets,
-        coordination: Coordination,
+        election: ElectionService,
         stores: RecordStores,
         sync_service: SyncService,
     ) -> None:
@@ -326,12 +326,12 @@ class NodeDaemon:
             policy,
             extra_routes=[
                 *record_routes(stores, runtime.node_id),
-                *coordination.routes(),
+                *election.routes(),
                 *sync_service.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
-                *coordination.docs(),
+                *election.docs(),
                 *sync_service.docs(),
             ],
         )

@@ -81,7 +81,8 @@ def peers(
 def roles(
     node: NodeOption = None, as_json: JsonOption = False, config_file: ConfigOption = None
 ) -> None:
-    """Print the role plan a node applies: term, version, each node's role, training ranks."""
+    """Print the role plan a node applies: term, version, generation, each node's role and
+    training rank, and why a node cannot train."""
     settings = settings_from(config_file).settings
     url = node_url(settings, node)
     document = asyncio.run(_get_json(settings, url, "/v1/plan"))
@@ -96,16 +97,17 @@ def roles(
         )
         return
     ranks = {node_id: rank for rank, node_id in enumerate(plan["training_ranks"])}
-    rendezvous = plan["rendezvous"]
+    group = plan["group"]
+    unable = plan.get("cannot_train", {})
     table = Table(
         title=f"plan {plan['term']}.{plan['version']} by {document.get('coordinator')}: "
-        f"world {rendezvous['world_size']} at {rendezvous['master_addr'] or '-'}:"
-        f"{rendezvous['master_port']} ({rendezvous['backend']})"
+        f"generation {plan.get('generation')}, world {group['world_size']} at "
+        f"{group['master_addr'] or '-'}:{group['master_port']} ({group['backend']})"
     )
-    for column in ("node", "role", "rank"):
+    for column in ("node", "role", "rank", "cannot train"):
         table.add_column(column)
     for node_id, role in sorted(plan["roles"].items()):
-        table.add_row(node_id, role, str(ranks.get(node_id, "-")))
+        table.add_row(node_id, role, str(ranks.get(node_id, "-")), unable.get(node_id, ""))
     console.print(table)
     if plan.get("note"):
         console.print(plan["note"], highlight=False)

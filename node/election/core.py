@@ -122,7 +122,9 @@ def handle_heartbeat(
 
     def ack(current: ElectionState, success: bool) -> HeartbeatAck:
         fence = current.plan_fence
-        return HeartbeatAck(current.term, config.node_id, heartbeat.seq, success, fence)
+        return HeartbeatAck(
+            current.term, config.node_id, heartbeat.seq, success, fence, current.generation
+        )
 
     stale = heartbeat.term < state.term
     same_term_other_leader = heartbeat.term == state.term and (
@@ -139,7 +141,7 @@ def handle_heartbeat(
         and plan.term == heartbeat.term
         and should_apply(state.plan_fence, plan.fence)
     ):
-        state = replace(state, plan=plan)
+        state = replace(state, plan=plan, generation=max(state.generation, plan.generation))
     return state, ack(state, True)
 
 
@@ -169,6 +171,8 @@ def handle_heartbeat_ack(
     state: ElectionState, ack: HeartbeatAck, now: float, rng: random.Random
 ) -> Step:
     """Record a follower's acknowledgement; a higher term makes this coordinator step down."""
+    if ack.generation > state.generation:
+        state = replace(state, generation=ack.generation)
     if ack.term > state.term:
         return _become_follower(state, ack.term, None, now, rng), []
     if state.role is not ElectionRole.COORDINATOR or ack.term != state.term or not ack.success:
@@ -185,13 +189,19 @@ def handle_heartbeat_ack(
 def publish_plan(state: ElectionState, plan: RolePlan, now: float) -> Step:
     """Adopt `plan` as coordinator and send it to every follower now.
 
-    ElectionError unless this node holds the lease of `plan.term` and the plan is newer.
+    ElectionError unless this node holds the lease of `plan.term`, the plan is newer, and its
+    generation is not below the highest this node has seen.
     """
     if not lease_valid(state, now):
         raise ElectionError(f"{state.config.node_id} holds no coordinator lease; not publishing")
     if plan.term != state.term or not should_apply(state.plan_fence, plan.fence):
         raise ElectionError(f"plan {plan.fence} is not newer within term {state.term}")
-    return _heartbeat_round(replace(state, plan=plan), now, observers=True)
+    if plan.generation < state.generation:
+        raise ElectionError(
+            f"plan generation {plan.generation} is below the highest seen, {state.generation}"
+        )
+    state = replace(state, plan=plan, generation=max(state.generation, plan.generation))
+    return _heartbeat_round(state, now, observers=True)
 
 
 def _start_candidacy(state: ElectionState, now: float, rng: random.Random) -> Step:

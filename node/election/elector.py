@@ -29,6 +29,7 @@ from node.election.messages import (
 from node.election.plan import PlanError, RolePlan
 from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy, compute_plan
 from node.election.seams import DurableState, ElectionTransport
+from node.election.sender import Sender
 from node.election.state import (
     DurableRecord,
     ElectionConfig,
@@ -53,7 +54,6 @@ VOTE_KEY = "election.vote"
 """DurableState key of {"term": int, "voted_for": str | null}, written as one value."""
 PLAN_KEY = "election.plan"
 """DurableState key of the newest plan this node adopted (RolePlan.to_dict), or null."""
-_WARN_AFTER_FAILURES = 3
 
 Listener = Callable[[ElectionEvent], None]
 CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
@@ -89,13 +89,11 @@ class Elector:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
-        self._transport = transport
         self._durable = durable
         self._capabilities = capabilities
         self._policy = policy
         self._debounce = debounce or PlanDebouncer()
         self._adoption_log = adoption_log
-        self._request_timeout_s = request_timeout_s or config.lease_s
         self._rng = rng or random.Random()
         self._clock = clock
         self._wall_clock = wall_clock
@@ -105,9 +103,13 @@ class Elector:
         self._listeners: list[Listener] = []
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._sends: set[asyncio.Task[None]] = set()
-        self._heartbeats_in_flight: set[str] = set()
-        self._failing: dict[str, int] = {}
+        self._sender = Sender(
+            config.node_id,
+            transport,
+            request_timeout_s or config.lease_s,
+            self._on_reply,
+            self._term,
+        )
         self._persist_lock = asyncio.Lock()
         self._stored = DurableRecord()
         self._stored_plan: RolePlan | None = None
@@ -152,11 +154,10 @@ class Elector:
         if self._phase is _Phase.CLOSED:
             return
         self._phase = _Phase.CLOSED
-        tasks = [*self._sends, *([self._loop_task] if self._loop_task else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._sends.clear()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self._sender.close()
 
     @property
     def state(self) -> ElectionState:
@@ -303,7 +304,7 @@ class Elector:
         self._commit(state, new)
         outbound += self._maybe_publish(now)
         await self._settle()
-        self._send_all(outbound)
+        self._sender.send_all(outbound)
 
     def _next_wakeup(self) -> float:
         state = self._running_state()
@@ -329,7 +330,12 @@ class Elector:
         try:
             members = self._capabilities()
             plan = compute_plan(
-                state.term, next_plan_version(state), members, self._policy, previous=state.plan
+                state.term,
+                next_plan_version(state),
+                members,
+                self._policy,
+                previous=state.plan,
+                highest_generation=state.generation,
             )
         except (PlanError, ValueError) as exc:
             log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)
@@ -340,64 +346,17 @@ class Elector:
         self._commit(state, new)
         return outbound
 
-    def _send_all(self, outbound: Sequence[Outbound]) -> None:
-        for item in outbound:
-            if isinstance(item.message, Heartbeat):
-                if item.to in self._heartbeats_in_flight:
-                    continue
-                self._heartbeats_in_flight.add(item.to)
-            task = asyncio.create_task(self._send(item), name=f"election-send-{item.to}")
-            self._sends.add(task)
-            task.add_done_callback(self._sends.discard)
-
-    async def _send(self, item: Outbound) -> None:
-        reply: Message | None = None
-        try:
-            async with asyncio.timeout(self._request_timeout_s):
-                if isinstance(item.message, VoteRequest):
-                    reply = await self._transport.request_vote(item.to, item.message)
-                elif isinstance(item.message, Heartbeat):
-                    reply = await self._transport.send_heartbeat(item.to, item.message)
-        except Exception as exc:  # timeouts and transport errors mean "no answer"
-            self._peer_failed(item.to, repr(exc))
-            return
-        finally:
-            if isinstance(item.message, Heartbeat):
-                self._heartbeats_in_flight.discard(item.to)
-        if reply is None:
-            self._peer_failed(item.to, "no answer")
-            return
+    async def _on_reply(self, reply: Message) -> None:
         if self._phase is not _Phase.RUNNING:
             return
-        self._peer_answered(item.to)
         state = self._running_state()
         new, outbound = core.on_message(state, reply, self._clock(), self._rng)
         self._commit(state, new)
         await self._settle()
-        self._send_all(outbound)
+        self._sender.send_all(outbound)
 
-    def _peer_failed(self, peer: str, why: str) -> None:
-        """A peer's third failure in a row logs at WARNING (once), the others at DEBUG."""
-        failures = self._failing.get(peer, 0) + 1
-        self._failing[peer] = failures
-        log.log(
-            logging.WARNING if failures == _WARN_AFTER_FAILURES else logging.DEBUG,
-            "node %s term %s: no election answer from %s (%d in a row): %s",
-            self.config.node_id,
-            self._state.term if self._state else "-",
-            peer,
-            failures,
-            why,
-        )
-
-    def _peer_answered(self, peer: str) -> None:
-        if self._failing.pop(peer, 0) >= _WARN_AFTER_FAILURES:
-            log.info(
-                "node %s term %s: %s answers election messages again",
-                self.config.node_id,
-                self._state.term if self._state else "-",
-                peer,
-            )
+    def _term(self) -> object:
+        return self._state.term if self._state else "-"
 
 
 def _log_event(event: ElectionEvent) -> None:

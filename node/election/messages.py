@@ -119,13 +119,15 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class HeartbeatAck:
     """`node` answers heartbeat `seq`: `success` when it follows that coordinator in `term`
-    (its own term, higher when the heartbeat was stale); `plan_fence` is the plan it applies."""
+    (its own term, higher when the heartbeat was stale); `plan_fence` is the plan it applies,
+    `generation` the highest training generation it has seen."""
 
     term: int
     node: str
     seq: int
     success: bool
     plan_fence: PlanFence | None = None
+    generation: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,6 +137,7 @@ class HeartbeatAck:
             "seq": self.seq,
             "success": self.success,
             "plan_fence": None if self.plan_fence is None else self.plan_fence.to_list(),
+            "generation": self.generation,
         }
 
     @classmethod
@@ -150,6 +153,7 @@ class HeartbeatAck:
             _int(data, "seq"),
             _bool(data, "success", required=True),
             fence,
+            _int(data, "generation") if "generation" in data else 0,
         )
 
 

@@ -65,8 +65,9 @@ def as_fence(value: FenceLike) -> PlanFence:
 
 
 @dataclass(frozen=True, slots=True)
-class Rendezvous:
-    """Where training nodes meet: rank 0's address and port, the world size, the backend.
+class GroupSpec:
+    """The training group a plan forms: rank 0's address and base port, the world size, the
+    backend. Each node's own view of it is a `node.training.rendezvous.Rendezvous`.
 
     world_size 0 means nobody trains; master_addr is then the empty string.
     """
@@ -85,30 +86,35 @@ class Rendezvous:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Rendezvous:
+    def from_dict(cls, data: Mapping[str, Any]) -> GroupSpec:
         backend = data.get("backend")
         if backend not in ("nccl", "gloo"):
-            raise PlanError(f"rendezvous backend {backend!r} must be 'nccl' or 'gloo'")
+            raise PlanError(f"group backend {backend!r} must be 'nccl' or 'gloo'")
         addr, port, size = data.get("master_addr"), data.get("master_port"), data.get("world_size")
         if not isinstance(addr, str) or not _is_int(port) or not _is_int(size) or size < 0:
-            raise PlanError(f"rendezvous {dict(data)!r} is malformed")
+            raise PlanError(f"group {dict(data)!r} is malformed")
         return cls(addr, port, size, backend)
 
 
 @dataclass(frozen=True, slots=True)
 class RolePlan:
-    """What every node does under one (term, version): roles, training ranks and rendezvous.
+    """What every node does under one (term, version): roles, training ranks and group.
 
-    `training_ranks[i]` is the node of rank i; rank 0 is the master. `note` says why in words
-    (for example why nobody trains).
+    `training_ranks[i]` is the node of rank i; rank 0 is the master. `generation` is the
+    coordinator's counter of training groups: it stays while ranks and group stay, and otherwise
+    rises above every generation the coordinator has seen, across failovers. `cannot_train`
+    names the members that reported themselves unable to train, with their reason. `note` says
+    why in words (for example why nobody trains).
     """
 
     term: int
     version: int
     roles: Mapping[str, Role]
     training_ranks: tuple[str, ...]
-    rendezvous: Rendezvous
+    group: GroupSpec
     note: str = ""
+    generation: int = 0
+    cannot_train: Mapping[str, str] = field(default_factory=dict)
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -119,8 +125,14 @@ class RolePlan:
         training = {node for node, role in roles.items() if role is Role.TRAINING}
         if set(self.training_ranks) != training or len(self.training_ranks) != len(training):
             raise PlanError("training_ranks must list each training node exactly once")
-        if self.rendezvous.world_size != len(self.training_ranks):
-            raise PlanError("rendezvous world_size must equal the number of training ranks")
+        if self.group.world_size != len(self.training_ranks):
+            raise PlanError("group world_size must equal the number of training ranks")
+        if not _is_int(self.generation) or self.generation < 0:
+            raise PlanError(f"plan generation {self.generation!r} must be an integer >= 0")
+        unable = MappingProxyType(dict(sorted(self.cannot_train.items())))
+        if set(unable) & training:
+            raise PlanError("a node that cannot train has no training rank")
+        object.__setattr__(self, "cannot_train", unable)
         object.__setattr__(self, "roles", roles)
         object.__setattr__(self, "training_ranks", tuple(self.training_ranks))
         object.__setattr__(self, "_digest", _hash_assignment(self._assignment()))
@@ -131,7 +143,8 @@ class RolePlan:
 
     @property
     def digest(self) -> str:
-        """Hash of the assignment (roles, ranks, rendezvous), independent of term and version."""
+        """Hash of the assignment (roles, ranks, group, generation, who cannot train),
+        independent of term and version."""
         return self._digest
 
     def role_of(self, node_id: str) -> Role | None:
@@ -145,14 +158,16 @@ class RolePlan:
             return None
 
     def same_assignment(self, other: RolePlan | None) -> bool:
-        """True when `other` assigns the same roles, ranks and rendezvous (any fence)."""
+        """True when `other` assigns the same roles, ranks, group and generation (any fence)."""
         return other is not None and other.digest == self.digest
 
     def _assignment(self) -> dict[str, Any]:
         return {
             "roles": {node: role.value for node, role in self.roles.items()},
             "training_ranks": list(self.training_ranks),
-            "rendezvous": self.rendezvous.to_dict(),
+            "group": self.group.to_dict(),
+            "generation": self.generation,
+            "cannot_train": dict(self.cannot_train),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,14 +181,19 @@ class RolePlan:
         try:
             roles_raw = data["roles"]
             ranks = data["training_ranks"]
-            rendezvous = data["rendezvous"]
+            group = data["group"]
             term, version = data["term"], data["version"]
         except KeyError as exc:
             raise PlanError(f"plan lacks {exc.args[0]!r}") from exc
         if not isinstance(roles_raw, Mapping) or not isinstance(ranks, list):
             raise PlanError("plan roles must be an object and training_ranks a list")
-        if not isinstance(rendezvous, Mapping):
-            raise PlanError("plan rendezvous must be an object")
+        if not isinstance(group, Mapping):
+            raise PlanError("plan group must be an object")
+        unable = data.get("cannot_train", {})
+        if not isinstance(unable, Mapping) or not all(
+            isinstance(reason, str) for reason in unable.values()
+        ):
+            raise PlanError("plan cannot_train must map node ids to reasons")
         try:
             roles = {str(node): Role(role) for node, role in roles_raw.items()}
         except ValueError as exc:
@@ -184,8 +204,10 @@ class RolePlan:
             version=version,
             roles=roles,
             training_ranks=tuple(str(node) for node in ranks),
-            rendezvous=Rendezvous.from_dict(rendezvous),
+            group=GroupSpec.from_dict(group),
             note=note if isinstance(note, str) else "",
+            generation=data.get("generation", 0),
+            cannot_train={str(node): reason for node, reason in unable.items()},
         )
 
 

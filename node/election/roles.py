@@ -9,16 +9,20 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from config import HostEntry, Role
-from node.election.plan import Backend, PlanError, Rendezvous, RolePlan
+from node.election.plan import Backend, GroupSpec, PlanError, RolePlan
 
 BackendChoice = Literal["nccl", "gloo", "auto"]
 AUTO_FALLBACK_ROLE = Role.SELFPLAY
 """What an `auto` node that does not train does: self-play (it generates the training data)."""
+CANNOT_TRAIN_META = "cannot_train"
+"""Membership meta key a node sets, with its reason, while it cannot train (its training
+process keeps dying); the coordinator gives such a node no rank."""
 
 
 @dataclass(frozen=True, slots=True)
 class NodeCapabilities:
-    """What the coordinator knows of one alive member. `gpu_vram_gb` is per GPU."""
+    """What the coordinator knows of one alive member. `gpu_vram_gb` is per GPU;
+    `cannot_train` is the member's reason when it reported itself unable to train."""
 
     node_id: str
     address: str
@@ -26,6 +30,7 @@ class NodeCapabilities:
     gpu_type: str | None = None
     gpu_vram_gb: float = 0.0
     preference: Role = Role.AUTO
+    cannot_train: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,7 @@ def compute_plan(
     members: Sequence[NodeCapabilities],
     policy: RolePolicy,
     previous: RolePlan | None = None,
+    highest_generation: int = 0,
 ) -> RolePlan:
     """The plan (term, version) for `members` under `policy`.
 
@@ -71,6 +77,7 @@ def compute_plan(
 
     Deterministic in its inputs (member order does not matter). With `previous`, training nodes
     that survive keep their relative rank order and come first; newcomers follow in choice order.
+    The generation comes from `next_generation(ranks, group, previous, highest_generation)`.
     """
     by_id = _by_id(members)
     chosen = _choose_trainers(by_id.values(), policy)
@@ -80,7 +87,7 @@ def compute_plan(
     ranks = _stable_ranks(chosen, previous)
     roles = {node_id: _non_training_role(cap) for node_id, cap in by_id.items()}
     roles.update(dict.fromkeys(ranks, Role.TRAINING))
-    rendezvous = Rendezvous(
+    group = GroupSpec(
         master_addr=by_id[ranks[0]].address if ranks else "",
         master_port=policy.master_port,
         world_size=len(ranks),
@@ -91,9 +98,33 @@ def compute_plan(
         version=version,
         roles=roles,
         training_ranks=tuple(ranks),
-        rendezvous=rendezvous,
+        group=group,
         note=_note(eligible, len(ranks), len(by_id), policy),
+        generation=next_generation(tuple(ranks), group, previous, highest_generation),
+        cannot_train={
+            node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
+        },
     )
+
+
+def next_generation(
+    ranks: tuple[str, ...],
+    group: GroupSpec,
+    previous: RolePlan | None,
+    highest_generation: int,
+) -> int:
+    """The generation of a plan with `ranks` and `group`: the previous plan's while the group is
+    the same and no newer generation was seen, else one above every generation seen
+    (`highest_generation` and the previous plan's), so a generation never repeats."""
+    seen = max(highest_generation, previous.generation if previous is not None else 0)
+    if (
+        previous is not None
+        and previous.generation == seen
+        and previous.training_ranks == ranks
+        and previous.group == group
+    ):
+        return seen
+    return seen + 1
 
 
 def trainer_order_key(cap: NodeCapabilities, prefer_vram: bool) -> tuple[float, float, str]:
@@ -105,6 +136,8 @@ def trainer_order_key(cap: NodeCapabilities, prefer_vram: bool) -> tuple[float, 
 
 def can_train(cap: NodeCapabilities, backend: BackendChoice) -> bool:
     """Whether `cap` may take a training rank under `backend`."""
+    if cap.cannot_train:
+        return False
     if cap.preference is Role.TRAINING:
         return cap.gpu_count > 0 or backend != "nccl"
     if cap.preference is Role.AUTO:
@@ -118,8 +151,8 @@ def capabilities_from_meta(
     meta: Mapping[str, object],
     host: HostEntry | None = None,
 ) -> NodeCapabilities:
-    """Capabilities from a member's gossiped meta (`role`, `gpu_count`, `gpu_vram_gb`, `gpu`),
-    falling back to its inventory entry, then to a GPU-less `auto` node."""
+    """Capabilities from a member's gossiped meta (`role`, `gpu_count`, `gpu_vram_gb`, `gpu`,
+    `cannot_train`), falling back to its inventory entry, then to a GPU-less `auto` node."""
     return NodeCapabilities(
         node_id=node_id,
         address=address,
@@ -127,6 +160,7 @@ def capabilities_from_meta(
         gpu_type=_meta_str(meta.get("gpu"), host.gpu if host else None),
         gpu_vram_gb=_meta_float(meta.get("gpu_vram_gb"), host.gpu_vram_gb if host else 0.0),
         preference=_meta_role(meta.get("role"), host.role if host else Role.AUTO),
+        cannot_train=_meta_str(meta.get(CANNOT_TRAIN_META), None),
     )
 
 

@@ -1,11 +1,10 @@
 """Wires the election into a running node: voters, the elector over HTTP, plans into status,
-membership changes into re-plans, and the /v1/rendezvous endpoint for training processes."""
+membership changes into re-plans, the /v1/rendezvous endpoint for training processes, and the
+training launcher (its health, and this node's `cannot_train` meta when it keeps failing)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import os
 import random
@@ -21,22 +20,23 @@ from config import ConfigError, Inventory, NodeSettings
 from node.election.adoption import AdoptionLog
 from node.election.elector import Elector
 from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
-from node.election.plan import RolePlan
-from node.election.roles import RolePolicy, capabilities_from_meta
+from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
+from node.errors import MembershipError
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import json_error
-from node.training.groups import Rendezvous as TrainingRendezvous
-from node.training.launcher import TrainingLauncher
+from node.training.launcher import TrainingLauncher, launcher_check
+from node.training.rendezvous import RENDEZVOUS_PATH, rendezvous_for
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
-RENDEZVOUS_PATH = "/v1/rendezvous"
-GENERATION_PORT_SPAN = 1000
+TRAINING_CHECK_INTERVAL_S = 2.0
+CANNOT_TRAIN_REASON_CHARS = 200
+"""The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
 REPLAN_EVENTS = frozenset(
     {
         EventKind.JOINED,
@@ -71,42 +71,9 @@ def resolve_voters(settings: NodeSettings, inventory: Inventory | None, node_id:
     return VoterSet((node_id,), False)
 
 
-def training_generation(plan: RolePlan) -> int:
-    """An id of the training group (ranks and rendezvous), equal on every node for one group."""
-    blob = json.dumps(
-        {"ranks": list(plan.training_ranks), "rendezvous": plan.rendezvous.to_dict()},
-        sort_keys=True,
-    ).encode()
-    return int(hashlib.sha256(blob).hexdigest()[:8], 16)
-
-
-def rendezvous_document(plan: RolePlan | None, node_id: str) -> dict[str, Any] | None:
-    """This node's rendezvous under `plan`, or None without a plan.
-
-    The master port moves with the generation (base + generation mod 1000) so a new group's
-    store never meets the previous group's socket.
-    """
-    if plan is None:
-        return None
-    generation = training_generation(plan)
-    rendezvous = plan.rendezvous
-    port = rendezvous.master_port
-    if rendezvous.world_size:
-        port = rendezvous.master_port + generation % GENERATION_PORT_SPAN
-    return {
-        "rank": plan.rank_of(node_id),
-        "world_size": rendezvous.world_size,
-        "master_addr": rendezvous.master_addr,
-        "master_port": port,
-        "backend": str(rendezvous.backend),
-        "generation": generation,
-        "term": plan.term,
-        "plan_version": plan.version,
-    }
-
-
-class Coordination:
-    """Owns the elector and its transport for one node; `routes()` serve them over HTTP."""
+class ElectionService:
+    """Owns the elector, its transport and the training launcher for one node; `routes()` serve
+    them over HTTP."""
 
     def __init__(self, runtime: NodeRuntime, voter_set: VoterSet) -> None:
         self._runtime = runtime
@@ -116,6 +83,8 @@ class Coordination:
         self._stack = AsyncExitStack()
         self._launcher: TrainingLauncher | None = None
         self._launches: set[asyncio.Task[None]] = set()
+        self._membership: Membership | None = None
+        self._able_again: asyncio.TimerHandle | None = None
 
     def routes(self) -> list[web.RouteDef]:
         """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous."""
@@ -134,10 +103,10 @@ class Coordination:
 
     async def _rendezvous(self, request: web.Request) -> web.Response:
         plan = self.elector.plan if self.elector is not None else None
-        document = rendezvous_document(plan, self._runtime.node_id)
-        if document is None:
+        rendezvous = rendezvous_for(plan, self._runtime.node_id)
+        if rendezvous is None:
             return json_error(409, "no role plan yet: no coordinator has published one")
-        return web.json_response(document)
+        return web.json_response(rendezvous.to_dict())
 
     async def start(
         self,
@@ -205,9 +174,18 @@ class Coordination:
                     "SHOAL_DAEMON_URL": f"http://{runtime.address}:{runtime.port}",
                 },
                 stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
+                max_failures=settings.training_max_failures,
+                failure_window_s=settings.training_failure_window_s,
+                on_give_up=self._cannot_train,
             )
             self._stack.push_async_callback(launcher.close)
+            self._stack.callback(self._cancel_able_again)
             self._launcher = launcher
+            if runtime.health is not None:
+                runtime.health.add_check(
+                    "training", launcher_check(launcher), interval_s=TRAINING_CHECK_INTERVAL_S
+                )
+        self._membership = membership
         elector.add_listener(self._on_election_event)
         await self._stack.enter_async_context(elector)
         self.elector = elector
@@ -250,8 +228,7 @@ class Coordination:
         if self.elector is not None:
             self._apply_status(self.elector)
             if self._launcher is not None and event.kind is ElectionEventKind.PLAN_ADOPTED:
-                document = rendezvous_document(self.elector.plan, self._runtime.node_id)
-                rendezvous = TrainingRendezvous.from_dict(document) if document else None
+                rendezvous = rendezvous_for(self.elector.plan, self._runtime.node_id)
                 task = asyncio.create_task(self._launcher.apply(rendezvous))
                 self._launches.add(task)
                 task.add_done_callback(self._launched)
@@ -262,6 +239,39 @@ class Coordination:
             event.status.coordinator,
             event.status.plan_version,
         )
+
+    def _cannot_train(self, reason: str) -> None:
+        """The launcher gave up: tell the coordinator (through membership meta) that this node
+        cannot train, for one failure window, then offer this node again."""
+        self._set_cannot_train(reason)
+        self._cancel_able_again()
+        window_s = self._runtime.settings.training_failure_window_s
+        loop = asyncio.get_running_loop()
+        self._able_again = loop.call_later(window_s, self._set_cannot_train, "")
+
+    def _set_cannot_train(self, reason: str) -> None:
+        membership = self._membership
+        if membership is None:
+            return
+        reason = reason[:CANNOT_TRAIN_REASON_CHARS]
+        try:
+            membership.update_meta({CANNOT_TRAIN_META: reason})
+        except MembershipError as exc:
+            log.error("cannot tell the cluster that this node cannot train: %s", exc)
+            return
+        if reason:
+            log.warning("this node cannot train and gives up its rank: %s", reason)
+        else:
+            log.info("this node offers itself for training again")
+            if self._launcher is not None:
+                self._launcher.forgive()
+        if self.elector is not None:
+            self.elector.notify_membership_changed()
+
+    def _cancel_able_again(self) -> None:
+        if self._able_again is not None:
+            self._able_again.cancel()
+            self._able_again = None
 
     def _refresh(self) -> None:
         if self.elector is not None:

@@ -85,13 +85,15 @@ class ElectionConfig:
 
 @dataclass(frozen=True, slots=True)
 class DurableRecord:
-    """What a restart must remember: the highest term seen and the vote given in it."""
+    """What a restart must remember: the highest term seen, the vote given in it, and the
+    highest training generation seen (so a coordinator after a restart never repeats one)."""
 
     term: int = 0
     voted_for: str | None = None
+    generation: int = 0
 
     def to_dict(self) -> dict[str, object]:
-        return {"term": self.term, "voted_for": self.voted_for}
+        return {"term": self.term, "voted_for": self.voted_for, "generation": self.generation}
 
     @classmethod
     def from_value(cls, value: object) -> DurableRecord:
@@ -101,11 +103,16 @@ class DurableRecord:
         if not isinstance(value, Mapping):
             raise ElectionError(f"stored election state {value!r} is not an object")
         term, voted_for = value.get("term"), value.get("voted_for")
-        if not isinstance(term, int) or isinstance(term, bool) or term < 0:
-            raise ElectionError(f"stored election term {term!r} is not an integer >= 0")
+        generation = value.get("generation", 0)
         if voted_for is not None and not isinstance(voted_for, str):
             raise ElectionError(f"stored vote {voted_for!r} is not a node id")
-        return cls(term, voted_for)
+        return cls(_count(term, "term"), voted_for, _count(generation, "generation"))
+
+
+def _count(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ElectionError(f"stored election {name} {value!r} is not an integer >= 0")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +122,8 @@ class ElectionState:
     `votes`: who granted the current candidacy (pre-votes while `pre_vote`). Coordinator only:
     `rounds` (seq, sent time) of recent heartbeat rounds, `acked` voter -> send time of the
     newest round it acknowledged, `peer_fences` the plan fence each follower reported.
+    `generation` is the highest training generation seen: in any plan applied, or reported in
+    a follower's acknowledgement.
     """
 
     config: ElectionConfig
@@ -135,10 +144,11 @@ class ElectionState:
     next_heartbeat_at: float = 0.0
     next_observer_heartbeat_at: float = 0.0
     observers: frozenset[str] = frozenset()
+    generation: int = 0
 
     @property
     def durable(self) -> DurableRecord:
-        return DurableRecord(self.term, self.voted_for)
+        return DurableRecord(self.term, self.voted_for, self.generation)
 
     @property
     def plan_fence(self) -> PlanFence | None:
@@ -163,6 +173,7 @@ def initial_state(
         plan=plan,
         election_deadline=now + election_timeout(config, rng),
         leader_seen_at=now,
+        generation=max(durable.generation, plan.generation if plan is not None else 0),
     )
 
 

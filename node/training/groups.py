@@ -1,186 +1,41 @@
 """Elastic torch.distributed process groups formed from the local daemon's GET /v1/rendezvous.
 
 torch is imported lazily, on the first join: importing this module never needs torch.
-
-GroupError                 base of this module's errors (a NodeError)
- +-- RendezvousError       the daemon is unreachable, refuses, or answers a malformed rendezvous
- +-- MasterUnreachable     rank 0's store of a generation could not be reached before the deadline
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
 import time
-import urllib.error
-import urllib.request
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
-from config import Timeouts, read_secret_file, signed_headers
+from config import Timeouts
 from node.election.plan import Backend
-from node.errors import GroupError as GroupError
-from node.errors import MasterUnreachable as MasterUnreachable
-from node.errors import RendezvousError as RendezvousError
+from node.training.rendezvous import (
+    DaemonEndpoint,
+    GroupError,
+    MasterUnreachable,
+    NoRank,
+    Rendezvous,
+    RendezvousError,
+    daemon_endpoint,
+    fetch_rendezvous,
+    store_prefix,
+)
 
 log = logging.getLogger(__name__)
-
-RENDEZVOUS_PATH = "/v1/rendezvous"
-ENV_DAEMON_URL = "SHOAL_DAEMON_URL"
-
-
-@dataclass(frozen=True, slots=True)
-class Rendezvous:
-    """This node's part of the training group, as served by the daemon at GET /v1/rendezvous.
-
-    `rank` is None when this node does not train under the current plan. `generation` changes
-    whenever the training group changes; `master_port` is the one rank 0 hosts the TCPStore on
-    for this generation (chosen by the coordinator; this module relies on nothing else).
-    """
-
-    rank: int | None
-    world_size: int
-    master_addr: str
-    master_port: int
-    backend: Backend
-    generation: int
-    term: int
-    plan_version: int
-
-    def __post_init__(self) -> None:
-        for name in ("world_size", "generation", "term", "plan_version"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 0:
-                raise RendezvousError(f"rendezvous {name} must be an integer >= 0, not {value!r}")
-        if self.backend not in ("nccl", "gloo"):
-            raise RendezvousError(f"rendezvous backend {self.backend!r} must be 'nccl' or 'gloo'")
-        if not isinstance(self.master_addr, str):
-            raise RendezvousError(f"rendezvous master_addr {self.master_addr!r} is not a string")
-        if not _is_int(self.master_port) or not 0 <= self.master_port < 65536:
-            raise RendezvousError(f"rendezvous master_port {self.master_port!r} is not a port")
-        if self.rank is None:
-            return
-        if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
-            raise RendezvousError(f"rendezvous rank {self.rank!r} is not below {self.world_size}")
-        if not self.master_addr or self.master_port == 0:
-            raise RendezvousError("a rendezvous with a rank needs master_addr and master_port")
-
-    @property
-    def store_prefix(self) -> str:
-        return store_prefix(self.generation)
-
-    def same_group(self, other: Rendezvous | None) -> bool:
-        """True when `other` puts this node in the same group: generation, rank and master."""
-        return other is not None and other.to_dict() | _FENCE == self.to_dict() | _FENCE
-
-    def to_dict(self) -> dict[str, Any]:
-        return {spec.name: getattr(self, spec.name) for spec in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: object) -> Rendezvous:
-        """The rendezvous of a JSON object; RendezvousError names the bad or missing field."""
-        if not isinstance(data, Mapping):
-            raise RendezvousError(f"rendezvous must be a JSON object, not {type(data).__name__}")
-        names = [spec.name for spec in fields(cls)]
-        missing = [name for name in names if name not in data]
-        if missing:
-            raise RendezvousError(f"rendezvous lacks {', '.join(missing)}")
-        return cls(**{name: data[name] for name in names})
-
-
-_FENCE = {"term": 0, "plan_version": 0}
-"""Overrides of the fields that do not change the group (a new plan, the same training set)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NoRank:
-    """The daemon's answer when this node has no training rank: HTTP status and its reason."""
-
-    status: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonEndpoint:
-    """Where and how to ask the local daemon: its URL, the secret to sign with (None: unsigned)."""
-
-    url: str
-    secret: bytes | None = None
-    node_id: str = "trainer"
-    timeout_s: float = 10.0
-
-
-def store_prefix(generation: int) -> str:
-    """The TCPStore key prefix of one generation: stale ranks never see a newer group's keys."""
-    return f"shoal/gen{generation}"
 
 
 def choose_backend(requested: Backend, cuda_available: bool) -> Backend:
     """NCCL only when asked for and CUDA is available; gloo otherwise."""
     return "nccl" if requested == "nccl" and cuda_available else "gloo"
-
-
-def daemon_endpoint(
-    daemon_url: str | None = None,
-    secret_file: str | Path | None = None,
-    node_id: str | None = None,
-    env: Mapping[str, str] | None = None,
-    timeouts: Timeouts | None = None,
-) -> DaemonEndpoint:
-    """The endpoint from arguments, else SHOAL_DAEMON_URL / SHOAL_P2P_PORT, SHOAL_SECRET_FILE
-    and SHOAL_NODE_ID; without a URL, http://127.0.0.1:8770."""
-    env = os.environ if env is None else env
-    if daemon_url is None:
-        port = env.get("SHOAL_P2P_PORT") or "8770"
-        daemon_url = env.get(ENV_DAEMON_URL) or f"http://127.0.0.1:{port}"
-    if not daemon_url.startswith(("http://", "https://")):
-        raise RendezvousError(f"daemon URL {daemon_url!r} must start with http:// or https://")
-    secret_path = secret_file if secret_file is not None else env.get("SHOAL_SECRET_FILE")
-    secret = read_secret_file(Path(secret_path)) if secret_path else None
-    return DaemonEndpoint(
-        url=daemon_url.rstrip("/"),
-        secret=secret,
-        node_id=node_id or env.get("SHOAL_NODE_ID") or "trainer",
-        timeout_s=(timeouts or Timeouts()).http_request_s,
-    )
-
-
-def fetch_rendezvous(
-    endpoint: DaemonEndpoint, timeout_s: float | None = None
-) -> Rendezvous | NoRank:
-    """One GET /v1/rendezvous: the rendezvous, or NoRank on 404/409; RendezvousError otherwise."""
-    headers = {"Accept": "application/json"}
-    if endpoint.secret is not None:
-        headers.update(signed_headers(endpoint.secret, endpoint.node_id, "GET", RENDEZVOUS_PATH))
-    request = urllib.request.Request(endpoint.url + RENDEZVOUS_PATH, headers=headers)  # noqa: S310 (scheme checked in daemon_endpoint)
-    wait_s = endpoint.timeout_s if timeout_s is None else max(0.05, timeout_s)
-    where = f"{endpoint.url}{RENDEZVOUS_PATH}"
-    try:
-        with urllib.request.urlopen(request, timeout=wait_s) as response:  # noqa: S310
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        reason = _error_reason(exc.read())
-        if exc.code in (404, 409):
-            return NoRank(exc.code, reason)
-        raise RendezvousError(f"{where} answered {exc.code}: {reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise RendezvousError(f"daemon at {where} is unreachable: {cause}") from exc
-    try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise RendezvousError(f"{where} answered invalid JSON: {body[:200]!r}") from exc
-    try:
-        return Rendezvous.from_dict(data)
-    except RendezvousError as exc:
-        raise RendezvousError(f"{where} answered a bad rendezvous: {exc}") from exc
 
 
 class ElasticGroup:
@@ -438,17 +293,3 @@ def _torch() -> tuple[Any, Any]:
     if not dist.is_available():
         raise GroupError("this torch build has no torch.distributed")
     return torch, dist
-
-
-def _error_reason(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body[:200].decode(errors="replace") or "no reason given"
-    if isinstance(data, Mapping):
-        return str(data.get("reason") or data.get("error") or data)
-    return str(data)
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)

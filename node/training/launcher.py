@@ -1,5 +1,6 @@
 """The training command of a node that is not elastic-aware: started with the rendezvous in its
 environment, restarted when the training group changes, and stopped when this node has no rank.
+A command that keeps failing gives up and says so, so the node can hand its rank on.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import enum
 import logging
 import os
 import signal
-from collections.abc import Mapping, Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from health import CheckFn, CheckResult, HealthStatus
 from node.errors import LauncherError as LauncherError
-from node.training.groups import Rendezvous
+from node.training.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +32,14 @@ class LauncherState(enum.StrEnum):
     RUNNING = "running"
     BACKOFF = "backoff"
     DONE = "done"
+    GAVE_UP = "gave_up"
     CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
 class LauncherStatus:
-    """A snapshot for /status and health: the generation run, its child and how it fared."""
+    """A snapshot for /status and health: the generation run, its child and how it fared.
+    `failures` counts the failed starts within the failure window."""
 
     state: LauncherState
     generation: int | None
@@ -41,6 +47,7 @@ class LauncherStatus:
     starts: int
     last_exit_code: int | None
     last_error: str | None
+    failures: int = 0
 
 
 def training_env(rendezvous: Rendezvous, base_env: Mapping[str, str]) -> dict[str, str]:
@@ -67,10 +74,12 @@ class TrainingLauncher:
     """Owns the training child process: one generation at a time, in its own process group.
 
     A child that fails (exit code != 0, or cannot start) is restarted after `restart_delay_s`
-    while its generation is current; the count resets once a child ran `healthy_after_s`. A child
-    that exits 0 finished its work and is restarted only by a new generation (unless
-    `restart_on_success`). Stopping sends SIGTERM to the process group, then SIGKILL after
-    `stop_timeout_s`.
+    while its generation is current; the backoff resets once a child ran `healthy_after_s`.
+    After `max_failures` failures within `failure_window_s` it gives up (state GAVE_UP) and calls
+    `on_give_up(reason)`, and stays given up (also without a rank) until a new generation
+    starts or `forgive()`. A child that exits 0 finished its
+    work and is restarted only by a new generation (unless `restart_on_success`). Stopping sends
+    SIGTERM to the process group, then SIGKILL after `stop_timeout_s`.
     """
 
     def __init__(
@@ -85,9 +94,18 @@ class TrainingLauncher:
         max_backoff_s: float = 60.0,
         healthy_after_s: float = 60.0,
         restart_on_success: bool = False,
+        max_failures: int = 5,
+        failure_window_s: float = 300.0,
+        on_give_up: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not command:
             raise LauncherError("the training command is empty")
+        if max_failures < 1 or not failure_window_s > 0:
+            raise LauncherError(
+                f"max_failures ({max_failures}) must be >= 1 and failure_window_s "
+                f"({failure_window_s}) > 0"
+            )
         self.command = tuple(command)
         self.workdir = Path(workdir)
         self.log_path = Path(log_path)
@@ -97,6 +115,11 @@ class TrainingLauncher:
         self._max_backoff_s = max_backoff_s
         self._healthy_after_s = healthy_after_s
         self._restart_on_success = restart_on_success
+        self._max_failures = max_failures
+        self._failure_window_s = failure_window_s
+        self._on_give_up = on_give_up
+        self._clock = clock
+        self._failed_at: deque[float] = deque()
         self._lock = asyncio.Lock()
         self._current: Rendezvous | None = None
         self._task: asyncio.Task[None] | None = None
@@ -118,6 +141,7 @@ class TrainingLauncher:
             starts=self._starts,
             last_exit_code=self._last_exit_code,
             last_error=self._last_error,
+            failures=len(self._failed_at),
         )
 
     async def apply(self, rendezvous: Rendezvous | None) -> None:
@@ -135,10 +159,17 @@ class TrainingLauncher:
             if wanted is None:
                 return
             self._starts, self._last_exit_code, self._last_error = 0, None, None
+            self._failed_at.clear()
             self._stopping = asyncio.Event()
             self._task = asyncio.create_task(
                 self._supervise(wanted, self._stopping), name=f"training-gen{wanted.generation}"
             )
+
+    def forgive(self) -> None:
+        """Leave GAVE_UP for IDLE (the node offers itself for training again)."""
+        if self._state is LauncherState.GAVE_UP:
+            self._state = LauncherState.IDLE
+            self._failed_at.clear()
 
     async def close(self) -> None:
         """Stop the child; idempotent and final."""
@@ -162,7 +193,7 @@ class TrainingLauncher:
         # Shielded: if our caller is cancelled, the supervisor still finishes stopping the child.
         await asyncio.shield(task)
         self._task = None
-        if self._state is not LauncherState.CLOSED:
+        if self._state not in (LauncherState.CLOSED, LauncherState.GAVE_UP):
             self._state = LauncherState.IDLE
 
     async def _supervise(self, rendezvous: Rendezvous, stopping: asyncio.Event) -> None:
@@ -176,6 +207,18 @@ class TrainingLauncher:
             if exit_code == 0 and not self._restart_on_success:
                 log.info("generation %s: training command finished (exit 0)", generation)
                 self._state = LauncherState.DONE
+                return
+            if exit_code != -1:
+                self._last_error = f"generation {generation}: training command exited {exit_code}"
+            if self._count_failure():
+                reason = (
+                    f"training command failed {len(self._failed_at)} times in "
+                    f"{self._failure_window_s:.0f} s; last: {self._last_error}"
+                )
+                log.error("generation %s: giving up: %s", generation, reason)
+                self._state, self._last_error = LauncherState.GAVE_UP, reason
+                if self._on_give_up is not None:
+                    self._on_give_up(reason)
                 return
             failures = 1 if loop.time() - started >= self._healthy_after_s else failures + 1
             delay_s = restart_delay_s(failures, self._backoff_s, self._max_backoff_s)
@@ -191,6 +234,14 @@ class TrainingLauncher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay_s):
                     await stopping.wait()
+
+    def _count_failure(self) -> bool:
+        """Record a failure now; True when `max_failures` fell within the window."""
+        now = self._clock()
+        self._failed_at.append(now)
+        while self._failed_at and self._failed_at[0] <= now - self._failure_window_s:
+            self._failed_at.popleft()
+        return len(self._failed_at) >= self._max_failures
 
     async def _run_once(self, rendezvous: Rendezvous, stopping: asyncio.Event) -> int | None:
         """Start one child and wait for it: its exit code (-1: did not start), or None when
@@ -279,3 +330,21 @@ def _open_log(path: Path, header: str) -> BinaryIO:
     log_file.write(header.encode())
     log_file.flush()
     return log_file
+
+
+def launcher_check(launcher: TrainingLauncher) -> CheckFn:
+    """The `training` health component: degraded, with the last error, while the training
+    command fails (in backoff after a failure, or given up)."""
+
+    async def check() -> CheckResult:
+        status = launcher.status
+        metrics = {"starts": float(status.starts), "failures": float(status.failures)}
+        if status.state is LauncherState.GAVE_UP or (
+            status.state is LauncherState.BACKOFF and status.failures > 0
+        ):
+            message = f"{status.state.value}: {status.last_error or 'no error recorded'}"
+            return CheckResult(HealthStatus.DEGRADED, message, metrics)
+        where = "" if status.generation is None else f", generation {status.generation}"
+        return CheckResult(HealthStatus.HEALTHY, f"{status.state.value}{where}", metrics)
+
+    return check

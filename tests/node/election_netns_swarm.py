@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from node.election.adoption import AdoptionRecord, check_adoption_logs, read_adoption_log
-from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
-from tests.node.netns_swarm import ProbeLog, Swarm
+from tests.cluster import Host, NetnsCluster
+from tests.node.netns_swarm import ProbeWatch, Swarm
 
 __all__ = [
     "FAST_TIMEOUTS",
@@ -135,119 +134,31 @@ def converged(
     return check
 
 
-class ElectionWatch:
-    """The latest election view of every daemon, from the probe's log, read as it grows."""
+class ElectionWatch(ProbeWatch[PlanView]):
+    """The election view of every daemon (GET /v1/plan through election_netns_probe.py)."""
 
-    def __init__(self, probe: ClusterProcess, hosts: Sequence[Host]) -> None:
-        self.probe = probe
-        self._log = ProbeLog(probe, hosts)
-        self.latest: dict[str, PlanView] = {}
-        self.matched: dict[str, PlanView] = {}
-        """The views that made the last successful `wait` hold (fresher ones may be in latest)."""
-        self.guard: Callable[[], None] | None = None
-        """Called on every poll of `wait` and `watch_for`; raises to stop waiting early."""
+    def parse(self, host: str, record: Mapping[str, Any]) -> PlanView:
+        if "error" in record:
+            return PlanView(record["t"], host, error=str(record["error"]))
+        plan = record.get("plan")
+        ranks, nodes = record.get("ranks"), record.get("nodes")
+        return PlanView(
+            t=record["t"],
+            host=host,
+            term=record["term"],
+            coordinator=record["coordinator"],
+            lease_valid=bool(record["lease_valid"]),
+            plan=None if plan is None else (int(plan[0]), int(plan[1])),
+            ranks=None if ranks is None else tuple(ranks),
+            nodes=None if nodes is None else tuple(nodes),
+        )
 
-    def read(self) -> list[PlanView]:
-        """The views answered since the last read, in order; updates `latest`."""
-        found = []
-        for host, record in self._log.records():
-            view = _view(host, record)
-            self.latest[host] = view
-            found.append(view)
-        return found
-
-    def wait(
-        self,
-        condition: Condition,
-        *,
-        since: float,
-        timeout_s: float,
-        message: str,
-        hold_s: float = 0.0,
-        on_view: Callable[[PlanView], None] | None = None,
-    ) -> float:
-        """Wait until `condition` holds over views answered at or after `since`, and keeps
-        holding for `hold_s` of probe time. Returns the probe time it began to hold.
-
-        Every view read meanwhile goes to `on_view` (which may raise to fail fast). Raises
-        WaitTimeoutError naming `message` and the last views after `timeout_s` (wall time).
-        """
-        fresh = {name: view for name, view in self.latest.items() if view.t >= since}
-        held_since: float | None = None
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for view in self.read():
-                if on_view is not None:
-                    on_view(view)
-                if view.t < since:
-                    continue
-                fresh[view.host] = view
-                if not condition(fresh):
-                    held_since = None
-                    continue
-                held_since = view.t if held_since is None else held_since
-                if view.t - held_since >= hold_s:
-                    self.matched = dict(fresh)
-                    return held_since
-            if time.monotonic() > deadline:
-                raise WaitTimeoutError(
-                    f"timed out after {timeout_s:g}s waiting for {message}; "
-                    f"last views: {self.describe()}"
-                )
-            self._check()
-            time.sleep(POLL_S)
-
-    def watch_for(
-        self, duration_s: float, on_view: Callable[[PlanView], None] | None = None
-    ) -> list[PlanView]:
-        """Pass every view of the next `duration_s` to `on_view`; return them."""
-        seen: list[PlanView] = []
-        end = time.monotonic() + duration_s
-        while True:
-            for view in self.read():
-                if on_view is not None:
-                    on_view(view)
-                seen.append(view)
-            if time.monotonic() >= end:
-                return seen
-            self._check()
-            time.sleep(POLL_S)
-
-    def _check(self) -> None:
-        if not self.probe.running():
-            raise WaitTimeoutError(f"the probe exited: {self.probe.log_tail(10)}")
-        if self.guard is not None:
-            self.guard()
-
-    def describe(self) -> str:
-        """The latest view of every daemon, one compact item each."""
-        parts = []
-        for name in sorted(self.latest):
-            v = self.latest[name]
-            if v.error is not None:
-                parts.append(f"{name}@{v.t:.2f}: {v.error}")
-                continue
-            lease = "lease" if v.lease_valid else "no lease"
-            plan = "-" if v.plan is None else f"{v.plan[0]}.{v.plan[1]}"
-            parts.append(f"{name}@{v.t:.2f}: term {v.term} coord {v.coordinator} ({lease}) {plan}")
-        return "; ".join(parts)
-
-
-def _view(host: str, record: Mapping[str, Any]) -> PlanView:
-    if "error" in record:
-        return PlanView(record["t"], host, error=str(record["error"]))
-    plan = record.get("plan")
-    ranks, nodes = record.get("ranks"), record.get("nodes")
-    return PlanView(
-        t=record["t"],
-        host=host,
-        term=record["term"],
-        coordinator=record["coordinator"],
-        lease_valid=bool(record["lease_valid"]),
-        plan=None if plan is None else (int(plan[0]), int(plan[1])),
-        ranks=None if ranks is None else tuple(ranks),
-        nodes=None if nodes is None else tuple(nodes),
-    )
+    def describe_view(self, view: PlanView) -> str:
+        if view.error is not None:
+            return view.error
+        lease = "lease" if view.lease_valid else "no lease"
+        plan = "-" if view.plan is None else f"{view.plan[0]}.{view.plan[1]}"
+        return f"term {view.term} coord {view.coordinator} ({lease}) {plan}"
 
 
 def inventory_text(hosts: Sequence[Host], cluster_name: str) -> str:

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
 from config import AuthError, NonceCache, verify_request
-from node.training.groups import RENDEZVOUS_PATH, Rendezvous
+from node.training.rendezvous import RENDEZVOUS_PATH, Rendezvous
 
 Answer = Rendezvous | tuple[int, object] | bytes
 """A rendezvous (200), (status, JSON body), or raw bytes sent with 200."""

@@ -1,8 +1,9 @@
 """shoal daemons on a netns cluster, watched by one probe process on a host of its own.
 
-`Swarm` starts, restarts and signals the daemons; `ViewWatch` reads the probe's output (see
+`Swarm` starts, restarts and signals the daemons; a `ProbeWatch` reads the probe's output (see
 `netns_probe.py`) incrementally and waits until the daemons' views satisfy a condition, returning
-the probe time at which it first held. Used by tests/node/test_daemon_netns.py and
+the probe time at which it first held: `ViewWatch` for membership views, `ElectionWatch`
+(election_netns_swarm.py) for plans. Used by tests/node/test_daemon_netns.py and
 bench/membership_netns.py.
 """
 
@@ -15,13 +16,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from tests.cluster import ClusterProcess, Host, NetnsCluster, WaitTimeoutError
 
 __all__ = [
     "DaemonExitedError",
     "Observation",
+    "ProbeWatch",
     "Swarm",
     "ViewWatch",
     "Views",
@@ -46,6 +48,10 @@ class Observation:
     host: str
     members: Mapping[str, tuple[str, int]] | None
     error: str | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.members is not None
 
     def state_of(self, node_id: str) -> str | None:
         if self.members is None:
@@ -119,65 +125,87 @@ class ProbeLog:
         return found
 
 
-class ViewWatch:
-    """The latest view of every daemon, from the probe's log, read as it grows."""
+class ProbeView(Protocol):
+    """What every kind of probe answer has: probe time, host, and whether it answered."""
+
+    @property
+    def t(self) -> float: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def answered(self) -> bool: ...
+
+
+V = TypeVar("V", bound=ProbeView)
+
+
+class ProbeWatch(Generic[V]):
+    """The latest view of every daemon, from the probe's log, read as it grows. Subclasses say
+    how one JSON line becomes a view (`parse`) and how a view reads in a message (`describe_view`).
+    """
 
     def __init__(self, probe: ClusterProcess, hosts: Sequence[Host]) -> None:
         self.probe = probe
         self._log = ProbeLog(probe, hosts)
-        self.latest: dict[str, Observation] = {}
+        self.latest: dict[str, V] = {}
+        self.matched: dict[str, V] = {}
+        """The views that made the last successful `wait` hold (fresher ones may be in latest)."""
         self.first_answer: dict[str, float] = {}
         self.guard: Callable[[], None] | None = None
         """Called on every poll of `wait` and `watch_for`; raises to stop waiting early."""
 
-    def read(self) -> list[Observation]:
-        """The observations written since the last read, in order; updates `latest`."""
+    def parse(self, host: str, record: Mapping[str, Any]) -> V:
+        raise NotImplementedError
+
+    def describe_view(self, view: V) -> str:
+        raise NotImplementedError
+
+    def read(self) -> list[V]:
+        """The views answered since the last read, in order; updates `latest`."""
         found = []
         for host, record in self._log.records():
-            members = record.get("members")
-            observation = Observation(
-                record["t"],
-                host,
-                None if members is None else {k: (v[0], v[1]) for k, v in members.items()},
-                record.get("error"),
-            )
-            self.latest[host] = observation
-            if members is not None:
-                self.first_answer.setdefault(host, observation.t)
-            found.append(observation)
+            view = self.parse(host, record)
+            self.latest[host] = view
+            if view.answered:
+                self.first_answer.setdefault(host, view.t)
+            found.append(view)
         return found
 
     def wait(
         self,
-        condition: Condition,
+        condition: Callable[[Mapping[str, V]], bool],
         *,
         since: float,
         timeout_s: float,
         message: str,
-        on_observation: Callable[[Observation], None] | None = None,
+        hold_s: float = 0.0,
+        on_view: Callable[[V], None] | None = None,
     ) -> float:
-        """Wait until `condition` holds over views answered at or after `since`.
+        """Wait until `condition` holds over views answered at or after `since`, and keeps
+        holding for `hold_s` of probe time. Returns the probe time it began to hold.
 
-        Returns the probe time of the observation that made it hold. Every observation made
-        meanwhile is passed to `on_observation` (which may raise to fail fast). Raises
+        Every view read meanwhile goes to `on_view` (which may raise to fail fast). Raises
         WaitTimeoutError naming `message` and the last views after `timeout_s` (wall time).
         """
-        fresh: dict[str, Observation] = {
-            name: obs for name, obs in self.latest.items() if obs.t >= since
-        }
+        fresh = {name: view for name, view in self.latest.items() if view.t >= since}
+        held_since: float | None = None
         deadline = time.monotonic() + timeout_s
         while True:
-            for observation in self.read():
-                if on_observation is not None:
-                    on_observation(observation)
-                if observation.t < since:
+            for view in self.read():
+                if on_view is not None:
+                    on_view(view)
+                if view.t < since:
                     continue
-                if observation.members is None:
-                    fresh.pop(observation.host, None)
-                else:
-                    fresh[observation.host] = observation
-                if condition(fresh):
-                    return observation.t
+                fresh[view.host] = view
+                if not condition(fresh):
+                    held_since = None
+                    continue
+                held_since = view.t if held_since is None else held_since
+                if view.t - held_since >= hold_s:
+                    self.matched = dict(fresh)
+                    return held_since
             if time.monotonic() > deadline:
                 raise WaitTimeoutError(
                     f"timed out after {timeout_s:g}s waiting for {message}; "
@@ -186,16 +214,15 @@ class ViewWatch:
             self._check()
             time.sleep(POLL_S)
 
-    def watch_for(
-        self, duration_s: float, on_observation: Callable[[Observation], None]
-    ) -> list[Observation]:
-        """Pass every observation of the next `duration_s` to `on_observation`; return them."""
-        seen: list[Observation] = []
+    def watch_for(self, duration_s: float, on_view: Callable[[V], None] | None = None) -> list[V]:
+        """Pass every view of the next `duration_s` to `on_view`; return them."""
+        seen: list[V] = []
         end = time.monotonic() + duration_s
         while True:
-            for observation in self.read():
-                on_observation(observation)
-                seen.append(observation)
+            for view in self.read():
+                if on_view is not None:
+                    on_view(view)
+                seen.append(view)
             if time.monotonic() >= end:
                 return seen
             self._check()
@@ -208,16 +235,50 @@ class ViewWatch:
             self.guard()
 
     def describe(self) -> str:
-        """The latest view of every daemon, one compact line each."""
-        parts = []
-        for name in sorted(self.latest):
-            obs = self.latest[name]
-            if obs.members is None:
-                parts.append(f"{name}@{obs.t:.2f}: {obs.error}")
-            else:
-                seen = ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in sorted(obs.members.items()))
-                parts.append(f"{name}@{obs.t:.2f}: {seen}")
-        return "; ".join(parts)
+        """The latest view of every daemon, one compact item each."""
+        return "; ".join(
+            f"{name}@{self.latest[name].t:.2f}: {self.describe_view(self.latest[name])}"
+            for name in sorted(self.latest)
+        )
+
+
+class ViewWatch(ProbeWatch[Observation]):
+    """The membership view of every daemon (GET /v1/peers through netns_probe.py)."""
+
+    def parse(self, host: str, record: Mapping[str, Any]) -> Observation:
+        members = record.get("members")
+        return Observation(
+            record["t"],
+            host,
+            None if members is None else {k: (v[0], v[1]) for k, v in members.items()},
+            record.get("error"),
+        )
+
+    def describe_view(self, view: Observation) -> str:
+        if view.members is None:
+            return str(view.error)
+        return ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in sorted(view.members.items()))
+
+    def wait(
+        self,
+        condition: Callable[[Mapping[str, Observation]], bool],
+        *,
+        since: float,
+        timeout_s: float,
+        message: str,
+        hold_s: float = 0.0,
+        on_view: Callable[[Observation], None] | None = None,
+        on_observation: Callable[[Observation], None] | None = None,
+    ) -> float:
+        """`ProbeWatch.wait`; `on_observation` is the membership tests' name for `on_view`."""
+        return super().wait(
+            condition,
+            since=since,
+            timeout_s=timeout_s,
+            message=message,
+            hold_s=hold_s,
+            on_view=on_view or on_observation,
+        )
 
 
 class Swarm:

@@ -192,3 +192,83 @@ async def test_status_drops_a_coordinator_that_is_gone(tmp_path: Path) -> None:
     finally:
         for daemon in daemons.values():
             await daemon.close()
+
+
+async def test_a_node_whose_training_keeps_dying_gives_its_rank_away(tmp_path: Path) -> None:
+    """t1 takes the one training rank (node id order), its command cannot even start (a long
+    missing path: the gossiped reason is cut short); after two failures it reports itself unable
+    to train and the next plan gives the rank to t2. One failure window later it offers itself
+    again (and gets its rank back: it comes first)."""
+    names = ("t1", "t2")
+    crash = (str(tmp_path / ("x" * 200) / ("y" * 200) / "no-such-trainer"),)
+    run = (sys.executable, "-c", "import time; time.sleep(60)")
+    daemons: dict[str, NodeDaemon] = {}
+    try:
+        for name, command in zip(names, (crash, run), strict=True):
+            seeds = (f"127.0.0.1:{daemons['t1'].port}",) if daemons else ()
+            settings = _settings(
+                tmp_path,
+                name,
+                voters=names,
+                seeds=seeds,
+                role="training",
+                backend="gloo",
+                max_training=1,
+                training_command=command,
+                training_max_failures=2,
+                training_failure_window_s=8.0,
+            )
+            daemon = NodeDaemon(settings)
+            await daemon.start()
+            daemons[name] = daemon
+
+        async def plan_of(name: str) -> dict[str, Any]:
+            _, document = await _get(daemons[name].port, "/v1/plan")
+            return document.get("plan") or {}
+
+        async def moved() -> bool:
+            plans = [await plan_of(name) for name in names]
+            return all(p.get("training_ranks") == ["t2"] for p in plans)
+
+        started = time.monotonic()
+        await _until(moved, 60, "the rank to move from t1 (failing) to t2")
+        print(f"rank moved after {time.monotonic() - started:.1f} s")
+        plan = await plan_of("t2")
+        reason = plan["cannot_train"]["t1"]
+        assert reason.startswith("training command failed 2 times in 8 s; last: cannot start")
+        assert len(reason) == 200
+        assert plan["roles"]["t1"] == "selfplay"
+
+        async def degraded() -> bool:
+            _, health = await _get(daemons["t1"].port, "/v1/health")
+            training = [c for c in health["components"] if c["name"] == "training"]
+            return bool(training) and training[0]["status"] == "degraded"
+
+        await _until(degraded, 30, "t1's training component to show degraded")
+        _, health = await _get(daemons["t1"].port, "/v1/health")
+        training = next(c for c in health["components"] if c["name"] == "training")
+        assert reason in training["message"]
+        _, healthy = await _get(daemons["t2"].port, "/v1/health")
+        assert {c["name"]: c["status"] for c in healthy["components"]}.get("training") in (
+            None,
+            "healthy",
+        )
+
+        url = f"http://127.0.0.1:{daemons['t2'].port}"
+        runner = CliRunner()
+        result = await asyncio.to_thread(runner.invoke, app, ["roles", "--node", url])
+        assert result.exit_code == 0, result.output
+        assert "cannot train" in result.output
+        assert "training command failed" in result.output
+        result = await asyncio.to_thread(runner.invoke, app, ["roles", "--node", url, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["plan"]["cannot_train"] == {"t1": reason}
+
+        async def offered_again() -> bool:
+            plans = [await plan_of(name) for name in names]
+            return all(p.get("cannot_train") == {} for p in plans)
+
+        await _until(offered_again, 30, "t1 to offer itself again after one window")
+    finally:
+        for daemon in daemons.values():
+            await daemon.close()

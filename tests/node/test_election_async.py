@@ -57,6 +57,7 @@ class Cluster:
         self.events: dict[str, list[ElectionEvent]] = defaultdict(list)
         self.logs: dict[str, AdoptionLog] = {}
         self.members: dict[str, NodeCapabilities] = {}
+        self.policy = POLICY
         self.seed = 0
 
     async def start(self, node: str, **kwargs: Any) -> Elector:
@@ -68,7 +69,7 @@ class Cluster:
             self.network.transport(node),
             self.durables[node],
             capabilities=lambda: list(self.members.values()),
-            policy=POLICY,
+            policy=self.policy,
             debounce=PlanDebouncer(quiet_s=0.1, max_wait_s=0.3),
             adoption_log=log,
             rng=random.Random(self.seed),
@@ -214,6 +215,62 @@ async def test_failover_after_the_coordinator_dies(make_cluster: Callable[..., C
     assert cluster.check_logs() == []
 
 
+async def test_generations_rise_across_failovers_a_b_a(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """The trainer A coordinates, dies (B takes over, B's group), returns and trains again: the
+    group is A's first group again, yet its generation is new, and generations only rise."""
+    cluster = make_cluster(("a", "b", "c"))
+    cluster.policy = RolePolicy(min_training=1, max_training=1, master_port=29400)
+    for node in "abc":
+        await cluster.start(node)
+    await eventually(cluster.settled)
+    first = cluster.leaders()[0]
+    cluster.members[first] = caps(first, vram=80)  # the coordinator becomes the one trainer
+    cluster.electors[first].notify_membership_changed()
+
+    def trains(node: str) -> bool:
+        """Settled on a plan of the current coordinator's term in which only `node` trains."""
+        if not cluster.settled():
+            return False
+        leader = cluster.electors[cluster.leaders()[0]]
+        plan = leader.plan
+        return (
+            plan is not None and plan.term == leader.status.term and plan.training_ranks == (node,)
+        )
+
+    await eventually(lambda: trains(first))
+    seen = []
+
+    def record() -> None:
+        leader = cluster.leaders()[0]
+        plan = cluster.electors[leader].plan
+        assert plan is not None
+        seen.append((leader, plan.training_ranks, plan.group, plan.generation))
+
+    record()
+    await cluster.crash(first)
+    cluster.members.pop(first)
+    await eventually(lambda: trains(min(set("abc") - {first})))  # equal VRAM: lowest id
+    record()
+    second = cluster.leaders()[0]
+    await cluster.start(first)
+    cluster.electors[second].notify_membership_changed()
+    await eventually(lambda: trains(first))
+    record()
+    await cluster.crash(second)  # the coordinator moves again (to A or the third voter)
+    cluster.members.pop(second)
+    await eventually(lambda: trains(first) and cluster.leaders()[0] != second)
+    record()
+    print("coordinator, ranks, generation:", [(c, r, g) for c, r, _, g in seen])
+    generations = [g for _, _, _, g in seen]
+    assert seen[2][1:3] == seen[0][1:3]  # A's group again (the old hash repeated here)
+    assert generations[0] < generations[1] < generations[2]
+    assert generations[3] == generations[2]  # same group under the next coordinator: kept
+    for node, elector in cluster.electors.items():
+        assert elector.state.generation == generations[2], node
+
+
 async def test_a_minority_of_the_voter_set_never_elects(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -322,7 +379,11 @@ async def test_no_vote_twice_in_a_term_across_a_restart(
     now[0] += 1.0  # past the boot denial
     granted = await voter.handle_vote_request(VoteRequest(5, "a"))
     assert granted.granted
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 5, "voted_for": "a"}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {
+        "term": 5,
+        "voted_for": "a",
+        "generation": 0,
+    }
     await cluster.crash("b")
     restarted = await cluster.start("b", clock=lambda: now[0])
     denied = await restarted.handle_vote_request(VoteRequest(5, "c"))
@@ -349,7 +410,11 @@ async def test_a_granted_vote_is_durable_before_the_reply(
     assert not second.granted
     reply = await first
     assert reply.granted
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 3, "voted_for": "a"}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {
+        "term": 3,
+        "voted_for": "a",
+        "generation": 0,
+    }
 
 
 class FailingDurable(InMemoryDurableState):
@@ -379,7 +444,11 @@ async def test_heartbeat_handler_adopts_and_persists_the_term(
     assert ack.term == 4
     assert follower.status.coordinator == "a"
     assert follower.status.lease_valid
-    assert await cluster.durables["b"].get(VOTE_KEY) == {"term": 4, "voted_for": None}
+    assert await cluster.durables["b"].get(VOTE_KEY) == {
+        "term": 4,
+        "voted_for": None,
+        "generation": 0,
+    }
     stale = await follower.handle_heartbeat(Heartbeat(3, "c", 1))
     assert not stale.success
 
@@ -474,7 +543,7 @@ async def test_vote_and_plan_survive_a_restart_in_a_real_wal(tmp_path: Path) -> 
         await eventually(lambda: any(e.kind is ElectionEventKind.PLAN_ADOPTED for e in adopted))
         first = elector.plan
         assert first is not None
-        assert await wal.state_get(VOTE_KEY) == {"term": 1, "voted_for": "solo"}
+        assert await wal.state_get(VOTE_KEY) == {"term": 1, "voted_for": "solo", "generation": 1}
         assert await wal.state_get(PLAN_KEY) == first.to_dict()
     async with WriteAheadLog(tmp_path / "wal.db") as wal, make(wal) as elector:
         assert elector.status.term == 1

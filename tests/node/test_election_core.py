@@ -418,9 +418,42 @@ def _granted_vote(term: int, voter: str) -> VoteReply:
     return VoteReply(term, voter, True, False)
 
 
-def _plan(term: int, version: int, nodes: list[str]) -> RolePlan:
+def _plan(term: int, version: int, nodes: list[str], highest_generation: int = 0) -> RolePlan:
     members = [
         NodeCapabilities(n, f"10.0.0.{i + 1}", 1, "H100", 80, Role.AUTO)
         for i, n in enumerate(nodes)
     ]
-    return compute_plan(term, version, members, RolePolicy(1, 2))
+    return compute_plan(
+        term, version, members, RolePolicy(1, 2), highest_generation=highest_generation
+    )
+
+
+def test_the_highest_generation_seen_travels_in_plans_acks_and_durable_state() -> None:
+    net = settled_net(("a", "b", "c"), ("a", "b", "c"))
+    net.advance(0.3)
+    leader = net.states["a"]
+    plan = _plan(leader.term, next_plan_version(leader), ["a", "b"], highest_generation=6)
+    assert plan.generation == 7
+    state, out = core.publish_plan(leader, plan, net.now)
+    assert state.generation == 7
+    net.states["a"] = state
+    net.run("a", out)
+    # followers adopt the generation with the plan, remember it durably, and report it
+    assert net.states["b"].generation == 7
+    assert net.states["b"].durable == DurableRecord(1, "a", 7)
+    _, ack = core.handle_heartbeat(net.states["c"], Heartbeat(1, "a", 99), net.now, net.rng)
+    assert ack.generation == 7
+    # a coordinator learns a higher generation from an ack (a plan it never applied)
+    state, _ = core.handle_heartbeat_ack(
+        net.states["a"], HeartbeatAck(1, "b", 1, True, plan.fence, 11), net.now, net.rng
+    )
+    assert state.generation == 11
+    same_group = _plan(1, plan.version + 1, ["a", "b"], highest_generation=state.generation)
+    assert same_group.generation == 12  # the same ranks, yet above 11: 11 may be another group
+    # and it refuses to publish a generation below what it has seen
+    with pytest.raises(ElectionError, match="below the highest seen, 11"):
+        core.publish_plan(state, _plan(1, plan.version + 1, ["a", "b"]), net.now)
+    restarted = initial_state(config("b"), DurableRecord(1, "a", 9), None, 0.0, net.rng)
+    assert restarted.generation == 9
+    with_plan = initial_state(config("b"), DurableRecord(1, "a", 3), plan, 0.0, net.rng)
+    assert with_plan.generation == 7

@@ -17,14 +17,14 @@ from node.election.messages import (
     VoteRequest,
     message_from_dict,
 )
-from node.election.plan import PlanFence, Rendezvous, RolePlan
+from node.election.plan import GroupSpec, PlanFence, RolePlan
 
 PLAN = RolePlan(
     term=3,
     version=2,
     roles={"a": Role.TRAINING, "b": Role.INFERENCE},
     training_ranks=("a",),
-    rendezvous=Rendezvous("10.0.0.1", 29500, 1, "nccl"),
+    group=GroupSpec("10.0.0.1", 29500, 1, "nccl"),
 )
 
 
@@ -58,6 +58,7 @@ def test_wire_forms() -> None:
         "seq": 17,
         "success": True,
         "plan_fence": None,
+        "generation": 0,
     }
 
 
@@ -125,6 +126,17 @@ def test_plan_announce_round_trip() -> None:
             "bad plan",
         ),
         ({"type": "heartbeat_ack", "term": 1, "node": "b", "seq": 1, "success": 1}, "success"),
+        (
+            {
+                "type": "heartbeat_ack",
+                "term": 1,
+                "node": "b",
+                "seq": 1,
+                "success": True,
+                "generation": -2,
+            },
+            "generation",
+        ),
     ],
 )
 def test_malformed_messages_are_refused(data: Any, match: str) -> None:

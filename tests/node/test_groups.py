@@ -16,18 +16,19 @@ from typing import Any
 
 import pytest
 
-from config import Timeouts
-from node.training.groups import (
+from config import Role, Timeouts
+from node.election.plan import GroupSpec, RolePlan
+from node.training.groups import ElasticGroup, choose_backend
+from node.training.rendezvous import (
     DaemonEndpoint,
-    ElasticGroup,
     GroupError,
     MasterUnreachable,
     NoRank,
     Rendezvous,
     RendezvousError,
-    choose_backend,
     daemon_endpoint,
     fetch_rendezvous,
+    rendezvous_for,
     store_prefix,
 )
 from tests.node.groups_fake_daemon import FakeDaemon, free_port
@@ -339,3 +340,32 @@ def test_gloo_interface_binding_is_scoped_and_yields_to_the_operator(
     with groups._gloo_bound_to_route("127.0.0.1"):
         assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
     assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+
+
+def test_rendezvous_for_a_plan_moves_the_port_with_the_generation() -> None:
+    plan = RolePlan(
+        term=4,
+        version=9,
+        roles={"a": Role.TRAINING, "b": Role.TRAINING, "c": Role.SELFPLAY},
+        training_ranks=("b", "a"),
+        group=GroupSpec("10.0.0.2", 29500, 2, "gloo"),
+        generation=1007,
+    )
+    assert rendezvous_for(plan, "a") == Rendezvous(
+        rank=1,
+        world_size=2,
+        master_addr="10.0.0.2",
+        master_port=29507,
+        backend="gloo",
+        generation=1007,
+        term=4,
+        plan_version=9,
+    )
+    assert rendezvous_for(plan, "b").rank == 0  # type: ignore[union-attr]
+    selfplay = rendezvous_for(plan, "c")
+    assert selfplay is not None
+    assert selfplay.rank is None
+    assert selfplay.generation == 1007
+    assert rendezvous_for(None, "a") is None
+    nobody = RolePlan(4, 10, {"c": Role.SELFPLAY}, (), GroupSpec("", 29500, 0, "gloo"))
+    assert rendezvous_for(nobody, "c") == Rendezvous(None, 0, "", 29500, "gloo", 0, 4, 10)

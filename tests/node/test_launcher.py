@@ -15,14 +15,16 @@ from typing import Any
 
 import pytest
 
-from node.training.groups import Rendezvous
+from health import HealthStatus
 from node.training.launcher import (
     LauncherError,
     LauncherState,
     TrainingLauncher,
+    launcher_check,
     restart_delay_s,
     training_env,
 )
+from node.training.rendezvous import Rendezvous
 
 GRANDCHILD = re.compile(r"^grandchild (\d+)$", re.MULTILINE)
 CHILD = str(Path(__file__).with_name("groups_launcher_child.py"))
@@ -272,3 +274,75 @@ async def test_a_command_that_cannot_start_is_retried_and_reported(tmp_path: Pat
         assert error is not None
         assert str(missing) in error
         assert runner.status.state is LauncherState.BACKOFF
+
+
+async def test_a_child_that_keeps_failing_gives_up_and_reports_it(
+    tmp_path: Path, out: Path
+) -> None:
+    reasons: list[str] = []
+    runner = launcher(
+        tmp_path,
+        out,
+        mode="crash",
+        backoff_s=0.05,
+        max_backoff_s=0.1,
+        max_failures=3,
+        failure_window_s=60.0,
+        on_give_up=reasons.append,
+    )
+    check = launcher_check(runner)
+    async with runner:
+        assert (await check()).status is HealthStatus.HEALTHY
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: runner.status.state is LauncherState.BACKOFF)
+        backoff = await check()
+        assert backoff.status is HealthStatus.DEGRADED
+        assert "generation 1: training command exited 3" in backoff.message
+        await wait_until(lambda: runner.status.state is LauncherState.GAVE_UP)
+        await asyncio.sleep(0.3)  # no further restart once it gave up
+        assert len(events(out, "start")) == 3
+        assert reasons == [
+            "training command failed 3 times in 60 s; last: generation 1: training command exited 3"
+        ]
+        result = await check()
+        assert result.status is HealthStatus.DEGRADED
+        assert result.message == f"gave_up: {reasons[0]}"
+        assert result.metrics["failures"] == 3.0
+        # without a rank it stays given up (still degraded) until forgiven or a new generation
+        await runner.apply(None)
+        given_up = runner.status
+        assert given_up.state is LauncherState.GAVE_UP
+        assert (await check()).status is HealthStatus.DEGRADED
+        runner.forgive()
+        forgiven = runner.status
+        assert forgiven.state is LauncherState.IDLE
+        assert (await check()).status is HealthStatus.HEALTHY
+        # a new generation is a fresh start
+        await runner.apply(rdv(generation=2))
+        await wait_until(lambda: len(events(out, "start")) >= 4)
+        assert runner.status.generation == 2
+        assert runner.status.state is not LauncherState.GAVE_UP
+
+
+async def test_failures_outside_the_window_do_not_add_up(tmp_path: Path, out: Path) -> None:
+    ticks = itertools.count(step=100.0)
+    runner = launcher(
+        tmp_path,
+        out,
+        mode="crash",
+        backoff_s=0.02,
+        max_backoff_s=0.02,
+        max_failures=2,
+        failure_window_s=60.0,
+        clock=lambda: next(ticks),
+    )
+    async with runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) >= 5)
+        assert runner.status.state is not LauncherState.GAVE_UP
+        assert runner.status.failures <= 1
+
+
+def test_failure_bounds_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match="max_failures"):
+        TrainingLauncher(["x"], tmp_path, tmp_path / "log", stop_timeout_s=1.0, max_failures=0)

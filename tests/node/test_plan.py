@@ -9,9 +9,9 @@ import pytest
 from config import Role
 from node.election.plan import (
     FenceVerdict,
+    GroupSpec,
     PlanError,
     PlanFence,
-    Rendezvous,
     RolePlan,
     check_fence,
     should_apply,
@@ -24,7 +24,7 @@ def plan(term: int = 2, version: int = 3) -> RolePlan:
         version=version,
         roles={"b": Role.SELFPLAY, "a": Role.TRAINING},
         training_ranks=("a",),
-        rendezvous=Rendezvous("10.0.0.1", 29500, 1, "gloo"),
+        group=GroupSpec("10.0.0.1", 29500, 1, "gloo"),
         note="1 of 2 members train",
     )
 
@@ -95,12 +95,14 @@ def test_plan_dict_form() -> None:
         "version": 3,
         "roles": {"a": "training", "b": "selfplay"},
         "training_ranks": ["a"],
-        "rendezvous": {
+        "group": {
             "master_addr": "10.0.0.1",
             "master_port": 29500,
             "world_size": 1,
             "backend": "gloo",
         },
+        "generation": 0,
+        "cannot_train": {},
         "note": "1 of 2 members train",
     }
     assert RolePlan.from_dict(document) == plan()
@@ -116,7 +118,7 @@ def test_plan_dict_form() -> None:
         ({"training_ranks": ["b"]}, "exactly once"),
         (
             {
-                "rendezvous": {
+                "group": {
                     "master_addr": "x",
                     "master_port": 1,
                     "world_size": 2,
@@ -127,7 +129,7 @@ def test_plan_dict_form() -> None:
         ),
         (
             {
-                "rendezvous": {
+                "group": {
                     "master_addr": "x",
                     "master_port": 1,
                     "world_size": 1,
@@ -139,6 +141,9 @@ def test_plan_dict_form() -> None:
         ({"term": -1}, "fence"),
         ({"version": "3"}, "fence"),
         ({"roles": []}, "must be an object"),
+        ({"generation": -1}, "generation"),
+        ({"cannot_train": {"a": "crashes"}}, "no training rank"),
+        ({"cannot_train": {"b": 3}}, "cannot_train"),
     ],
 )
 def test_malformed_plans_are_refused(change: dict[str, Any], match: str) -> None:
@@ -149,6 +154,6 @@ def test_malformed_plans_are_refused(change: dict[str, Any], match: str) -> None
 
 def test_missing_plan_field_is_named() -> None:
     document = plan().to_dict()
-    del document["rendezvous"]
-    with pytest.raises(PlanError, match="rendezvous"):
+    del document["group"]
+    with pytest.raises(PlanError, match="group"):
         RolePlan.from_dict(document)

@@ -15,7 +15,7 @@ from node.election.adoption import (
     check_adoption_logs,
     read_adoption_log,
 )
-from node.election.plan import PlanError, PlanFence, Rendezvous, RolePlan
+from node.election.plan import GroupSpec, PlanError, PlanFence, RolePlan
 from node.election.state import ElectionEvent, ElectionEventKind, ElectionRole, ElectionStatus
 
 VOTERS = ("a", "b", "c")
@@ -118,7 +118,7 @@ def test_two_plans_under_one_fence_and_a_non_voter_coordinator() -> None:
 
 
 def test_records_from_election_events() -> None:
-    role_plan = RolePlan(2, 7, {}, (), Rendezvous("", 29500, 0, "gloo"))
+    role_plan = RolePlan(2, 7, {}, (), GroupSpec("", 29500, 0, "gloo"))
     status = ElectionStatus("a", ElectionRole.COORDINATOR, 2, "a", True, True, PlanFence(2, 7))
     adopted = ElectionEvent(ElectionEventKind.PLAN_ADOPTED, status, role_plan)
     record = adoption_record(adopted, 5.0, ("a", "b"))

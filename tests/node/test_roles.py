@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -57,9 +58,9 @@ def test_training_preference_first_then_auto_by_vram() -> None:
         "e": Role.SELFPLAY,
     }
     assert (plan.term, plan.version) == (3, 7)
-    assert plan.rendezvous.master_addr == members[1].address
-    assert plan.rendezvous.world_size == 3
-    assert plan.rendezvous.backend == "nccl"
+    assert plan.group.master_addr == members[1].address
+    assert plan.group.world_size == 3
+    assert plan.group.backend == "nccl"
     assert plan.rank_of("b") == 0
     assert plan.rank_of("d") is None
 
@@ -99,8 +100,8 @@ def test_below_min_training_nobody_trains_and_says_why() -> None:
     members = [gpu("a"), gpu("b", preference=Role.INFERENCE), cpu("c")]
     plan = compute_plan(2, 1, members, RolePolicy(min_training=2, max_training=4))
     assert plan.training_ranks == ()
-    assert plan.rendezvous.world_size == 0
-    assert plan.rendezvous.master_addr == ""
+    assert plan.group.world_size == 0
+    assert plan.group.master_addr == ""
     assert set(plan.roles.values()) == {Role.SELFPLAY, Role.INFERENCE}
     assert "nobody trains" in plan.note
     assert "min_training is 2" in plan.note
@@ -110,29 +111,29 @@ def test_every_node_dead_but_one() -> None:
     survivor = [gpu("last", preference=Role.TRAINING)]
     plan = compute_plan(9, 4, survivor, POLICY)
     assert plan.training_ranks == ("last",)
-    assert plan.rendezvous.world_size == 1
-    assert plan.rendezvous.master_addr == survivor[0].address
+    assert plan.group.world_size == 1
+    assert plan.group.master_addr == survivor[0].address
     lonely = compute_plan(9, 4, [gpu("last", preference=Role.INFERENCE)], POLICY)
     assert lonely.training_ranks == ()
     assert lonely.roles == {"last": Role.INFERENCE}
     empty = compute_plan(9, 4, [], POLICY)
     assert empty.roles == {}
-    assert empty.rendezvous.world_size == 0
+    assert empty.group.world_size == 0
 
 
 def test_backends() -> None:
     mixed = [gpu("g"), cpu("c", preference=Role.TRAINING)]
     auto = compute_plan(1, 1, mixed, POLICY)
     assert auto.training_ranks == ("c", "g")
-    assert auto.rendezvous.backend == "gloo"
+    assert auto.group.backend == "gloo"
     nccl = compute_plan(1, 1, mixed, RolePolicy(1, 4, backend="nccl"))
     assert nccl.training_ranks == ("g",)
-    assert nccl.rendezvous.backend == "nccl"
+    assert nccl.group.backend == "nccl"
     cpus = [cpu("x"), cpu("y")]
     assert compute_plan(1, 1, cpus, POLICY).training_ranks == ()
     gloo = compute_plan(1, 1, cpus, RolePolicy(1, 4, backend="gloo"))
     assert gloo.training_ranks == ("x", "y")
-    assert gloo.rendezvous.backend == "gloo"
+    assert gloo.group.backend == "gloo"
 
 
 def test_member_order_does_not_matter() -> None:
@@ -153,7 +154,7 @@ def test_surviving_trainers_keep_their_relative_order() -> None:
     assert first.training_ranks == ("a", "b", "c", "d")
     without_a = compute_plan(1, 2, members[1:], POLICY, previous=first)
     assert without_a.training_ranks == ("b", "c", "d")
-    assert without_a.rendezvous.master_addr == members[1].address
+    assert without_a.group.master_addr == members[1].address
     joined = compute_plan(1, 3, [*members[1:], gpu("e", 96)], POLICY, previous=without_a)
     assert joined.training_ranks == ("b", "c", "d", "e")
     # a newcomer that outranks everyone still cannot reorder the survivors
@@ -222,3 +223,43 @@ def test_debouncer_makes_one_plan_of_a_burst() -> None:
     assert not steady.cleared().pending
     with pytest.raises(PlanError):
         PlanDebouncer(quiet_s=1.0, max_wait_s=0.5)
+
+
+def test_generation_stays_with_the_group_and_never_repeats() -> None:
+    """A -> B -> A: the group with A, then without A, then with A again gets three generations
+    (a hash of ranks and group, as before, would repeat the first)."""
+    policy = RolePolicy(min_training=1, max_training=1)
+    a, b = gpu("a", 80), gpu("b", 40)
+    with_a = compute_plan(1, 1, [a, b], policy)
+    assert (with_a.training_ranks, with_a.generation) == (("a",), 1)
+    # nothing changed, or only the fence: the generation stays (no needless regroup)
+    again = compute_plan(1, 2, [a, b], policy, previous=with_a, highest_generation=1)
+    assert again.generation == 1
+    # a failover keeps the generation when the new coordinator applied the same plan
+    new_term = compute_plan(2, 1, [b, a], policy, previous=with_a, highest_generation=1)
+    assert new_term.generation == 1
+    without_a = compute_plan(2, 2, [b], policy, previous=new_term, highest_generation=1)
+    back = compute_plan(3, 1, [a, b], policy, previous=without_a, highest_generation=2)
+    assert (without_a.training_ranks, back.training_ranks) == (("b",), ("a",))
+    assert back.group == with_a.group
+    sequence = [with_a.generation, without_a.generation, back.generation]
+    assert sequence == [1, 2, 3]
+    # a coordinator that saw a newer generation elsewhere continues above it
+    assert compute_plan(4, 1, [a, b], policy, previous=back, highest_generation=9).generation == 10
+
+
+def test_a_node_that_cannot_train_gives_its_rank_away_with_its_reason() -> None:
+    reason = "training command failed 5 times in 300 s; last: exited 1"
+    members = [gpu("a", 80, preference=Role.TRAINING), gpu("b", 40), gpu("c", 24)]
+    first = compute_plan(1, 1, members, RolePolicy(1, 2))
+    assert first.training_ranks == ("a", "b")
+    failing = [replace(members[0], cannot_train=reason), *members[1:]]
+    plan = compute_plan(1, 2, failing, RolePolicy(1, 2), previous=first, highest_generation=1)
+    assert plan.training_ranks == ("b", "c")
+    assert plan.role_of("a") is Role.SELFPLAY
+    assert dict(plan.cannot_train) == {"a": reason}
+    assert plan.generation == 2
+    assert RolePlan.from_dict(plan.to_dict()) == plan
+    cap = capabilities_from_meta("a", "10.0.0.1", {"cannot_train": reason, "gpu_count": 1})
+    assert cap.cannot_train == reason
+    assert capabilities_from_meta("a", "10.0.0.1", {"cannot_train": ""}).cannot_train is None
