@@ -27,6 +27,7 @@ from health.checks import (
 )
 from health.errors import CircuitOpenError, HealthConfigError, HealthError
 from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
+from health.loops import LoopHealth
 from health.metrics import NodeMetrics, package_version
 from health.monitor.client import ClusterMonitor
 from health.monitor.model import (
@@ -83,6 +84,7 @@ __all__ = [
     "HealthError",
     "HealthStatus",
     "HealthSummary",
+    "LoopHealth",
     "MonitorError",
     "MonitorOptions",
     "NodeMetrics",

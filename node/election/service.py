@@ -20,7 +20,12 @@ from aiohttp import web
 from config import ConfigError, Inventory, NodeSettings
 from node.election.adoption import AdoptionLog
 from node.election.elector import Elector
-from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
+from node.election.http import (
+    ELECTION_DOCS,
+    HttpElectionTransport,
+    election_breaker_config,
+    election_routes,
+)
 from node.election.plan import RolePlan
 from node.election.roles import RolePolicy, capabilities_from_meta
 from node.election.seams import WalDurableState
@@ -170,7 +175,12 @@ class Coordination:
             ]
 
         transport = HttpElectionTransport(
-            runtime.node_id, address_of, secret=secret, timeout_s=settings.timeouts.lease_s
+            runtime.node_id,
+            address_of,
+            secret=secret,
+            timeout_s=settings.timeouts.lease_s,
+            breakers=runtime.breakers,
+            breaker_config=election_breaker_config(runtime.breakers.config, settings.timeouts),
         )
         await self._stack.enter_async_context(transport)
         adoption_log = None
