@@ -1,5 +1,6 @@
-"""SyncCoordinator: pulls between real nodes, WAL logging and recovery, push, cluster sync,
-the background loop, the space guard, shared storage and bounded concurrency."""
+"""SyncCoordinator: pulls between real nodes, WAL logging and recovery (also after a real
+SIGKILL), push with the plan's fence, cluster sync, the space guard, shared storage and bounded
+concurrency. The background loop is the daemon's (tests/node/test_daemon_loops.py)."""
 
 from __future__ import annotations
 
@@ -199,22 +200,6 @@ async def test_full_cluster_sync_reports_failed_nodes(tmp_path: Path) -> None:
         assert (stats.nodes_synced, stats.failed_nodes) == (1, ("dead",))
         assert set(stats.category_stats) == {"models", "configs"}
         assert stats.category_stats["models"].errors[0].startswith("dead: manifest")
-
-
-async def test_run_forever_pulls_new_files_until_cancelled(tmp_path: Path) -> None:
-    async with FileNode(tmp_path / "a", "a") as a, FileNode(tmp_path / "b", "b") as b:
-        loop_task = asyncio.create_task(b.sync.run_forever(0.02, lambda: [a.peer, DEAD]))
-        try:
-            a.write("later.bin", b"hello")
-            deadline = time.monotonic() + 10
-            while not (b.root() / "later.bin").exists():
-                assert time.monotonic() < deadline, "the loop never pulled the file"
-                await asyncio.sleep(0.02)
-            assert not loop_task.done()
-        finally:
-            loop_task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await loop_task
 
 
 async def test_space_reserve_refuses_before_the_transfer(tmp_path: Path) -> None:
