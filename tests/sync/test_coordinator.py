@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from sync.files.engine import SyncOptions
 from sync.files.manifest import ManifestEntry

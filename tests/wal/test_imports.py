@@ -46,7 +46,7 @@ def test_all_exports_the_contract() -> None:
     assert all(hasattr(wal, name) for name in wal.__all__)
     assert issubclass(wal.WalFullError, wal.WalError)
     assert issubclass(wal.WalCorruptError, wal.WalError)
-    assert wal.BUILTIN_ENTRY_TYPES == {"sync_started", "sync_completed"}
+    assert {"sync_started", "sync_completed"} == wal.BUILTIN_ENTRY_TYPES
     assert {s.value for s in wal.EntryState} == {"pending", "committed", "rolled_back", "failed"}
 
 
