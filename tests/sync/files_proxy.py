@@ -37,6 +37,9 @@ class FaultProxy:
         self.corrupted = False
         self.dead = False
         self.port = 0
+        self.connections = 0
+        self.peak_connections = 0
+        """Client connections accepted, and the most open at once."""
 
     async def __aenter__(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -75,6 +78,8 @@ class FaultProxy:
         assert task is not None
         self._handlers.add(task)
         self._writers.add(writer)
+        self.connections += 1
+        self.peak_connections = max(self.peak_connections, len(self._handlers))
         upstream_writer: asyncio.StreamWriter | None = None
         try:
             if self.dead:
