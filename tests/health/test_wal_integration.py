@@ -8,13 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from health import HealthChecker, HealthStatus, NodeMetrics, wal_backlog_check, wal_check
-
-try:
-    from wal import WriteAheadLog
-except ImportError:  # the wal package predates its WriteAheadLog
-    WriteAheadLog = None  # type: ignore[assignment,misc]
-
-pytestmark = pytest.mark.skipif(WriteAheadLog is None, reason="wal.WriteAheadLog is not there yet")
+from wal import WriteAheadLog
 
 
 def metric_values(metrics: NodeMetrics) -> dict[str, float]:
