@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from health import HealthChecker, HealthStatus, NodeMetrics, wal_backlog_check, wal_check
