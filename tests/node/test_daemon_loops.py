@@ -126,6 +126,7 @@ async def test_background_loops_are_health_components(tmp_path: Path) -> None:
         assert "dead" in sync["message"]  # the last error names the failing peer
         status = await _get(daemon.port, "/v1/status")
         assert status["health"] == "degraded"
+        assert any(p.startswith("sync: sync loop failed") for p in status["health_problems"])
 
         service.alive_peers = lambda: []  # type: ignore[method-assign]
 
