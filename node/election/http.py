@@ -16,7 +16,13 @@ import aiohttp
 from aiohttp import web
 
 from config import Timeouts, signing_middleware
-from health import BreakerConfig, BreakerRegistry, CircuitBreaker, CircuitOpenError
+from health import (
+    BreakerConfig,
+    BreakerRegistry,
+    CircuitBreaker,
+    CircuitOpenError,
+    CircuitState,
+)
 from node.election.elector import Elector
 from node.election.messages import (
     ElectionError,
@@ -261,6 +267,8 @@ class HttpElectionTransport:
         breaker = self._breakers.breaker_for(peer, BREAKER_TRANSPORT)
         if self._breaker_config is not None and breaker.config is not self._breaker_config:
             breaker.reconfigure(self._breaker_config)
+            if breaker.state is CircuitState.CLOSED:
+                breaker.reset()  # start from this config's recovery time, not the default's
         return breaker
 
     async def _exchange(
