@@ -93,14 +93,6 @@ class SyncCoordinator:
         self._settled: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
         self._closed = False
 
-    @property
-    def wal(self) -> WriteAheadLog | None:
-        return self._wal
-
-    @property
-    def breakers(self) -> BreakerRegistry:
-        return self._breakers
-
     async def __aenter__(self) -> SyncCoordinator:
         await self.start()
         return self
