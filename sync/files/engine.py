@@ -379,10 +379,18 @@ class SyncCoordinator:
         peer's transfer, None if it had it."""
         entry = await install_copy(self.catalog, Path(local_path), category, rel_path)
         headers = dict(self._fence()) if self._fence is not None else {}
+        refusal: FileTransferError | None = None
         async with self._breakers.breaker_for(peer.node_id, "http"):
-            answer = await self.http.request_pull(
-                peer, category, rel_path, entry.hash, self.self_peer, headers=headers
-            )
+            try:
+                answer = await self.http.request_pull(
+                    peer, category, rel_path, entry.hash, self.self_peer, headers=headers
+                )
+            except FileTransferError as exc:
+                if exc.status is None or exc.status >= 500:
+                    raise
+                refusal = exc  # the peer answered no (409 stale_fence): not a fault of it
+        if refusal is not None:
+            raise refusal
         result = answer.get("result")
         if not isinstance(result, dict):
             return None

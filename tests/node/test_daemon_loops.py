@@ -73,6 +73,7 @@ async def test_a_push_under_a_stale_plan_is_refused_and_does_nothing(tmp_path: P
         with pytest.raises(FileTransferError, match="stale") as refused:
             await a.sync.push_file(source, "models", "stale/ckpt.pt", b_peer)
         assert refused.value.status == 409
+        assert a.breakers.breaker_for("b", "http").snapshot().total_failures == 0  # a refusal
         assert not (settings.category_path("models") / "stale").exists()
         assert b.runtime is not None
         assert b.runtime.wal is not None
