@@ -209,7 +209,7 @@ async def test_nodes_in_two_processes_find_each_other(cluster: str) -> None:
                         assert line, f"the child exited early after printing {lines!r}"
                         lines.append(line)
 
-                await asyncio.wait_for(loop(), limit_s)
+                await asyncio.wait_for(loop(), timeout_s)
 
             await read_until(lambda seen: b"ready\n" in seen, 15)
             await _wait_until(lambda: child_id in node_a.mdns_peers())
