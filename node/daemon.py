@@ -268,6 +268,7 @@ class NodeDaemon:
         assert runtime.health is not None
         for loop in (sync_service.loop_health, elector.loop_health, discovery.loop_health):
             runtime.health.add_check(loop.name, loop.check, interval_s=LOOP_CHECK_INTERVAL_S)
+            await runtime.health.run_check(loop.name)  # never "not checked yet" once serving
         self._spawn(sync_service.run_forever(), "background-sync")
         self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
         self._notifier.ready(f"serving {node_id} on {settings.bind}:{self.port}")

@@ -312,6 +312,7 @@ class SyncService:
         round is reported to `loop_health` (degraded with the last error while rounds keep
         failing); a failure is logged once at WARNING and the loop goes on."""
         if self._interval_s <= 0:
+            self.loop_health.record_success("background sync is off (sync_interval_s 0)")
             return
         warned = False
         while True:

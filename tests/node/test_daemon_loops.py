@@ -64,6 +64,11 @@ async def test_a_push_under_a_stale_plan_is_refused_and_does_nothing(tmp_path: P
     ):
         current = await _plan_fence(b)
         assert current.version >= 1
+        sync = await _component(b.port, "sync")
+        assert (sync["status"], sync["message"]) == (
+            "healthy",
+            "background sync is off (sync_interval_s 0)",
+        )
         stale = PlanFence(current.term, current.version - 1)
         b_peer = PeerRef("b", f"http://127.0.0.1:{b.port}")
         source = tmp_path / "ckpt.pt"
