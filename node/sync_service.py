@@ -82,6 +82,8 @@ class SyncService:
         self._runtime = runtime
         self._fence: FenceSource = fence if fence is not None else lambda: None
         self.loop_health = LoopHealth("sync")
+        if interval_s <= 0:
+            self.loop_health.record_success("background sync is off (sync_interval_s 0)")
         self._inventory = inventory
         self._secret = secret
         self._interval_s = interval_s
@@ -312,7 +314,6 @@ class SyncService:
         round is reported to `loop_health` (degraded with the last error while rounds keep
         failing); a failure is logged once at WARNING and the loop goes on."""
         if self._interval_s <= 0:
-            self.loop_health.record_success("background sync is off (sync_interval_s 0)")
             return
         warned = False
         while True:
