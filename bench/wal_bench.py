@@ -20,7 +20,10 @@ from typing import Any
 
 import aiosqlite
 
-from wal import GAME_RECORDED, WalConfig, WriteAheadLog
+from wal import WalConfig, WriteAheadLog
+
+# Entry types of the caller's own (shoal writes only sync_started and sync_completed).
+GAME_RECORDED = "game_recorded"
 
 WARMUP_S = 0.3
 BASELINE_SCHEMA = (

@@ -47,6 +47,12 @@ class Timeouts(BaseModel):
     sqlite_busy_s: float = Field(
         5.0, gt=0, description="SQLite busy timeout for any database of the node."
     )
+    wal_op_s: float = Field(
+        30.0, gt=0, description="One WAL batch (append, commit) or read before it fails."
+    )
+    wal_open_s: float = Field(
+        120.0, gt=0, description="Opening the WAL, including the quick check of the whole file."
+    )
     health_check_s: float = Field(
         5.0, gt=0, description="One health check before it counts as hung."
     )

@@ -36,6 +36,7 @@ from health.errors import (
     UsageError,
 )
 from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
+from health.loops import LoopHealth
 from health.metrics import NodeMetrics, package_version
 from health.monitor.client import ClusterMonitor
 from health.monitor.model import (
@@ -95,6 +96,7 @@ __all__ = [
     "HealthError",
     "HealthStatus",
     "HealthSummary",
+    "LoopHealth",
     "MonitorError",
     "MonitorOptions",
     "NodeMetrics",

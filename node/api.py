@@ -73,7 +73,13 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
     counts = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
     if runtime.membership is not None:
         counts.update(runtime.membership.counts())
-    health = runtime.health.summary().status.value if runtime.health is not None else "healthy"
+    summary = runtime.health.summary() if runtime.health is not None else None
+    health = summary.status.value if summary is not None else "healthy"
+    problems = [
+        f"{component.name}: {component.message}"
+        for component in (summary.components if summary is not None else ())
+        if component.status in (HealthStatus.DEGRADED, HealthStatus.UNHEALTHY)
+    ]
     return {
         "node_id": runtime.node_id,
         "cluster": runtime.settings.cluster_name,
@@ -102,6 +108,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
             ],
         },
         "health": health,
+        "health_problems": problems,
         "gpus": runtime.gpus(),
         "config_hash": runtime.settings.config_hash(),
         "notes": list(runtime.notes),

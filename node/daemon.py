@@ -66,7 +66,7 @@ from sync import (
     record_routes,
     schema_from_mapping,
 )
-from wal import WriteAheadLog
+from wal import WalConfig, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,9 @@ MAX_REQUEST_LINE_BYTES = 256 * 1024
 DISCOVERY_REFEED_S = 3.0
 """How often inventory hosts and seeds are offered to membership again (a seed that started
 after us is found within this time; each offer costs at most a few datagrams per host)."""
+LOOP_CHECK_INTERVAL_S = 1.0
+"""How often the health of the background loops (sync, election, discovery) is read: a
+cheap read of what each loop last reported."""
 
 
 def membership_check(membership: Membership) -> CheckFn:
@@ -210,6 +213,7 @@ class NodeDaemon:
         self.runtime: NodeRuntime | None = None
         self.port: int = settings.port
         self._membership: Any = None
+        self.sync_service: SyncService | None = None
         self._gpu_meta: dict[str, MetaValue] = {}
         self._disk_writes = DiskWrites()
         self._closed = False
@@ -252,7 +256,8 @@ class NodeDaemon:
         election = ElectionService(runtime, resolve_voters(settings, inventory, node_id))
         self._election = election
         self._notifier.status("opening the WAL")
-        wal = WriteAheadLog(settings.wal_path, observer=metrics)
+        wal_config = WalConfig.from_timeouts(settings.timeouts)
+        wal = WriteAheadLog(settings.wal_path, config=wal_config, observer=metrics)
         await self._stack.enter_async_context(wal)
         runtime.wal = wal
         pending = await wal.pending()
@@ -264,16 +269,31 @@ class NodeDaemon:
         )
         await self._stack.enter_async_context(stores)
         self._notifier.status("resuming interrupted transfers")
-        sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s, inventory)
+        sync_service = SyncService(
+            runtime,
+            secrets.cluster,
+            settings.sync_interval_s,
+            inventory,
+            fence=lambda: (
+                election.elector.plan.fence
+                if election.elector is not None and election.elector.plan is not None
+                else None
+            ),
+        )
+        self.sync_service = sync_service
         self._stack.push_async_callback(sync_service.close)
         await sync_service.open(wal, stores)
         await self._start_http(runtime, secrets, election, stores, sync_service)
         membership = await self._start_membership(runtime, secrets)
         self._notifier.status("joining the election")
-        await election.start(membership, inventory, secrets.cluster, wal, self._rng)
+        elector = await election.start(membership, inventory, secrets.cluster, wal, self._rng)
         self._stack.push_async_callback(election.close)
-        await self._start_discovery(runtime, membership, inventory)
+        discovery = await self._start_discovery(runtime, membership, inventory)
         sync_service.attach(membership)
+        assert runtime.health is not None
+        for loop in (sync_service.loop_health, elector.loop_health, discovery.loop_health):
+            runtime.health.add_check(loop.name, loop.check, interval_s=LOOP_CHECK_INTERVAL_S)
+            await runtime.health.run_check(loop.name)  # never "not checked yet" once serving
         self._spawn(sync_service.run_forever(), "background-sync")
         self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
         self._notifier.ready(f"serving {node_id} on {settings.bind}:{self.port}")
@@ -396,7 +416,7 @@ class NodeDaemon:
 
     async def _start_discovery(
         self, runtime: NodeRuntime, membership: Membership, inventory: Inventory | None
-    ) -> None:
+    ) -> Discovery:
         """mDNS, inventory and seeds feed candidates to membership."""
         settings = runtime.settings
         advert = Advert(
@@ -421,11 +441,11 @@ class NodeDaemon:
             )
 
         try:
-            await self._stack.enter_async_context(make_discovery(settings.mdns))
+            return await self._stack.enter_async_context(make_discovery(settings.mdns))
         except DiscoveryError as exc:
             log.error("mDNS discovery is off, inventory and seeds still work: %s", exc)
             runtime.notes.append(f"mDNS discovery is off: {exc}")
-            await self._stack.enter_async_context(make_discovery(False))
+            return await self._stack.enter_async_context(make_discovery(False))
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

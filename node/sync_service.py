@@ -1,5 +1,7 @@
 """Data sync in the daemon: file categories through the SyncCoordinator, record stores by
-cursor pulls, on an interval and on request (`POST /v1/sync/run`, `shoal sync`)."""
+cursor pulls, on an interval (the node's one background sync loop, reported to the `sync`
+health component) and on request (`POST /v1/sync/run`, `shoal sync`). A push (`POST
+/v1/sync/{category}/pull`) carries the plan's fence and is refused under another plan."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import aiohttp
 from aiohttp import web
 
 from config import ConfigError, Inventory, signing_middleware
+from health import LoopHealth
+from node.election.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
@@ -35,16 +39,33 @@ from sync import (
     file_routes,
     pull_records,
 )
-from wal import WriteAheadLog
+from wal import SYNC_COMPLETED, WalError, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
 RUN_PATH = "/v1/sync/run"
 STATUS_PATH = "/v1/sync/status"
+PULL_SUFFIX = "/pull"
 
 
 def _stats_dict(stats: SyncStats) -> dict[str, Any]:
     return {**dataclasses.asdict(stats), "errors": list(stats.errors)}
+
+
+def run_errors(result: dict[str, Any]) -> list[str]:
+    """Every error line of a run summary (files, then records)."""
+    errors: list[str] = []
+    for section in ("files", "records"):
+        for name, stats in result.get(section, {}).items():
+            errors.extend(f"{name}: {line}" for line in stats.get("errors", ()))
+    return errors
+
+
+def run_moved(result: dict[str, Any]) -> tuple[int, int]:
+    """(files installed, records inserted) by a run summary."""
+    files = sum(s["files_transferred"] for s in result.get("files", {}).values())
+    records = sum(s["inserted"] for s in result.get("records", {}).values())
+    return files, records
 
 
 class SyncService:
@@ -56,8 +77,13 @@ class SyncService:
         secret: bytes | None,
         interval_s: float,
         inventory: Inventory | None = None,
+        fence: FenceSource | None = None,
     ) -> None:
         self._runtime = runtime
+        self._fence: FenceSource = fence if fence is not None else lambda: None
+        self.loop_health = LoopHealth("sync")
+        if interval_s <= 0:
+            self.loop_health.record_success("background sync is off (sync_interval_s 0)")
         self._inventory = inventory
         self._secret = secret
         self._interval_s = interval_s
@@ -106,6 +132,7 @@ class SyncService:
             metrics=runtime.metrics,
             peers_fn=self.alive_peers,
             transports=transports,
+            fence=lambda: fence_headers(self._fence()),
         )
         self._stack.push_async_callback(coordinator.close)
         await coordinator.start()
@@ -140,7 +167,8 @@ class SyncService:
         ]
 
     def routes(self) -> list[web.RouteDef]:
-        """File endpoints plus run/status. Built before open(); handlers read state lazily."""
+        """File endpoints plus run/status. Built before open(); handlers read state lazily.
+        A push (`POST .../pull`) under another plan than this node's is refused with 409."""
 
         async def pull(*args: Any, **kwargs: Any) -> Any:
             if self.coordinator is None:
@@ -148,8 +176,15 @@ class SyncService:
             return await self.coordinator.pull_file(*args, **kwargs)
 
         assert self.catalog is not None, "open() before routes()"
+        files = [
+            web.route(route.method, route.path, fenced(route.handler, self._fence), **route.kwargs)
+            if route.method == "POST" and route.path.endswith(PULL_SUFFIX)
+            else route
+            for route in file_routes(self.catalog, pull)
+            if isinstance(route, web.RouteDef)
+        ]
         return [
-            *file_routes(self.catalog, pull),
+            *files,
             web.post(RUN_PATH, self._handle_run),
             web.get(STATUS_PATH, self._handle_status),
         ]
@@ -236,6 +271,7 @@ class SyncService:
                 result["duration_seconds"] = round(time.monotonic() - started, 3)
                 result["finished_at"] = time.time()
                 self.last_run = result
+                await self._log_completed(result)
                 return result
             finally:
                 self.running = False
@@ -276,8 +312,29 @@ class SyncService:
                 counts[field] += getattr(pulled, field)
         return {**counts, "errors": errors, "failed_nodes": failed}
 
+    async def _log_completed(self, result: dict[str, Any]) -> None:
+        """A run that moved files or records is a committed `sync_completed` WAL entry (what
+        came from whom, when), so `shoal wal` shows the node's sync history."""
+        files, records = run_moved(result)
+        if self._wal is None or not (files or records):
+            return
+        payload = {
+            "peers": result["peers"],
+            "files": {c: s["files_transferred"] for c, s in result["files"].items()},
+            "bytes": sum(s["bytes_transferred"] for s in result["files"].values()),
+            "records": {store: s["inserted"] for store, s in result["records"].items()},
+            "errors": len(run_errors(result)),
+            "duration_s": result["duration_seconds"],
+        }
+        try:
+            await self._wal.commit(await self._wal.append(SYNC_COMPLETED, payload))
+        except WalError as exc:  # the data is in place; only its history line is missing
+            log.warning("sync: cannot log the completed run in the WAL: %s", exc)
+
     async def run_forever(self) -> None:
-        """Pull from alive peers every interval; a failed round is logged and the loop goes on."""
+        """The node's one background sync loop: pull from alive peers every interval. Each
+        round is reported to `loop_health` (degraded with the last error while rounds keep
+        failing); a failure is logged once at WARNING and the loop goes on."""
         if self._interval_s <= 0:
             return
         warned = False
@@ -285,15 +342,26 @@ class SyncService:
             await asyncio.sleep(self._interval_s)
             peers = self.alive_peers()
             if not peers:
+                self.loop_health.record_success("no alive peers to sync from")
                 continue
             try:
-                await self.run_once([*FILE_CATEGORIES, *(self._stores or {})], peers)
-                warned = False
+                result = await self.run_once([*FILE_CATEGORIES, *(self._stores or {})], peers)
             except Exception as exc:  # recorded, never fatal for the daemon
-                log.log(
-                    logging.DEBUG if warned else logging.WARNING, "background sync failed: %s", exc
-                )
+                self.loop_health.record_failure(exc)
+                log.log(logging.DEBUG if warned else logging.WARNING, "sync round failed: %s", exc)
                 warned = True
+                continue
+            errors = run_errors(result)
+            if errors:
+                self.loop_health.record_failure(errors[-1])
+                log.log(logging.DEBUG if warned else logging.WARNING, "sync round: %s", errors[-1])
+                warned = True
+                continue
+            warned = False
+            files, records = run_moved(result)
+            self.loop_health.record_success(
+                f"last round: {files} files, {records} records from {len(peers)} peers"
+            )
 
     async def close(self) -> None:
         """Close the session, coordinator and catalog. Idempotent."""

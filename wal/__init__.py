@@ -6,9 +6,6 @@ from __future__ import annotations
 
 from wal.entry import (
     BUILTIN_ENTRY_TYPES,
-    EXPORT_STARTED,
-    GAME_RECORDED,
-    MODEL_TRAINED,
     SYNC_COMPLETED,
     SYNC_STARTED,
     EntryState,
@@ -25,9 +22,6 @@ from wal.schema import move_aside
 
 __all__ = [
     "BUILTIN_ENTRY_TYPES",
-    "EXPORT_STARTED",
-    "GAME_RECORDED",
-    "MODEL_TRAINED",
     "SYNC_COMPLETED",
     "SYNC_STARTED",
     "EntryState",

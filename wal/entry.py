@@ -9,18 +9,17 @@ import enum
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, Self, runtime_checkable
 
+from config import Timeouts
 from wal.errors import WalError
 
-GAME_RECORDED: Final = "game_recorded"
-MODEL_TRAINED: Final = "model_trained"
 SYNC_STARTED: Final = "sync_started"
+"""One file transfer in flight (written by sync.files.engine; resumed by sync.files.recovery)."""
 SYNC_COMPLETED: Final = "sync_completed"
-EXPORT_STARTED: Final = "export_started"
-BUILTIN_ENTRY_TYPES: Final = frozenset(
-    {GAME_RECORDED, MODEL_TRAINED, SYNC_STARTED, SYNC_COMPLETED, EXPORT_STARTED}
-)
+"""One sync run that moved files or records, committed at once (written by node.sync_service)."""
+BUILTIN_ENTRY_TYPES: Final = frozenset({SYNC_STARTED, SYNC_COMPLETED})
+"""The entry types shoal itself writes; callers may append types of their own."""
 
 MAX_ENTRY_TYPE_CHARS: Final = 128
 MAX_KEY_CHARS: Final = 1024
@@ -81,6 +80,17 @@ class WalConfig:
     wal_autocheckpoint_pages: int = 1000
     journal_size_limit_bytes: int = 64 << 20
     quick_check_on_open: bool = True
+
+    @classmethod
+    def from_timeouts(cls, timeouts: Timeouts, **overrides: Any) -> Self:
+        """The config whose waits come from the node's timeout table: `sqlite_busy_s`,
+        `wal_op_s`, `wal_open_s`."""
+        waits = {
+            "busy_timeout_s": timeouts.sqlite_busy_s,
+            "op_timeout_s": timeouts.wal_op_s,
+            "open_timeout_s": timeouts.wal_open_s,
+        }
+        return cls(**{**waits, **overrides})
 
     def __post_init__(self) -> None:
         positive = {

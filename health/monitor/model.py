@@ -130,6 +130,8 @@ class NodeStatusDoc:
     breakers_open: tuple[str, ...]
     gpus: tuple[GpuReading, ...]
     config_hash: str | None
+    health_problems: tuple[str, ...] = ()
+    """`component: message` of each component that is not healthy (a failing loop's error)."""
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -155,6 +157,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         breakers_open=tuple(str(name) for name in opened),
         gpus=tuple(parse_gpu(gpu, position) for position, gpu in enumerate(gpus)),
         config_hash=_str(doc.get("config_hash")),
+        health_problems=tuple(str(p) for p in _list(doc.get("health_problems"))),
     )
 
 
@@ -241,6 +244,7 @@ class NodeRow:
     version_drift: bool
     config_drift: bool
     error: str | None
+    health_problems: tuple[str, ...] = ()
 
     @property
     def failing(self) -> bool:
@@ -261,6 +265,7 @@ class NodeRow:
             "role": self.role,
             "last_seen_s": self.last_seen_s,
             "health": self.health,
+            "health_problems": list(self.health_problems),
             "wal_pending": self.wal_pending,
             "wal_oldest_pending_age_s": self.wal_oldest_pending_age_s,
             "breakers_open": list(self.breakers_open),

@@ -122,7 +122,10 @@ def _health_cell(row: NodeRow) -> Text:
     if row.error is not None:
         return Text(row.error, style=RED)
     health = row.health or "?"
-    return Text(health, style=_HEALTH_STYLE.get(health, AMBER))
+    text = health
+    if row.health_problems and health != "healthy":
+        text = f"{health}: {row.health_problems[0]}"  # e.g. a failing loop and its last error
+    return Text(text, style=_HEALTH_STYLE.get(health, AMBER))
 
 
 def _gpu_cell(row: NodeRow) -> Text:

@@ -15,6 +15,7 @@ from typing import Self
 import ifaddr
 
 from config import Inventory, Timeouts
+from health import LoopHealth
 from node.addresses import local_addresses, local_networks, normalize_address
 from node.discovery.candidates import (
     Advert,
@@ -72,7 +73,11 @@ class Discovery:
         self._mdns: MdnsAgent | None = None
         self._refeed_task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
+        self._round_errors: list[str] = []
         self._state = _State.UNOPENED
+        self.loop_health = LoopHealth("discovery")
+        """Each re-feed round (failed: it raised, or a seed did not resolve), for the
+        `discovery` health component."""
 
     @property
     def advert(self) -> Advert:
@@ -179,9 +184,15 @@ class Discovery:
 
     async def _refeed_forever(self) -> None:
         while True:
+            self._round_errors.clear()
             try:
                 await self.feed_once()
+                if self._round_errors:
+                    self.loop_health.record_failure(self._round_errors[-1])
+                else:
+                    self.loop_health.record_success(f"{len(self.mdns_peers())} mDNS peers")
             except Exception as exc:  # a bug in one round must not end discovery
+                self.loop_health.record_failure(exc)
                 log_repeated(
                     log,
                     self._warned,
@@ -197,6 +208,7 @@ class Discovery:
         try:
             addresses = await resolve_host(host, port, self._timeouts.mdns_s)
         except DiscoveryError as exc:
+            self._round_errors.append(f"{key}: {exc}")
             log_repeated(log, self._warned, key, "%s: %s: %s", self._advert.node_id, key, exc)
             return
         self._warned.discard(key)

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from health import LoopHealth
 from node.election import core
 from node.election.adoption import AdoptionLog, adoption_record
 from node.election.messages import (
@@ -117,6 +118,8 @@ class Elector:
         self._persisted_seq = 0
         self._queue: deque[tuple[int, ElectionEvent, tuple[str, ...] | None]] = deque()
         self._dispatch_lock = asyncio.Lock()
+        self.loop_health = LoopHealth("election")
+        """Each step of the timer loop, for the `election` health component."""
 
     async def __aenter__(self) -> Elector:
         await self.start()
@@ -276,8 +279,10 @@ class Elector:
             try:
                 await self._tick()
                 failures = 0
+                self.loop_health.record_success()
             except Exception as exc:  # recorded and retried; the loop must keep running
                 failures += 1
+                self.loop_health.record_failure(exc)
                 log.log(
                     logging.WARNING if failures == 1 else logging.DEBUG,
                     "node %s term %s: election step failed (%d in a row): %r",

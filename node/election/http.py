@@ -1,10 +1,11 @@
 """Election over HTTP: the routes (`POST /v1/election/vote`, `POST /v1/election/heartbeat`,
-`GET /v1/plan`), the aiohttp transport that signs its requests, and the 409 fence check that
-role-dependent handlers run first.
+`GET /v1/plan`) and the aiohttp transport that signs its requests, each through the peer's
+`election` breaker. The fence check of role-dependent routes is fence.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -14,7 +15,14 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 
-from config import signing_middleware
+from config import Timeouts, signing_middleware
+from health import (
+    BreakerConfig,
+    BreakerRegistry,
+    CircuitBreaker,
+    CircuitOpenError,
+    CircuitState,
+)
 from node.election.elector import Elector
 from node.election.messages import (
     ElectionError,
@@ -23,7 +31,6 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
-from node.election.plan import FENCE_HEADER, PlanError, PlanFence, check_fence
 from node.errors import NodeError
 from node.openapi import RouteDoc
 from node.security import PEER_ID, json_error
@@ -35,6 +42,7 @@ VOTE_PATH = "/v1/election/vote"
 HEARTBEAT_PATH = "/v1/election/heartbeat"
 PLAN_PATH = "/v1/plan"
 MAX_ELECTION_BODY_BYTES = 4 * 1024 * 1024
+BREAKER_TRANSPORT = "election"
 
 ELECTION_DOCS = (
     RouteDoc(
@@ -110,20 +118,6 @@ def election_routes(elector: ElectorSource) -> list[web.RouteDef]:
     ]
 
 
-def fence_refusal(request: web.Request, current: PlanFence | None) -> web.Response | None:
-    """None when the request's FENCE_HEADER matches `current`; else the 409 (or 400 for a
-    malformed header) to answer with. Role-dependent handlers call this first."""
-    header = request.headers.get(FENCE_HEADER)
-    try:
-        presented = None if header is None else PlanFence.from_header(header)
-    except PlanError as exc:
-        return json_error(400, str(exc))
-    result = check_fence(current, presented)
-    if result.ok:
-        return None
-    return json_error(409, result.reason, fence=result.to_dict())
-
-
 class _Refusal(NodeError):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
@@ -166,6 +160,18 @@ async def _answer(pending: Awaitable[T]) -> T:
         raise _Refusal(503, f"cannot store election state: {exc}") from exc
 
 
+def election_breaker_config(base: BreakerConfig, timeouts: Timeouts) -> BreakerConfig:
+    """The breaker of a peer's election calls: the node's failure threshold, but open for one
+    election timeout at most (`election_min_s`, backoff capped at `election_max_s`), so a peer
+    back from a partition hears heartbeats and votes again within seconds, not minutes."""
+    return dataclasses.replace(
+        base,
+        recovery_timeout_s=timeouts.election_min_s,
+        max_backoff_s=timeouts.election_max_s,
+        probe_timeout_s=timeouts.lease_s,
+    )
+
+
 class _Phase(enum.Enum):
     UNOPENED = "unopened"
     OPENED = "opened"
@@ -174,7 +180,8 @@ class _Phase(enum.Enum):
 
 class HttpElectionTransport:
     """ElectionTransport over HTTP: signed requests (when a secret is set) to the peer's API at
-    `address_of(node_id)`; any failure, timeout or refusal answers None."""
+    `address_of(node_id)`, each through the peer's `election` breaker of `breakers` (configured
+    with `breaker_config`); any failure, timeout, refusal or open breaker answers None."""
 
     def __init__(
         self,
@@ -184,8 +191,12 @@ class HttpElectionTransport:
         secret: bytes | None,
         timeout_s: float,
         session: aiohttp.ClientSession | None = None,
+        breakers: BreakerRegistry | None = None,
+        breaker_config: BreakerConfig | None = None,
     ) -> None:
         self.node_id = node_id
+        self._breakers = breakers
+        self._breaker_config = breaker_config
         self._address_of = address_of
         self._secret = secret
         self._timeout_s = timeout_s
@@ -238,15 +249,39 @@ class HttpElectionTransport:
             return None
         host, port = endpoint
         url = f"http://{_host(host)}:{port}{path}"
+        breaker = self._breaker(to)
         try:
-            async with self._session.post(url, json=body) as response:
-                if response.status != 200:
-                    log.debug("node %s: %s %s answered %d", self.node_id, to, path, response.status)
-                    return None
-                return await response.json()
+            if breaker is None:
+                return await self._exchange(self._session, to, url, body)
+            async with breaker:
+                return await self._exchange(self._session, to, url, body)
+        except CircuitOpenError as exc:
+            log.debug("node %s: %s %s skipped: %s", self.node_id, to, path, exc)
+            return None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.debug("node %s: %s %s failed: %r", self.node_id, to, path, exc)
             return None
+
+    def _breaker(self, peer: str) -> CircuitBreaker | None:
+        if self._breakers is None:
+            return None
+        breaker = self._breakers.breaker_for(peer, BREAKER_TRANSPORT)
+        if self._breaker_config is not None and breaker.config is not self._breaker_config:
+            breaker.reconfigure(self._breaker_config)
+            if breaker.state is CircuitState.CLOSED:
+                breaker.reset()  # start from this config's recovery time, not the default's
+        return breaker
+
+    async def _exchange(
+        self, session: aiohttp.ClientSession, to: str, url: str, body: dict[str, Any]
+    ) -> Any:
+        """POST `body`; the JSON answer, None for a refusal (the peer answered: no failure).
+        Network errors, timeouts and malformed JSON raise (they count on the breaker)."""
+        async with session.post(url, json=body) as response:
+            if response.status != 200:
+                log.debug("node %s: %s %s answered %d", self.node_id, to, url, response.status)
+                return None
+            return await response.json()
 
 
 def _parse(parser: Callable[[dict[str, Any]], T], data: object, peer: str) -> T | None:

@@ -19,7 +19,12 @@ from aiohttp import web
 from config import ConfigError, Inventory, NodeSettings
 from node.election.adoption import AdoptionLog
 from node.election.elector import Elector
-from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
+from node.election.http import (
+    ELECTION_DOCS,
+    HttpElectionTransport,
+    election_breaker_config,
+    election_routes,
+)
 from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
@@ -139,7 +144,12 @@ class ElectionService:
             ]
 
         transport = HttpElectionTransport(
-            runtime.node_id, address_of, secret=secret, timeout_s=settings.timeouts.lease_s
+            runtime.node_id,
+            address_of,
+            secret=secret,
+            timeout_s=settings.timeouts.lease_s,
+            breakers=runtime.breakers,
+            breaker_config=election_breaker_config(runtime.breakers.config, settings.timeouts),
         )
         await self._stack.enter_async_context(transport)
         adoption_log = None

@@ -59,7 +59,11 @@ def file_route_docs() -> list[dict[str, Any]]:
                 (200, '{"installed": bool, "result": transfer or null}'),
                 (400, "malformed body or path"),
                 (404, "unknown category"),
-                (409, "the source no longer has that version, or a transfer is in progress"),
+                (
+                    409,
+                    "the source no longer has that version, a transfer is in progress, or the "
+                    "X-Shoal-Fence header names another plan than this node's (stale_fence)",
+                ),
                 (502, "the source failed"),
                 (503, "this node does not take pull requests"),
                 (507, "not enough free space"),

@@ -1,5 +1,6 @@
 """SyncCoordinator: pulls what peers have and this node lacks, category by category, each file
-through the peer's breakers and logged in the WAL; pushes on request; loops in the background.
+through the peer's breakers and logged in the WAL; pushes on request (with the plan's fence).
+The background loop is the daemon's (node.sync_service); crash recovery is recovery.py.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ from sync.transports.http import HttpTransport, RemoteManifest
 from sync.transports.protocol import PeerRef, TransferResult, Transport
 from wal import SYNC_STARTED, WalError, WriteAheadLog
 
-__all__ = ["PeersFn", "SyncCoordinator", "SyncOptions"]
+__all__ = ["FenceHeaders", "PeersFn", "SyncCoordinator", "SyncOptions"]
 
 logger = logging.getLogger(__name__)
 
 PeersFn = Callable[[], Sequence[PeerRef] | Awaitable[Sequence[PeerRef]]]
+FenceHeaders = Callable[[], Mapping[str, str]]
+"""The headers naming the plan this node acts under (`X-Shoal-Fence: term.version`), sent with
+each request it makes because of the plan; empty while it applies none."""
 RETRYABLE = (ContentMismatchError, FileTransferError)
 
 
@@ -67,6 +71,7 @@ class SyncCoordinator:
         transports: Mapping[str, Transport] | None = None,
         options: SyncOptions | None = None,
         peers_fn: PeersFn | None = None,
+        fence: FenceHeaders | None = None,
     ) -> None:
         self.catalog = catalog
         self.http = http
@@ -77,23 +82,18 @@ class SyncCoordinator:
         self._metrics = metrics
         self._transports: dict[str, Transport] = dict(transports or {"http": http})
         self._peers_fn = peers_fn
+        self._fence = fence
         self._large = asyncio.Semaphore(self.options.max_large_transfers)
         self._small = asyncio.Semaphore(self.options.max_small_transfers)
         self._in_flight: set[tuple[str, str]] = set()
         self._warned: set[str] = set()
-        self._recovery = FileRecovery(self)
+        self._recovery = FileRecovery(
+            catalog, http, wal, self._breakers, self.options, self.install
+        )
         self.last_stats: dict[str, SyncStats] = {}
         self.progress = SyncProgress()
         self._settled: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
         self._closed = False
-
-    @property
-    def wal(self) -> WriteAheadLog | None:
-        return self._wal
-
-    @property
-    def breakers(self) -> BreakerRegistry:
-        return self._breakers
 
     async def __aenter__(self) -> SyncCoordinator:
         await self.start()
@@ -391,12 +391,23 @@ class SyncCoordinator:
     ) -> TransferResult | None:
         """Make `peer` hold this file: placed at `rel_path` of `category` here first (copied in
         atomically when `local_path` is elsewhere), then the peer is asked to pull it from us
-        (`POST /v1/sync/{category}/pull`). Returns the peer's transfer, None if it had it."""
+        (`POST /v1/sync/{category}/pull`, carrying the plan's fence when this coordinator has a
+        fence source: a peer under a newer plan refuses it with 409 `stale_fence`). Returns the
+        peer's transfer, None if it had it."""
         entry = await install_copy(self.catalog, Path(local_path), category, rel_path)
+        headers = dict(self._fence()) if self._fence is not None else {}
+        refusal: FileTransferError | None = None
         async with self._breakers.breaker_for(peer.node_id, "http"):
-            answer = await self.http.request_pull(
-                peer, category, rel_path, entry.hash, self.self_peer
-            )
+            try:
+                answer = await self.http.request_pull(
+                    peer, category, rel_path, entry.hash, self.self_peer, headers=headers
+                )
+            except FileTransferError as exc:
+                if exc.status is None or exc.status >= 500:
+                    raise
+                refusal = exc  # the peer answered no (409 stale_fence): not a fault of it
+        if refusal is not None:
+            raise refusal
         result = answer.get("result")
         if not isinstance(result, dict):
             return None
@@ -404,23 +415,3 @@ class SyncCoordinator:
             return TransferResult(**result)
         except TypeError as exc:
             raise FileTransferError(f"{peer.node_id}: malformed pull answer: {exc}") from exc
-
-    async def run_forever(self, interval_s: float, peers_fn: PeersFn | None = None) -> None:
-        """Sync every category from the alive peers every `interval_s` until cancelled; a
-        failed round is logged (once at WARNING) and the loop goes on."""
-        if peers_fn is not None:
-            self._peers_fn = peers_fn
-        while not self._closed:
-            for category in self.catalog.categories:
-                try:
-                    stats = await self.sync(category)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    self._warn(f"round:{category}", "sync of %s failed: %s", category, exc)
-                    continue
-                if stats.errors:
-                    self._warn(f"round:{category}", "sync of %s: %s", category, stats.errors[0])
-                else:
-                    self._warned.discard(f"round:{category}")
-            await asyncio.sleep(interval_s)

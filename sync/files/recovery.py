@@ -8,14 +8,14 @@ import asyncio
 import logging
 import os
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from health import CircuitOpenError
+from health import BreakerRegistry, CircuitOpenError
 from sync.files.catalog import FileCatalog
 from sync.files.errors import FileSyncError, PathRefusedError, UnknownCategoryError
 from sync.files.manifest import ManifestEntry, digest_of_fd
-from sync.files.plan import FallbackSources
+from sync.files.plan import FallbackSources, SyncOptions
 from sync.guards import (
     check_free_space,
     dest_path,
@@ -24,11 +24,12 @@ from sync.guards import (
     sweep_stale_files,
     temp_name,
 )
-from sync.transports.protocol import PeerRef, install_file, make_directories
-from wal import SYNC_STARTED, RecoveryHandler, WalEntry
+from sync.transports.http import HttpTransport
+from sync.transports.protocol import PeerRef, TransferResult, install_file, make_directories
+from wal import SYNC_STARTED, RecoveryHandler, WalEntry, WriteAheadLog
 
-if TYPE_CHECKING:
-    from sync.files.engine import SyncCoordinator
+Install = Callable[[str, ManifestEntry, FallbackSources], Awaitable[TransferResult]]
+"""install(category, entry, sources): fetch and install one file without a WAL entry."""
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +116,24 @@ async def install_copy(
 
 
 class FileRecovery:
-    """The recovery side of a SyncCoordinator (which owns it)."""
+    """Crash recovery of one node's file transfers: what a SyncCoordinator hands it, explicitly
+    (no reference back to the coordinator)."""
 
-    def __init__(self, coordinator: SyncCoordinator) -> None:
-        self._coordinator = coordinator
+    def __init__(
+        self,
+        catalog: FileCatalog,
+        http: HttpTransport,
+        wal: WriteAheadLog | None,
+        breakers: BreakerRegistry,
+        options: SyncOptions,
+        install: Install,
+    ) -> None:
+        self._catalog = catalog
+        self._http = http
+        self._wal = wal
+        self._breakers = breakers
+        self._options = options
+        self._install = install
 
     def handlers(self) -> dict[str, RecoveryHandler]:
         return {SYNC_STARTED: self.resume}
@@ -126,65 +141,70 @@ class FileRecovery:
     async def sweep(self) -> None:
         """Delete stale temp files, and partial files that are old and that no pending
         `sync_started` entry will resume."""
-        coordinator = self._coordinator
         keep: set[str] = set()
-        wal = coordinator.wal
-        if wal is not None:
-            for entry in await wal.pending(SYNC_STARTED):
+        if self._wal is not None:
+            for entry in await self._wal.pending(SYNC_STARTED):
                 digest = entry.payload.get("hash")
                 if isinstance(digest, str):
                     keep.add(digest)
-        catalog = coordinator.catalog
+        catalog = self._catalog
         for category in catalog.categories:
             await asyncio.to_thread(
                 sweep_stale_files,
                 catalog.root(category),
                 frozenset(keep),
-                coordinator.options.partial_max_age_s,
+                self._options.partial_max_age_s,
             )
 
-    async def resume(self, wal_entry: WalEntry) -> None:
+    async def resume(self, wal_entry: WalEntry) -> TransferResult | None:
         """Finish one interrupted transfer: done if the file is already in place; resumed
-        from its partial file if the peer still has that version; otherwise the partial is
-        removed (superseded) or kept for the sync loop (peer unreachable) and the entry is
-        rolled back with the reason."""
-        coordinator = self._coordinator
-        wal = coordinator.wal
-        assert wal is not None
+        from its partial file if the peer still has that version (the transfer is returned);
+        otherwise the partial is removed (superseded) or kept for the sync loop (peer
+        unreachable) and the entry is rolled back with the reason."""
+        wal = self._wal
+        if wal is None:
+            raise FileSyncError("recovery of transfers needs the WAL they were logged in")
         payload = wal_entry.payload
         try:
             category, path, digest = payload["category"], payload["path"], payload["hash"]
             peer = PeerRef.from_json(payload["peer"])
-            root = coordinator.catalog.root(category)
+            root = self._catalog.root(category)
             final = dest_path(root, path)
         except (KeyError, TypeError, ValueError, UnknownCategoryError) as exc:
             await wal.rollback(wal_entry.id, reason=f"cannot resume: {exc}")
-            return
-        if await local_entry(coordinator.catalog, category, path, digest) is not None:
+            return None
+        if await local_entry(self._catalog, category, path, digest) is not None:
             logger.info(
                 "transfer %s of %s/%s had finished before the restart", wal_entry.id, category, path
             )
-            return
+            return None
         try:
-            async with coordinator.breakers.breaker_for(peer.node_id, "http"):
-                page = await coordinator.http.manifest_page(
-                    peer, category, piece_size=coordinator.catalog.piece_size, path=path
+            async with self._breakers.breaker_for(peer.node_id, "http"):
+                page = await self._http.manifest_page(
+                    peer, category, piece_size=self._catalog.piece_size, path=path
                 )
             remote = page.entries[0] if page.entries else None
             if remote is None or remote.hash != digest:
                 await asyncio.to_thread(remove_partial, final.parent, digest)
                 await wal.rollback(wal_entry.id, reason="superseded: the peer has another version")
-                return
+                return None
             present = await asyncio.to_thread(partial_size, final.parent, digest)
             await asyncio.to_thread(
-                check_free_space, root, remote.size - present, coordinator.options.reserve
+                check_free_space, root, remote.size - present, self._options.reserve
             )
-            plan = FallbackSources(peer, (), coordinator.options.timeouts.sync_s)
-            await coordinator.install(category, remote, plan)
+            plan = FallbackSources(peer, (), self._options.timeouts.sync_s)
+            result = await self._install(category, remote, plan)
         except (FileSyncError, CircuitOpenError) as exc:
             logger.warning(
                 "transfer %s of %s/%s not resumed: %s", wal_entry.id, category, path, exc
             )
             await wal.rollback(wal_entry.id, reason=f"not resumed: {exc}")
-            return
-        logger.info("transfer %s of %s/%s resumed and installed", wal_entry.id, category, path)
+            return None
+        logger.info(
+            "transfer %s of %s/%s resumed and installed (%d bytes reused)",
+            wal_entry.id,
+            category,
+            path,
+            result.resumed_bytes,
+        )
+        return result

@@ -9,6 +9,7 @@ import enum
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,17 +258,25 @@ class HttpTransport:
         return listing
 
     async def request_pull(
-        self, peer: PeerRef, category: str, path: str, content_hash: str, source: PeerRef
+        self,
+        peer: PeerRef,
+        category: str,
+        path: str,
+        content_hash: str,
+        source: PeerRef,
+        *,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Ask `peer` to pull `path` (version `content_hash`) from `source`; returns its answer
-        once the file is installed there. FileTransferError carries the refusal status."""
+        """Ask `peer` to pull `path` (version `content_hash`) from `source`, sending `headers`
+        (the plan's fence); returns its answer once the file is installed there.
+        FileTransferError carries the refusal status."""
         session = self._open_session()
         url = category_url(peer, category, "pull")
         body = {"peer": source.to_json(), "path": path, "hash": content_hash}
         try:
             async with (
                 asyncio.timeout(self._timeouts.sync_s + self._timeouts.http_request_s),
-                session.post(url, json=body) as response,
+                session.post(url, json=body, headers=headers) as response,
             ):
                 payload = await response.read()
                 if response.status != 200:

@@ -166,3 +166,15 @@ def test_cell_texts() -> None:
     assert gpu_text(()) == "-"
     assert [format_duration(s) for s in (0.25, 42, 720, 9000)] == ["0.2 s", "42 s", "12 min",
                                                                    "2.5 h"]  # fmt: skip
+
+
+def test_a_failing_loop_shows_its_last_error_in_the_health_cell() -> None:
+    problem = "sync: sync loop failed 3 rounds in a row; last error 2 s ago: gpu-c: refused"
+    failing = ok(1, health="degraded", health_problems=[problem])
+    status = build_cluster_status([ok(0), failing], [seen(0), seen(1)], 1000.0)
+    (row,) = [r for r in status.nodes if r.node_id == "gpu-b"]
+    assert row.health_problems == (problem,)
+    assert row.to_dict()["health_problems"] == [problem]
+    text = " ".join(recorded(status, 200).split())
+    assert f"degraded: {problem}" in text
+    assert "healthy:" not in text  # a healthy node shows no problem text

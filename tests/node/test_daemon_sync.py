@@ -1,4 +1,6 @@
-"""Data sync through real daemons: files and records move exactly once, on request."""
+"""Data sync through real daemons: files and records move exactly once, on request; the record
+cursor is saved, so a second pull (also after a restart) pulls nothing; a run that moved data
+is a committed `sync_completed` WAL entry."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from node.cli import app
 from node.cli import sync as cli_sync
 from node.daemon import NodeDaemon
 from tests.node.daemons import test_settings
+from wal import SYNC_COMPLETED, EntryState, WalEntry
 
 
 def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
@@ -76,6 +79,13 @@ async def test_files_and_records_move_to_a_peer_exactly_once(tmp_path: Path) -> 
             second = json.loads(again.output)
             assert second["files"]["models"]["files_transferred"] == 0
             assert second["records"]["games"]["inserted"] == 0
+            assert second["records"]["games"]["pulled"] == 0  # from the saved cursor
+            completed = await _sync_completed(dest)
+            assert len(completed) == 1  # the second run moved nothing: no history line
+            assert completed[0].state is EntryState.COMMITTED
+            assert completed[0].payload["peers"] == ["src"]
+            assert completed[0].payload["files"]["models"] == 1
+            assert completed[0].payload["records"]["games"] == 10
             status = await asyncio.to_thread(
                 runner.invoke, app, ["sync", "status", "--node", node, "--json"]
             )
@@ -112,8 +122,35 @@ async def test_files_and_records_move_to_a_peer_exactly_once(tmp_path: Path) -> 
             bad = await asyncio.to_thread(runner.invoke, app, ["sync", "nope", "--node", node])
             assert bad.exit_code == 1
             assert "categories" in bad.output
+        async with NodeDaemon(_settings(tmp_path, "dst", seeds=seed)) as restarted:
+            await _until_peer(restarted, "src")
+            assert restarted.sync_service is not None
+            peers = restarted.sync_service.alive_peers()
+            after = await restarted.sync_service.run_once(["games"], peers)
+            assert after["records"]["games"] == {
+                "pulled": 0,
+                "inserted": 0,
+                "duplicates": 0,
+                "errors": [],
+            }
     finally:
         await source.close()
+
+
+async def _until_peer(daemon: NodeDaemon, peer: str) -> None:
+    deadline = time.monotonic() + 10
+    assert daemon.sync_service is not None
+    while [p.node_id for p in daemon.sync_service.alive_peers()] != [peer]:
+        assert time.monotonic() < deadline, f"{peer} never became an alive peer"
+        await asyncio.sleep(0.05)
+
+
+async def _sync_completed(daemon: NodeDaemon) -> list[WalEntry]:
+    assert daemon.runtime is not None
+    wal = daemon.runtime.wal
+    assert wal is not None
+    entries = [await wal.get(i) for i in range(1, (await wal.stats()).last_id + 1)]
+    return [e for e in entries if e is not None and e.entry_type == SYNC_COMPLETED]
 
 
 async def test_rsync_without_an_inventory_is_a_config_error(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import ifaddr
 import pytest
 
 from config import ConfigError, Inventory, Timeouts
+from health import HealthChecker, HealthStatus
 from node.addresses import (
     choose_interfaces,
     find_self_in_inventory,
@@ -266,3 +267,38 @@ async def test_mdns_without_usable_interface_raises_and_leaves_nothing_open() ->
     # the caller keeps running without mDNS
     async with Discovery(ADVERT, print, mdns=False, inventory=None, seeds=[], timeouts=FAST) as d:
         assert not d.mdns_active
+
+
+async def test_a_seed_that_never_resolves_makes_discovery_degraded() -> None:
+    checker = HealthChecker()
+    async with Discovery(
+        ADVERT,
+        print,
+        mdns=False,
+        inventory=None,
+        seeds=["no-such-host.invalid:9003"],
+        timeouts=FAST,
+        refeed_interval_s=0.02,
+    ) as discovery:
+        checker.add_check("discovery", discovery.loop_health.check)
+        await _wait_until(lambda: discovery.loop_health.failing)
+        component = await checker.run_check("discovery")
+    assert component.status is HealthStatus.DEGRADED
+    assert "no-such-host.invalid" in component.message
+
+
+async def test_discovery_rounds_that_work_are_healthy() -> None:
+    inventory = _inventory({"gpu-b": {"ssh_host": "10.0.0.6"}})
+    async with Discovery(
+        ADVERT,
+        lambda candidate: None,
+        mdns=False,
+        inventory=inventory,
+        seeds=["127.0.0.1:9001"],
+        timeouts=FAST,
+        refeed_interval_s=0.02,
+    ) as discovery:
+        await _wait_until(lambda: discovery.loop_health.rounds >= 3)
+        result = await discovery.loop_health.check()
+    assert result.status is HealthStatus.HEALTHY
+    assert discovery.loop_health.consecutive_failures == 0

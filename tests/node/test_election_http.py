@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from config import Role, signing_middleware
 from node.election.elector import Elector
+from node.election.fence import fence_refusal
 from node.election.http import (
     ELECTION_DOCS,
     HEARTBEAT_PATH,
@@ -23,7 +24,6 @@ from node.election.http import (
     VOTE_PATH,
     HttpElectionTransport,
     election_routes,
-    fence_refusal,
 )
 from node.election.messages import Heartbeat, PlanAnnounce, VoteRequest
 from node.election.plan import FENCE_HEADER, PlanFence
@@ -202,6 +202,7 @@ async def test_fence_refusal_in_a_role_dependent_handler(
         status, body = answers["3.1"]
         assert status == 409
         assert body["fence"]["verdict"] == "stale"
+        assert (body["error"], body["status"]) == ("stale_fence", 409)
         assert body["fence"]["current"] == [3, 2]
         assert answers["4.1"][0] == 409
         assert answers[None][1]["fence"]["verdict"] == "missing"

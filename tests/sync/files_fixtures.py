@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from config import Timeouts
 from health import BreakerConfig, BreakerRegistry
 from sync.files.catalog import FileCatalog
-from sync.files.engine import SyncCoordinator, SyncOptions
+from sync.files.engine import FenceHeaders, SyncCoordinator, SyncOptions
 from sync.files.manifest import digest_of_fd
 from sync.files.routes import file_routes
 from sync.guards import SpaceReserve
@@ -94,6 +94,7 @@ class FileNode:
         hasher: Callable[[int, int], tuple[int, str, tuple[str, ...]]] = digest_of_fd,
         transport_options: Mapping[str, Any] | None = None,
         transports: Callable[[HttpTransport], Mapping[str, Transport]] | None = None,
+        fence: FenceHeaders | None = None,
     ) -> None:
         self.base = base
         self.node_id = node_id
@@ -117,6 +118,7 @@ class FileNode:
             node_id=node_id, timeouts=FAST_TIMEOUTS, **dict(transport_options or {})
         )
         self._transports = transports
+        self._fence = fence
         self._stack = contextlib.AsyncExitStack()
         self.server: TestServer | None = None
         self.coordinator: SyncCoordinator | None = None
@@ -143,6 +145,7 @@ class FileNode:
                 breakers=self.breakers,
                 options=self.options,
                 transports=extra,
+                fence=self._fence,
             )
             await self._stack.enter_async_context(self.coordinator)
         except BaseException:

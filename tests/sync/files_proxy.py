@@ -1,5 +1,6 @@
 """A fault-injecting TCP proxy for the transport tests: passes bytes through to a server on
-127.0.0.1, and can flip one byte of the answers once, or die partway through an answer."""
+127.0.0.1, and can flip one byte of the answers once, die partway through an answer, or stall
+every answer once a number of bytes went out (until `release()`)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,23 @@ class FaultProxy:
 
     `corrupt_after`: flip the byte at that offset of everything sent to clients, once.
     `die_after`: after sending that many bytes to clients, abort every connection and stop
-    listening, as a host that crashed.
+    listening, as a host that crashed. `stall_after`: once that many bytes went to clients,
+    send nothing more (connections stay open) until `release()`.
     """
 
     def __init__(
-        self, upstream_port: int, *, corrupt_after: int | None = None, die_after: int | None = None
+        self,
+        upstream_port: int,
+        *,
+        corrupt_after: int | None = None,
+        die_after: int | None = None,
+        stall_after: int | None = None,
     ) -> None:
         self._upstream_port = upstream_port
         self._corrupt_after = corrupt_after
         self._die_after = die_after
+        self._stall_after = stall_after
+        self._released = asyncio.Event()
         self._sent = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -28,6 +37,9 @@ class FaultProxy:
         self.corrupted = False
         self.dead = False
         self.port = 0
+        self.connections = 0
+        self.peak_connections = 0
+        """Client connections accepted, and the most open at once."""
 
     async def __aenter__(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -41,7 +53,13 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def release(self) -> None:
+        """Stop stalling: answers flow again, on stalled and new connections."""
+        self._stall_after = None
+        self._released.set()
+
     async def close(self) -> None:
+        self._released.set()
         self._die()
         if self._server is not None:
             await self._server.wait_closed()
@@ -60,6 +78,8 @@ class FaultProxy:
         assert task is not None
         self._handlers.add(task)
         self._writers.add(writer)
+        self.connections += 1
+        self.peak_connections = max(self.peak_connections, len(self._handlers))
         upstream_writer: asyncio.StreamWriter | None = None
         try:
             if self.dead:
@@ -86,6 +106,8 @@ class FaultProxy:
     ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while not self.dead:
+                if downstream and self._stall_after is not None and self._sent >= self._stall_after:
+                    await self._released.wait()
                 chunk = await reader.read(64 << 10)
                 if not chunk:
                     break

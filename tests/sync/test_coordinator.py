@@ -1,21 +1,23 @@
-"""SyncCoordinator: pulls between real nodes, WAL logging and recovery, push, cluster sync,
-the background loop, the space guard, shared storage and bounded concurrency."""
+"""SyncCoordinator: pulls between real nodes, WAL logging and recovery (also after a real
+SIGKILL), push with the plan's fence, cluster sync, the space guard, shared storage and bounded
+concurrency. The background loop is the daemon's (tests/node/test_daemon_loops.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
-import time
+import sys
 from pathlib import Path
 
 import aiohttp
-import pytest
 
-from sync.files.engine import SyncOptions
+from sync.files.catalog import FileCatalog
+from sync.files.engine import SyncCoordinator, SyncOptions
 from sync.files.manifest import ManifestEntry
 from sync.guards import SpaceReserve, partial_name
 from sync.storage import MARKER_NAME, MountInfo
+from sync.transports.http import HttpTransport
 from sync.transports.protocol import PeerRef, TransferResult, install_file
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
@@ -26,7 +28,8 @@ from tests.sync.files_fixtures import (
     FileNode,
     internal_files,
 )
-from wal import SYNC_STARTED, EntryState
+from tests.sync.files_proxy import FaultProxy
+from wal import SYNC_STARTED, EntryState, WalConfig, WalEntry, WriteAheadLog
 
 DEAD = PeerRef("dead", "http://127.0.0.1:9")
 
@@ -108,6 +111,96 @@ async def test_recovery_resumes_an_interrupted_transfer(tmp_path: Path) -> None:
         assert got is not None
         assert got.state is EntryState.COMMITTED
         assert internal_files(b.root()) == []
+
+
+PULLER = Path(__file__).with_name("files_puller.py")
+
+
+def _pieces_in_place(partial: Path, data: bytes) -> int:
+    """How many pieces of `data` the partial file already holds intact."""
+    try:
+        held = partial.read_bytes()
+    except FileNotFoundError:
+        return 0
+    spans = range(0, len(data), PIECE)
+    return sum(held[i : i + PIECE] == data[i : i + PIECE] for i in spans)
+
+
+async def _kill_mid_transfer(url: str, data_dir: Path, data: bytes, digest: str) -> int:
+    """Run a real puller process against `url` (a proxy that stalls partway), SIGKILL it once
+    its partial file holds at least three intact pieces; returns how many it held."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(PULLER),
+        str(data_dir),
+        url,
+        "--piece-size",
+        str(PIECE),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    partial = data_dir / "models" / partial_name(digest)
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(30):
+            assert (await process.stdout.readline()).strip() == b"READY"
+            while await asyncio.to_thread(_pieces_in_place, partial, data) < 3:
+                assert process.returncode is None, "the puller ended before the kill"
+                await asyncio.sleep(0.01)
+        process.kill()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+    held = _pieces_in_place(partial, data)
+    assert 3 <= held < len(data) // PIECE, f"the kill did not land mid-transfer ({held} pieces)"
+    return held
+
+
+async def test_resume_after_a_real_sigkill_reuses_verified_pieces(tmp_path: Path) -> None:
+    data = os.urandom(8 << 20)  # two streams of 4 MiB, written in batches of 1 MiB
+    puller = tmp_path / "puller"
+    async with FileNode(tmp_path / "a", "a") as a:
+        a.write("m.bin", data)
+        entry = await _entry(a, "m.bin")
+        async with FaultProxy(a.port, stall_after=6 << 20) as proxy:
+            held = await _kill_mid_transfer(proxy.url, puller, data, entry.hash)
+            proxy.release()  # it serves the resume: the WAL entry names it as the peer
+            catalog = FileCatalog(
+                {"models": puller / "models"},
+                puller / "cache",
+                piece_size=PIECE,
+                mounts=LOCAL_MOUNTS,
+            )
+            wal = WriteAheadLog(puller / "wal.db", config=WalConfig(quick_check_on_open=False))
+            http = HttpTransport(node_id="puller", timeouts=FAST_TIMEOUTS)
+            async with wal, catalog, http:
+                pending = await wal.pending(SYNC_STARTED)
+                assert [e.payload["path"] for e in pending] == ["m.bin"]  # left by the kill
+                coordinator = SyncCoordinator(
+                    catalog,
+                    http,
+                    self_peer=PeerRef("puller", "http://127.0.0.1:9"),
+                    wal=wal,
+                    options=SyncOptions(timeouts=FAST_TIMEOUTS, reserve=NO_RESERVE),
+                )
+                results: list[object] = []
+                resume = coordinator.recovery_handlers()[SYNC_STARTED]
+
+                async def recording(wal_entry: WalEntry) -> object:
+                    results.append(await resume(wal_entry))
+                    return results[-1]
+
+                async with coordinator:
+                    outcome = await wal.recover({SYNC_STARTED: recording})
+                assert outcome.recovered == 1
+                (result,) = results
+                assert isinstance(result, TransferResult)
+                assert result.resumed_bytes >= held * PIECE  # pieces verified before the kill
+                assert result.resumed_bytes + result.bytes_transferred == len(data)
+                assert (puller / "models" / "m.bin").read_bytes() == data
+                assert internal_files(puller / "models") == []
+                assert await wal.pending(SYNC_STARTED) == []
 
 
 async def test_recovery_drops_a_superseded_partial(tmp_path: Path) -> None:
@@ -199,22 +292,6 @@ async def test_full_cluster_sync_reports_failed_nodes(tmp_path: Path) -> None:
         assert (stats.nodes_synced, stats.failed_nodes) == (1, ("dead",))
         assert set(stats.category_stats) == {"models", "configs"}
         assert stats.category_stats["models"].errors[0].startswith("dead: manifest")
-
-
-async def test_run_forever_pulls_new_files_until_cancelled(tmp_path: Path) -> None:
-    async with FileNode(tmp_path / "a", "a") as a, FileNode(tmp_path / "b", "b") as b:
-        loop_task = asyncio.create_task(b.sync.run_forever(0.02, lambda: [a.peer, DEAD]))
-        try:
-            a.write("later.bin", b"hello")
-            deadline = time.monotonic() + 10
-            while not (b.root() / "later.bin").exists():
-                assert time.monotonic() < deadline, "the loop never pulled the file"
-                await asyncio.sleep(0.02)
-            assert not loop_task.done()
-        finally:
-            loop_task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await loop_task
 
 
 async def test_space_reserve_refuses_before_the_transfer(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ from sync.files.errors import FileChangedError, TransferBusyError
 from sync.files.manifest import ManifestEntry
 from sync.guards import partial_name
 from sync.transports.http import HttpTransport
-from sync.transports.protocol import PartialFile
+from sync.transports.protocol import PartialFile, PeerRef
 from tests.sync.files_fixtures import FAST_TIMEOUTS, PIECE, FileNode, internal_files
+from tests.sync.files_proxy import FaultProxy
 
 
 async def _entry(node: FileNode, rel: str, category: str = "models") -> ManifestEntry:
@@ -47,8 +48,13 @@ async def test_parallel_range_requests(tmp_path: Path) -> None:
     ):
         a.write("big.bin", data)
         entry = await _entry(a, "big.bin")
-        await b.http.fetch(a.peer, "models", entry, b.root())
+        async with FaultProxy(a.port) as proxy:
+            peer = PeerRef("a", proxy.url)
+            result = await b.http.fetch(peer, "models", entry, b.root())
         assert (b.root() / "big.bin").read_bytes() == data
+        assert result.bytes_transferred == len(data)
+        # three range requests at once: one connection each (sequential ones would share one)
+        assert (proxy.connections, proxy.peak_connections) == (3, 3)
 
 
 async def test_empty_file(tmp_path: Path) -> None:

@@ -10,7 +10,10 @@ import os
 import sys
 from pathlib import Path
 
-from wal import GAME_RECORDED, WalConfig, WriteAheadLog
+from wal import WalConfig, WriteAheadLog
+
+# Entry types of the caller's own (shoal writes only sync_started and sync_completed).
+GAME_RECORDED = "game_recorded"
 
 
 async def run(path: Path, tasks: int, count: int | None) -> None:

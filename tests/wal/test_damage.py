@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.wal.conftest import FAST
-from wal import GAME_RECORDED, WalConfig, WalCorruptError, WalError, WriteAheadLog, move_aside
+from wal import WalConfig, WalCorruptError, WalError, WriteAheadLog, move_aside
+
+# Entry types of the caller's own (shoal writes only sync_started and sync_completed).
+GAME_RECORDED = "game_recorded"
 
 # No checkpoint of any kind, so every commit stays in the -wal file until close.
 NO_CHECKPOINT = WalConfig(

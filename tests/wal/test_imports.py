@@ -22,11 +22,9 @@ CONTRACT = {
     "WalObserver",
     "RecoveryResult",
     "EntryState",
-    "GAME_RECORDED",
-    "MODEL_TRAINED",
     "SYNC_STARTED",
     "SYNC_COMPLETED",
-    "EXPORT_STARTED",
+    "BUILTIN_ENTRY_TYPES",
     "move_aside",
 }
 
@@ -48,7 +46,7 @@ def test_all_exports_the_contract() -> None:
     assert all(hasattr(wal, name) for name in wal.__all__)
     assert issubclass(wal.WalFullError, wal.WalError)
     assert issubclass(wal.WalCorruptError, wal.WalError)
-    assert wal.GAME_RECORDED == "game_recorded"
+    assert {"sync_started", "sync_completed"} == wal.BUILTIN_ENTRY_TYPES
     assert {s.value for s in wal.EntryState} == {"pending", "committed", "rolled_back", "failed"}
 
 
@@ -57,6 +55,17 @@ def test_config_defaults() -> None:
     assert (config.max_batch, config.max_batch_delay_ms, config.max_pending) == (1024, 2.0, 100_000)
     assert (config.max_payload_bytes, config.max_retries) == (1 << 20, 5)
     assert (config.busy_timeout_s, config.checkpoint_interval_s) == (5.0, 30)
+
+
+def test_config_waits_come_from_the_timeout_table() -> None:
+    from config import Timeouts
+
+    timeouts = Timeouts(sqlite_busy_s=1.5, wal_op_s=7.0, wal_open_s=40.0)
+    config = wal.WalConfig.from_timeouts(timeouts, max_batch=8)
+    assert (config.busy_timeout_s, config.op_timeout_s, config.open_timeout_s) == (1.5, 7.0, 40.0)
+    assert config.max_batch == 8
+    default = wal.WalConfig.from_timeouts(Timeouts())
+    assert (default.busy_timeout_s, default.op_timeout_s) == (Timeouts().sqlite_busy_s, 30.0)
 
 
 @pytest.mark.parametrize(

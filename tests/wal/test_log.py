@@ -12,7 +12,6 @@ import pytest
 
 from tests.wal.conftest import FAST
 from wal import (
-    GAME_RECORDED,
     SYNC_STARTED,
     EntryState,
     WalConfig,
@@ -21,6 +20,9 @@ from wal import (
     WalFullError,
     WriteAheadLog,
 )
+
+# Entry types of the caller's own (shoal writes only sync_started and sync_completed).
+GAME_RECORDED = "game_recorded"
 
 
 async def test_append_returns_a_durable_pending_entry(wal: WriteAheadLog) -> None:

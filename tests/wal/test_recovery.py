@@ -10,9 +10,6 @@ import pytest
 
 from tests.wal.conftest import FAST
 from wal import (
-    EXPORT_STARTED,
-    GAME_RECORDED,
-    MODEL_TRAINED,
     SYNC_COMPLETED,
     SYNC_STARTED,
     EntryState,
@@ -21,6 +18,11 @@ from wal import (
     WalEntry,
     WriteAheadLog,
 )
+
+# Entry types of the caller's own (shoal writes only sync_started and sync_completed).
+GAME_RECORDED = "game_recorded"
+MODEL_TRAINED = "model_trained"
+EXPORT_STARTED = "export_started"
 
 
 class Recorder:

@@ -15,7 +15,10 @@ import pytest
 
 import wal.writer
 from tests.wal.conftest import FAST
-from wal import GAME_RECORDED, WalConfig, WalError, WalObserver, WriteAheadLog
+from wal import WalConfig, WalError, WalObserver, WriteAheadLog
+
+# Entry types of the caller's own (shoal writes only sync_started and sync_completed).
+GAME_RECORDED = "game_recorded"
 
 
 class CountingObserver:
