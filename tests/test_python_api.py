@@ -51,7 +51,7 @@ from sync import (
 )
 from sync.records.fallback import split_host
 from tests.node.daemons import test_settings
-from wal import GAME_RECORDED, SYNC_STARTED, EntryState, WriteAheadLog
+from wal import SYNC_STARTED, EntryState, WriteAheadLog
 
 
 def _game(index: int, board_type: str = "hex8") -> dict[str, Any]:
@@ -237,7 +237,7 @@ async def test_wal_append_commit_rollback_pending_cleanup(tmp_path: Path) -> Non
     async with NodeDaemon(settings):
         pass  # the daemon creates the node's WAL
     async with WriteAheadLog(settings.wal_path) as wal:  # the node's WAL, from its settings
-        done = await wal.append(GAME_RECORDED, {"game_id": "g-1"})
+        done = await wal.append("my_export", {"game_id": "g-1"})  # users log their own types
         undone = await wal.append(SYNC_STARTED, {"category": "models"})
         open_one = await wal.append(SYNC_STARTED, {"category": "games"})
         await wal.commit(done)
