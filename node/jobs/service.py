@@ -33,7 +33,17 @@ WATCH_INTERVAL_S = 0.05
 PROBE_INTERVAL_S = 0.5
 START_TIMEOUT_S = 10.0
 MAX_WAIT_S = 600.0
+SUPERVISOR_EXIT_S = 2.0
 SUPERVISOR = Path(SUPERVISOR_FILE).resolve()
+
+
+_DETACHED: list[subprocess.Popen[bytes]] = []
+"""Supervisors still running when their service closed (an in-process daemon stopped): polled
+on every later spawn so they are reaped, never left as zombies of this process."""
+
+
+def reap_detached() -> None:
+    _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]
 
 
 def not_found(job_id: str) -> JobError:
@@ -68,6 +78,7 @@ class JobService:
         self._wal: WriteAheadLog | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._last_probe = 0.0
+        self._reaping: list[subprocess.Popen[bytes]] = []
         self._closed = False
         self.on_end: list[Callable[[JobEntry], None]] = []
         """Called once for every job the watcher sees end (gang jobs react to members)."""
@@ -94,6 +105,19 @@ class JobService:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        # Supervisors of ended jobs exit right after recording the end: reap them; the rest
+        # keep running (that is the point) and are reaped later by reap_detached.
+        entries = self._entries.values()
+        finishing = [e.supervisor for e in entries if e.supervisor and e.ended.is_set()]
+        finishing += self._reaping
+        deadline = time.monotonic() + SUPERVISOR_EXIT_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in finishing):
+            await asyncio.sleep(0.01)
+        supervisors = [e.supervisor for e in entries if e.supervisor is not None]
+        _DETACHED.extend(p for p in [*supervisors, *self._reaping] if p.poll() is None)
+        self._reaping = []
+        for entry in entries:
+            entry.supervisor = None
 
     # queries
 
@@ -203,6 +227,7 @@ class JobService:
 
     def _spawn(self, entry: JobEntry) -> None:
         """Start the supervisor in its own session; its own output goes to supervisor.log."""
+        reap_detached()
         with (entry.directory / "supervisor.log").open("ab") as out:
             entry.supervisor = subprocess.Popen(  # noqa: S603 - fixed argv of our own script
                 [sys.executable, "-I", str(SUPERVISOR), str(entry.directory)],
@@ -261,6 +286,9 @@ class JobService:
                 f"job {job_id!r} is {entry.state.value}; kill it before deleting",
             )
         self._entries.pop(job_id, None)
+        if entry.supervisor is not None:
+            self._reaping.append(entry.supervisor)
+            entry.supervisor = None
         await asyncio.to_thread(self.store.remove, entry)
 
     # watching
@@ -276,6 +304,7 @@ class JobService:
     def poll_once(self, *, probe: bool = False) -> None:
         """Reap supervisors, read results, and (every PROBE_INTERVAL_S) find jobs whose
         supervisor is gone without a result: those are `lost`."""
+        self._reaping = [p for p in self._reaping if p.poll() is None]
         now = time.monotonic()
         if now - self._last_probe >= PROBE_INTERVAL_S:
             probe, self._last_probe = True, now

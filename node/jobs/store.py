@@ -13,6 +13,7 @@ import fcntl
 import os
 import shutil
 import signal
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ class JobEntry:
     started: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
     caps: dict[str, Any] | None = None
-    supervisor: Any = None
+    supervisor: subprocess.Popen[bytes] | None = None
     """The subprocess.Popen of a supervisor this daemon started (reaped by the watcher)."""
     gang: dict[str, Any] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
