@@ -154,6 +154,8 @@ class JobStore:
             gang=read_json(directory / "gang.json"),
         )
         entry.refresh()
+        if entry.gang is not None and entry.gang.get("started_at"):
+            entry.started = {"started_at": entry.gang["started_at"], "pid": None}
         return entry
 
     def create(self, request: JobRequest, created_at: float) -> JobEntry:
