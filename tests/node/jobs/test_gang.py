@@ -128,7 +128,8 @@ async def test_gang_of_three_gets_ranks_one_master_and_ends_on_a_member_failure(
         status, again = await client.call(
             "POST", "/v1/jobs", json={**spec, "nodes": 3, "role": "training"}
         )
-        assert status == 200 and again["job_id"] == "g1"
+        assert status == 200
+        assert again["job_id"] == "g1"
 
         failing = {"job_id": "g2", "argv": [sys.executable, "-c", RANK_ONE_FAILS], "nodes": 3}
         status, gang = await client.call("POST", "/v1/jobs", json=failing)
