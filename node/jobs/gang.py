@@ -257,7 +257,12 @@ class GangService:
         for member in members:
             if member.node_id == node_id:
                 return f"http://{member.address}:{member.port}"
-        raise JobError(503, "unknown_node", f"node {node_id} is not in this node's membership view")
+        raise JobError(
+            503,
+            "unknown_node",
+            f"node {node_id} is not in the membership view of {self.runtime.node_id}; "
+            "retry once membership has converged",
+        )
 
     async def _start_members(
         self, entry: JobEntry, request: JobRequest, pick: Mapping[str, Any]
@@ -270,7 +275,7 @@ class GangService:
             {
                 "rank": rank,
                 "node": member["node_id"],
-                "url": f"http://{member['address']}:{member['port']}",
+                "url": self._url_of(member["node_id"]),
                 "job_id": member_job_id(entry.job_id, rank),
                 "state": JobState.PENDING.value,
                 "exit_code": None,
