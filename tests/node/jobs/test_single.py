@@ -241,3 +241,18 @@ async def test_openapi_lists_every_job_route(tmp_path: Path) -> None:
     }
     assert served == {(doc.method, doc.path) for doc in api.docs()}
     assert ("POST", "/v1/jobs/gang/pick") in served
+
+
+ESCAPER = (
+    "import subprocess\n"
+    "child = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+    "print(child.pid, flush=True)\n"
+)
+
+
+async def test_processes_that_left_the_group_end_with_the_job(tmp_path: Path) -> None:
+    async with job_daemon(tmp_path) as client:
+        job = await client.wait((await client.start([sys.executable, "-c", ESCAPER]))["job_id"])
+        assert job["state"] == "succeeded"
+        escaped = int((await client.log(job["job_id"])).decode())
+        assert process_state(escaped) is None, "a process of the job outlived it"
