@@ -15,7 +15,7 @@ import pytest
 
 from node.daemon import NodeDaemon
 from tests.node.daemons import FAST_ELECTION, test_settings
-from tests.node.jobs.helpers import JobClient, signed_session, write_secret
+from tests.node.jobs.helpers import JobClient, job_daemon, signed_session, write_secret
 
 NAMES = ("n1", "n2", "n3")
 REPORT = (
@@ -172,3 +172,48 @@ async def test_a_gang_larger_than_the_cluster_fails_with_the_reason(tmp_path: Pa
         assert "5 any nodes was asked for, but 3" in gang["reason"]
         _, listing = await clients["n1"].call("GET", "/v1/jobs")
         assert listing["jobs"] == [], "all or nothing: no member started"
+
+
+RENDEZVOUS_REPORT = (
+    "import os\n"
+    "keys = ['RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_RANK']\n"
+    "print(' '.join(os.environ[k] for k in keys), flush=True)\n"
+)
+
+
+async def test_killing_a_gang_kills_every_member_and_env_from_rendezvous(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as clients:
+        client = clients["n3"]
+        body = {"job_id": "sleepers", "argv": ["sleep", "60"], "nodes": 3}
+        status, gang = await client.call("POST", "/v1/jobs", json=body)
+        assert status == 201, gang
+        assert gang["state"] == "running"
+        await client.kill("sleepers", signal="TERM", grace_s=2)
+        ended = await client.wait("sleepers")
+        assert ended["state"] == "killed", ended
+        assert {m["state"] for m in ended["gang"]["members"]} == {"killed"}
+
+        _, rendezvous = await client.call("GET", "/v1/rendezvous")
+        job = await client.start(
+            [sys.executable, "-c", RENDEZVOUS_REPORT], env_from="rendezvous", job_id="rdv"
+        )
+        await client.wait(job["job_id"])
+        rank, world, addr, port, local = (await client.log("rdv")).decode().split()
+        assert (int(rank), int(world)) == (rendezvous["rank"], 3)
+        assert (addr, int(port), local) == (
+            rendezvous["master_addr"],
+            rendezvous["master_port"],
+            "0",
+        )
+
+
+async def test_env_from_rendezvous_without_a_training_rank_is_refused(tmp_path: Path) -> None:
+    async with job_daemon(tmp_path, {**FAST_ELECTION, "role": "selfplay"}) as client:
+        deadline = time.monotonic() + 30
+        while (await client.call("GET", "/v1/status"))[1]["plan_version"] is None:
+            assert time.monotonic() < deadline, "the lone node made no plan"
+            await asyncio.sleep(0.05)
+        status, body = await client.call(
+            "POST", "/v1/jobs", json={"argv": ["true"], "env_from": "rendezvous"}
+        )
+        assert (status, body["error"]) == (409, "no_rendezvous"), body
