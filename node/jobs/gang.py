@@ -361,6 +361,14 @@ class GangService:
                     grace = self.runtime.settings.jobs.kill_grace_s
                     others = [r for r in rows if r is not row]
                     await self._kill_members(others, "SIGTERM", grace)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # A member's answer this node cannot read, or a full disk: the gang's end was not
+            # observed, so it is lost (never succeeded); its members are told to stop.
+            log.error("gang %s: watching its members failed: %s", entry.job_id, exc)
+            await self._kill_members(rows, "SIGKILL", 0.0)
+            why = f"exit status never observed: watching the members failed: {exc}"
+            self.service.store.record_end(entry, ended_result(JobState.LOST, why))
+            return
         finally:
             for task in watchers:
                 task.cancel()
