@@ -12,17 +12,16 @@ import contextlib
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from config import JobSettings
+from node.jobs.launcher import ForkServer, supervisor_argv
 from node.jobs.policy import RunAs, job_env, resolve_program, resolve_run_as
 from node.jobs.records import JobError, JobRequest, JobState, gang_env, new_job_id
 from node.jobs.store import JobEntry, JobStore, supervisor_alive
-from node.jobs.supervise import __file__ as SUPERVISOR_FILE
 from wal import RecoveryHandler, WalEntry, WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -34,7 +33,6 @@ PROBE_INTERVAL_S = 0.5
 START_TIMEOUT_S = 10.0
 MAX_WAIT_S = 600.0
 SUPERVISOR_EXIT_S = 2.0
-SUPERVISOR = Path(SUPERVISOR_FILE).resolve()
 
 
 _DETACHED: list[subprocess.Popen[bytes]] = []
@@ -91,6 +89,9 @@ class JobService:
         self._watcher: asyncio.Task[None] | None = None
         self._last_probe = 0.0
         self._reaping: list[subprocess.Popen[bytes]] = []
+        self._forks = ForkServer(root / "forkserver.log")
+        self.use_fork_server = True
+        """False: spawn every supervisor as its own interpreter (slower start, same result)."""
         self._starting: set[str] = set()
         """Jobs between their record and their supervisor's start: not probed as lost."""
         self._closed = False
@@ -112,6 +113,8 @@ class JobService:
         self._wal = wal
         for entry in await asyncio.to_thread(self.store.open):
             self._entries[entry.job_id] = entry
+        if self.use_fork_server:
+            self._forks.start()
         handlers = {
             JOB_START: self._recover_start,
             JOB_KILL: self._recover_kill,
@@ -127,6 +130,7 @@ class JobService:
         if self._closed:
             return
         self._closed = True
+        await self._forks.close()
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -271,11 +275,14 @@ class JobService:
         }
 
     def _spawn(self, entry: JobEntry) -> None:
-        """Start the supervisor in its own session; its own output goes to supervisor.log."""
+        """Start the job's supervisor, detached: through the fork server, else by spawning the
+        script in its own session (then this daemon reaps it). Its output: supervisor.log."""
+        if self._forks.submit(entry.directory):
+            return
         reap_detached()
         with (entry.directory / "supervisor.log").open("ab") as out:
             entry.supervisor = subprocess.Popen(  # noqa: S603 - fixed argv of our own script
-                [sys.executable, "-I", str(SUPERVISOR), str(entry.directory)],
+                supervisor_argv(str(entry.directory)),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
@@ -294,7 +301,7 @@ class JobService:
             if entry.supervisor is not None and entry.supervisor.poll() is not None:
                 break
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            delay = min(delay * 2, 0.005)
         entry.refresh()
         if entry.started is None and entry.result is None:
             self._lost(entry, "the supervisor did not start the job; see supervisor.log")

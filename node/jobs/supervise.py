@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -318,11 +319,8 @@ class Supervisor:
         }
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: supervise.py JOB_DIR", file=sys.stderr)
-        return 2
-    job_dir = Path(argv[1])
+def supervise(job_dir: Path) -> int:
+    """Run the job of `job_dir` to its recorded end, unless another supervisor has it."""
     lock = take_lock(job_dir)
     if lock is None:
         return 0  # another supervisor runs this job
@@ -339,6 +337,58 @@ def main(argv: list[str]) -> int:
     write_json_atomic(job_dir / "result.json", result)
     os.close(lock)
     return 0
+
+
+def run_forked(job_dir: Path) -> None:
+    """In a freshly forked process: detach the standard streams, supervise, never return."""
+    code = 1
+    try:
+        log = os.open(job_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        code = supervise(job_dir)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve_forks() -> int:
+    """The fork server: for each job directory read from stdin (one per line), fork a detached
+    supervisor (fork, setsid, fork again; the middle process is reaped at once). Started once
+    by the daemon, it saves each job the interpreter's start-up; it exits at end of input (the
+    daemon closed the pipe or died), and the supervisors it forked keep running."""
+    for line in sys.stdin.buffer:
+        job_dir = Path(line.decode("utf-8", "replace").rstrip("\n"))
+        if not job_dir.is_absolute() or not job_dir.is_dir():
+            print(f"fork server: not a job directory: {job_dir}", file=sys.stderr, flush=True)
+            continue
+        middle = os.fork()
+        if middle == 0:
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    run_forked(job_dir)
+            finally:
+                os._exit(0)
+        os.waitpid(middle, 0)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[1] == "--serve":
+        return serve_forks()
+    if len(argv) != 2:
+        print("usage: supervise.py JOB_DIR | --serve", file=sys.stderr)
+        return 2
+    return supervise(Path(argv[1]))
 
 
 if __name__ == "__main__":

@@ -112,6 +112,19 @@ def children_of(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+def fork_servers() -> list[int]:
+    """Children of this process that are fork servers."""
+    found = []
+    for pid, _ in children_of(os.getpid()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"--serve" in cmdline.split(b"\0"):
+            found.append(pid)
+    return found
+
+
 def process_group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is `pgid`."""
     members = []
