@@ -5,6 +5,7 @@ fork server is not available. Either way the supervisor is not a child of the ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import sys
@@ -61,7 +62,8 @@ class ForkServer:
         if process is None:
             return
         if process.stdin is not None:
-            process.stdin.close()
+            with contextlib.suppress(OSError):  # a fork server that died leaves a broken pipe
+                process.stdin.close()
         try:
             await asyncio.to_thread(process.wait, CLOSE_WAIT_S)
         except subprocess.TimeoutExpired:
