@@ -35,15 +35,19 @@ PR_SET_CHILD_SUBREAPER = 36
 STREAMS = ("stdout", "stderr")
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` to `path` so a reader sees the old file or the whole new one, durably."""
+def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
+    """Write `data` to `path` so a reader sees the old file or the whole new one; `durable`
+    also survives a power loss (fsync of the file and its directory)."""
     temp = path.with_name(f".{path.name}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(temp, path)
+    if not durable:
+        return
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
@@ -153,6 +157,8 @@ class Supervisor:
                 "started_at": None,
                 "ended_at": time.time(),
             }
+        # Not fsynced: it names processes, which a power loss ends anyway (the job is then
+        # lost, with or without this file); result.json is durable.
         write_json_atomic(
             self.job_dir / "supervisor.json",
             {
@@ -162,6 +168,7 @@ class Supervisor:
                 "start_ticks": process_start_ticks(self.child.pid),
                 "started_at": started_at,
             },
+            durable=False,
         )
         timeout_s = self.launch.get("timeout_s")
         deadline = time.monotonic() + float(timeout_s) if timeout_s else None
