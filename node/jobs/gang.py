@@ -165,7 +165,7 @@ class GangService:
         if not created:
             return self.service.record(entry), False
         wal = self.service.open_wal()
-        wal_id = await wal.append(JOB_GANG, {"job_id": gang_id}, key=f"{JOB_GANG}.{gang_id}")
+        wal_id = await wal.append(JOB_GANG, {"job_id": gang_id})
         try:
             pick = await self._ask_pick(request.nodes, request.role)
             await self._start_members(entry, request, pick)

@@ -192,7 +192,7 @@ class JobService:
             request = request.with_id(job_id)
             rendezvous = self._rendezvous_for(request)
             payload = {"job_id": job_id, "request": request.to_dict()}
-            entry_id = await wal.append(JOB_START, payload, key=f"{JOB_START}.{job_id}")
+            entry_id = await wal.append(JOB_START, payload)
             entry = await asyncio.to_thread(self.store.create, request, time.time())
             self._entries[job_id] = entry
             self._starting.add(job_id)

@@ -283,3 +283,13 @@ async def test_the_job_environment_is_stored_readable_by_the_daemon_only(tmp_pat
         for name in ("spec.json", "launch.json", "result.json", "supervisor.json"):
             assert (job_dir / name).stat().st_mode & 0o077 == 0, name
         assert job_dir.stat().st_mode & 0o777 == 0o711
+
+
+async def test_a_deleted_job_id_can_be_used_again(tmp_path: Path) -> None:
+    async with job_daemon(tmp_path) as client:
+        for expected in (b"first\n", b"second\n"):
+            text = expected.decode().strip()
+            job = await client.wait((await client.start(["echo", text], job_id="same"))["job_id"])
+            assert await client.log(job["job_id"]) == expected
+            status, _ = await client.call("DELETE", "/v1/jobs/same")
+            assert status == 200
