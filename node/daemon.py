@@ -50,6 +50,7 @@ from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
+from node.jobs.setup import JobApi, open_job_service
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
@@ -283,7 +284,9 @@ class NodeDaemon:
         self.sync_service = sync_service
         self._stack.push_async_callback(sync_service.close)
         await sync_service.open(wal, stores)
-        await self._start_http(runtime, secrets, election, stores, sync_service)
+        jobs = await open_job_service(runtime, election, wal, secrets.cluster)
+        self._stack.push_async_callback(jobs.close)
+        await self._start_http(runtime, secrets, election, stores, sync_service, jobs)
         membership = await self._start_membership(runtime, secrets)
         self._notifier.status("joining the election")
         elector = await election.start(membership, inventory, secrets.cluster, wal, self._rng)
@@ -335,6 +338,7 @@ class NodeDaemon:
         election: ElectionService,
         stores: RecordStores,
         sync_service: SyncService,
+        jobs: JobApi,
     ) -> None:
         policy = AuthPolicy(
             secret=secrets.cluster,
@@ -348,11 +352,13 @@ class NodeDaemon:
                 *record_routes(stores, runtime.node_id),
                 *election.routes(),
                 *sync_service.routes(),
+                *jobs.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
                 *election.docs(),
                 *sync_service.docs(),
+                *jobs.docs(),
             ],
         )
         runner = web.AppRunner(

@@ -51,7 +51,7 @@ from sync.files.plan import (
     plan_pulls,
 )
 from sync.files.routes import file_route_docs, file_routes
-from sync.guards import SpaceReserve, validate_rel_path
+from sync.guards import SpaceReserve, check_raw_query_value, open_inside, validate_rel_path
 from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
 from sync.records.fallback import GamesPull, P2PFallbackSync
 from sync.records.pull import P2PSyncClient, fetch_page, pull_records
@@ -177,6 +177,7 @@ __all__ = [
     "Transport",
     "UnknownCategoryError",
     "UnknownStoreError",
+    "check_raw_query_value",
     "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
@@ -187,6 +188,7 @@ __all__ = [
     "install_file",
     "is_disk_full",
     "make_directories",
+    "open_inside",
     "open_partial",
     "parse_retry_after",
     "parse_since_query",

@@ -132,6 +132,7 @@ class NodeStatusDoc:
     config_hash: str | None
     health_problems: tuple[str, ...] = ()
     """`component: message` of each component that is not healthy (a failing loop's error)."""
+    jobs_running: int | None = None
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -158,6 +159,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         gpus=tuple(parse_gpu(gpu, position) for position, gpu in enumerate(gpus)),
         config_hash=_str(doc.get("config_hash")),
         health_problems=tuple(str(p) for p in _list(doc.get("health_problems"))),
+        jobs_running=_int(_mapping(doc.get("jobs")).get("running")),
     )
 
 
@@ -245,6 +247,7 @@ class NodeRow:
     config_drift: bool
     error: str | None
     health_problems: tuple[str, ...] = ()
+    jobs_running: int | None = None
 
     @property
     def failing(self) -> bool:
@@ -278,6 +281,7 @@ class NodeRow:
             "config_hash": self.config_hash,
             "version_drift": self.version_drift,
             "config_drift": self.config_drift,
+            "jobs_running": self.jobs_running,
         }
 
 
