@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config import ConfigError, NodeSettings, load_settings, read_secret_file
+from config import NodeSettings, load_settings, read_secret_file
 from node.jobs.client import (
     ENDED_STATES,
     Endpoint,
@@ -161,11 +161,9 @@ def start_body(job: JobSpec, deploy: DeploySpec, job_id: str) -> dict[str, Any]:
 
 
 def local_settings(config_file: str | None) -> NodeSettings:
-    """This host's settings (`config_file`, else $SHOAL_CONFIG, then environment, defaults)."""
-    try:
-        return load_settings(config_file).settings
-    except ConfigError as exc:
-        raise JobClientError("; ".join(exc.problems)) from exc
+    """This host's settings (`config_file`, else $SHOAL_CONFIG, then environment, defaults);
+    config.ConfigError naming the file and field when they are wrong."""
+    return load_settings(config_file).settings
 
 
 def local_endpoint(settings: NodeSettings, url: str | None = None) -> Endpoint:
