@@ -10,7 +10,7 @@ import codecs
 import contextlib
 import os
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -364,7 +364,7 @@ def wait_for_completion(
 
 def stream_logs(
     state: dict[str, Any], follow: bool = True, stream: str = "stdout", tail: int | None = None
-) -> Iterator[str]:
+) -> Generator[str, None, None]:
     """Plain twin of `stream_logs_async`: an iterator that drives a private event loop."""
     run_sync(asyncio.sleep(0))  # refuses a running loop before the first line is asked for
     with contextlib.closing(asyncio.new_event_loop()) as loop:

@@ -264,7 +264,8 @@ async def log_chunks_async(
         failures += 1
         if failures > RESUME_ATTEMPTS:
             raise JobUnreachableError(f"{path}: connection lost {failures} times: {exc}") from exc
-        await asyncio.sleep(min(1.0, 0.05 * 2**failures))
+        if failures > 1:  # a stream that broke after progress is resumed at once
+            await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
 
     async with open_session(endpoint, streaming_timeout(endpoint)) as session:
         while tail is not None:
