@@ -34,7 +34,7 @@ from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage,
 from sync.files.manifest_cache import Listing, ManifestCache
 from sync.files.plan import ClusterSyncStats, P2PFallbackSync, PullItem, SyncStats, plan_pulls
 from sync.files.routes import file_route_docs, file_routes
-from sync.guards import SpaceReserve, validate_rel_path
+from sync.guards import SpaceReserve, check_raw_query_value, open_inside, validate_rel_path
 from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
 from sync.records.pull import P2PSyncClient, fetch_page, pull_records
 from sync.records.registry import RecordStores
@@ -151,6 +151,7 @@ __all__ = [
     "UnknownCategoryError",
     "UnknownStoreError",
     "add_record_routes",
+    "check_raw_query_value",
     "detect_storage",
     "fetch_page",
     "file_route_docs",
@@ -158,6 +159,7 @@ __all__ = [
     "hash_file",
     "install_file",
     "make_directories",
+    "open_inside",
     "open_partial",
     "parse_retry_after",
     "parse_since_query",

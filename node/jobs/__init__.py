@@ -1,0 +1,25 @@
+"""Jobs: commands run on a node (or a gang of nodes) under a supervisor that outlives the
+daemon, with durable logs, exact exit codes, kill, files and a WAL record of every start and
+kill. The daemon side lives here; the client API is `node.jobs.api`."""
+
+from __future__ import annotations
+
+from node.jobs.http import JobRoutes, job_route_docs
+from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
+from node.jobs.service import JobService
+from node.jobs.store import JobEntry, JobStore
+
+__all__ = [
+    "JobEntry",
+    "JobError",
+    "JobRequest",
+    "JobRoutes",
+    "JobService",
+    "JobState",
+    "JobStore",
+    "job_route_docs",
+    "parse_job_request",
+]
+
+# --- client API (node.jobs.api, owned by the jobs client work): the integrator adds its
+# --- imports and names here, below this line.
