@@ -46,6 +46,18 @@ def reap_detached() -> None:
     _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]
 
 
+def ended_result(state: JobState, reason: str) -> dict[str, Any]:
+    """A result the daemon records itself (no exit status was observed)."""
+    return {
+        "state": state.value,
+        "exit_code": None,
+        "signal": None,
+        "reason": reason,
+        "started_at": None,
+        "ended_at": time.time(),
+    }
+
+
 def not_found(job_id: str) -> JobError:
     return JobError(
         404, "job_not_found", f"no job {job_id!r} on this node; GET /v1/jobs lists them"
@@ -79,6 +91,8 @@ class JobService:
         self._watcher: asyncio.Task[None] | None = None
         self._last_probe = 0.0
         self._reaping: list[subprocess.Popen[bytes]] = []
+        self._starting: set[str] = set()
+        """Jobs between their record and their supervisor's start: not probed as lost."""
         self._closed = False
         self.on_end: list[Callable[[JobEntry], None]] = []
         """Called once for every job the watcher sees end (gang jobs react to members)."""
@@ -111,8 +125,8 @@ class JobService:
         finishing = [e.supervisor for e in entries if e.supervisor and e.ended.is_set()]
         finishing += self._reaping
         deadline = time.monotonic() + SUPERVISOR_EXIT_S
-        while time.monotonic() < deadline and any(p.poll() is None for p in finishing):
-            await asyncio.sleep(0.01)
+        while time.monotonic() < deadline and any(p.poll() is None for p in finishing):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # polling child processes: there is no event to wait on
         supervisors = [e.supervisor for e in entries if e.supervisor is not None]
         _DETACHED.extend(p for p in [*supervisors, *self._reaping] if p.poll() is None)
         self._reaping = []
@@ -165,10 +179,19 @@ class JobService:
             entry_id = await wal.append(JOB_START, payload, key=f"{JOB_START}.{job_id}")
             entry = await asyncio.to_thread(self.store.create, request, time.time())
             self._entries[job_id] = entry
-        launch = self._launch(entry, executable, {**rendezvous, **(extra_env or {})})
-        await asyncio.to_thread(self.store.write_launch, entry, launch)
-        self._spawn(entry)
-        await self._await_started(entry)
+            self._starting.add(job_id)
+        try:
+            launch = self._launch(entry, executable, {**rendezvous, **(extra_env or {})})
+            await asyncio.to_thread(self.store.write_launch, entry, launch)
+            self._spawn(entry)
+            await self._await_started(entry)
+        except OSError as exc:
+            reason = f"cannot start a supervisor for {job_id}: {exc}"
+            self.store.record_end(entry, ended_result(JobState.FAILED, reason))
+            await wal.rollback(entry_id, reason=reason)
+            raise JobError(500, "job_start_failed", reason) from exc
+        finally:
+            self._starting.discard(job_id)
         await wal.commit(entry_id)
         log.info(
             "job %s started: %s (pid %s)", job_id, request.argv[0], (entry.started or {}).get("pid")
@@ -322,7 +345,12 @@ class JobService:
             if exited:
                 code = supervisor.returncode if supervisor is not None else None
                 self._lost(entry, f"its supervisor exited (code {code}) without recording the end")
-            elif supervisor is None and probe and not supervisor_alive(entry.directory):
+            elif (
+                supervisor is None
+                and probe
+                and entry.job_id not in self._starting
+                and not supervisor_alive(entry.directory)
+            ):
                 entry.refresh()
                 if not entry.ended.is_set():
                     self._lost(entry, "its supervisor is gone and never recorded the end")
@@ -331,14 +359,7 @@ class JobService:
 
     def _lost(self, entry: JobEntry, why: str) -> None:
         JobStore.kill_orphans(entry)
-        result = {
-            "state": JobState.LOST.value,
-            "exit_code": None,
-            "signal": None,
-            "reason": f"exit status never observed: {why}",
-            "started_at": None,
-            "ended_at": time.time(),
-        }
+        result = ended_result(JobState.LOST, f"exit status never observed: {why}")
         self.store.record_end(entry, result)
         log.warning("job %s is lost: %s", entry.job_id, why)
         self._notify_end(entry)

@@ -69,9 +69,11 @@ def signed_session() -> aiohttp.ClientSession:
 
 
 @contextlib.asynccontextmanager
-async def job_daemon(tmp_path: Path, name: str = "n1", **flags: Any) -> AsyncIterator[JobClient]:
+async def job_daemon(
+    tmp_path: Path, flags: dict[str, Any] | None = None, name: str = "n1"
+) -> AsyncIterator[JobClient]:
     """An in-process daemon with a secret; every job still running at the end is killed."""
-    settings = test_settings(tmp_path, name, secret_file=write_secret(tmp_path), **flags)
+    settings = test_settings(tmp_path, name, secret_file=write_secret(tmp_path), **(flags or {}))
     async with NodeDaemon(settings) as daemon, signed_session() as session:
         client = JobClient(f"http://127.0.0.1:{daemon.port}", session)
         try:

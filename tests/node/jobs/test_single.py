@@ -30,7 +30,9 @@ async def test_exit_codes_zero_three_and_a_signal_death(tmp_path: Path) -> None:
         assert await client.log(ok["job_id"]) == b"hello\n"
         assert await client.log(ok["job_id"], "stderr") == b"oops\n"
         assert ok["log_bytes"] == {"stdout": 6, "stderr": 5}
-        assert ok["name"] == "ok" and ok["node"] == "n1" and ok["argv"][0] == "sh"
+        assert ok["name"] == "ok"
+        assert ok["node"] == "n1"
+        assert ok["argv"][0] == "sh"
 
 
 TERM_IGNORER = (
@@ -57,20 +59,22 @@ async def test_kill_ends_a_term_ignoring_job_and_its_children(tmp_path: Path) ->
         job = await client.start([sys.executable, "-c", TERM_IGNORER])
         grandchild = int(await _first_line(client, job["job_id"]))
         pid = job["pid"]
-        assert job["state"] == "running" and process_state(pid) not in (None, "Z")
+        assert job["state"] == "running"
+        assert process_state(pid) not in (None, "Z")
         assert process_state(grandchild) not in (None, "Z")
         killed = await client.kill(job["job_id"], signal="TERM", grace_s=0.3)
         assert killed["job_id"] == job["job_id"]
         ended = await client.wait(job["job_id"])
         assert ended["state"] == "killed", ended
-        assert ended["signal"] == "SIGKILL" and ended["exit_code"] is None
+        assert ended["signal"] == "SIGKILL"
+        assert ended["exit_code"] is None
         assert process_state(pid) is None, "the job's process survived the kill"
         assert process_state(grandchild) is None, "a child of the job survived the kill"
         assert process_group_members(pid) == []
 
 
 async def test_timeout_ends_the_job_as_timed_out(tmp_path: Path) -> None:
-    async with job_daemon(tmp_path, **{"jobs.kill_grace_s": 0.2}) as client:
+    async with job_daemon(tmp_path, {"jobs.kill_grace_s": 0.2}) as client:
         job = await client.start(["sleep", "30"], timeout_s=0.3)
         ended = await client.wait(job["job_id"])
         assert ended["state"] == "timed_out", ended
@@ -89,8 +93,10 @@ async def test_job_id_is_idempotent_and_a_different_spec_conflicts(tmp_path: Pat
         assert again["created_at"] == first["created_at"]
         other = {**spec, "argv": ["true"]}
         status, body = await client.call("POST", "/v1/jobs", json=other)
-        assert status == 409 and body["error"] == "job_id_conflict", body
-        assert set(body) == {"error", "reason", "status"} and body["status"] == 409
+        assert status == 409, body
+        assert body["error"] == "job_id_conflict"
+        assert set(body) == {"error", "reason", "status"}
+        assert body["status"] == 409
         await client.wait("train-1")
         assert await client.log("train-1") == b"train-1\n"
         status, listing = await client.call("GET", "/v1/jobs")
@@ -100,10 +106,12 @@ async def test_job_id_is_idempotent_and_a_different_spec_conflicts(tmp_path: Pat
 async def test_bad_requests_answer_400_in_the_one_error_shape(tmp_path: Path) -> None:
     async with job_daemon(tmp_path) as client:
         status, body = await client.call("POST", "/v1/jobs", json={"argv": "rm -rf /"})
-        assert status == 400 and body["error"] == "invalid_job"
+        assert status == 400
+        assert body["error"] == "invalid_job"
         assert "not a shell string" in body["reason"]
         status, body = await client.call("POST", "/v1/jobs", json={"argv": ["true"], "x": 1})
-        assert status == 400 and "unknown field" in body["reason"]
+        assert status == 400
+        assert "unknown field" in body["reason"]
         status, body = await client.call("GET", "/v1/jobs/nope")
         assert (status, body["error"]) == (404, "job_not_found")
         status, body = await client.call("GET", "/v1/jobs?state=bogus")
@@ -114,7 +122,8 @@ async def test_bad_requests_answer_400_in_the_one_error_shape(tmp_path: Path) ->
         status, body = await client.call(
             "POST", f"/v1/jobs/{job['job_id']}/kill", json={"signal": "NOPE"}
         )
-        assert status == 400 and "not a signal name" in body["reason"]
+        assert status == 400
+        assert "not a signal name" in body["reason"]
 
 
 async def test_unsigned_requests_are_refused(tmp_path: Path) -> None:
@@ -157,13 +166,14 @@ async def test_delete_removes_an_ended_job_and_refuses_a_running_one(tmp_path: P
         job_dir = tmp_path / "n1" / "jobs" / done["job_id"]
         assert job_dir.is_dir()
         status, _ = await client.call("DELETE", f"/v1/jobs/{done['job_id']}")
-        assert status == 200 and not job_dir.exists()
+        assert status == 200
+        assert not job_dir.exists()
         status, _ = await client.call("GET", f"/v1/jobs/{done['job_id']}")
         assert status == 404
 
 
 async def test_allowlist_refuses_other_programs(tmp_path: Path) -> None:
-    async with job_daemon(tmp_path, **{"jobs.allowed_programs": ["true"]}) as client:
+    async with job_daemon(tmp_path, {"jobs.allowed_programs": ["true"]}) as client:
         status, body = await client.call("POST", "/v1/jobs", json={"argv": ["sh", "-c", "id"]})
         assert (status, body["error"]) == (403, "program_not_allowed"), body
         decoy = tmp_path / "bin"
@@ -179,7 +189,8 @@ async def test_status_counts_jobs_and_list_filters_by_state(tmp_path: Path) -> N
         running = await client.start(["sleep", "30"])
         await client.wait((await client.start(["false"]))["job_id"])
         _, status = await client.call("GET", "/v1/status")
-        assert status["jobs"]["running"] == 1 and status["jobs"]["failed"] == 1
+        assert status["jobs"]["running"] == 1
+        assert status["jobs"]["failed"] == 1
         _, listing = await client.call("GET", "/v1/jobs?state=running")
         assert [j["job_id"] for j in listing["jobs"]] == [running["job_id"]]
 
@@ -188,14 +199,15 @@ async def test_wait_returns_the_running_job_after_its_timeout(tmp_path: Path) ->
     async with job_daemon(tmp_path) as client:
         job = await client.start(["sleep", "30"])
         waited = await client.wait(job["job_id"], timeout_s=0.1)
-        assert waited["state"] == "running" and waited["ended_at"] is None
+        assert waited["state"] == "running"
+        assert waited["ended_at"] is None
 
 
 async def test_run_as_user_when_the_daemon_is_root(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("run_as applies only when the daemon runs as root")
     nobody = pwd.getpwnam("nobody")
-    async with job_daemon(tmp_path, **{"jobs.run_as": "nobody"}) as client:
+    async with job_daemon(tmp_path, {"jobs.run_as": "nobody"}) as client:
         job = await client.wait((await client.start(["sh", "-c", "id -u; pwd"]))["job_id"])
         out = (await client.log(job["job_id"])).decode().split()
         assert out[0] == str(nobody.pw_uid)
@@ -205,7 +217,8 @@ async def test_run_as_user_when_the_daemon_is_root(tmp_path: Path) -> None:
 async def test_an_unknown_program_fails_with_the_reason(tmp_path: Path) -> None:
     async with job_daemon(tmp_path) as client:
         job = await client.wait((await client.start(["/no/such/program"]))["job_id"])
-        assert job["state"] == "failed" and job["exit_code"] is None
+        assert job["state"] == "failed"
+        assert job["exit_code"] is None
         assert "cannot start '/no/such/program'" in job["reason"]
 
 
