@@ -20,7 +20,6 @@ from node.jobs.client import (
     ENDED_STATES,
     Endpoint,
     JobClientError,
-    JobRequestError,
     apply_record,
     base_url,
     endpoint_of,
@@ -35,6 +34,11 @@ from node.jobs.client import (
 )
 
 ROLES = frozenset({"training", "inference", "selfplay", "any"})
+KILL_GRACE_S = 10.0
+"""The grace the contract names as the default of a kill without one."""
+KILL_SETTLE_S = 30.0
+"""How long after the grace a killed job may take to be reported ended before terminate
+gives up with JobWaitTimeoutError."""
 DEPLOY_ISSUE = "issue 14 (SSH executor, `shoal deploy`, node providers)"
 
 
@@ -295,22 +299,20 @@ async def download_async(state: dict[str, Any], remote: str, local: str) -> Path
 async def terminate_async(
     state: dict[str, Any], signal: str = "TERM", grace_s: float | None = None
 ) -> dict[str, Any]:
-    """Send `signal` to the job's whole process group (SIGKILL after the grace) unless it has
-    already ended; returns its record."""
+    """Send `signal` to the job's whole process group (SIGKILL after the grace, default the
+    node's) and wait until it has ended; returns the final record. A job that already ended is
+    left as it is."""
     if state.get("status") in ENDED_STATES and state.get("record"):
         return dict(state["record"])
     body: dict[str, Any] = {"signal": signal}
     if grace_s is not None:
         body["grace_s"] = grace_s
-    path = f"/v1/jobs/{state['job_id']}/kill"
-    timeout_s = (10.0 if grace_s is None else grace_s) + float(state["request_timeout_s"])
-    try:
-        record = await request_json(endpoint_of(state), "POST", path, body, timeout_s=timeout_s)
-    except JobRequestError as exc:
-        if exc.status != 409:
-            raise
-        return await fetch_record(state)  # it ended on its own meanwhile
-    return apply_record(state, record)
+    endpoint = endpoint_of(state)
+    record = await request_json(endpoint, "POST", f"/v1/jobs/{state['job_id']}/kill", body)
+    if apply_record(state, record).get("state") in ENDED_STATES:
+        return dict(state["record"])
+    bound_s = (KILL_GRACE_S if grace_s is None else grace_s) + KILL_SETTLE_S
+    return await wait_record(state, min(2.0, bound_s), bound_s)
 
 
 async def remove_job_async(state: dict[str, Any]) -> None:

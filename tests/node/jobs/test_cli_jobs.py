@@ -116,7 +116,7 @@ def test_logs_tail_stderr_and_follow(node: ServedNode) -> None:
 def test_kill_ends_a_running_job_killed_and_wait_says_so(node: ServedNode) -> None:
     job_id = start(node, "sh", "-c", "trap '' TERM; while :; do sleep 0.1; done")
     killed = as_json(shoal(node, "jobs", "kill", job_id, "--grace", "0.5", "--json"))
-    assert killed["job_id"] == job_id
+    assert (killed["job_id"], killed["state"]) == (job_id, "killed")
     waited = shoal(node, "jobs", "wait", job_id)
     assert waited.returncode == 1
     assert f"job {job_id} ended killed" in waited.stderr

@@ -195,6 +195,26 @@ async def test_the_server_reason_is_in_the_error() -> None:
     assert caught.value.status == 404
 
 
+async def test_a_start_whose_answer_is_lost_is_retried_with_the_same_job_id() -> None:
+    seen: list[str] = []
+
+    async def jobs(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body["job_id"])
+        if len(seen) == 1:
+            assert request.transport is not None
+            request.transport.abort()  # the job may have started; its answer is lost
+        return web.json_response({**body, "state": "running"}, status=201)
+
+    async with fake_node(jobs) as fake:
+        state = make_job_state()
+        deploy = DeploySpec(node_url=fake["node_url"])
+        record = await start_job_async(deploy, JobSpec(("true",)), state)
+    assert len(seen) == 2
+    assert seen[0] == seen[1] == record["job_id"] == state["job_id"]
+    assert state["status"] == "running"
+
+
 async def test_wait_gives_up_after_its_timeout() -> None:
     async def running(request: web.Request) -> web.Response:
         return web.json_response({"job_id": "j-fake", "state": "running"})
@@ -292,10 +312,11 @@ def test_terminate_ends_a_term_ignoring_job_killed(node: ServedNode) -> None:
     start_job(node.deploy(), JobSpec(command), state)
     with contextlib.closing(stream_logs(state)) as lines:
         assert next(lines) == "ready"
-    terminate(state, grace_s=0.5)
+    final = terminate(state, grace_s=0.5)
+    assert final["state"] == state["status"] == "killed"  # terminate returns once it ended
+    assert final["signal"] == "SIGKILL"  # TERM was ignored; KILL after the grace
     with pytest.raises(JobEndedError, match="killed"):
         wait_for_completion(state, poll_interval=0.5, timeout_s=60)
-    assert state["status"] == "killed"
 
 
 def test_run_job_kills_a_job_still_running_at_exit_unless_keep_alive(node: ServedNode) -> None:
