@@ -4,12 +4,16 @@ kill. The daemon side lives here; the client API is `node.jobs.api`."""
 
 from __future__ import annotations
 
+from node.jobs.gang import GangService, gang_master_port, pick_members
 from node.jobs.http import JobRoutes, job_route_docs
 from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
 from node.jobs.service import JobService
+from node.jobs.setup import JobApi, open_job_service
 from node.jobs.store import JobEntry, JobStore
 
 __all__ = [
+    "GangService",
+    "JobApi",
     "JobEntry",
     "JobError",
     "JobRequest",
@@ -17,8 +21,11 @@ __all__ = [
     "JobService",
     "JobState",
     "JobStore",
+    "gang_master_port",
     "job_route_docs",
+    "open_job_service",
     "parse_job_request",
+    "pick_members",
 ]
 
 # --- client API (node.jobs.api, owned by the jobs client work): the integrator adds its

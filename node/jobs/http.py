@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -30,7 +30,7 @@ DEFAULT_WAIT_S = 30.0
 TAIL_SCAN_BYTES = 1 << 16
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-StartFn = Callable[[dict[str, Any]], Awaitable[tuple[dict[str, Any], bool]]]
+StartFn = Callable[[dict[str, Any], Mapping[str, str]], Awaitable[tuple[dict[str, Any], bool]]]
 
 
 def job_error_response(error: JobError) -> web.Response:
@@ -120,9 +120,11 @@ class JobRoutes:
             web.get(f"{JOB_PATH}/files", answers_errors(self.handle_files)),
         ]
 
-    async def start_single(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    async def start_single(
+        self, body: dict[str, Any], headers: Mapping[str, str]
+    ) -> tuple[dict[str, Any], bool]:
         request = parse_job_request(body)
-        if request.nodes != 1:
+        if request.nodes != 1 or request.gang is not None:
             raise JobError(
                 400, "gang_unavailable", "this node runs single-node jobs only (nodes: 1)"
             )
@@ -133,7 +135,7 @@ class JobRoutes:
         body = await json_body(request)
         if not isinstance(body, dict):
             raise JobError(400, "invalid_job", "expected a JSON object with argv (a list)")
-        record, created = await self.start(body)
+        record, created = await self.start(body, request.headers)
         return web.json_response(record, status=201 if created else 200)
 
     async def handle_list(self, request: web.Request) -> web.Response:

@@ -66,6 +66,9 @@ class JobRequest:
     nodes: int = 1
     role: str = "any"
     env_from: str | None = None
+    gang: Mapping[str, Any] | None = None
+    """Set on a member of a gang job (by the node that started the gang): job_id, rank,
+    nodes, master_addr, master_port, owner."""
 
     def spec(self) -> dict[str, Any]:
         """Everything but the id: two requests with one id must have equal specs."""
@@ -78,6 +81,7 @@ class JobRequest:
             "nodes": self.nodes,
             "role": self.role,
             "env_from": self.env_from,
+            "gang": None if self.gang is None else dict(self.gang),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,6 +112,7 @@ def parse_job_request(body: object) -> JobRequest:
     if not isinstance(body, Mapping):
         raise invalid("expected a JSON object with argv (a list of strings)")
     known = {"job_id", "name", "argv", "env", "cwd", "timeout_s", "nodes", "role", "env_from"}
+    known.add("gang")
     unknown = sorted(set(body) - known)
     if unknown:
         raise invalid(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -149,6 +154,9 @@ def parse_job_request(body: object) -> JobRequest:
     env_from = body.get("env_from")
     if env_from not in (None, "rendezvous"):
         raise invalid('env_from must be "rendezvous" or absent')
+    gang = body.get("gang")
+    if gang is not None:
+        gang = parse_gang_member(gang)
     return JobRequest(
         job_id=job_id,
         name=name,
@@ -159,7 +167,40 @@ def parse_job_request(body: object) -> JobRequest:
         nodes=nodes,
         role=str(role),
         env_from=env_from,
+        gang=gang,
     )
+
+
+GANG_FIELDS = {"job_id": str, "rank": int, "nodes": int, "master_addr": str, "master_port": int}
+
+
+def parse_gang_member(gang: object) -> dict[str, Any]:
+    """The `gang` part of a member start (sent by the node that runs the gang)."""
+    if not isinstance(gang, Mapping):
+        raise invalid("gang must be an object")
+    for name, kind in GANG_FIELDS.items():
+        value = gang.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise invalid(f"gang.{name} must be a {kind.__name__}")
+    if not 0 <= gang["rank"] < gang["nodes"]:
+        raise invalid("gang.rank must be from 0 to nodes - 1")
+    owner = gang.get("owner")
+    if owner is not None and not isinstance(owner, str):
+        raise invalid("gang.owner must be a node id")
+    return {**{name: gang[name] for name in GANG_FIELDS}, "owner": owner}
+
+
+def gang_env(gang: Mapping[str, Any] | None) -> dict[str, str]:
+    """The variables a gang member's job gets (empty for a single-node job)."""
+    if gang is None:
+        return {}
+    return {
+        "SHOAL_JOB_ID": str(gang["job_id"]),
+        "SHOAL_NODE_RANK": str(gang["rank"]),
+        "SHOAL_NODES_NUM": str(gang["nodes"]),
+        "MASTER_ADDR": str(gang["master_addr"]),
+        "MASTER_PORT": str(gang["master_port"]),
+    }
 
 
 def request_from_dict(data: Mapping[str, Any]) -> JobRequest:

@@ -14,16 +14,16 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from config import JobSettings
 from node.jobs.policy import RunAs, job_env, resolve_program, resolve_run_as
-from node.jobs.records import JobError, JobRequest, JobState, new_job_id
+from node.jobs.records import JobError, JobRequest, JobState, gang_env, new_job_id
 from node.jobs.store import JobEntry, JobStore, supervisor_alive
 from node.jobs.supervise import __file__ as SUPERVISOR_FILE
-from wal import WalEntry, WriteAheadLog
+from wal import RecoveryHandler, WalEntry, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +95,27 @@ class JobService:
         """Jobs between their record and their supervisor's start: not probed as lost."""
         self._closed = False
         self.on_end: list[Callable[[JobEntry], None]] = []
-        """Called once for every job the watcher sees end (gang jobs react to members)."""
+        """Called once for every job the watcher sees end."""
+        self.gang_kill: Callable[[JobEntry, str, float], Awaitable[None]] | None = None
+        """Kills every member of a gang job (set by the gang service)."""
 
     # lifecycle
 
-    async def open(self, wal: WriteAheadLog) -> None:
-        """Load every job directory, finish WAL operations cut off by a crash, decide which
-        jobs ended while the daemon was down, and start watching."""
+    async def open(
+        self, wal: WriteAheadLog, recovery: Mapping[str, RecoveryHandler] | None = None
+    ) -> None:
+        """Load every job directory, finish WAL operations cut off by a crash (`recovery` adds
+        handlers of other entry types), decide which jobs ended while the daemon was down,
+        and start watching."""
         self._wal = wal
         for entry in await asyncio.to_thread(self.store.open):
             self._entries[entry.job_id] = entry
-        result = await wal.recover({JOB_START: self._recover_start, JOB_KILL: self._recover_kill})
+        handlers = {
+            JOB_START: self._recover_start,
+            JOB_KILL: self._recover_kill,
+            **(recovery or {}),
+        }
+        result = await wal.recover(handlers)
         log.info("jobs: %d jobs on record, WAL recovery: %s", len(self._entries), result)
         self.poll_once(probe=True)
         self._watcher = asyncio.create_task(self._watch(), name="jobs-watcher")
@@ -233,7 +243,12 @@ class JobService:
             if self._run_as is not None:
                 os.chown(entry.work_dir, self._run_as.uid, self._run_as.gid)
                 os.chown(cwd, self._run_as.uid, self._run_as.gid)
-        shoal = {"SHOAL_JOB_ID": entry.job_id, "SHOAL_DAEMON_URL": self._daemon_url(), **extra_env}
+        shoal = {
+            "SHOAL_JOB_ID": entry.job_id,
+            "SHOAL_DAEMON_URL": self._daemon_url(),
+            **extra_env,
+            **gang_env(entry.request.gang),
+        }
         env = job_env(
             entry.request, base=self._base_env, rendezvous={}, shoal=shoal, run_as=self._run_as
         )
@@ -285,6 +300,13 @@ class JobService:
             return entry
         wal = self._open_wal()
         payload = {"job_id": job_id, "signal": signal_name, "grace_s": grace_s}
+        if entry.gang is not None:
+            if self.gang_kill is None:
+                raise JobError(503, "jobs_unavailable", "gang jobs are not running on this node")
+            entry_id = await wal.append(JOB_KILL, payload)
+            await self.gang_kill(entry, signal_name, grace_s)
+            await wal.commit(entry_id)
+            return entry
         entry_id = await wal.append(JOB_KILL, payload)
         await asyncio.to_thread(self.store.write_kill, entry, signal_name, grace_s)
         await wal.commit(entry_id)
@@ -332,6 +354,8 @@ class JobService:
         if now - self._last_probe >= PROBE_INTERVAL_S:
             probe, self._last_probe = True, now
         for entry in list(self._entries.values()):
+            if entry.gang is not None:
+                continue  # a gang's record: its members run on their nodes (see gang.py)
             supervisor = entry.supervisor
             exited = supervisor is not None and supervisor.poll() is not None
             if exited:
@@ -400,6 +424,23 @@ class JobService:
         signal_name = str(wal_entry.payload["signal"])
         grace_s = float(wal_entry.payload["grace_s"])
         await asyncio.to_thread(self.store.write_kill, entry, signal_name, grace_s)
+
+    async def reserve(self, request: JobRequest) -> tuple[JobEntry, bool]:
+        """Record a job that runs elsewhere (a gang's own record on the node that received it):
+        (new entry, True), or (the existing entry with the same spec, False)."""
+        assert request.job_id is not None
+        async with self._lock:
+            if request.job_id in self._entries:
+                return self._existing(request), False
+            entry = await asyncio.to_thread(self.store.create, request, time.time())
+            entry.gang = {"members": [], "started_at": None}
+            await asyncio.to_thread(self.store.write_gang, entry)
+            self._entries[request.job_id] = entry
+            return entry, True
+
+    def open_wal(self) -> WriteAheadLog:
+        """The WAL (JobError 503 before open or after close)."""
+        return self._open_wal()
 
     def _open_wal(self) -> WriteAheadLog:
         if self._wal is None or self._closed:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from node.election.plan import RolePlan
 from node.election.service import Coordination, rendezvous_document
+from node.jobs.gang import GangService
 from node.jobs.http import JobRoutes, job_route_docs
 from node.jobs.policy import rendezvous_env
 from node.jobs.service import JobService
@@ -32,18 +34,21 @@ def local_daemon_url(runtime: NodeRuntime) -> str:
 class JobApi:
     """The job service plus its HTTP routes, as the daemon holds them."""
 
-    def __init__(self, service: JobService, routes: JobRoutes) -> None:
+    def __init__(self, service: JobService, gangs: GangService) -> None:
         self.service = service
-        self._routes = routes
+        self.gangs = gangs
+        self._routes = JobRoutes(service, start=gangs.start)
 
     def routes(self) -> list[web.RouteDef]:
-        return self._routes.routes()
+        return [*self.gangs.routes(), *self._routes.routes()]
 
     @staticmethod
     def docs() -> list[RouteDoc]:
-        return job_route_docs()
+        return [*GangService.docs(), *job_route_docs()]
 
     async def close(self) -> None:
+        """Stop watching gangs and jobs; jobs keep running. Idempotent."""
+        await self.gangs.close()
         await self.service.close()
 
 
@@ -52,10 +57,12 @@ async def open_job_service(
 ) -> JobApi:
     """Open the job store (re-attaching to running jobs) and build the job routes."""
 
-    def node_rendezvous() -> dict[str, str]:
+    def plan() -> RolePlan | None:
         elector = coordination.elector
-        plan = elector.plan if elector is not None else None
-        return rendezvous_env(rendezvous_document(plan, runtime.node_id))
+        return elector.plan if elector is not None else None
+
+    def node_rendezvous() -> dict[str, str]:
+        return rendezvous_env(rendezvous_document(plan(), runtime.node_id))
 
     service = JobService(
         runtime.node_id,
@@ -64,6 +71,13 @@ async def open_job_service(
         daemon_url=lambda: local_daemon_url(runtime),
         rendezvous_env=node_rendezvous,
     )
-    await service.open(wal)
+    gangs = GangService(runtime, service, plan, secret)
+    try:
+        await service.open(wal, gangs.recovery())
+        await gangs.open()
+    except BaseException:
+        await gangs.close()
+        await service.close()
+        raise
     runtime.jobs = service.summary
-    return JobApi(service, JobRoutes(service))
+    return JobApi(service, gangs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from node.jobs.records import JobRequest, JobState, request_from_dict, state_of
 from node.jobs.supervise import process_start_ticks, read_json, write_json_atomic
 
 STREAMS = ("stdout", "stderr")
+log = logging.getLogger(__name__)
 
 
 def supervisor_alive(job_dir: Path) -> bool:
@@ -136,7 +138,13 @@ class JobStore:
         self.root.mkdir(parents=True, exist_ok=True)
         entries = []
         for directory in sorted(self.root.iterdir()):
-            entry = self.load(directory)
+            if not directory.is_dir():
+                continue
+            try:
+                entry = self.load(directory)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("jobs: skipping %s, its files are unreadable: %s", directory, exc)
+                continue
             if entry is not None:
                 entries.append(entry)
         return entries
@@ -154,6 +162,8 @@ class JobStore:
             gang=read_json(directory / "gang.json"),
         )
         entry.refresh()
+        if entry.gang is not None and entry.gang.get("started_at"):
+            entry.started = {"started_at": entry.gang["started_at"], "pid": None}
         return entry
 
     def create(self, request: JobRequest, created_at: float) -> JobEntry:

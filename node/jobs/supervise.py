@@ -162,12 +162,12 @@ class Supervisor:
             },
         )
         timeout_s = self.launch.get("timeout_s")
-        deadline = started_at + float(timeout_s) if timeout_s else None
+        deadline = time.monotonic() + float(timeout_s) if timeout_s else None
         while True:
             self.pump(POLL_S)
             if self.reap():
                 break
-            now = time.time()
+            now = time.monotonic()
             if self.ending is None:
                 request = read_json(self.job_dir / "kill.json")
                 if request is not None:
@@ -242,7 +242,7 @@ class Supervisor:
         self.ending = ending
         self.ending_signal = signal_name
         self.signal_group(signal.Signals[signal_name])
-        self.kill_deadline = time.time() + max(grace_s, 0.0)
+        self.kill_deadline = time.monotonic() + max(grace_s, 0.0)
 
     def signal_group(self, sig: signal.Signals) -> None:
         assert self.child is not None

@@ -13,8 +13,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from config import JobSettings
-from node.jobs import JobRoutes, JobService, job_route_docs
+from health import BreakerConfig, BreakerRegistry
+from node.jobs import JobService
+from node.jobs.gang import GangService
+from node.jobs.setup import JobApi
+from node.runtime import NodeRuntime
+from tests.node.daemons import test_settings
 from tests.node.jobs.helpers import JobClient, job_daemon, process_group_members, process_state
 
 
@@ -222,14 +226,33 @@ async def test_an_unknown_program_fails_with_the_reason(tmp_path: Path) -> None:
         assert "cannot start '/no/such/program'" in job["reason"]
 
 
-async def test_openapi_lists_every_job_route() -> None:
+async def test_openapi_lists_every_job_route(tmp_path: Path) -> None:
+    settings = test_settings(tmp_path, "n")
+    breakers = BreakerRegistry(BreakerConfig())
+    runtime = NodeRuntime(settings, "n", "127.0.0.1", "0", breakers)
+    service = JobService("n", settings.jobs, tmp_path / "jobs", daemon_url=lambda: "x")
+    api = JobApi(service, GangService(runtime, service, lambda: None, None))
     app = web.Application()
-    service = JobService("n", JobSettings(), Path("/nonexistent"), daemon_url=lambda: "x")
-    app.router.add_routes(JobRoutes(service).routes())
+    app.router.add_routes(api.routes())
     served = {
         (route.method, route.resource.canonical)
         for route in app.router.routes()
         if route.resource is not None and route.method != "HEAD"
     }
-    documented = {(doc.method, doc.path) for doc in job_route_docs()}
-    assert served == documented
+    assert served == {(doc.method, doc.path) for doc in api.docs()}
+    assert ("POST", "/v1/jobs/gang/pick") in served
+
+
+ESCAPER = (
+    "import subprocess\n"
+    "child = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+    "print(child.pid, flush=True)\n"
+)
+
+
+async def test_processes_that_left_the_group_end_with_the_job(tmp_path: Path) -> None:
+    async with job_daemon(tmp_path) as client:
+        job = await client.wait((await client.start([sys.executable, "-c", ESCAPER]))["job_id"])
+        assert job["state"] == "succeeded"
+        escaped = int((await client.log(job["job_id"])).decode())
+        assert process_state(escaped) is None, "a process of the job outlived it"
