@@ -129,12 +129,26 @@ async def _copy(chunks: AsyncIterator[bytes], out: IO[bytes]) -> None:
 
 async def _follow_and_wait(state: dict[str, Any]) -> dict[str, Any]:
     """Copy the job's stdout and stderr to ours until it ends; its final record."""
-    if (state.get("record") or {}).get("members") is None:
+    if (state.get("record") or {}).get("gang") is None:
         await asyncio.gather(
             _copy(log_chunks_async(state, "stdout"), sys.stdout.buffer),
             _copy(log_chunks_async(state, "stderr"), sys.stderr.buffer),
         )
-    return await wait_record(state, WAIT_POLL_S, None)
+        return await wait_record(state, WAIT_POLL_S, None)
+    record = await wait_record(state, WAIT_POLL_S, None)  # members' logs stay on their nodes
+    for member in gang_members(record):
+        err_console.print(member, markup=False, highlight=False, soft_wrap=True)
+    return record
+
+
+def gang_members(record: Mapping[str, Any]) -> list[str]:
+    """One line per member of a gang job's record: rank, node, member job id, state, exit."""
+    members = (record.get("gang") or {}).get("members") or []
+    return [
+        f"rank {m.get('rank')} on {m.get('node')}: job {m.get('job_id')} {m.get('state')} "
+        f"(exit code {m.get('exit_code')})"
+        for m in members
+    ]
 
 
 def _wait_interrupted(state: Mapping[str, Any]) -> NoReturn:
@@ -160,6 +174,10 @@ def jobs_run(
         list[str] | None, typer.Option("--env", help="KEY=VALUE added to the environment.")
     ] = None,
     cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory on the node.")] = None,
+    env_from: Annotated[
+        str | None,
+        typer.Option("--env-from", help="rendezvous: add the node's training rendezvous."),
+    ] = None,
     timeout: Annotated[
         float | None, typer.Option("--timeout", min=0.001, help="Seconds before timed_out.")
     ] = None,
@@ -172,7 +190,9 @@ def jobs_run(
     """Start ARGV (a list, never a shell string) on a node; print its id, or with --wait
     stream its output and exit with its exit code."""
     try:
-        spec = JobSpec(tuple(argv), _parse_env(env), timeout, None, name, nodes, role)
+        spec = JobSpec(
+            tuple(argv), _parse_env(env), timeout, None, name, nodes, role, env_from=env_from
+        )
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     deploy = DeploySpec(
@@ -259,11 +279,8 @@ def jobs_status(
         table.add_row(key, _when(record.get(key)))
     sizes = record.get("log_bytes") or {}
     table.add_row("log bytes", f"stdout {sizes.get('stdout')}, stderr {sizes.get('stderr')}")
-    for member in record.get("members") or []:
-        table.add_row(
-            f"member {member.get('rank', '?')}",
-            f"{member.get('node')}: {member.get('state')} (exit {member.get('exit_code')})",
-        )
+    for line in gang_members(record):
+        table.add_row("gang member", line)
     console.print(table)
 
 

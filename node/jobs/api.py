@@ -60,7 +60,8 @@ class GPUQuery:
 class JobSpec:
     """What to run: an argv tuple (never a shell string), extra environment, a timeout in
     seconds, and `log_file`, a local file `stream_logs` appends every line it yields to.
-    `nodes` > 1 makes a gang job of that many nodes of `role`."""
+    `nodes` > 1 makes a gang job of that many nodes of `role`; `env_from="rendezvous"` adds the
+    node's training rendezvous to the environment; `job_id` defaults to a fresh one."""
 
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
@@ -70,6 +71,7 @@ class JobSpec:
     nodes: int = 1
     role: str | None = None
     job_id: str | None = None
+    env_from: str | None = None
 
     def __post_init__(self) -> None:
         given: object = self.command
@@ -92,6 +94,8 @@ class JobSpec:
             raise ValueError(f"JobSpec.nodes must be at least 1, got {self.nodes}")
         if self.role is not None and self.role not in ROLES:
             raise ValueError(f"JobSpec.role must be one of {sorted(ROLES)}, got {self.role!r}")
+        if self.env_from not in (None, "rendezvous"):
+            raise ValueError(f"JobSpec.env_from must be 'rendezvous', got {self.env_from!r}")
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,8 @@ def start_body(job: JobSpec, deploy: DeploySpec, job_id: str) -> dict[str, Any]:
         body["nodes"] = job.nodes
     if job.role is not None:
         body["role"] = job.role
+    if job.env_from is not None:
+        body["env_from"] = job.env_from
     return body
 
 

@@ -3,6 +3,7 @@ cluster secret, reached through the config file."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from node.cli.jobs import exit_status
+from node.cli.jobs import exit_status, gang_members
 from tests.node.jobs.client_daemon import ROOT, ServedNode, child_env, served_node
+from tests.node.jobs.test_gang import RANK_ONE_FAILS, cluster, coordinator_and_other
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,6 +61,43 @@ def test_exit_status_is_what_a_shell_would_say() -> None:
     assert (code, message) == (143, "job j died of signal SIGTERM")
     code, message = exit_status({"job_id": "j", "state": "lost", "reason": "supervisor gone"})
     assert (code, message) == (1, "job j ended lost: supervisor gone")
+
+
+def test_gang_members_are_one_line_each() -> None:
+    record = {
+        "gang": {
+            "members": [
+                {"rank": 0, "node": "n2", "job_id": "g.0", "state": "killed", "exit_code": None},
+                {"rank": 1, "node": "n1", "job_id": "g.1", "state": "failed", "exit_code": 3},
+            ]
+        }
+    }
+    assert gang_members(record) == [
+        "rank 0 on n2: job g.0 killed (exit code None)",
+        "rank 1 on n1: job g.1 failed (exit code 3)",
+    ]
+    assert gang_members({"state": "running"}) == []
+
+
+@pytest.mark.timeout(240)
+async def test_run_wait_of_a_gang_exits_with_the_failing_members_code(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as clients:
+        _, receiver = await coordinator_and_other(clients)
+        config = tmp_path / "cli.yaml"
+        config.write_text(json.dumps({"secret_file": str(tmp_path / "secret")}))
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "node", "jobs", "run", "--config", str(config),
+            "--node", clients[receiver].base, "--nodes", "3", "--wait",
+            "--", sys.executable, "-c", RANK_ONE_FAILS,
+            cwd=ROOT, env=child_env(),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 180)
+    stderr = err.decode()
+    assert process.returncode == 3, stderr
+    assert out == b""
+    assert "failed (exit code 3)" in stderr
+    assert stderr.count(" killed (exit code None)") == 2
 
 
 def test_run_wait_streams_the_output_and_exits_with_the_job_exit_code(node: ServedNode) -> None:
@@ -161,6 +200,7 @@ def test_download_verifies_and_rm_removes(node: ServedNode, tmp_path: Path) -> N
     [
         (("jobs", "run", "--env", "NOEQUALS", "--", "true"), 2, "--env must be KEY=VALUE"),
         (("jobs", "run", "--role", "chef", "--", "true"), 2, "JobSpec.role must be one of"),
+        (("jobs", "run", "--env-from", "rendezvous", "--", "true"), 1, ": 409: "),
         (("jobs", "status", "j-does-not-exist"), 1, "404"),
         (("jobs", "kill", "j-does-not-exist"), 1, "404"),
     ],

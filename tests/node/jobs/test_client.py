@@ -74,6 +74,8 @@ def test_jobspec_takes_an_argv_tuple_never_a_shell_string() -> None:
         JobSpec(("true",), role="chef")
     with pytest.raises(ValueError, match="timeout"):
         JobSpec(("true",), timeout=0)
+    with pytest.raises(ValueError, match="env_from"):
+        JobSpec(("true",), env_from="inventory")
     assert JobSpec(["echo", "hi"]).command == ("echo", "hi")  # type: ignore[arg-type]
 
 
@@ -85,7 +87,14 @@ def test_deployspec_takes_at_most_one_placement() -> None:
 
 
 def test_start_body_is_the_contract_body() -> None:
-    job = JobSpec(("python", "train.py"), env={"A": "1"}, timeout=5.0, nodes=3, role="training")
+    job = JobSpec(
+        ("python", "train.py"),
+        env={"A": "1"},
+        timeout=5.0,
+        nodes=3,
+        role="training",
+        env_from="rendezvous",
+    )
     body = start_body(job, DeploySpec(workspace="/w"), "j-1")
     assert body == {
         "job_id": "j-1",
@@ -96,6 +105,7 @@ def test_start_body_is_the_contract_body() -> None:
         "timeout_s": 5.0,
         "nodes": 3,
         "role": "training",
+        "env_from": "rendezvous",
     }
     assert start_body(JobSpec(("/bin/true",)), DeploySpec(), "j-2") == {
         "job_id": "j-2",
