@@ -110,6 +110,12 @@ def test_run_wait_streams_the_output_and_exits_with_the_job_exit_code(node: Serv
     assert "oops\n" in result.stderr
     ok = shoal(node, "jobs", "run", "--wait", "--", "echo", "fine")
     assert (ok.returncode, ok.stdout) == (0, "fine\n")
+    quiet = shoal(node, "jobs", "run", "--wait", "--json", "--", "sh", "-c", "echo x; exit 5")
+    assert quiet.returncode == 5
+    assert (json.loads(quiet.stdout)["state"], json.loads(quiet.stdout)["exit_code"]) == (
+        "failed",
+        5,
+    )
 
 
 def test_run_wait_reports_a_signal_death_like_a_shell(node: ServedNode) -> None:

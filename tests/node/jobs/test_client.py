@@ -18,10 +18,13 @@ from node.jobs.api import (
     DeploySpec,
     GPUQuery,
     JobSpec,
+    attach_job,
     download,
     download_async,
+    list_jobs,
     make_job_state,
     poll_status,
+    remove_job,
     run_job,
     run_job_async,
     start_body,
@@ -350,6 +353,23 @@ def test_a_retried_start_is_harmless_and_a_different_spec_under_its_id_is_409(
     with pytest.raises(JobRequestError) as caught:
         start_job(node.deploy(), JobSpec(("false",), job_id="j-retry-1"), make_job_state())
     assert caught.value.status == 409
+
+
+def test_attach_list_and_remove_an_ended_job(node: ServedNode) -> None:
+    started = make_job_state()
+    start_job(node.deploy(), JobSpec(("true",), name="to-remove"), started)
+    assert wait_for_completion(started, poll_interval=0.5) == 0
+    state = attach_job(node.deploy(), started["job_id"])
+    assert (state["status"], state["record"]) == ("pending", None)  # nothing asked yet
+    assert poll_status(state) == "succeeded"
+    assert state["record"]["name"] == "to-remove"
+    listed = [job["job_id"] for job in list_jobs(node.deploy(), "succeeded")]
+    assert started["job_id"] in listed
+    assert started["job_id"] not in [job["job_id"] for job in list_jobs(node.deploy(), "failed")]
+    remove_job(state)
+    with pytest.raises(JobRequestError) as caught:
+        poll_status(state)
+    assert caught.value.status == 404
 
 
 def test_requests_are_signed_and_an_unsigned_one_is_refused(node: ServedNode) -> None:
