@@ -87,6 +87,10 @@ def test_deployspec_takes_at_most_one_placement() -> None:
         DeploySpec(node_url="http://127.0.0.1:1", node_id="n2")
     with pytest.raises(TypeError, match="bootstrap"):
         DeploySpec(bootstrap="make setup")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="absolute workspace"):
+        DeploySpec(bootstrap=("make", "setup"), workspace="run7")
+    with pytest.raises(ValueError, match="absolute workspace"):
+        DeploySpec(bootstrap=("make", "setup"))
 
 
 def test_start_body_is_the_contract_body() -> None:
