@@ -81,7 +81,8 @@ def test_gang_members_are_one_line_each() -> None:
 
 @pytest.mark.timeout(240)
 async def test_run_wait_of_a_gang_exits_with_the_failing_members_code(tmp_path: Path) -> None:
-    async with cluster(tmp_path) as clients:
+    async with cluster(tmp_path) as three:
+        clients = three.clients
         _, receiver = await coordinator_and_other(clients)
         config = tmp_path / "cli.yaml"
         config.write_text(json.dumps({"secret_file": str(tmp_path / "secret")}))
