@@ -3,6 +3,7 @@ its pure parts (specs, exit codes, hashes) without one; error handling against a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import sys
@@ -303,6 +304,33 @@ async def test_a_followed_log_cut_over_100_times_resumes_byte_identical(
         lines = [line async for line in stream_logs_async(state)]
     assert proxy.cuts >= 100
     assert lines == expected
+
+
+@pytest.mark.parametrize("kill", [True, False], ids=["sigkill", "sigterm"])
+async def test_a_followed_log_goes_on_across_a_daemon_restart(tmp_path: Path, kill: bool) -> None:
+    program = (
+        "import time\nfor i in range(60):\n    print(f'tick {i}', flush=True); time.sleep(0.05)\n"
+    )
+    with served_node(tmp_path / "restarted") as node:
+        state = make_job_state()
+        await start_job_async(node.deploy(), JobSpec((sys.executable, "-c", program)), state)
+        lines: list[str] = []
+        five = asyncio.Event()
+
+        async def follow() -> None:
+            async for line in stream_logs_async(state):
+                lines.append(line)
+                if len(lines) == 5:
+                    five.set()
+
+        follower = asyncio.create_task(follow())
+        await asyncio.wait_for(five.wait(), 60)
+        await asyncio.to_thread(node.stop, kill)  # either way the job keeps running
+        await asyncio.sleep(1.0)  # the follower retries against a closed port meanwhile
+        await asyncio.to_thread(node.start)
+        await asyncio.wait_for(follower, 60)
+        assert lines == [f"tick {i}" for i in range(60)]
+        assert await wait_for_completion_async(state, poll_interval=0.5) == 0
 
 
 def test_download_fetches_a_verified_file_and_refuses_an_escape(
