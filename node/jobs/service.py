@@ -94,6 +94,8 @@ class JobService:
         self._starting: set[str] = set()
         """Jobs between their record and their supervisor's start: not probed as lost."""
         self._closed = False
+        self.watch_error: str | None = None
+        """Why the last look at the job files failed (None: it worked); shown by health."""
         self.on_end: list[Callable[[JobEntry], None]] = []
         """Called once for every job the watcher sees end."""
         self.gang_kill: Callable[[JobEntry, str, float], Awaitable[None]] | None = None
@@ -348,8 +350,12 @@ class JobService:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
                 self.poll_once()
-            except OSError as exc:  # a full or broken disk: say so, keep watching
-                log.warning("jobs: watching job files failed: %s", exc)
+            except OSError as exc:  # a full or broken disk: reported to health, keep watching
+                if self.watch_error is None:
+                    log.warning("jobs: watching job files failed: %s", exc)
+                self.watch_error = f"watching job files failed: {exc}"
+            else:
+                self.watch_error = None
 
     def poll_once(self, *, probe: bool = False) -> None:
         """Reap supervisors, read results, and (every PROBE_INTERVAL_S) find jobs whose
