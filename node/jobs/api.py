@@ -393,6 +393,7 @@ def stream_logs(
         finally:
             loop.run_until_complete(lines.aclose())
             loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
 
 
 def download(state: dict[str, Any], remote: str, local: str) -> Path:
