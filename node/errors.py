@@ -14,7 +14,14 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- MasterUnreachable -- rank 0's store of a generation did not answer in time
  +-- LauncherError -- the training launcher was misused or given a rendezvous without a rank
  +-- PeerRequestError -- an HTTP request to a node failed; carries status (None: no answer)
-      +-- PeerTimeoutError (also TimeoutError) -- no answer in time
+ |    +-- PeerTimeoutError (also TimeoutError) -- no answer in time
+ +-- JobError -- a job request or operation refused (its HTTP status and code)
+ +-- JobClientError -- the job client's errors
+      +-- JobRequestError -- the node answered a job request with an error (status, reason)
+      +-- JobUnreachableError -- the node could not be reached or the connection broke
+      +-- JobEndedError -- the job ended killed, timed_out or lost: no exit code
+      +-- JobWaitTimeoutError (also TimeoutError) -- still running when the wait ran out
+      +-- DownloadHashError -- a download did not match its X-Shoal-Content-Hash
 
 `peer_error` translates aiohttp and OS errors of a request. node.startup.startup_error is the
 table of what stops a start (OSError, sqlite3, the WAL's and the record stores' errors): it lives
@@ -23,14 +30,24 @@ there so that importing node.errors (as training processes do) stays light.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import aiohttp
 
 from config import ErrorAnswer
 
 __all__ = [
     "DiscoveryError",
+    "DownloadHashError",
     "ElectionError",
     "GroupError",
+    "JobClientError",
+    "JobEndedError",
+    "JobError",
+    "JobRequestError",
+    "JobUnreachableError",
+    "JobWaitTimeoutError",
     "LauncherError",
     "MasterUnreachable",
     "MembershipError",
@@ -132,3 +149,51 @@ def peer_error(exc: BaseException, url: str) -> NodeError:
     if isinstance(exc, ValueError):
         return PeerRequestError(url, f"not a JSON answer: {exc}")
     return PeerRequestError(url, f"{type(exc).__name__}: {exc}")
+
+
+class JobError(NodeError):
+    """A job request or operation refused; `code` and `status` are what the API answers."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.code = code
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+class JobClientError(NodeError):
+    """Base of the job client's errors; the message names the node and what to do."""
+
+
+class JobRequestError(JobClientError):
+    """The node answered with an error: `status` and the server's `reason`."""
+
+    def __init__(self, url: str, status: int, reason: str) -> None:
+        super().__init__(f"{url}: {status}: {reason}")
+        self.url = url
+        self.status = status
+        self.reason = reason
+
+
+class JobUnreachableError(JobClientError):
+    """The node could not be reached or the connection broke."""
+
+
+class JobEndedError(JobClientError):
+    """The job ended killed, timed_out or lost: there is no exit code to report."""
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        reason = record.get("reason") or "no reason given"
+        super().__init__(f"job {record.get('job_id')} ended {record.get('state')}: {reason}")
+        self.record = dict(record)
+
+
+class JobWaitTimeoutError(JobClientError, TimeoutError):
+    """The job was still running when the caller's wait ran out."""
+
+
+class DownloadHashError(JobClientError):
+    """A downloaded file did not match the X-Shoal-Content-Hash the node announced."""

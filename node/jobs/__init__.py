@@ -4,6 +4,32 @@ kill. The daemon side lives here; the client API is `node.jobs.api`."""
 
 from __future__ import annotations
 
+from node.jobs.api import (
+    DeploySpec,
+    GPUQuery,
+    JobSpec,
+    attach_job,
+    attach_job_async,
+    download,
+    download_async,
+    list_jobs,
+    list_jobs_async,
+    make_job_state,
+    poll_status,
+    poll_status_async,
+    remove_job,
+    remove_job_async,
+    run_job,
+    run_job_async,
+    start_job,
+    start_job_async,
+    stream_logs,
+    stream_logs_async,
+    terminate,
+    terminate_async,
+    wait_for_completion,
+    wait_for_completion_async,
+)
 from node.jobs.gang import GangService
 from node.jobs.http import JobRoutes, job_route_docs
 from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
@@ -13,6 +39,8 @@ from node.jobs.setup import JobApi, open_job_service
 from node.jobs.store import JobEntry, JobStore
 
 __all__ = [
+    "DeploySpec",
+    "GPUQuery",
     "GangService",
     "JobApi",
     "JobEntry",
@@ -20,15 +48,34 @@ __all__ = [
     "JobRequest",
     "JobRoutes",
     "JobService",
+    "JobSpec",
     "JobState",
     "JobStore",
+    "attach_job",
+    "attach_job_async",
+    "download",
+    "download_async",
     "gang_master_port",
     "gang_outcome",
     "job_route_docs",
+    "list_jobs",
+    "list_jobs_async",
+    "make_job_state",
     "open_job_service",
     "parse_job_request",
     "pick_members",
+    "poll_status",
+    "poll_status_async",
+    "remove_job",
+    "remove_job_async",
+    "run_job",
+    "run_job_async",
+    "start_job",
+    "start_job_async",
+    "stream_logs",
+    "stream_logs_async",
+    "terminate",
+    "terminate_async",
+    "wait_for_completion",
+    "wait_for_completion_async",
 ]
-
-# --- client API (node.jobs.api, owned by the jobs client work): the integrator adds its
-# --- imports and names here, below this line.

@@ -26,7 +26,12 @@ from typing import Any, TypeVar
 import aiohttp
 
 from config import read_secret_file, signing_middleware
-from node.errors import NodeError
+from node.errors import DownloadHashError as DownloadHashError
+from node.errors import JobClientError as JobClientError
+from node.errors import JobEndedError as JobEndedError
+from node.errors import JobRequestError as JobRequestError
+from node.errors import JobUnreachableError as JobUnreachableError
+from node.errors import JobWaitTimeoutError as JobWaitTimeoutError
 
 T = TypeVar("T")
 ENDED_STATES = frozenset({"succeeded", "failed", "killed", "timed_out", "lost"})
@@ -40,41 +45,6 @@ RESUME_WINDOW_S = 30.0
 """How long a followed log keeps reconnecting without a new byte (a daemon restart takes a few
 seconds) before it gives up."""
 BROKEN = (aiohttp.ClientError, TimeoutError, OSError)
-
-
-class JobClientError(NodeError):
-    """Base of the job client's errors; the message names the node and what to do."""
-
-
-class JobRequestError(JobClientError):
-    """The node answered with an error: `status` and the server's `reason`."""
-
-    def __init__(self, url: str, status: int, reason: str) -> None:
-        super().__init__(f"{url}: {status}: {reason}")
-        self.url = url
-        self.status = status
-        self.reason = reason
-
-
-class JobUnreachableError(JobClientError):
-    """The node could not be reached or the connection broke."""
-
-
-class JobEndedError(JobClientError):
-    """The job ended killed, timed_out or lost: there is no exit code to report."""
-
-    def __init__(self, record: Mapping[str, Any]) -> None:
-        reason = record.get("reason") or "no reason given"
-        super().__init__(f"job {record.get('job_id')} ended {record.get('state')}: {reason}")
-        self.record = dict(record)
-
-
-class JobWaitTimeoutError(JobClientError, TimeoutError):
-    """The job was still running when the caller's wait ran out."""
-
-
-class DownloadHashError(JobClientError):
-    """A downloaded file did not match the X-Shoal-Content-Hash the node announced."""
 
 
 def signal_number(value: object) -> int | None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.errors import NodeError
+from node.errors import JobError as JobError
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ROLES = ("training", "inference", "selfplay", "any")
@@ -34,19 +34,6 @@ class JobState(enum.StrEnum):
     @property
     def ended(self) -> bool:
         return self not in (JobState.PENDING, JobState.RUNNING)
-
-
-class JobError(NodeError):
-    """A job request or operation refused; `code` and `status` are what the API answers."""
-
-    def __init__(self, status: int, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.code = code
-        self.reason = reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": self.code, "reason": self.reason, "status": self.status}
 
 
 def invalid(reason: str) -> JobError:
