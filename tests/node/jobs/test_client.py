@@ -47,8 +47,8 @@ from node.jobs.client import (
     job_exit_code,
     signal_number,
 )
-from sync import hash_file
 from tests.node.jobs.client_daemon import ServedNode, cutting_proxy, served_node
+from tests.sync.files_fixtures import hash_file
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from config import Role
 from health import BreakerConfig, BreakerRegistry
-from node.election.plan import Rendezvous, RolePlan
+from node.election.plan import GroupSpec, RolePlan
 from node.jobs import GangService, JobError, JobService, gang_master_port, parse_job_request
 from node.jobs.roster import gang_outcome, pick_members
 from node.runtime import NodeRuntime
@@ -34,7 +34,7 @@ PLAN = RolePlan(
     version=5,
     roles={"a": Role.INFERENCE, "b": Role.TRAINING, "c": Role.TRAINING, "d": Role.SELFPLAY},
     training_ranks=("c", "b"),
-    rendezvous=Rendezvous("10.0.0.3", 29500, 2, "gloo"),
+    group=GroupSpec("10.0.0.3", 29500, 2, "gloo"),
 )
 MEMBERS = [
     Member("a", "10.0.0.1", 1),
