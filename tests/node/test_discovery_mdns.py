@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import struct
 import sys
@@ -23,6 +24,7 @@ from zeroconf import _core as zeroconf_core
 from config import Timeouts
 from node.discovery.candidates import Advert, Candidate
 from node.discovery.feed import Discovery
+from tests.cluster.fixtures import REQUIRE_NETNS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Timeouts(mdns_s=2.0)
@@ -53,15 +55,36 @@ def _loopback_multicast_problem() -> str | None:
             sender.sendto(b"shoal", (group, receiver.getsockname()[1]))
             receiver.recv(16)
         except OSError as exc:
-            return f"multicast on {LOOPBACK} does not work on this host: {exc}"
+            return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def require_loopback_multicast(problem: str | None) -> None:
+    """Skip with `problem` as the reason, or fail when CI requires these tests to run."""
+    if problem is None:
+        return
+    if os.environ.get(REQUIRE_NETNS_ENV) == "1":
+        pytest.fail(f"mDNS tests need multicast on {LOOPBACK}: {problem} ({REQUIRE_NETNS_ENV}=1)")
+    pytest.skip(f"mDNS tests need multicast on {LOOPBACK} to reach this host: {problem}")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _needs_loopback_multicast() -> None:
-    problem = _loopback_multicast_problem()
-    if problem:
-        pytest.skip(problem)
+    require_loopback_multicast(_loopback_multicast_problem())
+
+
+def test_missing_multicast_skips_with_its_reason_or_fails_when_required(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require_loopback_multicast(None)
+    monkeypatch.delenv(REQUIRE_NETNS_ENV, raising=False)
+    with pytest.raises(
+        pytest.skip.Exception, match=r"need multicast on 127\.0\.0\.1 to reach this host: no route"
+    ):
+        require_loopback_multicast("no route")
+    monkeypatch.setenv(REQUIRE_NETNS_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=r"no route \(SHOAL_REQUIRE_NETNS=1\)"):
+        require_loopback_multicast("no route")
 
 
 @pytest.fixture(autouse=True)
@@ -166,6 +189,7 @@ import asyncio, sys
 from zeroconf import _core
 from config import Timeouts
 from node.discovery.feed import Discovery
+from tests.cluster.fixtures import REQUIRE_NETNS_ENV
 from node.discovery.candidates import Advert
 
 for name, value in {fast!r}.items():
@@ -209,7 +233,7 @@ async def test_nodes_in_two_processes_find_each_other(cluster: str) -> None:
                         assert line, f"the child exited early after printing {lines!r}"
                         lines.append(line)
 
-                await asyncio.wait_for(loop(), limit_s)
+                await asyncio.wait_for(loop(), timeout_s)
 
             await read_until(lambda seen: b"ready\n" in seen, 15)
             await _wait_until(lambda: child_id in node_a.mdns_peers())
