@@ -208,6 +208,29 @@ async def test_partition_then_heal_brings_everyone_back(cluster: Cluster) -> Non
     await wait_for(cluster.all_alive, timeout_s=8.0, what="all alive after healing")
 
 
+async def test_a_partition_does_not_slow_either_side_down(cluster: Cluster) -> None:
+    # Relays across the cut cannot nack; relays on our side can. Those silent ones must not raise
+    # our local health score (Lifeguard would: the minority then probed ~9x slower and took ~10 s
+    # to declare the far side dead). The nack arrives 0.05 s before the indirect timeout, no less
+    # than the stall threshold, so only a stall that is discounted anyway could make it late.
+    roomy = FAST.model_copy(update={"indirect_probe_timeout_s": 0.25})
+    await cluster.grow(5, timeouts=roomy)
+    await wait_for(cluster.all_alive, what="convergence")
+    minority, majority = ["n0", "n1"], ["n2", "n3", "n4"]
+    cluster.network.partition([host(0), host(1)], [host(2), host(3), host(4)])
+    health: dict[str, int] = dict.fromkeys(cluster.nodes, 0)
+
+    def split() -> bool:
+        for name, node in cluster.nodes.items():
+            health[name] = max(health[name], node.local_health)
+        return all(cluster.all_see(m, MemberState.DEAD, minority) for m in majority) and all(
+            cluster.all_see(m, MemberState.DEAD, majority) for m in minority
+        )
+
+    await wait_for(split, timeout_s=10.0, what="each side to declare the other dead")
+    assert health == dict.fromkeys(cluster.nodes, 0), health
+
+
 def in_indirect_probe(node: Membership, target: str) -> bool:
     waits = node._acks._waits.values()  # test peeks at the probe in flight to time the stall
     return any(isinstance(w, ProbeWait) and w.target == target and w.relays for w in waits)
