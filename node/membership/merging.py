@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from config.timeouts import Timeouts
@@ -67,7 +67,9 @@ class MergingProtocol(ProtocolCore):
         if outcome.member is not None:
             self._apply(current, outcome, update.by)
 
-    def _apply(self, current: Member | None, outcome: MergeOutcome, by: str | None) -> None:
+    def _apply(
+        self, current: Member | None, outcome: MergeOutcome, by: str | None, *, nacks: int = 0
+    ) -> None:
         member = outcome.member
         assert member is not None
         self._table.store(current, member)
@@ -78,7 +80,7 @@ class MergingProtocol(ProtocolCore):
             or current.state != member.state
             or current.incarnation != member.incarnation
         ):
-            self._start_suspicion(member, by or self._id)
+            self._start_suspicion(member, by or self._id, nacks)
         if outcome.gossip:
             self._queue_update(self._as_update(member, by))
         if current is not None and current.state in UP and current.endpoint != member.endpoint:
@@ -121,12 +123,12 @@ class MergingProtocol(ProtocolCore):
         self._table.me = replace(self._table.me, incarnation=outcome.refute_to)
         self._queue_update(self._self_update())
 
-    def _start_suspicion(self, member: Member, origin: str) -> None:
+    def _start_suspicion(self, member: Member, origin: str, nacks: int = 0) -> None:
         size = self._table.size
         low, high = suspicion_bounds_s(
             self._timeouts.suspicion_s, size, self._tuning.suspicion_max_mult
         )
-        expected = expected_confirmations(self._tuning.k_indirect, size)
+        expected = expected_confirmations(self._tuning.k_indirect, size, nacks)
         suspicion = Suspicion(
             member.node_id,
             member.incarnation,
@@ -157,15 +159,17 @@ class MergingProtocol(ProtocolCore):
         dead = Update(suspicion.node_id, MemberState.DEAD, suspicion.incarnation, by=self._id)
         self._merge(dead)
 
-    def _suspect(self, node_id: str, nackers: Iterable[str]) -> None:
-        """Our probe of `node_id` failed: suspect it, or confirm a running suspicion."""
+    def _suspect(self, node_id: str, nackers: Collection[str]) -> None:
+        """Our probe of `node_id` failed: suspect it, or confirm a running suspicion; relays
+        that nacked confirm it (and are all the confirmation we wait for)."""
         current = self._table.get(node_id)
         if current is None or current.state not in UP:
             return
         me = self._id
         if current.state == MemberState.ALIVE:
             update = Update(node_id, MemberState.SUSPECT, current.incarnation, by=me)
-            self._apply(current, merge_remote(current, update, self._clock(), from_sync=False), me)
+            outcome = merge_remote(current, update, self._clock(), from_sync=False)
+            self._apply(current, outcome, me, nacks=len(nackers))
         elif self._suspicions.confirm(node_id, me):
             self._queue_update(Update(node_id, MemberState.SUSPECT, current.incarnation, by=me))
         for relay in nackers:

@@ -199,9 +199,16 @@ def suspicion_bounds_s(suspicion_s: float, members: int, max_mult: float) -> tup
     return low, low * max_mult
 
 
-def expected_confirmations(k_indirect: int, members: int) -> int:
-    """How many independent suspicions shrink a suspicion to its minimum: k, at most N - 2."""
-    return max(0, min(k_indirect, members - 2))
+def expected_confirmations(k_indirect: int, members: int, nacks: int = 0) -> int:
+    """How many independent suspicions shrink a suspicion to its minimum: k, at most N - 2.
+
+    Once `nacks` relays of our own failed probe nacked, only that many: our path works, so
+    relays that stayed silent are cut off from us (across a partition), and members we could
+    not pick as relays are down; neither will confirm. Without a nack we may be the slow one
+    and wait for every confirmation.
+    """
+    full = max(0, min(k_indirect, members - 2))
+    return min(full, nacks) if nacks > 0 else full
 
 
 def suspicion_timeout_s(confirmations: int, expected: int, low_s: float, high_s: float) -> float:

@@ -208,27 +208,40 @@ async def test_partition_then_heal_brings_everyone_back(cluster: Cluster) -> Non
     await wait_for(cluster.all_alive, timeout_s=8.0, what="all alive after healing")
 
 
-async def test_a_partition_does_not_slow_either_side_down(cluster: Cluster) -> None:
+async def test_a_partition_neither_slows_a_side_down_nor_waits_on_the_far_side(
+    cluster: Cluster,
+) -> None:
     # Relays across the cut cannot nack; relays on our side can. Those silent ones must not raise
     # our local health score (Lifeguard would: the minority then probed ~9x slower and took ~10 s
-    # to declare the far side dead). The nack arrives 0.05 s before the indirect timeout, no less
-    # than the stall threshold, so only a stall that is discounted anyway could make it late.
+    # to declare the far side dead), and a suspicion we start does not wait for their
+    # confirmation. The nack arrives 0.05 s before the indirect timeout, no less than the stall
+    # threshold, so only a stall that is discounted anyway could make it late.
     roomy = FAST.model_copy(update={"indirect_probe_timeout_s": 0.25})
     await cluster.grow(5, timeouts=roomy)
     await wait_for(cluster.all_alive, what="convergence")
     minority, majority = ["n0", "n1"], ["n2", "n3", "n4"]
     cluster.network.partition([host(0), host(1)], [host(2), host(3), host(4)])
     health: dict[str, int] = dict.fromkeys(cluster.nodes, 0)
+    expected: dict[str, set[int]] = {name: set() for name in cluster.nodes}
 
     def split() -> bool:
         for name, node in cluster.nodes.items():
             health[name] = max(health[name], node.local_health)
+            far = majority if name in minority else minority
+            for other in far:
+                suspicion = node._suspicions.get(other)  # test peeks at the running suspicion
+                if suspicion is not None and suspicion.origin == name:
+                    expected[name].add(suspicion.expected)
         return all(cluster.all_see(m, MemberState.DEAD, minority) for m in majority) and all(
             cluster.all_see(m, MemberState.DEAD, majority) for m in minority
         )
 
     await wait_for(split, timeout_s=10.0, what="each side to declare the other dead")
     assert health == dict.fromkeys(cluster.nodes, 0), health
+    # A suspicion we start waits only for the relays that nacked: 1 at the minority (the other
+    # relays are beyond the cut), 2 at the majority.
+    assert set().union(*(expected[name] for name in minority)) == {1}, expected
+    assert set().union(*(expected[name] for name in majority)) == {2}, expected
 
 
 def in_indirect_probe(node: Membership, target: str) -> bool:

@@ -209,6 +209,11 @@ def test_suspicion_timeout_shrinks_with_confirmations() -> None:
     assert expected_confirmations(3, 2) == 0
     assert expected_confirmations(3, 4) == 2
     assert expected_confirmations(3, 100) == 3
+    # After our own failed probe: only the relays that nacked (the rest are cut off from us).
+    assert expected_confirmations(3, 5, nacks=1) == 1  # a 2|3 split seen from the two
+    assert expected_confirmations(3, 5, nacks=3) == 3
+    assert expected_confirmations(3, 100, nacks=0) == 3  # no nack: maybe we are the slow one
+    assert expected_confirmations(3, 4, nacks=3) == 2
 
 
 def test_suspicion_counts_distinct_confirmers_but_not_its_origin() -> None:
