@@ -185,7 +185,7 @@ class SwimProtocol(MergingProtocol):
             ):
                 result = ProbeResult.ACKED
             else:
-                relays = self._table.pick(self._tuning.k_indirect, _ALIVE, {target.node_id})
+                relays = self._table.pick_relays(self._tuning.k_indirect, {target.node_id})
                 wait.relays = frozenset(relay.node_id for relay in relays)
                 request = Message(
                     MessageKind.PING_REQ,

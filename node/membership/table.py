@@ -3,6 +3,7 @@ down, random picks, the shuffled probe order, and the view digest."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Container, Iterator
 from itertools import chain
@@ -115,6 +116,21 @@ class MemberTable:
                 if len(picked) >= count:
                     break
         return list(picked.values())
+
+    def pick_relays(self, count: int, exclude: Container[str]) -> list[Member]:
+        """Up to `count` alive members for a ping-req, the most recently heard from first (ties
+        in random order): a member that just reached us is likely to reach us again, with a nack
+        if not with an ack, while members silent since a partition cut them off are not. Large
+        views choose among 8 * count random alive members."""
+        if count <= 0:
+            return []
+        alive = (MemberState.ALIVE,)
+        if len(self._ids) <= 4 * count + 16:
+            pool = self.pick(len(self._ids), alive, exclude)
+        else:
+            pool = self.pick(8 * count, alive, exclude)
+        pool.sort(key=lambda m: self.heard_at.get(m.node_id, -math.inf), reverse=True)
+        return pool[:count]
 
     def next_probe_target(self) -> Member | None:
         """Round-robin over a shuffled list of every member, reshuffled each round, so each live

@@ -18,8 +18,8 @@ from config.timeouts import Timeouts
 from tests.cluster import Host, NetnsClusterFactory
 from tests.node.netns_swarm import (
     Observation,
+    Split,
     Swarm,
-    Views,
     all_alive,
     everyone_sees,
     inventory_yaml,
@@ -215,46 +215,11 @@ def test_partition_two_three_then_heal(
     swarm.cluster.partition(minority, majority)
     print(f"partition rules in place after {watch_time() - cut_at:.2f} s")
 
-    names = {h.name for h in minority}, {h.name for h in majority}
-    minority_names, majority_names = (sorted(side) for side in names)
-    conditions: dict[str, Callable[[Views], bool]] = {
-        # every minority node sees every majority node dead, and the other way round
-        "minority": lambda views: all(
-            everyone_sees(m, {"dead"}, minority_names)(views) for m in majority_names
-        ),
-        "majority": lambda views: all(
-            everyone_sees(m, {"dead"}, majority_names)(views) for m in minority_names
-        ),
-    }
-    first_held: dict[str, float] = {}
-    views: dict[str, Observation] = {}
-    wrongly_dead: list[str] = []
-
-    def note(observation: Observation) -> None:
-        if observation.t < cut_at:
-            return
-        if observation.members is None:
-            views.pop(observation.host, None)
-            return
-        views[observation.host] = observation
-        side = next(s for s in names if observation.host in s)
-        for node, (state, _) in observation.members.items():
-            if node in side and state == "dead":  # reachable all along: a false death
-                wrongly_dead.append(f"{observation.host}@{observation.t:.2f} sees {node} dead")
-        for name, condition in conditions.items():
-            if name not in first_held and condition(views):
-                first_held[name] = observation.t
-
-    watch.wait(
-        lambda views: all(condition(views) for condition in conditions.values()),
-        since=cut_at,
-        timeout_s=PARTITION_DETECT_S,
-        message="each side of the cut to see all of the other side dead",
-        on_observation=note,
-    )
-    assert not wrongly_dead, wrongly_dead
-    minority_s = first_held["minority"] - cut_at
-    majority_s = first_held["majority"] - cut_at
+    split = Split((tuple(h.name for h in minority), tuple(h.name for h in majority)))
+    split.watch(watch, since=cut_at, timeout_s=PARTITION_DETECT_S)
+    assert not split.false_deaths, split.false_deaths
+    minority_s = split.decided_at[0] - cut_at
+    majority_s = split.decided_at[1] - cut_at
     swarm.cluster.heal()
     healed_at = watch_time()
     whole_at = watch.wait(

@@ -244,6 +244,45 @@ async def test_a_partition_neither_slows_a_side_down_nor_waits_on_the_far_side(
     assert set().union(*(expected[name] for name in majority)) == {2}, expected
 
 
+async def test_relays_of_a_failed_probe_are_members_that_can_still_answer(
+    cluster: Cluster,
+) -> None:
+    # A 3|5 split: picked at random, 3 relays of a minority node's probe are all beyond the cut
+    # one time in five, so none can nack and its local health jumps. Relays are the members
+    # heard from most recently instead, and the other two of the minority keep talking to it.
+    # Timing at half the defaults; the nack lands 0.08 s before the indirect timeout, past the
+    # 0.075 s stall threshold, so only a discounted stall could make it late.
+    half = FAST.model_copy(
+        update={
+            "probe_interval_s": 0.25,
+            "probe_timeout_s": 0.15,
+            "indirect_probe_timeout_s": 0.4,
+            "suspicion_s": 0.5,
+        }
+    )
+    await cluster.grow(8, timeouts=half)
+    await wait_for(cluster.all_alive, what="convergence")
+    minority, majority = ["n0", "n1", "n2"], [f"n{i}" for i in range(3, 8)]
+    cluster.network.partition([host(i) for i in range(3)], [host(i) for i in range(3, 8)])
+    relays: dict[tuple[str, int], frozenset[str]] = {}
+    health = dict.fromkeys(minority, 0)
+
+    def split() -> bool:
+        for name in minority:
+            node = cluster.nodes[name]
+            health[name] = max(health[name], node.local_health)
+            for seq, wait in node._acks._waits.items():  # test peeks at probes in flight
+                if isinstance(wait, ProbeWait) and wait.relays:
+                    relays.setdefault((name, seq), wait.relays)
+        return all(cluster.all_see(m, MemberState.DEAD, minority) for m in majority)
+
+    await wait_for(split, timeout_s=20.0, what="the minority to declare the majority dead")
+    assert relays, "no indirect probe seen"
+    beyond = [sorted(chosen) for chosen in relays.values() if not chosen & set(minority)]
+    assert not beyond, f"relays all beyond the cut: {beyond}"
+    assert health == dict.fromkeys(minority, 0), health
+
+
 def in_indirect_probe(node: Membership, target: str) -> bool:
     waits = node._acks._waits.values()  # test peeks at the probe in flight to time the stall
     return any(isinstance(w, ProbeWait) and w.target == target and w.relays for w in waits)

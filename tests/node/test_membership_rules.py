@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -29,6 +30,7 @@ from node.membership.rules import (
     sync_interval_s,
     view_digest,
 )
+from node.membership.table import MemberTable
 from node.membership.types import (
     EventKind,
     Member,
@@ -305,3 +307,23 @@ def test_meta_and_ids_are_checked() -> None:
         validate_node_id("")
     with pytest.raises(MembershipError):
         SwimTuning(suspicion_max_mult=0.5)
+
+
+def test_relays_are_the_alive_members_heard_from_most_recently() -> None:
+    me = member(node_id="me", address="10.0.0.100")
+    table = MemberTable(me, random.Random(1))
+    for index, state in enumerate([A, A, A, A, A, S, A]):
+        table.store(None, member(state, node_id=f"n{index}", address=f"10.0.0.{index}"))
+    table.heard_at.update({"n0": 1.0, "n1": 9.0, "n2": 2.0, "n3": 8.0, "n4": 7.0, "n5": 10.0})
+    # n5 is suspect, n6 never heard from, n3 the probe's target
+    assert [m.node_id for m in table.pick_relays(3, {"n3"})] == ["n1", "n4", "n2"]
+    assert [m.node_id for m in table.pick_relays(10, {"n3"})][-1] == "n6"
+    assert table.pick_relays(0, ()) == []
+    big = MemberTable(me, random.Random(2))
+    for index in range(200):
+        big.store(None, member(node_id=f"m{index}", address=f"10.0.1.{index}"))
+        big.heard_at[f"m{index}"] = float(index % 50)
+    relays = big.pick_relays(3, ())
+    assert len({m.node_id for m in relays}) == 3
+    heard = [big.heard_at[m.node_id] for m in relays]
+    assert heard == sorted(heard, reverse=True)
