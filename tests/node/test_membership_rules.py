@@ -327,3 +327,14 @@ def test_relays_are_the_alive_members_heard_from_most_recently() -> None:
     assert len({m.node_id for m in relays}) == 3
     heard = [big.heard_at[m.node_id] for m in relays]
     assert heard == sorted(heard, reverse=True)
+
+
+def test_a_suspect_is_probed_after_the_alive_members_of_its_round() -> None:
+    table = MemberTable(member(node_id="me", address="10.0.0.100"), random.Random(3))
+    states = {"n0": S, "n1": A, "n2": D, "n3": A, "n4": S, "n5": A}
+    for index, (node_id, state) in enumerate(states.items()):
+        table.store(None, member(state, node_id=node_id, address=f"10.0.0.{index}"))
+    for _ in range(3):  # every round: each member up probed once, the suspects last
+        probed = [target.node_id for target in (table.next_probe_target() for _ in range(5))]
+        assert sorted(probed[:3]) == ["n1", "n3", "n5"], probed
+        assert sorted(probed[3:]) == ["n0", "n4"], probed
