@@ -118,7 +118,7 @@ class InMemoryNetwork:
         """A transport for the member at (address, port)."""
         if (address, port) in self._endpoints:
             raise MembershipError(f"{address}:{port} is already attached to this network")
-        channel = SealedChannel(Envelope(cluster, secret))
+        channel = SealedChannel(Envelope(cluster, secret), boot=self._rng.getrandbits(62))
         endpoint = InMemoryEndpoint(self, (address, port), channel)
         self._endpoints[(address, port)] = endpoint
         return endpoint
