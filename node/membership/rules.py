@@ -273,12 +273,13 @@ def health_delta(result: ProbeResult, expected_nacks: int, nacks: int) -> int:
 
     One nack is enough to acquit us: our ping-req went out and the relay's answer came back in
     time, so relays that stayed silent are cut off themselves, as across a partition, and do not
-    count. (Counting each, as Lifeguard does, slowed a partition's minority side down to one
-    probe per 4.5 s and delayed its verdict on the far side to ~10 s.)"""
+    count. A failure that no relay nacked counts once, not once per relay: right after a cut,
+    every relay may be beyond it. (Counting each silent relay, as memberlist does, slowed a
+    partition's minority side down to one probe per 4.5 s and its verdict to ~10 s.)"""
     if result == ProbeResult.ACKED:
         return -1
     if result == ProbeResult.FAILED:
-        return max(1, expected_nacks) if nacks == 0 else 0
+        return 1 if nacks == 0 else 0
     return 0
 
 

@@ -233,7 +233,7 @@ def test_local_health_rises_when_we_miss_acks_and_heals_on_acks() -> None:
     assert health_delta(ProbeResult.ACKED, 0, 0) == -1
     assert health_delta(ProbeResult.INDIRECT_ACKED, 3, 0) == 0
     assert health_delta(ProbeResult.FAILED, 3, 3) == 0  # relays reached us: the target is gone
-    assert health_delta(ProbeResult.FAILED, 3, 0) == 3  # no relay's nack reached us: we are slow
+    assert health_delta(ProbeResult.FAILED, 3, 0) == 1  # no relay's nack reached us: maybe slow
     assert (
         health_delta(ProbeResult.FAILED, 3, 1) == 0
     )  # one did: the others are cut off (partition)
