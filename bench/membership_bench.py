@@ -4,12 +4,15 @@ Prints one JSON document. For 1000 and 100 members: time until every live member
 crash (all marked it dead), and bytes sent per node per second (steady state, and the window of
 the crash); `join` grows a cluster through one seed instead of a warm start and adds the time
 until all know all. For 8 members: kill-to-dead at every peer over several crashes (median, max).
-Targets: all know of a death <= 8 s at 1000; <= 5 KB/s per node; 8 members median <= 2.5 s,
-max <= 5 s. Runs on a fast-forwarded event loop (virtual time: timers fire in order without
+Partitions 2|3 and 3|5: time until each side marks all of the other dead, against a baseline of
+Lifeguard's own rules patched in (relays at random, every missing nack raises local health,
+suspicions wait for k confirmations). Targets: all know of a death <= 8 s at 1000; <= 5 KB/s per
+node; 8 members median <= 2.5 s, max <= 5 s; the minority of a partition decides <= 5 s. Runs
+on a fast-forwarded event loop (virtual time: timers fire in order without
 waiting, so results do not depend on this machine's load); `--real` runs in real time instead,
 and `steady_cpu_per_sim_s` (CPU seconds per simulated second once settled) says whether one
 real event loop keeps up (below 1.0).
-With --netns (root) it also runs part (a) and (c) with real daemons: bench/membership_netns.py.
+With --netns (root) it also runs real daemons in network namespaces: bench/membership_netns.py.
 Usage: python bench/membership_bench.py [--sizes 1000,100] [--trials 12] [--real] [--netns]
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -25,15 +29,19 @@ import selectors
 import statistics
 import sys
 import time
+from collections.abc import Collection, Container, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from config.timeouts import Timeouts  # noqa: E402
+from node.membership import merging, protocol, rules  # noqa: E402
 from node.membership.service import InMemoryNetwork, Membership  # noqa: E402
+from node.membership.table import MemberTable  # noqa: E402
 from node.membership.types import EventKind, Member, MemberEvent, MemberState  # noqa: E402
 
 PORT = 8770
@@ -223,6 +231,101 @@ async def kill_to_dead(size: int, trials: int, seed: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def lifeguard_as_before() -> Iterator[None]:
+    """Patch in the rules shoal had before it treated partitions apart (the baseline)."""
+
+    def health_delta(result: rules.ProbeResult, expected_nacks: int, nacks: int) -> int:
+        if result == rules.ProbeResult.FAILED:
+            return expected_nacks - nacks if expected_nacks > 0 else 1
+        return rules.health_delta(result, expected_nacks, nacks)
+
+    def expected_confirmations(k_indirect: int, members: int, nacks: int = 0) -> int:
+        return rules.expected_confirmations(k_indirect, members)
+
+    def pick_relays(self: MemberTable, count: int, exclude: Container[str]) -> list[Member]:
+        return self.pick(count, (MemberState.ALIVE,), exclude)
+
+    with (
+        mock.patch.object(protocol, "health_delta", health_delta),
+        mock.patch.object(merging, "expected_confirmations", expected_confirmations),
+        mock.patch.object(MemberTable, "pick_relays", pick_relays),
+    ):
+        yield
+
+
+def _all_dead(observers: Collection[Membership], others: Collection[Membership]) -> bool:
+    return all(
+        (view := observer.member(other.self_id)) is not None and view.state == MemberState.DEAD
+        for observer in observers
+        for other in others
+    )
+
+
+async def partitions(small: int, large: int, trials: int, seed: int) -> dict[str, Any]:
+    """Cut `small` + `large` members in two sides `trials` times (a fresh cluster each time);
+    seconds until every member of each side marks all of the other side dead."""
+    loop = asyncio.get_running_loop()
+    size = small + large
+    decided: dict[str, list[float]] = {"minority": [], "majority": []}
+    false_deaths = undecided = 0
+    for trial in range(trials):
+        network, nodes = await build(size, seed + trial, warm=False)
+        await asyncio.sleep(5.0 + trial * 0.137)
+        near, far = nodes[:small], nodes[small:]
+        network.partition(
+            [address_of(i) for i in range(small)], [address_of(i) for i in range(small, size)]
+        )
+        cut_at = loop.time()
+        sides = {"minority": (near, far), "majority": (far, near)}
+        seen: dict[str, float] = {}
+        while len(seen) < 2 and loop.time() - cut_at < 60:
+            for name, (observers, others) in sides.items():
+                if name not in seen and _all_dead(observers, others):
+                    seen[name] = loop.time() - cut_at
+            await asyncio.sleep(0.01)
+        for name, elapsed in seen.items():
+            decided[name].append(elapsed)
+        undecided += 2 - len(seen)
+        false_deaths += sum(
+            1
+            for group in (near, far)
+            for observer in group
+            for other in group
+            if other is not observer
+            and (view := observer.member(other.self_id)) is not None
+            and view.state == MemberState.DEAD
+        )
+        for node in nodes:
+            await node.close()
+        network.close()
+
+    def summary(samples: list[float]) -> dict[str, float | None]:
+        return {
+            "median_s": round(statistics.median(samples), 2) if samples else None,
+            "max_s": round(max(samples), 2) if samples else None,
+        }
+
+    return {
+        "sides": f"{small}|{large}",
+        "cuts": trials,
+        "minority": summary(decided["minority"]),
+        "majority": summary(decided["majority"]),
+        "undecided_sides": undecided,
+        "false_deaths": false_deaths,
+    }
+
+
+async def partition_runs(trials: int) -> list[dict[str, Any]]:
+    out = []
+    for small, large in ((2, 3), (3, 5)):
+        result = await partitions(small, large, trials, 5)
+        with lifeguard_as_before():
+            result["baseline_lifeguard"] = await partitions(small, large, trials, 5)
+        out.append(result)
+    return out
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     out: dict[str, Any] = {
@@ -242,6 +345,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.join:
         out["join"] = await crash_run(args.join, 11, warm_s=args.warm_s, warm=False)
     out["eight_members"] = await kill_to_dead(8, args.trials, 3)
+    if args.partitions:
+        out["partition"] = await partition_runs(args.partitions)
     return out
 
 
@@ -251,6 +356,7 @@ def run() -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--warm-s", type=float, default=10.0)
     parser.add_argument("--join", type=int, default=100, help="also grow a cluster by joins")
+    parser.add_argument("--partitions", type=int, default=20, help="cuts per side split")
     parser.add_argument("--real", action="store_true", help="real time instead of virtual")
     parser.add_argument(
         "--netns",

@@ -4,10 +4,14 @@ default timeouts, discovery by inventory and mDNS, the cluster secret set.
 (a) kill-to-dead: SIGKILL one daemon; time until each other daemon's /v1/peers shows it dead,
     10 kills, the killed daemon restarted (and all alive everywhere) before the next. Targets:
     median <= 2.5 s, max <= 5 s over every (kill, peer) sample.
+(b) partition: cut 3 daemons (a different 3 each time) from the other 5, 5 times; time until
+    every daemon of each side shows all of the other side dead, then heal. Target: the
+    minority side decides within 5 s every time; no node is ever dead on its own side.
 (c) idle cost of one daemon among 8 members: VmRSS and CPU (utime + stime) over 10 s while
     nothing polls the daemons. Targets: <= 80 MB, <= 1 % of one CPU.
 Times come from one probe process on a ninth host polling every daemon every 0.1 s (resolution).
-Prints JSON. Usage: sudo .venv/bin/python bench/membership_netns.py [--kills 10] [--idle-s 10]
+Prints JSON. Usage: sudo .venv/bin/python bench/membership_netns.py [--kills 10]
+[--partitions 5] [--idle-s 10]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from tests.cluster import (  # noqa: E402
 )
 from tests.node.netns_swarm import (  # noqa: E402
     Observation,
+    Split,
     Swarm,
     all_alive,
     everyone_sees,
@@ -45,6 +50,9 @@ from tests.node.netns_swarm import (  # noqa: E402
 
 NODES = 8
 KILLS = 10
+PARTITIONS = 5
+MINORITY = 3
+PARTITION_WAIT_S = 30.0
 IDLE_S = 10.0
 PROBE_INTERVAL_S = 0.1
 START_S = 60.0
@@ -53,6 +61,7 @@ REJOIN_WAIT_S = 30.0
 TARGETS = {
     "kill_to_dead_median_s": 2.5,
     "kill_to_dead_max_s": 5.0,
+    "minority_detect_max_s": 5.0,
     "idle_rss_mb": 80.0,
     "idle_cpu_percent": 1.0,
 }
@@ -225,8 +234,67 @@ def kill_to_dead(swarm: Swarm, kills: int = KILLS) -> dict[str, Any]:
     }
 
 
-def run(nodes: int = NODES, kills: int = KILLS, idle_s: float = IDLE_S) -> dict[str, Any]:
-    """Both measurements on one cluster: (c) idle cost first, then (a) kill-to-dead."""
+def partitions(swarm: Swarm, rounds: int = PARTITIONS, minority: int = MINORITY) -> dict[str, Any]:
+    """Cut `minority` daemons (rotating) from the rest `rounds` times; time each side's verdict."""
+    watch, names = swarm.watch, swarm.names
+    per_cut: list[dict[str, Any]] = []
+    false_deaths: list[str] = []
+    for index in range(rounds):
+        chosen = {names[(index * minority + k) % len(names)] for k in range(minority)}
+        near = [h for h in swarm.hosts if h.name in chosen]
+        far = [h for h in swarm.hosts if h.name not in chosen]
+        split = Split((tuple(h.name for h in near), tuple(h.name for h in far)))
+        cut_at = time.monotonic()
+        swarm.cluster.partition(near, far)
+        try:
+            split.watch(watch, since=cut_at, timeout_s=PARTITION_WAIT_S)
+        except WaitTimeoutError:
+            pass  # an undecided side shows as None
+        finally:
+            swarm.cluster.heal()
+        healed_at = time.monotonic()
+        false_deaths += split.false_deaths
+        decided = {side: split.decided_at.get(side) for side in (0, 1)}
+        try:
+            whole_at: float | None = watch.wait(
+                all_alive(names), since=healed_at, timeout_s=REJOIN_WAIT_S, message="healed"
+            )
+        except WaitTimeoutError:
+            whole_at = None
+        per_cut.append(
+            {
+                "minority": sorted(chosen),
+                "minority_detect_s": _rounded(None if decided[0] is None else decided[0] - cut_at),
+                "majority_detect_s": _rounded(None if decided[1] is None else decided[1] - cut_at),
+                "heal_to_all_alive_s": _rounded(None if whole_at is None else whole_at - healed_at),
+            }
+        )
+        if whole_at is None:
+            break
+    minority_s = [c["minority_detect_s"] for c in per_cut]
+    majority_s = [c["majority_detect_s"] for c in per_cut]
+    decided_all = all(s is not None for s in minority_s + majority_s)
+    worst = max(minority_s) if decided_all and minority_s else None
+    return {
+        "cuts": len(per_cut),
+        "sides": f"{minority}|{len(names) - minority}",
+        "minority_detect_max_s": worst,
+        "minority_detect_median_s": statistics.median(minority_s) if decided_all else None,
+        "majority_detect_max_s": max(majority_s) if decided_all and majority_s else None,
+        "false_deaths": false_deaths,
+        "per_cut": per_cut,
+        "targets": {"minority_detect_max_s": TARGETS["minority_detect_max_s"]},
+        "met": {
+            "minority": worst is not None and worst <= TARGETS["minority_detect_max_s"],
+            "no_false_deaths": not false_deaths,
+        },
+    }
+
+
+def run(
+    nodes: int = NODES, kills: int = KILLS, idle_s: float = IDLE_S, cuts: int = PARTITIONS
+) -> dict[str, Any]:
+    """The measurements on one cluster: (c) idle cost first, then (a) kills, (b) partitions."""
     reason = netns_unavailable_reason()
     if reason is not None:
         return {"bench": "membership_netns", "skipped": reason}
@@ -234,6 +302,7 @@ def run(nodes: int = NODES, kills: int = KILLS, idle_s: float = IDLE_S) -> dict[
     with running_swarm(nodes) as swarm:
         idle = idle_cost(swarm, idle_s)
         kill = kill_to_dead(swarm, kills)
+        split = partitions(swarm, cuts) if cuts else None
     return {
         "bench": "membership_netns",
         "nodes": nodes,
@@ -241,6 +310,7 @@ def run(nodes: int = NODES, kills: int = KILLS, idle_s: float = IDLE_S) -> dict[
         f"probe polls /v1/peers every {PROBE_INTERVAL_S} s",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "kill_to_dead": kill,
+        "partition": split,
         "idle": idle,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -251,8 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, default=NODES)
     parser.add_argument("--kills", type=int, default=KILLS)
     parser.add_argument("--idle-s", type=float, default=IDLE_S)
+    parser.add_argument("--partitions", type=int, default=PARTITIONS)
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.nodes, args.kills, args.idle_s), indent=2))
+    print(json.dumps(run(args.nodes, args.kills, args.idle_s, args.partitions), indent=2))
 
 
 if __name__ == "__main__":

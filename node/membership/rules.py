@@ -199,9 +199,16 @@ def suspicion_bounds_s(suspicion_s: float, members: int, max_mult: float) -> tup
     return low, low * max_mult
 
 
-def expected_confirmations(k_indirect: int, members: int) -> int:
-    """How many independent suspicions shrink a suspicion to its minimum: k, at most N - 2."""
-    return max(0, min(k_indirect, members - 2))
+def expected_confirmations(k_indirect: int, members: int, nacks: int = 0) -> int:
+    """How many independent suspicions shrink a suspicion to its minimum: k, at most N - 2.
+
+    Once `nacks` relays of our own failed probe nacked, only that many: our path works, so
+    relays that stayed silent are cut off from us (across a partition), and members we could
+    not pick as relays are down; neither will confirm. Without a nack we may be the slow one
+    and wait for every confirmation.
+    """
+    full = max(0, min(k_indirect, members - 2))
+    return min(full, nacks) if nacks > 0 else full
 
 
 def suspicion_timeout_s(confirmations: int, expected: int, low_s: float, high_s: float) -> float:
@@ -262,11 +269,17 @@ class ProbeResult(enum.StrEnum):
 
 def health_delta(result: ProbeResult, expected_nacks: int, nacks: int) -> int:
     """Change of the local health score after a probe: a direct ack heals, a failure whose relays
-    did not even nack means we are the slow one (Lifeguard's local health multiplier)."""
+    did not even nack means we are the slow one (Lifeguard's local health multiplier).
+
+    One nack is enough to acquit us: our ping-req went out and the relay's answer came back in
+    time, so relays that stayed silent are cut off themselves, as across a partition, and do not
+    count. A failure that no relay nacked counts once, not once per relay: right after a cut,
+    every relay may be beyond it. (Counting each silent relay, as memberlist does, slowed a
+    partition's minority side down to one probe per 4.5 s and its verdict to ~10 s.)"""
     if result == ProbeResult.ACKED:
         return -1
     if result == ProbeResult.FAILED:
-        return expected_nacks - nacks if expected_nacks > 0 else 1
+        return 1 if nacks == 0 else 0
     return 0
 
 

@@ -3,6 +3,7 @@ down, random picks, the shuffled probe order, and the view digest."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Container, Iterator
 from itertools import chain
@@ -116,9 +117,28 @@ class MemberTable:
                     break
         return list(picked.values())
 
+    def pick_relays(self, count: int, exclude: Container[str]) -> list[Member]:
+        """Up to `count` alive members for a ping-req, the most recently heard from first (ties
+        in random order): a member that just reached us is likely to reach us again, with a nack
+        if not with an ack, while members silent since a partition cut them off are not. Large
+        views choose among 8 * count random alive members."""
+        if count <= 0:
+            return []
+        alive = (MemberState.ALIVE,)
+        if len(self._ids) <= 4 * count + 16:
+            pool = self.pick(len(self._ids), alive, exclude)
+        else:
+            pool = self.pick(8 * count, alive, exclude)
+        pool.sort(key=lambda m: self.heard_at.get(m.node_id, -math.inf), reverse=True)
+        return pool[:count]
+
     def next_probe_target(self) -> Member | None:
         """Round-robin over a shuffled list of every member, reshuffled each round, so each live
-        member is probed once per round; members added mid-round land at a random later spot."""
+        member is probed once per round; members added mid-round land at a random later spot.
+
+        A suspect's turn goes to the next alive member of the round and the suspect takes that
+        member's later place: its suspicion already runs on a timer, so the probes go first to
+        members nobody suspects yet (across a partition, the far side is covered sooner)."""
         for _ in range(len(self._probe_order) + 1):
             if self._probe_index >= len(self._probe_order):
                 self._probe_order = list(self._ids)
@@ -126,11 +146,23 @@ class MemberTable:
                 self._probe_index = 0
                 if not self._probe_order:
                     return None
+            self._defer_suspect()
             member = self._members.get(self._probe_order[self._probe_index])
             self._probe_index += 1
             if member is not None and member.state in UP:
                 return member
         return None
+
+    def _defer_suspect(self) -> None:
+        order, index = self._probe_order, self._probe_index
+        current = self._members.get(order[index])
+        if current is None or current.state != MemberState.SUSPECT:
+            return
+        for later in range(index + 1, len(order)):
+            member = self._members.get(order[later])
+            if member is not None and member.state == MemberState.ALIVE:
+                order[index], order[later] = order[later], order[index]
+                return
 
     def digest(self) -> str:
         """`view_digest` of every member with this node, cached until the view changes."""

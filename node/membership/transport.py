@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from node.errors import MembershipError
+from node.membership.channel import SealedChannel
 from node.membership.types import Address
 from node.membership.wire import Envelope
 
@@ -117,7 +118,8 @@ class InMemoryNetwork:
         """A transport for the member at (address, port)."""
         if (address, port) in self._endpoints:
             raise MembershipError(f"{address}:{port} is already attached to this network")
-        endpoint = InMemoryEndpoint(self, (address, port), Envelope(cluster, secret))
+        channel = SealedChannel(Envelope(cluster, secret), boot=self._rng.getrandbits(62))
+        endpoint = InMemoryEndpoint(self, (address, port), channel)
         self._endpoints[(address, port)] = endpoint
         return endpoint
 
@@ -190,21 +192,21 @@ class InMemoryNetwork:
 class InMemoryEndpoint:
     """One member's `MembershipTransport` on an `InMemoryNetwork`."""
 
-    def __init__(self, network: InMemoryNetwork, local: Address, envelope: Envelope) -> None:
+    def __init__(self, network: InMemoryNetwork, local: Address, channel: SealedChannel) -> None:
         self._network = network
         self.local_address = local
-        self._envelope = envelope
+        self._channel = channel
         self._handler: DatagramHandler | None = None
         self._closed = False
         self._counters = Counters()
 
     @property
     def cluster(self) -> str:
-        return self._envelope.cluster
+        return self._channel.cluster
 
     @property
     def body_budget(self) -> int:
-        return self._envelope.body_budget
+        return self._channel.body_budget
 
     async def start(self, handler: DatagramHandler) -> None:
         if self._closed:
@@ -214,7 +216,7 @@ class InMemoryEndpoint:
     def send(self, body: bytes, address: Address) -> None:
         if self._closed:
             return
-        datagram = self._envelope.seal(body, self._network.wall_clock())
+        datagram = self._channel.seal(body, self._network.wall_clock())
         self._counters.sent_datagrams += 1
         self._counters.sent_bytes += len(datagram)
         self._network.transmit(self.local_address, address, datagram)
@@ -222,7 +224,7 @@ class InMemoryEndpoint:
     def receive(self, datagram: bytes, source: Address) -> None:
         if self._closed or self._handler is None:
             return
-        opened = self._envelope.open(datagram, self._network.wall_clock())
+        opened = self._channel.open(datagram, self._network.wall_clock())
         if opened.body is None:
             self._counters.dropped[str(opened.drop)] += 1
             log.debug(

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from node.errors import MembershipError
+from node.membership.channel import SealedChannel
 from node.membership.transport import Counters, DatagramHandler, TransportStats
 from node.membership.types import Address
 from node.membership.wire import MAX_DATAGRAM_BYTES, Envelope
@@ -46,7 +47,9 @@ class UdpMembershipTransport:
     Without a secret every datagram of our cluster is accepted (dev mode; the daemon refuses that
     beyond loopback unless told --insecure). With one, unsigned, badly signed and stale (more
     than max_skew_s off) datagrams are dropped silently with a DEBUG log and a counter, as are
-    datagrams of another cluster. Destinations must be IP literals: resolve names beforehand.
+    datagrams of another cluster and replays of a datagram already received (per-sender
+    sequence windows, `node.membership.channel`). Destinations must be IP literals: resolve
+    names beforehand.
     """
 
     def __init__(
@@ -60,7 +63,7 @@ class UdpMembershipTransport:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._bind = (bind_address, port)
-        self._envelope = Envelope(cluster, secret, max_skew_s)
+        self._channel = SealedChannel(Envelope(cluster, secret, max_skew_s))
         self._wall_clock = wall_clock
         self._transport: asyncio.DatagramTransport | None = None
         self._handler: DatagramHandler | None = None
@@ -71,11 +74,11 @@ class UdpMembershipTransport:
 
     @property
     def cluster(self) -> str:
-        return self._envelope.cluster
+        return self._channel.cluster
 
     @property
     def body_budget(self) -> int:
-        return self._envelope.body_budget
+        return self._channel.body_budget
 
     @property
     def local_address(self) -> Address:
@@ -92,7 +95,7 @@ class UdpMembershipTransport:
         if self._transport is not None:
             return self.local_address
         host, port = self._bind
-        if self._envelope.secret is None and not _is_loopback(host):
+        if self._channel.envelope.secret is None and not _is_loopback(host):
             log.warning(
                 "membership UDP on %s:%s accepts unsigned datagrams (no secret)", host, port
             )
@@ -117,7 +120,7 @@ class UdpMembershipTransport:
     def send(self, body: bytes, address: Address) -> None:
         if self._transport is None or self._closed:
             return
-        datagram = self._envelope.seal(body, self._wall_clock())
+        datagram = self._channel.seal(body, self._wall_clock())
         if len(datagram) > MAX_DATAGRAM_BYTES:
             self._counters.dropped["oversize_send"] += 1
             log.debug("not sending a %d-byte membership datagram to %s", len(datagram), address)
@@ -135,7 +138,7 @@ class UdpMembershipTransport:
     def received(self, datagram: bytes, source: Address) -> None:
         if self._handler is None or self._closed:
             return
-        opened = self._envelope.open(datagram, self._wall_clock())
+        opened = self._channel.open(datagram, self._wall_clock())
         if opened.body is None:
             self._counters.dropped[str(opened.drop)] += 1
             log.debug(

@@ -12,6 +12,7 @@ import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from node.errors import MembershipError
 from node.errors import WireError as WireError
@@ -24,7 +25,7 @@ from node.membership.types import (
 )
 
 MAX_DATAGRAM_BYTES = 1400
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
 _MAC_CHARS = 43
 _MAX_ENVELOPE_BYTES = 512
 _MAX_ADDRESS_CHARS = 255
@@ -273,18 +274,24 @@ class Drop(enum.StrEnum):
     UNSIGNED = "unsigned"
     BAD_MAC = "bad_mac"
     STALE = "stale"
+    REPLAYED = "replayed"
+    OUT_OF_WINDOW = "out_of_window"
 
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    """A received datagram: its body, or why it was dropped."""
+    """A received datagram: its body and sealed header fields, or why it was dropped."""
 
     body: bytes | None
     drop: Drop | None = None
+    timestamp: int = 0
+    boot: int = 0
+    seq: int = 0
 
 
-def _mac(secret: bytes, cluster: str, timestamp: int, body: bytes) -> str:
-    signed = b"SW1\n" + cluster.encode() + b"\n" + str(timestamp).encode() + b"\n" + body
+def _mac(secret: bytes, cluster: str, timestamp: int, boot: int, seq: int, body: bytes) -> str:
+    fields = b"%d\n%d\n%d\n" % (timestamp, boot, seq)
+    signed = b"SW2\n" + cluster.encode() + b"\n" + fields + body
     raw = hmac.digest(secret, signed, hashlib.sha256)
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
@@ -298,9 +305,11 @@ def _cluster_json(cluster: str) -> bytes:
 class Envelope:
     """Sealing and opening datagrams of one cluster; `secret` None is unauthenticated dev mode.
 
-    A datagram is `{"v":1,"c":CLUSTER,"ts":UNIX_S,"mac":MAC}`, a newline, then the body; at most
-    MAX_DATAGRAM_BYTES in all. MAC = base64url(HMAC-SHA256(secret, "SW1\\n" CLUSTER "\\n" TS
-    "\\n" BODY)) without padding, or "" without a secret.
+    A datagram is `{"v":2,"c":CLUSTER,"ts":UNIX_S,"b":BOOT,"n":SEQ,"mac":MAC}`, a newline, then
+    the body; at most MAX_DATAGRAM_BYTES in all. BOOT is a random id of the sender's transport
+    (new at every start) and SEQ counts its datagrams, so a receiver tells a replay from a new
+    datagram (`node.membership.channel`). MAC = base64url(HMAC-SHA256(secret, "SW2\\n" CLUSTER
+    "\\n" TS "\\n" BOOT "\\n" SEQ "\\n" BODY)) without padding, or "" without a secret.
     """
 
     cluster: str
@@ -309,21 +318,23 @@ class Envelope:
 
     @property
     def overhead_bytes(self) -> int:
-        return len(self.seal(b"", 9_999_999_999.0)) + (0 if self.secret else _MAC_CHARS)
+        widest = self.seal(b"", 9_999_999_999.0, boot=_MAX_SEQ - 1, seq=_MAX_SEQ - 1)
+        return len(widest) + (0 if self.secret else _MAC_CHARS)
 
     @property
     def body_budget(self) -> int:
         """Largest body that fits in one datagram."""
         return MAX_DATAGRAM_BYTES - self.overhead_bytes
 
-    def seal(self, body: bytes, now_s: float) -> bytes:
+    def seal(self, body: bytes, now_s: float, *, boot: int, seq: int) -> bytes:
+        """`body` in an envelope stamped `now_s`, from transport `boot`, its datagram `seq`."""
         timestamp = int(now_s)
-        mac = _mac(self.secret, self.cluster, timestamp, body) if self.secret else ""
+        mac = _mac(self.secret, self.cluster, timestamp, boot, seq, body) if self.secret else ""
         return b"".join(
             (
                 b'{"v":%d,"c":' % ENVELOPE_VERSION,
                 _cluster_json(self.cluster),
-                b',"ts":%d,"mac":"%s"}\n' % (timestamp, mac.encode()),
+                b',"ts":%d,"b":%d,"n":%d,"mac":"%s"}\n' % (timestamp, boot, seq, mac.encode()),
                 body,
             )
         )
@@ -340,17 +351,25 @@ class Envelope:
         if not isinstance(header, dict) or header.get("v") != ENVELOPE_VERSION:
             return Opened(None, Drop.MALFORMED)
         timestamp, mac = header.get("ts"), header.get("mac")
+        boot, seq = header.get("b"), header.get("n")
         if not isinstance(timestamp, int) or not isinstance(mac, str):
+            return Opened(None, Drop.MALFORMED)
+        if not (_is_seq(boot) and _is_seq(seq)):
             return Opened(None, Drop.MALFORMED)
         if header.get("c") != self.cluster:
             return Opened(None, Drop.CLUSTER)
         body = datagram[newline + 1 :]
         if self.secret is None:
-            return Opened(body)
+            return Opened(body, None, timestamp, boot, seq)
         if not mac:
             return Opened(None, Drop.UNSIGNED)
-        if not hmac.compare_digest(mac, _mac(self.secret, self.cluster, timestamp, body)):
+        expected = _mac(self.secret, self.cluster, timestamp, boot, seq, body)
+        if not hmac.compare_digest(mac, expected):
             return Opened(None, Drop.BAD_MAC)
         if abs(now_s - timestamp) > self.max_skew_s:
             return Opened(None, Drop.STALE)
-        return Opened(body)
+        return Opened(body, None, timestamp, boot, seq)
+
+
+def _is_seq(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_SEQ

@@ -14,7 +14,7 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -24,6 +24,7 @@ __all__ = [
     "DaemonExitedError",
     "Observation",
     "ProbeWatch",
+    "Split",
     "Swarm",
     "ViewWatch",
     "Views",
@@ -88,6 +89,53 @@ def inventory_yaml(hosts: Sequence[Host], cluster_name: str) -> str:
     lines = [f"cluster: {{name: {cluster_name}}}", "hosts:"]
     lines += [f"  {h.name}: {{ssh_host: {h.address}, p2p_port: {h.port}}}" for h in hosts]
     return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Split:
+    """A partition as the probe saw it: when each side first saw all of the other side dead
+    (probe time), and every sighting of a node dead by a node on its own side (a false death:
+    they could reach each other all along).
+
+    Call `watch(watch, since, timeout_s)` right after cutting; it returns when both sides
+    have decided.
+    """
+
+    sides: tuple[tuple[str, ...], tuple[str, ...]]
+    decided_at: dict[int, float] = field(default_factory=dict)
+    false_deaths: list[str] = field(default_factory=list)
+
+    def _decided(self, side: int, views: Views) -> bool:
+        near, far = self.sides[side], self.sides[1 - side]
+        return all(everyone_sees(node, {"dead"}, near)(views) for node in far)
+
+    def watch(self, watch: ViewWatch, *, since: float, timeout_s: float) -> None:
+        views: dict[str, Observation] = {}
+
+        def note(observation: Observation) -> None:
+            if observation.t < since:
+                return
+            if observation.members is None:
+                views.pop(observation.host, None)
+                return
+            views[observation.host] = observation
+            near = next(side for side in self.sides if observation.host in side)
+            for node, (state, _) in observation.members.items():
+                if node in near and state == "dead":
+                    self.false_deaths.append(
+                        f"{observation.host}@{observation.t:.2f} sees {node} dead"
+                    )
+            for side in (0, 1):
+                if side not in self.decided_at and self._decided(side, views):
+                    self.decided_at[side] = observation.t
+
+        watch.wait(
+            lambda views: self._decided(0, views) and self._decided(1, views),
+            since=since,
+            timeout_s=timeout_s,
+            message=f"each side of the cut {self.sides} to see all of the other side dead",
+            on_observation=note,
+        )
 
 
 class DaemonExitedError(AssertionError):

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import struct
 import sys
@@ -23,6 +24,7 @@ from zeroconf import _core as zeroconf_core
 from config import Timeouts
 from node.discovery.candidates import Advert, Candidate
 from node.discovery.feed import Discovery
+from tests.cluster.fixtures import REQUIRE_NETNS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Timeouts(mdns_s=2.0)
@@ -53,15 +55,43 @@ def _loopback_multicast_problem() -> str | None:
             sender.sendto(b"shoal", (group, receiver.getsockname()[1]))
             receiver.recv(16)
         except OSError as exc:
-            return f"multicast on {LOOPBACK} does not work on this host: {exc}"
+            return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def require_loopback_multicast(problem: str | None) -> None:
+    """Skip with `problem` as the reason, or fail when CI requires these tests to run."""
+    if problem is None:
+        return
+    if os.environ.get(REQUIRE_NETNS_ENV) == "1":
+        pytest.fail(f"mDNS tests need multicast on {LOOPBACK}: {problem} ({REQUIRE_NETNS_ENV}=1)")
+    pytest.skip(f"mDNS tests need multicast on {LOOPBACK} to reach this host: {problem}")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _needs_loopback_multicast() -> None:
-    problem = _loopback_multicast_problem()
-    if problem:
-        pytest.skip(problem)
+    require_loopback_multicast(_loopback_multicast_problem())
+
+
+def test_missing_multicast_skips_with_its_reason_or_fails_when_required(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    outcomes = (pytest.skip.Exception, pytest.fail.Exception)
+    require_loopback_multicast(None)
+    monkeypatch.delenv(REQUIRE_NETNS_ENV, raising=False)
+    with pytest.raises(outcomes) as skipped:
+        require_loopback_multicast("no route")
+    assert skipped.type is pytest.skip.Exception
+    assert str(skipped.value) == (
+        "mDNS tests need multicast on 127.0.0.1 to reach this host: no route"
+    )
+    monkeypatch.setenv(REQUIRE_NETNS_ENV, "1")
+    with pytest.raises(outcomes) as failed:
+        require_loopback_multicast("no route")
+    assert failed.type is pytest.fail.Exception
+    assert str(failed.value) == (
+        "mDNS tests need multicast on 127.0.0.1: no route (SHOAL_REQUIRE_NETNS=1)"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -166,6 +196,7 @@ import asyncio, sys
 from zeroconf import _core
 from config import Timeouts
 from node.discovery.feed import Discovery
+from tests.cluster.fixtures import REQUIRE_NETNS_ENV
 from node.discovery.candidates import Advert
 
 for name, value in {fast!r}.items():

@@ -6,117 +6,29 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 
 import pytest
 
-from config.timeouts import Timeouts
-from node.membership.service import InMemoryNetwork, Membership
-from node.membership.timers import ProbeWait
-from node.membership.types import EventKind, MemberEvent, MemberState, Update
+from node.membership.service import InMemoryNetwork
+from node.membership.types import EventKind, MemberState, Update
 from node.membership.wire import Message, MessageKind, encode_message
-
-FAST = Timeouts(
-    probe_interval_s=0.05,
-    probe_timeout_s=0.02,
-    indirect_probe_timeout_s=0.04,
-    suspicion_s=0.15,
-    dead_reap_s=30.0,
+from tests.node.membership_sim import (
+    FAILED,
+    FAST,
+    PORT,
+    Cluster,
+    host,
+    in_indirect_probe,
+    running_cluster,
+    wait_for,
 )
-PORT = 7000
-
-
-def host(index: int) -> str:
-    return f"10.0.0.{index + 1}"
-
-
-class Cluster:
-    """Members named n0, n1, ... at 10.0.0.1, 10.0.0.2, ...; every event recorded per member."""
-
-    def __init__(self, network: InMemoryNetwork) -> None:
-        self.network = network
-        self.nodes: dict[str, Membership] = {}
-        self.events: dict[str, list[MemberEvent]] = {}
-
-    async def add(
-        self,
-        index: int,
-        *,
-        seed: int | None = 0,
-        timeouts: Timeouts = FAST,
-        node_id: str | None = None,
-        address: str | None = None,
-    ) -> Membership:
-        name = node_id or f"n{index}"
-        address = address or host(index)
-        endpoint = self.network.endpoint(address, PORT, cluster="lab")
-        member = Membership(
-            name,
-            address,
-            PORT,
-            {"role": "training", "index": index},
-            endpoint,
-            timeouts,
-            cluster="lab",
-            rng=random.Random(index),
-        )
-        key = name if name not in self.nodes else f"{name}@{address}"
-        self.events[key] = []
-        member.add_listener(self.events[key].append)
-        await member.start()
-        self.nodes[key] = member
-        if seed is not None and seed != index:
-            member.add_candidate(host(seed), PORT)
-        return member
-
-    async def grow(self, count: int, **kwargs: object) -> list[Membership]:
-        return [await self.add(index, **kwargs) for index in range(count)]  # type: ignore[arg-type]
-
-    async def crash(self, name: str) -> None:
-        member = self.nodes.pop(name)
-        self.network.isolate(member.member(member.self_id).address)  # type: ignore[union-attr]
-        await member.close()
-
-    def state(self, observer: str, node_id: str) -> MemberState | None:
-        view = self.nodes[observer].member(node_id)
-        return None if view is None else view.state
-
-    def all_see(self, node_id: str, state: MemberState, observers: Iterable[str] = ()) -> bool:
-        names = list(observers) or [name for name in self.nodes if name != node_id]
-        return all(self.state(name, node_id) == state for name in names)
-
-    def all_alive(self) -> bool:
-        size = len(self.nodes)
-        return all(node.counts()["alive"] == size for node in self.nodes.values())
-
-    def seen(self, observer: str, node_id: str, kinds: set[EventKind]) -> list[MemberEvent]:
-        return [e for e in self.events[observer] if e.member.node_id == node_id and e.kind in kinds]
-
-    async def close(self) -> None:
-        for member in self.nodes.values():
-            await member.close()
-
-
-async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    network = InMemoryNetwork(random.Random(7), delay_s=0.0005, jitter_s=0.0005)
-    built = Cluster(network)
-    try:
+    async with running_cluster() as built:
         yield built
-    finally:
-        await built.close()
-        network.close()
-
-
-FAILED = {EventKind.SUSPECT, EventKind.DEAD}
 
 
 async def test_join_through_one_seed_teaches_everyone_everyone(cluster: Cluster) -> None:
@@ -192,27 +104,6 @@ async def test_leave_is_seen_at_once_everywhere(cluster: Cluster) -> None:
     await leaver.close()
 
 
-async def test_partition_then_heal_brings_everyone_back(cluster: Cluster) -> None:
-    await cluster.grow(5)
-    await wait_for(cluster.all_alive, what="convergence")
-    left_side, right_side = [host(0), host(1)], [host(2), host(3), host(4)]
-    cluster.network.partition(left_side, right_side)
-    await wait_for(
-        lambda: (
-            cluster.all_see("n0", MemberState.DEAD, ["n2", "n3", "n4"])
-            and cluster.all_see("n4", MemberState.DEAD, ["n0", "n1"])
-        ),
-        what="each side to declare the other dead",
-    )
-    cluster.network.heal()
-    await wait_for(cluster.all_alive, timeout_s=8.0, what="all alive after healing")
-
-
-def in_indirect_probe(node: Membership, target: str) -> bool:
-    waits = node._acks._waits.values()  # test peeks at the probe in flight to time the stall
-    return any(isinstance(w, ProbeWait) and w.target == target and w.relays for w in waits)
-
-
 async def test_stall_of_our_own_loop_kills_no_one() -> None:
     # n0 -> n1 is cut, so n0 reaches n1 only through relays (4 hops of 15 ms). The loop freezes
     # for 1 s while that indirect probe is in flight: afterwards the probe's timeout fires before
@@ -240,32 +131,6 @@ async def test_stall_of_our_own_loop_kills_no_one() -> None:
     finally:
         await slow.close()
         network.close()
-
-
-async def test_local_health_slows_a_member_that_misses_acks(cluster: Cluster) -> None:
-    await cluster.grow(5)
-    await wait_for(cluster.all_alive, what="convergence")
-    sick = cluster.nodes["n0"]
-    assert sick.local_health == 0
-    for index in range(1, 5):
-        cluster.network.cut(host(0), host(index))  # n0's datagrams are lost: it misses every ack
-    await wait_for(lambda: sick.local_health >= 3, what="n0's local health score to rise")
-    cluster.network.heal()
-    await wait_for(lambda: sick.local_health == 0, timeout_s=8.0, what="n0 to heal")
-    await wait_for(cluster.all_alive, timeout_s=8.0, what="all alive again")
-
-
-async def test_one_way_cut_is_bridged_by_indirect_probes(cluster: Cluster) -> None:
-    roomy = FAST.model_copy(update={"probe_timeout_s": 0.03, "indirect_probe_timeout_s": 0.1})
-    await cluster.grow(5, timeouts=roomy)
-    await wait_for(cluster.all_alive, what="convergence")
-    cluster.network.cut(host(1), host(2))  # n1 -> n2 lost, n2 -> n1 delivered
-    await asyncio.sleep(1.0)  # n1 and n2 probe each other about five times
-    for name in cluster.nodes:
-        assert not cluster.seen(name, "n2", {EventKind.DEAD})
-        assert not cluster.seen(name, "n1", {EventKind.DEAD})
-    assert cluster.state("n1", "n2") == MemberState.ALIVE
-    assert cluster.state("n2", "n1") == MemberState.ALIVE
 
 
 async def test_duplicate_node_id_is_reported_on_both_sides(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -29,6 +30,7 @@ from node.membership.rules import (
     sync_interval_s,
     view_digest,
 )
+from node.membership.table import MemberTable
 from node.membership.types import (
     EventKind,
     Member,
@@ -209,6 +211,11 @@ def test_suspicion_timeout_shrinks_with_confirmations() -> None:
     assert expected_confirmations(3, 2) == 0
     assert expected_confirmations(3, 4) == 2
     assert expected_confirmations(3, 100) == 3
+    # After our own failed probe: only the relays that nacked (the rest are cut off from us).
+    assert expected_confirmations(3, 5, nacks=1) == 1  # a 2|3 split seen from the two
+    assert expected_confirmations(3, 5, nacks=3) == 3
+    assert expected_confirmations(3, 100, nacks=0) == 3  # no nack: maybe we are the slow one
+    assert expected_confirmations(3, 4, nacks=3) == 2
 
 
 def test_suspicion_counts_distinct_confirmers_but_not_its_origin() -> None:
@@ -226,7 +233,10 @@ def test_local_health_rises_when_we_miss_acks_and_heals_on_acks() -> None:
     assert health_delta(ProbeResult.ACKED, 0, 0) == -1
     assert health_delta(ProbeResult.INDIRECT_ACKED, 3, 0) == 0
     assert health_delta(ProbeResult.FAILED, 3, 3) == 0  # relays reached us: the target is gone
-    assert health_delta(ProbeResult.FAILED, 3, 1) == 2  # relays' nacks did not reach us
+    assert health_delta(ProbeResult.FAILED, 3, 0) == 1  # no relay's nack reached us: maybe slow
+    assert (
+        health_delta(ProbeResult.FAILED, 3, 1) == 0
+    )  # one did: the others are cut off (partition)
     assert health_delta(ProbeResult.FAILED, 0, 0) == 1
     assert health_delta(ProbeResult.DISCOUNTED, 3, 0) == 0
     assert apply_health(7, 3, 8) == 8
@@ -297,3 +307,34 @@ def test_meta_and_ids_are_checked() -> None:
         validate_node_id("")
     with pytest.raises(MembershipError):
         SwimTuning(suspicion_max_mult=0.5)
+
+
+def test_relays_are_the_alive_members_heard_from_most_recently() -> None:
+    me = member(node_id="me", address="10.0.0.100")
+    table = MemberTable(me, random.Random(1))
+    for index, state in enumerate([A, A, A, A, A, S, A]):
+        table.store(None, member(state, node_id=f"n{index}", address=f"10.0.0.{index}"))
+    table.heard_at.update({"n0": 1.0, "n1": 9.0, "n2": 2.0, "n3": 8.0, "n4": 7.0, "n5": 10.0})
+    # n5 is suspect, n6 never heard from, n3 the probe's target
+    assert [m.node_id for m in table.pick_relays(3, {"n3"})] == ["n1", "n4", "n2"]
+    assert [m.node_id for m in table.pick_relays(10, {"n3"})][-1] == "n6"
+    assert table.pick_relays(0, ()) == []
+    big = MemberTable(me, random.Random(2))
+    for index in range(200):
+        big.store(None, member(node_id=f"m{index}", address=f"10.0.1.{index}"))
+        big.heard_at[f"m{index}"] = float(index % 50)
+    relays = big.pick_relays(3, ())
+    assert len({m.node_id for m in relays}) == 3
+    heard = [big.heard_at[m.node_id] for m in relays]
+    assert heard == sorted(heard, reverse=True)
+
+
+def test_a_suspect_is_probed_after_the_alive_members_of_its_round() -> None:
+    table = MemberTable(member(node_id="me", address="10.0.0.100"), random.Random(3))
+    states = {"n0": S, "n1": A, "n2": D, "n3": A, "n4": S, "n5": A}
+    for index, (node_id, state) in enumerate(states.items()):
+        table.store(None, member(state, node_id=node_id, address=f"10.0.0.{index}"))
+    for _ in range(3):  # every round: each member up probed once, the suspects last
+        probed = [target.node_id for target in (table.next_probe_target() for _ in range(5))]
+        assert sorted(probed[:3]) == ["n1", "n3", "n5"], probed
+        assert sorted(probed[3:]) == ["n0", "n4"], probed

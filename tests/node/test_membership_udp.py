@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,51 @@ async def test_signed_datagrams_pass_and_forged_ones_are_dropped(
         for transport in [receiver, *senders.values()]:
             await transport.close()
             await transport.close()
+
+
+async def test_a_captured_datagram_replayed_is_refused_and_a_restarted_sender_is_accepted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="node.membership.udp")
+    loop = asyncio.get_running_loop()
+    received: list[bytes] = []
+    receiver = UdpMembershipTransport("127.0.0.1", 0, secret=SECRET, cluster="lab")
+    sender = UdpMembershipTransport("127.0.0.1", 0, secret=SECRET, cluster="lab")
+    restarted: UdpMembershipTransport | None = None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as wiretap:
+        wiretap.bind(("127.0.0.1", 0))
+        wiretap.setblocking(False)
+        try:
+            await receiver.start(lambda body, source: received.append(body))
+            await sender.start(lambda body, source: None)
+            target = receiver.local_address
+            sender.send(b"ping-1", wiretap.getsockname())  # the attacker captures it on the way
+            captured, _ = await asyncio.wait_for(loop.sock_recvfrom(wiretap, 2048), 5)
+            wiretap.sendto(captured, target)  # ... delivers it once
+            await wait_for(lambda: received == [b"ping-1"])
+            for _ in range(3):
+                wiretap.sendto(captured, target)  # ... and replays it
+            await wait_for(lambda: receiver.stats().dropped.get("replayed", 0) == 3)
+            sender.send(b"ping-2", target)
+            await wait_for(lambda: received == [b"ping-1", b"ping-2"])
+
+            port = sender.local_address[1]
+            await sender.close()
+            restarted = UdpMembershipTransport("127.0.0.1", port, secret=SECRET, cluster="lab")
+            await restarted.start(lambda body, source: None)
+            restarted.send(b"ping-1 again", target)  # sequence numbers start over
+            await wait_for(lambda: received[-1:] == [b"ping-1 again"])
+            wiretap.sendto(captured, target)  # the old life's datagram is still a replay
+            await wait_for(lambda: receiver.stats().dropped.get("replayed", 0) == 4)
+            assert received == [b"ping-1", b"ping-2", b"ping-1 again"]
+            assert dict(receiver.stats().dropped) == {"replayed": 4}
+            refusals = [r for r in caplog.records if "replayed" in r.getMessage()]
+            assert len(refusals) == 4
+            assert all(r.levelno == logging.DEBUG for r in refusals)
+        finally:
+            for transport in (receiver, sender, restarted):
+                if transport is not None:
+                    await transport.close()
 
 
 async def start_node(name: str, timeouts: Timeouts, seed_port: int | None) -> Membership:

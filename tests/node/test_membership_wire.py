@@ -101,27 +101,38 @@ def test_malformed_bodies_are_refused(body: bytes) -> None:
 def test_envelope_signs_and_refuses_forgeries() -> None:
     signed = Envelope("lab", b"secret")
     now = 1_700_000_000.0
-    datagram = signed.seal(b'{"t":"ping"}', now)
+    datagram = signed.seal(b'{"t":"ping"}', now, boot=7, seq=1)
     assert signed.open(datagram, now + 299).body == b'{"t":"ping"}'
     assert signed.open(datagram.replace(b"ping", b"pong"), now).drop == Drop.BAD_MAC
     assert signed.open(datagram, now + 301).drop == Drop.STALE
     assert Envelope("lab", b"other").open(datagram, now).drop == Drop.BAD_MAC
     assert Envelope("prod", b"secret").open(datagram, now).drop == Drop.CLUSTER
-    unsigned = Envelope("lab").seal(b"{}", now)
+    unsigned = Envelope("lab").seal(b"{}", now, boot=7, seq=2)
     assert signed.open(unsigned, now).drop == Drop.UNSIGNED
     assert Envelope("lab").open(unsigned, now).body == b"{}"
     assert Envelope("lab").open(datagram, now).body == b'{"t":"ping"}'
     assert signed.open(b"garbage", now).drop == Drop.MALFORMED
-    assert signed.open(b'{"v":2}\n{}', now).drop == Drop.MALFORMED
+    assert signed.open(b'{"v":1}\n{}', now).drop == Drop.MALFORMED
     header = json.loads(datagram.split(b"\n", 1)[0])
-    assert set(header) == {"v", "c", "ts", "mac"}
-    assert header["c"] == "lab"
+    assert set(header) == {"v", "c", "ts", "b", "n", "mac"}
+    assert (header["c"], header["b"], header["n"]) == ("lab", 7, 1)
+    opened = signed.open(datagram, now)
+    assert (opened.timestamp, opened.boot, opened.seq) == (int(now), 7, 1)
+    for field, value in (("n", 2), ("b", 8)):  # boot and sequence are signed
+        forged = datagram.replace(
+            f'"{field}":{header[field]},'.encode(), f'"{field}":{value},'.encode()
+        )
+        assert forged != datagram
+        assert signed.open(forged, now).drop == Drop.BAD_MAC
+    for bad in (b'"n":-1', b'"n":true', b'"n":"1"'):
+        assert signed.open(datagram.replace(b'"n":1', bad), now).drop == Drop.MALFORMED
 
 
 def test_a_full_budget_body_fits_one_datagram() -> None:
     for envelope in (Envelope("lab", b"s"), Envelope("a-long-cluster-name " * 3), Envelope("é")):
         body = b"x" * envelope.body_budget
-        assert len(envelope.seal(body, 1_700_000_000)) <= MAX_DATAGRAM_BYTES
+        widest = envelope.seal(body, 1_700_000_000, boot=2**63 - 1, seq=2**63 - 1)
+        assert len(widest) <= MAX_DATAGRAM_BYTES
 
 
 def test_full_state_is_split_into_chunks_that_fit() -> None:
@@ -160,7 +171,8 @@ class RecordingTransport:
         self.handler = handler
 
     def send(self, body: bytes, address: tuple[str, int]) -> None:
-        assert len(self.envelope.seal(body, 1_700_000_000)) <= MAX_DATAGRAM_BYTES
+        sealed = self.envelope.seal(body, 1_700_000_000, boot=2**62, seq=2**62)
+        assert len(sealed) <= MAX_DATAGRAM_BYTES
         self.sent.append(body)
 
     def stats(self) -> TransportStats:
