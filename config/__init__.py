@@ -14,6 +14,7 @@ from config.auth import (
     signing_middleware,
     verify_request,
 )
+from config.durable import fsync_directory
 from config.errors import AuthError, ConfigError, InventoryError
 from config.fields import Category, HostStatus, Role, is_valid_node_id
 from config.inventory import (
@@ -62,6 +63,7 @@ __all__ = [
     "Timeouts",
     "describe_settings",
     "eligible_hosts",
+    "fsync_directory",
     "is_valid_node_id",
     "load_inventory",
     "load_or_create_node_id",

@@ -5,10 +5,10 @@ May import config and wal only; sync and node import it.
 
 from __future__ import annotations
 
-from health.breaker import (
+from health.breaker import CircuitBreaker
+from health.breaker_config import (
     BreakerConfig,
     BreakerSnapshot,
-    CircuitBreaker,
     CircuitState,
     Clock,
     StateListener,

@@ -24,7 +24,8 @@ from sync.guards import (
     sweep_stale_files,
     temp_name,
 )
-from sync.transports.protocol import PeerRef, install_file, make_directories
+from sync.transports.partial import install_file, make_directories
+from sync.transports.protocol import PeerRef
 from wal import SYNC_STARTED, RecoveryHandler, WalEntry
 
 if TYPE_CHECKING:

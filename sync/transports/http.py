@@ -26,15 +26,14 @@ from sync.files.errors import (
 )
 from sync.files.manifest import ManifestEntry, ManifestPage, parse_page
 from sync.guards import dest_path
-from sync.transports.protocol import (
-    PeerRef,
-    TransferResult,
+from sync.transports.partial import (
     install_file,
     make_directories,
     open_partial,
     run_blocking,
     verify_present_pieces,
 )
+from sync.transports.protocol import PeerRef, TransferResult
 
 logger = logging.getLogger(__name__)
 

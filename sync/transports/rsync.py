@@ -24,7 +24,8 @@ from config import HostEntry, Timeouts
 from sync.files.errors import FileSyncError, FileTransferError
 from sync.files.manifest import ManifestEntry
 from sync.guards import TEMP_PREFIX, dest_path
-from sync.transports.protocol import PeerRef, TransferResult, install_file, make_directories
+from sync.transports.partial import install_file, make_directories
+from sync.transports.protocol import PeerRef, TransferResult
 from sync.transports.ssh import KIND_AUTH, KIND_HOST_KEY, MARKER
 
 logger = logging.getLogger(__name__)
