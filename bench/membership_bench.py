@@ -32,9 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from config.timeouts import Timeouts  # noqa: E402
-from node.membership.service import InMemoryNetwork, Membership  # noqa: E402
-from node.membership.types import EventKind, Member, MemberEvent, MemberState  # noqa: E402
+from config import Timeouts  # noqa: E402
+from node import EventKind, InMemoryNetwork, Member, MemberEvent, Membership, MemberState  # noqa: E402
 
 PORT = 8770
 SECRET = b"bench-cluster-secret-0123456789abcdef"

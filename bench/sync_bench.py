@@ -36,12 +36,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from config import Timeouts  # noqa: E402
-from sync.files.catalog import FileCatalog  # noqa: E402
-from sync.files.engine import SyncCoordinator, SyncOptions  # noqa: E402
-from sync.files.routes import file_routes  # noqa: E402
-from sync.guards import SpaceReserve  # noqa: E402
-from sync.transports.http import HttpTransport  # noqa: E402
-from sync.transports.protocol import PeerRef  # noqa: E402
+from sync import (  # noqa: E402
+    FileCatalog,
+    HttpTransport,
+    PeerRef,
+    SpaceReserve,
+    SyncCoordinator,
+    SyncOptions,
+    file_routes,
+)
 from wal import WriteAheadLog  # noqa: E402
 
 CATEGORIES = ("models", "training")

@@ -33,7 +33,6 @@ from health.monitor.model import (
     ClusterStatus,
     ClusterSummary,
     FailureEvent,
-    GpuReading,
     MonitorError,
     NodeRow,
 )
@@ -77,7 +76,6 @@ __all__ = [
     "FailureEvent",
     "GpuInfo",
     "GpuReader",
-    "GpuReading",
     "HealthChecker",
     "HealthConfigError",
     "HealthError",

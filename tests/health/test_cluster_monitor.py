@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from config import NodeSettings, load_settings
+from health import ClusterMonitor, ClusterStatus, MonitorError
 from health.cluster_monitor import main
-from health.monitor.client import ClusterMonitor
-from health.monitor.model import ClusterStatus, MonitorError
-from node.daemon import NodeDaemon
+from node import NodeDaemon
 
 FAST = {
     "timeouts.probe_interval_s": 0.1,

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from health.monitor.client import ClusterMonitor
-from health.monitor.model import ClusterStatus
+from health import ClusterMonitor, ClusterStatus
 from tests.cluster.cluster import LoopbackCluster
 from tests.cluster.fixtures import LoopbackClusterFactory
 from tests.cluster.process import ClusterProcess

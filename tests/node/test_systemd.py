@@ -5,7 +5,7 @@ import os
 import socket
 from pathlib import Path
 
-from node.systemd import SystemdNotifier
+from node import SystemdNotifier
 
 
 def _listener(tmp_path: Path) -> tuple[socket.socket, str]:

@@ -12,11 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sync.files.engine import SyncOptions
-from sync.files.manifest import ManifestEntry
+from sync import ManifestEntry, PeerRef, SyncOptions, TransferResult, install_file
 from sync.guards import SpaceReserve, partial_name
 from sync.storage import MARKER_NAME, MountInfo
-from sync.transports.protocol import PeerRef, TransferResult, install_file
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
     LOCAL_MOUNTS,

@@ -11,15 +11,16 @@ from typing import Any
 import pytest
 
 from health import CircuitOpenError
-from sync.files.errors import (
+from sync import (
     AllSourcesFailedError,
     FileTransferError,
     InsufficientSpaceError,
     ManifestError,
+    P2PFallbackSync,
+    PeerRef,
+    plan_pulls,
 )
 from sync.files.manifest import ManifestEntry, content_hash, hash_file, parse_entry, parse_page
-from sync.files.plan import P2PFallbackSync, plan_pulls
-from sync.transports.protocol import PeerRef
 
 PIECE = 4096
 A = PeerRef("a", "http://127.0.0.1:1")

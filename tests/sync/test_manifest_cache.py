@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sync.files.manifest import ManifestEntry, hash_file
-from sync.files.manifest_cache import ManifestCache
+from sync import ManifestCache, ManifestEntry, hash_file
 from tests.sync.files_fixtures import PIECE, CountingHasher, write_file
 
 

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 
 from config import HostEntry, Timeouts
-from sync.files.errors import ContentMismatchError, FileTransferError
-from sync.files.manifest import ManifestEntry, hash_file
-from sync.transports.protocol import PeerRef
+from sync import ContentMismatchError, FileTransferError, ManifestEntry, PeerRef, hash_file
 from sync.transports.rsync import (
     HostKeyError,
     RsyncTransport,

@@ -18,11 +18,14 @@ from typing import Protocol
 import pytest
 
 from health import BreakerConfig, BreakerRegistry, CircuitState
-from sync.files.errors import ContentMismatchError
-from sync.files.manifest import ManifestEntry
-from sync.files.plan import P2PFallbackSync
-from sync.transports.http import HttpTransport
-from sync.transports.protocol import PeerRef, Transport
+from sync import (
+    ContentMismatchError,
+    HttpTransport,
+    ManifestEntry,
+    P2PFallbackSync,
+    PeerRef,
+    Transport,
+)
 from tests.sync.files_fixtures import PIECE, FileNode, content_hash_of, internal_files
 from tests.sync.files_proxy import FaultProxy
 from tests.sync.files_puller import is_rsync_working_file
