@@ -36,8 +36,9 @@ from health.monitor.model import (
     MonitorError,
     NodeRow,
 )
+from health.monitor.options import MONITOR_FLAGS, MonitorFlag, MonitorOptions, options_from
 from health.monitor.render import render_dashboard, render_text
-from health.monitor.run import MonitorOptions, run_monitor
+from health.monitor.run import run_monitor
 from health.registry import (
     BreakerRegistry,
     TransitionListener,
@@ -60,6 +61,7 @@ from health.status import (
 )
 
 __all__ = [
+    "MONITOR_FLAGS",
     "BreakerConfig",
     "BreakerRegistry",
     "BreakerSnapshot",
@@ -82,6 +84,7 @@ __all__ = [
     "HealthStatus",
     "HealthSummary",
     "MonitorError",
+    "MonitorFlag",
     "MonitorOptions",
     "NodeMetrics",
     "NodeRow",
@@ -101,6 +104,7 @@ __all__ = [
     "format_health_report",
     "gpu_check",
     "memory_check",
+    "options_from",
     "package_version",
     "read_gpus",
     "read_rss_bytes",

@@ -268,7 +268,9 @@ async def test_what_a_node_reads_is_what_the_monitor_parses(
 
 
 def test_a_gpu_entry_of_the_wrong_shape_reads_as_unknowns() -> None:
-    odd = {"index": "one", "name": 3, "util_pct": True, "problems": ["hot", 7], "error": 1}
+    odd = {"index": "one", "name": 3, "util_pct": True, "ecc_uncorrected": True}
+    odd |= {"problems": ["hot", 7], "error": 1}
     gpu = GpuInfo.from_json(odd, position=4)
     assert (gpu.index, gpu.name, gpu.uuid, gpu.util_pct) == (4, "?", "", None)
     assert (gpu.problems, gpu.error, gpu.last_xid) == (("hot",), True, None)
+    assert gpu.ecc_uncorrected is None
