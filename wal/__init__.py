@@ -20,6 +20,7 @@ from wal.entry import (
     WalStats,
 )
 from wal.errors import WalCorruptError, WalError, WalFullError
+from wal.group_commit import BatchResults, GroupCommit, GroupCommitConfig
 from wal.log import WriteAheadLog
 from wal.schema import move_aside
 
@@ -30,7 +31,10 @@ __all__ = [
     "MODEL_TRAINED",
     "SYNC_COMPLETED",
     "SYNC_STARTED",
+    "BatchResults",
     "EntryState",
+    "GroupCommit",
+    "GroupCommitConfig",
     "RecoveryHandler",
     "RecoveryResult",
     "WalConfig",
