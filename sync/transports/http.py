@@ -177,16 +177,8 @@ class HttpTransport:
             logger.info(
                 "%s/%s: resumed with %d bytes already verified", category, entry.path, resumed
             )
-        return TransferResult(
-            peer=peer.node_id,
-            transport=self.name,
-            category=category,
-            path=entry.path,
-            hash=entry.hash,
-            size_bytes=entry.size,
-            bytes_transferred=received,
-            resumed_bytes=resumed,
-            duration_s=time.monotonic() - started,
+        return TransferResult.installed(
+            peer, self.name, category, entry, transferred=received, resumed=resumed, started=started
         )
 
     async def _get_json(

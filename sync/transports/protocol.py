@@ -3,6 +3,7 @@ fetches from and the result of one fetch. The steps they share live in partial.p
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -58,6 +59,31 @@ class TransferResult:
     bytes_transferred: int
     resumed_bytes: int
     duration_s: float
+
+    @classmethod
+    def installed(
+        cls,
+        peer: PeerRef,
+        transport: str,
+        category: str,
+        entry: ManifestEntry,
+        *,
+        transferred: int,
+        resumed: int,
+        started: float,
+    ) -> TransferResult:
+        """The result of installing `entry` from `peer`, timed from `started` (time.monotonic)."""
+        return cls(
+            peer=peer.node_id,
+            transport=transport,
+            category=category,
+            path=entry.path,
+            hash=entry.hash,
+            size_bytes=entry.size,
+            bytes_transferred=transferred,
+            resumed_bytes=resumed,
+            duration_s=time.monotonic() - started,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -214,16 +214,8 @@ class RsyncTransport:
             raise FileSyncError(f"{where}: local file error: {exc}") from exc
         if matched or resumed_before:
             logger.info("%s: resumed, %d bytes matched locally", where, matched)
-        return TransferResult(
-            peer=peer.node_id,
-            transport=self.name,
-            category=category,
-            path=entry.path,
-            hash=entry.hash,
-            size_bytes=entry.size,
-            bytes_transferred=literal,
-            resumed_bytes=matched,
-            duration_s=time.monotonic() - started,
+        return TransferResult.installed(
+            peer, self.name, category, entry, transferred=literal, resumed=matched, started=started
         )
 
     async def _run(self, argv: list[str], where: str) -> str:
