@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from sync.errors import (
     SnapshotError,
@@ -46,7 +46,6 @@ from wal import GroupCommit, GroupCommitConfig
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 _Rows = Sequence[db.Row]
 
 
