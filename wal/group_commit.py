@@ -42,7 +42,9 @@ class GroupCommitConfig:
     `queue_limit` bounds the requests queued and not yet in a batch (see wait_for_room).
     `op_timeout_s` bounds each batch and call, and how long close() waits for the queue to drain.
     After `idle_checkpoint_s` without writes the SQLite -wal file is truncated; while busy a
-    PASSIVE checkpoint runs every `checkpoint_interval_s`.
+    PASSIVE checkpoint runs every `checkpoint_interval_s`. When a batch finishes, the next one
+    starts before its callers are woken if a full batch waits, or with `eager` if any request
+    waits; otherwise they are woken first and may join it (larger batches on slow disks).
     """
 
     max_batch: int
@@ -52,6 +54,7 @@ class GroupCommitConfig:
     open_timeout_s: float | None = None
     idle_checkpoint_s: float | None = None
     checkpoint_interval_s: float | None = None
+    eager: bool = False
 
 
 class GroupCommit(Generic[Req, Out]):
@@ -241,7 +244,8 @@ class GroupCommit(Generic[Req, Out]):
                 # With a full batch already waiting, start it before waking the callers of this
                 # one: the disk syncs it while the loop serves them. Otherwise wake them first
                 # and let them join the next batch, which keeps batches large on slow disks.
-                job = self._start_batch() if self._full_batch_waiting() else None
+                early = self._items and (config.eager or self._full_batch_waiting())
+                job = self._start_batch() if early else None
                 self._in_flight.pop(0)
                 self._resolve(batch, outcome)
                 dirty = True

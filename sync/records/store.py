@@ -75,6 +75,7 @@ class _RecordWriter(GroupCommit[_Rows, _Committed]):
             GroupCommitConfig(
                 max_batch=store.options.max_batch_records,
                 idle_checkpoint_s=store.options.idle_checkpoint_s,
+                eager=True,
             ),
             closed_reason="closed",
             thread_name=f"records-{store.name}-writer",

@@ -33,6 +33,7 @@ class Numbers(GroupCommit[list[int], Done]):
         super().__init__("numbers", config, closed_reason="closed", thread_name="numbers")
         self.batches: list[list[list[int]]] = []
         self.seen: list[Done | None] = []
+        self.queued_at_batch_end: list[int] = []
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
@@ -67,6 +68,7 @@ class Numbers(GroupCommit[list[int], Done]):
 
     def on_batch(self, requests: list[list[int]], outcome: Done | None) -> None:
         self.seen.append(outcome)
+        self.queued_at_batch_end.append(self.queue_depth)
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -76,8 +78,8 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-async def opened(tmp_path: Path, max_batch: int = 4) -> Numbers:
-    engine = Numbers(GroupCommitConfig(max_batch=max_batch, op_timeout_s=30.0))
+async def opened(tmp_path: Path, max_batch: int = 4, *, eager: bool = False) -> Numbers:
+    engine = Numbers(GroupCommitConfig(max_batch=max_batch, op_timeout_s=30.0, eager=eager))
     await engine.open_connection(connect, tmp_path / "n.db")
     engine.start()
     return engine
@@ -148,3 +150,21 @@ async def test_close_writes_what_was_queued_then_refuses(tmp_path: Path) -> None
     with pytest.raises(OwnerError, match="closed"):
         engine.enqueue([11])
     assert rows(tmp_path) == list(range(10))
+
+
+@pytest.mark.parametrize(("eager", "left_queued"), [(False, 2), (True, 0)])
+async def test_eager_starts_the_next_batch_before_waking_the_callers(
+    tmp_path: Path, eager: bool, left_queued: int
+) -> None:
+    engine = await opened(tmp_path, max_batch=100, eager=eager)
+    engine.gate.clear()
+    first = engine.enqueue([0])
+    await asyncio.to_thread(engine.entered.wait, 10)
+    queued = [engine.enqueue([1]), engine.enqueue([2])]
+    engine.gate.set()
+    assert await asyncio.gather(first, *queued) == [1, 1, 1]
+    await engine.close()
+    # when the first batch's callers are woken, the other two are still queued, or already
+    # applying as the next batch
+    assert engine.queued_at_batch_end[0] == left_queued
+    assert [[len(r) for r in batch] for batch in engine.batches] == [[1], [1, 1]]
