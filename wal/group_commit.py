@@ -43,8 +43,10 @@ class GroupCommitConfig:
     `op_timeout_s` bounds each batch and call, and how long close() waits for the queue to drain.
     After `idle_checkpoint_s` without writes the SQLite -wal file is truncated; while busy a
     PASSIVE checkpoint runs every `checkpoint_interval_s`. When a batch finishes, the next one
-    starts before its callers are woken if a full batch waits, or with `eager` if any request
-    waits; otherwise they are woken first and may join it (larger batches on slow disks).
+    starts before its callers are woken if a full batch waits; otherwise they are woken first
+    and may join it (larger batches on slow disks). With `eager` the thread applies batch after
+    batch while requests wait, never waiting for the loop in between (for owners whose loop is
+    busy with other work); op_timeout_s then bounds only calls, not batches.
     """
 
     max_batch: int
@@ -238,14 +240,17 @@ class GroupCommit(Generic[Req, Out]):
                             dirty, last_checkpoint = False, self._loop.time()
                         continue
                     await self._gather()
+                    if config.eager:
+                        await self._start(self._apply_while_queued)
+                        dirty = True
+                        continue
                     job = self._start_batch()
                 batch = self._in_flight[0]
                 outcome = await self._finish_batch(job)
                 # With a full batch already waiting, start it before waking the callers of this
                 # one: the disk syncs it while the loop serves them. Otherwise wake them first
                 # and let them join the next batch, which keeps batches large on slow disks.
-                early = self._items and (config.eager or self._full_batch_waiting())
-                job = self._start_batch() if early else None
+                job = self._start_batch() if self._full_batch_waiting() else None
                 self._in_flight.pop(0)
                 self._resolve(batch, outcome)
                 dirty = True
@@ -302,7 +307,8 @@ class GroupCommit(Generic[Req, Out]):
                 return True
         return False
 
-    def _start_batch(self) -> asyncio.Future[Out]:
+    def _take_batch(self) -> list[tuple[Req, asyncio.Future[Any]]]:
+        """The next batch off the queue (deque pops are atomic: the writer's thread may call)."""
         limit = self._commit_config.max_batch
         batch: list[tuple[Req, asyncio.Future[Any]]] = []
         if self.unit_weight:
@@ -314,31 +320,65 @@ class GroupCommit(Generic[Req, Out]):
                 item = self._items.popleft()
                 total += self.weight(item[0])
                 batch.append(item)
+        return batch
+
+    def _start_batch(self) -> asyncio.Future[Out]:
+        batch = self._take_batch()
         self._in_flight.append(batch)
         self._wake_room_waiters()
         return self._start(self.apply, self._conn, [request for request, _ in batch])
 
+    def _apply_while_queued(self) -> None:
+        """On the writer's thread: apply batches back to back while requests wait, handing each
+        outcome to the loop."""
+        while True:
+            batch = self._take_batch()
+            if not batch:
+                return
+            self._loop.call_soon_threadsafe(self._wake_room_waiters)
+            outcome: Out | Exception
+            try:
+                outcome = self.apply(self.connection, [request for request, _ in batch])
+            except Exception as exc:
+                outcome = exc
+            self._loop.call_soon_threadsafe(self._deliver, batch, outcome)
+
+    def _deliver(
+        self, batch: list[tuple[Req, asyncio.Future[Any]]], outcome: Out | Exception
+    ) -> None:
+        if isinstance(outcome, Exception):
+            outcome = self._batch_error(outcome)
+        self._resolve(batch, outcome)
+
     async def _finish_batch(self, job: asyncio.Future[Out]) -> Out | Exception:
         limit_s = self._commit_config.op_timeout_s
-        error: Exception
         try:
             async with asyncio.timeout(limit_s):
                 return await job
         except TimeoutError as exc:
             error = self.failure(f"writing timed out after {limit_s} s")
             error.__cause__ = exc
-        except (sqlite3.Error, OSError) as exc:
-            error = self.translate(exc, "writing")
-            error.__cause__ = exc
+            self._note_failure(error)
+            return error
         except Exception as exc:
-            logger.exception("%s: unexpected error writing a batch", self._label)
+            return self._batch_error(exc)
+
+    def _batch_error(self, exc: Exception) -> Exception:
+        """The error a batch's callers get for `exc` raised while applying it."""
+        if not isinstance(exc, sqlite3.Error | OSError):
+            logger.error("%s: unexpected error writing a batch", self._label, exc_info=exc)
             return self.failure(f"writing failed: {exc!r}")
+        error = self.translate(exc, "writing")
+        error.__cause__ = exc
+        self._note_failure(error)
+        return error
+
+    def _note_failure(self, error: Exception) -> None:
         if not self._failing:
             logger.warning("%s: a batch failed: %s", self._label, error)
             self._failing = True
         else:
             logger.debug("%s: a batch failed: %s", self._label, error)
-        return error
 
     def _resolve(
         self, batch: list[tuple[Req, asyncio.Future[Any]]], outcome: Out | Exception

@@ -152,11 +152,8 @@ async def test_close_writes_what_was_queued_then_refuses(tmp_path: Path) -> None
     assert rows(tmp_path) == list(range(10))
 
 
-@pytest.mark.parametrize(("eager", "left_queued"), [(False, 2), (True, 0)])
-async def test_eager_starts_the_next_batch_before_waking_the_callers(
-    tmp_path: Path, eager: bool, left_queued: int
-) -> None:
-    engine = await opened(tmp_path, max_batch=100, eager=eager)
+async def test_callers_are_woken_before_a_partial_next_batch_starts(tmp_path: Path) -> None:
+    engine = await opened(tmp_path, max_batch=100)
     engine.gate.clear()
     first = engine.enqueue([0])
     await asyncio.to_thread(engine.entered.wait, 10)
@@ -164,7 +161,29 @@ async def test_eager_starts_the_next_batch_before_waking_the_callers(
     engine.gate.set()
     assert await asyncio.gather(first, *queued) == [1, 1, 1]
     await engine.close()
-    # when the first batch's callers are woken, the other two are still queued, or already
-    # applying as the next batch
-    assert engine.queued_at_batch_end[0] == left_queued
+    # the first batch's callers were woken while the other two still waited (free to grow it)
+    assert engine.queued_at_batch_end[0] == 2
     assert [[len(r) for r in batch] for batch in engine.batches] == [[1], [1, 1]]
+
+
+async def test_eager_applies_batch_after_batch_without_the_loop(tmp_path: Path) -> None:
+    engine = await opened(tmp_path, max_batch=1, eager=True)
+    second_started = threading.Event()
+    real_apply = engine.apply
+
+    def apply(conn: sqlite3.Connection, requests: list[list[int]]) -> Done:
+        if requests == [[2]]:
+            second_started.set()
+        return real_apply(conn, requests)
+
+    engine.apply = apply  # type: ignore[method-assign]
+    engine.gate.clear()
+    first = engine.enqueue([1])
+    await asyncio.to_thread(engine.entered.wait, 10)
+    second = engine.enqueue([2])
+    engine.gate.set()
+    # The loop is blocked here (a synchronous wait), yet the thread goes on to the next batch.
+    assert second_started.wait(timeout=30)
+    assert await asyncio.gather(first, second) == [1, 1]
+    await engine.close()
+    assert rows(tmp_path) == [1, 2]
