@@ -12,9 +12,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.server import serve_until_sigterm, server_process  # noqa: E402
 from sync import (  # noqa: E402
     GAMES_SCHEMA,
     RecordStore,
@@ -68,18 +67,7 @@ async def serve(data_dir: Path) -> None:
     app = web.Application()
     app.add_routes(record_routes(stores, "bench-server"))
     async with stores:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            sys.stdout.write(f"PORT {runner.addresses[0][1]}\n")
-            sys.stdout.flush()
-            stop = asyncio.Event()
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-            await stop.wait()
-        finally:
-            await runner.cleanup()
+        await serve_until_sigterm(app)
 
 
 async def produce(url: str, bodies: list[bytes], producers: int) -> tuple[int, float]:
@@ -148,24 +136,12 @@ def run_shape(shape: str, count: int, producers: int, work: Path) -> dict[str, A
         for i in range(0, count, BATCH)
     ]
     server_dir = work / f"server-{shape}"
-    server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(server_dir)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        port = int(line.split()[1])
+    with server_process([__file__, "--serve", str(server_dir)]) as port:
         base_url = f"http://127.0.0.1:{port}"
         acknowledged, elapsed = asyncio.run(
             produce(f"{base_url}/v1/records/games", bodies, producers)
         )
         pulled = asyncio.run(pull(base_url, work / f"pulled-{shape}.db", 5000))
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
     http_rate = acknowledged / elapsed
     plain_rate = plain_sqlite(work / f"plain-{shape}.db", records[:acknowledged])
     return {

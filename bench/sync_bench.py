@@ -20,12 +20,11 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.server import serve_until_sigterm, server_process  # noqa: E402
 from config import Timeouts  # noqa: E402
-from sync.files.catalog import FileCatalog  # noqa: E402
-from sync.files.engine import SyncCoordinator, SyncOptions  # noqa: E402
-from sync.files.routes import file_routes  # noqa: E402
-from sync.guards import SpaceReserve  # noqa: E402
-from sync.transports.http import HttpTransport  # noqa: E402
-from sync.transports.protocol import PeerRef  # noqa: E402
+from sync import (  # noqa: E402
+    FileCatalog,
+    HttpTransport,
+    PeerRef,
+    SpaceReserve,
+    SyncCoordinator,
+    SyncOptions,
+    file_routes,
+)
 from wal import WriteAheadLog  # noqa: E402
 
 CATEGORIES = ("models", "training")
@@ -60,38 +63,14 @@ async def serve(base: Path, strict: bool) -> None:
     async with _catalog(base, strict) as catalog:
         app = web.Application()
         app.router.add_routes(file_routes(catalog))
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            sys.stdout.write(f"PORT {runner.addresses[0][1]}\n")
-            sys.stdout.flush()
-            stop = asyncio.Event()
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-            await stop.wait()
-        finally:
-            await runner.cleanup()
+        await serve_until_sigterm(app)
 
 
 @contextlib.contextmanager
-def server_process(base: Path, strict: bool = True) -> Any:
-    command = [sys.executable, __file__, "--serve", str(base)]
-    if not strict:
-        command.append("--default-catalog")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, cwd=ROOT)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("PORT "), line
-        yield PeerRef("server", f"http://127.0.0.1:{int(line.split()[1])}")
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def server(base: Path, strict: bool = True) -> Iterator[PeerRef]:
+    argv = [__file__, "--serve", str(base)] + ([] if strict else ["--default-catalog"])
+    with server_process(argv) as port:
+        yield PeerRef("server", f"http://127.0.0.1:{port}")
 
 
 @contextlib.asynccontextmanager
@@ -143,7 +122,7 @@ async def checkpoint(work: Path, size: int, trials: int, streams: int) -> dict[s
     copies = work / "copies"
     copies.mkdir()
     samples: dict[str, list[float]] = {"http": [], "dd": [], "rsync": []}
-    with server_process(server_dir) as peer:
+    with server(server_dir) as peer:
         async with HttpTransport(timeouts=TIMEOUTS) as http:
             started = time.perf_counter()
             await http.list_manifest(peer, "models")  # the server hashes the new file once
@@ -210,7 +189,7 @@ async def noop_sync(work: Path, count: int, trials: int) -> dict[str, Any]:
     result: dict[str, Any] = {"files": count, "tree_created_s": round(created_s, 2)}
     async with client(client_dir, 1) as coordinator:
         for mode in ("strict", "default"):
-            with server_process(server_dir, strict=mode == "strict") as peer:
+            with server(server_dir, strict=mode == "strict") as peer:
                 coordinator.http._manifests.clear()
                 started = time.perf_counter()
                 first = await coordinator.sync("training", [peer])

@@ -103,9 +103,9 @@ async def open_baseline(path: Path) -> aiosqlite.Connection:
     return db
 
 
-async def bench_single_commit(directory: Path, seconds: float) -> dict[str, Any]:
-    """One writer awaiting one aiosqlite INSERT + COMMIT per append."""
-    db = await open_baseline(directory / "baseline-single.db")
+async def bench_baseline(path: Path, writers: int, seconds: float) -> dict[str, Any]:
+    """`writers` tasks sharing one aiosqlite connection, each awaiting INSERT + COMMIT."""
+    db = await open_baseline(path)
     try:
 
         async def append_one(n: int) -> object:
@@ -114,23 +114,7 @@ async def bench_single_commit(directory: Path, seconds: float) -> dict[str, Any]
             await db.commit()
             return None
 
-        return await run_writers(1, seconds, append_one)
-    finally:
-        await db.close()
-
-
-async def bench_shared_connection(directory: Path, seconds: float) -> dict[str, Any]:
-    """64 tasks sharing one aiosqlite connection, each INSERT then COMMIT."""
-    db = await open_baseline(directory / "baseline-shared.db")
-    try:
-
-        async def append_one(n: int) -> object:
-            now = time.time()
-            await db.execute(BASELINE_INSERT, (GAME_RECORDED, json.dumps(payload(n)), now, now))
-            await db.commit()
-            return None
-
-        return await run_writers(64, seconds, append_one)
+        return await run_writers(writers, seconds, append_one)
     finally:
         await db.close()
 
@@ -139,8 +123,8 @@ async def main(seconds: float, writer_counts: list[int]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wal-bench-") as tmp:
         directory = Path(tmp)
         wal_results = [await bench_wal(directory, n, seconds) for n in writer_counts]
-        single = await bench_single_commit(directory, seconds)
-        shared = await bench_shared_connection(directory, seconds)
+        single = await bench_baseline(directory / "baseline-single.db", 1, seconds)
+        shared = await bench_baseline(directory / "baseline-shared.db", 64, seconds)
     by_writers = {r["writers"]: r for r in wal_results}
     report: dict[str, Any] = {
         "machine": {

@@ -14,6 +14,7 @@ from config.auth import (
     signing_middleware,
     verify_request,
 )
+from config.durable import fsync_directory
 from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
 from config.fields import Category, HostStatus, Role, is_valid_node_id
 from config.inventory import (
@@ -70,6 +71,7 @@ __all__ = [
     "error_body",
     "error_exception",
     "error_response",
+    "fsync_directory",
     "is_valid_node_id",
     "load_inventory",
     "load_or_create_node_id",

@@ -7,6 +7,7 @@ import secrets
 import socket
 from pathlib import Path
 
+from config.durable import fsync_directory
 from config.errors import ConfigError
 from config.fields import is_valid_node_id
 
@@ -47,11 +48,7 @@ def load_or_create_node_id(data_dir: Path, explicit: str | None = None) -> str:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        dir_fd = os.open(data_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_directory(data_dir)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot store the node id: {exc}; check the data dir") from exc
     return node_id

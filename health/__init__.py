@@ -5,10 +5,10 @@ May import config and wal only; sync and node import it.
 
 from __future__ import annotations
 
-from health.breaker import (
+from health.breaker import CircuitBreaker
+from health.breaker_config import (
     BreakerConfig,
     BreakerSnapshot,
-    CircuitBreaker,
     CircuitState,
     Clock,
     StateListener,
@@ -43,12 +43,12 @@ from health.monitor.model import (
     ClusterStatus,
     ClusterSummary,
     FailureEvent,
-    GpuReading,
     MonitorError,
     NodeRow,
 )
+from health.monitor.options import MONITOR_FLAGS, MonitorFlag, MonitorOptions, options_from
 from health.monitor.render import render_dashboard, render_text
-from health.monitor.run import MonitorOptions, run_monitor
+from health.monitor.run import run_monitor
 from health.registry import (
     BreakerRegistry,
     TransitionListener,
@@ -71,6 +71,7 @@ from health.status import (
 )
 
 __all__ = [
+    "MONITOR_FLAGS",
     "BreakerConfig",
     "BreakerRegistry",
     "BreakerSnapshot",
@@ -90,7 +91,6 @@ __all__ = [
     "FetchTimeoutError",
     "GpuInfo",
     "GpuReader",
-    "GpuReading",
     "HealthChecker",
     "HealthConfigError",
     "HealthError",
@@ -98,6 +98,7 @@ __all__ = [
     "HealthSummary",
     "LoopHealth",
     "MonitorError",
+    "MonitorFlag",
     "MonitorOptions",
     "NodeMetrics",
     "NodeRow",
@@ -119,6 +120,7 @@ __all__ = [
     "format_health_report",
     "gpu_check",
     "memory_check",
+    "options_from",
     "package_version",
     "read_gpus",
     "read_rss_bytes",

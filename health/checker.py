@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from config.timeouts import Timeouts
-from health.breaker import Clock
+from health.breaker_config import Clock
 from health.errors import HealthConfigError, HealthError
 from health.status import (
     CheckFn,

@@ -9,18 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
-from health.monitor.client import DEFAULT_NODE_URL
-from health.monitor.run import (
-    DEFAULT_INTERVAL_S,
-    PROG,
-    MonitorOptions,
-    UsageError,
-    report_problems,
-    run_monitor,
-)
+from health.monitor.options import MONITOR_FLAGS, MonitorOptions, options_from
+from health.monitor.run import PROG, UsageError, report_problems, run_monitor
 
 __all__ = ["main", "parse_args"]
 
@@ -37,47 +29,24 @@ def _parser() -> argparse.ArgumentParser:
         "breakers, version drift. Exit 0 when every node is alive and healthy, 1 when any is "
         "not, 2 on usage errors.",
     )
-    parser.add_argument(
-        "--node",
-        dest="nodes",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="a node's API (http://HOST:PORT); the rest of the cluster is learned from its "
-        f"peers (repeatable; default: the local node from the config, else {DEFAULT_NODE_URL})",
-    )
-    parser.add_argument("--inventory", type=Path, metavar="F", help="ask every host listed")
-    parser.add_argument(
-        "--secret-file", type=Path, metavar="F", help="cluster secret (default from the config)"
-    )
-    parser.add_argument("--watch", action="store_true", help="refresh until q or Ctrl-C")
-    parser.add_argument(
-        "--interval", dest="interval_s", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
-        help=f"seconds between refreshes with --watch (default {DEFAULT_INTERVAL_S:g})",
-    )  # fmt: skip
-    parser.add_argument(
-        "--json", dest="as_json", action="store_true",
-        help="print JSON (one document per line with --watch)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--timeout", dest="timeout_s", type=float, metavar="S",
-        help="per-request timeout (default timeouts.peer_status_s, 3 s)",
-    )  # fmt: skip
+    for flag in MONITOR_FLAGS:
+        if flag.kind is bool:
+            parser.add_argument(flag.flag, dest=flag.field, action="store_true", help=flag.help)
+        else:
+            parser.add_argument(
+                flag.flag,
+                dest=flag.field,
+                type=flag.kind,
+                action="append" if flag.repeatable else "store",
+                metavar=flag.metavar,
+                help=flag.help,
+            )
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> MonitorOptions:
     """Options from the command line; UsageError on a bad flag (--help exits 0 itself)."""
-    args = _parser().parse_args(argv)
-    return MonitorOptions(
-        nodes=tuple(args.nodes),
-        inventory=args.inventory,
-        secret_file=args.secret_file,
-        watch=args.watch,
-        interval_s=args.interval_s,
-        as_json=args.as_json,
-        timeout_s=args.timeout_s,
-    )
+    return options_from(vars(_parser().parse_args(argv)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """GPU health through NVML (nvidia-ml-py, imported lazily): memory, load, temperature, ECC,
 remapped rows and Xid events. No GPU, no driver or no library is "not applicable", never a failure.
+GpuInfo is also the GPU of another node as cluster_monitor reads it from /v1/status.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
 from health.errors import HealthError
+from health.fields import read_bool, read_float, read_int, read_list, read_str
 from health.status import CheckFn, CheckResult, HealthStatus
 
 __all__ = ["GpuInfo", "GpuReader", "gpu_check", "read_gpus"]
@@ -54,6 +56,50 @@ class GpuInfo:
     last_xid: int | None = None
     last_xid_age_s: float | None = None
     problems: tuple[str, ...] = ()
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """Short names of the hardware faults: ecc, remap, xid, error (unreadable or flagged)."""
+        found = []
+        if self.ecc_uncorrected:
+            found.append("ecc")
+        if self.remapped_pending or self.remapped_failed:
+            found.append("remap")
+        if self.xid_errors:
+            found.append("xid")
+        if self.error and not found:
+            found.append("error")
+        return tuple(found)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry of `gpus` in /v1/status (and the monitor's --json); from_json reads it."""
+        data = asdict(self)
+        data["problems"] = list(self.problems)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], position: int = 0) -> GpuInfo:
+        """A GpuInfo from another node's to_json; fields missing or of the wrong type become
+        None (the index becomes `position`, the name "?"), never an error."""
+        index = read_int(data.get("index"))
+        problems = read_list(data.get("problems"))
+        return cls(
+            index=position if index is None else index,
+            name=read_str(data.get("name")) or "?",
+            uuid=read_str(data.get("uuid")) or "",
+            util_pct=read_float(data.get("util_pct")),
+            memory_used_mb=read_float(data.get("memory_used_mb")),
+            memory_total_mb=read_float(data.get("memory_total_mb")),
+            temperature_c=read_float(data.get("temperature_c")),
+            ecc_uncorrected=read_int(data.get("ecc_uncorrected")),
+            remapped_pending=read_bool(data.get("remapped_pending")),
+            remapped_failed=read_bool(data.get("remapped_failed")),
+            xid_errors=read_int(data.get("xid_errors")),
+            error=bool(data.get("error")),
+            last_xid=read_int(data.get("last_xid")),
+            last_xid_age_s=read_float(data.get("last_xid_age_s")),
+            problems=tuple(problem for problem in problems if isinstance(problem, str)),
+        )
 
 
 def _text(value: object) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from health.breaker import Clock
+from health.breaker_config import Clock
 from health.errors import HealthConfigError
 from health.status import CheckResult, HealthStatus
 

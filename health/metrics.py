@@ -10,7 +10,8 @@ import importlib.metadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from health.breaker import CircuitBreaker, CircuitState
+from health.breaker import CircuitBreaker
+from health.breaker_config import CircuitState
 from health.registry import BreakerRegistry
 from health.status import HealthSummary
 

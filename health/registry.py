@@ -9,10 +9,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from health.breaker import (
+from health.breaker import CircuitBreaker
+from health.breaker_config import (
     BreakerConfig,
     BreakerSnapshot,
-    CircuitBreaker,
     CircuitState,
     Clock,
     StateListener,

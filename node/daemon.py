@@ -318,7 +318,7 @@ class NodeDaemon:
         reader = GpuReader()
         self._stack.callback(reader.close)
         checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
-        runtime.gpus = lambda: [dataclasses.asdict(gpu) for gpu in reader.read()]
+        runtime.gpus = lambda: [gpu.to_json() for gpu in reader.read()]
         gpus = reader.read()
         if gpus:
             self._gpu_meta = {

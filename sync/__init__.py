@@ -88,16 +88,14 @@ from sync.storage import (
     provider_of,
 )
 from sync.transports.http import HttpTransport, RemoteManifest
-from sync.transports.protocol import (
+from sync.transports.partial import (
     PartialFile,
-    PeerRef,
-    TransferResult,
-    Transport,
     install_file,
     make_directories,
     open_partial,
     verify_present_pieces,
 )
+from sync.transports.protocol import PeerRef, TransferResult, Transport
 from sync.transports.rsync import RsyncTransport, SshTarget
 
 __all__ = [

@@ -17,6 +17,7 @@ from wal.entry import (
     WalStats,
 )
 from wal.errors import WalBusyError, WalCorruptError, WalDiskFullError, WalError, WalFullError
+from wal.group_commit import BatchResults, GroupCommit, GroupCommitConfig
 from wal.log import WriteAheadLog
 from wal.schema import move_aside
 
@@ -24,7 +25,10 @@ __all__ = [
     "BUILTIN_ENTRY_TYPES",
     "SYNC_COMPLETED",
     "SYNC_STARTED",
+    "BatchResults",
     "EntryState",
+    "GroupCommit",
+    "GroupCommitConfig",
     "RecoveryHandler",
     "RecoveryResult",
     "WalBusyError",

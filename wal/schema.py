@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from config import fsync_directory
 from wal.entry import EntryState, WalConfig, WalEntry, WalStats
 from wal.errors import WalCorruptError, WalError, translate
 
@@ -231,15 +232,6 @@ def move_aside(path: Path) -> Path:
     except OSError as exc:
         raise WalError(f"{path}: moving aside to {target} failed: {exc}") from exc
     return target
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a created or renamed entry of `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def row_to_entry(row: tuple[Any, ...]) -> WalEntry:

@@ -9,18 +9,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from health.errors import MonitorError as MonitorError
+from health.fields import read_float, read_int, read_list, read_mapping, read_str
+from health.gpu import GpuInfo
 
 __all__ = [
     "ClusterStatus",
     "ClusterSummary",
     "FailureEvent",
-    "GpuReading",
     "MonitorError",
     "NodeReport",
     "NodeRow",
     "NodeStatusDoc",
     "Observation",
-    "parse_gpu",
     "parse_peers",
     "parse_status",
 ]
@@ -28,88 +28,6 @@ __all__ = [
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 UNKNOWN_STATE = "unknown"
 """State of a node no fetched membership view mentions."""
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value)
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU as its node reports it; None where the node could not read a value."""
-
-    index: int
-    name: str
-    uuid: str
-    util_pct: float | None
-    memory_used_mb: float | None
-    memory_total_mb: float | None
-    temperature_c: float | None
-    ecc_uncorrected: int | None
-    remapped_pending: bool | None
-    remapped_failed: bool | None
-    xid_errors: int | None
-    error: bool
-
-    @property
-    def faults(self) -> tuple[str, ...]:
-        """Short names of the hardware faults: ecc, remap, xid, error (unreadable or flagged)."""
-        found = []
-        if self.ecc_uncorrected:
-            found.append("ecc")
-        if self.remapped_pending or self.remapped_failed:
-            found.append("remap")
-        if self.xid_errors:
-            found.append("xid")
-        if self.error and not found:
-            found.append("error")
-        return tuple(found)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def parse_gpu(data: Mapping[str, Any], position: int = 0) -> GpuReading:
-    """A GpuReading from one entry of the status document's `gpus`; bad fields become None."""
-    index = _int(data.get("index"))
-    return GpuReading(
-        index=position if index is None else index,
-        name=_str(data.get("name")) or "?",
-        uuid=_str(data.get("uuid")) or "",
-        util_pct=_float(data.get("util_pct")),
-        memory_used_mb=_float(data.get("memory_used_mb")),
-        memory_total_mb=_float(data.get("memory_total_mb")),
-        temperature_c=_float(data.get("temperature_c")),
-        ecc_uncorrected=_int(data.get("ecc_uncorrected")),
-        remapped_pending=_bool(data.get("remapped_pending")),
-        remapped_failed=_bool(data.get("remapped_failed")),
-        xid_errors=_int(data.get("xid_errors")),
-        error=bool(data.get("error")),
-    )
 
 
 @dataclass(frozen=True)
@@ -128,7 +46,7 @@ class NodeStatusDoc:
     wal_pending: int | None
     wal_oldest_pending_age_s: float | None
     breakers_open: tuple[str, ...]
-    gpus: tuple[GpuReading, ...]
+    gpus: tuple[GpuInfo, ...]
     config_hash: str | None
     health_problems: tuple[str, ...] = ()
     """`component: message` of each component that is not healthy (a failing loop's error)."""
@@ -137,29 +55,29 @@ class NodeStatusDoc:
 
 def parse_status(doc: Any) -> NodeStatusDoc:
     """A NodeStatusDoc from a /v1/status body; ValueError when it is not one."""
-    if not isinstance(doc, Mapping) or not _str(doc.get("node_id")):
+    if not isinstance(doc, Mapping) or not read_str(doc.get("node_id")):
         raise ValueError("not a status document (no node_id)")
-    wal = _mapping(doc.get("wal"))
-    breakers = _mapping(doc.get("breakers"))
-    opened = _list(breakers.get("open"))
-    gpus = [gpu for gpu in _list(doc.get("gpus")) if isinstance(gpu, Mapping)]
+    wal = read_mapping(doc.get("wal"))
+    breakers = read_mapping(doc.get("breakers"))
+    opened = read_list(breakers.get("open"))
+    gpus = [gpu for gpu in read_list(doc.get("gpus")) if isinstance(gpu, Mapping)]
     return NodeStatusDoc(
         node_id=str(doc["node_id"]),
-        cluster=_str(doc.get("cluster")),
-        version=_str(doc.get("version")),
-        address=_str(doc.get("address")),
-        port=_int(doc.get("port")),
-        role=_str(doc.get("role")),
-        term=_int(doc.get("term")),
-        coordinator=_str(doc.get("coordinator")),
-        health=_str(doc.get("health")),
-        wal_pending=_int(wal.get("pending")),
-        wal_oldest_pending_age_s=_float(wal.get("oldest_pending_age_s")),
+        cluster=read_str(doc.get("cluster")),
+        version=read_str(doc.get("version")),
+        address=read_str(doc.get("address")),
+        port=read_int(doc.get("port")),
+        role=read_str(doc.get("role")),
+        term=read_int(doc.get("term")),
+        coordinator=read_str(doc.get("coordinator")),
+        health=read_str(doc.get("health")),
+        wal_pending=read_int(wal.get("pending")),
+        wal_oldest_pending_age_s=read_float(wal.get("oldest_pending_age_s")),
         breakers_open=tuple(str(name) for name in opened),
-        gpus=tuple(parse_gpu(gpu, position) for position, gpu in enumerate(gpus)),
-        config_hash=_str(doc.get("config_hash")),
-        health_problems=tuple(str(p) for p in _list(doc.get("health_problems"))),
-        jobs_running=_int(_mapping(doc.get("jobs")).get("running")),
+        gpus=tuple(GpuInfo.from_json(gpu, position) for position, gpu in enumerate(gpus)),
+        config_hash=read_str(doc.get("config_hash")),
+        health_problems=tuple(str(p) for p in read_list(doc.get("health_problems"))),
+        jobs_running=read_int(read_mapping(doc.get("jobs")).get("running")),
     )
 
 
@@ -186,8 +104,8 @@ def parse_peers(doc: Any) -> tuple[Observation, ...]:
     for member in doc["members"]:
         if not isinstance(member, Mapping):
             continue
-        node_id, address = _str(member.get("node_id")), _str(member.get("address"))
-        port, seen = _int(member.get("port")), _float(member.get("last_seen_s"))
+        node_id, address = read_str(member.get("node_id")), read_str(member.get("address"))
+        port, seen = read_int(member.get("port")), read_float(member.get("last_seen_s"))
         state = member.get("state")
         if node_id is None or address is None or port is None or seen is None:
             continue
@@ -197,11 +115,11 @@ def parse_peers(doc: Any) -> tuple[Observation, ...]:
                 address=address,
                 port=port,
                 state=state if state in MEMBER_STATES else UNKNOWN_STATE,
-                incarnation=_int(member.get("incarnation")) or 0,
+                incarnation=read_int(member.get("incarnation")) or 0,
                 last_seen_s=max(0.0, seen),
                 is_self=bool(member.get("is_self")),
-                role=_str(member.get("role")),
-                version=_str(member.get("version")),
+                role=read_str(member.get("role")),
+                version=read_str(member.get("version")),
             )
         )
     return tuple(found)
@@ -240,7 +158,7 @@ class NodeRow:
     wal_pending: int | None
     wal_oldest_pending_age_s: float | None
     breakers_open: tuple[str, ...]
-    gpus: tuple[GpuReading, ...]
+    gpus: tuple[GpuInfo, ...]
     version: str | None
     config_hash: str | None
     version_drift: bool
@@ -272,7 +190,7 @@ class NodeRow:
             "wal_pending": self.wal_pending,
             "wal_oldest_pending_age_s": self.wal_oldest_pending_age_s,
             "breakers_open": list(self.breakers_open),
-            "gpus": [gpu.to_dict() for gpu in self.gpus],
+            "gpus": [gpu.to_json() for gpu in self.gpus],
             "version": self.version,
             "error": self.error,
             "incarnation": self.incarnation,

@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from config import Timeouts
-from health.monitor.model import ClusterStatus, FailureEvent, GpuReading, NodeRow
+from health.gpu import GpuInfo
+from health.monitor.model import ClusterStatus, FailureEvent, NodeRow
 
 __all__ = [
     "breakers_text",
@@ -56,7 +57,7 @@ def format_duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def gpu_text(gpus: Sequence[GpuReading]) -> str:
+def gpu_text(gpus: Sequence[GpuInfo]) -> str:
     """`4x 87% 61/80G 71C` (count, mean util, memory used/total in GiB, hottest) plus faults."""
     if not gpus:
         return "-"

@@ -8,7 +8,6 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
 from config import ConfigError, Inventory, load_inventory, load_settings, read_secret_file
@@ -16,14 +15,13 @@ from health.errors import MonitorError as MonitorError
 from health.errors import UsageError as UsageError
 from health.monitor.client import ClusterMonitor, normalize_node_url
 from health.monitor.model import ClusterStatus
+from health.monitor.options import MonitorOptions
 from health.monitor.terminal import print_status, watch_statuses
 
 __all__ = [
-    "DEFAULT_INTERVAL_S",
     "EXIT_FAILING",
     "EXIT_OK",
     "EXIT_USAGE",
-    "MonitorOptions",
     "MonitorPlan",
     "UsageError",
     "plan_monitor",
@@ -36,20 +34,6 @@ EXIT_OK = 0
 EXIT_FAILING = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-DEFAULT_INTERVAL_S = 2.0
-
-
-@dataclass(frozen=True)
-class MonitorOptions:
-    """The command line of cluster_monitor (and `shoal monitor`), as given."""
-
-    nodes: tuple[str, ...] = ()
-    inventory: Path | None = None
-    secret_file: Path | None = None
-    watch: bool = False
-    interval_s: float = DEFAULT_INTERVAL_S
-    as_json: bool = False
-    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,56 +1,49 @@
-"""`shoal monitor`: the cluster_monitor dashboard as a shoal command (same options, same exits)."""
+"""`shoal monitor`: the cluster_monitor dashboard as a shoal command (same options, same exits).
+
+Its options are built from health's MONITOR_FLAGS, the table cluster_monitor's parser is built
+from too, so the two command lines cannot drift apart.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+import inspect
+from typing import Annotated, Any
 
 import typer
 
-from health import MonitorOptions, run_monitor
+from health import MONITOR_FLAGS, MonitorFlag, options_from, run_monitor
 
 
-def monitor(
-    node: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--node",
-            metavar="URL",
-            help="A node's API (http://HOST:PORT); the rest of the cluster is learned from its "
-            "peers (repeatable; default: the local node from the config).",
-        ),
-    ] = None,
-    inventory: Annotated[
-        Path | None, typer.Option("--inventory", metavar="F", help="Ask every host listed.")
-    ] = None,
-    secret_file: Annotated[
-        Path | None,
-        typer.Option("--secret-file", metavar="F", help="Cluster secret (default from config)."),
-    ] = None,
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh until q or Ctrl-C.")] = False,
-    interval: Annotated[
-        float,
-        typer.Option("--interval", metavar="S", help="Seconds between refreshes with --watch."),
-    ] = MonitorOptions.interval_s,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print JSON (one document per line with --watch).")
-    ] = False,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", metavar="S", help="Per-request timeout (default 3 s)."),
-    ] = None,
-) -> None:
-    """Every node of the cluster at a glance; exit 0 when all are alive and healthy, else 1."""
-    options = MonitorOptions(
-        nodes=tuple(node or ()),
-        inventory=inventory,
-        secret_file=secret_file,
-        watch=watch,
-        interval_s=interval,
-        as_json=as_json,
-        timeout_s=timeout,
+def _parameter(flag: MonitorFlag) -> inspect.Parameter:
+    """The typer parameter of one flag: a switch, a repeatable list, or an optional value."""
+    help_text = flag.help[:1].upper() + flag.help[1:] + "."
+    option = typer.Option(flag.flag, metavar=flag.metavar, help=help_text, show_default=False)
+    annotation: Any
+    default: Any = flag.default
+    if flag.kind is bool:
+        annotation = bool
+    elif flag.repeatable:
+        annotation, default = list[flag.kind] | None, None  # type: ignore[name-defined]
+    elif default is None:
+        annotation = flag.kind | None
+    else:
+        annotation = flag.kind
+    return inspect.Parameter(
+        flag.field,
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=Annotated[annotation, option],
+        default=default,
     )
-    raise typer.Exit(run_monitor(options))
+
+
+def monitor(**values: Any) -> None:
+    """Every node of the cluster at a glance; exit 0 when all are alive and healthy, else 1."""
+    raise typer.Exit(run_monitor(options_from(values)))
+
+
+monitor.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [_parameter(flag) for flag in MONITOR_FLAGS], return_annotation=None
+)
 
 
 def register(app: typer.Typer) -> None:

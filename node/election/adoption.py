@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from config import fsync_directory
 from node.election.plan import PlanError
 from node.election.state import ElectionEvent, ElectionEventKind
 
@@ -112,7 +113,7 @@ class AdoptionLog:
             created = not self.path.exists()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             if created:
-                _fsync_directory(self.path.parent)
+                fsync_directory(self.path.parent)
         os.write(self._fd, data)
         os.fsync(self._fd)
 
@@ -192,14 +193,6 @@ def _optional_int(value: object) -> int | None:
 
 def _optional_str(value: object) -> str | None:
     return None if value is None else str(value)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def adoption_record(

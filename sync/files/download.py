@@ -22,7 +22,7 @@ from sync.errors import (
     sync_error,
 )
 from sync.files.manifest import ManifestEntry
-from sync.transports.protocol import await_jobs, settle_all
+from sync.transports.partial import await_jobs, settle_all
 
 BATCH_BYTES = 1 << 20  # measured: bigger batches fall out of the CPU cache between write and hash
 HASH_HEADER = "X-Shoal-Content-Hash"

@@ -25,7 +25,8 @@ from sync.guards import (
     temp_name,
 )
 from sync.transports.http import HttpTransport
-from sync.transports.protocol import PeerRef, TransferResult, install_file, make_directories
+from sync.transports.partial import install_file, make_directories
+from sync.transports.protocol import PeerRef, TransferResult
 from wal import SYNC_STARTED, RecoveryHandler, WalEntry, WriteAheadLog
 
 Install = Callable[[str, ManifestEntry, FallbackSources], Awaitable[TransferResult]]

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from config import fsync_directory
 from sync.errors import SnapshotError, StoreWriteError
 from sync.records.schema import RecordSchema, create_table_sql, select_sql
 from sync.records.types import (
@@ -147,14 +148,6 @@ def read_keys(
     return [found[key] for key in dict.fromkeys(keys) if key in found]
 
 
-def fsync_path(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def read_only_uri(path: Path) -> str:
     """A URI that opens `path` read-only (safe for any characters in the path)."""
     return f"{Path(path).resolve().as_uri()}?mode=ro"
@@ -175,9 +168,10 @@ def write_snapshot(
             conn.execute("VACUUM INTO ?", (str(temp),))
         with contextlib.closing(sqlite3.connect(read_only_uri(temp), uri=True)) as copy:
             records = int(copy.execute(f'SELECT COUNT(*) FROM "{schema.name}"').fetchone()[0])  # noqa: S608
-        fsync_path(temp)
+        with open(temp, "rb") as written:
+            os.fsync(written.fileno())
         os.replace(temp, target)
-        fsync_path(target.parent, directory=True)
+        fsync_directory(target.parent)
         return SnapshotInfo(str(target), records, target.stat().st_size)
     except (sqlite3.Error, OSError) as exc:
         with contextlib.suppress(OSError):

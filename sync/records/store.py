@@ -7,23 +7,22 @@ the transaction holding them committed (synchronous=FULL).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import enum
 import errno
 import fcntl
+import functools
 import logging
 import math
 import os
-import queue
 import sqlite3
-import threading
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from health import DiskWrites
 from sync.errors import (
@@ -49,12 +48,11 @@ from sync.records.types import (
     StoreStatus,
 )
 from sync.records.validate import validate_records
+from wal import GroupCommit, GroupCommitConfig
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-_Job = tuple[Sequence[db.Row], "asyncio.Future[IngestResult]"]
-_Outcome = list[IngestResult | BaseException]
+_Rows = Sequence[db.Row]
 
 
 class _State(enum.Enum):
@@ -63,8 +61,73 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+@dataclass(frozen=True)
+class _Committed:
+    """A batch of ingest requests applied: each one's result or error, and the newest time."""
+
+    results: list[IngestResult | Exception]
+    newest: Any
+
+
+class _RecordWriter(GroupCommit[_Rows, _Committed]):
+    """The store's group commit: each request is one ingest's rows, weighed by their number;
+    a batch is one INSERT OR IGNORE transaction, retried request by request if it fails."""
+
+    unit_weight = False
+
+    def __init__(self, store: RecordStore) -> None:
+        super().__init__(
+            f"record store {store.name}",
+            GroupCommitConfig(
+                max_batch=store.options.max_batch_records,
+                idle_checkpoint_s=store.options.idle_checkpoint_s,
+                eager=True,
+            ),
+            closed_reason="closed",
+            thread_name=f"records-{store.name}-writer",
+        )
+        self._store = store
+
+    def weight(self, request: _Rows) -> int:
+        return len(request)
+
+    def apply(self, conn: sqlite3.Connection, requests: list[_Rows]) -> _Committed:
+        path, insert = self._store.path, self._store.insert
+        results: list[IngestResult | Exception]
+        try:
+            results = list(db.commit_jobs(conn, insert, requests))
+        except Exception as exc:  # one bad request must not fail the others: retry each alone
+            if len(requests) == 1:
+                results = [_write_error(path, "cannot commit", exc)]
+            else:
+                results = []
+                for rows in requests:
+                    try:
+                        results.extend(db.commit_jobs(conn, insert, [rows]))
+                    except Exception as one_exc:
+                        results.append(_write_error(path, "cannot commit", one_exc))
+        newest: Any = None
+        with contextlib.suppress(sqlite3.Error):
+            newest = db.newest_time(conn, self._store.schema)
+        return _Committed(results, newest)
+
+    def checkpoint(self, conn: sqlite3.Connection, mode: str) -> None:
+        db.checkpoint(conn, mode, str(self._store.path))
+
+    def translate(self, exc: sqlite3.Error | OSError, doing: str) -> Exception:
+        what = {"opening": "cannot open", "writing": "cannot commit"}.get(doing, f"{doing} failed")
+        return _write_error(self._store.path, what, exc)
+
+    def failure(self, reason: str) -> Exception:
+        return StoreWriteError(f"{self._store.path}: {reason}")
+
+    def on_batch(self, requests: list[_Rows], outcome: _Committed | None) -> None:
+        self._store.committed(requests, outcome)
+
+
 class RecordStore:
-    """Owns `path` (exclusively, by a lock file), its writer thread and its reader connection."""
+    """Owns `path` (exclusively, by a lock file), its writer (the WAL package's group commit)
+    and its reader connection."""
 
     def __init__(
         self,
@@ -78,16 +141,13 @@ class RecordStore:
         self._writes = writes
         self.schema = schema
         self.options = options or StoreOptions()
-        self._insert = insert_sql(schema)
+        self.insert = insert_sql(schema)
         self._state = _State.UNOPENED
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._pending = 0
         self._count = 0
         self._newest: float | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._writer: threading.Thread | None = None
-        self._writer_done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._writer: _RecordWriter | None = None
         self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"records-{schema.name}-reader")
         self._reader_conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
@@ -118,19 +178,17 @@ class RecordStore:
         """Lock and open the database (creating it), start the writer and the reader."""
         if self._state is not _State.UNOPENED:
             raise StoreClosedError(f"record store {self.name!r} was already opened")
-        self._loop = asyncio.get_running_loop()
         self._state = _State.OPEN
-        ready: concurrent.futures.Future[tuple[int, Any]] = concurrent.futures.Future()
         try:
             self._lock_fd = await self._read(self._take_lock)
-            self._writer = threading.Thread(
-                target=self._write_loop,
-                args=(ready,),
-                name=f"records-{self.name}-writer",
-                daemon=True,
+            self._writer = writer = _RecordWriter(self)
+            await writer.open_connection(
+                functools.partial(db.connect, writer=True), self.path, self.options
             )
-            self._writer.start()
-            self._count, self._newest = await asyncio.wrap_future(ready)
+            self._count, self._newest = await writer.call(
+                db.prepare_table, "opening", writer.connection, self.schema, self.path
+            )
+            writer.start()
             self._reader_conn = await self._read(db.connect, self.path, self.options, writer=False)
         except BaseException:
             await asyncio.shield(self.close())
@@ -169,8 +227,7 @@ class RecordStore:
             self._reader.shutdown(wait=False)
             return
         if self._writer is not None:
-            self._jobs.put(None)
-            await asyncio.wrap_future(self._writer_done)
+            await self._writer.close()
         conn, self._reader_conn = self._reader_conn, None
         if conn is not None:
             await self._read(conn.close)
@@ -202,9 +259,9 @@ class RecordStore:
         if self._state is not _State.OPEN:  # closed while we waited; close() already sent stop
             self._release(len(rows))
             self._check_open()
-        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
-        self._jobs.put((rows, future))
-        return await future
+        assert self._writer is not None
+        result: IngestResult = await self._writer.enqueue(rows)
+        return result
 
     def _check_open(self) -> None:
         if self._state is not _State.OPEN:
@@ -254,94 +311,22 @@ class RecordStore:
             if not waiter.done():
                 waiter.set_exception(StoreClosedError(f"record store {self.name!r} closed"))
 
-    def _write_loop(self, ready: concurrent.futures.Future[tuple[int, Any]]) -> None:
-        conn: sqlite3.Connection | None = None
-        try:
-            try:
-                conn = db.connect(self.path, self.options, writer=True)
-                ready.set_result(db.prepare_table(conn, self.schema, self.path))
-            except (sqlite3.Error, OSError, SyncError) as exc:
-                ready.set_exception(_write_error(self.path, "cannot open", exc))
-                return
-            self._serve(conn)
-        finally:
-            try:
-                if conn is not None:
-                    db.checkpoint(conn, "TRUNCATE", str(self.path))
-                    conn.close()
-            finally:
-                self._writer_done.set_result(None)
-
-    def _serve(self, conn: sqlite3.Connection) -> None:
-        dirty = False
-        while True:
-            try:
-                job = self._jobs.get(timeout=self.options.idle_checkpoint_s if dirty else None)
-            except queue.Empty:
-                db.checkpoint(conn, "TRUNCATE", str(self.path))
-                dirty = False
-                continue
-            if job is None:
-                return
-            batch = [job]
-            size = len(job[0])
-            stop = False
-            while size < self.options.max_batch_records:
-                try:
-                    more = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch.append(more)
-                size += len(more[0])
-            self._apply(conn, batch)
-            dirty = True
-            if stop:
-                return
-
-    def _apply(self, conn: sqlite3.Connection, batch: list[_Job]) -> None:
-        outcome: _Outcome
-        try:
-            outcome = list(db.commit_jobs(conn, self._insert, [rows for rows, _ in batch]))
-        except Exception as exc:  # one bad job must not fail the others: retry each alone
-            if len(batch) == 1:
-                outcome = [_write_error(self.path, "cannot commit", exc)]
-            else:
-                outcome = []
-                for rows, _ in batch:
-                    try:
-                        outcome.extend(db.commit_jobs(conn, self._insert, [rows]))
-                    except Exception as one_exc:
-                        outcome.append(_write_error(self.path, "cannot commit", one_exc))
-        newest: Any = None
-        with contextlib.suppress(sqlite3.Error):
-            newest = db.newest_time(conn, self.schema)
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-            self._loop.call_soon_threadsafe(self._complete, batch, outcome, newest)
-
-    def _complete(self, batch: list[_Job], outcome: _Outcome, newest: Any) -> None:
-        self._report_writes(outcome)
-        for (rows, future), result in zip(batch, outcome, strict=True):
+    def committed(self, requests: list[_Rows], outcome: _Committed | None) -> None:
+        """Account a finished batch (called by its writer): pending, count, newest, waiters."""
+        results = outcome.results if outcome is not None else [None] * len(requests)
+        self._report_writes(results)
+        for rows, result in zip(requests, results, strict=True):
             self._pending -= len(rows)
             if isinstance(result, IngestResult):
                 self._count += result.accepted
-            if future.done():
-                continue
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-        if newest is not None:
-            self._newest = float(newest)
+        if outcome is not None and outcome.newest is not None:
+            self._newest = float(outcome.newest)
         self._wake()
 
-    def _report_writes(self, outcome: _Outcome) -> None:
+    def _report_writes(self, results: Sequence[object]) -> None:
         if self._writes is None:
             return
-        failed = [result for result in outcome if isinstance(result, StoreWriteError)]
+        failed = [result for result in results if not isinstance(result, IngestResult)]
         if not failed:
             self._writes.succeeded(self.path)
             return
@@ -349,7 +334,8 @@ class RecordStore:
         if isinstance(error, StoreFullError):
             self._writes.failed(self.path, "the disk is full", error.free_bytes)
         else:
-            self._writes.failed(self.path, str(error), free_bytes(self.path))
+            reason = str(error) if error is not None else "the batch could not be committed"
+            self._writes.failed(self.path, reason, free_bytes(self.path))
 
     # --- reading ------------------------------------------------------------------------------
 

@@ -28,15 +28,14 @@ from sync.errors import (
 from sync.files.download import RateLimiter, download_run, plan_runs
 from sync.files.manifest import ManifestEntry, ManifestPage, parse_page
 from sync.guards import dest_path
-from sync.transports.protocol import (
-    PeerRef,
-    TransferResult,
+from sync.transports.partial import (
     install_file,
     make_directories,
     open_partial,
     run_blocking,
     verify_present_pieces,
 )
+from sync.transports.protocol import PeerRef, TransferResult
 
 logger = logging.getLogger(__name__)
 
@@ -180,16 +179,8 @@ class HttpTransport:
             logger.info(
                 "%s/%s: resumed with %d bytes already verified", category, entry.path, resumed
             )
-        return TransferResult(
-            peer=peer.node_id,
-            transport=self.name,
-            category=category,
-            path=entry.path,
-            hash=entry.hash,
-            size_bytes=entry.size,
-            bytes_transferred=received,
-            resumed_bytes=resumed,
-            duration_s=time.monotonic() - started,
+        return TransferResult.installed(
+            peer, self.name, category, entry, transferred=received, resumed=resumed, started=started
         )
 
     async def _get_json(

@@ -26,7 +26,8 @@ from sync.errors import HostKeyError as HostKeyError
 from sync.errors import SshAuthError as SshAuthError
 from sync.files.manifest import ManifestEntry
 from sync.guards import TEMP_PREFIX, dest_path
-from sync.transports.protocol import PeerRef, TransferResult, install_file, make_directories
+from sync.transports.partial import install_file, make_directories
+from sync.transports.protocol import PeerRef, TransferResult
 from sync.transports.ssh import KIND_AUTH, KIND_HOST_KEY, MARKER
 
 logger = logging.getLogger(__name__)
@@ -207,16 +208,8 @@ class RsyncTransport:
             raise FileSyncError(f"{where}: local file error: {exc}") from exc
         if matched or resumed_before:
             logger.info("%s: resumed, %d bytes matched locally", where, matched)
-        return TransferResult(
-            peer=peer.node_id,
-            transport=self.name,
-            category=category,
-            path=entry.path,
-            hash=entry.hash,
-            size_bytes=entry.size,
-            bytes_transferred=literal,
-            resumed_bytes=matched,
-            duration_s=time.monotonic() - started,
+        return TransferResult.installed(
+            peer, self.name, category, entry, transferred=literal, resumed=matched, started=started
         )
 
     async def _run(self, argv: list[str], where: str) -> str:

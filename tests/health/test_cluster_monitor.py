@@ -10,16 +10,16 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from config import NodeSettings, load_settings
-from health.cluster_monitor import main
-from health.monitor.client import ClusterMonitor
-from health.monitor.model import ClusterStatus, MonitorError
-from node.daemon import NodeDaemon
+from health import MONITOR_FLAGS, ClusterMonitor, ClusterStatus, MonitorError, MonitorOptions
+from health.cluster_monitor import main, parse_args
+from node import NodeDaemon
 
 FAST = {
     "timeouts.probe_interval_s": 0.1,
@@ -376,3 +376,51 @@ def test_shoal_monitor_command_runs_the_same_program(
         app(["monitor", "--interval", "0"])
     assert exit_info.value.code == 2
     assert "--interval must be positive" in capsys.readouterr().err
+
+
+def _argv_setting_every_flag() -> tuple[list[str], MonitorOptions]:
+    """A command line giving every flag of MONITOR_FLAGS a value other than its default."""
+    samples: dict[type, list[Any]] = {
+        str: ["http://a:1", "http://b:2"],
+        Path: [Path("/x/hosts.yaml")],
+        float: [0.25],
+    }
+    argv: list[str] = []
+    expected: dict[str, Any] = {}
+    for flag in MONITOR_FLAGS:
+        if flag.kind is bool:
+            argv.append(flag.flag)
+            expected[flag.field] = True
+            continue
+        values = samples[flag.kind] if flag.repeatable else samples[flag.kind][:1]
+        for value in values:
+            argv += [flag.flag, str(value)]
+        expected[flag.field] = tuple(values) if flag.repeatable else values[0]
+    return argv, MonitorOptions(**expected)
+
+
+def test_both_command_lines_are_built_from_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer
+
+    from node.cli import monitor as shoal_monitor
+
+    assert {flag.field for flag in MONITOR_FLAGS} == {f.name for f in fields(MonitorOptions)}
+    argv, expected = _argv_setting_every_flag()
+    assert all(getattr(expected, f.name) != f.default for f in fields(MonitorOptions))
+    assert parse_args(argv) == expected
+    assert parse_args([]) == MonitorOptions()
+    seen: list[MonitorOptions] = []
+
+    def record(options: MonitorOptions) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(shoal_monitor, "run_monitor", record)
+    app = typer.Typer()
+    shoal_monitor.register(app)
+    app.command("version")(lambda: None)  # a second command keeps `monitor` a subcommand
+    for args in (argv, []):
+        with pytest.raises(SystemExit) as exit_info:
+            app(["monitor", *args])
+        assert exit_info.value.code == 0
+    assert seen == [expected, MonitorOptions()]

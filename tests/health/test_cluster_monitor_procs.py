@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from health.monitor.client import ClusterMonitor
-from health.monitor.model import ClusterStatus
+from health import ClusterMonitor, ClusterStatus
 from tests.cluster.cluster import LoopbackCluster
 from tests.cluster.fixtures import LoopbackClusterFactory
 from tests.cluster.process import ClusterProcess
@@ -177,10 +176,9 @@ def test_watch_in_tmux_redraws_when_a_node_dies_and_q_quits(
     tmux.run("new-session", "-d", "-x", "160", "-y", "50", "-s", "monitor", f"sh {script}")
 
     def rows_alive(screen: str) -> bool:
-        # the coordinator's row carries a "*" after its name: not a column
-        states = [
-            _row(screen, name).replace(" * ", " ").split()[3:4] for name in ("h0", "h1", "h2")
-        ]
+        # the coordinator's row carries a `*` after its name: not a column of its own
+        rows = [_row(screen, name).replace(" * ", " ", 1) for name in ("h0", "h1", "h2")]
+        states = [row.split()[3:4] for row in rows]
         return states == [["alive"]] * 3
 
     screen = _wait_screen(tmux, rows_alive, "3 alive nodes", 15)

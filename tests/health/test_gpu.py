@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pytest
 
-from health import GpuReader, HealthError, HealthStatus, gpu_check, read_gpus
+from health import GpuInfo, GpuReader, HealthError, HealthStatus, gpu_check, read_gpus
 from tests.health.conftest import FakeClock
 
 MIB = 1024 * 1024
@@ -245,3 +246,31 @@ async def test_no_gpu_or_no_driver_is_not_applicable(
     result = await gpu_check(GpuReader())()
     assert result.status is HealthStatus.NOT_APPLICABLE
     assert result.message == reason
+
+
+async def test_what_a_node_reads_is_what_the_monitor_parses(
+    nvml: FakeNvml, clock: FakeClock
+) -> None:
+    """One GpuInfo on both sides of /v1/status: every field survives to_json, JSON and
+    from_json, so the monitor sees exactly what the node read."""
+    nvml.gpus[1].ecc = 2
+    nvml.gpus[0].temperature = None
+    nvml.xids = [(1, 79)]
+    reader = GpuReader(clock=clock)
+    read = reader.read()
+    reader.close()
+    assert read[1].last_xid == 79
+    assert read[1].problems
+    wire = json.loads(json.dumps([gpu.to_json() for gpu in read]))
+    assert [GpuInfo.from_json(entry, position) for position, entry in enumerate(wire)] == read
+    assert wire[1]["problems"] == list(read[1].problems)
+    assert set(wire[0]) == {field.name for field in fields(GpuInfo)}
+
+
+def test_a_gpu_entry_of_the_wrong_shape_reads_as_unknowns() -> None:
+    odd = {"index": "one", "name": 3, "util_pct": True, "ecc_uncorrected": True}
+    odd |= {"problems": ["hot", 7], "error": 1}
+    gpu = GpuInfo.from_json(odd, position=4)
+    assert (gpu.index, gpu.name, gpu.uuid, gpu.util_pct) == (4, "?", "", None)
+    assert (gpu.problems, gpu.error, gpu.last_xid) == (("hot",), True, None)
+    assert gpu.ecc_uncorrected is None

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from health import GpuInfo
 from health.monitor.client import describe_fetch_error, normalize_node_url
 from health.monitor.model import (
     MonitorError,
     NodeReport,
     Observation,
-    parse_gpu,
     parse_peers,
     parse_status,
 )
@@ -77,9 +77,9 @@ def test_parse_status_reads_the_document_and_tolerates_junk() -> None:
 
 
 def test_gpu_faults_name_ecc_remap_xid_and_unreadable() -> None:
-    assert parse_gpu({"remapped_pending": True, "xid_errors": 3}).faults == ("remap", "xid")
-    assert parse_gpu({"error": True}).faults == ("error",)
-    assert parse_gpu({"ecc_uncorrected": 0, "remapped_failed": False}).faults == ()
+    assert GpuInfo.from_json({"remapped_pending": True, "xid_errors": 3}).faults == ("remap", "xid")
+    assert GpuInfo.from_json({"error": True}).faults == ("error",)
+    assert GpuInfo.from_json({"ecc_uncorrected": 0, "remapped_failed": False}).faults == ()
 
 
 def test_parse_peers_skips_bad_members() -> None:

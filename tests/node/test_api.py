@@ -14,10 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config import load_settings, signed_headers, signing_middleware
 from health import BreakerConfig, BreakerRegistry, NodeMetrics
-from node.api import build_app
-from node.openapi import RouteDoc
-from node.runtime import NodeRuntime
-from node.security import AuthPolicy
+from node import AuthPolicy, NodeRuntime, RouteDoc, build_app
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 TOKEN = b"metrics-token-0123456789"

@@ -15,8 +15,7 @@ import pytest
 from aiohttp import ClientSession
 
 from config import NodeSettings
-from node.daemon import NodeDaemon
-from node.errors import StartupError
+from node import NodeDaemon, StartupError
 from tests.node.daemons import test_settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from aiohttp import ClientSession
 from typer.testing import CliRunner
 
 from config import NodeSettings
+from node import NodeDaemon
 from node.cli import app
-from node.daemon import NodeDaemon
 from tests.node.daemons import FAST_ELECTION, test_settings
 
 

@@ -15,9 +15,9 @@ from aiohttp import ClientSession
 from typer.testing import CliRunner
 
 from config import NodeSettings, load_settings
+from node import NodeDaemon
 from node.cli import app
 from node.cli import sync as cli_sync
-from node.daemon import NodeDaemon
 from tests.node.daemons import test_settings
 from wal import SYNC_COMPLETED, EntryState, WalEntry
 

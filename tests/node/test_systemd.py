@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.systemd import SystemdNotifier
+from node import SystemdNotifier
 
 
 def _listener(tmp_path: Path) -> tuple[socket.socket, str]:

@@ -14,14 +14,19 @@ from aiohttp.test_utils import TestServer
 
 from config import Timeouts
 from health import BreakerConfig, BreakerRegistry
-from sync.files.catalog import FileCatalog
-from sync.files.engine import FenceHeaders, SyncCoordinator, SyncOptions
+from sync import (
+    FileCatalog,
+    HttpTransport,
+    MountInfo,
+    PeerRef,
+    SpaceReserve,
+    SyncCoordinator,
+    SyncOptions,
+    Transport,
+    file_routes,
+)
+from sync.files.engine import FenceHeaders
 from sync.files.manifest import digest_of_fd
-from sync.files.routes import file_routes
-from sync.guards import SpaceReserve
-from sync.storage import MountInfo
-from sync.transports.http import HttpTransport
-from sync.transports.protocol import PeerRef, Transport
 from wal import WalConfig, WriteAheadLog
 
 PIECE = 16 << 10

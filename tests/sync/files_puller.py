@@ -25,12 +25,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from config import Timeouts  # noqa: E402
-from sync.files.catalog import FileCatalog  # noqa: E402
-from sync.files.engine import SyncCoordinator, SyncOptions  # noqa: E402
+from sync import (  # noqa: E402
+    FileCatalog,
+    HttpTransport,
+    MountInfo,
+    PeerRef,
+    SyncCoordinator,
+    SyncOptions,
+    Transport,
+)
 from sync.guards import TEMP_PREFIX, SpaceReserve  # noqa: E402
-from sync.storage import MountInfo  # noqa: E402
-from sync.transports.http import HttpTransport  # noqa: E402
-from sync.transports.protocol import PeerRef, Transport  # noqa: E402
 from wal import WalConfig, WriteAheadLog  # noqa: E402
 
 TIMEOUTS = Timeouts(http_request_s=2.0, sync_s=20.0, sync_piece_s=5.0)

@@ -21,9 +21,7 @@ from pathlib import Path
 import asyncssh
 
 from config import Timeouts
-from sync.transports.http import HttpTransport
-from sync.transports.protocol import PeerRef, Transport
-from sync.transports.rsync import RsyncTransport, SshTarget
+from sync import HttpTransport, PeerRef, RsyncTransport, SshTarget, Transport
 from tests.sync.files_fixtures import FAST_TIMEOUTS, FileNode
 
 ENV_VAR = "SHOAL_TEST_RSYNC"

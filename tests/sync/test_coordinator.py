@@ -18,7 +18,8 @@ from sync.files.manifest import ManifestEntry
 from sync.guards import SpaceReserve, partial_name
 from sync.storage import MARKER_NAME, MountInfo
 from sync.transports.http import HttpTransport
-from sync.transports.protocol import PeerRef, TransferResult, install_file
+from sync.transports.partial import install_file
+from sync.transports.protocol import PeerRef, TransferResult
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
     LOCAL_MOUNTS,

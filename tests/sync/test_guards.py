@@ -15,13 +15,16 @@ from yarl import URL
 
 from config import load_settings, signing_middleware
 from health import BreakerConfig, BreakerRegistry
-from node.api import build_app
-from node.openapi import RouteDoc
-from node.runtime import NodeRuntime
-from node.security import AuthPolicy
-from sync.files.catalog import FileCatalog
-from sync.files.errors import InsufficientSpaceError, PathRefusedError
-from sync.files.routes import file_route_docs, file_routes
+from node import AuthPolicy, NodeRuntime, RouteDoc, build_app
+from sync import (
+    FileCatalog,
+    HttpTransport,
+    InsufficientSpaceError,
+    PathRefusedError,
+    PeerRef,
+    file_route_docs,
+    file_routes,
+)
 from sync.guards import (
     SpaceReserve,
     check_free_space,
@@ -30,8 +33,6 @@ from sync.guards import (
     sweep_stale_files,
     validate_rel_path,
 )
-from sync.transports.http import HttpTransport
-from sync.transports.protocol import PeerRef
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
     LOCAL_MOUNTS,

@@ -12,11 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sync.files.errors import FileChangedError, TransferBusyError
-from sync.files.manifest import ManifestEntry
+from sync import FileChangedError, HttpTransport, ManifestEntry, PartialFile, TransferBusyError
 from sync.guards import partial_name
-from sync.transports.http import HttpTransport
-from sync.transports.protocol import PartialFile, PeerRef
+from sync.transports.protocol import PeerRef
 from tests.sync.files_fixtures import FAST_TIMEOUTS, PIECE, FileNode, internal_files
 from tests.sync.files_proxy import FaultProxy
 

@@ -11,15 +11,16 @@ from typing import Any
 import pytest
 
 from health import CircuitOpenError
-from sync.files.errors import (
+from sync import (
     AllSourcesFailedError,
     FileTransferError,
     InsufficientSpaceError,
     ManifestError,
+    PeerRef,
+    plan_pulls,
 )
 from sync.files.manifest import ManifestEntry, content_hash, parse_entry, parse_page
-from sync.files.plan import FallbackSources, plan_pulls
-from sync.transports.protocol import PeerRef
+from sync.files.plan import FallbackSources
 from tests.sync.files_fixtures import hash_file
 
 PIECE = 4096

@@ -27,6 +27,7 @@ from sync import (
     StoreWriteError,
     schema_from_mapping,
 )
+from sync.records import sqlite as store_sqlite
 from tests.sync.record_fixtures import SMALL, game, rollout
 
 
@@ -82,6 +83,34 @@ async def test_requests_sharing_a_transaction_get_exact_duplicate_counts(
     results = await asyncio.gather(*tasks)
     assert results == [IngestResult(2, 0), IngestResult(1, 1), IngestResult(0, 3)]
     assert store.status().count == 4
+
+
+async def test_a_batch_takes_requests_until_it_holds_max_batch_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches: list[list[int]] = []
+    real = store_sqlite.commit_jobs
+
+    def recording(conn: sqlite3.Connection, insert: str, jobs: list[list[object]]) -> object:
+        batches.append([len(rows) for rows in jobs])
+        return real(conn, insert, jobs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_sqlite, "commit_jobs", recording)
+    options = StoreOptions(max_batch_records=4)
+    async with RecordStore(tmp_path / "games.db", GAMES_SCHEMA, options) as store:
+        with write_locked(store.path):
+            blocker = asyncio.create_task(store.ingest([game(0)], "n"))
+            async with asyncio.timeout(5):
+                while not batches:  # the writer holds the first request, waiting for the lock
+                    await asyncio.sleep(0.005)
+            tasks = [
+                asyncio.create_task(store.ingest([game(3 * i + k) for k in (1, 2, 3)], "n"))
+                for i in range(3)
+            ]
+            await wait_until_pending(store, 10)
+        results = await asyncio.gather(blocker, *tasks)
+    assert results == [IngestResult(1, 0)] + [IngestResult(3, 0)] * 3
+    assert batches == [[1], [3, 3], [3]]
 
 
 async def test_invalid_request_writes_nothing(store: RecordStore) -> None:
