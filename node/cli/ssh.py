@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from typer.core import TyperCommand
 
 from config import Inventory, Role, eligible_hosts, load_inventory
 from node.cli.common import config_errors, console, fail, print_json, settings_from
@@ -22,6 +23,7 @@ from node.ssh.executor import (
 )
 from node.ssh.trust import TRUSTED, HostKeyInfo, add_host_key, fetch_host_key
 
+REMOTE_COMMAND = "shoal.ssh.remote_command"
 ssh_app = typer.Typer(help="Run commands on inventory hosts over SSH.", no_args_is_help=True)
 
 InventoryOption = Annotated[
@@ -71,7 +73,19 @@ def load_targets(
     return inventory, Path(known).expanduser(), names
 
 
-@ssh_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+class _CommandAfterDashes(TyperCommand):
+    """Keeps what follows the first `--` as the remote command (ctx.meta[REMOTE_COMMAND])
+    instead of letting the HOST arguments swallow it."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[REMOTE_COMMAND] = args[cut + 1 :]
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+@ssh_app.command("run", cls=_CommandAfterDashes)
 def ssh_run(
     ctx: typer.Context,
     hosts: HostsArgument = None,
@@ -85,7 +99,7 @@ def ssh_run(
     known_hosts: KnownHostsOption = None,
 ) -> None:
     """Run `-- COMMAND...` on the hosts at once; exit 0 only when every host exited 0."""
-    command = list(ctx.args)
+    command = list(ctx.meta.get(REMOTE_COMMAND, []))
     if not command:
         fail("no command: put it after --, e.g. shoal ssh run --all -- uname -a")
     inventory, known, names = load_targets(inventory_file, known_hosts, hosts, all_hosts, role)

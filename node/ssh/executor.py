@@ -223,6 +223,11 @@ class SSHPool:
             except SSHError as exc:
                 raise type(exc)(f"{endpoint.name} via proxy_jump {exc}") from exc
         keys = _client_keys(endpoint)
+        if not _is_file(self.known_hosts):
+            raise SSHHostKeyError(
+                f"{endpoint.where}: known_hosts file {self.known_hosts} is missing, so no host "
+                f"key can be checked; `shoal ssh trust {endpoint.name} --yes` creates it"
+            )
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 conn = await asyncssh.connect(
@@ -387,6 +392,10 @@ class SSHExecutor:
         names = list(dict.fromkeys(hosts))
         results = await asyncio.gather(*(self.run(h, command, timeout_s) for h in names))
         return dict(zip(names, results, strict=True))
+
+
+def _is_file(path: Path) -> bool:
+    return path.is_file()
 
 
 def _client_keys(endpoint: SSHEndpoint) -> list[str] | tuple[()]:

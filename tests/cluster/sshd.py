@@ -192,4 +192,3 @@ def run_in_namespace(ns: str | None, factory: Callable[[], Awaitable[T]], timeou
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(body).result(timeout=timeout_s + 30)
-
