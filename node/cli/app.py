@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from config import shoal_version
+from node.cli import deploy as cli_deploy
 from node.cli import devcluster as cli_devcluster
 from node.cli import inspect as cli_inspect
 from node.cli import monitor as cli_monitor
@@ -33,6 +34,7 @@ cli_inspect.register(app)
 cli_devcluster.register(app)
 cli_monitor.register(app)
 cli_sync.register(app)
+cli_deploy.register(app)
 
 
 @app.command("version")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import asyncssh
+import pytest
 
 from tests.cluster.cluster import HarnessError, Host
 
@@ -27,6 +28,7 @@ __all__ = [
     "ClientKey",
     "SshServer",
     "make_client_key",
+    "requires_sshd",
     "run_in_namespace",
     "sshd_unavailable_reason",
     "start_sshd",
@@ -36,6 +38,12 @@ SSHD = Path("/usr/sbin/sshd")
 _CLONE_NEWNET = 0x40000000
 _START_TIMEOUT_S = 15.0
 T = TypeVar("T")
+
+
+def requires_sshd() -> pytest.MarkDecorator:
+    """A mark that skips a test when no real sshd can run here, saying why."""
+    reason = sshd_unavailable_reason()
+    return pytest.mark.skipif(reason is not None, reason=f"needs a real sshd: {reason}")
 
 
 def sshd_unavailable_reason() -> str | None:

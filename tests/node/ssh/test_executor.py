@@ -27,13 +27,11 @@ from tests.cluster.sshd import (
     ClientKey,
     SshServer,
     make_client_key,
-    sshd_unavailable_reason,
+    requires_sshd,
     start_sshd,
 )
 
-pytestmark = pytest.mark.skipif(
-    sshd_unavailable_reason() is not None, reason=str(sshd_unavailable_reason())
-)
+pytestmark = requires_sshd()
 
 
 @pytest.fixture

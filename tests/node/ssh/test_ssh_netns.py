@@ -16,21 +16,19 @@ from tests.cluster.sshd import (
     ClientKey,
     SshServer,
     make_client_key,
+    requires_sshd,
     run_in_namespace,
-    sshd_unavailable_reason,
     start_sshd,
 )
 
 pytestmark = [
     pytest.mark.netns,
-    pytest.mark.skipif(sshd_unavailable_reason() is not None, reason=str(sshd_unavailable_reason())),
+    requires_sshd(),
 ]
 TEST_TIMEOUT_S = 60.0
 
 
-def sshd_hosts(
-    cluster: NetnsCluster, tmp_path: Path, key: ClientKey
-) -> list[SshServer]:
+def sshd_hosts(cluster: NetnsCluster, tmp_path: Path, key: ClientKey) -> list[SshServer]:
     return [
         start_sshd(tmp_path / f"sshd-{h.name}", [key.public_line], host=h, name="sshd")
         for h in cluster.hosts
