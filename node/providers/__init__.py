@@ -24,6 +24,7 @@ from node.providers.base import (
     Provider,
 )
 from node.providers.local import LocalProvider
+from node.providers.ready import ReadyNode, ready_node
 from node.providers.static import StaticProvider, host_matches
 
 __all__ = [
@@ -40,10 +41,12 @@ __all__ = [
     "LocalProvider",
     "NodeHandle",
     "Provider",
+    "ReadyNode",
     "StaticProvider",
     "acquire_node",
     "host_matches",
     "nvml_utilization",
+    "ready_node",
     "should_act",
     "take_sample",
 ]

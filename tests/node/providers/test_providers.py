@@ -18,7 +18,9 @@ from node.providers import (
     Provider,
     StaticProvider,
     acquire_node,
+    ready_node,
 )
+from node.providers.ready import with_target
 
 
 def inventory() -> Inventory:
@@ -120,3 +122,21 @@ async def test_acquire_node_tri_modal() -> None:
         await acquire_node(ssh="a", node_id="b")
     with pytest.raises(ProviderError, match="needs a provider"):
         await acquire_node(provision=GPUQuery())
+
+
+async def test_ready_node_of_a_local_node_is_its_url(tmp_path: Path) -> None:
+    async with LocalProvider(tmp_path, capacity=1) as local:
+        ready = await ready_node(provision=GPUQuery(), provider=local, secret=b"s")
+        assert ready.handle is not None
+        assert ready.url == ready.handle.url
+        assert ready.deployed is None
+
+
+def test_with_target_adds_an_ssh_spec_to_the_inventory() -> None:
+    inv = inventory()
+    assert with_target(inv, "cpu") == (inv, "cpu")
+    full, name = with_target(inv, "ubuntu@10.0.0.9:2222")
+    assert name == "10.0.0.9"
+    entry = full.hosts[name]
+    assert (entry.ssh_user, entry.ssh_port, entry.address) == ("ubuntu", 2222, "10.0.0.9")
+    assert set(full.hosts) == {*inv.hosts, name}

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from config import load_inventory, signed_headers
+from node.providers import ReadyNode, ready_node
 from node.ssh import SSHExecutor
 from node.ssh.deploy import (
     INSTALLED,
@@ -145,6 +146,24 @@ def test_deploy_two_hosts_then_unchanged_then_undeploy(
         assert second[name].steps == ()
         assert second[name].pid == first[name].pid
         assert os.path.exists(f"/proc/{first[name].pid}")
+
+    async def ready() -> ReadyNode:
+        return await ready_node(
+            ssh=names[1],
+            inventory=inventory,
+            secret=secret,
+            known_hosts=known,
+            python=BASE_PYTHON,
+            offline=True,
+            cache_dir=tmp_path / "cache",
+        )
+
+    # The jobs API's `ssh` mode: acquire + deploy (unchanged here) + the node's URL.
+    node = run_in_namespace(operator.ns, ready, STEP_TIMEOUT_S)
+    assert node.url == f"http://{targets[1].endpoint}"
+    assert node.deployed is not None
+    assert node.deployed.status == UNCHANGED
+    assert node.handle is None
 
     async def take_off() -> DeployResult:
         async with SSHExecutor(inventory, known) as executor:
