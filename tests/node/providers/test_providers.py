@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from config import Inventory, parse_inventory
-from node.errors import ProviderError
+from node.errors import DeployError, ProviderError
 from node.providers import (
     RUNNING,
     STOPPED,
@@ -140,3 +140,20 @@ def test_with_target_adds_an_ssh_spec_to_the_inventory() -> None:
     entry = full.hosts[name]
     assert (entry.ssh_user, entry.ssh_port, entry.address) == ("ubuntu", 2222, "10.0.0.9")
     assert set(full.hosts) == {*inv.hosts, name}
+
+
+async def test_ready_node_releases_what_it_acquired_when_deploy_fails(tmp_path: Path) -> None:
+    inv = parse_inventory(
+        {"hosts": {"gone": {"ssh_host": "127.0.0.1", "ssh_port": 1, "gpu": "A100", "gpu_count": 1}}}
+    )
+    static = StaticProvider(inv)
+    with pytest.raises(DeployError, match="deploy to gone failed"):
+        await ready_node(
+            provision=GPUQuery(),
+            provider=static,
+            inventory=inv,
+            secret=b"s",
+            known_hosts=tmp_path / "known_hosts",
+            cache_dir=tmp_path / "cache",
+        )
+    assert (await static.acquire(GPUQuery())).id == "gone"  # released again

@@ -227,3 +227,73 @@ def test_cli_run_json_and_exit_code(
     results = json.loads(both.stdout)["results"]
     assert results["h0"]["exit_code"] == 0
     assert "host key" in results["h1"]["error"]
+
+
+def write_inventory(path: Path, inventory: Inventory) -> Path:
+    path.write_text(yaml.safe_dump(inventory.model_dump(mode="json", exclude_none=True)))
+    return path
+
+
+def test_cli_trust_asks_before_adding(
+    servers: list[SshServer], client_key: ClientKey, tmp_path: Path
+) -> None:
+    inv_file = write_inventory(tmp_path / "inventory.yaml", inventory_of(servers, client_key))
+    known = tmp_path / "kh"
+    base = ["ssh", "trust", "h1", "--inventory", str(inv_file), "--known-hosts", str(known)]
+    runner = CliRunner()
+    asked = runner.invoke(app, base)
+    assert asked.exit_code == 1
+    assert servers[1].host_key.get_fingerprint("sha256") in asked.stdout
+    assert "--yes" in asked.stdout
+    assert not known.exists()
+    added = runner.invoke(app, [*base, "--yes"])
+    assert added.exit_code == 0, added.output
+    assert known.read_text().strip() == servers[1].known_hosts_line()
+    assert "already in" in runner.invoke(app, base).stdout
+
+
+def test_cli_check_and_deploy_dry_run_write_nothing(
+    servers: list[SshServer], client_key: ClientKey, tmp_path: Path
+) -> None:
+    inventory = inventory_of(servers, client_key)
+    target = tmp_path / "target"
+    hosts = {
+        name: entry.model_dump(mode="json", exclude_none=True)
+        for name, entry in inventory.hosts.items()
+    }
+    hosts["h0"]["path"] = str(target)
+    inv_file = tmp_path / "inventory.yaml"
+    inv_file.write_text(yaml.safe_dump({"hosts": hosts}))
+    known = write_known_hosts(tmp_path / "kh", [s.known_hosts_line() for s in servers])
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-value-never-printed\n")
+    secret.chmod(0o600)
+    common = ["--inventory", str(inv_file), "--known-hosts", str(known)]
+    runner = CliRunner()
+    check = runner.invoke(app, ["ssh", "check", "h0", *common, "--json"])
+    assert check.exit_code == 0, check.output
+    row = json.loads(check.stdout)["hosts"]["h0"]
+    assert row["host_key"] == "ok"
+    assert row["error"] is None
+    dry = runner.invoke(
+        app,
+        [
+            "deploy",
+            "h0",
+            *common,
+            "--dry-run",
+            "--secret-file",
+            str(secret),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+    )
+    assert dry.exit_code == 0, dry.output
+    assert "h0: installed" in dry.stdout
+    assert "dry run" in dry.stdout
+    assert "start the daemon detached" in dry.stdout  # no systemd on this host
+    assert "s3cret" not in dry.stdout
+    assert not target.exists()
+    no_secret = runner.invoke(app, ["deploy", "h0", *common, "--dry-run"])
+    assert no_secret.exit_code == 2
+    assert "--secret-file" in no_secret.output
