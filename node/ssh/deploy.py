@@ -342,33 +342,36 @@ def _start_detached(root: str) -> Remote:
 async def _execute(
     executor: SSHExecutor, host: str, steps: Sequence[Step], timeout_s: float
 ) -> None:
-    conn = await executor.connect(host)
-    for step in steps:
-        if isinstance(step, Remote):
-            result = await executor.run(host, list(step.argv), timeout_s)
-            if not result.ok:
-                detail = (
-                    result.error or f"exited {result.exit_code}: {result.stderr.strip()[-400:]}"
-                )
-                raise DeployError(f"{step.what}: {detail}")
-            continue
-        try:
-            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-                if isinstance(step, Upload):
-                    temp = f"{step.remote}.part"
-                    await sftp.put(str(step.local), temp)
-                    await sftp.posix_rename(temp, step.remote)
-                else:
-                    temp = f"{step.remote}.part"
-                    attrs = asyncssh.SFTPAttrs(permissions=step.mode)
-                    async with sftp.open(temp, "w", attrs=attrs) as remote_file:
-                        await remote_file.write(step.text)
-                    await sftp.chmod(temp, step.mode)
-                    await sftp.posix_rename(temp, step.remote)
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
-            reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-            what = step.remote if isinstance(step, WriteFile) else step.describe()
-            raise DeployError(f"sftp {what}: {reason}") from exc
+    async with executor.lease(host) as conn:
+        for step in steps:
+            if isinstance(step, Remote):
+                result = await executor.run(host, list(step.argv), timeout_s)
+                if not result.ok:
+                    tail = result.stderr.strip()[-400:]
+                    detail = result.error or f"exited {result.exit_code}: {tail}"
+                    raise DeployError(f"{step.what}: {detail}")
+                continue
+            await _transfer(conn, step, timeout_s)
+
+
+async def _transfer(
+    conn: asyncssh.SSHClientConnection, step: Upload | WriteFile, timeout_s: float
+) -> None:
+    temp = f"{step.remote}.part"
+    try:
+        async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+            if isinstance(step, Upload):
+                await sftp.put(str(step.local), temp)
+            else:
+                attrs = asyncssh.SFTPAttrs(permissions=step.mode)
+                async with sftp.open(temp, "w", attrs=attrs) as remote_file:
+                    await remote_file.write(step.text)
+                await sftp.chmod(temp, step.mode)
+            await sftp.posix_rename(temp, step.remote)
+    except (OSError, asyncssh.Error, TimeoutError) as exc:
+        reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        what = step.remote if isinstance(step, WriteFile) else step.describe()
+        raise DeployError(f"sftp {what}: {reason}") from exc
 
 
 async def wait_healthy(url: str, timeout_s: float) -> None:

@@ -6,13 +6,14 @@ one result per host whatever happens to the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import shlex
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -139,6 +140,8 @@ def translate_ssh_error(exc: BaseException, endpoint: SSHEndpoint, known_hosts: 
 class _Pooled:
     conn: asyncssh.SSHClientConnection
     last_used: float
+    jump: str | None = None
+    users: int = 0
 
 
 class SSHPool:
@@ -172,10 +175,47 @@ class SSHPool:
         await self.close()
 
     def _expire(self, now: float) -> None:
+        """Close connections idle for idle_s: none in use by a command, none a live
+        connection tunnels through."""
         for name, pooled in list(self._pooled.items()):
-            if now - pooled.last_used > self.idle_s or pooled.conn.is_closed():
+            idle = now - pooled.last_used > self.idle_s and pooled.users == 0
+            if pooled.conn.is_closed() or (idle and pooled.jump is not None):
                 del self._pooled[name]
                 pooled.conn.close()
+        tunnels = {p.jump for p in self._pooled.values() if p.jump is not None}
+        for name, pooled in list(self._pooled.items()):
+            idle = now - pooled.last_used > self.idle_s and pooled.users == 0
+            if idle and name not in tunnels:
+                del self._pooled[name]
+                pooled.conn.close()
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self,
+        endpoint: SSHEndpoint,
+        resolve: Mapping[str, SSHEndpoint] | None = None,
+        *,
+        reuse: bool = True,
+    ) -> AsyncIterator[asyncssh.SSHClientConnection]:
+        """A connection to `endpoint` for the block: the pooled one, never expired while
+        leased (`reuse=False`: a new one, closed after the block). Raises SSHError."""
+        if not reuse:
+            conn = await self.connection(endpoint, resolve, reuse=False)
+            try:
+                yield conn
+            finally:
+                conn.close()
+            return
+        conn = await self.connection(endpoint, resolve)
+        pooled = self._pooled.get(endpoint.name)
+        if pooled is not None:
+            pooled.users += 1
+        try:
+            yield conn
+        finally:
+            if pooled is not None:
+                pooled.users -= 1
+                pooled.last_used = time.monotonic()
 
     async def connection(
         self,
@@ -200,7 +240,7 @@ class SSHPool:
             pooled = self._pooled.get(endpoint.name)
             if pooled is None:
                 conn = await self._open(endpoint, resolve or {}, ())
-                pooled = self._pooled[endpoint.name] = _Pooled(conn, now)
+                pooled = self._pooled[endpoint.name] = _Pooled(conn, now, endpoint.jump)
             pooled.last_used = time.monotonic()
             return pooled.conn
 
@@ -328,9 +368,12 @@ class SSHExecutor:
                 f"{host}: not a host of the inventory (hosts: {known}) nor [user@]host[:port]"
             ) from exc
 
-    async def connect(self, host: str) -> asyncssh.SSHClientConnection:
-        """The (pooled) connection to `host`; raises SSHError. The pool owns it."""
-        return await self.pool.connection(self.endpoint(host), self._endpoints)
+    def lease(
+        self, host: str
+    ) -> contextlib.AbstractAsyncContextManager[asyncssh.SSHClientConnection]:
+        """`async with executor.lease(host) as conn`: the pooled connection to `host` for the
+        block (SFTP, several channels); raises SSHError."""
+        return self.pool.lease(self.endpoint(host), self._endpoints)
 
     async def run(
         self,
@@ -355,21 +398,20 @@ class SSHExecutor:
         line = command_line(command)
         try:
             endpoint = self.endpoint(host)
-            conn = await self.pool.connection(endpoint, self._endpoints, reuse=self.reuse)
+            async with self.pool.lease(endpoint, self._endpoints, reuse=self.reuse) as conn:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        done = await conn.run(line, check=False, input=input_text)
+                except TimeoutError:
+                    self.pool.discard(endpoint.name)
+                    return failed(
+                        f"{endpoint.where}: command did not finish in {timeout_s:g}s: {line}"
+                    )
+                except (OSError, asyncssh.Error) as exc:
+                    self.pool.discard(endpoint.name)
+                    return failed(str(translate_ssh_error(exc, endpoint, self.known_hosts)))
         except SSHError as exc:
             return failed(str(exc))
-        try:
-            async with asyncio.timeout(timeout_s):
-                done = await conn.run(line, check=False, input=input_text)
-        except TimeoutError:
-            self.pool.discard(endpoint.name)
-            return failed(f"{endpoint.where}: command did not finish in {timeout_s:g}s: {line}")
-        except (OSError, asyncssh.Error) as exc:
-            self.pool.discard(endpoint.name)
-            return failed(str(translate_ssh_error(exc, endpoint, self.known_hosts)))
-        finally:
-            if not self.reuse:
-                conn.close()
         exit_code = done.exit_status
         if exit_code is None or exit_code < 0:
             exit_code = 128 + _signal_number(done.exit_signal)

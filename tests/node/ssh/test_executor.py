@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,6 +160,22 @@ async def test_connections_are_reused_until_idle(
         for _ in range(2):
             assert (await executor.run("h0", "true")).ok
         assert executor.pool.connects == 2
+
+
+async def test_a_connection_in_use_is_never_expired(
+    servers: list[SshServer], client_key: ClientKey, tmp_path: Path
+) -> None:
+    known = write_known_hosts(tmp_path / "kh", [s.known_hosts_line() for s in servers])
+    async with SSHExecutor(inventory_of(servers, client_key), known, idle_s=0.0) as executor:
+        slow = asyncio.create_task(executor.run("h0", "sleep 1; echo done"))
+        while executor.pool.connects == 0:
+            await asyncio.sleep(0.01)
+        for _ in range(5):  # each opens (and expires idle) connections while h0's command runs
+            assert (await executor.run("h1", "true")).ok
+            await asyncio.sleep(0.1)
+        result = await slow
+    assert result.ok, result
+    assert result.stdout == "done\n"
 
 
 async def test_trust_fetches_adds_and_detects_a_changed_key(

@@ -3,6 +3,7 @@ a proxy_jump reaches a host that only its jump host can reach."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncssh
@@ -93,3 +94,19 @@ def test_changed_key_fails_one_host_and_proxy_jump_reaches_a_hidden_host(
     assert "no SSH connection in time" in (results["c"].error or "")
     assert results["c-via-b"].ok, results["c-via-b"]
     assert hidden.address in results["c-via-b"].stdout
+
+    async def jump_kept_while_tunnelling() -> SSHResult:
+        # idle_s=0: every run expires idle connections, but never b while c-via-b runs
+        # through it.
+        async with SSHExecutor(inventory, known, idle_s=0.0) as executor:
+            slow = asyncio.create_task(executor.run("c-via-b", "sleep 1; echo done"))
+            while executor.pool.connects < 2:
+                await asyncio.sleep(0.01)
+            for _ in range(5):
+                assert (await executor.run("a", "true")).ok
+                await asyncio.sleep(0.1)
+            return await slow
+
+    slow = run_in_namespace(client.ns, jump_kept_while_tunnelling, TEST_TIMEOUT_S)
+    assert slow.ok, slow
+    assert slow.stdout == "done\n"
