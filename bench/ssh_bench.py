@@ -102,13 +102,15 @@ def plain_root_shell(namespaces: list[str]) -> Iterator[None]:
     bind mount of /etc/netns/NS/passwd): this machine's root bash sources a .bashrc that runs
     `pyenv init`, ~0.3 s of CPU per SSH session, which would be measured instead of SSH."""
     made = []
+    root = Path("/etc/netns")
+    root_existed = root.is_dir()
     plain = [
         ":".join([*line.split(":")[:6], "/bin/sh"]) if line.startswith("root:") else line
         for line in Path("/etc/passwd").read_text().splitlines()
     ]
     try:
         for ns in namespaces:
-            directory = Path("/etc/netns") / ns
+            directory = root / ns
             directory.mkdir(parents=True, exist_ok=False)
             made.append(directory)
             (directory / "passwd").write_text("\n".join(plain) + "\n")
@@ -116,6 +118,8 @@ def plain_root_shell(namespaces: list[str]) -> Iterator[None]:
     finally:
         for directory in made:
             shutil.rmtree(directory, ignore_errors=True)
+        if not root_existed:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def run(hosts: int, repeat: int, command: str, login_shell: bool) -> dict[str, Any]:

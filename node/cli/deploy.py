@@ -16,6 +16,7 @@ from node.cli.ssh import (
     InventoryOption,
     KnownHostsOption,
     RoleOption,
+    executor_for,
     load_targets,
 )
 from node.ssh.deploy import (
@@ -26,7 +27,6 @@ from node.ssh.deploy import (
     deploy,
     undeploy_host,
 )
-from node.ssh.executor import SSHExecutor
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print every step per host; change nothing.")
@@ -88,7 +88,7 @@ def deploy_command(
     inventory_text = inventory.source.read_text()
 
     async def go() -> dict[str, DeployResult]:
-        async with SSHExecutor(inventory, known) as executor:
+        async with executor_for(inventory, known) as executor:
             return await deploy(
                 executor,
                 names,
@@ -118,7 +118,7 @@ def undeploy_command(
     inventory, known, names = load_targets(inventory_file, known_hosts, hosts, False, None)
 
     async def go() -> dict[str, DeployResult]:
-        async with SSHExecutor(inventory, known) as executor:
+        async with executor_for(inventory, known) as executor:
             done = await asyncio.gather(
                 *(undeploy_host(executor, h, purge=purge, dry_run=dry_run) for h in names)
             )

@@ -85,6 +85,11 @@ class _CommandAfterDashes(TyperCommand):
         return super().parse_args(ctx, args)
 
 
+def executor_for(inventory: Inventory, known: Path) -> SSHExecutor:
+    """An executor with the timeouts of the effective settings (ssh_connect_s)."""
+    return SSHExecutor(inventory, known, timeouts=settings_from().settings.timeouts)
+
+
 @ssh_app.command("run", cls=_CommandAfterDashes)
 def ssh_run(
     ctx: typer.Context,
@@ -105,7 +110,7 @@ def ssh_run(
     inventory, known, names = load_targets(inventory_file, known_hosts, hosts, all_hosts, role)
 
     async def go() -> dict[str, SSHResult]:
-        async with SSHExecutor(inventory, known) as executor:
+        async with executor_for(inventory, known) as executor:
             return await executor.run_parallel(names, command, timeout_s)
 
     results = asyncio.run(go())
@@ -136,7 +141,7 @@ def ssh_check(
     paths = {name: inventory.hosts[name].path for name in names}
 
     async def go() -> dict[str, HostCheck]:
-        async with SSHExecutor(inventory, known) as executor:
+        async with executor_for(inventory, known) as executor:
             return await check_hosts(executor, names, paths)
 
     rows = asyncio.run(go())
@@ -174,7 +179,7 @@ def ssh_trust(
     inventory, known, _ = load_targets(inventory_file, known_hosts, [host], False, None)
 
     async def go() -> HostKeyInfo:
-        async with SSHExecutor(inventory, known) as executor:
+        async with executor_for(inventory, known) as executor:
             endpoint = executor.endpoint(host)
             return await fetch_host_key(executor.pool, endpoint, executor.endpoints)
 
