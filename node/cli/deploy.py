@@ -19,14 +19,8 @@ from node.cli.ssh import (
     executor_for,
     load_targets,
 )
-from node.ssh.deploy import (
-    DEFAULT_CACHE_DIR,
-    FAILED,
-    HEALTH_TIMEOUT_S,
-    DeployResult,
-    deploy,
-    undeploy_host,
-)
+from node.ssh.deploy import DeployResult, deploy, undeploy_host
+from node.ssh.plan import DEFAULT_CACHE_DIR, FAILED, HEALTH_TIMEOUT_S
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print every step per host; change nothing.")

@@ -13,8 +13,9 @@ from config import HostEntry, Inventory
 from node.errors import DeployError, ProviderError
 from node.providers.acquire import acquire_node
 from node.providers.base import GPUQuery, NodeHandle, Provider
-from node.ssh.deploy import DEFAULT_CACHE_DIR, FAILED, DeployResult, deploy
+from node.ssh.deploy import DeployResult, deploy
 from node.ssh.executor import DEFAULT_KNOWN_HOSTS, SSHExecutor, parse_ssh_spec
+from node.ssh.plan import DEFAULT_CACHE_DIR, FAILED
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,8 @@ import yaml
 from config import load_inventory, signed_headers
 from node.providers import ReadyNode, ready_node
 from node.ssh import SSHExecutor
-from node.ssh.deploy import (
-    INSTALLED,
-    REMOVED,
-    UNCHANGED,
-    DeployResult,
-    deploy,
-    undeploy_host,
-)
+from node.ssh.deploy import DeployResult, deploy, undeploy_host
+from node.ssh.plan import INSTALLED, REMOVED, UNCHANGED
 from tests.cluster.fixtures import NetnsClusterFactory
 from tests.cluster.sshd import (
     make_client_key,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from config import parse_inventory
-from node.ssh.deploy import (
+from node.ssh.plan import (
     INSTALLED,
     UNCHANGED,
     UPGRADED,
