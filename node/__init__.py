@@ -16,6 +16,7 @@ from node.election.seams import WalDurableState
 from node.election.service import ElectionService, VoterSet, resolve_voters
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
 from node.errors import (
+    DeployError,
     DiscoveryError,
     DownloadHashError,
     ElectionError,
@@ -32,7 +33,13 @@ from node.errors import (
     PeerRequestError,
     PeerTimeoutError,
     PlanError,
+    ProviderError,
     RendezvousError,
+    SSHAuthError,
+    SSHConnectError,
+    SSHError,
+    SSHHostKeyError,
+    SSHTimeoutError,
     StartupError,
     WireError,
 )
@@ -52,8 +59,19 @@ from node.membership.service import (
     UdpMembershipTransport,
 )
 from node.openapi import RouteDoc, openapi_document
+from node.providers import (
+    AutoStop,
+    LocalProvider,
+    NodeHandle,
+    Provider,
+    StaticProvider,
+    acquire_node,
+    ready_node,
+)
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
+from node.ssh import HostMemory, SSHExecutor, SSHResult, detect_host_memory
+from node.ssh.deploy import DeployResult, deploy
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.training.groups import ElasticGroup, join_group
@@ -66,8 +84,11 @@ __all__ = [
     "AdoptionLog",
     "Advert",
     "AuthPolicy",
+    "AutoStop",
     "Candidate",
     "CandidateSource",
+    "DeployError",
+    "DeployResult",
     "Discovery",
     "DiscoveryError",
     "DownloadHashError",
@@ -81,6 +102,7 @@ __all__ = [
     "Elector",
     "EventKind",
     "GroupError",
+    "HostMemory",
     "HttpElectionTransport",
     "InMemoryNetwork",
     "JobClientError",
@@ -91,6 +113,7 @@ __all__ = [
     "JobWaitTimeoutError",
     "LauncherError",
     "Listener",
+    "LocalProvider",
     "MasterUnreachable",
     "Member",
     "MemberEvent",
@@ -103,17 +126,28 @@ __all__ = [
     "NodeCapabilities",
     "NodeDaemon",
     "NodeError",
+    "NodeHandle",
     "NodeRuntime",
     "PeerRequestError",
     "PeerTimeoutError",
     "PlanError",
     "PlanFence",
+    "Provider",
+    "ProviderError",
     "Rendezvous",
     "RendezvousError",
     "RolePlan",
     "RolePolicy",
     "RouteDoc",
+    "SSHAuthError",
+    "SSHConnectError",
+    "SSHError",
+    "SSHExecutor",
+    "SSHHostKeyError",
+    "SSHResult",
+    "SSHTimeoutError",
     "StartupError",
+    "StaticProvider",
     "SwimTuning",
     "SyncService",
     "SystemdNotifier",
@@ -123,12 +157,15 @@ __all__ = [
     "VoterSet",
     "WalDurableState",
     "WireError",
+    "acquire_node",
     "auth_middleware",
     "build_app",
     "check_adoption_logs",
     "check_fence",
     "choose_interfaces",
     "compute_plan",
+    "deploy",
+    "detect_host_memory",
     "election_routes",
     "error_middleware",
     "find_self_in_inventory",
@@ -137,6 +174,7 @@ __all__ = [
     "local_addresses",
     "openapi_document",
     "read_adoption_log",
+    "ready_node",
     "rendezvous_for",
     "resolve_node_id",
     "resolve_voters",
