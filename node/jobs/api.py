@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config import NodeSettings, load_settings, read_secret_file
+from config import NodeSettings, load_inventory, load_settings, read_secret_file
 from node.jobs.client import (
     ENDED_STATES,
     Endpoint,
@@ -32,6 +32,9 @@ from node.jobs.client import (
     run_sync,
     wait_record,
 )
+from node.providers import GPUQuery as GPUQuery
+from node.providers import Provider, StaticProvider, ready_node
+from node.ssh import DEFAULT_KNOWN_HOSTS
 
 ROLES = frozenset({"training", "inference", "selfplay", "any"})
 KILL_GRACE_S = 10.0
@@ -39,21 +42,6 @@ KILL_GRACE_S = 10.0
 KILL_SETTLE_S = 30.0
 """How long after the grace a killed job may take to be reported ended before terminate
 gives up with JobWaitTimeoutError."""
-DEPLOY_ISSUE = "issue 14 (SSH executor, `shoal deploy`, node providers)"
-
-
-@dataclass(frozen=True)
-class GPUQuery:
-    """GPU provisioning query (for the provision mode of issue 14)."""
-
-    type: str = "A100"
-    count: int = 1
-    max_price: float | None = None
-    min_vram_gb: int | None = None
-    min_cuda: str = "12.0"
-    cloud_type: str = "secure"
-    container_disk_gb: int = 100
-    volume_disk_gb: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +103,10 @@ class DeploySpec:
     bootstrap: tuple[str, ...] | None = None
     keep_alive: bool = False
     config_file: str | None = None
+    provider: Provider | None = None
+    """Who acquires a `provision` (or `node_id`-less `ssh`) node: default the inventory's hosts
+    (the `static` provider). What it acquired is released when the job is terminated, unless
+    `keep_alive`."""
 
     def __post_init__(self) -> None:
         modes = [m for m in ("node_url", "ssh", "node_id", "provision") if getattr(self, m)]
@@ -190,16 +182,54 @@ def local_endpoint(settings: NodeSettings, url: str | None = None) -> Endpoint:
     return Endpoint(address.rstrip("/"), secret, settings.timeouts.http_request_s)
 
 
+async def ready_remote_async(deploy: DeploySpec, settings: NodeSettings) -> tuple[str, Any]:
+    """(URL, provider handle or None) of the node an `ssh` or `provision` DeploySpec names:
+    acquired through its provider, shoal deployed to it over SSH (unchanged when it already
+    runs), its daemon answering."""
+    if settings.secret_file is None and deploy.ssh:
+        raise JobClientError(
+            f"DeploySpec(ssh={deploy.ssh!r}) deploys shoal with the cluster secret, and no "
+            "secret_file is configured; set secret_file (chmod 600) in the config"
+        )
+    inventory = load_inventory(settings.inventory) if settings.inventory else None
+    provider = deploy.provider
+    if provider is None and deploy.provision is not None:
+        if inventory is None:
+            raise JobClientError(
+                "DeploySpec(provision=...) without a provider picks a host of the inventory, "
+                "and no inventory is configured; set inventory or pass provider="
+            )
+        provider = StaticProvider(inventory)
+    ready = await ready_node(
+        ssh=deploy.ssh,
+        provision=deploy.provision,
+        secret=read_secret_file(settings.secret_file) if settings.secret_file else b"",
+        inventory=inventory,
+        provider=provider,
+        known_hosts=settings.ssh_known_hosts or DEFAULT_KNOWN_HOSTS,
+    )
+    return ready.url, (provider, ready.handle) if ready.handle is not None else None
+
+
 async def resolve_node_async(deploy: DeploySpec) -> tuple[str, NodeSettings]:
     """(API URL of the node `deploy` names, the local settings that sign requests)."""
+    url, settings, _ = await resolve_target_async(deploy)
+    return url, settings
+
+
+async def resolve_target_async(deploy: DeploySpec) -> tuple[str, NodeSettings, Any]:
+    """resolve_node_async plus what a provider acquired for it ((provider, handle) or None)."""
     settings = local_settings(deploy.config_file)
     if deploy.ssh or deploy.provision:
-        mode = "ssh" if deploy.ssh else "provision"
-        raise JobClientError(
-            f"DeploySpec({mode}=...) needs the SSH executor and providers of {DEPLOY_ISSUE}, "
-            "which this shoal does not have yet; start shoal on the host and pass node_url= "
-            "or node_id= instead"
-        )
+        url, acquired = await ready_remote_async(deploy, settings)
+        return url, settings, acquired
+    url, settings = await _resolve_member_async(deploy, settings)
+    return url, settings, None
+
+
+async def _resolve_member_async(
+    deploy: DeploySpec, settings: NodeSettings
+) -> tuple[str, NodeSettings]:
     local = local_endpoint(settings, deploy.node_url)
     if not deploy.node_id:
         return local.url, settings
@@ -224,13 +254,14 @@ async def resolve_node_async(deploy: DeploySpec) -> tuple[str, NodeSettings]:
 
 async def attach_job_async(deploy: DeploySpec, job_id: str) -> dict[str, Any]:
     """A state for the existing job `job_id` on the node `deploy` names."""
-    url, settings = await resolve_node_async(deploy)
+    url, settings, acquired = await resolve_target_async(deploy)
     state = make_job_state()
     state.update(
         job_id=job_id,
         node_url=url,
         secret_file=str(settings.secret_file) if settings.secret_file else None,
         request_timeout_s=settings.timeouts.http_request_s,
+        acquired=None if deploy.keep_alive else acquired,
     )
     return state
 
@@ -315,6 +346,21 @@ async def terminate_async(
     """Send `signal` to the job's whole process group (SIGKILL after the grace, default the
     node's) and wait until it has ended; returns the final record. A job that already ended is
     left as it is."""
+    try:
+        return await _kill_async(state, signal, grace_s)
+    finally:
+        await release_acquired_async(state)
+
+
+async def release_acquired_async(state: dict[str, Any]) -> None:
+    """Release the node a provider acquired for this job (none when `keep_alive`). Idempotent."""
+    acquired = state.pop("acquired", None)
+    if acquired is not None:
+        provider, handle = acquired
+        await provider.release(handle)
+
+
+async def _kill_async(state: dict[str, Any], signal: str, grace_s: float | None) -> dict[str, Any]:
     if state.get("status") in ENDED_STATES and state.get("record"):
         return dict(state["record"])
     body: dict[str, Any] = {"signal": signal}
@@ -351,8 +397,8 @@ async def run_job_async(deploy: DeploySpec, job: JobSpec) -> AsyncIterator[dict[
     try:
         yield state
     finally:
-        if not deploy.keep_alive and state["status"] not in ENDED_STATES:
-            await terminate_async(state)
+        if not deploy.keep_alive:
+            await terminate_async(state)  # also releases a node a provider acquired
 
 
 def start_job(deploy: DeploySpec, job: JobSpec, state: dict[str, Any]) -> dict[str, Any]:
@@ -426,5 +472,5 @@ def run_job(deploy: DeploySpec, job: JobSpec) -> Iterator[dict[str, Any]]:
     try:
         yield state
     finally:
-        if not deploy.keep_alive and state["status"] not in ENDED_STATES:
-            terminate(state)
+        if not deploy.keep_alive:
+            terminate(state)  # also releases a node a provider acquired

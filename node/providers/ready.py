@@ -71,6 +71,11 @@ async def ready_node(
         if handle is None or handle.url is None:
             raise ProviderError("the provider's node has neither an SSH target nor a URL")
         return ReadyNode(handle.url, handle, None)
+    if not secret:
+        raise ProviderError(
+            f"deploying shoal to {target} over SSH needs the cluster secret (secret_file, "
+            "chmod 600); the node would otherwise run without authentication"
+        )
     try:
         full, name = with_target(inventory or Inventory(hosts={}), target)
         text = inventory_text(full)

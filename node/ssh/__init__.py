@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from node.ssh.check import HostCheck, HostMemory, check_hosts, detect_host_memory, parse_probe
 from node.ssh.executor import (
+    DEFAULT_KNOWN_HOSTS,
     SSHEndpoint,
     SSHExecutor,
     SSHPool,
@@ -15,6 +16,7 @@ from node.ssh.executor import (
 from node.ssh.trust import HostKeyInfo, add_host_key, fetch_host_key, key_status
 
 __all__ = [
+    "DEFAULT_KNOWN_HOSTS",
     "HostCheck",
     "HostKeyInfo",
     "HostMemory",

@@ -34,6 +34,7 @@ from node.jobs.api import (
     stream_logs,
     stream_logs_async,
     terminate,
+    terminate_async,
     wait_for_completion,
     wait_for_completion_async,
 )
@@ -47,6 +48,7 @@ from node.jobs.client import (
     job_exit_code,
     signal_number,
 )
+from node.providers import LocalProvider
 from tests.node.jobs.client_daemon import ServedNode, cutting_proxy, served_node
 from tests.sync.files_fixtures import hash_file
 
@@ -157,10 +159,36 @@ def test_content_hasher_knows_plain_and_manifest_hashes(tmp_path: Path) -> None:
     assert not hasher.matches(hashlib.sha256(data + b"x").hexdigest())
 
 
-def test_ssh_and_provision_modes_name_the_issue_that_brings_them() -> None:
-    for deploy in (DeploySpec(ssh="gpu-1"), DeploySpec(provision=GPUQuery(count=2))):
-        with pytest.raises(JobClientError, match="issue 14"):
-            start_job(deploy, JobSpec(("true",)), make_job_state())
+def test_ssh_mode_without_a_secret_says_what_to_configure(tmp_path: Path) -> None:
+    config = tmp_path / "shoal.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    deploy = DeploySpec(ssh="gpu-1", config_file=str(config))
+    with pytest.raises(JobClientError, match="no secret_file is configured"):
+        start_job(deploy, JobSpec(("true",)), make_job_state())
+
+
+async def test_provision_mode_runs_on_an_acquired_node_and_terminate_releases_it(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "shoal.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\n")
+    async with LocalProvider(tmp_path / "provider", capacity=1) as provider:
+        deploy = DeploySpec(provision=GPUQuery(count=0), provider=provider, config_file=str(config))
+        state = make_job_state()
+        await start_job_async(deploy, JobSpec(("sleep", "30")), state)
+        [handle] = await provider.list()
+        assert state["node_url"] == handle.url
+        assert handle.state == "running"
+        record = await terminate_async(state)
+        assert record["state"] == "killed"
+        assert await provider.list() == []  # released: the provider holds no node any more
+        kept = DeploySpec(
+            provision=GPUQuery(count=0), provider=provider, config_file=str(config),
+            keep_alive=True,
+        )  # fmt: skip
+        async with run_job_async(kept, JobSpec(("true",))) as kept_state:
+            assert await wait_for_completion_async(kept_state, poll_interval=0.5) == 0
+        assert [h.state for h in await provider.list()] == ["running"]  # keep_alive keeps it
 
 
 async def test_plain_functions_refuse_a_running_loop_and_name_the_async_twin() -> None:
