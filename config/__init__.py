@@ -29,6 +29,7 @@ from config.inventory import (
 from config.nodeid import load_or_create_node_id
 from config.settings import (
     ENV_VARS,
+    JobSettings,
     LoadedSettings,
     LogFormat,
     NodeSettings,
@@ -53,6 +54,7 @@ __all__ = [
     "HostStatus",
     "Inventory",
     "InventoryError",
+    "JobSettings",
     "LoadedSettings",
     "LogFormat",
     "NodeSettings",

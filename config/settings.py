@@ -24,6 +24,30 @@ class LogFormat(StrEnum):
     JSON = "json"
 
 
+class JobSettings(BaseModel):
+    """The `jobs:` section: limits and identity of commands run through the job API."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_log_bytes: int = Field(
+        1 << 30,
+        gt=0,
+        description="Per job and stream: output beyond this is dropped (said in the record).",
+    )
+    allowed_programs: tuple[str, ...] | None = Field(
+        None,
+        description="Programs (argv[0], a name or an absolute path) jobs may run; others 403. "
+        "Unset: any.",
+    )
+    run_as: str | None = Field(None, description="User that runs jobs when the daemon is root.")
+    gang_failure: Literal["kill", "keep"] = Field(
+        "kill", description="When one member of a gang job fails: kill the others, or keep them."
+    )
+    kill_grace_s: float = Field(
+        10.0, ge=0, description="Default grace between TERM and KILL (kill and timeout_s)."
+    )
+
+
 class NodeSettings(BaseModel):
     """Everything one node is configured with. Frozen: a change means a new object."""
 
@@ -85,6 +109,7 @@ class NodeSettings(BaseModel):
     sync_interval_s: float = Field(
         60.0, ge=0, description="Background pull of files and records from alive peers (0: off)."
     )
+    jobs: JobSettings = Field(default_factory=JobSettings)
     timeouts: Timeouts = Field(default_factory=Timeouts)
 
     @field_validator("seeds")
@@ -166,11 +191,15 @@ def _put(target: dict[str, Any], dotted: str, value: Any) -> None:
         target[head] = value
 
 
+NESTED_SECTIONS = ("timeouts", "jobs")
+"""Sections whose fields are set one by one (file lines, flags `jobs.run_as=...`)."""
+
+
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
-        if key == "timeouts" and isinstance(value, Mapping) and not prefix:
+        if key in NESTED_SECTIONS and isinstance(value, Mapping) and not prefix:
             flat.update(_flatten(value, f"{name}."))
         else:
             flat[name] = value

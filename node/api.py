@@ -103,6 +103,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         },
         "health": health,
         "gpus": runtime.gpus(),
+        "jobs": runtime.jobs() if runtime.jobs is not None else None,
         "config_hash": runtime.settings.config_hash(),
         "notes": list(runtime.notes),
     }

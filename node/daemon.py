@@ -48,6 +48,7 @@ from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
 from node.election.service import Coordination, resolve_voters
 from node.errors import DiscoveryError, StartupError
+from node.jobs.setup import JobApi, open_job_service
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
@@ -261,7 +262,9 @@ class NodeDaemon:
         sync_service = SyncService(runtime, secrets.cluster, settings.sync_interval_s, inventory)
         self._stack.push_async_callback(sync_service.close)
         await sync_service.open(wal, stores)
-        await self._start_http(runtime, secrets, coordination, stores, sync_service)
+        jobs = await open_job_service(runtime, coordination, wal, secrets.cluster)
+        self._stack.push_async_callback(jobs.close)
+        await self._start_http(runtime, secrets, coordination, stores, sync_service, jobs)
         membership = await self._start_membership(runtime, secrets)
         self._notifier.status("joining the election")
         await coordination.start(membership, inventory, secrets.cluster, wal, self._rng)
@@ -303,6 +306,7 @@ class NodeDaemon:
         coordination: Coordination,
         stores: RecordStores,
         sync_service: SyncService,
+        jobs: JobApi,
     ) -> None:
         policy = AuthPolicy(
             secret=secrets.cluster,
@@ -316,11 +320,13 @@ class NodeDaemon:
                 *record_routes(stores, runtime.node_id),
                 *coordination.routes(),
                 *sync_service.routes(),
+                *jobs.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
                 *coordination.docs(),
                 *sync_service.docs(),
+                *jobs.docs(),
             ],
         )
         runner = web.AppRunner(

@@ -57,6 +57,8 @@ class NodeRuntime:
     term: int | None = None
     coordinator: str | None = None
     plan_version: int | None = None
+    jobs: Callable[[], dict[str, int]] | None = None
+    """Counts of this node's jobs by state (the status document's `jobs`)."""
     notes: list[str] = field(default_factory=list)
     refreshers: list[Callable[[], None]] = field(default_factory=list)
     """Called before status is read, so live fields (term, coordinator) are never stale."""

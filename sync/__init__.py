@@ -31,7 +31,7 @@ from sync.files.errors import (
     TransferBusyError,
     UnknownCategoryError,
 )
-from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
+from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage, hash_file
 from sync.files.manifest_cache import Listing, ManifestCache
 from sync.files.plan import (
     ClusterSyncStats,
@@ -43,7 +43,7 @@ from sync.files.plan import (
     plan_pulls,
 )
 from sync.files.routes import file_route_docs, file_routes
-from sync.guards import SpaceReserve, validate_rel_path
+from sync.guards import SpaceReserve, check_raw_query_value, open_inside, validate_rel_path
 from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
 from sync.records.fallback import GamesPull, P2PFallbackSync
 from sync.records.pull import P2PSyncClient, fetch_page, pull_records
@@ -165,14 +165,17 @@ __all__ = [
     "Transport",
     "UnknownCategoryError",
     "UnknownStoreError",
+    "check_raw_query_value",
     "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
     "file_route_docs",
     "file_routes",
     "full_cluster_sync",
+    "hash_file",
     "install_file",
     "make_directories",
+    "open_inside",
     "open_partial",
     "parse_retry_after",
     "parse_since_query",

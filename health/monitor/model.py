@@ -134,6 +134,7 @@ class NodeStatusDoc:
     breakers_open: tuple[str, ...]
     gpus: tuple[GpuReading, ...]
     config_hash: str | None
+    jobs_running: int | None = None
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -159,6 +160,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         breakers_open=tuple(str(name) for name in opened),
         gpus=tuple(parse_gpu(gpu, position) for position, gpu in enumerate(gpus)),
         config_hash=_str(doc.get("config_hash")),
+        jobs_running=_int(_mapping(doc.get("jobs")).get("running")),
     )
 
 
@@ -245,6 +247,7 @@ class NodeRow:
     version_drift: bool
     config_drift: bool
     error: str | None
+    jobs_running: int | None = None
 
     @property
     def failing(self) -> bool:
@@ -277,6 +280,7 @@ class NodeRow:
             "config_hash": self.config_hash,
             "version_drift": self.version_drift,
             "config_drift": self.config_drift,
+            "jobs_running": self.jobs_running,
         }
 
 

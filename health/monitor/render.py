@@ -33,11 +33,11 @@ GREEN = "green"
 DIM = "dim"
 PROBE_INTERVAL_S = Timeouts().probe_interval_s
 NARROW_WIDTH = 110
-"""Below this many columns the address, role, term and version columns are left out."""
+"""Below this many columns the address, role, term, jobs and version columns are left out."""
 
-_COLUMNS = ("node", "address", "role", "state", "seen", "term", "health", "gpus", "wal", "breakers",
-            "version")  # fmt: skip
-_WIDE_ONLY = frozenset({"address", "role", "term", "version"})
+_COLUMNS = ("node", "address", "role", "state", "seen", "term", "health", "gpus", "jobs", "wal",
+            "breakers", "version")  # fmt: skip
+_WIDE_ONLY = frozenset({"address", "role", "term", "version", "jobs"})
 _WRAPPING = frozenset({"health", "gpus", "breakers", "version"})
 _GAP = 2
 """Columns between two cells: the cell's right padding and the box's blank divider."""
@@ -203,6 +203,7 @@ def _cells(row: NodeRow, probe_interval_s: float, narrow: bool) -> dict[str, Tex
         "term": Text("-" if row.term is None else str(row.term)),
         "health": _health_cell(row),
         "gpus": _gpu_cell(row),
+        "jobs": Text("-" if row.jobs_running is None else str(row.jobs_running)),
         "wal": _wal_cell(row),
         "breakers": Text(breakers_text(row), style=AMBER if row.breakers_open else ""),
         "version": _version_cell(row),

@@ -157,6 +157,7 @@ def _make_row(
         version_drift=False,
         config_drift=False,
         error=None if doc is not None else error,
+        jobs_running=doc.jobs_running if doc is not None else None,
     )
 
 

@@ -12,6 +12,7 @@ from node.cli import serve as cli_serve
 from node.cli import sync as cli_sync
 from node.cli.common import console
 from node.cli.hosts import config_app, hosts_app
+from node.cli.jobs import jobs_app
 from node.cli.records import records_app
 from node.cli.wal import wal_app
 
@@ -26,6 +27,7 @@ app.add_typer(hosts_app, name="hosts")
 app.add_typer(config_app, name="config")
 app.add_typer(wal_app, name="wal")
 app.add_typer(records_app, name="records")
+app.add_typer(jobs_app, name="jobs")
 cli_serve.register(app)
 cli_inspect.register(app)
 cli_devcluster.register(app)

@@ -107,7 +107,7 @@ def test_dead_node_and_open_breakers_at_120() -> None:
     assert "2 of 4 nodes need attention" in lines[0]
     header = lines[1].split()
     assert header == ["node", "address", "role", "state", "seen", "term", "health", "gpus",
-                      "wal", "breakers", "version"]  # fmt: skip
+                      "jobs", "wal", "breakers", "version"]  # fmt: skip
     row_d = next(line for line in lines if line.startswith("gpu-d"))
     assert "10.0.0.4:8770" in row_d
     assert "dead" in row_d
@@ -166,3 +166,15 @@ def test_cell_texts() -> None:
     assert gpu_text(()) == "-"
     assert [format_duration(s) for s in (0.25, 42, 720, 9000)] == ["0.2 s", "42 s", "12 min",
                                                                    "2.5 h"]  # fmt: skip
+
+
+def test_each_node_shows_its_running_jobs_count() -> None:
+    reports = [ok(0, jobs={"running": 3, "succeeded": 9}), ok(1, jobs={"running": 0}), ok(2)]
+    status = build_cluster_status(reports, [seen(i) for i in range(3)], 1000.0)
+    assert status.node("gpu-a") is not None
+    assert status.node("gpu-a").to_dict()["jobs_running"] == 3  # type: ignore[union-attr]
+    lines = recorded(status, 140).splitlines()
+    at = lines[1].index(" jobs ") + 1
+    rows = [line for line in lines if line.startswith("gpu-")]
+    cells = {line.split()[0]: line[at : at + 4].strip() for line in rows}
+    assert cells == {"gpu-a": "3", "gpu-b": "0", "gpu-c": "-"}

@@ -1,0 +1,422 @@
+"""Python client of the job API (seed layer 1 style): frozen specs, an explicit state dict and
+plain functions. Every function has an async twin named `<name>_async` for asyncio callers; the
+plain ones run their twin in a private event loop and refuse to run inside a running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import os
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from config import NodeSettings, load_settings, read_secret_file
+from node.jobs.client import (
+    ENDED_STATES,
+    Endpoint,
+    JobClientError,
+    apply_record,
+    base_url,
+    endpoint_of,
+    fetch_file,
+    fetch_record,
+    job_exit_code,
+    log_chunks_async,
+    post_job,
+    request_json,
+    run_sync,
+    wait_record,
+)
+
+ROLES = frozenset({"training", "inference", "selfplay", "any"})
+KILL_GRACE_S = 10.0
+"""The grace the contract names as the default of a kill without one."""
+KILL_SETTLE_S = 30.0
+"""How long after the grace a killed job may take to be reported ended before terminate
+gives up with JobWaitTimeoutError."""
+DEPLOY_ISSUE = "issue 14 (SSH executor, `shoal deploy`, node providers)"
+
+
+@dataclass(frozen=True)
+class GPUQuery:
+    """GPU provisioning query (for the provision mode of issue 14)."""
+
+    type: str = "A100"
+    count: int = 1
+    max_price: float | None = None
+    min_vram_gb: int | None = None
+    min_cuda: str = "12.0"
+    cloud_type: str = "secure"
+    container_disk_gb: int = 100
+    volume_disk_gb: int = 0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run: an argv tuple (never a shell string), extra environment, a timeout in
+    seconds, and `log_file`, a local file `stream_logs` appends every line it yields to.
+    `nodes` > 1 makes a gang job of that many nodes of `role`; `env_from="rendezvous"` adds the
+    node's training rendezvous to the environment; `job_id` defaults to a fresh one."""
+
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    log_file: str | None = None
+    name: str | None = None
+    nodes: int = 1
+    role: str | None = None
+    job_id: str | None = None
+    env_from: str | None = None
+
+    def __post_init__(self) -> None:
+        given: object = self.command
+        if isinstance(given, str):
+            raise TypeError(
+                f"JobSpec.command must be an argv tuple, not the string {given!r}; "
+                "to run a shell line pass ('sh', '-c', LINE)"
+            )
+        command = tuple(self.command)
+        if not command or not all(isinstance(arg, str) for arg in command):
+            raise ValueError(f"JobSpec.command must be a non-empty tuple of str, got {command!r}")
+        object.__setattr__(self, "command", command)
+        env = dict(self.env)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("JobSpec.env must map str to str")
+        object.__setattr__(self, "env", env)
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"JobSpec.timeout must be positive seconds, got {self.timeout!r}")
+        if self.nodes < 1:
+            raise ValueError(f"JobSpec.nodes must be at least 1, got {self.nodes}")
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"JobSpec.role must be one of {sorted(ROLES)}, got {self.role!r}")
+        if self.env_from not in (None, "rendezvous"):
+            raise ValueError(f"JobSpec.env_from must be 'rendezvous', got {self.env_from!r}")
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    """Where to run: at most one of `node_url`, `ssh`, `node_id` (a member of the local
+    daemon's view) or `provision`; none means the local daemon. `workspace` is the job's
+    working directory on the node (default: one the node makes for the job); `bootstrap` an argv
+    run there first that must exit 0; `keep_alive` leaves the job running when `run_job` exits.
+    `config_file` gives the secret and the local daemon's address (default $SHOAL_CONFIG)."""
+
+    node_url: str | None = None
+    ssh: str | None = None
+    node_id: str | None = None
+    provision: GPUQuery | None = None
+    workspace: str | None = None
+    bootstrap: tuple[str, ...] | None = None
+    keep_alive: bool = False
+    config_file: str | None = None
+
+    def __post_init__(self) -> None:
+        modes = [m for m in ("node_url", "ssh", "node_id", "provision") if getattr(self, m)]
+        if len(modes) > 1:
+            raise ValueError(f"DeploySpec takes at most one of {', '.join(modes)}")
+        given: object = self.bootstrap
+        if isinstance(given, str):
+            raise TypeError("DeploySpec.bootstrap must be an argv tuple, never a shell string")
+        if self.bootstrap is not None:
+            object.__setattr__(self, "bootstrap", tuple(self.bootstrap))
+
+
+def make_job_state() -> dict[str, Any]:
+    """A fresh job state: the functions below fill it in and read it."""
+    return {
+        "job_id": None,
+        "node_url": None,
+        "secret_file": None,
+        "request_timeout_s": 10.0,
+        "log_file": None,
+        "status": "pending",
+        "exit_code": None,
+        "signal": None,
+        "reason": None,
+        "node": None,
+        "record": None,
+    }
+
+
+def new_job_id() -> str:
+    """A job id chosen by the client, so that a retried start is harmless."""
+    return f"j-{secrets.token_hex(8)}"
+
+
+def start_body(job: JobSpec, deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+    """The POST /v1/jobs body for `job` placed by `deploy`."""
+    body: dict[str, Any] = {
+        "job_id": job_id,
+        "name": job.name or os.path.basename(job.command[0]),
+        "argv": list(job.command),
+    }
+    if job.env:
+        body["env"] = dict(job.env)
+    if deploy.workspace:
+        body["cwd"] = deploy.workspace
+    if job.timeout is not None:
+        body["timeout_s"] = job.timeout
+    if job.nodes != 1:
+        body["nodes"] = job.nodes
+    if job.role is not None:
+        body["role"] = job.role
+    if job.env_from is not None:
+        body["env_from"] = job.env_from
+    return body
+
+
+def local_settings(config_file: str | None) -> NodeSettings:
+    """This host's settings (`config_file`, else $SHOAL_CONFIG, then environment, defaults);
+    config.ConfigError naming the file and field when they are wrong."""
+    return load_settings(config_file).settings
+
+
+def local_endpoint(settings: NodeSettings, url: str | None = None) -> Endpoint:
+    """The local daemon (or `url`) signed with this host's secret."""
+    secret = read_secret_file(settings.secret_file) if settings.secret_file else None
+    address = url or base_url(settings.bind, settings.port)
+    return Endpoint(address.rstrip("/"), secret, settings.timeouts.http_request_s)
+
+
+async def resolve_node_async(deploy: DeploySpec) -> tuple[str, NodeSettings]:
+    """(API URL of the node `deploy` names, the local settings that sign requests)."""
+    settings = local_settings(deploy.config_file)
+    if deploy.ssh or deploy.provision:
+        mode = "ssh" if deploy.ssh else "provision"
+        raise JobClientError(
+            f"DeploySpec({mode}=...) needs the SSH executor and providers of {DEPLOY_ISSUE}, "
+            "which this shoal does not have yet; start shoal on the host and pass node_url= "
+            "or node_id= instead"
+        )
+    local = local_endpoint(settings, deploy.node_url)
+    if not deploy.node_id:
+        return local.url, settings
+    document = await request_json(local, "GET", "/v1/peers")
+    members = document.get("members", []) if isinstance(document, dict) else []
+    for member in members:
+        if member.get("node_id") != deploy.node_id:
+            continue
+        if member.get("is_self"):
+            return local.url, settings
+        if member.get("state") != "alive":
+            raise JobClientError(
+                f"node {deploy.node_id!r} is {member.get('state')} in the view of {local.url}; "
+                "pick an alive node (shoal peers)"
+            )
+        return base_url(str(member["address"]), int(member["port"])), settings
+    known = ", ".join(sorted(str(m.get("node_id")) for m in members)) or "none"
+    raise JobClientError(
+        f"node {deploy.node_id!r} is not a member known to {local.url} (members: {known})"
+    )
+
+
+async def attach_job_async(deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+    """A state for the existing job `job_id` on the node `deploy` names."""
+    url, settings = await resolve_node_async(deploy)
+    state = make_job_state()
+    state.update(
+        job_id=job_id,
+        node_url=url,
+        secret_file=str(settings.secret_file) if settings.secret_file else None,
+        request_timeout_s=settings.timeouts.http_request_s,
+    )
+    return state
+
+
+async def start_job_async(
+    deploy: DeploySpec, job: JobSpec, state: dict[str, Any]
+) -> dict[str, Any]:
+    """Start `job` where `deploy` says (after its bootstrap exits 0); fills `state` and
+    returns the job's record. A start whose answer was lost is retried with the same id."""
+    job_id = job.job_id or new_job_id()
+    state.update(await attach_job_async(deploy, job_id), log_file=job.log_file)
+    if deploy.bootstrap:
+        boot = dict(state, job_id=f"{job_id}-bootstrap")
+        name = f"{job.name or os.path.basename(job.command[0])}-bootstrap"
+        boot_spec = JobSpec(deploy.bootstrap, env=job.env, name=name)
+        await post_job(boot, start_body(boot_spec, deploy, boot["job_id"]))
+        record = await wait_record(boot, 2.0, None)
+        state["bootstrap"] = record
+        if record.get("state") != "succeeded":
+            raise JobClientError(
+                f"bootstrap {list(deploy.bootstrap)} on {state['node_url']} ended "
+                f"{record.get('state')} (exit code {record.get('exit_code')}, reason: "
+                f"{record.get('reason')}); the job was not started; see: shoal jobs logs "
+                f"{boot['job_id']} --node {state['node_url']}"
+            )
+    return await post_job(state, start_body(job, deploy, job_id))
+
+
+async def poll_status_async(state: dict[str, Any]) -> str:
+    """The job's state now: pending, running, succeeded, failed, killed, timed_out or lost."""
+    return str((await fetch_record(state))["state"])
+
+
+async def wait_for_completion_async(
+    state: dict[str, Any], poll_interval: float = 2.0, timeout_s: float | None = None
+) -> int:
+    """Wait until the job ends (long-polls of `poll_interval` s) and return its exit code (-N
+    for a death by signal N). JobEndedError when it ended killed, timed_out or lost;
+    JobWaitTimeoutError when `timeout_s` passes first."""
+    return job_exit_code(await wait_record(state, poll_interval, timeout_s))
+
+
+async def stream_logs_async(
+    state: dict[str, Any], follow: bool = True, stream: str = "stdout", tail: int | None = None
+) -> AsyncGenerator[str, None]:
+    """The job's log as lines without their newline, following until the job ends; each line
+    is also appended to the JobSpec's `log_file` when one was given."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    log_file = state.get("log_file")
+    with contextlib.ExitStack() as stack:
+        copy = None
+        if log_file:
+            copy = stack.enter_context(open(log_file, "a", encoding="utf-8"))  # noqa: ASYNC230
+        async for chunk in log_chunks_async(state, stream, follow, tail=tail):
+            *lines, pending = (pending + decoder.decode(chunk)).split("\n")
+            for line in lines:
+                if copy is not None:
+                    copy.write(line + "\n")
+                    copy.flush()
+                yield line
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            if copy is not None:
+                copy.write(pending + "\n")
+            yield pending
+
+
+async def download_async(state: dict[str, Any], remote: str, local: str) -> Path:
+    """Fetch `remote` (relative to the job's working directory) to `local` (a file, or a
+    directory to put it in); the file appears only complete and matching the node's
+    X-Shoal-Content-Hash (else DownloadHashError). Returns the path written."""
+    target = Path(local)
+    if await asyncio.to_thread(target.is_dir):
+        target = target / Path(remote).name
+    return await fetch_file(state, remote, target)
+
+
+async def terminate_async(
+    state: dict[str, Any], signal: str = "TERM", grace_s: float | None = None
+) -> dict[str, Any]:
+    """Send `signal` to the job's whole process group (SIGKILL after the grace, default the
+    node's) and wait until it has ended; returns the final record. A job that already ended is
+    left as it is."""
+    if state.get("status") in ENDED_STATES and state.get("record"):
+        return dict(state["record"])
+    body: dict[str, Any] = {"signal": signal}
+    if grace_s is not None:
+        body["grace_s"] = grace_s
+    endpoint = endpoint_of(state)
+    record = await request_json(endpoint, "POST", f"/v1/jobs/{state['job_id']}/kill", body)
+    if apply_record(state, record).get("state") in ENDED_STATES:
+        return dict(state["record"])
+    bound_s = (KILL_GRACE_S if grace_s is None else grace_s) + KILL_SETTLE_S
+    return await wait_record(state, min(2.0, bound_s), bound_s)
+
+
+async def remove_job_async(state: dict[str, Any]) -> None:
+    """Remove an ended job's record, logs and working directory from its node."""
+    await request_json(endpoint_of(state), "DELETE", f"/v1/jobs/{state['job_id']}")
+    state["status"] = "removed"
+
+
+async def list_jobs_async(deploy: DeploySpec, state: str | None = None) -> list[dict[str, Any]]:
+    """The jobs of the node `deploy` names, newest first (only those in `state` if given)."""
+    url, settings = await resolve_node_async(deploy)
+    params = {"state": state} if state else None
+    document = await request_json(local_endpoint(settings, url), "GET", "/v1/jobs", params=params)
+    jobs = document.get("jobs", []) if isinstance(document, dict) else document
+    return [dict(job) for job in jobs]
+
+
+@contextlib.asynccontextmanager
+async def run_job_async(deploy: DeploySpec, job: JobSpec) -> AsyncIterator[dict[str, Any]]:
+    """Start `job`; on exit kill it if it still runs (unless `deploy.keep_alive`)."""
+    state = make_job_state()
+    await start_job_async(deploy, job, state)
+    try:
+        yield state
+    finally:
+        if not deploy.keep_alive and state["status"] not in ENDED_STATES:
+            await terminate_async(state)
+
+
+def start_job(deploy: DeploySpec, job: JobSpec, state: dict[str, Any]) -> dict[str, Any]:
+    """Plain twin of `start_job_async`."""
+    return run_sync(start_job_async(deploy, job, state))
+
+
+def attach_job(deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+    """Plain twin of `attach_job_async`."""
+    return run_sync(attach_job_async(deploy, job_id))
+
+
+def poll_status(state: dict[str, Any]) -> str:
+    """Plain twin of `poll_status_async`."""
+    return run_sync(poll_status_async(state))
+
+
+def wait_for_completion(
+    state: dict[str, Any], poll_interval: float = 2.0, timeout_s: float | None = None
+) -> int:
+    """Plain twin of `wait_for_completion_async`."""
+    return run_sync(wait_for_completion_async(state, poll_interval, timeout_s))
+
+
+def stream_logs(
+    state: dict[str, Any], follow: bool = True, stream: str = "stdout", tail: int | None = None
+) -> Generator[str, None, None]:
+    """Plain twin of `stream_logs_async`: an iterator that drives a private event loop."""
+    run_sync(asyncio.sleep(0))  # refuses a running loop before the first line is asked for
+    with contextlib.closing(asyncio.new_event_loop()) as loop:
+        lines = stream_logs_async(state, follow, stream, tail)
+        try:
+            while True:
+                try:
+                    yield loop.run_until_complete(anext(lines))
+                except StopAsyncIteration:
+                    return
+        finally:
+            loop.run_until_complete(lines.aclose())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+def download(state: dict[str, Any], remote: str, local: str) -> Path:
+    """Plain twin of `download_async`."""
+    return run_sync(download_async(state, remote, local))
+
+
+def terminate(
+    state: dict[str, Any], signal: str = "TERM", grace_s: float | None = None
+) -> dict[str, Any]:
+    """Plain twin of `terminate_async`."""
+    return run_sync(terminate_async(state, signal, grace_s))
+
+
+def remove_job(state: dict[str, Any]) -> None:
+    """Plain twin of `remove_job_async`."""
+    run_sync(remove_job_async(state))
+
+
+def list_jobs(deploy: DeploySpec, state: str | None = None) -> list[dict[str, Any]]:
+    """Plain twin of `list_jobs_async`."""
+    return run_sync(list_jobs_async(deploy, state))
+
+
+@contextlib.contextmanager
+def run_job(deploy: DeploySpec, job: JobSpec) -> Iterator[dict[str, Any]]:
+    """Plain twin of `run_job_async`."""
+    state = make_job_state()
+    start_job(deploy, job, state)
+    try:
+        yield state
+    finally:
+        if not deploy.keep_alive and state["status"] not in ENDED_STATES:
+            terminate(state)

@@ -1,0 +1,483 @@
+"""Gang jobs (`"nodes": K`): the receiving node asks the coordinator to pick K alive nodes of
+the role, starts the job on each (rank, MASTER_ADDR, MASTER_PORT, under the plan's fence), all
+or nothing, then watches the members and ends the rest when one fails (`jobs.gang_failure`).
+
+The gang's own record lives on the receiving node (`gang.json`: each member's node, job id,
+state and exit code); each member is an ordinary job `<gang id>.<rank>` on its node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from config import signing_middleware
+from node.election.plan import (
+    FENCE_HEADER,
+    FenceVerdict,
+    PlanError,
+    PlanFence,
+    RolePlan,
+    check_fence,
+)
+from node.jobs.records import JobError, JobRequest, JobState, new_job_id, parse_job_request
+from node.jobs.service import JobService, ended_result
+from node.jobs.store import JobEntry
+from node.openapi import RouteDoc
+from node.runtime import NodeRuntime
+from wal import WalEntry
+
+log = logging.getLogger(__name__)
+
+PICK_PATH = "/v1/jobs/gang/pick"
+JOB_GANG = "job.gang"
+GANG_PORT_BASE_OFFSET = 1500
+GANG_PORT_SPAN = 1000
+FENCE_RETRY_S = 3.0
+WAIT_POLL_S = 30.0
+MEMBER_UNREACHABLE_S = 60.0
+
+
+def gang_master_port(base_port: int, gang_id: str) -> int:
+    """MASTER_PORT of a gang: a port per gang id above the training rendezvous ports."""
+    digest = int(hashlib.sha256(gang_id.encode()).hexdigest()[:8], 16)
+    return base_port + GANG_PORT_BASE_OFFSET + digest % GANG_PORT_SPAN
+
+
+def pick_members(
+    members: Sequence[Any], plan: RolePlan | None, nodes: int, role: str
+) -> list[dict[str, Any]]:
+    """K alive members for a gang of `role`: for training, the plan's ranks first; then the
+    others of that role by node id. JobError(503) when fewer than `nodes` qualify."""
+    alive = [m for m in members if str(m.state) == "alive"]
+
+    def role_of(node_id: str) -> str | None:
+        found = plan.role_of(node_id) if plan is not None else None
+        return None if found is None else str(found)
+
+    chosen = [m for m in alive if role == "any" or role_of(m.node_id) == role]
+
+    def order(member: Any) -> tuple[int, int, str]:
+        rank = plan.rank_of(member.node_id) if plan is not None and role == "training" else None
+        return (0, rank, member.node_id) if rank is not None else (1, 0, member.node_id)
+
+    chosen.sort(key=order)
+    if len(chosen) < nodes:
+        raise JobError(
+            503,
+            "not_enough_nodes",
+            f"a gang of {nodes} {role} nodes was asked for, but {len(chosen)} alive nodes have "
+            f"that role ({', '.join(m.node_id for m in chosen) or 'none'}); ask for fewer",
+        )
+    return [
+        {"node_id": m.node_id, "address": m.address, "port": int(m.port)} for m in chosen[:nodes]
+    ]
+
+
+def member_job_id(gang_id: str, rank: int) -> str:
+    return f"{gang_id}.{rank}"
+
+
+def gang_outcome(members: Sequence[Mapping[str, Any]], killed: bool) -> tuple[str, Any, str | None]:
+    """(state, exit_code, reason) of a gang whose members all ended."""
+    failed = [m for m in members if m.get("state") != JobState.SUCCEEDED.value]
+    if not failed:
+        return JobState.SUCCEEDED.value, 0, None
+    first = min(failed, key=lambda m: (m.get("ended_at") or float("inf"), m["rank"]))
+    if killed:
+        return JobState.KILLED.value, None, "the gang was killed"
+    why = first.get("reason") or first.get("state")
+    return (
+        JobState.FAILED.value,
+        first.get("exit_code"),
+        f"member rank {first['rank']} on {first['node']} {first.get('state')}: {why}",
+    )
+
+
+class GangService:
+    """Gang starts, the coordinator's pick, and the watchers of running gangs on this node."""
+
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        service: JobService,
+        plan: Callable[[], RolePlan | None],
+        secret: bytes | None,
+    ) -> None:
+        self.runtime = runtime
+        self.service = service
+        self._plan = plan
+        self._secret = secret
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._killed: set[str] = set()
+        service.gang_kill = self.kill
+
+    def recovery(self) -> dict[str, Any]:
+        """WAL handlers: a gang start cut off by a crash ends the started members."""
+        return {JOB_GANG: self._recover_gang}
+
+    async def open(self) -> None:
+        """Watch every gang of this node that still runs (after a restart too)."""
+        self._open_session()
+        for entry in self.service.entries():
+            if entry.gang is not None and entry.gang.get("started_at") and not entry.state.ended:
+                self._watch(entry)
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def _timeouts(self) -> Any:
+        return self.runtime.settings.timeouts
+
+    # HTTP
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(PICK_PATH, self._handle_pick)]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        return [
+            RouteDoc(
+                "POST",
+                PICK_PATH,
+                'Coordinator only: pick {"nodes": K, "role": R} alive nodes for a gang job; '
+                "answers the plan fence and the members in rank order",
+                ((200, "fence and members"), (409, "not the coordinator"), (503, "too few nodes")),
+            )
+        ]
+
+    async def _handle_pick(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            nodes, role = int(body["nodes"]), str(body.get("role", "any"))
+            return web.json_response(self.pick(nodes, role))
+        except JobError as exc:
+            return web.json_response(exc.to_dict(), status=exc.status)
+        except (KeyError, TypeError, ValueError) as exc:
+            error = JobError(400, "invalid_pick", f'expected {{"nodes": K, "role": R}}: {exc}')
+            return web.json_response(error.to_dict(), status=400)
+
+    def pick(self, nodes: int, role: str) -> dict[str, Any]:
+        """The coordinator's choice of members; JobError 409 on any other node."""
+        runtime = self.runtime
+        plan = self._plan()
+        if runtime.coordinator != runtime.node_id or plan is None:
+            raise JobError(
+                409,
+                "not_coordinator",
+                f"node {runtime.node_id} is not the coordinator (it is {runtime.coordinator}); "
+                "ask the coordinator",
+            )
+        members = runtime.membership.members() if runtime.membership is not None else []
+        return {
+            "fence": plan.fence.to_header(),
+            "members": pick_members(members, plan, nodes, role),
+        }
+
+    async def start(
+        self, body: dict[str, Any], headers: Mapping[str, str]
+    ) -> tuple[dict[str, Any], bool]:
+        """The StartFn of the job routes: members (fenced), single jobs, and gangs."""
+        request = parse_job_request(body)
+        if request.gang is not None:
+            self._check_fence(headers.get(FENCE_HEADER))
+        if request.nodes == 1:
+            entry, created = await self.service.start(request)
+            return self.service.record(entry), created
+        return await self.start_gang(request)
+
+    def _check_fence(self, header: str | None) -> None:
+        plan = self._plan()
+        try:
+            presented = PlanFence.from_header(header) if header else None
+        except PlanError as exc:
+            raise JobError(400, "bad_fence", f"{FENCE_HEADER}: {exc}") from exc
+        result = check_fence(plan.fence if plan is not None else None, presented)
+        if not result.ok:
+            code = "stale_fence" if result.verdict is FenceVerdict.STALE else "fence_refused"
+            raise JobError(409, code, f"gang member start refused: {result.reason}")
+
+    # starting a gang
+
+    async def start_gang(self, request: JobRequest) -> tuple[dict[str, Any], bool]:
+        """Pick, start every member, or none; answers the gang's record."""
+        self.service.check_program(request)
+        gang_id = request.job_id or new_job_id()
+        request = request.with_id(gang_id)
+        entry, created = await self.service.reserve(request)
+        if not created:
+            return self.service.record(entry), False
+        wal = self.service.open_wal()
+        wal_id = await wal.append(JOB_GANG, {"job_id": gang_id}, key=f"{JOB_GANG}.{gang_id}")
+        try:
+            pick = await self._ask_pick(request.nodes, request.role)
+            await self._start_members(entry, request, pick)
+        except JobError as exc:
+            await self._fail(entry, exc.reason)
+            await wal.rollback(wal_id, reason=exc.reason)
+            return self.service.record(entry), True
+        await wal.commit(wal_id)
+        self._watch(entry)
+        return self.service.record(entry), True
+
+    async def _ask_pick(self, nodes: int, role: str) -> dict[str, Any]:
+        coordinator = self.runtime.coordinator
+        if coordinator is None:
+            raise JobError(503, "no_coordinator", "there is no coordinator yet; retry shortly")
+        if coordinator == self.runtime.node_id:
+            return self.pick(nodes, role)
+        url = self._url_of(coordinator)
+        status, body = await self._call("POST", f"{url}{PICK_PATH}", {"nodes": nodes, "role": role})
+        if status != 200:
+            reason = body.get("reason", body) if isinstance(body, dict) else body
+            raise JobError(
+                status if status >= 400 else 502,
+                "pick_failed",
+                f"coordinator {coordinator}: {reason}",
+            )
+        return dict(body)
+
+    def _url_of(self, node_id: str) -> str:
+        members = self.runtime.membership.members() if self.runtime.membership is not None else []
+        for member in members:
+            if member.node_id == node_id:
+                return f"http://{member.address}:{member.port}"
+        raise JobError(
+            503,
+            "unknown_node",
+            f"node {node_id} is not in the membership view of {self.runtime.node_id}; "
+            "retry once membership has converged",
+        )
+
+    async def _start_members(
+        self, entry: JobEntry, request: JobRequest, pick: Mapping[str, Any]
+    ) -> None:
+        assert entry.gang is not None
+        members = list(pick["members"])
+        fence = str(pick["fence"])
+        master_port = gang_master_port(self.runtime.settings.master_port, entry.job_id)
+        rows = [
+            {
+                "rank": rank,
+                "node": member["node_id"],
+                "url": self._url_of(member["node_id"]),
+                "job_id": member_job_id(entry.job_id, rank),
+                "state": JobState.PENDING.value,
+                "exit_code": None,
+                "signal": None,
+                "reason": None,
+                "ended_at": None,
+            }
+            for rank, member in enumerate(members)
+        ]
+        entry.gang = {"members": rows, "fence": fence, "started_at": None}
+        await asyncio.to_thread(self.service.store.write_gang, entry)
+        spec = request.spec()
+        base = {
+            key: spec[key]
+            for key in ("name", "argv", "env", "cwd", "timeout_s", "role", "env_from")
+        }
+
+        async def start_one(row: dict[str, Any]) -> str | None:
+            gang = {
+                "job_id": entry.job_id,
+                "rank": row["rank"],
+                "nodes": len(rows),
+                "master_addr": members[0]["address"],
+                "master_port": master_port,
+                "owner": self.runtime.node_id,
+            }
+            body = {**base, "job_id": row["job_id"], "nodes": 1, "gang": gang}
+            deadline = time.monotonic() + FENCE_RETRY_S
+            while True:
+                try:
+                    status, answer = await self._call(
+                        "POST", f"{row['url']}/v1/jobs", body, {FENCE_HEADER: fence}
+                    )
+                except JobError as exc:
+                    return exc.reason
+                if status in (200, 201):
+                    row["state"] = answer.get("state", JobState.RUNNING.value)
+                    return None
+                code = answer.get("error") if isinstance(answer, dict) else None
+                if code == "fence_refused" and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)  # the member has not applied the plan yet
+                    continue
+                reason = answer.get("reason", answer) if isinstance(answer, dict) else answer
+                return f"HTTP {status}: {reason}"
+
+        errors = await asyncio.gather(*(start_one(row) for row in rows))
+        failures = [(row, err) for row, err in zip(rows, errors, strict=True) if err is not None]
+        if failures:
+            row, error = failures[0]
+            await self._kill_members(rows, "SIGKILL", 0.0)
+            raise JobError(
+                502,
+                "gang_start_failed",
+                f"member rank {row['rank']} on {row['node']} could not start: {error}",
+            )
+        entry.gang["started_at"] = time.time()
+        entry.started = {"started_at": entry.gang["started_at"], "pid": None}
+        await asyncio.to_thread(self.service.store.write_gang, entry)
+
+    async def _fail(self, entry: JobEntry, reason: str) -> None:
+        log.warning("gang %s failed to start: %s", entry.job_id, reason)
+        self.service.store.record_end(entry, ended_result(JobState.FAILED, reason))
+
+    # watching and killing
+
+    def _watch(self, entry: JobEntry) -> None:
+        task = asyncio.create_task(self._watch_gang(entry), name=f"gang-{entry.job_id}")
+        self._tasks[entry.job_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(entry.job_id, None))
+
+    async def _watch_gang(self, entry: JobEntry) -> None:
+        assert entry.gang is not None
+        rows: list[dict[str, Any]] = entry.gang["members"]
+        ending = False
+        watchers = {asyncio.create_task(self._wait_member(row)): row for row in rows}
+        try:
+            for done in asyncio.as_completed(list(watchers)):
+                row = await done
+                await asyncio.to_thread(self.service.store.write_gang, entry)
+                failed = row["state"] != JobState.SUCCEEDED.value
+                if failed and not ending and self.runtime.settings.jobs.gang_failure == "kill":
+                    ending = True
+                    grace = self.runtime.settings.jobs.kill_grace_s
+                    others = [r for r in rows if r is not row]
+                    await self._kill_members(others, "SIGTERM", grace)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # A member's answer this node cannot read, or a full disk: the gang's end was not
+            # observed, so it is lost (never succeeded); its members are told to stop.
+            log.error("gang %s: watching its members failed: %s", entry.job_id, exc)
+            await self._kill_members(rows, "SIGKILL", 0.0)
+            why = f"exit status never observed: watching the members failed: {exc}"
+            self.service.store.record_end(entry, ended_result(JobState.LOST, why))
+            return
+        finally:
+            for task in watchers:
+                task.cancel()
+        state, exit_code, reason = gang_outcome(rows, entry.job_id in self._killed)
+        result = {
+            **ended_result(JobState(state), reason or ""),
+            "exit_code": exit_code,
+            "reason": reason,
+        }
+        result["started_at"] = entry.gang.get("started_at")
+        self.service.store.record_end(entry, result)
+        log.info("gang %s ended %s: %s", entry.job_id, state, reason)
+
+    async def _wait_member(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Long-poll one member until it ends; a member unreachable for long is `lost`."""
+        url = f"{row['url']}/v1/jobs/{row['job_id']}/wait?timeout_s={WAIT_POLL_S:g}"
+        unreachable_since: float | None = None
+        while True:
+            try:
+                status, record = await self._call("GET", url, None, timeout_s=WAIT_POLL_S + 10)
+            except JobError as exc:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > MEMBER_UNREACHABLE_S:
+                    row.update(
+                        state=JobState.LOST.value,
+                        reason=f"unreachable: {exc.reason}",
+                        ended_at=time.time(),
+                    )
+                    return row
+                await asyncio.sleep(1.0)
+                continue
+            unreachable_since = None
+            if status == 404:
+                row.update(
+                    state=JobState.LOST.value,
+                    reason="its node has no record of it",
+                    ended_at=time.time(),
+                )
+                return row
+            if status == 200 and isinstance(record, dict):
+                for key in ("state", "exit_code", "signal", "reason", "ended_at"):
+                    row[key] = record.get(key)
+                if JobState(record["state"]).ended:
+                    return row
+            else:
+                await asyncio.sleep(1.0)
+
+    async def kill(self, entry: JobEntry, signal_name: str, grace_s: float) -> None:
+        """Kill every member of a gang (the gang ends `killed`)."""
+        assert entry.gang is not None
+        self._killed.add(entry.job_id)
+        await self._kill_members(entry.gang["members"], signal_name, grace_s)
+
+    async def _kill_members(
+        self, rows: Sequence[Mapping[str, Any]], signal_name: str, grace_s: float
+    ) -> None:
+        async def kill_one(row: Mapping[str, Any]) -> None:
+            url = f"{row['url']}/v1/jobs/{row['job_id']}/kill"
+            with contextlib.suppress(JobError):
+                await self._call("POST", url, {"signal": signal_name, "grace_s": grace_s})
+
+        await asyncio.gather(*(kill_one(row) for row in rows))
+
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, Any]:
+        """One signed request to a peer: (status, JSON body); JobError(502) when unreachable."""
+        if self._session is None:
+            raise JobError(503, "jobs_unavailable", "gang jobs are not running on this node")
+        total = timeout_s if timeout_s is not None else self._timeouts.http_request_s
+        try:
+            async with self._session.request(
+                method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=total)
+            ) as response:
+                try:
+                    answer = await response.json(content_type=None)
+                except ValueError:
+                    answer = {"reason": (await response.text())[:200]}
+                return response.status, answer
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise JobError(
+                502, "peer_unreachable", f"{method} {url}: {exc or type(exc).__name__}"
+            ) from exc
+
+    # recovery
+
+    async def _recover_gang(self, wal_entry: WalEntry) -> None:
+        """A gang start cut off by a crash: kill the members it may have started; it failed."""
+        job_id = str(wal_entry.payload["job_id"])
+        try:
+            entry = self.service.get(job_id)
+        except JobError:
+            return
+        if entry.state.ended or entry.gang is None:
+            return
+        self._open_session()
+        await self._kill_members(entry.gang.get("members", []), "SIGKILL", 0.0)
+        await self._fail(entry, "the node that started the gang restarted before every member ran")
+
+    def _open_session(self) -> None:
+        if self._session is not None:
+            return
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.http_request_s)
+        secret = self._secret
+        middlewares = (signing_middleware(secret, self.runtime.node_id),) if secret else ()
+        self._session = aiohttp.ClientSession(timeout=timeout, middlewares=middlewares)

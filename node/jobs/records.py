@@ -1,0 +1,237 @@
+"""What a job is on the wire: the start request (validated), its states, and its record.
+
+Pure functions and frozen data only; the job service owns processes and files.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import secrets
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.errors import NodeError
+
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ROLES = ("training", "inference", "selfplay", "any")
+MAX_TIMEOUT_S = 365 * 86400.0
+SIGNALS = frozenset(s.name for s in signal.Signals if not s.name.startswith("SIGRT"))
+
+
+class JobState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+class JobError(NodeError):
+    """A job request or operation refused; `code` and `status` are what the API answers."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.code = code
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+def invalid(reason: str) -> JobError:
+    return JobError(400, "invalid_job", reason)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A validated `POST /v1/jobs` body."""
+
+    job_id: str | None
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    timeout_s: float | None = None
+    nodes: int = 1
+    role: str = "any"
+    env_from: str | None = None
+    gang: Mapping[str, Any] | None = None
+    """Set on a member of a gang job (by the node that started the gang): job_id, rank,
+    nodes, master_addr, master_port, owner."""
+
+    def spec(self) -> dict[str, Any]:
+        """Everything but the id: two requests with one id must have equal specs."""
+        return {
+            "name": self.name,
+            "argv": list(self.argv),
+            "env": dict(sorted(self.env.items())),
+            "cwd": self.cwd,
+            "timeout_s": self.timeout_s,
+            "nodes": self.nodes,
+            "role": self.role,
+            "env_from": self.env_from,
+            "gang": None if self.gang is None else dict(self.gang),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, **self.spec()}
+
+    def with_id(self, job_id: str) -> JobRequest:
+        return JobRequest(job_id, **_spec_kwargs(self.spec()))
+
+
+def _spec_kwargs(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {**spec, "argv": tuple(spec["argv"]), "env": dict(spec["env"])}
+
+
+def new_job_id(now: float | None = None) -> str:
+    """A fresh id that sorts by creation time: `j-<ms since epoch, base 36>-<random>`."""
+    millis = int((time.time() if now is None else now) * 1000)
+    digits = ""
+    while True:
+        millis, rest = divmod(millis, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[rest] + digits
+        if not millis:
+            break
+    return f"j-{digits}-{secrets.token_hex(4)}"
+
+
+def parse_job_request(body: object) -> JobRequest:
+    """Validate a start request; JobError(400) names the field and what is expected."""
+    if not isinstance(body, Mapping):
+        raise invalid("expected a JSON object with argv (a list of strings)")
+    known = {"job_id", "name", "argv", "env", "cwd", "timeout_s", "nodes", "role", "env_from"}
+    known.add("gang")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise invalid(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    argv = body.get("argv")
+    if isinstance(argv, str):
+        raise invalid('argv must be a list of strings, not a shell string; e.g. ["sh", "-c", ...]')
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise invalid("argv must be a non-empty list of strings")
+    if not argv[0] or any("\x00" in a for a in argv):
+        raise invalid("argv: the program is empty or an argument contains NUL")
+    job_id = body.get("job_id")
+    if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id)):
+        raise invalid("job_id must be 1-128 characters of letters, digits, '.', '_', '-'")
+    name = body.get("name", argv[0].rsplit("/", 1)[-1])
+    if not isinstance(name, str) or not name or len(name) > 256:
+        raise invalid("name must be a non-empty string of at most 256 characters")
+    env = body.get("env") or {}
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+        for k, v in env.items()
+    ):
+        raise invalid("env must be an object of string names (no '=') to string values")
+    cwd = body.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd or "\x00" in cwd):
+        raise invalid("cwd must be a path string")
+    timeout_s = body.get("timeout_s")
+    if timeout_s is not None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
+            raise invalid("timeout_s must be a number of seconds")
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise invalid(f"timeout_s must be > 0 and at most {MAX_TIMEOUT_S:g}")
+        timeout_s = float(timeout_s)
+    nodes = body.get("nodes", 1)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1024:
+        raise invalid("nodes must be an integer from 1 to 1024")
+    role = body.get("role", "any")
+    if role not in ROLES:
+        raise invalid(f"role must be one of {', '.join(ROLES)}")
+    env_from = body.get("env_from")
+    if env_from not in (None, "rendezvous"):
+        raise invalid('env_from must be "rendezvous" or absent')
+    gang = body.get("gang")
+    if gang is not None:
+        gang = parse_gang_member(gang)
+    return JobRequest(
+        job_id=job_id,
+        name=name,
+        argv=tuple(argv),
+        env=dict(env),
+        cwd=cwd,
+        timeout_s=timeout_s,
+        nodes=nodes,
+        role=str(role),
+        env_from=env_from,
+        gang=gang,
+    )
+
+
+GANG_FIELDS = {"job_id": str, "rank": int, "nodes": int, "master_addr": str, "master_port": int}
+
+
+def parse_gang_member(gang: object) -> dict[str, Any]:
+    """The `gang` part of a member start (sent by the node that runs the gang)."""
+    if not isinstance(gang, Mapping):
+        raise invalid("gang must be an object")
+    for name, kind in GANG_FIELDS.items():
+        value = gang.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise invalid(f"gang.{name} must be a {kind.__name__}")
+    if not 0 <= gang["rank"] < gang["nodes"]:
+        raise invalid("gang.rank must be from 0 to nodes - 1")
+    owner = gang.get("owner")
+    if owner is not None and not isinstance(owner, str):
+        raise invalid("gang.owner must be a node id")
+    return {**{name: gang[name] for name in GANG_FIELDS}, "owner": owner}
+
+
+def gang_env(gang: Mapping[str, Any] | None) -> dict[str, str]:
+    """The variables a gang member's job gets (empty for a single-node job)."""
+    if gang is None:
+        return {}
+    return {
+        "SHOAL_JOB_ID": str(gang["job_id"]),
+        "SHOAL_NODE_RANK": str(gang["rank"]),
+        "SHOAL_NODES_NUM": str(gang["nodes"]),
+        "MASTER_ADDR": str(gang["master_addr"]),
+        "MASTER_PORT": str(gang["master_port"]),
+    }
+
+
+def request_from_dict(data: Mapping[str, Any]) -> JobRequest:
+    """A request stored by `JobRequest.to_dict` (trusted: it was validated before storing)."""
+    return parse_job_request(dict(data))
+
+
+def parse_kill(body: object, default_grace_s: float) -> tuple[str, float]:
+    """(signal name, grace seconds) of a kill request body."""
+    if body is None:
+        body = {}
+    if not isinstance(body, Mapping):
+        raise invalid('kill expects {"signal"?: "TERM", "grace_s"?: number}')
+    name = body.get("signal", "TERM")
+    if not isinstance(name, str):
+        raise invalid("signal must be a name such as TERM, INT or KILL")
+    name = name.upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    if name not in SIGNALS:
+        raise invalid(f"signal {body.get('signal')!r} is not a signal name (TERM, INT, KILL, ...)")
+    grace = body.get("grace_s", default_grace_s)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= 3600:
+        raise invalid("grace_s must be a number of seconds from 0 to 3600")
+    return name, float(grace)
+
+
+def state_of(result: Mapping[str, Any] | None, started: Mapping[str, Any] | None) -> JobState:
+    """The state a job's files say: result.json decides; else running once it has a pid."""
+    if result is not None:
+        try:
+            return JobState(str(result.get("state")))
+        except ValueError:
+            return JobState.LOST
+    return JobState.RUNNING if started is not None else JobState.PENDING

@@ -1,0 +1,83 @@
+"""The job API of a running daemon: the job service, its routes and its status summary, made
+in one place so the daemon adds them with one call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+
+from node.election.plan import RolePlan
+from node.election.service import Coordination, rendezvous_document
+from node.jobs.gang import GangService
+from node.jobs.http import JobRoutes, job_route_docs
+from node.jobs.policy import rendezvous_env
+from node.jobs.service import JobService
+from node.openapi import RouteDoc
+from node.runtime import NodeRuntime
+from wal import WriteAheadLog
+
+
+def jobs_root(runtime: NodeRuntime) -> Path:
+    return runtime.settings.data_dir / "jobs"
+
+
+def local_daemon_url(runtime: NodeRuntime) -> str:
+    """The URL a job on this host reaches its daemon at (SHOAL_DAEMON_URL)."""
+    settings = runtime.settings
+    wildcard = settings.bind in ("0.0.0.0", "::", "")  # noqa: S104 - comparing, not binding
+    host = "127.0.0.1" if wildcard else settings.bind
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{runtime.port or settings.port}"
+
+
+class JobApi:
+    """The job service plus its HTTP routes, as the daemon holds them."""
+
+    def __init__(self, service: JobService, gangs: GangService) -> None:
+        self.service = service
+        self.gangs = gangs
+        self._routes = JobRoutes(service, start=gangs.start)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [*self.gangs.routes(), *self._routes.routes()]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        return [*GangService.docs(), *job_route_docs()]
+
+    async def close(self) -> None:
+        """Stop watching gangs and jobs; jobs keep running. Idempotent."""
+        await self.gangs.close()
+        await self.service.close()
+
+
+async def open_job_service(
+    runtime: NodeRuntime, coordination: Coordination, wal: WriteAheadLog, secret: bytes | None
+) -> JobApi:
+    """Open the job store (re-attaching to running jobs) and build the job routes."""
+
+    def plan() -> RolePlan | None:
+        elector = coordination.elector
+        return elector.plan if elector is not None else None
+
+    def node_rendezvous() -> dict[str, str]:
+        return rendezvous_env(rendezvous_document(plan(), runtime.node_id))
+
+    service = JobService(
+        runtime.node_id,
+        runtime.settings.jobs,
+        jobs_root(runtime),
+        daemon_url=lambda: local_daemon_url(runtime),
+        rendezvous_env=node_rendezvous,
+    )
+    gangs = GangService(runtime, service, plan, secret)
+    try:
+        await service.open(wal, gangs.recovery())
+        await gangs.open()
+    except BaseException:
+        await gangs.close()
+        await service.close()
+        raise
+    runtime.jobs = service.summary
+    return JobApi(service, gangs)

@@ -1,0 +1,219 @@
+"""Gang jobs on a 3-node loopback cluster of real daemons (signed, elected): distinct ranks and
+one MASTER_ADDR, a member's failure ends the gang, and member starts carry the plan fence."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.daemon import NodeDaemon
+from tests.node.daemons import FAST_ELECTION, test_settings
+from tests.node.jobs.helpers import JobClient, job_daemon, signed_session, write_secret
+
+NAMES = ("n1", "n2", "n3")
+REPORT = (
+    "import os\n"
+    "keys = ['SHOAL_JOB_ID', 'SHOAL_NODE_RANK', 'SHOAL_NODES_NUM', 'MASTER_ADDR', "
+    "'MASTER_PORT', 'SHOAL_DAEMON_URL']\n"
+    "print(' '.join(os.environ[k] for k in keys), flush=True)\n"
+)
+RANK_ONE_FAILS = (
+    "import os, sys, time\n"
+    "if os.environ['SHOAL_NODE_RANK'] == '1':\n"
+    "    time.sleep(0.3); sys.exit(3)\n"
+    "time.sleep(120)\n"
+)
+
+
+@contextlib.asynccontextmanager
+async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, JobClient]]:
+    secret = write_secret(tmp_path)
+    daemons: list[NodeDaemon] = []
+    common: dict[str, Any] = {
+        **FAST_ELECTION,
+        "voters": NAMES,
+        "role": "training",
+        "backend": "gloo",
+        "secret_file": secret,
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        session = await stack.enter_async_context(signed_session())
+        first = await stack.enter_async_context(
+            NodeDaemon(test_settings(tmp_path, NAMES[0], **common))
+        )
+        daemons.append(first)
+        seeds = (f"127.0.0.1:{first.port}",)
+        for name in NAMES[1:]:
+            daemon = NodeDaemon(test_settings(tmp_path, name, seeds=seeds, **common))
+            daemons.append(await stack.enter_async_context(daemon))
+        clients = {
+            name: JobClient(f"http://127.0.0.1:{d.port}", session)
+            for name, d in zip(NAMES, daemons, strict=True)
+        }
+        await agreed(clients)
+        try:
+            yield clients
+        finally:
+            for client in clients.values():
+                _, listing = await client.call("GET", "/v1/jobs?state=running")
+                for job in listing["jobs"]:
+                    await client.call(
+                        "POST", f"/v1/jobs/{job['job_id']}/kill", json={"signal": "KILL"}
+                    )
+            for client in clients.values():
+                _, listing = await client.call("GET", "/v1/jobs")
+                for job in listing["jobs"]:
+                    await client.wait(job["job_id"])
+
+
+async def agreed(clients: dict[str, JobClient]) -> None:
+    """Until every node has the same coordinator and plan and sees 3 alive members."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen = [(await c.call("GET", "/v1/status"))[1] for c in clients.values()]
+        fences = {(s["coordinator"], s["term"], s["plan_version"]) for s in seen}
+        alive = {s["members"]["alive"] for s in seen}
+        if len(fences) == 1 and None not in next(iter(fences)) and alive == {3}:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the cluster did not agree on a plan: {seen}")
+
+
+async def coordinator_and_other(clients: dict[str, JobClient]) -> tuple[str, str]:
+    _, status = await clients["n1"].call("GET", "/v1/status")
+    coordinator = status["coordinator"]
+    return coordinator, next(n for n in NAMES if n != coordinator)
+
+
+@pytest.mark.timeout(240)
+async def test_gang_of_three_gets_ranks_one_master_and_ends_on_a_member_failure(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as clients:
+        coordinator, receiver = await coordinator_and_other(clients)
+        client = clients[receiver]
+        spec = {"job_id": "g1", "name": "report", "argv": [sys.executable, "-c", REPORT]}
+        status, gang = await client.call(
+            "POST", "/v1/jobs", json={**spec, "nodes": 3, "role": "training"}
+        )
+        assert status == 201, gang
+        assert gang["state"] == "running", gang
+        done = await client.wait("g1")
+        assert done["state"] == "succeeded", done
+        members = done["gang"]["members"]
+        assert [m["rank"] for m in members] == [0, 1, 2]
+        assert sorted(m["node"] for m in members) == sorted(NAMES)
+        assert all(m["state"] == "succeeded" and m["exit_code"] == 0 for m in members)
+        _, plan = await clients[coordinator].call("GET", "/v1/plan")
+        ranks = plan["plan"]["training_ranks"]
+        assert [m["node"] for m in members] == list(ranks), "the plan's ranks come first"
+        lines = {}
+        for member in members:
+            member_client = clients[member["node"]]
+            lines[member["rank"]] = (await member_client.log(member["job_id"])).decode().split()
+        assert {line[1] for line in lines.values()} == {"0", "1", "2"}
+        assert all(line[0] == "g1" and line[2] == "3" for line in lines.values())
+        assert len({(line[3], line[4]) for line in lines.values()}) == 1, "one MASTER_ADDR:PORT"
+        assert lines[0][3] == "127.0.0.1"
+        for member in members:
+            assert lines[member["rank"]][5] == clients[member["node"]].base
+
+        status, again = await client.call(
+            "POST", "/v1/jobs", json={**spec, "nodes": 3, "role": "training"}
+        )
+        assert status == 200
+        assert again["job_id"] == "g1"
+
+        failing = {"job_id": "g2", "argv": [sys.executable, "-c", RANK_ONE_FAILS], "nodes": 3}
+        status, gang = await client.call("POST", "/v1/jobs", json=failing)
+        assert status == 201, gang
+        ended = await client.wait("g2", timeout_s=60)
+        assert ended["state"] == "failed", ended
+        assert ended["exit_code"] == 3
+        assert "member rank 1" in ended["reason"]
+        states = {m["rank"]: (m["state"], m["exit_code"]) for m in ended["gang"]["members"]}
+        assert states[1] == ("failed", 3)
+        assert states[0][0] == states[2][0] == "killed"
+
+
+async def test_member_starts_need_the_current_plan_fence(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as clients:
+        client = clients["n1"]
+        _, status = await client.call("GET", "/v1/status")
+        current = f"{status['term']}.{status['plan_version']}"
+        gang = {"job_id": "x", "rank": 0, "nodes": 1, "master_addr": "127.0.0.1", "master_port": 1}
+        body = {"job_id": "x.0", "argv": ["true"], "gang": gang}
+        status_code, answer = await client.call(
+            "POST", "/v1/jobs", json=body, headers={"X-Shoal-Fence": "0.1"}
+        )
+        assert (status_code, answer["error"]) == (409, "stale_fence"), answer
+        status_code, answer = await client.call("POST", "/v1/jobs", json=body)
+        assert (status_code, answer["error"]) == (409, "fence_refused"), answer
+        status_code, answer = await client.call(
+            "POST", "/v1/jobs", json=body, headers={"X-Shoal-Fence": current}
+        )
+        assert status_code == 201, answer
+
+
+async def test_a_gang_larger_than_the_cluster_fails_with_the_reason(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as clients:
+        status, gang = await clients["n2"].call(
+            "POST", "/v1/jobs", json={"job_id": "big", "argv": ["true"], "nodes": 5}
+        )
+        assert status == 201
+        assert gang["state"] == "failed"
+        assert "5 any nodes was asked for, but 3" in gang["reason"]
+        _, listing = await clients["n1"].call("GET", "/v1/jobs")
+        assert listing["jobs"] == [], "all or nothing: no member started"
+
+
+RENDEZVOUS_REPORT = (
+    "import os\n"
+    "keys = ['RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_RANK']\n"
+    "print(' '.join(os.environ[k] for k in keys), flush=True)\n"
+)
+
+
+async def test_killing_a_gang_kills_every_member_and_env_from_rendezvous(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as clients:
+        client = clients["n3"]
+        body = {"job_id": "sleepers", "argv": ["sleep", "60"], "nodes": 3}
+        status, gang = await client.call("POST", "/v1/jobs", json=body)
+        assert status == 201, gang
+        assert gang["state"] == "running"
+        await client.kill("sleepers", signal="TERM", grace_s=2)
+        ended = await client.wait("sleepers")
+        assert ended["state"] == "killed", ended
+        assert {m["state"] for m in ended["gang"]["members"]} == {"killed"}
+
+        _, rendezvous = await client.call("GET", "/v1/rendezvous")
+        job = await client.start(
+            [sys.executable, "-c", RENDEZVOUS_REPORT], env_from="rendezvous", job_id="rdv"
+        )
+        await client.wait(job["job_id"])
+        rank, world, addr, port, local = (await client.log("rdv")).decode().split()
+        assert (int(rank), int(world)) == (rendezvous["rank"], 3)
+        assert (addr, int(port), local) == (
+            rendezvous["master_addr"],
+            rendezvous["master_port"],
+            "0",
+        )
+
+
+async def test_env_from_rendezvous_without_a_training_rank_is_refused(tmp_path: Path) -> None:
+    async with job_daemon(tmp_path, {**FAST_ELECTION, "role": "selfplay"}) as client:
+        deadline = time.monotonic() + 30
+        while (await client.call("GET", "/v1/status"))[1]["plan_version"] is None:
+            assert time.monotonic() < deadline, "the lone node made no plan"
+            await asyncio.sleep(0.05)
+        status, body = await client.call(
+            "POST", "/v1/jobs", json={"argv": ["true"], "env_from": "rendezvous"}
+        )
+        assert (status, body["error"]) == (409, "no_rendezvous"), body
