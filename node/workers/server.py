@@ -123,6 +123,8 @@ class WorkerServer:
             code = 0
             try:
                 run_session(conn, self.work_fn, self.secret)
+            except SystemExit:
+                code = 0
             except BaseException:
                 log.exception("worker session failed")
                 code = 1
