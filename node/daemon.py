@@ -56,6 +56,7 @@ from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
+from node.tasks.registry import open_actor_routes
 from sync import (
     RecordSchema,
     RecordSchemaError,
@@ -313,6 +314,8 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
         )
+        actors = open_actor_routes(runtime, coordination, secrets.cluster)
+        self._stack.push_async_callback(actors.close)
         app = build_app(
             runtime,
             policy,
@@ -321,12 +324,14 @@ class NodeDaemon:
                 *coordination.routes(),
                 *sync_service.routes(),
                 *jobs.routes(),
+                *actors.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
                 *coordination.docs(),
                 *sync_service.docs(),
                 *jobs.docs(),
+                *actors.docs(),
             ],
         )
         runner = web.AppRunner(

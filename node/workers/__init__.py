@@ -5,7 +5,7 @@ NCCL settings."""
 from __future__ import annotations
 
 from node.workers.auth import load_secret
-from node.workers.cluster import Cluster, NodeConfig, nodes_of_plan
+from node.workers.cluster import Cluster, NodeConfig, listening_port, nodes_of_plan
 from node.workers.frames import (
     Frame,
     FrameError,
@@ -18,7 +18,7 @@ from node.workers.frames import (
 from node.workers.local import Worker, WorkerBase, WorkerHandle, wait_any
 from node.workers.nccl import NCCLConfig, create_nccl_configs, setup_nccl_env
 from node.workers.remote import RemoteWorker
-from node.workers.server import WorkerServer, load_work_fn
+from node.workers.server import WorkerServer, authenticate, load_work_fn
 
 __all__ = [
     "Cluster",
@@ -36,7 +36,9 @@ __all__ = [
     "WorkerHandle",
     "WorkerServer",
     "WorkerTimeout",
+    "authenticate",
     "create_nccl_configs",
+    "listening_port",
     "load_secret",
     "load_work_fn",
     "nodes_of_plan",

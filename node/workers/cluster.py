@@ -95,13 +95,23 @@ class Cluster:
         num_workers: int = 1,
         config_file: str | None = None,
         secret_file: str | Path | None = None,
+        plan_timeout_s: float = START_TIMEOUT_S,
     ) -> Cluster:
         """The nodes of `role` in the plan `daemon_url` applies (training nodes in rank order),
-        each with `num_workers` workers; NCCL settings from the plan's rendezvous."""
+        each with `num_workers` workers; NCCL settings from the plan's rendezvous. Waits up to
+        `plan_timeout_s` for a plan that names alive nodes of that role."""
         settings = local_settings(config_file)
         endpoint = local_endpoint(settings, daemon_url)
-        announce, peers = run_sync(_plan_and_peers(endpoint))
-        nodes, master_addr, master_port = nodes_of_plan(announce, peers, role, num_workers)
+        deadline = time.monotonic() + plan_timeout_s
+        while True:
+            announce, peers = run_sync(_plan_and_peers(endpoint))
+            try:
+                nodes, master_addr, master_port = nodes_of_plan(announce, peers, role, num_workers)
+                break
+            except WorkerError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)  # the election has not published a plan with these nodes yet
         return cls(
             nodes,
             secret_file=secret_file,
@@ -155,22 +165,7 @@ class Cluster:
         return started
 
     def _listening_port(self, started: _Started) -> int:
-        """The port the server prints on its first stdout line (it listens before printing)."""
-        deadline = time.monotonic() + self.start_timeout_s
-        lines = stream_logs(started.state, follow=True)
-        with contextlib.closing(lines):
-            for line in lines:
-                with contextlib.suppress(ValueError):
-                    event = json.loads(line)
-                    if isinstance(event, dict) and event.get("event") == "listening":
-                        return int(event["port"])
-                if time.monotonic() > deadline:
-                    break
-        raise WorkerError(
-            f"the worker server job {started.state['job_id']} on {started.node.url} did not "
-            f"start listening (job state {started.state.get('status')}); see: shoal jobs logs "
-            f"{started.state['job_id']} --stream stderr"
-        )
+        return listening_port(started.state, self.start_timeout_s, started.node.url)
 
     def stop(self) -> None:
         """Close every worker and end every server job (their processes end with them)."""
@@ -188,6 +183,24 @@ class Cluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def listening_port(state: dict[str, Any], timeout_s: float, where: str) -> int:
+    """The port a server job prints on stdout as {"event": "listening", "port": P}."""
+    deadline = time.monotonic() + timeout_s
+    lines = stream_logs(state, follow=True)
+    with contextlib.closing(lines):
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("event") == "listening":
+                    return int(event["port"])
+            if time.monotonic() > deadline:
+                break
+    raise WorkerError(
+        f"the server job {state['job_id']} on {where} did not start listening (job state "
+        f"{state.get('status')}); see: shoal jobs logs {state['job_id']} --stream stderr"
+    )
 
 
 async def _plan_and_peers(endpoint: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -212,7 +225,7 @@ def nodes_of_plan(
         raise WorkerError("the daemon has no role plan yet; wait for the election to finish")
     roles: Mapping[str, str] = plan.get("roles", {})
     ranked = list(plan.get("training_ranks", [])) if role == "training" else []
-    ids = ranked or sorted(node for node, r in roles.items() if r == role)
+    ids = ranked or sorted(node for node, r in roles.items() if role in (r, "any"))
     by_id = {str(m.get("node_id")): m for m in members}
     nodes: list[NodeConfig] = []
     for node_id in ids:

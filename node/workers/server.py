@@ -165,20 +165,34 @@ def _refuse(conn: socket.socket, code: str, reason: str) -> None:
     conn.close()
 
 
+def authenticate(conn: socket.socket, secret: bytes | None) -> Channel | None:
+    """Challenge the caller on `conn`; its channel once it answered right, else None (the
+    caller was told why and the connection is closed)."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    channel = Channel(conn)
+    nonce = new_nonce()
+    try:
+        channel.send_frame(
+            FrameKind.CHALLENGE,
+            {"nonce": nonce.hex(), "auth": "hmac-sha256" if secret else "none"},
+        )
+        frame = channel.recv_frame(time.monotonic() + AUTH_TIMEOUT_S)
+    except (OSError, EOFError, WorkerError):
+        channel.close()
+        return None
+    given = frame.message.get("mac") if frame and isinstance(frame.message, dict) else None
+    if frame is None or frame.kind is not FrameKind.AUTH or not verify(secret, nonce, given):
+        _refuse(conn, "auth_failed", "wrong or missing cluster secret")
+        return None
+    return channel
+
+
 def run_session(conn: socket.socket, work_fn: WorkFn, secret: bytes | None) -> None:
     """One connection: challenge, check the answer, fork the worker, say READY, relay frames;
     a DIED frame when the worker ends; the worker is ended when the caller goes away."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    channel = Channel(conn)
-    nonce = new_nonce()
-    channel.send_frame(
-        FrameKind.CHALLENGE, {"nonce": nonce.hex(), "auth": "hmac-sha256" if secret else "none"}
-    )
-    frame = channel.recv_frame(time.monotonic() + AUTH_TIMEOUT_S)
-    given = frame.message.get("mac") if frame and isinstance(frame.message, dict) else None
-    if frame is None or frame.kind is not FrameKind.AUTH or not verify(secret, nonce, given):
-        _refuse(conn, "auth_failed", "wrong or missing cluster secret")
+    channel = authenticate(conn, secret)
+    if channel is None:
         return
     worker = Worker(work_fn)
 
