@@ -97,16 +97,14 @@ class LocalContext:
         """A new actor; with a `name`, the existing one when `get_if_exists` (else
         ActorExistsError)."""
         args, kwargs = resolve_refs(args, kwargs, self._lookup)
-        if name is None:
-            return self._new_actor(cls, args, kwargs, None)
         with self._lock:
-            existing = self._actors.get(name)
+            existing = None if name is None else self._actors.get(name)
             if existing is not None:
                 if not get_if_exists:
                     raise ActorExistsError(f"an actor named {name!r} exists; get_if_exists=True")
                 return existing
             handle = self._new_actor(cls, args, kwargs, name)
-            self._actors[name] = handle
+            self._actors[name or new_id("actor")] = handle
             return handle
 
     def _new_actor(
@@ -205,7 +203,7 @@ def actor_loop(handle: WorkerHandle) -> None:
     frame = handle.recv_frame()
     cls, args, kwargs = cloudpickle.loads(frame.payload)
     built = run_captured(cls, args, kwargs)
-    handle.send({"ok": built.ok}, dump_outcome(built))
+    handle.send({"ok": built.ok}, dump_outcome(Outcome(True) if built.ok else built))
     while True:
         frame = handle.recv_frame()
         method, args, kwargs = cloudpickle.loads(frame.payload)

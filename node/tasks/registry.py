@@ -153,7 +153,7 @@ class ActorRoutes:
         try:
             name = request.match_info["name"]
             action = request.match_info.get("action", "get")
-            body = await request.json() if request.method == "POST" and request.can_read_body else {}
+            body = await request.json() if request.method == "POST" and request.body_exists else {}
             coordinator = self.runtime.coordinator
             term = self._term()
             if coordinator is None or term is None:

@@ -359,8 +359,7 @@ class ShoalContext:
             self.registry(
                 "POST", name, "ready", incarnation=incarnation, address=address, job=state["job_id"]
             )
-        else:
-            self._actors.append(handle)
+        self._actors.append(handle)
         return handle
 
     def close(self) -> None:

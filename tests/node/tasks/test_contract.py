@@ -89,11 +89,11 @@ def test_remote_exception_with_its_traceback(ctx: Any) -> None:
 
 def test_wait_semantics(ctx: Any, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    slow = ctx.run(contract.block_on, str(gate), "slow")
-    fast = ctx.run(contract.square, 3)
     if ctx.backend_name == "sync":  # inline: the gate must be open before the task runs
         gate.touch()
-        slow = ctx.run(contract.block_on, str(gate), "slow")
+    slow = ctx.run(contract.block_on, str(gate), "slow")
+    fast = ctx.run(contract.square, 3)
+    if ctx.backend_name == "sync":
         assert ctx.wait([slow, fast], num_returns=1, timeout_s=0) == ([slow], [fast])
         return
     ready, pending = ctx.wait([slow, fast], num_returns=1, timeout_s=60)
