@@ -198,7 +198,10 @@ class ActorRoutes:
         timeout = aiohttp.ClientTimeout(total=self.runtime.settings.timeouts.http_request_s)
         try:
             async with self._session.request(
-                request.method, url, json=body if request.method == "POST" else None, timeout=timeout
+                request.method,
+                url,
+                json=body if request.method == "POST" else None,
+                timeout=timeout,
             ) as response:
                 answer = await response.json(content_type=None)
                 return web.json_response(answer, status=response.status)

@@ -6,6 +6,7 @@ through the coordinator's registry."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import itertools
 import os
 import socket
@@ -17,14 +18,20 @@ from typing import Any
 
 import cloudpickle
 
-from node.jobs.api import DeploySpec, JobSpec, local_endpoint, local_settings, make_job_state
-from node.jobs.api import start_job, terminate
+from node.jobs.api import (
+    DeploySpec,
+    JobSpec,
+    local_endpoint,
+    local_settings,
+    make_job_state,
+    start_job,
+    terminate,
+)
 from node.jobs.client import JobClientError, JobRequestError, request_json, run_sync
 from node.tasks.context import (
     ActorDiedError,
     ActorExistsError,
     ActorHandle,
-    Outcome,
     Ref,
     TaskError,
     new_id,
@@ -36,7 +43,6 @@ from node.workers import (
     Cluster,
     NodeConfig,
     RemoteWorker,
-    WorkerDied,
     WorkerError,
     listening_port,
 )
@@ -294,14 +300,11 @@ class ShoalContext:
 
     def report_dead(self, name: str | None, incarnation: int) -> None:
         if name is not None:
-            try:
+            # someone else may have reported it already, or a newer incarnation exists
+            with contextlib.suppress(TaskError):
                 self.registry("POST", name, "dead", incarnation=incarnation)
-            except TaskError:
-                pass  # someone else already reported it, or a newer incarnation exists
 
-    def connect_actor(
-        self, address: str, on_loss: Callable[[object], Exception]
-    ) -> Connection:
+    def connect_actor(self, address: str, on_loss: Callable[[object], Exception]) -> Connection:
         host, _, port = address.rpartition(":")
         worker = RemoteWorker(host, int(port), self.secret_file)
         return Connection(worker, self._object_bytes, on_loss)
@@ -374,14 +377,11 @@ class ShoalContext:
         self.cluster.stop()
         for state in self._actor_jobs:
             if state.get("status") not in ("succeeded", "failed", "killed", "lost"):
-                try:
+                with contextlib.suppress(JobClientError):
                     terminate(state, grace_s=2.0)
-                except JobClientError:
-                    pass
 
     def __enter__(self) -> ShoalContext:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-

@@ -97,14 +97,16 @@ def test_wait_semantics(ctx: Any, tmp_path: Path) -> None:
         assert ctx.wait([slow, fast], num_returns=1, timeout_s=0) == ([slow], [fast])
         return
     ready, pending = ctx.wait([slow, fast], num_returns=1, timeout_s=60)
-    assert ready == [fast] and pending == [slow]
+    assert ready == [fast]
+    assert pending == [slow]
     ready, pending = ctx.wait([slow, fast], num_returns=2, timeout_s=0.2)
     assert (ready, pending) == ([fast], [slow])
     gate.touch()
     ready, pending = ctx.wait([slow, fast], num_returns=2, timeout_s=60)
-    assert ready == [slow, fast] and pending == []
+    assert ready == [slow, fast]
+    assert pending == []
     assert ctx.get(slow, timeout_s=10) == "slow"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_returns"):
         ctx.wait([slow], num_returns=2)
 
 

@@ -33,20 +33,25 @@ def alive(pid: int) -> bool:
 
 def test_remote_echo_and_compute(tmp_path: Path) -> None:
     secret = write_secret(tmp_path)
-    with worker_server("tests.node.workers.fns:compute", secret) as served:
-        with RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker:
-            values = [0.5 * i for i in range(1000)]
-            worker.send({"op": "sum"}, struct.pack(f"<{len(values)}d", *values))
-            assert worker.recv(timeout_s=10)["sum"] == sum(values)
-            worker.send({"op": "square", "x": 12})
-            assert worker.recv(timeout_s=10) == {"square": 144}
-            assert worker.pid is not None and alive(worker.pid)
-    with worker_server("tests.node.workers.fns:echo", secret) as served:
-        with RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker:
-            blob = os.urandom(2 * 1024 * 1024)
-            worker.send(["x", 1], blob)
-            frame = worker.recv_frame(timeout_s=10)
-            assert (frame.message, frame.payload) == (["x", 1], blob)
+    with (
+        worker_server("tests.node.workers.fns:compute", secret) as served,
+        RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker,
+    ):
+        values = [0.5 * i for i in range(1000)]
+        worker.send({"op": "sum"}, struct.pack(f"<{len(values)}d", *values))
+        assert worker.recv(timeout_s=10)["sum"] == sum(values)
+        worker.send({"op": "square", "x": 12})
+        assert worker.recv(timeout_s=10) == {"square": 144}
+        assert worker.pid is not None
+        assert alive(worker.pid)
+    with (
+        worker_server("tests.node.workers.fns:echo", secret) as served,
+        RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker,
+    ):
+        blob = os.urandom(2 * 1024 * 1024)
+        worker.send(["x", 1], blob)
+        frame = worker.recv_frame(timeout_s=10)
+        assert (frame.message, frame.payload) == (["x", 1], blob)
 
 
 def test_wrong_or_missing_secret_is_refused_before_any_work_runs(tmp_path: Path) -> None:
@@ -84,13 +89,15 @@ def test_sigkill_of_a_remote_worker_raises_within_the_timeout(tmp_path: Path) ->
 
 def test_remote_death_carries_exit_code_and_stderr(tmp_path: Path) -> None:
     secret = write_secret(tmp_path)
-    with worker_server("tests.node.workers.fns:crash", secret) as served:
-        with RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker:
-            worker.send("go")
-            with pytest.raises(WorkerDied) as caught:
-                worker.recv(timeout_s=30)
-            assert caught.value.exit_code == 3
-            assert "the sky is falling" in caught.value.stderr_tail
+    with (
+        worker_server("tests.node.workers.fns:crash", secret) as served,
+        RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker,
+    ):
+        worker.send("go")
+        with pytest.raises(WorkerDied) as caught:
+            worker.recv(timeout_s=30)
+        assert caught.value.exit_code == 3
+        assert "the sky is falling" in caught.value.stderr_tail
 
 
 def test_server_loss_raises_and_wait_any_sees_it(tmp_path: Path) -> None:
@@ -113,7 +120,8 @@ def test_capacity_and_stop_leaves_no_worker(tmp_path: Path) -> None:
         with pytest.raises(WorkerError, match="in use"):
             RemoteWorker("127.0.0.1", served.port)
         pid = first.pid
-        assert pid is not None and alive(pid)
+        assert pid is not None
+        assert alive(pid)
         served.process.send_signal(signal.SIGTERM)
         served.process.wait(timeout=15)
         deadline = time.monotonic() + 10
