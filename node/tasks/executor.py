@@ -5,7 +5,6 @@ them; `serve_actor` hosts one actor."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -77,40 +76,32 @@ class TaskLoop:
         )
 
     def run_one(self, frame: Frame) -> None:
+        """Run one task, actor creation or actor call and answer its outcome (a payload that
+        cannot be loaded here, e.g. code not importable on this node, is the task's error)."""
         message = frame.message
-        op = message.get("op")
-        fn: Callable[..., Any]
-        if op == "task":
-            fn, args, kwargs = cloudpickle.loads(frame.payload)
-        elif op == "actor_new":
-            fn, args, kwargs = cloudpickle.loads(frame.payload)
-            args, kwargs = self.resolve(args, kwargs)
-            outcome = run_captured(fn, args, kwargs)
-            if outcome.ok:
-                self.actors[str(message["actor"])] = outcome.value
-                outcome = run_captured(lambda: None, (), {})
-            self.handle.send({"op": "done", "id": message["id"]}, dump_outcome(outcome))
-            return
-        elif op == "actor_call":
-            method, args, kwargs = cloudpickle.loads(frame.payload)
-            fn = getattr(self.actors[str(message["actor"])], method)
-        else:
-            raise ValueError(f"unknown operation {op!r}")
-        try:
-            args, kwargs = self.resolve(args, kwargs)
-        except LookupError as exc:
-            outcome = run_captured(_raise, (exc,), {})
-        else:
-            outcome = run_captured(fn, args, kwargs)
+        outcome = run_captured(self._perform, (message, frame.payload), {})
         self.handle.send({"op": "done", "id": message["id"]}, dump_outcome(outcome))
+
+    def _perform(self, message: dict[str, Any], payload: bytes) -> Any:
+        op = message.get("op")
+        if op == "task":
+            fn, args, kwargs = cloudpickle.loads(payload)
+            args, kwargs = self.resolve(args, kwargs)
+            return fn(*args, **kwargs)
+        if op == "actor_new":
+            cls, args, kwargs = cloudpickle.loads(payload)
+            args, kwargs = self.resolve(args, kwargs)
+            self.actors[str(message["actor"])] = cls(*args, **kwargs)
+            return None
+        if op == "actor_call":
+            method, args, kwargs = cloudpickle.loads(payload)
+            args, kwargs = self.resolve(args, kwargs)
+            return getattr(self.actors[str(message["actor"])], method)(*args, **kwargs)
+        raise ValueError(f"unknown operation {op!r}")
 
     def run_forever(self) -> None:
         while True:
             self.run_one(self.next_frame())
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc
 
 
 def serve(handle: WorkerHandle) -> None:

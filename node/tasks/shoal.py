@@ -68,6 +68,7 @@ class Connection:
         self._futures: dict[str, cf.Future[Any]] = {}
         self._ids = itertools.count()
         self.lost: Exception | None = None
+        self._closing = False
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"tasks-{worker.what}")
         self._reader.start()
 
@@ -106,7 +107,8 @@ class Connection:
                             blob,
                         )
         except (WorkerError, OSError, ValueError, EOFError) as exc:
-            error = self._on_loss(exc)
+            closing = self._closing
+            error = TaskError(f"{self.worker.what}: closed") if closing else self._on_loss(exc)
             with self._send_lock:
                 self.lost = error
                 futures, self._futures = self._futures, {}
@@ -115,6 +117,8 @@ class Connection:
                     future.set_exception(error)
 
     def close(self) -> None:
+        """Close the connection; unlike a loss, this reports nobody dead."""
+        self._closing = True
         self.worker.close()
         self._reader.join(timeout=5)
 
@@ -152,6 +156,11 @@ class ShoalActor(ActorHandle):
             "create_actor(..., get_if_exists=True)"
         )
 
+    def _lost(self, cause: object) -> ActorDiedError:
+        """The connection broke: tell the registry (so a new incarnation may be made)."""
+        self._context.report_dead(self.name, self.incarnation)
+        return self._died(cause)
+
     def _connect(self) -> Connection:
         with self._lock:
             if self._connection is not None:
@@ -161,7 +170,7 @@ class ShoalActor(ActorHandle):
                 if record.get("incarnation") != self.incarnation or record["state"] != "ready":
                     raise self._died(f"the registry holds incarnation {record.get('incarnation')}")
             try:
-                self._connection = self._context.connect_actor(self.address, self._died)
+                self._connection = self._context.connect_actor(self.address, self._lost)
             except WorkerError as exc:
                 self._context.report_dead(self.name, self.incarnation)
                 raise self._died(exc) from exc
@@ -170,7 +179,6 @@ class ShoalActor(ActorHandle):
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         connection = self._connect()
         if connection.lost is not None:
-            self._context.report_dead(self.name, self.incarnation)
             raise connection.lost
         blob = bytes(cloudpickle.dumps((method, args, kwargs)))
         return connection.call("actor_call", blob, actor="a")
@@ -355,7 +363,7 @@ class ShoalContext:
             self._actor_jobs.append(state)
         address = f"{node.host}:{listening_port(state, ACTOR_READY_TIMEOUT_S, node.url)}"
         handle = ShoalActor(self, name, incarnation, address)
-        connection = self.connect_actor(address, handle._died)
+        connection = self.connect_actor(address, handle._lost)
         handle._connection = connection
         result_of(connection.call("actor_new", init, actor="a"), ACTOR_READY_TIMEOUT_S)
         if name is not None:

@@ -55,3 +55,19 @@ class Counter:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class InitCounting:
+    """Appends its pid to `path` when built, so a test can count the instances made."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        self.calls = 0
+
+    def incr(self) -> int:
+        self.calls += 1
+        return self.calls
+
+    def host_pid(self) -> int:
+        return os.getpid()

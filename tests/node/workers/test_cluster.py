@@ -64,9 +64,7 @@ async def test_from_plan_starts_workers_through_jobs_with_distinct_ranks(tmp_pat
             pids = [int(str(r["pid"])) for r in replies]
             assert len(set(pids)) == 6
             jobs = []
-            for node, state in zip(
-                workers_cluster.nodes, workers_cluster.job_states, strict=True
-            ):
+            for node, state in zip(workers_cluster.nodes, workers_cluster.job_states, strict=True):
                 client = next(c for c in clients.values() if c.base == node.url)
                 _, record = await client.call("GET", f"/v1/jobs/{state['job_id']}")
                 assert record["state"] == "running"
