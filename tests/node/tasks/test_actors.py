@@ -95,6 +95,9 @@ def test_killing_the_actor_host_raises_actor_died_and_never_rebinds(
     assert ctx.get(reborn.incr.remote(), timeout_s=60) == 1
     with pytest.raises(ActorDiedError):
         ctx.get(copy.incr.remote(), timeout_s=30)
+    stale = ShoalActor(ctx, name, 1, reborn.address)  # a live address, a dead incarnation
+    with pytest.raises(ActorDiedError, match="registry holds incarnation 2"):
+        ctx.get(stale.incr.remote(), timeout_s=30)
     with pytest.raises(ActorDiedError):
         ctx.get(handle.incr.remote(), timeout_s=30)
     os.kill(ctx.get(reborn.host_pid.remote(), timeout_s=60), signal.SIGKILL)
