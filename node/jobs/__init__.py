@@ -4,9 +4,10 @@ kill. The daemon side lives here; the client API is `node.jobs.api`."""
 
 from __future__ import annotations
 
-from node.jobs.gang import GangService, gang_master_port, pick_members
+from node.jobs.gang import GangService
 from node.jobs.http import JobRoutes, job_route_docs
 from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
+from node.jobs.roster import gang_master_port, gang_outcome, pick_members
 from node.jobs.service import JobService
 from node.jobs.setup import JobApi, open_job_service
 from node.jobs.store import JobEntry, JobStore
@@ -22,6 +23,7 @@ __all__ = [
     "JobState",
     "JobStore",
     "gang_master_port",
+    "gang_outcome",
     "job_route_docs",
     "open_job_service",
     "parse_job_request",

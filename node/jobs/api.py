@@ -102,9 +102,10 @@ class JobSpec:
 class DeploySpec:
     """Where to run: at most one of `node_url`, `ssh`, `node_id` (a member of the local
     daemon's view) or `provision`; none means the local daemon. `workspace` is the job's
-    working directory on the node (default: one the node makes for the job); `bootstrap` an argv
-    run there first that must exit 0; `keep_alive` leaves the job running when `run_job` exits.
-    `config_file` gives the secret and the local daemon's address (default $SHOAL_CONFIG)."""
+    working directory on the node (default: one the node makes for the job); `bootstrap` an
+    argv run first in `workspace` (then absolute) that must exit 0; `keep_alive` leaves the job
+    running when `run_job` exits. `config_file` gives the secret and the local daemon's
+    address (default $SHOAL_CONFIG)."""
 
     node_url: str | None = None
     ssh: str | None = None
@@ -124,6 +125,12 @@ class DeploySpec:
             raise TypeError("DeploySpec.bootstrap must be an argv tuple, never a shell string")
         if self.bootstrap is not None:
             object.__setattr__(self, "bootstrap", tuple(self.bootstrap))
+            if not (self.workspace and self.workspace.startswith("/")):
+                raise ValueError(
+                    "DeploySpec.bootstrap needs an absolute workspace, the directory the "
+                    "bootstrap and the job share (a relative cwd is inside each job's own "
+                    f"directory); got workspace={self.workspace!r}"
+                )
 
 
 def make_job_state() -> dict[str, Any]:
@@ -386,6 +393,7 @@ def stream_logs(
         finally:
             loop.run_until_complete(lines.aclose())
             loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
 
 
 def download(state: dict[str, Any], remote: str, local: str) -> Path:

@@ -36,8 +36,9 @@ OFFSET_HEADER = "X-Next-Offset"
 MANIFEST_PIECE_BYTES = 16 << 20
 """The piece size of sync's manifest hash (sync.DEFAULT_PIECE_SIZE): a file larger than one
 piece may be announced by the hash of its piece digests instead of its plain sha256."""
-RESUME_ATTEMPTS = 8
-"""Reconnects in a row without a new byte before a followed log gives up."""
+RESUME_WINDOW_S = 30.0
+"""How long a followed log keeps reconnecting without a new byte (a daemon restart takes a few
+seconds) before it gives up."""
 BROKEN = (aiohttp.ClientError, TimeoutError, OSError)
 
 
@@ -257,15 +258,21 @@ async def log_chunks_async(
     repeated."""
     endpoint = endpoint_of(state)
     path = f"{endpoint.url}/v1/jobs/{state['job_id']}/logs"
+    loop = asyncio.get_running_loop()
     failures = 0
+    stalled_since = 0.0
 
     async def broke(exc: BaseException) -> None:
-        nonlocal failures
+        nonlocal failures, stalled_since
         failures += 1
-        if failures > RESUME_ATTEMPTS:
-            raise JobUnreachableError(f"{path}: connection lost {failures} times: {exc}") from exc
-        if failures > 1:  # a stream that broke after progress is resumed at once
-            await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
+        if failures == 1:  # a stream that broke after progress is resumed at once
+            stalled_since = loop.time()
+            return
+        if loop.time() - stalled_since > RESUME_WINDOW_S:
+            raise JobUnreachableError(
+                f"{path}: no byte for {RESUME_WINDOW_S:.0f} s over {failures} attempts: {exc}"
+            ) from exc
+        await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
 
     async with open_session(endpoint, streaming_timeout(endpoint)) as session:
         while tail is not None:
@@ -298,13 +305,13 @@ async def log_chunks_async(
                         received += len(chunk)
                         failures = 0
                         yield chunk
-            except BROKEN as exc:
+                if ended:
+                    return
+                # the follow stream ended cleanly; once the job has ended, read the rest once
+                record = await fetch_record(state)
+            except (*BROKEN, JobUnreachableError) as exc:
                 await broke(exc)
                 continue
-            if ended:
-                return
-            # the follow stream ended cleanly; once the job has ended, read what is left once
-            record = await fetch_record(state)
             ended = record.get("state") in ENDED_STATES
             if not ended and received == 0:
                 await asyncio.sleep(0.1)

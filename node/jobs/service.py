@@ -94,6 +94,8 @@ class JobService:
         self._starting: set[str] = set()
         """Jobs between their record and their supervisor's start: not probed as lost."""
         self._closed = False
+        self.watch_error: str | None = None
+        """Why the last look at the job files failed (None: it worked); shown by health."""
         self.on_end: list[Callable[[JobEntry], None]] = []
         """Called once for every job the watcher sees end."""
         self.gang_kill: Callable[[JobEntry, str, float], Awaitable[None]] | None = None
@@ -238,20 +240,25 @@ class JobService:
     ) -> dict[str, Any]:
         """What the supervisor needs to run `entry` (launch.json)."""
         cwd = entry.cwd()
+        tmp = entry.directory / "tmp"
+        tmp.mkdir(mode=0o700, exist_ok=True)
+        owned = [tmp]
         if entry.request.cwd is None or not Path(entry.request.cwd).is_absolute():
             cwd.mkdir(parents=True, exist_ok=True)
-            if self._run_as is not None:
-                os.chown(entry.work_dir, self._run_as.uid, self._run_as.gid)
-                os.chown(cwd, self._run_as.uid, self._run_as.gid)
+            owned += [entry.work_dir, cwd]
+        if self._run_as is not None:
+            for path in owned:
+                os.chown(path, self._run_as.uid, self._run_as.gid)
         shoal = {
             "SHOAL_JOB_ID": entry.job_id,
             "SHOAL_DAEMON_URL": self._daemon_url(),
             **extra_env,
             **gang_env(entry.request.gang),
         }
-        env = job_env(
-            entry.request, base=self._base_env, rendezvous={}, shoal=shoal, run_as=self._run_as
-        )
+        # The job's own TMPDIR: a private /tmp of the service is removed on restart, the job
+        # directory is not.
+        base = {**self._base_env, "TMPDIR": str(tmp)}
+        env = job_env(entry.request, base=base, rendezvous={}, shoal=shoal, run_as=self._run_as)
         return {
             "argv": list(entry.request.argv),
             "executable": executable,
@@ -343,8 +350,12 @@ class JobService:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
                 self.poll_once()
-            except OSError as exc:  # a full or broken disk: say so, keep watching
-                log.warning("jobs: watching job files failed: %s", exc)
+            except OSError as exc:  # a full or broken disk: reported to health, keep watching
+                if self.watch_error is None:
+                    log.warning("jobs: watching job files failed: %s", exc)
+                self.watch_error = f"watching job files failed: {exc}"
+            else:
+                self.watch_error = None
 
     def poll_once(self, *, probe: bool = False) -> None:
         """Reap supervisors, read results, and (every PROBE_INTERVAL_S) find jobs whose

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from health import CheckFn, CheckResult, HealthStatus
 from node.election.plan import RolePlan
 from node.election.service import Coordination, rendezvous_document
 from node.jobs.gang import GangService
@@ -29,6 +30,19 @@ def local_daemon_url(runtime: NodeRuntime) -> str:
     host = "127.0.0.1" if wildcard else settings.bind
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{runtime.port or settings.port}"
+
+
+def jobs_check(service: JobService) -> CheckFn:
+    """Degraded while the job files cannot be read (then ends of jobs go unnoticed)."""
+
+    async def check() -> CheckResult:
+        counts = service.summary()
+        metrics = {"running": float(counts["running"]), "lost": float(counts["lost"])}
+        if service.watch_error is not None:
+            return CheckResult(HealthStatus.DEGRADED, service.watch_error, metrics)
+        return CheckResult(HealthStatus.HEALTHY, f"{counts['running']} jobs running", metrics)
+
+    return check
 
 
 class JobApi:
@@ -80,4 +94,6 @@ async def open_job_service(
         await service.close()
         raise
     runtime.jobs = service.summary
+    if runtime.health is not None:
+        runtime.health.add_check("jobs", jobs_check(service), interval_s=5.0)
     return JobApi(service, gangs)

@@ -170,7 +170,10 @@ class JobStore:
         """Write the job's directory and spec (durably); the job is pending."""
         assert request.job_id is not None
         directory = self.root / request.job_id
+        # Traversable, not listable: a run_as user reaches work/ and tmp/; the spec and launch
+        # files (the job's environment) are readable by the daemon's user only.
         directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o711)
         (directory / "work").mkdir(exist_ok=True)
         write_json_atomic(
             directory / "spec.json",

@@ -37,7 +37,8 @@ STREAMS = ("stdout", "stderr")
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write `data` to `path` so a reader sees the old file or the whole new one, durably."""
     temp = path.with_name(f".{path.name}.tmp")
-    with temp.open("w", encoding="utf-8") as handle:
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
         handle.flush()
         os.fsync(handle.fileno())

@@ -25,14 +25,15 @@ SECRET = b"jobs-client-secret-0123456789abcdef"
 START_TIMEOUT_S = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class ServedNode:
-    """A running daemon: its URL, the config file that names it and its secret."""
+    """A daemon child process: its URL, the config file that names it (with its secret)."""
 
     url: str
     config_file: Path
     data_dir: Path
     log_path: Path
+    process: subprocess.Popen[bytes] | None = None
 
     def deploy(self, **fields: object) -> DeploySpec:
         """A DeploySpec reaching this node through its config file (local daemon mode)."""
@@ -40,6 +41,42 @@ class ServedNode:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def start(self) -> None:
+        """Start `python -m node serve --config FILE`; return once /v1/health answers."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "node", "serve", "--config", str(self.config_file)],
+                cwd=ROOT,
+                env=child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _healthy(self.url):
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"daemon exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"daemon not healthy in {START_TIMEOUT_S} s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL) the daemon and reap it; its jobs keep running."""
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
 
 def free_port() -> int:
@@ -73,8 +110,8 @@ def _healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def served_node(workdir: Path) -> Iterator[ServedNode]:
-    """`python -m node serve --config FILE` with a secret; at the end every job still running
-    is killed and the daemon stopped."""
+    """A daemon with a secret; at the end every job still running is killed and the daemon
+    stopped."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret_file = workdir / "secret"
     secret_file.write_bytes(SECRET)
@@ -91,36 +128,15 @@ def served_node(workdir: Path) -> Iterator[ServedNode]:
     }
     config_file = workdir / "shoal.yaml"
     config_file.write_text(json.dumps(config))  # JSON is YAML
-    log_path = workdir / "daemon.log"
-    node = ServedNode(f"http://127.0.0.1:{port}", config_file, workdir / "data", log_path)
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "node", "serve", "--config", str(config_file)],
-            cwd=ROOT,
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
+    node = ServedNode(f"http://127.0.0.1:{port}", config_file, workdir / "data", workdir / "log")
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(node.url):
-            if process.poll() is not None:
-                raise RuntimeError(f"daemon exited with {process.returncode}:\n{node.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"daemon not healthy in {START_TIMEOUT_S} s:\n{node.log_tail()}")
-            time.sleep(0.05)
+        node.start()
         yield node
     finally:
         with contextlib.suppress(Exception):
             for job in list_jobs(node.deploy(), "running") + list_jobs(node.deploy(), "pending"):
                 terminate(attach_job(node.deploy(), str(job["job_id"])), grace_s=0.0)
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        node.stop()
 
 
 class CuttingProxy:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -81,7 +82,8 @@ def test_gang_members_are_one_line_each() -> None:
 
 @pytest.mark.timeout(240)
 async def test_run_wait_of_a_gang_exits_with_the_failing_members_code(tmp_path: Path) -> None:
-    async with cluster(tmp_path) as clients:
+    async with cluster(tmp_path) as three:
+        clients = three.clients
         _, receiver = await coordinator_and_other(clients)
         config = tmp_path / "cli.yaml"
         config.write_text(json.dumps({"secret_file": str(tmp_path / "secret")}))
@@ -110,6 +112,12 @@ def test_run_wait_streams_the_output_and_exits_with_the_job_exit_code(node: Serv
     assert "oops\n" in result.stderr
     ok = shoal(node, "jobs", "run", "--wait", "--", "echo", "fine")
     assert (ok.returncode, ok.stdout) == (0, "fine\n")
+    quiet = shoal(node, "jobs", "run", "--wait", "--json", "--", "sh", "-c", "echo x; exit 5")
+    assert quiet.returncode == 5
+    assert (json.loads(quiet.stdout)["state"], json.loads(quiet.stdout)["exit_code"]) == (
+        "failed",
+        5,
+    )
 
 
 def test_run_wait_reports_a_signal_death_like_a_shell(node: ServedNode) -> None:
@@ -122,6 +130,26 @@ def test_run_wait_of_a_timed_out_job_exits_1_with_the_reason(node: ServedNode) -
     result = shoal(node, "jobs", "run", "--wait", "--timeout", "0.5", "--", "sleep", "30")
     assert result.returncode == 1
     assert "ended timed_out" in result.stderr
+
+
+def test_ctrl_c_during_run_wait_leaves_the_job_running_and_says_how_to_stop_it(
+    node: ServedNode,
+) -> None:
+    command = [sys.executable, "-m", "node", "jobs", "run", "--config", str(node.config_file)]
+    argv = ["--wait", "--", "sh", "-c", "echo started; sleep 30"]
+    with subprocess.Popen(
+        command + argv, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as child:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"started\n"
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    stderr = err.decode()
+    assert child.returncode == 130, stderr
+    assert "stopped waiting; job " in stderr
+    job_id = stderr.split("shoal jobs kill ")[1].split()[0]
+    assert as_json(shoal(node, "jobs", "status", job_id, "--json"))["state"] == "running"
+    assert shoal(node, "jobs", "kill", job_id, "--grace", "0").returncode == 0
 
 
 def test_run_json_list_and_status_print_the_record(node: ServedNode) -> None:

@@ -3,6 +3,7 @@ its pure parts (specs, exit codes, hashes) without one; error handling against a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import sys
@@ -18,10 +19,13 @@ from node.jobs.api import (
     DeploySpec,
     GPUQuery,
     JobSpec,
+    attach_job,
     download,
     download_async,
+    list_jobs,
     make_job_state,
     poll_status,
+    remove_job,
     run_job,
     run_job_async,
     start_body,
@@ -84,6 +88,10 @@ def test_deployspec_takes_at_most_one_placement() -> None:
         DeploySpec(node_url="http://127.0.0.1:1", node_id="n2")
     with pytest.raises(TypeError, match="bootstrap"):
         DeploySpec(bootstrap="make setup")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="absolute workspace"):
+        DeploySpec(bootstrap=("make", "setup"), workspace="run7")
+    with pytest.raises(ValueError, match="absolute workspace"):
+        DeploySpec(bootstrap=("make", "setup"))
 
 
 def test_start_body_is_the_contract_body() -> None:
@@ -298,6 +306,33 @@ async def test_a_followed_log_cut_over_100_times_resumes_byte_identical(
     assert lines == expected
 
 
+@pytest.mark.parametrize("kill", [True, False], ids=["sigkill", "sigterm"])
+async def test_a_followed_log_goes_on_across_a_daemon_restart(tmp_path: Path, kill: bool) -> None:
+    program = (
+        "import time\nfor i in range(60):\n    print(f'tick {i}', flush=True); time.sleep(0.05)\n"
+    )
+    with served_node(tmp_path / "restarted") as node:
+        state = make_job_state()
+        await start_job_async(node.deploy(), JobSpec((sys.executable, "-c", program)), state)
+        lines: list[str] = []
+        five = asyncio.Event()
+
+        async def follow() -> None:
+            async for line in stream_logs_async(state):
+                lines.append(line)
+                if len(lines) == 5:
+                    five.set()
+
+        follower = asyncio.create_task(follow())
+        await asyncio.wait_for(five.wait(), 60)
+        await asyncio.to_thread(node.stop, kill)  # either way the job keeps running
+        await asyncio.sleep(1.0)  # the follower retries against a closed port meanwhile
+        await asyncio.to_thread(node.start)
+        await asyncio.wait_for(follower, 60)
+        assert lines == [f"tick {i}" for i in range(60)]
+        assert await wait_for_completion_async(state, poll_interval=0.5) == 0
+
+
 def test_download_fetches_a_verified_file_and_refuses_an_escape(
     node: ServedNode, tmp_path: Path
 ) -> None:
@@ -350,6 +385,23 @@ def test_a_retried_start_is_harmless_and_a_different_spec_under_its_id_is_409(
     with pytest.raises(JobRequestError) as caught:
         start_job(node.deploy(), JobSpec(("false",), job_id="j-retry-1"), make_job_state())
     assert caught.value.status == 409
+
+
+def test_attach_list_and_remove_an_ended_job(node: ServedNode) -> None:
+    started = make_job_state()
+    start_job(node.deploy(), JobSpec(("true",), name="to-remove"), started)
+    assert wait_for_completion(started, poll_interval=0.5) == 0
+    state = attach_job(node.deploy(), started["job_id"])
+    assert (state["status"], state["record"]) == ("pending", None)  # nothing asked yet
+    assert poll_status(state) == "succeeded"
+    assert state["record"]["name"] == "to-remove"
+    listed = [job["job_id"] for job in list_jobs(node.deploy(), "succeeded")]
+    assert started["job_id"] in listed
+    assert started["job_id"] not in [job["job_id"] for job in list_jobs(node.deploy(), "failed")]
+    remove_job(state)
+    with pytest.raises(JobRequestError) as caught:
+        poll_status(state)
+    assert caught.value.status == 404
 
 
 def test_requests_are_signed_and_an_unsigned_one_is_refused(node: ServedNode) -> None:

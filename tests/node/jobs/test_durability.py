@@ -81,3 +81,26 @@ async def test_a_job_whose_supervisor_dies_is_lost_and_its_processes_are_killed(
         async with asyncio.timeout(10):
             while process_state(job["pid"]) not in (None, "Z"):
                 await asyncio.sleep(0.02)
+
+
+async def test_unreadable_job_files_show_in_health_until_they_are_readable(
+    tmp_path: Path,
+) -> None:
+    async def jobs_component() -> dict[str, Any]:
+        _, health = await client.call("GET", "/v1/health")
+        found: dict[str, Any] = next(c for c in health["components"] if c["name"] == "jobs")
+        return found
+
+    async with job_daemon(tmp_path) as client:
+        job = await client.start(["sleep", "60"])
+        blocker = tmp_path / "n1" / "jobs" / job["job_id"] / "result.json"
+        blocker.mkdir()  # reading the result now fails with IsADirectoryError
+        async with asyncio.timeout(30):
+            while (component := await jobs_component())["status"] != "degraded":
+                await asyncio.sleep(0.1)
+        assert "watching job files failed" in component["message"]
+        blocker.rmdir()
+        async with asyncio.timeout(30):
+            while (await jobs_component())["status"] != "healthy":
+                await asyncio.sleep(0.1)
+        assert (await client.call("GET", f"/v1/jobs/{job['job_id']}"))[1]["state"] == "running"

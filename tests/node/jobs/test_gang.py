@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from config import NodeSettings
 from node.daemon import NodeDaemon
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.jobs.helpers import JobClient, job_daemon, signed_session, write_secret
@@ -32,34 +35,48 @@ RANK_ONE_FAILS = (
 )
 
 
+@dataclass
+class Cluster:
+    clients: dict[str, JobClient]
+    settings: dict[str, NodeSettings]
+    daemons: dict[str, NodeDaemon]
+    stack: contextlib.AsyncExitStack
+
+    async def restart(self, name: str) -> None:
+        """Stop one daemon (its jobs keep running) and start it again on the same port."""
+        await self.daemons[name].close()
+        daemon = NodeDaemon(self.settings[name])
+        self.daemons[name] = await self.stack.enter_async_context(daemon)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextlib.asynccontextmanager
-async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, JobClient]]:
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     secret = write_secret(tmp_path)
-    daemons: list[NodeDaemon] = []
+    ports = {name: free_port() for name in NAMES}
     common: dict[str, Any] = {
         **FAST_ELECTION,
         "voters": NAMES,
         "role": "training",
         "backend": "gloo",
         "secret_file": secret,
+        "seeds": (f"127.0.0.1:{ports[NAMES[0]]}",),
     }
+    settings = {name: test_settings(tmp_path, name, port=ports[name], **common) for name in NAMES}
     async with contextlib.AsyncExitStack() as stack:
         session = await stack.enter_async_context(signed_session())
-        first = await stack.enter_async_context(
-            NodeDaemon(test_settings(tmp_path, NAMES[0], **common))
-        )
-        daemons.append(first)
-        seeds = (f"127.0.0.1:{first.port}",)
-        for name in NAMES[1:]:
-            daemon = NodeDaemon(test_settings(tmp_path, name, seeds=seeds, **common))
-            daemons.append(await stack.enter_async_context(daemon))
-        clients = {
-            name: JobClient(f"http://127.0.0.1:{d.port}", session)
-            for name, d in zip(NAMES, daemons, strict=True)
-        }
+        daemons = {}
+        for name in NAMES:
+            daemons[name] = await stack.enter_async_context(NodeDaemon(settings[name]))
+        clients = {name: JobClient(f"http://127.0.0.1:{ports[name]}", session) for name in NAMES}
         await agreed(clients)
         try:
-            yield clients
+            yield Cluster(clients, settings, daemons, stack)
         finally:
             for client in clients.values():
                 _, listing = await client.call("GET", "/v1/jobs?state=running")
@@ -96,7 +113,8 @@ async def coordinator_and_other(clients: dict[str, JobClient]) -> tuple[str, str
 async def test_gang_of_three_gets_ranks_one_master_and_ends_on_a_member_failure(
     tmp_path: Path,
 ) -> None:
-    async with cluster(tmp_path) as clients:
+    async with cluster(tmp_path) as running:
+        clients = running.clients
         coordinator, receiver = await coordinator_and_other(clients)
         client = clients[receiver]
         spec = {"job_id": "g1", "name": "report", "argv": [sys.executable, "-c", REPORT]}
@@ -144,7 +162,8 @@ async def test_gang_of_three_gets_ranks_one_master_and_ends_on_a_member_failure(
 
 
 async def test_member_starts_need_the_current_plan_fence(tmp_path: Path) -> None:
-    async with cluster(tmp_path) as clients:
+    async with cluster(tmp_path) as running:
+        clients = running.clients
         client = clients["n1"]
         _, status = await client.call("GET", "/v1/status")
         current = f"{status['term']}.{status['plan_version']}"
@@ -163,7 +182,8 @@ async def test_member_starts_need_the_current_plan_fence(tmp_path: Path) -> None
 
 
 async def test_a_gang_larger_than_the_cluster_fails_with_the_reason(tmp_path: Path) -> None:
-    async with cluster(tmp_path) as clients:
+    async with cluster(tmp_path) as running:
+        clients = running.clients
         status, gang = await clients["n2"].call(
             "POST", "/v1/jobs", json={"job_id": "big", "argv": ["true"], "nodes": 5}
         )
@@ -182,7 +202,8 @@ RENDEZVOUS_REPORT = (
 
 
 async def test_killing_a_gang_kills_every_member_and_env_from_rendezvous(tmp_path: Path) -> None:
-    async with cluster(tmp_path) as clients:
+    async with cluster(tmp_path) as running:
+        clients = running.clients
         client = clients["n3"]
         body = {"job_id": "sleepers", "argv": ["sleep", "60"], "nodes": 3}
         status, gang = await client.call("POST", "/v1/jobs", json=body)
@@ -217,3 +238,20 @@ async def test_env_from_rendezvous_without_a_training_rank_is_refused(tmp_path: 
             "POST", "/v1/jobs", json={"argv": ["true"], "env_from": "rendezvous"}
         )
         assert (status, body["error"]) == (409, "no_rendezvous"), body
+
+
+async def test_a_gang_survives_a_restart_of_the_node_that_runs_it(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as running:
+        client = running.clients["n3"]
+        script = "import time; time.sleep(10)"
+        body = {"job_id": "long", "argv": [sys.executable, "-c", script], "nodes": 3}
+        status, gang = await client.call("POST", "/v1/jobs", json=body)
+        assert status == 201, gang
+        await running.restart("n3")
+        _, again = await client.call("GET", "/v1/jobs/long")
+        assert again["state"] == "running", again
+        nodes = [m["node"] for m in gang["gang"]["members"]]
+        assert [m["node"] for m in again["gang"]["members"]] == nodes
+        ended = await client.wait("long", timeout_s=60)
+        assert ended["state"] == "succeeded", ended
+        assert [m["exit_code"] for m in ended["gang"]["members"]] == [0, 0, 0]

@@ -15,7 +15,7 @@ from config import Role
 from health import BreakerConfig, BreakerRegistry
 from node.election.plan import Rendezvous, RolePlan
 from node.jobs import GangService, JobError, JobService, gang_master_port, parse_job_request
-from node.jobs.gang import gang_outcome, pick_members
+from node.jobs.roster import gang_outcome, pick_members
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 from wal import WriteAheadLog

@@ -6,7 +6,10 @@ import asyncio
 import hashlib
 import os
 import pwd
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -207,15 +210,30 @@ async def test_wait_returns_the_running_job_after_its_timeout(tmp_path: Path) ->
         assert waited["ended_at"] is None
 
 
-async def test_run_as_user_when_the_daemon_is_root(tmp_path: Path) -> None:
+@pytest.fixture
+def traversable_dir() -> Iterator[Path]:
+    """A temp dir other users may traverse (pytest's own are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="shoal-run-as-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_run_as_user_when_the_daemon_is_root(traversable_dir: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("run_as applies only when the daemon runs as root")
     nobody = pwd.getpwnam("nobody")
-    async with job_daemon(tmp_path, {"jobs.run_as": "nobody"}) as client:
-        job = await client.wait((await client.start(["sh", "-c", "id -u; pwd"]))["job_id"])
+    async with job_daemon(traversable_dir, {"jobs.run_as": "nobody"}) as client:
+        script = "id -u; pwd; mktemp"
+        job = await client.wait((await client.start(["sh", "-c", script]))["job_id"])
+        assert job["state"] == "succeeded", job
         out = (await client.log(job["job_id"])).decode().split()
         assert out[0] == str(nobody.pw_uid)
-        assert out[1].endswith(f"jobs/{job['job_id']}/work")
+        job_dir = traversable_dir / "n1" / "jobs" / job["job_id"]
+        assert out[1] == str(job_dir / "work")
+        assert out[2].startswith(str(job_dir / "tmp"))
 
 
 async def test_an_unknown_program_fails_with_the_reason(tmp_path: Path) -> None:
@@ -256,3 +274,12 @@ async def test_processes_that_left_the_group_end_with_the_job(tmp_path: Path) ->
         assert job["state"] == "succeeded"
         escaped = int((await client.log(job["job_id"])).decode())
         assert process_state(escaped) is None, "a process of the job outlived it"
+
+
+async def test_the_job_environment_is_stored_readable_by_the_daemon_only(tmp_path: Path) -> None:
+    async with job_daemon(tmp_path) as client:
+        job = await client.wait((await client.start(["true"], env={"API_KEY": "s3cret"}))["job_id"])
+        job_dir = tmp_path / "n1" / "jobs" / job["job_id"]
+        for name in ("spec.json", "launch.json", "result.json", "supervisor.json"):
+            assert (job_dir / name).stat().st_mode & 0o077 == 0, name
+        assert job_dir.stat().st_mode & 0o777 == 0o711

@@ -1,0 +1,69 @@
+"""Who runs a gang and how it ended: pure decisions of gang jobs (no sockets, no files)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from node.election.plan import RolePlan
+from node.jobs.records import JobError, JobState
+
+GANG_PORT_BASE_OFFSET = 1500
+GANG_PORT_SPAN = 1000
+
+
+def gang_master_port(base_port: int, gang_id: str) -> int:
+    """MASTER_PORT of a gang: a port per gang id above the training rendezvous ports."""
+    digest = int(hashlib.sha256(gang_id.encode()).hexdigest()[:8], 16)
+    return base_port + GANG_PORT_BASE_OFFSET + digest % GANG_PORT_SPAN
+
+
+def pick_members(
+    members: Sequence[Any], plan: RolePlan | None, nodes: int, role: str
+) -> list[dict[str, Any]]:
+    """K alive members for a gang of `role`: for training, the plan's ranks first; then the
+    others of that role by node id. JobError(503) when fewer than `nodes` qualify."""
+    alive = [m for m in members if str(m.state) == "alive"]
+
+    def role_of(node_id: str) -> str | None:
+        found = plan.role_of(node_id) if plan is not None else None
+        return None if found is None else str(found)
+
+    chosen = [m for m in alive if role == "any" or role_of(m.node_id) == role]
+
+    def order(member: Any) -> tuple[int, int, str]:
+        rank = plan.rank_of(member.node_id) if plan is not None and role == "training" else None
+        return (0, rank, member.node_id) if rank is not None else (1, 0, member.node_id)
+
+    chosen.sort(key=order)
+    if len(chosen) < nodes:
+        raise JobError(
+            503,
+            "not_enough_nodes",
+            f"a gang of {nodes} {role} nodes was asked for, but {len(chosen)} alive nodes have "
+            f"that role ({', '.join(m.node_id for m in chosen) or 'none'}); ask for fewer",
+        )
+    return [
+        {"node_id": m.node_id, "address": m.address, "port": int(m.port)} for m in chosen[:nodes]
+    ]
+
+
+def member_job_id(gang_id: str, rank: int) -> str:
+    return f"{gang_id}.{rank}"
+
+
+def gang_outcome(members: Sequence[Mapping[str, Any]], killed: bool) -> tuple[str, Any, str | None]:
+    """(state, exit_code, reason) of a gang whose members all ended."""
+    failed = [m for m in members if m.get("state") != JobState.SUCCEEDED.value]
+    if not failed:
+        return JobState.SUCCEEDED.value, 0, None
+    first = min(failed, key=lambda m: (m.get("ended_at") or float("inf"), m["rank"]))
+    if killed:
+        return JobState.KILLED.value, None, "the gang was killed"
+    why = first.get("reason") or first.get("state")
+    return (
+        JobState.FAILED.value,
+        first.get("exit_code"),
+        f"member rank {first['rank']} on {first['node']} {first.get('state')}: {why}",
+    )
