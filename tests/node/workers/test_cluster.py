@@ -15,7 +15,7 @@ import pytest
 from node.workers import Cluster, NCCLConfig
 from tests.node.jobs.client_daemon import ROOT
 from tests.node.jobs.helpers import process_group_members
-from tests.node.jobs.test_gang import cluster
+from tests.node.workers.devcluster import three_nodes
 from tests.node.workers.test_remote import alive
 
 
@@ -46,7 +46,7 @@ def start_and_report(url: str, config: str) -> tuple[Cluster, list[dict[str, obj
 @pytest.mark.timeout(240)
 async def test_from_plan_starts_workers_through_jobs_with_distinct_ranks(tmp_path: Path) -> None:
     config = str(client_config(tmp_path))
-    async with cluster(tmp_path) as clients:
+    async with three_nodes(tmp_path) as clients:
         url = clients["n2"].base
         workers_cluster, replies = await asyncio.to_thread(start_and_report, url, config)
         try:
