@@ -36,7 +36,7 @@ def parse_spec(spec: str) -> ContextSpec:
         "sync": set(),
         "thread": {"workers"},
         "process": {"workers"},
-        "shoal": {"daemon", "role", "workers", "config"},
+        "shoal": {"daemon", "role", "workers", "gpus", "config"},
         "ray": {"address"},
     }[name]
     unknown = set(options) - allowed
@@ -71,6 +71,7 @@ def make_context(spec: ContextSpec) -> Any:
             options.get("daemon"),
             role=options.get("role", "any"),
             workers_per_node=workers or 2,
+            gpus_per_node=int(options.get("gpus", "0")),
             config_file=options.get("config"),
         )
     from node.tasks.ray_backend import RayContext

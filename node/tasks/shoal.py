@@ -197,7 +197,7 @@ def _rebuild_actor(
 
 class ShoalContext:
     """The job context over the cluster a daemon belongs to: `workers_per_node` task workers
-    on each node of `role` ("any": every node of the plan)."""
+    on each node of `role` ("any": every node of the plan) that has `gpus_per_node` GPUs."""
 
     _attached: dict[tuple[str, str | None], ShoalContext] = {}
 
@@ -207,6 +207,7 @@ class ShoalContext:
         *,
         role: str = "any",
         workers_per_node: int = 2,
+        gpus_per_node: int = 0,
         config_file: str | None = None,
         env: Mapping[str, str] | None = None,
         start_workers: bool = True,
@@ -225,7 +226,11 @@ class ShoalContext:
         self._actors: list[ShoalActor] = []
         self._next_node = itertools.count()
         self.cluster = Cluster.from_plan(
-            self.daemon_url, role, num_workers=workers_per_node, config_file=config_file
+            self.daemon_url,
+            role,
+            num_workers=workers_per_node,
+            config_file=config_file,
+            gpus=gpus_per_node,
         )
         if start_workers:
             try:

@@ -96,17 +96,21 @@ class Cluster:
         config_file: str | None = None,
         secret_file: str | Path | None = None,
         plan_timeout_s: float = START_TIMEOUT_S,
+        gpus: int = 0,
     ) -> Cluster:
         """The nodes of `role` in the plan `daemon_url` applies (training nodes in rank order),
         each with `num_workers` workers; NCCL settings from the plan's rendezvous. Waits up to
-        `plan_timeout_s` for a plan that names alive nodes of that role."""
+        `plan_timeout_s` for a plan that names alive nodes of that role (with `gpus`: nodes
+        that advertise at least that many GPUs)."""
         settings = local_settings(config_file)
         endpoint = local_endpoint(settings, daemon_url)
         deadline = time.monotonic() + plan_timeout_s
         while True:
             announce, peers = run_sync(_plan_and_peers(endpoint))
             try:
-                nodes, master_addr, master_port = nodes_of_plan(announce, peers, role, num_workers)
+                nodes, master_addr, master_port = nodes_of_plan(
+                    announce, peers, role, num_workers, gpus
+                )
                 break
             except WorkerError:
                 if time.monotonic() > deadline:
@@ -213,13 +217,22 @@ async def _plan_and_peers(endpoint: Any) -> tuple[dict[str, Any], list[dict[str,
     return dict(announce), [dict(m) for m in members]
 
 
+def gpu_count(member: Mapping[str, Any]) -> int:
+    """The GPUs a member advertises (its membership meta `gpu_count`)."""
+    meta = member.get("meta") or {}
+    return int(meta.get("gpu_count") or 0)
+
+
 def nodes_of_plan(
     announce: Mapping[str, Any],
     members: Sequence[Mapping[str, Any]],
     role: str,
     num_workers: int,
+    gpus: int = 0,
 ) -> tuple[list[NodeConfig], str, int]:
-    """(nodes of `role` in rank order, master address, master port) of a plan announce."""
+    """(nodes of `role` in rank order, master address, master port) of a plan announce; with
+    `gpus`, only nodes that advertise at least that many GPUs, most GPUs first (training
+    nodes keep their rank order)."""
     plan = announce.get("plan")
     if not isinstance(plan, Mapping):
         raise WorkerError("the daemon has no role plan yet; wait for the election to finish")
@@ -227,6 +240,10 @@ def nodes_of_plan(
     ranked = list(plan.get("training_ranks", [])) if role == "training" else []
     ids = ranked or sorted(node for node, r in roles.items() if role in (r, "any"))
     by_id = {str(m.get("node_id")): m for m in members}
+    if gpus > 0:
+        ids = [i for i in ids if gpu_count(by_id.get(i, {})) >= gpus]
+        if not ranked:
+            ids.sort(key=lambda i: -gpu_count(by_id[i]))
     nodes: list[NodeConfig] = []
     for node_id in ids:
         member = by_id.get(node_id)
@@ -236,7 +253,8 @@ def nodes_of_plan(
         url = f"http://{host}:{port}"
         nodes.append(NodeConfig(host, num_workers, 0, url, node_id))
     if not nodes:
-        raise WorkerError(f"the plan gives no node the role {role!r}")
+        with_gpus = f" with {gpus} GPUs" if gpus else ""
+        raise WorkerError(f"the plan gives no node{with_gpus} the role {role!r}")
     rendezvous = plan.get("rendezvous", {})
     master_addr = str(rendezvous.get("master_addr") or nodes[0].host)
     master_port = int(rendezvous.get("master_port") or DEFAULT_MASTER_PORT)

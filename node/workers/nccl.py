@@ -41,15 +41,18 @@ class NCCLConfig:
 
 
 def create_nccl_configs(
-    master_addr: str, nodes: Sequence[int], master_port: int = DEFAULT_MASTER_PORT
+    master_addr: str,
+    nodes: Sequence[int | tuple[str, int]],
+    master_port: int = DEFAULT_MASTER_PORT,
 ) -> list[NCCLConfig]:
-    """One config per worker: `nodes[i]` workers on node i, ranks in node order, local ranks
-    from 0 on each node."""
-    if any(n < 1 for n in nodes):
+    """One config per worker: node i has `nodes[i]` workers (a count, or a (name, count) pair
+    as miniray writes it), ranks in node order, local ranks from 0 on each node."""
+    counts = [n if isinstance(n, int) else n[1] for n in nodes]
+    if any(n < 1 for n in counts):
         raise ValueError(f"every node needs at least one worker, got {list(nodes)}")
-    world_size = sum(nodes)
+    world_size = sum(counts)
     configs: list[NCCLConfig] = []
-    for count in nodes:
+    for count in counts:
         for local_rank in range(count):
             configs.append(
                 NCCLConfig(master_addr, master_port, world_size, len(configs), local_rank)

@@ -34,8 +34,9 @@ RELAY_CHUNK_BYTES = 1 << 20
 
 
 def load_work_fn(spec: str) -> WorkFn:
-    """The function `module:function` names; WorkerError saying what is wrong otherwise."""
-    module_name, _, attr = spec.partition(":")
+    """The function `module:function` (or miniray's `module.function`) names; WorkerError
+    saying what is wrong otherwise."""
+    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
     if not module_name or not attr:
         raise WorkerError(f"--work-fn {spec!r}: expected module:function")
     try:

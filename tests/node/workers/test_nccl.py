@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from node.workers import NCCLConfig, WorkerError, create_nccl_configs, nodes_of_plan, setup_nccl_env
+from node.workers import (
+    NCCLConfig,
+    WorkerError,
+    create_nccl_configs,
+    load_work_fn,
+    nodes_of_plan,
+    setup_nccl_env,
+)
+from tests.node.workers import fns
 
 
 def test_ranks_in_node_order_and_local_ranks_per_node() -> None:
@@ -14,6 +22,9 @@ def test_ranks_in_node_order_and_local_ranks_per_node() -> None:
     assert {c.world_size for c in configs} == {6}
     assert {(c.master_addr, c.master_port) for c in configs} == {("10.0.0.1", 29400)}
     assert NCCLConfig.from_message(configs[4].to_message()) == configs[4]
+    named = create_nccl_configs("10.0.0.1", [("node1", 2), ("node2", 1), ("node3", 3)], 29400)
+    assert named == configs
+    assert NCCLConfig(**configs[2].__dict__) == configs[2]  # miniray's NCCLConfig(**recv())
     with pytest.raises(ValueError, match="at least one"):
         create_nccl_configs("10.0.0.1", [1, 0])
 
@@ -49,8 +60,25 @@ def test_nodes_of_plan_follow_training_ranks() -> None:
     inference, _, _ = nodes_of_plan(announce, members, "inference", 1)
     assert [n.node_id for n in inference] == ["b"]
     assert [n.node_id for n in nodes_of_plan(announce, members, "any", 1)[0]] == ["a", "b", "c"]
+    members[0]["meta"] = {"gpu_count": 8}
+    members[1]["meta"] = {"gpu_count": 2}
+    members[2]["meta"] = {"gpu_count": 4}
+    with_gpus = nodes_of_plan(announce, members, "any", 1, gpus=3)[0]
+    assert [n.node_id for n in with_gpus] == ["a", "c"]  # most GPUs first
+    assert [n.node_id for n in nodes_of_plan(announce, members, "training", 1, 6)[0]] == ["a"]
+    with pytest.raises(WorkerError, match="no node with 9 GPUs"):
+        nodes_of_plan(announce, members, "any", 1, gpus=9)
     members[0]["state"] = "dead"
     with pytest.raises(WorkerError, match="not an alive member"):
         nodes_of_plan(announce, members, "training", 1)
     with pytest.raises(WorkerError, match="no role plan"):
         nodes_of_plan({"plan": None}, members, "training", 1)
+
+
+def test_work_fn_specs() -> None:
+    assert load_work_fn("tests.node.workers.fns:echo") is fns.echo
+    assert load_work_fn("tests.node.workers.fns.echo") is fns.echo
+    with pytest.raises(WorkerError, match="no function nope"):
+        load_work_fn("tests.node.workers.fns:nope")
+    with pytest.raises(WorkerError, match="cannot import"):
+        load_work_fn("no_such_module_here:main")
