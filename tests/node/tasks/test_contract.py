@@ -4,6 +4,8 @@ tracebacks, wait semantics and named actors."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,20 @@ TASKS = {"sync": 1000, "thread": 1000, "process": 1000, "shoal": 1000, "ray": 20
 minutes for 1,000 tasks; 200 exercise the same path."""
 
 
+def threads_ended(before: set[threading.Thread], timeout_s: float = 10.0) -> list[str]:
+    """Names of threads started since `before` that are still alive after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not left or time.monotonic() > deadline:
+            return [t.name for t in left]
+        time.sleep(0.05)
+
+
 @pytest.fixture(params=["sync", "thread", "process", "shoal", "ray"])
 def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     name = request.param
+    before = set(threading.enumerate())
     if name == "sync":
         context: Any = SyncContext()
     elif name == "thread":
@@ -45,12 +58,15 @@ def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     finally:
         if name in ("sync", "thread", "process"):
             context.close()
+            assert threads_ended(before) == []
 
 
 @pytest.fixture(scope="module")
 def shoal_ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    before = set(threading.enumerate())
     with shoal_context(tmp_path_factory.mktemp("shoal")) as context:
         yield context
+    assert threads_ended(before) == []
 
 
 @pytest.fixture(scope="module")
