@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from node.tasks import ActorDiedError, ShoalActor
+from node.tasks import ActorDiedError, ShoalActor, TaskError
 from node.tasks.shoal import ShoalContext
 from tests.node.jobs.client_daemon import ROOT, ServedNode, served_node
 from tests.node.tasks.contract import InitCounting
@@ -101,3 +101,19 @@ def test_killing_the_actor_host_raises_actor_died_and_never_rebinds(
     with pytest.raises(ActorDiedError):
         ctx.get(handle.incr.remote(), timeout_s=30)
     os.kill(ctx.get(reborn.host_pid.remote(), timeout_s=60), signal.SIGKILL)
+
+
+def test_a_task_that_kills_its_worker_fails_and_the_others_go_on(node: ServedNode) -> None:
+    context = ShoalContext(
+        node.url,
+        config_file=str(node.config_file),
+        workers_per_node=2,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    try:
+        doomed = context.run(os._exit, 3)
+        with pytest.raises(TaskError, match="exit code 3"):
+            context.get(doomed, timeout_s=60)
+        assert context.get(context.run(pow, 4, 2), timeout_s=60) == 16
+    finally:
+        context.close()

@@ -26,7 +26,6 @@ from tests.node.tasks.backends import ray_context, shoal_context
 TASKS = 1000
 
 
-
 def threads_ended(before: set[threading.Thread], timeout_s: float = 10.0) -> list[str]:
     """Names of threads started since `before` that are still alive after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

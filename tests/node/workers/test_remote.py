@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -136,3 +138,10 @@ def test_capacity_and_stop_leaves_no_worker(tmp_path: Path) -> None:
 def test_no_secret_means_loopback_only() -> None:
     with pytest.raises(WorkerError, match="loopback only"):
         WorkerServer(fns.echo, host="0.0.0.0", port=0)
+
+
+def test_serve_refuses_a_bad_work_fn_with_a_clear_message() -> None:
+    argv = [sys.executable, "-m", "node.cli", "workers", "serve", "--work-fn", "nowhere:main"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "cannot import nowhere" in done.stderr
