@@ -4,6 +4,7 @@ routes to the coordinator. Claims are atomic get-or-create; a name's incarnation
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -15,13 +16,18 @@ from aiohttp import web
 from config import signing_middleware
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
+from node.tasks.context import TaskError
+
+log = logging.getLogger(__name__)
 
 ACTORS_PATH = "/v1/actors"
 PENDING_TTL_S = 120.0
 """A claim whose creator never reported the actor ready is given up after this long."""
 
 
-class RegistryError(Exception):
+class RegistryError(TaskError):
+    """A refused registry request, answered as {"error": code, "reason": text, "status": N}."""
+
     def __init__(self, status: int, code: str, reason: str) -> None:
         super().__init__(reason)
         self.status = status
@@ -174,12 +180,27 @@ class ActorRoutes:
             return asdict(registry.lookup(name))
         if action == "claim":
             record, created = registry.claim(name, bool(body.get("get_if_exists")), time.time())
+            if created:
+                log.info(
+                    "node %s term %d: actor %s incarnation %d claimed",
+                    self.runtime.node_id,
+                    registry.term,
+                    name,
+                    record.incarnation,
+                )
             return {**asdict(record), "created": created}
         incarnation = int(body["incarnation"])
         if action == "ready":
             record = registry.ready(name, incarnation, str(body["address"]), str(body["job"]))
             return asdict(record)
         if action == "dead":
+            log.info(
+                "node %s term %d: actor %s incarnation %d reported dead",
+                self.runtime.node_id,
+                registry.term,
+                name,
+                incarnation,
+            )
             return asdict(registry.dead(name, incarnation))
         raise RegistryError(404, "no_such_action", f"unknown actor action {action!r}")
 
