@@ -145,3 +145,15 @@ def test_serve_refuses_a_bad_work_fn_with_a_clear_message() -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "cannot import nowhere" in done.stderr
+
+
+def test_a_refused_connection_does_not_hold_a_worker_slot(tmp_path: Path) -> None:
+    secret = write_secret(tmp_path)
+    wrong = write_secret(tmp_path, b"not-the-cluster-secret-0123456789", "wrong")
+    with worker_server("tests.node.workers.fns:echo", secret, workers=1) as served:
+        for _ in range(3):
+            with pytest.raises(WorkerAuthError):
+                RemoteWorker("127.0.0.1", served.port, secret_file=wrong)
+            with RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker:
+                worker.send("in")
+                assert worker.recv(timeout_s=10) == "in"
