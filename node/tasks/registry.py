@@ -21,6 +21,9 @@ from node.tasks.context import TaskError
 log = logging.getLogger(__name__)
 
 ACTORS_PATH = "/v1/actors"
+FORWARDED_HEADER = "X-Shoal-Forwarded-By"
+"""Set on a request one daemon forwards to the coordinator; such a request is never forwarded
+again (two daemons that disagree about the coordinator must not bounce it between them)."""
 PENDING_TTL_S = 120.0
 """A claim whose creator never reported the actor ready is given up after this long."""
 
@@ -165,6 +168,14 @@ class ActorRoutes:
             if coordinator is None or term is None:
                 raise RegistryError(503, "no_coordinator", "no coordinator yet; retry shortly")
             if coordinator != self.runtime.node_id:
+                forwarded_by = request.headers.get(FORWARDED_HEADER)
+                if forwarded_by:
+                    raise RegistryError(
+                        409,
+                        "not_coordinator",
+                        f"node {self.runtime.node_id} is not the coordinator (it is "
+                        f"{coordinator}), as {forwarded_by} believed; retry shortly",
+                    )
                 return await self._forward(request, coordinator, body)
             self.registry.fence(term)
             return web.json_response(self._answer(name, action, body))
@@ -223,6 +234,7 @@ class ActorRoutes:
                 url,
                 json=body if request.method == "POST" else None,
                 timeout=timeout,
+                headers={FORWARDED_HEADER: self.runtime.node_id},
             ) as response:
                 answer = await response.json(content_type=None)
                 return web.json_response(answer, status=response.status)

@@ -215,8 +215,9 @@ class Worker(WorkerBase):
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def close(self) -> None:
-        """End the worker (SIGTERM, then SIGKILL after a grace) and release its channel."""
+    def close(self, keep_stderr: bool = False) -> None:
+        """End the worker (SIGTERM, then SIGKILL after a grace) and release its channel; its
+        stderr file is removed unless `keep_stderr`."""
         super().close()
         if not self._exited():
             with contextlib.suppress(ProcessLookupError):
@@ -226,8 +227,9 @@ class Worker(WorkerBase):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self._reap(CLOSE_GRACE_S)
-        with contextlib.suppress(OSError):
-            self.stderr_path.unlink()
+        if not keep_stderr:
+            with contextlib.suppress(OSError):
+                self.stderr_path.unlink()
 
 
 def _run_child(work_fn: WorkFn, sock: socket.socket) -> None:

@@ -9,8 +9,10 @@ import importlib
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
+import sys
 import time
 from types import FrameType
 from typing import Any
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 
 AUTH_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
+BUSY_GRACE_S = 5.0
+"""How long a connection over capacity waits for a session to end before it is refused."""
 RELAY_CHUNK_BYTES = 1 << 20
 
 
@@ -115,6 +119,11 @@ class WorkerServer:
         if self.secret is None and not is_loopback(str(peer[0])):
             _refuse(conn, "not_loopback", f"{peer[0]} is not loopback and there is no secret")
             return
+        deadline = time.monotonic() + BUSY_GRACE_S
+        self._reap()
+        while len(self.sessions) >= self.max_workers and time.monotonic() < deadline:
+            time.sleep(0.01)  # a refused or closed session may be exiting right now
+            self._reap()
         if len(self.sessions) >= self.max_workers:
             _refuse(conn, "busy", f"all {self.max_workers} workers of this server are in use")
             return
@@ -205,8 +214,20 @@ def run_session(conn: socket.socket, work_fn: WorkFn, secret: bytes | None) -> N
         channel.send_frame(FrameKind.READY, {"pid": worker.pid, "host": socket.gethostname()})
         _relay(conn, worker)
     finally:
-        worker.close()
+        worker.close(keep_stderr=True)
+        _copy_stderr(worker)
         channel.close()
+
+
+def _copy_stderr(worker: Worker) -> None:
+    """Put what the worker wrote on stderr into the server's stderr (the job's log)."""
+    try:
+        with worker.stderr_path.open("rb") as source:
+            shutil.copyfileobj(source, sys.stderr.buffer)
+        sys.stderr.flush()
+        worker.stderr_path.unlink()
+    except OSError:
+        pass
 
 
 def _relay(conn: socket.socket, worker: Worker) -> None:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SECRET = b"workers-secret-0123456789abcdef0123"
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,6 +36,7 @@ def worker_server(
     secret_file: Path | None,
     workers: int = 2,
     env: dict[str, str] | None = None,
+    stderr: Any = None,
 ) -> Iterator[ServedWorkers]:
     argv = [sys.executable, "-m", "node.cli", "workers", "serve", "--work-fn", work_fn]
     argv += ["--workers", str(workers)]
@@ -42,7 +44,12 @@ def worker_server(
         argv += ["--secret-file", str(secret_file)]
     child_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, text=True, env=child_env, start_new_session=True
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env=child_env,
+        start_new_session=True,
     )
     try:
         assert process.stdout is not None

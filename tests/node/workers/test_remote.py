@@ -91,8 +91,10 @@ def test_sigkill_of_a_remote_worker_raises_within_the_timeout(tmp_path: Path) ->
 
 def test_remote_death_carries_exit_code_and_stderr(tmp_path: Path) -> None:
     secret = write_secret(tmp_path)
+    server_log = tmp_path / "server.stderr"
     with (
-        worker_server("tests.node.workers.fns:crash", secret) as served,
+        server_log.open("w") as log,
+        worker_server("tests.node.workers.fns:crash", secret, stderr=log) as served,
         RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker,
     ):
         worker.send("go")
