@@ -102,6 +102,7 @@ def test_remote_death_carries_exit_code_and_stderr(tmp_path: Path) -> None:
             worker.recv(timeout_s=30)
         assert caught.value.exit_code == 3
         assert "the sky is falling" in caught.value.stderr_tail
+    assert "the sky is falling" in server_log.read_text()  # in the server's (the job's) log
 
 
 def test_server_loss_raises_and_wait_any_sees_it(tmp_path: Path) -> None:
