@@ -12,7 +12,7 @@ $(PY):
 # Installer output goes to $(VENV)/install.log; a failure prints its tail.
 $(STAMP): pyproject.toml | $(PY)
 	@echo "shoal: installing shoal and its packages into $(VENV) (log: $(VENV)/install.log)"
-	@{ $(PY) -m pip install --upgrade pip && $(PY) -m pip install -e '.[test,torch]'; } \
+	@{ $(PY) -m pip install --upgrade pip && $(PY) -m pip install -e '.[test,torch,ray]'; } \
 		> $(VENV)/install.log 2>&1 || { tail -n 40 $(VENV)/install.log; exit 1; }
 	@touch $(STAMP)
 

@@ -59,6 +59,7 @@ from node.security import AuthPolicy
 from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
+from node.tasks.registry import open_actor_routes
 from sync import (
     RecordSchema,
     RecordSchemaError,
@@ -345,6 +346,8 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
         )
+        actors = open_actor_routes(runtime, election, secrets.cluster)
+        self._stack.push_async_callback(actors.close)
         app = build_app(
             runtime,
             policy,
@@ -353,12 +356,14 @@ class NodeDaemon:
                 *election.routes(),
                 *sync_service.routes(),
                 *jobs.routes(),
+                *actors.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
                 *election.docs(),
                 *sync_service.docs(),
                 *jobs.docs(),
+                *actors.docs(),
             ],
         )
         runner = web.AppRunner(

@@ -183,6 +183,7 @@ __all__ = [
     "file_routes",
     "free_bytes",
     "full_cluster_sync",
+    "hash_file",
     "install_file",
     "is_disk_full",
     "make_directories",

@@ -138,6 +138,15 @@ def hash_fd(
     return done, digests
 
 
+def hash_file(path: str | os.PathLike[str], piece_size: int) -> tuple[int, str, tuple[str, ...]]:
+    """(size, hash, piece hashes) of a file, as a manifest entry holds them. Blocking."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return digest_of_fd(fd, piece_size)
+    finally:
+        os.close(fd)
+
+
 def digest_of_fd(fd: int, piece_size: int) -> tuple[int, str, tuple[str, ...]]:
     """(size, hash, piece hashes) of the whole content of an open file. Blocking."""
     size, digests = hash_fd(fd, piece_size)

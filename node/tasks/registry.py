@@ -1,0 +1,254 @@
+"""The named-actor registry of the `shoal` backend: owned by the coordinator and fenced by its
+term (a registry whose term moves on forgets the old term's names); other daemons forward the
+routes to the coordinator. Claims are atomic get-or-create; a name's incarnation only grows."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from config import signing_middleware
+from node.openapi import RouteDoc
+from node.runtime import NodeRuntime
+from node.tasks.context import TaskError
+
+log = logging.getLogger(__name__)
+
+ACTORS_PATH = "/v1/actors"
+FORWARDED_HEADER = "X-Shoal-Forwarded-By"
+"""Set on a request one daemon forwards to the coordinator; such a request is never forwarded
+again (two daemons that disagree about the coordinator must not bounce it between them)."""
+PENDING_TTL_S = 120.0
+"""A claim whose creator never reported the actor ready is given up after this long."""
+
+
+class RegistryError(TaskError):
+    """A refused registry request, answered as {"error": code, "reason": text, "status": N}."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.code = code
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+@dataclass(frozen=True)
+class ActorRecord:
+    """One name's current incarnation: pending (being created), ready (at `address`) or dead."""
+
+    name: str
+    incarnation: int
+    state: str
+    term: int
+    address: str = ""
+    job: str = ""
+    claimed_at: float = 0.0
+
+    def live(self, now: float) -> bool:
+        if self.state == "ready":
+            return True
+        return self.state == "pending" and now - self.claimed_at < PENDING_TTL_S
+
+
+class ActorRegistry:
+    """Names to records, for one term. No await runs between a check and its update, so a claim
+    is atomic on the coordinator's event loop."""
+
+    def __init__(self) -> None:
+        self.term = -1
+        self.records: dict[str, ActorRecord] = {}
+
+    def fence(self, term: int) -> None:
+        """Forget every record of an older term (a new coordinator starts empty)."""
+        if term != self.term:
+            self.term = term
+            self.records = {}
+
+    def claim(self, name: str, get_if_exists: bool, now: float) -> tuple[ActorRecord, bool]:
+        """(record, created): the live record of `name`, or a new pending incarnation."""
+        current = self.records.get(name)
+        if current is not None and current.live(now):
+            if not get_if_exists:
+                raise RegistryError(409, "actor_exists", f"an actor named {name!r} exists")
+            return current, False
+        incarnation = 1 if current is None else current.incarnation + 1
+        record = ActorRecord(name, incarnation, "pending", self.term, claimed_at=now)
+        self.records[name] = record
+        return record, True
+
+    def _current(self, name: str, incarnation: int) -> ActorRecord:
+        record = self.records.get(name)
+        if record is None or record.incarnation != incarnation:
+            found = "none" if record is None else str(record.incarnation)
+            raise RegistryError(
+                409,
+                "stale_incarnation",
+                f"actor {name!r} incarnation {incarnation} is not current (current: {found})",
+            )
+        return record
+
+    def ready(self, name: str, incarnation: int, address: str, job: str) -> ActorRecord:
+        record = self._current(name, incarnation)
+        if record.state != "pending":
+            raise RegistryError(409, "not_pending", f"actor {name!r} is {record.state}")
+        updated = replace(record, state="ready", address=address, job=job)
+        self.records[name] = updated
+        return updated
+
+    def dead(self, name: str, incarnation: int) -> ActorRecord:
+        record = replace(self._current(name, incarnation), state="dead")
+        self.records[name] = record
+        return record
+
+    def lookup(self, name: str) -> ActorRecord:
+        record = self.records.get(name)
+        if record is None:
+            raise RegistryError(404, "no_such_actor", f"no actor is named {name!r}")
+        return record
+
+
+class ActorRoutes:
+    """POST /v1/actors/{name}/claim|ready|dead and GET /v1/actors/{name} on every daemon; the
+    coordinator answers, the others forward (signed) to it."""
+
+    def __init__(
+        self, runtime: NodeRuntime, term: Callable[[], int | None], secret: bytes | None
+    ) -> None:
+        self.runtime = runtime
+        self._term = term
+        self._secret = secret
+        self.registry = ActorRegistry()
+        self._session: aiohttp.ClientSession | None = None
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get(ACTORS_PATH + "/{name}", self._handle),
+            web.post(ACTORS_PATH + "/{name}/{action}", self._handle),
+        ]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        return [
+            RouteDoc(
+                "GET",
+                ACTORS_PATH + "/{name}",
+                "The named actor's current incarnation, state and address (from the coordinator)",
+                ((200, "record"), (404, "no such actor"), (503, "no coordinator")),
+            ),
+            RouteDoc(
+                "POST",
+                ACTORS_PATH + "/{name}/{action}",
+                'Named actors: claim {"get_if_exists": B} (atomic get-or-create), ready '
+                '{"incarnation": N, "address": "host:port", "job": ID}, dead {"incarnation": N}',
+                ((200, "record (and created)"), (409, "exists or stale"), (503, "no coordinator")),
+            ),
+        ]
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        try:
+            name = request.match_info["name"]
+            action = request.match_info.get("action", "get")
+            body = await request.json() if request.method == "POST" and request.body_exists else {}
+            coordinator = self.runtime.coordinator
+            term = self._term()
+            if coordinator is None or term is None:
+                raise RegistryError(503, "no_coordinator", "no coordinator yet; retry shortly")
+            if coordinator != self.runtime.node_id:
+                forwarded_by = request.headers.get(FORWARDED_HEADER)
+                if forwarded_by:
+                    raise RegistryError(
+                        409,
+                        "not_coordinator",
+                        f"node {self.runtime.node_id} is not the coordinator (it is "
+                        f"{coordinator}), as {forwarded_by} believed; retry shortly",
+                    )
+                return await self._forward(request, coordinator, body)
+            self.registry.fence(term)
+            return web.json_response(self._answer(name, action, body))
+        except RegistryError as exc:
+            return web.json_response(exc.to_dict(), status=exc.status)
+        except (KeyError, TypeError, ValueError) as exc:
+            error = RegistryError(400, "invalid_actor_request", f"{request.path}: {exc!r}")
+            return web.json_response(error.to_dict(), status=400)
+
+    def _answer(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        registry = self.registry
+        if action == "get":
+            return asdict(registry.lookup(name))
+        if action == "claim":
+            record, created = registry.claim(name, bool(body.get("get_if_exists")), time.time())
+            if created:
+                log.info(
+                    "node %s term %d: actor %s incarnation %d claimed",
+                    self.runtime.node_id,
+                    registry.term,
+                    name,
+                    record.incarnation,
+                )
+            return {**asdict(record), "created": created}
+        incarnation = int(body["incarnation"])
+        if action == "ready":
+            record = registry.ready(name, incarnation, str(body["address"]), str(body["job"]))
+            return asdict(record)
+        if action == "dead":
+            log.info(
+                "node %s term %d: actor %s incarnation %d reported dead",
+                self.runtime.node_id,
+                registry.term,
+                name,
+                incarnation,
+            )
+            return asdict(registry.dead(name, incarnation))
+        raise RegistryError(404, "no_such_action", f"unknown actor action {action!r}")
+
+    async def _forward(
+        self, request: web.Request, coordinator: str, body: dict[str, Any]
+    ) -> web.Response:
+        members = self.runtime.membership.members() if self.runtime.membership else []
+        target = next((m for m in members if m.node_id == coordinator), None)
+        if target is None:
+            raise RegistryError(503, "unknown_coordinator", f"coordinator {coordinator} unknown")
+        if self._session is None:
+            secret = self._secret
+            middlewares = (signing_middleware(secret, self.runtime.node_id),) if secret else ()
+            self._session = aiohttp.ClientSession(middlewares=middlewares)
+        url = f"http://{target.address}:{target.port}{request.path}"
+        timeout = aiohttp.ClientTimeout(total=self.runtime.settings.timeouts.http_request_s)
+        try:
+            async with self._session.request(
+                request.method,
+                url,
+                json=body if request.method == "POST" else None,
+                timeout=timeout,
+                headers={FORWARDED_HEADER: self.runtime.node_id},
+            ) as response:
+                answer = await response.json(content_type=None)
+                return web.json_response(answer, status=response.status)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise RegistryError(
+                502, "coordinator_unreachable", f"coordinator {coordinator}: {exc!r}"
+            ) from exc
+
+
+def open_actor_routes(runtime: NodeRuntime, coordination: Any, secret: bytes | None) -> ActorRoutes:
+    """The actor routes of a daemon whose election is `coordination` (a Coordination)."""
+
+    def term() -> int | None:
+        elector = coordination.elector
+        return None if elector is None else int(elector.state.term)
+
+    return ActorRoutes(runtime, term, secret)
