@@ -59,6 +59,7 @@ from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from sync import (
+    BUILTIN_SCHEMAS,
     RecordSchema,
     RecordSchemaError,
     RecordStores,
@@ -133,6 +134,11 @@ def extra_record_schemas(settings: NodeSettings) -> list[RecordSchema]:
         except RecordSchemaError as exc:
             raise ConfigError(f"record_stores.{name}: {exc}") from exc
     return schemas
+
+
+def record_schemas(settings: NodeSettings) -> list[RecordSchema]:
+    """Every record store's schema: the built-in ones and those the config declares."""
+    return [*BUILTIN_SCHEMAS.values(), *extra_record_schemas(settings)]
 
 
 def inventory_cluster_name(settings: NodeSettings, inventory: Inventory | None) -> NodeSettings:
@@ -350,9 +356,9 @@ class NodeDaemon:
                 *sync_service.routes(),
             ],
             extra_docs=[
-                *(RouteDoc(**doc) for doc in record_route_docs()),
+                *(RouteDoc(**doc) for doc in record_route_docs(record_schemas(runtime.settings))),
                 *election.docs(),
-                *sync_service.docs(),
+                *sync_service.docs([schema.name for schema in record_schemas(runtime.settings)]),
             ],
         )
         runner = web.AppRunner(

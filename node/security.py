@@ -16,8 +16,9 @@ from config import AuthError, NonceCache, error_exception, error_response, verif
 
 log = logging.getLogger(__name__)
 
-UNAUTHENTICATED = frozenset({("GET", "/v1/health")})
-"""(method, path) pairs served without a signature."""
+OPENAPI_PATH = "/v1/openapi.json"
+UNAUTHENTICATED = frozenset({("GET", "/v1/health"), ("GET", OPENAPI_PATH)})
+"""(method, path) pairs served without a signature (neither holds a secret)."""
 
 
 @dataclass

@@ -39,6 +39,19 @@ from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
+RENDEZVOUS_SCHEMA = {
+    "type": "object",
+    "required": ["rank", "world_size", "master_addr", "master_port", "backend", "generation"],
+    "properties": {
+        "rank": {"type": ["integer", "null"]},
+        "world_size": {"type": "integer"},
+        "master_addr": {"type": "string"},
+        "master_port": {"type": "integer"},
+        "backend": {"enum": ["nccl", "gloo"]},
+        "generation": {"type": "integer"},
+    },
+}
+
 TRAINING_CHECK_INTERVAL_S = 2.0
 CANNOT_TRAIN_REASON_CHARS = 200
 """The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
@@ -103,6 +116,7 @@ class ElectionService:
             "This node's training rendezvous: rank, world_size, master_addr, master_port, "
             "backend, generation",
             ((200, "rendezvous"), (409, "this node has no plan yet")),
+            response=RENDEZVOUS_SCHEMA,
         )
         return [*ELECTION_DOCS, rendezvous]
 
