@@ -89,6 +89,10 @@ class NonceCache:
         self._max_entries = max_entries
         self._seen: OrderedDict[str, float] = OrderedDict()
 
+    def seen(self, nonce: str) -> bool:
+        """Whether `nonce` was remembered (a replay), without remembering it."""
+        return nonce in self._seen
+
     def check_and_add(self, nonce: str, now: float) -> bool:
         """False when `nonce` was seen before within the window; else remember it."""
         while self._seen:

@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from config import AuthError, NonceCache, error_exception, error_response, verify_request
+from config import (
+    HEADER_NODE,
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    AuthError,
+    NonceCache,
+    error_exception,
+    error_response,
+    verify_request,
+)
+from config.auth import MIN_NONCE_CHARS
 
 log = logging.getLogger(__name__)
 
 OPENAPI_PATH = "/v1/openapi.json"
 UNAUTHENTICATED = frozenset({("GET", "/v1/health"), ("GET", OPENAPI_PATH)})
 """(method, path) pairs served without a signature (neither holds a secret)."""
+
+
+MAX_CONCURRENT_BODY_READS = 4
+"""Signed requests whose bodies are read at once; more wait (a flood cannot fill memory)."""
 
 
 @dataclass
@@ -29,6 +46,9 @@ class AuthPolicy:
     metrics_token: bytes | None = None
     skew_s: float = 300.0
     nonces: NonceCache = field(default_factory=NonceCache)
+    body_reads: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(MAX_CONCURRENT_BODY_READS)
+    )
 
 
 AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
@@ -48,16 +68,48 @@ def _bearer_ok(request: web.Request, token: bytes | None) -> bool:
     return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token)
 
 
+def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) -> str:
+    """The sender named by a request's signature headers, checked before its body is read:
+    all four present, the nonce well-formed and unseen, the timestamp within the clock window.
+    Raises AuthError; the signature itself needs the body (verify_request)."""
+    node = headers.get(HEADER_NODE, "")
+    timestamp = headers.get(HEADER_TIMESTAMP, "")
+    nonce = headers.get(HEADER_NONCE, "")
+    if not (node and timestamp and nonce and headers.get(HEADER_SIGNATURE, "")):
+        raise AuthError("missing signature headers (X-Shoal-Node, -Timestamp, -Nonce, -Signature)")
+    if len(nonce) < MIN_NONCE_CHARS or any(ch not in "0123456789abcdefABCDEF" for ch in nonce):
+        raise AuthError(f"nonce must be at least {MIN_NONCE_CHARS} hex characters")
+    try:
+        sent_at = int(timestamp)
+    except ValueError as exc:
+        raise AuthError("timestamp is not unix seconds") from exc
+    if abs(now - sent_at) > policy.skew_s:
+        raise AuthError(f"timestamp is {now - sent_at:+.0f} s off (limit {policy.skew_s:.0f} s)")
+    if policy.nonces.seen(nonce):
+        raise AuthError("nonce seen before (replayed request)")
+    return node
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse unsigned or badly signed requests with 401 and a JSON reason."""
+    """Refuse unsigned or badly signed requests with 401 and a JSON reason.
+
+    The headers are checked before a byte of the body is read, so an unsigned flood costs no
+    memory; only then is the body read (within the app's client_max_size, at most
+    MAX_CONCURRENT_BODY_READS at once) and the signature over it checked."""
     policy = request.app[AUTH_POLICY]
     if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
         return await handler(request)
+    if request.match_info.http_exception is not None:
+        # no such route or method: the router's 404/405 says no more than the public OpenAPI
+        # document does, and no body is read for it
+        return await handler(request)
     if request.path == "/metrics" and _bearer_ok(request, policy.metrics_token):
         return await handler(request)
-    body = await request.read()
     try:
+        check_headers(policy, request.headers, time.time())
+        async with policy.body_reads:
+            body = await request.read()
         peer = verify_request(
             policy.secret,
             request.headers,

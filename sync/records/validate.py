@@ -18,8 +18,6 @@ from sync.errors import RecordValidationError, SyncError
 from sync.records.schema import FieldKind, FieldSpec, RecordSchema
 
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-_EXACT_FLOAT_INT = 2**53
-"""Whole floats up to this are exact integers; JSON parsers read larger integers as floats."""
 _MISSING: Any = object()
 _NONE = type(None)
 _SHAPE_TYPES: dict[str, tuple[type, ...]] = {
@@ -78,8 +76,6 @@ def _encodable(text: str) -> bool:
 
 
 def _integer(value: Any) -> Any:
-    if type(value) is float and value.is_integer() and abs(value) <= _EXACT_FLOAT_INT:
-        value = int(value)  # 3.0 is the integer 3 in JSON (and in the store's JSON Schema)
     if type(value) is not int:
         raise _Invalid("expected integer")
     if not _INT_MIN <= value <= _INT_MAX:
