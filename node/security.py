@@ -104,8 +104,18 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         # no such route or method: the router's 404/405 says no more than the public OpenAPI
         # document does, and no body is read for it
         return await handler(request)
-    if request.path == "/metrics" and _bearer_ok(request, policy.metrics_token):
-        return await handler(request)
+    if request.path == "/metrics" and request.headers.get("Authorization", "").startswith(
+        "Bearer "
+    ):
+        if _bearer_ok(request, policy.metrics_token):
+            return await handler(request)
+        reason = (
+            "this node has no metrics token: set metrics_token_file, or sign the request"
+            if policy.metrics_token is None
+            else "wrong metrics bearer token: it does not match this node's metrics_token_file"
+        )
+        log.debug("refused GET /metrics from %s: %s", request.remote, reason)
+        return json_error(401, reason, code="unauthorized")
     try:
         check_headers(policy, request.headers, time.time())
         async with policy.body_reads:

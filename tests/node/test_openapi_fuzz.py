@@ -134,15 +134,23 @@ def _health(port: int) -> int:
 
 
 @contextmanager
-def _daemon(tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`shoal serve` on a free loopback port, stopped (and its log shown) at the end."""
+def _daemon(
+    tmp_path: Path, *extra: str, umask: int = -1
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`shoal serve` on a free loopback port (started with `umask` when not -1), stopped (and
+    its log shown) at the end."""
     port = _free_port()
     log = tmp_path / "daemon.log"
     args = ["serve", "--node-id", "fuzzed", "--data-dir", str(tmp_path / "data")]
     args += ["--port", str(port), "--no-mdns", "--bind", "127.0.0.1", *extra]
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "node", *args], cwd=ROOT, stdout=out, stderr=out, text=True
+            [sys.executable, "-m", "node", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=out,
+            text=True,
+            umask=umask,
         )
     try:
         started = time.monotonic()
