@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
 
+from config import CLOCK_SKEWS
 from health import CircuitState, HealthStatus
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, openapi_document
@@ -200,7 +202,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "health_problems": problems,
         "gpus": runtime.gpus(),
         "config_hash": runtime.settings.config_hash(),
-        "notes": list(runtime.notes),
+        "notes": [*runtime.notes, *CLOCK_SKEWS.lines(time.time())],
     }
 
 

@@ -15,17 +15,19 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from config import (
+    CLOCK_SKEWS,
+    HEADER_CLOCK_SKEW,
     HEADER_NODE,
     HEADER_NONCE,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
+    MIN_NONCE_CHARS,
     AuthError,
     NonceCache,
     error_exception,
     error_response,
     verify_request,
 )
-from config.auth import MIN_NONCE_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,9 @@ UNAUTHENTICATED = frozenset({("GET", "/v1/health"), ("GET", OPENAPI_PATH)})
 """(method, path) pairs served without a signature (neither holds a secret)."""
 
 
+SKEW_PROBE_MAX_BYTES = 1024 * 1024
+"""A request refused for its timestamp is checked for a valid signature (is it a peer whose
+clock is off?) only when its body is at most this large."""
 MAX_CONCURRENT_BODY_READS = 4
 """Signed requests whose bodies are read at once; more wait (a flood cannot fill memory)."""
 
@@ -68,6 +73,38 @@ def _bearer_ok(request: web.Request, token: bytes | None) -> bool:
     return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token)
 
 
+class SkewError(AuthError):
+    """The timestamp is outside the clock window: the sender's clock is `skew_s` ahead."""
+
+    def __init__(self, skew_s: float, window_s: float) -> None:
+        super().__init__(f"timestamp is {-skew_s:+.0f} s off (limit {window_s:.0f} s)")
+        self.skew_s = skew_s
+
+
+async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) -> str | None:
+    """The sender of a request refused for its timestamp, when its signature is otherwise valid
+    (only a holder of the cluster secret can make one): a peer whose clock is off."""
+    assert policy.secret is not None
+    size = request.content_length or 0
+    if size > SKEW_PROBE_MAX_BYTES:
+        return None
+    async with policy.body_reads:
+        body = await request.read()
+    try:
+        return verify_request(
+            policy.secret,
+            request.headers,
+            request.method,
+            request.raw_path,
+            body,
+            NonceCache(),
+            now=time.time() + skew_s,
+            skew_s=policy.skew_s,
+        )
+    except AuthError:
+        return None
+
+
 def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) -> str:
     """The sender named by a request's signature headers, checked before its body is read:
     all four present, the nonce well-formed and unseen, the timestamp within the clock window.
@@ -84,7 +121,7 @@ def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) ->
     except ValueError as exc:
         raise AuthError("timestamp is not unix seconds") from exc
     if abs(now - sent_at) > policy.skew_s:
-        raise AuthError(f"timestamp is {now - sent_at:+.0f} s off (limit {policy.skew_s:.0f} s)")
+        raise SkewError(sent_at - now, policy.skew_s)
     if policy.nonces.seen(nonce):
         raise AuthError("nonce seen before (replayed request)")
     return node
@@ -130,9 +167,23 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             now=time.time(),
             skew_s=policy.skew_s,
         )
+    except SkewError as exc:
+        skewed = await _skewed_peer(request, policy, exc.skew_s)
+        if skewed is None:
+            return json_error(401, exc.reason, code="unauthorized")
+        CLOCK_SKEWS.record(skewed, exc.skew_s, time.time())
+        response = json_error(
+            401,
+            f"clock skew: your clock is {exc.skew_s:+.0f} s from this node's (limit "
+            f"{policy.skew_s:.0f} s); signatures refused; fix time sync",
+            code="clock_skew",
+        )
+        response.headers[HEADER_CLOCK_SKEW] = f"{exc.skew_s:+.0f}"
+        return response
     except AuthError as exc:
         log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
         return json_error(401, exc.reason, code="unauthorized")
+    CLOCK_SKEWS.clear(peer)
     request[PEER_ID] = peer
     return await handler(request)
 
