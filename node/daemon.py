@@ -52,6 +52,7 @@ from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
+from node.metrics import ingest_counter
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
@@ -351,7 +352,7 @@ class NodeDaemon:
             runtime,
             policy,
             extra_routes=[
-                *record_routes(stores, runtime.node_id),
+                *record_routes(stores, runtime.node_id, on_ingest=ingest_counter(runtime)),
                 *election.routes(),
                 *sync_service.routes(),
             ],

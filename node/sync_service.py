@@ -22,6 +22,7 @@ from config import ConfigError, Inventory, error_body, signing_middleware
 from health import LoopHealth
 from node.election.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
+from node.metrics import sync_metrics
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import bad_request, json_error
@@ -332,6 +333,7 @@ class SyncService:
                     cluster = await self.coordinator.full_cluster_sync(files, budget, peers)
                     for category, stats in cluster.category_stats.items():
                         result["files"][category] = _stats_dict(stats)
+                        self._count_files(category, stats)
                     failed.update(cluster.failed_nodes)
                 for category in categories:
                     if self._stores is not None and category in self._stores:
@@ -347,6 +349,16 @@ class SyncService:
                 return result
             finally:
                 self.running = False
+
+    def _count_files(self, category: str, stats: SyncStats) -> None:
+        """Files and bytes installed per peer, and every failure by its reason."""
+        metrics = sync_metrics(self._runtime)
+        if metrics is None:
+            return
+        for peer, node in stats.nodes.items():
+            metrics.installed(category, peer, node.files_transferred, node.bytes_transferred)
+        for error in stats.errors:
+            metrics.failed(category, error)
 
     async def _pull_store(self, store: str, peers: Sequence[PeerRef]) -> dict[str, Any]:
         assert self._stores is not None
@@ -380,6 +392,9 @@ class SyncService:
                 continue
             if pulled.cursor is not None:
                 await self._wal.state_set(key, list(pulled.cursor))
+            metrics = sync_metrics(self._runtime)
+            if metrics is not None:
+                metrics.pulled(store, peer.node_id, pulled.inserted, pulled.duplicates)
             for field in counts:
                 counts[field] += getattr(pulled, field)
         return {**counts, "errors": errors, "failed_nodes": failed}

@@ -146,9 +146,11 @@ def record_routes(
     node_id: str,
     max_records: int = DEFAULT_MAX_RECORDS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    on_ingest: Callable[[str, int, int], None] | None = None,
 ) -> list[web.RouteDef]:
     """Routes under /v1/records serving `stores` (looked up per request, so a RecordStores that
-    opens later works); `node_id` fills a record's absent source node.
+    opens later works); `node_id` fills a record's absent source node; `on_ingest(store,
+    accepted, duplicates)` hears of every durable ingest (the node's metrics).
     """
 
     def store_of(request: web.Request) -> RecordStore:
@@ -172,6 +174,8 @@ def record_routes(
             )
         rows = validate_records(store.schema, records, node_id)
         result = await store.ingest_rows(rows)
+        if on_ingest is not None:
+            on_ingest(store.schema.name, result.accepted, result.duplicates)
         return web.json_response(result.to_json())
 
     async def status(request: web.Request) -> web.StreamResponse:
