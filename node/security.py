@@ -174,7 +174,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         CLOCK_SKEWS.record(skewed, exc.skew_s, time.time())
         response = json_error(
             401,
-            f"clock skew: your clock is {exc.skew_s:+.0f} s from this node's (limit "
+            f"clock skew: your clock is {exc.skew_s:+.0f} s off this node's (limit "
             f"{policy.skew_s:.0f} s); signatures refused; fix time sync",
             code="clock_skew",
         )
