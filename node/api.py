@@ -112,6 +112,7 @@ CORE_DOCS = (
         ((200, "the text exposition format"), (503, "metrics not initialised yet")),
         response=TEXT,
         response_type="text/plain",
+        bearer=True,
     ),
     RouteDoc(
         "GET",

@@ -90,6 +90,8 @@ class RouteDoc:
     query: type[BaseModel] | None = None
     response: Schema | None = None
     response_type: str = JSON
+    bearer: bool = False
+    """Also accepts `Authorization: Bearer <metrics token>` instead of a signature."""
 
 
 class _Components:
@@ -191,6 +193,8 @@ def _operation(doc: RouteDoc, components: _Components, signed: bool) -> dict[str
         }
         # Without a secret (a dev node on loopback) the signature headers are not needed.
         operation["security"] = [requirement] if signed else [requirement, {}]
+        if doc.bearer:
+            operation["security"].insert(1, {"metricsBearer": []})
     else:
         operation["security"] = [{}]
     parameters = [_parameter(parameter, components) for parameter in doc.parameters]
