@@ -265,3 +265,15 @@ def test_with_a_secret_every_unsigned_fuzz_request_is_refused_401(tmp_path: Path
             counted["no such method"] += 1
     print(f"unsigned requests: {counted}")
     assert counted["refused"] >= 100
+
+
+async def test_query_integers_beyond_64_bits_are_refused_not_500(tmp_path: Path) -> None:
+    """Found by the fuzz: an integer filter or key SQLite cannot hold was a 500."""
+    async with NodeDaemon(test_settings(tmp_path, "ints")) as daemon, ClientSession() as session:
+        base = f"http://127.0.0.1:{daemon.port}/v1/records/games/since"
+        for query in ("winner=9223372036854775808", "num_players=-9223372036854775809"):
+            async with session.get(f"{base}?{query}") as response:
+                body = await response.json()
+                assert response.status == 400, body
+                assert body["param"] == query.split("=")[0]
+                assert "64-bit" in body["reason"]
