@@ -39,6 +39,9 @@ from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
+STORAGE_NOTE = "election: "
+"""Prefix of the /v1/status note saying why the election state cannot be stored."""
+
 RENDEZVOUS_SCHEMA = {
     "type": "object",
     "required": ["rank", "world_size", "master_addr", "master_port", "backend", "generation"],
@@ -310,6 +313,10 @@ class ElectionService:
         runtime.plan_version = plan.version if plan is not None else None
         role = plan.role_of(runtime.node_id) if plan is not None else None
         runtime.role = role.value if role is not None else runtime.settings.role.value
+        notes = [note for note in runtime.notes if not note.startswith(STORAGE_NOTE)]
+        if elector.storage_problem is not None:
+            notes.append(f"{STORAGE_NOTE}{elector.storage_problem}")
+        runtime.notes[:] = notes
 
     def _launched(self, task: asyncio.Task[None]) -> None:
         self._launches.discard(task)

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import ClientSession
 
+from node.daemon import NodeDaemon
 from node.election.elector import PLAN_KEY, VOTE_KEY
+from node.election.messages import Heartbeat
 from node.election.seams import InMemoryDurableState, InMemoryElectionNetwork
 from node.election.state import ElectionRole
+from tests.node.daemons import test_settings
 from tests.node.test_election_async import Cluster
 
 VOTERS = ("a", "b", "c")
@@ -142,3 +146,31 @@ async def test_a_node_that_cannot_store_never_campaigns_and_health_says_why(
         assert time.monotonic() < deadline, "no coordinator after space returned"
         await asyncio.sleep(0.02)
     assert elector.storage_problem is None
+
+
+async def test_status_and_health_of_a_daemon_say_why_the_term_cannot_be_stored(
+    tmp_path: Path,
+) -> None:
+    settings = test_settings(tmp_path, "solo", voters=("solo", "other"))
+    async with NodeDaemon(settings) as daemon:
+        elector = daemon._election.elector
+        assert elector is not None
+
+        async def full(key: str, value: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        elector._durable.set = full  # type: ignore[method-assign]
+        term = elector.status.term
+        with pytest.raises(OSError, match="No space"):  # a heartbeat's new term is not stored
+            await elector.handle_heartbeat(Heartbeat(term + 5, "other", 1))
+        assert elector.status.term == term  # not acted on: still the stored term
+        async with (
+            ClientSession() as session,
+            session.get(f"http://127.0.0.1:{daemon.port}/v1/status") as response,
+        ):
+            status = await response.json()
+    notes = [note for note in status["notes"] if note.startswith("election: ")]
+    assert len(notes) == 1, status["notes"]
+    assert "cannot store the election state" in notes[0]
+    assert "No space left on device" in notes[0]
+    assert status["term"] == term
