@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from config.auth import (
+    CLOCK_SKEWS,
+    HEADER_CLOCK_SKEW,
     HEADER_NODE,
     HEADER_NONCE,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
+    MIN_NONCE_CHARS,
+    ClockSkews,
     NonceCache,
     read_secret_file,
     sign_request,
@@ -42,14 +46,18 @@ from config.version import shoal_version
 from config.wire import ErrorAnswer, error_body, error_exception, error_response, read_error
 
 __all__ = [
+    "CLOCK_SKEWS",
     "ENV_VARS",
+    "HEADER_CLOCK_SKEW",
     "HEADER_NODE",
     "HEADER_NONCE",
     "HEADER_SIGNATURE",
     "HEADER_TIMESTAMP",
+    "MIN_NONCE_CHARS",
     "AuthError",
     "BreakerSection",
     "Category",
+    "ClockSkews",
     "ClusterSection",
     "ConfigError",
     "ConfigPackageError",

@@ -6,8 +6,11 @@ Signature = lowercase hex HMAC-SHA256(secret, METHOD \\n path_with_query \\n tim
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import logging
+import math
 import secrets
 import stat
 import time
@@ -23,8 +26,50 @@ HEADER_NODE = "X-Shoal-Node"
 HEADER_TIMESTAMP = "X-Shoal-Timestamp"
 HEADER_NONCE = "X-Shoal-Nonce"
 HEADER_SIGNATURE = "X-Shoal-Signature"
+HEADER_CLOCK_SKEW = "X-Shoal-Clock-Skew"
+"""On a 401 for a timestamp outside the window: the sender's clock minus the receiver's, in s."""
 MIN_NONCE_CHARS = 16
 MIN_SECRET_BYTES = 16
+SKEW_SHOWN_S = 600.0
+SKEW_LOG_EVERY_S = 60.0
+
+log = logging.getLogger(__name__)
+
+
+class ClockSkews:
+    """Peers whose clocks are further from this node's than the signature window, as learnt
+    from refused requests (either side): each is logged (at most once a minute) and listed in
+    /v1/status until a request in the window succeeds or SKEW_SHOWN_S pass."""
+
+    def __init__(self) -> None:
+        self._skews: dict[str, tuple[float, float]] = {}
+        self._logged: dict[str, float] = {}
+
+    def record(self, peer: str, skew_s: float, now: float) -> None:
+        """`peer`'s clock is `skew_s` ahead of this node's (behind when negative)."""
+        self._skews[peer] = (skew_s, now)
+        if now - self._logged.get(peer, -math.inf) >= SKEW_LOG_EVERY_S:
+            self._logged[peer] = now
+            log.warning("%s", self.line(peer, skew_s))
+
+    def clear(self, peer: str) -> None:
+        self._skews.pop(peer, None)
+
+    @staticmethod
+    def line(peer: str, skew_s: float) -> str:
+        return f"clock skew with {peer}: {skew_s:+.0f} s; signatures refused; fix time sync"
+
+    def lines(self, now: float) -> list[str]:
+        """The current skews, one line per peer."""
+        return [
+            self.line(peer, skew)
+            for peer, (skew, seen) in sorted(self._skews.items())
+            if now - seen <= SKEW_SHOWN_S
+        ]
+
+
+CLOCK_SKEWS = ClockSkews()
+"""This process's view (a node signs as one client and verifies as one server)."""
 
 
 def read_secret_file(path: Path, what: str = "secret file") -> bytes:
@@ -89,6 +134,10 @@ class NonceCache:
         self._max_entries = max_entries
         self._seen: OrderedDict[str, float] = OrderedDict()
 
+    def seen(self, nonce: str) -> bool:
+        """Whether `nonce` was remembered (a replay), without remembering it."""
+        return nonce in self._seen
+
     def check_and_add(self, nonce: str, now: float) -> bool:
         """False when `nonce` was seen before within the window; else remember it."""
         while self._seen:
@@ -148,6 +197,14 @@ def signing_middleware(
             secret, node_id, request.method, request.url.raw_path_qs, body, now=clock()
         )
         request.headers.update(headers)
-        return await handler(request)
+        response = await handler(request)
+        peer = f"{request.url.host}:{request.url.port}"
+        skew = response.headers.get(HEADER_CLOCK_SKEW)
+        if response.status == 401 and skew is not None:
+            with contextlib.suppress(ValueError):  # the sender's (our) clock minus the peer's
+                CLOCK_SKEWS.record(peer, -float(skew), clock())
+        elif response.status != 401:
+            CLOCK_SKEWS.clear(peer)
+        return response
 
     return middleware

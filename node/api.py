@@ -2,20 +2,90 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
 
+from config import CLOCK_SKEWS
 from health import CircuitState, HealthStatus
 from node.metrics import install_node_metrics
-from node.openapi import RouteDoc, openapi_document
+from node.openapi import TEXT, RouteDoc, openapi_document
 from node.runtime import NodeRuntime
-from node.security import AUTH_POLICY, AuthPolicy, auth_middleware, error_middleware
+from node.security import (
+    AUTH_POLICY,
+    OPENAPI_PATH,
+    AuthPolicy,
+    auth_middleware,
+    error_middleware,
+)
 
 RUNTIME = web.AppKey("runtime", NodeRuntime)
 ROUTE_DOCS: web.AppKey[tuple[RouteDoc, ...]] = web.AppKey("route_docs", tuple)
 MAX_BODY_BYTES = 64 * 1024 * 1024
+
+_HEALTH_STATES = [status.value for status in HealthStatus]
+HEALTH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["status", "components"],
+    "properties": {
+        "status": {"enum": _HEALTH_STATES},
+        "components": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "status", "message"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "status": {"enum": _HEALTH_STATES},
+                    "message": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+_MEMBER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["node_id", "address", "port", "state", "incarnation", "is_self", "meta"],
+    "properties": {
+        "node_id": {"type": "string"},
+        "address": {"type": "string"},
+        "port": {"type": "integer"},
+        "state": {"type": "string"},
+        "incarnation": {"type": "integer"},
+        "last_seen_s": {"type": "number"},
+        "role": {"type": ["string", "null"]},
+        "version": {"type": ["string", "null"]},
+        "is_self": {"type": "boolean"},
+        "meta": {"type": "object"},
+    },
+}
+PEERS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["members"],
+    "properties": {"members": {"type": "array", "items": _MEMBER_SCHEMA}},
+}
+STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["node_id", "cluster", "version", "role", "term", "members", "wal", "health"],
+    "properties": {
+        "node_id": {"type": "string"},
+        "cluster": {"type": "string"},
+        "version": {"type": "string"},
+        "port": {"type": "integer"},
+        "uptime_s": {"type": "number"},
+        "role": {"type": ["string", "null"]},
+        "term": {"type": ["integer", "null"]},
+        "coordinator": {"type": ["string", "null"]},
+        "members": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "wal": {"type": "object"},
+        "breakers": {"type": "object"},
+        "health": {"enum": _HEALTH_STATES},
+        "health_problems": {"type": "array", "items": {"type": "string"}},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+}
 
 CORE_DOCS = (
     RouteDoc(
@@ -24,11 +94,33 @@ CORE_DOCS = (
         "Health of this node: healthy, degraded or unhealthy, with every component",
         ((200, "healthy or degraded"), (503, "unhealthy")),
         authenticated=False,
+        response=HEALTH_SCHEMA,
     ),
-    RouteDoc("GET", "/v1/status", "This node: identity, role, term, members, WAL, breakers, GPUs"),
-    RouteDoc("GET", "/v1/peers", "The membership view: one object per member"),
-    RouteDoc("GET", "/metrics", "Prometheus metrics (signature or Authorization: Bearer token)"),
-    RouteDoc("GET", "/v1/openapi.json", "This document"),
+    RouteDoc(
+        "GET",
+        "/v1/status",
+        "This node: identity, role, term, members, WAL, breakers, GPUs",
+        response=STATUS_SCHEMA,
+    ),
+    RouteDoc(
+        "GET", "/v1/peers", "The membership view: one object per member", response=PEERS_SCHEMA
+    ),
+    RouteDoc(
+        "GET",
+        "/metrics",
+        "Prometheus metrics (signature or Authorization: Bearer token)",
+        ((200, "the text exposition format"), (503, "metrics not initialised yet")),
+        response=TEXT,
+        response_type="text/plain",
+        bearer=True,
+    ),
+    RouteDoc(
+        "GET",
+        OPENAPI_PATH,
+        "This document (served without a signature: it holds no secret)",
+        authenticated=False,
+        response={"type": "object", "required": ["openapi", "paths"]},
+    ),
 )
 
 
@@ -112,7 +204,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "gpus": runtime.gpus(),
         "jobs": runtime.jobs() if runtime.jobs is not None else None,
         "config_hash": runtime.settings.config_hash(),
-        "notes": list(runtime.notes),
+        "notes": [*runtime.notes, *CLOCK_SKEWS.lines(time.time())],
     }
 
 
@@ -138,7 +230,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 async def handle_openapi(request: web.Request) -> web.Response:
     docs: tuple[RouteDoc, ...] = request.app[ROUTE_DOCS]
-    return web.json_response(openapi_document(docs))
+    signed = request.app[AUTH_POLICY].secret is not None
+    return web.json_response(openapi_document(docs, signed=signed))
 
 
 def build_app(
@@ -160,6 +253,6 @@ def build_app(
     app.router.add_get("/v1/status", handle_status)
     app.router.add_get("/v1/peers", handle_peers)
     app.router.add_get("/metrics", handle_metrics)
-    app.router.add_get("/v1/openapi.json", handle_openapi)
+    app.router.add_get(OPENAPI_PATH, handle_openapi)
     app.router.add_routes(list(extra_routes))
     return app

@@ -53,6 +53,7 @@ from node.errors import DiscoveryError, StartupError
 from node.jobs.setup import JobApi, open_job_service
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
+from node.metrics import ingest_counter
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
@@ -61,6 +62,7 @@ from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.tasks.registry import open_actor_routes
 from sync import (
+    BUILTIN_SCHEMAS,
     RecordSchema,
     RecordSchemaError,
     RecordStores,
@@ -135,6 +137,11 @@ def extra_record_schemas(settings: NodeSettings) -> list[RecordSchema]:
         except RecordSchemaError as exc:
             raise ConfigError(f"record_stores.{name}: {exc}") from exc
     return schemas
+
+
+def record_schemas(settings: NodeSettings) -> list[RecordSchema]:
+    """Every record store's schema: the built-in ones and those the config declares."""
+    return [*BUILTIN_SCHEMAS.values(), *extra_record_schemas(settings)]
 
 
 def inventory_cluster_name(settings: NodeSettings, inventory: Inventory | None) -> NodeSettings:
@@ -352,16 +359,16 @@ class NodeDaemon:
             runtime,
             policy,
             extra_routes=[
-                *record_routes(stores, runtime.node_id),
+                *record_routes(stores, runtime.node_id, on_ingest=ingest_counter(runtime)),
                 *election.routes(),
                 *sync_service.routes(),
                 *jobs.routes(),
                 *actors.routes(),
             ],
             extra_docs=[
-                *(RouteDoc(**doc) for doc in record_route_docs()),
+                *(RouteDoc(**doc) for doc in record_route_docs(record_schemas(runtime.settings))),
                 *election.docs(),
-                *sync_service.docs(),
+                *sync_service.docs([schema.name for schema in record_schemas(runtime.settings)]),
                 *jobs.docs(),
                 *actors.docs(),
             ],

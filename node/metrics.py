@@ -6,8 +6,9 @@ route pattern and status. Labels stay low-cardinality: route patterns, never pat
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -17,7 +18,17 @@ from prometheus_client.registry import Collector
 
 from node.runtime import NodeRuntime
 
-__all__ = ["HTTP_BUCKETS_S", "HttpMetrics", "RuntimeCollector", "install_node_metrics"]
+__all__ = [
+    "FAILURE_REASONS",
+    "HTTP_BUCKETS_S",
+    "HttpMetrics",
+    "RuntimeCollector",
+    "SyncMetrics",
+    "failure_reason",
+    "ingest_counter",
+    "install_node_metrics",
+    "sync_metrics",
+]
 
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 HTTP_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -162,6 +173,114 @@ def _route_of(request: web.Request) -> str:
     return resource.canonical
 
 
+FAILURE_REASONS = (
+    "timeout",
+    "circuit_open",
+    "changed",
+    "no_space",
+    "refused",
+    "unreachable",
+    "other",
+)
+_REASON_PATTERNS = (
+    ("timeout", re.compile(r"timed? ?out|timeout", re.IGNORECASE)),
+    ("circuit_open", re.compile(r"circuit|breaker", re.IGNORECASE)),
+    ("changed", re.compile(r"changed|no longer has|hash mismatch|412", re.IGNORECASE)),
+    ("no_space", re.compile(r"space|disk full|507", re.IGNORECASE)),
+    ("refused", re.compile(r"HTTP 4\d\d|401|403|refused", re.IGNORECASE)),
+    ("unreachable", re.compile(r"connect|unreachable|reset|HTTP 5\d\d", re.IGNORECASE)),
+)
+
+
+def failure_reason(error: str) -> str:
+    """The low-cardinality reason label of a transfer failure's text (one of FAILURE_REASONS)."""
+    for reason, pattern in _REASON_PATTERNS:
+        if pattern.search(error):
+            return reason
+    return "other"
+
+
+class SyncMetrics:
+    """Records ingested, duplicates and pulled per store; file bytes and files per category and
+    peer; transfer failures per category and reason. Counted where the work happens."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.records_ingested = Counter(
+            "shoal_records_ingested",
+            "Records accepted by POST /v1/records/{store} (new ones)",
+            ["store"],
+            registry=registry,
+        )
+        self.records_duplicates = Counter(
+            "shoal_records_duplicates",
+            "Records received (ingested or pulled) that the store already held",
+            ["store"],
+            registry=registry,
+        )
+        self.records_pulled = Counter(
+            "shoal_records_pulled",
+            "Records pulled from peers by sync (new ones)",
+            ["store", "peer"],
+            registry=registry,
+        )
+        self.sync_bytes = Counter(
+            "shoal_sync_bytes",
+            "File bytes installed by sync",
+            ["category", "peer"],
+            registry=registry,
+        )
+        self.sync_files = Counter(
+            "shoal_sync_files",
+            "Files installed by sync",
+            ["category", "peer"],
+            registry=registry,
+        )
+        self.sync_failures = Counter(
+            "shoal_sync_transfer_failures",
+            "Sync transfers that failed, by category and reason",
+            ["category", "reason"],
+            registry=registry,
+        )
+
+    def ingested(self, store: str, accepted: int, duplicates: int) -> None:
+        self.records_ingested.labels(store=store).inc(accepted)
+        self.records_duplicates.labels(store=store).inc(duplicates)
+
+    def pulled(self, store: str, peer: str, inserted: int, duplicates: int) -> None:
+        self.records_pulled.labels(store=store, peer=peer).inc(inserted)
+        self.records_duplicates.labels(store=store).inc(duplicates)
+
+    def installed(self, category: str, peer: str, files: int, size_bytes: int) -> None:
+        self.sync_files.labels(category=category, peer=peer).inc(files)
+        self.sync_bytes.labels(category=category, peer=peer).inc(size_bytes)
+
+    def failed(self, category: str, error: str) -> None:
+        self.sync_failures.labels(category=category, reason=failure_reason(error)).inc()
+
+
+def sync_metrics(runtime: NodeRuntime) -> SyncMetrics | None:
+    """The runtime's SyncMetrics (made once), or None before metrics are initialised."""
+    existing = runtime.extensions.get(SyncMetrics)
+    if isinstance(existing, SyncMetrics):
+        return existing
+    if runtime.metrics is None:
+        return None
+    made = SyncMetrics(runtime.metrics.registry)
+    runtime.extensions[SyncMetrics] = made
+    return made
+
+
+def ingest_counter(runtime: NodeRuntime) -> Callable[[str, int, int], None]:
+    """record_routes' on_ingest: counts ingested records and duplicates per store."""
+
+    def count(store: str, accepted: int, duplicates: int) -> None:
+        metrics = sync_metrics(runtime)
+        if metrics is not None:
+            metrics.ingested(store, accepted, duplicates)
+
+    return count
+
+
 def install_node_metrics(runtime: NodeRuntime) -> HttpMetrics | None:
     """Register the runtime collector in the node's registry; the HTTP metrics to observe with."""
     if runtime.metrics is None:
@@ -173,4 +292,5 @@ def install_node_metrics(runtime: NodeRuntime) -> HttpMetrics | None:
     registry.register(RuntimeCollector(runtime))
     http = HttpMetrics(registry)
     runtime.extensions[HttpMetrics] = http
+    sync_metrics(runtime)  # its series are exported from the first scrape, before any sync
     return http

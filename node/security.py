@@ -2,22 +2,45 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from config import AuthError, NonceCache, error_exception, error_response, verify_request
+from config import (
+    CLOCK_SKEWS,
+    HEADER_CLOCK_SKEW,
+    HEADER_NODE,
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    MIN_NONCE_CHARS,
+    AuthError,
+    NonceCache,
+    error_exception,
+    error_response,
+    verify_request,
+)
 
 log = logging.getLogger(__name__)
 
-UNAUTHENTICATED = frozenset({("GET", "/v1/health")})
-"""(method, path) pairs served without a signature."""
+OPENAPI_PATH = "/v1/openapi.json"
+UNAUTHENTICATED = frozenset({("GET", "/v1/health"), ("GET", OPENAPI_PATH)})
+"""(method, path) pairs served without a signature (neither holds a secret)."""
+
+
+SKEW_PROBE_MAX_BYTES = 1024 * 1024
+"""A request refused for its timestamp is checked for a valid signature (is it a peer whose
+clock is off?) only when its body is at most this large."""
+MAX_CONCURRENT_BODY_READS = 4
+"""Signed requests whose bodies are read at once; more wait (a flood cannot fill memory)."""
 
 
 @dataclass
@@ -28,6 +51,9 @@ class AuthPolicy:
     metrics_token: bytes | None = None
     skew_s: float = 300.0
     nonces: NonceCache = field(default_factory=NonceCache)
+    body_reads: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(MAX_CONCURRENT_BODY_READS)
+    )
 
 
 AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
@@ -47,16 +73,90 @@ def _bearer_ok(request: web.Request, token: bytes | None) -> bool:
     return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token)
 
 
+class SkewError(AuthError):
+    """The timestamp is outside the clock window: the sender's clock is `skew_s` ahead."""
+
+    def __init__(self, skew_s: float, window_s: float) -> None:
+        super().__init__(f"timestamp is {-skew_s:+.0f} s off (limit {window_s:.0f} s)")
+        self.skew_s = skew_s
+
+
+async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) -> str | None:
+    """The sender of a request refused for its timestamp, when its signature is otherwise valid
+    (only a holder of the cluster secret can make one): a peer whose clock is off."""
+    assert policy.secret is not None
+    size = request.content_length or 0
+    if size > SKEW_PROBE_MAX_BYTES:
+        return None
+    async with policy.body_reads:
+        body = await request.read()
+    try:
+        return verify_request(
+            policy.secret,
+            request.headers,
+            request.method,
+            request.raw_path,
+            body,
+            NonceCache(),
+            now=time.time() + skew_s,
+            skew_s=policy.skew_s,
+        )
+    except AuthError:
+        return None
+
+
+def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) -> str:
+    """The sender named by a request's signature headers, checked before its body is read:
+    all four present, the nonce well-formed and unseen, the timestamp within the clock window.
+    Raises AuthError; the signature itself needs the body (verify_request)."""
+    node = headers.get(HEADER_NODE, "")
+    timestamp = headers.get(HEADER_TIMESTAMP, "")
+    nonce = headers.get(HEADER_NONCE, "")
+    if not (node and timestamp and nonce and headers.get(HEADER_SIGNATURE, "")):
+        raise AuthError("missing signature headers (X-Shoal-Node, -Timestamp, -Nonce, -Signature)")
+    if len(nonce) < MIN_NONCE_CHARS or any(ch not in "0123456789abcdefABCDEF" for ch in nonce):
+        raise AuthError(f"nonce must be at least {MIN_NONCE_CHARS} hex characters")
+    try:
+        sent_at = int(timestamp)
+    except ValueError as exc:
+        raise AuthError("timestamp is not unix seconds") from exc
+    if abs(now - sent_at) > policy.skew_s:
+        raise SkewError(sent_at - now, policy.skew_s)
+    if policy.nonces.seen(nonce):
+        raise AuthError("nonce seen before (replayed request)")
+    return node
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse unsigned or badly signed requests with 401 and a JSON reason."""
+    """Refuse unsigned or badly signed requests with 401 and a JSON reason.
+
+    The headers are checked before a byte of the body is read, so an unsigned flood costs no
+    memory; only then is the body read (within the app's client_max_size, at most
+    MAX_CONCURRENT_BODY_READS at once) and the signature over it checked."""
     policy = request.app[AUTH_POLICY]
     if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
         return await handler(request)
-    if request.path == "/metrics" and _bearer_ok(request, policy.metrics_token):
+    if request.match_info.http_exception is not None:
+        # no such route or method: the router's 404/405 says no more than the public OpenAPI
+        # document does, and no body is read for it
         return await handler(request)
-    body = await request.read()
+    if request.path == "/metrics" and request.headers.get("Authorization", "").startswith(
+        "Bearer "
+    ):
+        if _bearer_ok(request, policy.metrics_token):
+            return await handler(request)
+        reason = (
+            "this node has no metrics token: set metrics_token_file, or sign the request"
+            if policy.metrics_token is None
+            else "wrong metrics bearer token: it does not match this node's metrics_token_file"
+        )
+        log.debug("refused GET /metrics from %s: %s", request.remote, reason)
+        return json_error(401, reason, code="unauthorized")
     try:
+        check_headers(policy, request.headers, time.time())
+        async with policy.body_reads:
+            body = await request.read()
         peer = verify_request(
             policy.secret,
             request.headers,
@@ -67,9 +167,23 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             now=time.time(),
             skew_s=policy.skew_s,
         )
+    except SkewError as exc:
+        skewed = await _skewed_peer(request, policy, exc.skew_s)
+        if skewed is None:
+            return json_error(401, exc.reason, code="unauthorized")
+        CLOCK_SKEWS.record(skewed, exc.skew_s, time.time())
+        response = json_error(
+            401,
+            f"clock skew: your clock is {exc.skew_s:+.0f} s off this node's (limit "
+            f"{policy.skew_s:.0f} s); signatures refused; fix time sync",
+            code="clock_skew",
+        )
+        response.headers[HEADER_CLOCK_SKEW] = f"{exc.skew_s:+.0f}"
+        return response
     except AuthError as exc:
         log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
         return json_error(401, exc.reason, code="unauthorized")
+    CLOCK_SKEWS.clear(peer)
     request[PEER_ID] = peer
     return await handler(request)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -15,11 +16,13 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from config import ConfigError, Inventory, signing_middleware
+from config import ConfigError, Inventory, error_body, signing_middleware
 from health import LoopHealth
 from node.election.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
+from node.metrics import sync_metrics
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import bad_request, json_error
@@ -66,6 +69,46 @@ def run_moved(result: dict[str, Any]) -> tuple[int, int]:
     files = sum(s["files_transferred"] for s in result.get("files", {}).values())
     records = sum(s["inserted"] for s in result.get("records", {}).values())
     return files, records
+
+
+class SyncRunBody(BaseModel):
+    """Body of `POST /v1/sync/run` (optional): which categories and stores (default all), from
+    which alive peer (default every one), within how long (default sync_s per file category)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    categories: list[str] = Field(default_factory=list)
+    source: str | None = Field(default=None, alias="from", description="a node id")
+    timeout_s: float | None = Field(default=None, gt=0, le=86_400)
+
+
+def _forbidden(reason: str) -> web.HTTPForbidden:
+    text = json.dumps(error_body(403, reason, "forbidden"))
+    return web.HTTPForbidden(text=text, content_type="application/json")
+
+
+RUN_ANSWER = {
+    "type": "object",
+    "required": ["files", "records", "peers"],
+    "properties": {
+        "files": {"type": "object"},
+        "records": {"type": "object"},
+        "peers": {"type": "array", "items": {"type": "string"}},
+        "failed_nodes": {"type": "array", "items": {"type": "string"}},
+        "nodes_synced": {"type": "integer"},
+    },
+}
+STATUS_ANSWER = {
+    "type": "object",
+    "required": ["running", "progress", "last_run", "interval_s", "peers"],
+    "properties": {
+        "running": {"type": "boolean"},
+        "progress": {"type": ["object", "null"]},
+        "last_run": {"type": ["object", "null"]},
+        "interval_s": {"type": ["number", "null"]},
+        "peers": {"type": "array", "items": {"type": "string"}},
+    },
+}
 
 
 class SyncService:
@@ -166,14 +209,32 @@ class SyncService:
             if m.state is MemberState.ALIVE and not m.is_self
         ]
 
+    def member_source(self, source: PeerRef) -> PeerRef:
+        """`source` when it is an alive member of this node's view at the member's own URL; a
+        push names its source, and the node must never connect to an address a caller chose."""
+        for peer in self.alive_peers():
+            if peer.node_id == source.node_id:
+                if peer.url != source.url:
+                    raise _forbidden(
+                        f"peer {source.node_id} is at {peer.url} in this node's view, not at "
+                        f"{source.url}; a push must name the member's own URL"
+                    )
+                return dataclasses.replace(peer, transports=source.transports or peer.transports)
+        raise _forbidden(
+            f"peer {source.node_id} is not an alive member of this node's view; this node "
+            "pulls only from its members (see GET /v1/peers)"
+        )
+
     def routes(self) -> list[web.RouteDef]:
         """File endpoints plus run/status. Built before open(); handlers read state lazily.
         A push (`POST .../pull`) under another plan than this node's is refused with 409."""
 
-        async def pull(*args: Any, **kwargs: Any) -> Any:
+        async def pull(category: str, path: str, content_hash: str, source: PeerRef) -> Any:
             if self.coordinator is None:
                 raise web.HTTPServiceUnavailable(reason="sync is not running yet")
-            return await self.coordinator.pull_file(*args, **kwargs)
+            return await self.coordinator.pull_file(
+                category, path, content_hash, self.member_source(source)
+            )
 
         assert self.catalog is not None, "open() before routes()"
         files = [
@@ -190,40 +251,52 @@ class SyncService:
         ]
 
     @staticmethod
-    def docs() -> list[RouteDoc]:
+    def docs(stores: Sequence[str] = ()) -> list[RouteDoc]:
+        """The routes' documents; `stores` are the record store names `categories` may hold."""
+        run_body = SyncRunBody.model_json_schema()
+        run_body["properties"]["categories"]["items"]["enum"] = [*FILE_CATEGORIES, *stores]
         return [
-            *(RouteDoc(**doc) for doc in file_route_docs()),
+            *(RouteDoc(**doc) for doc in file_route_docs(tuple(FILE_CATEGORIES))),
             RouteDoc(
                 "POST",
                 RUN_PATH,
-                'Sync now: {"categories": [...], "from": node_id | null, "timeout_s": S | null}; '
+                "Sync now (all categories and stores from every alive peer unless narrowed); "
                 "answers the per-category stats, failed_nodes and nodes_synced",
-                ((200, "per-category SyncStats and record pulls"), (400, "unknown category")),
+                (
+                    (200, "per-category SyncStats and record pulls"),
+                    (400, "unknown category or malformed body"),
+                    (404, "`from` is not an alive peer"),
+                ),
+                body=run_body,
+                body_optional=True,
+                response=RUN_ANSWER,
             ),
-            RouteDoc("GET", STATUS_PATH, "The last sync run, whether one is running, the peers"),
+            RouteDoc(
+                "GET",
+                STATUS_PATH,
+                "The last sync run, whether one is running, the peers",
+                response=STATUS_ANSWER,
+            ),
         ]
 
     async def _handle_run(self, request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
-        if not isinstance(body, dict):
-            raise bad_request("expected a JSON object")
-        categories = body.get("categories") or []
-        source = body.get("from")
+        raw = await request.read()
+        try:
+            body = SyncRunBody.model_validate_json(raw) if raw else SyncRunBody()
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in error["loc"]) or "body"
+            raise bad_request(f"{where}: {error['msg']}") from None
+        categories = body.categories
+        source = body.source
         stores = list(self._stores or {})
         known = [*FILE_CATEGORIES, *stores]
-        if not isinstance(categories, list) or any(c not in known for c in categories):
+        if any(c not in known for c in categories):
             raise bad_request(f"categories: each must be one of {', '.join(known)}")
-        if source is not None and not isinstance(source, str):
-            raise bad_request("from: expected a node id")
-        timeout_s = body.get("timeout_s")
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0
-        ):
-            raise bad_request("timeout_s: expected a positive number of seconds")
         peers = [p for p in self.alive_peers() if source is None or p.node_id == source]
         if source is not None and not peers:
             return json_error(404, f"from: {source} is not an alive peer of this node")
-        return web.json_response(await self.run_once(categories or known, peers, timeout_s))
+        return web.json_response(await self.run_once(categories or known, peers, body.timeout_s))
 
     async def _handle_status(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -260,6 +333,7 @@ class SyncService:
                     cluster = await self.coordinator.full_cluster_sync(files, budget, peers)
                     for category, stats in cluster.category_stats.items():
                         result["files"][category] = _stats_dict(stats)
+                        self._count_files(category, stats)
                     failed.update(cluster.failed_nodes)
                 for category in categories:
                     if self._stores is not None and category in self._stores:
@@ -275,6 +349,16 @@ class SyncService:
                 return result
             finally:
                 self.running = False
+
+    def _count_files(self, category: str, stats: SyncStats) -> None:
+        """Files and bytes installed per peer, and every failure by its reason."""
+        metrics = sync_metrics(self._runtime)
+        if metrics is None:
+            return
+        for peer, node in stats.nodes.items():
+            metrics.installed(category, peer, node.files_transferred, node.bytes_transferred)
+        for error in stats.errors:
+            metrics.failed(category, error)
 
     async def _pull_store(self, store: str, peers: Sequence[PeerRef]) -> dict[str, Any]:
         assert self._stores is not None
@@ -308,6 +392,9 @@ class SyncService:
                 continue
             if pulled.cursor is not None:
                 await self._wal.state_set(key, list(pulled.cursor))
+            metrics = sync_metrics(self._runtime)
+            if metrics is not None:
+                metrics.pulled(store, peer.node_id, pulled.inserted, pulled.duplicates)
             for field in counts:
                 counts[field] += getattr(pulled, field)
         return {**counts, "errors": errors, "failed_nodes": failed}

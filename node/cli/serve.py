@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,6 +42,9 @@ async def _serve(settings: NodeSettings) -> None:
         await asyncio.wait_for(daemon.close(), settings.timeouts.shutdown_s)
 
 
+DAEMON_UMASK = 0o027
+
+
 def serve(
     config_file: ConfigOption = None,
     inventory: Annotated[
@@ -76,6 +80,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM or SIGINT."""
+    # What the daemon creates (databases, node id, WAL, logs) is not world-readable, under
+    # systemd (UMask=0027) or not.
+    os.umask(DAEMON_UMASK)
     flags: dict[str, Any] = {
         "inventory": inventory,
         "data_dir": data_dir,

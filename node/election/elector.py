@@ -118,6 +118,10 @@ class Elector:
         self._persisted_seq = 0
         self._queue: deque[tuple[int, ElectionEvent, tuple[str, ...] | None]] = deque()
         self._dispatch_lock = asyncio.Lock()
+        self._reverted_seq = 0
+        self.storage_problem: str | None = None
+        """Why the last write of the term/vote/plan failed (None once one succeeds): the node
+        stepped down to what is stored and retries."""
         self.loop_health = LoopHealth("election")
         """Each step of the timer loop, for the `election` health component."""
 
@@ -203,16 +207,14 @@ class Elector:
         """Answer a candidate; a granted vote is durable before this returns."""
         state = self._running_state()
         new, reply = core.handle_vote_request(state, request, self._clock(), self._rng)
-        self._commit(state, new)
-        await self._settle()
+        await self._settle(self._commit(state, new))
         return reply
 
     async def handle_heartbeat(self, heartbeat: Heartbeat) -> HeartbeatAck:
         """Answer the coordinator; a new term or plan is durable before this returns."""
         state = self._running_state()
         new, ack = core.handle_heartbeat(state, heartbeat, self._clock(), self._rng)
-        self._commit(state, new)
-        await self._settle()
+        await self._settle(self._commit(state, new))
         return ack
 
     def _running_state(self) -> ElectionState:
@@ -220,8 +222,9 @@ class Elector:
             raise ElectionError(f"elector of {self.config.node_id} is {self._phase.value}")
         return self._state
 
-    def _commit(self, old: ElectionState, new: ElectionState) -> None:
-        """Make `new` current and queue its events; never awaits."""
+    def _commit(self, old: ElectionState, new: ElectionState) -> int:
+        """Make `new` current and queue its events; never awaits. Returns its sequence number
+        (what `_settle` must see stored)."""
         now = self._clock()
         self._state = new
         self._commit_seq += 1
@@ -233,16 +236,31 @@ class Elector:
             ):
                 backers = tuple(sorted(lease_backers(new, now)))
             self._queue.append((self._commit_seq, event, backers))
-            _log_event(event)
         if new is not old:
             self._wake.set()
+        return self._commit_seq
 
-    async def _settle(self) -> None:
-        """Store the newest durable state, then deliver the events it covers, in order."""
-        await self._persist()
+    async def _settle(self, seq: int | None = None) -> None:
+        """Store the newest durable state, then log and deliver the events it covers, in order.
+
+        Nothing is acted on unless stored: when the write fails, the node steps down to the
+        state last stored (its newer term, vote, role and plan are dropped with their events),
+        says why (`storage_problem`, the election health), and the error propagates (no reply,
+        no message is sent); the next round retries. `seq`: the caller's commit, which must
+        not have been dropped by another caller's failed write meanwhile."""
+        try:
+            wrote = await self._persist()
+        except Exception as exc:
+            self._step_down_unstored(exc)
+            raise
+        if seq is not None and seq <= self._reverted_seq:
+            raise ElectionError("election state was not stored (a write failed); not answering")
+        if wrote:
+            self.storage_problem = None
         async with self._dispatch_lock:
             while self._queue and self._queue[0][0] <= self._persisted_seq:
                 _, event, backers = self._queue.popleft()
+                _log_event(event)
                 for listener in list(self._listeners):
                     try:
                         listener(event)
@@ -250,16 +268,49 @@ class Elector:
                         log.exception("node %s: election listener failed", self.config.node_id)
                 await self._record(event, backers)
 
-    async def _persist(self) -> None:
+    def _step_down_unstored(self, exc: BaseException) -> None:
+        """A write of the election state failed: back to what is stored, as a follower."""
+        stored = self._stored
+        self.storage_problem = (
+            f"cannot store the election state ({type(exc).__name__}: {exc}); acting on stored "
+            f"term {stored.term} as a follower until a write succeeds"
+        )
+        if self._phase is not _Phase.RUNNING:
+            return
+        if self._state is not None and self._state.durable != stored:
+            log.warning("node %s: %s", self.config.node_id, self.storage_problem)
+        state = initial_state(self.config, stored, self._stored_plan, self._clock(), self._rng)
+        self._state = with_observers(state, self._observers)
+        self._reverted_seq = self._commit_seq
+        while self._queue and self._queue[-1][0] > self._persisted_seq:
+            self._queue.pop()
+
+    async def _persist(self) -> bool:
+        """Store the current state's term, vote and plan where they changed; True if written."""
         async with self._persist_lock:
             seq, state = self._commit_seq, self._running_state()
+            wrote = False
             if state.durable != self._stored:
                 await self._durable.set(VOTE_KEY, state.durable.to_dict())
                 self._stored = state.durable
+                wrote = True
             if state.plan is not None and state.plan_fence != _fence(self._stored_plan):
                 await self._durable.set(PLAN_KEY, state.plan.to_dict())
                 self._stored_plan = state.plan
+                wrote = True
             self._persisted_seq = max(self._persisted_seq, seq)
+            return wrote
+
+    async def _probe_storage(self) -> None:
+        """After a failed write, each round rewrites what is stored until that works again."""
+        async with self._persist_lock:
+            try:
+                await self._durable.set(VOTE_KEY, self._stored.to_dict())
+            except Exception as exc:
+                self._step_down_unstored(exc)
+                raise
+        log.info("node %s: election state can be stored again", self.config.node_id)
+        self.storage_problem = None
 
     async def _record(self, event: ElectionEvent, backers: tuple[str, ...] | None) -> None:
         if self._adoption_log is None:
@@ -282,7 +333,7 @@ class Elector:
                 self.loop_health.record_success()
             except Exception as exc:  # recorded and retried; the loop must keep running
                 failures += 1
-                self.loop_health.record_failure(exc)
+                self.loop_health.record_failure(self.storage_problem or exc)
                 log.log(
                     logging.WARNING if failures == 1 else logging.DEBUG,
                     "node %s term %s: election step failed (%d in a row): %r",
@@ -303,12 +354,14 @@ class Elector:
                     pass
 
     async def _tick(self) -> None:
+        if self.storage_problem is not None:
+            await self._probe_storage()
         state = self._running_state()
         now = self._clock()
         new, outbound = core.on_tick(state, now, self._rng)
-        self._commit(state, new)
+        seq = self._commit(state, new)
         outbound += self._maybe_publish(now)
-        await self._settle()
+        await self._settle(seq)
         self._sender.send_all(outbound)
 
     def _next_wakeup(self) -> float:
@@ -356,8 +409,12 @@ class Elector:
             return
         state = self._running_state()
         new, outbound = core.on_message(state, reply, self._clock(), self._rng)
-        self._commit(state, new)
-        await self._settle()
+        seq = self._commit(state, new)
+        try:
+            await self._settle(seq)
+        except Exception as exc:  # the step's state is dropped; the timer loop retries
+            log.debug("node %s: reply not acted on: %r", self.config.node_id, exc)
+            return
         self._sender.send_all(outbound)
 
     def _term(self) -> object:

@@ -10,10 +10,11 @@ import enum
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import aiohttp
 from aiohttp import web
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from config import Timeouts, signing_middleware
 from health import (
@@ -44,34 +45,110 @@ PLAN_PATH = "/v1/plan"
 MAX_ELECTION_BODY_BYTES = 4 * 1024 * 1024
 BREAKER_TRANSPORT = "election"
 
+
+def _whole(value: Any) -> Any:
+    """3.0 is the integer 3 in JSON Schema; the messages carry it as 3."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_TERM = Field(ge=0, le=2**63 - 1)
+WholeNumber = Annotated[int, BeforeValidator(_whole)]
+_NODE_ID = Field(min_length=1, max_length=128)
+
+
+class VoteRequestBody(BaseModel):
+    """Body of `POST /v1/election/vote` (VoteRequest's JSON form)."""
+
+    model_config = ConfigDict(strict=True)
+
+    type: Literal["vote_request"] = "vote_request"
+    term: WholeNumber = _TERM
+    candidate: str = _NODE_ID
+    pre_vote: bool = False
+
+
+class HeartbeatBody(BaseModel):
+    """Body of `POST /v1/election/heartbeat` (Heartbeat's JSON form); the plan is checked
+    further by RolePlan.from_dict."""
+
+    model_config = ConfigDict(strict=True)
+
+    type: Literal["heartbeat"] = "heartbeat"
+    term: WholeNumber = _TERM
+    coordinator: str = _NODE_ID
+    seq: WholeNumber = _TERM
+    plan_fence: Annotated[list[WholeNumber], Field(min_length=2, max_length=2)] | None = None
+    plan: dict[str, Any] | None = None
+
+
+_FENCE = {"type": ["array", "null"], "items": {"type": "integer"}}
+VOTE_REPLY_SCHEMA = {
+    "type": "object",
+    "required": ["type", "term", "voter", "granted", "pre_vote", "reason"],
+    "properties": {
+        "type": {"const": "vote_reply"},
+        "term": {"type": "integer"},
+        "voter": {"type": "string"},
+        "granted": {"type": "boolean"},
+        "pre_vote": {"type": "boolean"},
+        "reason": {"type": "string"},
+    },
+}
+ACK_SCHEMA = {
+    "type": "object",
+    "required": ["type", "term", "node", "seq", "success"],
+    "properties": {
+        "type": {"const": "heartbeat_ack"},
+        "term": {"type": "integer"},
+        "node": {"type": "string"},
+        "seq": {"type": "integer"},
+        "success": {"type": "boolean"},
+        "plan_fence": _FENCE,
+        "generation": {"type": "integer"},
+    },
+}
+PLAN_SCHEMA = {
+    "type": "object",
+    "required": ["type", "node", "term", "coordinator", "lease_valid", "plan"],
+    "properties": {
+        "type": {"const": "plan_announce"},
+        "node": {"type": "string"},
+        "term": {"type": "integer"},
+        "coordinator": {"type": ["string", "null"]},
+        "lease_valid": {"type": "boolean"},
+        "plan": {"type": ["object", "null"]},
+    },
+}
+_MESSAGE_REFUSALS = (
+    (400, "malformed request"),
+    (403, "signer is not the sender"),
+    (413, "message too large"),
+    (503, "election not running, or its state cannot be stored"),
+)
+
 ELECTION_DOCS = (
     RouteDoc(
         "POST",
         VOTE_PATH,
         "A candidate asks for a (pre-)vote; the answer is durable before it is sent",
-        (
-            (200, "the vote reply"),
-            (400, "malformed request"),
-            (403, "signer is not the sender"),
-            (503, "election not running"),
-        ),
+        ((200, "the vote reply"), *_MESSAGE_REFUSALS),
+        body=VoteRequestBody,
+        response=VOTE_REPLY_SCHEMA,
     ),
     RouteDoc(
         "POST",
         HEARTBEAT_PATH,
         "The coordinator's heartbeat, carrying its plan; answered with an acknowledgement",
-        (
-            (200, "the acknowledgement"),
-            (400, "malformed request"),
-            (403, "signer is not the sender"),
-            (503, "election not running"),
-        ),
+        ((200, "the acknowledgement"), *_MESSAGE_REFUSALS),
+        body=HeartbeatBody,
+        response=ACK_SCHEMA,
     ),
     RouteDoc(
         "GET",
         PLAN_PATH,
         "This node's term, coordinator, lease and the role plan it applies",
         ((200, "the plan document"), (503, "election not running")),
+        response=PLAN_SCHEMA,
     ),
 )
 
@@ -84,14 +161,14 @@ def election_routes(elector: ElectorSource) -> list[web.RouteDef]:
 
     async def vote(request: web.Request) -> web.Response:
         running = _running(elector)
-        message = VoteRequest.from_dict(await _read_message(request))
+        message = VoteRequest.from_dict(await _read_message(request, VoteRequestBody))
         _check_sender(request, message.candidate)
         reply = await _answer(running.handle_vote_request(message))
         return web.json_response(reply.to_dict())
 
     async def heartbeat(request: web.Request) -> web.Response:
         running = _running(elector)
-        message = Heartbeat.from_dict(await _read_message(request))
+        message = Heartbeat.from_dict(await _read_message(request, HeartbeatBody))
         _check_sender(request, message.coordinator)
         ack = await _answer(running.handle_heartbeat(message))
         return web.json_response(ack.to_dict())
@@ -132,7 +209,8 @@ def _running(elector: ElectorSource) -> Elector:
     return running
 
 
-async def _read_message(request: web.Request) -> dict[str, Any]:
+async def _read_message(request: web.Request, model: type[BaseModel]) -> dict[str, Any]:
+    """The message's JSON object, checked against `model` (the document's schema of it)."""
     if request.content_length is not None and request.content_length > MAX_ELECTION_BODY_BYTES:
         raise _Refusal(413, f"election messages are at most {MAX_ELECTION_BODY_BYTES} bytes")
     try:
@@ -141,7 +219,13 @@ async def _read_message(request: web.Request) -> dict[str, Any]:
         raise _Refusal(400, f"malformed JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise _Refusal(400, "an election message is a JSON object")
-    return data
+    try:
+        checked = model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"]) or "body"
+        raise _Refusal(400, f"{model.__name__} {where}: {error['msg']}") from None
+    return {**data, **checked.model_dump(exclude_unset=True)}
 
 
 def _check_sender(request: web.Request, sender: str) -> None:

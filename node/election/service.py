@@ -39,6 +39,22 @@ from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
+STORAGE_NOTE = "election: "
+"""Prefix of the /v1/status note saying why the election state cannot be stored."""
+
+RENDEZVOUS_SCHEMA = {
+    "type": "object",
+    "required": ["rank", "world_size", "master_addr", "master_port", "backend", "generation"],
+    "properties": {
+        "rank": {"type": ["integer", "null"]},
+        "world_size": {"type": "integer"},
+        "master_addr": {"type": "string"},
+        "master_port": {"type": "integer"},
+        "backend": {"enum": ["nccl", "gloo"]},
+        "generation": {"type": "integer"},
+    },
+}
+
 TRAINING_CHECK_INTERVAL_S = 2.0
 CANNOT_TRAIN_REASON_CHARS = 200
 """The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
@@ -103,6 +119,7 @@ class ElectionService:
             "This node's training rendezvous: rank, world_size, master_addr, master_port, "
             "backend, generation",
             ((200, "rendezvous"), (409, "this node has no plan yet")),
+            response=RENDEZVOUS_SCHEMA,
         )
         return [*ELECTION_DOCS, rendezvous]
 
@@ -296,6 +313,10 @@ class ElectionService:
         runtime.plan_version = plan.version if plan is not None else None
         role = plan.role_of(runtime.node_id) if plan is not None else None
         runtime.role = role.value if role is not None else runtime.settings.role.value
+        notes = [note for note in runtime.notes if not note.startswith(STORAGE_NOTE)]
+        if elector.storage_problem is not None:
+            notes.append(f"{STORAGE_NOTE}{elector.storage_problem}")
+        runtime.notes[:] = notes
 
     def _launched(self, task: asyncio.Task[None]) -> None:
         self._launches.discard(task)

@@ -1,16 +1,103 @@
-"""OpenAPI notes of the file sync routes, as keyword arguments of node's RouteDoc."""
+"""OpenAPI notes of the file sync routes, as keyword arguments of node's RouteDoc, and the model
+the pull route validates its body with (the document's schema is generated from it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 PREFIX = "/v1/sync"
+HEX64 = r"^[0-9a-f]{64}$"
+_COMPONENT = r"[^./\u0000-\u001f\u007f][^/\u0000-\u001f\u007f]{0,254}"
+REL_PATH = f"^{_COMPONENT}(/{_COMPONENT})*$"
+"""A relative path validate_rel_path accepts (components not starting with a dot, so no `.`,
+`..` or internal `.shoal-` names; no control characters)."""
+SAFE_NAME = r"^[^./%\\\u0000-\u001f\u007f][^/%\\\u0000-\u001f\u007f]{0,254}$"
+"""One path component validate_rel_path and check_raw_query_value accept, whatever a
+client's URL encoding does to it (`/` is sent as %2F in a query value, which is refused)."""
+MAX_PAGE_LIMIT = 50_000
 
 
-def file_route_docs() -> list[dict[str, Any]]:
-    """One dict per route: method, path, summary, responses, parameters (RouteDoc fields)."""
-    category = ("category", "path", "File category: models, training or configs")
-    path = ("path", "query", "File path relative to the category directory (a/b.bin)")
+class PullPeer(BaseModel):
+    """The peer to pull from: a member of the receiving node's view, at its own address."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    node_id: str = Field(min_length=1)
+    url: str = Field(
+        pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$",
+        description="http(s)://HOST:PORT",
+    )
+    transports: list[str] = Field(default=["http"])
+
+
+class PullBody(BaseModel):
+    """Body of `POST /v1/sync/{category}/pull`: pull `path` at version `hash` from `peer`."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    peer: PullPeer
+    path: str = Field(
+        pattern=REL_PATH, max_length=4096, description="relative to the category dir (a/b.bin)"
+    )
+    hash: str = Field(pattern=HEX64, description="sha256 hex of the version wanted")
+
+
+_ENTRY = {
+    "type": "object",
+    "required": ["path", "size", "mtime_ns", "hash", "pieces"],
+    "properties": {
+        "path": {"type": "string"},
+        "size": {"type": "integer", "minimum": 0},
+        "mtime_ns": {"type": "integer"},
+        "hash": {"type": "string", "pattern": HEX64},
+        "pieces": {"type": "array", "items": {"type": "string"}},
+    },
+}
+MANIFEST_PAGE = {
+    "type": "object",
+    "required": ["category", "algorithm", "piece_size", "etag", "shared_id", "next", "entries"],
+    "properties": {
+        "category": {"type": "string"},
+        "algorithm": {"const": "sha256"},
+        "piece_size": {"type": "integer"},
+        "etag": {"type": "string"},
+        "shared_id": {"type": ["string", "null"]},
+        "next": {"type": ["string", "null"]},
+        "entries": {"type": "array", "items": _ENTRY},
+    },
+}
+PULL_ANSWER = {
+    "type": "object",
+    "required": ["installed", "result"],
+    "properties": {
+        "installed": {"type": "boolean"},
+        "result": {
+            "type": ["object", "null"],
+            "properties": {
+                "peer": {"type": "string"},
+                "transport": {"type": "string"},
+                "bytes_transferred": {"type": "integer"},
+            },
+        },
+    },
+}
+
+
+def file_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """One dict per route: method, path, summary, responses, parameters, body, response
+    (RouteDoc fields); `categories` (when given) are the category names a path may hold."""
+    names: dict[str, Any] = {"type": "string"}
+    if categories:
+        names["enum"] = list(categories)
+    category = ("category", "path", "File category: models, training or configs", names)
+    path = (
+        "path",
+        "query",
+        "File path relative to the category directory (a/b.bin)",
+        {"type": "string", "pattern": SAFE_NAME, "x-required": True},
+    )
     return [
         {
             "method": "GET",
@@ -26,9 +113,20 @@ def file_route_docs() -> list[dict[str, Any]]:
             "parameters": (
                 category,
                 ("after", "query", "Cursor: list paths after this one"),
-                ("limit", "query", "Entries per page, 1..50000 (default 10000)"),
-                ("path", "query", "Only the entry of this file (hashed now if stale)"),
+                (
+                    "limit",
+                    "query",
+                    f"Entries per page, 1..{MAX_PAGE_LIMIT} (default 10000)",
+                    {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT},
+                ),
+                (
+                    "path",
+                    "query",
+                    "Only the entry of this file (hashed now if stale)",
+                    {"type": "string", "pattern": SAFE_NAME},
+                ),
             ),
+            "response": MANIFEST_PAGE,
         },
         {
             "method": "GET",
@@ -47,17 +145,20 @@ def file_route_docs() -> list[dict[str, Any]]:
             "parameters": (
                 category,
                 path,
-                ("hash", "query", "Expected content hash (sha256 hex)"),
+                ("hash", "query", "Expected content hash (sha256 hex)", {"type": "string"}),
             ),
+            "response": {"type": "string", "format": "binary"},
+            "response_type": "application/octet-stream",
         },
         {
             "method": "POST",
             "path": PREFIX + "/{category}/pull",
-            "summary": "Pull a file from the given peer now (how a node pushes): body "
-            '{"peer": {"node_id", "url"}, "path", "hash"}; answered once installed',
+            "summary": "Pull a file from the given peer now (how a node pushes); answered once "
+            "installed. The peer must be a member of this node's view, at its own address",
             "responses": (
                 (200, '{"installed": bool, "result": transfer or null}'),
                 (400, "malformed body or path"),
+                (403, "the peer is not a member of this node's view, or not at that URL"),
                 (404, "unknown category"),
                 (
                     409,
@@ -69,5 +170,7 @@ def file_route_docs() -> list[dict[str, Any]]:
                 (507, "not enough free space"),
             ),
             "parameters": (category,),
+            "body": PullBody,
+            "response": PULL_ANSWER,
         },
     ]

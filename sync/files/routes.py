@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from config import error_response
 from sync.files.catalog import FileCatalog
-from sync.files.docs import PREFIX, file_route_docs
+from sync.files.docs import PREFIX, PullBody, file_route_docs
 from sync.files.download import HASH_HEADER
 from sync.files.errors import (
     AllSourcesFailedError,
@@ -39,7 +40,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_PAGE_LIMIT = 10_000
 MAX_PAGE_LIMIT = 50_000
 SENDFILE_FALLBACK_CHUNK = 1 << 20
-_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)\Z")
 
 PullHandler = Callable[[str, str, str, PeerRef], Awaitable[TransferResult | None]]
@@ -256,16 +256,14 @@ def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[w
             return _refusal(503, "unavailable", "this node does not take pull requests")
         try:
             category = category_of(request)
-            data = await request.json()
-            if not isinstance(data, dict):
-                raise ValueError("body must be a JSON object")
-            path = validate_rel_path(data.get("path"))  # type: ignore[arg-type]
-            content_hash = data.get("hash")
-            if not isinstance(content_hash, str) or not _HEX64.match(content_hash):
-                raise ValueError("hash must be 64 lowercase hex digits")
-            source = PeerRef.from_json(data.get("peer"))
+            body = PullBody.model_validate_json(await request.read())
+            path = validate_rel_path(body.path)
+            source = PeerRef.from_json(body.peer.model_dump())
+            content_hash = body.hash
         except UnknownCategoryError as exc:
             return _refusal(404, "unknown_category", str(exc))
+        except ValidationError as exc:
+            return _refusal(400, "bad_request", f"pull body: {_first_error(exc)}")
         except ValueError as exc:
             return _refusal(400, "bad_request", str(exc))
         try:
@@ -287,14 +285,21 @@ def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[w
             return _refusal(400, "bad_path", str(exc))
         except FileSyncError as exc:
             return _refusal(502, "source_failed", str(exc))
-        body = {"installed": result is not None, "result": result.to_json() if result else None}
-        return web.json_response(body)
+        answer = {"installed": result is not None, "result": result.to_json() if result else None}
+        return web.json_response(answer)
 
     return [
         web.get(PREFIX + "/{category}/manifest", manifest, allow_head=False),
         web.get(PREFIX + "/{category}/file", file, allow_head=False),
         web.post(PREFIX + "/{category}/pull", pull_request),
     ]
+
+
+def _first_error(exc: ValidationError) -> str:
+    """`field.sub: message` of a pydantic error, e.g. `hash: String should match pattern ...`."""
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in error["loc"]) or "body"
+    return f"{where}: {error['msg']}"
 
 
 def _limit(text: str | None) -> int:

@@ -6,7 +6,7 @@ never causes a 500.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -23,8 +23,22 @@ from sync.errors import (
     SyncError,
     UnknownStoreError,
 )
+from sync.records.schema import (
+    BUILTIN_SCHEMAS,
+    INT64_MAX,
+    INT64_MIN,
+    FieldKind,
+    RecordSchema,
+    record_json_schema,
+)
 from sync.records.store import RecordStore
-from sync.records.types import MAX_PAGE_LIMIT, parse_get_keys, parse_since_query
+from sync.records.types import (
+    DEFAULT_PAGE_LIMIT,
+    MAX_GET_KEYS,
+    MAX_PAGE_LIMIT,
+    parse_get_keys,
+    parse_since_query,
+)
 from sync.records.validate import validate_records
 
 DEFAULT_MAX_RECORDS = 10_000
@@ -132,9 +146,11 @@ def record_routes(
     node_id: str,
     max_records: int = DEFAULT_MAX_RECORDS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    on_ingest: Callable[[str, int, int], None] | None = None,
 ) -> list[web.RouteDef]:
     """Routes under /v1/records serving `stores` (looked up per request, so a RecordStores that
-    opens later works); `node_id` fills a record's absent source node.
+    opens later works); `node_id` fills a record's absent source node; `on_ingest(store,
+    accepted, duplicates)` hears of every durable ingest (the node's metrics).
     """
 
     def store_of(request: web.Request) -> RecordStore:
@@ -158,6 +174,8 @@ def record_routes(
             )
         rows = validate_records(store.schema, records, node_id)
         result = await store.ingest_rows(rows)
+        if on_ingest is not None:
+            on_ingest(store.schema.name, result.accepted, result.duplicates)
         return web.json_response(result.to_json())
 
     async def status(request: web.Request) -> web.StreamResponse:
@@ -193,52 +211,143 @@ def record_routes(
     ]
 
 
-def record_route_docs() -> list[dict[str, Any]]:
-    """OpenAPI notes of the record routes, as keyword arguments of node's RouteDoc."""
-    store = ("store", "path", "Record store name: games, rollouts or a configured one")
-    refusals = ((400, "bad query, naming the parameter"), (404, "unknown store"))
+_INGEST_RESULT = {
+    "type": "object",
+    "required": ["accepted", "duplicates"],
+    "properties": {
+        "accepted": {"type": "integer", "minimum": 0},
+        "duplicates": {"type": "integer", "minimum": 0},
+    },
+}
+_STORE_STATUS = {
+    "type": "object",
+    "required": ["store", "count"],
+    "properties": {
+        "store": {"type": "string"},
+        "count": {"type": "integer", "minimum": 0},
+        "newest_created_at": {"type": ["number", "null"]},
+        "size_bytes": {"type": ["integer", "null"]},
+    },
+}
+
+
+def _filter_parameters(schema: RecordSchema) -> list[tuple[str, str, str, Any]]:
+    """The filters of GET .../since for `schema` (what parse_since_query takes): min_<number
+    field> and equality on a text or integer field."""
+    filters: list[tuple[str, str, str, Any]] = []
+    for spec in schema.fields:
+        if spec.kind in (FieldKind.REAL, FieldKind.INTEGER):
+            filters.append((f"min_{spec.name}", "query", f"{spec.name} >= this", _NUM))
+        if spec.kind is FieldKind.TEXT:
+            filters.append((spec.name, "query", f"{spec.name} equals this", {"type": "string"}))
+        elif spec.kind is FieldKind.INTEGER:
+            kind = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+            filters.append((spec.name, "query", f"{spec.name} equals this", kind))
+    return filters
+
+
+_NUM = {"type": "number"}
+
+
+def record_route_docs(
+    schemas: Sequence[RecordSchema] = tuple(BUILTIN_SCHEMAS.values()),
+    max_records: int = DEFAULT_MAX_RECORDS,
+) -> list[dict[str, Any]]:
+    """OpenAPI notes of the record routes, as keyword arguments of node's RouteDoc: one set of
+    paths per store of `schemas` (each its own body, records and filters, from its RecordSchema
+    as JSON Schema); any other store name answers 404 unknown_store."""
+    docs: list[dict[str, Any]] = [
+        {
+            "method": "GET",
+            "path": PREFIX,
+            "summary": "Status of every record store",
+            "response": {
+                "type": "object",
+                "required": ["stores"],
+                "properties": {"stores": {"type": "array", "items": _STORE_STATUS}},
+            },
+        }
+    ]
+    for schema in sorted(schemas, key=lambda s: s.name):
+        docs.extend(_store_docs(schema, max_records))
+    return docs
+
+
+def _store_docs(schema: RecordSchema, max_records: int) -> list[dict[str, Any]]:
+    base = f"{PREFIX}/{schema.name}"
+    refusals = ((400, "bad query, naming the parameter"),)
+    records = {"type": "array", "items": record_json_schema(schema)}
+    page_limit = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT}
+    key_kind = schema.field(schema.key).kind
+    key: dict[str, Any] = (
+        {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+        if key_kind is FieldKind.INTEGER
+        else {"type": "string"}
+    )
     return [
-        {"method": "GET", "path": PREFIX, "summary": "Status of every record store"},
         {
             "method": "POST",
-            "path": PREFIX + "/{store}",
-            "summary": "Ingest a JSON array (or NDJSON) of records; answered once durable",
+            "path": base,
+            "summary": f"Ingest a JSON array (or NDJSON, one record per line) of {schema.name} "
+            "records; answered once durable",
             "responses": (
                 (200, '{"accepted": N, "duplicates": M}'),
                 (400, "invalid record or malformed JSON; nothing written"),
-                (404, "unknown store"),
                 (413, "too many records or too large a body"),
                 (503, "queue full or store unavailable; see Retry-After"),
                 (507, "disk full: nothing written; path and free_bytes name the disk"),
             ),
-            "parameters": (store,),
+            "body": {**records, "maxItems": max_records},
+            "body_types": ("application/json", "application/x-ndjson"),
+            "response": _INGEST_RESULT,
         },
         {
             "method": "GET",
-            "path": PREFIX + "/{store}/status",
-            "summary": "count, newest_created_at and size_bytes of a store",
-            "responses": ((200, "OK"), (404, "unknown store")),
-            "parameters": (store,),
+            "path": base + "/status",
+            "summary": f"count, newest_created_at and size_bytes of {schema.name}",
+            "response": _STORE_STATUS,
         },
         {
             "method": "GET",
-            "path": PREFIX + "/{store}/since",
-            "summary": "Records after (ts, after) in (time, key) order, with the next cursor",
+            "path": base + "/since",
+            "summary": f"{schema.name} records after (ts, after) in ({schema.time_column}, "
+            f"{schema.key}) order, with the next cursor",
             "responses": ((200, '{"records": [...], "next": {"ts", "after"} | null}'), *refusals),
             "parameters": (
-                store,
-                ("ts", "query", "Time bound; without `after`, records with time >= ts"),
-                ("after", "query", "Key bound: records with (time, key) > (ts, after)"),
-                ("limit", "query", f"Page size, 1-{MAX_PAGE_LIMIT} (default 1000)"),
-                ("min_<field>", "query", "Lower bound of a number field, e.g. min_quality"),
-                ("<field>", "query", "Equality on a text or integer field, e.g. board_type"),
+                ("ts", "query", "Time bound; without `after`, records with time >= ts", _NUM),
+                (
+                    "after",
+                    "query",
+                    "Key bound: records with (time, key) > (ts, after); needs ts",
+                    key,
+                ),
+                ("limit", "query", f"Page size (default {DEFAULT_PAGE_LIMIT})", page_limit),
+                *_filter_parameters(schema),
             ),
+            "response": {
+                "type": "object",
+                "required": ["records", "next"],
+                "properties": {"records": records, "next": {"type": ["object", "null"]}},
+            },
         },
         {
             "method": "GET",
-            "path": PREFIX + "/{store}/get",
-            "summary": "Records by key: ?key=a&key=b (1-1000 keys); absent ones listed in missing",
+            "path": base + "/get",
+            "summary": f"{schema.name} records by key: ?key=a&key=b; absent ones in missing",
             "responses": ((200, '{"records": [...], "missing": [...]}'), *refusals),
-            "parameters": (store, ("key", "query", "A record key; repeat for more")),
+            "parameters": (
+                (
+                    "key",
+                    "query",
+                    "A record key; repeat for more",
+                    {"type": "array", "items": key, "minItems": 1, "maxItems": MAX_GET_KEYS}
+                    | {"x-required": True},
+                ),
+            ),
+            "response": {
+                "type": "object",
+                "required": ["records", "missing"],
+                "properties": {"records": records, "missing": {"type": "array"}},
+            },
         },
     ]

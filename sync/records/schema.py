@@ -218,3 +218,63 @@ def insert_sql(schema: RecordSchema) -> str:
 def select_sql(schema: RecordSchema) -> str:
     names = ", ".join(_quoted(name) for name in schema.columns)
     return f"SELECT {names} FROM {_quoted(schema.name)}"  # noqa: S608
+
+
+# --- JSON Schema -----------------------------------------------------------------------------
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT_MAX = 1.7976931348623157e308
+JSON_VALUE_DEF = "JsonValue"
+_JSON_REF = {"$ref": f"#/$defs/{JSON_VALUE_DEF}"}
+_NUMBER = {"type": "number", "minimum": -_FLOAT_MAX, "maximum": _FLOAT_MAX}
+_INTEGER = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+_SHAPE_SCHEMAS: dict[str, dict[str, Any]] = {
+    "array": {"type": "array", "items": _JSON_REF},
+    "object": {"type": "object", "additionalProperties": _JSON_REF},
+    "string": {"type": "string"},
+    # a JSON number the stores keep: a 64-bit integer or a finite float
+    "number": {"anyOf": [_INTEGER, _NUMBER]},
+    "boolean": {"type": "boolean"},
+}
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "Any JSON value whose integers fit 64 bits",
+    "anyOf": [{"type": "null"}, *_SHAPE_SCHEMAS.values()],
+}
+"""A value a json field stores (orjson refuses integers beyond 64 bits)."""
+
+
+def _field_json_schema(schema: RecordSchema, spec: FieldSpec) -> dict[str, Any]:
+    if spec.kind is FieldKind.TEXT:
+        value: dict[str, Any] = {"type": "string"}
+        if spec.name == schema.key:
+            # the key names the record in URLs and logs: non-empty, no NUL (validate._check_key)
+            value |= {"minLength": 1, "pattern": "^[^\\u0000]*$"}
+    elif spec.kind is FieldKind.INTEGER:
+        value = dict(_INTEGER)
+    elif spec.kind is FieldKind.REAL:
+        value = dict(_NUMBER)
+    elif spec.kind is FieldKind.BOOL:
+        value = {"type": "boolean"}
+    elif spec.json_shapes:
+        value = {"anyOf": [_SHAPE_SCHEMAS[shape] for shape in spec.json_shapes]}
+    else:
+        value = dict(_JSON_REF)
+    if spec.nullable or not spec.required or spec.fill_node_id:
+        value = {"anyOf": [value, {"type": "null"}]}
+    if spec.fill_node_id:
+        value["description"] = "absent or null: the receiving node's id"
+    return value
+
+
+def record_json_schema(schema: RecordSchema) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one record of `schema`: exactly what
+    validate_records accepts. Json fields refer to `#/$defs/JsonValue`, given in `$defs`."""
+    required = [spec.name for spec in schema.fields if spec.required and not spec.fill_node_id]
+    return {
+        "title": f"{schema.name} record",
+        "type": "object",
+        "properties": {spec.name: _field_json_schema(schema, spec) for spec in schema.fields},
+        "required": required,
+        "additionalProperties": False,
+        "$defs": {JSON_VALUE_DEF: JSON_VALUE_SCHEMA},
+    }

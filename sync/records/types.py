@@ -12,7 +12,7 @@ from typing import Any
 
 from sync.errors import RecordQueryError
 from sync.records.cursor import Cursor, PullResult, RecordKey
-from sync.records.schema import FieldKind, RecordSchema
+from sync.records.schema import INT64_MAX, INT64_MIN, FieldKind, RecordSchema
 
 __all__ = [
     "DEFAULT_PAGE_LIMIT",
@@ -127,11 +127,19 @@ class SinceQuery:
 def parse_key(schema: RecordSchema, param: str, text: str) -> RecordKey:
     """A key given in a query string, as the key field's type."""
     if schema.field(schema.key).kind is FieldKind.INTEGER:
-        try:
-            return int(text)
-        except ValueError:
-            raise RecordQueryError(param, "expected an integer key") from None
+        return _int64(param, text, "expected an integer key")
     return text
+
+
+def _int64(param: str, text: str, message: str) -> int:
+    """`text` as an integer the stores can hold (64 bits), else RecordQueryError(message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise RecordQueryError(param, message) from None
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise RecordQueryError(param, f"{value} is outside the 64-bit integer range")
+    return value
 
 
 def _single(query: Mapping[str, str] | Any, name: str) -> str:
@@ -180,10 +188,7 @@ def parse_since_query(
         elif kinds.get(name) is FieldKind.TEXT:
             equals.append((name, text))
         elif kinds.get(name) is FieldKind.INTEGER:
-            try:
-                equals.append((name, int(text)))
-            except ValueError:
-                raise RecordQueryError(name, f"expected an integer, got {text!r}") from None
+            equals.append((name, _int64(name, text, f"expected an integer, got {text!r}")))
         else:
             raise RecordQueryError(name, "unknown parameter")
     if after is not None and "ts" not in query:

@@ -170,7 +170,7 @@ async def test_daemon_ingests_records_durably_and_documents_the_routes(tmp_path:
             assert await response.json() == {"accepted": 1, "duplicates": 1}
         async with session.get(f"{url}/v1/openapi.json") as response:
             paths = (await response.json())["paths"]
-        assert "post" in paths["/v1/records/{store}"]
+        assert "post" in paths["/v1/records/games"]
     assert (settings.category_path("games") / "games.db").exists()
     async with _daemon(settings) as daemon, ClientSession() as session:
         url = f"http://127.0.0.1:{daemon.port}/v1/records/games/status"
