@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from node.jobs.records import JobError, JobState, parse_job_request, parse_kill
+from node.jobs.records import JOB_REQUEST_SCHEMA, JobError, JobState, parse_job_request, parse_kill
 from node.jobs.service import JobService
 from node.jobs.store import STREAMS, JobEntry
 from node.openapi import RouteDoc
@@ -46,7 +46,7 @@ def answers_errors(handler: Handler) -> Handler:
             return await handler(request)
         except JobError as exc:
             return job_error_response(exc)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # malformed JSON, or bytes that are not UTF-8
             return job_error_response(JobError(400, "invalid_json", f"malformed JSON: {exc}"))
 
     return wrapped
@@ -267,7 +267,9 @@ class JobRoutes:
 
 def job_route_docs() -> list[RouteDoc]:
     """OpenAPI entries of every job route."""
-    job = (("job_id", "path", "The job's id"),)
+    job = (("job_id", "path", "The job's id", {"type": "string"}),)
+    number = {"type": "number", "minimum": 0}
+    states = {"enum": [state.value for state in JobState]}
     return [
         RouteDoc(
             "POST",
@@ -281,13 +283,21 @@ def job_route_docs() -> list[RouteDoc]:
                 (403, "program not in jobs.allowed_programs"),
                 (409, "job_id exists with a different spec, or a stale plan fence"),
             ),
+            body=JOB_REQUEST_SCHEMA,
         ),
         RouteDoc(
             "GET",
             JOBS_PATH,
             "This node's jobs, newest first",
             ((200, '{"jobs": [record, ...]}'), (400, "unknown state")),
-            parameters=(("state", "query", "only jobs in this state"),),
+            parameters=(
+                (
+                    "state",
+                    "query",
+                    "only jobs in this state",
+                    states,
+                ),
+            ),
         ),
         RouteDoc(
             "GET",
@@ -308,7 +318,10 @@ def job_route_docs() -> list[RouteDoc]:
             f"{JOB_PATH}/wait",
             "Long-poll until the job ends or timeout_s passes; answers the record",
             ((200, "the record"), (404, "no such job")),
-            parameters=(*job, ("timeout_s", "query", "seconds to wait (default 30, max 600)")),
+            parameters=(
+                *job,
+                ("timeout_s", "query", "seconds to wait (default 30, max 600)", number),
+            ),
         ),
         RouteDoc(
             "GET",
@@ -318,10 +331,10 @@ def job_route_docs() -> list[RouteDoc]:
             ((200, "log bytes"), (400, "bad stream or number"), (404, "no such job")),
             parameters=(
                 *job,
-                ("stream", "query", "stdout (default) or stderr"),
-                ("offset", "query", "first byte to send"),
-                ("tail", "query", "send the last N lines (without offset)"),
-                ("follow", "query", "1: keep streaming until the job ends"),
+                ("stream", "query", "stdout (default) or stderr", {"enum": list(STREAMS)}),
+                ("offset", "query", "first byte to send", number),
+                ("tail", "query", "send the last N lines (without offset)", number),
+                ("follow", "query", "1: keep streaming until the job ends", {"enum": ["0", "1"]}),
             ),
         ),
         RouteDoc(
@@ -337,6 +350,9 @@ def job_route_docs() -> list[RouteDoc]:
             f"{JOB_PATH}/files",
             "A file of the job's working directory, with X-Shoal-Content-Hash",
             ((200, "the bytes"), (400, "path escapes or is malformed"), (404, "no such file")),
-            parameters=(*job, ("path", "query", "relative path in the working directory")),
+            parameters=(
+                *job,
+                ("path", "query", "relative path in the working directory", {"type": "string"}),
+            ),
         ),
     ]

@@ -94,6 +94,37 @@ def new_job_id(now: float | None = None) -> str:
     return f"j-{digits}-{secrets.token_hex(4)}"
 
 
+_NO_NUL = "^[^\\u0000]*$"
+JOB_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A job start; parse_job_request applies the same rules (and the gang field "
+    "of a member start, which only nodes send)",
+    "additionalProperties": False,
+    "required": ["argv"],
+    "properties": {
+        "job_id": {"type": "string", "pattern": JOB_ID_PATTERN.pattern},
+        "name": {"type": "string", "minLength": 1, "maxLength": 256},
+        "argv": {
+            "type": "array",
+            "minItems": 1,
+            "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
+            "items": {"type": "string", "pattern": _NO_NUL},
+        },
+        "env": {
+            "type": "object",
+            "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
+            "additionalProperties": {"type": "string", "pattern": _NO_NUL},
+        },
+        "cwd": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
+        "nodes": {"type": "integer", "minimum": 1, "maximum": 1024},
+        "role": {"enum": list(ROLES)},
+        "env_from": {"enum": ["rendezvous"]},
+    },
+}
+"""The OpenAPI schema of a start request (POST /v1/jobs)."""
+
+
 def parse_job_request(body: object) -> JobRequest:
     """Validate a start request; JobError(400) names the field and what is expected."""
     if not isinstance(body, Mapping):

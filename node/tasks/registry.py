@@ -143,6 +143,7 @@ class ActorRoutes:
                 ACTORS_PATH + "/{name}",
                 "The named actor's current incarnation, state and address (from the coordinator)",
                 ((200, "record"), (404, "no such actor"), (503, "no coordinator")),
+                parameters=(("name", "path", "the actor's name"),),
             ),
             RouteDoc(
                 "POST",
@@ -150,6 +151,10 @@ class ActorRoutes:
                 'Named actors: claim {"get_if_exists": B} (atomic get-or-create), ready '
                 '{"incarnation": N, "address": "host:port", "job": ID}, dead {"incarnation": N}',
                 ((200, "record (and created)"), (409, "exists or stale"), (503, "no coordinator")),
+                parameters=(
+                    ("name", "path", "the actor's name"),
+                    ("action", "path", "claim, ready or dead"),
+                ),
             ),
         ]
 

@@ -141,7 +141,11 @@ def _daemon(
     its log shown) at the end."""
     port = _free_port()
     log = tmp_path / "daemon.log"
+    # The fuzzer starts jobs with random argv: only a harmless program may run (others are 403).
+    config = tmp_path / "fuzzed.yaml"
+    config.write_text("jobs: {allowed_programs: [/bin/true]}\n")
     args = ["serve", "--node-id", "fuzzed", "--data-dir", str(tmp_path / "data")]
+    args += ["--config", str(config)]
     args += ["--port", str(port), "--no-mdns", "--bind", "127.0.0.1", *extra]
     with log.open("w") as out:
         process = subprocess.Popen(
