@@ -26,6 +26,9 @@ from node.errors import (
     JobUnreachableError,
     JobWaitTimeoutError,
     LauncherError,
+    LockError,
+    LockLostError,
+    LockUnavailableError,
     MasterUnreachable,
     MembershipError,
     NodeError,
@@ -52,6 +55,8 @@ from node.membership.service import (
     UdpMembershipTransport,
 )
 from node.openapi import RouteDoc, openapi_document
+from node.runs.client import cluster_lock
+from node.runs.table import LockFence
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
 from node.sync_service import SyncService
@@ -91,6 +96,10 @@ __all__ = [
     "JobWaitTimeoutError",
     "LauncherError",
     "Listener",
+    "LockError",
+    "LockFence",
+    "LockLostError",
+    "LockUnavailableError",
     "MasterUnreachable",
     "Member",
     "MemberEvent",
@@ -128,6 +137,7 @@ __all__ = [
     "check_adoption_logs",
     "check_fence",
     "choose_interfaces",
+    "cluster_lock",
     "compute_plan",
     "election_routes",
     "error_middleware",

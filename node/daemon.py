@@ -48,12 +48,14 @@ from node.addresses import choose_interfaces, find_self_in_inventory, local_addr
 from node.api import build_app
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
+from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
 from node.jobs.setup import JobApi, open_job_service
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
+from node.runs.locks import LockService
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.startup import prepare_data_dir
@@ -254,7 +256,8 @@ class NodeDaemon:
             metrics=metrics,
         )
         self.runtime = runtime
-        election = ElectionService(runtime, resolve_voters(settings, inventory, node_id))
+        self._voters = resolve_voters(settings, inventory, node_id)
+        election = ElectionService(runtime, self._voters)
         self._election = election
         self._notifier.status("opening the WAL")
         wal_config = WalConfig.from_timeouts(settings.timeouts)
@@ -345,6 +348,15 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
         )
+        # runs: the cluster's fenced locks (node/runs)
+        assert runtime.wal is not None
+        locks = LockService(
+            runtime, self._voters.voters, WalDurableState(runtime.wal), secrets.cluster
+        )
+        await locks.open()
+        self._stack.push_async_callback(locks.close)
+        if runtime.health is not None:
+            runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
         app = build_app(
             runtime,
             policy,
@@ -353,12 +365,14 @@ class NodeDaemon:
                 *election.routes(),
                 *sync_service.routes(),
                 *jobs.routes(),
+                *locks.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
                 *election.docs(),
                 *sync_service.docs(),
                 *jobs.docs(),
+                *locks.docs(),
             ],
         )
         runner = web.AppRunner(
