@@ -24,6 +24,17 @@ class LogFormat(StrEnum):
     JSON = "json"
 
 
+class ResultsSettings(BaseModel):
+    """The `results:` section: where runs put the files they collect."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["local"] = Field(
+        "local", description="`local`: a directory on the coordinator's host."
+    )
+    path: Path | None = Field(None, description="The directory (default DATA_DIR/results).")
+
+
 class JobSettings(BaseModel):
     """The `jobs:` section: limits and identity of commands run through the job API."""
 
@@ -122,6 +133,7 @@ class NodeSettings(BaseModel):
         60.0, ge=0, description="Background pull of files and records from alive peers (0: off)."
     )
     jobs: JobSettings = Field(default_factory=JobSettings)
+    results: ResultsSettings = Field(default_factory=ResultsSettings)
     timeouts: Timeouts = Field(default_factory=Timeouts)
 
     @field_validator("seeds")

@@ -56,6 +56,8 @@ from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
 from node.runs.locks import LockService
+from node.runs.results import LocalResults
+from node.runs.service import RunService
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.startup import prepare_data_dir
@@ -257,6 +259,7 @@ class NodeDaemon:
         )
         self.runtime = runtime
         self._voters = resolve_voters(settings, inventory, node_id)
+        self._stacks = {} if inventory is None else dict(inventory.stacks)
         election = ElectionService(runtime, self._voters)
         self._election = election
         self._notifier.status("opening the WAL")
@@ -355,8 +358,14 @@ class NodeDaemon:
         )
         await locks.open()
         self._stack.push_async_callback(locks.close)
+        results_dir = runtime.settings.results.path or runtime.settings.data_dir / "results"
+        stacks = {name: entry.model_dump() for name, entry in self._stacks.items()}
+        runs = RunService(locks, LocalResults(results_dir), stacks)
+        await runs.open()
+        self._stack.push_async_callback(runs.close)
         if runtime.health is not None:
             runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
+            runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
         app = build_app(
             runtime,
             policy,
@@ -366,6 +375,7 @@ class NodeDaemon:
                 *sync_service.routes(),
                 *jobs.routes(),
                 *locks.routes(),
+                *runs.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
@@ -373,6 +383,7 @@ class NodeDaemon:
                 *sync_service.docs(),
                 *jobs.docs(),
                 *locks.docs(),
+                *runs.docs(),
             ],
         )
         runner = web.AppRunner(

@@ -19,6 +19,8 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  +-- LockError -- a lock request refused (its HTTP status and code: a stale fence is 409)
  |    +-- LockLostError -- a holder lost its lock (lease ran out, or a newer grant exists)
  |    +-- LockUnavailableError -- no node answered a lock request in time
+ +-- RunError -- a run request refused, or a step of a run that failed (status and code)
+ |    +-- ResultsStoreError -- the results store refused or lost an upload (hash mismatch)
  +-- JobClientError -- the job client's errors
       +-- JobRequestError -- the node answered a job request with an error (status, reason)
       +-- JobUnreachableError -- the node could not be reached or the connection broke
@@ -62,6 +64,8 @@ __all__ = [
     "PeerTimeoutError",
     "PlanError",
     "RendezvousError",
+    "ResultsStoreError",
+    "RunError",
     "StartupError",
     "WireError",
     "peer_error",
@@ -224,3 +228,21 @@ class LockLostError(LockError):
 
 class LockUnavailableError(LockError):
     """No node answered a lock request in time (no coordinator, or every node unreachable)."""
+
+
+class RunError(NodeError):
+    """A run request refused, or a step of a run that failed; `code` and `status` are what
+    the API answers."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.code = code
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+class ResultsStoreError(RunError):
+    """The results store refused an upload, or what it stored does not match its hash."""

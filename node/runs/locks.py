@@ -97,11 +97,11 @@ class HttpPeers:
     """The other voters' acceptors over signed HTTP."""
 
     def __init__(self, url_of: Callable[[str], str | None], session: aiohttp.ClientSession):
-        self._url_of = url_of
+        self.url_of = url_of
         self._session = session
 
     async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
-        url = self._url_of(to)
+        url = self.url_of(to)
         if url is None:
             raise LockError(503, "voter_unknown", f"voter {to} is not in the membership view")
         try:
@@ -173,7 +173,7 @@ class LockService:
             timeout=aiohttp.ClientTimeout(total=timeouts.http_request_s),
             middlewares=middlewares,
         )
-        peers = HttpPeers(self._url_of, self._session)
+        peers = HttpPeers(self.url_of, self._session)
         self._quorum = QuorumTable(
             self.runtime.node_id, self.voters, self.acceptor, peers, timeouts.http_request_s
         )
@@ -190,16 +190,23 @@ class LockService:
             await self._session.close()
             self._session = None
 
-    def _url_of(self, node_id: str) -> str | None:
+    def url_of(self, node_id: str) -> str | None:
         membership = self.runtime.membership
         for member in membership.members() if membership is not None else []:
             if member.node_id == node_id:
                 return f"http://{member.address}:{member.port}"
         return None
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The signed session to peers; RunError-free: LockError 503 before `open`."""
+        if self._session is None:
+            raise LockError(503, "locks_closed", "the lock service is not running")
+        return self._session
+
     # the coordinator's table
 
-    def _is_coordinator(self) -> bool:
+    def is_coordinator(self) -> bool:
         runtime = self.runtime
         runtime.refresh()
         return runtime.coordinator == runtime.node_id and runtime.term is not None
@@ -238,7 +245,7 @@ class LockService:
     async def _expiry_loop(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_TICK_S)
-            if not self._is_coordinator():
+            if not self.is_coordinator():
                 self._office_term = None
                 continue
             try:
@@ -340,15 +347,15 @@ class LockService:
             ),
         ]
 
-    async def _forward(self, request: web.Request, body: Any) -> web.Response | None:
+    async def forward(self, request: web.Request, body: Any) -> web.Response | None:
         """None when this node serves the request; otherwise the coordinator's answer."""
-        if self._is_coordinator():
+        if self.is_coordinator():
             return None
         coordinator = self.runtime.coordinator
         if request.headers.get(FORWARDED_HEADER) or coordinator is None:
             who = "no coordinator yet" if coordinator is None else f"{coordinator} coordinates"
             raise LockError(503, "not_coordinator", f"node {self.runtime.node_id}: {who}; retry")
-        url = self._url_of(coordinator)
+        url = self.url_of(coordinator)
         if url is None or self._session is None:
             raise LockError(503, "coordinator_unknown", f"coordinator {coordinator} not in view")
         headers = {FORWARDED_HEADER: self.runtime.node_id}
@@ -375,7 +382,7 @@ class LockService:
             name = _name_of(request)
             body = await self._body(request)
             fields = parse_lock_body(body, op)
-            forwarded = await self._forward(request, body)
+            forwarded = await self.forward(request, body)
             if forwarded is not None:
                 return forwarded
             holder = fields["holder"]
@@ -401,7 +408,7 @@ class LockService:
         return handle
 
     async def _handle_list(self, request: web.Request) -> web.Response:
-        forwarded = await self._forward(request, None)
+        forwarded = await self.forward(request, None)
         if forwarded is not None:
             return forwarded
         await self.apply(lambda t, term, now: (t, None))

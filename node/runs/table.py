@@ -72,6 +72,8 @@ class LockTable:
 
     version: LockFence = LockFence(0, 0)
     locks: Mapping[str, LockState] = dataclasses.field(default_factory=dict)
+    runs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The queued runs' records (node.runs.queue), stored with the locks on the same majority."""
 
     def get(self, name: str) -> LockState:
         return self.locks.get(name, LockState())
@@ -89,6 +91,7 @@ class LockTable:
                 }
                 for name, state in sorted(self.locks.items())
             },
+            "runs": {run_id: dict(record) for run_id, record in sorted(self.runs.items())},
         }
 
     @classmethod
@@ -107,7 +110,8 @@ class LockTable:
                 )
                 for name, raw in dict(data["locks"]).items()
             }
-            return cls(LockFence.parse(data["version"]), locks)
+            runs = {str(k): dict(v) for k, v in dict(data.get("runs") or {}).items()}
+            return cls(LockFence.parse(data["version"]), locks, runs)
         except (KeyError, TypeError, ValueError) as exc:
             raise LockError(
                 400, "bad_lock_table", f"a lock table that cannot be read: {exc}"
@@ -153,7 +157,7 @@ def _with(table: LockTable, version: LockFence, name: str, state: LockState) -> 
         locks.pop(name, None)
     else:
         locks[name] = state
-    return LockTable(version, locks)
+    return LockTable(version, locks, table.runs)
 
 
 def _grant_next(state: LockState, fence: LockFence, now: float) -> LockState:
@@ -274,4 +278,11 @@ def take_over(table: LockTable, term: int, now: float) -> LockTable:
         )
         for name, state in table.locks.items()
     }
-    return LockTable(version, locks)
+    return LockTable(version, locks, table.runs)
+
+
+def put_run(table: LockTable, term: int, run_id: str, record: Mapping[str, Any]) -> LockTable:
+    """The table with run `run_id`'s record replaced (one change: a new version)."""
+    runs = dict(table.runs)
+    runs[run_id] = dict(record)
+    return LockTable(_bump(table, term), table.locks, runs)
