@@ -14,6 +14,7 @@ from node.cli.common import console
 from node.cli.hosts import config_app, hosts_app
 from node.cli.jobs import jobs_app
 from node.cli.records import records_app
+from node.cli.runs import runs_app
 from node.cli.wal import wal_app
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(wal_app, name="wal")
 app.add_typer(records_app, name="records")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(runs_app, name="runs")
 cli_serve.register(app)
 cli_inspect.register(app)
 cli_devcluster.register(app)

@@ -127,6 +127,7 @@ def new_run(spec: RunSpec, seq: int, now: float | None = None) -> dict[str, Any]
         "ended_at": None,
         "fence": None,
         "job_node": None,
+        "job_url": None,
         "job": None,
         "uploaded": [],
         "cancel_requested": False,

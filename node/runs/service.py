@@ -135,7 +135,12 @@ class RunService:
             await self._take_lock(run)
         elif step == "locked":
             note = await self.starter.start(run)
-            await self._put(with_step(run, "starting", job_node=self._runtime.node_id, note=note))
+            runtime = self._runtime
+            job_url = f"http://{runtime.address}:{runtime.port}"
+            started = with_step(
+                run, "starting", job_node=runtime.node_id, job_url=job_url, note=note
+            )
+            await self._put(started)
         elif step == "starting":
             await self._renew_lock(run)
             await self._start_job(run)
