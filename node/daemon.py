@@ -56,7 +56,7 @@ from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
 from node.runs.locks import LockService
-from node.runs.results import LocalResults
+from node.runs.results import open_results_store
 from node.runs.service import RunService
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
@@ -358,9 +358,8 @@ class NodeDaemon:
         )
         await locks.open()
         self._stack.push_async_callback(locks.close)
-        results_dir = runtime.settings.results.path or runtime.settings.data_dir / "results"
         stacks = {name: entry.model_dump() for name, entry in self._stacks.items()}
-        runs = RunService(locks, LocalResults(results_dir), stacks)
+        runs = RunService(locks, open_results_store(runtime.settings), stacks)
         await runs.open()
         self._stack.push_async_callback(runs.close)
         if runtime.health is not None:

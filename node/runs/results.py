@@ -9,8 +9,9 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
+from config import NodeSettings
 from node.errors import ResultsStoreError
 from sync import DEFAULT_PIECE_SIZE
 from sync.files.manifest import digest_of_fd
@@ -72,3 +73,33 @@ class LocalResults:
             temp.unlink(missing_ok=True)
             raise ResultsStoreError(500, "results_store_failed", f"{key}: {exc}") from exc
         return await asyncio.to_thread(_write_verified, self.root, key, temp, expected_hash)
+
+
+class ResultsStore(Protocol):
+    """Where runs put the files they collect: `put` returns only once the store holds the
+    file, checked against `expected_hash` (sync's content hash of the node's copy)."""
+
+    async def put(
+        self, key: str, chunks: AsyncIterator[bytes], expected_hash: str | None
+    ) -> dict[str, Any]: ...
+
+
+def open_results_store(settings: NodeSettings) -> ResultsStore:
+    """The store of the `results:` section (s3 is imported only when configured)."""
+    section = settings.results
+    local_root = section.path or settings.data_dir / "results"
+    if section.backend == "local":
+        return LocalResults(local_root)
+    from node.runs.s3 import S3Results
+
+    assert section.bucket is not None
+    assert section.credentials_file is not None
+    return S3Results(
+        section.endpoint_url or f"https://s3.{section.region}.amazonaws.com",
+        section.bucket,
+        section.prefix,
+        section.credentials_file,
+        local_root / ".staging",
+        region=section.region,
+        timeout_s=settings.timeouts.http_request_s * 6,
+    )

@@ -32,7 +32,7 @@ from node.runs.queue import (
     run_lock,
     with_step,
 )
-from node.runs.results import LocalResults, result_key
+from node.runs.results import ResultsStore, result_key
 from node.runs.table import LockFence, LockTable, acquire, put_run, release, renew
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class RunService:
     def __init__(
         self,
         locks: LockService,
-        results: LocalResults,
+        results: ResultsStore,
         stacks: Mapping[str, Mapping[str, Any]],
         *,
         starter: NodeStarter | None = None,

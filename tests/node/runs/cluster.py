@@ -27,8 +27,9 @@ async def until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, flags: dict[str, Any] | None = None) -> None:
         self.tmp_path = tmp_path
+        self.flags = flags or {}
         self.daemons: dict[str, NodeDaemon] = {}
         self.ports: dict[str, int] = {}
 
@@ -41,6 +42,7 @@ class Cluster:
             voters=NAMES,
             seeds=seeds,
             port=self.ports.get(name, 0),
+            **self.flags,
         )
         daemon = NodeDaemon(settings)
         await daemon.start()
@@ -77,8 +79,8 @@ class Cluster:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path) -> AsyncIterator[Cluster]:
-    cluster = Cluster(tmp_path)
+async def running(tmp_path: Path, **flags: Any) -> AsyncIterator[Cluster]:
+    cluster = Cluster(tmp_path, flags)
     try:
         for name in NAMES:
             await cluster.start(name)
