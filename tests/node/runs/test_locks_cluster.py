@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import pytest
 
+from node.daemon import NodeDaemon
 from node.errors import LockLostError, LockUnavailableError
 from node.runs import LockFence, cluster_lock
+from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.runs.cluster import NAMES, post, running, until
 
 FAILOVERS = int(os.environ.get("SHOAL_LOCK_FAILOVERS", "4"))
@@ -115,3 +118,27 @@ async def test_never_two_holders_across_coordinator_failovers(tmp_path: Path) ->
     for earlier, later in itertools.pairwise(holds):
         assert earlier.end <= later.start, f"two holders at once: {earlier} and {later}"
         assert earlier.fence < later.fence, f"fence did not increase: {earlier} then {later}"
+
+
+async def test_a_holder_that_cannot_renew_stops_acting(tmp_path: Path) -> None:
+    settings = test_settings(tmp_path, "solo", **FAST_ELECTION)
+    completed = False
+    async with NodeDaemon(settings) as daemon:
+        url = f"http://127.0.0.1:{daemon.port}"
+
+        async def coordinating() -> bool:
+            status, _ = await post(f"{url}/v1/locks/probe/acquire", {"holder": "p", "ttl_s": 1})
+            return status == 200
+
+        await until(coordinating, 10, "the lone node to serve locks")
+
+        async def hold() -> None:
+            nonlocal completed
+            async with cluster_lock("train", holder="h", ttl_s=1.0, urls=[url]):
+                await daemon.close()  # no renewal can reach a coordinator any more
+                await asyncio.sleep(20)
+                completed = True
+
+        with pytest.raises(LockLostError):
+            await hold()
+    assert not completed
