@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
@@ -24,6 +24,14 @@ class ClusterSection(_Frozen):
     voters: tuple[NodeId, ...] | None = None
 
 
+class AutostopSection(_Frozen):
+    """`autostop:` of a host: stop (or release) it through its provider after this idle window."""
+
+    idle_minutes: float = Field(..., gt=0)
+    action: Literal["stop", "release"] = "stop"
+    gpu_util_threshold: float = Field(5.0, ge=0, le=100)
+
+
 class HostEntry(_Frozen):
     """One host of the inventory; its key in `hosts:` is its node id."""
 
@@ -32,6 +40,9 @@ class HostEntry(_Frozen):
     ssh_user: str | None = None
     ssh_port: Port = 22
     ssh_key: str | None = None
+    proxy_jump: str | None = None
+    internal_ip: str | None = None
+    autostop: AutostopSection | None = None
     p2p_port: Port = 8770
     path: str = "~/shoal"
     venv_activate: str | None = None

@@ -16,6 +16,7 @@ from node.election.seams import WalDurableState
 from node.election.service import ElectionService, VoterSet, resolve_voters
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
 from node.errors import (
+    DeployError,
     DiscoveryError,
     DownloadHashError,
     ElectionError,
@@ -35,9 +36,15 @@ from node.errors import (
     PeerRequestError,
     PeerTimeoutError,
     PlanError,
+    ProviderError,
     RendezvousError,
     ResultsStoreError,
     RunError,
+    SSHAuthError,
+    SSHConnectError,
+    SSHError,
+    SSHHostKeyError,
+    SSHTimeoutError,
     StartupError,
     WireError,
 )
@@ -57,10 +64,21 @@ from node.membership.service import (
     UdpMembershipTransport,
 )
 from node.openapi import RouteDoc, openapi_document
+from node.providers import (
+    AutoStop,
+    LocalProvider,
+    NodeHandle,
+    Provider,
+    StaticProvider,
+    acquire_node,
+    ready_node,
+)
 from node.runs.client import cluster_lock
 from node.runs.table import LockFence
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
+from node.ssh import HostMemory, SSHExecutor, SSHResult, detect_host_memory
+from node.ssh.deploy import DeployResult, deploy
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.training.groups import ElasticGroup, join_group
@@ -73,8 +91,12 @@ __all__ = [
     "AdoptionLog",
     "Advert",
     "AuthPolicy",
+    "AutoStop",
     "Candidate",
     "CandidateSource",
+    "Coordination",
+    "DeployError",
+    "DeployResult",
     "Discovery",
     "DiscoveryError",
     "DownloadHashError",
@@ -88,6 +110,7 @@ __all__ = [
     "Elector",
     "EventKind",
     "GroupError",
+    "HostMemory",
     "HttpElectionTransport",
     "InMemoryNetwork",
     "JobClientError",
@@ -98,6 +121,7 @@ __all__ = [
     "JobWaitTimeoutError",
     "LauncherError",
     "Listener",
+    "LocalProvider",
     "LockError",
     "LockFence",
     "LockLostError",
@@ -114,11 +138,14 @@ __all__ = [
     "NodeCapabilities",
     "NodeDaemon",
     "NodeError",
+    "NodeHandle",
     "NodeRuntime",
     "PeerRequestError",
     "PeerTimeoutError",
     "PlanError",
     "PlanFence",
+    "Provider",
+    "ProviderError",
     "Rendezvous",
     "RendezvousError",
     "ResultsStoreError",
@@ -126,7 +153,15 @@ __all__ = [
     "RolePolicy",
     "RouteDoc",
     "RunError",
+    "SSHAuthError",
+    "SSHConnectError",
+    "SSHError",
+    "SSHExecutor",
+    "SSHHostKeyError",
+    "SSHResult",
+    "SSHTimeoutError",
     "StartupError",
+    "StaticProvider",
     "SwimTuning",
     "SyncService",
     "SystemdNotifier",
@@ -136,6 +171,7 @@ __all__ = [
     "VoterSet",
     "WalDurableState",
     "WireError",
+    "acquire_node",
     "auth_middleware",
     "build_app",
     "check_adoption_logs",
@@ -143,6 +179,8 @@ __all__ = [
     "choose_interfaces",
     "cluster_lock",
     "compute_plan",
+    "deploy",
+    "detect_host_memory",
     "election_routes",
     "error_middleware",
     "find_self_in_inventory",
@@ -151,6 +189,8 @@ __all__ = [
     "local_addresses",
     "openapi_document",
     "read_adoption_log",
+    "ready_node",
+    "rendezvous_document",
     "rendezvous_for",
     "resolve_node_id",
     "resolve_voters",

@@ -27,6 +27,13 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
       +-- JobEndedError -- the job ended killed, timed_out or lost: no exit code
       +-- JobWaitTimeoutError (also TimeoutError) -- still running when the wait ran out
       +-- DownloadHashError -- a download did not match its X-Shoal-Content-Hash
+ +-- SSHError -- an SSH connection or command to an inventory host failed (node.ssh)
+ |    +-- SSHHostKeyError -- the host's key is unknown or changed (see `shoal ssh trust`)
+ |    +-- SSHAuthError -- the host refused our key
+ |    +-- SSHConnectError -- the host (or its proxy_jump) is unreachable
+ |    +-- SSHTimeoutError (also TimeoutError) -- connecting or the command took too long
+ +-- DeployError -- `shoal deploy` could not build, push, install or start shoal on a host
+ +-- ProviderError -- a node provider could not acquire, start, stop or release a node
 
 `peer_error` translates aiohttp and OS errors of a request. node.startup.startup_error is the
 table of what stops a start (OSError, sqlite3, the WAL's and the record stores' errors): it lives
@@ -43,6 +50,7 @@ import aiohttp
 from config import ErrorAnswer
 
 __all__ = [
+    "DeployError",
     "DiscoveryError",
     "DownloadHashError",
     "ElectionError",
@@ -63,9 +71,15 @@ __all__ = [
     "PeerRequestError",
     "PeerTimeoutError",
     "PlanError",
+    "ProviderError",
     "RendezvousError",
     "ResultsStoreError",
     "RunError",
+    "SSHAuthError",
+    "SSHConnectError",
+    "SSHError",
+    "SSHHostKeyError",
+    "SSHTimeoutError",
     "StartupError",
     "WireError",
     "peer_error",
@@ -139,6 +153,34 @@ class PeerRequestError(NodeError):
 
 class PeerTimeoutError(PeerRequestError, TimeoutError):
     """A request to `url` got no answer in time."""
+
+
+class SSHError(NodeError):
+    """An SSH connection or command to a host failed; the message names the host."""
+
+
+class SSHHostKeyError(SSHError):
+    """The host's key is not in known_hosts, or differs from it; says how to trust it."""
+
+
+class SSHAuthError(SSHError):
+    """The host refused the client key."""
+
+
+class SSHConnectError(SSHError):
+    """The host, or its proxy_jump, did not accept a connection."""
+
+
+class SSHTimeoutError(SSHError, TimeoutError):
+    """Connecting to the host, or its command, took longer than allowed."""
+
+
+class DeployError(NodeError):
+    """`shoal deploy` could not build, push, install or start shoal on a host."""
+
+
+class ProviderError(NodeError):
+    """A node provider could not acquire, start, stop or release a node."""
 
 
 # --- the table of requests ------------------------------------------------------------------------

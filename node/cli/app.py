@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from config import shoal_version
+from node.cli import deploy as cli_deploy
 from node.cli import devcluster as cli_devcluster
 from node.cli import inspect as cli_inspect
 from node.cli import monitor as cli_monitor
@@ -15,6 +16,7 @@ from node.cli.hosts import config_app, hosts_app
 from node.cli.jobs import jobs_app
 from node.cli.records import records_app
 from node.cli.runs import runs_app
+from node.cli.ssh import ssh_app
 from node.cli.wal import wal_app
 
 app = typer.Typer(
@@ -30,11 +32,13 @@ app.add_typer(wal_app, name="wal")
 app.add_typer(records_app, name="records")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
+app.add_typer(ssh_app, name="ssh")
 cli_serve.register(app)
 cli_inspect.register(app)
 cli_devcluster.register(app)
 cli_monitor.register(app)
 cli_sync.register(app)
+cli_deploy.register(app)
 
 
 @app.command("version")

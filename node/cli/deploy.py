@@ -1,0 +1,127 @@
+"""`shoal deploy` and `shoal undeploy`: put shoal on inventory hosts, or take it off."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from config import read_secret_file
+from node.cli.common import config_errors, console, fail, print_json, settings_from
+from node.cli.ssh import (
+    AllOption,
+    HostsArgument,
+    InventoryOption,
+    KnownHostsOption,
+    RoleOption,
+    executor_for,
+    load_targets,
+)
+from node.ssh.deploy import DeployResult, deploy, undeploy_host
+from node.ssh.plan import DEFAULT_CACHE_DIR, FAILED, HEALTH_TIMEOUT_S
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Print every step per host; change nothing.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _report(results: dict[str, DeployResult], as_json: bool) -> None:
+    if as_json:
+        print_json({"results": {h: r.as_dict() for h, r in results.items()}})
+    else:
+        for result in results.values():
+            console.print(result.line(), markup=False, highlight=False)
+            if result.dry_run:
+                for step in result.steps:
+                    console.print(f"  - {step}", markup=False, highlight=False)
+    raise typer.Exit(1 if any(r.status == FAILED for r in results.values()) else 0)
+
+
+def deploy_command(
+    hosts: HostsArgument = None,
+    inventory_file: InventoryOption = None,
+    all_hosts: AllOption = False,
+    role: RoleOption = None,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            help="Push wheels of every dependency too (repacked from this environment; the "
+            "hosts need the same Python version and platform) and install without an index.",
+        ),
+    ] = False,
+    python: Annotated[
+        str, typer.Option("--python", help="Python on the hosts that creates the venv.")
+    ] = "python3",
+    secret_file: Annotated[
+        Path | None,
+        typer.Option("--secret-file", help="Cluster secret to install; default secret_file."),
+    ] = None,
+    cache_dir: Annotated[
+        Path, typer.Option("--cache-dir", help="Where built wheels are kept and reused.")
+    ] = DEFAULT_CACHE_DIR,
+    health_timeout_s: Annotated[
+        float, typer.Option("--health-timeout", help="Seconds to wait for /v1/health.")
+    ] = HEALTH_TIMEOUT_S,
+    known_hosts: KnownHostsOption = None,
+) -> None:
+    """Install (or upgrade) and start shoal on the hosts; `unchanged` when already there."""
+    inventory, known, names = load_targets(inventory_file, known_hosts, hosts, all_hosts, role)
+    secret_path = secret_file or settings_from().settings.secret_file
+    if secret_path is None:
+        fail("deploy installs the cluster secret: pass --secret-file or set secret_file")
+    with config_errors():
+        secret = read_secret_file(secret_path, "cluster secret")
+    if inventory.source is None:
+        fail("the inventory must come from a file to be pushed to the hosts")
+    inventory_text = inventory.source.read_text()
+
+    async def go() -> dict[str, DeployResult]:
+        async with executor_for(inventory, known) as executor:
+            return await deploy(
+                executor,
+                names,
+                secret=secret,
+                inventory_text=inventory_text,
+                python=python,
+                offline=offline,
+                dry_run=dry_run,
+                cache_dir=cache_dir,
+                health_timeout_s=health_timeout_s,
+            )
+
+    _report(asyncio.run(go()), as_json)
+
+
+def undeploy_command(
+    hosts: Annotated[list[str], typer.Argument(help="Inventory host names.")],
+    inventory_file: InventoryOption = None,
+    purge: Annotated[
+        bool, typer.Option("--purge", help="Remove the data dir too (everything under path).")
+    ] = False,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+    known_hosts: KnownHostsOption = None,
+) -> None:
+    """Stop and remove shoal on the hosts; the data dir stays unless --purge."""
+    inventory, known, names = load_targets(inventory_file, known_hosts, hosts, False, None)
+
+    async def go() -> dict[str, DeployResult]:
+        async with executor_for(inventory, known) as executor:
+            done = await asyncio.gather(
+                *(undeploy_host(executor, h, purge=purge, dry_run=dry_run) for h in names)
+            )
+        return dict(zip(names, done, strict=True))
+
+    _report(asyncio.run(go()), as_json)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `deploy` and `undeploy` to the `shoal` app."""
+    app.command("deploy")(deploy_command)
+    app.command("undeploy")(undeploy_command)

@@ -1,0 +1,52 @@
+"""Node providers: acquire, start, stop and release nodes (`static`: the inventory; `local`:
+daemons on this machine), `acquire_node`, and auto-stop of idle nodes."""
+
+from __future__ import annotations
+
+from node.providers.acquire import acquire_node
+from node.providers.autostop import (
+    WAL_ENTRY_TYPE,
+    AutoStop,
+    AutostopPolicy,
+    IdleChecks,
+    IdleSample,
+    nvml_utilization,
+    should_act,
+    take_sample,
+)
+from node.providers.base import (
+    RELEASED,
+    RUNNING,
+    STOPPED,
+    ActionResult,
+    GPUQuery,
+    NodeHandle,
+    Provider,
+)
+from node.providers.local import LocalProvider
+from node.providers.ready import ReadyNode, ready_node
+from node.providers.static import StaticProvider, host_matches
+
+__all__ = [
+    "RELEASED",
+    "RUNNING",
+    "STOPPED",
+    "WAL_ENTRY_TYPE",
+    "ActionResult",
+    "AutoStop",
+    "AutostopPolicy",
+    "GPUQuery",
+    "IdleChecks",
+    "IdleSample",
+    "LocalProvider",
+    "NodeHandle",
+    "Provider",
+    "ReadyNode",
+    "StaticProvider",
+    "acquire_node",
+    "host_matches",
+    "nvml_utilization",
+    "ready_node",
+    "should_act",
+    "take_sample",
+]

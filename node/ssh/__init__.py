@@ -1,0 +1,33 @@
+"""SSH to inventory hosts: the executor (pooled connections, parallel runs), host checks and
+host-key trust, and `shoal deploy`."""
+
+from __future__ import annotations
+
+from node.ssh.check import HostCheck, HostMemory, check_hosts, detect_host_memory, parse_probe
+from node.ssh.executor import (
+    SSHEndpoint,
+    SSHExecutor,
+    SSHPool,
+    SSHResult,
+    endpoint_of,
+    parse_ssh_spec,
+)
+from node.ssh.trust import HostKeyInfo, add_host_key, fetch_host_key, key_status
+
+__all__ = [
+    "HostCheck",
+    "HostKeyInfo",
+    "HostMemory",
+    "SSHEndpoint",
+    "SSHExecutor",
+    "SSHPool",
+    "SSHResult",
+    "add_host_key",
+    "check_hosts",
+    "detect_host_memory",
+    "endpoint_of",
+    "fetch_host_key",
+    "key_status",
+    "parse_probe",
+    "parse_ssh_spec",
+]

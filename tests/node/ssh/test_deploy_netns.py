@@ -1,0 +1,183 @@
+"""`shoal deploy` to two netns hosts with real sshds: from a clean state both daemons answer
+/v1/health and see each other; a second run is `unchanged` with the same pids; `--dry-run`
+writes nothing; `undeploy` stops the daemon and keeps the data dir."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from config import load_inventory, signed_headers
+from node.providers import ReadyNode, ready_node
+from node.ssh import SSHExecutor
+from node.ssh.deploy import DeployResult, deploy, undeploy_host
+from node.ssh.plan import INSTALLED, REMOVED, UNCHANGED
+from tests.cluster.fixtures import NetnsClusterFactory
+from tests.cluster.sshd import (
+    make_client_key,
+    requires_sshd,
+    run_in_namespace,
+    start_sshd,
+)
+from tests.cluster.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.netns,
+    requires_sshd(),
+]
+BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
+STEP_TIMEOUT_S = 240.0
+
+
+@pytest.mark.timeout(600)
+def test_deploy_two_hosts_then_unchanged_then_undeploy(
+    netns_cluster: NetnsClusterFactory, tmp_path: Path
+) -> None:
+    cluster = netns_cluster(3)
+    operator, *targets = cluster.hosts
+    key = make_client_key(tmp_path / "client")
+    servers = [start_sshd(tmp_path / f"sshd-{h.name}", [key.public_line], host=h) for h in targets]
+    known = tmp_path / "known_hosts"
+    known.write_text("\n".join(s.known_hosts_line() for s in servers) + "\n")
+    secret_path = tmp_path / "secret"
+    secret_path.write_text("deploy-test-secret-0123456789abcdef\n")
+    secret_path.chmod(0o600)
+    roots = {h.name: tmp_path / "targets" / h.name for h in targets}
+    inventory_path = tmp_path / "inventory.yaml"
+    inventory_path.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {"name": "deploytest"},
+                "hosts": {
+                    h.name: {
+                        "ssh_host": h.address,
+                        "internal_ip": h.address,
+                        "ssh_user": "root",
+                        "ssh_key": str(key.path),
+                        "path": str(roots[h.name]),
+                        "p2p_port": h.port,
+                    }
+                    for h in targets
+                },
+            }
+        )
+    )
+    inventory = load_inventory(inventory_path)
+    names = [h.name for h in targets]
+    secret = b"deploy-test-secret-0123456789abcdef"
+
+    def run_deploy(dry_run: bool) -> dict[str, DeployResult]:
+        async def go() -> dict[str, DeployResult]:
+            async with SSHExecutor(inventory, known) as executor:
+                return await deploy(
+                    executor,
+                    names,
+                    secret=secret,
+                    inventory_text=inventory_path.read_text(),
+                    python=BASE_PYTHON,
+                    offline=True,
+                    dry_run=dry_run,
+                    cache_dir=tmp_path / "cache",
+                )
+
+        return run_in_namespace(operator.ns, go, STEP_TIMEOUT_S)
+
+    dry = run_deploy(dry_run=True)
+    for name in names:
+        assert dry[name].status == INSTALLED, dry[name]
+        assert dry[name].dry_run
+        assert any("install shoal" in step for step in dry[name].steps)
+        assert any("the cluster secret" in step for step in dry[name].steps)
+        assert "deploy-test-secret" not in " ".join(dry[name].steps)
+    for host in targets:  # checked on the host: nothing was written
+        assert host.run(["test", "-e", str(roots[host.name])], check=False).returncode == 1
+
+    first = run_deploy(dry_run=False)
+    for name in names:
+        assert first[name].status == INSTALLED, first[name]
+        assert first[name].pid is not None
+        secret_file = roots[name] / "secret"
+        assert secret_file.stat().st_mode & 0o777 == 0o600
+        assert secret_file.read_bytes().strip() == secret
+
+    def views() -> dict[str, set[str]]:
+        async def go() -> dict[str, set[str]]:
+            seen: dict[str, set[str]] = {}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+                for host in targets:
+                    headers = signed_headers(secret, "deploy-test", "GET", "/v1/peers")
+                    url = f"http://{host.endpoint}/v1/peers"
+                    async with session.get(url, headers=headers) as response:
+                        document = await response.json()
+                    seen[host.name] = {
+                        m["node_id"] for m in document["members"] if m["state"] == "alive"
+                    }
+            return seen
+
+        return run_in_namespace(operator.ns, go, 30.0)
+
+    def see_each_other() -> bool:
+        try:
+            return all(set(names) <= seen for seen in views().values())
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+
+    wait_until(
+        see_each_other,
+        timeout_s=60,
+        interval_s=0.5,
+        message="both deployed daemons see each other alive",
+    )
+
+    second = run_deploy(dry_run=False)
+    for name in names:
+        assert second[name].status == UNCHANGED, second[name]
+        assert second[name].steps == ()
+        assert second[name].pid == first[name].pid
+        assert os.path.exists(f"/proc/{first[name].pid}")
+
+    async def ready() -> ReadyNode:
+        return await ready_node(
+            ssh=names[1],
+            inventory=inventory,
+            secret=secret,
+            known_hosts=known,
+            python=BASE_PYTHON,
+            offline=True,
+            cache_dir=tmp_path / "cache",
+        )
+
+    # The jobs API's `ssh` mode: acquire + deploy (unchanged here) + the node's URL.
+    node = run_in_namespace(operator.ns, ready, STEP_TIMEOUT_S)
+    assert node.url == f"http://{targets[1].endpoint}"
+    assert node.deployed is not None
+    assert node.deployed.status == UNCHANGED
+    assert node.handle is None
+
+    async def take_off() -> DeployResult:
+        async with SSHExecutor(inventory, known) as executor:
+            return await undeploy_host(executor, names[0])
+
+    removed = run_in_namespace(operator.ns, take_off, STEP_TIMEOUT_S)
+    assert removed.status == REMOVED, removed
+    pid = first[names[0]].pid
+    wait_until(
+        lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid),
+        timeout_s=30,
+        message="the undeployed daemon stopped",
+    )
+    assert (roots[names[0]] / "data").is_dir()
+    assert not (roots[names[0]] / "venv").exists()
+    assert not (roots[names[0]] / "secret").exists()
+
+
+def _zombie(pid: int | None) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
