@@ -55,7 +55,9 @@ from node.jobs.setup import JobApi, open_job_service
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
+from node.providers import StaticProvider
 from node.runs.locks import LockService
+from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runs.results import open_results_store
 from node.runs.service import RunService
 from node.runtime import NodeRuntime
@@ -260,6 +262,9 @@ class NodeDaemon:
         self.runtime = runtime
         self._voters = resolve_voters(settings, inventory, node_id)
         self._stacks = {} if inventory is None else dict(inventory.stacks)
+        self._run_nodes = (
+            StaticNodes() if inventory is None else ProviderNodes(StaticProvider(inventory))
+        )
         election = ElectionService(runtime, self._voters)
         self._election = election
         self._notifier.status("opening the WAL")
@@ -359,7 +364,8 @@ class NodeDaemon:
         await locks.open()
         self._stack.push_async_callback(locks.close)
         stacks = {name: entry.model_dump() for name, entry in self._stacks.items()}
-        runs = RunService(locks, open_results_store(runtime.settings), stacks)
+        results = open_results_store(runtime.settings)
+        runs = RunService(locks, results, stacks, starter=self._run_nodes)
         await runs.open()
         self._stack.push_async_callback(runs.close)
         if runtime.health is not None:

@@ -128,6 +128,7 @@ def new_run(spec: RunSpec, seq: int, now: float | None = None) -> dict[str, Any]
         "fence": None,
         "job_node": None,
         "job_url": None,
+        "started_nodes": [],
         "job": None,
         "uploaded": [],
         "cancel_requested": False,

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -21,6 +21,7 @@ from node.errors import LockError, RunError
 from node.jobs.setup import local_daemon_url
 from node.openapi import RouteDoc
 from node.runs.locks import LockService, answers_lock_errors
+from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
     MAX_PENDING,
     active_runs,
@@ -42,23 +43,6 @@ DRIVE_TICK_S = 0.3
 RUN_LOCK_TTL_S = 60.0
 KILL_GRACE_S = 5.0
 CHUNK_BYTES = 1 << 20
-
-
-class NodeStarter(Protocol):
-    """Starts and stops the nodes a run needs (a provider); answers what it did."""
-
-    async def start(self, run: Mapping[str, Any]) -> str: ...
-    async def stop(self, run: Mapping[str, Any]) -> str: ...
-
-
-class StaticNodes:
-    """The `static` provider's behaviour: the nodes are always on; nothing to start or stop."""
-
-    async def start(self, run: Mapping[str, Any]) -> str:
-        return "provider static: the nodes are always running, nothing to start"
-
-    async def stop(self, run: Mapping[str, Any]) -> str:
-        return "provider static: nothing to stop"
 
 
 def final_state(run: Mapping[str, Any]) -> str:
@@ -134,11 +118,16 @@ class RunService:
         if step == "queued":
             await self._take_lock(run)
         elif step == "locked":
-            note = await self.starter.start(run)
+            note, started_nodes = await self.starter.start(run)
             runtime = self._runtime
             job_url = f"http://{runtime.address}:{runtime.port}"
             started = with_step(
-                run, "starting", job_node=runtime.node_id, job_url=job_url, note=note
+                run,
+                "starting",
+                job_node=runtime.node_id,
+                job_url=job_url,
+                started_nodes=started_nodes,
+                note=note,
             )
             await self._put(started)
         elif step == "starting":
