@@ -55,7 +55,7 @@ class ProviderNodes:
         try:
             notes = []
             for handle in await self.provider.list():
-                if True:
+                if handle.id in wanted:
                     result = await self.provider.stop(handle)
                     notes.append(f"{handle.id}: {result.message or 'stopped'}")
         except ProviderError as exc:
