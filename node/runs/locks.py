@@ -28,7 +28,6 @@ from node.runs.table import (
     LockFence,
     LockTable,
     acquire,
-    check_holder,
     expire,
     release,
     renew,
@@ -281,11 +280,6 @@ class LockService:
                 return LockAnswer(name, holder, False, None, None)
             answer = LockAnswer(name, holder, False, None, position)
         return answer
-
-    def check(self, name: str, holder: str, fence: LockFence) -> None:
-        """A lock-protected action of `holder` under `fence` on the coordinator: LockError 409
-        when `fence` is older than the lock's current grant (or `holder` does not hold it)."""
-        check_holder(self.table, name, holder, fence)
 
     # HTTP
 
