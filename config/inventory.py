@@ -88,6 +88,13 @@ class BreakerSection(_Frozen):
     recovery_timeout: float = Field(60.0, gt=0)
 
 
+class StackEntry(_Frozen):
+    """One of `stacks:`: a named cluster size a run asks for with `--stack NAME`."""
+
+    nodes: int = Field(1, ge=1, le=1024)
+    role: str = Field("any", min_length=1)
+
+
 class Inventory(_Frozen):
     """A whole inventory file. `source` is where it was read from (None when built in code)."""
 
@@ -95,6 +102,7 @@ class Inventory(_Frozen):
     hosts: dict[NodeId, HostEntry] = Field(default_factory=dict)
     sync: SyncSection = Field(default_factory=SyncSection)
     circuit_breaker: BreakerSection = Field(default_factory=BreakerSection)
+    stacks: dict[str, StackEntry] = Field(default_factory=dict)
     source: Path | None = Field(None, exclude=True)
 
     @property

@@ -11,7 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from config.errors import ConfigError
 from config.fields import Category, ListenPort, NodeId, Port, Role
@@ -22,6 +22,31 @@ from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping
 class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
+
+
+class ResultsSettings(BaseModel):
+    """The `results:` section: where runs put the files they collect."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["local", "s3"] = Field(
+        "local",
+        description="`local`: a directory on the coordinator's host; `s3`: an S3-compatible store.",
+    )
+    path: Path | None = Field(None, description="local: the directory (default DATA_DIR/results).")
+    endpoint_url: str | None = Field(None, description="s3: the store's URL (None: AWS).")
+    bucket: str | None = Field(None, description="s3: the bucket (required for s3).")
+    prefix: str = Field("", description="s3: a key prefix before runs/<run_id>/<node>/.")
+    credentials_file: Path | None = Field(
+        None, description="s3: AWS-style credentials file ([default] aws_access_key_id, ...)."
+    )
+    region: str = Field("us-east-1", description="s3: the region name.")
+
+    @model_validator(mode="after")
+    def _s3_needs_bucket(self) -> ResultsSettings:
+        if self.backend == "s3" and (not self.bucket or self.credentials_file is None):
+            raise ValueError("results.backend s3 needs results.bucket and results.credentials_file")
+        return self
 
 
 class JobSettings(BaseModel):
@@ -122,6 +147,7 @@ class NodeSettings(BaseModel):
         60.0, ge=0, description="Background pull of files and records from alive peers (0: off)."
     )
     jobs: JobSettings = Field(default_factory=JobSettings)
+    results: ResultsSettings = Field(default_factory=ResultsSettings)
     timeouts: Timeouts = Field(default_factory=Timeouts)
 
     @field_validator("seeds")

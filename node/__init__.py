@@ -27,6 +27,9 @@ from node.errors import (
     JobUnreachableError,
     JobWaitTimeoutError,
     LauncherError,
+    LockError,
+    LockLostError,
+    LockUnavailableError,
     MasterUnreachable,
     MembershipError,
     NodeError,
@@ -35,6 +38,8 @@ from node.errors import (
     PlanError,
     ProviderError,
     RendezvousError,
+    ResultsStoreError,
+    RunError,
     SSHAuthError,
     SSHConnectError,
     SSHError,
@@ -68,6 +73,8 @@ from node.providers import (
     acquire_node,
     ready_node,
 )
+from node.runs.client import cluster_lock
+from node.runs.table import LockFence
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
 from node.ssh import HostMemory, SSHExecutor, SSHResult, detect_host_memory
@@ -114,6 +121,10 @@ __all__ = [
     "LauncherError",
     "Listener",
     "LocalProvider",
+    "LockError",
+    "LockFence",
+    "LockLostError",
+    "LockUnavailableError",
     "MasterUnreachable",
     "Member",
     "MemberEvent",
@@ -136,9 +147,11 @@ __all__ = [
     "ProviderError",
     "Rendezvous",
     "RendezvousError",
+    "ResultsStoreError",
     "RolePlan",
     "RolePolicy",
     "RouteDoc",
+    "RunError",
     "SSHAuthError",
     "SSHConnectError",
     "SSHError",
@@ -163,6 +176,7 @@ __all__ = [
     "check_adoption_logs",
     "check_fence",
     "choose_interfaces",
+    "cluster_lock",
     "compute_plan",
     "deploy",
     "detect_host_memory",

@@ -48,6 +48,7 @@ from node.addresses import choose_interfaces, find_self_in_inventory, local_addr
 from node.api import build_app
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
+from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
 from node.jobs.setup import JobApi, open_job_service
@@ -55,6 +56,11 @@ from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.metrics import ingest_counter
 from node.openapi import RouteDoc
+from node.providers import StaticProvider
+from node.runs.locks import LockService
+from node.runs.nodes import ProviderNodes, StaticNodes
+from node.runs.results import open_results_store
+from node.runs.service import RunService
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.startup import prepare_data_dir
@@ -262,7 +268,12 @@ class NodeDaemon:
             metrics=metrics,
         )
         self.runtime = runtime
-        election = ElectionService(runtime, resolve_voters(settings, inventory, node_id))
+        self._voters = resolve_voters(settings, inventory, node_id)
+        self._stacks = {} if inventory is None else dict(inventory.stacks)
+        self._run_nodes = (
+            StaticNodes() if inventory is None else ProviderNodes(StaticProvider(inventory))
+        )
+        election = ElectionService(runtime, self._voters)
         self._election = election
         self._notifier.status("opening the WAL")
         wal_config = WalConfig.from_timeouts(settings.timeouts)
@@ -355,6 +366,21 @@ class NodeDaemon:
         )
         actors = open_actor_routes(runtime, election, secrets.cluster)
         self._stack.push_async_callback(actors.close)
+        # runs: the cluster's fenced locks (node/runs)
+        assert runtime.wal is not None
+        locks = LockService(
+            runtime, self._voters.voters, WalDurableState(runtime.wal), secrets.cluster
+        )
+        await locks.open()
+        self._stack.push_async_callback(locks.close)
+        stacks = {name: entry.model_dump() for name, entry in self._stacks.items()}
+        results = open_results_store(runtime.settings)
+        runs = RunService(locks, results, stacks, starter=self._run_nodes)
+        await runs.open()
+        self._stack.push_async_callback(runs.close)
+        if runtime.health is not None:
+            runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
+            runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
         app = build_app(
             runtime,
             policy,
@@ -364,6 +390,8 @@ class NodeDaemon:
                 *sync_service.routes(),
                 *jobs.routes(),
                 *actors.routes(),
+                *locks.routes(),
+                *runs.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs(record_schemas(runtime.settings))),
@@ -371,6 +399,8 @@ class NodeDaemon:
                 *sync_service.docs([schema.name for schema in record_schemas(runtime.settings)]),
                 *jobs.docs(),
                 *actors.docs(),
+                *locks.docs(),
+                *runs.docs(),
             ],
         )
         runner = web.AppRunner(

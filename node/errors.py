@@ -16,6 +16,11 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  +-- PeerRequestError -- an HTTP request to a node failed; carries status (None: no answer)
  |    +-- PeerTimeoutError (also TimeoutError) -- no answer in time
  +-- JobError -- a job request or operation refused (its HTTP status and code)
+ +-- LockError -- a lock request refused (its HTTP status and code: a stale fence is 409)
+ |    +-- LockLostError -- a holder lost its lock (lease ran out, or a newer grant exists)
+ |    +-- LockUnavailableError -- no node answered a lock request in time
+ +-- RunError -- a run request refused, or a step of a run that failed (status and code)
+ |    +-- ResultsStoreError -- the results store refused or lost an upload (hash mismatch)
  +-- JobClientError -- the job client's errors
  |    +-- JobRequestError -- the node answered a job request with an error (status, reason)
  |    +-- JobUnreachableError -- the node could not be reached or the connection broke
@@ -57,6 +62,9 @@ __all__ = [
     "JobUnreachableError",
     "JobWaitTimeoutError",
     "LauncherError",
+    "LockError",
+    "LockLostError",
+    "LockUnavailableError",
     "MasterUnreachable",
     "MembershipError",
     "NodeError",
@@ -65,6 +73,8 @@ __all__ = [
     "PlanError",
     "ProviderError",
     "RendezvousError",
+    "ResultsStoreError",
+    "RunError",
     "SSHAuthError",
     "SSHConnectError",
     "SSHError",
@@ -239,3 +249,42 @@ class JobWaitTimeoutError(JobClientError, TimeoutError):
 
 class DownloadHashError(JobClientError):
     """A downloaded file did not match the X-Shoal-Content-Hash the node announced."""
+
+
+class LockError(NodeError):
+    """A lock request or operation refused; `code` and `status` are what the API answers."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.code = code
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+class LockLostError(LockError):
+    """The holder lost its lock while holding it (lease ran out or a newer grant exists)."""
+
+
+class LockUnavailableError(LockError):
+    """No node answered a lock request in time (no coordinator, or every node unreachable)."""
+
+
+class RunError(NodeError):
+    """A run request refused, or a step of a run that failed; `code` and `status` are what
+    the API answers."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.code = code
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+class ResultsStoreError(RunError):
+    """The results store refused an upload, or what it stored does not match its hash."""

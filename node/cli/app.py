@@ -15,6 +15,7 @@ from node.cli.common import console
 from node.cli.hosts import config_app, hosts_app
 from node.cli.jobs import jobs_app
 from node.cli.records import records_app
+from node.cli.runs import runs_app
 from node.cli.ssh import ssh_app
 from node.cli.wal import wal_app
 from node.cli.workers import workers_app
@@ -31,6 +32,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(wal_app, name="wal")
 app.add_typer(records_app, name="records")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(runs_app, name="runs")
 app.add_typer(ssh_app, name="ssh")
 app.add_typer(workers_app, name="workers")
 cli_serve.register(app)

@@ -1,0 +1,166 @@
+"""The lock client: `async with cluster_lock("training", holder=..., ttl_s=...) as fence:` waits
+its turn in the lock's FIFO queue, renews the lease while the body runs, and releases on exit.
+If the lease is lost (no renewal reached the coordinator in time) the body is cancelled and
+LockLostError raised: a holder never keeps acting on a lock it lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+
+from config import signing_middleware
+from node.errors import LockError, LockLostError, LockUnavailableError
+from node.runs.table import LockFence
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.2
+REQUEST_TIMEOUT_S = 5.0
+DEFAULT_URL = "http://127.0.0.1:8420"
+
+
+def default_holder() -> str:
+    """`host:pid:random`: unique per process and per call."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LockClient:
+    """Lock requests to any of `urls` (each forwards to the coordinator); tries the next node
+    when one does not answer, retries while there is no coordinator or quorum."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        secret: bytes | None = None,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        if not urls:
+            raise LockError(400, "no_node", "cluster_lock needs at least one node URL")
+        self.urls = tuple(u.rstrip("/") for u in urls)
+        self._secret = secret
+        self._timeout_s = request_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._next = 0
+
+    async def __aenter__(self) -> LockClient:
+        middlewares = (signing_middleware(self._secret, "lock-client"),) if self._secret else ()
+        self._session = aiohttp.ClientSession(middlewares=middlewares)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def call(
+        self, name: str, op: str, body: dict[str, Any], deadline: float, extra_s: float = 0.0
+    ) -> dict[str, Any]:
+        """POST /v1/locks/{name}/{op} until an answer other than 503 or `deadline` passes."""
+        assert self._session is not None, "use LockClient in `async with`"
+        last = "no attempt"
+        while True:
+            url = f"{self.urls[self._next % len(self.urls)]}/v1/locks/{name}/{op}"
+            timeout = aiohttp.ClientTimeout(total=self._timeout_s + extra_s)
+            try:
+                async with self._session.post(url, json=body, timeout=timeout) as response:
+                    answer = await response.json(content_type=None)
+                if response.status == 200:
+                    return dict(answer)
+                if response.status != 503:
+                    raise LockError(
+                        response.status, str(answer.get("error")), str(answer.get("reason"))
+                    )
+                last = f"{url}: {answer.get('reason')}"
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                last = f"{url}: {exc!r}"
+                self._next += 1
+            if time.monotonic() >= deadline:
+                raise LockUnavailableError(503, "lock_unavailable", f"lock {name!r} {op}: {last}")
+            await asyncio.sleep(RETRY_S)
+
+
+@contextlib.asynccontextmanager
+async def cluster_lock(
+    name: str,
+    *,
+    holder: str | None = None,
+    ttl_s: float = 30.0,
+    urls: Sequence[str] = (DEFAULT_URL,),
+    secret: bytes | None = None,
+    timeout_s: float | None = None,
+    wait_s: float = 5.0,
+) -> AsyncIterator[LockFence]:
+    """Hold the cluster lock `name` for the body; yields the grant's fence `[term, seq]`.
+
+    Waits in FIFO order up to `timeout_s` (None: forever). Raises LockLostError when the lease
+    was lost while the body ran (the body is cancelled), LockUnavailableError when no node answers.
+    """
+    holder = holder or default_holder()
+    async with LockClient(urls, secret=secret) as client:
+        start = time.monotonic()
+        body = {"holder": holder, "ttl_s": ttl_s, "wait": True, "wait_s": wait_s}
+        while True:
+            deadline = start + timeout_s if timeout_s is not None else math.inf
+            answer = await client.call(
+                name, "acquire", body, min(deadline, time.monotonic() + ttl_s), wait_s
+            )
+            if answer["granted"]:
+                break
+            if timeout_s is not None and time.monotonic() - start >= timeout_s:
+                raise LockUnavailableError(
+                    503, "lock_wait_timeout", f"lock {name!r}: not granted within {timeout_s:g} s"
+                )
+        fence = LockFence.parse(answer["fence"])
+        lease_end = time.monotonic() + ttl_s
+        body_task = asyncio.current_task()
+        lost: list[str] = []
+
+        margin_s = min(1.0, ttl_s / 4)
+
+        async def keep() -> None:
+            nonlocal lease_end
+            renew = {"holder": holder, "fence": fence.to_list()}
+            while True:
+                await asyncio.sleep(ttl_s / 3)
+                asked = time.monotonic()
+                give_up_at = lease_end - margin_s
+                try:
+                    await asyncio.wait_for(
+                        client.call(name, "renew", renew, give_up_at), max(0.0, give_up_at - asked)
+                    )
+                    lease_end = asked + ttl_s
+                except (LockError, TimeoutError) as exc:
+                    lost.append(getattr(exc, "reason", "") or "no renewal reached the coordinator")
+                    assert body_task is not None
+                    body_task.cancel()
+                    return
+
+        keeper = asyncio.create_task(keep(), name=f"lock-{name}-renew")
+        try:
+            yield fence
+        except asyncio.CancelledError:
+            if lost and body_task is not None:
+                body_task.uncancel()
+                raise LockLostError(409, "lock_lost", f"lock {name!r} lost: {lost[0]}") from None
+            raise
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+        if lost:
+            raise LockLostError(409, "lock_lost", f"lock {name!r} lost: {lost[0]}")
+        with contextlib.suppress(LockError):
+            release = {"holder": holder, "fence": fence.to_list()}
+            await client.call(name, "release", release, time.monotonic() + ttl_s)

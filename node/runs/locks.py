@@ -1,0 +1,431 @@
+"""The lock API of a node: the coordinator serves the cluster's locks from the table kept on a
+majority of the voters (node.runs.quorum); every other node forwards to the coordinator.
+
+Routes: POST /v1/locks/{name}/acquire|renew|release, GET /v1/locks, and the voters' own
+POST /v1/lockstore/prepare|accept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from config import signing_middleware
+from health import LoopHealth
+from node.errors import LockError
+from node.openapi import RouteDoc
+from node.runs.quorum import Acceptor, Durable, QuorumTable
+from node.runs.table import (
+    LockAnswer,
+    LockFence,
+    LockTable,
+    acquire,
+    expire,
+    release,
+    renew,
+    take_over,
+)
+from node.runtime import NodeRuntime
+
+log = logging.getLogger(__name__)
+
+LOCKS_PATH = "/v1/locks"
+PREPARE_PATH = "/v1/lockstore/prepare"
+ACCEPT_PATH = "/v1/lockstore/accept"
+FORWARDED_HEADER = "X-Shoal-Forwarded"
+EXPIRY_TICK_S = 0.2
+DEFAULT_WAIT_S = 5.0
+MAX_WAIT_S = 30.0
+MAX_TTL_S = 7 * 86400.0
+MAX_HOLDER_CHARS = 200
+OPERATIONS = ("acquire", "renew", "release")
+
+Operation = Callable[[LockTable, int, float], tuple[LockTable, LockAnswer | None]]
+
+
+def _number(body: Mapping[str, Any], key: str, default: float | None, top: float) -> float:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise LockError(400, "invalid_lock_request", f"{key}: a number of seconds, not {value!r}")
+    if not 0 < value <= top:
+        raise LockError(400, "invalid_lock_request", f"{key}: between 0 and {top:g} s, not {value}")
+    return float(value)
+
+
+def parse_lock_body(body: object, operation: str) -> dict[str, Any]:
+    """The fields of an acquire/renew/release body; LockError 400 naming the bad field."""
+    if not isinstance(body, dict):
+        raise LockError(400, "invalid_lock_request", "the body is a JSON object")
+    holder = body.get("holder")
+    if not isinstance(holder, str) or not holder or len(holder) > MAX_HOLDER_CHARS:
+        raise LockError(
+            400,
+            "invalid_lock_request",
+            f"holder: a non-empty string of at most {MAX_HOLDER_CHARS} characters",
+        )
+    parsed: dict[str, Any] = {"holder": holder}
+    if operation == "acquire":
+        parsed["ttl_s"] = _number(body, "ttl_s", None, MAX_TTL_S)
+        wait = body.get("wait", False)
+        if not isinstance(wait, bool):
+            raise LockError(400, "invalid_lock_request", f"wait: true or false, not {wait!r}")
+        parsed["wait"] = wait
+        parsed["wait_s"] = _number(body, "wait_s", DEFAULT_WAIT_S, MAX_WAIT_S)
+    else:
+        fence = body.get("fence")
+        parsed["fence"] = None if fence is None else LockFence.parse(fence)
+    return parsed
+
+
+def _name_of(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not name or len(name) > MAX_HOLDER_CHARS:
+        raise LockError(400, "invalid_lock_name", "a lock name of 1 to 200 characters")
+    return name
+
+
+class HttpPeers:
+    """The other voters' acceptors over signed HTTP."""
+
+    def __init__(self, url_of: Callable[[str], str | None], session: aiohttp.ClientSession):
+        self.url_of = url_of
+        self._session = session
+
+    async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
+        url = self.url_of(to)
+        if url is None:
+            raise LockError(503, "voter_unknown", f"voter {to} is not in the membership view")
+        try:
+            async with self._session.post(f"{url}{path}", json=body) as response:
+                answer = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise LockError(503, "voter_unreachable", f"voter {to}: {exc!r}") from exc
+        if response.status != 200:
+            reason = answer.get("reason") if isinstance(answer, dict) else answer
+            raise LockError(response.status, "voter_refused", f"voter {to}: {reason}")
+        return answer
+
+    async def prepare(self, to: str, term: int) -> LockTable:
+        answer = await self._post(to, PREPARE_PATH, {"term": term})
+        return LockTable.from_dict(answer["table"])
+
+    async def accept(self, to: str, term: int, table: LockTable) -> None:
+        await self._post(to, ACCEPT_PATH, {"term": term, "table": table.to_dict()})
+
+
+def answers_lock_errors(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def wrapped(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except LockError as exc:
+            headers = {"Retry-After": "1"} if exc.status == 503 else None
+            return web.json_response(exc.to_dict(), status=exc.status, headers=headers)
+
+    return wrapped
+
+
+class LockService:
+    """This node's part in the cluster's locks: a voter's acceptor, the coordinator's table
+    while this node coordinates, forwarding otherwise, and the expiry loop."""
+
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        voters: tuple[str, ...],
+        durable: Durable,
+        secret: bytes | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runtime = runtime
+        self.voters = voters
+        self.acceptor = Acceptor(durable)
+        self._secret = secret
+        self._clock = clock
+        self._session: aiohttp.ClientSession | None = None
+        self._quorum: QuorumTable | None = None
+        self._mutex = asyncio.Lock()
+        self._office_term: int | None = None
+        self.table = LockTable()
+        self._changed = asyncio.Condition()
+        self._ticker: asyncio.Task[None] | None = None
+        self.loop_health = LoopHealth("locks")
+
+    # lifecycle
+
+    async def open(self) -> None:
+        timeouts = self.runtime.settings.timeouts
+        middlewares = (
+            (signing_middleware(self._secret, self.runtime.node_id),) if self._secret else ()
+        )
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeouts.http_request_s),
+            middlewares=middlewares,
+        )
+        peers = HttpPeers(self.url_of, self._session)
+        self._quorum = QuorumTable(
+            self.runtime.node_id, self.voters, self.acceptor, peers, timeouts.http_request_s
+        )
+        self._ticker = asyncio.create_task(self._expiry_loop(), name="locks-expiry")
+
+    async def close(self) -> None:
+        """Stop the expiry loop and the peer session. Idempotent."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url_of(self, node_id: str) -> str | None:
+        membership = self.runtime.membership
+        for member in membership.members() if membership is not None else []:
+            if member.node_id == node_id:
+                return f"http://{member.address}:{member.port}"
+        return None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The signed session to peers; RunError-free: LockError 503 before `open`."""
+        if self._session is None:
+            raise LockError(503, "locks_closed", "the lock service is not running")
+        return self._session
+
+    # the coordinator's table
+
+    def is_coordinator(self) -> bool:
+        runtime = self.runtime
+        runtime.refresh()
+        return runtime.coordinator == runtime.node_id and runtime.term is not None
+
+    async def _office(self) -> tuple[int, LockTable]:
+        """This coordinator's term and table, read from a majority once per term."""
+        term = self.runtime.term
+        assert term is not None
+        assert self._quorum is not None
+        if self._office_term != term:
+            self._office_term = None
+            table = await self._quorum.read(term)
+            table = take_over(table, term, self._clock())
+            await self._quorum.write(term, table)
+            self.table, self._office_term = table, term
+            log.info("locks: coordinator of term %d serves %d locks", term, len(table.locks))
+        return term, self.table
+
+    async def apply(self, operation: Operation) -> LockAnswer | None:
+        """Run `operation` on the coordinator's table and store its result on a majority."""
+        async with self._mutex:
+            term, table = await self._office()
+            changed, answer = operation(table, term, self._clock())
+            if changed is not table:
+                assert self._quorum is not None
+                try:
+                    await self._quorum.write(term, changed)
+                except LockError:
+                    self._office_term = None  # re-read the majority before serving again
+                    raise
+                self.table = changed
+                async with self._changed:
+                    self._changed.notify_all()
+            return answer
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_TICK_S)
+            if not self.is_coordinator():
+                self._office_term = None
+                continue
+            try:
+                await self.apply(lambda t, term, now: (expire(t, term, now), None))
+            except LockError as exc:
+                self.loop_health.record_failure(exc.reason)
+            else:
+                self.loop_health.record_success(f"{len(self.table.locks)} locks")
+
+    async def acquire(
+        self, name: str, holder: str, ttl_s: float, wait: bool, wait_s: float
+    ) -> LockAnswer:
+        """Acquire on the coordinator; a waiter is answered when granted or after `wait_s`."""
+
+        def attempt(table: LockTable, term: int, now: float) -> tuple[LockTable, LockAnswer]:
+            return acquire(table, term, name, holder, ttl_s, wait, now)
+
+        answer = await self.apply(attempt)
+        assert answer is not None
+        deadline = time.monotonic() + wait_s
+        while wait and not answer.granted:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._office_term is None:
+                return answer
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+            state = self.table.get(name)
+            position = state.position_of(holder)
+            if position == 0:
+                return LockAnswer(name, holder, True, state.fence, 0, state.expires_at)
+            if position is None:
+                return LockAnswer(name, holder, False, None, None)
+            answer = LockAnswer(name, holder, False, None, position)
+        return answer
+
+    # HTTP
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get(LOCKS_PATH, answers_lock_errors(self._handle_list)),
+            *(
+                web.post(f"{LOCKS_PATH}/{{name}}/{op}", answers_lock_errors(self._operation(op)))
+                for op in OPERATIONS
+            ),
+            web.post(PREPARE_PATH, answers_lock_errors(self._handle_prepare)),
+            web.post(ACCEPT_PATH, answers_lock_errors(self._handle_accept)),
+        ]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        common = (
+            (400, "bad request"),
+            (409, "not the holder, or a stale fence"),
+            (503, "no quorum or coordinator"),
+        )
+        return [
+            RouteDoc(
+                "GET",
+                LOCKS_PATH,
+                "The cluster's locks (from the coordinator): holders, fences, leases, waiters",
+                ((200, "the lock table"), (503, "no coordinator or no quorum")),
+            ),
+            RouteDoc(
+                "POST",
+                f"{LOCKS_PATH}/{{name}}/acquire",
+                'Acquire {"holder", "ttl_s", "wait", "wait_s"}: granted with a fence [term, seq],'
+                " or the position in the FIFO queue",
+                ((200, "granted or queued"), *common),
+            ),
+            RouteDoc(
+                "POST",
+                f"{LOCKS_PATH}/{{name}}/renew",
+                'Renew the holder\'s lease {"holder", "fence"}; 409 when the lock was lost',
+                ((200, "renewed"), *common),
+            ),
+            RouteDoc(
+                "POST",
+                f"{LOCKS_PATH}/{{name}}/release",
+                'Release {"holder", "fence"}; the first waiter gets the lock',
+                ((200, "released"), *common),
+            ),
+            RouteDoc(
+                "POST",
+                PREPARE_PATH,
+                'Voters only: promise term {"term"} and answer the stored lock table',
+                ((200, "the table"), (400, "bad request"), (409, "a newer term was promised")),
+            ),
+            RouteDoc(
+                "POST",
+                ACCEPT_PATH,
+                'Voters only: store a lock table {"term", "table"} of the coordinator',
+                ((200, "stored"), (400, "bad request"), (409, "a newer term was promised")),
+            ),
+        ]
+
+    async def forward(self, request: web.Request, body: Any) -> web.Response | None:
+        """None when this node serves the request; otherwise the coordinator's answer."""
+        if self.is_coordinator():
+            return None
+        coordinator = self.runtime.coordinator
+        if request.headers.get(FORWARDED_HEADER) or coordinator is None:
+            who = "no coordinator yet" if coordinator is None else f"{coordinator} coordinates"
+            raise LockError(503, "not_coordinator", f"node {self.runtime.node_id}: {who}; retry")
+        url = self.url_of(coordinator)
+        if url is None or self._session is None:
+            raise LockError(503, "coordinator_unknown", f"coordinator {coordinator} not in view")
+        headers = {FORWARDED_HEADER: self.runtime.node_id}
+        timeout = aiohttp.ClientTimeout(
+            total=self.runtime.settings.timeouts.http_request_s + MAX_WAIT_S
+        )
+        try:
+            async with self._session.request(
+                request.method, f"{url}{request.path}", json=body, headers=headers, timeout=timeout
+            ) as response:
+                answer = await response.json(content_type=None)
+                return web.json_response(answer, status=response.status)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise LockError(503, "coordinator_unreachable", f"{coordinator}: {exc!r}") from exc
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError as exc:
+            raise LockError(400, "invalid_lock_request", f"the body is not JSON: {exc}") from exc
+
+    def _operation(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            name = _name_of(request)
+            body = await self._body(request)
+            fields = parse_lock_body(body, op)
+            forwarded = await self.forward(request, body)
+            if forwarded is not None:
+                return forwarded
+            holder = fields["holder"]
+            if op == "acquire":
+                answer = await self.acquire(
+                    name, holder, fields["ttl_s"], fields["wait"], fields["wait_s"]
+                )
+                return web.json_response(answer.to_dict())
+            fence = fields["fence"]
+            if op == "renew":
+                renewed = await self.apply(
+                    lambda t, term, now: renew(t, term, name, holder, fence, now)
+                )
+                assert renewed is not None
+                return web.json_response(renewed.to_dict())
+
+            def give_up(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
+                return release(table, term, name, holder, fence, now), None
+
+            await self.apply(give_up)
+            return web.json_response({"name": name, "holder": holder, "released": True})
+
+        return handle
+
+    async def _handle_list(self, request: web.Request) -> web.Response:
+        forwarded = await self.forward(request, None)
+        if forwarded is not None:
+            return forwarded
+        await self.apply(lambda t, term, now: (t, None))
+        return web.json_response({"coordinator": self.runtime.node_id, **self.table.to_dict()})
+
+    async def _handle_prepare(self, request: web.Request) -> web.Response:
+        term = self._term_of(await self._body(request))
+        table = await self.acceptor.prepare(term)
+        return web.json_response({"promised": self.acceptor.promised, "table": table.to_dict()})
+
+    async def _handle_accept(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        term = self._term_of(body)
+        table = LockTable.from_dict(body.get("table") or {})
+        await self.acceptor.accept(term, table)
+        return web.json_response({"stored": table.version.to_list()})
+
+    def _term_of(self, body: Any) -> int:
+        term = body.get("term") if isinstance(body, dict) else None
+        if isinstance(term, bool) or not isinstance(term, int) or term < 0:
+            raise LockError(
+                400, "invalid_lock_request", f"term: a non-negative integer, not {term!r}"
+            )
+        if self.runtime.node_id not in self.voters:
+            raise LockError(409, "not_a_voter", f"node {self.runtime.node_id} is not a voter")
+        return term

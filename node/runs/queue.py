@@ -1,0 +1,182 @@
+"""Queued runs as plain data: a run's spec and record, its steps, and the pure decisions of the
+queue (what to submit, which run of a group goes next, what a cancel does).
+
+Steps, in order: queued -> locked -> starting (the job's node chosen and stored before the job
+is started, so a failover never starts it twice) -> running -> collecting -> stopping -> done.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from node.errors import RunError
+
+STEPS = ("queued", "locked", "starting", "running", "collecting", "stopping", "done")
+ENDED = frozenset({"succeeded", "failed", "cancelled", "killed", "timed_out", "lost"})
+MAX_PENDING = 1000
+"""Queued runs kept per concurrency group; a submit beyond this is refused (429)."""
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def run_lock(group: str) -> str:
+    """The lock a group's running run holds."""
+    return f"runs.{group}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What `POST /v1/runs` asks for."""
+
+    argv: tuple[str, ...]
+    group: str = "training"
+    name: str = ""
+    nodes: int = 1
+    role: str = "any"
+    stack: str | None = None
+    keep_alive: bool = False
+    max_duration_s: float | None = None
+    results: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "argv": list(self.argv),
+            "group": self.group,
+            "name": self.name,
+            "nodes": self.nodes,
+            "role": self.role,
+            "stack": self.stack,
+            "keep_alive": self.keep_alive,
+            "max_duration_s": self.max_duration_s,
+            "results": list(self.results),
+        }
+
+
+def _bad(reason: str) -> RunError:
+    return RunError(400, "invalid_run", reason)
+
+
+def parse_run_spec(body: object, stacks: Mapping[str, Mapping[str, Any]]) -> RunSpec:
+    """A RunSpec from a request body; a `stack` fills `nodes` and `role` from the inventory's
+    stacks. RunError 400 naming the field otherwise."""
+    if not isinstance(body, dict):
+        raise _bad("the body is a JSON object")
+    argv = body.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
+        raise _bad("argv: a non-empty list of non-empty strings (the command and its arguments)")
+    group = body.get("group", "training")
+    name = body.get("name") or argv[0].rsplit("/", 1)[-1]
+    for field, value in (("group", group), ("name", name)):
+        if not isinstance(value, str) or not _NAME.match(value):
+            raise _bad(f"{field}: 1 to 64 letters, digits, '.', '_' or '-', not {value!r}")
+    stack = body.get("stack")
+    nodes, role = body.get("nodes", 1), body.get("role", "any")
+    if stack is not None:
+        if stack not in stacks:
+            known = ", ".join(sorted(stacks)) or "none in the inventory"
+            raise RunError(400, "unknown_stack", f"stack {stack!r} is not defined ({known})")
+        nodes = stacks[stack].get("nodes", nodes)
+        role = stacks[stack].get("role", role)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1024:
+        raise _bad(f"nodes: an integer from 1 to 1024, not {nodes!r}")
+    if not isinstance(role, str) or not role:
+        raise _bad(f"role: a role name, not {role!r}")
+    keep_alive = body.get("keep_alive", False)
+    if not isinstance(keep_alive, bool):
+        raise _bad(f"keep_alive: true or false, not {keep_alive!r}")
+    limit = body.get("max_duration_s")
+    if limit is not None and (
+        isinstance(limit, bool)
+        or not isinstance(limit, int | float)
+        or not math.isfinite(limit)
+        or limit <= 0
+    ):
+        raise _bad(f"max_duration_s: a positive number of seconds, not {limit!r}")
+    results = body.get("results", [])
+    if not isinstance(results, list) or not all(isinstance(p, str) and p for p in results):
+        raise _bad("results: a list of paths relative to the job's working directory")
+    return RunSpec(
+        tuple(argv),
+        group,
+        name,
+        nodes,
+        role,
+        stack,
+        keep_alive,
+        None if limit is None else float(limit),
+        tuple(results),
+    )
+
+
+def new_run(spec: RunSpec, seq: int, now: float | None = None) -> dict[str, Any]:
+    """The record of a run just queued (the `seq`-th submission: FIFO order)."""
+    run_id = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
+    return {
+        "run_id": run_id,
+        "seq": seq,
+        **spec.to_dict(),
+        "state": "queued",
+        "step": "queued",
+        "submitted_at": time.time() if now is None else now,
+        "started_at": None,
+        "ended_at": None,
+        "fence": None,
+        "job_node": None,
+        "job_url": None,
+        "started_nodes": [],
+        "job": None,
+        "uploaded": [],
+        "cancel_requested": False,
+        "safety_stop": False,
+        "reason": None,
+        "log": [],
+    }
+
+
+def pending_in_group(runs: Mapping[str, Mapping[str, Any]], group: str) -> int:
+    return sum(1 for r in runs.values() if r["group"] == group and r["step"] == "queued")
+
+
+def next_seq(runs: Mapping[str, Mapping[str, Any]]) -> int:
+    return 1 + max((int(r["seq"]) for r in runs.values()), default=0)
+
+
+def active_runs(runs: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Per group, the one run the queue drives now: the group's run past `queued` if any, else
+    its oldest queued run (FIFO by `seq`)."""
+    chosen: dict[str, Mapping[str, Any]] = {}
+    for record in sorted(runs.values(), key=lambda r: int(r["seq"])):
+        if record["step"] == "done":
+            continue
+        current = chosen.get(record["group"])
+        if current is None or (current["step"] == "queued" and record["step"] != "queued"):
+            chosen[record["group"]] = record
+    return [chosen[g] for g in sorted(chosen)]
+
+
+def with_step(record: Mapping[str, Any], step: str, **changes: Any) -> dict[str, Any]:
+    """The record moved to `step` (never backwards), with a line in its log."""
+    if STEPS.index(step) < STEPS.index(str(record["step"])):
+        raise RunError(
+            409, "run_step_backwards", f"run {record['run_id']}: {record['step']} -> {step}"
+        )
+    note = changes.pop("note", None)
+    log = [*record["log"], {"at": time.time(), "step": step, **({"note": note} if note else {})}]
+    return {**record, **changes, "step": step, "log": log}
+
+
+def cancel(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A queued run ends `cancelled` at once; a running one is marked to be killed (its results
+    are still collected); an ended run cannot be cancelled (RunError 409)."""
+    if record["step"] == "done":
+        raise RunError(409, "run_ended", f"run {record['run_id']} already ended {record['state']}")
+    if record["step"] == "queued":
+        return with_step(
+            record, "done", state="cancelled", ended_at=time.time(), reason="cancelled while queued"
+        )
+    return {**record, "cancel_requested": True}

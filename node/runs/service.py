@@ -1,0 +1,400 @@
+"""The run queue on the coordinator: each concurrency group's runs one after another, every
+step stored on the voters' majority (with the locks) before the next one, so a new coordinator
+continues a run from its last step. Routes: POST/GET /v1/runs, GET /v1/runs/{id},
+POST /v1/runs/{id}/cancel (any node forwards to the coordinator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from health import LoopHealth
+from node.errors import LockError, RunError
+from node.jobs.setup import local_daemon_url
+from node.openapi import RouteDoc
+from node.runs.locks import LockService, answers_lock_errors
+from node.runs.nodes import NodeStarter, StaticNodes
+from node.runs.queue import (
+    MAX_PENDING,
+    active_runs,
+    cancel,
+    new_run,
+    next_seq,
+    parse_run_spec,
+    pending_in_group,
+    run_lock,
+    with_step,
+)
+from node.runs.results import ResultsStore, result_key
+from node.runs.table import LockFence, LockTable, acquire, put_run, release, renew
+
+log = logging.getLogger(__name__)
+
+RUNS_PATH = "/v1/runs"
+DRIVE_TICK_S = 0.3
+RUN_LOCK_TTL_S = 60.0
+KILL_GRACE_S = 5.0
+CHUNK_BYTES = 1 << 20
+
+
+def final_state(run: Mapping[str, Any]) -> str:
+    job_state = str((run.get("job") or {}).get("state") or "lost")
+    if run.get("cancel_requested"):
+        return "cancelled"
+    if run.get("safety_stop"):
+        return "killed"
+    return job_state
+
+
+class RunService:
+    """The queue's driver (while this node coordinates) and the run routes."""
+
+    def __init__(
+        self,
+        locks: LockService,
+        results: ResultsStore,
+        stacks: Mapping[str, Mapping[str, Any]],
+        *,
+        starter: NodeStarter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.locks = locks
+        self.results = results
+        self.stacks = stacks
+        self.starter = starter or StaticNodes()
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self.loop_health = LoopHealth("runs")
+
+    @property
+    def _runtime(self) -> Any:
+        return self.locks.runtime
+
+    async def open(self) -> None:
+        self._task = asyncio.create_task(self._drive_loop(), name="runs-driver")
+
+    async def close(self) -> None:
+        """Stop driving runs (a run in progress continues under the next coordinator)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # stored changes
+
+    async def _put(self, record: Mapping[str, Any]) -> None:
+        run_id = str(record["run_id"])
+        await self.locks.apply(lambda t, term, now: (put_run(t, term, run_id, record), None))
+
+    # the driver
+
+    async def _drive_loop(self) -> None:
+        while True:
+            await asyncio.sleep(DRIVE_TICK_S)
+            if not self.locks.is_coordinator():
+                continue
+            try:
+                await self.locks.apply(lambda t, term, now: (t, None))
+                for record in active_runs(self.locks.table.runs):
+                    await self.advance(record)
+            except (RunError, LockError) as exc:
+                self.loop_health.record_failure(getattr(exc, "reason", str(exc)))
+                log.warning("runs: %s", exc)
+            else:
+                self.loop_health.record_success()
+
+    async def advance(self, run: Mapping[str, Any]) -> None:
+        """Take `run` one step further (each step stored before the next)."""
+        step = run["step"]
+        if step == "queued":
+            await self._take_lock(run)
+        elif step == "locked":
+            note, started_nodes = await self.starter.start(run)
+            runtime = self._runtime
+            job_url = f"http://{runtime.address}:{runtime.port}"
+            started = with_step(
+                run,
+                "starting",
+                job_node=runtime.node_id,
+                job_url=job_url,
+                started_nodes=started_nodes,
+                note=note,
+            )
+            await self._put(started)
+        elif step == "starting":
+            await self._renew_lock(run)
+            await self._start_job(run)
+        elif step == "running":
+            await self._renew_lock(run)
+            await self._watch_job(run)
+        elif step == "collecting":
+            await self._renew_lock(run)
+            await self._collect(run)
+        elif step == "stopping":
+            note = (
+                "kept alive (--keep-alive)" if run["keep_alive"] else await self.starter.stop(run)
+            )
+            await self._finish(run, note)
+
+    async def _take_lock(self, run: Mapping[str, Any]) -> None:
+        name, holder = run_lock(str(run["group"])), str(run["run_id"])
+
+        def take(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
+            table, answer = acquire(table, term, name, holder, RUN_LOCK_TTL_S, True, now)
+            if not answer.granted or answer.fence is None:
+                return table, None
+            record = with_step(
+                run,
+                "locked",
+                state="running",
+                started_at=now,
+                fence=answer.fence.to_list(),
+                note=f"lock {name} granted, fence {answer.fence.to_list()}",
+            )
+            return put_run(table, term, holder, record), None
+
+        await self.locks.apply(take)
+
+    async def _renew_lock(self, run: Mapping[str, Any]) -> None:
+        name, holder = run_lock(str(run["group"])), str(run["run_id"])
+        fence = LockFence.parse(run["fence"])
+        state = self.locks.table.get(name)
+        if state.holder == holder and state.expires_at - self._clock() > RUN_LOCK_TTL_S / 2:
+            return
+        await self.locks.apply(lambda t, term, now: renew(t, term, name, holder, fence, now))
+
+    async def _finish(self, run: Mapping[str, Any], note: str) -> None:
+        name, holder = run_lock(str(run["group"])), str(run["run_id"])
+        fence = LockFence.parse(run["fence"])
+
+        def end(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
+            if table.get(name).holder == holder:
+                table = release(table, term, name, holder, fence, now)
+            record = with_step(run, "done", state=final_state(run), ended_at=now, note=note)
+            return put_run(table, term, holder, record), None
+
+        await self.locks.apply(end)
+
+    # talking to the job's node
+
+    def _url_of(self, node_id: str) -> str:
+        runtime = self._runtime
+        if node_id == runtime.node_id:
+            return local_daemon_url(runtime)
+        url = self.locks.url_of(node_id)
+        if url is None:
+            raise RunError(503, "node_unknown", f"node {node_id} is not in the membership view")
+        return url
+
+    async def _call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        session = self.locks.session
+        try:
+            async with session.request(method, url, json=body) as response:
+                return response.status, await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise RunError(502, "node_unreachable", f"{method} {url}: {exc!r}") from exc
+
+    async def _start_job(self, run: Mapping[str, Any]) -> None:
+        url = self._url_of(str(run["job_node"]))
+        body = {
+            "job_id": run["run_id"],
+            "name": run["name"],
+            "argv": run["argv"],
+            "nodes": run["nodes"],
+            "role": run["role"],
+        }
+        status, answer = await self._call("POST", f"{url}/v1/jobs", body)
+        if status not in (200, 201):
+            reason = answer.get("reason") if isinstance(answer, dict) else answer
+            raise RunError(502, "run_start_failed", f"run {run['run_id']}: {status}: {reason}")
+        await self._put(with_step(run, "running", note=f"job {run['run_id']} started"))
+
+    async def _watch_job(self, run: Mapping[str, Any]) -> None:
+        url = f"{self._url_of(str(run['job_node']))}/v1/jobs/{run['run_id']}"
+        status, job = await self._call("GET", url)
+        if status != 200:
+            raise RunError(502, "run_job_unknown", f"{url}: {status}: {job}")
+        if job["state"] in ("succeeded", "failed", "killed", "timed_out", "lost"):
+            await self._put(with_step(run, "collecting", job=job, note=f"job {job['state']}"))
+            return
+        limit = run.get("max_duration_s")
+        overdue = limit is not None and self._clock() - float(run["started_at"]) > float(limit)
+        if (overdue and not run["safety_stop"]) or (
+            run["cancel_requested"] and not run.get("kill_sent")
+        ):
+            kill = {"signal": "SIGTERM", "grace_s": KILL_GRACE_S}
+            await self._call("POST", f"{url}/kill", kill)
+            why = "safety stop: past max_duration_s" if overdue else "cancel requested"
+            await self._put(
+                with_step(
+                    run,
+                    "running",
+                    safety_stop=overdue or run["safety_stop"],
+                    kill_sent=True,
+                    note=why,
+                )
+            )
+
+    async def _collect(self, run: Mapping[str, Any]) -> None:
+        job = run["job"] or {}
+        gang = job.get("gang") or {}
+        members = gang.get("members") or [
+            {
+                "node": run["job_node"],
+                "url": self._url_of(str(run["job_node"])),
+                "job_id": run["run_id"],
+            }
+        ]
+        uploaded = []
+        for member in members:
+            for path in run["results"]:
+                uploaded.append(await self._upload(run, member, path))
+        await self._put(with_step(run, "stopping", uploaded=uploaded, note="results collected"))
+
+    async def _upload(
+        self, run: Mapping[str, Any], member: Mapping[str, Any], path: str
+    ) -> dict[str, Any]:
+        key = result_key(str(run["run_id"]), str(member["node"]), path)
+        url = f"{member['url']}/v1/jobs/{member['job_id']}/files"
+        session = self.locks.session
+        try:
+            async with session.get(url, params={"path": path}) as response:
+                if response.status == 404:
+                    return {"key": key, "node": member["node"], "path": path, "missing": True}
+                if response.status != 200:
+                    raise RunError(
+                        502, "result_download_failed", f"{url}?path={path}: {response.status}"
+                    )
+                stored = await self.results.put(
+                    key,
+                    response.content.iter_chunked(CHUNK_BYTES),
+                    response.headers.get("X-Shoal-Content-Hash"),
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise RunError(502, "result_download_failed", f"{url}?path={path}: {exc!r}") from exc
+        return {**stored, "node": member["node"], "path": path}
+
+    # HTTP
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post(RUNS_PATH, answers_run_errors(self._handle_submit)),
+            web.get(RUNS_PATH, answers_run_errors(self._handle_list)),
+            web.get(f"{RUNS_PATH}/{{run_id}}", answers_run_errors(self._handle_get)),
+            web.post(f"{RUNS_PATH}/{{run_id}}/cancel", answers_run_errors(self._handle_cancel)),
+        ]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        common = ((503, "no coordinator or no quorum"),)
+        return [
+            RouteDoc(
+                "POST",
+                RUNS_PATH,
+                'Queue a run {"argv", "group", "nodes", "role", "stack", '
+                '"keep_alive", "max_duration_s", "results", "name"}; answers its record',
+                ((201, "queued"), (400, "bad run"), (429, "the group's queue is full"), *common),
+            ),
+            RouteDoc(
+                "GET", RUNS_PATH, "Every run (?group=G), oldest first", ((200, "runs"), *common)
+            ),
+            RouteDoc(
+                "GET",
+                f"{RUNS_PATH}/{{run_id}}",
+                "One run's record: state, step, log, results",
+                ((200, "the run"), (404, "no such run"), *common),
+            ),
+            RouteDoc(
+                "POST",
+                f"{RUNS_PATH}/{{run_id}}/cancel",
+                "Cancel: a queued run is removed, a running one killed (results still collected)",
+                ((200, "cancelled"), (404, "no such run"), (409, "already ended"), *common),
+            ),
+        ]
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError as exc:
+            raise RunError(400, "invalid_run", f"the body is not JSON: {exc}") from exc
+
+    async def _handle_submit(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        spec = parse_run_spec(body, self.stacks)
+        forwarded = await self.locks.forward(request, body)
+        if forwarded is not None:
+            return forwarded
+        created: list[dict[str, Any]] = []
+
+        def submit(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
+            if pending_in_group(table.runs, spec.group) >= MAX_PENDING:
+                raise RunError(
+                    429, "run_queue_full", f"group {spec.group}: {MAX_PENDING} runs queued"
+                )
+            record = new_run(spec, next_seq(table.runs), now)
+            created.append(record)
+            return put_run(table, term, record["run_id"], record), None
+
+        await self.locks.apply(submit)
+        return web.json_response(created[0], status=201)
+
+    async def _handle_list(self, request: web.Request) -> web.Response:
+        forwarded = await self.locks.forward(request, None)
+        if forwarded is not None:
+            return forwarded
+        await self.locks.apply(lambda t, term, now: (t, None))
+        group = request.query.get("group")
+        runs = sorted(self.locks.table.runs.values(), key=lambda r: int(r["seq"]))
+        return web.json_response({"runs": [r for r in runs if group in (None, r["group"])]})
+
+    async def _run(self, request: web.Request) -> Mapping[str, Any]:
+        await self.locks.apply(lambda t, term, now: (t, None))
+        run_id = request.match_info["run_id"]
+        record = self.locks.table.runs.get(run_id)
+        if record is None:
+            raise RunError(404, "run_not_found", f"no run {run_id!r}; `shoal runs list` shows them")
+        return record
+
+    async def _handle_get(self, request: web.Request) -> web.Response:
+        forwarded = await self.locks.forward(request, None)
+        if forwarded is not None:
+            return forwarded
+        return web.json_response(dict(await self._run(request)))
+
+    async def _handle_cancel(self, request: web.Request) -> web.Response:
+        forwarded = await self.locks.forward(request, {})
+        if forwarded is not None:
+            return forwarded
+        run_id = request.match_info["run_id"]
+        await self._run(request)
+        done: list[dict[str, Any]] = []
+
+        def stop(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
+            record = cancel(table.runs[run_id])
+            done.append(record)
+            return put_run(table, term, run_id, record), None
+
+        await self.locks.apply(stop)
+        return web.json_response(done[0])
+
+
+def answers_run_errors(
+    handler: Callable[[web.Request], Any],
+) -> Callable[[web.Request], Any]:
+    async def wrapped(request: web.Request) -> web.Response:
+        try:
+            response: web.Response = await answers_lock_errors(handler)(request)
+            return response
+        except RunError as exc:
+            return web.json_response(exc.to_dict(), status=exc.status)
+
+    return wrapped

@@ -1,0 +1,288 @@
+"""The cluster's lock table as plain data, and the pure operations on it: acquire, renew,
+release, expiry and a new coordinator's take-over. Every change bumps the table's version
+`[term, seq]`; a grant's fence is the version of the change that granted it, so fences strictly
+increase across changes and across terms (a new coordinator writes under a higher term).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from node.errors import LockError
+
+WAITER_GRACE_S = 10.0
+"""A waiter that has not asked again for this long (or its ttl_s, if longer) leaves the queue."""
+
+
+@dataclass(frozen=True, order=True)
+class LockFence:
+    """`[term, seq]`: compared as a pair; a newer grant has a larger fence."""
+
+    term: int
+    seq: int
+
+    def to_list(self) -> list[int]:
+        return [self.term, self.seq]
+
+    @classmethod
+    def parse(cls, value: object) -> LockFence:
+        """A fence from `[term, seq]`; LockError 400 otherwise."""
+        if (
+            isinstance(value, list | tuple)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        ):
+            return cls(int(value[0]), int(value[1]))
+        raise LockError(400, "bad_fence", f"a fence is [term, seq] of two integers, not {value!r}")
+
+
+@dataclass(frozen=True)
+class Waiter:
+    holder: str
+    ttl_s: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class LockState:
+    """One lock: its holder (None: free), the holder's fence and lease end, the FIFO waiters."""
+
+    holder: str | None = None
+    fence: LockFence | None = None
+    ttl_s: float = 0.0
+    expires_at: float = 0.0
+    waiters: tuple[Waiter, ...] = ()
+
+    def position_of(self, holder: str) -> int | None:
+        """0 for the holder, N >= 1 for the N-th waiter, None when absent."""
+        if self.holder == holder:
+            return 0
+        for index, waiter in enumerate(self.waiters):
+            if waiter.holder == holder:
+                return index + 1
+        return None
+
+
+@dataclass(frozen=True)
+class LockTable:
+    """Every lock of the cluster; `version` is the fence of the newest change."""
+
+    version: LockFence = LockFence(0, 0)
+    locks: Mapping[str, LockState] = dataclasses.field(default_factory=dict)
+    runs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The queued runs' records (node.runs.queue), stored with the locks on the same majority."""
+
+    def get(self, name: str) -> LockState:
+        return self.locks.get(name, LockState())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version.to_list(),
+            "locks": {
+                name: {
+                    "holder": state.holder,
+                    "fence": None if state.fence is None else state.fence.to_list(),
+                    "ttl_s": state.ttl_s,
+                    "expires_at": state.expires_at,
+                    "waiters": [dataclasses.asdict(w) for w in state.waiters],
+                }
+                for name, state in sorted(self.locks.items())
+            },
+            "runs": {run_id: dict(record) for run_id, record in sorted(self.runs.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LockTable:
+        try:
+            locks = {
+                str(name): LockState(
+                    holder=None if raw["holder"] is None else str(raw["holder"]),
+                    fence=None if raw["fence"] is None else LockFence.parse(raw["fence"]),
+                    ttl_s=float(raw["ttl_s"]),
+                    expires_at=float(raw["expires_at"]),
+                    waiters=tuple(
+                        Waiter(str(w["holder"]), float(w["ttl_s"]), float(w["expires_at"]))
+                        for w in raw["waiters"]
+                    ),
+                )
+                for name, raw in dict(data["locks"]).items()
+            }
+            runs = {str(k): dict(v) for k, v in dict(data.get("runs") or {}).items()}
+            return cls(LockFence.parse(data["version"]), locks, runs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LockError(
+                400, "bad_lock_table", f"a lock table that cannot be read: {exc}"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class LockAnswer:
+    """What an acquire answers: granted (position 0 and the fence) or the queue position."""
+
+    name: str
+    holder: str
+    granted: bool
+    fence: LockFence | None
+    position: int | None
+    expires_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "holder": self.holder,
+            "granted": self.granted,
+            "fence": None if self.fence is None else self.fence.to_list(),
+            "position": self.position,
+            "expires_at": self.expires_at,
+        }
+
+
+def _bump(table: LockTable, term: int) -> LockFence:
+    if term < table.version.term:
+        raise LockError(
+            409,
+            "stale_term",
+            f"term {term} is older than the lock table's term {table.version.term}",
+        )
+    seq = table.version.seq + 1 if term == table.version.term else 1
+    return LockFence(term, seq)
+
+
+def _with(table: LockTable, version: LockFence, name: str, state: LockState) -> LockTable:
+    locks = dict(table.locks)
+    if state.holder is None and not state.waiters:
+        locks.pop(name, None)
+    else:
+        locks[name] = state
+    return LockTable(version, locks, table.runs)
+
+
+def _grant_next(state: LockState, fence: LockFence, now: float) -> LockState:
+    """The lock passed to its first waiter (or freed)."""
+    if not state.waiters:
+        return LockState()
+    first, rest = state.waiters[0], state.waiters[1:]
+    return LockState(first.holder, fence, first.ttl_s, now + first.ttl_s, rest)
+
+
+def expire(table: LockTable, term: int, now: float) -> LockTable:
+    """Drop waiters that stopped asking and holders whose lease ran out (passing the lock on);
+    the same table when nothing expired."""
+    for name in sorted(table.locks):
+        state = table.locks[name]
+        waiters = tuple(w for w in state.waiters if w.expires_at > now)
+        if state.holder is not None and state.expires_at <= now:
+            fence = _bump(table, term)
+            state = dataclasses.replace(state, waiters=waiters)
+            table = _with(table, fence, name, _grant_next(state, fence, now))
+        elif waiters != state.waiters:
+            fence = _bump(table, term)
+            changed = dataclasses.replace(state, waiters=waiters)
+            if changed.holder is None:
+                changed = _grant_next(changed, fence, now)
+            table = _with(table, fence, name, changed)
+    return table
+
+
+def _waiter_expiry(ttl_s: float, now: float) -> float:
+    return now + max(ttl_s, WAITER_GRACE_S)
+
+
+def acquire(
+    table: LockTable, term: int, name: str, holder: str, ttl_s: float, wait: bool, now: float
+) -> tuple[LockTable, LockAnswer]:
+    """Grant `name` to `holder` when free; otherwise queue it (`wait`) or answer not granted.
+    Asking again is idempotent: a holder renews its lease, a waiter keeps its place."""
+    state = table.get(name)
+    if state.holder == holder:
+        return renew(table, term, name, holder, state.fence, now)
+    position = state.position_of(holder)
+    if state.holder is None and not state.waiters:
+        fence = _bump(table, term)
+        granted = LockState(holder, fence, ttl_s, now + ttl_s)
+        answer = LockAnswer(name, holder, True, fence, 0, granted.expires_at)
+        return _with(table, fence, name, granted), answer
+    if position is not None:
+        waiters = tuple(
+            Waiter(w.holder, ttl_s, _waiter_expiry(ttl_s, now)) if w.holder == holder else w
+            for w in state.waiters
+        )
+        fence = _bump(table, term)
+        changed = _with(table, fence, name, dataclasses.replace(state, waiters=waiters))
+        return changed, LockAnswer(name, holder, False, None, position)
+    if not wait:
+        return table, LockAnswer(name, holder, False, None, None)
+    waiter = Waiter(holder, ttl_s, _waiter_expiry(ttl_s, now))
+    fence = _bump(table, term)
+    queued = dataclasses.replace(state, waiters=(*state.waiters, waiter))
+    answer = LockAnswer(name, holder, False, None, len(queued.waiters))
+    return _with(table, fence, name, queued), answer
+
+
+def check_holder(table: LockTable, name: str, holder: str, fence: LockFence | None) -> LockState:
+    """The lock's state when `holder` holds it under `fence`; LockError 409 otherwise (an older
+    fence is `stale_lock_fence`: a lock-protected action of a holder that lost the lock)."""
+    state = table.get(name)
+    if state.holder != holder:
+        raise LockError(
+            409,
+            "not_holder",
+            f"lock {name!r} is held by {state.holder or 'nobody'}, not {holder!r}; "
+            "acquire it again",
+        )
+    if fence is not None and state.fence != fence:
+        current = None if state.fence is None else state.fence.to_list()
+        raise LockError(
+            409,
+            "stale_lock_fence",
+            f"lock {name!r}: fence {fence.to_list()} is not the current grant {current}",
+        )
+    return state
+
+
+def renew(
+    table: LockTable, term: int, name: str, holder: str, fence: LockFence | None, now: float
+) -> tuple[LockTable, LockAnswer]:
+    """Extend the holder's lease by its ttl_s from `now`."""
+    state = check_holder(table, name, holder, fence)
+    version = _bump(table, term)
+    renewed = dataclasses.replace(state, expires_at=now + state.ttl_s)
+    answer = LockAnswer(name, holder, True, state.fence, 0, renewed.expires_at)
+    return _with(table, version, name, renewed), answer
+
+
+def release(
+    table: LockTable, term: int, name: str, holder: str, fence: LockFence | None, now: float
+) -> LockTable:
+    """The holder gives the lock up; the first waiter gets it at once."""
+    state = check_holder(table, name, holder, fence)
+    version = _bump(table, term)
+    return _with(table, version, name, _grant_next(state, version, now))
+
+
+def take_over(table: LockTable, term: int, now: float) -> LockTable:
+    """The table a new coordinator of `term` serves: every lease and waiter runs at least one
+    full ttl_s from `now` (the holders renew with the new coordinator), under the new term."""
+    version = _bump(table, term)
+    locks = {
+        name: dataclasses.replace(
+            state,
+            expires_at=max(state.expires_at, now + state.ttl_s),
+            waiters=tuple(
+                dataclasses.replace(w, expires_at=max(w.expires_at, _waiter_expiry(w.ttl_s, now)))
+                for w in state.waiters
+            ),
+        )
+        for name, state in table.locks.items()
+    }
+    return LockTable(version, locks, table.runs)
+
+
+def put_run(table: LockTable, term: int, run_id: str, record: Mapping[str, Any]) -> LockTable:
+    """The table with run `run_id`'s record replaced (one change: a new version)."""
+    runs = dict(table.runs)
+    runs[run_id] = dict(record)
+    return LockTable(_bump(table, term), table.locks, runs)

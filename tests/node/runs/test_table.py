@@ -1,0 +1,106 @@
+"""The pure lock table: grants, FIFO queues, fences, expiry and a new coordinator's take-over."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.errors import LockError
+from node.runs.table import (
+    WAITER_GRACE_S,
+    LockFence,
+    LockTable,
+    acquire,
+    expire,
+    release,
+    renew,
+    take_over,
+)
+
+
+def test_a_free_lock_is_granted_with_a_fence_and_others_queue_in_order() -> None:
+    table, a = acquire(LockTable(), 1, "train", "a", 10.0, True, 0.0)
+    assert a.granted
+    assert a.position == 0
+    assert a.fence == LockFence(1, 1)
+    table, b = acquire(table, 1, "train", "b", 10.0, True, 0.0)
+    table, c = acquire(table, 1, "train", "c", 10.0, True, 0.0)
+    assert (b.granted, b.position, c.position) == (False, 1, 2)
+    table, d = acquire(table, 1, "train", "d", 10.0, False, 0.0)
+    assert (d.granted, d.position) == (False, None)
+    assert [w.holder for w in table.get("train").waiters] == ["b", "c"]
+
+
+def test_release_passes_the_lock_to_the_first_waiter_under_a_newer_fence() -> None:
+    table, a = acquire(LockTable(), 1, "l", "a", 10.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "b", 10.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "c", 10.0, True, 0.0)
+    table = release(table, 1, "l", "a", a.fence, 1.0)
+    state = table.get("l")
+    assert state.holder == "b"
+    assert a.fence is not None
+    assert state.fence is not None
+    assert state.fence > a.fence
+    assert state.expires_at == 11.0
+    assert [w.holder for w in state.waiters] == ["c"]
+
+
+def test_an_older_fence_is_refused_with_409() -> None:
+    table, a = acquire(LockTable(), 1, "l", "a", 1.0, True, 0.0)
+    table = expire(table, 1, 5.0)
+    table, again = acquire(table, 1, "l", "a", 1.0, True, 5.0)
+    assert again.fence is not None
+    assert a.fence is not None
+    assert again.fence > a.fence
+    with pytest.raises(LockError) as caught:
+        renew(table, 1, "l", "a", a.fence, 5.5)
+    assert (caught.value.status, caught.value.code) == (409, "stale_lock_fence")
+    with pytest.raises(LockError) as caught:
+        release(table, 1, "l", "b", None, 5.5)
+    assert caught.value.code == "not_holder"
+
+
+def test_a_holder_that_stops_renewing_loses_the_lock_after_ttl() -> None:
+    table, _ = acquire(LockTable(), 1, "l", "a", 2.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "b", 2.0, True, 0.0)
+    assert expire(table, 1, 1.9) is table
+    table, _ = renew(table, 1, "l", "a", None, 1.9)
+    assert expire(table, 1, 3.8).get("l").holder == "a"
+    assert expire(table, 1, 3.9).get("l").holder == "b"
+
+
+def test_a_waiter_that_stops_asking_leaves_the_queue() -> None:
+    table, _ = acquire(LockTable(), 1, "l", "a", 100.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "b", 1.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "c", 1.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "c", 1.0, True, 5.0)
+    later = expire(table, 1, WAITER_GRACE_S + 1.0)
+    assert [w.holder for w in later.get("l").waiters] == ["c"]
+
+
+def test_fences_strictly_increase_across_a_take_over() -> None:
+    table, a = acquire(LockTable(), 3, "l", "a", 1.0, True, 0.0)
+    for _ in range(5):
+        table, _ = renew(table, 3, "l", "a", a.fence, 0.5)
+    moved = take_over(table, 4, 100.0)
+    assert moved.version > table.version
+    assert moved.version.term == 4
+    assert moved.get("l").holder == "a"
+    assert moved.get("l").expires_at == 101.0
+    moved = release(moved, 4, "l", "a", a.fence, 100.5)
+    moved, b = acquire(moved, 4, "l", "b", 1.0, True, 100.5)
+    assert b.fence is not None
+    assert a.fence is not None
+    assert b.fence > a.fence
+    with pytest.raises(LockError) as caught:
+        acquire(moved, 3, "l", "c", 1.0, True, 101.0)
+    assert caught.value.code == "stale_term"
+
+
+def test_the_table_round_trips_through_json() -> None:
+    table, _ = acquire(LockTable(), 2, "x", "a", 3.0, True, 1.0)
+    table, _ = acquire(table, 2, "x", "b", 3.0, True, 1.0)
+    assert LockTable.from_dict(table.to_dict()) == table
+    with pytest.raises(LockError):
+        LockTable.from_dict({"version": [1], "locks": {}})
+    with pytest.raises(LockError):
+        LockFence.parse([1, True])
