@@ -48,6 +48,7 @@ class RuntimeCollector(Collector):
         yield from self._membership(runtime)
         yield from self._election(runtime)
         yield from self._gpus(runtime.gpus())
+        yield from self._jobs(runtime)
 
     @staticmethod
     def _membership(runtime: NodeRuntime) -> Iterator[Metric]:
@@ -81,6 +82,15 @@ class RuntimeCollector(Collector):
             "Version of the role plan this node applies (0 before any)",
             value=float(runtime.plan_version or 0),
         )
+
+    @staticmethod
+    def _jobs(runtime: NodeRuntime) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily(
+            "shoal_jobs", "This node's jobs by state (the job API)", labels=["state"]
+        )
+        for state, count in (runtime.jobs() if runtime.jobs is not None else {}).items():
+            jobs.add_metric([state], float(count))
+        yield jobs
 
     @staticmethod
     def _gpus(readings: list[dict[str, Any]]) -> Iterator[Metric]:

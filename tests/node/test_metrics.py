@@ -122,6 +122,8 @@ async def test_a_node_exports_membership_election_and_http_series(tmp_path: Path
     assert samples[("shoal_members", (("state", "dead"),))] == 0.0
     assert samples[("shoal_election_term", ())] >= 1.0
     assert samples[("shoal_plan_version", ())] >= 1.0
+    assert samples[("shoal_jobs", (("state", "running"),))] == 0.0
+    assert samples[("shoal_jobs", (("state", "lost"),))] == 0.0
     route = (("method", "GET"), ("route", "/v1/records/{store}/status"), ("status", "200"))
     assert samples[("shoal_http_requests_total", route)] == 1.0
     unmatched = (("method", "GET"), ("route", "unmatched"), ("status", "404"))
