@@ -230,7 +230,7 @@ async def test_interrupted_batch_entry_is_settled_by_recovery(tmp_path: Path) ->
     async with FileNode(tmp_path / "b", "b", with_wal=True) as b:
         b.write("d/here", b"here")
         here = content_hash_of(b.root() / "d/here")
-        payload = {
+        payload: dict[str, Any] = {
             "peer": {"node_id": "a", "url": "http://127.0.0.1:9"},
             "category": "models",
             "batch": [
