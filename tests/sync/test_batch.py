@@ -5,8 +5,10 @@ leaves every file absent or complete."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +251,44 @@ async def test_interrupted_batch_entry_is_settled_by_recovery(tmp_path: Path) ->
         assert done is not None
         assert done.state is EntryState.COMMITTED
         assert await b.wal.pending(SYNC_STARTED) == []
+
+
+async def test_upload_cap_shapes_what_a_node_serves(tmp_path: Path) -> None:
+    rate = 256 << 10
+    async with (
+        FileNode(tmp_path / "a", "a", upload_limit_bytes_s=rate) as a,
+        FileNode(tmp_path / "b", "b") as b,
+    ):
+        big = os.urandom(512 << 10)
+        a.write("big.bin", big)
+        small = _tree(a, 40)
+        small_bytes = sum(len(data) for data in small.values())
+        started = time.monotonic()
+        stats = await b.sync.sync("models", [a.peer])
+        elapsed = time.monotonic() - started
+        assert stats.errors == ()
+        assert (b.root() / "big.bin").read_bytes() == big
+        # every served byte passed the cap: at most one burst (64 KiB) was free
+        floor_s = (len(big) + small_bytes - (64 << 10)) / rate
+        assert elapsed >= 0.9 * floor_s, f"{elapsed:.2f} s, the cap allows {floor_s:.2f} s"
+
+
+async def test_progress_advances_by_bytes_within_a_file(tmp_path: Path) -> None:
+    size = 16 << 20
+    async with (
+        FileNode(tmp_path / "a", "a") as a,
+        FileNode(tmp_path / "b", "b", transport_options={"bandwidth_bytes_per_s": 8 << 20}) as b,
+    ):
+        a.write("ckpt.pt", os.urandom(size))
+        task = asyncio.ensure_future(b.sync.sync("models", [a.peer]))
+        seen: set[int] = set()
+        while not task.done():
+            progress = b.sync.progress
+            if progress.files_done == 0:
+                seen.add(progress.bytes_done)
+            await asyncio.sleep(0.01)
+        stats = await task
+        assert stats.files_transferred == 1
+        assert b.sync.progress.bytes_done == size
+        inside = sorted(value for value in seen if 0 < value < size)
+        assert inside, f"the bar only moved when the file was done: {sorted(seen)}"
