@@ -165,6 +165,15 @@ async def test_batch_route_answers_each_file_and_refuses_a_bad_body(tmp_path: Pa
         assert frames[0] == ({"path": "x/one.bin", "size": 3, "hash": right}, b"one")
         assert (frames[1][0]["status"], frames[1][0]["hash"]) == (412, right)
         assert frames[2][0]["status"] == 404
+        a.write("x/one.bin", b"new bytes, not yet hashed")  # the cache still has "one"
+        async with aiohttp.ClientSession() as session:
+            one = {"files": [{"path": "x/one.bin", "hash": right}]}
+            async with session.post(url, json=one) as response:
+                raw = await response.read()
+        (length,) = batch_module.HEADER.unpack(raw[:4])
+        header = batch_module.parse_header(raw[4 : 4 + length])
+        assert (header["error"], header["status"]) == ("stale", 409)
+        assert len(raw) == 4 + length  # no bytes of a version nobody hashed
 
 
 def test_a_corrupt_file_in_a_batch_is_kept_out(tmp_path: Path) -> None:
@@ -254,12 +263,12 @@ async def test_interrupted_batch_entry_is_settled_by_recovery(tmp_path: Path) ->
 
 
 async def test_upload_cap_shapes_what_a_node_serves(tmp_path: Path) -> None:
-    rate = 256 << 10
+    rate = 1 << 20
     async with (
         FileNode(tmp_path / "a", "a", upload_limit_bytes_s=rate) as a,
         FileNode(tmp_path / "b", "b") as b,
     ):
-        big = os.urandom(512 << 10)
+        big = os.urandom(2 << 20)  # above batch_file_bytes: served by the file route
         a.write("big.bin", big)
         small = _tree(a, 40)
         small_bytes = sum(len(data) for data in small.values())
