@@ -16,10 +16,12 @@ import aiohttp
 import pytest
 
 import sync.files.batch as batch_module
+from health import BreakerConfig, BreakerRegistry, CircuitState
 from sync.files.batch import BatchWriter, hash_bytes
 from sync.files.errors import ContentMismatchError
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import SyncOptions
+from sync.transports.protocol import PeerRef
 from tests.sync.files_fixtures import (
     FAST_TIMEOUTS,
     NO_RESERVE,
@@ -29,6 +31,7 @@ from tests.sync.files_fixtures import (
     content_hash_of,
     internal_files,
 )
+from tests.sync.files_proxy import FaultProxy
 from tests.sync.test_transport_contract import zygote
 from wal import SYNC_STARTED, EntryState
 
@@ -301,3 +304,44 @@ async def test_progress_advances_by_bytes_within_a_file(tmp_path: Path) -> None:
         assert b.sync.progress.bytes_done == size
         inside = sorted(value for value in seen if 0 < value < size)
         assert inside, f"the bar only moved when the file was done: {sorted(seen)}"
+
+
+async def test_a_byte_corrupted_in_a_batch_is_caught_and_the_file_pulled_again(
+    tmp_path: Path,
+) -> None:
+    async with FileNode(tmp_path / "a", "a") as a, FileNode(tmp_path / "b", "b") as b:
+        files = _tree(a, 30)
+        requests = _count_requests(a)
+        # the manifest (about 6 KB) passes intact; the flipped byte lands in the batch stream
+        async with FaultProxy(a.port, corrupt_after=20_000) as proxy:
+            stats = await b.sync.sync("models", [PeerRef("a", proxy.url)])
+            assert proxy.corrupted
+        assert stats.errors == ()
+        for rel, data in files.items():
+            assert (b.root() / rel).read_bytes() == data
+        assert requests.get("/v1/sync/models/file", 0) >= 1  # pulled again on its own
+        assert internal_files(b.root()) == []
+
+
+async def test_a_peer_dying_mid_batch_trips_its_breaker_and_the_fallback_serves(
+    tmp_path: Path,
+) -> None:
+    breakers = BreakerRegistry(BreakerConfig(failure_threshold=1))
+    async with (
+        FileNode(tmp_path / "a", "a") as a,
+        FileNode(tmp_path / "c", "c") as c,
+        FileNode(tmp_path / "b", "b", with_wal=True, breakers=breakers) as b,
+    ):
+        files = _tree(a, 60)
+        for rel, data in files.items():
+            c.write(rel, data, mtime_ns=(a.root() / rel).stat().st_mtime_ns)
+        async with FaultProxy(a.port, die_after=30_000) as proxy:
+            stats = await b.sync.sync("models", [PeerRef("a", proxy.url), c.peer])
+            assert proxy.dead
+        assert stats.errors == ()
+        for rel, data in files.items():
+            assert (b.root() / rel).read_bytes() == data
+        assert stats.nodes["c"].files_transferred > 0
+        assert breakers.breaker_for("a", "http").state is CircuitState.OPEN
+        assert await b.wal.pending(SYNC_STARTED) == []
+        assert internal_files(b.root()) == []
