@@ -300,6 +300,9 @@ class HttpTransport:
             raise sync_error(
                 exc, f"{peer.node_id}: batch of {len(entries)} files", FileTransferError
             ) from exc
+        except FileSyncError:
+            await flush()  # report the files already installed before the stream went bad
+            raise
         finally:
             await settle_all(jobs)
             await run_blocking(writer.finish)

@@ -345,3 +345,28 @@ async def test_a_peer_dying_mid_batch_trips_its_breaker_and_the_fallback_serves(
         assert breakers.breaker_for("a", "http").state is CircuitState.OPEN
         assert await b.wal.pending(SYNC_STARTED) == []
         assert internal_files(b.root()) == []
+
+
+async def test_the_server_reads_a_batch_in_bounded_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sync.files.routes as routes_module
+
+    monkeypatch.setattr(routes_module, "BATCH_READ_BYTES", 200_000)
+    read = routes_module._read_group
+    groups: list[int] = []
+
+    def spy(root: Path, group: list[Any]) -> bytes:
+        groups.append(sum(cached[0].size for _, _, cached in group if cached is not None))
+        return read(root, group)
+
+    monkeypatch.setattr(routes_module, "_read_group", spy)
+    async with FileNode(tmp_path / "a", "a") as a, FileNode(tmp_path / "b", "b") as b:
+        files = {f"d/f{index}": os.urandom(90_000) for index in range(8)}
+        for rel, data in files.items():
+            a.write(rel, data)
+        stats = await b.sync.sync("models", [a.peer])
+        assert stats.files_transferred == 8
+        assert stats.errors == ()
+        assert sum(groups) == 8 * 90_000
+        assert max(groups) <= 200_000 + 90_000  # one file past the bound at most
