@@ -45,6 +45,8 @@ MAX_PAGE_LIMIT = 50_000
 SENDFILE_FALLBACK_CHUNK = 1 << 20
 LIMITED_SEND_BYTES = 256 << 10
 BATCH_READ_FILES = 64
+BATCH_READ_BYTES = 4 << 20
+"""Files read in one worker-thread call while serving a batch: at most this many, or bytes."""
 BATCH_CONTENT_TYPE = "application/x-shoal-files"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)\Z")
@@ -296,15 +298,19 @@ def file_routes(
             headers={"Content-Type": BATCH_CONTENT_TYPE, "Cache-Control": "no-store"}
         )
         await response.prepare(request)
-        for start in range(0, len(wanted), BATCH_READ_FILES):
-            group = [
-                (path, digest, cache.lookup_keyed(path))
-                for path, digest in wanted[start : start + BATCH_READ_FILES]
-            ]
-            frames = await asyncio.to_thread(_read_group, root, group)
-            if limiter is not None:
-                await limiter.take(len(frames))
-            await response.write(frames)
+        group: list[tuple[str, str, tuple[ManifestEntry, StatKey] | None]] = []
+        group_bytes = 0
+        for index, (path, digest) in enumerate(wanted):
+            cached = cache.lookup_keyed(path)
+            group.append((path, digest, cached))
+            group_bytes += cached[0].size if cached is not None else 0
+            last = index == len(wanted) - 1
+            if last or len(group) >= BATCH_READ_FILES or group_bytes >= BATCH_READ_BYTES:
+                frames = await asyncio.to_thread(_read_group, root, group)
+                group, group_bytes = [], 0
+                if limiter is not None:
+                    await limiter.take(len(frames))
+                await response.write(frames)
         await response.write_eof()
         return response
 
