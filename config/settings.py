@@ -146,6 +146,12 @@ class NodeSettings(BaseModel):
     sync_interval_s: float = Field(
         60.0, ge=0, description="Background pull of files and records from alive peers (0: off)."
     )
+    sync_upload_limit_bytes_s: float | None = Field(
+        None,
+        gt=0,
+        description="Cap on the file bytes this node serves to peers, all transfers together, "
+        "in bytes per second (none: unlimited).",
+    )
     jobs: JobSettings = Field(default_factory=JobSettings)
     results: ResultsSettings = Field(default_factory=ResultsSettings)
     timeouts: Timeouts = Field(default_factory=Timeouts)

@@ -241,7 +241,11 @@ class SyncService:
             web.route(route.method, route.path, fenced(route.handler, self._fence), **route.kwargs)
             if route.method == "POST" and route.path.endswith(PULL_SUFFIX)
             else route
-            for route in file_routes(self.catalog, pull)
+            for route in file_routes(
+                self.catalog,
+                pull,
+                upload_limit_bytes_s=self._runtime.settings.sync_upload_limit_bytes_s,
+            )
             if isinstance(route, web.RouteDef)
         ]
         return [

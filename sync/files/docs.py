@@ -152,6 +152,21 @@ def file_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         },
         {
             "method": "POST",
+            "path": PREFIX + "/{category}/files",
+            "summary": "Many small files in one answer: body "
+            '{"files": [{"path", "hash"}]} (1..2000); the answer (application/x-shoal-files) '
+            "is one frame per file in that order: 4-byte big-endian length, a JSON header "
+            '{"path", "size", "hash"} then size bytes, or {"path", "error", "status", "reason"} '
+            "(404 missing, 409 not hashed yet, 412 another hash now, 413 too large) without bytes",
+            "responses": (
+                (200, "the framed stream"),
+                (400, "malformed body or path"),
+                (404, "unknown category"),
+            ),
+            "parameters": (category,),
+        },
+        {
+            "method": "POST",
             "path": PREFIX + "/{category}/pull",
             "summary": "Pull a file from the given peer now (how a node pushes); answered once "
             "installed. The peer must be a member of this node's view, at its own address",

@@ -6,9 +6,11 @@ its manifest hash the moment it is complete.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -26,6 +28,13 @@ from sync.transports.partial import await_jobs, settle_all
 
 BATCH_BYTES = 1 << 20  # measured: bigger batches fall out of the CPU cache between write and hash
 HASH_HEADER = "X-Shoal-Content-Hash"
+
+ReceivedFn = Callable[[int], None]
+RECEIVED: contextvars.ContextVar[ReceivedFn | None] = contextvars.ContextVar(
+    "shoal_sync_received", default=None
+)
+"""Told the size of each batch of file bytes as it is written (set by whoever shows progress
+for the transfer running in this context; a run's tasks inherit it)."""
 
 
 class RateLimiter:
@@ -219,6 +228,7 @@ async def download_run(
     jobs: list[asyncio.Future[None]] = []
     received = 0
     batch: list[bytes] = []
+    report = RECEIVED.get()
     try:
         async with (
             asyncio.timeout(timeout_s),
@@ -235,6 +245,8 @@ async def download_run(
                 if batch_bytes >= BATCH_BYTES:
                     await await_jobs(jobs)
                     jobs = _submit(sink, batch, sink.reserve(batch_bytes))
+                    if report is not None:
+                        report(batch_bytes)
                     batch, batch_bytes = [], 0
             await await_jobs(jobs)
             jobs = []

@@ -15,7 +15,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
+from sync.files.batch import MAX_BATCH_FILE_BYTES
 from sync.files.catalog import FileCatalog
+from sync.files.download import RECEIVED
 from sync.files.errors import (
     AllSourcesFailedError,
     ContentMismatchError,
@@ -191,18 +193,44 @@ class SyncCoordinator:
         progress = self.progress
         progress.files_total += len(plan)
         progress.bytes_total += sum(item.entry.size for item in plan)
+        batches, singles = self._batches(plan)
+        outcomes: dict[str, TransferResult | BaseException | None] = {}
 
         async def tracked(item: PullItem) -> TransferResult | None:
-            result = await self._pull_item(category, item.entry, item.sources)
-            progress.files_done += 1
-            progress.bytes_done += item.entry.size
-            return result
+            counted = 0
 
-        outcomes = await asyncio.gather(*(tracked(item) for item in plan), return_exceptions=True)
+            def received(count: int) -> None:
+                nonlocal counted
+                step = min(count, item.entry.size - counted)
+                if step > 0:
+                    counted += step
+                    progress.bytes_done += step
+
+            token = RECEIVED.set(received)
+            try:
+                return await self._pull_item(category, item.entry, item.sources)
+            finally:
+                RECEIVED.reset(token)
+                progress.files_done += 1
+                progress.bytes_done += item.entry.size - counted
+
+        async def one(item: PullItem) -> None:
+            try:
+                outcomes[item.entry.path] = await tracked(item)
+            except Exception as exc:  # counted in the stats below
+                outcomes[item.entry.path] = exc
+
+        async def batch(peer: PeerRef, items: list[PullItem]) -> None:
+            done = await self._pull_batch(category, peer, items)
+            outcomes.update(done)
+            await asyncio.gather(*(one(item) for item in items if item.entry.path not in done))
+
+        await asyncio.gather(
+            *(batch(peer, items) for peer, items in batches), *(one(item) for item in singles)
+        )
         files = transferred = 0
-        for item, outcome in zip(plan, outcomes, strict=True):
-            if isinstance(outcome, asyncio.CancelledError):
-                raise outcome
+        for item in plan:
+            outcome = outcomes.get(item.entry.path)
             if isinstance(outcome, BaseException):
                 errors.append(f"{item.entry.path}: {outcome}")
                 if isinstance(outcome, AllSourcesFailedError):
@@ -224,6 +252,146 @@ class SyncCoordinator:
         stats = SyncStats(files, transferred, duration, tuple(errors), nodes)
         self.last_stats[category] = stats
         return stats, failed
+
+    def _batches(
+        self, plan: list[PullItem]
+    ) -> tuple[list[tuple[PeerRef, list[PullItem]]], list[PullItem]]:
+        """The items to pull in batches (small files, by their first source), and the rest."""
+        options = self.options
+        by_peer: dict[str, tuple[PeerRef, list[PullItem]]] = {}
+        singles: list[PullItem] = []
+        for item in plan:
+            primary = item.sources[0]
+            if (
+                options.batch_file_bytes > 0
+                and options.batch_max_files > 1
+                and item.entry.size <= min(options.batch_file_bytes, MAX_BATCH_FILE_BYTES)
+                and primary.transports[:1] == ("http",)
+            ):
+                by_peer.setdefault(primary.node_id, (primary, []))[1].append(item)
+            else:
+                singles.append(item)
+        batches: list[tuple[PeerRef, list[PullItem]]] = []
+        for peer, items in by_peer.values():
+            if len(items) == 1:
+                singles.extend(items)
+                continue
+            current: list[PullItem] = []
+            size = 0
+            for item in items:
+                if current and (
+                    len(current) >= options.batch_max_files
+                    or size + item.entry.size > options.batch_max_bytes
+                ):
+                    batches.append((peer, current))
+                    current, size = [], 0
+                current.append(item)
+                size += item.entry.size
+            batches.append((peer, current))
+        return batches, singles
+
+    async def _pull_batch(
+        self, category: str, peer: PeerRef, items: list[PullItem]
+    ) -> dict[str, TransferResult | None]:
+        """Pull `items` from `peer` in one request under one WAL entry; the outcome of each
+        file installed (None: another transfer has it in flight). Files missing from the
+        answer failed in the batch: the caller pulls them one by one."""
+        done: dict[str, TransferResult | None] = {}
+        mine: list[PullItem] = []
+        for item in items:
+            key = (category, item.entry.path)
+            if key in self._in_flight:
+                done[item.entry.path] = None
+            else:
+                self._in_flight.add(key)
+                mine.append(item)
+        try:
+            async with self._small:
+                done.update(await self._fetch_batch(category, peer, [i.entry for i in mine]))
+        finally:
+            for item in mine:
+                self._in_flight.discard((category, item.entry.path))
+        return done
+
+    async def _fetch_batch(
+        self, category: str, peer: PeerRef, entries: list[ManifestEntry]
+    ) -> dict[str, TransferResult]:
+        root = self.catalog.root(category)
+        progress = self.progress
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(
+                check_free_space, root, sum(e.size for e in entries), self.options.reserve
+            )
+        except FileSyncError as exc:
+            logger.debug("batch of %d files not tried: %s", len(entries), exc)
+            return {}
+        wal_id: int | None = None
+        if self._wal is not None:
+            payload = {
+                "peer": peer.to_json(),
+                "category": category,
+                "batch": [
+                    {"path": e.path, "hash": e.hash, "size": e.size, "mtime_ns": e.mtime_ns}
+                    for e in entries
+                ],
+            }
+            try:
+                wal_id = await self._wal.append(SYNC_STARTED, payload)
+            except WalError as exc:
+                raise FileSyncError(f"cannot log a batch of {len(entries)} files: {exc}") from exc
+        installed: list[tuple[ManifestEntry, os.stat_result]] = []
+
+        def on_installed(entry: ManifestEntry, info: os.stat_result) -> None:
+            installed.append((entry, info))
+            progress.files_done += 1
+            progress.bytes_done += entry.size
+
+        failure: BaseException | None = None
+        try:
+            async with self._breakers.breaker_for(peer.node_id, "http"):
+                try:
+                    results = await self.http.fetch_batch(
+                        peer, category, entries, root, on_installed
+                    )
+                except FileTransferError as exc:
+                    if exc.status is None or exc.status >= 500:
+                        raise
+                    failure = exc  # the peer refused the batch: not a fault of it
+        except (FileSyncError, CircuitOpenError) as exc:
+            failure = exc
+        finally:
+            if installed:
+                await self.catalog.cache(category).record_many(installed)
+        if failure is not None:
+            self._warn(f"batch:{peer.node_id}", "batch from %s: %s", peer.node_id, failure)
+        if self._wal is not None and wal_id is not None:
+            try:
+                if failure is None:
+                    await self._wal.commit(wal_id)
+                else:
+                    reason = f"{len(installed)} installed, then {type(failure).__name__}: {failure}"
+                    await self._wal.rollback(wal_id, reason=reason)
+            except WalError as exc:
+                logger.warning("log entry of a batch from %s: %s", peer.node_id, exc)
+        if failure is None:
+            return {
+                path: result
+                for path, result in results.items()
+                if isinstance(result, TransferResult)
+            }
+        return {
+            entry.path: TransferResult.installed(
+                peer,
+                self.http.name,
+                category,
+                entry,
+                transferred=entry.size,
+                resumed=0,
+                started=started,
+            )
+            for entry, _ in installed
+        }
 
     async def _pull_item(
         self, category: str, entry: ManifestEntry, sources: Sequence[PeerRef]

@@ -276,6 +276,11 @@ class ManifestCache:
         cached = self._files.get(path)
         return cached.entry if cached is not None else None
 
+    def lookup_keyed(self, path: str) -> tuple[ManifestEntry, StatKey] | None:
+        """The cached entry of `path` and the stat key it was hashed at (no disk access)."""
+        cached = self._files.get(path)
+        return (cached.entry, cached.key) if cached is not None else None
+
     @property
     def last_listing(self) -> Listing | None:
         return self._listing
@@ -386,6 +391,24 @@ class ManifestCache:
                 self._generation += 1
                 await self._run_db(self._write, [item], [])
         return item.entry if item is not None else None
+
+    async def record_many(self, installed: list[tuple[ManifestEntry, os.stat_result]]) -> None:
+        """`record` of many files with one database write."""
+        items = [
+            CachedFile(stat_key(info), entry, entry.json_text())
+            for entry, info in (
+                (dataclasses.replace(e, size=i.st_size, mtime_ns=i.st_mtime_ns), i)
+                for e, i in installed
+                if e.piece_size == self.piece_size
+            )
+        ]
+        if not items:
+            return
+        async with self._lock:
+            for item in items:
+                self._files[item.entry.path] = item
+            self._generation += 1
+            await self._run_db(self._write, items, [])
 
     async def record(self, entry: ManifestEntry, info: os.stat_result) -> None:
         """Remember a file this node just installed and verified, so it is not hashed again."""

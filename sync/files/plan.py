@@ -33,7 +33,9 @@ LOCAL_ERRORS = (InsufficientSpaceError, TransferBusyError)
 class SyncOptions:
     """Tuning of a coordinator. `retries`: extra tries of one peer and transport after a
     network failure or a corrupt piece. A file of at least `large_file_bytes` waits for one of
-    `max_large_transfers` slots; smaller ones for one of `max_small_transfers`."""
+    `max_large_transfers` slots; smaller ones for one of `max_small_transfers`. Files of at
+    most `batch_file_bytes` (0: never) from one peer are pulled together, up to
+    `batch_max_files` files and `batch_max_bytes` bytes per request and WAL entry."""
 
     timeouts: Timeouts = field(default_factory=Timeouts)
     retries: int = 2
@@ -43,6 +45,9 @@ class SyncOptions:
     large_file_bytes: int = 64 << 20
     reserve: SpaceReserve = field(default_factory=SpaceReserve)
     partial_max_age_s: float = 86400.0
+    batch_file_bytes: int = 1 << 20
+    batch_max_files: int = 500
+    batch_max_bytes: int = 32 << 20
 
     @classmethod
     def from_settings(cls, settings: NodeSettings, **overrides: object) -> SyncOptions:

@@ -157,6 +157,30 @@ class FileRecovery:
                 self._options.partial_max_age_s,
             )
 
+    async def _settle_batch(self, wal: WriteAheadLog, wal_entry: WalEntry) -> None:
+        """An interrupted batch: each of its files is either in place (complete and verified:
+        placed by an atomic rename after its fsync) or absent, so nothing is resumed; the
+        entry is committed when every file is in place, else rolled back naming how many are
+        missing (the sync loop pulls them)."""
+        payload = wal_entry.payload
+        try:
+            category = payload["category"]
+            files = [(item["path"], item["hash"]) for item in payload["batch"]]
+            self._catalog.root(category)
+        except (KeyError, TypeError, UnknownCategoryError) as exc:
+            await wal.rollback(wal_entry.id, reason=f"cannot settle the batch: {exc}")
+            return
+        missing = 0
+        for path, digest in files:
+            if await local_entry(self._catalog, category, path, digest) is None:
+                missing += 1
+        if missing:
+            reason = f"interrupted batch: {missing} of {len(files)} files not installed"
+            logger.info("transfer %s of %s: %s", wal_entry.id, category, reason)
+            await wal.rollback(wal_entry.id, reason=reason)
+        else:
+            logger.info("batch %s of %s had finished before the restart", wal_entry.id, category)
+
     async def resume(self, wal_entry: WalEntry) -> TransferResult | None:
         """Finish one interrupted transfer: done if the file is already in place; resumed
         from its partial file if the peer still has that version (the transfer is returned);
@@ -166,6 +190,9 @@ class FileRecovery:
         if wal is None:
             raise FileSyncError("recovery of transfers needs the WAL they were logged in")
         payload = wal_entry.payload
+        if "batch" in payload:
+            await self._settle_batch(wal, wal_entry)
+            return None
         try:
             category, path, digest = payload["category"], payload["path"], payload["hash"]
             peer = PeerRef.from_json(payload["peer"])

@@ -12,15 +12,17 @@ import os
 import re
 import weakref
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from config import error_response
+from sync.files.batch import MAX_BATCH_FILES, read_served_file
 from sync.files.catalog import FileCatalog
 from sync.files.docs import PREFIX, PullBody, file_route_docs
-from sync.files.download import HASH_HEADER
+from sync.files.download import HASH_HEADER, RateLimiter
 from sync.files.errors import (
     AllSourcesFailedError,
     FileChangedError,
@@ -30,6 +32,8 @@ from sync.files.errors import (
     TransferBusyError,
     UnknownCategoryError,
 )
+from sync.files.manifest import ManifestEntry
+from sync.files.manifest_cache import StatKey
 from sync.guards import check_raw_query_value, open_inside, validate_rel_path
 from sync.transports.protocol import PeerRef, TransferResult
 
@@ -40,6 +44,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_PAGE_LIMIT = 10_000
 MAX_PAGE_LIMIT = 50_000
 SENDFILE_FALLBACK_CHUNK = 1 << 20
+LIMITED_SEND_BYTES = 256 << 10
+BATCH_READ_FILES = 64
+BATCH_READ_BYTES = 4 << 20
+"""Files read in one worker-thread call while serving a batch: at most this many, or bytes."""
+BATCH_CONTENT_TYPE = "application/x-shoal-files"
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)\Z")
 
 PullHandler = Callable[[str, str, str, PeerRef], Awaitable[TransferResult | None]]
@@ -98,8 +108,17 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 class _FileSlice(web.StreamResponse):
     """Sends `count` bytes of an open file from `offset` with sendfile; owns and closes `fd`."""
 
-    def __init__(self, fd: int, offset: int, count: int, status: int, headers: dict[str, str]):
+    def __init__(
+        self,
+        fd: int,
+        offset: int,
+        count: int,
+        status: int,
+        headers: dict[str, str],
+        limiter: RateLimiter | None = None,
+    ):
         super().__init__(status=status, headers=headers)
+        self._limiter = limiter
         self.content_length = count
         self._fd = fd
         self._offset = offset
@@ -122,17 +141,24 @@ class _FileSlice(web.StreamResponse):
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("connection lost")
+        loop = asyncio.get_running_loop()
+        offset, end = self._offset, self._offset + self._count
+        step = end - offset if self._limiter is None else LIMITED_SEND_BYTES
         with os.fdopen(self._fd, "rb", buffering=0, closefd=False) as file:
             try:
-                await asyncio.get_running_loop().sendfile(
-                    transport, file, self._offset, self._count
-                )
+                while offset < end:
+                    count = min(step, end - offset)
+                    if self._limiter is not None:
+                        await self._limiter.take(count)
+                    await loop.sendfile(transport, file, offset, count)
+                    offset += count
                 return
             except NotImplementedError:
                 pass
-        offset, end = self._offset, self._offset + self._count
         while offset < end:
             size = min(SENDFILE_FALLBACK_CHUNK, end - offset)
+            if self._limiter is not None:
+                await self._limiter.take(size)
             chunk = await asyncio.to_thread(os.pread, self._fd, size, offset)
             if not chunk:
                 raise ConnectionResetError("file shrank while being sent")
@@ -140,9 +166,17 @@ class _FileSlice(web.StreamResponse):
             offset += len(chunk)
 
 
-def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[web.RouteDef]:
+def file_routes(
+    catalog: FileCatalog,
+    pull: PullHandler | None = None,
+    *,
+    upload_limit_bytes_s: float | None = None,
+) -> list[web.RouteDef]:
     """The file sync routes over `catalog`; `pull` (SyncCoordinator.pull_file) serves
-    `POST .../pull`, which answers 503 without it. Mount behind the node's auth middleware."""
+    `POST .../pull`, which answers 503 without it. `upload_limit_bytes_s` caps the bytes of
+    files served, all requests together (none: unlimited). Mount behind the node's auth
+    middleware."""
+    limiter = RateLimiter(upload_limit_bytes_s) if upload_limit_bytes_s else None
 
     def category_of(request: web.Request) -> str:
         category = request.match_info["category"]
@@ -246,10 +280,40 @@ def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[w
             return _refusal(416, "bad_range", str(exc), **headers)
         headers = {**hashes, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
         if span is None:
-            return _FileSlice(fd, 0, entry.size, 200, headers)
+            return _FileSlice(fd, 0, entry.size, 200, headers, limiter)
         start, end = span
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
-        return _FileSlice(fd, start, end - start, 206, headers)
+        return _FileSlice(fd, start, end - start, 206, headers, limiter)
+
+    async def files(request: web.Request) -> web.StreamResponse:
+        try:
+            category = category_of(request)
+            wanted = _batch_body(await request.json())
+        except UnknownCategoryError as exc:
+            return _refusal(404, "unknown_category", str(exc))
+        except (PathRefusedError, ValueError) as exc:
+            return _refusal(400, "bad_request", str(exc))
+        root = catalog.root(category)
+        cache = catalog.cache(category)
+        response = web.StreamResponse(
+            headers={"Content-Type": BATCH_CONTENT_TYPE, "Cache-Control": "no-store"}
+        )
+        await response.prepare(request)
+        group: list[tuple[str, str, tuple[ManifestEntry, StatKey] | None]] = []
+        group_bytes = 0
+        for index, (path, digest) in enumerate(wanted):
+            cached = cache.lookup_keyed(path)
+            group.append((path, digest, cached))
+            group_bytes += cached[0].size if cached is not None else 0
+            last = index == len(wanted) - 1
+            if last or len(group) >= BATCH_READ_FILES or group_bytes >= BATCH_READ_BYTES:
+                frames = await asyncio.to_thread(_read_group, root, group)
+                group, group_bytes = [], 0
+                if limiter is not None:
+                    await limiter.take(len(frames))
+                await response.write(frames)
+        await response.write_eof()
+        return response
 
     async def pull_request(request: web.Request) -> web.Response:
         if pull is None:
@@ -292,6 +356,7 @@ def file_routes(catalog: FileCatalog, pull: PullHandler | None = None) -> list[w
         web.get(PREFIX + "/{category}/manifest", manifest, allow_head=False),
         web.get(PREFIX + "/{category}/file", file, allow_head=False),
         web.post(PREFIX + "/{category}/pull", pull_request),
+        web.post(PREFIX + "/{category}/files", files),
     ]
 
 
@@ -300,6 +365,29 @@ def _first_error(exc: ValidationError) -> str:
     error = exc.errors(include_url=False)[0]
     where = ".".join(str(part) for part in error["loc"]) or "body"
     return f"{where}: {error['msg']}"
+
+
+def _read_group(
+    root: Path, group: list[tuple[str, str, tuple[ManifestEntry, StatKey] | None]]
+) -> bytes:
+    return b"".join(read_served_file(root, path, digest, cached) for path, digest, cached in group)
+
+
+def _batch_body(data: Any) -> list[tuple[str, str]]:
+    """The (path, hash) pairs of a batch request body `{"files": [{"path", "hash"}]}`."""
+    items = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_FILES:
+        raise ValueError(f'body must be {{"files": [...]}} with 1..{MAX_BATCH_FILES} files')
+    wanted: list[tuple[str, str]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise ValueError("each file must be an object with path and hash")
+        path = validate_rel_path(item.get("path"))  # type: ignore[arg-type]
+        digest = item.get("hash")
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise ValueError(f"{path}: hash must be 64 lowercase hex digits")
+        wanted.append((path, digest))
+    return wanted
 
 
 def _limit(text: str | None) -> int:

@@ -100,8 +100,10 @@ class FileNode:
         transport_options: Mapping[str, Any] | None = None,
         transports: Callable[[HttpTransport], Mapping[str, Transport]] | None = None,
         fence: FenceHeaders | None = None,
+        upload_limit_bytes_s: float | None = None,
     ) -> None:
         self.base = base
+        self._upload_limit = upload_limit_bytes_s
         self.node_id = node_id
         roots = {category: base / "data" / category for category in CATEGORIES}
         self.catalog = FileCatalog(
@@ -136,7 +138,9 @@ class FileNode:
                 await self._stack.enter_async_context(self.wal)
             await self._stack.enter_async_context(self.http)
             app = web.Application()
-            app.router.add_routes(file_routes(self.catalog, self._pull))
+            app.router.add_routes(
+                file_routes(self.catalog, self._pull, upload_limit_bytes_s=self._upload_limit)
+            )
             self.server = TestServer(app, host="127.0.0.1", port=0)
             await self.server.start_server()
             self._stack.push_async_callback(self.server.close)
