@@ -25,8 +25,11 @@ from node.errors import (
     PeerRequestError,
     PeerTimeoutError,
     PlanError,
+    PublishTimeout,
     RendezvousError,
+    RLError,
     StartupError,
+    WeightsError,
     WireError,
 )
 from node.membership.service import (
@@ -94,6 +97,8 @@ __all__ = [
     "PeerTimeoutError",
     "PlanError",
     "PlanFence",
+    "PublishTimeout",
+    "RLError",
     "Rendezvous",
     "RendezvousError",
     "RolePlan",
@@ -108,6 +113,7 @@ __all__ = [
     "UdpMembershipTransport",
     "VoterSet",
     "WalDurableState",
+    "WeightsError",
     "WireError",
     "auth_middleware",
     "build_app",

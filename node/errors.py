@@ -14,7 +14,11 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- MasterUnreachable -- rank 0's store of a generation did not answer in time
  +-- LauncherError -- the training launcher was misused or given a rendezvous without a rank
  +-- PeerRequestError -- an HTTP request to a node failed; carries status (None: no answer)
-      +-- PeerTimeoutError (also TimeoutError) -- no answer in time
+ |    +-- PeerTimeoutError (also TimeoutError) -- no answer in time
+ +-- RLError -- pipeline RL (node.rl)
+      +-- WeightsError -- weights not sent, received or stored (collective, model mismatch,
+      |                   version not increasing, digest mismatch)
+      +-- PublishTimeout (also TimeoutError) -- a publish missed its deadline; names receivers
 
 `peer_error` translates aiohttp and OS errors of a request. node.startup.startup_error is the
 table of what stops a start (OSError, sqlite3, the WAL's and the record stores' errors): it lives
@@ -38,8 +42,11 @@ __all__ = [
     "PeerRequestError",
     "PeerTimeoutError",
     "PlanError",
+    "PublishTimeout",
+    "RLError",
     "RendezvousError",
     "StartupError",
+    "WeightsError",
     "WireError",
     "peer_error",
 ]
@@ -132,3 +139,24 @@ def peer_error(exc: BaseException, url: str) -> NodeError:
     if isinstance(exc, ValueError):
         return PeerRequestError(url, f"not a JSON answer: {exc}")
     return PeerRequestError(url, f"{type(exc).__name__}: {exc}")
+
+
+# --- pipeline RL ----------------------------------------------------------------------------------
+
+
+class RLError(NodeError):
+    """Base of the pipeline-RL errors (node.rl)."""
+
+
+class WeightsError(RLError):
+    """Weights could not be sent, received or stored: a failed collective, models that differ,
+    a version that does not increase, a weights file that does not match its digest."""
+
+
+class PublishTimeout(RLError, TimeoutError):
+    """A publish did not finish within its deadline; `receivers` names the ones that did not
+    acknowledge."""
+
+    def __init__(self, message: str, receivers: tuple[str, ...]) -> None:
+        self.receivers = receivers
+        super().__init__(message)

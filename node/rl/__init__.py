@@ -1,0 +1,1 @@
+"""Pipeline RL: bucketed weight broadcast, policy versions on samples, the weights control plane."""
