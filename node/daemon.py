@@ -53,6 +53,7 @@ from node.errors import DiscoveryError, StartupError
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.openapi import RouteDoc
+from node.rl.service import WeightsService
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.startup import prepare_data_dir
@@ -321,6 +322,7 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
         )
+        weights = self._weights_service(runtime, election)
         app = build_app(
             runtime,
             policy,
@@ -328,11 +330,13 @@ class NodeDaemon:
                 *record_routes(stores, runtime.node_id),
                 *election.routes(),
                 *sync_service.routes(),
+                *weights.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs()),
                 *election.docs(),
                 *sync_service.docs(),
+                *weights.docs(),
             ],
         )
         runner = web.AppRunner(
@@ -359,6 +363,25 @@ class NodeDaemon:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         runtime.port = self.port
+
+    def _weights_service(self, runtime: NodeRuntime, election: ElectionService) -> WeightsService:
+        """The pipeline-RL weights plane; its group is served at /v1/rendezvous?group=weights."""
+
+        def url_of(node_id: str) -> str | None:
+            if node_id == runtime.node_id:
+                return f"http://{runtime.address}:{runtime.port}"
+            member = self._membership.member(node_id) if self._membership is not None else None
+            return None if member is None else f"http://{member.address}:{member.port}"
+
+        weights = WeightsService(
+            runtime.node_id,
+            lambda: election.elector.plan if election.elector is not None else None,
+            url_of,
+            runtime.wal,
+            runtime.metrics.registry if runtime.metrics is not None else None,
+        )
+        election.group_handlers["weights"] = weights.rendezvous
+        return weights
 
     async def _start_membership(self, runtime: NodeRuntime, secrets: Secrets) -> Membership:
         """Membership over UDP on the API's port number, fed by discovery."""

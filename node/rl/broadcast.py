@@ -30,13 +30,20 @@ class ParamInfo:
     nbytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "nbytes": self.nbytes}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "nbytes": self.nbytes,
+        }
 
 
 def describe_params(model: Any) -> list[ParamInfo]:
     """Name, shape, dtype and size of every parameter of `model`, in broadcast order."""
     return [
-        ParamInfo(name, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.numel() * p.element_size())
+        ParamInfo(
+            name, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.numel() * p.element_size()
+        )
         for name, p in model.named_parameters()
     ]
 

@@ -16,10 +16,16 @@ from node.errors import WeightsError
 
 def make_version_state(node: str | None = None, version: int = 0) -> dict[str, Any]:
     """The state a generator threads through stamping: its weights' version and its node id."""
-    return {"version": _check_version(version), "node": node or socket.gethostname(), "updated_at": None}
+    return {
+        "version": _check_version(version),
+        "node": node or socket.gethostname(),
+        "updated_at": None,
+    }
 
 
-def set_version(version_state: dict[str, Any], version: int, now: float | None = None) -> dict[str, Any]:
+def set_version(
+    version_state: dict[str, Any], version: int, now: float | None = None
+) -> dict[str, Any]:
     """Record that the generator now runs weights of `version` (never lower); returns the state."""
     version = _check_version(version)
     if version < version_state["version"]:

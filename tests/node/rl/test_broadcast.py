@@ -15,7 +15,7 @@ from node.rl.broadcast import plan_buckets
 
 torch = pytest.importorskip("torch")
 
-from node.rl.broadcast import describe_params, weights_digest  # noqa: E402
+from node.rl.broadcast import broadcast_weights, describe_params, weights_digest  # noqa: E402
 
 WORKER = Path(__file__).with_name("broadcast_worker.py")
 ROUNDS = 10
@@ -72,7 +72,8 @@ def test_every_receiver_equals_the_trainer_after_each_of_ten_broadcasts(
     assert sorted(table) == list(range(1, ROUNDS + 1))
     for version, shas in table.items():
         assert sorted(shas) == [0, 1, 2], version
-        assert shas[1] == shas[0] and shas[2] == shas[0], version
+        assert shas[1] == shas[0], version
+        assert shas[2] == shas[0], version
     assert len({shas[0] for shas in table.values()}) == ROUNDS  # the weights really changed
 
 
@@ -109,6 +110,4 @@ def test_digest_and_description_follow_the_parameters() -> None:
 
 def test_a_negative_version_is_refused_before_any_collective() -> None:
     with pytest.raises(WeightsError, match="integer >= 0"):
-        from node.rl.broadcast import broadcast_weights
-
         broadcast_weights(torch.nn.Linear(1, 1), object(), -1)
