@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -50,8 +50,13 @@ def describe_params(model: Any) -> list[ParamInfo]:
 
 def weights_digest(model: Any) -> str:
     """sha256 over every parameter's name, dtype, shape and bytes, in broadcast order."""
+    return digest_named(model.named_parameters())
+
+
+def digest_named(named: Iterable[tuple[str, Any]]) -> str:
+    """`weights_digest` of (name, tensor) pairs."""
     digest = hashlib.sha256()
-    for name, param in model.named_parameters():
+    for name, param in named:
         tensor = param.detach().cpu().contiguous()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(_tensor_bytes(tensor))
@@ -187,6 +192,11 @@ def _torch() -> Any:
 
 
 def _dist() -> Any:
+    return torch_distributed()
+
+
+def torch_distributed() -> Any:
+    """torch.distributed, imported on first use (typed Any: its stubs hide TCPStore)."""
     import torch.distributed as dist
 
     return dist
