@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from config import Role
 from node.election.plan import GroupSpec, RolePlan
 from node.errors import PublishTimeout
-from node.rl.publisher import PublishResult, WeightPublisher
 from node.rl.group import weights_port
+from node.rl.publisher import PublishResult, WeightPublisher
 from node.rl.service import WeightsService
 
 torch = pytest.importorskip("torch")
@@ -129,9 +129,9 @@ async def publish(
     return result, time.monotonic() - started
 
 
-async def until(check: object, timeout_s: float = 60.0) -> None:
+async def until(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
 
@@ -182,7 +182,7 @@ async def test_a_dead_or_stalled_receiver_cannot_hang_the_trainer(
                 cluster.start_receiver("b", f"kill:{version + 2}")
             else:
                 cluster.children["b"].send_signal(signal.SIGCONT)
-            await until(lambda: (cluster.status("b") or {}).get("version") == caught_up)
+            await until(lambda v=caught_up: (cluster.status("b") or {}).get("version") == v)
             assert cluster.status("b")["source"] == "file"  # type: ignore[index]
             version += 1
             result, took = await publish(publisher, version)
