@@ -8,6 +8,7 @@ from config import shoal_version
 from node.cli import devcluster as cli_devcluster
 from node.cli import inspect as cli_inspect
 from node.cli import monitor as cli_monitor
+from node.cli import rl as cli_rl
 from node.cli import serve as cli_serve
 from node.cli import sync as cli_sync
 from node.cli.common import console
@@ -31,6 +32,7 @@ cli_inspect.register(app)
 cli_devcluster.register(app)
 cli_monitor.register(app)
 cli_sync.register(app)
+cli_rl.register(app)
 
 
 @app.command("version")
