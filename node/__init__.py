@@ -48,6 +48,16 @@ from node.membership.service import (
     UdpMembershipTransport,
 )
 from node.openapi import RouteDoc, openapi_document
+from node.rl import (
+    RolloutStream,
+    WeightPublisher,
+    WeightReceiver,
+    broadcast_weights,
+    check_staleness,
+    make_version_state,
+    receive_weights,
+    stamp_sample,
+)
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, auth_middleware, error_middleware
 from node.sync_service import SyncService
@@ -103,6 +113,7 @@ __all__ = [
     "RendezvousError",
     "RolePlan",
     "RolePolicy",
+    "RolloutStream",
     "RouteDoc",
     "StartupError",
     "SwimTuning",
@@ -113,12 +124,16 @@ __all__ = [
     "UdpMembershipTransport",
     "VoterSet",
     "WalDurableState",
+    "WeightPublisher",
+    "WeightReceiver",
     "WeightsError",
     "WireError",
     "auth_middleware",
+    "broadcast_weights",
     "build_app",
     "check_adoption_logs",
     "check_fence",
+    "check_staleness",
     "choose_interfaces",
     "compute_plan",
     "election_routes",
@@ -127,12 +142,15 @@ __all__ = [
     "join_group",
     "load_secrets",
     "local_addresses",
+    "make_version_state",
     "openapi_document",
     "read_adoption_log",
+    "receive_weights",
     "rendezvous_for",
     "resolve_node_id",
     "resolve_voters",
     "should_apply",
+    "stamp_sample",
     "status_document",
     "training_env",
 ]

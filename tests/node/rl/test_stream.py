@@ -49,8 +49,9 @@ async def test_no_stale_sample_is_consumed_and_every_drop_is_counted(tmp_path: P
                 assert r.status == 200, await r.text()
         async with session.post(f"{url}/v1/records/rollouts", json=other_run) as r:
             assert r.status == 200
-        # the same store twice stands for two nodes whose stores replicate each other
-        stream = RolloutStream("r1", max_lag=MAX_LAG, batch_size=250, nodes=[url, url])
+        # the same store under two names stands for two nodes whose stores replicate each other
+        twin = f"http://localhost:{daemon.port}"
+        stream = RolloutStream("r1", max_lag=MAX_LAG, batch_size=250, nodes=[url, twin])
 
         def consume() -> tuple[list[dict[str, Any]], list[int]]:
             consumed, currents = [], []
