@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from aiohttp import ClientSession, web  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from config import Role  # noqa: E402
+from config import Role, load_settings  # noqa: E402
 from node.daemon import NodeDaemon  # noqa: E402
 from node.election.plan import GroupSpec, RolePlan  # noqa: E402
 from node.rl.broadcast import torch_distributed  # noqa: E402
@@ -41,7 +41,6 @@ from node.rl.publisher import WeightPublisher  # noqa: E402
 from node.rl.receiver import WeightReceiver  # noqa: E402
 from node.rl.service import WeightsService  # noqa: E402
 from node.rl.stream import RolloutStream  # noqa: E402
-from tests.node.daemons import test_settings  # noqa: E402
 
 RUN = "bench"
 dist = torch_distributed()
@@ -118,7 +117,7 @@ def bench_bare(params: int, rounds: int) -> list[float]:
     return list(json.loads(out[0]))
 
 
-def bench_publish(params: int, rounds: int) -> list[float]:
+def bench_publish(params: int, rounds: int, phases: list[dict[str, float]]) -> list[float]:
     port = free_port()
     plan = RolePlan(
         term=1,
@@ -163,12 +162,13 @@ def bench_publish(params: int, rounds: int) -> list[float]:
         for node in ("a", "b")
     ]
     net = model(params)
-    times = []
+    times: list[float] = []
     with WeightPublisher(RUN, urls["t"], deadline_s=120, join_s=60) as publisher:
         for version in range(rounds + 1):
             result = publisher.publish(net, version)
             assert result.acknowledged == ("a", "b"), result
             times.append(result.total_s)
+            phases.append({k: round(v, 4) for k, v in result.phases_s.items()})
     for proc in receivers:
         proc.wait(60)
     loop.call_soon_threadsafe(loop.stop)
@@ -177,7 +177,9 @@ def bench_publish(params: int, rounds: int) -> list[float]:
 
 async def bench_stream(rollouts: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        async with NodeDaemon(test_settings(Path(tmp), "bench")) as daemon, ClientSession() as s:
+        flags = {"data_dir": Path(tmp), "node_id": "bench", "port": 0, "mdns": False}
+        settings = load_settings(env={}, flags=flags).settings
+        async with NodeDaemon(settings) as daemon, ClientSession() as s:
             url = f"http://127.0.0.1:{daemon.port}"
             for start in range(0, rollouts, 5000):
                 batch = [
@@ -220,7 +222,8 @@ def main() -> None:
         receiver_main(args.receiver, args.params, args.rounds)
         return
     bare = bench_bare(args.params, args.rounds)
-    published = bench_publish(args.params, args.rounds)
+    phases: list[dict[str, float]] = []
+    published = bench_publish(args.params, args.rounds, phases)
     rate = asyncio.run(bench_stream(args.rollouts))
     overhead = [p - b for p, b in zip(sorted(published), sorted(bare), strict=True)]
     print(
@@ -234,7 +237,7 @@ def main() -> None:
                 "overhead_ratio": statistics.median(published) / statistics.median(bare) - 1,
                 "overhead_p99_ms": p99(overhead) * 1000,
                 "rollouts_consumed_per_s": round(rate),
-                "samples": {"publish_s": published, "bare_s": bare},
+                "samples": {"publish_s": published, "bare_s": bare, "publish_phases_s": phases[1:]},
             },
             indent=2,
         )

@@ -1,8 +1,10 @@
 """Bucketed weight broadcast from the trainer (group rank 0) to receivers over torch.distributed.
 
 Wire order on the group: one int64 header [version, parameter count, total bytes], then the
-parameters in `named_parameters()` order, packed into flat buffers of one dtype of at most
-`bucket_bytes` each (a tensor larger than a bucket goes alone). torch is imported lazily.
+parameters in `named_parameters()` order: small ones packed into flat buffers of one dtype of at
+most `bucket_bytes` each, tensors of ALONE_BYTES or more sent alone and received in place (no
+copy: copies of large tensors cost more than the collective on a busy CPU). torch is imported
+lazily.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from node.errors import WeightsError
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 """Bucket size of a broadcast: large enough that per-collective latency stops mattering."""
+ALONE_BYTES = 1024 * 1024
+"""A tensor this large is its own bucket, sent and received without a copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,20 +67,26 @@ def digest_named(named: Iterable[tuple[str, Any]]) -> str:
     return digest.hexdigest()
 
 
-def plan_buckets(sizes: Sequence[tuple[str, int]], bucket_bytes: int) -> list[list[int]]:
+def plan_buckets(
+    sizes: Sequence[tuple[str, int]], bucket_bytes: int, alone_bytes: int = ALONE_BYTES
+) -> list[list[int]]:
     """Indices of consecutive parameters grouped into buckets: one dtype per bucket, at most
-    `bucket_bytes` each (a larger tensor goes alone); `bucket_bytes` <= 0 means one per tensor.
+    `bucket_bytes` each; a tensor larger than a bucket or of `alone_bytes` or more goes alone;
+    `bucket_bytes` <= 0 means one per tensor.
 
     `sizes` is (dtype, nbytes) per parameter.
     """
     buckets: list[list[int]] = []
     current: list[int] = []
-    current_dtype, current_bytes = "", 0
+    current_dtype, current_bytes, current_small = "", 0, True
     for index, (dtype, nbytes) in enumerate(sizes):
+        small = nbytes < alone_bytes
         fits = current and dtype == current_dtype and current_bytes + nbytes <= bucket_bytes
-        if not fits and current:
+        if not (fits and small and current_small) and current:
             buckets.append(current)
             current, current_bytes = [], 0
+        if not current:
+            current_small = small
         current.append(index)
         current_dtype, current_bytes = dtype, current_bytes + nbytes
     if current:
@@ -138,6 +148,9 @@ def receive_weights(
     with torch.no_grad():
         for bucket in _buckets(params, bucket_bytes):
             targets = [params[i] for i in bucket]
+            if len(targets) == 1 and targets[0].is_contiguous():
+                _broadcast(trainer_group, targets[0].detach(), timeout_s)  # in place
+                continue
             numel = sum(t.numel() for t in targets)
             buffer = torch.empty(numel, dtype=targets[0].dtype, device=targets[0].device)
             _broadcast(trainer_group, buffer, timeout_s)

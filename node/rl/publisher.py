@@ -12,8 +12,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,8 @@ class PublishResult:
     broadcast_s: float
     total_s: float
     path: Path | None
+    phases_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds spent in: prepare (rendezvous, file, digest), offer, ready, broadcast, ack."""
 
 
 def store_key_prefix(run: str) -> str:
@@ -123,15 +125,23 @@ class WeightPublisher:
         sha = weights_digest(model)
         params = describe_params(model)
         sent_at = time.time()
+        marks = [self._clock()]
         offered = self._offer(rendezvous, model, version, sha, params, sent_at, deadline)
+        marks.append(self._clock())
         store = self._store_for(rendezvous)
         ready = self._wait_ready(store, version, offered, min(deadline, started + self.join_s))
+        marks.append(self._clock())
         broadcast_s = 0.0
         if ready:
             broadcast_s = self._broadcast(
                 store, model, version, (rendezvous.members[0], *ready), deadline
             )
+        marks.append(self._clock())
         acknowledged = self._wait_acks(rendezvous, version, sha, ready, deadline)
+        marks.append(self._clock())
+        names = ("offer", "ready", "broadcast", "ack")
+        phases = {"prepare": marks[0] - started}
+        phases |= {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
         unacked = tuple(node for node in ready if node not in acknowledged)
         self.version = version
         if unacked:
@@ -154,7 +164,7 @@ class WeightPublisher:
         call(self.endpoint, "POST", "/v1/weights/applied", report, timeout_s=self._left(deadline))
         missing = tuple(node for node in rendezvous.receivers if node not in acknowledged)
         return PublishResult(
-            version, sha, acknowledged, missing, broadcast_s, self._clock() - started, path
+            version, sha, acknowledged, missing, broadcast_s, self._clock() - started, path, phases
         )
 
     def close(self) -> None:

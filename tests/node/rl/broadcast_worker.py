@@ -27,8 +27,11 @@ def main() -> None:
     store = dist.TCPStore("127.0.0.1", port, 3, rank == 0, timeout=timedelta(seconds=60))
     group = dist.ProcessGroupGloo(dist.PrefixStore("w", store), rank, 3, timedelta(seconds=60))
     torch.manual_seed(1234)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(7, 33), torch.nn.Tanh(), torch.nn.Linear(33, 3, dtype=torch.float64)
+    net = torch.nn.Sequential(  # the LayerNorm's two small tensors share a 300-byte bucket
+        torch.nn.Linear(7, 33),
+        torch.nn.LayerNorm(33),
+        torch.nn.Tanh(),
+        torch.nn.Linear(33, 3, dtype=torch.float64),
     )
     if rank != 0:
         torch.manual_seed(rank)  # receivers start from other weights: a no-op receive would show
@@ -37,8 +40,8 @@ def main() -> None:
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     for version in range(1, rounds + 1):
         if rank == 0:
-            out = net[0:2](torch.randn(16, 7))
-            loss = net[2](out.double()).pow(2).mean()
+            out = net[0:3](torch.randn(16, 7))
+            loss = net[3](out.double()).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

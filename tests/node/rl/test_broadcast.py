@@ -91,6 +91,10 @@ def test_buckets_hold_one_dtype_and_respect_the_size() -> None:
     assert plan_buckets(sizes, 0) == [[i] for i in range(6)]
     assert plan_buckets(sizes, 10_000) == [[0, 1, 2], [3], [4, 5]]
     assert plan_buckets([], 100) == []
+    alone = [("f32", 10), ("f32", 10), ("f32", 60), ("f32", 10), ("f32", 10), ("f32", 10)]
+    assert plan_buckets(alone, 1000, alone_bytes=50) == [[0, 1], [2], [3, 4, 5]]
+    many_small = [("f32", 40)] * 5
+    assert plan_buckets(many_small, 1000, alone_bytes=50) == [[0, 1, 2, 3, 4]]
 
 
 def test_digest_and_description_follow_the_parameters() -> None:
