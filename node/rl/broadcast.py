@@ -189,11 +189,12 @@ def _broadcast(group: Any, tensor: Any, timeout_s: float | None) -> None:
         raise WeightsError(f"weight broadcast failed: {exc}") from exc
 
 
-def _tensor_bytes(tensor: Any) -> bytes:
+def _tensor_bytes(tensor: Any) -> memoryview:
+    """A view of a contiguous CPU tensor's bytes (no copy; valid while the tensor lives)."""
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
-        return b""
-    return bytes((ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 
 
 def _torch() -> Any:

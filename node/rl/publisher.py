@@ -35,7 +35,7 @@ from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
 
 log = logging.getLogger(__name__)
 
-ACK_POLL_S = 0.02
+ACK_POLL_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
