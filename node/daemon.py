@@ -57,6 +57,7 @@ from node.membership.service import Membership, MetaValue, UdpMembershipTranspor
 from node.metrics import ingest_counter
 from node.openapi import RouteDoc
 from node.providers import StaticProvider
+from node.rl.service import WeightsService
 from node.runs.locks import LockService
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runs.results import open_results_store
@@ -381,6 +382,7 @@ class NodeDaemon:
         if runtime.health is not None:
             runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
             runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
+        weights = self._weights_service(runtime, election)
         app = build_app(
             runtime,
             policy,
@@ -392,6 +394,7 @@ class NodeDaemon:
                 *actors.routes(),
                 *locks.routes(),
                 *runs.routes(),
+                *weights.routes(),
             ],
             extra_docs=[
                 *(RouteDoc(**doc) for doc in record_route_docs(record_schemas(runtime.settings))),
@@ -401,6 +404,8 @@ class NodeDaemon:
                 *actors.docs(),
                 *locks.docs(),
                 *runs.docs(),
+                *sync_service.docs(),
+                *weights.docs(),
             ],
         )
         runner = web.AppRunner(
@@ -427,6 +432,25 @@ class NodeDaemon:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         runtime.port = self.port
+
+    def _weights_service(self, runtime: NodeRuntime, election: ElectionService) -> WeightsService:
+        """The pipeline-RL weights plane; its group is served at /v1/rendezvous?group=weights."""
+
+        def url_of(node_id: str) -> str | None:
+            if node_id == runtime.node_id:
+                return f"http://{runtime.address}:{runtime.port}"
+            member = self._membership.member(node_id) if self._membership is not None else None
+            return None if member is None else f"http://{member.address}:{member.port}"
+
+        weights = WeightsService(
+            runtime.node_id,
+            lambda: election.elector.plan if election.elector is not None else None,
+            url_of,
+            runtime.wal,
+            runtime.metrics.registry if runtime.metrics is not None else None,
+        )
+        election.group_handlers["weights"] = weights.rendezvous
+        return weights
 
     async def _start_membership(self, runtime: NodeRuntime, secrets: Secrets) -> Membership:
         """Membership over UDP on the API's port number, fed by discovery."""

@@ -34,6 +34,10 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- SSHTimeoutError (also TimeoutError) -- connecting or the command took too long
  +-- DeployError -- `shoal deploy` could not build, push, install or start shoal on a host
  +-- ProviderError -- a node provider could not acquire, start, stop or release a node
+ +-- RLError -- pipeline RL (node.rl)
+      +-- WeightsError -- weights not sent, received or stored (collective, model mismatch,
+      |                   version not increasing, digest mismatch)
+      +-- PublishTimeout (also TimeoutError) -- a publish missed its deadline; names receivers
 
 `peer_error` translates aiohttp and OS errors of a request. node.startup.startup_error is the
 table of what stops a start (OSError, sqlite3, the WAL's and the record stores' errors): it lives
@@ -72,6 +76,8 @@ __all__ = [
     "PeerTimeoutError",
     "PlanError",
     "ProviderError",
+    "PublishTimeout",
+    "RLError",
     "RendezvousError",
     "ResultsStoreError",
     "RunError",
@@ -81,6 +87,7 @@ __all__ = [
     "SSHHostKeyError",
     "SSHTimeoutError",
     "StartupError",
+    "WeightsError",
     "WireError",
     "peer_error",
 ]
@@ -288,3 +295,24 @@ class RunError(NodeError):
 
 class ResultsStoreError(RunError):
     """The results store refused an upload, or what it stored does not match its hash."""
+
+
+# --- pipeline RL ----------------------------------------------------------------------------------
+
+
+class RLError(NodeError):
+    """Base of the pipeline-RL errors (node.rl)."""
+
+
+class WeightsError(RLError):
+    """Weights could not be sent, received or stored: a failed collective, models that differ,
+    a version that does not increase, a weights file that does not match its digest."""
+
+
+class PublishTimeout(RLError, TimeoutError):
+    """A publish did not finish within its deadline; `receivers` names the ones that did not
+    acknowledge."""
+
+    def __init__(self, message: str, receivers: tuple[str, ...]) -> None:
+        self.receivers = receivers
+        super().__init__(message)

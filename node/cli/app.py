@@ -9,6 +9,7 @@ from node.cli import deploy as cli_deploy
 from node.cli import devcluster as cli_devcluster
 from node.cli import inspect as cli_inspect
 from node.cli import monitor as cli_monitor
+from node.cli import rl as cli_rl
 from node.cli import serve as cli_serve
 from node.cli import sync as cli_sync
 from node.cli.common import console
@@ -41,6 +42,7 @@ cli_devcluster.register(app)
 cli_monitor.register(app)
 cli_sync.register(app)
 cli_deploy.register(app)
+cli_rl.register(app)
 
 
 @app.command("version")

@@ -104,7 +104,9 @@ class RolePlan:
     coordinator's counter of training groups: it stays while ranks and group stay, and otherwise
     rises above every generation the coordinator has seen, across failovers. `cannot_train`
     names the members that reported themselves unable to train, with their reason. `note` says
-    why in words (for example why nobody trains).
+    why in words (for example why nobody trains). `weights_generation` counts the weights groups
+    (training rank 0 and every inference/selfplay node, see node.rl.group): it rises whenever
+    that set or its master changes.
     """
 
     term: int
@@ -115,6 +117,7 @@ class RolePlan:
     note: str = ""
     generation: int = 0
     cannot_train: Mapping[str, str] = field(default_factory=dict)
+    weights_generation: int = 0
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +132,10 @@ class RolePlan:
             raise PlanError("group world_size must equal the number of training ranks")
         if not _is_int(self.generation) or self.generation < 0:
             raise PlanError(f"plan generation {self.generation!r} must be an integer >= 0")
+        if not _is_int(self.weights_generation) or self.weights_generation < 0:
+            raise PlanError(
+                f"plan weights_generation {self.weights_generation!r} must be an integer >= 0"
+            )
         unable = MappingProxyType(dict(sorted(self.cannot_train.items())))
         if set(unable) & training:
             raise PlanError("a node that cannot train has no training rank")
@@ -157,6 +164,14 @@ class RolePlan:
         except ValueError:
             return None
 
+    def weights_members(self) -> tuple[str, ...]:
+        """The weights group: training rank 0 (the publisher), then every inference and selfplay
+        node by id; empty when nobody trains."""
+        if not self.training_ranks:
+            return ()
+        receivers = sorted(n for n, r in self.roles.items() if r in (Role.INFERENCE, Role.SELFPLAY))
+        return (self.training_ranks[0], *receivers)
+
     def same_assignment(self, other: RolePlan | None) -> bool:
         """True when `other` assigns the same roles, ranks, group and generation (any fence)."""
         return other is not None and other.digest == self.digest
@@ -168,6 +183,7 @@ class RolePlan:
             "group": self.group.to_dict(),
             "generation": self.generation,
             "cannot_train": dict(self.cannot_train),
+            "weights_generation": self.weights_generation,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,6 +224,7 @@ class RolePlan:
             note=note if isinstance(note, str) else "",
             generation=data.get("generation", 0),
             cannot_train={str(node): reason for node, reason in unable.items()},
+            weights_generation=data.get("weights_generation", 0),
         )
 
 

@@ -93,7 +93,7 @@ def compute_plan(
         world_size=len(ranks),
         backend=_resolve_backend(policy.backend, [by_id[node] for node in ranks]),
     )
-    return RolePlan(
+    plan = RolePlan(
         term=term,
         version=version,
         roles=roles,
@@ -105,6 +105,19 @@ def compute_plan(
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
         },
     )
+    return replace(plan, weights_generation=next_weights_generation(plan, previous))
+
+
+def next_weights_generation(plan: RolePlan, previous: RolePlan | None) -> int:
+    """The previous plan's weights generation while its weights group (members and master
+    address) is the same as `plan`'s, else one above it."""
+    if previous is None:
+        return 1 if plan.weights_members() else 0
+    same = (
+        previous.weights_members() == plan.weights_members()
+        and previous.group.master_addr == plan.group.master_addr
+    )
+    return previous.weights_generation if same else previous.weights_generation + 1
 
 
 def next_generation(

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +106,8 @@ class ElectionService:
         self._launches: set[asyncio.Task[None]] = set()
         self._membership: Membership | None = None
         self._able_again: asyncio.TimerHandle | None = None
+        self.group_handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
+        """Other groups served at GET /v1/rendezvous?group=NAME (node.rl adds `weights`)."""
 
     def routes(self) -> list[web.RouteDef]:
         """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous."""
@@ -117,13 +119,24 @@ class ElectionService:
             "GET",
             RENDEZVOUS_PATH,
             "This node's training rendezvous: rank, world_size, master_addr, master_port, "
-            "backend, generation",
-            ((200, "rendezvous"), (409, "this node has no plan yet")),
+            "backend, generation; ?group=weights&run=R the run's weights group",
+            ((200, "rendezvous"), (404, "no such group"), (409, "this node has no plan yet")),
+            parameters=(
+                ("group", "query", "training or weights", {"enum": ["training", "weights"]}),
+                ("run", "query", "the run, with group=weights", {"type": "string"}),
+            ),
             response=RENDEZVOUS_SCHEMA,
         )
         return [*ELECTION_DOCS, rendezvous]
 
     async def _rendezvous(self, request: web.Request) -> web.Response:
+        group = request.query.get("group", "training")
+        if group != "training":
+            handler = self.group_handlers.get(group)
+            if handler is None:
+                known = ", ".join(["training", *sorted(self.group_handlers)])
+                return json_error(404, f"no group {group!r}; groups are {known}", param="group")
+            return await handler(request)
         plan = self.elector.plan if self.elector is not None else None
         rendezvous = rendezvous_for(plan, self._runtime.node_id)
         if rendezvous is None:

@@ -130,8 +130,9 @@ ROLLOUTS_SCHEMA = RecordSchema(
     fields=(
         FieldSpec("sample_id", FieldKind.TEXT),
         FieldSpec("created_at", FieldKind.REAL),
-        FieldSpec("model_version", FieldKind.TEXT),
+        FieldSpec("model_version", FieldKind.INTEGER),
         FieldSpec("payload", FieldKind.JSON, nullable=True),
+        FieldSpec("run", FieldKind.TEXT, required=False, nullable=True),
     ),
 )
 BUILTIN_SCHEMAS: Mapping[str, RecordSchema] = {

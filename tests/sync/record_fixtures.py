@@ -36,7 +36,7 @@ def rollout(index: int) -> dict[str, Any]:
     return {
         "sample_id": f"s-{index:06d}",
         "created_at": 1_700_000_000.0 + index,
-        "model_version": "v1",
+        "model_version": 1,
         "payload": {"obs": [index, index + 1], "reward": 0.5},
     }
 

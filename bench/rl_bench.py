@@ -1,0 +1,248 @@
+"""Pipeline-RL data plane speed, each number beside its baseline from the same run.
+
+1. Publishing a float32 model to 2 receivers over gloo on loopback (WeightPublisher: HTTP
+   handshake through three daemons' weights planes, ready keys, bucketed broadcast, digest
+   checks, acknowledgements, the WAL-less applied report) vs a bare `broadcast` of the same
+   tensors, one collective per tensor, in 3 processes. The issue's figure is 100M parameters;
+   this 2-core machine uses 10M by default (--params).
+2. Rollouts consumed per second through RolloutStream from a real daemon's rollouts store.
+Prints one JSON document. Usage: python bench/rl_bench.py [--params 10000000] [--rounds 5]
+[--rollouts 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+
+import torch  # noqa: E402
+from aiohttp import ClientSession, web  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from config import Role, load_settings  # noqa: E402
+from node.daemon import NodeDaemon  # noqa: E402
+from node.election.plan import GroupSpec, RolePlan  # noqa: E402
+from node.rl.broadcast import torch_distributed  # noqa: E402
+from node.rl.group import weights_port  # noqa: E402
+from node.rl.publisher import WeightPublisher  # noqa: E402
+from node.rl.receiver import WeightReceiver  # noqa: E402
+from node.rl.service import WeightsService  # noqa: E402
+from node.rl.stream import RolloutStream  # noqa: E402
+
+RUN = "bench"
+dist = torch_distributed()
+TENSORS = 20
+
+
+def model(params: int) -> torch.nn.Module:
+    """`params` float32 parameters in TENSORS tensors of equal size."""
+    torch.manual_seed(0)
+    net = torch.nn.ParameterList(
+        [torch.nn.Parameter(torch.randn(params // TENSORS)) for _ in range(TENSORS)]
+    )
+    return net
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def bare_rank(rank: int, port: int, params: int, rounds: int) -> None:
+    store = dist.TCPStore("127.0.0.1", port, 3, rank == 0, timeout=timedelta(seconds=120))
+    group = dist.ProcessGroupGloo(dist.PrefixStore("bare", store), rank, 3, timedelta(seconds=120))
+    tensors = [p.data for p in model(params).parameters()]
+    times = []
+    for _ in range(rounds + 1):
+        group.barrier().wait()
+        started = time.perf_counter()
+        for tensor in tensors:
+            group.broadcast([tensor], dist.BroadcastOptions()).wait()
+        group.barrier().wait()  # the receivers have everything
+        times.append(time.perf_counter() - started)
+    if rank == 0:
+        print(json.dumps(times[1:]))
+
+
+def receiver_main(url: str, params: int, rounds: int) -> None:
+    net = model(params)
+    receiver = WeightReceiver(RUN, url)
+    got = 0
+    while got < rounds + 1:
+        if receiver.receive_into(net, timeout_s=60) is not None:
+            got += 1
+
+
+def bench_bare(params: int, rounds: int) -> list[float]:
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--bare-rank",
+                str(r),
+                "--port",
+                str(port),
+                "--params",
+                str(params),
+                "--rounds",
+                str(rounds),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(3)
+    ]
+    out = [p.communicate(timeout=600)[0] for p in procs]
+    return list(json.loads(out[0]))
+
+
+def bench_publish(params: int, rounds: int, phases: list[dict[str, float]]) -> list[float]:
+    port = free_port()
+    plan = RolePlan(
+        term=1,
+        version=1,
+        roles={"t": Role.TRAINING, "a": Role.INFERENCE, "b": Role.INFERENCE},
+        training_ranks=("t",),
+        group=GroupSpec("127.0.0.1", port - weights_port(0, RUN), 1, "gloo"),
+    )
+    urls: dict[str, str] = {}
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    async def serve() -> None:
+        for node in ("t", "a", "b"):
+            service = WeightsService(node, lambda: plan, urls.get, registry=CollectorRegistry())
+            app = web.Application()
+            app.add_routes(service.routes())
+            app.router.add_get("/v1/rendezvous", service.rendezvous)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            urls[node] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        started.set()
+
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    asyncio.run_coroutine_threadsafe(serve(), loop)
+    started.wait(30)
+    receivers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--receiver",
+                urls[node],
+                "--params",
+                str(params),
+                "--rounds",
+                str(rounds),
+            ],
+        )
+        for node in ("a", "b")
+    ]
+    net = model(params)
+    times: list[float] = []
+    with WeightPublisher(RUN, urls["t"], deadline_s=120, join_s=60) as publisher:
+        for version in range(rounds + 1):
+            result = publisher.publish(net, version)
+            assert result.acknowledged == ("a", "b"), result
+            times.append(result.total_s)
+            phases.append({k: round(v, 4) for k, v in result.phases_s.items()})
+    for proc in receivers:
+        proc.wait(60)
+    loop.call_soon_threadsafe(loop.stop)
+    return times[1:]
+
+
+async def bench_stream(rollouts: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = {"data_dir": Path(tmp), "node_id": "bench", "port": 0, "mdns": False}
+        settings = load_settings(env={}, flags=flags).settings
+        async with NodeDaemon(settings) as daemon, ClientSession() as s:
+            url = f"http://127.0.0.1:{daemon.port}"
+            for start in range(0, rollouts, 5000):
+                batch = [
+                    {
+                        "sample_id": f"s{i:08d}",
+                        "created_at": float(i),
+                        "model_version": i // 1000,
+                        "run": RUN,
+                        "payload": {"obs": [i, i + 1], "reward": 0.5},
+                    }
+                    for i in range(start, min(rollouts, start + 5000))
+                ]
+                async with s.post(f"{url}/v1/records/rollouts", json=batch) as response:
+                    assert response.status == 200, await response.text()
+            stream = RolloutStream(RUN, max_lag=10**6, batch_size=1000, nodes=[url])
+
+            def consume() -> float:
+                began = time.perf_counter()
+                total = 0
+                while total < rollouts:
+                    total += len(stream.next_batch(rollouts // 1000, timeout_s=5))
+                return total / (time.perf_counter() - began)
+
+            return await asyncio.to_thread(consume)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--params", type=int, default=10_000_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rollouts", type=int, default=50_000)
+    parser.add_argument("--bare-rank", type=int)
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--receiver")
+    args = parser.parse_args()
+    if args.bare_rank is not None:
+        bare_rank(args.bare_rank, args.port, args.params, args.rounds)
+        return
+    if args.receiver is not None:
+        receiver_main(args.receiver, args.params, args.rounds)
+        return
+    bare = bench_bare(args.params, args.rounds)
+    phases: list[dict[str, float]] = []
+    published = bench_publish(args.params, args.rounds, phases)
+    rate = asyncio.run(bench_stream(args.rollouts))
+    overhead = [p - b for p, b in zip(sorted(published), sorted(bare), strict=True)]
+    print(
+        json.dumps(
+            {
+                "params": args.params,
+                "bytes": args.params * 4,
+                "receivers": 2,
+                "publish_s": {"median": statistics.median(published), "p99": p99(published)},
+                "bare_broadcast_s": {"median": statistics.median(bare), "p99": p99(bare)},
+                "overhead_ratio": statistics.median(published) / statistics.median(bare) - 1,
+                "overhead_p99_ms": p99(overhead) * 1000,
+                "rollouts_consumed_per_s": round(rate),
+                "samples": {"publish_s": published, "bare_s": bare, "publish_phases_s": phases[1:]},
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

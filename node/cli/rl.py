@@ -1,0 +1,185 @@
+"""`shoal rl demo`: a local cluster (one trainer, generators on the other nodes) running the
+pipeline-RL example of node.rl.demo; one JSON line per step, then a final line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from node.cli.common import fail
+
+RUN = "demo"
+rl_app = typer.Typer(help="Pipeline RL: in-flight weight updates, stamped rollouts, bounded lag.")
+
+
+def _inventory(nodes: int, base_port: int) -> str:
+    lines = ["cluster: {name: rl-demo, voters: [rl-1]}", "hosts:"]
+    for index in range(1, nodes + 1):
+        role = "training" if index == 1 else "selfplay"
+        port = base_port + index - 1
+        lines.append(f"  rl-{index}: {{ssh_host: 127.0.0.1, p2p_port: {port}, role: {role}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _get(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - our loopback URL
+            return json.loads(response.read() or b"null")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _wait_for_group(url: str, nodes: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        group = _get(f"{url}/v1/rendezvous?group=weights&run={RUN}")
+        if isinstance(group, dict) and len(group.get("members", [])) == nodes:
+            return
+        time.sleep(0.5)
+    fail(f"the {nodes} demo nodes formed no weights group in {timeout_s:.0f} s")
+
+
+@rl_app.command("demo")
+def demo(
+    nodes: Annotated[
+        int, typer.Option("--nodes", min=2, help="Nodes: 1 trainer + generators.")
+    ] = 3,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps.")] = 30,
+    max_lag: Annotated[int, typer.Option("--max-lag", min=0, help="Policy versions.")] = 2,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
+    kill_receiver_at: Annotated[
+        int | None,
+        typer.Option("--kill-receiver-at", help="SIGKILL one generator at this step, restart it."),
+    ] = None,
+    base_port: Annotated[int, typer.Option("--base-port", help="First node's port.")] = 8870,
+    as_json: Annotated[bool, typer.Option("--json", help="Only the JSON lines.")] = False,
+) -> None:
+    """Start a local cluster, train a toy policy with in-flight weight updates, print JSON lines
+    {step, version, samples, dropped_stale, max_lag_seen, reward_mean, broadcast_ms}, then
+    {final_version, weights_sha256}."""
+    warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+    from node.rl.demo import train
+
+    root = Path(tempfile.mkdtemp(prefix="shoal-rl-demo-"))
+    (root / "hosts.yaml").write_text(_inventory(nodes, base_port))
+    names = [f"rl-{i}" for i in range(1, nodes + 1)]
+    urls = {name: f"http://127.0.0.1:{base_port + i}" for i, name in enumerate(names)}
+    daemons: list[subprocess.Popen[bytes]] = []
+    generators: dict[str, subprocess.Popen[bytes]] = {}
+
+    def say(text: str) -> None:
+        if not as_json:
+            print(text, file=sys.stderr, flush=True)
+
+    def start_generator(name: str) -> None:
+        models = root / name / "models"
+        with (root / f"{name}-generator.log").open("ab") as log:
+            generators[name] = subprocess.Popen(  # noqa: S603 - our interpreter and arguments
+                [sys.executable, "-m", "node", "rl", "generator", urls[name], str(models),
+                 "--max-lag", str(max_lag)],
+                stdout=log, stderr=log,
+            )  # fmt: skip
+
+    def before_step(step: int) -> None:
+        if kill_receiver_at == step and len(names) > 1:
+            victim = names[-1]
+            say(f"step {step}: SIGKILL the generator of {victim}, then restart it")
+            generators[victim].send_signal(signal.SIGKILL)
+            generators[victim].wait()
+            start_generator(victim)
+
+    try:
+        for name in names:
+            role = "training" if name == names[0] else "selfplay"
+            config = root / f"{name}.yaml"
+            config.write_text(f"role: {role}\nbackend: gloo\nmax_training: 1\n")
+            with (root / f"{name}.log").open("ab") as log:
+                daemons.append(
+                    subprocess.Popen(  # noqa: S603 - our interpreter and arguments
+                        [
+                            sys.executable,
+                            "-m",
+                            "node",
+                            "serve",
+                            "--node-id",
+                            name,
+                            "--port",
+                            str(base_port + names.index(name)),
+                            "--data-dir",
+                            str(root / name),
+                            "--inventory",
+                            str(root / "hosts.yaml"),
+                            "--config",
+                            str(config),
+                        ],
+                        stdout=log,
+                        stderr=log,
+                    )
+                )
+        say(f"started {nodes} nodes under {root}; waiting for the role plan")
+        _wait_for_group(urls[names[0]], nodes, 90.0)
+        for name in names[1:]:
+            start_generator(name)
+
+        def line(record: dict[str, Any]) -> None:
+            print(json.dumps(record), flush=True)
+
+        final = train(
+            RUN,
+            urls[names[0]],
+            [urls[n] for n in names],
+            root / names[0] / "models",
+            steps,
+            max_lag,
+            batch_size,
+            line,
+            before_step,
+        )
+        time.sleep(1.0)  # the last acknowledgements are in; read every node's status
+        shas = {
+            name: (_get(f"{url}/v1/weights/status?run={RUN}") or {}).get("sha256")
+            for name, url in urls.items()
+        }
+        print(json.dumps({"final_version": final, "weights_sha256": shas}), flush=True)
+    finally:
+        for process in [*generators.values(), *daemons]:
+            if process.poll() is None:
+                process.terminate()
+        for process in [*generators.values(), *daemons]:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@rl_app.command("generator", hidden=True)
+def generator(
+    daemon_url: str,
+    models_dir: Path,
+    max_lag: Annotated[int, typer.Option("--max-lag", min=0)] = 2,
+) -> None:
+    """One generator process of the demo (started by `shoal rl demo`)."""
+    warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+    from node.rl.demo import run_generator
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_generator(RUN, daemon_url, models_dir, max_lag, stop)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `shoal rl` to the app."""
+    app.add_typer(rl_app, name="rl")

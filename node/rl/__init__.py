@@ -1,0 +1,27 @@
+"""Pipeline RL: bucketed weight broadcast, policy versions on samples, the weights control
+plane, publisher and receiver, rollout streams. torch is imported only where tensors are."""
+
+from __future__ import annotations
+
+from node.rl.broadcast import broadcast_weights, receive_weights, weights_digest
+from node.rl.publisher import PublishResult, WeightPublisher
+from node.rl.receiver import WeightReceiver
+from node.rl.service import WeightsService
+from node.rl.stream import RolloutStream, post_rollouts, rollout_record
+from node.rl.versions import check_staleness, make_version_state, stamp_sample
+
+__all__ = [
+    "PublishResult",
+    "RolloutStream",
+    "WeightPublisher",
+    "WeightReceiver",
+    "WeightsService",
+    "broadcast_weights",
+    "check_staleness",
+    "make_version_state",
+    "post_rollouts",
+    "receive_weights",
+    "rollout_record",
+    "stamp_sample",
+    "weights_digest",
+]

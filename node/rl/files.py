@@ -1,0 +1,79 @@
+"""Weights files under `models/<run>/`: written whole (temp name, fsync, rename, fsync of the
+directory) by the publisher so the sync fan-out carries them; read by late receivers to catch up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from node.errors import WeightsError
+from node.rl.broadcast import digest_named, weights_digest
+
+FILE_PATTERN = re.compile(r"^weights-v(\d{10})\.pt$")
+
+
+def weights_path(models_dir: Path, run: str, version: int) -> Path:
+    return models_dir / run / f"weights-v{version:010d}.pt"
+
+
+def write_weights_file(models_dir: Path, run: str, version: int, model: Any, keep: int = 2) -> Path:
+    """Write `model`'s parameters at `version`; keep the newest `keep` files of the run."""
+    import torch
+
+    path = weights_path(models_dir, run, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+    document = {"version": version, "sha256": weights_digest(model), "params": state}
+    temp = path.with_name(f".{path.name}.tmp")
+    try:
+        with temp.open("wb") as handle:
+            torch.save(document, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        temp.replace(path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError as exc:
+        raise WeightsError(f"cannot write weights file {path}: {exc}") from exc
+    for old in weights_files(models_dir, run)[:-keep]:
+        old[1].unlink(missing_ok=True)
+    return path
+
+
+def weights_files(models_dir: Path, run: str) -> list[tuple[int, Path]]:
+    """(version, path) of the run's weights files, oldest first."""
+    folder = models_dir / run
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := FILE_PATTERN.match(p.name))]
+    return sorted(found)
+
+
+def load_weights_file(path: Path, model: Any) -> tuple[int, str]:
+    """Load a weights file into `model` in place; (version, sha256). WeightsError when the file
+    does not fit the model or its digest does not match."""
+    import torch
+
+    try:
+        document = torch.load(path, map_location="cpu", weights_only=True)
+        version, sha, params = document["version"], document["sha256"], document["params"]
+    except (OSError, RuntimeError, KeyError, TypeError, EOFError) as exc:
+        raise WeightsError(f"cannot read weights file {path}: {exc}") from exc
+    own = dict(model.named_parameters())
+    if set(params) != set(own):
+        raise WeightsError(f"weights file {path} holds other parameters than this model")
+    if digest_named((name, params[name]) for name in own) != sha:
+        raise WeightsError(f"weights file {path}: parameters do not match its sha256")
+    with torch.no_grad():
+        for name, target in own.items():
+            if params[name].shape != target.shape or params[name].dtype != target.dtype:
+                raise WeightsError(f"weights file {path}: {name} does not fit this model")
+        for name, target in own.items():
+            target.copy_(params[name])
+    return int(version), str(sha)

@@ -1,0 +1,121 @@
+"""The weights group of a plan as one node sees it: members, ranks, the publisher's store port,
+and the receivers' daemon URLs; served at GET /v1/rendezvous?group=weights&run=R."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from node.election.plan import RolePlan
+from node.errors import RendezvousError
+from node.training.rendezvous import GENERATION_PORT_SPAN
+
+WEIGHTS_GROUP = "weights"
+RUN_PORT_SPAN = 1000
+"""The publisher of run R hosts its store at the plan's base port + GENERATION_PORT_SPAN +
+crc32(R) mod this span: above every training generation's port, one port per run."""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsRendezvous:
+    """The weights group of one run: `members[0]` publishes; `urls` maps each member to its
+    daemon's URL; `rank` is this node's index in members, or None."""
+
+    run: str
+    rank: int | None
+    members: tuple[str, ...]
+    urls: Mapping[str, str]
+    master_addr: str
+    master_port: int
+    backend: str
+    generation: int
+    term: int
+    plan_version: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    @property
+    def publisher(self) -> str | None:
+        return self.members[0] if self.members else None
+
+    @property
+    def receivers(self) -> tuple[str, ...]:
+        return self.members[1:]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": WEIGHTS_GROUP,
+            "run": self.run,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "members": list(self.members),
+            "urls": dict(self.urls),
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "backend": self.backend,
+            "generation": self.generation,
+            "term": self.term,
+            "plan_version": self.plan_version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> WeightsRendezvous:
+        """RendezvousError names a missing or malformed field."""
+        if not isinstance(data, Mapping):
+            raise RendezvousError(
+                f"weights rendezvous must be an object, not {type(data).__name__}"
+            )
+        try:
+            rank = data["rank"]
+            result = cls(
+                run=str(data["run"]),
+                rank=None if rank is None else int(rank),
+                members=tuple(str(m) for m in data["members"]),
+                urls={str(k): str(v) for k, v in dict(data["urls"]).items()},
+                master_addr=str(data["master_addr"]),
+                master_port=int(data["master_port"]),
+                backend=str(data["backend"]),
+                generation=int(data["generation"]),
+                term=int(data["term"]),
+                plan_version=int(data["plan_version"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RendezvousError(f"weights rendezvous is malformed: {exc!r}") from exc
+        return result
+
+
+def weights_port(base_port: int, run: str) -> int:
+    """The port the publisher of `run` hosts its store on (see RUN_PORT_SPAN)."""
+    return base_port + GENERATION_PORT_SPAN + zlib.crc32(run.encode()) % RUN_PORT_SPAN
+
+
+def weights_rendezvous_for(
+    plan: RolePlan | None,
+    node_id: str,
+    run: str,
+    url_of: Callable[[str], str | None],
+) -> WeightsRendezvous | None:
+    """This node's view of the weights group of `run` under `plan`; None without a plan.
+    Members whose address is unknown (`url_of` answers None) are left out."""
+    if plan is None:
+        return None
+    members = tuple(m for m in plan.weights_members() if m == node_id or url_of(m) is not None)
+    if plan.training_ranks and (not members or members[0] != plan.training_ranks[0]):
+        members = ()
+    urls = {m: url for m in members if (url := url_of(m)) is not None}
+    return WeightsRendezvous(
+        run=run,
+        rank=members.index(node_id) if node_id in members else None,
+        members=members,
+        urls=urls,
+        master_addr=plan.group.master_addr,
+        master_port=weights_port(plan.group.master_port, run) if members else 0,
+        backend=plan.group.backend,
+        generation=plan.weights_generation,
+        term=plan.term,
+        plan_version=plan.version,
+    )

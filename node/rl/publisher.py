@@ -1,0 +1,340 @@
+"""The trainer's side of in-flight weight updates: handshake through the daemons, a bucketed
+broadcast on the run's weights group, acknowledgements, and the WAL record of success.
+
+A publish never waits past its deadline: receivers that do not say ready in the join window are
+left out (they catch up from the weights file), a broadcast that does not finish in time is
+abandoned with its group, and receivers that do not acknowledge are named in PublishTimeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from config import Timeouts
+from node.election.plan import FENCE_HEADER
+from node.errors import PeerRequestError, PublishTimeout, WeightsError
+from node.rl.broadcast import (
+    DEFAULT_BUCKET_BYTES,
+    broadcast_weights,
+    describe_params,
+    torch_distributed,
+    weights_digest,
+)
+from node.rl.client import call
+from node.rl.files import write_weights_file
+from node.rl.group import WeightsRendezvous
+from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
+
+log = logging.getLogger(__name__)
+
+ACK_POLL_S = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """One finished publish: who acknowledged, who was left out (they catch up from the file),
+    and how long the broadcast and the whole publish took."""
+
+    version: int
+    sha256: str
+    acknowledged: tuple[str, ...]
+    missing: tuple[str, ...]
+    broadcast_s: float
+    total_s: float
+    path: Path | None
+    phases_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds spent in: prepare (rendezvous, file, digest), offer, ready, broadcast, ack."""
+
+
+def store_key_prefix(run: str) -> str:
+    return f"shoal/weights/{run}"
+
+
+def fetch_weights_rendezvous(
+    endpoint: DaemonEndpoint, run: str, timeout_s: float | None = None
+) -> WeightsRendezvous:
+    """GET /v1/rendezvous?group=weights&run=R of the local daemon; WeightsError when refused."""
+    try:
+        _, body = call(
+            endpoint, "GET", f"/v1/rendezvous?group=weights&run={run}", timeout_s=timeout_s
+        )
+    except PeerRequestError as exc:
+        raise WeightsError(f"no weights group for run {run!r}: {exc}") from exc
+    return WeightsRendezvous.from_dict(body)
+
+
+class WeightPublisher:
+    """Publishes a model's weights for `run` from the trainer (weights rank 0). Owns the run's
+    TCPStore server and the weights process group; `close()` releases them."""
+
+    def __init__(
+        self,
+        run: str,
+        daemon_url: str | None = None,
+        *,
+        secret_file: str | Path | None = None,
+        node_id: str | None = None,
+        models_dir: str | Path | None = None,
+        deadline_s: float = 30.0,
+        join_s: float | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        keep_files: int = 2,
+        timeouts: Timeouts | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run = run
+        self.endpoint = daemon_endpoint(daemon_url, secret_file, node_id, timeouts=timeouts)
+        self.models_dir = None if models_dir is None else Path(models_dir)
+        self.deadline_s = deadline_s
+        self.join_s = deadline_s / 3 if join_s is None else join_s
+        self.bucket_bytes = bucket_bytes
+        self.keep_files = keep_files
+        self._clock = clock
+        self._store: Any = None
+        self._store_at: tuple[str, int] | None = None
+        self._group: Any = None
+        self._members: tuple[str, ...] = ()
+        self._epoch = 0
+        self.version = -1
+
+    def publish(self, model: Any, version: int) -> PublishResult:
+        """Send `model` as `version` (> every earlier one) to the run's receivers; return within
+        `deadline_s` + 1 s. PublishTimeout names the receivers that joined but did not
+        acknowledge; the WAL records success only when every one that joined acknowledged."""
+        started = self._clock()
+        deadline = started + self.deadline_s
+        if version <= self.version:
+            raise WeightsError(f"version {version} is not above the last published {self.version}")
+        rendezvous = fetch_weights_rendezvous(self.endpoint, self.run, self._left(deadline))
+        if rendezvous.rank != 0:
+            raise WeightsError(
+                f"this node is not the publisher of run {self.run!r}: the weights group is "
+                f"{list(rendezvous.members)} (rank 0 publishes)"
+            )
+        path = None
+        if self.models_dir is not None:
+            path = write_weights_file(self.models_dir, self.run, version, model, self.keep_files)
+        sha = weights_digest(model)
+        params = describe_params(model)
+        sent_at = time.time()
+        marks = [self._clock()]
+        offered = self._offer(rendezvous, model, version, sha, params, sent_at, deadline)
+        marks.append(self._clock())
+        store = self._store_for(rendezvous)
+        ready = self._wait_ready(store, version, offered, min(deadline, started + self.join_s))
+        marks.append(self._clock())
+        broadcast_s = 0.0
+        if ready:
+            broadcast_s = self._broadcast(
+                store, model, version, (rendezvous.members[0], *ready), deadline
+            )
+        marks.append(self._clock())
+        acknowledged = self._wait_acks(rendezvous, version, sha, ready, deadline)
+        marks.append(self._clock())
+        names = ("offer", "ready", "broadcast", "ack")
+        phases = {"prepare": marks[0] - started}
+        phases |= {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
+        unacked = tuple(node for node in ready if node not in acknowledged)
+        self.version = version
+        if unacked:
+            raise PublishTimeout(
+                f"run {self.run!r} version {version}: receiver(s) {', '.join(unacked)} joined "
+                f"but did not acknowledge within {self.deadline_s:.1f} s; they are left out of "
+                "the next publish and catch up from the weights file",
+                unacked,
+            )
+        total = sum(p.nbytes for p in params)
+        report = {
+            "run": self.run,
+            "version": version,
+            "sha256": sha,
+            "bytes": total,
+            "source": "broadcast",
+            "receivers": list(acknowledged),
+            "sent_at": sent_at,
+        }
+        call(self.endpoint, "POST", "/v1/weights/applied", report, timeout_s=self._left(deadline))
+        missing = tuple(node for node in rendezvous.receivers if node not in acknowledged)
+        return PublishResult(
+            version, sha, acknowledged, missing, broadcast_s, self._clock() - started, path, phases
+        )
+
+    def close(self) -> None:
+        """Drop the process group and the store server; idempotent."""
+        self._group, self._members, self._store, self._store_at = None, (), None, None
+
+    def __enter__(self) -> WeightPublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _left(self, deadline: float) -> float:
+        return max(0.05, deadline - self._clock())
+
+    def _offer(
+        self,
+        rendezvous: WeightsRendezvous,
+        model: Any,
+        version: int,
+        sha: str,
+        params: list[Any],
+        sent_at: float,
+        deadline: float,
+    ) -> list[str]:
+        """POST the update to every receiver's daemon; the receivers whose daemon accepted."""
+        body = {
+            "run": self.run,
+            "version": version,
+            "params": [p.to_dict() for p in params],
+            "total_bytes": sum(p.nbytes for p in params),
+            "sha256": sha,
+            "deadline_s": self.deadline_s,
+            "sent_at": sent_at,
+            "group": {
+                "master_addr": rendezvous.master_addr,
+                "master_port": rendezvous.master_port,
+                "prefix": store_key_prefix(self.run),
+            },
+        }
+        fence = {FENCE_HEADER: f"{rendezvous.term}.{rendezvous.plan_version}"}
+        accepted = []
+        for node in rendezvous.receivers:
+            try:
+                call(
+                    self.endpoint,
+                    "POST",
+                    "/v1/weights/update",
+                    body,
+                    url=rendezvous.urls[node],
+                    timeout_s=min(self.endpoint.timeout_s, self._left(deadline)),
+                    headers=fence,
+                )
+            except PeerRequestError as exc:
+                log.warning(
+                    "run %s version %s: %s refused the offer: %s", self.run, version, node, exc
+                )
+                continue
+            accepted.append(node)
+        return accepted
+
+    def _store_for(self, rendezvous: WeightsRendezvous) -> Any:
+        dist = torch_distributed()
+        where = (rendezvous.master_addr, rendezvous.master_port)
+        if self._store is None or self._store_at != where:
+            self.close()
+            try:
+                self._store = dist.TCPStore(
+                    "0.0.0.0",  # noqa: S104 - receivers on every interface reach the store
+                    where[1],
+                    None,
+                    True,
+                    timeout=timedelta(seconds=self.deadline_s),
+                    wait_for_workers=False,
+                )
+            except RuntimeError as exc:
+                raise WeightsError(
+                    f"cannot host the weights store on port {where[1]}: {exc}"
+                ) from exc
+            self._store_at = where
+        return self._store
+
+    def _wait_ready(
+        self, store: Any, version: int, offered: list[str], until: float
+    ) -> tuple[str, ...]:
+        """The offered receivers whose process said ready for `version` before `until`."""
+        prefix = store_key_prefix(self.run)
+        keys = {node: f"{prefix}/v{version}/ready/{node}" for node in offered}
+        while True:
+            ready = tuple(sorted(n for n, key in keys.items() if store.check([key])))
+            if len(ready) == len(keys) or self._clock() >= until:
+                return ready
+            time.sleep(ACK_POLL_S)
+
+    def _broadcast(
+        self, store: Any, model: Any, version: int, members: tuple[str, ...], deadline: float
+    ) -> float:
+        """Announce the members, (re)form the group if they changed, broadcast in a thread that
+        is abandoned at the deadline. Seconds the broadcast took; WeightsError stays inside."""
+        dist = torch_distributed()
+        prefix = store_key_prefix(self.run)
+        if members != self._members or self._group is None:
+            self._epoch += 1
+            self._group, self._members = None, members
+        epoch = self._epoch
+        announced = {"epoch": epoch, "members": list(members)}
+        store.set(f"{prefix}/v{version}/members", json.dumps(announced))
+        outcome: dict[str, Any] = {}
+        group = self._group
+
+        def run() -> None:
+            nonlocal group
+            try:
+                if group is None:
+                    scoped = dist.PrefixStore(f"{prefix}/epoch{epoch}", store)
+                    timeout = timedelta(seconds=max(0.1, deadline - self._clock()))
+                    group = dist.ProcessGroupGloo(scoped, 0, len(members), timeout)
+                broadcast_weights(
+                    model,
+                    group,
+                    version,
+                    bucket_bytes=self.bucket_bytes,
+                    timeout_s=max(0.1, deadline - self._clock()),
+                )
+                outcome["group"] = group
+            except (WeightsError, RuntimeError) as exc:
+                outcome["error"] = exc
+
+        started = self._clock()
+        worker = threading.Thread(target=run, name=f"publish-{self.run}-v{version}", daemon=True)
+        worker.start()
+        worker.join(self._left(deadline))
+        elapsed = self._clock() - started
+        if "group" in outcome:
+            self._group = outcome["group"]
+            return elapsed
+        reason = outcome.get("error", "still running at the deadline")
+        log.warning("run %s version %s: broadcast failed: %s", self.run, version, reason)
+        self._group, self._members = None, ()
+        return elapsed
+
+    def _wait_acks(
+        self,
+        rendezvous: WeightsRendezvous,
+        version: int,
+        sha: str,
+        ready: tuple[str, ...],
+        deadline: float,
+    ) -> tuple[str, ...]:
+        """The ready receivers whose daemon shows `version` with `sha` applied by the deadline."""
+        acked: set[str] = set()
+        path = f"/v1/weights/status?run={self.run}"
+        while True:
+            for node in ready:
+                if node in acked:
+                    continue
+                try:
+                    _, status = call(
+                        self.endpoint,
+                        "GET",
+                        path,
+                        url=rendezvous.urls[node],
+                        timeout_s=min(1.0, self._left(deadline)),
+                    )
+                except PeerRequestError:
+                    continue
+                if status.get("version", -1) >= version and (
+                    status.get("version") != version or status.get("sha256") == sha
+                ):
+                    acked.add(node)
+            if len(acked) == len(ready) or self._clock() >= deadline:
+                return tuple(sorted(acked))
+            time.sleep(ACK_POLL_S)

@@ -1,0 +1,334 @@
+"""The weights control plane of one daemon: update offers from the trainer's publisher, the
+long poll its receiver process waits on, applied reports, status, metrics and the WAL record.
+
+Routes: POST /v1/weights/update (fenced by the plan), GET /v1/weights/next, POST
+/v1/weights/applied, GET /v1/weights/status, and the weights group for GET /v1/rendezvous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from node.election.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
+from node.errors import NodeError
+from node.openapi import RouteDoc
+from node.rl.group import weights_rendezvous_for
+from node.security import json_error
+from wal import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+RUN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_POLL_S = 60.0
+SOURCES = ("broadcast", "file")
+WAL_ENTRY = "rl.weights_applied"
+UPDATE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class RunWeights:
+    """What one node knows of one run: the newest offer and the weights applied here."""
+
+    offered: dict[str, Any] | None = None
+    status: dict[str, Any] | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def offered_version(self) -> int:
+        return -1 if self.offered is None else int(self.offered["version"])
+
+    @property
+    def applied_version(self) -> int:
+        return -1 if self.status is None else int(self.status["version"])
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class _BadRequest(NodeError):
+    def __init__(self, reason: str, param: str) -> None:
+        super().__init__(reason)
+        self.reason, self.param = reason, param
+
+
+class WeightsService:
+    """Per-run weights state of this node, served over HTTP. `plan_of` answers the applied plan;
+    `url_of` a member's daemon URL."""
+
+    def __init__(
+        self,
+        node_id: str,
+        plan_of: Callable[[], RolePlan | None],
+        url_of: Callable[[str], str | None],
+        wal: WriteAheadLog | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node_id = node_id
+        self._plan_of = plan_of
+        self._url_of = url_of
+        self._wal = wal
+        self._clock = clock
+        self._runs: dict[str, RunWeights] = {}
+        self.version_gauge = Gauge(
+            "shoal_weights_version",
+            "Version of the policy weights applied on this node, by run.",
+            ["run"],
+            registry=registry,
+        )
+        self.update_seconds = Histogram(
+            "shoal_weights_update_seconds",
+            "Time from the trainer sending a weights update to this node applying it.",
+            buckets=UPDATE_BUCKETS_S,
+            registry=registry,
+        )
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/weights/update", self._update),
+            web.get("/v1/weights/next", self._next),
+            web.post("/v1/weights/applied", self._applied),
+            web.get("/v1/weights/status", self._status),
+        ]
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        run = ("run", "query", "the run's name")
+        return [
+            RouteDoc(
+                "POST",
+                "/v1/weights/update",
+                "Offer weights of a new version to this node's receiver (trainer's daemon or "
+                "publisher -> receiver node); carries the plan fence",
+                ((200, "offered"), (400, "malformed"), (409, "version not newer, or stale fence")),
+            ),
+            RouteDoc(
+                "GET",
+                "/v1/weights/next",
+                "Long poll for the next weights offer after version `after`",
+                ((200, "the offer"), (204, "none within timeout_s"), (400, "malformed")),
+                parameters=(
+                    run,
+                    ("after", "query", "last version held"),
+                    ("timeout_s", "query", "wait"),
+                ),
+            ),
+            RouteDoc(
+                "POST",
+                "/v1/weights/applied",
+                "A local process reports the weights it applied (receiver) or published",
+                ((200, "status"), (400, "malformed"), (409, "older than the applied version")),
+            ),
+            RouteDoc(
+                "GET",
+                "/v1/weights/status",
+                "The weights applied for a run: version, sha256, applied_at, source, bytes",
+                ((200, "status"), (400, "malformed"), (404, "no weights for this run")),
+                parameters=(run,),
+            ),
+        ]
+
+    async def rendezvous(self, request: web.Request) -> web.Response:
+        """GET /v1/rendezvous?group=weights&run=R: this node's view of the run's weights group."""
+        try:
+            run = _run(request.query.get("run", ""))
+        except _BadRequest as exc:
+            return json_error(400, exc.reason, param=exc.param)
+        found = weights_rendezvous_for(self._plan_of(), self.node_id, run, self._url_of)
+        if found is None:
+            return json_error(409, "no role plan yet: no coordinator has published one")
+        return web.json_response(found.to_dict())
+
+    def state(self, run: str) -> RunWeights:
+        return self._runs.setdefault(run, RunWeights())
+
+    async def _update(self, request: web.Request) -> web.Response:
+        plan = self._plan_of()
+        try:
+            presented = request.headers.get(FENCE_HEADER)
+            fence = None if presented is None else PlanFence.from_header(presented)
+        except PlanError as exc:
+            return json_error(400, str(exc), param=FENCE_HEADER)
+        verdict = check_fence(None if plan is None else plan.fence, fence)
+        if not verdict.ok:
+            return json_error(409, verdict.reason, code="stale_fence", fence=verdict.to_dict())
+        try:
+            offer = _offer(await _json(request))
+        except _BadRequest as exc:
+            return json_error(400, exc.reason, param=exc.param)
+        state = self.state(offer["run"])
+        newest = max(state.offered_version, state.applied_version)
+        if offer["version"] <= newest:
+            return json_error(
+                409,
+                f"run {offer['run']!r}: version {offer['version']} is not newer than {newest}; "
+                "versions strictly increase per run",
+                code="old_version",
+            )
+        state.offered = offer
+        state.wake()
+        return web.json_response(
+            {"run": offer["run"], "version": offer["version"], "offered": True}
+        )
+
+    async def _next(self, request: web.Request) -> web.Response:
+        query = request.query
+        try:
+            run = _run(query.get("run", ""))
+            after = _int(query.get("after", "-1"), "after", minimum=-1)
+            timeout_s = min(MAX_POLL_S, _float(query.get("timeout_s", "10"), "timeout_s"))
+        except _BadRequest as exc:
+            return json_error(400, exc.reason, param=exc.param)
+        state = self.state(run)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while state.offered_version <= after:
+            left_s = deadline - asyncio.get_running_loop().time()
+            if left_s <= 0:
+                return web.Response(status=204)
+            try:
+                await asyncio.wait_for(state.changed.wait(), left_s)
+            except TimeoutError:
+                return web.Response(status=204)
+        return web.json_response(state.offered)
+
+    async def _applied(self, request: web.Request) -> web.Response:
+        try:
+            report = _report(await _json(request))
+        except _BadRequest as exc:
+            return json_error(400, exc.reason, param=exc.param)
+        state = self.state(report["run"])
+        if report["version"] < state.applied_version:
+            return json_error(
+                409,
+                f"run {report['run']!r}: version {report['version']} is older than the applied "
+                f"{state.applied_version}",
+                code="old_version",
+            )
+        now = self._clock()
+        status = {
+            "run": report["run"],
+            "version": report["version"],
+            "sha256": report["sha256"],
+            "applied_at": now,
+            "source": report["source"],
+            "bytes": report["bytes"],
+        }
+        if self._wal is not None:
+            payload = {**status, "receivers": report["receivers"], "node": self.node_id}
+            entry = await self._wal.append(WAL_ENTRY, payload)
+            await self._wal.commit(entry)
+        state.status = status
+        self.version_gauge.labels(run=report["run"]).set(report["version"])
+        if report["sent_at"] is not None:
+            self.update_seconds.observe(max(0.0, now - report["sent_at"]))
+        state.wake()
+        return web.json_response(status)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        try:
+            run = _run(request.query.get("run", ""))
+        except _BadRequest as exc:
+            return json_error(400, exc.reason, param=exc.param)
+        status = self._runs.get(run, RunWeights()).status
+        if status is None:
+            return json_error(
+                404, f"run {run!r} has no weights on this node yet", code="no_weights"
+            )
+        return web.json_response(status)
+
+
+async def _json(request: web.Request) -> Mapping[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:
+        raise _BadRequest(f"body is not JSON: {exc}", "body") from exc
+    if not isinstance(body, dict):
+        raise _BadRequest("body must be a JSON object", "body")
+    return body
+
+
+def _run(value: object) -> str:
+    if not isinstance(value, str) or not RUN_PATTERN.match(value):
+        raise _BadRequest(
+            f"run {value!r} must be 1-64 letters, digits, '_', '.' or '-', not starting with "
+            "'.', '_' or '-'",
+            "run",
+        )
+    return value
+
+
+def _int(value: object, name: str, minimum: int = 0) -> int:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _BadRequest(f"{name} {value!r} must be an integer >= {minimum}", name)
+    return value
+
+
+def _float(value: object, name: str) -> float:
+    try:
+        number = float(value) if isinstance(value, str | int | float) else -1.0
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or isinstance(value, bool):
+        raise _BadRequest(f"{name} {value!r} must be a number >= 0", name)
+    return number
+
+
+def _sha(value: object, name: str = "sha256") -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise _BadRequest(f"{name} must be 64 lowercase hex digits", name)
+    return value
+
+
+def _offer(body: Mapping[str, Any]) -> dict[str, Any]:
+    params = body.get("params")
+    if not isinstance(params, list) or not all(
+        isinstance(p, dict) and {"name", "shape", "dtype", "nbytes"} <= p.keys() for p in params
+    ):
+        raise _BadRequest("params must be a list of {name, shape, dtype, nbytes}", "params")
+    group = body.get("group")
+    if group is not None and not isinstance(group, dict):
+        raise _BadRequest("group must be an object", "group")
+    return {
+        "run": _run(body.get("run")),
+        "version": _int(body.get("version"), "version"),
+        "params": params,
+        "total_bytes": _int(body.get("total_bytes"), "total_bytes"),
+        "sha256": _sha(body.get("sha256")),
+        "deadline_s": _float(body.get("deadline_s"), "deadline_s"),
+        "sent_at": _float(body.get("sent_at", 0), "sent_at"),
+        "group": group,
+    }
+
+
+def _report(body: Mapping[str, Any]) -> dict[str, Any]:
+    source = body.get("source")
+    if source not in SOURCES:
+        raise _BadRequest(f"source {source!r} must be 'broadcast' or 'file'", "source")
+    receivers = body.get("receivers", [])
+    if not isinstance(receivers, list) or not all(isinstance(r, str) for r in receivers):
+        raise _BadRequest("receivers must be a list of node ids", "receivers")
+    sent_at = body.get("sent_at")
+    return {
+        "run": _run(body.get("run")),
+        "version": _int(body.get("version"), "version"),
+        "sha256": _sha(body.get("sha256")),
+        "bytes": _int(body.get("bytes"), "bytes"),
+        "source": source,
+        "receivers": receivers,
+        "sent_at": None if sent_at is None else _float(sent_at, "sent_at"),
+    }

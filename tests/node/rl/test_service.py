@@ -1,0 +1,224 @@
+"""The weights control plane of a daemon: fenced offers, the long poll, applied reports, status,
+metrics, the WAL record, and the weights group at GET /v1/rendezvous?group=weights."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry, generate_latest
+
+from config import Role
+from node.daemon import NodeDaemon
+from node.election.plan import FENCE_HEADER, GroupSpec, RolePlan
+from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+from node.rl.group import WeightsRendezvous, weights_port, weights_rendezvous_for
+from node.rl.service import WAL_ENTRY, WeightsService
+from tests.node.daemons import test_settings
+from wal import WriteAheadLog
+
+SHA = "ab" * 32
+
+
+def plan(version: int = 1) -> RolePlan:
+    return RolePlan(
+        term=3,
+        version=version,
+        roles={"t": Role.TRAINING, "b": Role.INFERENCE, "a": Role.SELFPLAY},
+        training_ranks=("t",),
+        group=GroupSpec("10.0.0.1", 29500, 1, "gloo"),
+        weights_generation=2,
+    )
+
+
+def url_of(node: str) -> str | None:
+    return {"t": "http://t:1", "a": "http://a:1", "b": "http://b:1"}.get(node)
+
+
+def offer(version: int, run: str = "r1") -> dict[str, Any]:
+    return {
+        "run": run,
+        "version": version,
+        "params": [{"name": "w", "shape": [2], "dtype": "float32", "nbytes": 8}],
+        "total_bytes": 8,
+        "sha256": SHA,
+        "deadline_s": 5.0,
+        "sent_at": 100.0,
+    }
+
+
+async def serve(service: WeightsService) -> TestServer:
+    app = web.Application()
+    app.add_routes(service.routes())
+    app.router.add_get("/v1/rendezvous", service.rendezvous)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+def test_the_weights_group_is_the_trainer_then_every_receiver() -> None:
+    found = weights_rendezvous_for(plan(), "b", "r1", url_of)
+    assert found is not None
+    assert found.members == ("t", "a", "b")
+    assert found.rank == 2
+    assert found.publisher == "t"
+    assert found.master_port == weights_port(29500, "r1")
+    assert found.master_port > 29500 + 999
+    assert weights_port(29500, "r1") != weights_port(29500, "r2")
+    assert WeightsRendezvous.from_dict(found.to_dict()) == found
+    no_address = weights_rendezvous_for(plan(), "t", "r1", lambda n: None if n == "a" else "u")
+    assert no_address is not None
+    assert no_address.members == ("t", "b")
+    assert weights_rendezvous_for(None, "t", "r1", url_of) is None
+
+
+def test_the_weights_generation_changes_only_with_the_weights_group() -> None:
+    policy = RolePolicy(min_training=1, max_training=1, backend="gloo")
+    t = NodeCapabilities("t", "10.0.0.1", preference=Role.TRAINING)
+    a = NodeCapabilities("a", "10.0.0.2", preference=Role.INFERENCE)
+    b = NodeCapabilities("b", "10.0.0.3", preference=Role.SELFPLAY)
+    first = compute_plan(1, 1, [t, a], policy)
+    assert first.weights_generation == 1
+    again = compute_plan(1, 2, [a, t], policy, previous=first)
+    assert again.weights_generation == 1
+    joined = compute_plan(1, 3, [t, a, b], policy, previous=again)
+    assert joined.weights_generation == 2
+    assert joined.weights_members() == ("t", "a", "b")
+    assert joined.generation == first.generation  # the training group did not change
+    assert RolePlan.from_dict(joined.to_dict()) == joined
+
+
+async def test_offers_are_fenced_and_versions_strictly_increase() -> None:
+    current = [plan()]
+    service = WeightsService("b", lambda: current[0], url_of, registry=CollectorRegistry())
+    server = await serve(service)
+    fence = {FENCE_HEADER: "3.1"}
+    try:
+        async with ClientSession() as session:
+            url = str(server.make_url("/v1/weights/update"))
+            async with session.post(url, json=offer(1)) as response:
+                assert response.status == 409
+                assert (await response.json())["error"] == "stale_fence"
+            async with session.post(url, json=offer(1), headers={FENCE_HEADER: "3.0"}) as response:
+                assert response.status == 409
+            async with session.post(url, json=offer(1), headers=fence) as response:
+                assert response.status == 200, await response.text()
+            for version in (1, 0):
+                async with session.post(url, json=offer(version), headers=fence) as response:
+                    assert response.status == 409
+                    assert (await response.json())["error"] == "old_version"
+            async with session.post(url, json=offer(2, run="r2"), headers=fence) as response:
+                assert response.status == 200  # versions are per run
+            bad = {**offer(5), "sha256": "xyz"}
+            async with session.post(url, json=bad, headers=fence) as response:
+                assert response.status == 400
+                assert (await response.json())["param"] == "sha256"
+            current[0] = plan(version=2)
+            async with session.post(url, json=offer(5), headers=fence) as response:
+                assert response.status == 409  # a newer plan refuses the old fence
+    finally:
+        await server.close()
+
+
+async def test_the_long_poll_wakes_on_an_offer_and_times_out_empty() -> None:
+    service = WeightsService("b", plan, url_of, registry=CollectorRegistry())
+    server = await serve(service)
+    try:
+        async with ClientSession() as session:
+            poll = str(server.make_url("/v1/weights/next?run=r1&after=0&timeout_s=0.2"))
+            async with session.get(poll) as response:
+                assert response.status == 204
+            long_poll = str(server.make_url("/v1/weights/next?run=r1&after=0&timeout_s=30"))
+            waiting = asyncio.ensure_future(session.get(long_poll))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            update = str(server.make_url("/v1/weights/update"))
+            async with session.post(update, json=offer(1), headers={FENCE_HEADER: "3.1"}) as r:
+                assert r.status == 200
+            response = await asyncio.wait_for(waiting, 10)
+            assert response.status == 200
+            assert (await response.json())["version"] == 1
+            response.release()
+            at_one = str(server.make_url("/v1/weights/next?run=r1&after=1&timeout_s=0.1"))
+            async with session.get(at_one) as response:
+                assert response.status == 204  # nothing newer than what the receiver holds
+    finally:
+        await server.close()
+
+
+async def test_applied_reports_set_status_metrics_and_the_wal(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        service = WeightsService("t", plan, url_of, wal=wal, registry=registry, clock=lambda: 101.5)
+        server = await serve(service)
+        try:
+            async with ClientSession() as session:
+                status = str(server.make_url("/v1/weights/status?run=r1"))
+                async with session.get(status) as response:
+                    assert response.status == 404
+                report = {
+                    "run": "r1",
+                    "version": 4,
+                    "sha256": SHA,
+                    "bytes": 8,
+                    "source": "broadcast",
+                    "receivers": ["a", "b"],
+                    "sent_at": 100.0,
+                }
+                applied = str(server.make_url("/v1/weights/applied"))
+                async with session.post(applied, json=report) as response:
+                    assert response.status == 200
+                async with session.get(status) as response:
+                    assert await response.json() == {
+                        "run": "r1",
+                        "version": 4,
+                        "sha256": SHA,
+                        "applied_at": 101.5,
+                        "source": "broadcast",
+                        "bytes": 8,
+                    }
+                async with session.post(applied, json={**report, "version": 3}) as response:
+                    assert response.status == 409
+                async with session.post(applied, json={**report, "source": "x"}) as response:
+                    assert response.status == 400
+        finally:
+            await server.close()
+        text = generate_latest(registry).decode()
+        assert 'shoal_weights_version{run="r1"} 4.0' in text
+        assert "shoal_weights_update_seconds_count 1.0" in text
+        assert "shoal_weights_update_seconds_sum 1.5" in text
+        assert await wal.pending(WAL_ENTRY) == []  # recorded and committed, not left pending
+        entry = await wal.get(1)
+        assert entry is not None
+        assert entry.entry_type == WAL_ENTRY
+        assert entry.state.value == "committed"
+        assert entry.payload["receivers"] == ["a", "b"]
+        assert entry.payload["version"] == 4
+
+
+async def test_the_daemon_serves_the_weights_plane(tmp_path: Path) -> None:
+    settings = test_settings(tmp_path, "solo", role="training", min_training=1, backend="gloo")
+    async with NodeDaemon(settings) as daemon, ClientSession() as session:
+        base = f"http://127.0.0.1:{daemon.port}"
+        for _ in range(100):
+            async with session.get(f"{base}/v1/rendezvous?group=weights&run=r1") as response:
+                if response.status == 200:
+                    body = await response.json()
+                    break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no plan in time")
+        assert body["group"] == "weights"
+        assert body["members"] == ["solo"]
+        assert body["rank"] == 0
+        async with session.get(f"{base}/v1/rendezvous?group=nope") as response:
+            assert response.status == 404
+        async with session.get(f"{base}/v1/rendezvous") as response:
+            assert "members" not in await response.json()  # the training group is unchanged
+        async with session.get(f"{base}/v1/weights/status?run=r1") as response:
+            assert response.status == 404
+        async with session.get(f"{base}/metrics") as response:
+            assert "shoal_weights_update_seconds" in await response.text()
