@@ -132,6 +132,7 @@ async def test_files_and_records_move_to_a_peer_exactly_once(tmp_path: Path) -> 
                 "inserted": 0,
                 "duplicates": 0,
                 "errors": [],
+                "failed_nodes": {},
             }
     finally:
         await source.close()
