@@ -15,12 +15,13 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  +-- LauncherError -- the training launcher was misused or given a rendezvous without a rank
  +-- PeerRequestError -- an HTTP request to a node failed; carries status (None: no answer)
  |    +-- PeerTimeoutError (also TimeoutError) -- no answer in time
- +-- JobError -- a job request or operation refused (its HTTP status and code)
- +-- LockError -- a lock request refused (its HTTP status and code: a stale fence is 409)
- |    +-- LockLostError -- a holder lost its lock (lease ran out, or a newer grant exists)
- |    +-- LockUnavailableError -- no node answered a lock request in time
- +-- RunError -- a run request refused, or a step of a run that failed (status and code)
- |    +-- ResultsStoreError -- the results store refused or lost an upload (hash mismatch)
+ +-- AnsweredError -- an API refusal that carries its HTTP status, code and reason
+ |    +-- JobError -- a job request or operation refused
+ |    +-- LockError -- a lock request refused (its HTTP status and code: a stale fence is 409)
+ |    |    +-- LockLostError -- a holder lost its lock (lease ran out, or a newer grant)
+ |    |    +-- LockUnavailableError -- no node answered a lock request in time
+ |    +-- RunError -- a run request refused, or a step of a run that failed
+ |         +-- ResultsStoreError -- the results store refused or lost an upload
  +-- JobClientError -- the job client's errors
  |    +-- JobRequestError -- the node answered a job request with an error (status, reason)
  |    +-- JobUnreachableError -- the node could not be reached or the connection broke
@@ -51,17 +52,22 @@ from typing import Any
 
 import aiohttp
 
-from config import ErrorAnswer
+from config import AuthError, ErrorAnswer
 
 __all__ = [
+    "ActorDiedError",
+    "ActorExistsError",
+    "AnsweredError",
     "DeployError",
     "DiscoveryError",
     "DownloadHashError",
     "ElectionError",
+    "FrameError",
     "GroupError",
     "JobClientError",
     "JobEndedError",
     "JobError",
+    "JobFailedError",
     "JobRequestError",
     "JobUnreachableError",
     "JobWaitTimeoutError",
@@ -78,6 +84,9 @@ __all__ = [
     "ProviderError",
     "PublishTimeout",
     "RLError",
+    "RegistryError",
+    "RemoteTaskError",
+    "RemoteTraceback",
     "RendezvousError",
     "ResultsStoreError",
     "RunError",
@@ -86,9 +95,17 @@ __all__ = [
     "SSHError",
     "SSHHostKeyError",
     "SSHTimeoutError",
+    "SkewError",
     "StartupError",
+    "TaskError",
+    "TaskTimeout",
     "WeightsError",
     "WireError",
+    "WorkerAuthError",
+    "WorkerClosed",
+    "WorkerDied",
+    "WorkerError",
+    "WorkerTimeout",
     "peer_error",
 ]
 
@@ -96,13 +113,14 @@ __all__ = [
 class NodeError(Exception):
     """Base of every error the node package raises."""
 
-    exit_code = 1
+    command_exit_code = 1
+    """What a `shoal` command exits with when this error stops it."""
 
 
 class StartupError(NodeError):
     """The daemon cannot start; the message names the thing and says what to fix."""
 
-    exit_code = 2
+    command_exit_code = 2
 
 
 class DiscoveryError(NodeError):
@@ -210,8 +228,8 @@ def peer_error(exc: BaseException, url: str) -> NodeError:
     return PeerRequestError(url, f"{type(exc).__name__}: {exc}")
 
 
-class JobError(NodeError):
-    """A job request or operation refused; `code` and `status` are what the API answers."""
+class AnsweredError(NodeError):
+    """An API refusal that knows its answer: HTTP `status`, error `code` and `reason`."""
 
     def __init__(self, status: int, code: str, reason: str) -> None:
         super().__init__(reason)
@@ -221,6 +239,10 @@ class JobError(NodeError):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+class JobError(AnsweredError):
+    """A job request or operation refused; `code` and `status` are what the API answers."""
 
 
 class JobClientError(NodeError):
@@ -258,17 +280,8 @@ class DownloadHashError(JobClientError):
     """A downloaded file did not match the X-Shoal-Content-Hash the node announced."""
 
 
-class LockError(NodeError):
+class LockError(AnsweredError):
     """A lock request or operation refused; `code` and `status` are what the API answers."""
-
-    def __init__(self, status: int, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.code = code
-        self.reason = reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": self.code, "reason": self.reason, "status": self.status}
 
 
 class LockLostError(LockError):
@@ -279,18 +292,9 @@ class LockUnavailableError(LockError):
     """No node answered a lock request in time (no coordinator, or every node unreachable)."""
 
 
-class RunError(NodeError):
+class RunError(AnsweredError):
     """A run request refused, or a step of a run that failed; `code` and `status` are what
     the API answers."""
-
-    def __init__(self, status: int, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.code = code
-        self.reason = reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": self.code, "reason": self.reason, "status": self.status}
 
 
 class ResultsStoreError(RunError):
@@ -316,3 +320,85 @@ class PublishTimeout(RLError, TimeoutError):
     def __init__(self, message: str, receivers: tuple[str, ...]) -> None:
         self.receivers = receivers
         super().__init__(message)
+
+
+# --- tasks and workers -------------------------------------------------------------------------
+
+
+class SkewError(NodeError, AuthError):
+    """The timestamp is outside the clock window: the sender's clock is `skew_s` ahead."""
+
+    def __init__(self, skew_s: float, window_s: float) -> None:
+        super().__init__(f"timestamp is {-skew_s:+.0f} s off (limit {window_s:.0f} s)")
+        self.skew_s = skew_s
+
+
+class TaskError(NodeError):
+    """Base of every error of `node.tasks`."""
+
+
+class TaskTimeout(TaskError, TimeoutError):
+    """`get` or `wait` ran out of time; the task may still finish."""
+
+
+class ActorDiedError(TaskError):
+    """The actor incarnation a handle names has died; a handle never rebinds to a new one."""
+
+
+class ActorExistsError(TaskError):
+    """`create_actor(name=...)` of a taken name without `get_if_exists=True`."""
+
+
+class RemoteTraceback(TaskError):
+    """The traceback of a task that failed elsewhere, set as the re-raised error's cause."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n\nremote traceback:\n{self.text}"
+
+
+class RemoteTaskError(TaskError):
+    """A remote failure whose exception could not be carried back as itself."""
+
+
+class JobFailedError(TaskError):
+    """The job ended in another state than succeeded (`wait(raise_on_failure=True)`)."""
+
+
+class RegistryError(AnsweredError, TaskError):
+    """A refused registry request, answered as {"error": code, "reason": text, "status": N}."""
+
+
+class WorkerError(NodeError):
+    """Base of every error of `node.workers`."""
+
+
+class FrameError(WorkerError):
+    """A frame that cannot be decoded (a peer that speaks another protocol)."""
+
+
+class WorkerTimeout(WorkerError, TimeoutError):
+    """No message arrived within the timeout; the worker is still alive."""
+
+
+class WorkerClosed(WorkerError):
+    """The channel was closed by this side."""
+
+
+class WorkerAuthError(WorkerError):
+    """The worker server refused this connection (wrong or missing secret, not loopback)."""
+
+
+class WorkerDied(WorkerError):
+    """The worker process ended: its exit code (negative: killed by that signal; None: unknown,
+    the connection was lost) and the last lines of its stderr."""
+
+    def __init__(self, what: str, exit_code: int | None, stderr_tail: str = "") -> None:
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+        how = "lost" if exit_code is None else f"ended with exit code {exit_code}"
+        tail = f"; last stderr lines:\n{stderr_tail}" if stderr_tail else ""
+        super().__init__(f"worker {what} {how}{tail}")

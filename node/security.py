@@ -28,6 +28,7 @@ from config import (
     error_response,
     verify_request,
 )
+from node.errors import SkewError as SkewError
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,6 @@ def _bearer_ok(request: web.Request, token: bytes | None) -> bool:
     if token is None or not header.startswith("Bearer "):
         return False
     return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token)
-
-
-class SkewError(AuthError):
-    """The timestamp is outside the clock window: the sender's clock is `skew_s` ahead."""
-
-    def __init__(self, skew_s: float, window_s: float) -> None:
-        super().__init__(f"timestamp is {-skew_s:+.0f} s off (limit {window_s:.0f} s)")
-        self.skew_s = skew_s
 
 
 async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) -> str | None:

@@ -107,7 +107,7 @@ def serve(
     except (NodeError, WalError, SyncError, OSError) as exc:
         known = startup_error(exc, settings.data_dir)
         if known is not None:
-            fail(str(known), known.exit_code)
+            fail(str(known), known.command_exit_code)
         fail(str(exc) or type(exc).__name__, EXIT_FAILURE)
 
 

@@ -14,38 +14,14 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import cloudpickle
 
+from node.errors import ActorDiedError as ActorDiedError
+from node.errors import ActorExistsError as ActorExistsError
+from node.errors import RemoteTaskError as RemoteTaskError
+from node.errors import RemoteTraceback as RemoteTraceback
+from node.errors import TaskError as TaskError
+from node.errors import TaskTimeout as TaskTimeout
+
 T = TypeVar("T")
-
-
-class TaskError(Exception):
-    """Base of every error of `node.tasks`."""
-
-
-class TaskTimeout(TaskError, TimeoutError):
-    """`get` or `wait` ran out of time; the task may still finish."""
-
-
-class ActorDiedError(TaskError):
-    """The actor incarnation a handle names has died; a handle never rebinds to a new one."""
-
-
-class ActorExistsError(TaskError):
-    """`create_actor(name=...)` of a taken name without `get_if_exists=True`."""
-
-
-class RemoteTraceback(Exception):
-    """The traceback of a task that failed elsewhere, set as the re-raised error's cause."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return f"\n\nremote traceback:\n{self.text}"
-
-
-class RemoteTaskError(TaskError):
-    """A remote failure whose exception could not be carried back as itself."""
 
 
 @dataclass(frozen=True)

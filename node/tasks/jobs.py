@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.errors import JobFailedError as JobFailedError
 from node.jobs.api import (
     DeploySpec,
     JobSpec,
@@ -40,10 +41,6 @@ class JobRequest:
     entrypoint: Sequence[str]
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     env: Mapping[str, str] = field(default_factory=dict)
-
-
-class JobFailedError(TaskError):
-    """The job ended in another state than succeeded (`wait(raise_on_failure=True)`)."""
 
 
 def place(members: Sequence[Mapping[str, Any]], role: str, gpus: int) -> list[str]:

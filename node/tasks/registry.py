@@ -14,9 +14,9 @@ import aiohttp
 from aiohttp import web
 
 from config import signing_middleware
+from node.errors import RegistryError as RegistryError
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
-from node.tasks.context import TaskError
 
 log = logging.getLogger(__name__)
 
@@ -26,19 +26,6 @@ FORWARDED_HEADER = "X-Shoal-Forwarded-By"
 again (two daemons that disagree about the coordinator must not bounce it between them)."""
 PENDING_TTL_S = 120.0
 """A claim whose creator never reported the actor ready is given up after this long."""
-
-
-class RegistryError(TaskError):
-    """A refused registry request, answered as {"error": code, "reason": text, "status": N}."""
-
-    def __init__(self, status: int, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.code = code
-        self.reason = reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": self.code, "reason": self.reason, "status": self.status}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,13 @@ from typing import Any
 
 import orjson
 
+from node.errors import FrameError as FrameError
+from node.errors import WorkerAuthError as WorkerAuthError
+from node.errors import WorkerClosed as WorkerClosed
+from node.errors import WorkerDied as WorkerDied
+from node.errors import WorkerError as WorkerError
+from node.errors import WorkerTimeout as WorkerTimeout
+
 HEADER = struct.Struct(">BIQ")
 """kind (1 byte), JSON length (4 bytes), payload length (8 bytes), then both bodies."""
 MAX_JSON_BYTES = 64 * 1024 * 1024
@@ -29,38 +36,6 @@ class FrameKind(IntEnum):
     CHALLENGE = 3
     AUTH = 4
     REFUSED = 5
-
-
-class WorkerError(Exception):
-    """Base of every error of `node.workers`."""
-
-
-class FrameError(WorkerError):
-    """A frame that cannot be decoded (a peer that speaks another protocol)."""
-
-
-class WorkerTimeout(WorkerError, TimeoutError):
-    """No message arrived within the timeout; the worker is still alive."""
-
-
-class WorkerClosed(WorkerError):
-    """The channel was closed by this side."""
-
-
-class WorkerAuthError(WorkerError):
-    """The worker server refused this connection (wrong or missing secret, not loopback)."""
-
-
-class WorkerDied(WorkerError):
-    """The worker process ended: its exit code (negative: killed by that signal; None: unknown,
-    the connection was lost) and the last lines of its stderr."""
-
-    def __init__(self, what: str, exit_code: int | None, stderr_tail: str = "") -> None:
-        self.exit_code = exit_code
-        self.stderr_tail = stderr_tail
-        how = "lost" if exit_code is None else f"ended with exit code {exit_code}"
-        tail = f"; last stderr lines:\n{stderr_tail}" if stderr_tail else ""
-        super().__init__(f"worker {what} {how}{tail}")
 
 
 @dataclass(frozen=True)
