@@ -58,7 +58,7 @@ async def test_from_plan_starts_workers_through_jobs_with_distinct_ranks(tmp_pat
             assert ranks == list(range(6))
             assert {r["env"]["WORLD_SIZE"] for r in replies} == {"6"}
             assert [int(r["env"]["LOCAL_RANK"]) for r in replies] == [0, 1] * 3
-            rendezvous = plan["plan"]["rendezvous"]
+            rendezvous = plan["plan"]["group"]
             assert {r["env"]["MASTER_ADDR"] for r in replies} == {rendezvous["master_addr"]}
             assert all(isinstance(c, NCCLConfig) for c in workers_cluster.nccl_configs)
             pids = [int(str(r["pid"])) for r in replies]
