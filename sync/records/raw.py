@@ -75,9 +75,8 @@ def _cutter(schema: RecordSchema) -> _Cutter | None:
     if not names:
         return None
     alternatives = "|".join(re.escape(name) for name in names)
-    # Field names match NAME_PATTERN, so a key needs no escapes, and `"name":` cannot occur
-    # inside a JSON string unless its first quote is escaped (the caller checks the byte
-    # before it).
+    # Field names match NAME_PATTERN, so a key needs no escapes. A match may still not be the
+    # key of a record (a nested object's key, `"a\"moves":[` ...): _place finds out.
     keys = re.compile(rf'"({alternatives})":\['.encode())
     return _Cutter(keys, {name: f"{_MARK}{index}" for index, name in enumerate(names)})
 
@@ -100,7 +99,7 @@ def loads_cut(
     for match in cutter.keys.finditer(body):
         start = match.end() - 1
         end = body.find(b"]", start) + 1
-        if start < done or body[match.start() - 1] == 0x5C or end == 0:  # 0x5C: backslash
+        if start < done or end == 0:
             continue
         span = body[start:end]
         if not canonical_strings(span, controls_checked):
