@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestServer
 from sync import GAMES_SCHEMA, ROLLOUTS_SCHEMA, RecordStore, RecordStores, pull_records
 from sync.errors import RecordValidationError
 from sync.records import raw as raw_module
+from sync.records import routes as routes_module
 from sync.records.pull import fetch_page
 from sync.records.raw import RawJson, canonical_strings, loads_cut
 from sync.records.routes import parse_body
@@ -177,13 +178,25 @@ def test_the_shape_of_a_raw_array_is_checked() -> None:
 
 
 async def test_array_moves_round_trip_byte_identical(
-    server: TestServer, session: aiohttp.ClientSession, stores: RecordStores, tmp_path: Path
+    server: TestServer,
+    session: aiohttp.ClientSession,
+    stores: RecordStores,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    seen: list[type] = []
+
+    def spy(schema: RecordSchema, records: Any, node_id: str) -> Any:
+        seen.extend(type(record["moves"]) for record in records)
+        return validate_records(schema, records, node_id)
+
+    monkeypatch.setattr(routes_module, "validate_records", spy)
     records = [game(i, moves=MOVES) for i in range(300)] + [game(300, moves="e2e4 e7e5")]
     url = f"{base_url(server)}/v1/records/games"
     async with session.post(url, data=body_of(records)) as response:
         assert response.status == 200, await response.text()
         assert await response.json() == {"accepted": 301, "duplicates": 0}
+    assert seen == [RawJson] * 300 + [str]  # the route never built the moves lists
     stored = stored_moves(stores["games"].path)
     assert stored["g-000000"] == MOVES_TEXT.decode()
     assert stored["g-000300"] == '"e2e4 e7e5"'
