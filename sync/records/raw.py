@@ -16,7 +16,6 @@ field of a top-level record; otherwise the whole body is parsed again without cu
 from __future__ import annotations
 
 import functools
-import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,14 +28,13 @@ from sync.records.schema import FieldKind, RecordSchema
 _CONTROLS = bytes(range(0x20))
 
 
-def canonical_strings(span: bytes, controls_checked: bool = False) -> bool:
+def canonical_strings(span: bytes) -> bool:
     """Whether `span` is a compact JSON array of strings without escapes or control characters
     (so `orjson.dumps(orjson.loads(span)) == span`), checked without building its elements.
 
     Every quote inside must belong to a `","` separator (none is left once they are removed):
     then the text between separators holds no quote, so each is one string, and the span is
-    exactly one array. `controls_checked`
-    says the caller already knows the span holds no control character.
+    exactly one array.
     """
     if span == b"[]":
         return True
@@ -45,7 +43,7 @@ def canonical_strings(span: bytes, controls_checked: bool = False) -> bool:
     rest = span[2:-2].replace(b'","', b"")
     if b'"' in rest or b"\\" in rest:
         return False
-    return controls_checked or len(rest.translate(None, _CONTROLS)) == len(rest)
+    return len(rest.translate(None, _CONTROLS)) == len(rest)
 
 
 # A random marker per process: a client cannot send a string equal to it without knowing it.
@@ -61,7 +59,7 @@ class RawJson:
 
 @dataclass(frozen=True)
 class _Cutter:
-    keys: re.Pattern[bytes]
+    keys: dict[str, bytes]
     marks: dict[str, str]
 
 
@@ -74,10 +72,9 @@ def _cutter(schema: RecordSchema) -> _Cutter | None:
     ]
     if not names:
         return None
-    alternatives = "|".join(re.escape(name) for name in names)
     # Field names match NAME_PATTERN, so a key needs no escapes. A match may still not be the
-    # key of a record (a nested object's key, `"a\"moves":[` ...): _place finds out.
-    keys = re.compile(rf'"({alternatives})":\['.encode())
+    # key of a record (a nested object's key, `"a\\"moves":[` ...): _place finds out.
+    keys = {name: f'"{name}":['.encode() for name in names}
     return _Cutter(keys, {name: f"{_MARK}{index}" for index, name in enumerate(names)})
 
 
@@ -92,21 +89,17 @@ def loads_cut(
     cutter = _cutter(schema)
     if cutter is None:
         return orjson.loads(body)
-    controls_checked = len(body.translate(None, _CONTROLS)) == len(body)
+    found = _candidates(body, cutter)
+    if not found:
+        return orjson.loads(body)
+    if not _all_canonical(body, found):
+        found = [item for item in found if canonical_strings(body[item[1] : item[2]])]
     pieces: list[bytes] = []
     cut: dict[str, list[bytes]] = {name: [] for name in cutter.marks}
     done = 0
-    for match in cutter.keys.finditer(body):
-        start = match.end() - 1
-        end = body.find(b"]", start) + 1
-        if start < done or end == 0:
-            continue
-        span = body[start:end]
-        if not canonical_strings(span, controls_checked):
-            continue
-        name = match.group(1).decode()
+    for name, start, end in found:
         pieces += (body[done:start], b'"', cutter.marks[name].encode(), b'"')
-        cut[name].append(span)
+        cut[name].append(body[start:end])
         done = end
     if not pieces:
         return orjson.loads(body)
@@ -118,6 +111,40 @@ def loads_cut(
     except (ValueError, RecursionError):
         pass
     return orjson.loads(body)  # the error (or the document) of what the client sent
+
+
+def _candidates(body: bytes, cutter: _Cutter) -> list[tuple[str, int, int]]:
+    """(field, start, end) of each `"field":[...]` value, `...` up to the first `]`, in order,
+    that starts with `["` and ends with `"]` (or is `[]`)."""
+    starts: list[tuple[int, str]] = []
+    for name, key in cutter.keys.items():
+        at = body.find(key)
+        while at >= 0:
+            starts.append((at + len(key) - 1, name))
+            at = body.find(key, at + len(key))
+    if len(cutter.keys) > 1:
+        starts.sort()
+    found = []
+    done = 0
+    for start, name in starts:
+        end = body.find(b"]", start) + 1
+        if start < done or end == 0:
+            continue
+        if end - start == 2 or (end - start >= 4 and body[start + 1] == body[end - 2] == 0x22):
+            found.append((name, start, end))
+            done = end
+    return found
+
+
+def _all_canonical(body: bytes, found: list[tuple[str, int, int]]) -> bool:
+    """canonical_strings of every candidate, checked at once: their insides joined by NUL (which
+    no canonical inside holds, and which no `","` can straddle) have no quote outside a `","`,
+    no backslash and no control character but the NULs."""
+    joined = b"\x00".join([body[start + 2 : end - 2] for _, start, end in found if end - start > 2])
+    rest = joined.replace(b'","', b"")
+    if b'"' in rest or b"\\" in rest:
+        return False
+    return len(rest.translate(None, _CONTROLS)) == len(rest) - rest.count(b"\x00")
 
 
 def _place(records: Any, cut: dict[str, list[bytes]], marks: dict[str, str]) -> bool:
