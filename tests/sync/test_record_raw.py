@@ -90,16 +90,20 @@ def test_array_values_are_cut_without_building_their_elements() -> None:
     assert {row[5] for row in rows} == {MOVES_TEXT.decode()}
 
 
-def test_values_that_are_not_canonical_take_the_object_path() -> None:
+@pytest.mark.parametrize("compact", [True, False])
+def test_values_that_are_not_canonical_take_the_object_path(compact: bool) -> None:
     odd = [
         ["a]b", "c"],  # a bracket inside a string ends the quick span early
         ["e\\2"],  # an escape
         [1, 2, 3],
+        ["a", 1],
         [["a", "b"]],
+        [["a"], "b"],
         "a string",
     ]
     records = [game(i, moves=moves) for i, moves in enumerate(odd)]
-    parsed = loads_cut(json.dumps(records).encode(), GAMES_SCHEMA)
+    body = orjson.dumps(records) if compact else json.dumps(records).encode()  # spaces
+    parsed = loads_cut(body, GAMES_SCHEMA)
     assert [record["moves"] for record in parsed] == odd
     rows = validate_records(GAMES_SCHEMA, parsed, "n")
     assert [row[5] for row in rows] == [orjson.dumps(moves).decode() for moves in odd]
@@ -241,3 +245,13 @@ def test_pages_embed_the_stored_json_text_as_fragments() -> None:
     record = row_to_record(GAMES_SCHEMA, row, fragments=True)
     assert type(record["moves"]) is orjson.Fragment
     assert orjson.dumps(record) == orjson.dumps(row_to_record(GAMES_SCHEMA, row))
+
+
+@pytest.mark.parametrize("moves", [[1, 2, 3], ["a", 1], [["a"], "b"], ["e\\2"], [], [""]])
+def test_each_value_alone_is_cut_only_when_canonical(moves: list[Any]) -> None:
+    records = [game(1, moves=moves), game(2, moves=["x", "y"])]
+    parsed = loads_cut(orjson.dumps(records), GAMES_SCHEMA)
+    canonical = all(type(move) is str and "\\" not in move for move in moves)
+    expected = RawJson(orjson.dumps(moves).decode()) if canonical else moves
+    assert parsed[0]["moves"] == expected
+    assert parsed[1]["moves"] == RawJson('["x","y"]')
