@@ -4,9 +4,9 @@ Parsing a batch with orjson builds a Python object for every element of every ar
 field (a game's 120 moves), and storing it dumps them all again. Here the array values of a
 schema's json fields are cut out of the body text before parsing when they are *canonical*: the
 exact text `orjson.dumps(orjson.loads(text))` would give back, here a compact array of strings
-without escapes or control characters (a game's moves). Such a value is checked by counting
-its quotes and separators (canonical_strings), never parsed, and stored as it came: the same
-text the object path stores, so both paths agree byte for byte.
+without escapes or control characters (a game's moves). Such values are checked by a few byte
+scans over all of them at once (canonical_strings says the rule for one), never parsed, and
+stored as they came: the same text the object path stores, so both paths agree byte for byte.
 
 Anything else (whitespace, escapes, numbers, objects, nesting) is left in the body and takes
 the ordinary path. A value counts as cut out only if it lands, after parsing, on a json
