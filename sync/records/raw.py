@@ -50,7 +50,7 @@ def canonical_strings(span: bytes) -> bool:
 _MARK = "shoal-raw-" + secrets.token_hex(16) + "-"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs a Python-level setattr per record
 class RawJson:
     """The JSON text of an array-valued json field, checked canonical and never parsed."""
 
