@@ -2,7 +2,9 @@
 
 Prints one JSON document: acknowledged records/s through HTTP (server in a subprocess), plain
 sqlite3 executemany of the same rows with the same pragmas, their ratio, and a pull of 100,000
-records from that server into a local store (pages of 5,000).
+records from that server into a local store (pages of 5,000). With both shapes, a summary puts
+the array-shaped figures beside the string-shaped ones of the same run and the targets
+(>= 50,000 records/s, >= 0.5x plain sqlite3, a pull of 100,000 in <= 3 s).
 Usage: python bench/records_bench.py [--records N] [--producers 8] [--moves array|string|both]
 """
 
@@ -39,6 +41,9 @@ from sync import (  # noqa: E402
 from sync.records.schema import create_table_sql, insert_sql  # noqa: E402
 
 BATCH = 1000
+TARGET_RECORDS_PER_S = 50_000
+TARGET_RATIO = 0.5
+TARGET_PULL_S = 3.0
 PULL_RECORDS = 100_000
 TIME_LIMIT_S = 60.0
 
@@ -146,6 +151,11 @@ def run_shape(shape: str, count: int, producers: int, work: Path) -> dict[str, A
     plain_rate = plain_sqlite(work / f"plain-{shape}.db", records[:acknowledged])
     return {
         "moves": shape,
+        "meets_targets": {
+            "records_per_s": http_rate >= TARGET_RECORDS_PER_S,
+            "ratio": http_rate / plain_rate >= TARGET_RATIO,
+            "pull_seconds": pulled["seconds"] <= TARGET_PULL_S,
+        },
         "record_bytes": round(sum(len(b) for b in bodies) / count),
         "records": acknowledged,
         "http_seconds": round(elapsed, 2),
@@ -175,8 +185,21 @@ def main() -> None:
         "batch": BATCH,
         "cpus": os.cpu_count(),
         "sqlite": sqlite3.sqlite_version,
+        "targets": {
+            "records_per_s": TARGET_RECORDS_PER_S,
+            "ratio": TARGET_RATIO,
+            "pull_seconds": TARGET_PULL_S,
+        },
         "results": results,
     }
+    by_shape = {result["moves"]: result for result in results}
+    if set(by_shape) == {"array", "string"}:
+        array, string = by_shape["array"], by_shape["string"]
+        report["array_vs_string"] = {
+            "records_per_s": [array["http_records_per_s"], string["http_records_per_s"]],
+            "ratio_to_plain_sqlite": [array["ratio"], string["ratio"]],
+            "pull_seconds": [array["pull"]["seconds"], string["pull"]["seconds"]],
+        }
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
 
 

@@ -6,7 +6,8 @@ Each page is committed in one transaction (INSERT OR IGNORE) before the cursor m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +24,8 @@ from sync.errors import (
     translated,
 )
 from sync.records.client import rejection
+from sync.records.raw import loads_cut
+from sync.records.schema import RecordSchema
 from sync.records.store import RecordStore
 from sync.records.types import DEFAULT_PAGE_LIMIT, Cursor, PullResult, RecordKey
 from sync.records.validate import validate_records
@@ -45,7 +48,12 @@ def since_params(
     return params
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str, params: Any = None) -> Any:
+async def _get_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    params: Any = None,
+    loads: Callable[[bytes], Any] = orjson.loads,
+) -> Any:
     with translated(url, RecordRequestError):
         async with session.get(url, params=params) as response:
             payload = await response.read()
@@ -57,7 +65,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str, params: Any = None
                     f"{url}: HTTP {response.status}: {refusal}", response.status
                 )
     try:
-        return orjson.loads(payload)
+        return loads(payload)
     except ValueError as exc:
         raise RecordRequestError(f"{url}: answer is not JSON", response.status) from exc
 
@@ -69,10 +77,19 @@ async def fetch_page(
     cursor: Cursor | None,
     limit: int = DEFAULT_PAGE_LIMIT,
     filters: Mapping[str, Any] | None = None,
+    schema: RecordSchema | None = None,
 ) -> Page:
-    """One page of a peer's `/since`: (records, next cursor or None)."""
+    """One page of a peer's `/since`: (records, next cursor or None).
+
+    With `schema`, canonical array values of its json fields stay raw text (RawJson, for
+    validate_records; see sync.records.raw) instead of becoming Python lists.
+    """
     url = f"{base_url.rstrip('/')}/v1/records/{quote(store, safe='')}/since"
-    data = await _get_json(session, url, since_params(cursor, limit, filters))
+    params = since_params(cursor, limit, filters)
+    if schema is None:
+        data = await _get_json(session, url, params)
+    else:
+        data = await _get_json(session, url, params, functools.partial(_loads_page, schema))
     records = data.get("records") if isinstance(data, dict) else None
     following = data.get("next") if isinstance(data, dict) else None
     if not isinstance(records, list):
@@ -83,6 +100,14 @@ async def fetch_page(
         return records, (float(following["ts"]), following["after"])
     except (TypeError, KeyError, ValueError) as exc:
         raise RecordRequestError(f"{url}: bad next cursor {following!r}", 200) from exc
+
+
+def _loads_page(schema: RecordSchema, payload: bytes) -> Any:
+    return loads_cut(payload, schema, _page_records)
+
+
+def _page_records(doc: Any) -> Any:
+    return doc.get("records") if type(doc) is dict else None
 
 
 async def _finish(task: asyncio.Task[Page] | None) -> None:
@@ -124,7 +149,7 @@ async def pull_records(
         return RecordPullError(f"pull of {store} from {base_url}: {exc}", result())
 
     pending: asyncio.Task[Page] | None = asyncio.create_task(
-        fetch_page(session, base_url, store, since, limit, filters)
+        fetch_page(session, base_url, store, since, limit, filters, schema)
     )
     try:
         while pending is not None:
@@ -144,7 +169,7 @@ async def pull_records(
                 max_records is None or pulled + len(records) < max_records
             ):
                 pending = asyncio.create_task(
-                    fetch_page(session, base_url, store, reached, limit, filters)
+                    fetch_page(session, base_url, store, reached, limit, filters, schema)
                 )
             try:
                 counts = await local_store.ingest_rows(rows, wait_s=store_wait_s)

@@ -23,6 +23,7 @@ from sync.errors import (
     SyncError,
     UnknownStoreError,
 )
+from sync.records.raw import loads_cut
 from sync.records.schema import (
     BUILTIN_SCHEMAS,
     INT64_MAX,
@@ -58,10 +59,12 @@ def _loads(text: str) -> Any:
     return orjson.loads(text)
 
 
-def parse_body(body: bytes, ndjson: bool) -> list[Any]:
+def parse_body(body: bytes, ndjson: bool, schema: RecordSchema | None = None) -> list[Any]:
     """The records of a request body: a JSON array, or one JSON value per non-empty line.
 
-    Raises RecordValidationError (index None for the whole body, else the NDJSON record).
+    With `schema`, canonical array values of its json fields in a JSON array body stay raw text
+    (sync.records.raw). Raises RecordValidationError (index None for the whole body, else the
+    NDJSON record).
     """
     try:
         text = body.decode("utf-8")
@@ -69,7 +72,7 @@ def parse_body(body: bytes, ndjson: bool) -> list[Any]:
         raise RecordValidationError(None, "", f"body is not UTF-8: {exc.reason}") from None
     if not ndjson:
         try:
-            records = _loads(text)
+            records = _loads(text) if schema is None else loads_cut(body, schema)
         except (ValueError, RecursionError) as exc:
             raise RecordValidationError(None, "", f"malformed JSON: {exc}") from None
         if not isinstance(records, list):
@@ -165,7 +168,7 @@ def record_routes(
         body = await read_body(request, max_body_bytes)
         if body is None:
             return _refusal(413, "too_large", f"request body exceeds {max_body_bytes} bytes")
-        records = parse_body(body, request.content_type in NDJSON_TYPES)
+        records = parse_body(body, request.content_type in NDJSON_TYPES, store.schema)
         if len(records) > max_records:
             return _refusal(
                 413,
@@ -188,8 +191,8 @@ def record_routes(
     async def since(request: web.Request) -> web.StreamResponse:
         store = store_of(request)
         query = parse_since_query(store.schema, request.query, MAX_PAGE_LIMIT)
-        page = await store.since(query)
-        return web.json_response(page.to_json(), dumps=_dumps_text)
+        body = await store.since_json(query)
+        return web.Response(body=body, content_type="application/json")
 
     async def get(request: web.Request) -> web.StreamResponse:
         store = store_of(request)

@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from config import fsync_directory
 from sync.errors import SnapshotError, StoreWriteError
 from sync.records.schema import RecordSchema, create_table_sql, select_sql
@@ -121,16 +123,26 @@ def checkpoint(conn: sqlite3.Connection, mode: str, where: str) -> None:
         logger.debug("%s: %s checkpoint incomplete (%s of %s pages)", where, mode, done, log_pages)
 
 
-def read_page(conn: sqlite3.Connection, schema: RecordSchema, query: SinceQuery) -> RecordPage:
-    """One page of records in (time, key) order; `next` is set when the page is full."""
+def read_page(
+    conn: sqlite3.Connection, schema: RecordSchema, query: SinceQuery, *, fragments: bool = False
+) -> RecordPage:
+    """One page of records in (time, key) order; `next` is set when the page is full.
+
+    With `fragments`, json fields stay their stored text (see row_to_record).
+    """
     sql, params = since_sql(schema, query)
     rows = conn.execute(sql, params).fetchall()
-    records = [row_to_record(schema, row) for row in rows]
+    records = [row_to_record(schema, row, fragments=fragments) for row in rows]
     cursor: Cursor | None = None
     if len(rows) == query.limit and rows:
         last = records[-1]
         cursor = (float(last[schema.time_column]), last[schema.key])
     return RecordPage(records, cursor)
+
+
+def read_page_json(conn: sqlite3.Connection, schema: RecordSchema, query: SinceQuery) -> bytes:
+    """The JSON body of a `/since` page, json fields embedded as stored (never re-encoded)."""
+    return orjson.dumps(read_page(conn, schema, query, fragments=True).to_json())
 
 
 def read_keys(

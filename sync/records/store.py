@@ -366,6 +366,13 @@ class RecordStore:
         )
         return page
 
+    async def since_json(self, query: SinceQuery) -> bytes:
+        """`since` as a JSON page body, encoded in the reader thread (sqlite.read_page_json)."""
+        body: bytes = await self._read(
+            db.read_page_json, self._reader_connection(), self.schema, query
+        )
+        return body
+
     async def get(self, keys: Sequence[RecordKey]) -> list[dict[str, Any]]:
         """The records with these keys (absent ones left out), in the order asked."""
         found: list[dict[str, Any]] = await self._read(

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from sync.errors import RecordValidationError, SyncError
+from sync.records.raw import RawJson
 from sync.records.schema import FieldKind, FieldSpec, RecordSchema
 
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
@@ -53,6 +54,15 @@ def _dumps_fast(value: Any) -> str:
         if len(encode_basestring_ascii(joined)) == len(joined) + 2:  # nothing to escape
             return '["' + '","'.join(value) + '"]'
     return _dumps(value)
+
+
+def _json_text(value: Any) -> Any:
+    """The stored text of a json value on the fast path (None stays NULL)."""
+    if value is None:
+        return None
+    if type(value) is RawJson:
+        return value.text
+    return _dumps_fast(value)
 
 
 class _Invalid(SyncError):
@@ -107,6 +117,10 @@ def _json_converter(shapes: tuple[str, ...]) -> _Convert:
     allowed = frozenset(t for shape in shapes for t in _SHAPE_TYPES[shape])
 
     def convert(value: Any) -> Any:
+        if type(value) is RawJson:  # an array checked canonical by sync.records.raw
+            if allowed and list not in allowed:
+                raise _Invalid(expected)
+            return value.text
         if allowed and type(value) not in allowed:
             raise _Invalid(expected)
         try:
@@ -134,6 +148,8 @@ def _plan(schema: RecordSchema) -> tuple[tuple[str, _Convert, FieldSpec, frozens
         if spec.kind is FieldKind.JSON:
             convert = _json_converter(spec.json_shapes)
             types = frozenset(t for s in spec.json_shapes for t in _SHAPE_TYPES[s]) or _ANY_JSON
+            if list in types:
+                types |= {RawJson}
         else:
             convert = _CONVERTERS[spec.kind]
             types = _KIND_TYPES[spec.kind]
@@ -196,10 +212,10 @@ def _fast_rows(
                     return None
             elif spec.kind is FieldKind.BOOL:
                 values = [value if value is None else int(value) for value in values]
-            elif _NONE in types:
-                values = [value if value is None else _dumps_fast(value) for value in values]
+            elif types == {RawJson}:
+                values = [value.text for value in values]
             else:
-                values = list(map(_dumps_fast, values))
+                values = [_json_text(value) for value in values]
             columns.append(values)
     except (TypeError, ValueError, OverflowError, RecursionError):
         return None
@@ -248,8 +264,14 @@ def _check_key(value: Any) -> None:
         raise _Invalid("the key must not contain NUL")
 
 
-def row_to_record(schema: RecordSchema, row: Sequence[Any]) -> dict[str, Any]:
-    """The JSON record of a row: json decoded, bools restored, absent optional fields left out."""
+def row_to_record(
+    schema: RecordSchema, row: Sequence[Any], *, fragments: bool = False
+) -> dict[str, Any]:
+    """The JSON record of a row: json decoded, bools restored, absent optional fields left out.
+
+    With `fragments`, json fields are orjson.Fragment of their stored text (already valid,
+    canonical JSON): orjson.dumps embeds them without parsing or re-encoding.
+    """
     record: dict[str, Any] = {}
     for spec, value in zip(schema.fields, row, strict=True):
         if value is None:
@@ -257,7 +279,7 @@ def row_to_record(schema: RecordSchema, row: Sequence[Any]) -> dict[str, Any]:
                 record[spec.name] = None
             continue
         if spec.kind is FieldKind.JSON:
-            value = orjson.loads(value)
+            value = orjson.Fragment(value) if fragments else orjson.loads(value)
         elif spec.kind is FieldKind.BOOL:
             value = bool(value)
         record[spec.name] = value

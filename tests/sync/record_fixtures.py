@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import BaseTestServer, TestServer
 
 from sync import RecordStore, RecordStores, StoreOptions, record_routes
 
@@ -56,7 +56,7 @@ async def serve(
         await server.close()
 
 
-def base_url(server: TestServer) -> str:
+def base_url(server: BaseTestServer) -> str:
     return str(server.make_url("")).rstrip("/")
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from multidict import CIMultiDictProxy
 
 from sync import GAMES_SCHEMA, RecordClient, RecordStore, RecordStores, StoreOptions
 from tests.sync.record_fixtures import (
@@ -33,7 +34,7 @@ async def post(
     path: str,
     body: Any,
     content_type: str = "application/json",
-) -> tuple[int, Any, aiohttp.typedefs.LooseHeaders]:
+) -> tuple[int, Any, CIMultiDictProxy[str]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     url = f"{base_url(server)}{path}"
     async with session.post(url, data=data, headers={"Content-Type": content_type}) as response:
