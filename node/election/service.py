@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 STORAGE_NOTE = "election: "
 """Prefix of the /v1/status note saying why the election state cannot be stored."""
+
+RUN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""A run's name (node.rl.service.RUN_PATTERN, which checks it)."""
 
 RENDEZVOUS_SCHEMA = {
     "type": "object",
@@ -123,7 +127,7 @@ class ElectionService:
             ((200, "rendezvous"), (404, "no such group"), (409, "this node has no plan yet")),
             parameters=(
                 ("group", "query", "training or weights", {"enum": ["training", "weights"]}),
-                ("run", "query", "the run, with group=weights", {"type": "string"}),
+                ("run", "query", "the run, with group=weights", {"type": "string", "pattern": RUN}),
             ),
             response=RENDEZVOUS_SCHEMA,
         )
@@ -131,6 +135,13 @@ class ElectionService:
 
     async def _rendezvous(self, request: web.Request) -> web.Response:
         group = request.query.get("group", "training")
+        unknown = sorted(set(request.query) - {"group", "run"})
+        if unknown:
+            return json_error(
+                400, f"unknown query parameter(s) {', '.join(unknown)}", param=unknown[0]
+            )
+        if "run" in request.query and not re.match(RUN, request.query["run"]):
+            return json_error(400, f"run {request.query['run']!r} is not a run name", param="run")
         if group != "training":
             handler = self.group_handlers.get(group)
             if handler is None:

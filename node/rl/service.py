@@ -105,7 +105,12 @@ class WeightsService:
 
     @staticmethod
     def docs() -> list[RouteDoc]:
-        run = ("run", "query", "the run's name")
+        run = (
+            "run",
+            "query",
+            "the run's name",
+            {"type": "string", "pattern": RUN_PATTERN.pattern, "x-required": True},
+        )
         return [
             RouteDoc(
                 "POST",
@@ -121,8 +126,8 @@ class WeightsService:
                 ((200, "the offer"), (204, "none within timeout_s"), (400, "malformed")),
                 parameters=(
                     run,
-                    ("after", "query", "last version held"),
-                    ("timeout_s", "query", "wait"),
+                    ("after", "query", "last version held", {"type": "integer", "minimum": -1}),
+                    ("timeout_s", "query", "seconds to wait", {"type": "number", "minimum": 0}),
                 ),
             ),
             RouteDoc(

@@ -314,18 +314,21 @@ class LockService:
                 'Acquire {"holder", "ttl_s", "wait", "wait_s"}: granted with a fence [term, seq],'
                 " or the position in the FIFO queue",
                 ((200, "granted or queued"), *common),
+                parameters=(("name", "path", "the lock's name", {"type": "string"}),),
             ),
             RouteDoc(
                 "POST",
                 f"{LOCKS_PATH}/{{name}}/renew",
                 'Renew the holder\'s lease {"holder", "fence"}; 409 when the lock was lost',
                 ((200, "renewed"), *common),
+                parameters=(("name", "path", "the lock's name", {"type": "string"}),),
             ),
             RouteDoc(
                 "POST",
                 f"{LOCKS_PATH}/{{name}}/release",
                 'Release {"holder", "fence"}; the first waiter gets the lock',
                 ((200, "released"), *common),
+                parameters=(("name", "path", "the lock's name", {"type": "string"}),),
             ),
             RouteDoc(
                 "POST",

@@ -312,12 +312,14 @@ class RunService:
                 f"{RUNS_PATH}/{{run_id}}",
                 "One run's record: state, step, log, results",
                 ((200, "the run"), (404, "no such run"), *common),
+                parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
             ),
             RouteDoc(
                 "POST",
                 f"{RUNS_PATH}/{{run_id}}/cancel",
                 "Cancel: a queued run is removed, a running one killed (results still collected)",
                 ((200, "cancelled"), (404, "no such run"), (409, "already ended"), *common),
+                parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
             ),
         ]
 

@@ -164,6 +164,28 @@ def file_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
                 (404, "unknown category"),
             ),
             "parameters": (category,),
+            "response": {"type": "string", "format": "binary"},
+            "response_type": "application/x-shoal-files",
+            "body": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["files"],
+                "properties": {
+                    "files": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 2000,
+                        "items": {
+                            "type": "object",
+                            "required": ["path", "hash"],
+                            "properties": {
+                                "path": {"type": "string", "minLength": 1},
+                                "hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                            },
+                        },
+                    }
+                },
+            },
         },
         {
             "method": "POST",

@@ -375,6 +375,9 @@ def _read_group(
 
 def _batch_body(data: Any) -> list[tuple[str, str]]:
     """The (path, hash) pairs of a batch request body `{"files": [{"path", "hash"}]}`."""
+    if isinstance(data, dict) and set(data) - {"files"}:
+        unknown = ", ".join(sorted(str(key) for key in set(data) - {"files"}))
+        raise ValueError(f'unknown field(s) {unknown}; the body is {{"files": [...]}}')
     items = data.get("files") if isinstance(data, dict) else None
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_FILES:
         raise ValueError(f'body must be {{"files": [...]}} with 1..{MAX_BATCH_FILES} files')
