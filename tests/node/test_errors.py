@@ -51,7 +51,7 @@ def test_start_up_failures_a_user_can_fix_exit_2_with_one_line() -> None:
     for expected, exc in cases.items():
         error = startup_error(exc, DATA)
         assert isinstance(error, StartupError), expected
-        assert error.exit_code == 2
+        assert error.command_exit_code == 2
         assert expected in str(error), str(error)
         assert "\n" not in str(error)
 
@@ -59,7 +59,7 @@ def test_start_up_failures_a_user_can_fix_exit_2_with_one_line() -> None:
 def test_other_failures_are_not_start_up_errors() -> None:
     assert startup_error(RuntimeError("bug"), DATA) is None
     assert startup_error(WalError("schema version 9 is newer"), DATA) is None
-    assert NodeError.exit_code == 1
+    assert NodeError.command_exit_code == 1
 
 
 def test_peer_errors_keep_the_nodes_reason_and_have_a_timeout_subclass() -> None:
