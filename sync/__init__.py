@@ -183,7 +183,6 @@ __all__ = [
     "file_routes",
     "free_bytes",
     "full_cluster_sync",
-    "hash_file",
     "install_file",
     "is_disk_full",
     "make_directories",

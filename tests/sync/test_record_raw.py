@@ -114,7 +114,7 @@ def test_a_key_inside_a_string_or_a_nested_object_is_not_cut() -> None:
     body = body_of([inside_string])
     assert b'\\"moves\\":[' in body
     assert loads_cut(body, GAMES_SCHEMA)[0]["board_type"] == 'x"moves":["a"]'
-    nested = {"sample_id": "s", "created_at": 1.0, "model_version": "v", "payload": {}}
+    nested = {"sample_id": "s", "created_at": 1.0, "model_version": 1, "payload": {}}
     nested["payload"] = {"payload": ["a", "b"]}
     [parsed] = loads_cut(body_of([nested]), ROLLOUTS_SCHEMA)
     assert parsed["payload"] == {"payload": ["a", "b"]}
