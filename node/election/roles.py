@@ -99,7 +99,7 @@ def compute_plan(
         roles=roles,
         training_ranks=tuple(ranks),
         group=group,
-        note=_note(eligible, len(ranks), len(by_id), policy),
+        note=_note(eligible, len(ranks), by_id, policy),
         generation=next_generation(tuple(ranks), group, previous, highest_generation),
         cannot_train={
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
@@ -220,11 +220,23 @@ def _resolve_backend(choice: BackendChoice, trainers: Sequence[NodeCapabilities]
     return "gloo"
 
 
-def _note(eligible: int, training: int, members: int, policy: RolePolicy) -> str:
+def _note(
+    eligible: int, training: int, by_id: Mapping[str, NodeCapabilities], policy: RolePolicy
+) -> str:
+    members = len(by_id)
     if training == 0 and eligible < policy.min_training:
+        gpuless_auto = policy.backend == "auto" and any(
+            cap.gpu_count == 0 and cap.preference is Role.AUTO and not cap.cannot_train
+            for cap in by_id.values()
+        )
+        hint = (
+            "; a GPU-less node trains only with role training or backend gloo"
+            if gpuless_auto
+            else ""
+        )
         return (
             f"nobody trains: {eligible} of {members} members can train, "
-            f"min_training is {policy.min_training}"
+            f"min_training is {policy.min_training}{hint}"
         )
     return (
         f"{training} of {members} members train "

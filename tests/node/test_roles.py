@@ -263,3 +263,14 @@ def test_a_node_that_cannot_train_gives_its_rank_away_with_its_reason() -> None:
     cap = capabilities_from_meta("a", "10.0.0.1", {"cannot_train": reason, "gpu_count": 1})
     assert cap.cannot_train == reason
     assert capabilities_from_meta("a", "10.0.0.1", {"cannot_train": ""}).cannot_train is None
+
+
+def test_gpuless_auto_cluster_says_how_to_train() -> None:
+    members = [cpu("a"), cpu("b")]
+    plan = compute_plan(1, 1, members, RolePolicy(min_training=1, max_training=1))
+    assert plan.training_ranks == ()
+    assert "backend gloo" in plan.note
+    gloo = compute_plan(1, 1, members, RolePolicy(min_training=1, max_training=1, backend="gloo"))
+    assert gloo.training_ranks == ("a",)
+    gpus = [gpu("a", preference=Role.INFERENCE)]
+    assert "backend gloo" not in compute_plan(1, 1, gpus, RolePolicy(1, 1)).note
