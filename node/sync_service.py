@@ -26,6 +26,8 @@ from node.metrics import sync_metrics
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import bad_request, json_error
+from node.ssh.executor import DEFAULT_KNOWN_HOSTS, SSHPool, endpoint_of
+from node.ssh.relay import pooled_connector
 from sync import (
     FILE_CATEGORIES,
     FileCatalog,
@@ -159,10 +161,20 @@ class SyncService:
                     "sync_transports: rsync needs an inventory (ssh_host, ssh_user, ssh_key of "
                     "every host); add --inventory or drop rsync"
                 )
+            # rsync's remote shells share one pooled SSH connection per host (idle expiry).
+            pool = SSHPool(
+                settings.ssh_known_hosts or DEFAULT_KNOWN_HOSTS,
+                connect_timeout_s=settings.timeouts.ssh_connect_s,
+            )
+            self._stack.push_async_callback(pool.close)
+            hosts = self._inventory.hosts
             rsync = RsyncTransport(
-                {n: SshTarget.from_host(h) for n, h in self._inventory.hosts.items()},
+                {n: SshTarget.from_host(h) for n, h in hosts.items()},
                 known_hosts=settings.ssh_known_hosts,
                 timeouts=settings.timeouts,
+                connections=pooled_connector(
+                    pool, {n: endpoint_of(n, h) for n, h in hosts.items()}
+                ),
             )
             self._stack.push_async_callback(rsync.close)
             transports["rsync"] = rsync

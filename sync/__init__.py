@@ -97,6 +97,7 @@ from sync.transports.partial import (
 )
 from sync.transports.protocol import PeerRef, TransferResult, Transport
 from sync.transports.rsync import RsyncTransport, SshTarget
+from sync.transports.ssh_relay import SshConnector, SshRelay
 
 __all__ = [
     "BUILTIN_SCHEMAS",
@@ -155,6 +156,8 @@ __all__ = [
     "SnapshotInfo",
     "SpaceReserve",
     "SshAuthError",
+    "SshConnector",
+    "SshRelay",
     "SshTarget",
     "StorageCapabilities",
     "StorageKind",

@@ -13,6 +13,7 @@ from node.ssh.executor import (
     endpoint_of,
     parse_ssh_spec,
 )
+from node.ssh.relay import pooled_connector, target_endpoint
 from node.ssh.trust import HostKeyInfo, add_host_key, fetch_host_key, key_status
 
 __all__ = [
@@ -32,4 +33,6 @@ __all__ = [
     "key_status",
     "parse_probe",
     "parse_ssh_spec",
+    "pooled_connector",
+    "target_endpoint",
 ]

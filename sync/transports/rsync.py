@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import logging
 import os
@@ -17,10 +18,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from config import HostEntry, Timeouts
+from config import Timeouts
 from sync.errors import FileSyncError, FileTransferError
 from sync.errors import HostKeyError as HostKeyError
 from sync.errors import SshAuthError as SshAuthError
@@ -29,6 +29,8 @@ from sync.guards import TEMP_PREFIX, dest_path
 from sync.transports.partial import install_file, make_directories
 from sync.transports.protocol import PeerRef, TransferResult
 from sync.transports.ssh import KIND_AUTH, KIND_HOST_KEY, MARKER
+from sync.transports.ssh_relay import SshConnector, SshRelay
+from sync.transports.ssh_target import SshTarget as SshTarget
 
 logger = logging.getLogger(__name__)
 
@@ -38,32 +40,6 @@ _STAT = re.compile(r"^(Literal|Matched) data: ([\d,.]+) bytes", re.MULTILINE)
 _TERM_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-
-
-@dataclass(frozen=True)
-class SshTarget:
-    """How to reach one peer over SSH, and where its category roots are: `storage_paths`
-    (category -> path) first, else `data_dir`/<category>. A leading `~/` means the login
-    user's home (paths are relative to it). `host` empty: the host of the peer's URL."""
-
-    host: str = ""
-    port: int = 22
-    user: str | None = None
-    key_path: str | None = None
-    data_dir: str = "~/shoal"
-    storage_paths: Mapping[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_host(cls, entry: HostEntry) -> SshTarget:
-        """The target of an inventory host (ssh_host or tailscale_ip, port, user, key, path)."""
-        return cls(
-            host=entry.address,
-            port=entry.ssh_port,
-            user=entry.ssh_user,
-            key_path=entry.ssh_key,
-            data_dir=entry.path,
-            storage_paths={str(k): v for k, v in entry.storage_paths.items()},
-        )
 
 
 RemoteRoot = Callable[[PeerRef, str], str]
@@ -114,6 +90,9 @@ class RsyncTransport:
     `remote_root(peer, category)` overrides where a category lives on the peer.
     `known_hosts` is the file the host keys are checked against (default
     ~/.ssh/known_hosts); an unknown or changed key raises HostKeyError.
+    With `connections` (a connector, typically leasing from the node's SSH pool), rsync's
+    remote shell runs its command through an SshRelay on those pooled connections, so every
+    transfer from a host reuses one connection; without, each rsync opens its own.
     """
 
     name = "rsync"
@@ -128,6 +107,7 @@ class RsyncTransport:
         bandwidth_bytes_per_s: float | None = None,
         rsync_binary: str = "rsync",
         python: str = sys.executable,
+        connections: SshConnector | None = None,
     ) -> None:
         self._targets = targets
         self._known_hosts = (known_hosts or DEFAULT_KNOWN_HOSTS).expanduser()
@@ -140,6 +120,7 @@ class RsyncTransport:
         self._python = python
         self._children: set[asyncio.subprocess.Process] = set()
         self._closed = False
+        self.relay = SshRelay(connections) if connections is not None else None
 
     async def __aenter__(self) -> RsyncTransport:
         return self
@@ -152,6 +133,8 @@ class RsyncTransport:
         self._closed = True
         for child in list(self._children):
             await _stop(child)
+        if self.relay is not None:
+            await self.relay.close()
 
     def target(self, peer: PeerRef) -> SshTarget:
         targets = self._targets
@@ -172,9 +155,16 @@ class RsyncTransport:
         return f"{root.rstrip('/')}/{rel_path}"
 
     def command(self, peer: PeerRef, remote: str, local: Path) -> list[str]:
-        """The rsync command line that copies `remote` from `peer` to `local`."""
+        """The rsync command line that copies `remote` from `peer` to `local` (through the
+        relay once it is started)."""
         target = self.target(peer)
-        rsh = [self._python, "-m", "sync.transports.ssh", "--known-hosts", str(self._known_hosts)]
+        rsh = [self._python, "-m", "sync.transports.ssh"]
+        if self.relay is not None:
+            rsh += ["--relay", str(self.relay.socket_path)]
+            if target.jump:
+                rsh += ["--jump", target.jump]
+        else:
+            rsh += ["--known-hosts", str(self._known_hosts)]
         rsh += ["--port", str(target.port), "--connect-timeout", str(self._timeouts.ssh_connect_s)]
         if target.key_path:
             rsh += ["--key", str(Path(target.key_path).expanduser())]
@@ -199,6 +189,8 @@ class RsyncTransport:
         try:
             await asyncio.to_thread(make_directories, dest_root, final.parent)
             resumed_before = _partial_size(temp)
+            if self.relay is not None:
+                await self.relay.start()
             argv = self.command(peer, self.remote_path(peer, category, entry.path), temp)
             output = await self._run(argv, where)
             literal, matched = parse_stats(output)
@@ -255,9 +247,7 @@ def _die_with_parent() -> None:
 
 
 def _with_host(target: SshTarget, host: str) -> SshTarget:
-    return SshTarget(
-        host, target.port, target.user, target.key_path, target.data_dir, target.storage_paths
-    )
+    return dataclasses.replace(target, host=host)
 
 
 def _partial_size(temp: Path) -> int:

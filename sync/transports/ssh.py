@@ -3,8 +3,11 @@ known_hosts file, client key auth only), runs the remote command and pipes stdin
 stderr. Failures before the command runs are reported on stderr as one `shoal-ssh: KIND: ...`
 line (KIND: host-key, auth, connect) and exit status 255, like ssh.
 
-Usage: python -m sync.transports.ssh --known-hosts F [--key K] [--port P] [--user U]
-       [--connect-timeout S] HOST COMMAND...
+With `--relay SOCKET` it does not connect itself: the rsync transport's relay
+(sync.transports.ssh_relay) runs the command on a pooled connection and streams it back.
+
+Usage: python -m sync.transports.ssh (--known-hosts F | --relay SOCKET) [--key K] [--port P]
+       [--user U] [--connect-timeout S] HOST COMMAND...
 """
 
 from __future__ import annotations
@@ -12,9 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import io
+import json
 import os
 import signal
+import socket
+import struct
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +33,10 @@ KIND_HOST_KEY = "host-key"
 KIND_AUTH = "auth"
 KIND_CONNECT = "connect"
 EXIT_SSH_FAILED = 255
+FRAME = struct.Struct(">cI")
+EXIT = struct.Struct(">i")
+STDOUT, STDERR, EXIT_STATUS, FAILURE = b"o", b"e", b"x", b"f"
+_CHUNK = 1 << 16
 _PR_SET_PDEATHSIG = 1
 
 
@@ -36,8 +48,11 @@ def _report(kind: str, message: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sync.transports.ssh")
-    parser.add_argument("--known-hosts", type=Path, required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--known-hosts", type=Path, default=None)
+    source.add_argument("--relay", type=Path, default=None, help="the transport's relay socket")
     parser.add_argument("--key", type=Path, default=None)
+    parser.add_argument("--jump", default=None, help="with --relay: the host to jump through")
     parser.add_argument("--port", type=int, default=22)
     parser.add_argument("--user", default=None)
     parser.add_argument("--connect-timeout", type=float, default=10.0)
@@ -71,6 +86,8 @@ async def run(argv: Sequence[str]) -> int:
     if not args.command:
         return _report(KIND_CONNECT, "no remote command given")
     where = f"{args.host}:{args.port}"
+    if args.relay is not None:
+        return await asyncio.to_thread(relayed, args)
     if not args.known_hosts.is_file():
         return _report(KIND_HOST_KEY, f"{where}: known_hosts file {args.known_hosts} is missing")
     try:
@@ -98,6 +115,71 @@ async def run(argv: Sequence[str]) -> int:
             return _report(KIND_CONNECT, f"{where}: {type(exc).__name__}: {exc}")
         status = process.exit_status
     return EXIT_SSH_FAILED if status is None or status < 0 else status
+
+
+def request_line(args: argparse.Namespace) -> bytes:
+    """The relay request for the command of `args`: host, port, user, key, jump, command."""
+    fields = {
+        "host": args.host,
+        "port": args.port,
+        "user": args.login or args.user,
+        "key": str(args.key) if args.key is not None else None,
+        "jump": args.jump,
+        "command": " ".join(args.command),
+    }
+    return json.dumps(fields).encode() + b"\n"
+
+
+def relayed(args: argparse.Namespace) -> int:
+    """Run the command through the relay at `args.relay`: stdin to it, its frames to stdout
+    and stderr; the command's exit status, or 255 when it did not run."""
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(args.relay))
+    except OSError as exc:
+        return _report(KIND_CONNECT, f"relay {args.relay}: {exc.strerror or exc}")
+    with sock:
+        sock.sendall(request_line(args))
+        threading.Thread(target=_feed, args=(sock,), daemon=True).start()
+        return _drain(sock.makefile("rb"))
+
+
+def _feed(sock: socket.socket) -> None:
+    """Copy stdin to the relay, then half-close (the command sees the end of its input)."""
+    try:
+        while chunk := os.read(0, _CHUNK):
+            sock.sendall(chunk)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+
+
+def _drain(frames: io.BufferedReader) -> int:
+    while head := frames.read(FRAME.size):
+        if len(head) < FRAME.size:
+            break
+        kind, length = FRAME.unpack(head)
+        payload = frames.read(length)
+        if len(payload) < length:
+            break
+        if kind == STDOUT:
+            _write_all(1, payload)
+        elif kind == STDERR:
+            _write_all(2, payload)
+        elif kind == EXIT_STATUS:
+            (status,) = EXIT.unpack(payload)
+            return EXIT_SSH_FAILED if status < 0 else int(status)
+        elif kind == FAILURE:
+            sys.stderr.write(f"{MARKER} {payload.decode(errors='replace')}\n")
+            sys.stderr.flush()
+            return EXIT_SSH_FAILED
+    return _report(KIND_CONNECT, "the relay closed before the command's exit status")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _exit_with_parent() -> None:

@@ -272,16 +272,22 @@ class RsyncCase:
 
 def rsync_from_env(timeouts: Timeouts, bandwidth_bytes_per_s: float | None) -> RsyncTransport:
     """The rsync transport of a puller subprocess, configured by the RsyncCase that started
-    it (through the SHOAL_TEST_RSYNC environment variable)."""
+    it (through the SHOAL_TEST_RSYNC environment variable). Its remote shells run on a pooled
+    connection through the relay, as in the daemon, so the SIGKILL rounds cover the relay (the
+    pool ends with the process)."""
+    from node.ssh import SSHPool, pooled_connector
+
     config = json.loads(os.environ[ENV_VAR])
     target = SshTarget("127.0.0.1", config["port"], key_path=config["key"])
     roots: dict[str, str] = config["roots"]
+    pool = SSHPool(Path(config["known_hosts"]), connect_timeout_s=timeouts.ssh_connect_s)
     return RsyncTransport(
         lambda peer: target,
         known_hosts=Path(config["known_hosts"]),
         timeouts=timeouts,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         remote_root=lambda peer, category: f"{roots[peer.node_id]}/{category}",
+        connections=pooled_connector(pool),
     )
 
 
