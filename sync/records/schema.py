@@ -190,6 +190,11 @@ def _quoted(name: str) -> str:
     return f'"{name}"'
 
 
+def sql_type(kind: FieldKind) -> str:
+    """The declared SQLite type of a field of `kind`."""
+    return _SQL_TYPES[kind]
+
+
 def create_table_sql(schema: RecordSchema) -> list[str]:
     """Statements that create the store's STRICT table and its (time, key) index if absent."""
     columns = []

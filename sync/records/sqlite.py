@@ -18,7 +18,7 @@ import orjson
 
 from config import fsync_directory
 from sync.errors import SnapshotError, StoreWriteError
-from sync.records.schema import RecordSchema, create_table_sql, select_sql
+from sync.records.schema import RecordSchema, create_table_sql, select_sql, sql_type
 from sync.records.types import (
     Cursor,
     IngestResult,
@@ -59,13 +59,78 @@ def connect(path: Path, options: StoreOptions, *, writer: bool) -> sqlite3.Conne
 
 
 def prepare_table(conn: sqlite3.Connection, schema: RecordSchema, path: Path) -> tuple[int, Any]:
-    """Create the table and index if absent, check its columns; return (count, newest time)."""
+    """Create the table and index if absent, check its columns, migrate columns whose type
+    changed (see migrate_column_types); return (count, newest time)."""
     for statement in create_table_sql(schema):
         conn.execute(statement)
     problem = column_problem(conn, schema)
     if problem:
         raise StoreWriteError(f"{path}: {problem}")
+    migrate_column_types(conn, schema, path)
     return read_totals(conn, schema)
+
+
+def changed_columns(conn: sqlite3.Connection, schema: RecordSchema) -> dict[str, tuple[str, str]]:
+    """The columns whose declared type differs from the schema's: name -> (stored, wanted)."""
+    declared = {row[1]: str(row[2]).upper() for row in conn.execute(_table_info(schema.name))}
+    wanted = {spec.name: sql_type(spec.kind) for spec in schema.fields}
+    return {
+        name: (declared[name], kind)
+        for name, kind in wanted.items()
+        if name in declared and declared[name] != kind
+    }
+
+
+def migrate_column_types(conn: sqlite3.Connection, schema: RecordSchema, path: Path) -> None:
+    """Rebuild the table when a column's declared type changed between releases (e.g.
+    rollouts' `model_version`, TEXT before it became INTEGER), in one transaction: only when
+    every stored value converts without loss (`'3'` -> 3; not `'v3'`); otherwise raise a
+    StoreWriteError that names the file, column and a value that does not convert, and change
+    nothing."""
+    changed = changed_columns(conn, schema)
+    if not changed:
+        return
+    table = f'"{schema.name}"'
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for name, (stored, wanted) in changed.items():
+            column = f'"{name}"'
+            # Lossless: the value cast to the new type and back is the value itself.
+            bad = conn.execute(
+                f"SELECT {column} FROM {table} WHERE {column} IS NOT NULL AND "  # noqa: S608
+                f"CAST(CAST({column} AS {wanted}) AS {stored}) IS NOT {column} LIMIT 1"
+            ).fetchone()
+            if bad is not None:
+                raise StoreWriteError(
+                    f"{path}: column {name!r} of table {schema.name!r} is {stored} and this "
+                    f"release stores it as {wanted}, but the value {bad[0]!r} does not convert; "
+                    "fix or delete such rows with sqlite3, or move the file away, then restart"
+                )
+        old = f'"{schema.name}_before_migration"'
+        names = ", ".join(f'"{n}"' for n in schema.columns)
+        values = ", ".join(
+            f'CAST("{n}" AS {changed[n][1]})' if n in changed else f'"{n}"' for n in schema.columns
+        )
+        conn.execute(f'DROP INDEX IF EXISTS "{schema.name}_by_time"')
+        conn.execute(f"ALTER TABLE {table} RENAME TO {old}")
+        for statement in create_table_sql(schema):
+            conn.execute(statement)
+        conn.execute(f"INSERT INTO {table} ({names}) SELECT {values} FROM {old}")  # noqa: S608
+        conn.execute(f"DROP TABLE {old}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    logger.warning(
+        "%s: migrated column types of table %r: %s",
+        path,
+        schema.name,
+        ", ".join(f"{n} {a} -> {b}" for n, (a, b) in sorted(changed.items())),
+    )
+
+
+def _table_info(table: str) -> str:
+    return f'PRAGMA table_info("{table}")'
 
 
 def column_problem(conn: sqlite3.Connection, schema: RecordSchema) -> str | None:
