@@ -18,6 +18,7 @@ from config.auth import (
     signing_middleware,
     verify_request,
 )
+from config.closing import AsyncClosing
 from config.durable import fsync_directory
 from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
 from config.fields import Category, HostStatus, Role, is_valid_node_id
@@ -56,6 +57,7 @@ __all__ = [
     "HEADER_SIGNATURE",
     "HEADER_TIMESTAMP",
     "MIN_NONCE_CHARS",
+    "AsyncClosing",
     "AuthError",
     "BreakerSection",
     "Category",

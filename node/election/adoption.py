@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from config import fsync_directory
+from config import AsyncClosing, fsync_directory
 from node.election.plan import PlanError
 from node.election.state import ElectionEvent, ElectionEventKind
 
@@ -74,7 +74,7 @@ class AdoptionRecord:
             raise PlanError(f"adoption record {dict(data)!r} is malformed: {exc}") from exc
 
 
-class AdoptionLog:
+class AdoptionLog(AsyncClosing):
     """Appends records to `path` as JSON lines, each fsynced before `append` returns.
 
     Appends are serialised, so records land in the order `append` was called.
@@ -85,12 +85,6 @@ class AdoptionLog:
         self._fd: int | None = None
         self._lock = asyncio.Lock()
         self._closed = False
-
-    async def __aenter__(self) -> AdoptionLog:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def append(self, record: AdoptionRecord) -> None:
         line = json.dumps(record.to_dict(), separators=(",", ":")) + "\n"

@@ -16,12 +16,10 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import asyncssh
 
-from config import HostEntry, Inventory, Timeouts
+from config import AsyncClosing, HostEntry, Inventory, Timeouts
 from node.errors import (
     SSHAuthError,
     SSHConnectError,
@@ -144,7 +142,7 @@ class _Pooled:
     users: int = 0
 
 
-class SSHPool:
+class SSHPool(AsyncClosing):
     """One SSH connection per endpoint name, reused until idle for `idle_s` (owns them; async
     context manager, close() idempotent and final). `connects` counts connections opened."""
 
@@ -162,17 +160,6 @@ class SSHPool:
         self._pooled: dict[str, _Pooled] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _expire(self, now: float) -> None:
         """Close connections idle for idle_s: none in use by a command, none a live
@@ -305,7 +292,7 @@ class SSHPool:
             await entry.conn.wait_closed()
 
 
-class SSHExecutor:
+class SSHExecutor(AsyncClosing):
     """Runs commands on the hosts of an inventory (owns an SSHPool; async context manager).
 
     Hosts are inventory names, or `[user@]host[:port]` specs for hosts outside it. At most
@@ -329,17 +316,6 @@ class SSHExecutor:
         self.reuse = reuse
         self._slots = asyncio.Semaphore(max_concurrency)
         self._endpoints = {name: endpoint_of(name, h) for name, h in self.inventory.hosts.items()}
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close every pooled connection (idempotent)."""

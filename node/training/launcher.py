@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from config import AsyncClosing
 from health import CheckFn, CheckResult, HealthStatus
 from node.errors import LauncherError as LauncherError
 from node.training.rendezvous import Rendezvous
@@ -70,7 +71,7 @@ def restart_delay_s(failures: int, backoff_s: float, max_backoff_s: float) -> fl
     return min(max_backoff_s, backoff_s * 2.0 ** max(0, failures - 1))
 
 
-class TrainingLauncher:
+class TrainingLauncher(AsyncClosing):
     """Owns the training child process: one generation at a time, in its own process group.
 
     A child that fails (exit code != 0, or cannot start) is restarted after `restart_delay_s`
@@ -178,12 +179,6 @@ class TrainingLauncher:
             await self._stop()
             self._current = None
             self._state = LauncherState.CLOSED
-
-    async def __aenter__(self) -> TrainingLauncher:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def _stop(self) -> None:
         task = self._task

@@ -10,12 +10,11 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 
-from config import NodeSettings, signing_middleware
+from config import AsyncClosing, NodeSettings, signing_middleware
 from sync.errors import RecordRequestError, StoreClosedError, SyncError
 from sync.records.pull import P2PSyncClient
 
@@ -57,7 +56,7 @@ class GamesPull:
     errors: tuple[tuple[str, str], ...] = ()
 
 
-class P2PFallbackSync:
+class P2PFallbackSync(AsyncClosing):
     """Pulls games from `primary_host`, then each of `fallback_hosts` in order (each host once),
     until one answers with at least `min_games` games; each host gets `timeout` seconds (async
     context manager; close() is idempotent). Hosts are `address` or `address:port` (default
@@ -87,17 +86,6 @@ class P2PFallbackSync:
         self._middlewares = () if secret is None else (signing_middleware(secret, node_id),)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
-
-    async def __aenter__(self) -> P2PFallbackSync:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the HTTP session; the object is unusable afterwards. Idempotent."""

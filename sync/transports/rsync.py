@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from config import Timeouts
+from config import AsyncClosing, Timeouts
 from sync.errors import FileSyncError, FileTransferError
 from sync.errors import HostKeyError as HostKeyError
 from sync.errors import SshAuthError as SshAuthError
@@ -82,7 +82,7 @@ def classify_failure(where: str, status: int, stderr: str) -> FileTransferError:
     return FileTransferError(f"{where}: rsync exited {status}: {tail}")
 
 
-class RsyncTransport:
+class RsyncTransport(AsyncClosing):
     """Fetches files with `rsync` over SSH (owns the rsync child processes it starts; async
     context manager, close() idempotent and final).
 
@@ -121,12 +121,6 @@ class RsyncTransport:
         self._children: set[asyncio.subprocess.Process] = set()
         self._closed = False
         self.relay = SshRelay(connections) if connections is not None else None
-
-    async def __aenter__(self) -> RsyncTransport:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Stop running transfers (their partial files stay for a resume); idempotent."""

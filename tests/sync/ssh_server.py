@@ -152,7 +152,10 @@ class SshServer:
         finally:
             if child.returncode is None:
                 child.kill()
-                await child.wait()
+            # Read the pipes to their end too, so that their transports close now (a pump
+            # cancelled mid-read leaves one paused, reported unclosed when collected).
+            child.stdin.close()
+            await child.communicate()
 
 
 class _Died(Exception):
