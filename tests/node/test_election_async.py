@@ -37,7 +37,7 @@ def caps(node_id: str, vram: float = 24.0) -> NodeCapabilities:
     return NodeCapabilities(node_id, f"10.0.0.{ord(node_id[0]) % 200}", 1, "L4", vram, Role.AUTO)
 
 
-async def eventually(check: Callable[[], bool], timeout_s: float = 8.0) -> None:
+async def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
