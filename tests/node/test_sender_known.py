@@ -84,3 +84,22 @@ async def test_a_daemon_refuses_unknown_senders_and_takes_nodes_and_clients(
         answer = await _refused_before_the_body(daemon.port, "stranger")
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
         assert b"unknown sender" in answer
+
+
+JOIN_LIVENESS_S = 30.0
+
+
+async def test_a_node_known_only_through_the_membership_view_is_taken(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    async with NodeDaemon(test_settings(tmp_path, "a", secret_file=secret)) as first:
+        status, _ = await _status(first.port, "c")
+        assert status == 401  # not yet a member
+        seed = f"127.0.0.1:{first.port}"
+        settings = test_settings(tmp_path, "c", secret_file=secret, seeds=(seed,))
+        async with NodeDaemon(settings):
+            deadline = time.monotonic() + JOIN_LIVENESS_S
+            while (status := (await _status(first.port, "c"))[0]) != 200:
+                assert time.monotonic() < deadline, f"c never became a known sender ({status})"
+                await asyncio.sleep(0.1)
