@@ -12,7 +12,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -298,6 +298,7 @@ class WeightsService:
     async def _next(self, request: web.Request) -> web.Response:
         query = request.query
         try:
+            _known_query(query, ("run", "after", "timeout_s"))
             run = _run(query.get("run", ""))
             after = _int(query.get("after", "-1"), "after", minimum=-1)
             timeout_s = _float(query.get("timeout_s", str(DEFAULT_POLL_S)), "timeout_s")
@@ -354,6 +355,7 @@ class WeightsService:
 
     async def _status(self, request: web.Request) -> web.Response:
         try:
+            _known_query(request.query, ("run",))
             run = _run(request.query.get("run", ""))
         except _BadRequest as exc:
             return json_error(400, exc.reason, param=exc.param)
@@ -368,6 +370,15 @@ class WeightsService:
 def _param(error: BodyError) -> str:
     """The top-level field a BodyError names ("body" for the whole)."""
     return error.field.split(".", 1)[0]
+
+
+def _known_query(query: Mapping[str, str], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(query) - set(known))
+    if unknown:
+        raise _BadRequest(
+            f"unknown query parameter(s) {', '.join(unknown)}; known: {', '.join(known)}",
+            unknown[0],
+        )
 
 
 def _run(value: object) -> str:
