@@ -188,6 +188,7 @@ class ActorRoutes:
                 "The named actor's current incarnation, state and address (from the coordinator)",
                 ((200, "record"), (404, "no such actor"), (503, "no coordinator")),
                 parameters=(("name", "path", "the actor's name"),),
+                response=ACTOR_RECORD_SCHEMA,
             ),
             *(
                 RouteDoc(
