@@ -227,6 +227,7 @@ class NodeDaemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._notifier = SystemdNotifier()
         self.runtime: NodeRuntime | None = None
+        self._known_nodes: frozenset[str] = frozenset()
         self.port: int = settings.port
         self._membership: Any = None
         self.sync_service: SyncService | None = None
@@ -270,6 +271,9 @@ class NodeDaemon:
         )
         self.runtime = runtime
         self._voters = resolve_voters(settings, inventory, node_id)
+        self._known_nodes = frozenset(
+            {node_id, *self._voters.voters, *(() if inventory is None else inventory.hosts)}
+        )
         self._stacks = {} if inventory is None else dict(inventory.stacks)
         self._run_nodes = (
             StaticNodes() if inventory is None else ProviderNodes(StaticProvider(inventory))
@@ -351,6 +355,14 @@ class NodeDaemon:
         await self._stack.enter_async_context(checker)
         runtime.health = checker
 
+    def _known_node(self, sender: str) -> bool:
+        """Whether `sender` is this node, a voter or inventory host, or in the membership view
+        (any state: a peer marked dead that is back must be heard)."""
+        if sender in self._known_nodes:
+            return True
+        membership = None if self.runtime is None else self.runtime.membership
+        return membership is not None and any(m.node_id == sender for m in membership.members())
+
     async def _start_http(
         self,
         runtime: NodeRuntime,
@@ -364,6 +376,7 @@ class NodeDaemon:
             secret=secrets.cluster,
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
+            known_node=self._known_node,
         )
         actors = open_actor_routes(runtime, election, secrets.cluster)
         self._stack.push_async_callback(actors.close)

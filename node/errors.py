@@ -7,6 +7,7 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  +-- DiscoveryError -- mDNS could not start or a discovery source failed
  +-- MembershipError -- the membership protocol could not start (socket bind) or send
  |    +-- WireError -- a body that is not a valid membership message
+ +-- BodyError -- a request body its route's model (the OpenAPI document's schema) refuses
  +-- ElectionError -- a malformed election message, or an elector used outside its lifecycle
  +-- PlanError -- a plan, fence or policy is malformed
  +-- GroupError -- a training process group could not be formed or re-formed
@@ -58,6 +59,7 @@ __all__ = [
     "ActorDiedError",
     "ActorExistsError",
     "AnsweredError",
+    "BodyError",
     "DeployError",
     "DiscoveryError",
     "DownloadHashError",
@@ -133,6 +135,16 @@ class MembershipError(NodeError):
 
 class WireError(MembershipError):
     """A body that is not a valid membership message."""
+
+
+class BodyError(NodeError):
+    """A request body its route's model refuses: `field` (dotted, "body" for the whole) and
+    `reason` ("FIELD: what is wrong (what it is)"); each route answers it as its own 400."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
 
 
 class ElectionError(NodeError):

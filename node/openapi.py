@@ -5,17 +5,22 @@ validates with, so the document and the handler cannot disagree: a RouteDoc name
 `body`, `query` and `response`, and `openapi_document` turns models into JSON Schema under
 `components/schemas`. Everything is optional: a RouteDoc with only method, path and summary still
 documents (string parameters, no body, any JSON answer), so a new route can start there.
+`parse_body` is how a handler checks a body against the model its RouteDoc names.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from config import HEADER_NODE, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, shoal_version
+from node.errors import BodyError
+
+M = TypeVar("M", bound=BaseModel)
 
 Schema = type[BaseModel] | Mapping[str, Any]
 """A pydantic model (its JSON Schema is taken) or a JSON Schema (draft 2020-12) as a mapping."""
@@ -50,6 +55,58 @@ ERROR_SCHEMA: Mapping[str, Any] = {
 }
 """The one error shape of config.wire (error_body), as JSON Schema."""
 
+BODY_CONFIG = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+"""The model config of a request body: JSON types exactly (no "3" for 3, no true for 1), no
+unknown field, no NaN or Infinity."""
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole)]
+"""An integer field that also takes 3.0: JSON Schema's integer includes it."""
+
+
+Count = Annotated[int, Field(ge=0, le=2**63 - 1), BeforeValidator(_whole)]
+"""A WholeNumber from 0 to 2**63 - 1 (what SQLite and the WAL hold); usable as a list's items
+(the bounds come before the validator, so the JSON Schema says minimum and maximum)."""
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    return "null" if value is None else names.get(type(value), "a number")
+
+
+def check_body(model: type[M], data: object) -> M:
+    """`data` (a decoded JSON body) checked by `model`, the schema the document shows for it.
+    Raises BodyError naming the first bad field, what is wrong, and what the field is."""
+    if not isinstance(data, dict):
+        raise BodyError("body", f"body: a JSON object ({model.__name__}), not {_json_type(data)}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        location = error["loc"]
+        where = ".".join(str(part) for part in location) or "body"
+        known = model.model_fields.get(str(location[0])) if location else None
+        described = known is not None and known.description and error["type"] != "value_error"
+        hint = f" ({known.description})" if described and known is not None else ""
+        raise BodyError(where, f"{where}: {error['msg']}{hint}") from None
+
+
+def parse_body(model: type[M], raw: bytes, *, optional: bool = False) -> M:
+    """The request body `raw` decoded and checked by `model` (check_body); with `optional`, an
+    empty body is an empty object (the model's defaults). Raises BodyError."""
+    if optional and not raw.strip():
+        return check_body(model, {})
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # also bytes that are not UTF-8
+        raise BodyError("body", f"body: malformed JSON: {exc}") from None
+    return check_body(model, data)
+
+
 SIGNATURE_HEADERS = (HEADER_NODE, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)
 _SCHEME_NAMES = {
     HEADER_NODE: "shoalNode",
@@ -72,7 +129,7 @@ class RouteDoc:
     """One documented operation.
 
     `responses` lists (status, description); 2xx answers carry `response` (JSON Schema or model,
-    any JSON when None) as `response_type`, 3xx carry nothing, 4xx/5xx carry the error shape.
+    any JSON when None) as `response_type`, 204 and 3xx carry nothing, 4xx/5xx the error shape.
     `parameters` are (name, in, description[, schema]) tuples; `query` is a model whose fields are
     the query parameters; `body` is the request body's schema (a model or JSON Schema), offered as
     each of `body_types`, required unless `body_optional`.
@@ -164,7 +221,9 @@ def _operation(doc: RouteDoc, components: _Components, signed: bool) -> dict[str
     responses: dict[str, Any] = {}
     for code, text in doc.responses:
         answer: dict[str, Any] = {"description": text}
-        if 200 <= code < 300:
+        if code == 204:
+            pass  # no content: the one answer of a JSON route without a body
+        elif 200 <= code < 300:
             schema = ANY_JSON if doc.response is None else doc.response
             answer["content"] = {doc.response_type: {"schema": components.schema(schema)}}
         elif code >= 400:

@@ -7,7 +7,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,13 +44,29 @@ MAX_CONCURRENT_BODY_READS = 4
 """Signed requests whose bodies are read at once; more wait (a flood cannot fill memory)."""
 
 
+CLIENT_ID_PREFIXES = ("cli-", "monitor-", "api-")
+"""The sender ids of clients that are not nodes: `shoal` commands, job and lock clients and
+training processes sign as `cli-...`, cluster_monitor as `monitor-HOST`, the sync API as
+`api-HOST`. Every signer holds the same cluster secret, so an id is a claim, not a proof: the
+check refuses a sender that names a node this node does not know, and nothing more."""
+MAX_SENDER_CHARS_SHOWN = 80
+
+
+def is_client_id(sender: str) -> bool:
+    """Whether `sender` names a client that is not a node (CLIENT_ID_PREFIXES)."""
+    return sender.startswith(CLIENT_ID_PREFIXES)
+
+
 @dataclass
 class AuthPolicy:
-    """The node's secret (None: dev mode, loopback only) and the /metrics bearer token."""
+    """The node's secret (None: dev mode, loopback only), the /metrics bearer token, and
+    `known_node`: whether a sender id names a node this node knows (itself, its inventory, its
+    membership view); None checks no sender (an app without a view, as in API tests)."""
 
     secret: bytes | None
     metrics_token: bytes | None = None
     skew_s: float = 300.0
+    known_node: Callable[[str], bool] | None = None
     nonces: NonceCache = field(default_factory=NonceCache)
     body_reads: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(MAX_CONCURRENT_BODY_READS)
@@ -100,8 +116,9 @@ async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) 
 
 def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) -> str:
     """The sender named by a request's signature headers, checked before its body is read:
-    all four present, the nonce well-formed and unseen, the timestamp within the clock window.
-    Raises AuthError; the signature itself needs the body (verify_request)."""
+    all four present, the nonce well-formed, the timestamp within the clock window, the sender
+    known (a node of `policy.known_node`, or a client id), the nonce unseen. Raises AuthError;
+    the signature itself needs the body (verify_request)."""
     node = headers.get(HEADER_NODE, "")
     timestamp = headers.get(HEADER_TIMESTAMP, "")
     nonce = headers.get(HEADER_NONCE, "")
@@ -115,6 +132,13 @@ def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) ->
         raise AuthError("timestamp is not unix seconds") from exc
     if abs(now - sent_at) > policy.skew_s:
         raise SkewError(sent_at - now, policy.skew_s)
+    known = policy.known_node
+    if known is not None and not is_client_id(node) and not known(node):
+        shown = node[:MAX_SENDER_CHARS_SHOWN]
+        raise AuthError(
+            f"unknown sender {shown!r}: no node of this node's inventory or membership view; "
+            f"a client that is not a node signs as {CLIENT_ID_PREFIXES[0]}NAME"
+        )
     if policy.nonces.seen(nonce):
         raise AuthError("nonce seen before (replayed request)")
     return node

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from config import signing_middleware
 from node.election.plan import (
@@ -27,11 +28,19 @@ from node.election.plan import (
     RolePlan,
     check_fence,
 )
-from node.jobs.records import JobError, JobRequest, JobState, new_job_id, parse_job_request
+from node.errors import BodyError
+from node.jobs.records import (
+    JobError,
+    JobRequest,
+    JobState,
+    Role,
+    new_job_id,
+    parse_job_request,
+)
 from node.jobs.roster import gang_master_port, gang_outcome, member_job_id, pick_members
 from node.jobs.service import JobService, ended_result
 from node.jobs.store import JobEntry
-from node.openapi import RouteDoc
+from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
 from node.runtime import NodeRuntime
 from wal import WalEntry
 
@@ -42,6 +51,36 @@ JOB_GANG = "job.gang"
 FENCE_RETRY_S = 3.0
 WAIT_POLL_S = 30.0
 MEMBER_UNREACHABLE_S = 60.0
+
+
+class PickBody(BaseModel):
+    """Body of `POST /v1/jobs/gang/pick`: how many alive nodes of which role."""
+
+    model_config = BODY_CONFIG
+
+    nodes: WholeNumber = Field(ge=1, le=1024, description="the gang's size, 1 to 1024")
+    role: Role = Field(default="any", description="the members' role, or any")
+
+
+PICK_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "required": ["fence", "members"],
+    "properties": {
+        "fence": {"type": "string", "description": "the plan fence (X-Shoal-Fence) picked under"},
+        "members": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["node_id", "address", "port"],
+                "properties": {
+                    "node_id": {"type": "string"},
+                    "address": {"type": "string"},
+                    "port": {"type": "integer"},
+                },
+            },
+        },
+    },
+}
 
 
 class GangService:
@@ -99,18 +138,24 @@ class GangService:
                 PICK_PATH,
                 'Coordinator only: pick {"nodes": K, "role": R} alive nodes for a gang job; '
                 "answers the plan fence and the members in rank order",
-                ((200, "fence and members"), (409, "not the coordinator"), (503, "too few nodes")),
+                (
+                    (200, "fence and members"),
+                    (400, "malformed request"),
+                    (409, "not the coordinator"),
+                    (503, "too few nodes"),
+                ),
+                body=PickBody,
+                response=PICK_ANSWER,
             )
         ]
 
     async def _handle_pick(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-            nodes, role = int(body["nodes"]), str(body.get("role", "any"))
-            return web.json_response(self.pick(nodes, role))
+            body = parse_body(PickBody, await request.read())
+            return web.json_response(self.pick(body.nodes, body.role))
         except JobError as exc:
             return web.json_response(exc.to_dict(), status=exc.status)
-        except (KeyError, TypeError, ValueError) as exc:
+        except BodyError as exc:
             error = JobError(400, "invalid_pick", f'expected {{"nodes": K, "role": R}}: {exc}')
             return web.json_response(error.to_dict(), status=400)
 

@@ -13,7 +13,14 @@ from typing import Any
 
 from aiohttp import web
 
-from node.jobs.records import JOB_REQUEST_SCHEMA, JobError, JobState, parse_job_request, parse_kill
+from node.jobs.records import (
+    JOB_REQUEST_SCHEMA,
+    JobError,
+    JobState,
+    KillBody,
+    parse_job_request,
+    parse_kill,
+)
 from node.jobs.service import JobService
 from node.jobs.store import STREAMS, JobEntry
 from node.openapi import RouteDoc
@@ -29,6 +36,30 @@ FOLLOW_POLL_S = 0.02
 READ_CHUNK_BYTES = 1 << 18
 DEFAULT_WAIT_S = 30.0
 TAIL_SCAN_BYTES = 1 << 16
+
+JOB_RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A job's record (JobEntry.record)",
+    "required": ["job_id", "name", "argv", "state", "created_at", "log_bytes"],
+    "properties": {
+        "job_id": {"type": "string"},
+        "name": {"type": "string"},
+        "node": {"type": ["string", "null"]},
+        "argv": {"type": "array", "items": {"type": "string"}},
+        "state": {"enum": [state.value for state in JobState]},
+        "exit_code": {"type": ["integer", "null"]},
+        "signal": {},
+        "reason": {"type": ["string", "null"]},
+        "created_at": {"type": "number"},
+        "started_at": {"type": ["number", "null"]},
+        "ended_at": {"type": ["number", "null"]},
+        "pid": {"type": ["integer", "null"]},
+        "log_bytes": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "nodes": {"type": "integer"},
+        "role": {"type": "string"},
+    },
+}
+"""The answer of the routes that return one job."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 StartFn = Callable[[dict[str, Any], Mapping[str, str]], Awaitable[tuple[dict[str, Any], bool]]]
@@ -344,6 +375,9 @@ def job_route_docs() -> list[RouteDoc]:
             "after the grace; the job ends killed",
             ((200, "the record"), (400, "unknown signal"), (404, "no such job")),
             parameters=job,
+            body=KillBody,
+            body_optional=True,
+            response=JOB_RECORD_SCHEMA,
         ),
         RouteDoc(
             "GET",

@@ -12,12 +12,17 @@ import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
+from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
+
+from node.errors import BodyError
 from node.errors import JobError as JobError
+from node.openapi import BODY_CONFIG, check_body
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-ROLES = ("training", "inference", "selfplay", "any")
+Role = Literal["training", "inference", "selfplay", "any"]
+ROLES: tuple[str, ...] = get_args(Role)
 MAX_TIMEOUT_S = 365 * 86400.0
 SIGNALS = frozenset(s.name for s in signal.Signals if not s.name.startswith("SIGRT"))
 
@@ -226,23 +231,51 @@ def request_from_dict(data: Mapping[str, Any]) -> JobRequest:
     return parse_job_request(dict(data))
 
 
+def _signal_pattern() -> re.Pattern[str]:
+    """Any signal name of SIGNALS in any letter case, with or without SIG (ASCII letters only:
+    JSON Schema's pattern and the check below must agree)."""
+
+    def any_case(text: str) -> str:
+        return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else re.escape(c) for c in text)
+
+    names = "|".join(any_case(name.removeprefix("SIG")) for name in sorted(SIGNALS))
+    return re.compile(f"^(?:{any_case('SIG')})?(?:{names})$")
+
+
+SIGNAL_PATTERN = _signal_pattern()
+
+
+def _signal_name(value: str) -> str:
+    if not SIGNAL_PATTERN.fullmatch(value):
+        raise ValueError(f"signal {value!r} is not a signal name (TERM, INT, KILL, ...)")
+    name = value.upper()
+    return name if name.startswith("SIG") else f"SIG{name}"
+
+
+class KillBody(BaseModel):
+    """Body of `POST /v1/jobs/{job_id}/kill` (optional): which signal, how long until SIGKILL."""
+
+    model_config = BODY_CONFIG
+
+    signal: Annotated[
+        str,
+        AfterValidator(_signal_name),
+        Field(description="TERM, INT, KILL, ... (any case, SIG optional)"),
+        WithJsonSchema({"type": "string", "pattern": SIGNAL_PATTERN.pattern}),
+    ] = "SIGTERM"
+    grace_s: float | None = Field(
+        default=None, ge=0, le=3600, description="seconds from 0 to 3600 before SIGKILL"
+    )
+
+
 def parse_kill(body: object, default_grace_s: float) -> tuple[str, float]:
-    """(signal name, grace seconds) of a kill request body."""
-    if body is None:
-        body = {}
-    if not isinstance(body, Mapping):
-        raise invalid('kill expects {"signal"?: "TERM", "grace_s"?: number}')
-    name = body.get("signal", "TERM")
-    if not isinstance(name, str):
-        raise invalid("signal must be a name such as TERM, INT or KILL")
-    name = name.upper()
-    name = name if name.startswith("SIG") else f"SIG{name}"
-    if name not in SIGNALS:
-        raise invalid(f"signal {body.get('signal')!r} is not a signal name (TERM, INT, KILL, ...)")
-    grace = body.get("grace_s", default_grace_s)
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= 3600:
-        raise invalid("grace_s must be a number of seconds from 0 to 3600")
-    return name, float(grace)
+    """(signal name, grace seconds) of a kill request body (None: the defaults), checked by
+    KillBody; JobError 400 names the field otherwise."""
+    try:
+        kill = check_body(KillBody, {} if body is None else body)
+    except BodyError as exc:
+        raise invalid(exc.reason) from None
+    return kill.signal, default_grace_s if kill.grace_s is None else kill.grace_s
 
 
 def state_of(result: Mapping[str, Any] | None, started: Mapping[str, Any] | None) -> JobState:

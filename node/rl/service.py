@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
+from pydantic import BaseModel, Field
 
 from node.election.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
-from node.errors import NodeError
-from node.openapi import RouteDoc
+from node.errors import BodyError, NodeError
+from node.openapi import BODY_CONFIG, Count, RouteDoc, parse_body
 from node.rl.group import weights_rendezvous_for
 from node.security import json_error
 from wal import WriteAheadLog
@@ -31,9 +31,92 @@ log = logging.getLogger(__name__)
 
 RUN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_POLL_S = 60.0
+DEFAULT_POLL_S = 10.0
 SOURCES = ("broadcast", "file")
 WAL_ENTRY = "rl.weights_applied"
 UPDATE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+_RUN = Field(
+    pattern=RUN_PATTERN.pattern,
+    description="the run's name: 1-64 letters, digits, '_', '.' or '-', not starting with "
+    "'.', '_' or '-'",
+)
+_SHA = Field(pattern=r"^[0-9a-f]{64}$", description="64 lowercase hex digits")
+_SECONDS = Field(ge=0)
+
+
+class ParamBody(BaseModel):
+    """One parameter of an offer, as the publisher describes it (ParamInfo.to_dict)."""
+
+    model_config = BODY_CONFIG
+
+    name: str
+    shape: list[Count]
+    dtype: str
+    nbytes: Count
+
+
+class OfferBody(BaseModel):
+    """Body of `POST /v1/weights/update`: a new version's weights on offer."""
+
+    model_config = BODY_CONFIG
+
+    run: str = _RUN
+    version: Count = Field(description="the version; strictly increasing per run")
+    params: list[ParamBody] = Field(description="every parameter, in broadcast order")
+    total_bytes: Count
+    sha256: str = _SHA
+    deadline_s: float = Field(ge=0, description="seconds the publisher waits for receivers")
+    sent_at: float = Field(default=0, ge=0, description="unix seconds the trainer sent it")
+    group: dict[str, Any] | None = Field(
+        default=None, description="the broadcast group: master_addr, master_port, prefix"
+    )
+
+
+class AppliedBody(BaseModel):
+    """Body of `POST /v1/weights/applied`: the weights a local process applied or published."""
+
+    model_config = BODY_CONFIG
+
+    run: str = _RUN
+    version: Count
+    sha256: str = _SHA
+    bytes: Count
+    source: Literal["broadcast", "file"] = Field(description="'broadcast' or 'file'")
+    receivers: list[str] = Field(default_factory=list, description="node ids that acknowledged")
+    sent_at: float | None = Field(default=None, ge=0, description="unix seconds it was sent")
+
+
+STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["run", "version", "sha256", "applied_at", "source", "bytes"],
+    "properties": {
+        "run": {"type": "string"},
+        "version": {"type": "integer"},
+        "sha256": {"type": "string"},
+        "applied_at": {"type": "number"},
+        "source": {"enum": list(SOURCES)},
+        "bytes": {"type": "integer"},
+    },
+}
+"""The weights applied for a run (answer of /v1/weights/applied and /v1/weights/status)."""
+
+OFFER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["run", "version", "params", "total_bytes", "sha256", "deadline_s", "sent_at"],
+    "properties": {
+        "run": {"type": "string"},
+        "version": {"type": "integer"},
+        "params": {"type": "array", "items": {"type": "object"}},
+        "total_bytes": {"type": "integer"},
+        "sha256": {"type": "string"},
+        "deadline_s": {"type": "number"},
+        "sent_at": {"type": "number"},
+        "group": {"type": ["object", "null"]},
+    },
+}
+"""An offer as /v1/weights/next answers it."""
 
 
 @dataclass
@@ -118,23 +201,46 @@ class WeightsService:
                 "Offer weights of a new version to this node's receiver (trainer's daemon or "
                 "publisher -> receiver node); carries the plan fence",
                 ((200, "offered"), (400, "malformed"), (409, "version not newer, or stale fence")),
+                body=OfferBody,
+                response={
+                    "type": "object",
+                    "required": ["run", "version", "offered"],
+                    "properties": {
+                        "run": {"type": "string"},
+                        "version": {"type": "integer"},
+                        "offered": {"const": True},
+                    },
+                },
             ),
             RouteDoc(
                 "GET",
                 "/v1/weights/next",
                 "Long poll for the next weights offer after version `after`",
-                ((200, "the offer"), (204, "none within timeout_s"), (400, "malformed")),
+                ((200, "the offer"), (204, "no offer within timeout_s"), (400, "malformed")),
                 parameters=(
                     run,
-                    ("after", "query", "last version held", {"type": "integer", "minimum": -1}),
-                    ("timeout_s", "query", "seconds to wait", {"type": "number", "minimum": 0}),
+                    (
+                        "after",
+                        "query",
+                        "last version held (default -1)",
+                        {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
+                    ),
+                    (
+                        "timeout_s",
+                        "query",
+                        f"seconds to wait, 0 to {MAX_POLL_S:g} (default {DEFAULT_POLL_S:g})",
+                        {"type": "number", "minimum": 0, "maximum": MAX_POLL_S},
+                    ),
                 ),
+                response=OFFER_SCHEMA,
             ),
             RouteDoc(
                 "POST",
                 "/v1/weights/applied",
                 "A local process reports the weights it applied (receiver) or published",
                 ((200, "status"), (400, "malformed"), (409, "older than the applied version")),
+                body=AppliedBody,
+                response=STATUS_SCHEMA,
             ),
             RouteDoc(
                 "GET",
@@ -142,6 +248,7 @@ class WeightsService:
                 "The weights applied for a run: version, sha256, applied_at, source, bytes",
                 ((200, "status"), (400, "malformed"), (404, "no weights for this run")),
                 parameters=(run,),
+                response=STATUS_SCHEMA,
             ),
         ]
 
@@ -170,9 +277,9 @@ class WeightsService:
         if not verdict.ok:
             return json_error(409, verdict.reason, code="stale_fence", fence=verdict.to_dict())
         try:
-            offer = _offer(await _json(request))
-        except _BadRequest as exc:
-            return json_error(400, exc.reason, param=exc.param)
+            offer = parse_body(OfferBody, await request.read()).model_dump()
+        except BodyError as exc:
+            return json_error(400, exc.reason, param=_param(exc))
         state = self.state(offer["run"])
         newest = max(state.offered_version, state.applied_version)
         if offer["version"] <= newest:
@@ -191,9 +298,14 @@ class WeightsService:
     async def _next(self, request: web.Request) -> web.Response:
         query = request.query
         try:
+            _known_query(query, ("run", "after", "timeout_s"))
             run = _run(query.get("run", ""))
             after = _int(query.get("after", "-1"), "after", minimum=-1)
-            timeout_s = min(MAX_POLL_S, _float(query.get("timeout_s", "10"), "timeout_s"))
+            timeout_s = _float(query.get("timeout_s", str(DEFAULT_POLL_S)), "timeout_s")
+            if timeout_s > MAX_POLL_S:
+                raise _BadRequest(
+                    f"timeout_s {timeout_s:g} must be at most {MAX_POLL_S:g}", "timeout_s"
+                )
         except _BadRequest as exc:
             return json_error(400, exc.reason, param=exc.param)
         state = self.state(run)
@@ -210,9 +322,9 @@ class WeightsService:
 
     async def _applied(self, request: web.Request) -> web.Response:
         try:
-            report = _report(await _json(request))
-        except _BadRequest as exc:
-            return json_error(400, exc.reason, param=exc.param)
+            report = parse_body(AppliedBody, await request.read()).model_dump()
+        except BodyError as exc:
+            return json_error(400, exc.reason, param=_param(exc))
         state = self.state(report["run"])
         if report["version"] < state.applied_version:
             return json_error(
@@ -243,6 +355,7 @@ class WeightsService:
 
     async def _status(self, request: web.Request) -> web.Response:
         try:
+            _known_query(request.query, ("run",))
             run = _run(request.query.get("run", ""))
         except _BadRequest as exc:
             return json_error(400, exc.reason, param=exc.param)
@@ -254,18 +367,22 @@ class WeightsService:
         return web.json_response(status)
 
 
-async def _json(request: web.Request) -> Mapping[str, Any]:
-    try:
-        body = json.loads(await request.read())
-    except ValueError as exc:
-        raise _BadRequest(f"body is not JSON: {exc}", "body") from exc
-    if not isinstance(body, dict):
-        raise _BadRequest("body must be a JSON object", "body")
-    return body
+def _param(error: BodyError) -> str:
+    """The top-level field a BodyError names ("body" for the whole)."""
+    return error.field.split(".", 1)[0]
+
+
+def _known_query(query: Mapping[str, str], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(query) - set(known))
+    if unknown:
+        raise _BadRequest(
+            f"unknown query parameter(s) {', '.join(unknown)}; known: {', '.join(known)}",
+            unknown[0],
+        )
 
 
 def _run(value: object) -> str:
-    if not isinstance(value, str) or not RUN_PATTERN.match(value):
+    if not isinstance(value, str) or not RUN_PATTERN.fullmatch(value):
         raise _BadRequest(
             f"run {value!r} must be 1-64 letters, digits, '_', '.' or '-', not starting with "
             "'.', '_' or '-'",
@@ -278,8 +395,8 @@ def _int(value: object, name: str, minimum: int = 0) -> int:
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _BadRequest(f"{name} {value!r} must be an integer >= {minimum}", name)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**63:
+        raise _BadRequest(f"{name} {value!r} must be an integer from {minimum} to 2**63 - 1", name)
     return value
 
 
@@ -291,49 +408,3 @@ def _float(value: object, name: str) -> float:
     if not number >= 0 or isinstance(value, bool):
         raise _BadRequest(f"{name} {value!r} must be a number >= 0", name)
     return number
-
-
-def _sha(value: object, name: str = "sha256") -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise _BadRequest(f"{name} must be 64 lowercase hex digits", name)
-    return value
-
-
-def _offer(body: Mapping[str, Any]) -> dict[str, Any]:
-    params = body.get("params")
-    if not isinstance(params, list) or not all(
-        isinstance(p, dict) and {"name", "shape", "dtype", "nbytes"} <= p.keys() for p in params
-    ):
-        raise _BadRequest("params must be a list of {name, shape, dtype, nbytes}", "params")
-    group = body.get("group")
-    if group is not None and not isinstance(group, dict):
-        raise _BadRequest("group must be an object", "group")
-    return {
-        "run": _run(body.get("run")),
-        "version": _int(body.get("version"), "version"),
-        "params": params,
-        "total_bytes": _int(body.get("total_bytes"), "total_bytes"),
-        "sha256": _sha(body.get("sha256")),
-        "deadline_s": _float(body.get("deadline_s"), "deadline_s"),
-        "sent_at": _float(body.get("sent_at", 0), "sent_at"),
-        "group": group,
-    }
-
-
-def _report(body: Mapping[str, Any]) -> dict[str, Any]:
-    source = body.get("source")
-    if source not in SOURCES:
-        raise _BadRequest(f"source {source!r} must be 'broadcast' or 'file'", "source")
-    receivers = body.get("receivers", [])
-    if not isinstance(receivers, list) or not all(isinstance(r, str) for r in receivers):
-        raise _BadRequest("receivers must be a list of node ids", "receivers")
-    sent_at = body.get("sent_at")
-    return {
-        "run": _run(body.get("run")),
-        "version": _int(body.get("version"), "version"),
-        "sha256": _sha(body.get("sha256")),
-        "bytes": _int(body.get("bytes"), "bytes"),
-        "source": source,
-        "receivers": receivers,
-        "sent_at": None if sent_at is None else _float(sent_at, "sent_at"),
-    }

@@ -55,7 +55,7 @@ class LockClient:
         self._next = 0
 
     async def __aenter__(self) -> LockClient:
-        middlewares = (signing_middleware(self._secret, "lock-client"),) if self._secret else ()
+        middlewares = (signing_middleware(self._secret, "cli-locks"),) if self._secret else ()
         self._session = aiohttp.ClientSession(middlewares=middlewares)
         return self
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import aiohttp
 from aiohttp import web
+from annotated_types import Len
+from pydantic import BaseModel, Field
 
 from config import signing_middleware
 from health import LoopHealth
-from node.errors import LockError
-from node.openapi import RouteDoc
+from node.errors import BodyError, LockError
+from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, parse_body
 from node.runs.quorum import Acceptor, Durable, QuorumTable
 from node.runs.table import (
     LockAnswer,
@@ -48,41 +49,75 @@ MAX_TTL_S = 7 * 86400.0
 MAX_HOLDER_CHARS = 200
 OPERATIONS = ("acquire", "renew", "release")
 
+B = TypeVar("B", bound=BaseModel)
 Operation = Callable[[LockTable, int, float], tuple[LockTable, LockAnswer | None]]
 
 
-def _number(body: Mapping[str, Any], key: str, default: float | None, top: float) -> float:
-    value = body.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise LockError(400, "invalid_lock_request", f"{key}: a number of seconds, not {value!r}")
-    if not 0 < value <= top:
-        raise LockError(400, "invalid_lock_request", f"{key}: between 0 and {top:g} s, not {value}")
-    return float(value)
+_HOLDER = Field(
+    min_length=1, max_length=MAX_HOLDER_CHARS, description="who holds or asks: 1 to 200 characters"
+)
+Fence = Annotated[list[Count], Len(2, 2)]
+_TERM = Field(ge=0, le=2**63 - 1, description="the coordinator's term")
 
 
-def parse_lock_body(body: object, operation: str) -> dict[str, Any]:
-    """The fields of an acquire/renew/release body; LockError 400 naming the bad field."""
-    if not isinstance(body, dict):
-        raise LockError(400, "invalid_lock_request", "the body is a JSON object")
-    holder = body.get("holder")
-    if not isinstance(holder, str) or not holder or len(holder) > MAX_HOLDER_CHARS:
-        raise LockError(
-            400,
-            "invalid_lock_request",
-            f"holder: a non-empty string of at most {MAX_HOLDER_CHARS} characters",
-        )
-    parsed: dict[str, Any] = {"holder": holder}
-    if operation == "acquire":
-        parsed["ttl_s"] = _number(body, "ttl_s", None, MAX_TTL_S)
-        wait = body.get("wait", False)
-        if not isinstance(wait, bool):
-            raise LockError(400, "invalid_lock_request", f"wait: true or false, not {wait!r}")
-        parsed["wait"] = wait
-        parsed["wait_s"] = _number(body, "wait_s", DEFAULT_WAIT_S, MAX_WAIT_S)
-    else:
-        fence = body.get("fence")
-        parsed["fence"] = None if fence is None else LockFence.parse(fence)
-    return parsed
+class AcquireBody(BaseModel):
+    """Body of `POST /v1/locks/{name}/acquire`."""
+
+    model_config = BODY_CONFIG
+
+    holder: str = _HOLDER
+    ttl_s: float = Field(gt=0, le=MAX_TTL_S, description="the lease, seconds (at most 7 days)")
+    wait: bool = Field(default=False, description="queue (FIFO) when the lock is held")
+    wait_s: float = Field(
+        default=DEFAULT_WAIT_S, gt=0, le=MAX_WAIT_S, description="how long to wait, seconds"
+    )
+
+
+class HolderBody(BaseModel):
+    """Body of `POST /v1/locks/{name}/renew` and `.../release`."""
+
+    model_config = BODY_CONFIG
+
+    holder: str = _HOLDER
+    fence: Fence | None = Field(default=None, description="[term, seq] of the grant held")
+
+
+class PrepareBody(BaseModel):
+    """Body of `POST /v1/lockstore/prepare`: the term a voter is asked to promise."""
+
+    model_config = BODY_CONFIG
+
+    term: WholeNumber = _TERM
+
+
+class AcceptBody(BaseModel):
+    """Body of `POST /v1/lockstore/accept`: a lock table to store under `term`; the table's
+    inner shape is LockTable.to_dict's (LockTable.from_dict refuses any other: 400)."""
+
+    model_config = BODY_CONFIG
+
+    term: WholeNumber = _TERM
+    table: dict[str, Any] = Field(description="LockTable.to_dict(): version, locks, runs")
+
+
+LOCK_BODIES: Mapping[str, type[AcquireBody] | type[HolderBody]] = {
+    "acquire": AcquireBody,
+    "renew": HolderBody,
+    "release": HolderBody,
+}
+
+
+def parse_lock_body(raw: bytes, operation: str) -> AcquireBody | HolderBody:
+    """The body of an acquire/renew/release, checked by its model; LockError 400 naming the
+    bad field."""
+    return _checked(LOCK_BODIES[operation], raw)
+
+
+def _checked(model: type[B], raw: bytes) -> B:
+    try:
+        return parse_body(model, raw)
+    except BodyError as exc:
+        raise LockError(400, "invalid_lock_request", exc.reason) from None
 
 
 def _name_of(request: web.Request) -> str:
@@ -90,6 +125,27 @@ def _name_of(request: web.Request) -> str:
     if not name or len(name) > MAX_HOLDER_CHARS:
         raise LockError(400, "invalid_lock_name", "a lock name of 1 to 200 characters")
     return name
+
+
+FENCE_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0},
+    "minItems": 2,
+    "maxItems": 2,
+}
+LOCK_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "description": "LockAnswer: granted with a fence, or the position in the FIFO queue",
+    "required": ["name", "holder", "granted", "fence", "position"],
+    "properties": {
+        "name": {"type": "string"},
+        "holder": {"type": "string"},
+        "granted": {"type": "boolean"},
+        "fence": {"anyOf": [FENCE_SCHEMA, {"type": "null"}]},
+        "position": {"type": ["integer", "null"]},
+        "expires_at": {"type": ["number", "null"]},
+    },
+}
 
 
 class HttpPeers:
@@ -296,6 +352,12 @@ class LockService:
 
     @staticmethod
     def docs() -> list[RouteDoc]:
+        name = (
+            "name",
+            "path",
+            "the lock's name, 1 to 200 characters",
+            {"type": "string", "minLength": 1, "maxLength": MAX_HOLDER_CHARS},
+        )
         common = (
             (400, "bad request"),
             (409, "not the holder, or a stale fence"),
@@ -314,33 +376,59 @@ class LockService:
                 'Acquire {"holder", "ttl_s", "wait", "wait_s"}: granted with a fence [term, seq],'
                 " or the position in the FIFO queue",
                 ((200, "granted or queued"), *common),
-                parameters=(("name", "path", "the lock's name", {"type": "string"}),),
+                parameters=(name,),
+                body=AcquireBody,
+                response=LOCK_ANSWER,
             ),
             RouteDoc(
                 "POST",
                 f"{LOCKS_PATH}/{{name}}/renew",
                 'Renew the holder\'s lease {"holder", "fence"}; 409 when the lock was lost',
                 ((200, "renewed"), *common),
-                parameters=(("name", "path", "the lock's name", {"type": "string"}),),
+                parameters=(name,),
+                body=HolderBody,
+                response=LOCK_ANSWER,
             ),
             RouteDoc(
                 "POST",
                 f"{LOCKS_PATH}/{{name}}/release",
                 'Release {"holder", "fence"}; the first waiter gets the lock',
                 ((200, "released"), *common),
-                parameters=(("name", "path", "the lock's name", {"type": "string"}),),
+                parameters=(name,),
+                body=HolderBody,
+                response={
+                    "type": "object",
+                    "required": ["name", "holder", "released"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "holder": {"type": "string"},
+                        "released": {"const": True},
+                    },
+                },
             ),
             RouteDoc(
                 "POST",
                 PREPARE_PATH,
                 'Voters only: promise term {"term"} and answer the stored lock table',
                 ((200, "the table"), (400, "bad request"), (409, "a newer term was promised")),
+                body=PrepareBody,
+                response={
+                    "type": "object",
+                    "required": ["promised", "table"],
+                    "properties": {"promised": {"type": "integer"}, "table": {"type": "object"}},
+                },
             ),
             RouteDoc(
                 "POST",
                 ACCEPT_PATH,
                 'Voters only: store a lock table {"term", "table"} of the coordinator',
                 ((200, "stored"), (400, "bad request"), (409, "a newer term was promised")),
+                body=AcceptBody,
+                response={
+                    "type": "object",
+                    "required": ["stored"],
+                    "properties": {"stored": FENCE_SCHEMA},
+                },
             ),
         ]
 
@@ -368,27 +456,18 @@ class LockService:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise LockError(503, "coordinator_unreachable", f"{coordinator}: {exc!r}") from exc
 
-    async def _body(self, request: web.Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError as exc:
-            raise LockError(400, "invalid_lock_request", f"the body is not JSON: {exc}") from exc
-
     def _operation(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             name = _name_of(request)
-            body = await self._body(request)
-            fields = parse_lock_body(body, op)
-            forwarded = await self.forward(request, body)
+            fields = parse_lock_body(await request.read(), op)
+            forwarded = await self.forward(request, fields.model_dump())
             if forwarded is not None:
                 return forwarded
-            holder = fields["holder"]
-            if op == "acquire":
-                answer = await self.acquire(
-                    name, holder, fields["ttl_s"], fields["wait"], fields["wait_s"]
-                )
+            holder = fields.holder
+            if isinstance(fields, AcquireBody):
+                answer = await self.acquire(name, holder, fields.ttl_s, fields.wait, fields.wait_s)
                 return web.json_response(answer.to_dict())
-            fence = fields["fence"]
+            fence = None if fields.fence is None else LockFence.parse(fields.fence)
             if op == "renew":
                 renewed = await self.apply(
                     lambda t, term, now: renew(t, term, name, holder, fence, now)
@@ -412,23 +491,18 @@ class LockService:
         return web.json_response({"coordinator": self.runtime.node_id, **self.table.to_dict()})
 
     async def _handle_prepare(self, request: web.Request) -> web.Response:
-        term = self._term_of(await self._body(request))
-        table = await self.acceptor.prepare(term)
+        body = _checked(PrepareBody, await request.read())
+        self._check_voter()
+        table = await self.acceptor.prepare(body.term)
         return web.json_response({"promised": self.acceptor.promised, "table": table.to_dict()})
 
     async def _handle_accept(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        term = self._term_of(body)
-        table = LockTable.from_dict(body.get("table") or {})
-        await self.acceptor.accept(term, table)
+        body = _checked(AcceptBody, await request.read())
+        self._check_voter()
+        table = LockTable.from_dict(body.table)
+        await self.acceptor.accept(body.term, table)
         return web.json_response({"stored": table.version.to_list()})
 
-    def _term_of(self, body: Any) -> int:
-        term = body.get("term") if isinstance(body, dict) else None
-        if isinstance(term, bool) or not isinstance(term, int) or term < 0:
-            raise LockError(
-                400, "invalid_lock_request", f"term: a non-negative integer, not {term!r}"
-            )
+    def _check_voter(self) -> None:
         if self.runtime.node_id not in self.voters:
             raise LockError(409, "not_a_voter", f"node {self.runtime.node_id} is not a voter")
-        return term

@@ -7,15 +7,17 @@ is started, so a failover never starts it twice) -> running -> collecting -> sto
 
 from __future__ import annotations
 
-import math
 import re
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from node.errors import RunError
+from pydantic import BaseModel, Field
+
+from node.errors import BodyError, RunError
+from node.openapi import BODY_CONFIG, WholeNumber, check_body
 
 STEPS = ("queued", "locked", "starting", "running", "collecting", "stopping", "done")
 ENDED = frozenset({"succeeded", "failed", "cancelled", "killed", "timed_out", "lost"})
@@ -61,55 +63,72 @@ def _bad(reason: str) -> RunError:
     return RunError(400, "invalid_run", reason)
 
 
+class RunBody(BaseModel):
+    """Body of `POST /v1/runs`; a `stack` of the inventory then fills `nodes` and `role`."""
+
+    model_config = BODY_CONFIG
+
+    argv: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, description="the command and its arguments (non-empty strings)"
+    )
+    group: str = Field(
+        default="training", pattern=_NAME.pattern, description="the concurrency group"
+    )
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]{0,64}$",
+        description="1 to 64 letters, digits, '.', '_' or '-' (default: argv[0]'s base name)",
+    )
+    nodes: WholeNumber = Field(default=1, ge=1, le=1024, description="an integer from 1 to 1024")
+    role: str = Field(default="any", min_length=1, description="a role name")
+    stack: str | None = Field(default=None, description="a stack of the inventory")
+    keep_alive: bool = False
+    max_duration_s: float | None = Field(
+        default=None, gt=0, description="a positive number of seconds"
+    )
+    results: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="paths relative to the job's working directory"
+    )
+
+
+class CancelBody(BaseModel):
+    """Body of `POST /v1/runs/{run_id}/cancel` (optional): an empty object."""
+
+    model_config = BODY_CONFIG
+
+
 def parse_run_spec(body: object, stacks: Mapping[str, Mapping[str, Any]]) -> RunSpec:
-    """A RunSpec from a request body; a `stack` fills `nodes` and `role` from the inventory's
-    stacks. RunError 400 naming the field otherwise."""
-    if not isinstance(body, dict):
-        raise _bad("the body is a JSON object")
-    argv = body.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
-        raise _bad("argv: a non-empty list of non-empty strings (the command and its arguments)")
-    group = body.get("group", "training")
-    name = body.get("name") or argv[0].rsplit("/", 1)[-1]
-    for field, value in (("group", group), ("name", name)):
-        if not isinstance(value, str) or not _NAME.match(value):
-            raise _bad(f"{field}: 1 to 64 letters, digits, '.', '_' or '-', not {value!r}")
-    stack = body.get("stack")
-    nodes, role = body.get("nodes", 1), body.get("role", "any")
-    if stack is not None:
-        if stack not in stacks:
+    """A RunSpec from a request body (decoded JSON), checked by RunBody; a `stack` fills
+    `nodes` and `role` from the inventory's stacks. RunError 400 naming the field otherwise."""
+    try:
+        run = check_body(RunBody, body)
+    except BodyError as exc:
+        raise _bad(exc.reason) from None
+    name = run.name or run.argv[0].rsplit("/", 1)[-1]
+    if not _NAME.fullmatch(name):
+        raise _bad(f"name: 1 to 64 letters, digits, '.', '_' or '-', not {name!r}")
+    nodes: object = run.nodes
+    role: object = run.role
+    if run.stack is not None:
+        if run.stack not in stacks:
             known = ", ".join(sorted(stacks)) or "none in the inventory"
-            raise RunError(400, "unknown_stack", f"stack {stack!r} is not defined ({known})")
-        nodes = stacks[stack].get("nodes", nodes)
-        role = stacks[stack].get("role", role)
+            raise RunError(400, "unknown_stack", f"stack {run.stack!r} is not defined ({known})")
+        nodes = stacks[run.stack].get("nodes", nodes)
+        role = stacks[run.stack].get("role", role)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1024:
         raise _bad(f"nodes: an integer from 1 to 1024, not {nodes!r}")
     if not isinstance(role, str) or not role:
         raise _bad(f"role: a role name, not {role!r}")
-    keep_alive = body.get("keep_alive", False)
-    if not isinstance(keep_alive, bool):
-        raise _bad(f"keep_alive: true or false, not {keep_alive!r}")
-    limit = body.get("max_duration_s")
-    if limit is not None and (
-        isinstance(limit, bool)
-        or not isinstance(limit, int | float)
-        or not math.isfinite(limit)
-        or limit <= 0
-    ):
-        raise _bad(f"max_duration_s: a positive number of seconds, not {limit!r}")
-    results = body.get("results", [])
-    if not isinstance(results, list) or not all(isinstance(p, str) and p for p in results):
-        raise _bad("results: a list of paths relative to the job's working directory")
     return RunSpec(
-        tuple(argv),
-        group,
+        tuple(run.argv),
+        run.group,
         name,
         nodes,
         role,
-        stack,
-        keep_alive,
-        None if limit is None else float(limit),
-        tuple(results),
+        run.stack,
+        run.keep_alive,
+        run.max_duration_s,
+        tuple(run.results),
     )
 
 

@@ -17,13 +17,16 @@ import aiohttp
 from aiohttp import web
 
 from health import LoopHealth
-from node.errors import LockError, RunError
+from node.errors import BodyError, LockError, RunError
 from node.jobs.setup import local_daemon_url
-from node.openapi import RouteDoc
+from node.openapi import RouteDoc, parse_body
 from node.runs.locks import LockService, answers_lock_errors
 from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
     MAX_PENDING,
+    STEPS,
+    CancelBody,
+    RunBody,
     active_runs,
     cancel,
     new_run,
@@ -43,6 +46,29 @@ DRIVE_TICK_S = 0.3
 RUN_LOCK_TTL_S = 60.0
 KILL_GRACE_S = 5.0
 CHUNK_BYTES = 1 << 20
+
+
+RUN_RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A run's record (node.runs.queue.new_run, then its steps)",
+    "required": ["run_id", "seq", "argv", "group", "name", "state", "step", "submitted_at"],
+    "properties": {
+        "run_id": {"type": "string"},
+        "seq": {"type": "integer"},
+        "argv": {"type": "array", "items": {"type": "string"}},
+        "group": {"type": "string"},
+        "name": {"type": "string"},
+        "nodes": {"type": "integer"},
+        "role": {"type": "string"},
+        "state": {"type": "string"},
+        "step": {"enum": list(STEPS)},
+        "submitted_at": {"type": "number"},
+        "started_at": {"type": ["number", "null"]},
+        "ended_at": {"type": ["number", "null"]},
+        "cancel_requested": {"type": "boolean"},
+        "log": {"type": "array"},
+    },
+}
 
 
 def final_state(run: Mapping[str, Any]) -> str:
@@ -303,9 +329,19 @@ class RunService:
                 'Queue a run {"argv", "group", "nodes", "role", "stack", '
                 '"keep_alive", "max_duration_s", "results", "name"}; answers its record',
                 ((201, "queued"), (400, "bad run"), (429, "the group's queue is full"), *common),
+                body=RunBody,
+                response=RUN_RECORD_SCHEMA,
             ),
             RouteDoc(
-                "GET", RUNS_PATH, "Every run (?group=G), oldest first", ((200, "runs"), *common)
+                "GET",
+                RUNS_PATH,
+                "Every run (?group=G), oldest first",
+                ((200, "runs"), *common),
+                response={
+                    "type": "object",
+                    "required": ["runs"],
+                    "properties": {"runs": {"type": "array", "items": RUN_RECORD_SCHEMA}},
+                },
             ),
             RouteDoc(
                 "GET",
@@ -313,13 +349,23 @@ class RunService:
                 "One run's record: state, step, log, results",
                 ((200, "the run"), (404, "no such run"), *common),
                 parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
+                response=RUN_RECORD_SCHEMA,
             ),
             RouteDoc(
                 "POST",
                 f"{RUNS_PATH}/{{run_id}}/cancel",
                 "Cancel: a queued run is removed, a running one killed (results still collected)",
-                ((200, "cancelled"), (404, "no such run"), (409, "already ended"), *common),
+                (
+                    (200, "cancelled"),
+                    (400, "a body other than {}"),
+                    (404, "no such run"),
+                    (409, "already ended"),
+                    *common,
+                ),
                 parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
+                body=CancelBody,
+                body_optional=True,
+                response=RUN_RECORD_SCHEMA,
             ),
         ]
 
@@ -373,6 +419,10 @@ class RunService:
         return web.json_response(dict(await self._run(request)))
 
     async def _handle_cancel(self, request: web.Request) -> web.Response:
+        try:
+            parse_body(CancelBody, await request.read(), optional=True)
+        except BodyError as exc:
+            raise RunError(400, "invalid_run", exc.reason) from None
         forwarded = await self.locks.forward(request, {})
         if forwarded is not None:
             return forwarded

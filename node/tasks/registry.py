@@ -12,10 +12,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from config import signing_middleware
+from node.errors import BodyError
 from node.errors import RegistryError as RegistryError
-from node.openapi import RouteDoc
+from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,61 @@ class ActorRecord:
         if self.state == "ready":
             return True
         return self.state == "pending" and now - self.claimed_at < PENDING_TTL_S
+
+
+_INCARNATION = Field(ge=0, le=2**63 - 1, description="the incarnation the claim answered")
+
+
+class ClaimBody(BaseModel):
+    """Body of `POST /v1/actors/{name}/claim` (optional): atomic get-or-create."""
+
+    model_config = BODY_CONFIG
+
+    get_if_exists: bool = Field(
+        default=False, description="answer a live actor of this name instead of 409"
+    )
+
+
+class ReadyBody(BaseModel):
+    """Body of `POST /v1/actors/{name}/ready`: the claimed incarnation now serves here."""
+
+    model_config = BODY_CONFIG
+
+    incarnation: WholeNumber = _INCARNATION
+    address: str = Field(description="host:port of the actor's worker")
+    job: str = Field(description="the job that hosts the actor")
+
+
+class DeadBody(BaseModel):
+    """Body of `POST /v1/actors/{name}/dead`: the incarnation has ended."""
+
+    model_config = BODY_CONFIG
+
+    incarnation: WholeNumber = _INCARNATION
+
+
+ACTION_BODIES: dict[str, type[BaseModel]] = {
+    "claim": ClaimBody,
+    "ready": ReadyBody,
+    "dead": DeadBody,
+}
+"""What each actor action's body must hold (the document shows one operation per action)."""
+
+ACTOR_RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "incarnation", "state", "term"],
+    "properties": {
+        "name": {"type": "string"},
+        "incarnation": {"type": "integer"},
+        "state": {"enum": ["pending", "ready", "dead"]},
+        "term": {"type": "integer"},
+        "address": {"type": "string"},
+        "job": {"type": "string"},
+        "claimed_at": {"type": "number"},
+        "created": {"type": "boolean", "description": "claim only: a new incarnation"},
+    },
+}
+"""An actor's record (ActorRecord), as the actor routes answer it."""
 
 
 class ActorRegistry:
@@ -131,17 +188,29 @@ class ActorRoutes:
                 "The named actor's current incarnation, state and address (from the coordinator)",
                 ((200, "record"), (404, "no such actor"), (503, "no coordinator")),
                 parameters=(("name", "path", "the actor's name"),),
+                response=ACTOR_RECORD_SCHEMA,
             ),
-            RouteDoc(
-                "POST",
-                ACTORS_PATH + "/{name}/{action}",
-                'Named actors: claim {"get_if_exists": B} (atomic get-or-create), ready '
-                '{"incarnation": N, "address": "host:port", "job": ID}, dead {"incarnation": N}',
-                ((200, "record (and created)"), (409, "exists or stale"), (503, "no coordinator")),
-                parameters=(
-                    ("name", "path", "the actor's name"),
-                    ("action", "path", "claim, ready or dead"),
-                ),
+            *(
+                RouteDoc(
+                    "POST",
+                    f"{ACTORS_PATH}/{{name}}/{action}",
+                    text,
+                    (
+                        (200, "the record (claim: and whether it was created)"),
+                        (400, "malformed request"),
+                        (409, conflict),
+                        (503, "no coordinator"),
+                    ),
+                    parameters=(("name", "path", "the actor's name"),),
+                    body=ACTION_BODIES[action],
+                    body_optional=action == "claim",
+                    response=ACTOR_RECORD_SCHEMA,
+                )
+                for action, text, conflict in (
+                    ("claim", "Claim a named actor (atomic get-or-create)", "a live actor exists"),
+                    ("ready", "The claimed incarnation serves at address", "stale or not pending"),
+                    ("dead", "The incarnation has ended", "not the current incarnation"),
+                )
             ),
         ]
 
@@ -154,7 +223,12 @@ class ActorRoutes:
         try:
             name = request.match_info["name"]
             action = request.match_info.get("action", "get")
-            body = await request.json() if request.method == "POST" and request.body_exists else {}
+            body: dict[str, Any] = {}
+            if request.method == "POST":
+                model = ACTION_BODIES.get(action)
+                if model is None:
+                    raise RegistryError(404, "no_such_action", f"unknown actor action {action!r}")
+                body = parse_body(model, await request.read(), optional=True).model_dump()
             coordinator = self.runtime.coordinator
             term = self._term()
             if coordinator is None or term is None:
@@ -173,8 +247,8 @@ class ActorRoutes:
             return web.json_response(self._answer(name, action, body))
         except RegistryError as exc:
             return web.json_response(exc.to_dict(), status=exc.status)
-        except (KeyError, TypeError, ValueError) as exc:
-            error = RegistryError(400, "invalid_actor_request", f"{request.path}: {exc!r}")
+        except BodyError as exc:
+            error = RegistryError(400, "invalid_actor_request", f"{request.path}: {exc}")
             return web.json_response(error.to_dict(), status=400)
 
     def _answer(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +268,7 @@ class ActorRoutes:
             return {**asdict(record), "created": created}
         incarnation = int(body["incarnation"])
         if action == "ready":
-            record = registry.ready(name, incarnation, str(body["address"]), str(body["job"]))
+            record = registry.ready(name, incarnation, body["address"], body["job"])
             return asdict(record)
         if action == "dead":
             log.info(

@@ -105,7 +105,7 @@ class DaemonEndpoint:
 
     url: str
     secret: bytes | None = None
-    node_id: str = "trainer"
+    node_id: str = "cli-trainer"
     timeout_s: float = 10.0
 
 
@@ -134,7 +134,7 @@ def daemon_endpoint(
     return DaemonEndpoint(
         url=daemon_url.rstrip("/"),
         secret=secret,
-        node_id=node_id or env.get("SHOAL_NODE_ID") or "trainer",
+        node_id=node_id or env.get("SHOAL_NODE_ID") or "cli-trainer",
         timeout_s=(timeouts or Timeouts()).http_request_s,
     )
 

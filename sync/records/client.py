@@ -108,7 +108,7 @@ class RecordClient:
         self,
         node_url: str,
         secret_file: Path | None = None,
-        node_id: str = "producer",
+        node_id: str = "cli-producer",
         batch_size: int = 1000,
         timeout_s: float = Timeouts().http_request_s,
         retries: int = 5,

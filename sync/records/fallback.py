@@ -72,7 +72,7 @@ class P2PFallbackSync(AsyncClosing):
         timeout: float = 30.0,
         *,
         secret: bytes | None = None,
-        node_id: str = "shoal",
+        node_id: str = "cli-shoal",
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")

@@ -27,7 +27,9 @@ async def test_a_peer_with_a_skewed_clock_is_named_on_both_sides(
     secret.write_bytes(SECRET)
     secret.chmod(0o600)
     caplog.set_level(logging.WARNING)
-    async with NodeDaemon(test_settings(tmp_path, "a", secret_file=secret)) as daemon:
+    # the peer is a node `a` knows (a voter): a sender must be a known node or a client
+    settings = test_settings(tmp_path, "a", secret_file=secret, voters=["a", "skewed-b"])
+    async with NodeDaemon(settings) as daemon:
         base = f"http://127.0.0.1:{daemon.port}"
         server_side, client_side = "skewed-b", f"127.0.0.1:{daemon.port}"
         for peer in (server_side, client_side, "forger"):
@@ -53,7 +55,7 @@ async def test_a_peer_with_a_skewed_clock_is_named_on_both_sides(
             async with session.get(f"{base}/v1/status", headers=forged) as response:
                 assert response.status == 401
                 assert (await response.json())["error"] == "unauthorized"
-            signer = signing_middleware(SECRET, "operator")
+            signer = signing_middleware(SECRET, "cli-operator")
             async with (
                 ClientSession(middlewares=(signer,)) as signed,
                 signed.get(f"{base}/v1/status") as response,

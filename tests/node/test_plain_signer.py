@@ -30,7 +30,7 @@ def plain_request(
         [method.upper(), target, timestamp, nonce, hashlib.sha256(body).hexdigest()]
     )
     headers = {
-        "X-Shoal-Node": "plain-client",
+        "X-Shoal-Node": "cli-plain",
         "X-Shoal-Timestamp": timestamp,
         "X-Shoal-Nonce": nonce,
         "X-Shoal-Signature": hmac.new(key, message.encode(), hashlib.sha256).hexdigest(),

@@ -25,7 +25,7 @@ WAIT_S = 90.0
 
 async def run(secret: bytes, job: dict[str, Any], target: str) -> dict[str, Any]:
     base = f"http://{target}"
-    middlewares = (signing_middleware(secret, "gang-client"),)
+    middlewares = (signing_middleware(secret, "cli-gang"),)
     async with aiohttp.ClientSession(middlewares=middlewares) as session:
         async with session.post(f"{base}/v1/jobs", json=job) as response:
             start = [response.status, await response.json()]

@@ -65,7 +65,7 @@ class JobClient:
 
 
 def signed_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(middlewares=(signing_middleware(SECRET, "tester"),))
+    return aiohttp.ClientSession(middlewares=(signing_middleware(SECRET, "cli-tester"),))
 
 
 @contextlib.asynccontextmanager

@@ -222,3 +222,38 @@ async def test_the_daemon_serves_the_weights_plane(tmp_path: Path) -> None:
             assert response.status == 404
         async with session.get(f"{base}/metrics") as response:
             assert "shoal_weights_update_seconds" in await response.text()
+
+
+async def test_the_weights_routes_refuse_what_their_schema_refuses() -> None:
+    """The document's schemas are what the handlers check: the poll's timeout_s at most 60 s,
+    no unknown query parameter, and a report body of AppliedBody (no unknown field, no
+    integer given as a string)."""
+    service = WeightsService("b", plan, url_of, registry=CollectorRegistry())
+    server = await serve(service)
+    try:
+        async with ClientSession() as session:
+            for query, param in (
+                ("run=r1&timeout_s=61", "timeout_s"),
+                ("run=r1&timeout_s=0&extra=1", "extra"),
+                ("run=r1&after=9223372036854775808&timeout_s=0", "after"),
+            ):
+                async with session.get(server.make_url(f"/v1/weights/next?{query}")) as response:
+                    assert response.status == 400, query
+                    assert (await response.json())["param"] == param
+            async with session.get(server.make_url("/v1/weights/status?run=r1&x=1")) as response:
+                assert response.status == 400
+            applied = str(server.make_url("/v1/weights/applied"))
+            report = {"run": "r1", "version": 1, "sha256": SHA, "bytes": 8, "source": "file"}
+            for bad, param in (
+                ({**report, "extra": 1}, "extra"),
+                ({**report, "version": "1"}, "version"),
+            ):
+                async with session.post(applied, json=bad) as response:
+                    body = await response.json()
+                    assert response.status == 400, body
+                    assert body["param"] == param
+                    assert body["reason"].startswith(f"{param}: ")
+            async with session.post(applied, json={**report, "version": 1.0}) as response:
+                assert response.status == 200  # JSON Schema's integer includes 1.0
+    finally:
+        await server.close()
