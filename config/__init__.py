@@ -35,6 +35,7 @@ from config.inventory import (
 from config.nodeid import load_or_create_node_id
 from config.settings import (
     ENV_VARS,
+    AutostopSettings,
     JobSettings,
     LoadedSettings,
     LogFormat,
@@ -57,6 +58,7 @@ __all__ = [
     "HEADER_TIMESTAMP",
     "MIN_NONCE_CHARS",
     "AuthError",
+    "AutostopSettings",
     "BreakerSection",
     "Category",
     "ClockSkews",
