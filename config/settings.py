@@ -96,17 +96,6 @@ class AutostopSettings(BaseModel):
         description="Seconds between idle checks (default: a tenth of the window, at most 30).",
     )
 
-    @property
-    def window_s(self) -> float:
-        return self.idle_minutes * 60.0
-
-    @property
-    def interval_s(self) -> float:
-        """The check interval: as set, else a tenth of the window, at most 30 s."""
-        if self.check_interval_s is not None:
-            return self.check_interval_s
-        return min(30.0, self.window_s / 10.0)
-
 
 class NodeSettings(BaseModel):
     """Everything one node is configured with. Frozen: a change means a new object."""
