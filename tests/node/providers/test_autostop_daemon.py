@@ -12,11 +12,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from config import ConfigError, load_settings
 from node.daemon import NodeDaemon
-from node.providers import LAST_DECISION_KEY, WAL_ENTRY_TYPE, AutostopPolicy
+from node.providers import (
+    LAST_DECISION_KEY,
+    RUNNING,
+    STOPPED,
+    WAL_ENTRY_TYPE,
+    AutostopPolicy,
+    GPUQuery,
+    LocalProvider,
+)
 from node.providers.static import NO_OP
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.jobs.helpers import JobClient, signed_session, write_secret
@@ -274,3 +283,43 @@ def test_autostop_settings_are_validated_naming_the_field(tmp_path: Path) -> Non
     config.write_text("autostop:\n  idle_minutes: -1\n")
     with pytest.raises(ConfigError, match=r"node\.yaml:2.*autostop\.idle_minutes"):
         load_settings(config, env={})
+
+
+async def test_a_node_of_the_local_provider_ends_its_daemon_when_idle(
+    tmp_path: Path, gpus: FakeGpus
+) -> None:
+    gpus.set(90.0)
+    settings = {"autostop": AUTOSTOP}
+    async with LocalProvider(tmp_path / "nodes", capacity=1, node_settings=settings) as local:
+        handle = await local.acquire(GPUQuery())
+        assert handle.url is not None
+        async with aiohttp.ClientSession() as session:
+
+            async def status() -> dict[str, Any]:
+                async with session.get(f"{handle.url}/v1/status") as response:
+                    assert response.status == 200
+                    body = await response.json()
+                    assert isinstance(body, dict)
+                    return body
+
+            async def busy() -> bool:
+                return (await status())["autostop"]["busy_reasons"] == ["gpu 0 at 90%"]
+
+            await wait_for("the node's GPU reads busy through NVML", busy)
+            await asyncio.sleep(HOLD_S)
+            assert (await local.list())[0].state == RUNNING
+            assert (await status())["autostop"]["provider"] == "local"
+            gpus.set(0.0)
+
+            async def down() -> bool:
+                return (await local.list())[0].state == STOPPED
+
+            await wait_for("the idle node ends its own daemon", down, timeout_s=60.0)
+    wal_path = tmp_path / "nodes" / handle.id / "data" / "wal" / "wal.db"
+    async with WriteAheadLog(wal_path) as wal:
+        assert await wal.pending(WAL_ENTRY_TYPE) == []
+        decision = await wal.state_get(LAST_DECISION_KEY)
+        assert decision["outcome"] == f"local node {handle.id}: the daemon shuts down"
+        entry = await wal.get(decision["entry"])
+        assert entry is not None
+        assert entry.state == EntryState.COMMITTED
