@@ -36,7 +36,7 @@ DIM = "dim"
 PROBE_INTERVAL_S = Timeouts().probe_interval_s
 NARROW_WIDTH = 110
 """Below this many columns the address, role, term, jobs, autostop and version columns are
-left out."""
+left out (autostop also while no node has auto-stop on)."""
 
 _COLUMNS = ("node", "address", "role", "state", "seen", "term", "health", "gpus", "jobs",
             "autostop", "wal", "breakers", "version")  # fmt: skip
@@ -198,7 +198,10 @@ def _longest_word(text: Text) -> int:
 
 def _table(status: ClusterStatus, probe_interval_s: float, width: int) -> Table:
     narrow = width < NARROW_WIDTH
-    columns = [c for c in _COLUMNS if not (narrow and c in _WIDE_ONLY)]
+    autostop = any(row.autostop is not None and row.autostop.enabled for row in status.nodes)
+    columns = [
+        c for c in _COLUMNS if not (narrow and c in _WIDE_ONLY) and (autostop or c != "autostop")
+    ]
     rows = [_cells(row, probe_interval_s, narrow) for row in status.nodes]
     natural = [max([len(name)] + [rows_[name].cell_len for rows_ in rows]) for name in columns]
     minimum = [

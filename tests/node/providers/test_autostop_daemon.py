@@ -104,7 +104,7 @@ async def stopped(daemon: NodeDaemon, client: JobClient) -> dict[str, Any]:
     await wait_for("the node stops itself", requested)
 
     async def settled() -> bool:
-        return (await autostop_of(client))["state"] == "acted"
+        return bool((await autostop_of(client))["state"] == "acted")
 
     await wait_for("the decision is audited", settled)
     decision = (await autostop_of(client))["last_decision"]
@@ -220,7 +220,7 @@ async def test_a_static_node_reports_its_stop_as_a_no_op(tmp_path: Path, gpus: F
     async with autostop_daemon(tmp_path, provider="static") as (daemon, client):
 
         async def acted() -> bool:
-            return (await autostop_of(client))["state"] == "acted"
+            return bool((await autostop_of(client))["state"] == "acted")
 
         await wait_for("the static node decides", acted)
         state = await autostop_of(client)
@@ -303,7 +303,7 @@ async def test_a_node_of_the_local_provider_ends_its_daemon_when_idle(
                     return body
 
             async def busy() -> bool:
-                return (await status())["autostop"]["busy_reasons"] == ["gpu 0 at 90%"]
+                return bool((await status())["autostop"]["busy_reasons"] == ["gpu 0 at 90%"])
 
             await wait_for("the node's GPU reads busy through NVML", busy)
             await asyncio.sleep(HOLD_S)
