@@ -47,6 +47,8 @@ class FakeNode:
         return self.jobs
 
     async def run_locks_held(self) -> list[str]:
+        if self.fail == "locks":
+            raise ProviderError("no coordinator known")
         return ["run:train"] if self.locked else []
 
     async def gpu_utilization(self) -> list[float | None]:
@@ -125,8 +127,11 @@ async def test_every_busy_finding_is_a_reason() -> None:
     node.jobs, node.locked, node.fail = 1, False, "nvml"
     sample = await take_sample(node.checks(), 5.0, 2.0)
     assert sample.reasons == ("job running", "gpu read failed: NVML_ERROR_UNKNOWN")
-    node.jobs, node.fail, node.gpus = 0, None, [4.9]
-    assert (await take_sample(node.checks(), 5.0, 3.0)).idle
+    node.jobs, node.fail, node.gpus = 0, "locks", [4.9]
+    sample = await take_sample(node.checks(), 5.0, 3.0)
+    assert sample.reasons == ("run lock check failed: no coordinator known",)
+    node.fail = None
+    assert (await take_sample(node.checks(), 5.0, 4.0)).idle
 
 
 async def test_stops_after_the_window_and_never_while_busy(tmp_path: Path) -> None:

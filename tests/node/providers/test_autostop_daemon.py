@@ -143,7 +143,9 @@ async def test_a_local_node_stops_itself_after_the_idle_window(
         assert state["window_s"] == pytest.approx(WINDOW_S)
         assert state["busy_reasons"] == []
         async with client.session.get(f"{client.base}/metrics") as response:
-            assert "shoal_autostop_idle_seconds" in await response.text()
+            metrics = await response.text()
+        [line] = [x for x in metrics.splitlines() if x.startswith("shoal_autostop_idle_seconds ")]
+        assert float(line.split()[1]) >= WINDOW_S
 
 
 async def test_never_while_a_job_runs(tmp_path: Path, gpus: FakeGpus) -> None:
