@@ -325,3 +325,27 @@ async def test_a_node_of_the_local_provider_ends_its_daemon_when_idle(
         entry = await wal.get(decision["entry"])
         assert entry is not None
         assert entry.state == EntryState.COMMITTED
+
+
+async def test_without_a_section_the_inventory_host_s_autostop_applies(
+    tmp_path: Path, gpus: FakeGpus
+) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n  n1:\n    ssh_host: 127.0.0.1\n"
+        "    autostop: {idle_minutes: 10, action: release, gpu_util_threshold: 50}\n"
+    )
+    async with autostop_daemon(tmp_path, autostop=None, inventory=inventory) as (_, client):
+        state = await autostop_of(client)
+        assert state["enabled"] is True
+        assert state["action"] == "release"
+        assert state["window_s"] == 600.0
+        assert state["gpu_util_threshold"] == 50.0
+        assert state["provider"] == "local"
+    (tmp_path / "off").mkdir()
+    async with autostop_daemon(tmp_path / "off", autostop=None) as (_, client):
+        assert await autostop_of(client) == {
+            "enabled": False,
+            "state": "off",
+            "last_decision": None,
+        }
