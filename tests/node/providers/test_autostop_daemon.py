@@ -14,8 +14,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from config import ConfigError, load_settings
+from node.api import STATUS_SCHEMA
 from node.daemon import NodeDaemon
 from node.providers import (
     LAST_DECISION_KEY,
@@ -138,7 +140,9 @@ async def test_a_local_node_stops_itself_after_the_idle_window(
         assert entry.payload["dry_run"] is False
         assert entry.payload["idle_s"] >= WINDOW_S
         assert decision["entry"] == entry.id
-        state = await autostop_of(client)
+        _, status = await client.call("GET", "/v1/status")
+        Draft202012Validator(STATUS_SCHEMA).validate(status)  # the OpenAPI response schema
+        state = status["autostop"]
         assert state["enabled"] is True
         assert state["window_s"] == pytest.approx(WINDOW_S)
         assert state["busy_reasons"] == []
