@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import Gauge
@@ -130,7 +130,7 @@ async def read_lock_table(locks: LockService) -> Mapping[str, Any]:
     return body
 
 
-def gpu_utilization_of(runtime: NodeRuntime) -> Callable[[], Any]:
+def gpu_utilization_of(runtime: NodeRuntime) -> Callable[[], Awaitable[Sequence[float | None]]]:
     """Each GPU's utilisation (None when unreadable) from the daemon's NVML reader, read in a
     thread; a failed read raises (and so counts as busy)."""
 
