@@ -28,6 +28,7 @@ from node.providers import (
     should_act,
     take_sample,
 )
+from node.providers.own import locks_held_here
 from wal import EntryState, WriteAheadLog
 
 
@@ -281,3 +282,20 @@ async def test_an_interrupted_decision_is_reported_not_repeated(tmp_path: Path) 
         auto.wal = wal
         await auto.load()
         assert auto.status()["last_decision"] == found[0]
+
+
+def test_which_locks_of_the_table_are_held_for_this_node() -> None:
+    table = {
+        "locks": {
+            "run:a": {"holder": "run-1"},
+            "run:b": {"holder": "run-2"},
+            "mine": {"holder": "n1:trainer"},
+            "host": {"holder": "box7:4242:ab12cd34"},
+            "free": {"holder": None},
+            "other": {"holder": "n2:trainer"},
+            "n1x": {"holder": "n10"},
+        },
+        "runs": {"run-1": {"job_node": "n1"}, "run-2": {"job_node": "n2"}},
+    }
+    assert locks_held_here(table, "n1", "box7") == ["host", "mine", "run:a"]
+    assert locks_held_here({"locks": "garbled"}, "n1", "box7") == []
