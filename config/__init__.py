@@ -36,6 +36,7 @@ from config.inventory import (
 from config.nodeid import load_or_create_node_id
 from config.settings import (
     ENV_VARS,
+    AutostopSettings,
     JobSettings,
     LoadedSettings,
     LogFormat,
@@ -59,6 +60,7 @@ __all__ = [
     "MIN_NONCE_CHARS",
     "AsyncClosing",
     "AuthError",
+    "AutostopSettings",
     "BreakerSection",
     "Category",
     "ClockSkews",

@@ -73,6 +73,30 @@ class JobSettings(BaseModel):
     )
 
 
+class AutostopSettings(BaseModel):
+    """The `autostop:` section: stop (or release) this node through its provider once idle for
+    `idle_minutes` (no job, no run lock, every GPU below `gpu_util_threshold`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    idle_minutes: float = Field(
+        ..., gt=0, description="Idle window in minutes (fractions allowed: 0.5 is 30 s)."
+    )
+    action: Literal["stop", "release"] = Field(
+        "stop",
+        description="`stop` keeps the node acquired (its disk stays); `release` gives it up.",
+    )
+    gpu_util_threshold: float = Field(
+        5.0, ge=0, le=100, description="A GPU at or above this utilisation (percent) is busy."
+    )
+    dry_run: bool = Field(False, description="Only log and audit what it would do.")
+    check_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds between idle checks (default: a tenth of the window, at most 30).",
+    )
+
+
 class NodeSettings(BaseModel):
     """Everything one node is configured with. Frozen: a change means a new object."""
 
@@ -153,6 +177,16 @@ class NodeSettings(BaseModel):
         "in bytes per second (none: unlimited).",
     )
     jobs: JobSettings = Field(default_factory=JobSettings)
+    provider: Literal["static", "local"] = Field(
+        "static",
+        description="What this node is to its provider: `static` (an inventory host; stopping it "
+        "is a reported no-op) or `local` (a daemon of the local provider; stopping ends it).",
+    )
+    autostop: AutostopSettings | None = Field(
+        None,
+        description="Stop this node when idle (default: the inventory host's `autostop:`; "
+        "unset there too: never).",
+    )
     results: ResultsSettings = Field(default_factory=ResultsSettings)
     timeouts: Timeouts = Field(default_factory=Timeouts)
 
@@ -235,7 +269,7 @@ def _put(target: dict[str, Any], dotted: str, value: Any) -> None:
         target[head] = value
 
 
-NESTED_SECTIONS = ("timeouts", "jobs")
+NESTED_SECTIONS = ("timeouts", "jobs", "autostop")
 """Sections whose fields are set one by one (file lines, flags `jobs.run_as=...`)."""
 
 

@@ -66,6 +66,25 @@ PEERS_SCHEMA: dict[str, Any] = {
     "required": ["members"],
     "properties": {"members": {"type": "array", "items": _MEMBER_SCHEMA}},
 }
+AUTOSTOP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["enabled", "state"],
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "state": {"enum": ["off", "starting", "idle", "busy", "acting", "acted"]},
+        "provider": {"type": "string"},
+        "action": {"enum": ["stop", "release"]},
+        "dry_run": {"type": "boolean"},
+        "window_s": {"type": "number"},
+        "check_interval_s": {"type": "number"},
+        "gpu_util_threshold": {"type": "number"},
+        "idle_since": {"type": ["number", "null"]},
+        "idle_for_s": {"type": "number"},
+        "busy_reasons": {"type": "array", "items": {"type": "string"}},
+        "last_decision": {"type": ["object", "null"]},
+        "last_error": {"type": ["string", "null"]},
+    },
+}
 STATUS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["node_id", "cluster", "version", "role", "term", "members", "wal", "health"],
@@ -84,6 +103,7 @@ STATUS_SCHEMA: dict[str, Any] = {
         "health": {"enum": _HEALTH_STATES},
         "health_problems": {"type": "array", "items": {"type": "string"}},
         "notes": {"type": "array", "items": {"type": "string"}},
+        "autostop": AUTOSTOP_SCHEMA,
     },
 }
 
@@ -172,6 +192,12 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         for component in (summary.components if summary is not None else ())
         if component.status in (HealthStatus.DEGRADED, HealthStatus.UNHEALTHY)
     ]
+    notes = [*runtime.notes, *CLOCK_SKEWS.lines(time.time())]
+    try:
+        gpus = runtime.gpus()
+    except Exception as exc:  # a failing driver shows in the note and the gpu check, not a 500
+        gpus = []
+        notes.append(f"GPUs cannot be read: {exc}")
     return {
         "node_id": runtime.node_id,
         "cluster": runtime.settings.cluster_name,
@@ -201,10 +227,15 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         },
         "health": health,
         "health_problems": problems,
-        "gpus": runtime.gpus(),
+        "gpus": gpus,
         "jobs": runtime.jobs() if runtime.jobs is not None else None,
+        "autostop": (
+            runtime.autostop()
+            if runtime.autostop is not None
+            else {"enabled": False, "state": "off"}
+        ),
         "config_hash": runtime.settings.config_hash(),
-        "notes": [*runtime.notes, *CLOCK_SKEWS.lines(time.time())],
+        "notes": notes,
     }
 
 

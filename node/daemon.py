@@ -57,6 +57,7 @@ from node.membership.service import Membership, MetaValue, UdpMembershipTranspor
 from node.metrics import ingest_counter
 from node.openapi import RouteDoc
 from node.providers import StaticProvider
+from node.providers.own import open_autostop
 from node.rl.service import WeightsService
 from node.runs.locks import LockService
 from node.runs.nodes import ProviderNodes, StaticNodes
@@ -234,6 +235,9 @@ class NodeDaemon:
         self._gpu_meta: dict[str, MetaValue] = {}
         self._disk_writes = DiskWrites()
         self._closed = False
+        self.stop_requested = asyncio.Event()
+        """Set when the node stops itself (auto-stop of a `local` node); `shoal serve` exits."""
+        self.stop_reason: str | None = None
         self._protocol_log = QuietProtocolLog(logging.getLogger("aiohttp.server"))
 
     async def start(self) -> None:
@@ -316,6 +320,11 @@ class NodeDaemon:
         elector = await election.start(membership, inventory, secrets.cluster, wal, self._rng)
         self._stack.push_async_callback(election.close)
         discovery = await self._start_discovery(runtime, membership, inventory)
+        autostop = await open_autostop(
+            runtime, inventory, lambda: self._busy_jobs(jobs), self._locks, self._request_stop
+        )
+        if autostop is not None:
+            self._stack.push_async_callback(autostop.close)
         sync_service.attach(membership)
         assert runtime.health is not None
         for loop in (sync_service.loop_health, elector.loop_health, discovery.loop_health):
@@ -387,6 +396,7 @@ class NodeDaemon:
         )
         await locks.open()
         self._stack.push_async_callback(locks.close)
+        self._locks = locks
         stacks = {name: entry.model_dump() for name, entry in self._stacks.items()}
         results = open_results_store(runtime.settings)
         runs = RunService(locks, results, stacks, starter=self._run_nodes)
@@ -531,6 +541,16 @@ class NodeDaemon:
             log.error("mDNS discovery is off, inventory and seeds still work: %s", exc)
             runtime.notes.append(f"mDNS discovery is off: {exc}")
             return await self._stack.enter_async_context(make_discovery(False))
+
+    @staticmethod
+    def _busy_jobs(jobs: JobApi) -> int:
+        counts = jobs.service.summary()
+        return counts["running"] + counts["pending"]
+
+    def _request_stop(self, reason: str) -> None:
+        log.warning("stopping this node: %s", reason)
+        self.stop_reason = reason
+        self.stop_requested.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

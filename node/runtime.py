@@ -59,6 +59,8 @@ class NodeRuntime:
     plan_version: int | None = None
     jobs: Callable[[], dict[str, int]] | None = None
     """Counts of this node's jobs by state (the status document's `jobs`)."""
+    autostop: Callable[[], dict[str, Any]] | None = None
+    """The `autostop` object of the status document (node.providers.own)."""
     notes: list[str] = field(default_factory=list)
     refreshers: list[Callable[[], None]] = field(default_factory=list)
     """Called before status is read, so live fields (term, coordinator) are never stale."""

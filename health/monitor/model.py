@@ -13,6 +13,7 @@ from health.fields import read_float, read_int, read_list, read_mapping, read_st
 from health.gpu import GpuInfo
 
 __all__ = [
+    "AutostopInfo",
     "ClusterStatus",
     "ClusterSummary",
     "FailureEvent",
@@ -28,6 +29,42 @@ __all__ = [
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 UNKNOWN_STATE = "unknown"
 """State of a node no fetched membership view mentions."""
+
+
+@dataclass(frozen=True)
+class AutostopInfo:
+    """A node's auto-stop as its /v1/status `autostop` object says: off, or its state (starting,
+    idle, busy, acting, acted), action, idle time against the window, and why it is busy."""
+
+    enabled: bool
+    state: str
+    action: str | None = None
+    dry_run: bool = False
+    idle_for_s: float | None = None
+    window_s: float | None = None
+    busy_reasons: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Any) -> AutostopInfo | None:
+        """None when the node sent no `autostop` object (an older node); wrong types read as
+        unknown, never an error."""
+        if not isinstance(data, Mapping):
+            return None
+        enabled = data.get("enabled") is True
+        return cls(
+            enabled=enabled,
+            state=read_str(data.get("state")) or ("?" if enabled else "off"),
+            action=read_str(data.get("action")),
+            dry_run=data.get("dry_run") is True,
+            idle_for_s=read_float(data.get("idle_for_s")),
+            window_s=read_float(data.get("window_s")),
+            busy_reasons=tuple(str(r) for r in read_list(data.get("busy_reasons"))),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["busy_reasons"] = list(self.busy_reasons)
+        return data
 
 
 @dataclass(frozen=True)
@@ -51,6 +88,7 @@ class NodeStatusDoc:
     health_problems: tuple[str, ...] = ()
     """`component: message` of each component that is not healthy (a failing loop's error)."""
     jobs_running: int | None = None
+    autostop: AutostopInfo | None = None
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -78,6 +116,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         config_hash=read_str(doc.get("config_hash")),
         health_problems=tuple(str(p) for p in read_list(doc.get("health_problems"))),
         jobs_running=read_int(read_mapping(doc.get("jobs")).get("running")),
+        autostop=AutostopInfo.from_json(doc.get("autostop")),
     )
 
 
@@ -166,6 +205,7 @@ class NodeRow:
     error: str | None
     health_problems: tuple[str, ...] = ()
     jobs_running: int | None = None
+    autostop: AutostopInfo | None = None
 
     @property
     def failing(self) -> bool:
@@ -200,6 +240,7 @@ class NodeRow:
             "version_drift": self.version_drift,
             "config_drift": self.config_drift,
             "jobs_running": self.jobs_running,
+            "autostop": None if self.autostop is None else self.autostop.to_json(),
         }
 
 

@@ -16,9 +16,10 @@ from rich.text import Text
 
 from config import Timeouts
 from health.gpu import GpuInfo
-from health.monitor.model import ClusterStatus, FailureEvent, NodeRow
+from health.monitor.model import AutostopInfo, ClusterStatus, FailureEvent, NodeRow
 
 __all__ = [
+    "autostop_text",
     "breakers_text",
     "format_duration",
     "gpu_text",
@@ -34,12 +35,13 @@ GREEN = "green"
 DIM = "dim"
 PROBE_INTERVAL_S = Timeouts().probe_interval_s
 NARROW_WIDTH = 110
-"""Below this many columns the address, role, term, jobs and version columns are left out."""
+"""Below this many columns the address, role, term, jobs, autostop and version columns are
+left out (autostop also while no node has auto-stop on)."""
 
-_COLUMNS = ("node", "address", "role", "state", "seen", "term", "health", "gpus", "jobs", "wal",
-            "breakers", "version")  # fmt: skip
-_WIDE_ONLY = frozenset({"address", "role", "term", "version", "jobs"})
-_WRAPPING = frozenset({"health", "gpus", "breakers", "version"})
+_COLUMNS = ("node", "address", "role", "state", "seen", "term", "health", "gpus", "jobs",
+            "autostop", "wal", "breakers", "version")  # fmt: skip
+_WIDE_ONLY = frozenset({"address", "role", "term", "version", "jobs", "autostop"})
+_WRAPPING = frozenset({"health", "gpus", "autostop", "breakers", "version"})
 _GAP = 2
 """Columns between two cells: the cell's right padding and the box's blank divider."""
 _STATE_STYLE = {"alive": GREEN, "suspect": AMBER, "dead": RED, "left": DIM, "unknown": AMBER}
@@ -55,6 +57,32 @@ def format_duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+_ACTED = {"stop": "stopped", "release": "released"}
+_ACTING = {"stop": "stopping", "release": "releasing"}
+
+
+def autostop_text(info: AutostopInfo | None) -> str:
+    """One short cell: `-` (not reported), `off`, `idle 42 s/10 min`, `busy: job running +1`,
+    `stopping`, `stopped`; ` (dry run)` when it only audits."""
+    if info is None:
+        return "-"
+    if not info.enabled:
+        return "off"
+    action = info.action or "stop"
+    if info.state == "acted":
+        text = _ACTED.get(action, action)
+    elif info.state == "acting":
+        text = _ACTING.get(action, action)
+    elif info.state == "busy":
+        more = f" +{len(info.busy_reasons) - 1}" if len(info.busy_reasons) > 1 else ""
+        text = f"busy: {info.busy_reasons[0] if info.busy_reasons else '?'}{more}"
+    else:
+        idle = format_duration(info.idle_for_s or 0.0)
+        window = "?" if info.window_s is None else format_duration(info.window_s)
+        text = f"idle {idle}/{window}"
+    return f"{text} (dry run)" if info.dry_run else text
 
 
 def gpu_text(gpus: Sequence[GpuInfo]) -> str:
@@ -170,7 +198,10 @@ def _longest_word(text: Text) -> int:
 
 def _table(status: ClusterStatus, probe_interval_s: float, width: int) -> Table:
     narrow = width < NARROW_WIDTH
-    columns = [c for c in _COLUMNS if not (narrow and c in _WIDE_ONLY)]
+    autostop = any(row.autostop is not None and row.autostop.enabled for row in status.nodes)
+    columns = [
+        c for c in _COLUMNS if not (narrow and c in _WIDE_ONLY) and (autostop or c != "autostop")
+    ]
     rows = [_cells(row, probe_interval_s, narrow) for row in status.nodes]
     natural = [max([len(name)] + [rows_[name].cell_len for rows_ in rows]) for name in columns]
     minimum = [
@@ -208,10 +239,17 @@ def _cells(row: NodeRow, probe_interval_s: float, narrow: bool) -> dict[str, Tex
         "health": _health_cell(row),
         "gpus": _gpu_cell(row),
         "jobs": Text("-" if row.jobs_running is None else str(row.jobs_running)),
+        "autostop": Text(autostop_text(row.autostop), style=_autostop_style(row.autostop)),
         "wal": _wal_cell(row),
         "breakers": Text(breakers_text(row), style=AMBER if row.breakers_open else ""),
         "version": _version_cell(row),
     }
+
+
+def _autostop_style(info: AutostopInfo | None) -> str:
+    if info is None or not info.enabled:
+        return DIM
+    return AMBER if info.state in ("acting", "acted") else ""
 
 
 def _title(status: ClusterStatus, hint: str | None) -> Text:

@@ -159,6 +159,7 @@ def _make_row(
         error=None if doc is not None else error,
         health_problems=doc.health_problems if doc is not None else (),
         jobs_running=doc.jobs_running if doc is not None else None,
+        autostop=doc.autostop if doc is not None else None,
     )
 
 

@@ -36,7 +36,13 @@ async def _serve(settings: NodeSettings) -> None:
     )
     try:
         await daemon.start()
-        await stop.wait()
+        signalled = asyncio.create_task(stop.wait())
+        requested = asyncio.create_task(daemon.stop_requested.wait())
+        try:
+            await asyncio.wait({signalled, requested}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            signalled.cancel()
+            requested.cancel()
         log.info("stopping: leaving the cluster and closing the WAL")
     finally:
         await asyncio.wait_for(daemon.close(), settings.timeouts.shutdown_s)

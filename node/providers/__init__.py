@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from node.providers.acquire import acquire_node
 from node.providers.autostop import (
+    LAST_DECISION_KEY,
     WAL_ENTRY_TYPE,
     AutoStop,
     AutostopPolicy,
     IdleChecks,
     IdleSample,
     nvml_utilization,
+    recover_interrupted,
     should_act,
     take_sample,
 )
@@ -28,6 +30,7 @@ from node.providers.ready import ReadyNode, ready_node
 from node.providers.static import StaticProvider, host_matches
 
 __all__ = [
+    "LAST_DECISION_KEY",
     "RELEASED",
     "RUNNING",
     "STOPPED",
@@ -47,6 +50,7 @@ __all__ = [
     "host_matches",
     "nvml_utilization",
     "ready_node",
+    "recover_interrupted",
     "should_act",
     "take_sample",
 ]

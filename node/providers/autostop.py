@@ -2,8 +2,9 @@
 
 Idle means, at every check over the whole window: no running job, no run lock held, and every
 GPU below `gpu_util_threshold` percent (NVML). A check that fails counts as busy, so a node
-never stops on a guess, and never while any job runs. Each action is audited in the WAL
-(entry type `node.autostop`, committed when done, failed with the error otherwise).
+never stops on a guess, and never while any job runs. Each decision is a WAL entry
+`node.autostop` appended before acting (committed when done, rolled back when the provider
+refused); one still pending at start-up was interrupted and is reported, never repeated.
 """
 
 from __future__ import annotations
@@ -15,17 +16,33 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Protocol, Self
 
 from config import HostEntry
-from node.errors import ProviderError
+from health import LoopHealth
 from node.providers.base import ActionResult, NodeHandle, Provider
-from wal import WalError, WriteAheadLog
+from node.providers.static import NO_OP
+from wal import WriteAheadLog
 
 logger = logging.getLogger(__name__)
 
 WAL_ENTRY_TYPE = "node.autostop"
+LAST_DECISION_KEY = "autostop.last_decision"
+"""WAL state key of the newest decision (shown in /v1/status across restarts)."""
 DEFAULT_CHECK_INTERVAL_S = 30.0
+CLOSE_GRACE_S = 10.0
+"""How long close() lets a decision in progress finish its audit before cancelling it."""
+
+
+class AutostopSectionLike(Protocol):
+    """The fields of an `autostop:` section (node settings or an inventory host)."""
+
+    @property
+    def idle_minutes(self) -> float: ...
+    @property
+    def action(self) -> Literal["stop", "release"]: ...
+    @property
+    def gpu_util_threshold(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -38,19 +55,23 @@ class AutostopPolicy:
     check_interval_s: float = DEFAULT_CHECK_INTERVAL_S
 
     @classmethod
+    def of_section(
+        cls, section: AutostopSectionLike, check_interval_s: float | None = None
+    ) -> AutostopPolicy:
+        """The policy of an `autostop:` section; the check interval defaults to a tenth of the
+        window, at most DEFAULT_CHECK_INTERVAL_S."""
+        idle_s = section.idle_minutes * 60.0
+        interval = check_interval_s or min(DEFAULT_CHECK_INTERVAL_S, idle_s / 10.0)
+        return cls(idle_s, section.action, section.gpu_util_threshold, interval)
+
+    @classmethod
     def of_host(
         cls, entry: HostEntry, check_interval_s: float = DEFAULT_CHECK_INTERVAL_S
     ) -> AutostopPolicy | None:
         """The policy of an inventory host's `autostop:` section, None without one."""
-        section = entry.autostop
-        if section is None:
+        if entry.autostop is None:
             return None
-        return cls(
-            section.idle_minutes * 60.0,
-            section.action,
-            section.gpu_util_threshold,
-            check_interval_s,
-        )
+        return cls.of_section(entry.autostop, check_interval_s)
 
 
 @dataclass(frozen=True)
@@ -59,16 +80,17 @@ class IdleSample:
 
     at: float
     idle: bool
-    reason: str = ""
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class IdleChecks:
-    """The seams of the idle check: running jobs, the run lock, GPU utilisation (percent)."""
+    """The seams of the idle check: running jobs, the run locks this node holds (names), and
+    each GPU's utilisation in percent (None: that GPU could not be read)."""
 
     running_jobs: Callable[[], Awaitable[int]]
-    run_lock_held: Callable[[], Awaitable[bool]]
-    gpu_utilization: Callable[[], Sequence[float]]
+    run_locks_held: Callable[[], Awaitable[Sequence[str]]]
+    gpu_utilization: Callable[[], Awaitable[Sequence[float | None]]]
 
 
 def idle_streak_start(samples: Sequence[IdleSample]) -> float | None:
@@ -88,27 +110,33 @@ def should_act(samples: Sequence[IdleSample], now: float, policy: AutostopPolicy
 
 
 async def take_sample(checks: IdleChecks, threshold: float, now: float) -> IdleSample:
-    """One idle check; any check that raises makes the sample busy with its error."""
+    """One idle check of all three seams; each busy finding or failed check is a reason."""
+    reasons: list[str] = []
     try:
         jobs = await checks.running_jobs()
     except Exception as exc:
-        return IdleSample(now, False, f"job check failed: {exc}")
-    if jobs > 0:
-        return IdleSample(now, False, f"{jobs} job(s) running")
+        reasons.append(f"job check failed: {exc}")
+    else:
+        if jobs > 0:
+            reasons.append("job running" if jobs == 1 else f"{jobs} jobs running")
     try:
-        locked = await checks.run_lock_held()
+        locks = list(await checks.run_locks_held())
     except Exception as exc:
-        return IdleSample(now, False, f"run lock check failed: {exc}")
-    if locked:
-        return IdleSample(now, False, "a run lock is held")
+        reasons.append(f"run lock check failed: {exc}")
+    else:
+        if locks:
+            reasons.append(f"run lock held: {', '.join(locks)}")
     try:
-        utilization = list(checks.gpu_utilization())
+        utilization = list(await checks.gpu_utilization())
     except Exception as exc:
-        return IdleSample(now, False, f"GPU check failed: {exc}")
-    busy = [u for u in utilization if u >= threshold]
-    if busy:
-        return IdleSample(now, False, f"GPU busy ({max(busy):g}% >= {threshold:g}%)")
-    return IdleSample(now, True)
+        reasons.append(f"gpu read failed: {exc}")
+    else:
+        for index, util in enumerate(utilization):
+            if util is None:
+                reasons.append(f"gpu {index} read failed")
+            elif util >= threshold:
+                reasons.append(f"gpu {index} at {util:g}%")
+    return IdleSample(now, not reasons, tuple(reasons))
 
 
 def nvml_utilization() -> list[float]:
@@ -132,10 +160,36 @@ def nvml_utilization() -> list[float]:
         pynvml.nvmlShutdown()
 
 
+async def recover_interrupted(wal: WriteAheadLog) -> list[dict[str, Any]]:
+    """Resolve the `node.autostop` entries still pending: decisions whose action was never
+    confirmed because the daemon went down during it (as stopping this very node does). Each
+    is committed without acting again, kept as the last decision and returned, so a restarted
+    node reports it and needs a whole new idle window before it decides again."""
+    found = []
+    for entry in await wal.pending(WAL_ENTRY_TYPE):
+        action = entry.payload.get("action", "stop")
+        decision = {
+            **entry.payload,
+            "entry": entry.id,
+            "decided_at": entry.payload.get("decided_at", entry.created_at),
+            "recovered": True,
+            "outcome": (
+                f"interrupted: the daemon went down during this {action} and restarted; "
+                "not repeated (a new decision needs a whole idle window)"
+            ),
+        }
+        await wal.state_set(LAST_DECISION_KEY, decision)
+        await wal.commit(entry.id)
+        logger.warning("autostop: WAL entry %d: %s", entry.id, decision["outcome"])
+        found.append(decision)
+    return found
+
+
 class AutoStop:
     """Checks idleness every `policy.check_interval_s` and, once idle for the window, runs the
-    provider's stop or release on `handle` (or, with `dry_run`, only audits that it would).
-    Owns its loop task (async context manager; close() idempotent). Acts at most once."""
+    provider's stop or release on `handle` (with `dry_run`, only logs and audits that it would,
+    then watches a new window). Owns its loop task (async context manager; close() idempotent).
+    Acts for real at most once."""
 
     def __init__(
         self,
@@ -147,6 +201,7 @@ class AutoStop:
         wal: WriteAheadLog | None = None,
         dry_run: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.provider = provider
         self.handle = handle
@@ -155,9 +210,13 @@ class AutoStop:
         self.wal = wal
         self.dry_run = dry_run
         self.clock = clock
+        self.wall_clock = wall_clock
         self.samples: list[IdleSample] = []
         self.acted: dict[str, Any] | None = None
+        self.last_decision: dict[str, Any] | None = None
         self.last_error: str | None = None
+        self.loop_health = LoopHealth("autostop")
+        self._acting = False
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
@@ -172,30 +231,57 @@ class AutoStop:
     ) -> None:
         await self.close()
 
+    async def load(self) -> None:
+        """Read the last decision kept in the WAL (after a restart)."""
+        if self.wal is not None:
+            stored = await self.wal.state_get(LAST_DECISION_KEY)
+            if isinstance(stored, dict):
+                self.last_decision = stored
+
     def start(self) -> None:
         """Start the check loop (once)."""
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"autostop-{self.handle.id}")
 
     async def close(self) -> None:
-        """Stop the check loop; idempotent."""
+        """Stop the check loop, letting a decision in progress finish its audit first (up to
+        CLOSE_GRACE_S); idempotent."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if task is None:
+            return
+        if self._acting:
+            await asyncio.wait({task}, timeout=CLOSE_GRACE_S)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def _loop(self) -> None:
         while self.acted is None:
             try:
                 await self.check_once()
-            except (ProviderError, WalError, OSError) as exc:
-                self.last_error = str(exc)
-                logger.warning("autostop %s: %s", self.handle.id, exc)
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.loop_health.record_failure(exc)
+                logger.warning("autostop %s: %s", self.handle.id, self.last_error)
+            else:
+                self.loop_health.record_success(self._note())
             await asyncio.sleep(self.policy.check_interval_s)
 
+    def _note(self) -> str:
+        latest = self.samples[-1] if self.samples else None
+        if self.acted is not None:
+            return f"acted: {self.acted['outcome']}"
+        if latest is None or latest.idle:
+            return f"idle {self.idle_for_s():.0f} s of {self.policy.idle_s:g} s"
+        return "busy: " + "; ".join(latest.reasons)
+
+    def idle_for_s(self) -> float:
+        """Seconds the node has been idle at every check so far (0 while busy)."""
+        start = idle_streak_start(self.samples)
+        return 0.0 if start is None else max(0.0, self.clock() - start)
+
     async def check_once(self) -> dict[str, Any] | None:
-        """Take one sample and act when the window is idle; the action's record, else None."""
+        """Take one sample and act when the window is idle; the decision, else None."""
         if self.acted is not None:
             return None
         now = self.clock()
@@ -209,44 +295,104 @@ class AutoStop:
 
     async def _act(self, now: float) -> dict[str, Any]:
         start = idle_streak_start(self.samples) or now
+        action = self.policy.action
         record: dict[str, Any] = {
             "provider": self.handle.provider,
             "node": self.handle.id,
-            "action": self.policy.action,
+            "action": action,
             "idle_s": round(now - start, 3),
+            "window_s": self.policy.idle_s,
             "dry_run": self.dry_run,
+            "decided_at": round(self.wall_clock(), 3),
         }
-        entry = await self.wal.append(WAL_ENTRY_TYPE, record) if self.wal else None
+        self._acting = True
         try:
-            if self.dry_run:
-                outcome = f"dry run: would {self.policy.action} {self.handle.id}"
-            elif self.policy.action == "release":
-                await self.provider.release(self.handle)
-                outcome = "released"
-            else:
-                result: ActionResult = await self.provider.stop(self.handle)
-                outcome = result.message or ("stopped" if result.changed else "no change")
-        except ProviderError as exc:
+            entry = await self.wal.append(WAL_ENTRY_TYPE, record) if self.wal else None
+            self.last_decision = {**record, "entry": entry, "outcome": "in progress"}
+            try:
+                outcome = await self._run_action()
+            except Exception as exc:
+                self.samples = []  # the next attempt needs a whole new window
+                await self._decided({**record, "entry": entry, "outcome": f"failed: {exc}"})
+                if self.wal is not None and entry is not None:
+                    await self.wal.rollback(entry, reason=f"{action} failed: {exc}")
+                raise
+            decision = {**record, "entry": entry, "outcome": outcome}
+            await self._decided(decision)
             if self.wal is not None and entry is not None:
-                await self.wal.fail(entry, error=str(exc))
-            raise
-        if self.wal is not None and entry is not None:
-            await self.wal.commit(entry)
-        logger.warning("autostop %s: idle %.0fs: %s", self.handle.id, now - start, outcome)
-        self.acted = {**record, "outcome": outcome}
-        return self.acted
+                await self.wal.commit(entry)
+        finally:
+            self._acting = False
+        logger.warning("autostop %s: idle %.0f s: %s", self.handle.id, now - start, outcome)
+        if self.dry_run:
+            self.samples = []  # audit again only after another whole window
+        else:
+            self.acted = decision
+        return decision
+
+    async def _run_action(self) -> str:
+        action = self.policy.action
+        if self.dry_run:
+            return f"dry run: would {action} {self.handle.provider}/{self.handle.id}"
+        if action == "release":
+            await self.provider.release(self.handle)
+            return NO_OP if self.provider.name == "static" else "released"
+        result: ActionResult = await self.provider.stop(self.handle)
+        return result.message or ("stopped" if result.changed else "no change")
+
+    async def _decided(self, decision: dict[str, Any]) -> None:
+        self.last_decision = decision
+        if self.wal is not None:
+            await self.wal.state_set(LAST_DECISION_KEY, decision)
+
+    def state(self) -> str:
+        """`acted`, `acting`, `idle`, `busy`, or `starting` before the first check."""
+        if self.acted is not None:
+            return "acted"
+        if self._acting:
+            return "acting"
+        if not self.samples:
+            return "starting"
+        return "idle" if self.samples[-1].idle else "busy"
 
     def status(self) -> dict[str, Any]:
-        """For /status and the monitor: idle time so far, last busy reason, what was done."""
-        now = self.clock()
+        """The `autostop` object of /v1/status (the monitor reads it)."""
+        idle_for = self.idle_for_s()
         start = idle_streak_start(self.samples)
-        busy = next((s.reason for s in reversed(self.samples) if not s.idle), None)
+        latest = self.samples[-1] if self.samples else None
         return {
+            "enabled": True,
+            "state": self.state(),
+            "provider": self.handle.provider,
             "action": self.policy.action,
-            "idle_window_s": self.policy.idle_s,
-            "idle_for_s": 0.0 if start is None else round(now - start, 3),
-            "last_busy_reason": busy,
             "dry_run": self.dry_run,
-            "acted": self.acted,
+            "window_s": self.policy.idle_s,
+            "check_interval_s": self.policy.check_interval_s,
+            "gpu_util_threshold": self.policy.gpu_util_threshold,
+            "idle_since": None if start is None else round(self.wall_clock() - idle_for, 3),
+            "idle_for_s": round(idle_for, 3),
+            "busy_reasons": [] if latest is None else list(latest.reasons),
+            "last_decision": self.last_decision,
             "last_error": self.last_error,
         }
+
+
+def disabled_status(last_decision: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `autostop` object of a node without an `autostop:` section."""
+    return {"enabled": False, "state": "off", "last_decision": last_decision}
+
+
+__all__ = [
+    "LAST_DECISION_KEY",
+    "WAL_ENTRY_TYPE",
+    "AutoStop",
+    "AutostopPolicy",
+    "IdleChecks",
+    "IdleSample",
+    "disabled_status",
+    "idle_streak_start",
+    "nvml_utilization",
+    "recover_interrupted",
+    "should_act",
+    "take_sample",
+]

@@ -1,6 +1,7 @@
 """The `local` provider: up to N shoal daemons on this machine's loopback, each its own
 process, port and data dir (for tests and demos). GPU fields of a query are ignored (labelled
-so); a node's `url` is its daemon's API; it has no SSH target."""
+so); a node's `url` is its daemon's API; it has no SSH target. Each node's config says
+`provider: local`, so a node that auto-stops ends its own daemon and is listed stopped."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import aiohttp
 import yaml
@@ -63,12 +65,21 @@ class LocalProvider:
 
     name = "local"
 
-    def __init__(self, base_dir: Path, capacity: int = 3, *, python: str | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        capacity: int = 3,
+        *,
+        python: str | None = None,
+        node_settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`node_settings`: more settings of every node's config (an `autostop:` section)."""
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.base_dir = base_dir
         self.capacity = capacity
         self.python = python or sys.executable
+        self.node_settings = dict(node_settings or {})
         self._nodes: dict[str, _Node] = {}
         self._count = 0
 
@@ -125,6 +136,8 @@ class LocalProvider:
             "port": node.port,
             "data_dir": str(node.directory / "data"),
             "mdns": False,
+            "provider": self.name,
+            **self.node_settings,
         }
         config.write_text(yaml.safe_dump(settings))
         log = (node.directory / "daemon.log").open("ab")

@@ -12,6 +12,7 @@ import pytest
 from config import parse_inventory
 from node.errors import ProviderError
 from node.providers import (
+    LAST_DECISION_KEY,
     RUNNING,
     STOPPED,
     WAL_ENTRY_TYPE,
@@ -23,8 +24,11 @@ from node.providers import (
     IdleSample,
     LocalProvider,
     NodeHandle,
+    recover_interrupted,
     should_act,
+    take_sample,
 )
+from node.providers.own import locks_held_here
 from wal import EntryState, WriteAheadLog
 
 
@@ -34,7 +38,7 @@ class FakeNode:
 
     jobs: int = 0
     locked: bool = False
-    gpus: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    gpus: list[float | None] = field(default_factory=lambda: [0.0, 1.0])
     fail: str | None = None
     now: float = 0.0
 
@@ -43,25 +47,31 @@ class FakeNode:
             raise RuntimeError("daemon did not answer")
         return self.jobs
 
-    async def run_lock_held(self) -> bool:
-        return self.locked
+    async def run_locks_held(self) -> list[str]:
+        if self.fail == "locks":
+            raise ProviderError("no coordinator known")
+        return ["run:train"] if self.locked else []
 
-    def gpu_utilization(self) -> list[float]:
+    async def gpu_utilization(self) -> list[float | None]:
         if self.fail == "nvml":
             raise RuntimeError("NVML_ERROR_UNKNOWN")
-        return self.gpus
+        return list(self.gpus)
 
     def checks(self) -> IdleChecks:
-        return IdleChecks(self.running_jobs, self.run_lock_held, self.gpu_utilization)
+        return IdleChecks(self.running_jobs, self.run_locks_held, self.gpu_utilization)
 
 
 class Recorder:
-    """A provider that only records what it was asked to stop."""
+    """A provider that only records what it was asked to stop, and the node.autostop entries
+    pending in `wal` at that moment (the decision must be durable before acting)."""
 
     name = "recorder"
 
-    def __init__(self) -> None:
+    def __init__(self, wal: WriteAheadLog | None = None, refuse: bool = False) -> None:
         self.stopped: list[str] = []
+        self.pending_at_stop: list[int] = []
+        self.wal = wal
+        self.refuse = refuse
 
     async def acquire(self, query: GPUQuery) -> NodeHandle:
         raise ProviderError("recorder: acquires nothing")
@@ -73,6 +83,10 @@ class Recorder:
         return ActionResult(handle, False, "recorder")
 
     async def stop(self, handle: NodeHandle) -> ActionResult:
+        if self.wal is not None:
+            self.pending_at_stop = [e.id for e in await self.wal.pending(WAL_ENTRY_TYPE)]
+        if self.refuse:
+            raise ProviderError("recorder: the cloud API said no")
         self.stopped.append(handle.id)
         return ActionResult(handle.with_state(STOPPED), True, "stopped")
 
@@ -95,10 +109,30 @@ async def tick(auto: AutoStop, node: FakeNode, seconds: int) -> list[dict[str, o
 
 
 def test_should_act_needs_a_whole_idle_window() -> None:
-    samples = [IdleSample(0, True), IdleSample(5, False, "job"), IdleSample(6, True)]
+    samples = [IdleSample(0, True), IdleSample(5, False, ("job",)), IdleSample(6, True)]
     assert not should_act(samples, 15.9, POLICY)
     assert should_act(samples, 16.0, POLICY)
-    assert not should_act([*samples, IdleSample(17, False, "gpu")], 30.0, POLICY)
+    assert not should_act([*samples, IdleSample(17, False, ("gpu",))], 30.0, POLICY)
+
+
+async def test_every_busy_finding_is_a_reason() -> None:
+    node = FakeNode(jobs=2, locked=True, gpus=[83.0, 1.0, None])
+    sample = await take_sample(node.checks(), 5.0, 1.0)
+    assert not sample.idle
+    assert sample.reasons == (
+        "2 jobs running",
+        "run lock held: run:train",
+        "gpu 0 at 83%",
+        "gpu 2 read failed",
+    )
+    node.jobs, node.locked, node.fail = 1, False, "nvml"
+    sample = await take_sample(node.checks(), 5.0, 2.0)
+    assert sample.reasons == ("job running", "gpu read failed: NVML_ERROR_UNKNOWN")
+    node.jobs, node.fail, node.gpus = 0, "locks", [4.9]
+    sample = await take_sample(node.checks(), 5.0, 3.0)
+    assert sample.reasons == ("run lock check failed: no coordinator known",)
+    node.fail = None
+    assert (await take_sample(node.checks(), 5.0, 4.0)).idle
 
 
 async def test_stops_after_the_window_and_never_while_busy(tmp_path: Path) -> None:
@@ -110,7 +144,7 @@ async def test_stops_after_the_window_and_never_while_busy(tmp_path: Path) -> No
         handle = await local.acquire(GPUQuery())
         auto = AutoStop(local, handle, POLICY, node.checks(), wal=wal, clock=lambda: node.now)
         assert await tick(auto, node, 30) == []  # a job runs the whole time
-        assert auto.status()["last_busy_reason"] == "1 job(s) running"
+        assert auto.status()["busy_reasons"] == ["job running"]
         node.jobs, node.locked = 0, True
         assert await tick(auto, node, 30) == []  # a run lock is held
         node.locked, node.gpus = False, [2.0, 50.0]
@@ -178,3 +212,90 @@ async def test_policy_from_inventory_and_the_loop_task() -> None:
             await asyncio.sleep(0.01)
     assert recorder.stopped == ["n1"]
     assert auto.acted is not None
+
+
+async def test_the_decision_is_in_the_wal_before_the_provider_acts(tmp_path: Path) -> None:
+    node = FakeNode()
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        recorder = Recorder(wal)
+        handle = NodeHandle(provider="recorder", id="n1", ssh=None)
+        auto = AutoStop(recorder, handle, POLICY, node.checks(), wal=wal, clock=lambda: node.now)
+        acted = await tick(auto, node, 12)
+        assert recorder.stopped == ["n1"]
+        assert recorder.pending_at_stop == [acted[0]["entry"]]
+        assert await wal.pending() == []
+        assert await wal.state_get(LAST_DECISION_KEY) == acted[0]
+        assert auto.status()["state"] == "acted"
+
+
+async def test_a_refused_stop_is_rolled_back_and_needs_a_new_window(tmp_path: Path) -> None:
+    node = FakeNode()
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        recorder = Recorder(wal, refuse=True)
+        handle = NodeHandle(provider="recorder", id="n1", ssh=None)
+        auto = AutoStop(recorder, handle, POLICY, node.checks(), wal=wal, clock=lambda: node.now)
+        with pytest.raises(ProviderError, match="said no"):
+            await tick(auto, node, 12)
+        entry = await wal.get(1)
+        assert entry is not None
+        assert entry.state == EntryState.ROLLED_BACK
+        assert "said no" in str(entry.error)
+        assert auto.acted is None
+        assert auto.last_decision is not None
+        assert "failed" in auto.last_decision["outcome"]
+        recorder.refuse = False
+        assert await tick(auto, node, 9) == []  # not retried at every check: a new window
+        assert len(await tick(auto, node, 3)) == 1
+        assert recorder.stopped == ["n1"]
+
+
+async def test_dry_run_audits_again_only_after_another_window(tmp_path: Path) -> None:
+    node = FakeNode()
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        recorder = Recorder()
+        handle = NodeHandle(provider="recorder", id="n1", ssh=None)
+        auto = AutoStop(
+            recorder, handle, POLICY, node.checks(), wal=wal, dry_run=True, clock=lambda: node.now
+        )
+        assert len(await tick(auto, node, 11)) == 1
+        assert await tick(auto, node, 9) == []
+        assert len(await tick(auto, node, 2)) == 1
+        assert recorder.stopped == []
+        assert auto.acted is None
+
+
+async def test_an_interrupted_decision_is_reported_not_repeated(tmp_path: Path) -> None:
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        entry = await wal.append(WAL_ENTRY_TYPE, {"node": "n1", "action": "stop", "dry_run": False})
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        found = await recover_interrupted(wal)
+        assert [d["entry"] for d in found] == [entry]
+        assert found[0]["recovered"] is True
+        assert "not repeated" in found[0]["outcome"]
+        stored = await wal.get(entry)
+        assert stored is not None
+        assert stored.state == EntryState.COMMITTED
+        assert await wal.state_get(LAST_DECISION_KEY) == found[0]
+        assert await recover_interrupted(wal) == []
+        recorder = Recorder()
+        auto = AutoStop(recorder, NodeHandle("recorder", "n1", None), POLICY, FakeNode().checks())
+        auto.wal = wal
+        await auto.load()
+        assert auto.status()["last_decision"] == found[0]
+
+
+def test_which_locks_of_the_table_are_held_for_this_node() -> None:
+    table = {
+        "locks": {
+            "run:a": {"holder": "run-1"},
+            "run:b": {"holder": "run-2"},
+            "mine": {"holder": "n1:trainer"},
+            "host": {"holder": "box7:4242:ab12cd34"},
+            "free": {"holder": None},
+            "other": {"holder": "n2:trainer"},
+            "n1x": {"holder": "n10"},
+        },
+        "runs": {"run-1": {"job_node": "n1"}, "run-2": {"job_node": "n2"}},
+    }
+    assert locks_held_here(table, "n1", "box7") == ["host", "mine", "run:a"]
+    assert locks_held_here({"locks": "garbled"}, "n1", "box7") == []
