@@ -2,7 +2,10 @@
 it a random while, and logs what it believes (see lock_history.py for the events).
 
 usage: locks_netns_client.py --secret-file FILE --log FILE --name NAME [--ttl-s S]
-       [--hold-max-s S] [--seed N] ADDRESS:PORT ...
+       [--hold-max-s S] [--long-share P] [--seed N] ADDRESS:PORT ...
+
+A share P of the holds lasts one to two ttl_s (so it needs renewals, and spans failovers);
+the others up to --hold-max-s.
 
 Runs until killed. Every line is flushed as it is written, so a SIGKILL loses none.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from config import read_secret_file
-from node.errors import LockLostError, LockUnavailableError
+from node.errors import LockError
 from node.runs import cluster_lock
 
 REQUEST_TIMEOUT_S = 1.0
@@ -66,11 +69,16 @@ async def contend(args: argparse.Namespace, secret: bytes) -> None:
                 ) as fence:
                     note("start", holder=holder, fence=fence.to_list())
                     try:
-                        await asyncio.sleep(rng.uniform(0.02, args.hold_max_s))
+                        long = rng.random() < args.long_share
+                        await asyncio.sleep(
+                            rng.uniform(args.ttl_s, 2 * args.ttl_s)  # outlives a lease
+                            if long
+                            else rng.uniform(0.02, args.hold_max_s)
+                        )
                     finally:
                         note("end", holder=holder)
                 note("released", holder=holder)
-            except (LockLostError, LockUnavailableError) as exc:
+            except LockError as exc:  # lost, unavailable, or refused
                 note("lost", holder=holder, reason=str(exc))
             await asyncio.sleep(rng.uniform(0.0, 0.1))
     finally:
@@ -84,6 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--ttl-s", type=float, default=3.0)
     parser.add_argument("--hold-max-s", type=float, default=1.0)
+    parser.add_argument("--long-share", type=float, default=0.15)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("targets", nargs="+")
     args = parser.parse_args(argv)

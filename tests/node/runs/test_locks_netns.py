@@ -51,7 +51,7 @@ FAILOVERS = int(os.environ.get("SHOAL_LOCK_NETNS_FAILOVERS", "25"))
 SEED = int(os.environ.get("SHOAL_LOCK_NETNS_SEED", "18"))
 VOTERS = 3
 CLIENTS = 4
-TTL_S = 3.0
+TTL_S = 2.0
 ELECTION_S = FAST_TIMEOUTS["lease_s"] + FAST_TIMEOUTS["election_max_s"]
 """Longest from a coordinator's end to a successor (FAST_TIMEOUTS): its lease, then the
 longest election timeout."""
