@@ -152,18 +152,24 @@ async def cluster_lock(
 
         margin_s = min(1.0, ttl_s / 4)
 
+        leaving = asyncio.Event()
+
         async def keep() -> None:
             nonlocal lease_end
             renew = {"holder": holder, "fence": fence.to_list()}
-            while True:
+            # `leaving` as well as cancel(): a cancel that lands as a renewal completes can be
+            # lost (asyncio.wait_for on 3.11), and a keeper that outlived its body would renew
+            # a lock nobody uses, forever.
+            while not leaving.is_set():
                 # renew once a third of the lease has run
                 await asyncio.sleep(max(0.0, lease_end - 2 * ttl_s / 3 - time.monotonic()))
+                if leaving.is_set():
+                    return
                 asked = time.monotonic()
                 give_up_at = lease_end - margin_s
                 try:
-                    await asyncio.wait_for(
-                        client.call(name, "renew", renew, give_up_at), max(0.0, give_up_at - asked)
-                    )
+                    async with asyncio.timeout(max(0.0, give_up_at - asked)):
+                        await client.call(name, "renew", renew, give_up_at)
                     lease_end = asked + ttl_s
                 except (LockError, TimeoutError) as exc:
                     lost.append(getattr(exc, "reason", "") or "no renewal reached the coordinator")
@@ -180,6 +186,7 @@ async def cluster_lock(
                 raise LockLostError(409, "lock_lost", f"lock {name!r} lost: {lost[0]}") from None
             raise
         finally:
+            leaving.set()
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
