@@ -214,6 +214,17 @@ class RunService:
 
     async def _start_job(self, run: Mapping[str, Any]) -> None:
         url = self._url_of(str(run["job_node"]))
+        # A job node that does not follow this coordinator yet (it just restarted) would take
+        # the job and fail its gang at once ("no coordinator yet"): the run waits for it.
+        status, view = await self._call("GET", f"{url}/v1/status")
+        following = view.get("coordinator") if isinstance(view, dict) else None
+        if status != 200 or following != self._runtime.node_id:
+            raise RunError(
+                503,
+                "job_node_not_ready",
+                f"run {run['run_id']}: job node {run['job_node']} follows {following}, not "
+                f"coordinator {self._runtime.node_id} yet; the job starts once it does",
+            )
         body = {
             "job_id": run["run_id"],
             "name": run["name"],
