@@ -127,7 +127,12 @@ class RunService:
         if step == "queued":
             await self._take_lock(run)
         elif step == "locked":
-            note, started_nodes = await self.starter.start(run)
+            chosen = run.get("nodes_to_start")
+            if chosen is None:  # the choice is stored first: a repeat starts the same nodes
+                await self._put({**run, "nodes_to_start": await self.starter.stopped(run)})
+                return
+            started_nodes = [str(node_id) for node_id in chosen]
+            note = await self.starter.start(run, started_nodes)
             runtime = self._runtime
             job_url = f"http://{runtime.address}:{runtime.port}"
             started = with_step(

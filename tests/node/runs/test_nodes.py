@@ -1,4 +1,5 @@
-"""A run's nodes through a provider: stopped nodes started before, exactly those stopped after."""
+"""A run's nodes through a provider: the stopped nodes chosen, exactly those started before
+(again harmlessly) and stopped after."""
 
 from __future__ import annotations
 
@@ -50,17 +51,20 @@ class RecordingProvider:
 async def test_only_the_nodes_a_run_started_are_stopped() -> None:
     provider = RecordingProvider()
     nodes = ProviderNodes(provider)
-    note, started = await nodes.start({})
-    assert started == ["n1"]
+    chosen = await nodes.stopped({})
+    assert chosen == ["n1"]
+    note = await nodes.start({}, chosen)
     assert "n1: booted" in note
-    note = await nodes.stop({"started_nodes": started})
-    assert provider.calls == ["start n1", "stop n1"]
+    assert await nodes.stopped({}) == []
+    await nodes.start({}, chosen)  # a repeat after a failover starts the same node, not none
+    note = await nodes.stop({"started_nodes": chosen})
+    assert provider.calls == ["start n1", "start n1", "stop n1"]
     assert "n1: halted" in note
 
 
 async def test_a_provider_failure_is_a_run_error() -> None:
     with pytest.raises(RunError) as caught:
-        await ProviderNodes(RecordingProvider(fail=True)).start({})
+        await ProviderNodes(RecordingProvider(fail=True)).start({}, ["n1"])
     assert caught.value.code == "nodes_not_started"
     assert "will not boot" in caught.value.reason
 
@@ -69,6 +73,7 @@ async def test_the_static_provider_starts_nothing_and_says_so() -> None:
     inventory: Inventory = parse_inventory(
         {"hosts": {"a": {"ssh_host": "127.0.0.1"}, "b": {"ssh_host": "127.0.0.2"}}}
     )
-    note, started = await ProviderNodes(StaticProvider(inventory)).start({})
+    nodes = ProviderNodes(StaticProvider(inventory))
+    started = await nodes.stopped({})
     assert started == []
-    assert note == "provider static: no stopped node to start"
+    assert await nodes.start({}, started) == "provider static: no stopped node to start"
