@@ -34,6 +34,11 @@ class ResultsSettings(BaseModel):
         description="`local`: a directory on the coordinator's host; `s3`: an S3-compatible store.",
     )
     path: Path | None = Field(None, description="local: the directory (default DATA_DIR/results).")
+    node: str | None = Field(
+        None,
+        description="local: the node whose directory holds the results (the coordinator asks it "
+        "to fetch each file from its member); unset: the coordinator's host.",
+    )
     endpoint_url: str | None = Field(None, description="s3: the store's URL (None: AWS).")
     bucket: str | None = Field(None, description="s3: the bucket (required for s3).")
     prefix: str = Field("", description="s3: a key prefix before runs/<run_id>/<node>/.")
@@ -46,6 +51,8 @@ class ResultsSettings(BaseModel):
     def _s3_needs_bucket(self) -> ResultsSettings:
         if self.backend == "s3" and (not self.bucket or self.credentials_file is None):
             raise ValueError("results.backend s3 needs results.bucket and results.credentials_file")
+        if self.backend != "local" and self.node is not None:
+            raise ValueError("results.node names where a `local` store lives; drop it for s3")
         return self
 
 

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -68,16 +68,28 @@ class LockClient:
         self, name: str, op: str, body: dict[str, Any], deadline: float, extra_s: float = 0.0
     ) -> dict[str, Any]:
         """POST /v1/locks/{name}/{op} until an answer other than 503 or `deadline` passes."""
+        answer, _ = await self.call_timed(name, op, body, deadline, extra_s)
+        return answer
+
+    async def call_timed(
+        self, name: str, op: str, body: dict[str, Any], deadline: float, extra_s: float = 0.0
+    ) -> tuple[dict[str, Any], float]:
+        """`call`, with the monotonic time the answered attempt was sent: the coordinator
+        changed the lock no earlier than that, so a lease it granted runs at least ttl_s from it.
+
+        A node that answers 503 (no coordinator or no quorum where it stands) or does not answer
+        at all is left for the next of `urls`: a partitioned node may stay unable for long."""
         assert self._session is not None, "use LockClient in `async with`"
         last = "no attempt"
         while True:
             url = f"{self.urls[self._next % len(self.urls)]}/v1/locks/{name}/{op}"
             timeout = aiohttp.ClientTimeout(total=self._timeout_s + extra_s)
+            sent_at = time.monotonic()
             try:
                 async with self._session.post(url, json=body, timeout=timeout) as response:
                     answer = await response.json(content_type=None)
                 if response.status == 200:
-                    return dict(answer)
+                    return dict(answer), sent_at
                 if response.status != 503:
                     raise LockError(
                         response.status, str(answer.get("error")), str(answer.get("reason"))
@@ -85,7 +97,7 @@ class LockClient:
                 last = f"{url}: {answer.get('reason')}"
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 last = f"{url}: {exc!r}"
-                self._next += 1
+            self._next += 1
             if time.monotonic() >= deadline:
                 raise LockUnavailableError(503, "lock_unavailable", f"lock {name!r} {op}: {last}")
             await asyncio.sleep(RETRY_S)
@@ -101,45 +113,63 @@ async def cluster_lock(
     secret: bytes | None = None,
     timeout_s: float | None = None,
     wait_s: float = 5.0,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    on_position: Callable[[int], None] | None = None,
 ) -> AsyncIterator[LockFence]:
     """Hold the cluster lock `name` for the body; yields the grant's fence `[term, seq]`.
 
-    Waits in FIFO order up to `timeout_s` (None: forever). Raises LockLostError when the lease
-    was lost while the body ran (the body is cancelled), LockUnavailableError when no node answers.
+    Waits in FIFO order up to `timeout_s` (None: forever), asking again at least every
+    `wait_s` (and every ttl_s / 3); `on_position(N)` hears each queue position answered.
+    Raises LockLostError when the lease was lost while the body ran (the body is cancelled),
+    LockUnavailableError when no node answers.
+
+    The lease is counted from when the granting request was sent (the coordinator granted or
+    renewed no earlier), so this side believes it holds the lock no longer than the coordinator
+    does; the body is cancelled a margin before that belief ends unless a renewal got through.
     """
     holder = holder or default_holder()
-    async with LockClient(urls, secret=secret) as client:
+    ask_s = min(wait_s, ttl_s / 3)
+    async with LockClient(urls, secret=secret, request_timeout_s=request_timeout_s) as client:
         start = time.monotonic()
-        body = {"holder": holder, "ttl_s": ttl_s, "wait": True, "wait_s": wait_s}
+        body = {"holder": holder, "ttl_s": ttl_s, "wait": True, "wait_s": ask_s}
         while True:
             deadline = start + timeout_s if timeout_s is not None else math.inf
-            answer = await client.call(
-                name, "acquire", body, min(deadline, time.monotonic() + ttl_s), wait_s
+            answer, sent_at = await client.call_timed(
+                name, "acquire", body, min(deadline, time.monotonic() + ttl_s), ask_s
             )
             if answer["granted"]:
                 break
+            if on_position is not None and answer.get("position") is not None:
+                on_position(int(answer["position"]))
             if timeout_s is not None and time.monotonic() - start >= timeout_s:
                 raise LockUnavailableError(
                     503, "lock_wait_timeout", f"lock {name!r}: not granted within {timeout_s:g} s"
                 )
         fence = LockFence.parse(answer["fence"])
-        lease_end = time.monotonic() + ttl_s
+        lease_end = sent_at + ttl_s
         body_task = asyncio.current_task()
         lost: list[str] = []
 
         margin_s = min(1.0, ttl_s / 4)
 
+        leaving = asyncio.Event()
+
         async def keep() -> None:
             nonlocal lease_end
             renew = {"holder": holder, "fence": fence.to_list()}
-            while True:
-                await asyncio.sleep(ttl_s / 3)
+            # `leaving` as well as cancel(): a cancel that lands as a renewal completes can be
+            # lost (asyncio.wait_for on 3.11), and a keeper that outlived its body would renew
+            # a lock nobody uses, forever.
+            while not leaving.is_set():
+                # renew once a third of the lease has run
+                await asyncio.sleep(max(0.0, lease_end - 2 * ttl_s / 3 - time.monotonic()))
+                if leaving.is_set():
+                    return
                 asked = time.monotonic()
                 give_up_at = lease_end - margin_s
                 try:
-                    await asyncio.wait_for(
-                        client.call(name, "renew", renew, give_up_at), max(0.0, give_up_at - asked)
-                    )
+                    async with asyncio.timeout(max(0.0, give_up_at - asked)):
+                        await client.call(name, "renew", renew, give_up_at)
                     lease_end = asked + ttl_s
                 except (LockError, TimeoutError) as exc:
                     lost.append(getattr(exc, "reason", "") or "no renewal reached the coordinator")
@@ -156,6 +186,7 @@ async def cluster_lock(
                 raise LockLostError(409, "lock_lost", f"lock {name!r} lost: {lost[0]}") from None
             raise
         finally:
+            leaving.set()
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper

@@ -1,10 +1,11 @@
 """How a run starts and stops the nodes it needs: through a node provider (node.providers).
-Before the job: every node of the provider that is stopped is started (the ids are stored in the
-run's record); afterwards, unless keep-alive, exactly those are stopped again."""
+Before the job, the provider's stopped nodes are chosen and the choice stored in the run's record
+(`nodes_to_start`), then exactly those are started (again, harmlessly, after a failover);
+afterwards, unless keep-alive, exactly those are stopped again."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from node.errors import ProviderError, RunError
@@ -12,17 +13,22 @@ from node.providers import STOPPED, Provider
 
 
 class NodeStarter(Protocol):
-    """Starts the nodes a run needs (answering a note and the ids it started) and stops them."""
+    """Chooses the nodes a run starts (`stopped`), starts them (answering a note) and stops
+    them afterwards; `start` and `stop` may be repeated for the same run."""
 
-    async def start(self, run: Mapping[str, Any]) -> tuple[str, list[str]]: ...
+    async def stopped(self, run: Mapping[str, Any]) -> list[str]: ...
+    async def start(self, run: Mapping[str, Any], ids: Sequence[str]) -> str: ...
     async def stop(self, run: Mapping[str, Any]) -> str: ...
 
 
 class StaticNodes:
     """No provider configured: the nodes are always on; nothing to start or stop."""
 
-    async def start(self, run: Mapping[str, Any]) -> tuple[str, list[str]]:
-        return "no provider: the nodes are always running, nothing to start", []
+    async def stopped(self, run: Mapping[str, Any]) -> list[str]:
+        return []
+
+    async def start(self, run: Mapping[str, Any], ids: Sequence[str]) -> str:
+        return "no provider: the nodes are always running, nothing to start"
 
     async def stop(self, run: Mapping[str, Any]) -> str:
         return "no provider: nothing to stop"
@@ -34,20 +40,26 @@ class ProviderNodes:
     def __init__(self, provider: Provider) -> None:
         self.provider = provider
 
-    async def start(self, run: Mapping[str, Any]) -> tuple[str, list[str]]:
-        name = self.provider.name
+    async def stopped(self, run: Mapping[str, Any]) -> list[str]:
         try:
-            started, notes = [], []
+            return [h.id for h in await self.provider.list() if h.state == STOPPED]
+        except ProviderError as exc:
+            raise RunError(
+                502, "nodes_not_listed", f"provider {self.provider.name}: {exc}"
+            ) from exc
+
+    async def start(self, run: Mapping[str, Any], ids: Sequence[str]) -> str:
+        name = self.provider.name
+        wanted = set(ids)
+        try:
+            notes = []
             for handle in await self.provider.list():
-                if handle.state != STOPPED:
-                    continue
-                result = await self.provider.start(handle)
-                notes.append(f"{handle.id}: {result.message or 'started'}")
-                if result.changed:
-                    started.append(handle.id)
+                if handle.id in wanted:
+                    result = await self.provider.start(handle)
+                    notes.append(f"{handle.id}: {result.message or 'started'}")
         except ProviderError as exc:
             raise RunError(502, "nodes_not_started", f"provider {name}: {exc}") from exc
-        return f"provider {name}: {'; '.join(notes) or 'no stopped node to start'}", started
+        return f"provider {name}: {'; '.join(notes) or 'no stopped node to start'}"
 
     async def stop(self, run: Mapping[str, Any]) -> str:
         name = self.provider.name

@@ -1,20 +1,27 @@
-"""The results store of runs, `local` backend: a directory on the coordinator's host. A file
-appears at its key only complete, fsynced and matching the hash its node announced; an upload
-is reported done only after that.
+"""The results store of runs, `local` backend: a directory on the coordinator's host, or on the
+node named by `results.node` (the coordinator asks that node to fetch each file from its member,
+as sync's pushes are pull requests). A file appears at its key only complete, fsynced and
+matching the hash its node announced; an upload is reported done only after that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
+
+import aiohttp
 
 from config import NodeSettings
 from node.errors import ResultsStoreError
 from sync import DEFAULT_PIECE_SIZE
 from sync.files.manifest import digest_of_fd
+
+FETCH_PATH = "/v1/results/fetch"
+FETCH_TIMEOUT_FACTOR = 60
+"""A fetch by the results node may move a large file: this many http_request_s."""
 
 
 def result_key(run_id: str, node: str, path: str) -> str:
@@ -25,6 +32,16 @@ def result_key(run_id: str, node: str, path: str) -> str:
             400, "bad_result_path", f"result path {path!r}: relative, without '..'"
         )
     return str(PurePosixPath("runs", run_id, node, *parts))
+
+
+def check_key(key: object) -> str:
+    """A key shaped `runs/<run_id>/<node>/<path>`; ResultsStoreError 400 otherwise (the caller
+    compares it with result_key of its parts, which refuses '..' and odd spellings)."""
+    if not isinstance(key, str) or len(key.split("/")) < 4 or not key.startswith("runs/"):
+        raise ResultsStoreError(
+            400, "bad_result_key", f"a key runs/<run>/<node>/<path>, not {key!r}"
+        )
+    return key
 
 
 def _write_verified(root: Path, key: str, temp: Path, expected: str | None) -> dict[str, Any]:
@@ -75,6 +92,49 @@ class LocalResults:
         return await asyncio.to_thread(_write_verified, self.root, key, temp, expected_hash)
 
 
+class NodeResults:
+    """Results in the `local` store of node `node`: `collect` asks that node (POST
+    /v1/results/fetch) to fetch one member's file and store it; it answers once stored."""
+
+    def __init__(self, node: str, timeout_s: float) -> None:
+        self.node = node
+        self.timeout_s = timeout_s
+
+    async def collect(
+        self,
+        session: aiohttp.ClientSession,
+        url: str | None,
+        fetch: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Have the results node (at `url`) fetch `fetch` = {key, node, job_id, path}."""
+        if url is None:
+            raise ResultsStoreError(
+                503,
+                "results_node_unknown",
+                f"results node {self.node} is not in the membership view; start it or change "
+                "results.node",
+            )
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        try:
+            async with session.post(
+                f"{url}{FETCH_PATH}", json=dict(fetch), timeout=timeout
+            ) as response:
+                answer = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ResultsStoreError(
+                502, "results_node_unreachable", f"results node {self.node}: {exc!r}"
+            ) from exc
+        if response.status != 200 or not isinstance(answer, dict):
+            reason = answer.get("reason") if isinstance(answer, dict) else answer
+            raise ResultsStoreError(
+                502,
+                "results_node_refused",
+                f"results node {self.node} did not store {fetch['key']}: "
+                f"{response.status} {reason}",
+            )
+        return dict(answer)
+
+
 class ResultsStore(Protocol):
     """Where runs put the files they collect: `put` returns only once the store holds the
     file, checked against `expected_hash` (sync's content hash of the node's copy)."""
@@ -84,11 +144,17 @@ class ResultsStore(Protocol):
     ) -> dict[str, Any]: ...
 
 
-def open_results_store(settings: NodeSettings) -> ResultsStore:
-    """The store of the `results:` section (s3 is imported only when configured)."""
+def open_results_store(settings: NodeSettings) -> ResultsStore | NodeResults:
+    """The store of the `results:` section (s3 is imported only when configured): on the node
+    `results.node` names (or on every node when unset) the local directory, elsewhere that
+    node reached over the API."""
     section = settings.results
     local_root = section.path or settings.data_dir / "results"
     if section.backend == "local":
+        if section.node is not None and section.node != settings.node_id:
+            return NodeResults(
+                section.node, settings.timeouts.http_request_s * FETCH_TIMEOUT_FACTOR
+            )
         return LocalResults(local_root)
     from node.runs.s3 import S3Results
 

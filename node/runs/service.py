@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,7 +37,14 @@ from node.runs.queue import (
     run_lock,
     with_step,
 )
-from node.runs.results import ResultsStore, result_key
+from node.runs.results import (
+    FETCH_PATH,
+    LocalResults,
+    NodeResults,
+    ResultsStore,
+    check_key,
+    result_key,
+)
 from node.runs.table import LockFence, LockTable, acquire, put_run, release, renew
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,7 @@ DRIVE_TICK_S = 0.3
 RUN_LOCK_TTL_S = 60.0
 KILL_GRACE_S = 5.0
 CHUNK_BYTES = 1 << 20
+JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 RUN_RECORD_SCHEMA: dict[str, Any] = {
@@ -86,7 +95,7 @@ class RunService:
     def __init__(
         self,
         locks: LockService,
-        results: ResultsStore,
+        results: ResultsStore | NodeResults,
         stacks: Mapping[str, Mapping[str, Any]],
         *,
         starter: NodeStarter | None = None,
@@ -144,7 +153,12 @@ class RunService:
         if step == "queued":
             await self._take_lock(run)
         elif step == "locked":
-            note, started_nodes = await self.starter.start(run)
+            chosen = run.get("nodes_to_start")
+            if chosen is None:  # the choice is stored first: a repeat starts the same nodes
+                await self._put({**run, "nodes_to_start": await self.starter.stopped(run)})
+                return
+            started_nodes = [str(node_id) for node_id in chosen]
+            note = await self.starter.start(run, started_nodes)
             runtime = self._runtime
             job_url = f"http://{runtime.address}:{runtime.port}"
             started = with_step(
@@ -231,6 +245,17 @@ class RunService:
 
     async def _start_job(self, run: Mapping[str, Any]) -> None:
         url = self._url_of(str(run["job_node"]))
+        # A job node that does not follow this coordinator yet (it just restarted) would take
+        # the job and fail its gang at once ("no coordinator yet"): the run waits for it.
+        status, view = await self._call("GET", f"{url}/v1/status")
+        following = view.get("coordinator") if isinstance(view, dict) else None
+        if status != 200 or following != self._runtime.node_id:
+            raise RunError(
+                503,
+                "job_node_not_ready",
+                f"run {run['run_id']}: job node {run['job_node']} follows {following}, not "
+                f"coordinator {self._runtime.node_id} yet; the job starts once it does",
+            )
         body = {
             "job_id": run["run_id"],
             "name": run["name"],
@@ -290,24 +315,43 @@ class RunService:
         self, run: Mapping[str, Any], member: Mapping[str, Any], path: str
     ) -> dict[str, Any]:
         key = result_key(str(run["run_id"]), str(member["node"]), path)
-        url = f"{member['url']}/v1/jobs/{member['job_id']}/files"
+        if isinstance(self.results, NodeResults):
+            fetch = {"key": key, "node": member["node"], "job_id": member["job_id"], "path": path}
+            node = self.results.node
+            url = local_daemon_url(self._runtime) if node == self._runtime.node_id else None
+            url = url or self.locks.url_of(node)
+            stored = await self.results.collect(self.locks.session, url, fetch)
+        else:
+            stored = await self._store(self.results, key, str(member["url"]), member, path)
+        return {**stored, "node": member["node"], "path": path}
+
+    async def _store(
+        self,
+        store: ResultsStore,
+        key: str,
+        member_url: str,
+        member: Mapping[str, Any],
+        path: str,
+    ) -> dict[str, Any]:
+        """Download `path` of the member's job from `member_url` into `store` at `key`; the
+        stored record, or {"missing": true} when the member has no such file."""
+        url = f"{member_url}/v1/jobs/{member['job_id']}/files"
         session = self.locks.session
         try:
             async with session.get(url, params={"path": path}) as response:
                 if response.status == 404:
-                    return {"key": key, "node": member["node"], "path": path, "missing": True}
+                    return {"key": key, "missing": True}
                 if response.status != 200:
                     raise RunError(
                         502, "result_download_failed", f"{url}?path={path}: {response.status}"
                     )
-                stored = await self.results.put(
+                return await store.put(
                     key,
                     response.content.iter_chunked(CHUNK_BYTES),
                     response.headers.get("X-Shoal-Content-Hash"),
                 )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise RunError(502, "result_download_failed", f"{url}?path={path}: {exc!r}") from exc
-        return {**stored, "node": member["node"], "path": path}
 
     # HTTP
 
@@ -317,6 +361,7 @@ class RunService:
             web.get(RUNS_PATH, answers_run_errors(self._handle_list)),
             web.get(f"{RUNS_PATH}/{{run_id}}", answers_run_errors(self._handle_get)),
             web.post(f"{RUNS_PATH}/{{run_id}}/cancel", answers_run_errors(self._handle_cancel)),
+            web.post(FETCH_PATH, answers_run_errors(self._handle_fetch)),
         ]
 
     @staticmethod
@@ -367,7 +412,50 @@ class RunService:
                 body_optional=True,
                 response=RUN_RECORD_SCHEMA,
             ),
+            RouteDoc(
+                "POST",
+                FETCH_PATH,
+                'The results node only: fetch {"key", "node", "job_id", "path"} from that member '
+                "node's job and store it at key (answers once stored, hash checked)",
+                (
+                    (200, "stored, or missing on the member"),
+                    (400, "bad request"),
+                    (409, "this node is not results.node"),
+                    (502, "the member could not be read"),
+                    (503, "the member is not in this node's view"),
+                ),
+            ),
         ]
+
+    async def _handle_fetch(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        runtime = self._runtime
+        if runtime.settings.results.node != runtime.node_id or not isinstance(
+            self.results, LocalResults
+        ):
+            raise RunError(
+                409,
+                "not_results_node",
+                f"node {runtime.node_id} is not the results node "
+                f"({runtime.settings.results.node or 'none: the coordinator stores results'})",
+            )
+        fields = body if isinstance(body, dict) else {}
+        key = check_key(fields.get("key"))
+        texts = {name: fields.get(name) for name in ("node", "job_id", "path")}
+        for name, value in texts.items():
+            if not isinstance(value, str) or not value:
+                raise RunError(400, "invalid_fetch", f"{name}: a non-empty string, not {value!r}")
+        node, job_id, path = str(texts["node"]), str(texts["job_id"]), str(texts["path"])
+        if not JOB_ID.fullmatch(job_id):
+            raise RunError(400, "invalid_fetch", f"job_id {job_id!r}: letters, digits, . _ -")
+        if key != result_key(key.split("/")[1], node, path):
+            raise RunError(400, "invalid_fetch", f"key {key!r} is not runs/<run>/{node}/{path}")
+        member_url = local_daemon_url(runtime) if node == runtime.node_id else None
+        member_url = member_url or self.locks.url_of(node)
+        if member_url is None:
+            raise RunError(503, "node_unknown", f"node {node} is not in this node's view")
+        stored = await self._store(self.results, key, member_url, {"job_id": job_id}, path)
+        return web.json_response(stored)
 
     async def _body(self, request: web.Request) -> Any:
         try:

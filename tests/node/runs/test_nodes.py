@@ -1,15 +1,24 @@
-"""A run's nodes through a provider: stopped nodes started before, exactly those stopped after."""
+"""A run's nodes through a provider: the stopped nodes chosen, exactly those started before
+(again harmlessly) and stopped after."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from config import Inventory, parse_inventory
-from node.errors import ProviderError, RunError
+from node.errors import LockError, ProviderError, RunError
 from node.providers import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle, StaticProvider
+from node.runs import LocalResults, LockTable, RunService, parse_run_spec
 from node.runs.nodes import ProviderNodes
+from node.runs.queue import new_run, with_step
+from node.runs.table import put_run
 
 
 class RecordingProvider:
@@ -50,17 +59,20 @@ class RecordingProvider:
 async def test_only_the_nodes_a_run_started_are_stopped() -> None:
     provider = RecordingProvider()
     nodes = ProviderNodes(provider)
-    note, started = await nodes.start({})
-    assert started == ["n1"]
+    chosen = await nodes.stopped({})
+    assert chosen == ["n1"]
+    note = await nodes.start({}, chosen)
     assert "n1: booted" in note
-    note = await nodes.stop({"started_nodes": started})
-    assert provider.calls == ["start n1", "stop n1"]
+    assert await nodes.stopped({}) == []
+    await nodes.start({}, chosen)  # a repeat after a failover starts the same node, not none
+    note = await nodes.stop({"started_nodes": chosen})
+    assert provider.calls == ["start n1", "start n1", "stop n1"]
     assert "n1: halted" in note
 
 
 async def test_a_provider_failure_is_a_run_error() -> None:
     with pytest.raises(RunError) as caught:
-        await ProviderNodes(RecordingProvider(fail=True)).start({})
+        await ProviderNodes(RecordingProvider(fail=True)).start({}, ["n1"])
     assert caught.value.code == "nodes_not_started"
     assert "will not boot" in caught.value.reason
 
@@ -69,6 +81,52 @@ async def test_the_static_provider_starts_nothing_and_says_so() -> None:
     inventory: Inventory = parse_inventory(
         {"hosts": {"a": {"ssh_host": "127.0.0.1"}, "b": {"ssh_host": "127.0.0.2"}}}
     )
-    note, started = await ProviderNodes(StaticProvider(inventory)).start({})
+    nodes = ProviderNodes(StaticProvider(inventory))
+    started = await nodes.stopped({})
     assert started == []
-    assert note == "provider static: no stopped node to start"
+    assert await nodes.start({}, started) == "provider static: no stopped node to start"
+
+
+class FlakyLocks:
+    """The seam RunService writes through: a table in memory whose next `fail` writes are
+    refused (a lost quorum, a failover between the start of the nodes and its record)."""
+
+    def __init__(self) -> None:
+        self.table = LockTable()
+        self.fail = 0
+        self.runtime = SimpleNamespace(node_id="n0", address="127.0.0.1", port=1)
+
+    async def apply(self, operation: Any) -> Any:
+        changed, answer = operation(self.table, 1, time.time())
+        if self.fail:
+            self.fail -= 1
+            raise LockError(503, "no_lock_quorum", "the write did not reach a majority")
+        self.table = changed
+        return answer
+
+
+async def test_a_repeated_start_step_starts_and_records_the_same_nodes(tmp_path: Path) -> None:
+    provider = RecordingProvider()
+    locks = FlakyLocks()
+    service = RunService(
+        locks,  # type: ignore[arg-type]
+        LocalResults(tmp_path),
+        {},
+        starter=ProviderNodes(provider),
+    )
+    record = with_step(new_run(parse_run_spec({"argv": ["true"]}, {}), 1), "locked", fence=[1, 1])
+    locks.table = put_run(locks.table, 1, record["run_id"], record)
+
+    def stored() -> Mapping[str, Any]:
+        return locks.table.runs[record["run_id"]]
+
+    await service.advance(stored())  # the choice is stored before anything starts
+    assert stored()["nodes_to_start"] == ["n1"]
+    assert provider.calls == []
+    locks.fail = 1
+    with pytest.raises(LockError):
+        await service.advance(stored())  # n1 started, but its record was not stored
+    await service.advance(stored())  # repeated: n1 is running now, and still the run's node
+    assert stored()["step"] == "starting"
+    assert stored()["started_nodes"] == ["n1"]
+    assert provider.calls == ["start n1", "start n1"]
