@@ -5,8 +5,17 @@ follows the trainer's consumption."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +44,12 @@ BATCH = 10
 PRODUCERS = 3
 PER_PRODUCER = 200
 LIVENESS_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def sample(run: str, index: int, created_at: float | None = None) -> dict[str, Any]:
@@ -272,3 +287,89 @@ async def test_the_openapi_document_names_the_429_of_the_rollouts_post(tmp_path:
     assert "429" not in paths["/v1/records/games"]["post"]["responses"]
     assert "post" in paths["/v1/rollouts/consumed"]
     assert "get" in paths["/v1/rollouts/pending"]
+
+
+HAMMER_THREADS = 4
+HAMMER_REQUESTS = 300
+HAMMER_RECORDS = 100
+RSS_BOUND_BYTES = 64 * 1024 * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
+
+
+def post_raw(url: str, body: bytes) -> tuple[int, str | None]:
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status), answer.headers.get("Retry-After")
+    except urllib.error.HTTPError as exc:
+        exc.read()
+        return int(exc.code), exc.headers.get("Retry-After")
+
+
+@pytest.mark.timeout(300)
+def test_the_daemons_memory_stays_flat_while_producers_hammer_a_full_store(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    config = tmp_path / "node.yaml"
+    config.write_text("rollouts_max_pending: 100\n")
+    log = tmp_path / "daemon.log"
+    args = ["serve", "--node-id", "rss", "--data-dir", str(tmp_path / "data"), "--no-mdns"]
+    args += ["--config", str(config), "--port", str(port), "--bind", "127.0.0.1"]
+    with log.open("w") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "node", *args], stdout=out, stderr=out)
+    try:
+        url = f"http://127.0.0.1:{port}/v1/records/rollouts"
+        deadline = time.monotonic() + LIVENESS_S
+        while True:
+            assert daemon.poll() is None, log.read_text()
+            with contextlib.suppress(OSError):
+                if (
+                    post_raw(url, json.dumps([sample("r", i) for i in range(100)]).encode())[0]
+                    == 200
+                ):
+                    break
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        filler = "x" * 1500
+
+        def hammer(thread: int, requests: int) -> list[tuple[int, str | None]]:
+            answers = []
+            for request in range(requests):
+                first = (thread * HAMMER_REQUESTS + request) * HAMMER_RECORDS + 1000
+                records = [
+                    {**sample("r", first + i), "payload": {"filler": filler, "i": i}}
+                    for i in range(HAMMER_RECORDS)
+                ]
+                answers.append(post_raw(url, json.dumps(records).encode()))
+            return answers
+
+        warm = hammer(HAMMER_THREADS, 50)  # the first requests grow caches and arenas
+        before = rss_bytes(daemon.pid)
+        with ThreadPoolExecutor(HAMMER_THREADS) as pool:
+            answers = [
+                answer
+                for answers in pool.map(hammer, range(HAMMER_THREADS), [HAMMER_REQUESTS] * 4)
+                for answer in answers
+            ]
+        after = rss_bytes(daemon.pid)
+        assert set(warm + answers) == {(429, "1")}  # every request refused, none trimmed
+        grown = after - before
+        assert grown <= RSS_BOUND_BYTES, f"RSS grew {grown / 2**20:.0f} MiB under 429s"
+        status = urllib.request.urlopen(f"{url}/status", timeout=10)
+        assert json.loads(status.read())["count"] == 100
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
