@@ -32,7 +32,7 @@ from node.rl.broadcast import (
 )
 from node.rl.client import call
 from node.rl.files import write_weights_file
-from node.rl.group import WeightsRendezvous
+from node.rl.group import WeightsRendezvous, gloo_bound_towards
 from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
 
 log = logging.getLogger(__name__)
@@ -307,6 +307,7 @@ class WeightPublisher:
         store.set(f"{prefix}/v{version}/members", json.dumps(announced))
         outcome: dict[str, Any] = {}
         group = self._group
+        master_addr = self._store_at[0] if self._store_at is not None else "127.0.0.1"
 
         def run() -> None:
             nonlocal group
@@ -314,7 +315,8 @@ class WeightPublisher:
                 if group is None:
                     scoped = dist.PrefixStore(f"{prefix}/epoch{epoch}", store)
                     timeout = timedelta(seconds=max(0.1, deadline - self._clock()))
-                    group = dist.ProcessGroupGloo(scoped, 0, len(members), timeout)
+                    with gloo_bound_towards(master_addr):
+                        group = dist.ProcessGroupGloo(scoped, 0, len(members), timeout)
                 broadcast_weights(
                     model,
                     group,

@@ -24,6 +24,7 @@ from node.rl.broadcast import (
 )
 from node.rl.client import call
 from node.rl.files import load_weights_file, weights_files
+from node.rl.group import gloo_bound_towards
 from node.rl.publisher import fetch_weights_rendezvous, store_key_prefix
 from node.training.rendezvous import daemon_endpoint
 
@@ -221,10 +222,12 @@ class WeightReceiver:
             return self._group
         dist = torch_distributed()
         scoped = dist.PrefixStore(f"{prefix}/epoch{epoch}", store)
+        master_addr = self._store_at[0] if self._store_at is not None else "127.0.0.1"
         try:
-            group = dist.ProcessGroupGloo(
-                scoped, rank, size, timedelta(seconds=self._left(deadline))
-            )
+            with gloo_bound_towards(master_addr):
+                group = dist.ProcessGroupGloo(
+                    scoped, rank, size, timedelta(seconds=self._left(deadline))
+                )
         except RuntimeError as exc:
             raise WeightsError(f"epoch {epoch}: the weights group did not form: {exc}") from exc
         self._group, self._epoch = group, epoch
