@@ -183,6 +183,13 @@ class NodeSettings(BaseModel):
         description="Cap on the file bytes this node serves to peers, all transfers together, "
         "in bytes per second (none: unlimited).",
     )
+    rollouts_max_pending: int = Field(
+        100_000,
+        ge=1,
+        le=100_000_000,
+        description="Unconsumed samples of one run the rollouts store keeps; beyond it a POST "
+        "answers 429 with Retry-After until the trainer's RolloutStream has read some.",
+    )
     jobs: JobSettings = Field(default_factory=JobSettings)
     provider: Literal["static", "local"] = Field(
         "static",

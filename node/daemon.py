@@ -58,6 +58,7 @@ from node.metrics import ingest_counter
 from node.openapi import RouteDoc
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
+from node.rl.backlog import RolloutBacklog
 from node.rl.service import WeightsService
 from node.runs.locks import LockService
 from node.runs.nodes import ProviderNodes, StaticNodes
@@ -71,6 +72,7 @@ from node.systemd import SystemdNotifier
 from node.tasks.registry import open_actor_routes
 from sync import (
     BUILTIN_SCHEMAS,
+    ROLLOUTS_SCHEMA,
     RecordSchema,
     RecordSchemaError,
     RecordStores,
@@ -406,11 +408,18 @@ class NodeDaemon:
             runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
             runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
         weights = self._weights_service(runtime, election)
+        backlog = RolloutBacklog(
+            runtime.settings.rollouts_max_pending,
+            lambda: stores.get(ROLLOUTS_SCHEMA.name),
+            registry=runtime.metrics.registry if runtime.metrics is not None else None,
+        )
         app = build_app(
             runtime,
             policy,
             extra_routes=[
-                *record_routes(stores, runtime.node_id, on_ingest=ingest_counter(runtime)),
+                *record_routes(
+                    stores, runtime.node_id, on_ingest=ingest_counter(runtime), gate=backlog
+                ),
                 *election.routes(),
                 *sync_service.routes(),
                 *jobs.routes(),
@@ -418,9 +427,15 @@ class NodeDaemon:
                 *locks.routes(),
                 *runs.routes(),
                 *weights.routes(),
+                *backlog.routes(),
             ],
             extra_docs=[
-                *(RouteDoc(**doc) for doc in record_route_docs(record_schemas(runtime.settings))),
+                *(
+                    RouteDoc(**doc)
+                    for doc in record_route_docs(
+                        record_schemas(runtime.settings), gated=(ROLLOUTS_SCHEMA.name,)
+                    )
+                ),
                 *election.docs(),
                 *sync_service.docs([schema.name for schema in record_schemas(runtime.settings)]),
                 *jobs.docs(),
@@ -429,6 +444,7 @@ class NodeDaemon:
                 *runs.docs(),
                 *sync_service.docs(),
                 *weights.docs(),
+                *backlog.docs(),
             ],
         )
         runner = web.AppRunner(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sync.cluster import cluster_stats_from_json, full_cluster_sync
 from sync.errors import (
     AllSourcesFailedError,
+    BacklogFullError,
     ContentMismatchError,
     FileChangedError,
     FileSyncError,
@@ -106,6 +107,7 @@ __all__ = [
     "GAMES_SCHEMA",
     "ROLLOUTS_SCHEMA",
     "AllSourcesFailedError",
+    "BacklogFullError",
     "ClusterSyncStats",
     "ContentMismatchError",
     "Cursor",

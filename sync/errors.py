@@ -150,6 +150,24 @@ class StoreBusyError(SyncError):
         return (type(self), (self.store, self.retry_after_s))
 
 
+class BacklogFullError(SyncError):
+    """A store holds `cap` unconsumed records of `group` already; retry in `retry_after_s`
+    seconds, when the consumer has read some (HTTP 429)."""
+
+    def __init__(
+        self, store: str, group: str, pending: int, cap: int, retry_after_s: float
+    ) -> None:
+        self.store, self.group, self.pending, self.cap = store, group, pending, cap
+        self.retry_after_s = max(0.0, retry_after_s)
+        super().__init__(
+            f"record store {store!r} holds {pending} unconsumed records of {group!r} "
+            f"(at most {cap}); retry in {self.retry_after_s:g} s, once the consumer has read some"
+        )
+
+    def __reduce__(self) -> tuple[type[BacklogFullError], tuple[str, str, int, int, float]]:
+        return (type(self), (self.store, self.group, self.pending, self.cap, self.retry_after_s))
+
+
 class StoreWriteError(SyncError):
     """SQLite failed to open, write or read a record store; nothing of the failed batch is kept."""
 

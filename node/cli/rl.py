@@ -1,5 +1,6 @@
-"""`shoal rl demo`: a local cluster (one trainer, generators on the other nodes) running the
-pipeline-RL example of node.rl.demo; one JSON line per step, then a final line."""
+"""`shoal rl demo`: a local cluster (one trainer, generators on the other nodes), or running
+daemons given with --node, running the pipeline-RL example of node.rl.demo; one JSON line per
+step, then a final line."""
 
 from __future__ import annotations
 
@@ -51,6 +52,51 @@ def _wait_for_group(url: str, nodes: int, timeout_s: float) -> None:
     fail(f"the {nodes} demo nodes formed no weights group in {timeout_s:.0f} s")
 
 
+def start_local_cluster(
+    root: Path, nodes: int, base_port: int
+) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+    """`nodes` daemons on 127.0.0.1 under `root` (rl-1 trains, the others self-play): their
+    URLs by name and their processes (the caller stops them)."""
+    (root / "hosts.yaml").write_text(_inventory(nodes, base_port))
+    names = [f"rl-{i}" for i in range(1, nodes + 1)]
+    urls = {name: f"http://127.0.0.1:{base_port + i}" for i, name in enumerate(names)}
+    daemons: list[subprocess.Popen[bytes]] = []
+    for index, name in enumerate(names):
+        role = "training" if index == 0 else "selfplay"
+        config = root / f"{name}.yaml"
+        config.write_text(f"role: {role}\nbackend: gloo\nmax_training: 1\n")
+        command = [sys.executable, "-m", "node", "serve", "--node-id", name,
+                   "--port", str(base_port + index), "--data-dir", str(root / name),
+                   "--inventory", str(root / "hosts.yaml"), "--config", str(config)]  # fmt: skip
+        with (root / f"{name}.log").open("ab") as log:
+            daemons.append(subprocess.Popen(command, stdout=log, stderr=log))  # noqa: S603
+    return urls, daemons
+
+
+def _group_of(urls: list[str], timeout_s: float) -> dict[str, str]:
+    """The given daemons by node id, the trainer (weights rank 0) first, once every one is in
+    the weights group of the demo run."""
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        seen = {url: _get(f"{url}/v1/rendezvous?group=weights&run={RUN}") for url in urls}
+        ranks = {
+            url: (group["rank"], group["members"][group["rank"]])
+            for url, group in seen.items()
+            if isinstance(group, dict) and isinstance(group.get("rank"), int)
+        }
+        if len(ranks) == len(urls) and any(rank == 0 for rank, _ in ranks.values()):
+            ordered = sorted(ranks.items(), key=lambda item: item[1][0])
+            return {name: url for url, (_, name) in ordered}
+        time.sleep(0.5)
+    missing = [url for url in urls if not isinstance((seen.get(url) or {}).get("rank"), int)]
+    fail(
+        f"not in the weights group of run {RUN!r} after {timeout_s:.0f} s: "
+        f"{', '.join(missing) or 'no trainer (rank 0) among the nodes'}; give one training "
+        "node and inference/selfplay nodes of one cluster"
+    )
+
+
 @rl_app.command("demo")
 def demo(
     nodes: Annotated[
@@ -64,18 +110,27 @@ def demo(
         typer.Option("--kill-receiver-at", help="SIGKILL one generator at this step, restart it."),
     ] = None,
     base_port: Annotated[int, typer.Option("--base-port", help="First node's port.")] = 8870,
+    node_urls: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node",
+            help="Use this running daemon instead of a local cluster (repeat: one training "
+            "node, the others inference/selfplay); the trainer and generators run here. "
+            "SHOAL_SECRET_FILE signs their requests.",
+        ),
+    ] = None,
+    wait_s: Annotated[
+        float, typer.Option("--wait-s", min=0, help="Seconds the nodes get to form the group.")
+    ] = 90.0,
     as_json: Annotated[bool, typer.Option("--json", help="Only the JSON lines.")] = False,
 ) -> None:
-    """Start a local cluster, train a toy policy with in-flight weight updates, print JSON lines
-    {step, version, samples, dropped_stale, max_lag_seen, reward_mean, broadcast_ms}, then
-    {final_version, weights_sha256}."""
+    """Train a toy policy with in-flight weight updates on a local cluster (or the nodes given
+    with --node), printing JSON lines {step, version, samples, dropped_stale, max_lag_seen,
+    reward_mean, broadcast_ms}, then {final_version, weights_sha256}."""
     warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
     from node.rl.demo import train
 
     root = Path(tempfile.mkdtemp(prefix="shoal-rl-demo-"))
-    (root / "hosts.yaml").write_text(_inventory(nodes, base_port))
-    names = [f"rl-{i}" for i in range(1, nodes + 1)]
-    urls = {name: f"http://127.0.0.1:{base_port + i}" for i, name in enumerate(names)}
     daemons: list[subprocess.Popen[bytes]] = []
     generators: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -83,53 +138,37 @@ def demo(
         if not as_json:
             print(text, file=sys.stderr, flush=True)
 
-    def start_generator(name: str) -> None:
-        models = root / name / "models"
-        with (root / f"{name}-generator.log").open("ab") as log:
-            generators[name] = subprocess.Popen(  # noqa: S603 - our interpreter and arguments
-                [sys.executable, "-m", "node", "rl", "generator", urls[name], str(models),
-                 "--max-lag", str(max_lag)],
-                stdout=log, stderr=log,
-            )  # fmt: skip
-
-    def before_step(step: int) -> None:
-        if kill_receiver_at == step and len(names) > 1:
-            victim = names[-1]
-            say(f"step {step}: SIGKILL the generator of {victim}, then restart it")
-            generators[victim].send_signal(signal.SIGKILL)
-            generators[victim].wait()
-            start_generator(victim)
-
     try:
-        for name in names:
-            role = "training" if name == names[0] else "selfplay"
-            config = root / f"{name}.yaml"
-            config.write_text(f"role: {role}\nbackend: gloo\nmax_training: 1\n")
-            with (root / f"{name}.log").open("ab") as log:
-                daemons.append(
-                    subprocess.Popen(  # noqa: S603 - our interpreter and arguments
-                        [
-                            sys.executable,
-                            "-m",
-                            "node",
-                            "serve",
-                            "--node-id",
-                            name,
-                            "--port",
-                            str(base_port + names.index(name)),
-                            "--data-dir",
-                            str(root / name),
-                            "--inventory",
-                            str(root / "hosts.yaml"),
-                            "--config",
-                            str(config),
-                        ],
-                        stdout=log,
-                        stderr=log,
-                    )
-                )
-        say(f"started {nodes} nodes under {root}; waiting for the role plan")
-        _wait_for_group(urls[names[0]], nodes, 90.0)
+        if node_urls:
+            given = [url.rstrip("/") for url in node_urls]
+            if len(set(given)) < 2:
+                fail("give at least two --node URLs: one trainer and one generator")
+            say(f"waiting for {len(given)} nodes to form the weights group of run {RUN!r}")
+            urls = _group_of(given, wait_s)
+            models = {name: root / "models" for name in urls}  # all processes run here
+        else:
+            urls, daemons = start_local_cluster(root, nodes, base_port)
+            say(f"started {nodes} nodes under {root}; waiting for the role plan")
+            _wait_for_group(next(iter(urls.values())), nodes, wait_s)
+            models = {name: root / name / "models" for name in urls}  # the sync fan-out's
+        names = list(urls)
+
+        def start_generator(name: str) -> None:
+            with (root / f"{name}-generator.log").open("ab") as log:
+                generators[name] = subprocess.Popen(  # noqa: S603 - our interpreter and arguments
+                    [sys.executable, "-m", "node", "rl", "generator", urls[name],
+                     str(models[name]), "--max-lag", str(max_lag)],
+                    stdout=log, stderr=log,
+                )  # fmt: skip
+
+        def before_step(step: int) -> None:
+            if kill_receiver_at == step and len(names) > 1:
+                victim = names[-1]
+                say(f"step {step}: SIGKILL the generator of {victim}, then restart it")
+                generators[victim].send_signal(signal.SIGKILL)
+                generators[victim].wait()
+                start_generator(victim)
+
         for name in names[1:]:
             start_generator(name)
 
@@ -140,7 +179,7 @@ def demo(
             RUN,
             urls[names[0]],
             [urls[n] for n in names],
-            root / names[0] / "models",
+            models[names[0]],
             steps,
             max_lag,
             batch_size,

@@ -3,6 +3,7 @@ plane, publisher and receiver, rollout streams. torch is imported only where ten
 
 from __future__ import annotations
 
+from node.rl.backlog import RolloutBacklog
 from node.rl.broadcast import broadcast_weights, receive_weights, weights_digest
 from node.rl.publisher import PublishResult, WeightPublisher
 from node.rl.receiver import WeightReceiver
@@ -12,6 +13,7 @@ from node.rl.versions import check_staleness, make_version_state, stamp_sample
 
 __all__ = [
     "PublishResult",
+    "RolloutBacklog",
     "RolloutStream",
     "WeightPublisher",
     "WeightReceiver",

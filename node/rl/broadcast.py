@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,6 +24,8 @@ DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 """Bucket size of a broadcast: large enough that per-collective latency stops mattering."""
 ALONE_BYTES = 1024 * 1024
 """A tensor this large is its own bucket, sent and received without a copy."""
+DIGEST_CHUNK_BYTES = 8 * 1024 * 1024
+"""Piece of a parameter's bytes hashed on its own (in parallel with the others)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,19 +56,57 @@ def describe_params(model: Any) -> list[ParamInfo]:
     ]
 
 
+class WeightsDigest:
+    """The weights' sha256, built as parameters are added: sha256 over, per parameter in
+    broadcast order, `name:dtype:shape;` and the sha256 of each DIGEST_CHUNK_BYTES piece of its
+    bytes. The pieces are hashed in `pool` (hashlib lets go of the GIL), so hashing runs on every
+    core and beside whatever the caller does next (a receiver: the next bucket's collective).
+    An added tensor must not change until `hexdigest()` returned."""
+
+    def __init__(self, pool: Executor) -> None:
+        self._pool = pool
+        self._parts: list[tuple[bytes, list[Future[bytes]], Any]] = []
+
+    def add(self, name: str, param: Any) -> None:
+        tensor = param.detach().cpu().contiguous()
+        header = f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode()
+        data = _tensor_bytes(tensor)
+        pieces = [
+            data[at : at + DIGEST_CHUNK_BYTES] for at in range(0, len(data), DIGEST_CHUNK_BYTES)
+        ]
+        futures = [self._pool.submit(_sha256, piece) for piece in pieces or [data]]
+        self._parts.append((header, futures, tensor))  # the tensor keeps its bytes alive
+
+    def hexdigest(self) -> str:
+        digest = hashlib.sha256()
+        for header, futures, _ in self._parts:
+            digest.update(header)
+            for future in futures:
+                digest.update(future.result())
+        return digest.hexdigest()
+
+
+def hash_pool() -> ThreadPoolExecutor:
+    """A pool for WeightsDigest: one thread per core (at most 8); the caller closes it."""
+    return ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="weights-digest")
+
+
 def weights_digest(model: Any) -> str:
-    """sha256 over every parameter's name, dtype, shape and bytes, in broadcast order."""
+    """The WeightsDigest of `model`'s parameters."""
     return digest_named(model.named_parameters())
 
 
 def digest_named(named: Iterable[tuple[str, Any]]) -> str:
-    """`weights_digest` of (name, tensor) pairs."""
-    digest = hashlib.sha256()
-    for name, param in named:
-        tensor = param.detach().cpu().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(_tensor_bytes(tensor))
-    return digest.hexdigest()
+    """`weights_digest` of (name, tensor) pairs, hashed on every core."""
+    with hash_pool() as pool:
+        digest = WeightsDigest(pool)
+        for name, param in named:
+            digest.add(name, param)
+        return digest.hexdigest()
+
+
+def _sha256(data: memoryview) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 def plan_buckets(
@@ -128,13 +170,16 @@ def receive_weights(
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     timeout_s: float | None = None,
+    digest: WeightsDigest | None = None,
 ) -> int:
     """Receive a broadcast of `broadcast_weights` into `model` in place; return its version.
 
     The bucket size must match the sender's. WeightsError when the sender's parameter count or
-    size differ from this model's (the parameters are then left untouched).
+    size differ from this model's (the parameters are then left untouched). With `digest`, each
+    bucket is added to it as soon as it landed, hashed while the next one arrives.
     """
     torch = _torch()
+    names = [name for name, _ in model.named_parameters()]
     params = [p for _, p in model.named_parameters()]
     total = sum(p.numel() * p.element_size() for p in params)
     header = torch.zeros(3, dtype=torch.int64, device=_device(params))
@@ -150,15 +195,18 @@ def receive_weights(
             targets = [params[i] for i in bucket]
             if len(targets) == 1 and targets[0].is_contiguous():
                 _broadcast(trainer_group, targets[0].detach(), timeout_s)  # in place
-                continue
-            numel = sum(t.numel() for t in targets)
-            buffer = torch.empty(numel, dtype=targets[0].dtype, device=targets[0].device)
-            _broadcast(trainer_group, buffer, timeout_s)
-            offset = 0
-            for target in targets:
-                piece = buffer[offset : offset + target.numel()].view(target.shape)
-                target.copy_(piece)
-                offset += target.numel()
+            else:
+                numel = sum(t.numel() for t in targets)
+                buffer = torch.empty(numel, dtype=targets[0].dtype, device=targets[0].device)
+                _broadcast(trainer_group, buffer, timeout_s)
+                offset = 0
+                for target in targets:
+                    piece = buffer[offset : offset + target.numel()].view(target.shape)
+                    target.copy_(piece)
+                    offset += target.numel()
+            if digest is not None:
+                for index in bucket:
+                    digest.add(names[index], params[index])
     return version
 
 

@@ -1,5 +1,6 @@
 """Blocking HTTP calls of training and generator processes to daemons (signed when a secret is
-set), with a timeout on every call; errors become PeerRequestError/PeerTimeoutError."""
+set), with a timeout on every call; errors become PeerRequestError/PeerTimeoutError, and
+RetryLater for a 429 or 503 that says when to come back."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from typing import Any
 from config import signed_headers
 from node.errors import PeerRequestError, PeerTimeoutError
 from node.training.rendezvous import DaemonEndpoint
+from sync import parse_retry_after
+
+
+class RetryLater(PeerRequestError):
+    """A node answered 429 or 503 with Retry-After: the same request may succeed after
+    `retry_after_s` seconds (backpressure, a full queue)."""
+
+    def __init__(self, url: str, reason: str, status: int, retry_after_s: float) -> None:
+        super().__init__(url, reason, status)
+        self.retry_after_s = retry_after_s
 
 
 def call(
@@ -45,6 +56,9 @@ def call(
             status, raw = response.status, response.read()
     except urllib.error.HTTPError as exc:
         raw = exc.read()
+        wait = parse_retry_after(exc.headers.get("Retry-After")) if exc.headers else None
+        if wait is not None and exc.code in (429, 503):
+            raise RetryLater(where, _reason(raw), exc.code, wait) from exc
         raise PeerRequestError(where, _reason(raw), exc.code) from exc
     except TimeoutError as exc:
         raise PeerTimeoutError(where, f"no answer in {wait_s:.1f} s") from exc

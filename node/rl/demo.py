@@ -76,10 +76,12 @@ def run_generator(
                 action = int(torch.multinomial(probs, 1))
                 sample = {"context": context, "action": action, "reward": reward(context, action)}
                 samples.append(rollout_record(stamp_sample(sample, state), run))
-        try:
-            post_rollouts(receiver.endpoint, samples)
+        try:  # blocks while the store holds rollouts_max_pending unconsumed samples (429)
+            post_rollouts(receiver.endpoint, samples, stop=stop)
+        except WeightsError:
+            break  # stopped while the store was full
         except PeerRequestError:
-            time.sleep(0.2)  # the store is full (429) or restarting: back off
+            time.sleep(0.2)  # the daemon is restarting: back off
         time.sleep(0.02)
 
 

@@ -19,14 +19,19 @@ def weights_path(models_dir: Path, run: str, version: int) -> Path:
     return models_dir / run / f"weights-v{version:010d}.pt"
 
 
-def write_weights_file(models_dir: Path, run: str, version: int, model: Any, keep: int = 2) -> Path:
-    """Write `model`'s parameters at `version`; keep the newest `keep` files of the run."""
+def write_weights_file(
+    models_dir: Path, run: str, version: int, model: Any, keep: int = 2, sha256: str | None = None
+) -> Path:
+    """Write `model`'s parameters at `version` (with `sha256`, their weights_digest, computed
+    here when not given); keep the newest `keep` files of the run. The parameters must not
+    change while it runs (they are saved without a copy)."""
     import torch
 
     path = weights_path(models_dir, run, version)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
-    document = {"version": version, "sha256": weights_digest(model), "params": state}
+    state = {name: p.detach().cpu() for name, p in model.named_parameters()}
+    sha = weights_digest(model) if sha256 is None else sha256
+    document = {"version": version, "sha256": sha, "params": state}
     temp = path.with_name(f".{path.name}.tmp")
     try:
         with temp.open("wb") as handle:

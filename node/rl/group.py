@@ -3,13 +3,16 @@ and the receivers' daemon URLs; served at GET /v1/rendezvous?group=weights&run=R
 
 from __future__ import annotations
 
+import contextlib
+import os
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from node.election.plan import RolePlan
 from node.errors import RendezvousError
+from node.training.groups import interface_towards
 from node.training.rendezvous import GENERATION_PORT_SPAN
 
 WEIGHTS_GROUP = "weights"
@@ -119,3 +122,19 @@ def weights_rendezvous_for(
         term=plan.term,
         plan_version=plan.version,
     )
+
+
+@contextlib.contextmanager
+def gloo_bound_towards(master_addr: str) -> Iterator[None]:
+    """While a weights group forms, make gloo advertise the address that routes to the
+    publisher's store, not the hostname's (often 127.0.x.1 in /etc/hosts, which no other host
+    reaches). An operator's GLOO_SOCKET_IFNAME wins; the environment is restored afterwards."""
+    name = None if os.environ.get("GLOO_SOCKET_IFNAME") else interface_towards(master_addr)
+    if name is None:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)

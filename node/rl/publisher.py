@@ -13,6 +13,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -30,7 +32,7 @@ from node.rl.broadcast import (
 )
 from node.rl.client import call
 from node.rl.files import write_weights_file
-from node.rl.group import WeightsRendezvous
+from node.rl.group import WeightsRendezvous, gloo_bound_towards
 from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,8 @@ class PublishResult:
     total_s: float
     path: Path | None
     phases_s: Mapping[str, float] = field(default_factory=dict)
-    """Seconds spent in: prepare (rendezvous, file, digest), offer, ready, broadcast, ack."""
+    """Seconds spent in: prepare (rendezvous, digest), offer, ready, broadcast, ack, file (the
+    rest of writing the weights file, which runs beside the acknowledgements)."""
 
 
 def store_key_prefix(run: str) -> str:
@@ -119,9 +122,6 @@ class WeightPublisher:
                 f"this node is not the publisher of run {self.run!r}: the weights group is "
                 f"{list(rendezvous.members)} (rank 0 publishes)"
             )
-        path = None
-        if self.models_dir is not None:
-            path = write_weights_file(self.models_dir, self.run, version, model, self.keep_files)
         sha = weights_digest(model)
         params = describe_params(model)
         sent_at = time.time()
@@ -137,9 +137,22 @@ class WeightPublisher:
                 store, model, version, (rendezvous.members[0], *ready), deadline
             )
         marks.append(self._clock())
+        # the file is written while the receivers verify and acknowledge (the model does not
+        # change before publish returns); a receiver left out catches up from it
+        writer = self._write_file(model, version, sha)
         acknowledged = self._wait_acks(rendezvous, version, sha, ready, deadline)
         marks.append(self._clock())
-        names = ("offer", "ready", "broadcast", "ack")
+        path = None
+        if writer is not None:
+            try:
+                path = writer.result(self._left(deadline))
+            except FutureTimeout as exc:
+                raise WeightsError(
+                    f"run {self.run!r} version {version}: the weights file was not written "
+                    f"within the deadline ({self.deadline_s:.1f} s); is {self.models_dir} slow?"
+                ) from exc
+        marks.append(self._clock())
+        names = ("offer", "ready", "broadcast", "ack", "file")
         phases = {"prepare": marks[0] - started}
         phases |= {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
         unacked = tuple(node for node in ready if node not in acknowledged)
@@ -176,6 +189,26 @@ class WeightPublisher:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _write_file(self, model: Any, version: int, sha: str) -> Future[Path] | None:
+        """The weights file of `version`, written in a thread (None without models_dir)."""
+        if self.models_dir is None:
+            return None
+        future: Future[Path] = Future()
+        models_dir = self.models_dir
+
+        def write() -> None:
+            try:
+                path = write_weights_file(
+                    models_dir, self.run, version, model, self.keep_files, sha
+                )
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(path)
+
+        threading.Thread(target=write, name=f"weights-file-{self.run}-v{version}").start()
+        return future
 
     def _left(self, deadline: float) -> float:
         return max(0.05, deadline - self._clock())
@@ -274,6 +307,7 @@ class WeightPublisher:
         store.set(f"{prefix}/v{version}/members", json.dumps(announced))
         outcome: dict[str, Any] = {}
         group = self._group
+        master_addr = self._store_at[0] if self._store_at is not None else "127.0.0.1"
 
         def run() -> None:
             nonlocal group
@@ -281,7 +315,8 @@ class WeightPublisher:
                 if group is None:
                     scoped = dist.PrefixStore(f"{prefix}/epoch{epoch}", store)
                     timeout = timedelta(seconds=max(0.1, deadline - self._clock()))
-                    group = dist.ProcessGroupGloo(scoped, 0, len(members), timeout)
+                    with gloo_bound_towards(master_addr):
+                        group = dist.ProcessGroupGloo(scoped, 0, len(members), timeout)
                 broadcast_weights(
                     model,
                     group,

@@ -17,12 +17,14 @@ from config import Timeouts
 from node.errors import PeerRequestError, WeightsError
 from node.rl.broadcast import (
     DEFAULT_BUCKET_BYTES,
+    WeightsDigest,
+    hash_pool,
     receive_weights,
     torch_distributed,
-    weights_digest,
 )
 from node.rl.client import call
 from node.rl.files import load_weights_file, weights_files
+from node.rl.group import gloo_bound_towards
 from node.rl.publisher import fetch_weights_rendezvous, store_key_prefix
 from node.training.rendezvous import daemon_endpoint
 
@@ -123,7 +125,8 @@ class WeightReceiver:
             log.warning("version %s: left out of the broadcast; catching up later", version)
             self.catch_up(model)
             return None
-        with self._lock:
+        with hash_pool() as pool, self._lock:
+            digest = WeightsDigest(pool)  # each bucket is hashed while the next one arrives
             if pause is not None:
                 pause()
             try:
@@ -131,7 +134,11 @@ class WeightReceiver:
                     store, prefix, epoch, members.index(node), len(members), deadline
                 )
                 received = receive_weights(
-                    model, group, bucket_bytes=self.bucket_bytes, timeout_s=self._left(deadline)
+                    model,
+                    group,
+                    bucket_bytes=self.bucket_bytes,
+                    timeout_s=self._left(deadline),
+                    digest=digest,
                 )
             except WeightsError:
                 self._group, self._epoch = None, None
@@ -139,7 +146,7 @@ class WeightReceiver:
             finally:
                 if resume is not None:
                     resume()
-        sha = weights_digest(model)
+            sha = digest.hexdigest()
         if received != version or sha != offer["sha256"]:
             raise WeightsError(
                 f"version {version}: received version {received} with sha256 {sha[:12]}, "
@@ -215,10 +222,12 @@ class WeightReceiver:
             return self._group
         dist = torch_distributed()
         scoped = dist.PrefixStore(f"{prefix}/epoch{epoch}", store)
+        master_addr = self._store_at[0] if self._store_at is not None else "127.0.0.1"
         try:
-            group = dist.ProcessGroupGloo(
-                scoped, rank, size, timedelta(seconds=self._left(deadline))
-            )
+            with gloo_bound_towards(master_addr):
+                group = dist.ProcessGroupGloo(
+                    scoped, rank, size, timedelta(seconds=self._left(deadline))
+                )
         except RuntimeError as exc:
             raise WeightsError(f"epoch {epoch}: the weights group did not form: {exc}") from exc
         self._group, self._epoch = group, epoch

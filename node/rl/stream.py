@@ -4,6 +4,9 @@ counting) samples more than `max_lag` policy versions old."""
 
 from __future__ import annotations
 
+import logging
+import random
+import threading
 import time
 import urllib.parse
 import uuid
@@ -15,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from config import Timeouts
 from node.errors import PeerRequestError, WeightsError
-from node.rl.client import call
+from node.rl.client import RetryLater, call
 from node.rl.versions import check_staleness
 from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
 
@@ -23,13 +26,17 @@ ROLLOUTS_PATH = "/v1/records/rollouts"
 PAGE_LIMIT = 1000
 EMPTY_POLL_S = 0.05
 SAMPLE_FIELDS = ("model_version", "generated_at", "node")
+CONSUMED_PATH = "/v1/rollouts/consumed"
+
+log = logging.getLogger(__name__)
 
 
 def rollout_record(
     sample: Mapping[str, Any], run: str, sample_id: str | None = None
 ) -> dict[str, Any]:
     """The `rollouts` record of a stamped sample (see versions.stamp_sample): its version and
-    time as fields, everything else in `payload`."""
+    time as fields, everything else (with `generated_at`) in `payload`. A daemon's store
+    replaces `created_at` by its own time of admission (node.rl.backlog)."""
     version = sample.get("model_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise WeightsError("a rollout needs an integer model_version: stamp it first")
@@ -38,13 +45,37 @@ def rollout_record(
         "created_at": float(sample["generated_at"]),
         "model_version": version,
         "run": run,
-        "payload": {k: v for k, v in sample.items() if k not in ("model_version", "generated_at")},
+        "payload": {k: v for k, v in sample.items() if k != "model_version"},
     }
 
 
-def post_rollouts(endpoint: DaemonEndpoint, records: Sequence[Mapping[str, Any]]) -> None:
-    """POST records to the local daemon's rollouts store (PeerRequestError when refused)."""
-    call(endpoint, "POST", ROLLOUTS_PATH, list(records))  # type: ignore[arg-type]
+def post_rollouts(
+    endpoint: DaemonEndpoint,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    stop: threading.Event | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+    rand: Callable[[], float] = random.random,
+) -> int:
+    """POST records to the local daemon's rollouts store, blocking while it is full: a 429 (the
+    run has rollouts_max_pending unconsumed samples) or a busy 503 is retried after its
+    Retry-After (stretched by up to 25% so producers spread out), never dropped. Returns how
+    many times it waited. PeerRequestError when refused otherwise; WeightsError when `stop` is
+    set while waiting (the records were then not posted)."""
+    waits = 0
+    while True:
+        try:
+            call(endpoint, "POST", ROLLOUTS_PATH, list(records))  # type: ignore[arg-type]
+        except RetryLater as exc:
+            if stop is not None and stop.is_set():
+                raise WeightsError(
+                    f"stopped while the rollouts store was full: {len(records)} samples not "
+                    f"posted ({exc.reason})"
+                ) from exc
+            waits += 1
+            sleep(exc.retry_after_s * (1.0 + 0.25 * rand()))
+            continue
+        return waits
 
 
 class RolloutStream:
@@ -73,6 +104,7 @@ class RolloutStream:
         self.endpoint = daemon_endpoint(daemon_url, secret_file, timeouts=timeouts)
         self.nodes = list(nodes) if nodes else [self.endpoint.url]
         self._cursors: dict[str, tuple[float, str] | None] = dict.fromkeys(self.nodes)
+        self._acked: dict[str, tuple[float, str] | None] = dict.fromkeys(self.nodes)
         self._seen: set[str] = set()
         self._buffer: list[dict[str, Any]] = []
         self._clock = clock
@@ -121,16 +153,34 @@ class RolloutStream:
             batch.append(record)
         self.consumed += len(batch)
         self._consumed_total.inc(len(batch))
+        if not self._buffer:  # everything read is handed out or dropped: tell the nodes now
+            for node in self.nodes:
+                self._ack(node)
         return batch
 
     def _fill(self) -> bool:
-        """Pull one page from every node; True when something new arrived."""
+        """Pull one page from every node; True when something new arrived. Runs only with an
+        empty buffer: every record before a node's cursor is consumed, which the node hears
+        first (its rollouts store then admits that many more)."""
         fresh: list[dict[str, Any]] = []
         for node in self.nodes:
+            self._ack(node)
             fresh += self._pull(node)
         fresh.sort(key=lambda r: (float(r["created_at"]), str(r["sample_id"])))
         self._buffer.extend(fresh)
         return bool(fresh)
+
+    def _ack(self, node: str) -> None:
+        cursor = self._cursors[node]
+        if cursor is None or cursor == self._acked[node]:
+            return
+        body = {"run": self.run, "ts": cursor[0], "after": cursor[1]}
+        try:
+            call(self.endpoint, "POST", CONSUMED_PATH, body, url=node)
+        except PeerRequestError as exc:  # told again at the next fill
+            log.debug("run %s: %s did not take the consumed position: %s", self.run, node, exc)
+            return
+        self._acked[node] = cursor
 
     def _pull(self, node: str) -> list[dict[str, Any]]:
         query: dict[str, Any] = {"run": self.run, "limit": PAGE_LIMIT}

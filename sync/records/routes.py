@@ -6,14 +6,15 @@ never causes a 500.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
 from config import error_response as error_answer
 from sync.errors import (
+    BacklogFullError,
     RecordQueryError,
     RecordValidationError,
     StoreBusyError,
@@ -32,11 +33,13 @@ from sync.records.schema import (
     RecordSchema,
     record_json_schema,
 )
+from sync.records.sqlite import Row
 from sync.records.store import RecordStore
 from sync.records.types import (
     DEFAULT_PAGE_LIMIT,
     MAX_GET_KEYS,
     MAX_PAGE_LIMIT,
+    IngestResult,
     parse_get_keys,
     parse_since_query,
 )
@@ -48,6 +51,22 @@ NDJSON_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "applicat
 PREFIX = "/v1/records"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class IngestGate(Protocol):
+    """Admission of validated rows before they are written, e.g. a cap on unconsumed records.
+
+    `reserve` raises a SyncError to refuse (BacklogFullError: 429), else returns a ticket and
+    the rows to write (it may set server-side fields); no await lies between its return and
+    the rows' place in the store's queue. `settle` gets the ticket back with the ingest's
+    result, or None when it failed.
+    """
+
+    async def reserve(
+        self, store: RecordStore, rows: Sequence[Row]
+    ) -> tuple[object, Sequence[Row]]: ...
+
+    def settle(self, store: RecordStore, ticket: object, result: IngestResult | None) -> None: ...
 
 
 def _dumps_text(value: Any) -> str:
@@ -108,6 +127,8 @@ def error_response(exc: SyncError) -> web.Response:
         return _refusal(
             507, "insufficient_storage", str(exc), path=str(exc.path), free_bytes=exc.free_bytes
         )
+    if isinstance(exc, BacklogFullError):
+        return _refusal(429, "too_many_pending", str(exc), retry_after_s=exc.retry_after_s)
     if isinstance(exc, StoreBusyError):
         return _refusal(503, "busy", str(exc), retry_after_s=exc.retry_after_s)
     if isinstance(exc, StoreClosedError | StoreWriteError):
@@ -150,10 +171,12 @@ def record_routes(
     max_records: int = DEFAULT_MAX_RECORDS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     on_ingest: Callable[[str, int, int], None] | None = None,
+    gate: IngestGate | None = None,
 ) -> list[web.RouteDef]:
     """Routes under /v1/records serving `stores` (looked up per request, so a RecordStores that
     opens later works); `node_id` fills a record's absent source node; `on_ingest(store,
-    accepted, duplicates)` hears of every durable ingest (the node's metrics).
+    accepted, duplicates)` hears of every durable ingest (the node's metrics); `gate` admits
+    (or refuses) every POSTed request's rows before they are written.
     """
 
     def store_of(request: web.Request) -> RecordStore:
@@ -175,8 +198,17 @@ def record_routes(
                 "too_many_records",
                 f"{len(records)} records in one request; at most {max_records} are accepted",
             )
-        rows = validate_records(store.schema, records, node_id)
-        result = await store.ingest_rows(rows)
+        rows: Sequence[Row] = validate_records(store.schema, records, node_id)
+        if gate is None:
+            result = await store.ingest_rows(rows)
+        else:
+            ticket, rows = await gate.reserve(store, rows)
+            try:
+                result = await store.ingest_rows(rows)
+            except BaseException:
+                gate.settle(store, ticket, None)
+                raise
+            gate.settle(store, ticket, result)
         if on_ingest is not None:
             on_ingest(store.schema.name, result.accepted, result.duplicates)
         return web.json_response(result.to_json())
@@ -255,10 +287,12 @@ _NUM = {"type": "number"}
 def record_route_docs(
     schemas: Sequence[RecordSchema] = tuple(BUILTIN_SCHEMAS.values()),
     max_records: int = DEFAULT_MAX_RECORDS,
+    gated: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """OpenAPI notes of the record routes, as keyword arguments of node's RouteDoc: one set of
     paths per store of `schemas` (each its own body, records and filters, from its RecordSchema
-    as JSON Schema); any other store name answers 404 unknown_store."""
+    as JSON Schema); any other store name answers 404 unknown_store. The POST of a store named
+    in `gated` may answer 429 (its IngestGate's BacklogFullError)."""
     docs: list[dict[str, Any]] = [
         {
             "method": "GET",
@@ -272,11 +306,14 @@ def record_route_docs(
         }
     ]
     for schema in sorted(schemas, key=lambda s: s.name):
-        docs.extend(_store_docs(schema, max_records))
+        docs.extend(_store_docs(schema, max_records, schema.name in gated))
     return docs
 
 
-def _store_docs(schema: RecordSchema, max_records: int) -> list[dict[str, Any]]:
+_BACKLOG_FULL = (429, "too many unconsumed records (of a run); nothing written; see Retry-After")
+
+
+def _store_docs(schema: RecordSchema, max_records: int, gated: bool) -> list[dict[str, Any]]:
     base = f"{PREFIX}/{schema.name}"
     refusals = ((400, "bad query, naming the parameter"),)
     records = {"type": "array", "items": record_json_schema(schema)}
@@ -297,6 +334,7 @@ def _store_docs(schema: RecordSchema, max_records: int) -> list[dict[str, Any]]:
                 (200, '{"accepted": N, "duplicates": M}'),
                 (400, "invalid record or malformed JSON; nothing written"),
                 (413, "too many records or too large a body"),
+                *((_BACKLOG_FULL,) if gated else ()),
                 (503, "queue full or store unavailable; see Retry-After"),
                 (507, "disk full: nothing written; path and free_bytes name the disk"),
             ),

@@ -210,6 +210,32 @@ def read_page_json(conn: sqlite3.Connection, schema: RecordSchema, query: SinceQ
     return orjson.dumps(read_page(conn, schema, query, fragments=True).to_json())
 
 
+def count_range(
+    conn: sqlite3.Connection,
+    schema: RecordSchema,
+    equals: Sequence[tuple[str, Any]],
+    after: tuple[float, RecordKey] | None,
+    through: tuple[float, RecordKey] | None,
+) -> int:
+    """How many records with every `equals` (field, value) lie in (after, through] of the
+    (time, key) order; None leaves that end open."""
+    time, key = f'"{schema.time_column}"', f'"{schema.key}"'
+    where, params = ["1"], []
+    if after is not None:
+        where.append(f"({time}, {key}) > (?, ?)")
+        params += list(after)
+    if through is not None:
+        where.append(f"({time}, {key}) <= (?, ?)")
+        params += list(through)
+    for name, value in equals:
+        if name not in schema.columns:
+            raise ValueError(f"{schema.name} has no field {name!r}")
+        where.append(f'"{name}" = ?')
+        params.append(value)
+    sql = f'SELECT COUNT(*) FROM "{schema.name}" WHERE {" AND ".join(where)}'  # noqa: S608
+    return int(conn.execute(sql, params).fetchone()[0])
+
+
 def read_keys(
     conn: sqlite3.Connection, schema: RecordSchema, keys: Sequence[RecordKey]
 ) -> list[dict[str, Any]]:

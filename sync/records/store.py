@@ -380,6 +380,19 @@ class RecordStore:
         )
         return found
 
+    async def count_range(
+        self,
+        equals: Sequence[tuple[str, Any]] = (),
+        after: tuple[float, RecordKey] | None = None,
+        through: tuple[float, RecordKey] | None = None,
+    ) -> int:
+        """How many records with every `equals` (field, value) lie in (after, through] of the
+        (time, key) order (None: open at that end). Costs a scan of that range of the index."""
+        count: int = await self._read(
+            db.count_range, self._reader_connection(), self.schema, equals, after, through
+        )
+        return count
+
     async def snapshot_to(self, path: Path) -> SnapshotInfo:
         """A consistent copy of the store at `path` (VACUUM INTO a temp file, fsync, rename)."""
         self._check_open()

@@ -115,3 +115,24 @@ def test_digest_and_description_follow_the_parameters() -> None:
 def test_a_negative_version_is_refused_before_any_collective() -> None:
     with pytest.raises(WeightsError, match="integer >= 0"):
         broadcast_weights(torch.nn.Linear(1, 1), object(), -1)
+
+
+def test_the_digest_hashes_pieces_of_each_parameter_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hashlib
+
+    import node.rl.broadcast as broadcast
+
+    monkeypatch.setattr(broadcast, "DIGEST_CHUNK_BYTES", 64)
+    model = torch.nn.Linear(10, 3)  # weight: 120 bytes in 2 pieces, bias: 12 bytes in 1
+    expected = hashlib.sha256()
+    for name, param in model.named_parameters():
+        data = bytes(param.detach().contiguous().view(torch.uint8).reshape(-1).tolist())
+        expected.update(f"{name}:{param.dtype}:{tuple(param.shape)};".encode())
+        for at in range(0, len(data), 64):
+            expected.update(hashlib.sha256(data[at : at + 64]).digest())
+    assert weights_digest(model) == expected.hexdigest()
+    with torch.no_grad():
+        model.weight[-1, -1] += 1.0  # a byte of the last piece of the weight
+    assert weights_digest(model) != expected.hexdigest()

@@ -8,8 +8,11 @@ import random
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from node.cli.rl import start_local_cluster
 
 pytest.importorskip("torch")
 
@@ -49,3 +52,39 @@ def test_the_demo_trains_and_every_node_ends_with_the_same_weights() -> None:
     assert sorted(shas) == ["rl-1", "rl-2"]
     assert shas["rl-1"] is not None
     assert shas["rl-1"] == shas["rl-2"]
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_runs_on_existing_nodes_given_with_node(tmp_path: Path) -> None:
+    urls, daemons = start_local_cluster(tmp_path, 2, free_base_port())
+    try:
+        # the trainer is found by its weights rank, whatever the order of --node
+        command = [sys.executable, "-m", "node", "rl", "demo", "--steps", str(STEPS), "--json"]
+        command += ["--batch-size", "16", "--node", urls["rl-2"], "--node", urls["rl-1"] + "/"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=280, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        steps = [line for line in lines if "reward_mean" in line]
+        assert [line["step"] for line in steps] == list(range(1, STEPS + 1))
+        final = lines[-1]
+        assert final["final_version"] == STEPS
+        shas = final["weights_sha256"]
+        assert sorted(shas) == ["rl-1", "rl-2"]
+        assert shas["rl-1"] is not None
+        assert shas["rl-1"] == shas["rl-2"]
+        assert all(daemon.poll() is None for daemon in daemons)  # used, not started or stopped
+    finally:
+        for daemon in daemons:
+            daemon.terminate()
+        for daemon in daemons:
+            daemon.wait(30)
+
+
+def test_nodes_outside_the_weights_group_are_named() -> None:
+    base = free_base_port()
+    command = [sys.executable, "-m", "node", "rl", "demo", "--json", "--wait-s", "1"]
+    command += ["--node", f"http://127.0.0.1:{base}", "--node", f"http://127.0.0.1:{base + 1}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert f"http://127.0.0.1:{base}" in done.stderr
+    assert "weights group" in done.stderr

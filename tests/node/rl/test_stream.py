@@ -88,7 +88,7 @@ def test_records_need_a_stamped_integer_version() -> None:
         "created_at": 5.0,
         "model_version": 3,
         "run": "r1",
-        "payload": {"x": 1, "node": "g"},
+        "payload": {"x": 1, "generated_at": 5.0, "node": "g"},
     }
     with pytest.raises(WeightsError, match="stamp it first"):
         rollout_record({"x": 1, "generated_at": 1.0}, "r1")
