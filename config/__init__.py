@@ -34,7 +34,10 @@ from config.inventory import (
 )
 from config.nodeid import load_or_create_node_id
 from config.settings import (
+    DEFAULT_DELETIONS,
     ENV_VARS,
+    CategorySyncSettings,
+    DeletionPolicy,
     JobSettings,
     LoadedSettings,
     LogFormat,
@@ -49,6 +52,7 @@ from config.wire import ErrorAnswer, error_body, error_exception, error_response
 
 __all__ = [
     "CLOCK_SKEWS",
+    "DEFAULT_DELETIONS",
     "ENV_VARS",
     "HEADER_CLOCK_SKEW",
     "HEADER_NODE",
@@ -59,10 +63,12 @@ __all__ = [
     "AuthError",
     "BreakerSection",
     "Category",
+    "CategorySyncSettings",
     "ClockSkews",
     "ClusterSection",
     "ConfigError",
     "ConfigPackageError",
+    "DeletionPolicy",
     "ErrorAnswer",
     "HostEntry",
     "HostStatus",

@@ -1,0 +1,68 @@
+"""Deletion policies through two real daemons and `shoal sync --from`: with the defaults a
+deleted config file is deleted on the peer (configs propagate), a deleted checkpoint is not
+(models keep); `shoal sync status` shows each category's policy and its tombstones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession
+from typer.testing import CliRunner
+
+from node import NodeDaemon
+from node.cli import app
+from tests.node.daemons import test_settings
+
+
+async def _wait_for_peer(port: int, peer: str) -> None:
+    deadline = time.monotonic() + 10
+    async with ClientSession() as session:
+        while time.monotonic() < deadline:
+            async with session.get(f"http://127.0.0.1:{port}/v1/sync/status") as response:
+                if (await response.json())["peers"] == [peer]:
+                    return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{peer} never became a peer of the node on port {port}")
+
+
+async def _cli(*args: str) -> dict[str, Any]:
+    result = await asyncio.to_thread(CliRunner().invoke, app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    answer: dict[str, Any] = json.loads(result.output)
+    return answer
+
+
+async def test_configs_deletions_propagate_and_models_are_kept(tmp_path: Path) -> None:
+    source = NodeDaemon(test_settings(tmp_path, "src", sync_interval_s=0))
+    await source.start()
+    try:
+        config = source.settings.category_path("configs") / "train.yaml"
+        checkpoint = source.settings.category_path("models") / "ckpt.pt"
+        for path, data in ((config, b"lr: 1"), (checkpoint, b"weights")):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        seed = (f"127.0.0.1:{source.port}",)
+        settings = test_settings(tmp_path, "dst", sync_interval_s=0, seeds=seed)
+        async with NodeDaemon(settings) as dest:
+            await _wait_for_peer(dest.port, "src")
+            node = f"http://127.0.0.1:{dest.port}"
+            first = await _cli("sync", "models", "configs", "--node", node, "--from", "src")
+            assert first["files"]["configs"]["files_transferred"] == 1
+            assert first["files"]["models"]["files_transferred"] == 1
+            config.unlink()
+            checkpoint.unlink()
+            second = await _cli("sync", "models", "configs", "--node", node, "--from", "src")
+            assert second["files"]["configs"]["deleted"] == 1
+            assert second["files"]["models"]["deleted"] == 0
+            assert not (dest.settings.category_path("configs") / "train.yaml").exists()
+            assert (dest.settings.category_path("models") / "ckpt.pt").read_bytes() == b"weights"
+            status = await _cli("sync", "status", "--node", node)
+            assert status["deletions"]["configs"] == {"policy": "propagate", "tombstones": 1}
+            assert status["deletions"]["models"] == {"policy": "keep", "tombstones": 0}
+            assert status["last_run"]["files"]["configs"]["stale_beyond_tombstone_ttl"] is False
+    finally:
+        await source.close()
