@@ -55,10 +55,17 @@ async def test_configs_deletions_propagate_and_models_are_kept(tmp_path: Path) -
             assert first["files"]["models"]["files_transferred"] == 1
             config.unlink()
             checkpoint.unlink()
-            second = await _cli("sync", "models", "configs", "--node", node, "--from", "src")
-            assert second["files"]["configs"]["deleted"] == 1
-            assert second["files"]["models"]["deleted"] == 0
-            assert not (dest.settings.category_path("configs") / "train.yaml").exists()
+            deleted = {"configs": 0, "models": 0}
+            copy = dest.settings.category_path("configs") / "train.yaml"
+            deadline = time.monotonic() + 10
+            while copy.exists() and time.monotonic() < deadline:
+                # the source re-lists its directory at most once a second (listing_fresh_s)
+                again = await _cli("sync", "models", "configs", "--node", node, "--from", "src")
+                for category in deleted:
+                    deleted[category] += again["files"][category]["deleted"]
+                await asyncio.sleep(0.1)
+            assert deleted == {"configs": 1, "models": 0}
+            assert not copy.exists()
             assert (dest.settings.category_path("models") / "ckpt.pt").read_bytes() == b"weights"
             status = await _cli("sync", "status", "--node", node)
             assert status["deletions"]["configs"] == {"policy": "propagate", "tombstones": 1}
