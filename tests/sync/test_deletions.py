@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +15,11 @@ from pathlib import Path
 import pytest
 
 import sync.files.deletions as deletions_module
-from sync.files.tombstones import TombstoneStore
-from tests.sync.files_fixtures import FileNode
+from sync.files.errors import FileSyncError
+from sync.files.manifest import ManifestEntry
+from sync.files.manifest_cache import ManifestCache
+from sync.files.tombstones import Tombstone, TombstoneStore
+from tests.sync.files_fixtures import PIECE, FileNode
 
 PROPAGATE = {"configs": "propagate"}
 SECOND = 10**9
@@ -200,3 +204,48 @@ async def test_a_crash_between_tombstone_and_deletion_is_finished_later(tmp_path
             assert [t.path for t in _store(b).live("configs")] == ["x.yaml"]
             again = await b.sync.sync("configs", [a.peer])
             assert (again.files_transferred, again.deleted) == (0, 0)
+
+
+async def test_the_manifest_etag_covers_the_tombstones(tmp_path: Path) -> None:
+    async with _node(tmp_path, "a") as a, _node(tmp_path, "b") as b:
+        a.write("x.yaml", b"v1", category="configs")
+        first = await b.http.list_manifest(a.peer, "configs", a.catalog.piece_size)
+        assert first.tombstones == ()
+        # a tombstone a learnt from a peer, for a file it never held: its files are unchanged
+        learnt = Tombstone("gone.yaml", "1" * 64, "c", time.time_ns())
+        await _store(a).change("configs", [learnt])
+        second = await b.http.list_manifest(a.peer, "configs", a.catalog.piece_size)
+        assert second.tombstones == (learnt,)
+        assert second.etag != first.etag
+
+
+async def test_a_missing_category_root_is_no_deletion(tmp_path: Path) -> None:
+    async with _node(tmp_path, "a") as a:
+        a.write("d/x.yaml", b"v1", category="configs")
+        await a.catalog.listing("configs")
+        shutil.rmtree(a.root("configs"))  # an unmounted volume, say
+        listing = await a.catalog.listing("configs")
+        assert listing.entries == ()
+        assert _store(a).live("configs") == ()
+
+
+async def test_a_failed_tombstone_write_keeps_the_file_in_the_cache(tmp_path: Path) -> None:
+    heard: list[list[str]] = []
+
+    async def on_removed(entries: list[ManifestEntry]) -> None:
+        heard.append([entry.path for entry in entries])
+        if len(heard) == 1:
+            raise FileSyncError("disk gone")
+
+    root = tmp_path / "root"
+    async with ManifestCache(root, tmp_path / "cache.db", PIECE, on_removed=on_removed) as cache:
+        (root / "x.yaml").parent.mkdir(parents=True, exist_ok=True)
+        (root / "x.yaml").write_bytes(b"v1")
+        await cache.listing()
+        (root / "x.yaml").unlink()
+        with pytest.raises(FileSyncError):
+            await cache.listing()
+        assert cache.lookup("x.yaml") is not None
+        await cache.listing()
+        assert heard == [["x.yaml"], ["x.yaml"]]
+        assert cache.lookup("x.yaml") is None
