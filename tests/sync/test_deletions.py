@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 import sync.files.deletions as deletions_module
+from sync.files.deletions import delete_copy
 from sync.files.errors import FileSyncError
 from sync.files.manifest import ManifestEntry
-from sync.files.manifest_cache import ManifestCache
+from sync.files.manifest_cache import ManifestCache, stat_key
 from sync.files.tombstones import Tombstone, TombstoneStore
 from tests.sync.files_fixtures import PIECE, FileNode
 
-PROPAGATE = {"configs": "propagate"}
+PROPAGATE = {"configs": "propagate", "models": "keep"}
 SECOND = 10**9
 TTL_S = 3600.0
 
@@ -249,3 +250,15 @@ async def test_a_failed_tombstone_write_keeps_the_file_in_the_cache(tmp_path: Pa
         await cache.listing()
         assert heard == [["x.yaml"], ["x.yaml"]]
         assert cache.lookup("x.yaml") is None
+
+
+def test_a_copy_changed_since_it_was_listed_is_not_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_bytes(b"v1")
+    listed = stat_key(path.stat())
+    path.write_bytes(b"v2, written after the listing")
+    assert not delete_copy(tmp_path, "x.yaml", listed)
+    assert path.read_bytes() == b"v2, written after the listing"
+    assert delete_copy(tmp_path, "x.yaml", stat_key(path.stat()))
+    assert not path.exists()
+    assert not delete_copy(tmp_path, "x.yaml", listed)
