@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sync.cluster import cluster_stats_from_json
 from sync.errors import ManifestError
 from sync.files.manifest import ManifestEntry
 from sync.files.tombstones import (
@@ -149,3 +150,26 @@ async def test_store_is_durable_and_expires(tmp_path: Path) -> None:
         assert await store.purge_expired("configs") == 1
         assert store.held("configs") == {}
     assert sqlite3.connect(db).execute("SELECT count(*) FROM tombstones").fetchone() == (0,)
+
+
+def test_the_python_api_reads_the_deletion_stats_of_a_run() -> None:
+    stats = {
+        "files_transferred": 0,
+        "bytes_transferred": 0,
+        "duration_seconds": 0.1,
+        "errors": [],
+        "deleted": 2,
+        "stale_beyond_tombstone_ttl": True,
+        "resurrected": 3,
+    }
+    answer = {"files": {"configs": stats}, "nodes_synced": 1, "failed_nodes": []}
+    configs = cluster_stats_from_json(answer).category_stats["configs"]
+    assert (configs.deleted, configs.stale_beyond_tombstone_ttl, configs.resurrected) == (
+        2,
+        True,
+        3,
+    )
+    older = {"files": {"configs": {**stats, "deleted": 0}}, "nodes_synced": 1, "failed_nodes": []}
+    for key in ("deleted", "stale_beyond_tombstone_ttl", "resurrected"):
+        del older["files"]["configs"][key]  # a node without deletion stats
+    assert cluster_stats_from_json(older).category_stats["configs"].deleted == 0
