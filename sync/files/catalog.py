@@ -183,8 +183,15 @@ class FileCatalog:
         assert self.tombstones is not None
         root = self._roots[category]
         gone = await asyncio.to_thread(_really_gone, root, entries)
-        for tomb in await self.tombstones.record_removed(category, gone, self.node_id):
-            logger.info("%s/%s deleted here: tombstone recorded", category, tomb.path)
+        made = await self.tombstones.record_removed(category, gone, self.node_id)
+        if made:
+            logger.info(
+                "%d file(s) of %s deleted here, tombstones recorded: %s%s",
+                len(made),
+                category,
+                ", ".join(tomb.path for tomb in made[:5]),
+                ", ..." if len(made) > 5 else "",
+            )
 
     def propagates(self, category: str) -> bool:
         """True when deletions of `category` propagate (tombstones), False when they are kept."""

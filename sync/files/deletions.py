@@ -77,10 +77,14 @@ async def apply_deletions(
     last = store.last_sync_ns(category)
     stale = last is not None and now_ns - last > store.ttl_s * 1e9
     await store.purge_expired(category)
-    mine = dict(zip(local.paths, local.entries, strict=True))
+    held = store.held(category)
+    if held or any(tombs for _, _, tombs in remotes):
+        mine = dict(zip(local.paths, local.entries, strict=True))
+    else:
+        mine = {}  # no tombstone to weigh: spare a map of every file
     plan: DeletionPlan = plan_deletions(
         mine,
-        store.held(category),
+        held,
         (tomb for _, _, tombs in remotes for tomb in tombs),
         now_ns=now_ns,
         ttl_s=store.ttl_s,

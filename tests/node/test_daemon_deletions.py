@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 from node import NodeDaemon
 from node.cli import app
+from node.cli.common import console
+from node.cli.sync import _print_run
 from tests.node.daemons import test_settings
 
 
@@ -73,3 +75,29 @@ async def test_configs_deletions_propagate_and_models_are_kept(tmp_path: Path) -
             assert status["last_run"]["files"]["configs"]["stale_beyond_tombstone_ttl"] is False
     finally:
         await source.close()
+
+
+def test_the_sync_table_says_when_a_node_was_away_too_long() -> None:
+    stats = {
+        "files_transferred": 0,
+        "bytes_transferred": 0,
+        "errors": [],
+        "deleted": 2,
+        "stale_beyond_tombstone_ttl": True,
+        "resurrected": 3,
+    }
+    with console.capture() as captured:
+        _print_run({"peers": ["a"], "files": {"configs": stats}, "duration_seconds": 0.5})
+    text = captured.get()
+    assert "2 deleted" in text
+    assert "stale_beyond_tombstone_ttl" in text
+    assert "configs (3 files no peer has)" in text
+    with console.capture() as quiet:
+        _print_run(
+            {
+                "peers": ["a"],
+                "files": {"configs": {**stats, "deleted": 0, "stale_beyond_tombstone_ttl": False}},
+            }
+        )
+    assert "stale" not in quiet.get()
+    assert "deleted" not in quiet.get()
