@@ -35,8 +35,11 @@ from config.inventory import (
 )
 from config.nodeid import load_or_create_node_id
 from config.settings import (
+    DEFAULT_DELETIONS,
     ENV_VARS,
     AutostopSettings,
+    CategorySyncSettings,
+    DeletionPolicy,
     JobSettings,
     LoadedSettings,
     LogFormat,
@@ -51,6 +54,7 @@ from config.wire import ErrorAnswer, error_body, error_exception, error_response
 
 __all__ = [
     "CLOCK_SKEWS",
+    "DEFAULT_DELETIONS",
     "ENV_VARS",
     "HEADER_CLOCK_SKEW",
     "HEADER_NODE",
@@ -63,10 +67,12 @@ __all__ = [
     "AutostopSettings",
     "BreakerSection",
     "Category",
+    "CategorySyncSettings",
     "ClockSkews",
     "ClusterSection",
     "ConfigError",
     "ConfigPackageError",
+    "DeletionPolicy",
     "ErrorAnswer",
     "HostEntry",
     "HostStatus",

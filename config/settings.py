@@ -104,6 +104,30 @@ class AutostopSettings(BaseModel):
     )
 
 
+DeletionPolicy = Literal["keep", "propagate"]
+DEFAULT_DELETIONS: dict[Category, DeletionPolicy] = {
+    Category.MODELS: "keep",
+    Category.TRAINING: "keep",
+    Category.CONFIGS: "propagate",
+    Category.GAMES: "keep",
+    Category.ROLLOUTS: "keep",
+}
+"""The deletion policy of each category when `sync_categories` does not name it."""
+RECORD_CATEGORIES = (Category.GAMES, Category.ROLLOUTS)
+DEFAULT_TOMBSTONE_TTL_S = 7 * 86400.0
+
+
+class CategorySyncSettings(BaseModel):
+    """One entry of `sync_categories:`: how a category is synced."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    deletions: DeletionPolicy = Field(
+        description="`keep`: a file deleted on one node stays on the others; `propagate`: the "
+        "deletion reaches every node (by tombstones kept tombstone_ttl_s)."
+    )
+
+
 class NodeSettings(BaseModel):
     """Everything one node is configured with. Frozen: a change means a new object."""
 
@@ -190,6 +214,17 @@ class NodeSettings(BaseModel):
         description="Unconsumed samples of one run the rollouts store keeps; beyond it a POST "
         "answers 429 with Retry-After until the trainer's RolloutStream has read some.",
     )
+    sync_categories: dict[Category, CategorySyncSettings] = Field(
+        default_factory=dict,
+        description="Per category: {deletions: keep | propagate} (default propagate for "
+        "configs, keep for the others).",
+    )
+    tombstone_ttl_s: float = Field(
+        DEFAULT_TOMBSTONE_TTL_S,
+        gt=0,
+        description="How long a deletion of a `propagate` category is remembered and served; "
+        "a node away longer says so in its sync stats.",
+    )
     jobs: JobSettings = Field(default_factory=JobSettings)
     provider: Literal["static", "local"] = Field(
         "static",
@@ -212,6 +247,26 @@ class NodeSettings(BaseModel):
             if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
                 raise ValueError(f"each seed must be HOST:PORT, got {seed!r}")
         return seeds
+
+    @field_validator("sync_categories")
+    @classmethod
+    def _record_deletions(
+        cls, categories: dict[Category, CategorySyncSettings]
+    ) -> dict[Category, CategorySyncSettings]:
+        for category in RECORD_CATEGORIES:
+            entry = categories.get(category)
+            if entry is not None and entry.deletions == "propagate":
+                raise ValueError(
+                    f"{category.value}.deletions: records are never deleted by sync; only the "
+                    "file categories (models, training, configs) can propagate deletions"
+                )
+        return categories
+
+    def deletion_policy(self, category: Category | str) -> DeletionPolicy:
+        """`keep` or `propagate` for `category` (sync_categories, else DEFAULT_DELETIONS)."""
+        category = Category(category)
+        entry = self.sync_categories.get(category)
+        return entry.deletions if entry is not None else DEFAULT_DELETIONS[category]
 
     @property
     def wal_path(self) -> Path:

@@ -109,6 +109,18 @@ STATUS_ANSWER = {
         "last_run": {"type": ["object", "null"]},
         "interval_s": {"type": ["number", "null"]},
         "peers": {"type": "array", "items": {"type": "string"}},
+        "deletions": {
+            "type": ["object", "null"],
+            "description": "per file category: policy (keep or propagate) and live tombstones",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["policy", "tombstones"],
+                "properties": {
+                    "policy": {"enum": ["keep", "propagate"]},
+                    "tombstones": {"type": "integer", "minimum": 0},
+                },
+            },
+        },
     },
 }
 
@@ -149,7 +161,9 @@ class SyncService:
         settings = runtime.settings
         self._wal = wal
         self._stores = stores
-        catalog = await self._stack.enter_async_context(FileCatalog.for_settings(settings))
+        catalog = await self._stack.enter_async_context(
+            FileCatalog.for_settings(settings, node_id=runtime.node_id)
+        )
         http = HttpTransport(
             node_id=runtime.node_id, secret=self._secret, timeouts=settings.timeouts
         )
@@ -322,8 +336,22 @@ class SyncService:
                 "last_run": self.last_run,
                 "interval_s": self._interval_s,
                 "peers": [p.node_id for p in self.alive_peers()],
+                "deletions": self._deletions(),
             }
         )
+
+    def _deletions(self) -> dict[str, Any] | None:
+        """Per file category: its deletion policy and how many live tombstones it serves."""
+        catalog = self.catalog
+        if catalog is None:
+            return None
+        return {
+            category: {
+                "policy": "propagate" if catalog.propagates(category) else "keep",
+                "tombstones": len(catalog.served_tombstones(category)),
+            }
+            for category in catalog.categories
+        }
 
     async def run_once(
         self, categories: Sequence[str], peers: Sequence[PeerRef], timeout_s: float | None = None

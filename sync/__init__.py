@@ -52,6 +52,7 @@ from sync.files.plan import (
     plan_pulls,
 )
 from sync.files.routes import file_route_docs, file_routes
+from sync.files.tombstones import Tombstone, TombstoneStore, plan_deletions
 from sync.guards import SpaceReserve, check_raw_query_value, open_inside, validate_rel_path
 from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
 from sync.records.fallback import GamesPull, P2PFallbackSync
@@ -175,6 +176,8 @@ __all__ = [
     "SyncError",
     "SyncOptions",
     "SyncStats",
+    "Tombstone",
+    "TombstoneStore",
     "TransferBusyError",
     "TransferResult",
     "Transport",
@@ -195,6 +198,7 @@ __all__ = [
     "open_partial",
     "parse_retry_after",
     "parse_since_query",
+    "plan_deletions",
     "plan_pulls",
     "provider_of",
     "pull_records",

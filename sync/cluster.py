@@ -56,6 +56,9 @@ def cluster_stats_from_json(answer: Mapping[str, Any]) -> ClusterSyncStats:
                 float(stats["duration_seconds"]),
                 _strings(stats["errors"]),
                 _node_stats(stats.get("nodes", {})),
+                deleted=int(stats.get("deleted", 0)),
+                stale_beyond_tombstone_ttl=bool(stats.get("stale_beyond_tombstone_ttl", False)),
+                resurrected=int(stats.get("resurrected", 0)),
             )
             for category, stats in answer.get("files", {}).items()
         }

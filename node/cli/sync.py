@@ -45,13 +45,17 @@ def _print_run(result: dict[str, Any]) -> None:
     table = Table(title=f"sync from {', '.join(result.get('peers', [])) or 'no peers'}")
     for column in ("category", "transferred", "bytes", "errors"):
         table.add_column(column)
+    stale: list[str] = []
     for category, stats in result.get("files", {}).items():
+        deleted = stats.get("deleted", 0)
         table.add_row(
             category,
-            f"{stats['files_transferred']} files",
+            f"{stats['files_transferred']} files" + (f", {deleted} deleted" if deleted else ""),
             f"{stats['bytes_transferred']:,}",
             "; ".join(stats["errors"]) or "-",
         )
+        if stats.get("stale_beyond_tombstone_ttl"):
+            stale.append(f"{category} ({stats.get('resurrected', 0)} files no peer has)")
     for store, stats in result.get("records", {}).items():
         table.add_row(
             store,
@@ -60,6 +64,13 @@ def _print_run(result: dict[str, Any]) -> None:
             "; ".join(stats["errors"]) or "-",
         )
     console.print(table)
+    if stale:
+        console.print(
+            "stale_beyond_tombstone_ttl: this node had not synced "
+            f"{', '.join(stale)} for longer than tombstone_ttl_s; deletions made meanwhile "
+            "are forgotten and such files may come back (see the daemon's log)",
+            highlight=False,
+        )
     console.print(f"took {result.get('duration_seconds', 0):.2f} s", highlight=False)
 
 

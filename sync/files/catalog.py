@@ -6,15 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from config import Category, NodeSettings
+from config import Category, DeletionPolicy, NodeSettings
+from config.settings import DEFAULT_TOMBSTONE_TTL_S
 from sync.files.errors import FileSyncError, UnknownCategoryError
-from sync.files.manifest import DEFAULT_PIECE_SIZE, check_piece_size, digest_of_fd
+from sync.files.manifest import (
+    DEFAULT_PIECE_SIZE,
+    ManifestEntry,
+    check_piece_size,
+    digest_of_fd,
+)
 from sync.files.manifest_cache import Hasher, Listing, ManifestCache
+from sync.files.tombstones import Clock, Tombstone, TombstoneStore
 from sync.storage import (
     MountInfo,
     StorageKind,
@@ -33,6 +41,22 @@ FILE_CATEGORIES: tuple[str, ...] = (
 )
 
 
+def _really_gone(root: Path, entries: list[ManifestEntry]) -> list[ManifestEntry]:
+    """The entries whose file is absent (not merely unlistable: a directory without read
+    permission, or an unmounted root, is no deletion). Blocking."""
+    if not root.is_dir():
+        return []
+    gone: list[ManifestEntry] = []
+    for entry in entries:
+        try:
+            root.joinpath(*entry.path.split("/")).lstat()
+        except FileNotFoundError:
+            gone.append(entry)
+        except OSError as exc:
+            logger.debug("%s/%s not listed (%s): not a deletion", root, entry.path, exc)
+    return gone
+
+
 class FileCatalog:
     """Owns the manifest cache of every file category (async context manager; close() is
     idempotent). Cache files live in `cache_dir`, never inside a category directory.
@@ -41,6 +65,10 @@ class FileCatalog:
     `scan_interval_factor` times as old as that listing took to make (so serving manifests to
     many peers spends at most about 1/factor of the time scanning); later pages of the same
     walk come from the listing the first one used while it is under `cursor_ttl_s`.
+
+    `deletions` names the categories whose deletions propagate (`propagate`; any other
+    category keeps): a file found gone from one of them leaves a tombstone (by `node_id`),
+    kept `tombstone_ttl_s` in `tombstones` and served with its manifest.
     """
 
     def __init__(
@@ -54,17 +82,38 @@ class FileCatalog:
         listing_fresh_s: float = 1.0,
         scan_interval_factor: float = 10.0,
         cursor_ttl_s: float = 300.0,
+        deletions: Mapping[str, DeletionPolicy] | None = None,
+        node_id: str = "",
+        tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
+        clock: Clock = time.time_ns,
     ) -> None:
         self.piece_size = check_piece_size(piece_size)
         self.cache_dir = Path(cache_dir)
+        self.node_id = node_id
         self._roots = {category: Path(root) for category, root in roots.items()}
+        self._propagating = frozenset(
+            category
+            for category, policy in (deletions or {}).items()
+            if policy == "propagate" and category in self._roots
+        )
+        self.tombstones: TombstoneStore | None = (
+            TombstoneStore(self.cache_dir / "tombstones.db", tombstone_ttl_s, clock=clock)
+            if self._propagating
+            else None
+        )
         self._mounts = mounts
         self._listing_fresh_s = listing_fresh_s
         self._scan_interval_factor = scan_interval_factor
         self._cursor_ttl_s = cursor_ttl_s
         self._caches = {
             category: ManifestCache(
-                root, self.cache_dir / f"manifest-{category}.db", piece_size, hasher=hasher
+                root,
+                self.cache_dir / f"manifest-{category}.db",
+                piece_size,
+                hasher=hasher,
+                on_removed=functools.partial(self._removed, category)
+                if category in self._propagating
+                else None,
             )
             for category, root in self._roots.items()
         }
@@ -75,8 +124,13 @@ class FileCatalog:
 
     @classmethod
     def for_settings(cls, settings: NodeSettings, **options: object) -> FileCatalog:
-        """The catalog of a node: its three file categories, caches in data_dir/sync."""
+        """The catalog of a node: its three file categories, caches in data_dir/sync, each
+        category's deletion policy and the tombstone TTL."""
         roots = {category: settings.category_path(category) for category in FILE_CATEGORIES}
+        options.setdefault(
+            "deletions", {category: settings.deletion_policy(category) for category in roots}
+        )
+        options.setdefault("tombstone_ttl_s", settings.tombstone_ttl_s)
         return cls(roots, settings.data_dir / "sync", **options)  # type: ignore[arg-type]
 
     async def __aenter__(self) -> FileCatalog:
@@ -92,6 +146,8 @@ class FileCatalog:
             raise FileSyncError("file catalog was already opened")
         self._opened = True
         try:
+            if self.tombstones is not None:
+                await self.tombstones.open()
             for cache in self._caches.values():
                 await cache.open()
             self._providers = await asyncio.to_thread(detect_storage, self._roots, self._mounts)
@@ -118,6 +174,35 @@ class FileCatalog:
         for cache in self._caches.values():
             with contextlib.suppress(FileSyncError):
                 await cache.close()
+        if self.tombstones is not None:
+            await self.tombstones.close()
+
+    async def _removed(self, category: str, entries: list[ManifestEntry]) -> None:
+        """Files of a propagating category found gone: their tombstones, durably, before the
+        manifest cache forgets them (a crash in between finds them gone again)."""
+        assert self.tombstones is not None
+        root = self._roots[category]
+        gone = await asyncio.to_thread(_really_gone, root, entries)
+        made = await self.tombstones.record_removed(category, gone, self.node_id)
+        if made:
+            logger.info(
+                "%d file(s) of %s deleted here, tombstones recorded: %s%s",
+                len(made),
+                category,
+                ", ".join(tomb.path for tomb in made[:5]),
+                ", ..." if len(made) > 5 else "",
+            )
+
+    def propagates(self, category: str) -> bool:
+        """True when deletions of `category` propagate (tombstones), False when they are kept."""
+        self.root(category)
+        return category in self._propagating
+
+    def served_tombstones(self, category: str) -> tuple[Tombstone, ...]:
+        """The live tombstones served with the manifest of `category` (none when it keeps)."""
+        if self.tombstones is None or not self.propagates(category):
+            return ()
+        return self.tombstones.live(category)
 
     @property
     def categories(self) -> tuple[str, ...]:

@@ -55,6 +55,16 @@ _ENTRY = {
         "pieces": {"type": "array", "items": {"type": "string"}},
     },
 }
+_TOMBSTONE = {
+    "type": "object",
+    "required": ["path", "hash", "node", "deleted_at_ns"],
+    "properties": {
+        "path": {"type": "string"},
+        "hash": {"type": "string", "pattern": HEX64},
+        "node": {"type": "string", "description": "the node the file was deleted on"},
+        "deleted_at_ns": {"type": "integer", "description": "when (Unix time, nanoseconds)"},
+    },
+}
 MANIFEST_PAGE = {
     "type": "object",
     "required": ["category", "algorithm", "piece_size", "etag", "shared_id", "next", "entries"],
@@ -66,6 +76,13 @@ MANIFEST_PAGE = {
         "shared_id": {"type": ["string", "null"]},
         "next": {"type": ["string", "null"]},
         "entries": {"type": "array", "items": _ENTRY},
+        "tombstones": {
+            "type": "array",
+            "items": _TOMBSTONE,
+            "description": "first page of a category whose deletions propagate: files deleted "
+            "within tombstone_ttl_s (a copy of that hash, no newer than the deletion, is "
+            "deleted by a puller)",
+        },
     },
 }
 PULL_ANSWER = {
@@ -103,9 +120,14 @@ def file_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
             "method": "GET",
             "path": PREFIX + "/{category}/manifest",
             "summary": "Paged manifest: {path, size, mtime_ns, hash, pieces} sorted by path; "
-            "`next` is the cursor of the following page",
+            "`next` is the cursor of the following page; the first page of a category whose "
+            "deletions propagate also lists its tombstones {path, hash, node, deleted_at_ns}",
             "responses": (
-                (200, "a page: category, algorithm, piece_size, etag, shared_id, next, entries"),
+                (
+                    200,
+                    "a page: category, algorithm, piece_size, etag, shared_id, next, entries "
+                    "(and tombstones)",
+                ),
                 (304, "unchanged since If-None-Match (first page only)"),
                 (400, "bad limit or path"),
                 (404, "unknown category"),

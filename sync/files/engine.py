@@ -17,6 +17,7 @@ from pathlib import Path
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
 from sync.files.batch import MAX_BATCH_FILE_BYTES
 from sync.files.catalog import FileCatalog
+from sync.files.deletions import DeletionRound, apply_deletions
 from sync.files.download import RECEIVED
 from sync.files.errors import (
     AllSourcesFailedError,
@@ -38,6 +39,7 @@ from sync.files.plan import (
     plan_pulls,
 )
 from sync.files.recovery import FileRecovery, install_copy, local_entry, partial_size
+from sync.files.tombstones import Tombstone
 from sync.guards import check_free_space, dest_path
 from sync.transports.http import HttpTransport, RemoteManifest
 from sync.transports.protocol import PeerRef, TransferResult, Transport
@@ -163,6 +165,7 @@ class SyncCoordinator:
             raise
         local = await local_task
         remotes: list[tuple[PeerRef, tuple[ManifestEntry, ...]]] = []
+        tombstones: list[tuple[Tombstone, ...]] = []
         etags: list[tuple[str, str]] = []
         for peer, remote in zip(peers, remote_results, strict=True):
             if isinstance(remote, asyncio.CancelledError):
@@ -182,7 +185,15 @@ class SyncCoordinator:
                 logger.debug("%s shares %s with this node; nothing to copy", peer.node_id, category)
                 continue
             remotes.append((peer, remote.entries))
+            tombstones.append(remote.tombstones)
             etags.append((peer.node_id, remote.etag))
+        deletions = DeletionRound(remotes)
+        if self.catalog.propagates(category):
+            listed = [(p, e, t) for (p, e), t in zip(remotes, tombstones, strict=True)]
+            deletions = await apply_deletions(
+                self.catalog, category, self.self_peer.node_id, local, listed
+            )
+            remotes = deletions.remotes
         settled = (local.etag, tuple(etags))
         if self._settled.get(category) == settled and all(etag for _, etag in etags):
             plan = []  # neither side changed since a sync that found nothing to pull
@@ -249,7 +260,16 @@ class SyncCoordinator:
             node: NodeSyncStats(*node_files.get(node, (0, 0)), tuple(per_node.get(node, ())))
             for node in sorted({*node_files, *per_node})
         }
-        stats = SyncStats(files, transferred, duration, tuple(errors), nodes)
+        stats = SyncStats(
+            files,
+            transferred,
+            duration,
+            tuple(errors),
+            nodes,
+            deleted=deletions.deleted,
+            stale_beyond_tombstone_ttl=deletions.stale_beyond_tombstone_ttl,
+            resurrected=len(deletions.resurrected),
+        )
         self.last_stats[category] = stats
         return stats, failed
 

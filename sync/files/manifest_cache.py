@@ -14,7 +14,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,8 @@ T = TypeVar("T")
 Hasher = Callable[[int, int], tuple[int, str, tuple[str, ...]]]
 """hasher(fd, piece_size) -> (size, hash, piece hashes); digest_of_fd unless a test counts."""
 StatKey = tuple[int, int, int]
+RemovedHook = Callable[[list[ManifestEntry]], Awaitable[None]]
+"""on_removed(entries): files a scan found gone, awaited before the cache forgets them."""
 HASH_BATCH_FILES = 64
 HASH_BATCH_BYTES = 256 << 20
 HASH_THREADS = 2
@@ -156,15 +158,24 @@ class _State(enum.Enum):
 
 class ManifestCache:
     """The manifest of one category directory, backed by a SQLite cache file (async context
-    manager; close() is idempotent). Hashing and SQLite run off the event loop."""
+    manager; close() is idempotent). Hashing and SQLite run off the event loop. `on_removed`
+    hears of files a scan finds gone before they leave the cache (a failure keeps them, so
+    the next scan reports them again)."""
 
     def __init__(
-        self, root: Path, db_path: Path, piece_size: int, *, hasher: Hasher = digest_of_fd
+        self,
+        root: Path,
+        db_path: Path,
+        piece_size: int,
+        *,
+        hasher: Hasher = digest_of_fd,
+        on_removed: RemovedHook | None = None,
     ) -> None:
         self.root = Path(root)
         self.db_path = Path(db_path)
         self.piece_size = check_piece_size(piece_size)
         self._hasher = hasher
+        self._on_removed = on_removed
         self._files: dict[str, CachedFile] = {}
         self._listing: Listing | None = None
         self._generation = 0  # bumped by every change of _files outside a scan
@@ -298,6 +309,8 @@ class ManifestCache:
             started = time.monotonic()
             unchanged, changed, removed = await asyncio.to_thread(_compare, self.root, self._files)
             fresh = await self._hash_paths(changed)
+            if removed and self._on_removed is not None:
+                await self._on_removed([self._files[path].entry for path in removed])
             for path in removed:
                 del self._files[path]
             for path in changed:

@@ -73,13 +73,20 @@ class NodeSyncStats:
 @dataclass(frozen=True)
 class SyncStats:
     """What one sync of one category did. `errors` holds one line per failure; `nodes` the
-    same per peer (a failure of this node's own, like a full disk, is in `errors` only)."""
+    same per peer (a failure of this node's own, like a full disk, is in `errors` only).
+    For a category whose deletions propagate: `deleted` local copies removed by tombstones;
+    `stale_beyond_tombstone_ttl` when this node had not synced it for longer than the
+    tombstone TTL, and then `resurrected`, the files here that no peer has (deletions this
+    node may have missed, which its peers will copy back)."""
 
     files_transferred: int = 0
     bytes_transferred: int = 0
     duration_seconds: float = 0.0
     errors: tuple[str, ...] = ()
     nodes: Mapping[str, NodeSyncStats] = field(default_factory=dict)
+    deleted: int = 0
+    stale_beyond_tombstone_ttl: bool = False
+    resurrected: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,7 @@ def plan_pulls(
     remotes: Sequence[tuple[PeerRef, Iterable[ManifestEntry]]],
 ) -> list[PullItem]:
     """The files to pull, by path: each path's newest version among the peers, when this node
-    lacks the path or holds an older version. Nothing is ever deleted."""
+    lacks the path or holds an older version. Nothing is deleted here (tombstones.py)."""
     candidates: dict[str, list[tuple[ManifestEntry, PeerRef]]] = {}
     get = local.get
     for peer, entries in remotes:

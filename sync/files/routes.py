@@ -34,6 +34,7 @@ from sync.files.errors import (
 )
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import StatKey
+from sync.files.tombstones import tombstone_etag
 from sync.guards import check_raw_query_value, open_inside, validate_rel_path
 from sync.transports.protocol import PeerRef, TransferResult
 
@@ -195,18 +196,22 @@ def file_routes(
             return _refusal(404, "unknown_category", str(exc))
         except (PathRefusedError, ValueError) as exc:
             return _refusal(400, "bad_request", str(exc))
-        etag = f'"{listing.etag}"'
+        tombstones = catalog.served_tombstones(category)
+        listing_etag = tombstone_etag(listing.etag, tombstones)
+        etag = f'"{listing_etag}"'
         if after is None and request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers={"ETag": etag})
         start, end, following = listing.page(after, limit)
-        head = {
+        head: dict[str, Any] = {
             "category": category,
             "algorithm": "sha256",
             "piece_size": catalog.piece_size,
-            "etag": listing.etag,
+            "etag": listing_etag,
             "shared_id": catalog.shared_id(category),
             "next": following,
         }
+        if after is None and catalog.propagates(category):
+            head["tombstones"] = [tomb.to_json() for tomb in tombstones]
         text = json.dumps(head, separators=(",", ":"))[:-1]
         text += ',"entries":[' + ",".join(listing.texts[start:end]) + "]}"
         return web.Response(text=text, content_type="application/json", headers={"ETag": etag})

@@ -35,6 +35,7 @@ from sync.files.batch import (
 )
 from sync.files.download import RateLimiter, download_run, plan_runs
 from sync.files.manifest import ManifestEntry, ManifestPage, parse_page
+from sync.files.tombstones import Tombstone, parse_tombstones
 from sync.guards import dest_path
 from sync.transports.partial import (
     await_jobs,
@@ -65,6 +66,7 @@ class RemoteManifest:
     entries: tuple[ManifestEntry, ...]
     etag: str
     shared_id: str | None
+    tombstones: tuple[Tombstone, ...] = ()
 
 
 class _State(enum.Enum):
@@ -360,13 +362,16 @@ class HttpTransport:
         if status == 304 and cached is not None:
             return cached
         page = parse_page(data, piece_size)
+        tombstones = parse_tombstones(data)
         entries = list(page.entries)
         etags = {page.etag}
         while page.next is not None:
             page = await self.manifest_page(peer, category, page.next, piece_size)
             entries.extend(page.entries)
             etags.add(page.etag)
-        listing = RemoteManifest(peer.node_id, category, tuple(entries), page.etag, page.shared_id)
+        listing = RemoteManifest(
+            peer.node_id, category, tuple(entries), page.etag, page.shared_id, tombstones
+        )
         if len(etags) == 1 and page.etag:
             self._manifests[key] = listing
         else:

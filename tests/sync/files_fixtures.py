@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from config import Timeouts
+from config import DeletionPolicy, Timeouts
 from health import BreakerConfig, BreakerRegistry
 from sync import (
     FileCatalog,
@@ -101,6 +102,9 @@ class FileNode:
         transports: Callable[[HttpTransport], Mapping[str, Transport]] | None = None,
         fence: FenceHeaders | None = None,
         upload_limit_bytes_s: float | None = None,
+        deletions: Mapping[str, DeletionPolicy] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        tombstone_ttl_s: float = 3600.0,
     ) -> None:
         self.base = base
         self._upload_limit = upload_limit_bytes_s
@@ -114,6 +118,10 @@ class FileNode:
             hasher=hasher,
             listing_fresh_s=0.0,
             scan_interval_factor=0.0,
+            deletions=deletions,
+            node_id=node_id,
+            tombstone_ttl_s=tombstone_ttl_s,
+            clock=clock,
         )
         self.wal = WriteAheadLog(base / "wal.db", config=WalConfig(quick_check_on_open=False))
         self._with_wal = with_wal
