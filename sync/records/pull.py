@@ -175,11 +175,12 @@ async def pull_records(
     """Copy a peer's records after `since` into `local_store`, page by page, exactly once.
 
     Pipelined: the next page is asked for as soon as a page arrives (from the `next` cursor
-    at its tail, kept only if it is the end of the parsed page), and a page is parsed while
-    the one before commits (the store's writer commits pages in order). Returns counts and
-    the cursor of the last page committed with every page before it (resume from it); on
-    failure raises RecordPullError whose `result` holds the same. Records are validated
-    against the local schema; `source_node` fills one without a source.
+    at its tail, kept only if it is the end of the parsed page), and a page is parsed and
+    validated in a worker thread while the one before commits (the store's writer commits
+    pages in order). Returns counts and the cursor of the last page committed with every
+    page before it (resume from it); on failure raises RecordPullError whose `result`
+    holds the same. Records are validated against the local schema; `source_node` fills
+    one without a source.
     """
     cursor = since
     pulled = inserted = duplicates = received = 0
@@ -218,12 +219,12 @@ async def pull_records(
                 hint = next_hint(body)
                 if hint is not None and _moved(hint, start):
                     fetching, guess = fetch(hint), hint
-                records, following = parse_page(url, body, schema)
-                if not records:
+                count, following, rows, reached = await asyncio.to_thread(
+                    _prepare, url, body, schema, source_node, start
+                )
+                if reached is None:
                     break
-                rows = validate_records(schema, records, source_node)
-                reached = page_end(schema.time_column, schema.key, records, start)
-                received += len(records)
+                received += count
                 more = following is not None and (max_records is None or received < max_records)
                 if fetching is not None and (not more or guess != reached):
                     await _finish(fetching)
@@ -232,7 +233,7 @@ async def pull_records(
                     fetching = fetch(reached)
                 start = reached
                 ingest = local_store.ingest_rows(rows, wait_s=store_wait_s)
-                commits.append((asyncio.create_task(ingest), len(records), reached))
+                commits.append((asyncio.create_task(ingest), count, reached))
                 await settle(1)
             await settle(0)
         except SyncError as exc:
@@ -246,6 +247,19 @@ async def pull_records(
         for task, _, _ in commits:
             await _finish(task)
     return PullResult(pulled, inserted, duplicates, cursor)
+
+
+def _prepare(
+    url: str, body: bytes, schema: RecordSchema, source_node: str, start: Cursor | None
+) -> tuple[int, Cursor | None, list[tuple[Any, ...]], Cursor | None]:
+    """Parse and validate one page (in a worker thread: the event loop stays free, and sends
+    the request of the following page meanwhile): (records, the peer's next cursor, rows,
+    the page's end or None for an empty page)."""
+    records, following = parse_page(url, body, schema)
+    if not records:
+        return 0, following, [], None
+    rows = validate_records(schema, records, source_node)
+    return len(records), following, rows, page_end(schema.time_column, schema.key, records, start)
 
 
 def _moved(reached: Cursor, before: Cursor | None) -> bool:
