@@ -24,7 +24,7 @@ from sync.errors import (
     sync_error,
 )
 from sync.files.manifest import ManifestEntry
-from sync.transports.partial import await_jobs, settle_all
+from sync.transports.partial import await_jobs, settle_all, start_writeback
 
 BATCH_BYTES = 1 << 20  # measured: bigger batches fall out of the CPU cache between write and hash
 HASH_HEADER = "X-Shoal-Content-Hash"
@@ -91,9 +91,10 @@ def plan_runs(verified: list[bool], streams: int) -> list[PieceRun]:
 
 
 class PieceSink:
-    """Writes a run's bytes at their offsets in the partial file and checks each piece as it
-    completes. `store` and `check` block; a batch is stored and checked in two worker threads
-    at once, and at most one `check` runs at a time (the hash state is sequential)."""
+    """Writes a run's bytes at their offsets in the partial file (starting their writeback to
+    disk at once, so flushing overlaps the transfer) and checks each piece as it completes.
+    `store` and `check` block; a batch is stored and checked in two worker threads at once,
+    and at most one `check` runs at a time (the hash state is sequential)."""
 
     def __init__(self, fd: int, entry: ManifestEntry, run: PieceRun, peer: str) -> None:
         self._fd = fd
@@ -121,6 +122,7 @@ class PieceSink:
             written = os.pwritev(self._fd, chunks, offset)
             if written != total:
                 os.pwrite(self._fd, b"".join(chunks)[written:], offset + written)
+            start_writeback(self._fd, offset, total)
         except OSError as exc:
             message = f"{self._entry.path}: cannot write the partial file: {exc}"
             raise FileSyncError(message) from exc
