@@ -27,6 +27,8 @@ from sync.files.manifest import ManifestEntry
 from sync.transports.partial import await_jobs, settle_all, start_writeback
 
 BATCH_BYTES = 1 << 20  # measured: bigger batches fall out of the CPU cache between write and hash
+MAX_WRITE_CHUNKS = 512
+"""Chunks per pwritev call (one call takes at most IOV_MAX, 1024, buffers)."""
 HASH_HEADER = "X-Shoal-Content-Hash"
 
 ReceivedFn = Callable[[int], None]
@@ -119,9 +121,14 @@ class PieceSink:
     def store(self, chunks: list[bytes], offset: int) -> None:
         total = sum(len(chunk) for chunk in chunks)
         try:
-            written = os.pwritev(self._fd, chunks, offset)
-            if written != total:
-                os.pwrite(self._fd, b"".join(chunks)[written:], offset + written)
+            at = offset
+            for first in range(0, len(chunks), MAX_WRITE_CHUNKS):
+                group = chunks[first : first + MAX_WRITE_CHUNKS]
+                size = sum(len(chunk) for chunk in group)
+                written = os.pwritev(self._fd, group, at)
+                if written != size:
+                    os.pwrite(self._fd, b"".join(group)[written:], at + written)
+                at += size
             start_writeback(self._fd, offset, total)
         except OSError as exc:
             message = f"{self._entry.path}: cannot write the partial file: {exc}"
@@ -238,7 +245,8 @@ async def download_run(
         ):
             _check_answer(response, entry, run, peer)
             batch_bytes = 0
-            async for chunk in response.content.iter_any():
+            # chunks as received: iter_any would join what is buffered (a copy of every byte)
+            async for chunk, _ in response.content.iter_chunks():
                 if limiter is not None:
                     await limiter.take(len(chunk))
                 batch.append(chunk)

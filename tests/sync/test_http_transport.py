@@ -16,6 +16,7 @@ import pytest
 
 from sync import FileChangedError, HttpTransport, ManifestEntry, PartialFile, TransferBusyError
 from sync.files import download as download_module
+from sync.files.download import PieceRun, PieceSink
 from sync.guards import partial_name
 from sync.transports.partial import start_writeback
 from sync.transports.protocol import PeerRef
@@ -240,3 +241,19 @@ def test_start_writeback_is_best_effort(tmp_path: Path) -> None:
     finally:
         os.close(reader)
         os.close(writer)
+
+
+def test_a_batch_of_many_small_chunks_is_written_whole(tmp_path: Path) -> None:
+    """More received chunks than one pwritev takes (IOV_MAX): all land at their offsets."""
+    chunks = [os.urandom(7) for _ in range(3000)]
+    data = b"".join(chunks)
+    entry = ManifestEntry("f", len(data), 0, hashlib.sha256(data).hexdigest())
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        sink = PieceSink(fd, entry, PieceRun(0, 0), "peer")
+        sink.store(chunks, sink.reserve(len(data)))
+        sink.check(chunks)
+        sink.finish()
+        assert os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)
