@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import logging
@@ -40,7 +39,7 @@ SYNC_FILE_RANGE_WRITE = 2
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
     """libc's sync_file_range (Linux), or None where there is none."""
     try:
-        function = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).sync_file_range
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range  # libc is loaded
     except (OSError, AttributeError, TypeError):
         return None
     function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)

@@ -9,6 +9,7 @@ import itertools
 import os
 import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import aiohttp
@@ -16,7 +17,7 @@ import pytest
 
 from sync import FileChangedError, HttpTransport, ManifestEntry, PartialFile, TransferBusyError
 from sync.files import download as download_module
-from sync.files.download import PieceRun, PieceSink
+from sync.files.download import WRITE_BYTES, PieceRun, PieceSink
 from sync.guards import partial_name
 from sync.transports.partial import start_writeback
 from sync.transports.protocol import PeerRef
@@ -244,7 +245,7 @@ def test_start_writeback_is_best_effort(tmp_path: Path) -> None:
 
 
 def test_a_batch_of_many_small_chunks_is_written_whole(tmp_path: Path) -> None:
-    """More received chunks than one pwritev takes (IOV_MAX): all land at their offsets."""
+    """Many small received chunks in one batch all land at their offsets."""
     chunks = [os.urandom(7) for _ in range(3000)]
     data = b"".join(chunks)
     entry = ManifestEntry("f", len(data), 0, hashlib.sha256(data).hexdigest())
@@ -257,3 +258,26 @@ def test_a_batch_of_many_small_chunks_is_written_whole(tmp_path: Path) -> None:
         assert os.pread(fd, len(data) + 1, 0) == data
     finally:
         os.close(fd)
+
+
+def test_a_large_chunk_is_written_in_pieces_of_write_bytes(tmp_path: Path) -> None:
+    """A received chunk bigger than WRITE_BYTES is written by several calls of at most that
+    many bytes (large single writes cost the kernel more), and lands whole."""
+    data = os.urandom(3 * WRITE_BYTES + 5)  # chunks of 10 bytes and 3 * WRITE_BYTES - 5
+    entry = ManifestEntry("f", len(data), 0, hashlib.sha256(data).hexdigest())
+    sizes: list[int] = []
+    real = os.pwrite
+
+    def pwrite(fd: int, buffer: Any, offset: int) -> int:
+        sizes.append(len(buffer))
+        return real(fd, buffer, offset)
+
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        sink = PieceSink(fd, entry, PieceRun(0, 0), "peer")
+        with mock.patch.object(os, "pwrite", pwrite):
+            sink.store([data[:10], data[10:]], sink.reserve(len(data)))
+        assert os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)
+    assert sizes == [10, WRITE_BYTES, WRITE_BYTES, WRITE_BYTES - 5]
