@@ -2,7 +2,8 @@
 
 Prints one JSON document: acknowledged records/s through HTTP (server in a subprocess), plain
 sqlite3 executemany of the same rows with the same pragmas, their ratio, and a pull of 100,000
-records from that server into a local store (pages of 5,000). With both shapes, a summary puts
+records from that server into a local store (pages of 5,000; with the puller's CPU seconds and
+the load average, as the machine may be shared). With both shapes, a summary puts
 the array-shaped figures beside the string-shaped ones of the same run and the targets
 (>= 50,000 records/s, >= 0.5x plain sqlite3, a pull of 100,000 in <= 3 s).
 Usage: python bench/records_bench.py [--records N] [--producers 8] [--moves array|string|both]
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import sqlite3
 import sys
 import tempfile
@@ -121,17 +123,25 @@ async def pull(base_url: str, path: Path, limit: int) -> dict[str, Any]:
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
         RecordStore(path, GAMES_SCHEMA) as store,
     ):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_s()
         result = await pull_records(
             session, base_url, "games", store, limit=limit, max_records=PULL_RECORDS
         )
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, _cpu_s() - cpu
     return {
         "pulled": result.pulled,
         "inserted": result.inserted,
         "seconds": round(elapsed, 2),
         "records_per_s": round(result.pulled / elapsed),
+        "puller_cpu_s": round(cpu, 2),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
     }
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process (every thread: the store's writer too), user + system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_shape(shape: str, count: int, producers: int, work: Path) -> dict[str, Any]:

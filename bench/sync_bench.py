@@ -171,6 +171,7 @@ async def checkpoint(work: Path, size: int, trials: int, streams: int) -> dict[s
         "best_s": {name: round(value, 3) for name, value in best.items()},
         "samples_s": {name: [round(v, 3) for v in values] for name, values in samples.items()},
         "MBps": mbps,
+        "load_avg_1m": round(os.getloadavg()[0], 1),
         "http_vs_dd": round(mbps["http"] / mbps["dd"], 2),
         "http_vs_rsync": round(mbps["http"] / mbps["rsync"], 2),
         "targets": {

@@ -1,12 +1,15 @@
 """Pulling records from a peer: pages of its `/since` endpoint inserted exactly once locally.
 
-Each page is committed in one transaction (INSERT OR IGNORE) before the cursor moves past it.
+Each page is committed in one transaction (INSERT OR IGNORE) before the cursor moves past it;
+the next page is fetched, parsed and validated while the one before commits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -27,7 +30,7 @@ from sync.records.client import rejection
 from sync.records.raw import loads_cut
 from sync.records.schema import RecordSchema
 from sync.records.store import RecordStore
-from sync.records.types import DEFAULT_PAGE_LIMIT, Cursor, PullResult, RecordKey
+from sync.records.types import DEFAULT_PAGE_LIMIT, Cursor, IngestResult, PullResult, RecordKey
 from sync.records.validate import validate_records
 
 Page = tuple[list[dict[str, Any]], Cursor | None]
@@ -48,12 +51,7 @@ def since_params(
     return params
 
 
-async def _get_json(
-    session: aiohttp.ClientSession,
-    url: str,
-    params: Any = None,
-    loads: Callable[[bytes], Any] = orjson.loads,
-) -> Any:
+async def _get_bytes(session: aiohttp.ClientSession, url: str, params: Any = None) -> bytes:
     with translated(url, RecordRequestError):
         async with session.get(url, params=params) as response:
             payload = await response.read()
@@ -64,10 +62,22 @@ async def _get_json(
                 raise RecordRequestError(
                     f"{url}: HTTP {response.status}: {refusal}", response.status
                 )
+    return payload
+
+
+def _decoded(url: str, payload: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> Any:
     try:
         return loads(payload)
     except ValueError as exc:
-        raise RecordRequestError(f"{url}: answer is not JSON", response.status) from exc
+        raise RecordRequestError(f"{url}: answer is not JSON", 200) from exc
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, params: Any = None) -> Any:
+    return _decoded(url, await _get_bytes(session, url, params))
+
+
+def since_url(base_url: str, store: str) -> str:
+    return f"{base_url.rstrip('/')}/v1/records/{quote(store, safe='')}/since"
 
 
 async def fetch_page(
@@ -84,12 +94,17 @@ async def fetch_page(
     With `schema`, canonical array values of its json fields stay raw text (RawJson, for
     validate_records; see sync.records.raw) instead of becoming Python lists.
     """
-    url = f"{base_url.rstrip('/')}/v1/records/{quote(store, safe='')}/since"
-    params = since_params(cursor, limit, filters)
+    url = since_url(base_url, store)
+    body = await _get_bytes(session, url, since_params(cursor, limit, filters))
+    return parse_page(url, body, schema)
+
+
+def parse_page(url: str, body: bytes, schema: RecordSchema | None = None) -> Page:
+    """The (records, next cursor or None) of a `/since` answer `body` from `url`."""
     if schema is None:
-        data = await _get_json(session, url, params)
+        data = _decoded(url, body)
     else:
-        data = await _get_json(session, url, params, functools.partial(_loads_page, schema))
+        data = _decoded(url, body, functools.partial(_loads_page, schema))
     records = data.get("records") if isinstance(data, dict) else None
     following = data.get("next") if isinstance(data, dict) else None
     if not isinstance(records, list):
@@ -102,6 +117,29 @@ async def fetch_page(
         raise RecordRequestError(f"{url}: bad next cursor {following!r}", 200) from exc
 
 
+def next_hint(body: bytes) -> Cursor | None:
+    """The `next` cursor of a `/since` body read from its tail, without parsing its records:
+    a guess (None when there is none to read), used only to ask for the following page early
+    and kept only if it equals the end of the parsed page."""
+    at = body.rfind(_NEXT_KEY)
+    if at < 0 or not body.endswith(b"}"):
+        return None
+    try:
+        value = orjson.loads(body[at + len(_NEXT_KEY) : -1])
+    except ValueError:
+        return None
+    if type(value) is not dict:
+        return None
+    ts: Any = value.get("ts")
+    after: Any = value.get("after")
+    if type(ts) not in (int, float) or not (after is None or type(after) in (str, int)):
+        return None
+    return float(ts), after
+
+
+_NEXT_KEY = b',"next":'
+
+
 def _loads_page(schema: RecordSchema, payload: bytes) -> Any:
     return loads_cut(payload, schema, _page_records)
 
@@ -110,13 +148,16 @@ def _page_records(doc: Any) -> Any:
     return doc.get("records") if type(doc) is dict else None
 
 
-async def _finish(task: asyncio.Task[Page] | None) -> None:
+async def _finish(task: asyncio.Task[Any] | None) -> None:
     if task is None:
         return
     task.cancel()
     await asyncio.wait([task])
     if not task.cancelled():
         task.exception()  # retrieved: the pull already failed or stopped for another reason
+
+
+_Commit = tuple[asyncio.Task[IngestResult], int, Cursor]
 
 
 async def pull_records(
@@ -133,55 +174,99 @@ async def pull_records(
 ) -> PullResult:
     """Copy a peer's records after `since` into `local_store`, page by page, exactly once.
 
-    The next page is fetched while the current one commits. Returns counts and the cursor of
-    the last committed record (resume from it); on failure raises RecordPullError whose
-    `result` holds the same. Records are validated against the local schema; `source_node`
-    fills one without a source.
+    Pipelined: the next page is asked for as soon as a page arrives (from the `next` cursor
+    at its tail, kept only if it is the end of the parsed page), and a page is parsed and
+    validated in a worker thread while the one before commits (the store's writer commits
+    pages in order). Returns counts and the cursor of the last page committed with every
+    page before it (resume from it); on failure raises RecordPullError whose `result`
+    holds the same. Records are validated against the local schema; `source_node` fills
+    one without a source.
     """
     cursor = since
-    pulled = inserted = duplicates = 0
+    pulled = inserted = duplicates = received = 0
     schema = local_store.schema
+    url = since_url(base_url, store)
+    commits: deque[_Commit] = deque()
 
-    def result() -> PullResult:
-        return PullResult(pulled, inserted, duplicates, cursor)
+    def fetch(start: Cursor | None) -> asyncio.Task[bytes]:
+        return asyncio.create_task(_get_bytes(session, url, since_params(start, limit, filters)))
 
     def failed(exc: SyncError) -> RecordPullError:
-        return RecordPullError(f"pull of {store} from {base_url}: {exc}", result())
+        return RecordPullError(
+            f"pull of {store} from {base_url}: {exc}",
+            PullResult(pulled, inserted, duplicates, cursor),
+        )
 
-    pending: asyncio.Task[Page] | None = asyncio.create_task(
-        fetch_page(session, base_url, store, since, limit, filters, schema)
-    )
-    try:
-        while pending is not None:
-            try:
-                records, following = await pending
-            except SyncError as exc:
-                raise failed(exc) from exc
-            pending = None
-            if not records:
-                break
-            try:
-                rows = validate_records(schema, records, source_node)
-                reached = page_end(schema.time_column, schema.key, records, cursor)
-            except SyncError as exc:
-                raise failed(exc) from exc
-            if following is not None and (
-                max_records is None or pulled + len(records) < max_records
-            ):
-                pending = asyncio.create_task(
-                    fetch_page(session, base_url, store, reached, limit, filters, schema)
-                )
-            try:
-                counts = await local_store.ingest_rows(rows, wait_s=store_wait_s)
-            except SyncError as exc:
-                raise failed(exc) from exc
-            pulled += len(records)
+    async def settle(keep: int) -> None:
+        """Wait for the oldest commits until at most `keep` are in flight."""
+        nonlocal pulled, inserted, duplicates, cursor
+        while len(commits) > keep:
+            task, count, reached = commits[0]
+            counts = await asyncio.shield(task)
+            commits.popleft()
+            pulled += count
             inserted += counts.accepted
             duplicates += counts.duplicates
             cursor = reached
+
+    fetching: asyncio.Task[bytes] | None = fetch(since)
+    start = since
+    try:
+        try:
+            while fetching is not None:
+                body = await fetching
+                fetching = guess = None
+                hint = next_hint(body)
+                if hint is not None and _moved(hint, start):
+                    fetching, guess = fetch(hint), hint
+                count, following, rows, reached = await asyncio.to_thread(
+                    _prepare, url, body, schema, source_node, start
+                )
+                if reached is None:
+                    break
+                received += count
+                more = following is not None and (max_records is None or received < max_records)
+                if fetching is not None and (not more or guess != reached):
+                    await _finish(fetching)
+                    fetching = None
+                if more and fetching is None:
+                    fetching = fetch(reached)
+                start = reached
+                ingest = local_store.ingest_rows(rows, wait_s=store_wait_s)
+                commits.append((asyncio.create_task(ingest), count, reached))
+                await settle(1)
+            await settle(0)
+        except SyncError as exc:
+            await _finish(fetching)
+            fetching = None
+            with contextlib.suppress(SyncError):
+                await settle(0)  # what committed before the failure counts
+            raise failed(exc) from exc
     finally:
-        await _finish(pending)
-    return result()
+        await _finish(fetching)
+        for task, _, _ in commits:
+            await _finish(task)
+    return PullResult(pulled, inserted, duplicates, cursor)
+
+
+def _prepare(
+    url: str, body: bytes, schema: RecordSchema, source_node: str, start: Cursor | None
+) -> tuple[int, Cursor | None, list[tuple[Any, ...]], Cursor | None]:
+    """Parse and validate one page (in a worker thread: the event loop stays free, and sends
+    the request of the following page meanwhile): (records, the peer's next cursor, rows,
+    the page's end or None for an empty page)."""
+    records, following = parse_page(url, body, schema)
+    if not records:
+        return 0, following, [], None
+    rows = validate_records(schema, records, source_node)
+    return len(records), following, rows, page_end(schema.time_column, schema.key, records, start)
+
+
+def _moved(reached: Cursor, before: Cursor | None) -> bool:
+    if before is None:
+        return True
+    ts, after = before
+    return reached[0] > ts or (reached[0] == ts and _key_after(reached[1], after))
 
 
 def page_end(
@@ -191,11 +276,8 @@ def page_end(
     (a peer that keeps answering the same page must not keep a pull going forever)."""
     last = records[-1]
     reached: Cursor = (float(last[time_column]), last[key])
-    if before is not None:
-        ts, after = before
-        moved = reached[0] > ts or (reached[0] == ts and _key_after(reached[1], after))
-        if not moved:
-            raise RecordRequestError(f"the peer's page ends at {reached}, not after {before}")
+    if not _moved(reached, before):
+        raise RecordRequestError(f"the peer's page ends at {reached}, not after {before}")
     return reached
 
 

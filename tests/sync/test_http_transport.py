@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import os
 import time
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import aiohttp
 import pytest
 
 from sync import FileChangedError, HttpTransport, ManifestEntry, PartialFile, TransferBusyError
+from sync.files import download as download_module
+from sync.files.download import WRITE_BYTES, PieceRun, PieceSink
 from sync.guards import partial_name
+from sync.transports.partial import start_writeback
 from sync.transports.protocol import PeerRef
 from tests.sync.files_fixtures import FAST_TIMEOUTS, PIECE, FileNode, internal_files
 from tests.sync.files_proxy import FaultProxy
@@ -191,3 +197,87 @@ async def test_manifest_pages_and_etag_reuse(tmp_path: Path) -> None:
             assert [e.path for e in one.entries] == ["d/f03"]
             none = await http.manifest_page(a.peer, "models", piece_size=PIECE, path="nope")
             assert none.entries == ()
+
+
+async def test_received_bytes_start_their_writeback_as_they_are_written(tmp_path: Path) -> None:
+    """Every byte written to the partial file is handed to start_writeback once, at the
+    offsets written (so the final fsync overlaps the transfer), and the file is intact."""
+    data = os.urandom(6 * PIECE + 77)
+    written: list[tuple[int, int]] = []
+    real = start_writeback
+
+    def record(fd: int, offset: int, count: int) -> None:
+        assert os.pread(fd, count, offset) == data[offset : offset + count]
+        written.append((offset, count))
+        real(fd, offset, count)
+
+    options = {"streams": 2, "parallel_min_bytes": 0}
+    async with (
+        FileNode(tmp_path / "a", "a") as a,
+        FileNode(tmp_path / "b", "b", transport_options=options) as b,
+    ):
+        a.write("ckpt.pt", data)
+        entry = await _entry(a, "ckpt.pt")
+        with mock.patch.object(download_module, "start_writeback", record):
+            await b.http.fetch(a.peer, "models", entry, b.root())
+        assert (b.root() / "ckpt.pt").read_bytes() == data
+    spans = sorted(written)
+    assert spans[0][0] == 0
+    assert all(s + n == start for (s, n), (start, _) in itertools.pairwise(spans))
+    assert sum(count for _, count in spans) == len(data)
+
+
+def test_start_writeback_is_best_effort(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(1 << 16))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        start_writeback(fd, 0, 1 << 16)  # a regular file: writeback starts, nothing to see
+        start_writeback(fd, 0, 0)
+    finally:
+        os.close(fd)
+    reader, writer = os.pipe()
+    try:
+        start_writeback(reader, 0, 10)  # a pipe cannot be synced: ignored, not raised
+    finally:
+        os.close(reader)
+        os.close(writer)
+
+
+def test_a_batch_of_many_small_chunks_is_written_whole(tmp_path: Path) -> None:
+    """Many small received chunks in one batch all land at their offsets."""
+    chunks = [os.urandom(7) for _ in range(3000)]
+    data = b"".join(chunks)
+    entry = ManifestEntry("f", len(data), 0, hashlib.sha256(data).hexdigest())
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        sink = PieceSink(fd, entry, PieceRun(0, 0), "peer")
+        sink.store(chunks, sink.reserve(len(data)))
+        sink.check(chunks)
+        sink.finish()
+        assert os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)
+
+
+def test_a_large_chunk_is_written_in_pieces_of_write_bytes(tmp_path: Path) -> None:
+    """A received chunk bigger than WRITE_BYTES is written by several calls of at most that
+    many bytes (large single writes cost the kernel more), and lands whole."""
+    data = os.urandom(3 * WRITE_BYTES + 5)  # chunks of 10 bytes and 3 * WRITE_BYTES - 5
+    entry = ManifestEntry("f", len(data), 0, hashlib.sha256(data).hexdigest())
+    sizes: list[int] = []
+    real = os.pwrite
+
+    def pwrite(fd: int, buffer: Any, offset: int) -> int:
+        sizes.append(len(buffer))
+        return real(fd, buffer, offset)
+
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        sink = PieceSink(fd, entry, PieceRun(0, 0), "peer")
+        with mock.patch.object(os, "pwrite", pwrite):
+            sink.store([data[:10], data[10:]], sink.reserve(len(data)))
+        assert os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)
+    assert sizes == [10, WRITE_BYTES, WRITE_BYTES, WRITE_BYTES - 5]

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -20,6 +25,8 @@ from sync import (
     SinceQuery,
     pull_records,
 )
+from sync.records import pull as pull_module
+from sync.records.pull import next_hint
 from tests.sync.record_fixtures import SMALL, base_url, game, serve, session
 from tests.sync.record_proxy import FaultyProxy
 
@@ -135,3 +142,112 @@ async def test_a_peer_that_repeats_its_page_stops_the_pull(
             await pull_records(session, base_url(stuck), "games", local, limit=2)
     assert (info.value.result.pulled, info.value.result.inserted) == (2, 2)
     assert local.status().count == 2
+
+
+def test_next_hint_reads_the_cursor_at_the_tail_of_a_page() -> None:
+    page = (
+        b'{"records":[{"game_id":"g-1","meta":{"a":0,"next":1}}],"next":{"ts":2.5,"after":"g-1"}}'
+    )
+    assert next_hint(page) == (2.5, "g-1")
+    assert next_hint(b'{"records":[],"next":{"ts":3,"after":7}}') == (3.0, 7)
+    assert next_hint(b'{"records":[],"next":null}') is None
+    assert next_hint(b'{"records":[{"a":1,"next":{"ts":1,"after":"x"}}]}') is None
+    assert next_hint(b'{"records":[], "next": {"ts": 1.0, "after": "x"}}') is None
+    assert next_hint(b'{"records":[],"next":{"ts":"1","after":"x"}}') is None
+    assert next_hint(b'{"records":[],"next":{"ts":1,"after":[1]}}') is None
+    assert next_hint(b'{"records":[],"next":{"ts":1,') is None
+
+
+async def test_the_next_page_is_asked_for_before_the_page_is_parsed(
+    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+) -> None:
+    """Each page (but the last) is parsed only once the request of the following page reached
+    the peer: parsing waits for it (in its worker thread), and fails if it never comes."""
+    asked: list[str | None] = []
+    arrivals = [threading.Event() for _ in range(8)]
+    url = base_url(sources[0])
+
+    async def relay(request: web.Request) -> web.Response:
+        arrivals[len(asked)].set()
+        asked.append(request.query.get("after"))
+        async with session.get(f"{url}/v1/records/games/since", params=request.query) as answer:
+            return web.Response(body=await answer.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/records/games/since", relay)
+    parse = pull_module.parse_page
+    parsed: list[int] = []
+
+    def parse_when_next_asked(*args: Any) -> Any:
+        page = len(parsed)
+        parsed.append(page)
+        if page < 3 and not arrivals[page + 1].wait(10.0):
+            raise AssertionError(f"page {page} is parsed and the next one was not asked for")
+        return parse(*args)
+
+    async with TestServer(app, host="127.0.0.1", port=0) as relay_server:
+        with mock.patch.object(pull_module, "parse_page", parse_when_next_asked):
+            result = await pull_records(session, base_url(relay_server), "games", local, limit=2000)
+    assert (result.pulled, result.inserted) == (7000, 7000)
+    assert asked == [None, "g-001999", "g-003999", "g-005999"]
+
+
+async def test_a_page_is_parsed_while_the_page_before_commits(
+    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+) -> None:
+    """The commit of the first page is held until the second page is being parsed: the pull
+    only finishes if it does not wait for a commit before parsing the next page."""
+    loop = asyncio.get_running_loop()
+    second_parsed = asyncio.Event()
+    parse = pull_module.parse_page
+    parses: list[int] = []
+
+    def parse_and_tell(*args: Any) -> Any:
+        parses.append(len(parses))
+        if len(parses) == 2:
+            loop.call_soon_threadsafe(second_parsed.set)
+        return parse(*args)
+
+    ingest = local.ingest_rows
+    commits: list[int] = []
+
+    async def held_ingest(rows: Any, wait_s: float | None = None) -> Any:
+        if not commits:
+            async with asyncio.timeout(10.0):
+                await second_parsed.wait()
+        commits.append(len(rows))
+        return await ingest(rows, wait_s)
+
+    with (
+        mock.patch.object(pull_module, "parse_page", parse_and_tell),
+        mock.patch.object(local, "ingest_rows", held_ingest),
+    ):
+        result = await pull_records(session, base_url(sources[0]), "games", local, limit=3000)
+    assert (result.pulled, result.inserted) == (7000, 7000)
+    assert commits == [3000, 3000, 1000]
+
+
+async def test_a_wrong_next_cursor_at_the_tail_is_not_trusted(
+    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+) -> None:
+    """A peer whose `next` is not the end of its page: the early request made from it is
+    dropped and the pull goes on from the page's real end, missing nothing."""
+    url = base_url(sources[0])
+    asked: list[str | None] = []
+
+    async def skewed(request: web.Request) -> web.Response:
+        asked.append(request.query.get("after"))
+        async with session.get(f"{url}/v1/records/games/since", params=request.query) as answer:
+            page = await answer.json()
+        if page["next"] is not None:
+            page["next"] = {"ts": page["next"]["ts"] + 500, "after": "g-zzz"}
+        return web.Response(body=orjson.dumps(page), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/records/games/since", skewed)
+    async with TestServer(app, host="127.0.0.1", port=0) as peer:
+        result = await pull_records(session, base_url(peer), "games", local, limit=3000)
+    assert (result.pulled, result.inserted) == (7000, 7000)
+    assert result.cursor == (1_700_006_999.0, "g-006999")
+    assert await all_ids(local) == [f"g-{i:06d}" for i in range(7000)]
+    assert [a for a in asked if a != "g-zzz"] == [None, "g-002999", "g-005999"]
