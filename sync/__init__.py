@@ -38,9 +38,12 @@ from sync.errors import (
     translated,
 )
 from sync.files.catalog import FILE_CATEGORIES, FileCatalog
+from sync.files.download import RateLimiter
 from sync.files.engine import SyncCoordinator, SyncOptions
 from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
 from sync.files.manifest_cache import Listing, ManifestCache
+from sync.files.piece_routes import piece_route_docs, piece_routes
+from sync.files.pieces import Limits, PieceBook, PieceMap, choose_pieces
 from sync.files.plan import (
     ClusterSyncStats,
     FallbackSources,
@@ -97,6 +100,7 @@ from sync.transports.partial import (
 )
 from sync.transports.protocol import PeerRef, TransferResult, Transport
 from sync.transports.rsync import RsyncTransport, SshTarget
+from sync.transports.swarm import SwarmOptions, SwarmTransport
 
 __all__ = [
     "BUILTIN_SCHEMAS",
@@ -121,6 +125,7 @@ __all__ = [
     "HttpTransport",
     "IngestResult",
     "InsufficientSpaceError",
+    "Limits",
     "Listing",
     "ManifestCache",
     "ManifestEntry",
@@ -133,8 +138,11 @@ __all__ = [
     "PartialFile",
     "PathRefusedError",
     "PeerRef",
+    "PieceBook",
+    "PieceMap",
     "PullItem",
     "PullResult",
+    "RateLimiter",
     "RecordClient",
     "RecordPage",
     "RecordPullError",
@@ -166,6 +174,8 @@ __all__ = [
     "StoreOptions",
     "StoreStatus",
     "StoreWriteError",
+    "SwarmOptions",
+    "SwarmTransport",
     "SyncCoordinator",
     "SyncError",
     "SyncOptions",
@@ -176,6 +186,7 @@ __all__ = [
     "UnknownCategoryError",
     "UnknownStoreError",
     "check_raw_query_value",
+    "choose_pieces",
     "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
@@ -190,6 +201,8 @@ __all__ = [
     "open_partial",
     "parse_retry_after",
     "parse_since_query",
+    "piece_route_docs",
+    "piece_routes",
     "plan_pulls",
     "provider_of",
     "pull_records",
