@@ -76,8 +76,9 @@ def piece_routes(
                 return category, entry, set(range(entry.piece_count)), fd
             os.close(fd)
         holding = book.holding(category, path, wanted)
-        if holding is None or not holding.have:
-            raise _Refused(404, "not_held", f"no verified piece of {path} at hash {wanted[:16]}")
+        if holding is None or not (holding.have or holding.pending):
+            reason = f"no piece of {path} at hash {wanted[:16]} here or on its way"
+            raise _Refused(404, "not_held", reason)
         return category, holding.entry, set(holding.have), -1
 
     async def pieces(request: web.Request) -> web.Response:

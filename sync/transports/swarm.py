@@ -52,11 +52,15 @@ MembersFn = Callable[[], Sequence[PeerRef] | Awaitable[Sequence[PeerRef]]]
 class SwarmOptions:
     """`poll_s`: how often piece maps are asked again while pieces are missing; `patience_s`:
     how long a puller with nothing in flight waits for a piece a peer is fetching before it
-    asks the origin for it too; `min_pieces`: smaller files go the plain HTTP way."""
+    asks the origin for it too; `alone_after_s`: how long no peer may hold or fetch the file
+    before a puller takes `limits.origin` requests at the origin instead of one (pullers that
+    start together then ask the origin for different pieces); `min_pieces`: smaller files go
+    the plain HTTP way."""
 
     limits: Limits = field(default_factory=Limits)
     poll_s: float = 0.2
     patience_s: float = 5.0
+    alone_after_s: float = 1.0
     min_pieces: int = 2
 
 
@@ -179,6 +183,7 @@ class _Run:
         self.tasks: dict[asyncio.Task[int], tuple[int, str]] = {}
         self.received = 0
         self.alone = False  # no other peer pulls this file: the origin gets limits.origin
+        self.others_seen_at = time.monotonic()
         self.start = spread_start(swarm._node_id, [origin.node_id, *self.peers], entry.piece_count)
 
     @property
@@ -255,6 +260,14 @@ class _Run:
             return
         if exc is None:
             size = task.result()
+            logger.debug(
+                "%s: piece %d of %s from %s (alone %s)",
+                self.swarm._node_id,
+                index,
+                self.entry.path,
+                node,
+                self.alone,
+            )
             self.holding.have.add(index)
             self.received += size
             self.swarm._book.count_received(self.category, size, from_origin=from_origin)
@@ -273,7 +286,6 @@ class _Run:
     async def _poll(self) -> None:
         """Ask every usable peer which pieces it holds now (a failure drops its map)."""
         nodes = [node for node in self.peers if self._usable(node)]
-        asked_with_requests_out = bool(self.holding.pending)
         answers = await asyncio.gather(
             *(self._piece_map(self.peers[node]) for node in nodes), return_exceptions=True
         )
@@ -284,9 +296,10 @@ class _Run:
                 raise answer
             else:
                 self.maps.pop(node, None)
-        if asked_with_requests_out:
-            # peers saw this pull in flight when they answered; none pulling too: alone
-            self.alone = not any(held.have or held.pending for held in self.maps.values())
+        now = time.monotonic()
+        if any(held.have or held.pending for held in self.maps.values()):
+            self.others_seen_at = now
+        self.alone = now - self.others_seen_at >= self.swarm.options.alone_after_s
 
     async def _piece_map(self, peer: PeerRef) -> PieceMap | None:
         entry = self.entry

@@ -124,9 +124,7 @@ async def test_pieces_come_from_the_peer_that_holds_them(tmp_path: Path) -> None
         write_file(origin.root() / "m.bin", data)
         write_file(holder.root() / "m.bin", data)
         entry = await origin.entry("m.bin")
-        swarm = SwarmTransport(
-            http, puller.book, lambda: [holder.peer], node_id="p", options=FAST
-        )
+        swarm = SwarmTransport(http, puller.book, lambda: [holder.peer], node_id="p", options=FAST)
         result = await swarm.fetch(origin.peer, "models", entry, puller.root())
         assert (puller.root() / "m.bin").read_bytes() == data
         assert result.bytes_transferred == len(data)
