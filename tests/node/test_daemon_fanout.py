@@ -95,7 +95,8 @@ async def test_four_pullers_fetch_pieces_from_each_other(tmp_path: Path) -> None
             served = re.search(
                 r'^shoal_sync_bytes_served_total\{category="models"\} (\S+)$', text, re.M
             )
-            assert served is not None and float(served.group(1)) == egress
+            assert served is not None
+            assert float(served.group(1)) == egress
         node = f"http://127.0.0.1:{origin.port}"
         shown = await asyncio.to_thread(CliRunner().invoke, app, ["sync", "status", "--node", node])
         assert shown.exit_code == 0, shown.output
