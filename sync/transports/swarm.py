@@ -261,12 +261,7 @@ class _Run:
         if exc is None:
             size = task.result()
             logger.debug(
-                "%s: piece %d of %s from %s (alone %s)",
-                self.swarm._node_id,
-                index,
-                self.entry.path,
-                node,
-                self.alone,
+                "%s: piece %d of %s from %s", self.swarm._node_id, index, self.entry.path, node
             )
             self.holding.have.add(index)
             self.received += size
