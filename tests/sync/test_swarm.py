@@ -101,6 +101,12 @@ async def test_a_downloading_node_serves_only_its_verified_pieces(tmp_path: Path
             other = {"path": "m.bin", "hash": "0" * 64}
             async with session.get(f"{base}/pieces", params=other) as answer:
                 assert answer.status == 404
+            holding.have.clear()  # only fetching: announced, so others wait instead of asking
+            async with session.get(f"{base}/pieces", params=query) as answer:
+                assert answer.status == 200
+                early = await answer.json()
+            assert decode_bitfield(early["have"], 4) == set()
+            assert decode_bitfield(early["pending"], 4) == {1}
             p.book.release(holding)
             async with session.get(f"{base}/pieces", params=query) as answer:
                 assert answer.status == 404  # the download is over and nothing was installed
