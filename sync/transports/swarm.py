@@ -54,13 +54,15 @@ class SwarmOptions:
     how long a puller with nothing in flight waits for a piece a peer is fetching before it
     asks the origin for it too; `alone_after_s`: how long no peer may hold or fetch the file
     before a puller takes `limits.origin` requests at the origin instead of one (pullers that
-    start together then ask the origin for different pieces); `min_pieces`: smaller files go
-    the plain HTTP way."""
+    start together then ask the origin for different pieces); `quiet_poll_s`: how often a
+    member that holds nothing of the file (or failed) is asked again; `min_pieces`: smaller
+    files go the plain HTTP way."""
 
     limits: Limits = field(default_factory=Limits)
     poll_s: float = 0.2
     patience_s: float = 5.0
-    alone_after_s: float = 1.0
+    alone_after_s: float = 2.0
+    quiet_poll_s: float = 1.0
     min_pieces: int = 2
 
 
@@ -184,6 +186,7 @@ class _Run:
         self.received = 0
         self.alone = False  # no other peer pulls this file: the origin gets limits.origin
         self.others_seen_at = time.monotonic()
+        self.quiet_until: dict[str, float] = {}
         self.start = spread_start(swarm._node_id, [origin.node_id, *self.peers], entry.piece_count)
 
     @property
@@ -279,11 +282,18 @@ class _Run:
             logger.debug("piece %d of %s from %s: %s", index, self.entry.path, node, exc)
 
     async def _poll(self) -> None:
-        """Ask every usable peer which pieces it holds now (a failure drops its map)."""
-        nodes = [node for node in self.peers if self._usable(node)]
+        """Ask every usable peer which pieces it holds now (a failure drops its map); a peer
+        that holds and fetches none is asked again only after `quiet_poll_s`."""
+        now = time.monotonic()
+        nodes = [
+            node
+            for node in self.peers
+            if self._usable(node) and self.quiet_until.get(node, 0.0) <= now
+        ]
         answers = await asyncio.gather(
             *(self._piece_map(self.peers[node]) for node in nodes), return_exceptions=True
         )
+        quiet_s = self.swarm.options.quiet_poll_s
         for node, answer in zip(nodes, answers, strict=True):
             if isinstance(answer, PieceMap):
                 self.maps[node] = answer
@@ -291,6 +301,7 @@ class _Run:
                 raise answer
             else:
                 self.maps.pop(node, None)
+                self.quiet_until[node] = now + quiet_s
         now = time.monotonic()
         if any(held.have or held.pending for held in self.maps.values()):
             self.others_seen_at = now
