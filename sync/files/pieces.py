@@ -195,11 +195,15 @@ class PieceBook:
 
 @dataclass(frozen=True)
 class Limits:
-    """Requests one puller keeps in flight: per peer, at the origin, and in all."""
+    """Requests one puller keeps in flight: per peer, at the origin, and in all; and how many
+    pieces no peer holds yet may be on their way from the origin to anyone (`origin_shared`,
+    this puller's included): the origin then sends a few pieces at full speed, which peers
+    can pass on early, instead of every piece at a fraction of its upload."""
 
     per_peer: int = 2
     origin: int = 2
     total: int = 8
+    origin_shared: int = 2
 
 
 def spread_start(node_id: str, members: Iterable[str], count: int) -> int:
@@ -224,7 +228,8 @@ def choose_pieces(
     holding it, then fewest fetching it, then nearest after `start`), each from the least
     loaded peer holding it (`loads`: this puller's requests in flight per peer, then the
     peer's own uploads) within `limits`. A piece no peer holds comes from `origin`, unless a
-    peer is fetching it already and not `use_pending` (it will hold it soon)."""
+    peer is fetching it already, or `limits.origin_shared` such pieces are on their way, and
+    not `use_pending` (the peers will hold them soon)."""
     in_flight = dict(loads)
     budget = limits.total - sum(in_flight.values())
     if budget <= 0:
@@ -236,6 +241,9 @@ def choose_pieces(
     def pending(index: int) -> int:
         return sum(1 for peer, held in maps.items() if index in held.pending and peer != origin)
 
+    held_anywhere = {i for peer, held in maps.items() if peer != origin for i in held.have}
+    coming = {i for peer, held in maps.items() if peer != origin for i in held.pending}
+    from_origin = len(coming - held_anywhere) + in_flight.get(origin, 0)
     order = sorted(
         ((len(holders(i)), pending(i), (i - start) % max(1, count), i) for i in set(wanted)),
     )
@@ -248,8 +256,11 @@ def choose_pieces(
             peer = min(free, key=lambda p: (in_flight.get(p, 0), maps[p].uploads, p))
         elif holders(index) or (fetching and not use_pending):
             continue
-        elif in_flight.get(origin, 0) < limits.origin:
+        elif in_flight.get(origin, 0) < limits.origin and (
+            use_pending or from_origin < limits.origin_shared
+        ):
             peer = origin
+            from_origin += 1
         else:
             continue
         in_flight[peer] = in_flight.get(peer, 0) + 1

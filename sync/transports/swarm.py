@@ -199,7 +199,8 @@ class _Run:
         polled = -float("inf")
         try:
             while self.missing:
-                if time.monotonic() - polled >= options.poll_s:
+                full = len(self.tasks) >= options.limits.total  # nothing could start anyway
+                if not full and time.monotonic() - polled >= options.poll_s:
                     await self._poll()
                     polled = time.monotonic()
                 waited = idle_since is not None and (

@@ -100,3 +100,18 @@ def test_pullers_start_at_different_pieces() -> None:
     members = ["origin", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"]
     starts = [spread_start(node, members, 16) for node in members[1:]]
     assert len(set(starts)) == 8
+
+
+def test_few_pieces_at_a_time_come_from_the_origin_to_the_whole_swarm() -> None:
+    maps = {"a": _map({0}, pending={1}), "b": _map(set(), pending={2, 0})}
+    limits = Limits(per_peer=2, origin=2, total=8, origin_shared=2)
+    # pieces 1 and 2 are on their way from the origin (nobody holds them): wait
+    waiting = choose_pieces([3, 4, 5], maps, {}, origin=ORIGIN, count=10, limits=limits)
+    assert waiting == []
+    roomy = Limits(per_peer=2, origin=2, total=8, origin_shared=3)
+    one = choose_pieces([3, 4, 5], maps, {}, origin=ORIGIN, count=10, limits=roomy)
+    assert one == [(3, ORIGIN)]
+    late = choose_pieces(
+        [3, 4, 5], maps, {}, origin=ORIGIN, count=10, limits=limits, use_pending=True
+    )
+    assert late == [(3, ORIGIN), (4, ORIGIN)]
