@@ -60,7 +60,7 @@ class SwarmOptions:
 
     limits: Limits = field(default_factory=Limits)
     poll_s: float = 0.2
-    patience_s: float = 5.0
+    patience_s: float = 30.0
     alone_after_s: float = 2.0
     quiet_poll_s: float = 1.0
     min_pieces: int = 2
