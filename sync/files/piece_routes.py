@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from config import error_response
+from sync.errors import SyncError
 from sync.files.catalog import FileCatalog
 from sync.files.docs import HEX64, PREFIX, SAFE_NAME
 from sync.files.download import HASH_HEADER, RateLimiter
@@ -28,7 +29,7 @@ PIECE_HEADER = "X-Shoal-Piece-Hash"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
-class _Refused(Exception):
+class _Refused(SyncError):
     def __init__(self, status: int, code: str, reason: str) -> None:
         super().__init__(reason)
         self.status = status

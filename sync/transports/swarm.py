@@ -66,7 +66,7 @@ class SwarmOptions:
     min_pieces: int = 2
 
 
-class _BadPiece(Exception):
+class _BadPiece(FileSyncError):
     """A piece whose bytes did not hash to the manifest's piece hash."""
 
 
