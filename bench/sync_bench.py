@@ -12,8 +12,12 @@
    `rsync -a -n` of the same two trees: "strict", the server rescans its tree for every
    manifest request (like rsync); "default", the server's FileCatalog settings (a listing is
    reused while younger than 10x the time it took). The client rescans its tree every time.
+3. Fan-out (bench/fanout_bench.py): a new checkpoint of --fanout-mib from 1 origin to
+   --fanout-nodes loopback daemons, every node capped at --fanout-cap-mbps MB/s upload: the
+   time until all hold a verified copy vs one capped transfer, and the origin's egress.
 Prints one JSON document. Usage: python bench/sync_bench.py [--small-files 2000]
-[--size-mib 1024] [--files 100000] [--trials 3] [--streams 2] [--dir DIR] [--time-limit-s 600]
+[--size-mib 1024] [--files 100000] [--trials 3] [--streams 2] [--fanout-mib 256]
+[--fanout-nodes 8] [--fanout-cap-mbps 50] [--dir DIR] [--time-limit-s 600]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.fanout_bench import fanout  # noqa: E402
 from bench.server import serve_until_sigterm, server_process  # noqa: E402
 from config import Timeouts  # noqa: E402
 from sync import (  # noqa: E402
@@ -300,6 +305,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.files > 0:
             result["noop_sync"] = await noop_sync(base / "tree", args.files, args.trials)
+        if args.fanout_mib > 0:
+            result["fanout"] = await fanout(
+                base / "fanout", args.fanout_mib, args.fanout_nodes, args.fanout_cap_mbps * 1e6
+            )
         return result
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -314,6 +323,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--streams", type=int, default=2)
+    parser.add_argument("--fanout-mib", type=int, default=256, help="0: no fan-out run")
+    parser.add_argument("--fanout-nodes", type=int, default=8)
+    parser.add_argument("--fanout-cap-mbps", type=float, default=50.0)
     parser.add_argument("--dir", default=None, help="where to make the temp tree (default /tmp)")
     parser.add_argument("--time-limit-s", type=float, default=600.0)
     args = parser.parse_args()

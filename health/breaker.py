@@ -120,6 +120,16 @@ class CircuitBreaker:
         else:
             self._transition(CircuitState.CLOSED, now, reason="reset")
 
+    def trip(self, reason: str) -> None:
+        """Open now, whatever the count of failures: the peer did something no retry excuses
+        (it served bytes that do not match their hash). Calls in flight no longer count."""
+        now = self._clock()
+        self._advance(now)
+        self._total_failures += 1
+        if self._state is CircuitState.OPEN:
+            return
+        self._trip(now, reason=reason, backoff=self._state is CircuitState.HALF_OPEN)
+
     def snapshot(self) -> BreakerSnapshot:
         now = self._clock()
         self._advance(now)

@@ -21,6 +21,7 @@ from node.runtime import NodeRuntime
 __all__ = [
     "FAILURE_REASONS",
     "HTTP_BUCKETS_S",
+    "FanoutCollector",
     "HttpMetrics",
     "RuntimeCollector",
     "SyncMetrics",
@@ -131,6 +132,38 @@ class RuntimeCollector(Collector):
                     family.add_metric([gpu], float(value) * scale.get(key, 1.0))
         yield from gauges.values()
         yield from counters.values()
+
+
+class FanoutCollector(Collector):
+    """Fan-out tallies of the node's sync, read at scrape time: file bytes served to peers per
+    category (on the node a file came from first, its egress), and piece bytes received by
+    swarm downloads from peers and from origins."""
+
+    def __init__(
+        self, tallies: Callable[[], dict[str, dict[str, int]]], categories: tuple[str, ...]
+    ) -> None:
+        self._tallies = tallies
+        self._categories = categories
+
+    def collect(self) -> Iterator[Metric]:
+        tallies = self._tallies()
+        served = CounterMetricFamily(
+            "shoal_sync_bytes_served",
+            "File bytes this node served to peers (file, batch and piece routes), by category",
+            labels=["category"],
+        )
+        received = CounterMetricFamily(
+            "shoal_sync_piece_bytes_received",
+            "Piece bytes swarm downloads received, by category and source (peer or origin)",
+            labels=["category", "source"],
+        )
+        for category in sorted({*self._categories, *tallies}):
+            counts = tallies.get(category, {})
+            served.add_metric([category], float(counts.get("served_bytes", 0)))
+            received.add_metric([category, "peer"], float(counts.get("from_peers_bytes", 0)))
+            received.add_metric([category, "origin"], float(counts.get("from_origin_bytes", 0)))
+        yield served
+        yield received
 
 
 class HttpMetrics:

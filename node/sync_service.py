@@ -22,7 +22,7 @@ from config import ConfigError, Inventory, error_body, signing_middleware
 from health import LoopHealth
 from node.election.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
-from node.metrics import sync_metrics
+from node.metrics import FanoutCollector, sync_metrics
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import bad_request, json_error
@@ -33,15 +33,20 @@ from sync import (
     FileCatalog,
     HttpTransport,
     PeerRef,
+    PieceBook,
+    RateLimiter,
     RecordPullError,
     RecordStores,
     RsyncTransport,
     SshTarget,
+    SwarmTransport,
     SyncCoordinator,
     SyncStats,
     Transport,
     file_route_docs,
     file_routes,
+    piece_route_docs,
+    piece_routes,
     pull_records,
 )
 from wal import SYNC_COMPLETED, WalError, WriteAheadLog
@@ -121,6 +126,19 @@ STATUS_ANSWER = {
                 },
             },
         },
+        "fanout": {
+            "type": "object",
+            "description": "Per category: file bytes served to peers (served_bytes), piece "
+            "bytes received from peers and from origins",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "served_bytes": {"type": "integer"},
+                    "from_peers_bytes": {"type": "integer"},
+                    "from_origin_bytes": {"type": "integer"},
+                },
+            },
+        },
     },
 }
 
@@ -152,6 +170,7 @@ class SyncService:
         self._lock = asyncio.Lock()
         self.catalog: FileCatalog | None = None
         self.coordinator: SyncCoordinator | None = None
+        self.pieces = PieceBook()
         self.last_run: dict[str, Any] | None = None
         self.running = False
 
@@ -168,7 +187,15 @@ class SyncService:
             node_id=runtime.node_id, secret=self._secret, timeouts=settings.timeouts
         )
         self._stack.push_async_callback(http.close)
-        transports: dict[str, Transport] = {"http": http}
+        swarm = SwarmTransport(
+            http,
+            self.pieces,
+            self.alive_peers,
+            node_id=runtime.node_id,
+            breakers=runtime.breakers,
+            timeouts=settings.timeouts,
+        )
+        transports: dict[str, Transport] = {"http": swarm}
         if "rsync" in settings.sync_transports:
             if self._inventory is None:
                 raise ConfigError(
@@ -204,6 +231,10 @@ class SyncService:
             fence=lambda: fence_headers(self._fence()),
         )
         self._stack.push_async_callback(coordinator.close)
+        if runtime.metrics is not None and FanoutCollector not in runtime.extensions:
+            collector = FanoutCollector(self.pieces.tallies, tuple(FILE_CATEGORIES))
+            runtime.metrics.registry.register(collector)
+            runtime.extensions[FanoutCollector] = collector
         await coordinator.start()
         result = await wal.recover(coordinator.recovery_handlers())
         log.info("sync: WAL recovery of transfers: %s", result)
@@ -263,19 +294,20 @@ class SyncService:
             )
 
         assert self.catalog is not None, "open() before routes()"
+        cap = self._runtime.settings.sync_upload_limit_bytes_s
+        limiter = RateLimiter(cap) if cap else None  # one cap for every file route
         files = [
             web.route(route.method, route.path, fenced(route.handler, self._fence), **route.kwargs)
             if route.method == "POST" and route.path.endswith(PULL_SUFFIX)
             else route
             for route in file_routes(
-                self.catalog,
-                pull,
-                upload_limit_bytes_s=self._runtime.settings.sync_upload_limit_bytes_s,
+                self.catalog, pull, limiter=limiter, on_served=self.pieces.count_served
             )
             if isinstance(route, web.RouteDef)
         ]
         return [
             *files,
+            *piece_routes(self.catalog, self.pieces, limiter),
             web.post(RUN_PATH, self._handle_run),
             web.get(STATUS_PATH, self._handle_status),
         ]
@@ -287,6 +319,7 @@ class SyncService:
         run_body["properties"]["categories"]["items"]["enum"] = [*FILE_CATEGORIES, *stores]
         return [
             *(RouteDoc(**doc) for doc in file_route_docs(tuple(FILE_CATEGORIES))),
+            *(RouteDoc(**doc) for doc in piece_route_docs(tuple(FILE_CATEGORIES))),
             RouteDoc(
                 "POST",
                 RUN_PATH,
@@ -337,6 +370,7 @@ class SyncService:
                 "interval_s": self._interval_s,
                 "peers": [p.node_id for p in self.alive_peers()],
                 "deletions": self._deletions(),
+                "fanout": self.pieces.tallies(),
             }
         )
 

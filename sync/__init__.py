@@ -39,9 +39,12 @@ from sync.errors import (
     translated,
 )
 from sync.files.catalog import FILE_CATEGORIES, FileCatalog
+from sync.files.download import RateLimiter
 from sync.files.engine import SyncCoordinator, SyncOptions
 from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
 from sync.files.manifest_cache import Listing, ManifestCache
+from sync.files.piece_routes import piece_route_docs, piece_routes
+from sync.files.pieces import Limits, PieceBook, PieceMap, choose_pieces
 from sync.files.plan import (
     ClusterSyncStats,
     FallbackSources,
@@ -100,6 +103,7 @@ from sync.transports.partial import (
 from sync.transports.protocol import PeerRef, TransferResult, Transport
 from sync.transports.rsync import RsyncTransport, SshTarget
 from sync.transports.ssh_relay import SshConnector, SshRelay
+from sync.transports.swarm import SwarmOptions, SwarmTransport
 
 __all__ = [
     "BUILTIN_SCHEMAS",
@@ -125,6 +129,7 @@ __all__ = [
     "HttpTransport",
     "IngestResult",
     "InsufficientSpaceError",
+    "Limits",
     "Listing",
     "ManifestCache",
     "ManifestEntry",
@@ -137,8 +142,11 @@ __all__ = [
     "PartialFile",
     "PathRefusedError",
     "PeerRef",
+    "PieceBook",
+    "PieceMap",
     "PullItem",
     "PullResult",
+    "RateLimiter",
     "RecordClient",
     "RecordPage",
     "RecordPullError",
@@ -172,6 +180,8 @@ __all__ = [
     "StoreOptions",
     "StoreStatus",
     "StoreWriteError",
+    "SwarmOptions",
+    "SwarmTransport",
     "SyncCoordinator",
     "SyncError",
     "SyncOptions",
@@ -184,6 +194,7 @@ __all__ = [
     "UnknownCategoryError",
     "UnknownStoreError",
     "check_raw_query_value",
+    "choose_pieces",
     "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
@@ -198,6 +209,8 @@ __all__ = [
     "open_partial",
     "parse_retry_after",
     "parse_since_query",
+    "piece_route_docs",
+    "piece_routes",
     "plan_deletions",
     "plan_pulls",
     "provider_of",

@@ -74,6 +74,23 @@ def _print_run(result: dict[str, Any]) -> None:
     console.print(f"took {result.get('duration_seconds', 0):.2f} s", highlight=False)
 
 
+def _print_fanout(fanout: dict[str, Any]) -> None:
+    """Bytes served to peers per category, and where swarm downloads got their pieces."""
+    if not fanout:
+        return
+    table = Table(title="fan-out")
+    for column in ("category", "served to peers", "pieces from peers", "pieces from origins"):
+        table.add_column(column)
+    for category, counts in fanout.items():
+        table.add_row(
+            category,
+            f"{counts.get('served_bytes', 0):,} B",
+            f"{counts.get('from_peers_bytes', 0):,} B",
+            f"{counts.get('from_origin_bytes', 0):,} B",
+        )
+    console.print(table)
+
+
 async def _run_with_progress(
     settings: NodeSettings, base: str, run: Coroutine[Any, Any, Any]
 ) -> Any:
@@ -143,6 +160,8 @@ def sync(
             _print_run(status["last_run"])
         else:
             console.print(f"no sync has run yet; peers: {', '.join(status['peers']) or '-'}")
+        if not as_json:
+            _print_fanout(status.get("fanout") or {})
         return
     body = {"categories": categories or [], "from": source}
     coroutine = _request(settings, "POST", f"{base}/v1/sync/run", body)

@@ -6,6 +6,7 @@ and pull requests from peers that push. Refusals are JSON `{"error": code, "reas
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -117,9 +118,11 @@ class _FileSlice(web.StreamResponse):
         status: int,
         headers: dict[str, str],
         limiter: RateLimiter | None = None,
+        on_sent: Callable[[int], None] | None = None,
     ):
         super().__init__(status=status, headers=headers)
         self._limiter = limiter
+        self._on_sent = on_sent
         self.content_length = count
         self._fd = fd
         self._offset = offset
@@ -153,6 +156,8 @@ class _FileSlice(web.StreamResponse):
                         await self._limiter.take(count)
                     await loop.sendfile(transport, file, offset, count)
                     offset += count
+                    if self._on_sent is not None:
+                        self._on_sent(count)
                 return
             except NotImplementedError:
                 pass
@@ -165,6 +170,8 @@ class _FileSlice(web.StreamResponse):
                 raise ConnectionResetError("file shrank while being sent")
             await writer.write(chunk)
             offset += len(chunk)
+            if self._on_sent is not None:
+                self._on_sent(len(chunk))
 
 
 def file_routes(
@@ -172,12 +179,16 @@ def file_routes(
     pull: PullHandler | None = None,
     *,
     upload_limit_bytes_s: float | None = None,
+    limiter: RateLimiter | None = None,
+    on_served: Callable[[str, int], None] | None = None,
 ) -> list[web.RouteDef]:
     """The file sync routes over `catalog`; `pull` (SyncCoordinator.pull_file) serves
     `POST .../pull`, which answers 503 without it. `upload_limit_bytes_s` caps the bytes of
-    files served, all requests together (none: unlimited). Mount behind the node's auth
-    middleware."""
-    limiter = RateLimiter(upload_limit_bytes_s) if upload_limit_bytes_s else None
+    files served, all requests together (none: unlimited), unless a `limiter` shared with
+    other routes is given. `on_served(category, n)` is told every n file bytes sent. Mount
+    behind the node's auth middleware."""
+    if limiter is None and upload_limit_bytes_s:
+        limiter = RateLimiter(upload_limit_bytes_s)
 
     def category_of(request: web.Request) -> str:
         category = request.match_info["category"]
@@ -284,11 +295,12 @@ def file_routes(
             headers = {"Content-Range": f"bytes */{entry.size}"}
             return _refusal(416, "bad_range", str(exc), **headers)
         headers = {**hashes, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        sent = None if on_served is None else functools.partial(on_served, category)
         if span is None:
-            return _FileSlice(fd, 0, entry.size, 200, headers, limiter)
+            return _FileSlice(fd, 0, entry.size, 200, headers, limiter, sent)
         start, end = span
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
-        return _FileSlice(fd, start, end - start, 206, headers, limiter)
+        return _FileSlice(fd, start, end - start, 206, headers, limiter, sent)
 
     async def files(request: web.Request) -> web.StreamResponse:
         try:
@@ -317,6 +329,8 @@ def file_routes(
                 if limiter is not None:
                     await limiter.take(len(frames))
                 await response.write(frames)
+                if on_served is not None:
+                    on_served(category, len(frames))
         await response.write_eof()
         return response
 

@@ -115,6 +115,16 @@ class HttpTransport:
         self._open_session()
         return self
 
+    @property
+    def download_limiter(self) -> RateLimiter | None:
+        """The cap of every download through this transport (None: unlimited)."""
+        return self._limiter
+
+    def session(self) -> aiohttp.ClientSession:
+        """The transport's open session (for transports built on it); FileSyncError once
+        closed."""
+        return self._open_session()
+
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 

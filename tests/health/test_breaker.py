@@ -430,3 +430,18 @@ def test_config_from_timeouts() -> None:
 def test_circuit_open_error_pickles() -> None:
     err = pickle.loads(pickle.dumps(CircuitOpenError("gpu-a/http", 12.5)))
     assert (err.name, err.retry_after_s) == ("gpu-a/http", 12.5)
+
+
+async def test_trip_opens_at_once_and_recovers_like_any_open(clock: FakeClock) -> None:
+    breaker = make(clock)
+    breaker.trip("served a piece that does not match its hash")
+    assert breaker.state is CircuitState.OPEN
+    assert breaker.snapshot().total_failures == 1
+    with pytest.raises(CircuitOpenError):
+        await call(breaker)
+    breaker.trip("again")  # already open: stays open, the reopen time unchanged
+    clock.advance(10.0)
+    assert breaker.state is CircuitState.HALF_OPEN
+    breaker.trip("a bad piece while half-open")
+    assert breaker.state is CircuitState.OPEN
+    assert breaker.snapshot().current_recovery_s == 20.0  # backoff doubled, as a failed probe

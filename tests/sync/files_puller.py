@@ -30,6 +30,9 @@ from sync import (  # noqa: E402
     HttpTransport,
     MountInfo,
     PeerRef,
+    PieceBook,
+    SwarmOptions,
+    SwarmTransport,
     SyncCoordinator,
     SyncOptions,
     Transport,
@@ -40,12 +43,36 @@ from wal import WalConfig, WriteAheadLog  # noqa: E402
 TIMEOUTS = Timeouts(http_request_s=2.0, sync_s=20.0, sync_piece_s=5.0)
 
 
+BYSTANDER = PeerRef("bystander", "http://127.0.0.1:9")
+"""A member that holds nothing (nothing listens there): it puts the swarm transport in swarm
+mode, so every piece comes from the origin through its piece scheduling."""
+
+
+def swarm_for(http: HttpTransport) -> SwarmTransport:
+    """The swarm transport of the contract suite: the origin and one bystander member."""
+    return SwarmTransport(
+        http,
+        PieceBook(),
+        lambda: [BYSTANDER],
+        node_id="puller",
+        timeouts=TIMEOUTS,
+        options=SwarmOptions(poll_s=0.05),
+    )
+
+
+def peer_transport(name: str) -> str:
+    """The transport name a peer is reached by for the puller's `--transport` NAME."""
+    return "http" if name == "swarm" else name
+
+
 def transports_for(
     name: str, http: HttpTransport, bandwidth: float | None = None
 ) -> dict[str, Transport]:
     """The transports of this puller; a new transport adds its name here."""
     if name == "http":
         return {"http": http}
+    if name == "swarm":
+        return {"http": swarm_for(http)}
     if name == "rsync":
         from tests.sync.ssh_server import rsync_from_env
 
@@ -107,7 +134,7 @@ async def pull(args: argparse.Namespace) -> None:
                 watcher = asyncio.create_task(report_when_rsync_receives(root))
             try:
                 recovered = await wal.recover(coordinator.recovery_handlers())
-                peer = PeerRef("server", args.peer_url, (args.transport,))
+                peer = PeerRef("server", args.peer_url, (peer_transport(args.transport),))
                 stats = await coordinator.sync(args.category, [peer])
             finally:
                 if watcher is not None:

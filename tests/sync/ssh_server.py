@@ -213,6 +213,7 @@ class RsyncCase:
     faults are one-shot (the next command reads a corrupted copy, or its channel dies)."""
 
     name = "rsync"
+    puller = "rsync"
     keeps_verified_pieces = False  # the mismatching temp file is deleted, not a delta basis
 
     def __init__(self) -> None:

@@ -25,7 +25,7 @@ from sync.transports.http import HttpTransport
 from sync.transports.protocol import PeerRef, Transport
 from tests.sync.files_fixtures import PIECE, FileNode, content_hash_of, internal_files
 from tests.sync.files_proxy import FaultProxy
-from tests.sync.files_puller import is_rsync_working_file
+from tests.sync.files_puller import is_rsync_working_file, swarm_for
 from tests.sync.ssh_server import RsyncCase
 from wal import SYNC_STARTED
 
@@ -38,6 +38,7 @@ class TransportCase(Protocol):
     """How the contract suite drives one transport."""
 
     name: str
+    puller: str  # the --transport of tests/sync/files_puller.py
     keeps_verified_pieces: bool  # after a mismatch, the pieces that verified are reused
 
     def transports(self, http: HttpTransport) -> dict[str, Transport]: ...
@@ -53,6 +54,7 @@ class TransportCase(Protocol):
 
 class HttpCase:
     name = "http"
+    puller = "http"
     keeps_verified_pieces = True
 
     def transports(self, http: HttpTransport) -> dict[str, Transport]:
@@ -69,7 +71,21 @@ class HttpCase:
             yield PeerRef(node.node_id, proxy.url, (self.name,))
 
 
-CASES: dict[str, TransportCase] = {"http": HttpCase(), "rsync": RsyncCase()}
+class SwarmCase(HttpCase):
+    """The swarm transport (named http: it stands in for it) with a bystander member, so the
+    contract holds for pieces scheduled by the swarm."""
+
+    puller = "swarm"
+
+    def transports(self, http: HttpTransport) -> dict[str, Transport]:
+        return {"http": swarm_for(http)}
+
+
+CASES: dict[str, TransportCase] = {
+    "http": HttpCase(),
+    "rsync": RsyncCase(),
+    "swarm": SwarmCase(),
+}
 
 
 @pytest.fixture(params=sorted(CASES))
@@ -221,7 +237,7 @@ async def test_resume_after_sigkill_never_leaves_a_wrong_file(
             str(puller_dir),
             case.peer(server).url,
             "--transport",
-            case.name,
+            case.puller,
             "--piece-size",
             str(PIECE),
             "--bandwidth",
