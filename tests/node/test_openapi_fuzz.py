@@ -245,6 +245,7 @@ def _cases(output: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(FUZZ_LIVENESS_S + 60)
 def test_schemathesis_finds_nothing_against_a_live_daemon(tmp_path: Path) -> None:
     with _daemon(tmp_path, "--insecure") as (process, port):
         code, output = _schemathesis(port, tmp_path, EXAMPLES_PER_OPERATION)
@@ -258,6 +259,7 @@ def test_schemathesis_finds_nothing_against_a_live_daemon(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(FUZZ_LIVENESS_S + 60)
 def test_with_a_secret_every_unsigned_fuzz_request_is_refused_401(tmp_path: Path) -> None:
     """Every request schemathesis sends (it cannot sign) to any route but /v1/health and the
     document is answered 401; read from its HAR report, so none goes uncounted."""
