@@ -91,6 +91,7 @@ __all__ = [
     "RemoteTraceback",
     "RendezvousError",
     "ResultsStoreError",
+    "RetryLater",
     "RunError",
     "SSHAuthError",
     "SSHConnectError",
@@ -186,6 +187,15 @@ class PeerRequestError(NodeError):
     def from_answer(cls, url: str, answer: ErrorAnswer) -> PeerRequestError:
         """The error of a node's error answer (config.read_error)."""
         return cls(url, f"{answer.reason} ({answer.code})", answer.status)
+
+
+class RetryLater(PeerRequestError):
+    """A node answered 429 or 503 with Retry-After: the same request may succeed after
+    `retry_after_s` seconds (backpressure, a full queue)."""
+
+    def __init__(self, url: str, reason: str, status: int, retry_after_s: float) -> None:
+        super().__init__(url, reason, status)
+        self.retry_after_s = retry_after_s
 
 
 class PeerTimeoutError(PeerRequestError, TimeoutError):

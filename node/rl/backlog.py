@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1.0
 RECOUNT_S = 1.0
 CONSUMED_PATH = "/v1/rollouts/consumed"
+TS_BOUND = 1.7e308
+"""The largest |ts| of a consumed position: the document's bound, checked by the handler."""
 PENDING_PATH = "/v1/rollouts/pending"
 STAMP_STEP_S = 1e-6
 Row = tuple[Any, ...]
@@ -249,7 +251,7 @@ class RolloutBacklog:
                     "required": ["run", "ts", "after"],
                     "properties": {
                         "run": run,
-                        "ts": {"type": "number", "minimum": -1.7e308, "maximum": 1.7e308},
+                        "ts": {"type": "number", "minimum": -TS_BOUND, "maximum": TS_BOUND},
                         "after": {"type": "string"},
                     },
                     "additionalProperties": False,
@@ -314,6 +316,8 @@ def _consumed_problem(body: object) -> tuple[str, str] | None:
         return "run", f"run {run!r} is not a run name"
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
         return "ts", "ts must be a finite number (created_at of the last sample consumed)"
+    if abs(ts) > TS_BOUND:
+        return "ts", f"ts must be within +-{TS_BOUND:g} (created_at of the last sample consumed)"
     if not isinstance(after, str):
         return "after", "after must be a string (sample_id of the last sample consumed)"
     return None

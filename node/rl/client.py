@@ -11,18 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from config import signed_headers
-from node.errors import PeerRequestError, PeerTimeoutError
+from node.errors import PeerRequestError, PeerTimeoutError, RetryLater
 from node.training.rendezvous import DaemonEndpoint
 from sync import parse_retry_after
-
-
-class RetryLater(PeerRequestError):
-    """A node answered 429 or 503 with Retry-After: the same request may succeed after
-    `retry_after_s` seconds (backpressure, a full queue)."""
-
-    def __init__(self, url: str, reason: str, status: int, retry_after_s: float) -> None:
-        super().__init__(url, reason, status)
-        self.retry_after_s = retry_after_s
 
 
 def call(

@@ -17,8 +17,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from config import Timeouts
-from node.errors import PeerRequestError, WeightsError
-from node.rl.client import RetryLater, call
+from node.errors import PeerRequestError, RetryLater, WeightsError
+from node.rl.client import call
 from node.rl.versions import check_staleness
 from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
 

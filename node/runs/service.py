@@ -16,11 +16,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from health import LoopHealth
 from node.errors import BodyError, LockError, RunError
 from node.jobs.setup import local_daemon_url
-from node.openapi import RouteDoc, parse_body
+from node.openapi import BODY_CONFIG, RouteDoc, check_body, parse_body
 from node.runs.locks import LockService, answers_lock_errors
 from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
@@ -87,6 +88,20 @@ def final_state(run: Mapping[str, Any]) -> str:
     if run.get("safety_stop"):
         return "killed"
     return job_state
+
+
+class FetchBody(BaseModel):
+    """Body of `POST /v1/results/fetch`: the member node, its job, the path in the job's
+    directory, and the results key (`runs/<run>/<node>/<path>`) to store it at."""
+
+    model_config = BODY_CONFIG
+
+    key: str = Field(min_length=1, description="runs/<run_id>/<node>/<path>")
+    node: str = Field(min_length=1, description="the member node holding the file")
+    job_id: str = Field(
+        min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$", description="its job"
+    )
+    path: str = Field(min_length=1, description="the file's path in the job's directory")
 
 
 class RunService:
@@ -424,6 +439,7 @@ class RunService:
                     (502, "the member could not be read"),
                     (503, "the member is not in this node's view"),
                 ),
+                body=FetchBody,
             ),
         ]
 
@@ -439,13 +455,12 @@ class RunService:
                 f"node {runtime.node_id} is not the results node "
                 f"({runtime.settings.results.node or 'none: the coordinator stores results'})",
             )
-        fields = body if isinstance(body, dict) else {}
-        key = check_key(fields.get("key"))
-        texts = {name: fields.get(name) for name in ("node", "job_id", "path")}
-        for name, value in texts.items():
-            if not isinstance(value, str) or not value:
-                raise RunError(400, "invalid_fetch", f"{name}: a non-empty string, not {value!r}")
-        node, job_id, path = str(texts["node"]), str(texts["job_id"]), str(texts["path"])
+        try:
+            fetch = check_body(FetchBody, body)
+        except BodyError as exc:
+            raise RunError(400, "invalid_fetch", exc.reason) from None
+        key = check_key(fetch.key)
+        node, job_id, path = fetch.node, fetch.job_id, fetch.path
         if not JOB_ID.fullmatch(job_id):
             raise RunError(400, "invalid_fetch", f"job_id {job_id!r}: letters, digits, . _ -")
         if key != result_key(key.split("/")[1], node, path):

@@ -25,7 +25,7 @@ import aiohttp
 from config import read_secret_file, signed_headers
 
 PEERS_PATH = "/v1/peers"
-PROBE_NODE_ID = "netns-probe"
+PROBE_NODE_ID = "cli-netns-probe"
 
 
 def _line(target: str, **fields: object) -> None:

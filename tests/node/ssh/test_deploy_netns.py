@@ -110,7 +110,7 @@ def test_deploy_two_hosts_then_unchanged_then_undeploy(
             seen: dict[str, set[str]] = {}
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
                 for host in targets:
-                    headers = signed_headers(secret, "deploy-test", "GET", "/v1/peers")
+                    headers = signed_headers(secret, "cli-deploy-test", "GET", "/v1/peers")
                     url = f"http://{host.endpoint}/v1/peers"
                     async with session.get(url, headers=headers) as response:
                         document = await response.json()
