@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from sync.files.errors import FileSyncError
 from sync.files.manifest import ManifestEntry, check_piece_size, digest_of_fd
+from sync.files.threaded_db import close_on_thread, run_on_thread
 from sync.guards import INTERNAL_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -214,14 +215,8 @@ class ManifestCache:
             return
         self._state = _State.CLOSED
         executor, self._executor = self._executor, None
-        if executor is None:
-            return
         db, self._db = self._db, None
-        try:
-            if db is not None:
-                await asyncio.get_running_loop().run_in_executor(executor, db.close)
-        finally:
-            executor.shutdown(wait=False)
+        await close_on_thread(executor, db)
 
     def _open_db(self) -> list[tuple[str, int, int, int, str, bytes]]:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -249,12 +244,8 @@ class ManifestCache:
         return list(db.execute(query, (self.piece_size,)))
 
     async def _run_db(self, fn: Callable[..., T], *args: object) -> T:
-        if self._executor is None or self._state is not _State.OPEN:
-            raise FileSyncError(f"manifest cache {self.db_path} is closed")
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        except sqlite3.Error as exc:
-            raise FileSyncError(f"manifest cache {self.db_path}: {exc}") from exc
+        executor = self._executor if self._state is _State.OPEN else None
+        return await run_on_thread(executor, f"manifest cache {self.db_path}", fn, *args)
 
     def _write(self, upserts: list[CachedFile], removed: list[str]) -> None:
         db = self._db

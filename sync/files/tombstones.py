@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from sync.files.errors import FileSyncError, ManifestError, PathRefusedError
 from sync.files.manifest import ManifestEntry
+from sync.files.threaded_db import close_on_thread, run_on_thread
 from sync.guards import validate_rel_path
 
 logger = logging.getLogger(__name__)
@@ -236,22 +237,12 @@ class TombstoneStore:
             return
         self._closed = True
         executor, self._executor = self._executor, None
-        if executor is None:
-            return
         db, self._db = self._db, None
-        try:
-            if db is not None:
-                await asyncio.get_running_loop().run_in_executor(executor, db.close)
-        finally:
-            executor.shutdown(wait=False)
+        await close_on_thread(executor, db)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        if self._executor is None or self._closed:
-            raise FileSyncError(f"tombstone store {self.db_path} is closed")
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        except sqlite3.Error as exc:
-            raise FileSyncError(f"tombstone store {self.db_path}: {exc}") from exc
+        executor = None if self._closed else self._executor
+        return await run_on_thread(executor, f"tombstone store {self.db_path}", fn, *args)
 
     def _write(
         self, category: str, upserts: Sequence[Tombstone], removed: Sequence[TombstoneKey]
