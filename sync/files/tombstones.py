@@ -241,8 +241,7 @@ class TombstoneStore:
         await close_on_thread(executor, db)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        executor = None if self._closed else self._executor
-        return await run_on_thread(executor, f"tombstone store {self.db_path}", fn, *args)
+        return await run_on_thread(self._executor, f"tombstone store {self.db_path}", fn, *args)
 
     def _write(
         self, category: str, upserts: Sequence[Tombstone], removed: Sequence[TombstoneKey]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sync.cluster import cluster_stats_from_json
-from sync.errors import ManifestError
+from sync.errors import FileSyncError, ManifestError
 from sync.files.manifest import ManifestEntry
 from sync.files.tombstones import (
     Tombstone,
@@ -173,3 +173,14 @@ def test_the_python_api_reads_the_deletion_stats_of_a_run() -> None:
     plain.update(duration_seconds=0.1, errors=[])  # a node without deletion stats
     older = {"files": {"configs": plain}, "nodes_synced": 1, "failed_nodes": []}
     assert cluster_stats_from_json(older).category_stats["configs"].deleted == 0
+
+
+async def test_a_closed_store_refuses_writes_naming_itself(tmp_path: Path) -> None:
+    db = tmp_path / "tombstones.db"
+    store = TombstoneStore(db, TTL_S)
+    await store.open()
+    await store.set_last_sync("configs", 1)
+    await store.close()
+    await store.close()
+    with pytest.raises(FileSyncError, match=r"tombstone store .*tombstones\.db is closed"):
+        await store.set_last_sync("configs", 2)
