@@ -15,12 +15,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 import yaml
 
+from config import AsyncClosing
 from node.errors import ProviderError
 from node.providers.base import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle
 
@@ -59,7 +59,7 @@ class _Node:
         return self.process is not None and self.process.returncode is None
 
 
-class LocalProvider:
+class LocalProvider(AsyncClosing):
     """Daemons on loopback under `base_dir` (owns their processes; async context manager,
     close() stops every node and is idempotent)."""
 
@@ -82,17 +82,6 @@ class LocalProvider:
         self.node_settings = dict(node_settings or {})
         self._nodes: dict[str, _Node] = {}
         self._count = 0
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _handle(self, node: _Node, state: str | None = None) -> NodeHandle:
         return NodeHandle(

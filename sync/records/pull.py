@@ -11,14 +11,13 @@ import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import orjson
 
-from config import Timeouts, signing_middleware
+from config import AsyncClosing, Timeouts, signing_middleware
 from sync.errors import (
     RecordPullError,
     RecordRequestError,
@@ -291,7 +290,7 @@ def _key_after(key: RecordKey | None, bound: RecordKey | None) -> bool:
     return False
 
 
-class P2PSyncClient:
+class P2PSyncClient(AsyncClosing):
     """Reads one peer's record stores over HTTP (async context manager; close() idempotent).
 
     Signs requests with `secret` as `node_id` when the client makes its own session.
@@ -316,17 +315,6 @@ class P2PSyncClient:
                 timeout=aiohttp.ClientTimeout(total=timeout_s), middlewares=middlewares
             )
         self._session: aiohttp.ClientSession | None = session
-
-    async def __aenter__(self) -> P2PSyncClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         session, self._session = self._session, None
