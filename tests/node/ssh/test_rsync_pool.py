@@ -6,15 +6,18 @@ mid-transfer fails that transfer only."""
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from config import Timeouts
-from node.ssh import SSHPool, pooled_connector
+from node.ssh import SSHPool, pooled_connector, target_endpoint
 from sync import FileTransferError, HostKeyError, PeerRef, RsyncTransport, SshAuthError, SshTarget
 from sync.files.manifest import ManifestEntry
+from sync.transports import ssh as ssh_helper
+from sync.transports.ssh_relay import parse_header
 from tests.sync.files_fixtures import hash_file
 from tests.sync.ssh_server import Fault, SshServer, generate_key, known_hosts_line, write_key
 
@@ -113,3 +116,28 @@ async def test_a_channel_dying_mid_transfer_fails_only_that_transfer(
         await rsync.fetch(PEER, "models", big, dest)
     assert (dest / "big.bin").stat().st_size == big.size
     assert (dest / "small.bin").stat().st_size == small.size
+
+
+async def test_a_jump_host_travels_from_the_target_to_the_pool_endpoint(tmp_path: Path) -> None:
+    """rsync's remote shell gets `--jump`, its relay request carries it, and the pool's
+    endpoint jumps through that inventory host."""
+    target = SshTarget("10.0.0.7", 2222, user="ops", key_path="/k", jump="bastion")
+    async_pool = SSHPool(tmp_path / "known_hosts")
+    transport = RsyncTransport({"a": target}, connections=pooled_connector(async_pool))
+    assert transport.relay is not None
+    async with transport:
+        await transport.relay.start()
+        argv = transport.command(PEER, "/data/models/m.bin", tmp_path / "m.bin")
+    rsh = shlex.split(argv[argv.index("--rsh") + 1])
+    assert rsh[rsh.index("--jump") + 1] == "bastion"
+    args = ssh_helper._parser().parse_args([*rsh[3:], "10.0.0.7", "rsync", "--server"])
+    relayed, command = parse_header(ssh_helper.request_line(args))
+    assert command == "rsync --server"
+    assert (relayed.host, relayed.port, relayed.user, relayed.jump) == (
+        "10.0.0.7",
+        2222,
+        "ops",
+        "bastion",
+    )
+    endpoint = target_endpoint(relayed)
+    assert (endpoint.address, endpoint.port, endpoint.jump) == ("10.0.0.7", 2222, "bastion")
