@@ -2,8 +2,9 @@
 
 1. Publishing a float32 model to 2 receivers over gloo on loopback (WeightPublisher: HTTP
    handshake through three daemons' weights planes, ready keys, bucketed broadcast, digest
-   checks, acknowledgements, the WAL-less applied report) vs a bare `broadcast` of the same
-   tensors, one collective per tensor, in 3 processes. The issue's figure is 100M parameters;
+   checks, acknowledgements, the applied report and its WAL record in the trainer node's
+   durable WAL) vs a bare `broadcast` of the same tensors, one collective per tensor, in 3
+   processes. The issue's figure is 100M parameters;
    this 2-core machine uses 10M by default (--params).
 2. Rollouts consumed per second through RolloutStream from a real daemon's rollouts store.
 Prints one JSON document. Usage: python bench/rl_bench.py [--params 10000000] [--rounds 5]
@@ -41,6 +42,7 @@ from node.rl.publisher import WeightPublisher  # noqa: E402
 from node.rl.receiver import WeightReceiver  # noqa: E402
 from node.rl.service import WeightsService  # noqa: E402
 from node.rl.stream import RolloutStream  # noqa: E402
+from wal import WriteAheadLog  # noqa: E402
 
 RUN = "bench"
 dist = torch_distributed()
@@ -60,6 +62,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+CONTROL_PHASES = ("offer", "ready", "ack", "record")
+"""The phases of a publish that are the handshake, acknowledgements and WAL record (the
+issue's overhead); `prepare` is the trainer's sha256 of the weights, and the broadcast phase
+grows beyond the bare one by the receivers' hashing beside the collective."""
 
 
 def p99(samples: list[float]) -> float:
@@ -130,9 +138,20 @@ def bench_publish(params: int, rounds: int, phases: list[dict[str, float]]) -> l
     loop = asyncio.new_event_loop()
     started = threading.Event()
 
+    wal_dir = tempfile.TemporaryDirectory(prefix="rl-bench-wal-")
+
+    wal = WriteAheadLog(Path(wal_dir.name) / "wal.db")
+
     async def serve() -> None:
+        await wal.open()
         for node in ("t", "a", "b"):
-            service = WeightsService(node, lambda: plan, urls.get, registry=CollectorRegistry())
+            service = WeightsService(
+                node,
+                lambda: plan,
+                urls.get,
+                wal=wal if node == "t" else None,
+                registry=CollectorRegistry(),
+            )
             app = web.Application()
             app.add_routes(service.routes())
             app.router.add_get("/v1/rendezvous", service.rendezvous)
@@ -171,7 +190,9 @@ def bench_publish(params: int, rounds: int, phases: list[dict[str, float]]) -> l
             phases.append({k: round(v, 4) for k, v in result.phases_s.items()})
     for proc in receivers:
         proc.wait(60)
+    asyncio.run_coroutine_threadsafe(wal.close(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
+    wal_dir.cleanup()
     return times[1:]
 
 
@@ -226,6 +247,10 @@ def main() -> None:
     published = bench_publish(args.params, args.rounds, phases)
     rate = asyncio.run(bench_stream(args.rollouts))
     overhead = [p - b for p, b in zip(sorted(published), sorted(bare), strict=True)]
+    rounds = phases[1:]  # the first round also forms the group
+    control = [sum(r.get(name, 0.0) for name in CONTROL_PHASES) for r in rounds]
+    digest = [r.get("prepare", 0.0) for r in rounds]
+    extra = [r.get("broadcast", 0.0) - statistics.median(bare) for r in rounds]
     print(
         json.dumps(
             {
@@ -236,6 +261,18 @@ def main() -> None:
                 "bare_broadcast_s": {"median": statistics.median(bare), "p99": p99(bare)},
                 "overhead_ratio": statistics.median(published) / statistics.median(bare) - 1,
                 "overhead_p99_ms": p99(overhead) * 1000,
+                "overhead_split_ms": {
+                    "control_plane_p99": round(p99(control) * 1000, 1) if control else None,
+                    "control_plane_median": round(statistics.median(control) * 1000, 1)
+                    if control
+                    else None,
+                    "trainer_digest_median": round(statistics.median(digest) * 1000, 1)
+                    if digest
+                    else None,
+                    "broadcast_beyond_bare_median": round(statistics.median(extra) * 1000, 1)
+                    if extra
+                    else None,
+                },
                 "rollouts_consumed_per_s": round(rate),
                 "samples": {"publish_s": published, "bare_s": bare, "publish_phases_s": phases[1:]},
             },

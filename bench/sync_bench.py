@@ -30,6 +30,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -174,8 +175,10 @@ async def checkpoint(work: Path, size: int, trials: int, streams: int) -> dict[s
         "streams": streams,
         "server_first_hash_s": round(server_hash_s, 3),
         "best_s": {name: round(value, 3) for name, value in best.items()},
+        "median_s": _medians(samples),
         "samples_s": {name: [round(v, 3) for v in values] for name, values in samples.items()},
         "MBps": mbps,
+        "median_http_vs_rsync_time": _ratio(samples, "http", "rsync"),
         "load_avg_1m": round(os.getloadavg()[0], 1),
         "http_vs_dd": round(mbps["http"] / mbps["dd"], 2),
         "http_vs_rsync": round(mbps["http"] / mbps["rsync"], 2),
@@ -184,6 +187,16 @@ async def checkpoint(work: Path, size: int, trials: int, streams: int) -> dict[s
             "faster_than_rsync": mbps["http"] > mbps["rsync"],
         },
     }
+
+
+def _medians(samples: dict[str, list[float]]) -> dict[str, float]:
+    """The median of each sample list: the disk's fsync latency here swings 2x within
+    minutes, so the best alone can flatter either side."""
+    return {name: round(statistics.median(values), 3) for name, values in samples.items()}
+
+
+def _ratio(samples: dict[str, list[float]], name: str, baseline: str) -> float:
+    return round(statistics.median(samples[name]) / statistics.median(samples[baseline]), 2)
 
 
 def make_small_tree(root: Path, count: int) -> int:
@@ -233,9 +246,11 @@ async def small_files(work: Path, count: int, trials: int) -> dict[str, Any]:
         "trials": trials,
         "server_first_hash_s": round(server_hash_s, 3),
         "best_s": {name: round(value, 3) for name, value in best.items()},
+        "median_s": _medians(samples),
         "samples_s": {name: [round(v, 3) for v in values] for name, values in samples.items()},
         "ms_per_file": {name: round(value / count * 1000, 3) for name, value in best.items()},
         "batched_vs_rsync_time": round(best["shoal_batched"] / best["rsync"], 2),
+        "median_batched_vs_rsync_time": _ratio(samples, "shoal_batched", "rsync"),
         "targets": {"batched_faster_than_rsync": best["shoal_batched"] < best["rsync"]},
     }
 

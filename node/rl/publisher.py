@@ -54,7 +54,8 @@ class PublishResult:
     path: Path | None
     phases_s: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent in: prepare (rendezvous, digest), offer, ready, broadcast, ack, file (the
-    rest of writing the weights file, which runs beside the acknowledgements)."""
+    rest of writing the weights file, which runs beside the acknowledgements), record (the
+    daemon's WAL record of the acknowledged version)."""
 
 
 def store_key_prefix(run: str) -> str:
@@ -152,9 +153,6 @@ class WeightPublisher:
                     f"within the deadline ({self.deadline_s:.1f} s); is {self.models_dir} slow?"
                 ) from exc
         marks.append(self._clock())
-        names = ("offer", "ready", "broadcast", "ack", "file")
-        phases = {"prepare": marks[0] - started}
-        phases |= {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
         unacked = tuple(node for node in ready if node not in acknowledged)
         self.version = version
         if unacked:
@@ -175,6 +173,10 @@ class WeightPublisher:
             "sent_at": sent_at,
         }
         call(self.endpoint, "POST", "/v1/weights/applied", report, timeout_s=self._left(deadline))
+        marks.append(self._clock())
+        names = ("offer", "ready", "broadcast", "ack", "file", "record")
+        phases = {"prepare": marks[0] - started}
+        phases |= {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
         missing = tuple(node for node in rendezvous.receivers if node not in acknowledged)
         return PublishResult(
             version, sha, acknowledged, missing, broadcast_s, self._clock() - started, path, phases
