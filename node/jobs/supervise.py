@@ -208,6 +208,7 @@ class Supervisor:
             env=dict(launch["env"]),
             start_new_session=True,
             close_fds=True,
+            preexec_fn=default_signals,  # the supervisor runs no other thread
             **extra,
         )
         for stream, pipe in (("stdout", child.stdout), ("stderr", child.stderr)):
@@ -387,6 +388,17 @@ def serve_forks() -> int:
                 os._exit(0)
         os.waitpid(middle, 0)
     return 0
+
+
+RESET_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+
+
+def default_signals() -> None:
+    """In a job's child before exec: SIGINT and SIGQUIT back to their default action. A daemon
+    started with them ignored (under `nohup`, as a background job of a script) would hand the
+    ignoring on through exec, and a job killed with SIGINT would then run on to the SIGKILL."""
+    for number in RESET_SIGNALS:
+        signal.signal(number, signal.SIG_DFL)
 
 
 def main(argv: list[str]) -> int:

@@ -39,6 +39,23 @@ async def test_starts_and_kills_are_committed_wal_operations(tmp_path: Path) -> 
     assert entries[1][2] == {"job_id": "w1", "signal": "SIGINT", "grace_s": 2.0}
 
 
+async def test_a_job_of_a_daemon_started_with_sigint_ignored_still_dies_of_sigint(
+    tmp_path: Path,
+) -> None:
+    """`nohup shoal serve &` starts the daemon with SIGINT ignored; its jobs must not inherit
+    that, or `kill --signal INT` runs on to the SIGKILL after the grace."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        async with job_daemon(tmp_path) as client:
+            await client.start(["sleep", "30"], job_id="ignored-int")
+            await client.kill("ignored-int", signal="INT", grace_s=20)
+            ended = await asyncio.wait_for(client.wait("ignored-int"), 10)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert ended["state"] == "killed"
+    assert ended["signal"] == "SIGINT"
+
+
 async def test_a_start_cut_off_by_a_crash_runs_once_on_restart(tmp_path: Path) -> None:
     wal_dir = tmp_path / "n1" / "wal"
     wal_dir.mkdir(parents=True)
