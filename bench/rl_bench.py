@@ -70,6 +70,10 @@ issue's overhead); `prepare` is the trainer's sha256 of the weights, and the bro
 grows beyond the bare one by the receivers' hashing beside the collective."""
 
 
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
 def p99(samples: list[float]) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -139,7 +143,6 @@ def bench_publish(params: int, rounds: int, phases: list[dict[str, float]]) -> l
     started = threading.Event()
 
     wal_dir = tempfile.TemporaryDirectory(prefix="rl-bench-wal-")
-
     wal = WriteAheadLog(Path(wal_dir.name) / "wal.db")
 
     async def serve() -> None:
@@ -248,9 +251,8 @@ def main() -> None:
     rate = asyncio.run(bench_stream(args.rollouts))
     overhead = [p - b for p, b in zip(sorted(published), sorted(bare), strict=True)]
     rounds = phases[1:]  # the first round also forms the group
-    control = [sum(r.get(name, 0.0) for name in CONTROL_PHASES) for r in rounds]
-    digest = [r.get("prepare", 0.0) for r in rounds]
-    extra = [r.get("broadcast", 0.0) - statistics.median(bare) for r in rounds]
+    bare_median = statistics.median(bare)
+    control = [sum(r[name] for name in CONTROL_PHASES) for r in rounds]
     print(
         json.dumps(
             {
@@ -259,19 +261,15 @@ def main() -> None:
                 "receivers": 2,
                 "publish_s": {"median": statistics.median(published), "p99": p99(published)},
                 "bare_broadcast_s": {"median": statistics.median(bare), "p99": p99(bare)},
-                "overhead_ratio": statistics.median(published) / statistics.median(bare) - 1,
+                "overhead_ratio": statistics.median(published) / bare_median - 1,
                 "overhead_p99_ms": p99(overhead) * 1000,
                 "overhead_split_ms": {
-                    "control_plane_p99": round(p99(control) * 1000, 1) if control else None,
-                    "control_plane_median": round(statistics.median(control) * 1000, 1)
-                    if control
-                    else None,
-                    "trainer_digest_median": round(statistics.median(digest) * 1000, 1)
-                    if digest
-                    else None,
-                    "broadcast_beyond_bare_median": round(statistics.median(extra) * 1000, 1)
-                    if extra
-                    else None,
+                    "control_plane_p99": _ms(p99(control)),
+                    "control_plane_median": _ms(statistics.median(control)),
+                    "trainer_digest_median": _ms(statistics.median(r["prepare"] for r in rounds)),
+                    "broadcast_beyond_bare_median": _ms(
+                        statistics.median(r["broadcast"] for r in rounds) - bare_median
+                    ),
                 },
                 "rollouts_consumed_per_s": round(rate),
                 "samples": {"publish_s": published, "bare_s": bare, "publish_phases_s": phases[1:]},

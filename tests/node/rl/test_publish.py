@@ -157,6 +157,9 @@ async def test_a_dead_or_stalled_receiver_cannot_hang_the_trainer(
         result, took = await publish(publisher, version)
         assert isinstance(result, PublishResult), result
         assert result.acknowledged == ("a", "b")
+        phases = ["prepare", "offer", "ready", "broadcast", "ack", "file", "record"]
+        assert list(result.phases_s) == phases  # every step of the publish, the WAL record last
+        assert sum(result.phases_s.values()) <= result.total_s
         for node in ("a", "b"):
             assert cluster.status(node)["sha256"] == result.sha256  # type: ignore[index]
         for _ in range(ROUNDS):
