@@ -1,6 +1,7 @@
-"""Reference tables for the README, generated from the models so they never drift.
+"""Reference tables of docs/configuration.md, generated from the models so they never drift.
 
-`python -m config.docs README.md` rewrites the tables between their markers.
+`python -m config.docs` (or `python -m config.docs PAGE.md`) rewrites the tables between their
+markers.
 """
 
 from __future__ import annotations
@@ -43,15 +44,15 @@ def _replace(text: str, begin: str, end: str, body: str) -> str:
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
-def render_readme(text: str) -> str:
+def render_page(text: str) -> str:
     """`text` with every generated table replaced by its current content."""
     text = _replace(text, TIMEOUTS_BEGIN, TIMEOUTS_END, timeouts_table())
     return _replace(text, ENV_BEGIN, ENV_END, env_table())
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[1] if len(argv) > 1 else "README.md")
-    path.write_text(render_readme(path.read_text(encoding="utf-8")), encoding="utf-8")
+    path = Path(argv[1] if len(argv) > 1 else "docs/configuration.md")
+    path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
     return 0
 
 

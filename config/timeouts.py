@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Timeouts(BaseModel):
-    """Every timeout of a node, in seconds. Field descriptions are the README's table."""
+    """Every timeout of a node, in seconds. Field descriptions are docs/configuration.md's table."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

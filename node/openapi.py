@@ -119,8 +119,8 @@ _SCHEME_TEXT = {
     HEADER_TIMESTAMP: "unix seconds; refused outside the clock window",
     HEADER_NONCE: "at least 16 hex characters, never reused within the window",
     HEADER_SIGNATURE: "hex HMAC-SHA256, keyed with the secret file's bytes without surrounding "
-    "whitespace, over METHOD\\npath?query\\ntimestamp\\nnonce\\nsha256_hex(body); see the "
-    "README's Request signing",
+    "whitespace, over METHOD\\npath?query\\ntimestamp\\nnonce\\nsha256_hex(body); see "
+    "docs/signing.md",
 }
 
 

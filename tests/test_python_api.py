@@ -1,5 +1,4 @@
-"""The seed's Python API, one test per row of the README's "Python API" table, driven the way a
-training script drives it: against real daemons on loopback, real SQLite files, real breakers."""
+"""The Python API of docs/python-api.md, exercised the way a training script drives it: against real daemons on loopback, real SQLite files, real breakers."""
 
 from __future__ import annotations
 
@@ -374,24 +373,34 @@ async def test_cluster_monitor_status_and_watch(source: NodeDaemon) -> None:
         assert waited >= 0.2
 
 
-# -- the README table -----------------------------------------------------------------------
+# -- the reference page ---------------------------------------------------------------------
 
 
-def test_readme_python_api_names_exist() -> None:
-    """Every `package.Name` of the README's Python API table is exported by that package."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
-    assert len(rows) >= 19
-    named = set()
-    for row in rows:
-        shoal_column = row.split(" | ")[1]
-        named.update(
-            re.findall(r"\b(config|wal|health|sync)\.([A-Za-z_]+)(?:\.([a-z_]+))?", shoal_column)
-        )
-    assert len(named) >= 10
-    for package, name, method in sorted(named):
-        module = importlib.import_module(package)
-        assert name in module.__all__, f"README names {package}.{name}, which {package} lacks"
-        if method:
-            assert hasattr(getattr(module, name), method), f"{package}.{name} has no {method}"
+def _resolve(dotted: str) -> None:
+    """Import the longest module prefix of `dotted`; the next part must be in its `__all__`
+    and any further parts attributes of that name."""
+    parts = dotted.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        name, *attributes = parts[split:]
+        assert name in module.__all__, f"docs/python-api.md names {dotted}: {name} not exported"
+        target = getattr(module, name)
+        for attribute in attributes:
+            assert hasattr(target, attribute), f"docs/python-api.md names {dotted}: no {attribute}"
+            target = getattr(target, attribute)
+        return
+    raise AssertionError(f"docs/python-api.md names {dotted}, which is no importable package")
+
+
+def test_python_api_page_names_exist() -> None:
+    """Every name in the first column of docs/python-api.md is exported by its package."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text(
+        encoding="utf-8"
+    )
+    named = re.findall(r"^\| `((?:config|wal|health|sync|node)\.[A-Za-z_.]+)` \|", page, re.M)
+    assert len(named) >= 40
+    for dotted in named:
+        _resolve(dotted)

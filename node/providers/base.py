@@ -1,6 +1,6 @@
 """The node provider interface: acquire, start, stop, release and list nodes of one source
 (the inventory, this machine, a cloud). A provider is any class with these methods; shoal
-ships `static` and `local`, a cloud provider is written the same way (README)."""
+ships `static` and `local`, a cloud provider is written the same way (docs/providers.md)."""
 
 from __future__ import annotations
 

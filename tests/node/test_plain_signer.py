@@ -1,4 +1,4 @@
-"""A signer written from the README's "Request signing" section alone, with plain hmac."""
+"""A signer written from docs/signing.md alone, with plain hmac."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ KEY_TEXT = "  plain-signer-test-secret-0123456789  \n"
 def plain_request(
     port: int, method: str, target: str, body: bytes = b"", key_text: str = KEY_TEXT
 ) -> tuple[int, Any]:
-    """One request signed exactly as the README says, with no code of shoal's."""
+    """One request signed exactly as docs/signing.md says, with no code of shoal's."""
     key = key_text.strip().encode()
     timestamp = str(int(time.time()))
     nonce = secrets.token_hex(16)
