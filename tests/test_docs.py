@@ -21,7 +21,8 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 def _gen_api() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gen_api", DOCS / "gen_api.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,5 @@
-"""The Python API of docs/python-api.md, exercised the way a training script drives it: against real daemons on loopback, real SQLite files, real breakers."""
+"""The Python API of docs/python-api.md, exercised the way a training script drives it: against
+real daemons on loopback, real SQLite files, real breakers."""
 
 from __future__ import annotations
 
