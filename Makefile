@@ -32,8 +32,9 @@ pytest: $(STAMP)
 	$(VENV)/bin/pytest
 
 # The docs site (mkdocs.yml): --strict fails on a broken link or anchor; the site goes to site/.
+# No --quiet: it hides the warnings that --strict counts, and the build would pass.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: sysdeps check docs pytest
 
