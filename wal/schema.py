@@ -263,7 +263,11 @@ def read_pending(
     conn: sqlite3.Connection, entry_type: str | None, after_id: int, limit: int | None
 ) -> list[WalEntry]:
     """Pending entries with id > after_id, oldest first, optionally of one type."""
-    params = {"after_id": after_id, "entry_type": entry_type, "limit": -1 if limit is None else limit}
+    params = {
+        "after_id": after_id,
+        "entry_type": entry_type,
+        "limit": -1 if limit is None else limit,
+    }
     return [row_to_entry(row) for row in conn.execute(_SELECT_PENDING, params)]
 
 

@@ -82,7 +82,9 @@ async def test_daemon_reports_the_gpus_nvml_shows(
     async with _daemon(_settings(tmp_path, "solo")) as daemon:
         url = f"http://127.0.0.1:{daemon.port}"
         status = await _get(f"{url}/v1/status")
-        assert [gpu["uuid"] for gpu in status["gpus"]] == [f"GPU-fake-{i}" for i in range(len(util))]
+        assert [gpu["uuid"] for gpu in status["gpus"]] == [
+            f"GPU-fake-{i}" for i in range(len(util))
+        ]
         assert [gpu["util_pct"] for gpu in status["gpus"]] == list(util)
         health = await _get(f"{url}/v1/health")
         gpu = next(c for c in health["components"] if c["name"] == "gpu")

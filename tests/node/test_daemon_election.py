@@ -48,7 +48,11 @@ async def _until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, wha
     ids=["no-gpu", "one-gpu"],
 )
 async def test_lone_node_coordinates_itself(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, util: tuple[float, ...], role: str, backend: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    util: tuple[float, ...],
+    role: str,
+    backend: str,
 ) -> None:
     """An `auto` node plans for itself from the GPUs NVML shows it (the fake NVML fixes them,
     whatever this host has): without a GPU it does self-play, with one it trains on NCCL."""

@@ -112,9 +112,7 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def served_node(
-    workdir: Path, gpus: tuple[float, ...] | None = None
-) -> Iterator[ServedNode]:
+def served_node(workdir: Path, gpus: tuple[float, ...] | None = None) -> Iterator[ServedNode]:
     """A daemon with a secret; at the end every job still running is killed and the daemon
     stopped. With `gpus`, the daemon sees one GPU per value (at that utilisation) through the
     fake NVML, whatever this host has."""
