@@ -557,7 +557,7 @@ def worker_main(out_dir: Path) -> None:
         torch = import_torch()
         from node.training.groups import join_group
 
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(local_rank)  # as a torchrun training script does
         started = time.perf_counter()
         if "local_rank" in inspect.signature(join_group).parameters:
             group = join_group(timeout_s=60, local_rank=local_rank)
@@ -567,7 +567,8 @@ def worker_main(out_dir: Path) -> None:
             raise TypeError("join_group takes no local_rank: several local ranks cannot join")
         record["join_s"] = round(time.perf_counter() - started, 3)
         dist = torch.distributed
-        tensor = torch.full((4,), float(group.rank + 1), device=f"cuda:{local_rank}")
+        device = torch.cuda.current_device()  # LOCAL_RANK's, unless joining chose another
+        tensor = torch.full((4,), float(group.rank + 1), device=f"cuda:{device}")
         started = time.perf_counter()
         dist.all_reduce(tensor)
         torch.cuda.synchronize()
@@ -577,7 +578,8 @@ def worker_main(out_dir: Path) -> None:
             world_size=group.world_size,
             backend=str(dist.get_backend()),
             value=float(tensor[0].item()),
-            gpu_uuid=str(torch.cuda.get_device_properties(local_rank).uuid),
+            device_index=device,
+            gpu_uuid=str(torch.cuda.get_device_properties(device).uuid),
         )
     except Exception as exc:  # reported in the result file, judged by the parent
         record["error"] = f"{type(exc).__name__}: {exc}"
