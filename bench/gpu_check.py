@@ -436,12 +436,30 @@ def daemons(specs: Sequence[NodeSpec], workdir: Path, out_dir: Path,
 
 
 def read_worker_results(out_dir: Path) -> list[dict[str, Any]]:
-    """What the workers wrote (one JSON file per worker process), by rank."""
+    """What the workers wrote (one JSON file per worker process)."""
     results = []
     for path in sorted(out_dir.glob("worker-*.json")):
         with contextlib.suppress(ValueError):
             results.append(json.loads(path.read_text()))
-    return sorted(results, key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+    return results
+
+
+def complete_generation(
+    results: Sequence[Mapping[str, Any]], world_size: int
+) -> list[Mapping[str, Any]] | None:
+    """The reports of the newest generation in which all `world_size` ranks of a world of that
+    size reported (each after joining), plus every report of a worker that could not join; None
+    while no such generation is complete and no worker failed to join. A generation of a
+    smaller world (a node that planned before the other joined) never counts."""
+    unjoined = [r for r in results if r.get("generation") is None and r.get("error")]
+    by_generation: dict[int, list[Mapping[str, Any]]] = {}
+    for r in results:
+        if r.get("generation") is not None and r.get("world_size") == world_size:
+            by_generation.setdefault(int(r["generation"]), []).append(r)
+    complete = [g for g, reports in by_generation.items() if len(reports) >= world_size]
+    if complete:
+        return [*by_generation[max(complete)], *unjoined]
+    return list(unjoined) if unjoined else None
 
 
 def judge_group(results: Sequence[Mapping[str, Any]], world_size: int) -> list[str]:
@@ -467,11 +485,15 @@ def judge_group(results: Sequence[Mapping[str, Any]], world_size: int) -> list[s
 
 
 def _logs_mention(workdir: Path, text: str) -> bool:
+    """Whether any file under `workdir` but the SQLite ones (the daemons' and training logs,
+    the workers' reports) contains `text`."""
+    needle = text.encode()
     for path in workdir.rglob("*"):
-        if path.is_file() and path.suffix in (".log", ".json", ".out", ".err", ""):
-            with contextlib.suppress(OSError):
-                if text in path.read_text(errors="replace"):
-                    return True
+        if not path.is_file() or ".db" in path.name:
+            continue
+        with contextlib.suppress(OSError):
+            if path.stat().st_size < 64 * 1024 * 1024 and needle in path.read_bytes():
+                return True
     return False
 
 
@@ -484,20 +506,26 @@ def run_group(specs: Sequence[NodeSpec], timeout_s: float) -> dict[str, Any]:
         out_dir.mkdir()
         deadline = time.monotonic() + timeout_s
         started = time.monotonic()
-        results: list[dict[str, Any]] = []
+        reports: list[dict[str, Any]] = []
+        chosen: list[Mapping[str, Any]] | None = None
         error: str | None = None
         try:
             with daemons(specs, workdir, out_dir, timeout_s):
                 while time.monotonic() < deadline:
-                    results = read_worker_results(out_dir)
-                    if len(results) >= world_size or any(r.get("error") for r in results):
+                    reports = read_worker_results(out_dir)
+                    chosen = complete_generation(reports, world_size)
+                    if chosen is not None:
                         break
                     time.sleep(0.2)
                 else:
-                    error = f"{len(results)} of {world_size} ranks reported in {timeout_s:.0f} s"
-            _stop_workers(results)
+                    error = (
+                        f"no generation of {world_size} ranks completed in {timeout_s:.0f} s "
+                        f"({len(reports)} worker reports)"
+                    )
+            _stop_workers(reports)
         except RuntimeError as exc:
             error = str(exc)
+        results = list(chosen or [])
         problems = ([error] if error else []) + judge_group(results, world_size)
         duplicate = _logs_mention(workdir, DUPLICATE_GPU)
         if duplicate:
@@ -509,7 +537,8 @@ def run_group(specs: Sequence[NodeSpec], timeout_s: float) -> dict[str, Any]:
             world_size=world_size,
             formed_s=round(time.monotonic() - started, 2),
             duplicate_gpu=duplicate,
-            ranks=results,
+            ranks=sorted(results, key=lambda r: (r.get("rank") is None, r.get("rank") or 0)),
+            reports=len(reports),
         )
 
 
@@ -566,6 +595,7 @@ def worker_main(out_dir: Path) -> None:
         else:
             raise TypeError("join_group takes no local_rank: several local ranks cannot join")
         record["join_s"] = round(time.perf_counter() - started, 3)
+        record.update(generation=group.generation, rank=group.rank, world_size=group.world_size)
         dist = torch.distributed
         device = torch.cuda.current_device()  # LOCAL_RANK's, unless joining chose another
         tensor = torch.full((4,), float(group.rank + 1), device=f"cuda:{device}")
@@ -574,8 +604,6 @@ def worker_main(out_dir: Path) -> None:
         torch.cuda.synchronize()
         record["first_all_reduce_s"] = round(time.perf_counter() - started, 3)
         record.update(
-            rank=group.rank,
-            world_size=group.world_size,
             backend=str(dist.get_backend()),
             value=float(tensor[0].item()),
             device_index=device,

@@ -15,6 +15,7 @@ from bench import gpu_check
 from bench.gpu_check import (
     SmiGpu,
     compare_nvml,
+    complete_generation,
     judge_group,
     last_json_line,
     parse_pytest_summary,
@@ -121,6 +122,19 @@ def test_judge_group_wants_every_rank_on_nccl_its_own_gpu_and_the_sum() -> None:
         "rank None: RuntimeError: Duplicate GPU detected",
         "ranks [0] reported, expected 0..1",
     ]
+
+
+def test_a_generation_counts_once_every_rank_of_the_whole_world_reported() -> None:
+    half = [_rank(0, 1, generation=1)]  # one node planned alone before the other joined
+    assert complete_generation(half, 2) is None
+    first = [_rank(0, generation=2)]
+    assert complete_generation([*half, *first], 2) is None
+    full = [*half, *first, _rank(1, generation=2)]
+    assert complete_generation(full, 2) == [_rank(0, generation=2), _rank(1, generation=2)]
+    newer = [*full, _rank(0, generation=3), _rank(1, generation=3, error="NCCL error")]
+    assert complete_generation(newer, 2) == newer[-2:]
+    unjoined = {"rank": None, "generation": None, "error": "TypeError: join_group"}
+    assert complete_generation([*first, unjoined], 2) == [unjoined]
 
 
 def test_split_gpus_gives_two_disjoint_halves() -> None:
