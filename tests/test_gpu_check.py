@@ -16,6 +16,7 @@ from bench.gpu_check import (
     SmiGpu,
     compare_nvml,
     complete_generation,
+    gpu_test_files,
     judge_group,
     last_json_line,
     parse_pytest_summary,
@@ -135,6 +136,12 @@ def test_a_generation_counts_once_every_rank_of_the_whole_world_reported() -> No
     assert complete_generation(newer, 2) == newer[-2:]
     unjoined = {"rank": None, "generation": None, "error": "TypeError: join_group"}
     assert complete_generation([*first, unjoined], 2) == [unjoined]
+
+
+def test_the_tests_section_runs_the_modules_that_mark_gpu_tests() -> None:
+    files = gpu_test_files(ROOT / "tests")
+    assert ROOT / "tests" / "node" / "test_groups.py" in files
+    assert ROOT / "tests" / "node" / "test_daemon.py" not in files
 
 
 def test_split_gpus_gives_two_disjoint_halves() -> None:
