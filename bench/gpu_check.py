@@ -705,6 +705,15 @@ def _timed(fn: Callable[[], object], sync: Callable[[], None]) -> tuple[object, 
     return value, time.perf_counter() - started
 
 
+def same_digest(first: object, second: object) -> bool:
+    """Whether two digests are equal: text, bytes, or tensors (compared as lists)."""
+    tolist = getattr(first, "tolist", None)
+    if callable(tolist):
+        other = getattr(second, "tolist", None)
+        return callable(other) and bool(tolist() == other())
+    return first == second
+
+
 def section_digest(args: argparse.Namespace) -> dict[str, Any]:
     """GB/s of shoal's weights digest of a CPU model (node.rl.weights_digest) and of the
     device digest (DEVICE_DIGEST or --device-digest) of the same model on the GPU."""
@@ -714,6 +723,7 @@ def section_digest(args: argparse.Namespace) -> dict[str, Any]:
     size_bytes = args.params // 20 * 20 * 4
     figures: dict[str, Any] = {"bytes": size_bytes}
     cpu_model = _model(torch, args.params, "cpu")
+    weights_digest(cpu_model)  # warm-up: the hashing threads start
     _, cpu_s = _timed(lambda: weights_digest(cpu_model), lambda: None)
     figures["cpu_gbps"] = _gbps(size_bytes, cpu_s)
     module_name, _, name = args.device_digest.partition(":")
@@ -737,9 +747,9 @@ def section_digest(args: argparse.Namespace) -> dict[str, Any]:
                               **figures)  # fmt: skip
     figures["device_gbps"] = _gbps(size_bytes, device_s)
     problems = []
-    if first != again:
+    if not same_digest(first, again):
         problems.append("the device digest differs between two runs over the same weights")
-    if changed == again:
+    if same_digest(changed, again):
         problems.append("the device digest did not change when one parameter did")
     return section_result(not problems, "; ".join(problems) or None, **figures)
 

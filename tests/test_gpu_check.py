@@ -22,6 +22,7 @@ from bench.gpu_check import (
     parse_pytest_summary,
     parse_smi,
     run_sections,
+    same_digest,
     split_gpus,
 )
 from tests.conftest import cuda_missing
@@ -142,6 +143,15 @@ def test_the_tests_section_runs_the_modules_that_mark_gpu_tests() -> None:
     files = gpu_test_files(ROOT / "tests")
     assert ROOT / "tests" / "node" / "test_groups.py" in files
     assert ROOT / "tests" / "node" / "test_daemon.py" not in files
+
+
+def test_digests_compare_as_text_or_as_tensors() -> None:
+    torch = pytest.importorskip("torch")
+    assert same_digest("ab12", "ab12")
+    assert not same_digest("ab12", "ab13")
+    assert same_digest(torch.tensor([1, 2]), torch.tensor([1, 2]))
+    assert not same_digest(torch.tensor([1, 2]), torch.tensor([1, 3]))
+    assert not same_digest(torch.tensor([1, 2]), "12")
 
 
 def test_split_gpus_gives_two_disjoint_halves() -> None:
