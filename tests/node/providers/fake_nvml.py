@@ -2,9 +2,9 @@
 this process or of a daemon's child process), whose GPUs and utilisation come from a JSON
 file the test rewrites: `{"util": [0, 83]}`, or `{"fail": "why"}` for a driver that fails.
 
-It is also the seam that fixes what a test's node sees on any host: `hide_gpus` gives an
-in-process daemon no GPU (and `FakeGpus.child_env` a daemon child process), so a test about a
-GPU-less node passes on a GPU host too; `set(0.0)` gives it one GPU on CI's CPUs."""
+It is also the seam that fixes what a test's node sees on any host: `install_fake_nvml` then
+`set()` gives an in-process daemon no GPU (`FakeGpus.child_env`: a daemon child process), so a
+test about a GPU-less node passes on a GPU host too; `set(0.0)` gives it one GPU on CI's CPUs."""
 
 from __future__ import annotations
 
@@ -149,12 +149,4 @@ def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGp
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setitem(sys.modules, "pynvml", module)
-    return gpus
-
-
-def hide_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpus:
-    """Make this process (and the daemons it starts, in-process or as children) see a host
-    without GPUs, whatever the host has: the fake NVML answers zero GPUs."""
-    gpus = install_fake_nvml(tmp_path, monkeypatch)
-    gpus.set()
     return gpus
