@@ -59,9 +59,12 @@ _SELECT_ENTRY = (
 )
 _SELECT_PENDING = (
     "SELECT id, entry_type, key, payload, state, created_at, updated_at, retries, error"
-    " FROM entries WHERE state = 'pending' AND id > ?1 AND (?2 IS NULL OR entry_type = ?2)"
-    " ORDER BY id LIMIT ?3"
+    " FROM entries WHERE state = 'pending' AND id > :after_id"
+    " AND (:entry_type IS NULL OR entry_type = :entry_type)"
+    " ORDER BY id LIMIT :limit"
 )
+"""Named placeholders bound from a dict: Python 3.12 deprecates binding numbered or named ones
+from a sequence."""
 
 _claimed: set[Path] = set()
 _claimed_lock = threading.Lock()
@@ -260,7 +263,11 @@ def read_pending(
     conn: sqlite3.Connection, entry_type: str | None, after_id: int, limit: int | None
 ) -> list[WalEntry]:
     """Pending entries with id > after_id, oldest first, optionally of one type."""
-    params = (after_id, entry_type, -1 if limit is None else limit)
+    params = {
+        "after_id": after_id,
+        "entry_type": entry_type,
+        "limit": -1 if limit is None else limit,
+    }
     return [row_to_entry(row) for row in conn.execute(_SELECT_PENDING, params)]
 
 

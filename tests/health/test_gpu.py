@@ -1,4 +1,5 @@
-"""GPU check: not applicable on this GPU-less host; GPU faults through a fake NVML at the seam."""
+"""GPU check: this host's GPUs graded (none: not applicable); GPU faults through a fake NVML at the
+seam."""
 
 from __future__ import annotations
 
@@ -16,17 +17,23 @@ from tests.health.conftest import FakeClock
 MIB = 1024 * 1024
 
 
-async def test_no_gpu_here_is_not_applicable() -> None:
-    if read_gpus():
-        pytest.skip("this host has an NVIDIA GPU; the not-applicable path needs one without")
+async def test_this_hosts_gpus_are_graded_and_none_is_not_applicable() -> None:
+    """The real NVML of this host: on a host without GPUs (or driver) the check is not
+    applicable with the reader's reason; on a GPU host it grades every GPU."""
     reader = GpuReader()
     try:
         gpus, reason = reader.read_with_reason()
-        assert gpus == []
-        assert reason
+        assert [gpu.uuid for gpu in read_gpus()] == [gpu.uuid for gpu in gpus]
         result = await gpu_check(reader)()
-        assert result.status is HealthStatus.NOT_APPLICABLE
-        assert result.message == reason
+        if gpus:
+            assert reason == ""
+            assert result.status is not HealthStatus.NOT_APPLICABLE
+            assert result.metrics["gpus"] == len(gpus)
+            assert len({gpu.uuid for gpu in gpus}) == len(gpus)
+        else:
+            assert reason
+            assert result.status is HealthStatus.NOT_APPLICABLE
+            assert result.message == reason
     finally:
         reader.close()
 

@@ -66,7 +66,9 @@ class Trainers:
         ]  # fmt: skip
         # No GLOO_SOCKET_IFNAME: node/groups.py binds gloo to the interface that routes to the
         # master (the hostname resolves to 127.0.0.1 here, which would break the mesh).
-        env = {"PYTHONPATH": str(ROOT)}
+        # CPU trainers: with CUDA hidden, the hosts' trainers never share (or claim) the one
+        # machine's GPU, on CI's CPUs and on a GPU host alike.
+        env = {"PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
         proc = host.spawn(argv, cwd=ROOT, env=env, name="trainer")
         self.procs[host.name] = proc
         self.killed.discard(host.name)

@@ -15,8 +15,10 @@ import pytest
 from aiohttp import ClientSession
 
 from config import NodeSettings
+from health import GpuInfo, GpuReader
 from node import NodeDaemon, StartupError
 from tests.node.daemons import test_settings
+from tests.node.providers.fake_nvml import install_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +39,19 @@ async def _get(url: str) -> Any:
         return await response.json()
 
 
+async def _host_gpus() -> tuple[list[GpuInfo], str]:
+    """What NVML shows on this host, read apart from any daemon, and why it shows none."""
+    reader = GpuReader()
+    try:
+        return await asyncio.to_thread(reader.read_with_reason)
+    finally:
+        reader.close()
+
+
 async def test_daemon_serves_status_of_itself(tmp_path: Path) -> None:
+    """The gpu component and `gpus` show what this host has: not applicable (with NVML's reason)
+    on a host without GPUs, every GPU of a GPU host."""
+    host_gpus, reason = await _host_gpus()
     async with _daemon(_settings(tmp_path, "solo")) as daemon:
         assert daemon.port != 0
         status = await _get(f"http://127.0.0.1:{daemon.port}/v1/status")
@@ -45,12 +59,42 @@ async def test_daemon_serves_status_of_itself(tmp_path: Path) -> None:
         assert status["port"] == daemon.port
         assert status["members"]["alive"] == 1
         assert status["wal"]["pending"] == 0
+        assert [gpu["uuid"] for gpu in status["gpus"]] == [gpu.uuid for gpu in host_gpus]
         health = await _get(f"http://127.0.0.1:{daemon.port}/v1/health")
         names = {component["name"] for component in health["components"]}
         assert {"disk", "wal", "wal_backlog", "memory", "gpu"} <= names
         gpu = next(c for c in health["components"] if c["name"] == "gpu")
-        assert gpu["status"] == "not_applicable"
+        if host_gpus:
+            assert gpu["status"] in ("healthy", "degraded", "unhealthy"), gpu
+            assert gpu["metrics"]["gpus"] == len(host_gpus)
+        else:
+            assert (gpu["status"], gpu["message"]) == ("not_applicable", reason)
     await daemon.close()  # idempotent
+
+
+@pytest.mark.parametrize("util", [(), (0.0, 30.0)], ids=["no-gpu", "two-gpus"])
+async def test_daemon_reports_the_gpus_nvml_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, util: tuple[float, ...]
+) -> None:
+    """Through the fake NVML, on any host: the gpu component, `gpus` in /v1/status and the
+    gossiped gpu_count follow what NVML shows, none or two."""
+    install_fake_nvml(tmp_path, monkeypatch).set(*util)
+    async with _daemon(_settings(tmp_path, "solo")) as daemon:
+        url = f"http://127.0.0.1:{daemon.port}"
+        status = await _get(f"{url}/v1/status")
+        assert [gpu["uuid"] for gpu in status["gpus"]] == [
+            f"GPU-fake-{i}" for i in range(len(util))
+        ]
+        assert [gpu["util_pct"] for gpu in status["gpus"]] == list(util)
+        health = await _get(f"{url}/v1/health")
+        gpu = next(c for c in health["components"] if c["name"] == "gpu")
+        if util:
+            assert (gpu["status"], gpu["message"]) == ("healthy", "2 GPUs ok")
+        else:
+            assert (gpu["status"], gpu["message"]) == ("not_applicable", "no NVIDIA GPU found")
+        members = (await _get(f"{url}/v1/peers"))["members"]
+        meta = next(m["meta"] for m in members if m["node_id"] == "solo")
+        assert meta.get("gpu_count") == (len(util) or None)
 
 
 async def test_two_daemons_join_through_a_seed_and_see_a_leave(tmp_path: Path) -> None:

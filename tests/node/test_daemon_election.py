@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import ClientSession
 from typer.testing import CliRunner
 
@@ -17,6 +18,7 @@ from config import NodeSettings
 from node import NodeDaemon
 from node.cli import app
 from tests.node.daemons import FAST_ELECTION, test_settings
+from tests.node.providers.fake_nvml import install_fake_nvml
 
 
 def _settings(tmp_path: Path, name: str, **flags: Any) -> NodeSettings:
@@ -40,7 +42,21 @@ async def _until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, wha
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-async def test_lone_node_coordinates_itself(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("util", "role", "backend"),
+    [((), "selfplay", "gloo"), ((0.0,), "training", "nccl")],
+    ids=["no-gpu", "one-gpu"],
+)
+async def test_lone_node_coordinates_itself(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    util: tuple[float, ...],
+    role: str,
+    backend: str,
+) -> None:
+    """An `auto` node plans for itself from the GPUs NVML shows it (the fake NVML fixes them,
+    whatever this host has): without a GPU it does self-play, with one it trains on NCCL."""
+    install_fake_nvml(tmp_path, monkeypatch).set(*util)
     async with NodeDaemon(_settings(tmp_path, "solo")) as daemon:
 
         async def coordinating() -> bool:
@@ -50,7 +66,8 @@ async def test_lone_node_coordinates_itself(tmp_path: Path) -> None:
         await _until(coordinating, 5, "the lone node to coordinate")
         status, plan = await _get(daemon.port, "/v1/plan")
         assert status == 200
-        assert plan["plan"]["roles"] == {"solo": "selfplay"}
+        assert plan["plan"]["roles"] == {"solo": role}
+        assert plan["plan"]["group"]["backend"] == backend
 
 
 async def test_three_voters_elect_one_coordinator_and_fail_over(tmp_path: Path) -> None:

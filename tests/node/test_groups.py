@@ -70,12 +70,17 @@ def endpoint_of(daemon: FakeDaemon, secret: bytes | None = None) -> DaemonEndpoi
     return DaemonEndpoint(daemon.url, secret=secret, timeout_s=2.0)
 
 
-def dist() -> Any:
+def torch_module() -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+        import torch
         import torch.distributed
 
-    return torch.distributed
+    return torch
+
+
+def dist() -> Any:
+    return torch_module().distributed
 
 
 def test_rendezvous_json_round_trip_has_the_contract_fields() -> None:
@@ -276,8 +281,10 @@ def test_changed_when_rank_is_gone_and_not_when_the_daemon_fails(
 
 
 def test_nccl_rendezvous_without_cuda_forms_a_gloo_group(
-    daemon: FakeDaemon, caplog: pytest.LogCaptureFixture
+    daemon: FakeDaemon, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a host where CUDA is unavailable (made so here, whatever this host has)."""
+    monkeypatch.setattr(torch_module().cuda, "is_available", lambda: False)
     daemon.answer = rdv(backend="nccl", master_port=free_port())
     with (
         caplog.at_level(logging.WARNING, logger="node.training.groups"),
@@ -286,6 +293,25 @@ def test_nccl_rendezvous_without_cuda_forms_a_gloo_group(
         group.regroup(timeout_s=10)
         assert dist().get_backend() == "gloo"
     assert "CUDA is unavailable; using gloo, not nccl" in caplog.text
+
+
+@pytest.mark.gpu
+def test_nccl_rendezvous_with_cuda_forms_an_nccl_group(
+    daemon: FakeDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a host with CUDA: a one-rank NCCL group that all-reduces a CUDA tensor."""
+    torch = torch_module()
+    daemon.answer = rdv(backend="nccl", master_port=free_port())
+    with (
+        caplog.at_level(logging.WARNING, logger="node.training.groups"),
+        ElasticGroup(endpoint_of(daemon), TIMEOUTS) as group,
+    ):
+        group.regroup(timeout_s=10)
+        assert dist().get_backend() == "nccl"
+        tensor = torch.ones(4, device="cuda")
+        dist().all_reduce(tensor)
+        assert tensor.tolist() == [1.0] * 4
+    assert "CUDA is unavailable" not in caplog.text
 
 
 def test_regroup_waits_for_a_new_generation(daemon: FakeDaemon) -> None:

@@ -1,6 +1,9 @@
 """Three training processes form a gloo group from their daemons' rendezvous; after rank 0 is
 SIGKILLed and the rendezvous moves to a 2-rank generation, the survivors re-form it in place;
-when a newcomer's node joins, they notice through changed() and grow to 3 ranks again."""
+when a newcomer's node joins, they notice through changed() and grow to 3 ranks again.
+
+The processes train on the CPU on every host: CUDA is hidden from them, so on a GPU host the
+ranks of this one machine never share (or claim) its GPU."""
 
 from __future__ import annotations
 
@@ -63,7 +66,13 @@ async def read_events(worker: Worker) -> None:
 async def spawn(tmp_path: Path) -> AsyncIterator[Callable[[str, int], Any]]:
     workers: list[Worker] = []
     readers: list[asyncio.Task[None]] = []
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    path = os.environ.get("PYTHONPATH")
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+        "CUDA_VISIBLE_DEVICES": "",  # CPU trainers: on a GPU host, none may claim a device
+    }
 
     async def start(daemon_url: str, index: int) -> Worker:
         with (tmp_path / f"worker{index}.err").open("wb") as stderr:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.jobs.api import DeploySpec, attach_job, list_jobs, terminate
+from tests.node.providers.fake_nvml import FakeGpus, write_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[3]
 SECRET = b"jobs-client-secret-0123456789abcdef"
@@ -34,6 +35,8 @@ class ServedNode:
     data_dir: Path
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    gpus: FakeGpus | None = None
+    """The fake NVML the daemon reads instead of the host's; None: the host's GPUs."""
 
     def deploy(self, **fields: object) -> DeploySpec:
         """A DeploySpec reaching this node through its config file (local daemon mode)."""
@@ -48,7 +51,7 @@ class ServedNode:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "node", "serve", "--config", str(self.config_file)],
                 cwd=ROOT,
-                env=child_env(),
+                env=child_env() if self.gpus is None else self.gpus.child_env(child_env()),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -109,9 +112,10 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def served_node(workdir: Path) -> Iterator[ServedNode]:
+def served_node(workdir: Path, gpus: tuple[float, ...] | None = None) -> Iterator[ServedNode]:
     """A daemon with a secret; at the end every job still running is killed and the daemon
-    stopped."""
+    stopped. With `gpus`, the daemon sees one GPU per value (at that utilisation) through the
+    fake NVML, whatever this host has."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret_file = workdir / "secret"
     secret_file.write_bytes(SECRET)
@@ -129,6 +133,8 @@ def served_node(workdir: Path) -> Iterator[ServedNode]:
     config_file = workdir / "shoal.yaml"
     config_file.write_text(json.dumps(config))  # JSON is YAML
     node = ServedNode(f"http://127.0.0.1:{port}", config_file, workdir / "data", workdir / "log")
+    if gpus is not None:
+        node.gpus = write_fake_nvml(workdir / "fake_nvml", *gpus)
     try:
         node.start()
         yield node

@@ -1,6 +1,10 @@
 """A fake NVML: a `pynvml` module written into a directory put first on the import path (of
 this process or of a daemon's child process), whose GPUs and utilisation come from a JSON
-file the test rewrites: `{"util": [0, 83]}`, or `{"fail": "why"}` for a driver that fails."""
+file the test rewrites: `{"util": [0, 83]}`, or `{"fail": "why"}` for a driver that fails.
+
+It is also the seam that fixes what a test's node sees on any host: `install_fake_nvml` then
+`set()` gives an in-process daemon no GPU (`FakeGpus.child_env`: a daemon child process), so a
+test about a GPU-less node passes on a GPU host too; `set(0.0)` gives it one GPU on CI's CPUs."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,10 +106,21 @@ class FakeGpus:
     directory: Path
 
     def set(self, *util: float | None) -> None:
+        """One GPU per value, at that utilisation (None: unreadable); none at all when empty."""
         self._write({"util": list(util)})
 
     def fail(self, why: str) -> None:
         self._write({"fail": why})
+
+    def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """`env` for a child process that must import this fake pynvml, not the host's."""
+        return {**env, **self.overrides(env)}
+
+    def overrides(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The variables `child_env` changes: the state file, the fake first on PYTHONPATH."""
+        path = env.get("PYTHONPATH")
+        search = f"{self.directory}{os.pathsep}{path}" if path else str(self.directory)
+        return {ENV: str(self.path), "PYTHONPATH": search}
 
     def _write(self, state: dict[str, object]) -> None:
         temp = self.path.with_suffix(".tmp")
@@ -112,17 +128,22 @@ class FakeGpus:
         os.replace(temp, self.path)
 
 
-def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpus:
-    """Shadow pynvml in this process and in child processes (PYTHONPATH); two idle GPUs."""
-    directory = tmp_path / "fake_nvml"
+def write_fake_nvml(directory: Path, *util: float | None) -> FakeGpus:
+    """Write the fake pynvml and its state file (GPUs at `util`) into `directory`, a new folder;
+    nothing of this process changes (see `FakeGpus.child_env`, `install_fake_nvml`)."""
     directory.mkdir()
     (directory / "pynvml.py").write_text(SOURCE)
-    gpus = FakeGpus(tmp_path / "nvml.json", directory)
-    gpus.set(0.0, 1.0)
-    monkeypatch.setenv(ENV, str(gpus.path))
-    path = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", f"{directory}{os.pathsep}{path}" if path else str(directory))
-    spec = importlib.util.spec_from_file_location("pynvml", directory / "pynvml.py")
+    gpus = FakeGpus(directory / "nvml.json", directory)
+    gpus.set(*util)
+    return gpus
+
+
+def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpus:
+    """Shadow pynvml in this process and in child processes (PYTHONPATH); two idle GPUs."""
+    gpus = write_fake_nvml(tmp_path / "fake_nvml", 0.0, 1.0)
+    for name, value in gpus.overrides(os.environ).items():
+        monkeypatch.setenv(name, value)
+    spec = importlib.util.spec_from_file_location("pynvml", gpus.directory / "pynvml.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -13,7 +13,7 @@ from tests.node.jobs.client_daemon import ServedNode, served_node
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedNode]:
-    with served_node(tmp_path_factory.mktemp("submit")) as served:
+    with served_node(tmp_path_factory.mktemp("submit"), gpus=(0.0,)) as served:
         yield served
 
 
@@ -33,6 +33,8 @@ def test_submit_wait_and_failure(node: ServedNode) -> None:
 
 
 def test_terminate_and_gpu_placement(node: ServedNode) -> None:
+    """The node has exactly one GPU (the fake NVML's, on any host): a one-GPU job is placed on
+    it and runs, a two-GPU job is refused before anything starts."""
     config = str(node.config_file)
     long = submit(
         JobRequest("long", [sys.executable, "-c", "import time; time.sleep(120)"]), node.url, config
@@ -40,5 +42,7 @@ def test_terminate_and_gpu_placement(node: ServedNode) -> None:
     assert long.status() in ("pending", "running")
     long.terminate()
     assert long.wait(timeout_s=60, raise_on_failure=False) == "killed"
-    with pytest.raises(TaskError, match="has 1 GPUs"):
-        submit(JobRequest("gpu", ["true"], ResourceConfig(gpus=1)), node.url, config)
+    with pytest.raises(TaskError, match="no alive node of role 'any' has 2 GPUs"):
+        submit(JobRequest("two-gpus", ["true"], ResourceConfig(gpus=2)), node.url, config)
+    placed = submit(JobRequest("one-gpu", ["true"], ResourceConfig(gpus=1)), node.url, config)
+    assert placed.wait(timeout_s=60) == "succeeded"
