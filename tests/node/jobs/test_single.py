@@ -21,6 +21,7 @@ from node.jobs import JobService
 from node.jobs.gang import GangService
 from node.jobs.setup import JobApi
 from node.runtime import NodeRuntime
+from tests.cluster.waiting import async_wait_until
 from tests.node.daemons import test_settings
 from tests.node.jobs.helpers import JobClient, job_daemon, process_group_members, process_state
 
@@ -78,6 +79,37 @@ async def test_kill_ends_a_term_ignoring_job_and_its_children(tmp_path: Path) ->
         assert process_state(pid) is None, "the job's process survived the kill"
         assert process_state(grandchild) is None, "a child of the job survived the kill"
         assert process_group_members(pid) == []
+
+
+# Traps TERM: the handler marks that its cleanup began, waits for the test to release it, says
+# so on stdout, then dies of the TERM it trapped. $1: the mark file, $2: the release file.
+TERM_CLEANER = (
+    'trap \'touch "$1"; while [ ! -e "$2" ]; do sleep 0.02; done; '
+    "echo cleanup-done; trap - TERM; kill -TERM $$' TERM\n"
+    "echo ready\n"
+    "sleep 600 & wait\n"
+)
+
+
+async def test_kill_gives_a_term_trapping_job_its_grace_to_clean_up(tmp_path: Path) -> None:
+    started, release = tmp_path / "cleanup-started", tmp_path / "release"
+    async with job_daemon(tmp_path) as client:
+        job = await client.start(["sh", "-c", TERM_CLEANER, "sh", str(started), str(release)])
+        assert await _first_line(client, job["job_id"]) == "ready"  # the trap is set
+        await client.kill(job["job_id"], signal="TERM", grace_s=5)
+        await async_wait_until(
+            started.exists, timeout_s=30, message="the job's TERM trap to begin its cleanup"
+        )
+        status, during = await client.call("GET", f"/v1/jobs/{job['job_id']}")
+        assert status == 200
+        assert during["state"] == "running", f"ended during its grace: {during}"
+        release.touch()
+        ended = await client.wait(job["job_id"])
+        assert ended["state"] == "killed", ended
+        assert (ended["signal"], ended["exit_code"]) == ("SIGTERM", None), ended
+        assert ended["reason"] == "killed with SIGTERM", ended
+        assert (await client.log(job["job_id"])).splitlines() == [b"ready", b"cleanup-done"]
+        assert process_group_members(job["pid"]) == []
 
 
 async def test_timeout_ends_the_job_as_timed_out(tmp_path: Path) -> None:
