@@ -142,6 +142,47 @@ async def test_job_id_is_idempotent_and_a_different_spec_conflicts(tmp_path: Pat
         assert [j["job_id"] for j in listing["jobs"]] == ["train-1"]
 
 
+async def test_a_job_id_reposted_with_another_env_cwd_or_timeout_conflicts(
+    tmp_path: Path,
+) -> None:
+    spec = {
+        "job_id": "train-2",
+        "argv": ["sh", "-c", "echo $A$B; pwd"],
+        "env": {"A": "1", "B": "2"},
+        "cwd": "work",
+        "timeout_s": 60,
+    }
+    changed = {
+        "env": {**spec, "env": {"A": "1", "B": "3"}},
+        "env without a variable": {**spec, "env": {"A": "1"}},
+        "cwd": {**spec, "cwd": "elsewhere"},
+        "no cwd": {k: v for k, v in spec.items() if k != "cwd"},
+        "timeout_s": {**spec, "timeout_s": 61},
+        "no timeout_s": {k: v for k, v in spec.items() if k != "timeout_s"},
+    }
+    async with job_daemon(tmp_path) as client:
+        status, first = await client.call("POST", "/v1/jobs", json=spec)
+        assert status == 201, first
+        for what, other in changed.items():
+            status, body = await client.call("POST", "/v1/jobs", json=other)
+            assert (status, body.get("error")) == (409, "job_id_conflict"), (what, body)
+            assert set(body) == {"error", "reason", "status"}, (what, body)
+            assert body["status"] == 409
+            assert "'train-2'" in body["reason"], body
+        ended = await client.wait("train-2")
+        assert (ended["state"], ended["cwd"], ended["timeout_s"]) == ("succeeded", "work", 60)
+        log = await client.log("train-2")
+        assert log.startswith(b"12\n"), log
+        assert log.rstrip().endswith(b"/work"), log
+        reordered = {**spec, "env": {"B": "2", "A": "1"}}  # the same spec: still idempotent
+        status, again = await client.call("POST", "/v1/jobs", json=reordered)
+        assert status == 200, again
+        assert (again["created_at"], again["state"]) == (first["created_at"], "succeeded")
+        assert await client.log("train-2") == log  # not run a second time
+        _, listing = await client.call("GET", "/v1/jobs")
+        assert [j["job_id"] for j in listing["jobs"]] == ["train-2"]
+
+
 async def test_bad_requests_answer_400_in_the_one_error_shape(tmp_path: Path) -> None:
     async with job_daemon(tmp_path) as client:
         status, body = await client.call("POST", "/v1/jobs", json={"argv": "rm -rf /"})
