@@ -4,6 +4,7 @@ order, no sample older than max_lag consumed, every dropped one counted."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -86,18 +87,11 @@ async def test_a_sample_max_lag_behind_is_consumed_and_one_more_is_dropped(
 ) -> None:
     current = 5
     versions = {"too-old": current - max_lag - 1, "at-max-lag": current - max_lag, "now": current}
-    records = [
-        rollout_record(
-            stamp_sample(
-                {"i": i},
-                make_version_state("g", version=version),
-                clock=lambda i=i: 1_700_000_000.0 + i,
-            ),
-            "r1",
-            sample_id=name,
-        )
-        for i, (name, version) in enumerate(versions.items())
-    ]
+    records = []
+    for i, (name, version) in enumerate(versions.items()):
+        state = make_version_state("g", version=version)
+        stamped = stamp_sample({"i": i}, state, clock=functools.partial(float, 1_700_000_000 + i))
+        records.append(rollout_record(stamped, "r1", sample_id=name))
     async with NodeDaemon(test_settings(tmp_path, "solo")) as daemon, ClientSession() as session:
         url = f"http://127.0.0.1:{daemon.port}"
         async with session.post(f"{url}/v1/records/rollouts", json=records) as r:
