@@ -19,12 +19,17 @@ from node.security import (
     auth_middleware,
     error_middleware,
 )
+from tests.cluster.waiting import WaitTimeoutError, wait_until
 from tests.node.test_openapi_fuzz import _daemon, _secret
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 FLOOD = 16
 FLOOD_BYTES = 60 * 1024 * 1024
 RSS_MARGIN_BYTES = 64 * 1024 * 1024
+SETTLE_READINGS = 5
+SETTLE_INTERVAL_S = 0.2
+SETTLE_BYTES = 2 * 1024 * 1024
+SETTLE_TIMEOUT_S = 60.0
 
 
 def _rss_bytes(pid: int) -> int:
@@ -32,6 +37,25 @@ def _rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _settled_rss_bytes(pid: int) -> int:
+    """The resident memory of `pid` once its start-up has settled: SETTLE_READINGS readings in a
+    row, SETTLE_INTERVAL_S apart, within SETTLE_BYTES of each other."""
+    readings: list[int] = []
+
+    def settled() -> int:
+        readings.append(_rss_bytes(pid))
+        window = readings[-SETTLE_READINGS:]
+        steady = len(window) == SETTLE_READINGS and max(window) - min(window) <= SETTLE_BYTES
+        return window[-1] if steady else 0
+
+    try:
+        return wait_until(settled, SETTLE_TIMEOUT_S, SETTLE_INTERVAL_S)
+    except WaitTimeoutError as exc:
+        last = [f"{r / 2**20:.1f}" for r in readings[-SETTLE_READINGS:]]
+        what = f"the daemon's RSS never settled after start-up: last readings {last} MiB"
+        raise WaitTimeoutError(what) from exc
 
 
 async def _app(reads: list[int]) -> web.Application:
@@ -138,8 +162,7 @@ async def _flood(port: int) -> list[int]:
 
 def test_a_flood_of_unsigned_60mb_posts_leaves_memory_near_idle(tmp_path: Path) -> None:
     with _daemon(tmp_path, "--secret-file", str(_secret(tmp_path))) as (process, port):
-        time.sleep(2.0)  # let start-up settle
-        idle = _rss_bytes(process.pid)
+        idle = _settled_rss_bytes(process.pid)
         peak = idle
         done = False
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.cluster.waiting import async_wait_until
 from tests.node.jobs.helpers import JobClient, process_state, signed_session, write_secret
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -112,7 +113,22 @@ async def test_sigkill_of_the_daemon_loses_no_exit_code_and_no_log_line(tmp_path
         supervisor_file = data_dir / "jobs" / "dies-unobserved" / "supervisor.json"
         supervisor_pid = json.loads(supervisor_file.read_text())["supervisor_pid"]
         os.kill(supervisor_pid, signal.SIGKILL)
-        await asyncio.sleep(1.5)  # most jobs end while no daemon runs
+        # most jobs end while no daemon runs
+        jobs_dir = data_dir / "jobs"
+        for name in ("ends-ok", "ends-7", "ends-by-signal"):
+            result = jobs_dir / name / "result.json"
+            await async_wait_until(result.exists, 30, message=f"job {name} to record its end")
+        outlives_log = jobs_dir / "outlives-restart" / "stdout.log"
+        await async_wait_until(
+            lambda: outlives_log.read_bytes() == lines(50),
+            30,
+            message="job outlives-restart to print its 50 lines",
+        )
+        await async_wait_until(
+            lambda: process_state(supervisor_pid) in (None, "Z"),
+            30,
+            message=f"the SIGKILLed supervisor {supervisor_pid} of dies-unobserved to end",
+        )
         assert process_state(started["outlives-restart"]["pid"]) not in (None, "Z")
         async with daemon_process(data_dir, port, secret, log_path):
             attached_by = time.monotonic() + REATTACH_S

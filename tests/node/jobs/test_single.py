@@ -21,6 +21,7 @@ from node.jobs import JobService
 from node.jobs.gang import GangService
 from node.jobs.setup import JobApi
 from node.runtime import NodeRuntime
+from tests.cluster.waiting import async_wait_until
 from tests.node.daemons import test_settings
 from tests.node.jobs.helpers import JobClient, job_daemon, process_group_members, process_state
 
@@ -80,6 +81,37 @@ async def test_kill_ends_a_term_ignoring_job_and_its_children(tmp_path: Path) ->
         assert process_group_members(pid) == []
 
 
+# Traps TERM: the handler marks that its cleanup began, waits for the test to release it, says
+# so on stdout, then dies of the TERM it trapped. $1: the mark file, $2: the release file.
+TERM_CLEANER = (
+    'trap \'touch "$1"; while [ ! -e "$2" ]; do sleep 0.02; done; '
+    "echo cleanup-done; trap - TERM; kill -TERM $$' TERM\n"
+    "echo ready\n"
+    "sleep 600 & wait\n"
+)
+
+
+async def test_kill_gives_a_term_trapping_job_its_grace_to_clean_up(tmp_path: Path) -> None:
+    started, release = tmp_path / "cleanup-started", tmp_path / "release"
+    async with job_daemon(tmp_path) as client:
+        job = await client.start(["sh", "-c", TERM_CLEANER, "sh", str(started), str(release)])
+        assert await _first_line(client, job["job_id"]) == "ready"  # the trap is set
+        await client.kill(job["job_id"], signal="TERM", grace_s=5)
+        await async_wait_until(
+            started.exists, timeout_s=30, message="the job's TERM trap to begin its cleanup"
+        )
+        status, during = await client.call("GET", f"/v1/jobs/{job['job_id']}")
+        assert status == 200
+        assert during["state"] == "running", f"ended during its grace: {during}"
+        release.touch()
+        ended = await client.wait(job["job_id"])
+        assert ended["state"] == "killed", ended
+        assert (ended["signal"], ended["exit_code"]) == ("SIGTERM", None), ended
+        assert ended["reason"] == "killed with SIGTERM", ended
+        assert (await client.log(job["job_id"])).splitlines() == [b"ready", b"cleanup-done"]
+        assert process_group_members(job["pid"]) == []
+
+
 async def test_timeout_ends_the_job_as_timed_out(tmp_path: Path) -> None:
     async with job_daemon(tmp_path, {"jobs.kill_grace_s": 0.2}) as client:
         job = await client.start(["sleep", "30"], timeout_s=0.3)
@@ -108,6 +140,47 @@ async def test_job_id_is_idempotent_and_a_different_spec_conflicts(tmp_path: Pat
         assert await client.log("train-1") == b"train-1\n"
         status, listing = await client.call("GET", "/v1/jobs")
         assert [j["job_id"] for j in listing["jobs"]] == ["train-1"]
+
+
+async def test_a_job_id_reposted_with_another_env_cwd_or_timeout_conflicts(
+    tmp_path: Path,
+) -> None:
+    spec = {
+        "job_id": "train-2",
+        "argv": ["sh", "-c", "echo $A$B; pwd"],
+        "env": {"A": "1", "B": "2"},
+        "cwd": "work",
+        "timeout_s": 60,
+    }
+    changed = {
+        "env": {**spec, "env": {"A": "1", "B": "3"}},
+        "env without a variable": {**spec, "env": {"A": "1"}},
+        "cwd": {**spec, "cwd": "elsewhere"},
+        "no cwd": {k: v for k, v in spec.items() if k != "cwd"},
+        "timeout_s": {**spec, "timeout_s": 61},
+        "no timeout_s": {k: v for k, v in spec.items() if k != "timeout_s"},
+    }
+    async with job_daemon(tmp_path) as client:
+        status, first = await client.call("POST", "/v1/jobs", json=spec)
+        assert status == 201, first
+        for what, other in changed.items():
+            status, body = await client.call("POST", "/v1/jobs", json=other)
+            assert (status, body.get("error")) == (409, "job_id_conflict"), (what, body)
+            assert set(body) == {"error", "reason", "status"}, (what, body)
+            assert body["status"] == 409
+            assert "'train-2'" in body["reason"], body
+        ended = await client.wait("train-2")
+        assert (ended["state"], ended["cwd"], ended["timeout_s"]) == ("succeeded", "work", 60)
+        log = await client.log("train-2")
+        assert log.startswith(b"12\n"), log
+        assert log.rstrip().endswith(b"/work"), log
+        reordered = {**spec, "env": {"B": "2", "A": "1"}}  # the same spec: still idempotent
+        status, again = await client.call("POST", "/v1/jobs", json=reordered)
+        assert status == 200, again
+        assert (again["created_at"], again["state"]) == (first["created_at"], "succeeded")
+        assert await client.log("train-2") == log  # not run a second time
+        _, listing = await client.call("GET", "/v1/jobs")
+        assert [j["job_id"] for j in listing["jobs"]] == ["train-2"]
 
 
 async def test_bad_requests_answer_400_in_the_one_error_shape(tmp_path: Path) -> None:

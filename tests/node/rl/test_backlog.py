@@ -82,13 +82,15 @@ async def test_producers_block_at_the_cap_and_go_on_once_the_trainer_consumes(
         url = f"http://127.0.0.1:{daemon.port}"
         endpoint = daemon_endpoint(url)
         waits: list[float] = []
+        waits_of = [0] * PRODUCERS
         stop = threading.Event()  # set only when the test failed: unblock the producers
 
-        def sleep(seconds: float) -> None:
-            waits.append(seconds)
-            time.sleep(seconds)
-
         def produce(producer: int) -> None:
+            def sleep(seconds: float) -> None:
+                waits.append(seconds)
+                waits_of[producer] += 1
+                time.sleep(seconds)
+
             for start in range(0, PER_PRODUCER, BATCH):
                 batch = [
                     sample("r", producer * PER_PRODUCER + i, time.time())
@@ -110,9 +112,12 @@ async def test_producers_block_at_the_cap_and_go_on_once_the_trainer_consumes(
                 return count == CAP and len(waits) >= PRODUCERS
 
             await wait_until(full, "the producers never reached the cap and waited")
-            for _ in range(10):
-                assert await store_count(session, url) == CAP
-                await asyncio.sleep(0.1)
+
+            async def refused_again() -> bool:
+                # each producer waited its Retry-After, asked again and was refused again
+                return await full() and min(waits_of) >= 2
+
+            await wait_until(refused_again, "a producer was not refused again after its wait")
             assert all(thread.is_alive() for thread in threads)  # blocked, not dropping
             assert min(waits) >= 1.0  # Retry-After: 1
 

@@ -4,6 +4,7 @@ order, no sample older than max_lag consumed, every dropped one counted."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,31 @@ async def test_no_stale_sample_is_consumed_and_every_drop_is_counted(tmp_path: P
     assert order == sorted(order)
     assert stream.dropped_stale > 0
     assert stream.consumed + stream.dropped_stale == SAMPLES  # nothing lost silently
-    assert stream.max_lag_seen <= MAX_LAG
+    assert stream.max_lag_seen == MAX_LAG  # samples exactly max_lag behind are consumed
     text = generate_latest(stream.registry).decode()
     assert f'shoal_rollouts_dropped_stale_total{{run="r1"}} {float(stream.dropped_stale)}' in text
     assert f'shoal_rollouts_consumed_total{{run="r1"}} {float(len(consumed))}' in text
+
+
+@pytest.mark.parametrize("max_lag", [0, 2])
+async def test_a_sample_max_lag_behind_is_consumed_and_one_more_is_dropped(
+    tmp_path: Path, max_lag: int
+) -> None:
+    current = 5
+    versions = {"too-old": current - max_lag - 1, "at-max-lag": current - max_lag, "now": current}
+    records = []
+    for i, (name, version) in enumerate(versions.items()):
+        state = make_version_state("g", version=version)
+        stamped = stamp_sample({"i": i}, state, clock=functools.partial(float, 1_700_000_000 + i))
+        records.append(rollout_record(stamped, "r1", sample_id=name))
+    async with NodeDaemon(test_settings(tmp_path, "solo")) as daemon, ClientSession() as session:
+        url = f"http://127.0.0.1:{daemon.port}"
+        async with session.post(f"{url}/v1/records/rollouts", json=records) as r:
+            assert r.status == 200, await r.text()
+        stream = RolloutStream("r1", max_lag=max_lag, batch_size=len(records), nodes=[url])
+        batch = await asyncio.to_thread(stream.next_batch, current, 0.3)
+    assert [r["sample_id"] for r in batch] == ["at-max-lag", "now"]
+    assert (stream.consumed, stream.dropped_stale, stream.max_lag_seen) == (2, 1, max_lag)
 
 
 def test_records_need_a_stamped_integer_version() -> None:

@@ -24,6 +24,13 @@ from tests.node.runs.cluster import NAMES, post, running, until
 FAILOVERS = int(os.environ.get("SHOAL_LOCK_FAILOVERS", "4"))
 
 
+async def waiter_expiries(listing_url: str) -> dict[str, float]:
+    """The waiters of lock `train` and when each one's wait ends, from a lock listing."""
+    async with aiohttp.ClientSession() as session, session.get(listing_url) as response:
+        listing = await response.json()
+    return {w["holder"]: float(w["expires_at"]) for w in listing["locks"]["train"]["waiters"]}
+
+
 async def test_any_node_serves_locks_fifo_and_refuses_a_stale_fence(tmp_path: Path) -> None:
     async with running(tmp_path) as cluster:
         coordinator = await cluster.elected()
@@ -43,10 +50,17 @@ async def test_any_node_serves_locks_fifo_and_refuses_a_stale_fence(tmp_path: Pa
         status, answer = await post(f"{via}/renew", {"holder": "a", "fence": [0, 1]})
         assert status == 409
         assert answer["error"] == "stale_lock_fence"
+        listing_url = f"http://127.0.0.1:{cluster.ports[other]}/v1/locks"
+        queued_until = (await waiter_expiries(listing_url))["b"]
         waiting = asyncio.create_task(
             post(f"{via}/acquire", {"holder": "b", "ttl_s": 30, "wait": True, "wait_s": 10})
         )
-        await asyncio.sleep(0.2)
+
+        async def b_waits() -> bool:
+            # b's new ask moved its wait's end: the coordinator stored it and holds the request
+            return (await waiter_expiries(listing_url))["b"] > queued_until
+
+        await until(b_waits, 10, "the coordinator to hold b's waiting acquire")
         released_at = time.monotonic()
         status, _ = await post(f"{via}/release", {"holder": "a", "fence": first["fence"]})
         assert status == 200
@@ -55,11 +69,39 @@ async def test_any_node_serves_locks_fifo_and_refuses_a_stale_fence(tmp_path: Pa
         assert granted["granted"]
         assert LockFence.parse(granted["fence"]) > LockFence.parse(first["fence"])
         assert handed_over_s < 5.0  # liveness only; the bench measures the hand-over time
-        listing_url = f"http://127.0.0.1:{cluster.ports[other]}/v1/locks"
         async with aiohttp.ClientSession() as session, session.get(listing_url) as r:
             listing = await r.json()
         assert listing["locks"]["train"]["holder"] == "b"
         assert [w["holder"] for w in listing["locks"]["train"]["waiters"]] == ["c"]
+
+
+async def test_a_lock_whose_holder_stops_renewing_passes_on_under_a_larger_fence(
+    tmp_path: Path,
+) -> None:
+    settings = test_settings(tmp_path, "solo", **FAST_ELECTION)
+    async with NodeDaemon(settings) as daemon:
+        via = f"http://127.0.0.1:{daemon.port}/v1/locks/train"
+        first: dict[str, object] = {}
+
+        async def granted_to_a() -> bool:
+            status, answer = await post(f"{via}/acquire", {"holder": "a", "ttl_s": 3})
+            first.update(answer)
+            return status == 200 and bool(answer["granted"])
+
+        await until(granted_to_a, 10, "the lone node to grant the lock to a")
+        status, queued = await post(
+            f"{via}/acquire", {"holder": "b", "ttl_s": 30, "wait": True, "wait_s": 0.1}
+        )
+        assert (status, queued["position"]) == (200, 1), queued
+        # a never renews: its lease runs out and the expiry loop hands the lock to b
+        status, granted = await post(
+            f"{via}/acquire", {"holder": "b", "ttl_s": 30, "wait": True, "wait_s": 20}
+        )
+        assert status == 200
+        assert granted["granted"], granted
+        assert LockFence.parse(granted["fence"]) > LockFence.parse(first["fence"])
+        status, refused = await post(f"{via}/renew", {"holder": "a", "fence": first["fence"]})
+        assert (status, refused["error"]) == (409, "not_holder")
 
 
 @dataclass(frozen=True)

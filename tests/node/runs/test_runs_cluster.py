@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import sys
@@ -48,6 +47,13 @@ async def wait_done(cluster: Cluster, run_id: str, timeout_s: float) -> dict[str
 
     await until(done, timeout_s, f"run {run_id} to end")
     return found[-1]
+
+
+async def runs_rounds(port: int) -> float:
+    """How many rounds the node's runs loop has driven as coordinator (its `runs` health)."""
+    health = await get(f"http://127.0.0.1:{port}/v1/health")
+    runs = [c for c in health["components"] if c["name"] == "runs"]
+    return float(runs[0]["metrics"].get("rounds", 0.0)) if runs else 0.0
 
 
 def stored(cluster: Cluster, key: str) -> list[Path]:
@@ -142,9 +148,15 @@ async def test_a_coordinator_failover_mid_run_finishes_it_once(tmp_path: Path) -
             return bool((await get(f"{url}/v1/runs/{record['run_id']}"))["step"] == "running")
 
         await until(started, 30, "the run to start")
+        before = {name: await runs_rounds(cluster.ports[name]) for name in cluster.daemons}
         await cluster.stop(coordinator)
-        await cluster.elected()
-        await asyncio.sleep(1.0)
+        successor = await cluster.elected()
+
+        async def successor_drives() -> bool:
+            return await runs_rounds(cluster.ports[successor]) > before[successor]
+
+        # the new coordinator drives the run while its job node (the old coordinator) is away
+        await until(successor_drives, 30, f"{successor}'s runs loop to drive the run")
         await cluster.start(coordinator)
         done = await wait_done(cluster, record["run_id"], 90)
         assert done["state"] == "succeeded", done

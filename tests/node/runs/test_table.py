@@ -8,7 +8,9 @@ from node.errors import LockError
 from node.runs.table import (
     WAITER_GRACE_S,
     LockFence,
+    LockState,
     LockTable,
+    Waiter,
     acquire,
     expire,
     release,
@@ -66,6 +68,63 @@ def test_a_holder_that_stops_renewing_loses_the_lock_after_ttl() -> None:
     table, _ = renew(table, 1, "l", "a", None, 1.9)
     assert expire(table, 1, 3.8).get("l").holder == "a"
     assert expire(table, 1, 3.9).get("l").holder == "b"
+
+
+def test_a_lock_handed_over_by_lease_expiry_carries_a_strictly_larger_fence() -> None:
+    table, a = acquire(LockTable(), 1, "l", "a", 2.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "b", 2.0, True, 0.0)
+    before = table.version
+    table = expire(table, 1, 2.5)
+    state = table.get("l")
+    assert state.holder == "b"
+    assert a.fence is not None
+    assert state.fence is not None
+    assert state.fence > a.fence
+    assert state.fence == table.version > before
+    with pytest.raises(LockError) as caught:
+        renew(table, 1, "l", "a", a.fence, 2.6)
+    assert caught.value.code == "not_holder"
+    _, answer = renew(table, 1, "l", "b", state.fence, 2.6)
+    assert answer.fence == state.fence
+
+
+def test_a_lease_expiry_skips_a_waiter_whose_wait_expired_and_grants_a_larger_fence() -> None:
+    table, a = acquire(LockTable(), 1, "l", "a", 20.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "b", 1.0, True, 0.0)  # waits until WAITER_GRACE_S
+    table, _ = acquire(table, 1, "l", "c", 1.0, True, 0.0)
+    table, _ = acquire(table, 1, "l", "c", 1.0, True, 15.0)  # c asks again; b does not
+    before = table.version
+    table = expire(table, 1, 21.0)
+    state = table.get("l")
+    assert (state.holder, state.waiters) == ("c", ())
+    assert a.fence is not None
+    assert state.fence is not None
+    assert state.fence > a.fence
+    assert state.fence == table.version > before
+
+
+def test_a_free_lock_whose_first_waiter_expired_is_granted_under_a_larger_fence() -> None:
+    """A free lock with waiters (a table stored so, read back from the voters): once the first
+    waiter's wait expires, the next one gets the lock under the fence of that change."""
+    stored = LockTable(
+        LockFence(1, 5),
+        {
+            "l": LockState(
+                holder=None,
+                fence=LockFence(1, 2),
+                waiters=(Waiter("b", 1.0, 10.0), Waiter("c", 1.0, 30.0)),
+            )
+        },
+    )
+    table = LockTable.from_dict(stored.to_dict())
+    assert expire(table, 1, 9.0) is table
+    table = expire(table, 1, 11.0)
+    state = table.get("l")
+    assert (state.holder, state.waiters) == ("c", ())
+    assert state.fence is not None
+    assert state.fence > LockFence(1, 5)
+    assert state.fence == table.version
+    assert state.expires_at == 12.0
 
 
 def test_a_waiter_that_stops_asking_leaves_the_queue() -> None:
