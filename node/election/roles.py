@@ -23,6 +23,9 @@ GPU_UUIDS_META = "gpu_uuids"
 one meta value continues in `gpu_uuids_1`, `gpu_uuids_2`, ... (see `gpu_uuids_meta`)."""
 NPROC_META = "training_nproc"
 """Membership meta key of the processes a node runs in the training group (absent: 1)."""
+GPU_CLAIMED = " is also claimed by "
+"""What the `cannot_train` reason of a node whose GPU another node claims says
+(`GPU <uuid> is also claimed by <node>`)."""
 META_TEXT_CHARS = 256
 """The longest meta value membership gossips (node.membership's MAX_META_TEXT_CHARS)."""
 
@@ -254,7 +257,7 @@ def _with_gpu_conflicts(by_id: dict[str, NodeCapabilities]) -> dict[str, NodeCap
             owner_of.setdefault(uuid, node_id)
         if taken:
             uuid, owner = taken[0]
-            cap = replace(cap, cannot_train=f"GPU {uuid} is also claimed by {owner}")
+            cap = replace(cap, cannot_train=f"GPU {uuid}{GPU_CLAIMED}{owner}")
         result[node_id] = cap
     return result
 

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from config import ConfigError, Inventory, NodeSettings
+from health import CheckResult, HealthStatus
 from node.election.adoption import AdoptionLog
 from node.election.elector import Elector
 from node.election.http import (
@@ -26,7 +27,12 @@ from node.election.http import (
     election_breaker_config,
     election_routes,
 )
-from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
+from node.election.roles import (
+    CANNOT_TRAIN_META,
+    GPU_CLAIMED,
+    RolePolicy,
+    capabilities_from_meta,
+)
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
 from node.errors import MembershipError
@@ -269,6 +275,10 @@ class ElectionService:
                 runtime.health.add_check(
                     "training", launcher_check(launcher), interval_s=TRAINING_CHECK_INTERVAL_S
                 )
+        if runtime.health is not None:
+            runtime.health.add_check(
+                "gpu_claims", self._gpu_claims_check, interval_s=TRAINING_CHECK_INTERVAL_S
+            )
         self._membership = membership
         elector.add_listener(self._on_election_event)
         await self._stack.enter_async_context(elector)
@@ -277,6 +287,26 @@ class ElectionService:
         self._runtime.refreshers.append(self._refresh)
         self._stack.callback(membership.add_listener(self._membership_listener(membership)))
         return elector
+
+    async def _gpu_claims_check(self) -> CheckResult:
+        """Degraded while the applied plan refuses this node a rank because another node claims
+        one of its GPUs (fix `gpus` on one of them); not applicable without GPUs."""
+        runtime = self._runtime
+        plan = self.elector.plan if self.elector is not None else None
+        reason = plan.cannot_train.get(runtime.node_id) if plan is not None else None
+        if reason is not None and reason.startswith("GPU ") and GPU_CLAIMED in reason:
+            return CheckResult(
+                HealthStatus.DEGRADED,
+                f"{reason}: this node gets no training rank; give the nodes on this host "
+                "disjoint `gpus`",
+            )
+        owned = runtime.owned_gpus
+        if not owned:
+            return CheckResult(HealthStatus.NOT_APPLICABLE, "this node owns no GPU")
+        return CheckResult(
+            HealthStatus.HEALTHY,
+            f"owns GPUs {','.join(map(str, owned))}; {runtime.training_nproc} training processes",
+        )
 
     def _membership_listener(self, membership: Membership) -> Callable[[MemberEvent], None]:
         voters = set(self._voter_set.voters)

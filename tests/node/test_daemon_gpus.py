@@ -86,6 +86,11 @@ async def test_each_local_rank_has_its_rendezvous(tmp_path: Path) -> None:
         }
         _, plan = await _get(daemon.port, "/v1/plan")
         assert plan["plan"]["local_world_sizes"] == [2]
+        url = f"http://127.0.0.1:{daemon.port}"
+        result = await asyncio.to_thread(CliRunner().invoke, app, ["roles", "--node", url])
+        assert result.exit_code == 0, result.output
+        assert "world 2" in result.output
+        assert " 0-1 " in result.output
         code, error = await _get(daemon.port, "/v1/rendezvous?local_rank=2")
         assert code == 400
         assert set(error) >= {"error", "reason", "status"}
@@ -156,6 +161,14 @@ async def test_two_nodes_claiming_one_gpu_never_both_train(
         result = await asyncio.to_thread(CliRunner().invoke, app, ["roles", "--node", url])
         assert result.exit_code == 0, result.output
         assert "GPU GPU-shared-1 is also claimed" in result.output
+
+        async def shown_in_status() -> bool:
+            _, status = await _get(daemons[1].port, "/v1/status")
+            return any(reason in problem for problem in status["health_problems"])
+
+        await _until(shown_in_status, 10, "g2's status (the monitor's source) to name the claim")
+        _, status = await _get(daemons[0].port, "/v1/status")
+        assert not any("claimed" in problem for problem in status["health_problems"])
     finally:
         for daemon in reversed(daemons):
             await daemon.close()
