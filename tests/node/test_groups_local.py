@@ -8,12 +8,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from config import Role
 from node.election.plan import GroupSpec, RolePlan
-from node.training.groups import ElasticGroup, GroupError, join_group, local_rank_from_env
+from node.training.groups import (
+    ElasticGroup,
+    GroupError,
+    _use_cuda_device,
+    join_group,
+    local_rank_from_env,
+)
 from node.training.rendezvous import (
     DaemonEndpoint,
     Rendezvous,
@@ -147,3 +154,33 @@ def test_two_nodes_of_two_processes_form_one_group_of_four(tmp_path: Path) -> No
                 proc.wait()
         for daemon in daemons.values():
             daemon.close()
+
+
+class FakeCuda:
+    """The torch.cuda calls _use_cuda_device makes, over `count` devices."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.current: int | None = None
+
+    def device_count(self) -> int:
+        return self.count
+
+    def set_device(self, index: int) -> None:
+        self.current = index
+
+
+def test_nccl_uses_the_local_ranks_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = FakeCuda(2)
+    torch = SimpleNamespace(cuda=cuda, device=lambda kind, index: (kind, index))
+    plan = two_by_two(29500)
+    second = rendezvous_for(plan, "b", 1, owns_gpus=True)
+    assert second is not None
+    assert _use_cuda_device(torch, second) == ("cuda", 1)
+    assert cuda.current == 1
+    gpuless = rendezvous_for(plan, "b", 0)
+    assert gpuless is not None
+    assert _use_cuda_device(torch, gpuless) == ("cuda", 0)  # the local rank's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(GroupError, match=r"needs CUDA device 1 but this process sees 1 .*'3'"):
+        _use_cuda_device(SimpleNamespace(cuda=FakeCuda(1), device=torch.device), second)
