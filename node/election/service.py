@@ -75,6 +75,8 @@ RENDEZVOUS_SCHEMA = {
 TRAINING_CHECK_INTERVAL_S = 2.0
 CANNOT_TRAIN_REASON_CHARS = 200
 """The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
+CANNOT_TRAIN_MIN_CHARS = 40
+"""...and further, down to this, while the whole meta is too large to gossip."""
 REPLAN_EVENTS = frozenset(
     {
         EventKind.JOINED,
@@ -372,11 +374,16 @@ class ElectionService:
         if membership is None:
             return
         reason = reason[:CANNOT_TRAIN_REASON_CHARS]
-        try:
-            membership.update_meta({CANNOT_TRAIN_META: reason})
-        except MembershipError as exc:
-            log.error("cannot tell the cluster that this node cannot train: %s", exc)
-            return
+        while True:
+            try:
+                membership.update_meta({CANNOT_TRAIN_META: reason})
+                break
+            except MembershipError as exc:
+                if len(reason) <= CANNOT_TRAIN_MIN_CHARS:
+                    log.error("cannot tell the cluster that this node cannot train: %s", exc)
+                    return
+                # the rest of the meta (many GPUs) leaves less room: say less
+                reason = reason[: max(CANNOT_TRAIN_MIN_CHARS, len(reason) * 2 // 3)]
         if reason:
             log.warning("this node cannot train and gives up its rank: %s", reason)
         else:
