@@ -18,7 +18,9 @@ from typing import Any
 from aiohttp import web
 
 from config import ConfigError, Inventory, NodeSettings
+from health import CheckResult, HealthStatus
 from node.election.adoption import AdoptionLog
+from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector
 from node.election.http import (
     ELECTION_DOCS,
@@ -35,7 +37,7 @@ from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import json_error
 from node.training.launcher import TrainingLauncher, launcher_check
-from node.training.rendezvous import RENDEZVOUS_PATH, rendezvous_for
+from node.training.rendezvous import RENDEZVOUS_PATH, RendezvousError, rendezvous_for
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -56,12 +58,21 @@ RENDEZVOUS_SCHEMA = {
         "master_port": {"type": "integer"},
         "backend": {"enum": ["nccl", "gloo"]},
         "generation": {"type": "integer"},
+        "term": {"type": "integer"},
+        "plan_version": {"type": "integer"},
+        "local_rank": {"type": "integer"},
+        "local_world_size": {"type": "integer"},
+        "node_rank": {"type": ["integer", "null"]},
+        "nnodes": {"type": "integer"},
+        "cuda_device": {"type": ["integer", "null"]},
     },
 }
 
 TRAINING_CHECK_INTERVAL_S = 2.0
 CANNOT_TRAIN_REASON_CHARS = 200
 """The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
+CANNOT_TRAIN_MIN_CHARS = 40
+"""...and further, down to this, while the whole meta is too large to gossip."""
 REPLAN_EVENTS = frozenset(
     {
         EventKind.JOINED,
@@ -122,10 +133,23 @@ class ElectionService:
         rendezvous = RouteDoc(
             "GET",
             RENDEZVOUS_PATH,
-            "This node's training rendezvous: rank, world_size, master_addr, master_port, "
-            "backend, generation; ?group=weights&run=R the run's weights group",
-            ((200, "rendezvous"), (404, "no such group"), (409, "this node has no plan yet")),
+            "The training rendezvous of this node's local rank I (default 0): rank (global), "
+            "local_rank, local_world_size, node_rank, nnodes, world_size, master_addr, "
+            "master_port, backend, generation, cuda_device; ?group=weights&run=R the run's "
+            "weights group",
+            (
+                (200, "rendezvous"),
+                (400, "a bad query: local_rank outside this node's local ranks"),
+                (404, "no such group"),
+                (409, "this node has no plan yet"),
+            ),
             parameters=(
+                (
+                    "local_rank",
+                    "query",
+                    "the local rank (training group; default 0)",
+                    {"type": "integer", "minimum": 0},
+                ),
                 ("group", "query", "training or weights", {"enum": ["training", "weights"]}),
                 ("run", "query", "the run, with group=weights", {"type": "string", "pattern": RUN}),
             ),
@@ -135,7 +159,7 @@ class ElectionService:
 
     async def _rendezvous(self, request: web.Request) -> web.Response:
         group = request.query.get("group", "training")
-        unknown = sorted(set(request.query) - {"group", "run"})
+        unknown = sorted(set(request.query) - {"group", "run", "local_rank"})
         if unknown:
             return json_error(
                 400, f"unknown query parameter(s) {', '.join(unknown)}", param=unknown[0]
@@ -148,8 +172,21 @@ class ElectionService:
                 known = ", ".join(["training", *sorted(self.group_handlers)])
                 return json_error(404, f"no group {group!r}; groups are {known}", param="group")
             return await handler(request)
+        text = request.query.get("local_rank", "0")
+        if not text.isdigit():
+            return json_error(
+                400, f"local_rank {text!r} must be an integer >= 0", param="local_rank"
+            )
         plan = self.elector.plan if self.elector is not None else None
-        rendezvous = rendezvous_for(plan, self._runtime.node_id)
+        try:
+            rendezvous = rendezvous_for(
+                plan,
+                self._runtime.node_id,
+                int(text),
+                owns_gpus=bool(self._runtime.owned_gpus),
+            )
+        except RendezvousError as exc:
+            return json_error(400, str(exc), param="local_rank")
         if rendezvous is None:
             return json_error(409, "no role plan yet: no coordinator has published one")
         return web.json_response(rendezvous.to_dict())
@@ -236,6 +273,10 @@ class ElectionService:
                 runtime.health.add_check(
                     "training", launcher_check(launcher), interval_s=TRAINING_CHECK_INTERVAL_S
                 )
+        if runtime.health is not None:
+            runtime.health.add_check(
+                "gpu_claims", self._gpu_claims_check, interval_s=TRAINING_CHECK_INTERVAL_S
+            )
         self._membership = membership
         elector.add_listener(self._on_election_event)
         await self._stack.enter_async_context(elector)
@@ -244,6 +285,26 @@ class ElectionService:
         self._runtime.refreshers.append(self._refresh)
         self._stack.callback(membership.add_listener(self._membership_listener(membership)))
         return elector
+
+    async def _gpu_claims_check(self) -> CheckResult:
+        """Degraded while the applied plan refuses this node a rank because another node claims
+        one of its GPUs (fix `gpus` on one of them); not applicable without GPUs."""
+        runtime = self._runtime
+        plan = self.elector.plan if self.elector is not None else None
+        reason = plan.cannot_train.get(runtime.node_id) if plan is not None else None
+        if reason is not None and reason.startswith("GPU ") and GPU_CLAIMED in reason:
+            return CheckResult(
+                HealthStatus.DEGRADED,
+                f"{reason}: this node gets no training rank; give the nodes on this host "
+                "disjoint `gpus`",
+            )
+        owned = runtime.owned_gpus
+        if not owned:
+            return CheckResult(HealthStatus.NOT_APPLICABLE, "this node owns no GPU")
+        return CheckResult(
+            HealthStatus.HEALTHY,
+            f"owns GPUs {','.join(map(str, owned))}; {runtime.training_nproc} training processes",
+        )
 
     def _membership_listener(self, membership: Membership) -> Callable[[MemberEvent], None]:
         voters = set(self._voter_set.voters)
@@ -279,7 +340,11 @@ class ElectionService:
         if self.elector is not None:
             self._apply_status(self.elector)
             if self._launcher is not None and event.kind is ElectionEventKind.PLAN_ADOPTED:
-                rendezvous = rendezvous_for(self.elector.plan, self._runtime.node_id)
+                rendezvous = rendezvous_for(
+                    self.elector.plan,
+                    self._runtime.node_id,
+                    owns_gpus=bool(self._runtime.owned_gpus),
+                )
                 task = asyncio.create_task(self._launcher.apply(rendezvous))
                 self._launches.add(task)
                 task.add_done_callback(self._launched)
@@ -305,11 +370,16 @@ class ElectionService:
         if membership is None:
             return
         reason = reason[:CANNOT_TRAIN_REASON_CHARS]
-        try:
-            membership.update_meta({CANNOT_TRAIN_META: reason})
-        except MembershipError as exc:
-            log.error("cannot tell the cluster that this node cannot train: %s", exc)
-            return
+        while True:
+            try:
+                membership.update_meta({CANNOT_TRAIN_META: reason})
+                break
+            except MembershipError as exc:
+                if len(reason) <= CANNOT_TRAIN_MIN_CHARS:
+                    log.error("cannot tell the cluster that this node cannot train: %s", exc)
+                    return
+                # the rest of the meta (many GPUs) leaves less room: say less
+                reason = reason[: max(CANNOT_TRAIN_MIN_CHARS, len(reason) * 2 // 3)]
         if reason:
             log.warning("this node cannot train and gives up its rank: %s", reason)
         else:
