@@ -161,7 +161,7 @@ async def test_a_dead_or_stalled_receiver_cannot_hang_the_trainer(
         assert list(result.phases_s) == phases  # every step of the publish, the WAL record last
         assert sum(result.phases_s.values()) <= result.total_s
         for node in ("a", "b"):
-            assert cluster.status(node)["sha256"] == result.sha256  # type: ignore[index]
+            assert cluster.status(node)["digest"] == result.digest.to_dict()  # type: ignore[index]
         for _ in range(ROUNDS):
             version += 1
             result, took = await publish(publisher, version)

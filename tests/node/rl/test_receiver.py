@@ -18,7 +18,7 @@ from node.rl.service import WeightsService
 
 torch = pytest.importorskip("torch")
 
-from node.rl.broadcast import weights_digest  # noqa: E402
+from node.rl.digest import PWS_ALGO, SHA256_ALGO, weights_digest  # noqa: E402
 from node.rl.files import weights_files, write_weights_file  # noqa: E402
 from node.rl.receiver import WeightReceiver  # noqa: E402
 
@@ -91,7 +91,8 @@ async def test_catch_up_loads_the_newest_file_and_reports_it(tmp_path: Path) -> 
         status = service.state("r1").status
         assert status is not None
         assert (status["version"], status["source"]) == (3, "file")
-        assert status["sha256"] == weights_digest(net(3))
+        assert status["digest"] == weights_digest(net(3), SHA256_ALGO).to_dict()
+        assert status["sha256"] == weights_digest(net(3), SHA256_ALGO).value
         assert await asyncio.to_thread(receiver.catch_up, model) is None  # nothing newer
         path = write_weights_file(models, "r1", 4, net(4))
         document = torch.load(path, weights_only=True)
@@ -100,5 +101,33 @@ async def test_catch_up_loads_the_newest_file_and_reports_it(tmp_path: Path) -> 
         with pytest.raises(WeightsError, match="sha256"):
             await asyncio.to_thread(receiver.catch_up, model)
         assert weights_digest(model) == weights_digest(net(3))  # left untouched
+    finally:
+        await server.close()
+
+
+async def test_a_file_keeps_sha256_and_the_publishs_digest_both_checked_on_the_cpu(
+    tmp_path: Path,
+) -> None:
+    urls: dict[str, str] = {}
+    service = WeightsService("g", lambda: PLAN, urls.get, registry=CollectorRegistry())
+    server = await serve(service)
+    urls["g"] = str(server.make_url("")).rstrip("/")
+    models = tmp_path / "models"
+    try:
+        published = weights_digest(net(5), PWS_ALGO)
+        path = write_weights_file(models, "r1", 5, net(5), digest=published)
+        document = torch.load(path, weights_only=True)
+        assert document["sha256"] == weights_digest(net(5), SHA256_ALGO).value
+        assert document["digest"] == published.to_dict()
+        receiver = WeightReceiver("r1", urls["g"], models_dir=models)
+        model = net(99)
+        assert await asyncio.to_thread(receiver.catch_up, model) == 5
+        status = service.state("r1").status
+        assert status is not None
+        assert status["digest"] == published.to_dict()  # what the publisher acknowledges
+        path = write_weights_file(models, "r1", 6, net(6), digest=published)  # not net(6)'s
+        with pytest.raises(WeightsError, match=f"its {PWS_ALGO} digest"):
+            await asyncio.to_thread(receiver.catch_up, model)
+        assert weights_digest(model) == weights_digest(net(5))  # left untouched
     finally:
         await server.close()

@@ -15,6 +15,7 @@ from config import Role
 from node.daemon import NodeDaemon
 from node.election.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+from node.rl.digest import PWS_ALGO, SHA256_ALGO
 from node.rl.group import WeightsRendezvous, weights_port, weights_rendezvous_for
 from node.rl.service import WAL_ENTRY, WeightsService
 from tests.node.daemons import test_settings
@@ -123,6 +124,50 @@ async def test_offers_are_fenced_and_versions_strictly_increase() -> None:
         await server.close()
 
 
+async def test_offers_carry_a_digest_and_the_previous_releases_sha256_is_read_as_one() -> None:
+    """An offer names its weights by `digest`; an offer of the previous release (sha256 alone)
+    is served as digest {algo: sha256} with its sha256 kept for older receivers; a digest of
+    another algo is served without sha256; sha256 beside another digest, or no digest, is 400."""
+    service = WeightsService("b", plan, url_of, registry=CollectorRegistry())
+    server = await serve(service)
+    fence = {FENCE_HEADER: "3.1"}
+    update = str(server.make_url("/v1/weights/update"))
+    try:
+        async with ClientSession() as session:
+
+            async def offered(body: dict[str, Any]) -> dict[str, Any]:
+                async with session.post(update, json=body, headers=fence) as response:
+                    assert response.status == 200, await response.text()
+                after = body["version"] - 1
+                poll = f"/v1/weights/next?run=r1&after={after}&timeout_s=0"
+                async with session.get(server.make_url(poll)) as response:
+                    assert response.status == 200
+                    found: dict[str, Any] = await response.json()
+                    return found
+
+            old = await offered(offer(1))
+            assert old["digest"] == {"algo": SHA256_ALGO, "value": SHA}
+            assert old["sha256"] == SHA
+            pws = {k: v for k, v in offer(2).items() if k != "sha256"}
+            pws["digest"] = {"algo": PWS_ALGO, "value": SHA}
+            new = await offered(pws)
+            assert new["digest"] == {"algo": PWS_ALGO, "value": SHA}
+            assert "sha256" not in new
+            both = await offered({**offer(3), "digest": {"algo": SHA256_ALGO, "value": SHA}})
+            assert (both["digest"]["value"], both["sha256"]) == (SHA, SHA)
+            for bad in (
+                {**pws, "version": 4, "sha256": SHA},
+                {**offer(4), "digest": {"algo": SHA256_ALGO, "value": "cd" * 32}},
+                {k: v for k, v in pws.items() if k != "digest"} | {"version": 4},
+                {**pws, "version": 4, "digest": {"algo": "Bad Algo", "value": SHA}},
+                {**pws, "version": 4, "digest": {"algo": PWS_ALGO, "value": "xyz"}},
+            ):
+                async with session.post(update, json=bad, headers=fence) as response:
+                    assert response.status == 400, bad
+    finally:
+        await server.close()
+
+
 async def test_the_long_poll_wakes_on_an_offer_and_times_out_empty() -> None:
     service = WeightsService("b", plan, url_of, registry=CollectorRegistry())
     server = await serve(service)
@@ -172,9 +217,10 @@ async def test_applied_reports_set_status_metrics_and_the_wal(tmp_path: Path) ->
                 async with session.post(applied, json=report) as response:
                     assert response.status == 200
                 async with session.get(status) as response:
-                    assert await response.json() == {
+                    assert await response.json() == {  # the previous release's report
                         "run": "r1",
                         "version": 4,
+                        "digest": {"algo": "sha256", "value": SHA},
                         "sha256": SHA,
                         "applied_at": 101.5,
                         "source": "broadcast",
@@ -184,12 +230,20 @@ async def test_applied_reports_set_status_metrics_and_the_wal(tmp_path: Path) ->
                     assert response.status == 409
                 async with session.post(applied, json={**report, "source": "x"}) as response:
                     assert response.status == 400
+                pws = {k: v for k, v in report.items() if k != "sha256"}
+                pws |= {"version": 5, "digest": {"algo": PWS_ALGO, "value": SHA}}
+                async with session.post(applied, json=pws) as response:
+                    assert response.status == 200
+                async with session.get(status) as response:
+                    shown = await response.json()
+                    assert shown["digest"] == {"algo": PWS_ALGO, "value": SHA}
+                    assert "sha256" not in shown  # only beside digest algo sha256
         finally:
             await server.close()
         text = generate_latest(registry).decode()
-        assert 'shoal_weights_version{run="r1"} 4.0' in text
-        assert "shoal_weights_update_seconds_count 1.0" in text
-        assert "shoal_weights_update_seconds_sum 1.5" in text
+        assert 'shoal_weights_version{run="r1"} 5.0' in text
+        assert "shoal_weights_update_seconds_count 2.0" in text
+        assert "shoal_weights_update_seconds_sum 3.0" in text
         assert await wal.pending(WAL_ENTRY) == []  # recorded and committed, not left pending
         entry = await wal.get(1)
         assert entry is not None
