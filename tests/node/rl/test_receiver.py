@@ -60,6 +60,7 @@ async def test_wait_fresh_blocks_while_more_than_max_lag_behind() -> None:
             "total_bytes": 0,
             "sha256": "0" * 64,
             "deadline_s": 1.0,
+            "group": {"master_addr": "127.0.0.1", "master_port": 1},
         }
         async with ClientSession() as session:
             url = str(server.make_url("/v1/weights/update"))
@@ -70,6 +71,16 @@ async def test_wait_fresh_blocks_while_more_than_max_lag_behind() -> None:
             await asyncio.to_thread(receiver.wait_fresh, 2, 0.3)
         receiver.version = 3
         assert await asyncio.to_thread(receiver.wait_fresh, 2, 0.3) == 2
+        newer = {**offer, "version": 6, "digest": {"algo": "shoal-pws64-v9", "value": "0" * 64}}
+        del newer["sha256"]
+        async with ClientSession() as session:
+            url = str(server.make_url("/v1/weights/update"))
+            async with session.post(url, json=newer, headers={FENCE_HEADER: "1.1"}) as response:
+                assert response.status == 200
+        with pytest.raises(WeightsError, match="'shoal-pws64-v9' is not known to this release"):
+            # refused before saying ready on the store (none listens at 127.0.0.1:1)
+            await asyncio.to_thread(receiver.receive_into, torch.nn.Linear(1, 1), None, None, 1.0)
+        receiver.close()
     finally:
         await server.close()
 

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,7 +17,14 @@ from node.daemon import NodeDaemon
 from node.election.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.rl.digest import PWS_ALGO, SHA256_ALGO
-from node.rl.group import WeightsRendezvous, weights_port, weights_rendezvous_for
+from node.rl.group import (
+    TensorDevice,
+    WeightsRendezvous,
+    device_of,
+    weights_backend,
+    weights_port,
+    weights_rendezvous_for,
+)
 from node.rl.service import WAL_ENTRY, WeightsService
 from tests.node.daemons import test_settings
 from wal import WriteAheadLog
@@ -311,3 +319,31 @@ async def test_the_weights_routes_refuse_what_their_schema_refuses() -> None:
                 assert response.status == 200  # JSON Schema's integer includes 1.0
     finally:
         await server.close()
+
+
+def test_the_weights_group_uses_nccl_only_for_distinct_known_cuda_devices() -> None:
+    gpu = [TensorDevice("cuda", f"GPU-{i}") for i in range(3)]
+    assert weights_backend(gpu[0], gpu[1:], nccl_available=True) == "nccl"
+    assert weights_backend(gpu[0], gpu[1:], nccl_available=False) == "gloo"
+    assert weights_backend(gpu[0], [gpu[1], gpu[1]], nccl_available=True) == "gloo"  # one GPU
+    assert weights_backend(gpu[0], [gpu[0]], nccl_available=True) == "gloo"
+    assert weights_backend(gpu[0], [gpu[1], TensorDevice("cpu")], nccl_available=True) == "gloo"
+    assert weights_backend(gpu[0], [gpu[1], None], nccl_available=True) == "gloo"  # older
+    assert weights_backend(TensorDevice("cuda"), gpu[1:], nccl_available=True) == "gloo"
+    assert weights_backend(TensorDevice("cpu"), gpu[1:], nccl_available=True) == "gloo"
+    assert weights_backend(gpu[0], [], nccl_available=True) == "gloo"
+
+
+def test_a_ready_key_carries_the_receivers_device() -> None:
+    device = TensorDevice("cuda", "GPU-1")
+    assert TensorDevice.from_ready(device.to_json()) == device
+    assert TensorDevice.from_ready(device.to_json().encode()) == device
+    assert TensorDevice.from_ready(b"1") is None  # the previous release's ready
+    assert TensorDevice.from_ready("{}") is None
+    assert TensorDevice.from_ready('{"device": {"kind": 3}}') is None
+
+
+def test_the_device_of_a_cpu_model_is_the_cpu() -> None:
+    torch = pytest.importorskip("torch")
+    assert device_of(torch.nn.Linear(2, 2)) == TensorDevice("cpu")
+    assert device_of(torch.nn.Identity()) == TensorDevice("cpu")
