@@ -29,7 +29,7 @@ from node.rl.broadcast import (
     describe_params,
     torch_distributed,
 )
-from node.rl.client import call
+from node.rl.client import call, post_digested
 from node.rl.digest import (
     ALGOS,
     PWS_ALGO,
@@ -198,13 +198,14 @@ class WeightPublisher:
         report = {
             "run": self.run,
             "version": version,
-            **digest.fields(),
             "bytes": total,
             "source": "broadcast",
             "receivers": list(acknowledged),
             "sent_at": sent_at,
         }
-        call(self.endpoint, "POST", "/v1/weights/applied", report, timeout_s=self._left(deadline))
+        post_digested(
+            self.endpoint, "/v1/weights/applied", report, digest, timeout_s=self._left(deadline)
+        )
         marks.append(self._clock())
         names = ("offer", "ready", "broadcast", "ack", "file", "record")
         phases = {"prepare": marks[0] - started}
@@ -290,7 +291,6 @@ class WeightPublisher:
             "version": version,
             "params": [p.to_dict() for p in params],
             "total_bytes": sum(p.nbytes for p in params),
-            **digest.fields(),
             "deadline_s": self.deadline_s,
             "sent_at": sent_at,
             "group": {
@@ -303,11 +303,11 @@ class WeightPublisher:
         accepted = []
         for node in rendezvous.receivers:
             try:
-                call(
+                post_digested(
                     self.endpoint,
-                    "POST",
                     "/v1/weights/update",
                     body,
+                    digest,
                     url=rendezvous.urls[node],
                     timeout_s=min(self.endpoint.timeout_s, self._left(deadline)),
                     headers=fence,

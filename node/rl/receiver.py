@@ -17,7 +17,7 @@ from typing import Any
 from config import Timeouts
 from node.errors import PeerRequestError, WeightsError
 from node.rl.broadcast import DEFAULT_BUCKET_BYTES, receive_weights, torch_distributed
-from node.rl.client import call
+from node.rl.client import call, post_digested
 from node.rl.digest import Digest, HostStaging, WeightsDigest, hash_pool
 from node.rl.files import load_weights_file, weights_files
 from node.rl.group import device_of, new_weights_group
@@ -262,13 +262,12 @@ class WeightReceiver:
         report = {
             "run": self.run,
             "version": version,
-            **digest.fields(),
             "bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "source": source,
             "sent_at": sent_at,
         }
         try:
-            call(self.endpoint, "POST", "/v1/weights/applied", report)
+            post_digested(self.endpoint, "/v1/weights/applied", report, digest)
         except PeerRequestError as exc:
             raise WeightsError(f"version {version} applied but not reported: {exc}") from exc
 

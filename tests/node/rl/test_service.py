@@ -4,6 +4,7 @@ metrics, the WAL record, and the weights group at GET /v1/rendezvous?group=weigh
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,16 @@ import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
 
 from config import Role
 from node.daemon import NodeDaemon
 from node.election.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
-from node.rl.digest import PWS_ALGO, SHA256_ALGO
+from node.errors import BodyError, PeerRequestError
+from node.openapi import BODY_CONFIG, parse_body
+from node.rl.client import post_digested
+from node.rl.digest import PWS_ALGO, SHA256_ALGO, Digest
 from node.rl.group import (
     TensorDevice,
     WeightsRendezvous,
@@ -26,6 +31,8 @@ from node.rl.group import (
     weights_rendezvous_for,
 )
 from node.rl.service import WAL_ENTRY, WeightsService
+from node.security import json_error
+from node.training.rendezvous import daemon_endpoint
 from tests.node.daemons import test_settings
 from wal import WriteAheadLog
 
@@ -347,3 +354,50 @@ def test_the_device_of_a_cpu_model_is_the_cpu() -> None:
     torch = pytest.importorskip("torch")
     assert device_of(torch.nn.Linear(2, 2)) == TensorDevice("cpu")
     assert device_of(torch.nn.Identity()) == TensorDevice("cpu")
+
+
+class PreviousReleaseBody(BaseModel):
+    """The previous release's body check: sha256 required, no unknown field."""
+
+    model_config = BODY_CONFIG
+
+    run: str
+    sha256: str
+
+
+async def test_a_sha256_digest_reaches_a_daemon_of_the_previous_release() -> None:
+    received: list[dict[str, Any]] = []
+
+    async def previous(request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            parse_body(PreviousReleaseBody, raw)
+        except BodyError as exc:
+            return json_error(400, exc.reason, param=exc.field.split(".")[0])
+        received.append(json.loads(raw))
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/weights/applied", previous)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    endpoint = daemon_endpoint(str(server.make_url("")).rstrip("/"), env={})
+    try:
+        sha = Digest(SHA256_ALGO, SHA)
+        status, _ = await asyncio.to_thread(
+            post_digested, endpoint, "/v1/weights/applied", {"run": "r1"}, sha
+        )
+        assert status == 200
+        assert received == [{"run": "r1", "sha256": SHA}]  # again, without the digest field
+        with pytest.raises(PeerRequestError, match="HTTP 400") as refused:
+            await asyncio.to_thread(
+                post_digested,
+                endpoint,
+                "/v1/weights/applied",
+                {"run": "r1"},
+                Digest(PWS_ALGO, SHA),
+            )
+        assert refused.value.status == 400  # it cannot check another algo: no retry
+        assert len(received) == 1
+    finally:
+        await server.close()
