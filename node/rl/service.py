@@ -18,7 +18,7 @@ from typing import Any, Literal, Self
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.election.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
 from node.errors import BodyError, NodeError
@@ -47,7 +47,8 @@ _SHA = Field(
     default=None,
     pattern=r"^[0-9a-f]{64}$",
     description="the previous release's digest field (64 lowercase hex digits), read as "
-    "digest {algo: sha256}; sent beside digest only when its algo is sha256",
+    "digest {algo: sha256} when digest is absent; sent beside digest only when its algo is "
+    "sha256",
 )
 _SECONDS = Field(ge=0)
 
@@ -75,11 +76,22 @@ class DigestBody(BaseModel):
     value: str = Field(pattern=r"^[0-9a-f]{16,128}$", description="lowercase hex digits")
 
 
+def _digest_schema(schema: dict[str, Any]) -> None:
+    """The schema of a DigestedBody: `digest` or `sha256` required, neither null (null is
+    read as absent, but a schema-valid body names a digest)."""
+    for name in ("digest", "sha256"):
+        found = schema["properties"][name]
+        (kept,) = [b for b in found.pop("anyOf") if b.get("type") != "null"]
+        found.pop("default", None)
+        found.update(kept)
+    schema["anyOf"] = [{"required": ["digest"]}, {"required": ["sha256"]}]
+
+
 class DigestedBody(BaseModel):
     """A body that names weights by their digest: `digest`, or the previous release's
-    `sha256` alone (read as digest {algo: sha256}); with both, they must agree."""
+    `sha256` alone (read as digest {algo: sha256}); `sha256` beside `digest` is not read."""
 
-    model_config = BODY_CONFIG
+    model_config = BODY_CONFIG | ConfigDict(json_schema_extra=_digest_schema)
 
     digest: DigestBody | None = Field(default=None, description="the weights' digest")
     sha256: str | None = _SHA
@@ -88,11 +100,6 @@ class DigestedBody(BaseModel):
     def _one_digest(self) -> Self:
         if self.digest is None and self.sha256 is None:
             raise ValueError("give digest {algo, value} (or the previous release's sha256)")
-        both = self.digest is not None and self.sha256 is not None
-        if both and self.weights_digest() != Digest(SHA256_ALGO, str(self.sha256)):
-            raise ValueError(
-                "sha256 must equal digest.value and comes only with digest algo sha256"
-            )
         return self
 
     def weights_digest(self) -> Digest:
@@ -101,7 +108,8 @@ class DigestedBody(BaseModel):
         return Digest(SHA256_ALGO, str(self.sha256))
 
     def normalized(self) -> dict[str, Any]:
-        """The body as a dict with `digest` always, `sha256` only beside digest algo sha256."""
+        """The body as a dict with `digest` always, `sha256` (equal to its value) only beside
+        digest algo sha256."""
         dumped = self.model_dump(exclude={"digest", "sha256"})
         return dumped | self.weights_digest().fields()
 

@@ -142,7 +142,7 @@ async def test_offers_are_fenced_and_versions_strictly_increase() -> None:
 async def test_offers_carry_a_digest_and_the_previous_releases_sha256_is_read_as_one() -> None:
     """An offer names its weights by `digest`; an offer of the previous release (sha256 alone)
     is served as digest {algo: sha256} with its sha256 kept for older receivers; a digest of
-    another algo is served without sha256; sha256 beside another digest, or no digest, is 400."""
+    another algo is served without sha256 (a sha256 beside it is not read); no digest is 400."""
     service = WeightsService("b", plan, url_of, registry=CollectorRegistry())
     server = await serve(service)
     fence = {FENCE_HEADER: "3.1"}
@@ -170,12 +170,13 @@ async def test_offers_carry_a_digest_and_the_previous_releases_sha256_is_read_as
             assert "sha256" not in new
             both = await offered({**offer(3), "digest": {"algo": SHA256_ALGO, "value": SHA}})
             assert (both["digest"]["value"], both["sha256"]) == (SHA, SHA)
+            beside = await offered({**pws, "version": 4, "sha256": "cd" * 32})
+            assert beside["digest"] == pws["digest"]  # sha256 is read only without digest
+            assert "sha256" not in beside
             for bad in (
-                {**pws, "version": 4, "sha256": SHA},
-                {**offer(4), "digest": {"algo": SHA256_ALGO, "value": "cd" * 32}},
-                {k: v for k, v in pws.items() if k != "digest"} | {"version": 4},
-                {**pws, "version": 4, "digest": {"algo": "Bad Algo", "value": SHA}},
-                {**pws, "version": 4, "digest": {"algo": PWS_ALGO, "value": "xyz"}},
+                {k: v for k, v in pws.items() if k != "digest"} | {"version": 5},
+                {**pws, "version": 5, "digest": {"algo": "Bad Algo", "value": SHA}},
+                {**pws, "version": 5, "digest": {"algo": PWS_ALGO, "value": "xyz"}},
             ):
                 async with session.post(update, json=bad, headers=fence) as response:
                     assert response.status == 400, bad
