@@ -216,8 +216,10 @@ async def test_a_publish_with_the_device_digest_is_verified_and_acknowledged(
     with WeightPublisher(
         RUN, cluster.urls["t"], deadline_s=30.0, join_s=20.0, digest_algo=PWS_ALGO
     ) as publisher:
+        pools = []
         for version in (1, 2):  # the second reuses the group, the pool and the buffers
             result, _ = await publish(publisher, version)
+            pools.append(publisher._pool)
             assert isinstance(result, PublishResult), result
             assert result.acknowledged == ("a", "b")
             assert result.digest == weights_digest(model_at(version), PWS_ALGO)
@@ -232,6 +234,9 @@ async def test_a_publish_with_the_device_digest_is_verified_and_acknowledged(
             assert announced["backend"] == "gloo"
             ready = TensorDevice.from_ready(store.get(f"{prefix}/ready/a"))
             assert ready == TensorDevice("cpu")
+        assert pools[0] is not None
+        assert pools[1] is pools[0]  # one hash pool for the publisher's life
+    assert publisher._pool is None  # closed with the publisher
 
 
 def test_the_digest_algo_follows_the_weights_device_unless_chosen() -> None:
