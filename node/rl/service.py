@@ -77,8 +77,7 @@ class DigestBody(BaseModel):
 
 
 def _digest_schema(schema: dict[str, Any]) -> None:
-    """The schema of a DigestedBody: `digest` or `sha256` required, neither null (null is
-    read as absent, but a schema-valid body names a digest)."""
+    """The schema of a DigestedBody: `digest` or `sha256` required, neither null."""
     for name in ("digest", "sha256"):
         found = schema["properties"][name]
         (kept,) = [b for b in found.pop("anyOf") if b.get("type") != "null"]
@@ -98,6 +97,9 @@ class DigestedBody(BaseModel):
 
     @model_validator(mode="after")
     def _one_digest(self) -> Self:
+        for name in ("digest", "sha256"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} must not be null: leave it out instead")
         if self.digest is None and self.sha256 is None:
             raise ValueError("give digest {algo, value} (or the previous release's sha256)")
         return self

@@ -177,6 +177,8 @@ async def test_offers_carry_a_digest_and_the_previous_releases_sha256_is_read_as
                 {k: v for k, v in pws.items() if k != "digest"} | {"version": 5},
                 {**pws, "version": 5, "digest": {"algo": "Bad Algo", "value": SHA}},
                 {**pws, "version": 5, "digest": {"algo": PWS_ALGO, "value": "xyz"}},
+                {**pws, "version": 5, "sha256": None},
+                {**offer(5), "digest": None},
             ):
                 async with session.post(update, json=bad, headers=fence) as response:
                     assert response.status == 400, bad
