@@ -1,14 +1,16 @@
 """Pipeline-RL data plane speed, each number beside its baseline from the same run.
 
-1. Publishing a float32 model to 2 receivers over gloo on loopback (WeightPublisher: HTTP
-   handshake through three daemons' weights planes, ready keys, bucketed broadcast, digest
-   checks, acknowledgements, the applied report and its WAL record in the trainer node's
-   durable WAL) vs a bare `broadcast` of the same tensors, one collective per tensor, in 3
-   processes. The issue's figure is 100M parameters;
+1. Weights digest speed (GB/s) of shoal-pws64-v1 beside the previous release's sha256 (on
+   every core), over the same tensors on --device (cpu by default; cuda on a GPU host).
+2. Publishing a float32 model to 2 receivers over gloo on loopback (WeightPublisher with the
+   --digest algo, shoal-pws64-v1 by default: HTTP handshake through three daemons' weights
+   planes, ready keys, bucketed broadcast, digest checks, acknowledgements, the applied report
+   and its WAL record in the trainer node's durable WAL) vs a bare `broadcast` of the same
+   tensors, one collective per tensor, in 3 processes. The issue's figure is 100M parameters;
    this 2-core machine uses 10M by default (--params).
-2. Rollouts consumed per second through RolloutStream from a real daemon's rollouts store.
+3. Rollouts consumed per second through RolloutStream from a real daemon's rollouts store.
 Prints one JSON document. Usage: python bench/rl_bench.py [--params 10000000] [--rounds 5]
-[--rollouts 50000]
+[--rollouts 50000] [--digest shoal-pws64-v1|sha256] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ from config import Role, load_settings  # noqa: E402
 from node.daemon import NodeDaemon  # noqa: E402
 from node.election.plan import GroupSpec, RolePlan  # noqa: E402
 from node.rl.broadcast import torch_distributed  # noqa: E402
+from node.rl.digest import (  # noqa: E402
+    ALGOS,
+    PWS_ALGO,
+    SHA256_ALGO,
+    HostStaging,
+    digest_named,
+    hash_pool,
+)
 from node.rl.group import weights_port  # noqa: E402
 from node.rl.publisher import WeightPublisher  # noqa: E402
 from node.rl.receiver import WeightReceiver  # noqa: E402
@@ -66,8 +76,8 @@ def free_port() -> int:
 
 CONTROL_PHASES = ("offer", "ready", "ack", "record")
 """The phases of a publish that are the handshake, acknowledgements and WAL record (the
-issue's overhead); `prepare` is the trainer's sha256 of the weights, and the broadcast phase
-grows beyond the bare one by the receivers' hashing beside the collective."""
+issue's overhead); `prepare` is the trainer's digest of the weights, and the broadcast phase
+grows beyond the bare one by the receivers' digests beside the collective."""
 
 
 def _ms(seconds: float) -> float:
@@ -129,7 +139,28 @@ def bench_bare(params: int, rounds: int) -> list[float]:
     return list(json.loads(out[0]))
 
 
-def bench_publish(params: int, rounds: int, phases: list[dict[str, float]]) -> list[float]:
+def bench_digest(params: int, rounds: int, device: str) -> dict[str, dict[str, float]]:
+    """GB/s of each digest algo over the bench model's tensors on `device` (median of
+    `rounds` after one warm-up; one pool and one pinned buffer for all, as a publisher)."""
+    named = [(name, p.detach().to(device)) for name, p in model(params).named_parameters()]
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    staging = HostStaging()
+    found: dict[str, dict[str, float]] = {}
+    with hash_pool() as pool:
+        for algo in (PWS_ALGO, SHA256_ALGO):
+            times = []
+            for _ in range(rounds + 1):
+                started = time.perf_counter()
+                digest_named(named, algo, pool=pool, staging=staging)
+                times.append(time.perf_counter() - started)
+            median = statistics.median(times[1:])
+            found[algo] = {"gb_per_s": round(nbytes / median / 1e9, 3), "median_s": median}
+    return found
+
+
+def bench_publish(
+    params: int, rounds: int, phases: list[dict[str, float]], algo: str
+) -> list[float]:
     port = free_port()
     plan = RolePlan(
         term=1,
@@ -185,7 +216,7 @@ def bench_publish(params: int, rounds: int, phases: list[dict[str, float]]) -> l
     ]
     net = model(params)
     times: list[float] = []
-    with WeightPublisher(RUN, urls["t"], deadline_s=120, join_s=60) as publisher:
+    with WeightPublisher(RUN, urls["t"], deadline_s=120, join_s=60, digest_algo=algo) as publisher:
         for version in range(rounds + 1):
             result = publisher.publish(net, version)
             assert result.acknowledged == ("a", "b"), result
@@ -238,6 +269,8 @@ def main() -> None:
     parser.add_argument("--bare-rank", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--receiver")
+    parser.add_argument("--digest", choices=ALGOS, default=PWS_ALGO)
+    parser.add_argument("--device", default="cpu", help="where the digest speed is measured")
     args = parser.parse_args()
     if args.bare_rank is not None:
         bare_rank(args.bare_rank, args.port, args.params, args.rounds)
@@ -245,9 +278,10 @@ def main() -> None:
     if args.receiver is not None:
         receiver_main(args.receiver, args.params, args.rounds)
         return
+    digests = bench_digest(args.params, args.rounds, args.device)
     bare = bench_bare(args.params, args.rounds)
     phases: list[dict[str, float]] = []
-    published = bench_publish(args.params, args.rounds, phases)
+    published = bench_publish(args.params, args.rounds, phases, args.digest)
     rate = asyncio.run(bench_stream(args.rollouts))
     overhead = [p - b for p, b in zip(sorted(published), sorted(bare), strict=True)]
     rounds = phases[1:]  # the first round also forms the group
@@ -259,6 +293,9 @@ def main() -> None:
                 "params": args.params,
                 "bytes": args.params * 4,
                 "receivers": 2,
+                "digest_device": args.device,
+                "digest": digests,
+                "publish_digest": args.digest,
                 "publish_s": {"median": statistics.median(published), "p99": p99(published)},
                 "bare_broadcast_s": {"median": statistics.median(bare), "p99": p99(bare)},
                 "overhead_ratio": statistics.median(published) / bare_median - 1,

@@ -4,7 +4,15 @@ plane, publisher and receiver, rollout streams. torch is imported only where ten
 from __future__ import annotations
 
 from node.rl.backlog import RolloutBacklog
-from node.rl.broadcast import broadcast_weights, receive_weights, weights_digest
+from node.rl.broadcast import broadcast_weights, receive_weights
+from node.rl.digest import (
+    PWS_ALGO,
+    SHA256_ALGO,
+    Digest,
+    HostStaging,
+    WeightsDigest,
+    weights_digest,
+)
 from node.rl.publisher import PublishResult, WeightPublisher
 from node.rl.receiver import WeightReceiver
 from node.rl.service import WeightsService
@@ -12,11 +20,16 @@ from node.rl.stream import RolloutStream, post_rollouts, rollout_record
 from node.rl.versions import check_staleness, make_version_state, stamp_sample
 
 __all__ = [
+    "PWS_ALGO",
+    "SHA256_ALGO",
+    "Digest",
+    "HostStaging",
     "PublishResult",
     "RolloutBacklog",
     "RolloutStream",
     "WeightPublisher",
     "WeightReceiver",
+    "WeightsDigest",
     "WeightsService",
     "broadcast_weights",
     "check_staleness",

@@ -9,23 +9,18 @@ lazily.
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import os
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from node.errors import WeightsError
+from node.rl.digest import WeightsDigest
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 """Bucket size of a broadcast: large enough that per-collective latency stops mattering."""
 ALONE_BYTES = 1024 * 1024
 """A tensor this large is its own bucket, sent and received without a copy."""
-DIGEST_CHUNK_BYTES = 8 * 1024 * 1024
-"""Piece of a parameter's bytes hashed on its own (in parallel with the others)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,59 +49,6 @@ def describe_params(model: Any) -> list[ParamInfo]:
         )
         for name, p in model.named_parameters()
     ]
-
-
-class WeightsDigest:
-    """The weights' sha256, built as parameters are added: sha256 over, per parameter in
-    broadcast order, `name:dtype:shape;` and the sha256 of each DIGEST_CHUNK_BYTES piece of its
-    bytes. The pieces are hashed in `pool` (hashlib lets go of the GIL), so hashing runs on every
-    core and beside whatever the caller does next (a receiver: the next bucket's collective).
-    An added tensor must not change until `hexdigest()` returned."""
-
-    def __init__(self, pool: Executor) -> None:
-        self._pool = pool
-        self._parts: list[tuple[bytes, list[Future[bytes]], Any]] = []
-
-    def add(self, name: str, param: Any) -> None:
-        tensor = param.detach().cpu().contiguous()
-        header = f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode()
-        data = _tensor_bytes(tensor)
-        pieces = [
-            data[at : at + DIGEST_CHUNK_BYTES] for at in range(0, len(data), DIGEST_CHUNK_BYTES)
-        ]
-        futures = [self._pool.submit(_sha256, piece) for piece in pieces or [data]]
-        self._parts.append((header, futures, tensor))  # the tensor keeps its bytes alive
-
-    def hexdigest(self) -> str:
-        digest = hashlib.sha256()
-        for header, futures, _ in self._parts:
-            digest.update(header)
-            for future in futures:
-                digest.update(future.result())
-        return digest.hexdigest()
-
-
-def hash_pool() -> ThreadPoolExecutor:
-    """A pool for WeightsDigest: one thread per core (at most 8); the caller closes it."""
-    return ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="weights-digest")
-
-
-def weights_digest(model: Any) -> str:
-    """The WeightsDigest of `model`'s parameters."""
-    return digest_named(model.named_parameters())
-
-
-def digest_named(named: Iterable[tuple[str, Any]]) -> str:
-    """`weights_digest` of (name, tensor) pairs, hashed on every core."""
-    with hash_pool() as pool:
-        digest = WeightsDigest(pool)
-        for name, param in named:
-            digest.add(name, param)
-        return digest.hexdigest()
-
-
-def _sha256(data: memoryview) -> bytes:
-    return hashlib.sha256(data).digest()
 
 
 def plan_buckets(
@@ -176,7 +118,7 @@ def receive_weights(
 
     The bucket size must match the sender's. WeightsError when the sender's parameter count or
     size differ from this model's (the parameters are then left untouched). With `digest`, each
-    bucket is added to it as soon as it landed, hashed while the next one arrives.
+    bucket is added to it as soon as it landed, summed (or hashed) while the next one arrives.
     """
     torch = _torch()
     names = [name for name, _ in model.named_parameters()]
@@ -235,14 +177,6 @@ def _broadcast(group: Any, tensor: Any, timeout_s: float | None) -> None:
             work.wait(timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise WeightsError(f"weight broadcast failed: {exc}") from exc
-
-
-def _tensor_bytes(tensor: Any) -> memoryview:
-    """A view of a contiguous CPU tensor's bytes (no copy; valid while the tensor lives)."""
-    nbytes = tensor.numel() * tensor.element_size()
-    if nbytes == 0:
-        return memoryview(b"")
-    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 
 
 def _torch() -> Any:

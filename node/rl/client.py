@@ -12,6 +12,7 @@ from typing import Any
 
 from config import signed_headers
 from node.errors import PeerRequestError, PeerTimeoutError, RetryLater
+from node.rl.digest import SHA256_ALGO, Digest
 from node.training.rendezvous import DaemonEndpoint
 from sync import parse_retry_after
 
@@ -65,6 +66,34 @@ def call(
         return status, json.loads(raw)
     except ValueError as exc:
         raise PeerRequestError(where, f"not a JSON answer: {raw[:200]!r}", status) from exc
+
+
+def post_digested(
+    endpoint: DaemonEndpoint,
+    path_qs: str,
+    body: Mapping[str, Any],
+    digest: Digest,
+    *,
+    url: str | None = None,
+    timeout_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, Any]:
+    """POST `body` with `digest`'s fields (Digest.fields). A daemon of the previous release
+    refuses the unknown `digest` field (400, reason "digest: ..."); for a sha256 digest the
+    body then goes once more with the previous release's `sha256` alone, which it reads."""
+    try:
+        return call(
+            endpoint, "POST", path_qs, {**body, **digest.fields()},
+            url=url, timeout_s=timeout_s, headers=headers,
+        )  # fmt: skip
+    except PeerRequestError as exc:
+        older = exc.status == 400 and exc.reason.startswith("digest:")
+        if not older or digest.algo != SHA256_ALGO:
+            raise
+    return call(
+        endpoint, "POST", path_qs, {**body, "sha256": digest.value},
+        url=url, timeout_s=timeout_s, headers=headers,
+    )  # fmt: skip
 
 
 def _reason(raw: bytes) -> str:

@@ -4,10 +4,12 @@ and the receivers' daemon URLs; served at GET /v1/rendezvous?group=weights&run=R
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from node.election.plan import RolePlan
@@ -138,3 +140,77 @@ def gloo_bound_towards(master_addr: str) -> Iterator[None]:
         yield
     finally:
         os.environ.pop("GLOO_SOCKET_IFNAME", None)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDevice:
+    """Where one member's weights live: `kind` "cuda" (with the GPU's UUID when torch knows
+    it) or "cpu" (also: parameters spread over several devices). Receivers send it in their
+    ready key; the publisher picks the group's backend from every member's."""
+
+    kind: str
+    uuid: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"device": {"kind": self.kind, "uuid": self.uuid}})
+
+    @classmethod
+    def from_ready(cls, value: bytes | str) -> TensorDevice | None:
+        """The device in a ready key's value; None for the previous release's "1" or anything
+        malformed (the publisher then uses gloo)."""
+        try:
+            found = json.loads(value)["device"]
+            kind, uuid = found["kind"], found.get("uuid")
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(kind, str) or not (uuid is None or isinstance(uuid, str)):
+            return None
+        return cls(kind, uuid)
+
+
+def device_of(model: Any) -> TensorDevice:
+    """The device of `model`'s parameters: CUDA with its UUID when all are on one CUDA device,
+    "cpu" otherwise (CPU tensors, no parameters, or several devices)."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1:
+        return TensorDevice("cpu")
+    (device,) = devices
+    if device.type != "cuda":
+        return TensorDevice("cpu")
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+    except (RuntimeError, AttributeError, AssertionError):
+        uuid = None
+    return TensorDevice("cuda", uuid or None)
+
+
+def weights_backend(
+    publisher: TensorDevice, receivers: Sequence[TensorDevice | None], nccl_available: bool
+) -> str:
+    """The weights group's backend: "nccl" when NCCL is built in and the publisher's and every
+    receiver's weights are on CUDA devices with known, pairwise distinct UUIDs (NCCL refuses
+    two ranks on one GPU); "gloo" otherwise, also when any device is unknown."""
+    members = [publisher, *receivers]
+    if not nccl_available or not receivers:
+        return "gloo"
+    uuids = [m.uuid if m is not None and m.kind == "cuda" else None for m in members]
+    if any(uuid is None for uuid in uuids) or len(set(uuids)) != len(uuids):
+        return "gloo"
+    return "nccl"
+
+
+def new_weights_group(
+    backend: str, store: Any, rank: int, size: int, timeout: timedelta, master_addr: str
+) -> Any:
+    """A weights process group of `backend` ("gloo" or "nccl") on `store`; RuntimeError from
+    torch when it does not form."""
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    with gloo_bound_towards(master_addr):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,16 +28,33 @@ from node.rl.broadcast import (
     broadcast_weights,
     describe_params,
     torch_distributed,
-    weights_digest,
 )
-from node.rl.client import call
+from node.rl.client import call, post_digested
+from node.rl.digest import (
+    ALGOS,
+    PWS_ALGO,
+    SHA256_ALGO,
+    Digest,
+    HostStaging,
+    digest_named,
+    hash_pool,
+)
 from node.rl.files import write_weights_file
-from node.rl.group import WeightsRendezvous, gloo_bound_towards
+from node.rl.group import (
+    TensorDevice,
+    WeightsRendezvous,
+    device_of,
+    new_weights_group,
+    weights_backend,
+)
 from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
 
 log = logging.getLogger(__name__)
 
 ACK_POLL_S = 0.005
+AUTO_ALGO = "auto"
+"""The publisher's default digest algo: shoal-pws64-v1 when the weights are on CUDA (summed on
+the device), sha256 on the CPU (what receivers of the previous release verify)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +63,7 @@ class PublishResult:
     and how long the broadcast and the whole publish took."""
 
     version: int
-    sha256: str
+    digest: Digest
     acknowledged: tuple[str, ...]
     missing: tuple[str, ...]
     broadcast_s: float
@@ -77,7 +94,8 @@ def fetch_weights_rendezvous(
 
 class WeightPublisher:
     """Publishes a model's weights for `run` from the trainer (weights rank 0). Owns the run's
-    TCPStore server and the weights process group; `close()` releases them."""
+    TCPStore server, the weights process group, the digest's thread pool and its pinned host
+    buffer; `close()` releases them. `digest_algo` is "auto" (AUTO_ALGO) or one of ALGOS."""
 
     def __init__(
         self,
@@ -91,10 +109,16 @@ class WeightPublisher:
         join_s: float | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         keep_files: int = 2,
+        digest_algo: str = AUTO_ALGO,
         timeouts: Timeouts | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if digest_algo != AUTO_ALGO and digest_algo not in ALGOS:
+            raise WeightsError(
+                f"digest_algo {digest_algo!r} is not one of {AUTO_ALGO}, {', '.join(ALGOS)}"
+            )
         self.run = run
+        self.digest_algo = digest_algo
         self.endpoint = daemon_endpoint(daemon_url, secret_file, node_id, timeouts=timeouts)
         self.models_dir = None if models_dir is None else Path(models_dir)
         self.deadline_s = deadline_s
@@ -106,7 +130,10 @@ class WeightPublisher:
         self._store_at: tuple[str, int] | None = None
         self._group: Any = None
         self._members: tuple[str, ...] = ()
+        self._backend = "gloo"
         self._epoch = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._staging = HostStaging()
         self.version = -1
 
     def publish(self, model: Any, version: int) -> PublishResult:
@@ -123,25 +150,30 @@ class WeightPublisher:
                 f"this node is not the publisher of run {self.run!r}: the weights group is "
                 f"{list(rendezvous.members)} (rank 0 publishes)"
             )
-        sha = weights_digest(model)
+        digest = self._digest(model)
         params = describe_params(model)
         sent_at = time.time()
         marks = [self._clock()]
-        offered = self._offer(rendezvous, model, version, sha, params, sent_at, deadline)
+        offered = self._offer(rendezvous, version, digest, params, sent_at, deadline)
         marks.append(self._clock())
         store = self._store_for(rendezvous)
-        ready = self._wait_ready(store, version, offered, min(deadline, started + self.join_s))
+        devices = self._wait_ready(store, version, offered, min(deadline, started + self.join_s))
+        ready = tuple(devices)
         marks.append(self._clock())
         broadcast_s = 0.0
         if ready:
+            dist = torch_distributed()
+            backend = weights_backend(
+                device_of(model), list(devices.values()), bool(dist.is_nccl_available())
+            )
             broadcast_s = self._broadcast(
-                store, model, version, (rendezvous.members[0], *ready), deadline
+                store, model, version, (rendezvous.members[0], *ready), backend, deadline
             )
         marks.append(self._clock())
         # the file is written while the receivers verify and acknowledge (the model does not
         # change before publish returns); a receiver left out catches up from it
-        writer = self._write_file(model, version, sha)
-        acknowledged = self._wait_acks(rendezvous, version, sha, ready, deadline)
+        writer = self._write_file(model, version, digest)
+        acknowledged = self._wait_acks(rendezvous, version, digest, ready, deadline)
         marks.append(self._clock())
         path = None
         if writer is not None:
@@ -166,25 +198,54 @@ class WeightPublisher:
         report = {
             "run": self.run,
             "version": version,
-            "sha256": sha,
             "bytes": total,
             "source": "broadcast",
             "receivers": list(acknowledged),
             "sent_at": sent_at,
         }
-        call(self.endpoint, "POST", "/v1/weights/applied", report, timeout_s=self._left(deadline))
+        post_digested(
+            self.endpoint, "/v1/weights/applied", report, digest, timeout_s=self._left(deadline)
+        )
         marks.append(self._clock())
         names = ("offer", "ready", "broadcast", "ack", "file", "record")
         phases = {"prepare": marks[0] - started}
         phases |= {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
         missing = tuple(node for node in rendezvous.receivers if node not in acknowledged)
         return PublishResult(
-            version, sha, acknowledged, missing, broadcast_s, self._clock() - started, path, phases
+            version,
+            digest,
+            acknowledged,
+            missing,
+            broadcast_s,
+            self._clock() - started,
+            path,
+            phases,
         )
 
     def close(self) -> None:
-        """Drop the process group and the store server; idempotent."""
+        """Drop the process group, the store server and the digest's pool; idempotent."""
+        self._drop_group()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _drop_group(self) -> None:
         self._group, self._members, self._store, self._store_at = None, (), None, None
+
+    def algo_for(self, model: Any) -> str:
+        """The digest algo of a publish of `model`: `digest_algo`, or for "auto" shoal-pws64-v1
+        when any parameter is on CUDA and sha256 otherwise."""
+        if self.digest_algo != AUTO_ALGO:
+            return self.digest_algo
+        on_cuda = any(p.device.type == "cuda" for p in model.parameters())
+        return PWS_ALGO if on_cuda else SHA256_ALGO
+
+    def _digest(self, model: Any) -> Digest:
+        if self._pool is None:
+            self._pool = hash_pool()
+        return digest_named(
+            model.named_parameters(), self.algo_for(model), pool=self._pool, staging=self._staging
+        )
 
     def __enter__(self) -> WeightPublisher:
         return self
@@ -192,7 +253,7 @@ class WeightPublisher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _write_file(self, model: Any, version: int, sha: str) -> Future[Path] | None:
+    def _write_file(self, model: Any, version: int, digest: Digest) -> Future[Path] | None:
         """The weights file of `version`, written in a thread (None without models_dir)."""
         if self.models_dir is None:
             return None
@@ -202,7 +263,7 @@ class WeightPublisher:
         def write() -> None:
             try:
                 path = write_weights_file(
-                    models_dir, self.run, version, model, self.keep_files, sha
+                    models_dir, self.run, version, model, self.keep_files, digest
                 )
             except BaseException as exc:
                 future.set_exception(exc)
@@ -218,9 +279,8 @@ class WeightPublisher:
     def _offer(
         self,
         rendezvous: WeightsRendezvous,
-        model: Any,
         version: int,
-        sha: str,
+        digest: Digest,
         params: list[Any],
         sent_at: float,
         deadline: float,
@@ -231,7 +291,6 @@ class WeightPublisher:
             "version": version,
             "params": [p.to_dict() for p in params],
             "total_bytes": sum(p.nbytes for p in params),
-            "sha256": sha,
             "deadline_s": self.deadline_s,
             "sent_at": sent_at,
             "group": {
@@ -244,11 +303,11 @@ class WeightPublisher:
         accepted = []
         for node in rendezvous.receivers:
             try:
-                call(
+                post_digested(
                     self.endpoint,
-                    "POST",
                     "/v1/weights/update",
                     body,
+                    digest,
                     url=rendezvous.urls[node],
                     timeout_s=min(self.endpoint.timeout_s, self._left(deadline)),
                     headers=fence,
@@ -265,7 +324,7 @@ class WeightPublisher:
         dist = torch_distributed()
         where = (rendezvous.master_addr, rendezvous.master_port)
         if self._store is None or self._store_at != where:
-            self.close()
+            self._drop_group()
             try:
                 self._store = dist.TCPStore(
                     "0.0.0.0",  # noqa: S104 - receivers on every interface reach the store
@@ -284,28 +343,36 @@ class WeightPublisher:
 
     def _wait_ready(
         self, store: Any, version: int, offered: list[str], until: float
-    ) -> tuple[str, ...]:
-        """The offered receivers whose process said ready for `version` before `until`."""
+    ) -> dict[str, TensorDevice | None]:
+        """The offered receivers whose process said ready for `version` before `until`, sorted,
+        each with the device it reported (None: the previous release's ready, or malformed)."""
         prefix = store_key_prefix(self.run)
         keys = {node: f"{prefix}/v{version}/ready/{node}" for node in offered}
         while True:
-            ready = tuple(sorted(n for n, key in keys.items() if store.check([key])))
+            ready = sorted(n for n, key in keys.items() if store.check([key]))
             if len(ready) == len(keys) or self._clock() >= until:
-                return ready
+                return {node: TensorDevice.from_ready(store.get(keys[node])) for node in ready}
             time.sleep(ACK_POLL_S)
 
     def _broadcast(
-        self, store: Any, model: Any, version: int, members: tuple[str, ...], deadline: float
+        self,
+        store: Any,
+        model: Any,
+        version: int,
+        members: tuple[str, ...],
+        backend: str,
+        deadline: float,
     ) -> float:
-        """Announce the members, (re)form the group if they changed, broadcast in a thread that
-        is abandoned at the deadline. Seconds the broadcast took; WeightsError stays inside."""
+        """Announce the members and the backend, (re)form the group if they changed, broadcast
+        in a thread that is abandoned at the deadline. Seconds the broadcast took; WeightsError
+        stays inside."""
         dist = torch_distributed()
         prefix = store_key_prefix(self.run)
-        if members != self._members or self._group is None:
+        if members != self._members or backend != self._backend or self._group is None:
             self._epoch += 1
-            self._group, self._members = None, members
+            self._group, self._members, self._backend = None, members, backend
         epoch = self._epoch
-        announced = {"epoch": epoch, "members": list(members)}
+        announced = {"epoch": epoch, "members": list(members), "backend": backend}
         store.set(f"{prefix}/v{version}/members", json.dumps(announced))
         outcome: dict[str, Any] = {}
         group = self._group
@@ -317,8 +384,9 @@ class WeightPublisher:
                 if group is None:
                     scoped = dist.PrefixStore(f"{prefix}/epoch{epoch}", store)
                     timeout = timedelta(seconds=max(0.1, deadline - self._clock()))
-                    with gloo_bound_towards(master_addr):
-                        group = dist.ProcessGroupGloo(scoped, 0, len(members), timeout)
+                    group = new_weights_group(
+                        backend, scoped, 0, len(members), timeout, master_addr
+                    )
                 broadcast_weights(
                     model,
                     group,
@@ -347,11 +415,12 @@ class WeightPublisher:
         self,
         rendezvous: WeightsRendezvous,
         version: int,
-        sha: str,
+        digest: Digest,
         ready: tuple[str, ...],
         deadline: float,
     ) -> tuple[str, ...]:
-        """The ready receivers whose daemon shows `version` with `sha` applied by the deadline."""
+        """The ready receivers whose daemon shows `version` with `digest` applied (or a newer
+        version) by the deadline."""
         acked: set[str] = set()
         path = f"/v1/weights/status?run={self.run}"
         while True:
@@ -369,7 +438,7 @@ class WeightPublisher:
                 except PeerRequestError:
                     continue
                 if status.get("version", -1) >= version and (
-                    status.get("version") != version or status.get("sha256") == sha
+                    status.get("version") != version or Digest.of_message(status) == digest
                 ):
                     acked.add(node)
             if len(acked) == len(ready) or self._clock() >= deadline:

@@ -9,22 +9,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from config import Timeouts
 from node.errors import PeerRequestError, WeightsError
-from node.rl.broadcast import (
-    DEFAULT_BUCKET_BYTES,
-    WeightsDigest,
-    hash_pool,
-    receive_weights,
-    torch_distributed,
-)
-from node.rl.client import call
+from node.rl.broadcast import DEFAULT_BUCKET_BYTES, receive_weights, torch_distributed
+from node.rl.client import call, post_digested
+from node.rl.digest import Digest, HostStaging, WeightsDigest, hash_pool
 from node.rl.files import load_weights_file, weights_files
-from node.rl.group import gloo_bound_towards
+from node.rl.group import device_of, new_weights_group
 from node.rl.publisher import fetch_weights_rendezvous, store_key_prefix
 from node.training.rendezvous import daemon_endpoint
 
@@ -36,7 +32,8 @@ FRESH_POLL_S = 0.05
 
 class WeightReceiver:
     """Receives `run`'s weights into a model on one inference/self-play node. Owns its client
-    connection to the publisher's store and the weights process group of the current epoch."""
+    connection to the publisher's store, the weights process group of the current epoch, and
+    the digest's thread pool and pinned host buffer (reused by every version)."""
 
     def __init__(
         self,
@@ -61,6 +58,9 @@ class WeightReceiver:
         self._store_at: tuple[str, int] | None = None
         self._group: Any = None
         self._epoch: int | None = None
+        self._backend: str | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._staging = HostStaging()
         self.version = -1
         self._seen = -1
         """The newest offer acted on (received, failed or left out of): never tried twice."""
@@ -88,8 +88,8 @@ class WeightReceiver:
         if not files or files[-1][0] <= self.version:
             return None
         with self._lock:
-            version, sha = load_weights_file(files[-1][1], model)
-        self._applied(model, version, sha, "file", None)
+            version, digest = load_weights_file(files[-1][1], model)
+        self._applied(model, version, digest, "file", None)
         return version
 
     def receive_into(
@@ -102,17 +102,26 @@ class WeightReceiver:
         """Wait up to `timeout_s` for the next offer and receive it into `model`: `pause` runs
         under this receiver's lock before the broadcast, `resume` in `finally`. The new version,
         or None when no offer came or the publisher left this node out (it then catches up from
-        the file). WeightsError when the broadcast fails or the digest does not match."""
+        the file). WeightsError when the broadcast fails, the digest does not match, or the
+        offer's digest algo is unknown to this release (then before saying ready: the
+        publisher leaves this node out and it catches up from the file)."""
         offer = self._next_offer(timeout_s)
         if offer is None:
             return None
         version, group_info = int(offer["version"]), offer.get("group") or {}
         self._seen = version
+        offered = Digest.of_message(offer)
+        if offered is None:
+            raise WeightsError(f"version {version}: the offer names no digest")
+        if self._pool is None:
+            self._pool = hash_pool()
+        # sums (or hashes) each bucket while the next one arrives; refuses an unknown algo
+        digest = WeightsDigest(offered.algo, pool=self._pool, staging=self._staging)
         deadline = self._clock() + float(offer["deadline_s"])
         store = self._store_for(group_info, float(offer["deadline_s"]))
         prefix = str(group_info.get("prefix") or store_key_prefix(self.run))
         node = self.node
-        store.set(f"{prefix}/v{version}/ready/{node}", "1")
+        store.set(f"{prefix}/v{version}/ready/{node}", device_of(model).to_json())
         try:
             store.wait([f"{prefix}/v{version}/members"], timedelta(seconds=self._left(deadline)))
             announced = json.loads(store.get(f"{prefix}/v{version}/members"))
@@ -121,17 +130,17 @@ class WeightReceiver:
                 f"version {version}: the publisher announced no group: {exc}"
             ) from exc
         members, epoch = list(announced["members"]), int(announced["epoch"])
+        backend = str(announced.get("backend", "gloo"))
         if node not in members:
             log.warning("version %s: left out of the broadcast; catching up later", version)
             self.catch_up(model)
             return None
-        with hash_pool() as pool, self._lock:
-            digest = WeightsDigest(pool)  # each bucket is hashed while the next one arrives
+        with self._lock:
             if pause is not None:
                 pause()
             try:
                 group = self._group_for(
-                    store, prefix, epoch, members.index(node), len(members), deadline
+                    store, prefix, epoch, backend, members.index(node), len(members), deadline
                 )
                 received = receive_weights(
                     model,
@@ -146,13 +155,13 @@ class WeightReceiver:
             finally:
                 if resume is not None:
                     resume()
-            sha = digest.hexdigest()
-        if received != version or sha != offer["sha256"]:
+            found = digest.result()
+        if received != version or found != offered:
             raise WeightsError(
-                f"version {version}: received version {received} with sha256 {sha[:12]}, "
-                f"offered {str(offer['sha256'])[:12]}"
+                f"version {version}: received version {received} with {found.algo} digest "
+                f"{found.value[:12]}, offered {offered.value[:12]}"
             )
-        self._applied(model, version, sha, "broadcast", offer.get("sent_at"))
+        self._applied(model, version, found, "broadcast", offer.get("sent_at"))
         return version
 
     def wait_fresh(self, max_lag: int, timeout_s: float = POLL_S) -> int:
@@ -180,7 +189,13 @@ class WeightReceiver:
         return int(offer["version"]) if status == 200 and offer else -1
 
     def close(self) -> None:
-        """Drop the group and the store connection; idempotent."""
+        """Drop the group, the store connection and the digest's pool; idempotent."""
+        self._drop_group()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _drop_group(self) -> None:
         self._group, self._epoch, self._store, self._store_at = None, None, None, None
 
     def __enter__(self) -> WeightReceiver:
@@ -205,7 +220,7 @@ class WeightReceiver:
         dist = torch_distributed()
         where = (str(group_info["master_addr"]), int(group_info["master_port"]))
         if self._store is None or self._store_at != where:
-            self.close()
+            self._drop_group()
             try:
                 self._store = dist.TCPStore(
                     where[0], where[1], None, False, timeout=timedelta(seconds=timeout_s)
@@ -216,35 +231,43 @@ class WeightReceiver:
         return self._store
 
     def _group_for(
-        self, store: Any, prefix: str, epoch: int, rank: int, size: int, deadline: float
+        self,
+        store: Any,
+        prefix: str,
+        epoch: int,
+        backend: str,
+        rank: int,
+        size: int,
+        deadline: float,
     ) -> Any:
-        if self._group is not None and self._epoch == epoch:
+        if self._group is not None and self._epoch == epoch and self._backend == backend:
             return self._group
         dist = torch_distributed()
         scoped = dist.PrefixStore(f"{prefix}/epoch{epoch}", store)
         master_addr = self._store_at[0] if self._store_at is not None else "127.0.0.1"
+        timeout = timedelta(seconds=self._left(deadline))
         try:
-            with gloo_bound_towards(master_addr):
-                group = dist.ProcessGroupGloo(
-                    scoped, rank, size, timedelta(seconds=self._left(deadline))
-                )
+            group = new_weights_group(backend, scoped, rank, size, timeout, master_addr)
         except RuntimeError as exc:
-            raise WeightsError(f"epoch {epoch}: the weights group did not form: {exc}") from exc
-        self._group, self._epoch = group, epoch
+            raise WeightsError(
+                f"epoch {epoch}: the {backend} weights group did not form: {exc}"
+            ) from exc
+        self._group, self._epoch, self._backend = group, epoch, backend
         return group
 
-    def _applied(self, model: Any, version: int, sha: str, source: str, sent_at: object) -> None:
+    def _applied(
+        self, model: Any, version: int, digest: Digest, source: str, sent_at: object
+    ) -> None:
         self.version, self.source = version, source
         report = {
             "run": self.run,
             "version": version,
-            "sha256": sha,
             "bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "source": source,
             "sent_at": sent_at,
         }
         try:
-            call(self.endpoint, "POST", "/v1/weights/applied", report)
+            post_digested(self.endpoint, "/v1/weights/applied", report, digest)
         except PeerRequestError as exc:
             raise WeightsError(f"version {version} applied but not reported: {exc}") from exc
 

@@ -14,15 +14,16 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.election.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
 from node.errors import BodyError, NodeError
 from node.openapi import BODY_CONFIG, Count, RouteDoc, parse_body
+from node.rl.digest import ALGOS, SHA256_ALGO, Digest
 from node.rl.group import weights_rendezvous_for
 from node.security import json_error
 from wal import WriteAheadLog
@@ -42,7 +43,13 @@ _RUN = Field(
     description="the run's name: 1-64 letters, digits, '_', '.' or '-', not starting with "
     "'.', '_' or '-'",
 )
-_SHA = Field(pattern=r"^[0-9a-f]{64}$", description="64 lowercase hex digits")
+_SHA = Field(
+    default=None,
+    pattern=r"^[0-9a-f]{64}$",
+    description="the previous release's digest field (64 lowercase hex digits), read as "
+    "digest {algo: sha256} when digest is absent; sent beside digest only when its algo is "
+    "sha256",
+)
 _SECONDS = Field(ge=0)
 
 
@@ -57,16 +64,65 @@ class ParamBody(BaseModel):
     nbytes: Count
 
 
-class OfferBody(BaseModel):
-    """Body of `POST /v1/weights/update`: a new version's weights on offer."""
+class DigestBody(BaseModel):
+    """A weights digest: the algorithm and its value (docs/gpus.md defines them)."""
 
     model_config = BODY_CONFIG
+
+    algo: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9.-]{0,31}$",
+        description=f"the digest algorithm; this release knows {', '.join(ALGOS)}",
+    )
+    value: str = Field(pattern=r"^[0-9a-f]{16,128}$", description="lowercase hex digits")
+
+
+def _digest_schema(schema: dict[str, Any]) -> None:
+    """The schema of a DigestedBody: `digest` or `sha256` required, neither null."""
+    for name in ("digest", "sha256"):
+        found = schema["properties"][name]
+        (kept,) = [b for b in found.pop("anyOf") if b.get("type") != "null"]
+        found.pop("default", None)
+        found.update(kept)
+    schema["anyOf"] = [{"required": ["digest"]}, {"required": ["sha256"]}]
+
+
+class DigestedBody(BaseModel):
+    """A body that names weights by their digest: `digest`, or the previous release's
+    `sha256` alone (read as digest {algo: sha256}); `sha256` beside `digest` is not read."""
+
+    model_config = BODY_CONFIG | ConfigDict(json_schema_extra=_digest_schema)
+
+    digest: DigestBody | None = Field(default=None, description="the weights' digest")
+    sha256: str | None = _SHA
+
+    @model_validator(mode="after")
+    def _one_digest(self) -> Self:
+        for name in ("digest", "sha256"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} must not be null: leave it out instead")
+        if self.digest is None and self.sha256 is None:
+            raise ValueError("give digest {algo, value} (or the previous release's sha256)")
+        return self
+
+    def weights_digest(self) -> Digest:
+        if self.digest is not None:
+            return Digest(self.digest.algo, self.digest.value)
+        return Digest(SHA256_ALGO, str(self.sha256))
+
+    def normalized(self) -> dict[str, Any]:
+        """The body as a dict with `digest` always, `sha256` (equal to its value) only beside
+        digest algo sha256."""
+        dumped = self.model_dump(exclude={"digest", "sha256"})
+        return dumped | self.weights_digest().fields()
+
+
+class OfferBody(DigestedBody):
+    """Body of `POST /v1/weights/update`: a new version's weights on offer."""
 
     run: str = _RUN
     version: Count = Field(description="the version; strictly increasing per run")
     params: list[ParamBody] = Field(description="every parameter, in broadcast order")
     total_bytes: Count
-    sha256: str = _SHA
     deadline_s: float = Field(ge=0, description="seconds the publisher waits for receivers")
     sent_at: float = Field(default=0, ge=0, description="unix seconds the trainer sent it")
     group: dict[str, Any] | None = Field(
@@ -74,27 +130,30 @@ class OfferBody(BaseModel):
     )
 
 
-class AppliedBody(BaseModel):
+class AppliedBody(DigestedBody):
     """Body of `POST /v1/weights/applied`: the weights a local process applied or published."""
-
-    model_config = BODY_CONFIG
 
     run: str = _RUN
     version: Count
-    sha256: str = _SHA
     bytes: Count
     source: Literal["broadcast", "file"] = Field(description="'broadcast' or 'file'")
     receivers: list[str] = Field(default_factory=list, description="node ids that acknowledged")
     sent_at: float | None = Field(default=None, ge=0, description="unix seconds it was sent")
 
 
+DIGEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["algo", "value"],
+    "properties": {"algo": {"type": "string"}, "value": {"type": "string"}},
+}
 STATUS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["run", "version", "sha256", "applied_at", "source", "bytes"],
+    "required": ["run", "version", "digest", "applied_at", "source", "bytes"],
     "properties": {
         "run": {"type": "string"},
         "version": {"type": "integer"},
-        "sha256": {"type": "string"},
+        "digest": DIGEST_SCHEMA,
+        "sha256": {"type": "string", "description": "only when the digest's algo is sha256"},
         "applied_at": {"type": "number"},
         "source": {"enum": list(SOURCES)},
         "bytes": {"type": "integer"},
@@ -104,13 +163,14 @@ STATUS_SCHEMA: dict[str, Any] = {
 
 OFFER_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["run", "version", "params", "total_bytes", "sha256", "deadline_s", "sent_at"],
+    "required": ["run", "version", "params", "total_bytes", "digest", "deadline_s", "sent_at"],
     "properties": {
         "run": {"type": "string"},
         "version": {"type": "integer"},
         "params": {"type": "array", "items": {"type": "object"}},
         "total_bytes": {"type": "integer"},
-        "sha256": {"type": "string"},
+        "digest": DIGEST_SCHEMA,
+        "sha256": {"type": "string", "description": "only when the digest's algo is sha256"},
         "deadline_s": {"type": "number"},
         "sent_at": {"type": "number"},
         "group": {"type": ["object", "null"]},
@@ -245,7 +305,7 @@ class WeightsService:
             RouteDoc(
                 "GET",
                 "/v1/weights/status",
-                "The weights applied for a run: version, sha256, applied_at, source, bytes",
+                "The weights applied for a run: version, digest, applied_at, source, bytes",
                 ((200, "status"), (400, "malformed"), (404, "no weights for this run")),
                 parameters=(run,),
                 response=STATUS_SCHEMA,
@@ -277,7 +337,7 @@ class WeightsService:
         if not verdict.ok:
             return json_error(409, verdict.reason, code="stale_fence", fence=verdict.to_dict())
         try:
-            offer = parse_body(OfferBody, await request.read()).model_dump()
+            offer = parse_body(OfferBody, await request.read()).normalized()
         except BodyError as exc:
             return json_error(400, exc.reason, param=_param(exc))
         state = self.state(offer["run"])
@@ -322,7 +382,7 @@ class WeightsService:
 
     async def _applied(self, request: web.Request) -> web.Response:
         try:
-            report = parse_body(AppliedBody, await request.read()).model_dump()
+            report = parse_body(AppliedBody, await request.read()).normalized()
         except BodyError as exc:
             return json_error(400, exc.reason, param=_param(exc))
         state = self.state(report["run"])
@@ -337,7 +397,8 @@ class WeightsService:
         status = {
             "run": report["run"],
             "version": report["version"],
-            "sha256": report["sha256"],
+            "digest": report["digest"],
+            **({"sha256": report["sha256"]} if "sha256" in report else {}),
             "applied_at": now,
             "source": report["source"],
             "bytes": report["bytes"],

@@ -15,7 +15,8 @@ from node.rl.broadcast import plan_buckets
 
 torch = pytest.importorskip("torch")
 
-from node.rl.broadcast import broadcast_weights, describe_params, weights_digest  # noqa: E402
+from node.rl.broadcast import broadcast_weights, describe_params  # noqa: E402
+from node.rl.digest import SHA256_ALGO, weights_digest  # noqa: E402
 
 WORKER = Path(__file__).with_name("broadcast_worker.py")
 ROUNDS = 10
@@ -122,9 +123,9 @@ def test_the_digest_hashes_pieces_of_each_parameter_in_order(
 ) -> None:
     import hashlib
 
-    import node.rl.broadcast as broadcast
+    import node.rl.digest as digest
 
-    monkeypatch.setattr(broadcast, "DIGEST_CHUNK_BYTES", 64)
+    monkeypatch.setattr(digest, "DIGEST_CHUNK_BYTES", 64)
     model = torch.nn.Linear(10, 3)  # weight: 120 bytes in 2 pieces, bias: 12 bytes in 1
     expected = hashlib.sha256()
     for name, param in model.named_parameters():
@@ -132,7 +133,7 @@ def test_the_digest_hashes_pieces_of_each_parameter_in_order(
         expected.update(f"{name}:{param.dtype}:{tuple(param.shape)};".encode())
         for at in range(0, len(data), 64):
             expected.update(hashlib.sha256(data[at : at + 64]).digest())
-    assert weights_digest(model) == expected.hexdigest()
+    assert weights_digest(model, SHA256_ALGO).value == expected.hexdigest()
     with torch.no_grad():
         model.weight[-1, -1] += 1.0  # a byte of the last piece of the weight
-    assert weights_digest(model) != expected.hexdigest()
+    assert weights_digest(model, SHA256_ALGO).value != expected.hexdigest()

@@ -5,6 +5,7 @@ names the receiver, the next publish proceeds without it, and it catches up from
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -21,9 +22,10 @@ from prometheus_client import CollectorRegistry
 
 from config import Role
 from node.election.plan import GroupSpec, RolePlan
-from node.errors import PublishTimeout
-from node.rl.group import weights_port
-from node.rl.publisher import PublishResult, WeightPublisher
+from node.errors import PublishTimeout, WeightsError
+from node.rl.digest import PWS_ALGO, SHA256_ALGO, weights_digest
+from node.rl.group import TensorDevice, weights_port
+from node.rl.publisher import PublishResult, WeightPublisher, store_key_prefix
 from node.rl.service import WeightsService
 
 torch = pytest.importorskip("torch")
@@ -161,7 +163,7 @@ async def test_a_dead_or_stalled_receiver_cannot_hang_the_trainer(
         assert list(result.phases_s) == phases  # every step of the publish, the WAL record last
         assert sum(result.phases_s.values()) <= result.total_s
         for node in ("a", "b"):
-            assert cluster.status(node)["sha256"] == result.sha256  # type: ignore[index]
+            assert cluster.status(node)["digest"] == result.digest.to_dict()  # type: ignore[index]
         for _ in range(ROUNDS):
             version += 1
             result, took = await publish(publisher, version)
@@ -199,3 +201,48 @@ async def test_a_dead_or_stalled_receiver_cannot_hang_the_trainer(
                 await wait_started(cluster, "b")
     finally:
         publisher.close()
+
+
+async def test_a_publish_with_the_device_digest_is_verified_and_acknowledged(
+    cluster: Cluster,
+) -> None:
+    """shoal-pws64-v1 end to end: the offer, every receiver's check while buckets land, the
+    acknowledgement by digest; receivers say ready with their device and, all on the CPU, the
+    publisher announces a gloo group."""
+    cluster.start_receiver("a")
+    cluster.start_receiver("b")
+    await wait_started(cluster, "a")
+    await wait_started(cluster, "b")
+    with WeightPublisher(
+        RUN, cluster.urls["t"], deadline_s=30.0, join_s=20.0, digest_algo=PWS_ALGO
+    ) as publisher:
+        pools = []
+        for version in (1, 2):  # the second reuses the group, the pool and the buffers
+            result, _ = await publish(publisher, version)
+            pools.append(publisher._pool)
+            assert isinstance(result, PublishResult), result
+            assert result.acknowledged == ("a", "b")
+            assert result.digest == weights_digest(model_at(version), PWS_ALGO)
+            for node in ("a", "b"):
+                status = cluster.status(node)
+                assert status is not None
+                assert status["digest"] == result.digest.to_dict()
+                assert "sha256" not in status
+            prefix = f"{store_key_prefix(RUN)}/v{version}"
+            store = publisher._store
+            announced = json.loads(store.get(f"{prefix}/members"))
+            assert announced["backend"] == "gloo"
+            ready = TensorDevice.from_ready(store.get(f"{prefix}/ready/a"))
+            assert ready == TensorDevice("cpu")
+        assert pools[0] is not None
+        assert pools[1] is pools[0]  # one hash pool for the publisher's life
+    assert publisher._pool is None  # closed with the publisher
+
+
+def test_the_digest_algo_follows_the_weights_device_unless_chosen() -> None:
+    model = model_at(0)
+    assert WeightPublisher(RUN, "http://127.0.0.1:9").algo_for(model) == SHA256_ALGO
+    chosen = WeightPublisher(RUN, "http://127.0.0.1:9", digest_algo=PWS_ALGO)
+    assert chosen.algo_for(model) == PWS_ALGO
+    with pytest.raises(WeightsError, match="digest_algo 'md5'"):
+        WeightPublisher(RUN, "http://127.0.0.1:9", digest_algo="md5")

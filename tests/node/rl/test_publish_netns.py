@@ -126,7 +126,7 @@ def test_a_dead_or_stalled_receiver_on_another_host_cannot_hang_the_trainer(
         result, took = publish(version)
         assert isinstance(result, PublishResult), result
         assert result.acknowledged == ("a", "b")
-        assert status("b")["sha256"] == result.sha256  # type: ignore[index]
+        assert status("b")["digest"] == result.digest.to_dict()  # type: ignore[index]
         for _ in range(ROUNDS):
             version += 1
             result, took = publish(version)

@@ -4,19 +4,35 @@ metrics, the WAL record, and the weights group at GET /v1/rendezvous?group=weigh
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
 
 from config import Role
 from node.daemon import NodeDaemon
 from node.election.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
-from node.rl.group import WeightsRendezvous, weights_port, weights_rendezvous_for
+from node.errors import BodyError, PeerRequestError
+from node.openapi import BODY_CONFIG, parse_body
+from node.rl.client import post_digested
+from node.rl.digest import PWS_ALGO, SHA256_ALGO, Digest
+from node.rl.group import (
+    TensorDevice,
+    WeightsRendezvous,
+    device_of,
+    weights_backend,
+    weights_port,
+    weights_rendezvous_for,
+)
 from node.rl.service import WAL_ENTRY, WeightsService
+from node.security import json_error
+from node.training.rendezvous import daemon_endpoint
 from tests.node.daemons import test_settings
 from wal import WriteAheadLog
 
@@ -123,6 +139,53 @@ async def test_offers_are_fenced_and_versions_strictly_increase() -> None:
         await server.close()
 
 
+async def test_offers_carry_a_digest_and_the_previous_releases_sha256_is_read_as_one() -> None:
+    """An offer names its weights by `digest`; an offer of the previous release (sha256 alone)
+    is served as digest {algo: sha256} with its sha256 kept for older receivers; a digest of
+    another algo is served without sha256 (a sha256 beside it is not read); no digest is 400."""
+    service = WeightsService("b", plan, url_of, registry=CollectorRegistry())
+    server = await serve(service)
+    fence = {FENCE_HEADER: "3.1"}
+    update = str(server.make_url("/v1/weights/update"))
+    try:
+        async with ClientSession() as session:
+
+            async def offered(body: dict[str, Any]) -> dict[str, Any]:
+                async with session.post(update, json=body, headers=fence) as response:
+                    assert response.status == 200, await response.text()
+                after = body["version"] - 1
+                poll = f"/v1/weights/next?run=r1&after={after}&timeout_s=0"
+                async with session.get(server.make_url(poll)) as response:
+                    assert response.status == 200
+                    found: dict[str, Any] = await response.json()
+                    return found
+
+            old = await offered(offer(1))
+            assert old["digest"] == {"algo": SHA256_ALGO, "value": SHA}
+            assert old["sha256"] == SHA
+            pws = {k: v for k, v in offer(2).items() if k != "sha256"}
+            pws["digest"] = {"algo": PWS_ALGO, "value": SHA}
+            new = await offered(pws)
+            assert new["digest"] == {"algo": PWS_ALGO, "value": SHA}
+            assert "sha256" not in new
+            both = await offered({**offer(3), "digest": {"algo": SHA256_ALGO, "value": SHA}})
+            assert (both["digest"]["value"], both["sha256"]) == (SHA, SHA)
+            beside = await offered({**pws, "version": 4, "sha256": "cd" * 32})
+            assert beside["digest"] == pws["digest"]  # sha256 is read only without digest
+            assert "sha256" not in beside
+            for bad in (
+                {k: v for k, v in pws.items() if k != "digest"} | {"version": 5},
+                {**pws, "version": 5, "digest": {"algo": "Bad Algo", "value": SHA}},
+                {**pws, "version": 5, "digest": {"algo": PWS_ALGO, "value": "xyz"}},
+                {**pws, "version": 5, "sha256": None},
+                {**offer(5), "digest": None},
+            ):
+                async with session.post(update, json=bad, headers=fence) as response:
+                    assert response.status == 400, bad
+    finally:
+        await server.close()
+
+
 async def test_the_long_poll_wakes_on_an_offer_and_times_out_empty() -> None:
     service = WeightsService("b", plan, url_of, registry=CollectorRegistry())
     server = await serve(service)
@@ -172,9 +235,10 @@ async def test_applied_reports_set_status_metrics_and_the_wal(tmp_path: Path) ->
                 async with session.post(applied, json=report) as response:
                     assert response.status == 200
                 async with session.get(status) as response:
-                    assert await response.json() == {
+                    assert await response.json() == {  # the previous release's report
                         "run": "r1",
                         "version": 4,
+                        "digest": {"algo": "sha256", "value": SHA},
                         "sha256": SHA,
                         "applied_at": 101.5,
                         "source": "broadcast",
@@ -184,12 +248,20 @@ async def test_applied_reports_set_status_metrics_and_the_wal(tmp_path: Path) ->
                     assert response.status == 409
                 async with session.post(applied, json={**report, "source": "x"}) as response:
                     assert response.status == 400
+                pws = {k: v for k, v in report.items() if k != "sha256"}
+                pws |= {"version": 5, "digest": {"algo": PWS_ALGO, "value": SHA}}
+                async with session.post(applied, json=pws) as response:
+                    assert response.status == 200
+                async with session.get(status) as response:
+                    shown = await response.json()
+                    assert shown["digest"] == {"algo": PWS_ALGO, "value": SHA}
+                    assert "sha256" not in shown  # only beside digest algo sha256
         finally:
             await server.close()
         text = generate_latest(registry).decode()
-        assert 'shoal_weights_version{run="r1"} 4.0' in text
-        assert "shoal_weights_update_seconds_count 1.0" in text
-        assert "shoal_weights_update_seconds_sum 1.5" in text
+        assert 'shoal_weights_version{run="r1"} 5.0' in text
+        assert "shoal_weights_update_seconds_count 2.0" in text
+        assert "shoal_weights_update_seconds_sum 3.0" in text
         assert await wal.pending(WAL_ENTRY) == []  # recorded and committed, not left pending
         entry = await wal.get(1)
         assert entry is not None
@@ -255,5 +327,80 @@ async def test_the_weights_routes_refuse_what_their_schema_refuses() -> None:
                     assert body["reason"].startswith(f"{param}: ")
             async with session.post(applied, json={**report, "version": 1.0}) as response:
                 assert response.status == 200  # JSON Schema's integer includes 1.0
+    finally:
+        await server.close()
+
+
+def test_the_weights_group_uses_nccl_only_for_distinct_known_cuda_devices() -> None:
+    gpu = [TensorDevice("cuda", f"GPU-{i}") for i in range(3)]
+    assert weights_backend(gpu[0], gpu[1:], nccl_available=True) == "nccl"
+    assert weights_backend(gpu[0], gpu[1:], nccl_available=False) == "gloo"
+    assert weights_backend(gpu[0], [gpu[1], gpu[1]], nccl_available=True) == "gloo"  # one GPU
+    assert weights_backend(gpu[0], [gpu[0]], nccl_available=True) == "gloo"
+    assert weights_backend(gpu[0], [gpu[1], TensorDevice("cpu")], nccl_available=True) == "gloo"
+    assert weights_backend(gpu[0], [gpu[1], None], nccl_available=True) == "gloo"  # older
+    assert weights_backend(TensorDevice("cuda"), gpu[1:], nccl_available=True) == "gloo"
+    assert weights_backend(TensorDevice("cpu"), gpu[1:], nccl_available=True) == "gloo"
+    assert weights_backend(gpu[0], [], nccl_available=True) == "gloo"
+
+
+def test_a_ready_key_carries_the_receivers_device() -> None:
+    device = TensorDevice("cuda", "GPU-1")
+    assert TensorDevice.from_ready(device.to_json()) == device
+    assert TensorDevice.from_ready(device.to_json().encode()) == device
+    assert TensorDevice.from_ready(b"1") is None  # the previous release's ready
+    assert TensorDevice.from_ready("{}") is None
+    assert TensorDevice.from_ready('{"device": {"kind": 3}}') is None
+
+
+def test_the_device_of_a_cpu_model_is_the_cpu() -> None:
+    torch = pytest.importorskip("torch")
+    assert device_of(torch.nn.Linear(2, 2)) == TensorDevice("cpu")
+    assert device_of(torch.nn.Identity()) == TensorDevice("cpu")
+
+
+class PreviousReleaseBody(BaseModel):
+    """The previous release's body check: sha256 required, no unknown field."""
+
+    model_config = BODY_CONFIG
+
+    run: str
+    sha256: str
+
+
+async def test_a_sha256_digest_reaches_a_daemon_of_the_previous_release() -> None:
+    received: list[dict[str, Any]] = []
+
+    async def previous(request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            parse_body(PreviousReleaseBody, raw)
+        except BodyError as exc:
+            return json_error(400, exc.reason, param=exc.field.split(".")[0])
+        received.append(json.loads(raw))
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/weights/applied", previous)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    endpoint = daemon_endpoint(str(server.make_url("")).rstrip("/"), env={})
+    try:
+        sha = Digest(SHA256_ALGO, SHA)
+        status, _ = await asyncio.to_thread(
+            post_digested, endpoint, "/v1/weights/applied", {"run": "r1"}, sha
+        )
+        assert status == 200
+        assert received == [{"run": "r1", "sha256": SHA}]  # again, without the digest field
+        with pytest.raises(PeerRequestError, match="HTTP 400") as refused:
+            await asyncio.to_thread(
+                post_digested,
+                endpoint,
+                "/v1/weights/applied",
+                {"run": "r1"},
+                Digest(PWS_ALGO, SHA),
+            )
+        assert refused.value.status == 400  # it cannot check another algo: no retry
+        assert len(received) == 1
     finally:
         await server.close()
