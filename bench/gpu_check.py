@@ -63,7 +63,7 @@ SMI_COMMAND = (
 )
 TEMPERATURE_TOLERANCE_C = 5.0
 MEMORY_TOLERANCE_MIB = 1.0
-DEVICE_DIGEST = "node.rl:device_digest"
+DEVICE_DIGEST = "node.rl.digest:weights_digest"
 """Where the device digest lives (MODULE:NAME): called with a model whose parameters are on
 the GPU, it returns the weights' digest computed there; --device-digest overrides it."""
 BROADCAST_FUNCTIONS = ("bench_bare", "bench_publish")

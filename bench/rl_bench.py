@@ -59,11 +59,15 @@ dist = torch_distributed()
 TENSORS = 20
 
 
-def model(params: int) -> torch.nn.Module:
-    """`params` float32 parameters in TENSORS tensors of equal size."""
+def model(params: int, *, device: str = "cpu", dtype: str = "float32") -> torch.nn.Module:
+    """`params` parameters of `dtype` on `device` in TENSORS tensors of equal size."""
     torch.manual_seed(0)
+    kind = getattr(torch, dtype)
     net = torch.nn.ParameterList(
-        [torch.nn.Parameter(torch.randn(params // TENSORS)) for _ in range(TENSORS)]
+        [
+            torch.nn.Parameter(torch.randn(params // TENSORS).to(device=device, dtype=kind))
+            for _ in range(TENSORS)
+        ]
     )
     return net
 
@@ -89,10 +93,10 @@ def p99(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def bare_rank(rank: int, port: int, params: int, rounds: int) -> None:
+def bare_rank(rank: int, port: int, params: int, rounds: int, device: str, dtype: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, 3, rank == 0, timeout=timedelta(seconds=120))
     group = dist.ProcessGroupGloo(dist.PrefixStore("bare", store), rank, 3, timedelta(seconds=120))
-    tensors = [p.data for p in model(params).parameters()]
+    tensors = [p.data for p in model(params, device=device, dtype=dtype).parameters()]
     times = []
     for _ in range(rounds + 1):
         group.barrier().wait()
@@ -105,8 +109,8 @@ def bare_rank(rank: int, port: int, params: int, rounds: int) -> None:
         print(json.dumps(times[1:]))
 
 
-def receiver_main(url: str, params: int, rounds: int) -> None:
-    net = model(params)
+def receiver_main(url: str, params: int, rounds: int, device: str, dtype: str) -> None:
+    net = model(params, device=device, dtype=dtype)
     receiver = WeightReceiver(RUN, url)
     got = 0
     while got < rounds + 1:
@@ -114,7 +118,10 @@ def receiver_main(url: str, params: int, rounds: int) -> None:
             got += 1
 
 
-def bench_bare(params: int, rounds: int) -> list[float]:
+def bench_bare(
+    params: int, rounds: int, *, device: str = "cpu", dtype: str = "float32"
+) -> list[float]:
+    """Per-round seconds of a bare per-tensor gloo broadcast from rank 0 to 2 receivers."""
     port = free_port()
     procs = [
         subprocess.Popen(
@@ -129,6 +136,10 @@ def bench_bare(params: int, rounds: int) -> list[float]:
                 str(params),
                 "--rounds",
                 str(rounds),
+                "--device",
+                device,
+                "--dtype",
+                dtype,
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -159,8 +170,16 @@ def bench_digest(params: int, rounds: int, device: str) -> dict[str, dict[str, f
 
 
 def bench_publish(
-    params: int, rounds: int, phases: list[dict[str, float]], algo: str
+    params: int,
+    rounds: int,
+    phases: list[dict[str, float]],
+    algo: str = "auto",
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> list[float]:
+    """Per-round seconds of shoal's publish (digest, offer, broadcast, acks, WAL record) of the
+    same tensors to 2 receivers; `phases` gets each round's phase split."""
     port = free_port()
     plan = RolePlan(
         term=1,
@@ -210,11 +229,15 @@ def bench_publish(
                 str(params),
                 "--rounds",
                 str(rounds),
+                "--device",
+                device,
+                "--dtype",
+                dtype,
             ],
         )
         for node in ("a", "b")
     ]
-    net = model(params)
+    net = model(params, device=device, dtype=dtype)
     times: list[float] = []
     with WeightPublisher(RUN, urls["t"], deadline_s=120, join_s=60, digest_algo=algo) as publisher:
         for version in range(rounds + 1):
@@ -269,19 +292,22 @@ def main() -> None:
     parser.add_argument("--bare-rank", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--receiver")
-    parser.add_argument("--digest", choices=ALGOS, default=PWS_ALGO)
-    parser.add_argument("--device", default="cpu", help="where the digest speed is measured")
+    parser.add_argument("--digest", choices=(*ALGOS, "auto"), default=PWS_ALGO)
+    parser.add_argument("--device", default="cpu", help="where the weights live: cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
     if args.bare_rank is not None:
-        bare_rank(args.bare_rank, args.port, args.params, args.rounds)
+        bare_rank(args.bare_rank, args.port, args.params, args.rounds, args.device, args.dtype)
         return
     if args.receiver is not None:
-        receiver_main(args.receiver, args.params, args.rounds)
+        receiver_main(args.receiver, args.params, args.rounds, args.device, args.dtype)
         return
     digests = bench_digest(args.params, args.rounds, args.device)
-    bare = bench_bare(args.params, args.rounds)
+    bare = bench_bare(args.params, args.rounds, device=args.device, dtype=args.dtype)
     phases: list[dict[str, float]] = []
-    published = bench_publish(args.params, args.rounds, phases, args.digest)
+    published = bench_publish(
+        args.params, args.rounds, phases, args.digest, device=args.device, dtype=args.dtype
+    )
     rate = asyncio.run(bench_stream(args.rollouts))
     overhead = [p - b for p, b in zip(sorted(published), sorted(bare), strict=True)]
     rounds = phases[1:]  # the first round also forms the group
@@ -291,7 +317,8 @@ def main() -> None:
         json.dumps(
             {
                 "params": args.params,
-                "bytes": args.params * 4,
+                "bytes": args.params * (2 if args.dtype == "bfloat16" else 4),
+                "dtype": args.dtype,
                 "receivers": 2,
                 "digest_device": args.device,
                 "digest": digests,
