@@ -139,7 +139,8 @@ def demo(
 ) -> None:
     """Train a toy policy with in-flight weight updates on a local cluster (or the nodes given
     with --node), printing JSON lines {step, version, samples, dropped_stale, max_lag_seen,
-    reward_mean, broadcast_ms}, then {final_version, weights_sha256}."""
+    reward_mean, broadcast_ms}, then {final_version, weights_sha256, weights_digest}
+    (weights_sha256 is null where the weights' digest is not sha256, e.g. on GPUs)."""
     warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
     from node.rl.demo import train
 
@@ -200,11 +201,13 @@ def demo(
             before_step,
         )
         time.sleep(1.0)  # the last acknowledgements are in; read every node's status
-        shas = {
-            name: (_get(f"{url}/v1/weights/status?run={RUN}") or {}).get("sha256")
-            for name, url in urls.items()
+        statuses = {
+            name: _get(f"{url}/v1/weights/status?run={RUN}") or {} for name, url in urls.items()
         }
-        print(json.dumps({"final_version": final, "weights_sha256": shas}), flush=True)
+        shas = {name: status.get("sha256") for name, status in statuses.items()}
+        digests = {name: status.get("digest") for name, status in statuses.items()}
+        final_line = {"final_version": final, "weights_sha256": shas, "weights_digest": digests}
+        print(json.dumps(final_line), flush=True)
     finally:
         for process in [*generators.values(), *daemons]:
             if process.poll() is None:

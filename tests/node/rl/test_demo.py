@@ -48,10 +48,12 @@ def test_the_demo_trains_and_every_node_ends_with_the_same_weights() -> None:
         assert line["max_lag_seen"] <= 2
     final = lines[-1]
     assert final["final_version"] == STEPS
-    shas = final["weights_sha256"]
-    assert sorted(shas) == ["rl-1", "rl-2"]
-    assert shas["rl-1"] is not None
-    assert shas["rl-1"] == shas["rl-2"]
+    digests = final["weights_digest"]  # sha256 on CPUs, shoal-pws64-v1 on GPUs
+    assert sorted(digests) == ["rl-1", "rl-2"]
+    assert digests["rl-1"] is not None
+    assert digests["rl-1"]["value"]
+    assert digests["rl-1"] == digests["rl-2"]
+    assert sorted(final["weights_sha256"]) == ["rl-1", "rl-2"]
 
 
 @pytest.mark.timeout(300)
@@ -68,10 +70,12 @@ def test_the_demo_runs_on_existing_nodes_given_with_node(tmp_path: Path) -> None
         assert [line["step"] for line in steps] == list(range(1, STEPS + 1))
         final = lines[-1]
         assert final["final_version"] == STEPS
-        shas = final["weights_sha256"]
-        assert sorted(shas) == ["rl-1", "rl-2"]
-        assert shas["rl-1"] is not None
-        assert shas["rl-1"] == shas["rl-2"]
+        digests = final["weights_digest"]  # sha256 on CPUs, shoal-pws64-v1 on GPUs
+        assert sorted(digests) == ["rl-1", "rl-2"]
+        assert digests["rl-1"] is not None
+        assert digests["rl-1"]["value"]
+        assert digests["rl-1"] == digests["rl-2"]
+        assert sorted(final["weights_sha256"]) == ["rl-1", "rl-2"]
         assert all(daemon.poll() is None for daemon in daemons)  # used, not started or stopped
     finally:
         for daemon in daemons:
