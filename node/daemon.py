@@ -70,6 +70,7 @@ from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.tasks.registry import open_actor_routes
+from node.ui import Dashboard, UiSources, dashboard_access
 from sync import (
     BUILTIN_SCHEMAS,
     ROLLOUTS_SCHEMA,
@@ -413,10 +414,26 @@ class NodeDaemon:
             lambda: stores.get(ROLLOUTS_SCHEMA.name),
             registry=runtime.metrics.registry if runtime.metrics is not None else None,
         )
+        dashboard = Dashboard(
+            dashboard_access(runtime.settings, secrets.cluster),
+            UiSources(
+                runtime,
+                lambda: election.elector.plan if election.elector is not None else None,
+                jobs.service,
+                sync_service,
+                weights,
+                backlog,
+                locks,
+            ),
+        )
+        await dashboard.open()
+        self._stack.push_async_callback(dashboard.close)
         app = build_app(
             runtime,
             policy,
+            gates=[dashboard.middleware],
             extra_routes=[
+                *dashboard.routes(),
                 *record_routes(
                     stores, runtime.node_id, on_ingest=ingest_counter(runtime), gate=backlog
                 ),
@@ -430,6 +447,7 @@ class NodeDaemon:
                 *backlog.routes(),
             ],
             extra_docs=[
+                *dashboard.docs(),
                 *(
                     RouteDoc(**doc)
                     for doc in record_route_docs(
@@ -457,6 +475,7 @@ class NodeDaemon:
         )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
+        self._stack.push_async_callback(dashboard.close)  # open event streams end first
         site = web.TCPSite(runner, runtime.settings.bind, runtime.settings.port)
         try:
             await site.start()
