@@ -47,7 +47,7 @@ function ago(epoch) {
 function table(caption, headers, rows, rowAttrs = () => ({})) {
   const head = el("tr", {}, headers.map((h) => el("th", { scope: "col" }, h)));
   const body = rows.map((row, i) => el("tr", rowAttrs(row, i), row.cells.map((c) => el("td", {}, c))));
-  return el("div", { class: "scroll" },
+  return el("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": caption },
     el("table", {}, el("caption", { class: "muted" }, caption), el("thead", {}, head), el("tbody", {}, body)));
 }
 
@@ -168,11 +168,12 @@ function renderSync(data) {
   const sync = data.sync || {};
   const p = sync.progress || { files_total: 0, files_done: 0, bytes_total: 0, bytes_done: 0 };
   const last = sync.last_run || {};
-  const categories = new Set([...Object.keys(sync.deletions || {}), ...Object.keys(sync.fanout || {})]);
+  const files = last.files || {};
+  const categories = new Set([...Object.keys(sync.deletions || {}), ...Object.keys(sync.fanout || {}), ...Object.keys(files)]);
   const rows = [...categories].sort().map((c) => {
     const fan = (sync.fanout || {})[c] || {}, del = (sync.deletions || {})[c] || {};
-    const stats = ((last.category_stats || last.categories || {})[c]) || {};
-    return { cells: [c, text(stats.files_transferred), bytes(stats.bytes_transferred), bytes(fan.served_bytes), text(del.policy), text(del.tombstones)] };
+    const stats = files[c] || {};
+    return { category: c, cells: [c, text(stats.files_transferred), bytes(stats.bytes_transferred), bytes(fan.served_bytes), text(stats.deleted), text(del.policy), text(del.tombstones)] };
   });
   return [
     el("div", { class: "cards" }, card("Running", sync.running ? "yes" : "no"),
@@ -183,7 +184,8 @@ function renderSync(data) {
     el("progress", { id: "sync-progress", max: String(p.bytes_total || 1), value: String(p.bytes_done), "data-bytes": String(p.bytes_done) }),
     sparkline("bytes done", ((data.history || {}).samples || []), "sync_bytes_done"),
     el("h2", {}, "Categories"),
-    table("Per category: last run, bytes served to peers, deletions", ["Category", "Files (last run)", "Bytes (last run)", "Served to peers", "Deletions", "Tombstones"], rows),
+    table("Per category: last run, bytes served to peers, deletions", ["Category", "Files (last run)", "Bytes (last run)", "Served to peers", "Deleted (last run)", "Deletions", "Tombstones"],
+      rows, (row) => ({ "data-category": row.category })),
   ];
 }
 

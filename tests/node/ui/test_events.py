@@ -95,7 +95,10 @@ async def test_a_job_log_is_followed_from_its_tail(
     _, _, server, logs = served
     (logs / "stdout.log").write_bytes(b"x" * (LOG_TAIL_BYTES + 10) + b"\nold line\n")
     url = server.make_url("/v1/events?topics=log:job1")
-    async with ClientSession(timeout=ClientTimeout(total=10)) as session, session.get(url) as answer:
+    async with (
+        ClientSession(timeout=ClientTimeout(total=10)) as session,
+        session.get(url) as answer,
+    ):
         (_, _), (name, chunk) = await _events(answer, 2)
         assert name == "log" and chunk["stream"] == "stdout"
         assert chunk["text"].endswith("old line\n") and len(chunk["text"]) == LOG_TAIL_BYTES
