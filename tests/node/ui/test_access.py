@@ -83,12 +83,16 @@ async def test_login_cookie_and_401_without_it(tmp_path: Path) -> None:
             async with session.get(f"{base}/ui/login") as answer:
                 page = await answer.text()
                 assert answer.status == 200
-                assert 'name="token"' in page and "{{" not in page
+                assert 'name="token"' in page
+                assert "{{" not in page
             status, cookie, page = await _login(session, base, "wrong-" + TOKEN)
-            assert status == 401 and cookie == ""
-            assert "Wrong token" in page and TOKEN not in page
+            assert status == 401
+            assert cookie == ""
+            assert "Wrong token" in page
+            assert TOKEN not in page
             status, cookie, page = await _login(session, base, TOKEN)
-            assert status == 303 and TOKEN not in page
+            assert status == 303
+            assert TOKEN not in page
             assert cookie.startswith(f"{COOKIE_NAME}=")
             attributes = {part.strip().lower() for part in cookie.split(";")}
             assert {"httponly", "samesite=strict", "path=/"} <= attributes
@@ -108,9 +112,12 @@ async def test_login_cookie_and_401_without_it(tmp_path: Path) -> None:
             async with session.post(f"{base}/v1/jobs", headers=headers, json={}) as answer:
                 assert answer.status == 401
         signer = signing_middleware(SECRET, "cli-tester")
-        async with ClientSession(middlewares=(signer,), timeout=ClientTimeout(total=10)) as signed:
-            async with signed.get(f"{base}{events}") as answer:
-                assert answer.status == 200  # a signed client reads the stream too
+        timeout = ClientTimeout(total=10)
+        async with (
+            ClientSession(middlewares=(signer,), timeout=timeout) as signed,
+            signed.get(f"{base}{events}") as answer,
+        ):
+            assert answer.status == 200  # a signed client reads the stream too
 
 
 async def test_security_headers_on_every_dashboard_answer(tmp_path: Path) -> None:
@@ -119,7 +126,8 @@ async def test_security_headers_on_every_dashboard_answer(tmp_path: Path) -> Non
             async with session.get(f"{base}{path}") as answer:
                 assert answer.status == 200, path
                 csp = answer.headers["Content-Security-Policy"]
-                assert "script-src 'self'" in csp and "unsafe-inline" not in csp, path
+                assert "script-src 'self'" in csp, path
+                assert "unsafe-inline" not in csp, path
                 assert "frame-ancestors 'none'" in csp, path
                 assert answer.headers["X-Frame-Options"] == "DENY", path
                 assert answer.headers["X-Content-Type-Options"] == "nosniff", path
@@ -135,13 +143,16 @@ async def test_security_headers_on_every_dashboard_answer(tmp_path: Path) -> Non
 
 async def test_with_a_secret_and_no_token_the_dashboard_is_off(tmp_path: Path) -> None:
     secret, _ = _secret_files(tmp_path)
-    async with _node(tmp_path, secret_file=secret) as base:
-        async with ClientSession(timeout=ClientTimeout(total=10)) as session:
-            status, cookie, page = await _login(session, base, "anything-at-all-0123")
-            assert status == 401 and cookie == ""
-            assert "has no ui_token_file" in page
-            async with session.get(f"{base}/v1/events?topics=status") as answer:
-                assert answer.status == 401
+    async with (
+        _node(tmp_path, secret_file=secret) as base,
+        ClientSession(timeout=ClientTimeout(total=10)) as session,
+    ):
+        status, cookie, page = await _login(session, base, "anything-at-all-0123")
+        assert status == 401
+        assert cookie == ""
+        assert "has no ui_token_file" in page
+        async with session.get(f"{base}/v1/events?topics=status") as answer:
+            assert answer.status == 401
 
 
 def test_the_pages_hold_no_inline_script_or_handler() -> None:
@@ -152,4 +163,5 @@ def test_the_pages_hold_no_inline_script_or_handler() -> None:
         assert re.search(r"\son[a-z]+=", text) is None, page
         assert "style=" not in text, page
     script = (static / "app.js").read_text()
-    assert "innerHTML" not in script and "eval(" not in script
+    assert "innerHTML" not in script
+    assert "eval(" not in script

@@ -156,18 +156,22 @@ def test_login_refuses_a_wrong_token_and_data_routes_answer_401_without_the_cook
     with urllib.request.urlopen(cluster.url(1, "/ui/"), timeout=5) as answer:  # to the login
         assert answer.url.endswith("/ui/login")
         csp = answer.headers["Content-Security-Policy"]
-        assert "script-src 'self'" in csp and "unsafe-inline" not in csp
-        assert "frame-ancestors 'none'" in csp and answer.headers["X-Frame-Options"] == "DENY"
+        assert "script-src 'self'" in csp
+        assert "unsafe-inline" not in csp
+        assert "frame-ancestors 'none'" in csp
+        assert answer.headers["X-Frame-Options"] == "DENY"
     browser.delete_all_cookies()
     _log_in(browser, cluster, "not-the-token")
     message = until(lambda: browser.find_element(By.ID, "message").text, 10, "the refusal")
     assert "Wrong token" in message
-    assert "/ui/login" in browser.current_url and not browser.get_cookies()
+    assert "/ui/login" in browser.current_url
+    assert not browser.get_cookies()
     screenshot(browser, tmp_path, "login-refused")
     _log_in(browser, cluster)
     until(lambda: browser.find_element(By.ID, "live").text == "live", 15, "the dashboard")
     (cookie,) = browser.get_cookies()
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["httpOnly"]
+    assert cookie["sameSite"] == "Strict"
     assert TOKEN not in browser.page_source
 
 
@@ -261,8 +265,10 @@ def test_the_sync_page_shows_a_transfers_bytes_rising(
     until(bytes_shown, 90, "every byte of the sync shown")
     runner.join(timeout=60)
     print(f"bytes shown while syncing: {seen}")
-    assert answers and answers[0]["files"]["models"]["bytes_transferred"] == total, answers
-    assert len(seen) >= 2 and seen == sorted(seen), seen
+    assert answers, "the sync run did not answer"
+    assert answers[0]["files"]["models"]["bytes_transferred"] == total, answers
+    assert len(seen) >= 2, seen
+    assert seen == sorted(seen), seen
     row = "tr[data-category='models']"
     until(lambda: "16.0 MiB" in browser.find_element(By.CSS_SELECTOR, row).text, 10, "the run")
 

@@ -100,8 +100,10 @@ async def test_a_job_log_is_followed_from_its_tail(
         session.get(url) as answer,
     ):
         (_, _), (name, chunk) = await _events(answer, 2)
-        assert name == "log" and chunk["stream"] == "stdout"
-        assert chunk["text"].endswith("old line\n") and len(chunk["text"]) == LOG_TAIL_BYTES
+        assert name == "log"
+        assert chunk["stream"] == "stdout"
+        assert chunk["text"].endswith("old line\n")
+        assert len(chunk["text"]) == LOG_TAIL_BYTES
         with (logs / "stderr.log").open("a") as err:
             err.write("new error\n")
         with (logs / "stdout.log").open("a") as out:
@@ -121,18 +123,21 @@ async def test_bad_topics_are_refused(
     served: tuple[EventHub, Counter, TestServer, Path], topics: str, status: int
 ) -> None:
     _, _, server, _ = served
-    async with ClientSession() as session:
-        async with session.get(server.make_url(f"/v1/events?topics={topics}")) as answer:
-            assert answer.status == status
-            assert (await answer.json())["status"] == status
+    url = server.make_url(f"/v1/events?topics={topics}")
+    async with ClientSession() as session, session.get(url) as answer:
+        assert answer.status == status
+        assert (await answer.json())["status"] == status
 
 
 async def test_close_ends_the_open_streams(
     served: tuple[EventHub, Counter, TestServer, Path],
 ) -> None:
     hub, _, server, _ = served
-    async with ClientSession(timeout=ClientTimeout(total=10)) as session:
-        async with session.get(server.make_url("/v1/events?topics=counter")) as answer:
-            await _events(answer, 2)
-            await hub.close()
-            assert (await answer.content.read()).strip() == b""  # the stream ended
+    url = server.make_url("/v1/events?topics=counter")
+    async with (
+        ClientSession(timeout=ClientTimeout(total=10)) as session,
+        session.get(url) as answer,
+    ):
+        await _events(answer, 2)
+        await hub.close()
+        assert (await answer.content.read()).strip() == b""  # the stream ended
