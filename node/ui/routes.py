@@ -128,65 +128,69 @@ class DashboardRoutes:
         raise response
 
 
+PAGE: dict[str, Any] = {"type": "string"}
+PAGE_DOCS = (
+    RouteDoc(
+        "GET",
+        UI_PREFIX,
+        "The web dashboard (HTML; its data comes from /v1/events); redirects to the login "
+        "page without a session",
+        ((200, "the page"), (303, "log in first")),
+        authenticated=False,
+        response=PAGE,
+        response_type=HTML,
+    ),
+    RouteDoc(
+        "GET",
+        LOGIN_PATH,
+        "The dashboard's login page (asks for the read token of ui_token_file)",
+        ((200, "the page"), (303, "no login needed on this node")),
+        authenticated=False,
+        response=PAGE,
+        response_type=HTML,
+    ),
+    RouteDoc(
+        "POST",
+        LOGIN_PATH,
+        "Exchange the read token (form field `token`) for an HttpOnly, SameSite=Strict "
+        "session cookie",
+        ((303, "logged in: go to the dashboard"), (401, "wrong token or no ui_token_file")),
+        authenticated=False,
+        body={"type": "string"},
+        body_types=("application/x-www-form-urlencoded",),
+    ),
+    RouteDoc(
+        "GET",
+        ASSETS_PREFIX + "{name}",
+        "A static file of the dashboard (script, style sheet), shipped in the package",
+        ((200, "the file"), (404, "no such file")),
+        authenticated=False,
+        parameters=(("name", "path", "The file's name"),),
+        response=PAGE,
+        response_type="text/plain",
+    ),
+)
+"""The OpenAPI entries of the page, the login and the assets (none holds data)."""
+
+
 def dashboard_docs(topics: tuple[str, ...]) -> list[RouteDoc]:
-    """The OpenAPI entries of the dashboard's routes."""
-    page: dict[str, Any] = {"type": "string"}
-    return [
-        RouteDoc(
-            "GET",
-            UI_PREFIX,
-            "The web dashboard (HTML; its data comes from /v1/events); redirects to the login "
-            "page without a session",
-            ((200, "the page"), (303, "log in first")),
-            authenticated=False,
-            response=page,
-            response_type=HTML,
-        ),
-        RouteDoc(
-            "GET",
-            LOGIN_PATH,
-            "The dashboard's login page (asks for the read token of ui_token_file)",
-            ((200, "the page"), (303, "no login needed on this node")),
-            authenticated=False,
-            response=page,
-            response_type=HTML,
-        ),
-        RouteDoc(
-            "POST",
-            LOGIN_PATH,
-            "Exchange the read token (form field `token`) for an HttpOnly, SameSite=Strict "
-            "session cookie",
-            ((303, "logged in: go to the dashboard"), (401, "wrong token or no ui_token_file")),
-            authenticated=False,
-            body={"type": "string"},
-            body_types=("application/x-www-form-urlencoded",),
-        ),
-        RouteDoc(
-            "GET",
-            ASSETS_PREFIX + "{name}",
-            "A static file of the dashboard (script, style sheet), shipped in the package",
-            ((200, "the file"), (404, "no such file")),
-            authenticated=False,
-            parameters=(("name", "path", "The file's name"),),
-            response=page,
-            response_type="text/plain",
-        ),
-        RouteDoc(
-            "GET",
-            EVENTS_PATH,
-            "The dashboard's live updates as Server-Sent Events: each topic's snapshot when it "
-            "changes (at most once a second), `log:JOB_ID` a job's new stdout and stderr; needs "
-            "the dashboard's session cookie or a signature",
-            ((200, "text/event-stream"), (400, "unknown topic"), (404, "no such job")),
-            parameters=(
-                (
-                    "topics",
-                    "query",
-                    f"Comma-separated: {', '.join(topics)}, log:JOB_ID",
-                    {"type": "string", "x-required": True},
-                ),
+    """The OpenAPI entries of the dashboard's routes, the event stream's with its `topics`."""
+    events = RouteDoc(
+        "GET",
+        EVENTS_PATH,
+        "The dashboard's live updates as Server-Sent Events: each topic's snapshot when it "
+        "changes (at most once a second), `log:JOB_ID` a job's new stdout and stderr; needs "
+        "the dashboard's session cookie or a signature",
+        ((200, "text/event-stream"), (400, "unknown topic"), (404, "no such job")),
+        parameters=(
+            (
+                "topics",
+                "query",
+                f"Comma-separated: {', '.join(topics)}, log:JOB_ID",
+                {"type": "string", "x-required": True},
             ),
-            response=page,
-            response_type="text/event-stream",
         ),
-    ]
+        response=PAGE,
+        response_type="text/event-stream",
+    )
+    return [*PAGE_DOCS, events]
