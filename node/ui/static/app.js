@@ -207,6 +207,10 @@ function renderNode(data) {
   const comps = ((node.health || {}).components || []).map((c) => ({ cells: [c.name, badge(c.status), c.message] }));
   const breakers = (node.breakers || []).map((b) => ({ cells: [b.peer, b.transport, badge(b.state), text(b.failures), text(b.retry_after_s)] }));
   const samples = (data.history || {}).samples || [];
+  const gpus = ((data.status || {}).gpus || []).map((g) => ({
+    cells: [text(g.index), text(g.name), text(g.util_pct), `${text(g.memory_used_mb)} / ${text(g.memory_total_mb)}`,
+      text(g.temperature_c), badge((g.problems || []).length ? "degraded" : "healthy"), (g.problems || []).join("; ") || "–"],
+  }));
   return [
     ...banners(data.status || {}),
     el("div", { class: "cards" }, card("Node", text(node.node_id)), card("Health", badge((node.health || {}).status)),
@@ -216,6 +220,8 @@ function renderNode(data) {
       sparkline("WAL pending", samples, "wal_pending"), sparkline("Members alive", samples, "alive"),
       sparkline("Jobs running", samples, "jobs_running")),
     el("h2", {}, "Health components"), table("Every health check of this node", ["Component", "Status", "Message"], comps),
+    el("h2", {}, "GPUs"), gpus.length ? table("This node's GPUs and their health", ["GPU", "Name", "Util %", "Memory MiB", "Temp °C", "Health", "Problems"], gpus)
+      : el("p", { class: "muted" }, "No GPU on this node."),
     el("h2", {}, "Circuit breakers"), table("Breakers per peer and transport", ["Peer", "Transport", "State", "Failures", "Retry after (s)"], breakers),
   ];
 }

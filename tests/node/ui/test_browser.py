@@ -205,6 +205,7 @@ def test_a_cli_job_appears_and_its_log_lines_arrive_live(
     cluster: DevCluster, browser: Any, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     go = tmp_path / "go"
     code = (
@@ -221,6 +222,12 @@ def test_a_cli_job_appears_and_its_log_lines_arrive_live(
     link = until(lambda: browser.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] a"),
                  15, "the job's row")  # fmt: skip
     screenshot(browser, tmp_path, "jobs")
+    Select(browser.find_element(By.ID, "filter-state")).select_by_value("failed")
+    until(lambda: not browser.find_elements(By.CSS_SELECTOR, f"tr[data-job='{job_id}']"),
+          5, "the running job filtered out")  # fmt: skip
+    Select(browser.find_element(By.ID, "filter-state")).select_by_value("running")
+    link = until(lambda: browser.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] a"),
+                 5, "the running job shown")  # fmt: skip
     link.click()
     stdout = lambda: browser.find_element(By.ID, "log-stdout").text  # noqa: E731
     until(lambda: "first line of the job" in stdout(), 15, "the job's first line")
