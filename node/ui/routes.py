@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from node.openapi import RouteDoc
+from node.security import bad_request
 from node.ui.access import (
     ASSETS_PREFIX,
     COOKIE_NAME,
@@ -28,6 +29,7 @@ from node.ui.events import EventHub
 
 ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 HTML = "text/html"
+FORM = "application/x-www-form-urlencoded"
 MAX_TOKEN_CHARS = 4096
 
 MESSAGES = {
@@ -105,14 +107,19 @@ class DashboardRoutes:
 
     async def _handle_login(self, request: web.Request) -> web.Response:
         """Exchange the read token (form field `token`) for the session cookie."""
+        if request.content_type != FORM:
+            raise bad_request(f"the login takes a form ({FORM}) with the field token")
+        form = await request.post()
+        given = form.get("token")
+        if not isinstance(given, str) or not given or len(given) > MAX_TOKEN_CHARS:
+            raise bad_request(
+                f"form field token: the node's read token (1 to {MAX_TOKEN_CHARS} characters)",
+                param="token",
+            )
         if self.access.open:
             raise web.HTTPSeeOther(UI_PREFIX)
         if self.access.token is None:
             return self._login_page("off", 401)
-        form = await request.post()
-        given = form.get("token")
-        if not isinstance(given, str) or len(given) > MAX_TOKEN_CHARS:
-            return self._login_page("wrong", 401)
         if not self.access.token_matches(given):
             return self._login_page("wrong", 401)
         response = web.HTTPSeeOther(UI_PREFIX)
@@ -154,10 +161,14 @@ PAGE_DOCS = (
         LOGIN_PATH,
         "Exchange the read token (form field `token`) for an HttpOnly, SameSite=Strict "
         "session cookie",
-        ((303, "logged in: go to the dashboard"), (401, "wrong token or no ui_token_file")),
+        (
+            (303, "logged in: go to the dashboard"),
+            (400, "not a form, or no token in it"),
+            (401, "wrong token or no ui_token_file"),
+        ),
         authenticated=False,
         body={"type": "string"},
-        body_types=("application/x-www-form-urlencoded",),
+        body_types=(FORM,),
     ),
     RouteDoc(
         "GET",

@@ -135,6 +135,11 @@ async def test_security_headers_on_every_dashboard_answer(tmp_path: Path) -> Non
             assert answer.status == 404
         async with session.get(f"{base}/ui/login", allow_redirects=False) as answer:
             assert answer.status == 303  # no secret and no token: nothing to log in to
+        status, _, _ = await _login(session, base, "anything")
+        assert status == 303
+        for body in ({"json": {"token": "x"}}, {"data": {"other": "x"}}, {"data": {"token": ""}}):
+            async with session.post(f"{base}/ui/login", allow_redirects=False, **body) as answer:
+                assert answer.status == 400, body  # a login is a form with a token
         async with session.get(f"{base}/v1/openapi.json") as answer:
             paths = (await answer.json())["paths"]
         assert "text/event-stream" in str(paths["/v1/events"]["get"]["responses"]["200"])
