@@ -32,6 +32,9 @@ SAMPLE_S = 2.0
 HISTORY_SAMPLES = 300
 """Ten minutes of samples at SAMPLE_S."""
 KEEPALIVE_S = 15.0
+LOG_POLL_S = 0.25
+"""How often a followed job log is looked at (a stat per stream): new lines reach the page
+well within a second; topics still change at most once per interval."""
 LOG_TAIL_BYTES = 64 * 1024
 LOG_CHUNK_BYTES = 256 * 1024
 """At most this much of one stream is sent per update (a flood catches up over updates)."""
@@ -145,7 +148,12 @@ class EventHub:
         return topics, jobs
 
     async def handle_events(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/events: the stream of `topics` until the page goes or the hub closes."""
         topics, jobs = self.parse_topics(request.query.get("topics", ""))
+        if request.method == "HEAD":
+            head = web.Response(content_type="text/event-stream")
+            add_security_headers(head)
+            return head
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
         )
@@ -165,6 +173,7 @@ class EventHub:
     ) -> None:
         sent: dict[str, int] = {}
         quiet_since = time.monotonic()
+        wait_s = min(self.interval_s, LOG_POLL_S) if follows else self.interval_s
         await response.write(f"retry: 2000\nevent: hello\ndata: {json.dumps(topics)}\n\n".encode())
         while not self._closing.is_set():
             chunks = []
@@ -180,7 +189,7 @@ class EventHub:
                 await response.write("".join(chunks).encode())
                 quiet_since = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.interval_s)
+                await asyncio.wait_for(self._closing.wait(), wait_s)
 
 
 class _LogFollow:

@@ -141,3 +141,33 @@ async def test_close_ends_the_open_streams(
         await _events(answer, 2)
         await hub.close()
         assert (await answer.content.read()).strip() == b""  # the stream ended
+
+
+async def test_a_head_request_answers_without_a_stream(
+    served: tuple[EventHub, Counter, TestServer, Path],
+) -> None:
+    _, _, server, _ = served
+    url = server.make_url("/v1/events?topics=counter")
+    async with (
+        ClientSession(timeout=ClientTimeout(total=5)) as session,
+        session.head(url) as answer,
+    ):
+        assert answer.status == 200
+        assert answer.headers["Content-Type"] == "text/event-stream"
+
+
+async def test_a_followed_log_is_looked_at_more_often_than_topics_change(tmp_path: Path) -> None:
+    log = tmp_path / "stdout.log"
+    log.write_text("")
+    hub = EventHub({}, lambda job_id: {"stdout": log}, interval_s=30.0)
+    app = web.Application()
+    app.router.add_get("/v1/events", hub.handle_events)
+    async with TestServer(app, host="127.0.0.1") as server, ClientSession() as session:
+        url = server.make_url("/v1/events?topics=log:j")
+        async with session.get(url, timeout=ClientTimeout(total=5)) as answer:
+            await _events(answer, 1)  # hello
+            with log.open("a") as out:
+                out.write("a line\n")
+            ((_, chunk),) = await _events(answer, 1)  # long before the 30 s topic interval
+            assert chunk["text"] == "a line\n"
+        await hub.close()
