@@ -70,7 +70,7 @@ from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.tasks.registry import open_actor_routes
-from node.ui import Dashboard, UiSources, dashboard_access
+from node.ui import Dashboard, UiAccess, UiSources, load_ui_token
 from sync import (
     BUILTIN_SCHEMAS,
     ROLLOUTS_SCHEMA,
@@ -100,6 +100,8 @@ def is_loopback(address: str) -> bool:
 class Secrets:
     cluster: bytes | None
     metrics_token: bytes | None
+    ui_token: bytes | None = None
+    """The dashboard's read token (ui_token_file)."""
 
 
 def load_secrets(settings: NodeSettings) -> Secrets:
@@ -119,7 +121,7 @@ def load_secrets(settings: NodeSettings) -> Secrets:
             "port can read status and data",
             settings.bind,
         )
-    return Secrets(cluster, token)
+    return Secrets(cluster, token, load_ui_token(settings.ui_token_file))
 
 
 def breaker_config(settings: NodeSettings, inventory: Inventory | None) -> BreakerConfig:
@@ -415,7 +417,7 @@ class NodeDaemon:
             registry=runtime.metrics.registry if runtime.metrics is not None else None,
         )
         dashboard = Dashboard(
-            dashboard_access(runtime.settings, secrets.cluster),
+            UiAccess(secrets.ui_token, api_open=secrets.cluster is None),
             UiSources(
                 runtime,
                 lambda: election.elector.plan if election.elector is not None else None,

@@ -11,7 +11,7 @@ from node.ui.access import (
     UiAccess,
     load_ui_token,
 )
-from node.ui.component import Dashboard, dashboard_access
+from node.ui.component import Dashboard
 from node.ui.events import EventHub
 from node.ui.topics import UiSources
 
@@ -24,6 +24,5 @@ __all__ = [
     "EventHub",
     "UiAccess",
     "UiSources",
-    "dashboard_access",
     "load_ui_token",
 ]

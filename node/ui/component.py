@@ -8,11 +8,10 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from config import NodeSettings
 from node.errors import JobError
 from node.jobs.store import STREAMS
 from node.openapi import RouteDoc
-from node.ui.access import UiAccess, load_ui_token, ui_gate
+from node.ui.access import UiAccess, ui_gate
 from node.ui.events import EventHub
 from node.ui.routes import DashboardRoutes, dashboard_docs
 from node.ui.topics import NodeSampler, UiSources, topic_functions
@@ -54,9 +53,3 @@ def _log_paths(sources: UiSources, job_id: str) -> Mapping[str, Path] | None:
     except JobError:
         return None
     return {stream: entry.log_path(stream) for stream in STREAMS}
-
-
-def dashboard_access(settings: NodeSettings, secret: bytes | None) -> UiAccess:
-    """The dashboard's credential from `ui_token_file`; raises ConfigError naming the file
-    when it is unsafe (readable by group or others) or missing."""
-    return UiAccess(load_ui_token(settings.ui_token_file), api_open=secret is None)
