@@ -1,12 +1,13 @@
 """What the web dashboard costs its node: a `shoal` daemon child whose membership view holds 50
 members (a view at the seam, every member's last-heard moving so the page gets one update a
-second), with 0, 1 and 20 dashboard pages open on /v1/events.
+second), with 0, 1 and 20 dashboard pages open on /v1/events (read by a process of their own,
+as browsers are: a reader in the measuring process would delay its own /v1/status answers).
 
 Prints one JSON document: the daemon's CPU (fraction of one core) with no page, one page and
 20 pages, the cost of one page (target < 1% of a core), the events each page received per
 second, and /v1/status latency (p50/p99) with no page and with 20 pages (target: p99 within
 +10%), with their ratios against the no-page baseline measured in the same run.
-Usage: python bench/ui_bench.py [--window-s 15] [--status-requests 1000] [--rounds 5]
+Usage: python bench/ui_bench.py [--window-s 15] [--status-requests 3000] [--rounds 10]
 """
 
 from __future__ import annotations
@@ -111,22 +112,54 @@ async def read_page(session: aiohttp.ClientSession, url: str, counts: list[int])
                 counts[0] += 1
 
 
-@contextlib.asynccontextmanager
-async def open_pages(base: str, pages: int) -> AsyncIterator[list[int]]:
-    """`pages` open dashboard pages, connected and past their first snapshot; yields the
-    count of events they received since."""
+async def read_pages(base: str, pages: int) -> None:
+    """The pages' process: open `pages` streams, print READY once each has its first event,
+    then on SIGTERM print how many events arrived after READY."""
+    import signal
+
     counts = [0]
+    connected = asyncio.Event()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         url = f"{base}/v1/events?topics={PAGE_TOPICS}"
         readers = [asyncio.create_task(read_page(session, url, counts)) for _ in range(pages)]
-        await asyncio.sleep(2.0 if pages else 0.0)
+        while counts[0] < pages * 2:  # each page's first status and members
+            await asyncio.sleep(0.05)
         counts[0] = 0
-        try:
-            yield counts
-        finally:
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, connected.set)
+        await connected.wait()
+        sys.stdout.write(f"EVENTS {counts[0]}\n")
+        sys.stdout.flush()
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def open_pages(base: str, pages: int) -> AsyncIterator[list[int]]:
+    """`pages` open dashboard pages in a process of their own (as browsers are), connected
+    and past their first snapshot; yields a list that holds, after the block, the count of
+    events they received during it."""
+    counts = [0]
+    if pages == 0:
+        yield counts
+        return
+    argv = [sys.executable, str(Path(__file__).resolve()), "--read-pages", str(pages), base]
+    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    assert process.stdout is not None
+    try:
+        ready = await asyncio.wait_for(process.stdout.readline(), 60)
+        if ready.strip() != b"READY":
+            raise RuntimeError(f"the pages' process did not connect: {ready!r}")
+        yield counts
+        process.terminate()
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        counts[0] = int(line.split()[1])
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
 
 
 async def with_pages(base: str, pages: int, window_s: float, pid: int) -> dict[str, float]:
@@ -135,7 +168,7 @@ async def with_pages(base: str, pages: int, window_s: float, pid: int) -> dict[s
         cpu, started = cpu_seconds(pid), time.monotonic()
         await asyncio.sleep(window_s)
         cpu, elapsed = cpu_seconds(pid) - cpu, time.monotonic() - started
-        events = counts[0]
+    events = counts[0]
     return {
         "pages": pages,
         "cpu_core_fraction": round(cpu / elapsed, 5),
@@ -230,13 +263,17 @@ def _child_pid(port: int) -> int:
 def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--serve", metavar="DATA_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--read-pages", nargs=2, metavar=("N", "BASE"), help=argparse.SUPPRESS)
     parser.add_argument("--window-s", type=float, default=15.0)
     parser.add_argument("--warm-s", type=float, default=5.0)
-    parser.add_argument("--status-requests", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--status-requests", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(Path(args.serve)))
+        return
+    if args.read_pages:
+        asyncio.run(read_pages(args.read_pages[1], int(args.read_pages[0])))
         return
     print(json.dumps(asyncio.run(measure(args)), indent=2))
 
