@@ -124,12 +124,25 @@ function renderJob(data) {
   const record = el("dl", { class: "record" }, fields.flatMap((f) => [el("dt", {}, f), el("dd", {}, text(job[f]))]),
     el("dt", {}, "command"), el("dd", {}, job.argv.join(" ")),
     el("dt", {}, "started"), el("dd", {}, ago(job.started_at)));
-  const gang = job.gang ? [el("h2", {}, "Gang members"),
-    table("The nodes of this gang job", ["Key", "Value"], Object.entries(job.gang).map(([k, v]) =>
-      ({ cells: [k, typeof v === "object" ? JSON.stringify(v) : text(v)] })))] : [];
+  return [el("p", {}, el("a", { href: "#jobs" }, "← all jobs")), el("h2", {}, `Job ${job.job_id}`), record,
+    ...gangOf(job), ...logPanes()];
+}
+
+function gangOf(job) {
+  if (!job.gang) return [];
+  if (Array.isArray(job.gang.members)) {
+    const rows = job.gang.members.map((m) => ({
+      cells: [text(m.rank), text(m.node), text(m.job_id), badge(m.state), text(m.exit_code), text(m.signal), text(m.reason)],
+    }));
+    return [el("h2", {}, "Gang members"), el("p", {}, `Fence ${typeof job.gang.fence === "string" ? job.gang.fence : JSON.stringify(job.gang.fence)}`),
+      table("Every member of this gang job, by rank", ["Rank", "Node", "Job", "State", "Exit", "Signal", "Reason"], rows)];
+  }
+  const rows = Object.entries(job.gang).map(([k, v]) => ({ cells: [k, typeof v === "object" ? JSON.stringify(v) : text(v)] }));
+  return [el("h2", {}, "Gang"), table("This member's place in its gang", ["Key", "Value"], rows)];
+}
+
+function logPanes() {
   return [
-    el("p", {}, el("a", { href: "#jobs" }, "← all jobs")),
-    el("h2", {}, `Job ${job.job_id}`), record, ...gang,
     el("h2", { id: "stdout-title" }, "stdout"),
     el("pre", { class: "log", id: "log-stdout", "aria-labelledby": "stdout-title", tabindex: "0" }, state.logs.stdout),
     el("h2", { id: "stderr-title" }, "stderr"),

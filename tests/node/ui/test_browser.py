@@ -299,3 +299,24 @@ def test_every_page_has_no_console_errors_and_passes_axe_at_two_sizes(
     browser.set_window_size(*DESKTOP)
     problems += console_errors(browser)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.timeout(180)
+def test_a_gang_jobs_members_are_listed_by_rank(
+    cluster: DevCluster, browser: Any, tmp_path: Path
+) -> None:
+    started = cluster.shoal("jobs", "run", "--node", cluster.url(1, ""), "--nodes", "2",
+                            "--", sys.executable, "-c", "print('gang member')")  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    job_id = started.stdout.strip()
+    _open(browser, cluster, f"job/{job_id}")
+    caption = "Every member of this gang job, by rank"
+    rows = lambda: browser.execute_script(  # noqa: E731
+        "const table = [...document.querySelectorAll('table')].find("
+        "(t) => t.caption && t.caption.textContent === arguments[0]);"
+        "return table ? [...table.tBodies[0].rows].map((r) => r.cells[1].textContent) : [];",
+        caption,
+    )
+    nodes = until(lambda: len(rows()) == 2 and rows(), 30, "the gang's two members")
+    assert set(nodes) <= {"dev-1", "dev-2", "dev-3"}
+    screenshot(browser, tmp_path, "gang")
