@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the system tools the test suite uses (rsync, nft, ip, tmux, ssh-keygen, sshd, systemd-analyze,
-# prometheus, promtool), when run as root and missing.
+# prometheus, promtool, chromium and chromedriver for the dashboard's browser tests), when run as root
+# and missing.
 set -euo pipefail
 declare -A pkg_for=([rsync]=rsync [nft]=nftables [ip]=iproute2 [tmux]=tmux [ssh-keygen]=openssh-client
-    [systemd-analyze]=systemd [sshd]=openssh-server [prometheus]=prometheus [promtool]=prometheus)
+    [systemd-analyze]=systemd [sshd]=openssh-server [prometheus]=prometheus [promtool]=prometheus
+    [chromium]=chromium [chromedriver]=chromium-driver)
 missing=()
 for cmd in "${!pkg_for[@]}"; do
     if ! command -v "$cmd" >/dev/null 2>&1 && [[ " ${missing[*]} " != *" ${pkg_for[$cmd]} "* ]]; then

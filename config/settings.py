@@ -146,6 +146,12 @@ class NodeSettings(BaseModel):
     )
     secret_file: Path | None = Field(None, description="Cluster secret (chmod 600) for signing.")
     metrics_token_file: Path | None = Field(None, description="Bearer token file for /metrics.")
+    ui_token_file: Path | None = Field(
+        None,
+        description="Read token of the web dashboard at /ui/ (chmod 600); exchanged once for "
+        "a session cookie. Unset: the dashboard needs no login only when the node has no "
+        "cluster secret (loopback dev mode), else it is off.",
+    )
     inventory: Path | None = Field(None, description="YAML host inventory.")
     role: Role = Field(
         Role.AUTO, description="Role preference: auto, training, inference, selfplay."

@@ -270,9 +270,11 @@ def build_app(
     policy: AuthPolicy,
     extra_routes: Iterable[web.RouteDef] = (),
     extra_docs: Iterable[RouteDoc] = (),
+    gates: Iterable[Any] = (),
 ) -> web.Application:
-    """The node's aiohttp application: core routes plus the routes other packages export."""
-    middlewares: list[Any] = [error_middleware, auth_middleware]
+    """The node's aiohttp application: core routes plus the routes other packages export;
+    `gates` are middlewares that run before the signature check (the dashboard's cookie)."""
+    middlewares: list[Any] = [error_middleware, *gates, auth_middleware]
     http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
         middlewares.insert(0, http_metrics.middleware())

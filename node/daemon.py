@@ -76,6 +76,7 @@ from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.tasks.registry import open_actor_routes
+from node.ui import Dashboard, UiAccess, UiSources, load_ui_token
 from sync import (
     BUILTIN_SCHEMAS,
     ROLLOUTS_SCHEMA,
@@ -105,6 +106,8 @@ def is_loopback(address: str) -> bool:
 class Secrets:
     cluster: bytes | None
     metrics_token: bytes | None
+    ui_token: bytes | None = None
+    """The dashboard's read token (ui_token_file)."""
 
 
 def load_secrets(settings: NodeSettings) -> Secrets:
@@ -124,7 +127,7 @@ def load_secrets(settings: NodeSettings) -> Secrets:
             "port can read status and data",
             settings.bind,
         )
-    return Secrets(cluster, token)
+    return Secrets(cluster, token, load_ui_token(settings.ui_token_file))
 
 
 def breaker_config(settings: NodeSettings, inventory: Inventory | None) -> BreakerConfig:
@@ -434,10 +437,26 @@ class NodeDaemon:
             lambda: stores.get(ROLLOUTS_SCHEMA.name),
             registry=runtime.metrics.registry if runtime.metrics is not None else None,
         )
+        dashboard = Dashboard(
+            UiAccess(secrets.ui_token, api_open=secrets.cluster is None),
+            UiSources(
+                runtime,
+                lambda: election.elector.plan if election.elector is not None else None,
+                jobs.service,
+                sync_service,
+                weights,
+                backlog,
+                locks,
+            ),
+        )
+        await dashboard.open()
+        self._stack.push_async_callback(dashboard.close)
         app = build_app(
             runtime,
             policy,
+            gates=[dashboard.middleware],
             extra_routes=[
+                *dashboard.routes(),
                 *record_routes(
                     stores, runtime.node_id, on_ingest=ingest_counter(runtime), gate=backlog
                 ),
@@ -451,6 +470,7 @@ class NodeDaemon:
                 *backlog.routes(),
             ],
             extra_docs=[
+                *dashboard.docs(),
                 *(
                     RouteDoc(**doc)
                     for doc in record_route_docs(
@@ -478,6 +498,7 @@ class NodeDaemon:
         )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
+        self._stack.push_async_callback(dashboard.close)  # open event streams end first
         site = web.TCPSite(runner, runtime.settings.bind, runtime.settings.port)
         try:
             await site.start()

@@ -75,6 +75,9 @@ class AuthPolicy:
 
 AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
 PEER_ID = web.RequestKey("peer_id", str)
+BROWSER_READER = web.RequestKey("browser_reader", bool)
+"""Set by the dashboard's gate (node.ui) on a GET it has let through, with its session cookie
+or to its public login page: such a request needs no signature."""
 
 
 def json_error(status: int, reason: str, *, code: str | None = None, **extra: Any) -> web.Response:
@@ -153,6 +156,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     MAX_CONCURRENT_BODY_READS at once) and the signature over it checked."""
     policy = request.app[AUTH_POLICY]
     if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
+        return await handler(request)
+    if request.get(BROWSER_READER, False):
         return await handler(request)
     if request.match_info.http_exception is not None:
         # no such route or method: the router's 404/405 says no more than the public OpenAPI

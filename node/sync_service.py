@@ -361,18 +361,20 @@ class SyncService:
             return json_error(404, f"from: {source} is not an alive peer of this node")
         return web.json_response(await self.run_once(categories or known, peers, body.timeout_s))
 
+    def status(self) -> dict[str, Any]:
+        """The GET /v1/sync/status document (also the dashboard's `sync` topic)."""
+        return {
+            "running": self.running,
+            "progress": self.coordinator.progress.to_dict() if self.coordinator else None,
+            "last_run": self.last_run,
+            "interval_s": self._interval_s,
+            "peers": [p.node_id for p in self.alive_peers()],
+            "deletions": self._deletions(),
+            "fanout": self.pieces.tallies(),
+        }
+
     async def _handle_status(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "running": self.running,
-                "progress": self.coordinator.progress.to_dict() if self.coordinator else None,
-                "last_run": self.last_run,
-                "interval_s": self._interval_s,
-                "peers": [p.node_id for p in self.alive_peers()],
-                "deletions": self._deletions(),
-                "fanout": self.pieces.tallies(),
-            }
-        )
+        return web.json_response(self.status())
 
     def _deletions(self) -> dict[str, Any] | None:
         """Per file category: its deletion policy and how many live tombstones it serves."""

@@ -109,6 +109,10 @@ class RolloutBacklog:
     def state(self, run: str) -> RunBacklog:
         return self._runs.setdefault(run, RunBacklog())
 
+    def runs(self) -> dict[str, RunBacklog]:
+        """Every run this node knows of, by name (a copy of the mapping)."""
+        return dict(self._runs)
+
     # --- the IngestGate -----------------------------------------------------------------------
 
     async def reserve(

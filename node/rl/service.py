@@ -326,6 +326,10 @@ class WeightsService:
     def state(self, run: str) -> RunWeights:
         return self._runs.setdefault(run, RunWeights())
 
+    def runs(self) -> dict[str, RunWeights]:
+        """Every run this node knows of, by name (a copy of the mapping)."""
+        return dict(self._runs)
+
     async def _update(self, request: web.Request) -> web.Response:
         plan = self._plan_of()
         try:

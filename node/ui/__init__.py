@@ -1,0 +1,28 @@
+"""The web dashboard every node serves at /ui/: read-only, live over one event stream per page,
+behind a read token exchanged for a session cookie."""
+
+from __future__ import annotations
+
+from node.ui.access import (
+    CONTENT_SECURITY_POLICY,
+    COOKIE_NAME,
+    EVENTS_PATH,
+    LOGIN_PATH,
+    UiAccess,
+    load_ui_token,
+)
+from node.ui.component import Dashboard
+from node.ui.events import EventHub
+from node.ui.topics import UiSources
+
+__all__ = [
+    "CONTENT_SECURITY_POLICY",
+    "COOKIE_NAME",
+    "EVENTS_PATH",
+    "LOGIN_PATH",
+    "Dashboard",
+    "EventHub",
+    "UiAccess",
+    "UiSources",
+    "load_ui_token",
+]
