@@ -3,6 +3,7 @@ in one place so the daemon adds them with one call."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -76,9 +77,9 @@ async def open_job_service(
         elector = election.elector
         return elector.plan if elector is not None else None
 
-    def node_rendezvous() -> dict[str, str]:
+    def node_rendezvous(inherited: Mapping[str, str]) -> dict[str, str]:
         rendezvous = rendezvous_for(plan(), runtime.node_id)
-        return rendezvous_env(None if rendezvous is None else rendezvous.to_dict())
+        return rendezvous_env(None if rendezvous is None else rendezvous.to_dict(), inherited)
 
     service = JobService(
         runtime.node_id,

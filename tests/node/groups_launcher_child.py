@@ -2,7 +2,7 @@
 
 $CHILD_MODE: "run" (until SIGTERM), "crash" (exit 3 at once), "finish" (exit 0 at once),
 "stubborn" (ignore SIGTERM, run until SIGKILL). Events: {"event": "start"|"term", "pid",
-"t": MONOTONIC, "env": {the rendezvous variables}}.
+"t": MONOTONIC, "env": {the torchrun variables, None when unset}}.
 """
 
 from __future__ import annotations
@@ -13,7 +13,26 @@ import signal
 import sys
 import time
 
-KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_GENERATION")
+KEYS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "OMP_NUM_THREADS",
+    "SHOAL_GENERATION",
+)
 
 
 def record(event: str) -> None:

@@ -96,6 +96,17 @@ def test_training_env_sets_the_rendezvous_and_keeps_the_base() -> None:
         "RANK": "1",
         "WORLD_SIZE": "2",
         "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+        "ROLE_RANK": "1",
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": "2",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "shoal-gen7",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "SHOAL_GENERATION": "7",
     }
 
@@ -126,6 +137,18 @@ async def test_starts_the_child_with_the_env_in_workdir_and_logs(tmp_path: Path,
             "RANK": "1",
             "WORLD_SIZE": "2",
             "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": "1",
+            "GROUP_WORLD_SIZE": "2",
+            "ROLE_RANK": "1",
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": "2",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "4",
+            "TORCHELASTIC_RUN_ID": "shoal-gen4",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "OMP_NUM_THREADS": None,
             "SHOAL_GENERATION": "4",
         }
         assert start["extra"] == "kept"
@@ -138,7 +161,10 @@ async def test_starts_the_child_with_the_env_in_workdir_and_logs(tmp_path: Path,
         )
         log_path = tmp_path / "logs" / "train.log"
         await wait_until(lambda: f"child {start['pid']} mode run" in log_path.read_text())
-        assert "=== shoal: generation 4 rank 1/2 master 127.0.0.1:29504" in log_path.read_text()
+        assert (
+            "=== shoal: generation 4 rank 1/2 local rank 0/1 restart 0 master 127.0.0.1:29504"
+            in log_path.read_text()
+        )
 
 
 async def test_same_generation_keeps_the_child_and_a_new_one_restarts_it(
@@ -186,11 +212,15 @@ async def test_crashed_child_restarts_with_backoff_only_while_current(
         for gap, delay_s in zip(gaps, [0.1, 0.2, 0.4], strict=False):
             assert gap >= delay_s
         assert runner.status.last_exit_code == 3
+        counts = [int(event["env"]["TORCHELASTIC_RESTART_COUNT"]) for event in events(out, "start")]
+        assert counts == list(range(len(counts)))
 
         await runner.apply(rdv(generation=2))
         generation_2 = len(events(out, "start"))
         await wait_until(lambda: len(events(out, "start")) >= generation_2 + 2)
-        assert {event["env"]["SHOAL_GENERATION"] for event in events(out)[generation_2:]} == {"2"}
+        later = events(out, "start")[generation_2:]
+        assert {event["env"]["SHOAL_GENERATION"] for event in later} == {"2"}
+        assert [event["env"]["TORCHELASTIC_RESTART_COUNT"] for event in later[:2]] == ["0", "1"]
 
         await runner.apply(None)
         stopped_at = len(events(out, "start"))
