@@ -228,6 +228,12 @@ async def test_killing_a_gang_kills_every_member_and_env_from_rendezvous(tmp_pat
             rendezvous["master_port"],
             "0",
         )
+        status, refused = await client.call(
+            "POST",
+            "/v1/jobs",
+            json={"argv": ["true"], "env_from": "rendezvous", "env": {"LOCAL_RANK": "5"}},
+        )
+        assert (status, refused["error"]) == (400, "bad_local_rank"), refused
 
 
 async def test_env_from_rendezvous_without_a_training_rank_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,92 @@
+"""torchrun's worker environment from a rendezvous: every variable with its exact value, the
+defaults torchrun applies, and the variables of `env_from: rendezvous` jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from node.errors import JobError, LauncherError
+from node.jobs.policy import rendezvous_env
+from node.training.rendezvous import Rendezvous
+from node.training.torchrun import TORCHRUN_VARIABLES, torchrun_env, training_env
+
+
+def rdv(**changes: Any) -> Rendezvous:
+    fields: dict[str, Any] = {
+        "rank": 2,
+        "world_size": 3,
+        "master_addr": "10.0.0.1",
+        "master_port": 29505,
+        "backend": "gloo",
+        "generation": 5,
+        "term": 2,
+        "plan_version": 9,
+    }
+    return Rendezvous(**(fields | changes))
+
+
+def test_every_torchrun_variable_of_a_one_worker_node() -> None:
+    env = torchrun_env(rdv(), restart_count=3, max_restarts=4)
+    assert env == {
+        "RANK": "2",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "3",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "2",
+        "GROUP_WORLD_SIZE": "3",
+        "ROLE_RANK": "2",
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": "3",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29505",
+        "TORCHELASTIC_RESTART_COUNT": "3",
+        "TORCHELASTIC_MAX_RESTARTS": "4",
+        "TORCHELASTIC_RUN_ID": "shoal-gen5",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "SHOAL_GENERATION": "5",
+    }
+    assert set(env) == set(TORCHRUN_VARIABLES)
+
+
+def test_inherited_nccl_error_handling_is_kept_and_the_base_is_kept_under_the_variables() -> None:
+    base = {"PATH": "/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "RANK": "stale"}
+    env = training_env(rdv(), base)
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert env["PATH"] == "/bin"
+    assert env["RANK"] == "2"
+    assert "OMP_NUM_THREADS" not in env, "one worker: torchrun leaves OMP_NUM_THREADS alone"
+
+
+def test_no_rank_and_a_local_rank_beyond_the_node_are_refused() -> None:
+    with pytest.raises(LauncherError, match="generation 5 gives this node no rank"):
+        torchrun_env(rdv(rank=None))
+    with pytest.raises(LauncherError, match="local rank 1 is not below this node's local world"):
+        torchrun_env(rdv(), local_rank=1)
+
+
+def test_a_job_gets_the_torchrun_variables_for_local_rank_0_or_its_own() -> None:
+    document = rdv().to_dict()
+    env = rendezvous_env(document, {"PATH": "/bin"})
+    assert env == torchrun_env(rdv())
+    assert "PATH" not in env
+    assert rendezvous_env(document, {"LOCAL_RANK": "0"})["LOCAL_RANK"] == "0"
+    kept = rendezvous_env(document, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})
+    assert kept["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+
+
+@pytest.mark.parametrize("local_rank", ["1", "-1", "x", "²"])
+def test_a_job_with_a_local_rank_this_node_lacks_is_refused(local_rank: str) -> None:
+    with pytest.raises(JobError) as refused:
+        rendezvous_env(rdv().to_dict(), {"LOCAL_RANK": local_rank})
+    assert (refused.value.status, refused.value.code) == (400, "bad_local_rank")
+    assert f"LOCAL_RANK {local_rank!r} is not a local rank of this node (0 to 0)" in str(
+        refused.value.reason
+    )
+
+
+def test_a_job_on_a_node_without_a_rank_gets_nothing() -> None:
+    assert rendezvous_env(None) == {}
+    assert rendezvous_env(rdv(rank=None).to_dict()) == {}
