@@ -1,7 +1,9 @@
 """A training command for the launcher tests; appends one JSON line per event to $CHILD_OUT.
 
-$CHILD_MODE: "run" (until SIGTERM), "crash" (exit 3 at once), "finish" (exit 0 at once),
-"stubborn" (ignore SIGTERM, run until SIGKILL). Events: {"event": "start"|"term", "pid",
+$CHILD_MODE: "run" (until SIGTERM), "crash" (exit 3 at once), "crash-once" (exit 3 at once in
+the first start of a generation, TORCHELASTIC_RESTART_COUNT 0, else run), "finish" (exit 0 at
+once), "stubborn" (ignore SIGTERM, run until SIGKILL); $CHILD_MODE_<LOCAL_RANK> overrides it for
+one local rank. Events: {"event": "start"|"term", "pid",
 "t": MONOTONIC, "env": {the torchrun variables, None when unset}}.
 """
 
@@ -55,6 +57,9 @@ def on_term(signum: int, frame: object) -> None:
 
 def main() -> None:
     mode = os.environ.get("CHILD_MODE", "run")
+    mode = os.environ.get(f"CHILD_MODE_{os.environ.get('LOCAL_RANK')}", mode)
+    if mode == "crash-once":
+        mode = "crash" if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" else "run"
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
