@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from config.errors import ConfigError
 from config.fields import Category, ListenPort, NodeId, Port, Role
+from config.gpus import GpuSelection, NprocSetting
 from config.timeouts import Timeouts
 from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping
 
@@ -177,6 +178,16 @@ class NodeSettings(BaseModel):
     training_env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment of the training program."
     )
+    gpus: GpuSelection = Field(
+        "auto",
+        description="The host's GPUs this node owns (NVML indices): auto (every GPU NVML sees), "
+        "none, or a list such as [0, 1]. With a list, jobs get CUDA_VISIBLE_DEVICES for them.",
+    )
+    training_nproc: NprocSetting = Field(
+        "auto",
+        description="Processes this node runs in the training group: auto (one per owned GPU, "
+        "1 without GPUs) or a count (at most the owned GPUs).",
+    )
     training_max_failures: int = Field(
         5,
         ge=1,
@@ -249,6 +260,39 @@ class NodeSettings(BaseModel):
             if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
                 raise ValueError(f"each seed must be HOST:PORT, got {seed!r}")
         return seeds
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() not in ("auto", "none"):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple):
+            indices = []
+            for item in value:
+                text = item.strip() if isinstance(item, str) else item
+                if isinstance(text, str) and text.isdigit():
+                    text = int(text)
+                if isinstance(text, bool) or not isinstance(text, int) or text < 0:
+                    raise ValueError(
+                        f"must be auto, none or a list of GPU indices >= 0, got {item!r}"
+                    )
+                indices.append(text)
+            if len(set(indices)) != len(indices):
+                raise ValueError(f"lists a GPU twice: {list(value)!r}")
+            return tuple(indices)
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("training_nproc", mode="before")
+    @classmethod
+    def _training_nproc(cls, value: Any) -> Any:
+        text = value.strip() if isinstance(value, str) else value
+        if isinstance(text, str) and text.isdigit():
+            text = int(text)
+        if text == "auto":
+            return text
+        if isinstance(text, bool) or not isinstance(text, int) or text < 1:
+            raise ValueError(f"must be auto or an integer >= 1, got {value!r}")
+        return text
 
     @field_validator("sync_categories")
     @classmethod

@@ -35,7 +35,7 @@ from health.errors import (
     HealthError,
     UsageError,
 )
-from health.gpu import GpuInfo, GpuReader, gpu_check, read_gpus
+from health.gpu import ENV_FAKE_GPUS, GpuInfo, GpuReader, fake_gpu_uuids, gpu_check, read_gpus
 from health.loops import LoopHealth
 from health.metrics import NodeMetrics, package_version
 from health.monitor.client import ClusterMonitor
@@ -71,6 +71,7 @@ from health.status import (
 )
 
 __all__ = [
+    "ENV_FAKE_GPUS",
     "MONITOR_FLAGS",
     "BreakerConfig",
     "BreakerRegistry",
@@ -116,6 +117,7 @@ __all__ = [
     "default_registry",
     "disk_check",
     "disk_usage",
+    "fake_gpu_uuids",
     "format_breakers",
     "format_health_report",
     "gpu_check",

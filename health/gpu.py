@@ -1,6 +1,6 @@
 """GPU health through NVML (nvidia-ml-py, imported lazily): memory, load, temperature, ECC,
-remapped rows and Xid events. No GPU, no driver or no library is "not applicable", never a failure.
-GpuInfo is also the GPU of another node as cluster_monitor reads it from /v1/status.
+remapped rows, power and Xid events. No GPU, no driver or no library is "not applicable", never a
+failure. GpuInfo is also the GPU of another node as cluster_monitor reads it from /v1/status.
 """
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ from health.errors import HealthError
 from health.fields import read_bool, read_float, read_int, read_list, read_str
 from health.status import CheckFn, CheckResult, HealthStatus
 
-__all__ = ["GpuInfo", "GpuReader", "gpu_check", "read_gpus"]
+__all__ = ["ENV_FAKE_GPUS", "GpuInfo", "GpuReader", "fake_gpu_uuids", "gpu_check", "read_gpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 _UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 _VOLATILE_ECC = 0  # NVML_VOLATILE_ECC: since the driver was loaded
 _TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+ENV_FAKE_GPUS = "SHOAL_TEST_FAKE_GPUS"
+"""TEST SEAM, never for production: comma-separated GPU UUIDs that a GpuReader reports as this
+host's GPUs (index i: the i-th UUID, no readings) instead of asking NVML, so tests can make
+nodes own GPUs, or claim the same GPU, on any host. Read when the reader first reads."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class GpuInfo:
     remapped_failed: bool | None
     xid_errors: int | None
     error: bool
+    power_watts: float | None = None
     last_xid: int | None = None
     last_xid_age_s: float | None = None
     problems: tuple[str, ...] = ()
@@ -96,6 +102,7 @@ class GpuInfo:
             remapped_failed=read_bool(data.get("remapped_failed")),
             xid_errors=read_int(data.get("xid_errors")),
             error=bool(data.get("error")),
+            power_watts=read_float(data.get("power_watts")),
             last_xid=read_int(data.get("last_xid")),
             last_xid_age_s=read_float(data.get("last_xid_age_s")),
             problems=tuple(problem for problem in problems if isinstance(problem, str)),
@@ -112,8 +119,17 @@ class GpuReader:
     `read()` blocks on the driver: call it through `asyncio.to_thread`. Thread-safe.
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        fake_uuids: Sequence[str] | None = None,
+    ) -> None:
+        """`fake_uuids` (a test seam, like ENV_FAKE_GPUS, which it overrides): report GPUs with
+        these UUIDs and no readings instead of NVML's."""
         self._clock = clock
+        self._fake = None if fake_uuids is None else tuple(fake_uuids)
+        self._fake_read = fake_uuids is not None
         self._lock = threading.Lock()
         self._nvml: ModuleType | None = None
         self._events: Any = None
@@ -132,6 +148,12 @@ class GpuReader:
         with self._lock:
             if self._closed:
                 raise HealthError("GPU reader is closed")
+            if not self._fake_read:
+                self._fake, self._fake_read = fake_gpu_uuids(), True
+            if self._fake is not None:
+                return [_fake(index, uuid) for index, uuid in enumerate(self._fake)], (
+                    "" if self._fake else f"{ENV_FAKE_GPUS} lists no GPU"
+                )
             if self._nvml is None:
                 reason = self._init()
                 if reason:
@@ -221,6 +243,7 @@ class GpuReader:
         temperature = attempt(lambda: nvml.nvmlDeviceGetTemperature(handle, _TEMPERATURE_GPU))
         ecc = attempt(lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, _UNCORRECTED, _VOLATILE_ECC))
         remapped = attempt(lambda: nvml.nvmlDeviceGetRemappedRows(handle))
+        power_mw = attempt(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
         pending = bool(remapped[2]) if remapped is not None else None
         failed = bool(remapped[3]) if remapped is not None else None
         xids = self._xids.get(uuid)
@@ -244,10 +267,36 @@ class GpuReader:
             remapped_failed=failed,
             xid_errors=len(xids) if xids is not None else None,
             error=bool(problems),
+            power_watts=float(power_mw) / 1000.0 if power_mw is not None else None,
             last_xid=xids[-1][1] if xids else None,
             last_xid_age_s=self._clock() - xids[-1][0] if xids else None,
             problems=tuple(problems),
         )
+
+
+def fake_gpu_uuids(env: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """The UUIDs of ENV_FAKE_GPUS (the test seam), or None when it is unset."""
+    text = (os.environ if env is None else env).get(ENV_FAKE_GPUS)
+    if text is None:
+        return None
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _fake(index: int, uuid: str) -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        name=f"fake GPU ({ENV_FAKE_GPUS})",
+        uuid=uuid,
+        util_pct=None,
+        memory_used_mb=None,
+        memory_total_mb=None,
+        temperature_c=None,
+        ecc_uncorrected=None,
+        remapped_pending=None,
+        remapped_failed=None,
+        xid_errors=None,
+        error=False,
+    )
 
 
 def _unreadable(index: int, problem: str) -> GpuInfo:

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import os
 import random
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,10 @@ from config import (
     NodeSettings,
     load_inventory,
     load_or_create_node_id,
+    owned_gpus,
     read_secret_file,
     shoal_version,
+    training_nproc_for,
 )
 from health import (
     BreakerConfig,
@@ -34,6 +37,7 @@ from health import (
     CheckFn,
     CheckResult,
     DiskWrites,
+    GpuInfo,
     GpuReader,
     HealthChecker,
     HealthStatus,
@@ -48,6 +52,7 @@ from node.addresses import choose_interfaces, find_self_in_inventory, local_addr
 from node.api import build_app
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
+from node.election.roles import NPROC_META, gpu_uuids_meta
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
@@ -220,6 +225,20 @@ def membership_check(membership: Membership) -> CheckFn:
     return check
 
 
+def gpu_meta(owned: Sequence[GpuInfo], nproc: int) -> dict[str, MetaValue]:
+    """The membership meta of the GPUs a node owns and its training processes: gpu_count, gpu,
+    gpu_vram_gb, the UUIDs (node.election.roles.gpu_uuids_meta) and training_nproc."""
+    meta: dict[str, MetaValue] = {NPROC_META: nproc}
+    if owned:
+        meta |= {
+            "gpu_count": len(owned),
+            "gpu": owned[0].name,
+            "gpu_vram_gb": round(max(g.memory_total_mb or 0.0 for g in owned) / 1024, 1),
+            **gpu_uuids_meta([gpu.uuid for gpu in owned if gpu.uuid]),
+        }
+    return meta
+
+
 class NodeDaemon:
     """One running node. `async with NodeDaemon(settings) as daemon:` starts it; exit stops it."""
 
@@ -338,6 +357,9 @@ class NodeDaemon:
         log.info("node %s serving on http://%s:%d", node_id, settings.bind, self.port)
 
     async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
+        """Health checks and metrics; resolves the GPUs this node owns (`gpus`,
+        `training_nproc`: ConfigError when they do not fit the host) into the runtime and the
+        membership meta."""
         settings = runtime.settings
         checker = HealthChecker(timeouts=settings.timeouts)
         writes = self._disk_writes
@@ -355,12 +377,10 @@ class NodeDaemon:
         checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
         runtime.gpus = lambda: [gpu.to_json() for gpu in reader.read()]
         gpus = reader.read()
-        if gpus:
-            self._gpu_meta = {
-                "gpu_count": len(gpus),
-                "gpu": gpus[0].name,
-                "gpu_vram_gb": round(max(g.memory_total_mb or 0.0 for g in gpus) / 1024, 1),
-            }
+        owned = owned_gpus(settings.gpus, len(gpus))
+        runtime.owned_gpus = owned
+        runtime.training_nproc = training_nproc_for(settings.training_nproc, owned)
+        self._gpu_meta = gpu_meta([gpus[index] for index in owned], runtime.training_nproc)
         assert runtime.metrics is not None
         checker.add_listener(runtime.metrics.record_health)
         await self._stack.enter_async_context(checker)

@@ -108,7 +108,7 @@ class RuntimeCollector(Collector):
             "temperature_c": GaugeMetricFamily(
                 "shoal_gpu_temperature_celsius", "GPU temperature, NVML", labels=["gpu"]
             ),
-            "power_w": GaugeMetricFamily(
+            "power_watts": GaugeMetricFamily(
                 "shoal_gpu_power_watts", "GPU power draw, NVML", labels=["gpu"]
             ),
         }

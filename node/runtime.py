@@ -53,6 +53,10 @@ class NodeRuntime:
     metrics: NodeMetrics | None = None
     membership: MembershipLike | None = None
     gpus: Callable[[], list[dict[str, Any]]] = list
+    owned_gpus: tuple[int, ...] = ()
+    """NVML indices of the host's GPUs this node owns (`gpus` resolved at startup)."""
+    training_nproc: int = 1
+    """Processes this node runs in the training group (`training_nproc` resolved at startup)."""
     role: str | None = None
     term: int | None = None
     coordinator: str | None = None

@@ -100,10 +100,16 @@ class GroupSpec:
 class RolePlan:
     """What every node does under one (term, version): roles, training ranks and group.
 
-    `training_ranks[i]` is the node of rank i; rank 0 is the master. `generation` is the
-    coordinator's counter of training groups: it stays while ranks and group stay, and otherwise
-    rises above every generation the coordinator has seen, across failovers. `cannot_train`
-    names the members that reported themselves unable to train, with their reason. `note` says
+    The training group is node-major: `training_ranks[k]` is training node k (node rank k),
+    which runs `local_world_sizes[k]` processes (local ranks 0..n-1) holding the global ranks
+    `rank_offset_of(node) + local_rank`; the group's world size is their sum, and the node of
+    node rank 0 hosts the master (global rank 0). An empty `local_world_sizes` (and a plan dict
+    without the field, an older release's) means one process per training node.
+
+    `generation` is the coordinator's counter of training groups: it stays while ranks, local
+    world sizes and group stay, and otherwise rises above every generation the coordinator has
+    seen, across failovers. `cannot_train` names the members that may not train, with the
+    reason (they reported it, or a GPU they claim is another node's). `note` says
     why in words (for example why nobody trains). `weights_generation` counts the weights groups
     (training rank 0 and every inference/selfplay node, see node.rl.group): it rises whenever
     that set or its master changes.
@@ -118,6 +124,7 @@ class RolePlan:
     generation: int = 0
     cannot_train: Mapping[str, str] = field(default_factory=dict)
     weights_generation: int = 0
+    local_world_sizes: tuple[int, ...] = ()
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -128,8 +135,19 @@ class RolePlan:
         training = {node for node, role in roles.items() if role is Role.TRAINING}
         if set(self.training_ranks) != training or len(self.training_ranks) != len(training):
             raise PlanError("training_ranks must list each training node exactly once")
-        if self.group.world_size != len(self.training_ranks):
-            raise PlanError("group world_size must equal the number of training ranks")
+        sizes = tuple(self.local_world_sizes) or (1,) * len(self.training_ranks)
+        if len(sizes) != len(self.training_ranks):
+            raise PlanError(
+                f"local_world_sizes has {len(sizes)} entries for "
+                f"{len(self.training_ranks)} training nodes; it needs one per training node"
+            )
+        if not all(_is_int(size) and size >= 1 for size in sizes):
+            raise PlanError(f"local_world_sizes {list(sizes)!r} must be integers >= 1")
+        if self.group.world_size != sum(sizes):
+            raise PlanError(
+                f"group world_size {self.group.world_size} must equal the sum of "
+                f"local_world_sizes ({sum(sizes)})"
+            )
         if not _is_int(self.generation) or self.generation < 0:
             raise PlanError(f"plan generation {self.generation!r} must be an integer >= 0")
         if not _is_int(self.weights_generation) or self.weights_generation < 0:
@@ -142,6 +160,7 @@ class RolePlan:
         object.__setattr__(self, "cannot_train", unable)
         object.__setattr__(self, "roles", roles)
         object.__setattr__(self, "training_ranks", tuple(self.training_ranks))
+        object.__setattr__(self, "local_world_sizes", sizes)
         object.__setattr__(self, "_digest", _hash_assignment(self._assignment()))
 
     @property
@@ -150,19 +169,36 @@ class RolePlan:
 
     @property
     def digest(self) -> str:
-        """Hash of the assignment (roles, ranks, group, generation, who cannot train),
-        independent of term and version."""
+        """Hash of the assignment (roles, ranks, local world sizes, group, generation, who
+        cannot train), independent of term and version."""
         return self._digest
 
     def role_of(self, node_id: str) -> Role | None:
         return self.roles.get(node_id)
 
     def rank_of(self, node_id: str) -> int | None:
-        """The training rank of `node_id`, or None when it does not train."""
+        """The node rank of `node_id` (its place in `training_ranks`), or None when it does not
+        train; the same as `node_rank_of`. Its processes' global ranks: `rank_offset_of`."""
+        return self.node_rank_of(node_id)
+
+    def node_rank_of(self, node_id: str) -> int | None:
+        """The place of `node_id` among the training nodes (GROUP_RANK), or None."""
         try:
             return self.training_ranks.index(node_id)
         except ValueError:
             return None
+
+    def rank_offset_of(self, node_id: str) -> int | None:
+        """The global rank of `node_id`'s local rank 0, or None when it does not train."""
+        node_rank = self.node_rank_of(node_id)
+        if node_rank is None:
+            return None
+        return sum(self.local_world_sizes[:node_rank])
+
+    def local_world_size_of(self, node_id: str) -> int:
+        """How many processes `node_id` runs in the training group (0 when it does not train)."""
+        node_rank = self.node_rank_of(node_id)
+        return 0 if node_rank is None else self.local_world_sizes[node_rank]
 
     def weights_members(self) -> tuple[str, ...]:
         """The weights group: training rank 0 (the publisher), then every inference and selfplay
@@ -173,13 +209,15 @@ class RolePlan:
         return (self.training_ranks[0], *receivers)
 
     def same_assignment(self, other: RolePlan | None) -> bool:
-        """True when `other` assigns the same roles, ranks, group and generation (any fence)."""
+        """True when `other` assigns the same roles, ranks, local world sizes, group and
+        generation (any fence)."""
         return other is not None and other.digest == self.digest
 
     def _assignment(self) -> dict[str, Any]:
         return {
             "roles": {node: role.value for node, role in self.roles.items()},
             "training_ranks": list(self.training_ranks),
+            "local_world_sizes": list(self.local_world_sizes),
             "group": self.group.to_dict(),
             "generation": self.generation,
             "cannot_train": dict(self.cannot_train),
@@ -214,6 +252,9 @@ class RolePlan:
             roles = {str(node): Role(role) for node, role in roles_raw.items()}
         except ValueError as exc:
             raise PlanError(f"plan has an unknown role: {exc}") from exc
+        sizes = data.get("local_world_sizes")
+        if sizes is not None and not isinstance(sizes, list):
+            raise PlanError("plan local_world_sizes must be a list of integers")
         note = data.get("note", "")
         return cls(
             term=term,
@@ -225,6 +266,7 @@ class RolePlan:
             generation=data.get("generation", 0),
             cannot_train={str(node): reason for node, reason in unable.items()},
             weights_generation=data.get("weights_generation", 0),
+            local_world_sizes=tuple(sizes or ()),
         )
 
 

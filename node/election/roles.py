@@ -4,6 +4,7 @@ the debouncer that turns a burst of membership changes into one new plan.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -17,12 +18,21 @@ AUTO_FALLBACK_ROLE = Role.SELFPLAY
 CANNOT_TRAIN_META = "cannot_train"
 """Membership meta key a node sets, with its reason, while it cannot train (its training
 process keeps dying); the coordinator gives such a node no rank."""
+GPU_UUIDS_META = "gpu_uuids"
+"""Membership meta key of the UUIDs of the GPUs a node owns, comma-separated; a list longer than
+one meta value continues in `gpu_uuids_1`, `gpu_uuids_2`, ... (see `gpu_uuids_meta`)."""
+NPROC_META = "training_nproc"
+"""Membership meta key of the processes a node runs in the training group (absent: 1)."""
+META_TEXT_CHARS = 256
+"""The longest meta value membership gossips (node.membership's MAX_META_TEXT_CHARS)."""
 
 
 @dataclass(frozen=True, slots=True)
 class NodeCapabilities:
     """What the coordinator knows of one alive member. `gpu_vram_gb` is per GPU;
-    `cannot_train` is the member's reason when it reported itself unable to train."""
+    `cannot_train` is the member's reason when it reported itself unable to train;
+    `gpu_uuids` are the GPUs it owns (no two training nodes may share one); `nproc` is how
+    many processes it runs in the training group."""
 
     node_id: str
     address: str
@@ -31,6 +41,12 @@ class NodeCapabilities:
     gpu_vram_gb: float = 0.0
     preference: Role = Role.AUTO
     cannot_train: str | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    nproc: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 1:
+            raise PlanError(f"member {self.node_id!r}: nproc {self.nproc!r} must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +91,16 @@ def compute_plan(
     GPU (then most GPUs, then node id), up to max_training; `auto` nodes that do not train do
     self-play, inference and selfplay preferences are kept.
 
+    A member that claims a GPU UUID an earlier member (by node id) claims too may not train:
+    its `cannot_train` says `GPU <uuid> is also claimed by <node>`, so no two ranks share a GPU.
+
     Deterministic in its inputs (member order does not matter). With `previous`, training nodes
     that survive keep their relative rank order and come first; newcomers follow in choice order.
-    The generation comes from `next_generation(ranks, group, previous, highest_generation)`.
+    The group is node-major: training node k runs its `nproc` processes; world_size is their sum.
+    The generation comes from `next_generation(ranks, group, previous, highest_generation,
+    local_world_sizes)`.
     """
-    by_id = _by_id(members)
+    by_id = _with_gpu_conflicts(_by_id(members))
     chosen = _choose_trainers(by_id.values(), policy)
     eligible = len(chosen)
     if eligible < policy.min_training:
@@ -87,10 +108,11 @@ def compute_plan(
     ranks = _stable_ranks(chosen, previous)
     roles = {node_id: _non_training_role(cap) for node_id, cap in by_id.items()}
     roles.update(dict.fromkeys(ranks, Role.TRAINING))
+    sizes = tuple(by_id[node].nproc for node in ranks)
     group = GroupSpec(
         master_addr=by_id[ranks[0]].address if ranks else "",
         master_port=policy.master_port,
-        world_size=len(ranks),
+        world_size=sum(sizes),
         backend=_resolve_backend(policy.backend, [by_id[node] for node in ranks]),
     )
     plan = RolePlan(
@@ -100,10 +122,11 @@ def compute_plan(
         training_ranks=tuple(ranks),
         group=group,
         note=_note(eligible, len(ranks), by_id, policy),
-        generation=next_generation(tuple(ranks), group, previous, highest_generation),
+        generation=next_generation(tuple(ranks), group, previous, highest_generation, sizes),
         cannot_train={
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
         },
+        local_world_sizes=sizes,
     )
     return replace(plan, weights_generation=next_weights_generation(plan, previous))
 
@@ -125,15 +148,19 @@ def next_generation(
     group: GroupSpec,
     previous: RolePlan | None,
     highest_generation: int,
+    local_world_sizes: tuple[int, ...] | None = None,
 ) -> int:
-    """The generation of a plan with `ranks` and `group`: the previous plan's while the group is
-    the same and no newer generation was seen, else one above every generation seen
-    (`highest_generation` and the previous plan's), so a generation never repeats."""
+    """The generation of a plan with `ranks`, `local_world_sizes` (None: one process per node)
+    and `group`: the previous plan's while the group is the same and no newer generation was
+    seen, else one above every generation seen (`highest_generation` and the previous plan's),
+    so a generation never repeats."""
     seen = max(highest_generation, previous.generation if previous is not None else 0)
+    sizes = (1,) * len(ranks) if local_world_sizes is None else tuple(local_world_sizes)
     if (
         previous is not None
         and previous.generation == seen
         and previous.training_ranks == ranks
+        and previous.local_world_sizes == sizes
         and previous.group == group
     ):
         return seen
@@ -165,7 +192,8 @@ def capabilities_from_meta(
     host: HostEntry | None = None,
 ) -> NodeCapabilities:
     """Capabilities from a member's gossiped meta (`role`, `gpu_count`, `gpu_vram_gb`, `gpu`,
-    `cannot_train`), falling back to its inventory entry, then to a GPU-less `auto` node."""
+    `cannot_train`, `gpu_uuids`, `training_nproc`), falling back to its inventory entry, then
+    to a GPU-less `auto` node running one training process."""
     return NodeCapabilities(
         node_id=node_id,
         address=address,
@@ -174,7 +202,61 @@ def capabilities_from_meta(
         gpu_vram_gb=_meta_float(meta.get("gpu_vram_gb"), host.gpu_vram_gb if host else 0.0),
         preference=_meta_role(meta.get("role"), host.role if host else Role.AUTO),
         cannot_train=_meta_str(meta.get(CANNOT_TRAIN_META), None),
+        gpu_uuids=gpu_uuids_from_meta(meta),
+        nproc=max(1, _meta_int(meta.get(NPROC_META), 1)),
     )
+
+
+def gpu_uuids_meta(uuids: Sequence[str]) -> dict[str, str]:
+    """The membership meta entries that advertise `uuids`: `gpu_uuids`, continued in
+    `gpu_uuids_1`, ... so that no value exceeds META_TEXT_CHARS; {} without GPUs."""
+    entries: dict[str, str] = {}
+    chunk: list[str] = []
+    for uuid in uuids:
+        if not uuid or "," in uuid or len(uuid) > META_TEXT_CHARS:
+            raise PlanError(f"GPU UUID {uuid!r} cannot be advertised")
+        if chunk and len(",".join([*chunk, uuid])) > META_TEXT_CHARS:
+            entries[_uuid_key(len(entries))] = ",".join(chunk)
+            chunk = []
+        chunk.append(uuid)
+    if chunk:
+        entries[_uuid_key(len(entries))] = ",".join(chunk)
+    return entries
+
+
+def gpu_uuids_from_meta(meta: Mapping[str, object]) -> tuple[str, ...]:
+    """The GPU UUIDs a member advertises (`gpu_uuids_meta`'s entries, read in order)."""
+    uuids: list[str] = []
+    for part in itertools.count():
+        value = meta.get(_uuid_key(part))
+        if not isinstance(value, str):
+            break
+        uuids.extend(uuid for uuid in value.split(",") if uuid)
+    return tuple(uuids)
+
+
+def _uuid_key(part: int) -> str:
+    return GPU_UUIDS_META if part == 0 else f"{GPU_UUIDS_META}_{part}"
+
+
+def _with_gpu_conflicts(by_id: dict[str, NodeCapabilities]) -> dict[str, NodeCapabilities]:
+    """`by_id` (in node id order) with `cannot_train` set on each member that claims a GPU an
+    earlier member claims: the first claimant keeps it."""
+    owner_of: dict[str, str] = {}
+    result: dict[str, NodeCapabilities] = {}
+    for node_id, cap in by_id.items():
+        taken = [
+            (uuid, owner_of[uuid])
+            for uuid in cap.gpu_uuids
+            if owner_of.get(uuid, node_id) != node_id
+        ]
+        for uuid in cap.gpu_uuids:
+            owner_of.setdefault(uuid, node_id)
+        if taken:
+            uuid, owner = taken[0]
+            cap = replace(cap, cannot_train=f"GPU {uuid} is also claimed by {owner}")
+        result[node_id] = cap
+    return result
 
 
 def _by_id(members: Sequence[NodeCapabilities]) -> dict[str, NodeCapabilities]:

@@ -35,7 +35,7 @@ from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import json_error
 from node.training.launcher import TrainingLauncher, launcher_check
-from node.training.rendezvous import RENDEZVOUS_PATH, rendezvous_for
+from node.training.rendezvous import RENDEZVOUS_PATH, RendezvousError, rendezvous_for
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,13 @@ RENDEZVOUS_SCHEMA = {
         "master_port": {"type": "integer"},
         "backend": {"enum": ["nccl", "gloo"]},
         "generation": {"type": "integer"},
+        "term": {"type": "integer"},
+        "plan_version": {"type": "integer"},
+        "local_rank": {"type": "integer"},
+        "local_world_size": {"type": "integer"},
+        "node_rank": {"type": ["integer", "null"]},
+        "nnodes": {"type": "integer"},
+        "cuda_device": {"type": ["integer", "null"]},
     },
 }
 
@@ -122,10 +129,23 @@ class ElectionService:
         rendezvous = RouteDoc(
             "GET",
             RENDEZVOUS_PATH,
-            "This node's training rendezvous: rank, world_size, master_addr, master_port, "
-            "backend, generation; ?group=weights&run=R the run's weights group",
-            ((200, "rendezvous"), (404, "no such group"), (409, "this node has no plan yet")),
+            "The training rendezvous of this node's local rank I (default 0): rank (global), "
+            "local_rank, local_world_size, node_rank, nnodes, world_size, master_addr, "
+            "master_port, backend, generation, cuda_device; ?group=weights&run=R the run's "
+            "weights group",
+            (
+                (200, "rendezvous"),
+                (400, "a bad query: local_rank outside this node's local ranks"),
+                (404, "no such group"),
+                (409, "this node has no plan yet"),
+            ),
             parameters=(
+                (
+                    "local_rank",
+                    "query",
+                    "the local rank (training group; default 0)",
+                    {"type": "integer", "minimum": 0},
+                ),
                 ("group", "query", "training or weights", {"enum": ["training", "weights"]}),
                 ("run", "query", "the run, with group=weights", {"type": "string", "pattern": RUN}),
             ),
@@ -135,7 +155,7 @@ class ElectionService:
 
     async def _rendezvous(self, request: web.Request) -> web.Response:
         group = request.query.get("group", "training")
-        unknown = sorted(set(request.query) - {"group", "run"})
+        unknown = sorted(set(request.query) - {"group", "run", "local_rank"})
         if unknown:
             return json_error(
                 400, f"unknown query parameter(s) {', '.join(unknown)}", param=unknown[0]
@@ -148,8 +168,21 @@ class ElectionService:
                 known = ", ".join(["training", *sorted(self.group_handlers)])
                 return json_error(404, f"no group {group!r}; groups are {known}", param="group")
             return await handler(request)
+        text = request.query.get("local_rank", "0")
+        if not text.isdigit():
+            return json_error(
+                400, f"local_rank {text!r} must be an integer >= 0", param="local_rank"
+            )
         plan = self.elector.plan if self.elector is not None else None
-        rendezvous = rendezvous_for(plan, self._runtime.node_id)
+        try:
+            rendezvous = rendezvous_for(
+                plan,
+                self._runtime.node_id,
+                int(text),
+                owns_gpus=bool(self._runtime.owned_gpus),
+            )
+        except RendezvousError as exc:
+            return json_error(400, str(exc), param="local_rank")
         if rendezvous is None:
             return json_error(409, "no role plan yet: no coordinator has published one")
         return web.json_response(rendezvous.to_dict())
@@ -279,7 +312,11 @@ class ElectionService:
         if self.elector is not None:
             self._apply_status(self.elector)
             if self._launcher is not None and event.kind is ElectionEventKind.PLAN_ADOPTED:
-                rendezvous = rendezvous_for(self.elector.plan, self._runtime.node_id)
+                rendezvous = rendezvous_for(
+                    self.elector.plan,
+                    self._runtime.node_id,
+                    owns_gpus=bool(self._runtime.owned_gpus),
+                )
                 task = asyncio.create_task(self._launcher.apply(rendezvous))
                 self._launches.add(task)
                 task.add_done_callback(self._launched)

@@ -12,7 +12,7 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -30,11 +30,18 @@ GENERATION_PORT_SPAN = 1000
 
 @dataclass(frozen=True, slots=True)
 class Rendezvous:
-    """This node's part of the training group, as served by the daemon at GET /v1/rendezvous.
+    """One process's part of the training group, as served by the daemon at
+    GET /v1/rendezvous?local_rank=I.
 
-    `rank` is None when this node does not train under the current plan. `generation` changes
-    whenever the training group changes; `master_port` is the one rank 0 hosts the TCPStore on
-    for this generation (chosen by the coordinator; this module relies on nothing else).
+    The group is node-major: `rank` is the GLOBAL rank (`rank_offset + local_rank`) of local
+    rank `local_rank` of this node, which runs `local_world_size` processes and is training
+    node `node_rank` of `nnodes`. `rank` is None when this node does not train under the
+    current plan. `cuda_device` is the local rank's index within the node's
+    CUDA_VISIBLE_DEVICES (None when the node owns no GPU). `generation` changes whenever the
+    training group changes; `master_port` is the one rank 0 hosts the TCPStore on for this
+    generation (chosen by the coordinator; this module relies on nothing else). The fields
+    after `plan_version` have defaults so an older daemon's answer (one process per node)
+    still parses.
     """
 
     rank: int | None
@@ -45,9 +52,22 @@ class Rendezvous:
     generation: int
     term: int
     plan_version: int
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int | None = None
+    nnodes: int = 0
+    cuda_device: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "generation", "term", "plan_version"):
+        for name in (
+            "world_size",
+            "generation",
+            "term",
+            "plan_version",
+            "local_rank",
+            "local_world_size",
+            "nnodes",
+        ):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise RendezvousError(f"rendezvous {name} must be an integer >= 0, not {value!r}")
@@ -57,12 +77,25 @@ class Rendezvous:
             raise RendezvousError(f"rendezvous master_addr {self.master_addr!r} is not a string")
         if not _is_int(self.master_port) or not 0 <= self.master_port < 65536:
             raise RendezvousError(f"rendezvous master_port {self.master_port!r} is not a port")
+        if self.cuda_device is not None and (not _is_int(self.cuda_device) or self.cuda_device < 0):
+            raise RendezvousError(f"rendezvous cuda_device {self.cuda_device!r} is not an index")
         if self.rank is None:
             return
         if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
             raise RendezvousError(f"rendezvous rank {self.rank!r} is not below {self.world_size}")
         if not self.master_addr or self.master_port == 0:
             raise RendezvousError("a rendezvous with a rank needs master_addr and master_port")
+        if not self.local_rank < self.local_world_size <= self.world_size:
+            raise RendezvousError(
+                f"rendezvous local_rank {self.local_rank} must be below local_world_size "
+                f"{self.local_world_size}, which is at most world_size {self.world_size}"
+            )
+        if self.node_rank is not None and (
+            not _is_int(self.node_rank) or not 0 <= self.node_rank < self.nnodes
+        ):
+            raise RendezvousError(
+                f"rendezvous node_rank {self.node_rank!r} is not below nnodes {self.nnodes}"
+            )
 
     @property
     def store_prefix(self) -> str:
@@ -77,14 +110,15 @@ class Rendezvous:
 
     @classmethod
     def from_dict(cls, data: object) -> Rendezvous:
-        """The rendezvous of a JSON object; RendezvousError names the bad or missing field."""
+        """The rendezvous of a JSON object; RendezvousError names the bad or missing field.
+        Fields with a default may be absent (an older daemon's answer)."""
         if not isinstance(data, Mapping):
             raise RendezvousError(f"rendezvous must be a JSON object, not {type(data).__name__}")
-        names = [spec.name for spec in fields(cls)]
-        missing = [name for name in names if name not in data]
+        specs = fields(cls)
+        missing = [s.name for s in specs if s.name not in data and s.default is MISSING]
         if missing:
             raise RendezvousError(f"rendezvous lacks {', '.join(missing)}")
-        return cls(**{name: data[name] for name in names})
+        return cls(**{s.name: data[s.name] for s in specs if s.name in data})
 
 
 _FENCE = {"term": 0, "plan_version": 0}
@@ -140,15 +174,21 @@ def daemon_endpoint(
 
 
 def fetch_rendezvous(
-    endpoint: DaemonEndpoint, timeout_s: float | None = None
+    endpoint: DaemonEndpoint, timeout_s: float | None = None, local_rank: int | None = None
 ) -> Rendezvous | NoRank:
-    """One GET /v1/rendezvous: the rendezvous, or NoRank on 404/409; RendezvousError otherwise."""
+    """One GET /v1/rendezvous (?local_rank=I when given): the rendezvous, or NoRank on 404/409;
+    RendezvousError otherwise (a local_rank outside the node's processes answers 400)."""
+    path = RENDEZVOUS_PATH
+    if local_rank is not None:
+        if not _is_int(local_rank) or local_rank < 0:
+            raise RendezvousError(f"local_rank {local_rank!r} must be an integer >= 0")
+        path = f"{RENDEZVOUS_PATH}?local_rank={local_rank}"
     headers = {"Accept": "application/json"}
     if endpoint.secret is not None:
-        headers.update(signed_headers(endpoint.secret, endpoint.node_id, "GET", RENDEZVOUS_PATH))
-    request = urllib.request.Request(endpoint.url + RENDEZVOUS_PATH, headers=headers)  # noqa: S310 (scheme checked in daemon_endpoint)
+        headers.update(signed_headers(endpoint.secret, endpoint.node_id, "GET", path))
+    request = urllib.request.Request(endpoint.url + path, headers=headers)  # noqa: S310 (scheme checked in daemon_endpoint)
     wait_s = endpoint.timeout_s if timeout_s is None else max(0.05, timeout_s)
-    where = f"{endpoint.url}{RENDEZVOUS_PATH}"
+    where = f"{endpoint.url}{path}"
     try:
         with urllib.request.urlopen(request, timeout=wait_s) as response:  # noqa: S310
             body = response.read()
@@ -170,20 +210,36 @@ def fetch_rendezvous(
         raise RendezvousError(f"{where} answered a bad rendezvous: {exc}") from exc
 
 
-def rendezvous_for(plan: RolePlan | None, node_id: str) -> Rendezvous | None:
-    """This node's rendezvous under `plan`, or None without a plan.
+def rendezvous_for(
+    plan: RolePlan | None, node_id: str, local_rank: int = 0, *, owns_gpus: bool = False
+) -> Rendezvous | None:
+    """The rendezvous of local rank `local_rank` of `node_id` under `plan`, or None without a
+    plan. `owns_gpus`: the node owns GPUs, so local rank i uses CUDA device i (of its
+    CUDA_VISIBLE_DEVICES).
 
-    The master port moves with the generation (base + generation mod GENERATION_PORT_SPAN) so
-    a new group's store never meets the previous group's socket.
+    RendezvousError when the node trains and `local_rank` is not one of its local ranks. The
+    master port moves with the generation (base + generation mod GENERATION_PORT_SPAN) so a new
+    group's store never meets the previous group's socket.
     """
     if plan is None:
         return None
+    if not _is_int(local_rank) or local_rank < 0:
+        raise RendezvousError(f"local_rank {local_rank!r} must be an integer >= 0")
     group = plan.group
     port = group.master_port
     if group.world_size:
         port = group.master_port + plan.generation % GENERATION_PORT_SPAN
+    node_rank = plan.node_rank_of(node_id)
+    offset = plan.rank_offset_of(node_id)
+    local_world_size = plan.local_world_size_of(node_id)
+    if node_rank is not None and local_rank >= local_world_size:
+        raise RendezvousError(
+            f"local_rank {local_rank} is not one of this node's local ranks "
+            f"0..{local_world_size - 1} (it runs {local_world_size} training processes)"
+        )
+    trains = offset is not None
     return Rendezvous(
-        rank=plan.rank_of(node_id),
+        rank=offset + local_rank if offset is not None else None,
         world_size=group.world_size,
         master_addr=group.master_addr,
         master_port=port,
@@ -191,6 +247,11 @@ def rendezvous_for(plan: RolePlan | None, node_id: str) -> Rendezvous | None:
         generation=plan.generation,
         term=plan.term,
         plan_version=plan.version,
+        local_rank=local_rank,
+        local_world_size=local_world_size if trains else 0,
+        node_rank=node_rank,
+        nnodes=len(plan.training_ranks),
+        cuda_device=local_rank if trains and owns_gpus else None,
     )
 
 

@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from health import GpuInfo, GpuReader, HealthError, HealthStatus, gpu_check, read_gpus
+from health import (
+    ENV_FAKE_GPUS,
+    GpuInfo,
+    GpuReader,
+    HealthError,
+    HealthStatus,
+    fake_gpu_uuids,
+    gpu_check,
+    read_gpus,
+)
 from tests.health.conftest import FakeClock
 
 MIB = 1024 * 1024
@@ -52,6 +61,7 @@ class FakeGpu:
     ecc: int = 0
     remap_pending: int = 0
     remap_failed: int = 0
+    power_mw: int | None = 312_500
     lost: bool = False
 
 
@@ -119,6 +129,12 @@ class FakeNvml:
         gpu = self._gpu(handle)
         return (0, 0, gpu.remap_pending, gpu.remap_failed)
 
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        power = self._gpu(handle).power_mw
+        if power is None:
+            raise NVMLError("Not Supported")
+        return power
+
     def nvmlEventSetCreate(self) -> str:
         return "event-set"
 
@@ -150,6 +166,7 @@ async def test_healthy_gpus(nvml: FakeNvml) -> None:
     assert (first.util_pct, first.memory_used_mb, first.memory_total_mb) == (40.0, 1000, 81559)
     assert (first.temperature_c, first.ecc_uncorrected, first.xid_errors) == (50.0, 0, 0)
     assert (first.remapped_pending, first.remapped_failed, first.error) == (False, False, False)
+    assert first.power_watts == 312.5
     result = await gpu_check(reader)()
     assert result.status is HealthStatus.HEALTHY
     assert result.message == "2 GPUs ok"
@@ -203,8 +220,10 @@ async def test_xid_errors_are_unhealthy_while_recent(nvml: FakeNvml, clock: Fake
 
 async def test_unsupported_readings_are_none(nvml: FakeNvml) -> None:
     nvml.gpus[0].temperature = None
+    nvml.gpus[0].power_mw = None
     gpu = GpuReader().read()[0]
     assert gpu.temperature_c is None
+    assert gpu.power_watts is None
     assert not gpu.error
 
 
@@ -274,3 +293,23 @@ def test_a_gpu_entry_of_the_wrong_shape_reads_as_unknowns() -> None:
     assert (gpu.index, gpu.name, gpu.uuid, gpu.util_pct) == (4, "?", "", None)
     assert (gpu.problems, gpu.error, gpu.last_xid) == (("hot",), True, None)
     assert gpu.ecc_uncorrected is None
+
+
+def test_the_fake_gpu_seam_reports_its_uuids_instead_of_nvml(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_FAKE_GPUS, "GPU-x, GPU-y")
+    assert fake_gpu_uuids() == ("GPU-x", "GPU-y")
+    reader = GpuReader()
+    gpus, reason = reader.read_with_reason()
+    assert [(gpu.index, gpu.uuid, gpu.error) for gpu in gpus] == [
+        (0, "GPU-x", False),
+        (1, "GPU-y", False),
+    ]
+    assert reason == ""
+    assert GpuReader(fake_uuids=["GPU-z"]).read()[0].uuid == "GPU-z"
+    monkeypatch.setenv(ENV_FAKE_GPUS, "")
+    assert GpuReader().read_with_reason() == ([], f"{ENV_FAKE_GPUS} lists no GPU")
+    monkeypatch.delenv(ENV_FAKE_GPUS)
+    assert fake_gpu_uuids() is None
+    assert [gpu.uuid for gpu in GpuReader().read()] == ["GPU-0000", "GPU-0001"]

@@ -89,6 +89,11 @@ def test_rendezvous_json_round_trip_has_the_contract_fields() -> None:
         "generation": 4,
         "term": 3,
         "plan_version": 8,
+        "local_rank": 0,
+        "local_world_size": 1,
+        "node_rank": None,
+        "nnodes": 0,
+        "cuda_device": None,
     }
     assert Rendezvous.from_dict(json.loads(json.dumps(data))) == rdv(rank=None, world_size=3)
 
@@ -360,6 +365,10 @@ def test_rendezvous_for_a_plan_moves_the_port_with_the_generation() -> None:
         generation=1007,
         term=4,
         plan_version=9,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=1,
+        nnodes=2,
     )
     assert rendezvous_for(plan, "b").rank == 0  # type: ignore[union-attr]
     selfplay = rendezvous_for(plan, "c")
@@ -368,4 +377,6 @@ def test_rendezvous_for_a_plan_moves_the_port_with_the_generation() -> None:
     assert selfplay.generation == 1007
     assert rendezvous_for(None, "a") is None
     nobody = RolePlan(4, 10, {"c": Role.SELFPLAY}, (), GroupSpec("", 29500, 0, "gloo"))
-    assert rendezvous_for(nobody, "c") == Rendezvous(None, 0, "", 29500, "gloo", 0, 4, 10)
+    assert rendezvous_for(nobody, "c") == Rendezvous(
+        None, 0, "", 29500, "gloo", 0, 4, 10, local_world_size=0
+    )

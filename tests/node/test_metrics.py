@@ -37,7 +37,7 @@ GPU_READING = {
     "memory_used_mb": 1024.0,
     "memory_total_mb": 81920.0,
     "temperature_c": 61.0,
-    "power_w": 310.0,
+    "power_watts": 310.0,
     "ecc_uncorrected": 0,
     "xid_errors": 2,
 }

@@ -95,6 +95,7 @@ def test_plan_dict_form() -> None:
         "version": 3,
         "roles": {"a": "training", "b": "selfplay"},
         "training_ranks": ["a"],
+        "local_world_sizes": [1],
         "group": {
             "master_addr": "10.0.0.1",
             "master_port": 29500,
