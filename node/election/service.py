@@ -36,6 +36,7 @@ from node.runtime import NodeRuntime
 from node.security import json_error
 from node.training.launcher import TrainingLauncher, launcher_check
 from node.training.rendezvous import RENDEZVOUS_PATH, RendezvousError, rendezvous_for
+from node.training.torchrun import training_base_env
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -252,11 +253,12 @@ class ElectionService:
                 settings.training_command,
                 data_dir,
                 data_dir / "training.log",
-                {
-                    **os.environ,
-                    **settings.training_env,
-                    "SHOAL_DAEMON_URL": f"http://{runtime.address}:{runtime.port}",
-                },
+                training_base_env(
+                    os.environ,
+                    settings.training_env,
+                    f"http://{runtime.address}:{runtime.port}",
+                    runtime.owned_gpus,
+                ),
                 stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
                 max_failures=settings.training_max_failures,
                 failure_window_s=settings.training_failure_window_s,

@@ -5,11 +5,12 @@ training launcher's workers and `env_from: rendezvous` jobs get, so a script wri
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from config import ENV_CUDA_VISIBLE_DEVICES, cuda_visible_devices
 from node.errors import LauncherError
-from node.training.rendezvous import Rendezvous
+from node.training.rendezvous import ENV_DAEMON_URL, Rendezvous
 
 ROLE_NAME = "default"
 """torchrun's role name when none is given (`--role`)."""
@@ -57,14 +58,24 @@ class NodePlace:
 
 
 def node_place(rendezvous: Rendezvous) -> NodePlace:
-    """This node's place in the group of `rendezvous`; LauncherError when it has no rank."""
+    """This node's place in the group of `rendezvous` (any of its local ranks' answers); an
+    answer without `node_rank` (an older daemon's) places one process per node. LauncherError
+    when it has no rank."""
     if rendezvous.rank is None:
         raise LauncherError(f"generation {rendezvous.generation} gives this node no rank")
+    first_rank = rendezvous.rank - rendezvous.local_rank
+    if rendezvous.node_rank is None:
+        if rendezvous.local_world_size != 1:
+            raise LauncherError(
+                f"generation {rendezvous.generation}: a rendezvous of "
+                f"{rendezvous.local_world_size} local ranks lacks node_rank"
+            )
+        return NodePlace(first_rank, 1, rendezvous.rank, rendezvous.world_size)
     return NodePlace(
-        first_rank=rendezvous.rank,
-        local_world_size=1,
-        node_rank=rendezvous.rank,
-        nnodes=rendezvous.world_size,
+        first_rank=first_rank,
+        local_world_size=rendezvous.local_world_size,
+        node_rank=rendezvous.node_rank,
+        nnodes=rendezvous.nnodes,
     )
 
 
@@ -135,3 +146,20 @@ def training_env(
             inherited=base_env,
         ),
     }
+
+
+def training_base_env(
+    inherited: Mapping[str, str],
+    training_env: Mapping[str, str],
+    daemon_url: str,
+    owned_gpus: Sequence[int],
+) -> dict[str, str]:
+    """What every training worker of the daemon starts from (the launcher adds the torchrun
+    variables): the daemon's environment, the `training_env` setting, SHOAL_DAEMON_URL, and
+    CUDA_VISIBLE_DEVICES of the GPUs this node owns when it owns some (the plan gives local rank
+    i the i-th of them, so no two ranks share a GPU)."""
+    env = {**inherited, **training_env, ENV_DAEMON_URL: daemon_url}
+    visible = cuda_visible_devices(owned_gpus)
+    if visible is not None:
+        env[ENV_CUDA_VISIBLE_DEVICES] = visible
+    return env

@@ -10,7 +10,14 @@ import pytest
 from node.errors import JobError, LauncherError
 from node.jobs.policy import rendezvous_env
 from node.training.rendezvous import Rendezvous
-from node.training.torchrun import TORCHRUN_VARIABLES, torchrun_env, training_env
+from node.training.torchrun import (
+    TORCHRUN_VARIABLES,
+    NodePlace,
+    node_place,
+    torchrun_env,
+    training_base_env,
+    training_env,
+)
 
 
 def rdv(**changes: Any) -> Rendezvous:
@@ -90,3 +97,77 @@ def test_a_job_with_a_local_rank_this_node_lacks_is_refused(local_rank: str) -> 
 def test_a_job_on_a_node_without_a_rank_gets_nothing() -> None:
     assert rendezvous_env(None) == {}
     assert rendezvous_env(rdv(rank=None).to_dict()) == {}
+
+
+def node_1_of_2(local_rank: int = 0, **changes: Any) -> Rendezvous:
+    """Local rank `local_rank` of node 1 of 2, each with 2 local ranks (world 4)."""
+    fields: dict[str, Any] = {
+        "rank": 2 + local_rank,
+        "world_size": 4,
+        "local_rank": local_rank,
+        "local_world_size": 2,
+        "node_rank": 1,
+        "nnodes": 2,
+    }
+    return rdv(**(fields | changes))
+
+
+@pytest.mark.parametrize("answered_for", [0, 1])
+def test_every_torchrun_variable_of_local_rank_1_of_a_two_worker_node(answered_for: int) -> None:
+    env = torchrun_env(node_1_of_2(answered_for), local_rank=1, restart_count=1, max_restarts=2)
+    assert env == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+        "ROLE_RANK": "3",
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": "4",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29505",
+        "TORCHELASTIC_RESTART_COUNT": "1",
+        "TORCHELASTIC_MAX_RESTARTS": "2",
+        "TORCHELASTIC_RUN_ID": "shoal-gen5",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": "1",
+        "SHOAL_GENERATION": "5",
+    }
+    assert torchrun_env(node_1_of_2(answered_for))["RANK"] == "2"
+
+
+def test_the_node_place_of_a_rendezvous() -> None:
+    assert node_place(node_1_of_2(1)) == NodePlace(2, 2, 1, 2)
+    assert node_place(rdv()) == NodePlace(2, 1, 2, 3), "an older daemon's answer: one per node"
+    with pytest.raises(LauncherError, match="lacks node_rank"):
+        node_place(node_1_of_2(node_rank=None))
+    with pytest.raises(LauncherError, match="local rank 2 is not below"):
+        node_place(node_1_of_2()).rank_of(2)
+
+
+def test_an_inherited_omp_num_threads_is_left_alone() -> None:
+    env = training_env(node_1_of_2(), {"OMP_NUM_THREADS": "8"}, local_rank=1)
+    assert env["OMP_NUM_THREADS"] == "8"
+
+
+def test_a_job_with_its_own_local_rank_gets_that_ranks_variables() -> None:
+    env = rendezvous_env(node_1_of_2().to_dict(), {"LOCAL_RANK": "1"})
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"]) == ("3", "1", "1")
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+    with pytest.raises(JobError, match=r"LOCAL_RANK '2' is not a local rank of this node \(0 to 1"):
+        rendezvous_env(node_1_of_2().to_dict(), {"LOCAL_RANK": "2"})
+
+
+def test_the_workers_base_env_shows_the_owned_gpus_only_when_there_are_some() -> None:
+    inherited = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "X": "daemon"}
+    env = training_base_env(inherited, {"X": "setting"}, "http://10.0.0.2:8770", (1, 3))
+    assert env == {
+        "PATH": "/bin",
+        "CUDA_VISIBLE_DEVICES": "1,3",
+        "X": "setting",
+        "SHOAL_DAEMON_URL": "http://10.0.0.2:8770",
+    }
+    without = training_base_env(inherited, {}, "http://10.0.0.2:8770", ())
+    assert without["CUDA_VISIBLE_DEVICES"] == "0,1,2,3", "no owned GPUs: left alone"
