@@ -11,7 +11,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,10 +38,23 @@ def choose_backend(requested: Backend, cuda_available: bool) -> Backend:
     return "nccl" if requested == "nccl" and cuda_available else "gloo"
 
 
+def local_rank_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """LOCAL_RANK of this process's environment (the launcher and torchrun set it), or None
+    when unset; GroupError when it is not an integer >= 0."""
+    text = (os.environ if env is None else env).get("LOCAL_RANK")
+    if text is None or text == "":
+        return None
+    if not (text.isascii() and text.isdigit()):
+        raise GroupError(f"LOCAL_RANK {text!r} must be an integer >= 0")
+    return int(text)
+
+
 class ElasticGroup:
     """The torch.distributed default process group of this process, re-formed per generation.
 
-    Owns the process group and, on rank 0, the TCPStore server. Not thread-safe.
+    Owns the process group and, on rank 0, the TCPStore server. Not thread-safe. `local_rank`
+    is this process's local rank on its node (None: the daemon's default, local rank 0); the
+    daemon answers the rendezvous of that local rank.
     """
 
     def __init__(
@@ -49,11 +62,13 @@ class ElasticGroup:
         endpoint: DaemonEndpoint,
         timeouts: Timeouts | None = None,
         *,
+        local_rank: int | None = None,
         changed_interval_s: float = 1.0,
         poll_interval_s: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.endpoint = endpoint
+        self.local_rank = local_rank
         self.timeouts = timeouts or Timeouts()
         self._changed_interval_s = changed_interval_s
         self._poll_interval_s = poll_interval_s
@@ -103,7 +118,7 @@ class ElasticGroup:
             return self._changed
         self._last_poll = now
         try:
-            answer = fetch_rendezvous(self.endpoint, self.timeouts.peer_status_s)
+            answer = fetch_rendezvous(self.endpoint, self.timeouts.peer_status_s, self.local_rank)
         except RendezvousError as exc:
             level = logging.DEBUG if self._warned else logging.WARNING
             log.log(level, "generation %s: cannot check the rendezvous: %s", self._formed, exc)
@@ -144,7 +159,7 @@ class ElasticGroup:
         problem = "no answer yet"
         while True:
             try:
-                answer = fetch_rendezvous(self.endpoint, deadline - self._clock())
+                answer = fetch_rendezvous(self.endpoint, deadline - self._clock(), self.local_rank)
             except RendezvousError as exc:
                 answer, problem = None, str(exc)
             if isinstance(answer, Rendezvous):
@@ -181,12 +196,18 @@ def join_group(
     node_id: str | None = None,
     timeouts: Timeouts | None = None,
     changed_interval_s: float = 1.0,
+    local_rank: int | None = None,
 ) -> ElasticGroup:
-    """Form this process's torch.distributed group from the daemon's rendezvous: wait up to
-    `timeout_s` (default quorum_s) for a rank, then join rank 0's store; GroupError if not."""
+    """Form this process's torch.distributed group from the daemon's rendezvous of its local
+    rank (`local_rank`, default LOCAL_RANK of the environment, else 0): wait up to `timeout_s`
+    (default quorum_s) for a rank, then join rank 0's store; GroupError if not."""
     timeouts = timeouts or Timeouts()
     endpoint = daemon_endpoint(daemon_url, secret_file, node_id, timeouts=timeouts)
-    group = ElasticGroup(endpoint, timeouts, changed_interval_s=changed_interval_s)
+    if local_rank is None:
+        local_rank = local_rank_from_env()
+    group = ElasticGroup(
+        endpoint, timeouts, local_rank=local_rank, changed_interval_s=changed_interval_s
+    )
     group.regroup(timeout_s)
     return group
 

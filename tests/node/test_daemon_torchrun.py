@@ -179,3 +179,48 @@ async def test_the_workers_see_exactly_the_gpus_their_node_owns(
         {"RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "2,0"},
         {"RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "2,0"},
     ]
+
+
+JOIN_GROUP = (
+    "import json, os, sys\n"
+    "import torch\n"
+    "import torch.distributed as dist\n"
+    "from node.training.groups import join_group\n"
+    "group = join_group(60)\n"
+    "value = torch.tensor([float(group.rank + 1)])\n"
+    "dist.all_reduce(value)\n"
+    "line = {'local_rank': os.environ['LOCAL_RANK'], 'rank': group.rank, 'sum': value.item()}\n"
+    "open(sys.argv[1], 'a').write(json.dumps(line) + '\\n')\n"
+    "group.close()\n"
+)
+
+
+@pytest.mark.timeout(180)
+async def test_elastic_workers_join_with_the_rendezvous_of_their_local_rank(
+    tmp_path: Path,
+) -> None:
+    """An elastic-aware training command (join_group) run by the launcher as 2 workers: each
+    asks the daemon for its own LOCAL_RANK's rendezvous, so they form one group of 2."""
+    out = tmp_path / "joined.jsonl"
+    root = str(Path(__file__).resolve().parents[2])
+    settings = test_settings(
+        tmp_path,
+        "e",
+        **FAST_ELECTION,
+        role="training",
+        backend="gloo",
+        training_nproc=2,
+        training_command=(sys.executable, "-c", JOIN_GROUP, str(out)),
+        training_env={"PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR"},
+    )
+    async with NodeDaemon(settings):
+
+        def both() -> bool:
+            return out.exists() and len(out.read_text().splitlines()) >= 2
+
+        await wait_for(both, 120, "both local ranks to all-reduce", out)
+    lines = sorted((json.loads(line) for line in out.read_text().splitlines()), key=str)
+    assert lines == [
+        {"local_rank": "0", "rank": 0, "sum": 3.0},
+        {"local_rank": "1", "rank": 1, "sum": 3.0},
+    ]

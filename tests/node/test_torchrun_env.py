@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from node.errors import JobError, LauncherError
+from node.errors import GroupError, JobError, LauncherError
 from node.jobs.policy import rendezvous_env
+from node.training.groups import local_rank_from_env
 from node.training.rendezvous import Rendezvous
 from node.training.torchrun import (
     TORCHRUN_VARIABLES,
@@ -171,3 +172,12 @@ def test_the_workers_base_env_shows_the_owned_gpus_only_when_there_are_some() ->
     }
     without = training_base_env(inherited, {}, "http://10.0.0.2:8770", ())
     assert without["CUDA_VISIBLE_DEVICES"] == "0,1,2,3", "no owned GPUs: left alone"
+
+
+def test_an_elastic_worker_takes_its_local_rank_from_the_environment() -> None:
+    assert local_rank_from_env({"LOCAL_RANK": "3"}) == 3
+    assert local_rank_from_env({}) is None
+    assert local_rank_from_env({"LOCAL_RANK": ""}) is None
+    for bad in ("-1", "one", "²"):
+        with pytest.raises(GroupError, match=r"LOCAL_RANK .* must be an integer >= 0"):
+            local_rank_from_env({"LOCAL_RANK": bad})
