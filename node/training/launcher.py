@@ -281,6 +281,10 @@ class TrainingLauncher(AsyncClosing):
             log.warning("generation %s: %s", rendezvous.generation, self._last_error)
             await self._terminate([proc for _, proc in workers])
             return -1
+        except asyncio.CancelledError:
+            for _, proc in workers:
+                _signal_group(proc, signal.SIGKILL)
+            raise
         finally:
             self._workers = tuple(workers)
         procs = [proc for _, proc in workers]
@@ -310,10 +314,9 @@ class TrainingLauncher(AsyncClosing):
             await self._terminate(procs)
             return None
         if failed is None:
+            # Every worker exited by itself: kill what they may have left in their groups.
             for proc in procs:
-                _signal_group(
-                    proc, signal.SIGKILL
-                )  # stragglers of workers that exited by themselves
+                _signal_group(proc, signal.SIGKILL)
             self._last_exit_code = 0
             return 0
         local_rank, exit_code = failed

@@ -480,12 +480,15 @@ async def test_workers_failing_together_count_one_failure_toward_giving_up(
     async with runner:
         await runner.apply(node_rdv(generation=1))
         await wait_until(lambda: runner.status.state is LauncherState.GAVE_UP)
-        starts = events(out, "start")
-        assert len(starts) == 4, "two starts of two workers each"
-        counts = sorted(event["env"]["TORCHELASTIC_RESTART_COUNT"] for event in starts)
-        assert counts == ["0", "0", "1", "1"]
+        status = runner.status
+        assert (status.starts, status.restarts, status.failures) == (2, 1, 2), (
+            "two starts of both workers, each failure counted once"
+        )
         assert reasons[0].startswith("training command failed 2 times")
-        assert all(event["env"]["TORCHELASTIC_MAX_RESTARTS"] == "1" for event in starts)
+        # A worker may be stopped (its sibling crashed first) before it records its start.
+        starts = events(out, "start")
+        assert {event["env"]["TORCHELASTIC_RESTART_COUNT"] for event in starts} <= {"0", "1"}
+        assert {event["env"]["TORCHELASTIC_MAX_RESTARTS"] for event in starts} == {"1"}
 
 
 async def test_a_worker_that_finishes_waits_for_the_others(tmp_path: Path, out: Path) -> None:
