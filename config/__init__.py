@@ -23,9 +23,11 @@ from config.durable import fsync_directory
 from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
 from config.fields import Category, HostStatus, Role, is_valid_node_id
 from config.gpus import (
+    ENV_CUDA_DEVICE_ORDER,
     ENV_CUDA_VISIBLE_DEVICES,
     GpuSelection,
     NprocSetting,
+    cuda_env,
     cuda_visible_devices,
     gpu_share,
     owned_gpus,
@@ -65,6 +67,7 @@ from config.wire import ErrorAnswer, error_body, error_exception, error_response
 __all__ = [
     "CLOCK_SKEWS",
     "DEFAULT_DELETIONS",
+    "ENV_CUDA_DEVICE_ORDER",
     "ENV_CUDA_VISIBLE_DEVICES",
     "ENV_VARS",
     "HEADER_CLOCK_SKEW",
@@ -101,6 +104,7 @@ __all__ = [
     "StackEntry",
     "SyncSection",
     "Timeouts",
+    "cuda_env",
     "cuda_visible_devices",
     "describe_settings",
     "eligible_hosts",

@@ -15,6 +15,7 @@ NprocSetting = Literal["auto"] | int
 """The `training_nproc` setting: `auto` (one per owned GPU, 1 without GPUs) or a count."""
 
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+ENV_CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 
 
 def owned_gpus(selection: GpuSelection, visible: int) -> tuple[int, ...]:
@@ -59,6 +60,16 @@ def cuda_visible_devices(owned: Sequence[int]) -> str | None:
     if not owned:
         return None
     return ",".join(str(index) for index in owned)
+
+
+def cuda_env(owned: Sequence[int]) -> dict[str, str]:
+    """The environment that shows a process exactly the `owned` GPUs: CUDA_VISIBLE_DEVICES, and
+    CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers the GPUs as NVML (and `gpus`) does; {} when
+    the node owns none."""
+    visible = cuda_visible_devices(owned)
+    if visible is None:
+        return {}
+    return {ENV_CUDA_VISIBLE_DEVICES: visible, ENV_CUDA_DEVICE_ORDER: "PCI_BUS_ID"}
 
 
 def restricts_gpus(selection: GpuSelection) -> bool:

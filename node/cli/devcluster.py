@@ -1,5 +1,6 @@
 """`shoal dev-cluster`: N nodes on 127.0.0.1 with their own ports and data dirs, a place to try
 failures: a node that dies leaves the others running, and `kill` / `restart` act on one node.
+On a host with GPUs each node owns a disjoint share of them (node i: GPUs i, i + N, ...).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from config import gpu_share
 from node.cli.common import EXIT_FAILURE, console, fail
 
 STATE_FILE = "dev-cluster.json"
@@ -40,6 +42,8 @@ class DevNode:
     port: int
     pid: int
     log: str
+    gpus: str | None = None
+    """The node's `gpus` setting (None: the default, on a host without GPUs)."""
 
 
 def dev_inventory(nodes: int, base_port: int) -> str:
@@ -50,26 +54,53 @@ def dev_inventory(nodes: int, base_port: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _node_command(data_dir: Path, name: str, port: int) -> list[str]:
+def dev_gpus(node_index: int, nodes: int, visible: int) -> str | None:
+    """The `gpus` setting of node `node_index` (0-based) of `nodes` on a host with `visible`
+    GPUs: its share (config.gpu_share) as `I,J,...`, `none` when the share is empty, None on a
+    host without GPUs (nothing changes there)."""
+    if visible == 0:
+        return None
+    share = gpu_share(node_index, nodes, visible)
+    return ",".join(map(str, share)) if share else "none"
+
+
+def host_gpu_count() -> int:
+    """How many GPUs NVML sees on this host (0 without GPU, driver or library)."""
+    from health import GpuReader, HealthError  # NVML only for the commands that spawn nodes
+
+    reader = GpuReader()
+    try:
+        return len(reader.read())
+    except HealthError as exc:
+        console.print(f"cannot count this host's GPUs ({exc}); nodes get none", highlight=False)
+        return 0
+    finally:
+        reader.close()
+
+
+def _node_command(data_dir: Path, name: str, port: int, gpus: str | None) -> list[str]:
     return [
         sys.executable, "-m", "node", "serve",
         "--node-id", name,
         "--port", str(port),
         "--data-dir", str(data_dir / name),
         "--inventory", str(data_dir / "hosts.yaml"),
+        *(["--gpus", gpus] if gpus is not None else []),
     ]  # fmt: skip
 
 
-def _spawn(data_dir: Path, name: str, port: int) -> tuple[DevNode, subprocess.Popen[bytes]]:
+def _spawn(
+    data_dir: Path, name: str, port: int, gpus: str | None
+) -> tuple[DevNode, subprocess.Popen[bytes]]:
     log_path = data_dir / f"{name}.log"
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
-            _node_command(data_dir, name, port),
+            _node_command(data_dir, name, port, gpus),
             stdout=log_file,
             stderr=log_file,
             start_new_session=True,  # Ctrl-C reaches the dev cluster, which stops the nodes
         )
-    return DevNode(name, port, process.pid, str(log_path)), process
+    return DevNode(name, port, process.pid, str(log_path), gpus), process
 
 
 def _write_state(data_dir: Path, nodes: dict[str, DevNode]) -> None:
@@ -117,7 +148,8 @@ def dev_cluster(
     """Start N nodes on 127.0.0.1 (own ports and data dirs); Ctrl-C stops them all.
 
     A node that dies is reported and the others keep running; `shoal dev-cluster kill NODE` and
-    `shoal dev-cluster restart NODE` (from another terminal) act on one node.
+    `shoal dev-cluster restart NODE` (from another terminal) act on one node. On a host with G
+    GPUs node i owns GPUs i, i + N, ... (`--gpus`), so no two nodes share one.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -130,15 +162,19 @@ def dev_cluster(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    visible = host_gpu_count()
     try:
         for index in range(1, nodes + 1):
-            node, process = _spawn(data_dir, f"dev-{index}", base_port + index - 1)
+            gpus = dev_gpus(index - 1, nodes, visible)
+            node, process = _spawn(data_dir, f"dev-{index}", base_port + index - 1, gpus)
             running[node.name] = node
             children.append(process)
         _write_state(data_dir, running)
         for node in running.values():
+            owned = "" if node.gpus is None else f", GPUs {node.gpus}"
             console.print(
-                f"{node.name}: http://127.0.0.1:{node.port}  (log {node.log})", highlight=False
+                f"{node.name}: http://127.0.0.1:{node.port}  (log {node.log}{owned})",
+                highlight=False,
             )
         console.print(
             "press Ctrl-C to stop every node; from another terminal try "
@@ -232,7 +268,7 @@ def dev_restart(
             time.sleep(0.1)
         if _alive(target.pid):
             os.kill(target.pid, signal.SIGKILL)
-    fresh, _ = _spawn(data_dir, node, target.port)
+    fresh, _ = _spawn(data_dir, node, target.port, target.gpus)
     nodes[node] = fresh
     _write_state(data_dir, nodes)
     console.print(f"{node} restarted (pid {fresh.pid}) on http://127.0.0.1:{fresh.port}")

@@ -82,7 +82,8 @@ def roles(
     node: NodeOption = None, as_json: JsonOption = False, config_file: ConfigOption = None
 ) -> None:
     """Print the role plan a node applies: term, version, generation, each node's role and
-    training rank, and why a node cannot train."""
+    training ranks (node-major: a node of N processes holds N consecutive ranks), and why a
+    node cannot train."""
     settings = settings_from(config_file).settings
     url = node_url(settings, node)
     document = asyncio.run(_get_json(settings, url, "/v1/plan"))
@@ -96,7 +97,7 @@ def roles(
             highlight=False,
         )
         return
-    ranks = {node_id: rank for rank, node_id in enumerate(plan["training_ranks"])}
+    ranks = _global_ranks(plan["training_ranks"], plan.get("local_world_sizes"))
     group = plan["group"]
     unable = plan.get("cannot_train", {})
     table = Table(
@@ -104,13 +105,23 @@ def roles(
         f"generation {plan.get('generation')}, world {group['world_size']} at "
         f"{group['master_addr'] or '-'}:{group['master_port']} ({group['backend']})"
     )
-    for column in ("node", "role", "rank", "cannot train"):
+    for column in ("node", "role", "ranks", "cannot train"):
         table.add_column(column)
     for node_id, role in sorted(plan["roles"].items()):
         table.add_row(node_id, role, str(ranks.get(node_id, "-")), unable.get(node_id, ""))
     console.print(table)
     if plan.get("note"):
         console.print(plan["note"], highlight=False)
+
+
+def _global_ranks(nodes: list[str], sizes: list[int] | None) -> dict[str, str]:
+    """Each training node's global ranks in a node-major group: `2` or `2-3`."""
+    shown: dict[str, str] = {}
+    offset = 0
+    for node_id, size in zip(nodes, sizes or [1] * len(nodes), strict=False):
+        shown[node_id] = str(offset) if size == 1 else f"{offset}-{offset + size - 1}"
+        offset += size
+    return shown
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from node.cli.common import fail
+from node.cli.devcluster import dev_gpus, host_gpu_count
 
 RUN = "demo"
 rl_app = typer.Typer(help="Pipeline RL: in-flight weight updates, stamped rollouts, bounded lag.")
@@ -52,19 +53,31 @@ def _wait_for_group(url: str, nodes: int, timeout_s: float) -> None:
     fail(f"the {nodes} demo nodes formed no weights group in {timeout_s:.0f} s")
 
 
+def demo_node_config(index: int, nodes: int, visible: int) -> str:
+    """The config file of demo node `index` (0-based; 0 trains) of `nodes` on a host with
+    `visible` GPUs: its role, gloo, one training process, and its share of the GPUs."""
+    role = "training" if index == 0 else "selfplay"
+    text = f"role: {role}\nbackend: gloo\nmax_training: 1\ntraining_nproc: 1\n"
+    gpus = dev_gpus(index, nodes, visible)
+    if gpus is not None:
+        text += f"gpus: {'none' if gpus == 'none' else f'[{gpus}]'}\n"
+    return text
+
+
 def start_local_cluster(
     root: Path, nodes: int, base_port: int
 ) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
-    """`nodes` daemons on 127.0.0.1 under `root` (rl-1 trains, the others self-play): their
-    URLs by name and their processes (the caller stops them)."""
+    """`nodes` daemons on 127.0.0.1 under `root` (rl-1 trains, the others self-play), each
+    with its share of the host's GPUs (node.cli.devcluster.dev_gpus): their URLs by name and
+    their processes (the caller stops them)."""
     (root / "hosts.yaml").write_text(_inventory(nodes, base_port))
     names = [f"rl-{i}" for i in range(1, nodes + 1)]
     urls = {name: f"http://127.0.0.1:{base_port + i}" for i, name in enumerate(names)}
     daemons: list[subprocess.Popen[bytes]] = []
+    visible = host_gpu_count()
     for index, name in enumerate(names):
-        role = "training" if index == 0 else "selfplay"
         config = root / f"{name}.yaml"
-        config.write_text(f"role: {role}\nbackend: gloo\nmax_training: 1\n")
+        config.write_text(demo_node_config(index, nodes, visible))
         command = [sys.executable, "-m", "node", "serve", "--node-id", name,
                    "--port", str(base_port + index), "--data-dir", str(root / name),
                    "--inventory", str(root / "hosts.yaml"), "--config", str(config)]  # fmt: skip

@@ -84,6 +84,14 @@ def serve(
         str | None,
         typer.Option("--voters", help="ID,ID,... the fixed voter set when there is no inventory."),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option("--gpus", help="The host's GPUs this node owns: auto, none or I,J,..."),
+    ] = None,
+    training_nproc: Annotated[
+        str | None,
+        typer.Option("--training-nproc", help="Training processes: auto or a count."),
+    ] = None,
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM or SIGINT."""
     # What the daemon creates (databases, node id, WAL, logs) is not world-readable, under
@@ -102,6 +110,8 @@ def serve(
         "insecure": True if insecure else None,
         "log_format": log_format,
         "voters": tuple(v.strip() for v in voters.split(",") if v.strip()) if voters else None,
+        "gpus": gpus,
+        "training_nproc": training_nproc,
     }
     settings = settings_from(config_file, flags).settings
     try:

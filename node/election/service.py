@@ -17,7 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from config import ConfigError, Inventory, NodeSettings
+from config import ConfigError, Inventory, NodeSettings, cuda_env, restricts_gpus
+from health import CheckResult, HealthStatus
 from node.election.adoption import AdoptionLog
 from node.election.elector import Elector
 from node.election.http import (
@@ -26,7 +27,12 @@ from node.election.http import (
     election_breaker_config,
     election_routes,
 )
-from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
+from node.election.roles import (
+    CANNOT_TRAIN_META,
+    GPU_CLAIMED,
+    RolePolicy,
+    capabilities_from_meta,
+)
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
 from node.errors import MembershipError
@@ -70,6 +76,8 @@ RENDEZVOUS_SCHEMA = {
 TRAINING_CHECK_INTERVAL_S = 2.0
 CANNOT_TRAIN_REASON_CHARS = 200
 """The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
+CANNOT_TRAIN_MIN_CHARS = 40
+"""...and further, down to this, while the whole meta is too large to gossip."""
 REPLAN_EVENTS = frozenset(
     {
         EventKind.JOINED,
@@ -257,7 +265,7 @@ class ElectionService:
                     os.environ,
                     settings.training_env,
                     f"http://{runtime.address}:{runtime.port}",
-                    runtime.owned_gpus,
+                    cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
                 ),
                 stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
                 max_failures=settings.training_max_failures,
@@ -271,6 +279,10 @@ class ElectionService:
                 runtime.health.add_check(
                     "training", launcher_check(launcher), interval_s=TRAINING_CHECK_INTERVAL_S
                 )
+        if runtime.health is not None:
+            runtime.health.add_check(
+                "gpu_claims", self._gpu_claims_check, interval_s=TRAINING_CHECK_INTERVAL_S
+            )
         self._membership = membership
         elector.add_listener(self._on_election_event)
         await self._stack.enter_async_context(elector)
@@ -279,6 +291,26 @@ class ElectionService:
         self._runtime.refreshers.append(self._refresh)
         self._stack.callback(membership.add_listener(self._membership_listener(membership)))
         return elector
+
+    async def _gpu_claims_check(self) -> CheckResult:
+        """Degraded while the applied plan refuses this node a rank because another node claims
+        one of its GPUs (fix `gpus` on one of them); not applicable without GPUs."""
+        runtime = self._runtime
+        plan = self.elector.plan if self.elector is not None else None
+        reason = plan.cannot_train.get(runtime.node_id) if plan is not None else None
+        if reason is not None and reason.startswith("GPU ") and GPU_CLAIMED in reason:
+            return CheckResult(
+                HealthStatus.DEGRADED,
+                f"{reason}: this node gets no training rank; give the nodes on this host "
+                "disjoint `gpus`",
+            )
+        owned = runtime.owned_gpus
+        if not owned:
+            return CheckResult(HealthStatus.NOT_APPLICABLE, "this node owns no GPU")
+        return CheckResult(
+            HealthStatus.HEALTHY,
+            f"owns GPUs {','.join(map(str, owned))}; {runtime.training_nproc} training processes",
+        )
 
     def _membership_listener(self, membership: Membership) -> Callable[[MemberEvent], None]:
         voters = set(self._voter_set.voters)
@@ -344,11 +376,16 @@ class ElectionService:
         if membership is None:
             return
         reason = reason[:CANNOT_TRAIN_REASON_CHARS]
-        try:
-            membership.update_meta({CANNOT_TRAIN_META: reason})
-        except MembershipError as exc:
-            log.error("cannot tell the cluster that this node cannot train: %s", exc)
-            return
+        while True:
+            try:
+                membership.update_meta({CANNOT_TRAIN_META: reason})
+                break
+            except MembershipError as exc:
+                if len(reason) <= CANNOT_TRAIN_MIN_CHARS:
+                    log.error("cannot tell the cluster that this node cannot train: %s", exc)
+                    return
+                # the rest of the meta (many GPUs) leaves less room: say less
+                reason = reason[: max(CANNOT_TRAIN_MIN_CHARS, len(reason) * 2 // 3)]
         if reason:
             log.warning("this node cannot train and gives up its rank: %s", reason)
         else:

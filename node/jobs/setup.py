@@ -3,11 +3,13 @@ in one place so the daemon adds them with one call."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp import web
 
+from config import cuda_env, restricts_gpus
 from health import CheckFn, CheckResult, HealthStatus
 from node.election.plan import RolePlan
 from node.election.service import ElectionService
@@ -68,6 +70,16 @@ class JobApi:
         await self.service.close()
 
 
+def jobs_base_env(runtime: NodeRuntime, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment jobs start from: the daemon's, plus CUDA_VISIBLE_DEVICES (and
+    CUDA_DEVICE_ORDER) for the GPUs this node owns when `gpus` lists them. A job's own `env`
+    is applied over it, so a job may choose its GPUs itself."""
+    env = dict(environ)
+    if restricts_gpus(runtime.settings.gpus):
+        env |= cuda_env(runtime.owned_gpus)
+    return env
+
+
 async def open_job_service(
     runtime: NodeRuntime, election: ElectionService, wal: WriteAheadLog, secret: bytes | None
 ) -> JobApi:
@@ -87,6 +99,7 @@ async def open_job_service(
         jobs_root(runtime),
         daemon_url=lambda: local_daemon_url(runtime),
         rendezvous_env=node_rendezvous,
+        base_env=jobs_base_env(runtime, os.environ),
     )
     gangs = GangService(runtime, service, plan, secret)
     try:

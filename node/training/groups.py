@@ -32,29 +32,21 @@ from node.training.rendezvous import (
 
 log = logging.getLogger(__name__)
 
+ENV_LOCAL_RANK = "LOCAL_RANK"
+"""The local rank of this process on its node (torchrun's variable); join_group reads it."""
+
 
 def choose_backend(requested: Backend, cuda_available: bool) -> Backend:
     """NCCL only when asked for and CUDA is available; gloo otherwise."""
     return "nccl" if requested == "nccl" and cuda_available else "gloo"
 
 
-def local_rank_from_env(env: Mapping[str, str] | None = None) -> int | None:
-    """LOCAL_RANK of this process's environment (the launcher and torchrun set it), or None
-    when unset; GroupError when it is not an integer >= 0."""
-    text = (os.environ if env is None else env).get("LOCAL_RANK")
-    if text is None or text == "":
-        return None
-    if not (text.isascii() and text.isdigit()):
-        raise GroupError(f"LOCAL_RANK {text!r} must be an integer >= 0")
-    return int(text)
-
-
 class ElasticGroup:
     """The torch.distributed default process group of this process, re-formed per generation.
 
-    Owns the process group and, on rank 0, the TCPStore server. Not thread-safe. `local_rank`
-    is this process's local rank on its node (None: the daemon's default, local rank 0); the
-    daemon answers the rendezvous of that local rank.
+    The process is local rank `local_rank` (None: 0) of its node, and asks the daemon for that
+    local rank's rendezvous. Owns the process group and, on rank 0, the TCPStore server. Not
+    thread-safe.
     """
 
     def __init__(
@@ -68,8 +60,8 @@ class ElasticGroup:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.endpoint = endpoint
-        self.local_rank = local_rank
         self.timeouts = timeouts or Timeouts()
+        self.local_rank = 0 if local_rank is None else local_rank
         self._changed_interval_s = changed_interval_s
         self._poll_interval_s = poll_interval_s
         self._clock = clock
@@ -101,6 +93,10 @@ class ElasticGroup:
     @property
     def world_size(self) -> int:
         return self.rendezvous.world_size
+
+    @property
+    def local_world_size(self) -> int:
+        return self.rendezvous.local_world_size
 
     @property
     def store(self) -> Any:
@@ -162,7 +158,9 @@ class ElasticGroup:
                 answer = fetch_rendezvous(self.endpoint, deadline - self._clock(), self.local_rank)
             except RendezvousError as exc:
                 answer, problem = None, str(exc)
-            if isinstance(answer, Rendezvous):
+            if isinstance(answer, Rendezvous) and answer.local_rank != self.local_rank:
+                problem = f"answered local rank {answer.local_rank}, not {self.local_rank}"
+            elif isinstance(answer, Rendezvous):
                 if answer.rank is not None and answer.generation != self._formed:
                     return answer
                 problem = f"generation {answer.generation}, rank {answer.rank}"
@@ -192,24 +190,36 @@ def join_group(
     timeout_s: float | None = None,
     daemon_url: str | None = None,
     *,
+    local_rank: int | None = None,
     secret_file: str | Path | None = None,
     node_id: str | None = None,
     timeouts: Timeouts | None = None,
     changed_interval_s: float = 1.0,
-    local_rank: int | None = None,
 ) -> ElasticGroup:
     """Form this process's torch.distributed group from the daemon's rendezvous of its local
-    rank (`local_rank`, default LOCAL_RANK of the environment, else 0): wait up to `timeout_s`
-    (default quorum_s) for a rank, then join rank 0's store; GroupError if not."""
+    rank (`local_rank`, else the LOCAL_RANK environment variable, else 0): wait up to
+    `timeout_s` (default quorum_s) for a rank, then join rank 0's store; GroupError if not.
+    With NCCL the process's CUDA device becomes the rendezvous's `cuda_device` first."""
     timeouts = timeouts or Timeouts()
     endpoint = daemon_endpoint(daemon_url, secret_file, node_id, timeouts=timeouts)
-    if local_rank is None:
-        local_rank = local_rank_from_env()
     group = ElasticGroup(
-        endpoint, timeouts, local_rank=local_rank, changed_interval_s=changed_interval_s
+        endpoint,
+        timeouts,
+        local_rank=local_rank_from_env() if local_rank is None else local_rank,
+        changed_interval_s=changed_interval_s,
     )
     group.regroup(timeout_s)
     return group
+
+
+def local_rank_from_env(env: Mapping[str, str] | None = None) -> int:
+    """LOCAL_RANK of the environment (0 when unset); GroupError when it is not an integer."""
+    text = (os.environ if env is None else env).get(ENV_LOCAL_RANK, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise GroupError(f"{ENV_LOCAL_RANK}={text!r} is not an integer >= 0")
+    return int(text)
 
 
 def _form(
@@ -222,6 +232,7 @@ def _form(
     backend = choose_backend(rendezvous.backend, torch.cuda.is_available())
     if backend != rendezvous.backend:
         log.warning("generation %s: CUDA is unavailable; using gloo, not nccl", generation)
+    device_id = _use_cuda_device(torch, rendezvous) if backend == "nccl" else None
     if rank != 0:
         _wait_for_master(rendezvous, deadline, clock)
     join_s = max(1.0, deadline - clock())
@@ -242,7 +253,12 @@ def _form(
     try:
         with _gloo_bound_to_route(address if backend == "gloo" else None):
             dist.init_process_group(
-                backend, store=prefixed, rank=rank, world_size=size, timeout=collective
+                backend,
+                store=prefixed,
+                rank=rank,
+                world_size=size,
+                timeout=collective,
+                **({} if device_id is None else {"device_id": device_id}),
             )
     except RuntimeError as exc:
         raise GroupError(
@@ -250,6 +266,21 @@ def _form(
             f"did not form: {exc}"
         ) from exc
     return prefixed
+
+
+def _use_cuda_device(torch: Any, rendezvous: Rendezvous) -> Any:
+    """Make the rendezvous's CUDA device (its local rank's, else the local rank) this process's
+    current device, and return it as the `device_id` of the NCCL group."""
+    index = rendezvous.local_rank if rendezvous.cuda_device is None else rendezvous.cuda_device
+    count = int(torch.cuda.device_count())
+    if index >= count:
+        raise GroupError(
+            f"generation {rendezvous.generation}: local rank {rendezvous.local_rank} needs CUDA "
+            f"device {index} but this process sees {count} (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
+        )
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def interface_towards(address: str) -> str | None:

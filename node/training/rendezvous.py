@@ -176,13 +176,15 @@ def daemon_endpoint(
 def fetch_rendezvous(
     endpoint: DaemonEndpoint, timeout_s: float | None = None, local_rank: int | None = None
 ) -> Rendezvous | NoRank:
-    """One GET /v1/rendezvous (?local_rank=I when given): the rendezvous, or NoRank on 404/409;
-    RendezvousError otherwise (a local_rank outside the node's processes answers 400)."""
+    """One GET /v1/rendezvous of local rank `local_rank` (None: 0): the rendezvous, or NoRank
+    on 404/409; RendezvousError otherwise (a local_rank outside the node's processes answers
+    400). Local rank 0 is asked without a query, as an older daemon understands it."""
     path = RENDEZVOUS_PATH
     if local_rank is not None:
         if not _is_int(local_rank) or local_rank < 0:
             raise RendezvousError(f"local_rank {local_rank!r} must be an integer >= 0")
-        path = f"{RENDEZVOUS_PATH}?local_rank={local_rank}"
+        if local_rank:
+            path = f"{RENDEZVOUS_PATH}?local_rank={local_rank}"
     headers = {"Accept": "application/json"}
     if endpoint.secret is not None:
         headers.update(signed_headers(endpoint.secret, endpoint.node_id, "GET", path))

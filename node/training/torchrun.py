@@ -5,10 +5,9 @@ training launcher's workers and `env_from: rendezvous` jobs get, so a script wri
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from config import ENV_CUDA_VISIBLE_DEVICES, cuda_visible_devices
 from node.errors import LauncherError
 from node.training.rendezvous import ENV_DAEMON_URL, Rendezvous
 
@@ -152,14 +151,10 @@ def training_base_env(
     inherited: Mapping[str, str],
     training_env: Mapping[str, str],
     daemon_url: str,
-    owned_gpus: Sequence[int],
+    gpu_env: Mapping[str, str],
 ) -> dict[str, str]:
     """What every training worker of the daemon starts from (the launcher adds the torchrun
-    variables): the daemon's environment, the `training_env` setting, SHOAL_DAEMON_URL, and
-    CUDA_VISIBLE_DEVICES of the GPUs this node owns when it owns some (the plan gives local rank
-    i the i-th of them, so no two ranks share a GPU)."""
-    env = {**inherited, **training_env, ENV_DAEMON_URL: daemon_url}
-    visible = cuda_visible_devices(owned_gpus)
-    if visible is not None:
-        env[ENV_CUDA_VISIBLE_DEVICES] = visible
-    return env
+    variables): the daemon's environment, then `gpu_env` (config.cuda_env of the GPUs the node
+    owns, when `gpus` lists them), then the `training_env` setting (an operator's own
+    CUDA_VISIBLE_DEVICES wins, as a job's does), then SHOAL_DAEMON_URL."""
+    return {**inherited, **gpu_env, **training_env, ENV_DAEMON_URL: daemon_url}

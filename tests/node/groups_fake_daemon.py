@@ -6,6 +6,8 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
@@ -14,6 +16,8 @@ from node.training.rendezvous import RENDEZVOUS_PATH, Rendezvous
 
 Answer = Rendezvous | tuple[int, object] | bytes
 """A rendezvous (200), (status, JSON body), or raw bytes sent with 200."""
+AnswerOf = Answer | Callable[[int], Answer]
+"""An answer, or the answer for each local rank (the request's ?local_rank=, default 0)."""
 
 
 def free_port() -> int:
@@ -25,12 +29,14 @@ def free_port() -> int:
 
 
 class FakeDaemon:
-    """Serves `answer` at /v1/rendezvous on 127.0.0.1:0; checks signatures when given a secret."""
+    """Serves `answer` at /v1/rendezvous on 127.0.0.1:0; checks signatures when given a secret.
+    `paths` lists the paths asked for, query included."""
 
-    def __init__(self, answer: Answer, secret: bytes | None = None) -> None:
+    def __init__(self, answer: AnswerOf, secret: bytes | None = None) -> None:
         self.answer = answer
         self.secret = secret
         self.requests = 0
+        self.paths: list[str] = []
         self.refused: list[str] = []
         self._nonces = NonceCache()
         self._lock = threading.Lock()
@@ -62,9 +68,12 @@ class FakeDaemon:
         self.close()
 
     def _respond(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        parts = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(parts.query)
         with self._lock:
             self.requests += 1
-            if path != RENDEZVOUS_PATH:
+            self.paths.append(path)
+            if parts.path != RENDEZVOUS_PATH:
                 return 404, json.dumps({"error": f"no route {path}"}).encode()
             if self.secret is not None:
                 try:
@@ -75,6 +84,8 @@ class FakeDaemon:
                     self.refused.append(exc.reason)
                     return 401, json.dumps({"error": exc.reason, "status": 401}).encode()
             answer = self.answer
+        if callable(answer):
+            answer = answer(int(query.get("local_rank", ["0"])[0]))
         if isinstance(answer, Rendezvous):
             return 200, json.dumps(answer.to_dict()).encode()
         if isinstance(answer, bytes):

@@ -14,9 +14,13 @@ from aiohttp import ClientSession
 from typer.testing import CliRunner
 
 from config import NodeSettings
-from health import ENV_FAKE_GPUS
+from health import ENV_FAKE_GPUS, BreakerRegistry
 from node import NodeDaemon
 from node.cli import app
+from node.election.roles import CANNOT_TRAIN_META
+from node.election.service import ElectionService, VoterSet
+from node.errors import MembershipError
+from node.runtime import NodeRuntime
 from tests.node.daemons import FAST_ELECTION, test_settings
 
 
@@ -86,6 +90,11 @@ async def test_each_local_rank_has_its_rendezvous(tmp_path: Path) -> None:
         }
         _, plan = await _get(daemon.port, "/v1/plan")
         assert plan["plan"]["local_world_sizes"] == [2]
+        url = f"http://127.0.0.1:{daemon.port}"
+        result = await asyncio.to_thread(CliRunner().invoke, app, ["roles", "--node", url])
+        assert result.exit_code == 0, result.output
+        assert "world 2" in result.output
+        assert " 0-1 " in result.output
         code, error = await _get(daemon.port, "/v1/rendezvous?local_rank=2")
         assert code == 400
         assert set(error) >= {"error", "reason", "status"}
@@ -139,23 +148,31 @@ async def test_two_nodes_claiming_one_gpu_never_both_train(
     try:
         reason = "GPU GPU-shared-1 is also claimed by g1"
 
-        async def conflict_planned() -> bool:
-            _, body = await _get(daemons[1].port, "/v1/plan")
-            plan = body.get("plan") or {}
-            return bool(plan.get("cannot_train", {}).get("g2") == reason)
+        async def plans() -> list[dict[str, Any]]:
+            return [(await _get(d.port, "/v1/plan"))[1].get("plan") or {} for d in daemons]
 
-        await _until(conflict_planned, 10, "a plan that refuses g2 its rank")
-        _, body = await _get(daemons[0].port, "/v1/plan")
-        plan = body["plan"]
-        assert plan["training_ranks"] == ["g1"]
-        assert plan["local_world_sizes"] == [2]
-        assert plan["cannot_train"] == {"g2": reason}
+        async def conflict_planned() -> bool:
+            return all(p.get("cannot_train", {}).get("g2") == reason for p in await plans())
+
+        await _until(conflict_planned, 10, "both nodes to apply a plan that refuses g2 its rank")
+        for plan in await plans():  # every plan with both nodes refuses g2
+            assert plan["training_ranks"] == ["g1"]
+            assert plan["local_world_sizes"] == [2]
+            assert plan["cannot_train"] == {"g2": reason}
         _, rendezvous = await _get(daemons[1].port, "/v1/rendezvous")
         assert rendezvous["rank"] is None
         url = f"http://127.0.0.1:{daemons[1].port}"
         result = await asyncio.to_thread(CliRunner().invoke, app, ["roles", "--node", url])
         assert result.exit_code == 0, result.output
         assert "GPU GPU-shared-1 is also claimed" in result.output
+
+        async def shown_in_status() -> bool:
+            _, status = await _get(daemons[1].port, "/v1/status")
+            return any(reason in problem for problem in status["health_problems"])
+
+        await _until(shown_in_status, 10, "g2's status (the monitor's source) to name the claim")
+        _, status = await _get(daemons[0].port, "/v1/status")
+        assert not any("claimed" in problem for problem in status["health_problems"])
     finally:
         for daemon in reversed(daemons):
             await daemon.close()
@@ -177,3 +194,30 @@ async def test_two_nodes_with_disjoint_gpus_both_train(
     finally:
         for daemon in reversed(daemons):
             await daemon.close()
+
+
+class TightMembership:
+    """A membership whose meta has room for `room` characters of cannot_train."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.meta: dict[str, object] = {}
+
+    def update_meta(self, changes: dict[str, object]) -> None:
+        if len(str(changes[CANNOT_TRAIN_META])) > self.room:
+            raise MembershipError("meta is too large to gossip; keep it under 600 bytes of JSON")
+        self.meta.update(changes)
+
+
+@pytest.mark.parametrize(("room", "told"), [(500, 200), (100, 88), (41, 40), (39, None)])
+def test_a_cannot_train_reason_is_cut_to_what_the_meta_has_room_for(
+    tmp_path: Path, room: int, told: int | None
+) -> None:
+    runtime = NodeRuntime(_settings(tmp_path, "n"), "n", "127.0.0.1", "0", BreakerRegistry())
+    service = ElectionService(runtime, VoterSet(("n",), True))
+    membership = TightMembership(room)
+    service._membership = membership  # type: ignore[assignment]
+    service._set_cannot_train("the training command failed: " + "x" * 300)
+    reason = membership.meta.get(CANNOT_TRAIN_META)
+    assert (None if reason is None else len(str(reason))) == told
+    assert reason is None or str(reason).startswith("the training command failed")

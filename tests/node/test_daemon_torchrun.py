@@ -50,6 +50,7 @@ def settings_for(tmp_path: Path, name: str, out: Path, seeds: tuple[str, ...]) -
         seeds=seeds,
         role="training",
         backend="gloo",
+        gpus="none",
         training_nproc=2,
         training_command=(sys.executable, WORKER),
         training_env={
@@ -145,14 +146,15 @@ async def test_two_nodes_of_two_workers_form_one_group_and_a_killed_worker_resta
 
 RECORD_ENV = (
     "import json, os, sys, time\n"
-    "keys = ['RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'CUDA_VISIBLE_DEVICES']\n"
+    "keys = ['RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'CUDA_VISIBLE_DEVICES', "
+    "'CUDA_DEVICE_ORDER']\n"
     "line = json.dumps({k: os.environ.get(k) for k in keys})\n"
     "open(sys.argv[1], 'a').write(line + '\\n')\n"
     "time.sleep(60)\n"
 )
 
 
-async def test_the_workers_see_exactly_the_gpus_their_node_owns(
+async def test_the_workers_see_exactly_the_gpus_their_node_lists(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENV_FAKE_GPUS, "GPU-f0,GPU-f1,GPU-f2")
@@ -175,9 +177,10 @@ async def test_the_workers_see_exactly_the_gpus_their_node_owns(
     envs = sorted(
         (json.loads(line) for line in out.read_text().splitlines()), key=lambda e: e["RANK"]
     )
+    gpus = {"CUDA_VISIBLE_DEVICES": "2,0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert envs == [
-        {"RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "2,0"},
-        {"RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "2,0"},
+        {"RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", **gpus},
+        {"RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", **gpus},
     ]
 
 
@@ -209,6 +212,7 @@ async def test_elastic_workers_join_with_the_rendezvous_of_their_local_rank(
         **FAST_ELECTION,
         role="training",
         backend="gloo",
+        gpus="none",
         training_nproc=2,
         training_command=(sys.executable, "-c", JOIN_GROUP, str(out)),
         training_env={"PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR"},

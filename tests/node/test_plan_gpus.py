@@ -10,6 +10,7 @@ import pytest
 from config import Role
 from node.election.plan import GroupSpec, PlanError, RolePlan
 from node.election.roles import (
+    CANNOT_TRAIN_META,
     GPU_UUIDS_META,
     META_TEXT_CHARS,
     NPROC_META,
@@ -17,11 +18,14 @@ from node.election.roles import (
     RolePolicy,
     capabilities_from_meta,
     compute_plan,
+    gpu_claim_id,
     gpu_uuids_from_meta,
     gpu_uuids_meta,
     next_generation,
 )
-from node.membership.types import MAX_META_TEXT_CHARS
+from node.election.service import CANNOT_TRAIN_REASON_CHARS
+from node.membership.types import MAX_META_TEXT_CHARS, MemberState, Update
+from node.membership.wire import encode_update
 
 POLICY = RolePolicy(min_training=1, max_training=8, master_port=29500)
 
@@ -180,9 +184,9 @@ def test_gpuless_nodes_train_only_where_the_backend_allows() -> None:
     assert gloo.group.backend == "gloo"
 
 
-def test_many_gpu_uuids_fit_the_meta_values_and_read_back_in_order() -> None:
+def test_long_gpu_ids_fit_the_meta_values_and_read_back_in_order() -> None:
     assert META_TEXT_CHARS == MAX_META_TEXT_CHARS
-    uuids = [f"GPU-{i:08x}-1111-2222-3333-444455556666" for i in range(16)]
+    uuids = [f"MIG-{i:08x}-1111-2222-3333-444455556666/{i}/0" for i in range(16)]
     meta = gpu_uuids_meta(uuids)
     assert next(iter(meta)) == GPU_UUIDS_META
     assert len(meta) > 1
@@ -203,3 +207,40 @@ def test_capabilities_read_uuids_and_processes_from_meta() -> None:
         assert capabilities_from_meta("a", "10.0.0.1", {NPROC_META: bad}).nproc == 1
     with pytest.raises(PlanError, match="nproc 0 must be >= 1"):
         NodeCapabilities("a", "10.0.0.1", nproc=0)
+
+
+NVML_UUID = "GPU-5D8F0E1C-2a3b-4c5d-8e9f-0123456789ab"
+
+
+def test_nvml_uuids_are_advertised_by_their_first_ten_hex_digits() -> None:
+    assert gpu_claim_id(NVML_UUID) == "GPU-5d8f0e1c-2a"
+    assert NVML_UUID.lower().startswith(gpu_claim_id(NVML_UUID).lower())
+    assert gpu_claim_id("GPU-not-a-uuid") == "GPU-not-a-uuid"
+    meta = gpu_uuids_meta([NVML_UUID, "GPU-other"])
+    assert meta == {GPU_UUIDS_META: "5d8f0e1c2a,GPU-other"}
+    assert gpu_uuids_from_meta(meta) == ("GPU-5d8f0e1c-2a", "GPU-other")
+
+
+def test_the_same_nvml_gpu_on_two_nodes_is_a_conflict() -> None:
+    other = NVML_UUID.replace("5D8F0E1C", "11111111")
+    plan = compute_plan(2, 1, [_claims("a", NVML_UUID), _claims("b", other, NVML_UUID)], POLICY)
+    assert plan.training_ranks == ("a",)
+    assert plan.cannot_train == {"b": "GPU GPU-5d8f0e1c-2a is also claimed by a"}
+
+
+def test_eight_gpus_and_a_long_cannot_train_reason_still_gossip() -> None:
+    uuids = [f"GPU-{i:08x}-aaaa-bbbb-cccc-dddddddddddd" for i in range(8)]
+    meta = {
+        "version": "0.9.0.dev0+g1234567",
+        "role": "auto",
+        "cluster": "a-cluster-name",
+        "config_hash": "abcdef123456",
+        "gpu_count": 8,
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "gpu_vram_gb": 79.6,
+        NPROC_META: 8,
+        CANNOT_TRAIN_META: "x" * CANNOT_TRAIN_REASON_CHARS,
+        **gpu_uuids_meta(uuids),
+    }
+    update = Update("gpu-node-17.example.org", MemberState.ALIVE, 12, "10.20.30.40", 8770, meta)
+    assert len(encode_update(update)) <= 600  # what Membership.update_meta accepts

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from node.errors import GroupError, JobError, LauncherError
+from node.errors import JobError, LauncherError
 from node.jobs.policy import rendezvous_env
-from node.training.groups import local_rank_from_env
 from node.training.rendezvous import Rendezvous
 from node.training.torchrun import (
     TORCHRUN_VARIABLES,
@@ -161,23 +160,18 @@ def test_a_job_with_its_own_local_rank_gets_that_ranks_variables() -> None:
         rendezvous_env(node_1_of_2().to_dict(), {"LOCAL_RANK": "2"})
 
 
-def test_the_workers_base_env_shows_the_owned_gpus_only_when_there_are_some() -> None:
+def test_the_workers_base_env_layers_gpus_under_the_setting_and_the_daemon_url_over_all() -> None:
     inherited = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "X": "daemon"}
-    env = training_base_env(inherited, {"X": "setting"}, "http://10.0.0.2:8770", (1, 3))
+    gpus = {"CUDA_VISIBLE_DEVICES": "1,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    setting = {"X": "setting", "SHOAL_DAEMON_URL": "http://elsewhere"}
+    env = training_base_env(inherited, setting, "http://10.0.0.2:8770", gpus)
     assert env == {
         "PATH": "/bin",
         "CUDA_VISIBLE_DEVICES": "1,3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "X": "setting",
         "SHOAL_DAEMON_URL": "http://10.0.0.2:8770",
     }
-    without = training_base_env(inherited, {}, "http://10.0.0.2:8770", ())
-    assert without["CUDA_VISIBLE_DEVICES"] == "0,1,2,3", "no owned GPUs: left alone"
-
-
-def test_an_elastic_worker_takes_its_local_rank_from_the_environment() -> None:
-    assert local_rank_from_env({"LOCAL_RANK": "3"}) == 3
-    assert local_rank_from_env({}) is None
-    assert local_rank_from_env({"LOCAL_RANK": ""}) is None
-    for bad in ("-1", "one", "²"):
-        with pytest.raises(GroupError, match=r"LOCAL_RANK .* must be an integer >= 0"):
-            local_rank_from_env({"LOCAL_RANK": bad})
+    own = training_base_env(inherited, {"CUDA_VISIBLE_DEVICES": "3"}, "http://d", gpus)
+    assert own["CUDA_VISIBLE_DEVICES"] == "3", "the operator's training_env wins"
+    assert training_base_env(inherited, {}, "http://d", {})["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
