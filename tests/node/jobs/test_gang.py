@@ -277,7 +277,8 @@ value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"]
 line = {key: os.environ[key] for key in keys}
-print(json.dumps({**line, "world": dist.get_world_size(), "sum": value.item()}), flush=True)
+text = json.dumps({**line, "world": dist.get_world_size(), "sum": value.item()})
+os.write(1, (text + "\\n").encode())  # one write: the workers share torchrun's stdout
 dist.destroy_process_group()
 """
 TORCHRUN_RECIPE = (
