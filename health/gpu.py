@@ -349,7 +349,7 @@ def gpu_check(
             status, gpu_notes = _grade_gpu(gpu, degraded_temp_c, unhealthy_temp_c, xid_window_s)
             worst = max(worst, status, key=lambda s: s.severity)
             notes.extend(f"GPU {gpu.index}: {note}" for note in gpu_notes)
-            for key in ("util_pct", "memory_used_mb", "temperature_c"):
+            for key in ("util_pct", "memory_used_mb", "temperature_c", "power_watts"):
                 value = getattr(gpu, key)
                 if value is not None:
                     metrics[f"gpu{gpu.index}_{key}"] = value

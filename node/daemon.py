@@ -52,7 +52,8 @@ from node.addresses import choose_interfaces, find_self_in_inventory, local_addr
 from node.api import build_app
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
-from node.election.roles import NPROC_META, gpu_uuids_meta
+from node.election.claims import gpu_uuids_meta
+from node.election.roles import NPROC_META
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
@@ -227,7 +228,7 @@ def membership_check(membership: Membership) -> CheckFn:
 
 def gpu_meta(owned: Sequence[GpuInfo], nproc: int) -> dict[str, MetaValue]:
     """The membership meta of the GPUs a node owns and its training processes: gpu_count, gpu,
-    gpu_vram_gb, the UUIDs (node.election.roles.gpu_uuids_meta) and training_nproc."""
+    gpu_vram_gb, the UUIDs (node.election.claims.gpu_uuids_meta) and training_nproc."""
     meta: dict[str, MetaValue] = {NPROC_META: nproc}
     if owned:
         meta |= {

@@ -4,13 +4,12 @@ the debouncer that turns a burst of membership changes into one new plan.
 
 from __future__ import annotations
 
-import itertools
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from config import HostEntry, Role
+from node.election.claims import gpu_conflicts, gpu_uuids_from_meta
 from node.election.plan import Backend, GroupSpec, PlanError, RolePlan
 
 BackendChoice = Literal["nccl", "gloo", "auto"]
@@ -19,24 +18,8 @@ AUTO_FALLBACK_ROLE = Role.SELFPLAY
 CANNOT_TRAIN_META = "cannot_train"
 """Membership meta key a node sets, with its reason, while it cannot train (its training
 process keeps dying); the coordinator gives such a node no rank."""
-GPU_UUIDS_META = "gpu_uuids"
-"""Membership meta key of the GPUs a node owns, comma-separated (see `gpu_uuids_meta`); a list
-longer than one meta value continues in `gpu_uuids_1`, `gpu_uuids_2`, ..."""
-GPU_ID_HEX_DIGITS = 10
-"""Hex digits of an NVML UUID that nodes advertise: 40 bits tell the GPUs of a large cluster
-apart, and keep a node's gossiped meta small (a membership update stays under 600 bytes)."""
-_NVML_UUID = re.compile(
-    r"^GPU-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-)
-_CLAIM_ID = re.compile(r"^GPU-([0-9a-f]{8})-([0-9a-f]{2})$")
-_WIRE_ID = re.compile(r"^[0-9a-f]{10}$")
 NPROC_META = "training_nproc"
 """Membership meta key of the processes a node runs in the training group (absent: 1)."""
-GPU_CLAIMED = " is also claimed by "
-"""What the `cannot_train` reason of a node whose GPU another node claims says
-(`GPU <uuid> is also claimed by <node>`)."""
-META_TEXT_CHARS = 256
-"""The longest meta value membership gossips (node.membership's MAX_META_TEXT_CHARS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +95,12 @@ def compute_plan(
     The generation comes from `next_generation(ranks, group, previous, highest_generation,
     local_world_sizes)`.
     """
-    by_id = _with_gpu_conflicts(_by_id(members))
+    by_id = _by_id(members)
+    conflicts = gpu_conflicts({node_id: cap.gpu_uuids for node_id, cap in by_id.items()})
+    by_id = {
+        node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
+        for node_id, cap in by_id.items()
+    }
     chosen = _choose_trainers(by_id.values(), policy)
     eligible = len(chosen)
     if eligible < policy.min_training:
@@ -217,80 +205,6 @@ def capabilities_from_meta(
         gpu_uuids=gpu_uuids_from_meta(meta),
         nproc=max(1, _meta_int(meta.get(NPROC_META), 1)),
     )
-
-
-def gpu_claim_id(uuid: str) -> str:
-    """How a node advertises a GPU: an NVML UUID cut to its first GPU_ID_HEX_DIGITS hex digits,
-    written as the start of the UUID (`GPU-5d8f0e1c-2a` for `GPU-5d8f0e1c-2a3b-...`, so it
-    matches what `nvidia-smi -L` prints); any other text as it is."""
-    match = _NVML_UUID.match(uuid)
-    if match is None:
-        return uuid
-    first, second = match.group(1).lower(), match.group(2).lower()
-    return f"GPU-{first}-{second[: GPU_ID_HEX_DIGITS - len(first)]}"
-
-
-def gpu_uuids_meta(uuids: Sequence[str]) -> dict[str, str]:
-    """The membership meta entries that advertise `uuids`: each as its `gpu_claim_id`, sent as
-    its bare hex digits (`5d8f0e1c2a`), in `gpu_uuids`, continued in `gpu_uuids_1`, ... so
-    that no value exceeds META_TEXT_CHARS; {} without GPUs. `gpu_uuids_from_meta` reads them."""
-    entries: dict[str, str] = {}
-    chunk: list[str] = []
-    for uuid in map(_to_wire, map(gpu_claim_id, uuids)):
-        if not uuid or "," in uuid or len(uuid) > META_TEXT_CHARS:
-            raise PlanError(f"GPU UUID {uuid!r} cannot be advertised")
-        if chunk and len(",".join([*chunk, uuid])) > META_TEXT_CHARS:
-            entries[_uuid_key(len(entries))] = ",".join(chunk)
-            chunk = []
-        chunk.append(uuid)
-    if chunk:
-        entries[_uuid_key(len(entries))] = ",".join(chunk)
-    return entries
-
-
-def gpu_uuids_from_meta(meta: Mapping[str, object]) -> tuple[str, ...]:
-    """The GPUs a member advertises (`gpu_uuids_meta`'s entries, read in order), each as its
-    `gpu_claim_id`."""
-    uuids: list[str] = []
-    for part in itertools.count():
-        value = meta.get(_uuid_key(part))
-        if not isinstance(value, str):
-            break
-        uuids.extend(_from_wire(uuid) for uuid in value.split(",") if uuid)
-    return tuple(uuids)
-
-
-def _to_wire(claim_id: str) -> str:
-    match = _CLAIM_ID.match(claim_id)
-    return claim_id if match is None else match.group(1) + match.group(2)
-
-
-def _from_wire(text: str) -> str:
-    return f"GPU-{text[:8]}-{text[8:]}" if _WIRE_ID.match(text) else text
-
-
-def _uuid_key(part: int) -> str:
-    return GPU_UUIDS_META if part == 0 else f"{GPU_UUIDS_META}_{part}"
-
-
-def _with_gpu_conflicts(by_id: dict[str, NodeCapabilities]) -> dict[str, NodeCapabilities]:
-    """`by_id` (in node id order) with `cannot_train` set on each member that claims a GPU an
-    earlier member claims: the first claimant keeps it."""
-    owner_of: dict[str, str] = {}
-    result: dict[str, NodeCapabilities] = {}
-    for node_id, cap in by_id.items():
-        taken = [
-            (uuid, owner_of[uuid])
-            for uuid in cap.gpu_uuids
-            if owner_of.get(uuid, node_id) != node_id
-        ]
-        for uuid in cap.gpu_uuids:
-            owner_of.setdefault(uuid, node_id)
-        if taken:
-            uuid, owner = taken[0]
-            cap = replace(cap, cannot_train=f"GPU {uuid}{GPU_CLAIMED}{owner}")
-        result[node_id] = cap
-    return result
 
 
 def _by_id(members: Sequence[NodeCapabilities]) -> dict[str, NodeCapabilities]:

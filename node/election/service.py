@@ -20,6 +20,7 @@ from aiohttp import web
 from config import ConfigError, Inventory, NodeSettings, cuda_env, restricts_gpus
 from health import CheckResult, HealthStatus
 from node.election.adoption import AdoptionLog
+from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector
 from node.election.http import (
     ELECTION_DOCS,
@@ -27,12 +28,7 @@ from node.election.http import (
     election_breaker_config,
     election_routes,
 )
-from node.election.roles import (
-    CANNOT_TRAIN_META,
-    GPU_CLAIMED,
-    RolePolicy,
-    capabilities_from_meta,
-)
+from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
 from node.errors import MembershipError

@@ -172,6 +172,7 @@ async def test_healthy_gpus(nvml: FakeNvml) -> None:
     assert result.message == "2 GPUs ok"
     assert result.metrics["gpus"] == 2
     assert result.metrics["gpu1_memory_used_mb"] == 1000
+    assert result.metrics["gpu1_power_watts"] == 312.5
     reader.close()
     reader.close()
     assert nvml.shutdowns == 1

@@ -8,19 +8,22 @@ from dataclasses import replace
 import pytest
 
 from config import Role
+from node.election.claims import (
+    GPU_UUIDS_META,
+    META_TEXT_CHARS,
+    gpu_claim_id,
+    gpu_conflicts,
+    gpu_uuids_from_meta,
+    gpu_uuids_meta,
+)
 from node.election.plan import GroupSpec, PlanError, RolePlan
 from node.election.roles import (
     CANNOT_TRAIN_META,
-    GPU_UUIDS_META,
-    META_TEXT_CHARS,
     NPROC_META,
     NodeCapabilities,
     RolePolicy,
     capabilities_from_meta,
     compute_plan,
-    gpu_claim_id,
-    gpu_uuids_from_meta,
-    gpu_uuids_meta,
     next_generation,
 )
 from node.election.service import CANNOT_TRAIN_REASON_CHARS
@@ -244,3 +247,9 @@ def test_eight_gpus_and_a_long_cannot_train_reason_still_gossip() -> None:
     }
     update = Update("gpu-node-17.example.org", MemberState.ALIVE, 12, "10.20.30.40", 8770, meta)
     assert len(encode_update(update)) <= 600  # what Membership.update_meta accepts
+
+
+def test_gpu_conflicts_keep_each_gpu_with_its_first_claimant() -> None:
+    claims = {"c": ("W", "U"), "a": ("U", "U"), "b": ("V", "W"), "d": ("X",)}
+    assert gpu_conflicts(claims) == {"c": "GPU W is also claimed by b"}
+    assert gpu_conflicts({"a": ("U",), "b": ("V",)}) == {}
