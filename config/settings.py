@@ -176,8 +176,10 @@ class NodeSettings(BaseModel):
     )
     training_command: tuple[str, ...] | None = Field(
         None,
-        description="A training program the daemon runs with MASTER_ADDR, MASTER_PORT, RANK, "
-        "WORLD_SIZE, LOCAL_RANK, SHOAL_GENERATION while this node trains; restarted on a new plan.",
+        description="A training program the daemon runs while this node trains as torchrun "
+        "runs its workers: one process per local rank with RANK, LOCAL_RANK, WORLD_SIZE, "
+        "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, "
+        "SHOAL_GENERATION (docs/gpus.md); all restarted when one fails or the plan changes.",
     )
     training_env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment of the training program."

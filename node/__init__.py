@@ -113,8 +113,9 @@ from node.ssh.deploy import DeployResult, deploy
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.training.groups import ElasticGroup, join_group
-from node.training.launcher import TrainingLauncher, training_env
+from node.training.launcher import TrainingLauncher
 from node.training.rendezvous import GroupError, Rendezvous, rendezvous_for
+from node.training.torchrun import torchrun_env, training_env
 
 __all__ = [
     "ELECTION_DOCS",
@@ -254,5 +255,6 @@ __all__ = [
     "should_apply",
     "stamp_sample",
     "status_document",
+    "torchrun_env",
     "training_env",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from config import ConfigError, Inventory, NodeSettings
+from config import ConfigError, Inventory, NodeSettings, cuda_env, restricts_gpus
 from health import CheckResult, HealthStatus
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
@@ -38,6 +38,7 @@ from node.runtime import NodeRuntime
 from node.security import json_error
 from node.training.launcher import TrainingLauncher, launcher_check
 from node.training.rendezvous import RENDEZVOUS_PATH, RendezvousError, rendezvous_for
+from node.training.torchrun import training_base_env
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -256,11 +257,12 @@ class ElectionService:
                 settings.training_command,
                 data_dir,
                 data_dir / "training.log",
-                {
-                    **os.environ,
-                    **settings.training_env,
-                    "SHOAL_DAEMON_URL": f"http://{runtime.address}:{runtime.port}",
-                },
+                training_base_env(
+                    os.environ,
+                    settings.training_env,
+                    f"http://{runtime.address}:{runtime.port}",
+                    cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
+                ),
                 stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
                 max_failures=settings.training_max_failures,
                 failure_window_s=settings.training_failure_window_s,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,7 +39,13 @@ from node.jobs.records import (
     new_job_id,
     parse_job_request,
 )
-from node.jobs.roster import gang_master_port, gang_outcome, member_job_id, pick_members
+from node.jobs.roster import (
+    GANG_PORT_ATTEMPTS,
+    gang_master_port,
+    gang_outcome,
+    member_job_id,
+    pick_members,
+)
 from node.jobs.service import JobService, ended_result
 from node.jobs.store import JobEntry
 from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
@@ -51,6 +59,27 @@ JOB_GANG = "job.gang"
 FENCE_RETRY_S = 3.0
 WAIT_POLL_S = 30.0
 MEMBER_UNREACHABLE_S = 60.0
+
+
+def port_is_free(port: int) -> bool:
+    """True when a TCP listener could bind `port` on every address of this host now (IPv4, and
+    IPv6 where the host has it), as rank 0's TCPStore will: False when it is in use."""
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104 (a probe, closed at once)
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind((address, port))
+                sock.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return False
+    return True
 
 
 class PickBody(BaseModel):
@@ -183,6 +212,8 @@ class GangService:
         request = parse_job_request(body)
         if request.gang is not None:
             self._check_fence(headers.get(FENCE_HEADER))
+            if request.gang["rank"] == 0:
+                self._check_master_port(request)
         if request.nodes == 1:
             entry, created = await self.service.start(request)
             return self.service.record(entry), created
@@ -198,6 +229,22 @@ class GangService:
         if not result.ok:
             code = "stale_fence" if result.verdict is FenceVerdict.STALE else "fence_refused"
             raise JobError(409, code, f"gang member start refused: {result.reason}")
+
+    def _check_master_port(self, request: JobRequest) -> None:
+        """Member 0 hosts the gang's store on MASTER_PORT: refuse a new member 0 whose port is
+        taken on this host (409 master_port_busy) so the gang's node tries the next one."""
+        assert request.gang is not None
+        if request.job_id is not None:
+            with contextlib.suppress(JobError):
+                self.service.get(request.job_id)
+                return  # a repeated start of a member that runs (and may hold the port) already
+        port = int(request.gang["master_port"])
+        if not port_is_free(port):
+            raise JobError(
+                409,
+                "master_port_busy",
+                f"gang master port {port} is in use on {self.runtime.node_id}",
+            )
 
     # starting a gang
 
@@ -254,10 +301,11 @@ class GangService:
     async def _start_members(
         self, entry: JobEntry, request: JobRequest, pick: Mapping[str, Any]
     ) -> None:
+        """Start member 0 on the first candidate port free on its host, then the others with
+        that port; on any failure end the started members and raise JobError."""
         assert entry.gang is not None
         members = list(pick["members"])
         fence = str(pick["fence"])
-        master_port = gang_master_port(self.runtime.settings.master_port, entry.job_id)
         rows = [
             {
                 "rank": rank,
@@ -272,7 +320,7 @@ class GangService:
             }
             for rank, member in enumerate(members)
         ]
-        entry.gang = {"members": rows, "fence": fence, "started_at": None}
+        entry.gang = {"members": rows, "fence": fence, "started_at": None, "master_port": None}
         await asyncio.to_thread(self.service.store.write_gang, entry)
         spec = request.spec()
         base = {
@@ -280,7 +328,8 @@ class GangService:
             for key in ("name", "argv", "env", "cwd", "timeout_s", "role", "env_from")
         }
 
-        async def start_one(row: dict[str, Any]) -> str | None:
+        async def start_one(row: dict[str, Any], master_port: int) -> tuple[str | None, Any]:
+            """(None, None) once started, else (the reason, the member's error code)."""
             gang = {
                 "job_id": entry.job_id,
                 "rank": row["rank"],
@@ -297,26 +346,49 @@ class GangService:
                         "POST", f"{row['url']}/v1/jobs", body, {FENCE_HEADER: fence}
                     )
                 except JobError as exc:
-                    return exc.reason
+                    return exc.reason, exc.code
                 if status in (200, 201):
                     row["state"] = answer.get("state", JobState.RUNNING.value)
-                    return None
+                    return None, None
                 code = answer.get("error") if isinstance(answer, dict) else None
                 if code == "fence_refused" and time.monotonic() < deadline:
                     await asyncio.sleep(0.1)  # the member has not applied the plan yet
                     continue
                 reason = answer.get("reason", answer) if isinstance(answer, dict) else answer
-                return f"HTTP {status}: {reason}"
+                return f"HTTP {status}: {reason}", code
 
-        errors = await asyncio.gather(*(start_one(row) for row in rows))
-        failures = [(row, err) for row, err in zip(rows, errors, strict=True) if err is not None]
+        base_port = self.runtime.settings.master_port
+        tried: list[int] = []
+        error: str | None = None
+        code: Any = None
+        master_port = gang_master_port(base_port, entry.job_id)
+        for attempt in range(GANG_PORT_ATTEMPTS):
+            master_port = gang_master_port(base_port, entry.job_id, attempt)
+            error, code = await start_one(rows[0], master_port)
+            if code != "master_port_busy":
+                break
+            tried.append(master_port)
+        failures: list[tuple[dict[str, Any], str]] = []
+        if code == "master_port_busy":
+            ports = ", ".join(map(str, tried))
+            failures.append((rows[0], f"gang master ports {ports} are all in use there"))
+        elif error is not None:
+            failures.append((rows[0], error))
+        else:
+            entry.gang["master_port"] = master_port
+            results = await asyncio.gather(*(start_one(row, master_port) for row in rows[1:]))
+            failures = [
+                (row, reason)
+                for row, (reason, _) in zip(rows[1:], results, strict=True)
+                if reason is not None
+            ]
         if failures:
-            row, error = failures[0]
+            row, reason = failures[0]
             await self._kill_members(rows, "SIGKILL", 0.0)
             raise JobError(
                 502,
                 "gang_start_failed",
-                f"member rank {row['rank']} on {row['node']} could not start: {error}",
+                f"member rank {row['rank']} on {row['node']} could not start: {reason}",
             )
         entry.gang["started_at"] = time.time()
         entry.started = {"started_at": entry.gang["started_at"], "pid": None}

@@ -310,9 +310,17 @@ def job_route_docs() -> list[RouteDoc]:
             (
                 (201, "the job, started"),
                 (200, "the existing job with this job_id and the same spec"),
-                (400, "invalid request (argv a string, unknown field, ...)"),
+                (
+                    400,
+                    "invalid request (argv a string, unknown field, ...), or env_from rendezvous "
+                    "with a LOCAL_RANK this node does not run (bad_local_rank)",
+                ),
                 (403, "program not in jobs.allowed_programs"),
-                (409, "job_id exists with a different spec, or a stale plan fence"),
+                (
+                    409,
+                    "job_id exists with a different spec, a stale plan fence, no rendezvous, or "
+                    "a gang's member 0 whose MASTER_PORT is in use here (master_port_busy)",
+                ),
             ),
             body=JOB_REQUEST_SCHEMA,
         ),

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from config import ConfigError, JobSettings
+from node.errors import LauncherError
 from node.jobs.records import JobError, JobRequest
-from node.training.launcher import LauncherError, training_env
 from node.training.rendezvous import Rendezvous, RendezvousError
+from node.training.torchrun import node_place, torchrun_env
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,27 @@ def job_env(
     return env
 
 
-def rendezvous_env(document: Mapping[str, Any] | None) -> dict[str, str]:
-    """MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, SHOAL_GENERATION of this node's
-    rendezvous document (GET /v1/rendezvous); empty when the node has no training rank."""
+def rendezvous_env(
+    document: Mapping[str, Any] | None, inherited: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The torchrun variables (`torchrun_env`) of this node's rendezvous document
+    (GET /v1/rendezvous) for local rank 0, or for the LOCAL_RANK the job's environment
+    `inherited` sets; empty when the node has no training rank. JobError(400) when that
+    LOCAL_RANK is not one of this node's local ranks."""
+    inherited = {} if inherited is None else inherited
     if document is None:
         return {}
     try:
-        return training_env(Rendezvous.from_dict(document), {})
+        rendezvous = Rendezvous.from_dict(document)
+        place = node_place(rendezvous)
     except (RendezvousError, LauncherError):
         return {}
+    wanted = inherited.get("LOCAL_RANK", "0")
+    if not (wanted.isascii() and wanted.isdigit()) or int(wanted) >= place.local_world_size:
+        raise JobError(
+            400,
+            "bad_local_rank",
+            f"the job's LOCAL_RANK {wanted!r} is not a local rank of this node (0 to "
+            f"{place.local_world_size - 1}); drop it or pick one of those",
+        )
+    return torchrun_env(rendezvous, local_rank=int(wanted), inherited=inherited)

@@ -214,13 +214,18 @@ def parse_gang_member(gang: object) -> dict[str, Any]:
 
 
 def gang_env(gang: Mapping[str, Any] | None) -> dict[str, str]:
-    """The variables a gang member's job gets (empty for a single-node job)."""
+    """The variables a gang member's job gets (empty for a single-node job): what
+    `torchrun --nnodes $NNODES --node-rank $NODE_RANK --master-addr $MASTER_ADDR
+    --master-port $MASTER_PORT` needs to form one group across the members (member 0's
+    address as its peers reach it, the gang's port), and shoal's own names for them."""
     if gang is None:
         return {}
     return {
         "SHOAL_JOB_ID": str(gang["job_id"]),
         "SHOAL_NODE_RANK": str(gang["rank"]),
         "SHOAL_NODES_NUM": str(gang["nodes"]),
+        "NODE_RANK": str(gang["rank"]),
+        "NNODES": str(gang["nodes"]),
         "MASTER_ADDR": str(gang["master_addr"]),
         "MASTER_PORT": str(gang["master_port"]),
     }

@@ -11,12 +11,15 @@ from node.jobs.records import JobError, JobState
 
 GANG_PORT_BASE_OFFSET = 1500
 GANG_PORT_SPAN = 1000
+GANG_PORT_ATTEMPTS = 8
+"""Candidate MASTER_PORTs a gang tries on member 0's host before it gives up."""
 
 
-def gang_master_port(base_port: int, gang_id: str) -> int:
-    """MASTER_PORT of a gang: a port per gang id above the training rendezvous ports."""
+def gang_master_port(base_port: int, gang_id: str, attempt: int = 0) -> int:
+    """Candidate `attempt` (0, 1, ...) for the MASTER_PORT of a gang: a port per gang id above
+    the training rendezvous ports, the next ones (wrapping within the span) for later attempts."""
     digest = int(hashlib.sha256(gang_id.encode()).hexdigest()[:8], 16)
-    return base_port + GANG_PORT_BASE_OFFSET + digest % GANG_PORT_SPAN
+    return base_port + GANG_PORT_BASE_OFFSET + (digest + attempt) % GANG_PORT_SPAN
 
 
 def pick_members(

@@ -73,7 +73,7 @@ class JobService:
         root: Path,
         *,
         daemon_url: Callable[[], str],
-        rendezvous_env: Callable[[], Mapping[str, str]] | None = None,
+        rendezvous_env: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
@@ -229,7 +229,8 @@ class JobService:
     def _rendezvous_for(self, request: JobRequest) -> Mapping[str, str]:
         if request.env_from != "rendezvous":
             return {}
-        env = self._rendezvous_env() if self._rendezvous_env is not None else {}
+        inherited = {**self._base_env, **request.env}
+        env = self._rendezvous_env(inherited) if self._rendezvous_env is not None else {}
         if not env:
             raise JobError(
                 409,

@@ -89,9 +89,9 @@ async def open_job_service(
         elector = election.elector
         return elector.plan if elector is not None else None
 
-    def node_rendezvous() -> dict[str, str]:
+    def node_rendezvous(inherited: Mapping[str, str]) -> dict[str, str]:
         rendezvous = rendezvous_for(plan(), runtime.node_id)
-        return rendezvous_env(None if rendezvous is None else rendezvous.to_dict())
+        return rendezvous_env(None if rendezvous is None else rendezvous.to_dict(), inherited)
 
     service = JobService(
         runtime.node_id,

@@ -1,6 +1,7 @@
-"""The training command of a node that is not elastic-aware: started with the rendezvous in its
-environment, restarted when the training group changes, and stopped when this node has no rank.
-A command that keeps failing gives up and says so, so the node can hand its rank on.
+"""The training command of a node, run as torchrun runs it: one worker per local rank with
+torchrun's environment, all of them restarted when one fails, restarted when the training group
+changes, and stopped when this node has no rank. A command that keeps failing gives up and says
+so, so the node can hand its rank on.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from config import AsyncClosing
 from health import CheckFn, CheckResult, HealthStatus
 from node.errors import LauncherError as LauncherError
 from node.training.rendezvous import Rendezvous
+from node.training.torchrun import node_place
+from node.training.torchrun import training_env as training_env
 
 log = logging.getLogger(__name__)
 
 
 class LauncherState(enum.StrEnum):
-    """What the launcher's child is doing."""
+    """What the launcher's workers are doing."""
 
     IDLE = "idle"
     RUNNING = "running"
@@ -38,9 +41,22 @@ class LauncherState(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One worker of the current start: its local and global rank, its pid while it runs, and
+    its exit code once it ended (negative: killed by that signal)."""
+
+    local_rank: int
+    rank: int
+    pid: int | None
+    exit_code: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class LauncherStatus:
-    """A snapshot for /status and health: the generation run, its child and how it fared.
-    `failures` counts the failed starts within the failure window."""
+    """A snapshot for /status and health: the generation run, its workers and how they fared.
+    `pid` is local rank 0's while it runs; `starts` counts starts of the node's workers (all
+    local ranks at once) in this generation, `restarts` is the TORCHELASTIC_RESTART_COUNT of
+    the current workers; `failures` counts the failed starts within the failure window."""
 
     state: LauncherState
     generation: int | None
@@ -49,21 +65,16 @@ class LauncherStatus:
     last_exit_code: int | None
     last_error: str | None
     failures: int = 0
+    restarts: int = 0
+    workers: tuple[WorkerStatus, ...] = ()
 
 
-def training_env(rendezvous: Rendezvous, base_env: Mapping[str, str]) -> dict[str, str]:
-    """`base_env` plus what torch.distributed's env:// init and shoal-aware code read."""
-    if rendezvous.rank is None:
-        raise LauncherError(f"generation {rendezvous.generation} gives this node no rank")
-    return {
-        **base_env,
-        "MASTER_ADDR": rendezvous.master_addr,
-        "MASTER_PORT": str(rendezvous.master_port),
-        "RANK": str(rendezvous.rank),
-        "WORLD_SIZE": str(rendezvous.world_size),
-        "LOCAL_RANK": "0",
-        "SHOAL_GENERATION": str(rendezvous.generation),
-    }
+def worker_log_path(log_path: Path, local_rank: int) -> Path:
+    """Where worker `local_rank` writes stdout and stderr: local rank 0 to `log_path`
+    (training.log), local rank i to the same name with `.i` before the suffix (training.1.log)."""
+    if local_rank == 0:
+        return log_path
+    return log_path.with_name(f"{log_path.stem}.{local_rank}{log_path.suffix}")
 
 
 def restart_delay_s(failures: int, backoff_s: float, max_backoff_s: float) -> float:
@@ -72,15 +83,19 @@ def restart_delay_s(failures: int, backoff_s: float, max_backoff_s: float) -> fl
 
 
 class TrainingLauncher(AsyncClosing):
-    """Owns the training child process: one generation at a time, in its own process group.
+    """Owns the node's training workers: one generation at a time, `local_world_size` workers
+    (one per local rank, each in its own process group), with torchrun's environment.
 
-    A child that fails (exit code != 0, or cannot start) is restarted after `restart_delay_s`
-    while its generation is current; the backoff resets once a child ran `healthy_after_s`.
-    After `max_failures` failures within `failure_window_s` it gives up (state GAVE_UP) and calls
+    As with torchelastic, the workers start and stop together: when one fails (exit code != 0,
+    or cannot start) the others are stopped and all are restarted after `restart_delay_s` while
+    their generation is current, with TORCHELASTIC_RESTART_COUNT one higher; that counts as ONE
+    failure. The backoff resets once the workers ran `healthy_after_s`. After `max_failures`
+    failures within `failure_window_s` it gives up (state GAVE_UP) and calls
     `on_give_up(reason)`, and stays given up (also without a rank) until a new generation
-    starts or `forgive()`. A child that exits 0 finished its
-    work and is restarted only by a new generation (unless `restart_on_success`). Stopping sends
-    SIGTERM to the process group, then SIGKILL after `stop_timeout_s`.
+    starts or `forgive()`. Workers that all exit 0 finished their work and are restarted only
+    by a new generation (unless `restart_on_success`). Stopping sends SIGTERM to every worker's
+    process group, then SIGKILL after `stop_timeout_s`. Worker i logs to
+    `worker_log_path(log_path, i)`.
     """
 
     def __init__(
@@ -125,29 +140,40 @@ class TrainingLauncher(AsyncClosing):
         self._current: Rendezvous | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
-        self._proc: asyncio.subprocess.Process | None = None
+        self._workers: tuple[tuple[int, asyncio.subprocess.Process], ...] = ()
+        """(global rank, process) per local rank of the current start."""
         self._state = LauncherState.IDLE
         self._starts = 0
+        self._restarts = 0
         self._last_exit_code: int | None = None
         self._last_error: str | None = None
 
     @property
     def status(self) -> LauncherStatus:
-        proc = self._proc
-        running = proc is not None and proc.returncode is None
+        workers = tuple(
+            WorkerStatus(
+                local_rank,
+                rank,
+                proc.pid if proc.returncode is None else None,
+                proc.returncode,
+            )
+            for local_rank, (rank, proc) in enumerate(self._workers)
+        )
         return LauncherStatus(
             state=self._state,
             generation=None if self._current is None else self._current.generation,
-            pid=proc.pid if proc is not None and running else None,
+            pid=workers[0].pid if workers else None,
             starts=self._starts,
             last_exit_code=self._last_exit_code,
             last_error=self._last_error,
             failures=len(self._failed_at),
+            restarts=self._restarts,
+            workers=workers,
         )
 
     async def apply(self, rendezvous: Rendezvous | None) -> None:
-        """Run the child for `rendezvous`: the same group leaves it alone, a new group with a
-        rank restarts it, no rank (or None) stops it."""
+        """Run the workers for `rendezvous`: the same group leaves them alone, a new group with
+        a rank restarts them, no rank (or None) stops them."""
         async with self._lock:
             if self._state is LauncherState.CLOSED:
                 raise LauncherError("the launcher is closed")
@@ -159,7 +185,8 @@ class TrainingLauncher(AsyncClosing):
             self._current = wanted
             if wanted is None:
                 return
-            self._starts, self._last_exit_code, self._last_error = 0, None, None
+            self._starts, self._restarts = 0, 0
+            self._last_exit_code, self._last_error = None, None
             self._failed_at.clear()
             self._stopping = asyncio.Event()
             self._task = asyncio.create_task(
@@ -173,7 +200,7 @@ class TrainingLauncher(AsyncClosing):
             self._failed_at.clear()
 
     async def close(self) -> None:
-        """Stop the child; idempotent and final."""
+        """Stop the workers; idempotent and final."""
         async with self._lock:
             self._state = LauncherState.CLOSED
             await self._stop()
@@ -185,9 +212,10 @@ class TrainingLauncher(AsyncClosing):
         if task is None:
             return
         self._stopping.set()
-        # Shielded: if our caller is cancelled, the supervisor still finishes stopping the child.
+        # Shielded: if our caller is cancelled, the supervisor still finishes stopping the workers.
         await asyncio.shield(task)
         self._task = None
+        self._workers = ()
         if self._state not in (LauncherState.CLOSED, LauncherState.GAVE_UP):
             self._state = LauncherState.IDLE
 
@@ -203,8 +231,6 @@ class TrainingLauncher(AsyncClosing):
                 log.info("generation %s: training command finished (exit 0)", generation)
                 self._state = LauncherState.DONE
                 return
-            if exit_code != -1:
-                self._last_error = f"generation {generation}: training command exited {exit_code}"
             if self._count_failure():
                 reason = (
                     f"training command failed {len(self._failed_at)} times in "
@@ -220,7 +246,7 @@ class TrainingLauncher(AsyncClosing):
             level = logging.WARNING if failures <= 3 else logging.DEBUG
             log.log(
                 level,
-                "generation %s: training command exited %s; restart in %.1f s",
+                "generation %s: training command exited %s; restarting all workers in %.1f s",
                 generation,
                 exit_code,
                 delay_s,
@@ -229,6 +255,8 @@ class TrainingLauncher(AsyncClosing):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay_s):
                     await stopping.wait()
+            if not stopping.is_set():
+                self._restarts += 1
 
     def _count_failure(self) -> bool:
         """Record a failure now; True when `max_failures` fell within the window."""
@@ -239,41 +267,84 @@ class TrainingLauncher(AsyncClosing):
         return len(self._failed_at) >= self._max_failures
 
     async def _run_once(self, rendezvous: Rendezvous, stopping: asyncio.Event) -> int | None:
-        """Start one child and wait for it: its exit code (-1: did not start), or None when
-        `stopping` was set and the child was stopped."""
+        """Start every worker and wait for them: 0 when all exited 0; the exit code of the first
+        that failed (-1: one did not start), after stopping the others; None when `stopping`
+        was set and the workers were stopped."""
+        place = node_place(rendezvous)
+        workers: list[tuple[int, asyncio.subprocess.Process]] = []
         try:
-            proc = await self._spawn(rendezvous)
+            for local_rank in range(place.local_world_size):
+                proc = await self._spawn(rendezvous, local_rank)
+                workers.append((place.rank_of(local_rank), proc))
         except OSError as exc:
             self._last_error = f"cannot start {self.command[0]}: {exc}"
             log.warning("generation %s: %s", rendezvous.generation, self._last_error)
+            await self._terminate([proc for _, proc in workers])
             return -1
-        self._proc, self._state = proc, LauncherState.RUNNING
-        self._starts += 1
-        exited = asyncio.ensure_future(proc.wait())
-        stopped = asyncio.ensure_future(stopping.wait())
-        try:
-            await asyncio.wait({exited, stopped}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            _signal_group(proc, signal.SIGKILL)
+            for _, proc in workers:
+                _signal_group(proc, signal.SIGKILL)
+            raise
+        finally:
+            self._workers = tuple(workers)
+        procs = [proc for _, proc in workers]
+        self._state = LauncherState.RUNNING
+        self._starts += 1
+        exits = {asyncio.ensure_future(proc.wait()): local for local, proc in enumerate(procs)}
+        stopped = asyncio.ensure_future(stopping.wait())
+        failed: tuple[int, int] | None = None
+        try:
+            pending = set(exits)
+            while pending and failed is None and not stopped.done():
+                done, pending = await asyncio.wait(
+                    pending | {stopped}, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(stopped)
+                failures = [(exits[f], f.result()) for f in done if f in exits and f.result()]
+                failed = min(failures) if failures else None
+        except asyncio.CancelledError:
+            for proc in procs:
+                _signal_group(proc, signal.SIGKILL)
             raise
         finally:
             stopped.cancel()
-        if not exited.done():
-            await self._terminate(proc)
-            exited.cancel()
+            for future in exits:
+                future.cancel()
+        if stopping.is_set():
+            await self._terminate(procs)
             return None
-        _signal_group(proc, signal.SIGKILL)  # stragglers of a child that exited by itself
-        self._last_exit_code = exited.result()
-        return self._last_exit_code
-
-    async def _spawn(self, rendezvous: Rendezvous) -> asyncio.subprocess.Process:
-        env = training_env(rendezvous, os.environ if self._env is None else self._env)
-        header = (
-            f"=== shoal: generation {rendezvous.generation} rank {rendezvous.rank}/"
-            f"{rendezvous.world_size} master {rendezvous.master_addr}:{rendezvous.master_port}: "
-            f"{' '.join(self.command)}\n"
+        if failed is None:
+            # Every worker exited by itself: kill what they may have left in their groups.
+            for proc in procs:
+                _signal_group(proc, signal.SIGKILL)
+            self._last_exit_code = 0
+            return 0
+        local_rank, exit_code = failed
+        await self._terminate(procs)
+        self._last_exit_code = exit_code
+        self._last_error = (
+            f"generation {rendezvous.generation}: training command exited {exit_code}"
         )
-        log_file = await asyncio.to_thread(_open_log, self.log_path, header)
+        if len(procs) > 1:
+            self._last_error += f" (local rank {local_rank}, rank {workers[local_rank][0]})"
+        return exit_code
+
+    async def _spawn(self, rendezvous: Rendezvous, local_rank: int) -> asyncio.subprocess.Process:
+        env = training_env(
+            rendezvous,
+            os.environ if self._env is None else self._env,
+            local_rank=local_rank,
+            restart_count=self._restarts,
+            max_restarts=self._max_failures - 1,
+        )
+        header = (
+            f"=== shoal: generation {rendezvous.generation} rank {env['RANK']}/"
+            f"{rendezvous.world_size} local rank {local_rank}/{env['LOCAL_WORLD_SIZE']} "
+            f"restart {self._restarts} master {rendezvous.master_addr}:"
+            f"{rendezvous.master_port}: {' '.join(self.command)}\n"
+        )
+        path = worker_log_path(self.log_path, local_rank)
+        log_file = await asyncio.to_thread(_open_log, path, header)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.command,
@@ -287,34 +358,40 @@ class TrainingLauncher(AsyncClosing):
         finally:
             log_file.close()
         log.info(
-            "generation %s: started training command as pid %s (rank %s of %s)",
+            "generation %s: started training command as pid %s (rank %s of %s, local rank %s)",
             rendezvous.generation,
             proc.pid,
-            rendezvous.rank,
+            env["RANK"],
             rendezvous.world_size,
+            local_rank,
         )
         return proc
 
-    async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
-        """SIGTERM the child's process group; SIGKILL it after stop_timeout_s."""
-        _signal_group(proc, signal.SIGTERM)
+    async def _terminate(self, procs: Sequence[asyncio.subprocess.Process]) -> None:
+        """SIGTERM every worker's process group; SIGKILL them after stop_timeout_s."""
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
         try:
             async with asyncio.timeout(self._stop_timeout_s):
-                await proc.wait()
+                await asyncio.gather(*(proc.wait() for proc in procs))
         except TimeoutError:
+            stubborn = [proc.pid for proc in procs if proc.returncode is None]
             log.warning(
-                "training pid %s ignored SIGTERM for %.1f s; killing it",
-                proc.pid,
+                "training pid(s) %s ignored SIGTERM for %.1f s; killing them",
+                stubborn,
                 self._stop_timeout_s,
             )
+            for proc in procs:
+                _signal_group(proc, signal.SIGKILL)
+            await asyncio.gather(*(proc.wait() for proc in procs))
+        if procs:
+            self._last_exit_code = procs[0].returncode
+        for proc in procs:
             _signal_group(proc, signal.SIGKILL)
-            await proc.wait()
-        self._last_exit_code = proc.returncode
-        _signal_group(proc, signal.SIGKILL)
 
 
 def _signal_group(proc: asyncio.subprocess.Process, signum: signal.Signals) -> None:
-    """Signal the child's process group (it leads its own session); gone already is fine."""
+    """Signal the worker's process group (it leads its own session); gone already is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signum)
 

@@ -1,8 +1,10 @@
 """A training command for the launcher tests; appends one JSON line per event to $CHILD_OUT.
 
-$CHILD_MODE: "run" (until SIGTERM), "crash" (exit 3 at once), "finish" (exit 0 at once),
-"stubborn" (ignore SIGTERM, run until SIGKILL). Events: {"event": "start"|"term", "pid",
-"t": MONOTONIC, "env": {the rendezvous variables}}.
+$CHILD_MODE: "run" (until SIGTERM), "crash" (exit 3 at once), "crash-once" (exit 3 at once in
+the first start of a generation, TORCHELASTIC_RESTART_COUNT 0, else run), "finish" (exit 0 at
+once), "stubborn" (ignore SIGTERM, run until SIGKILL); $CHILD_MODE_<LOCAL_RANK> overrides it for
+one local rank. Events: {"event": "start"|"term", "pid",
+"t": MONOTONIC, "env": {the torchrun variables, None when unset}}.
 """
 
 from __future__ import annotations
@@ -13,7 +15,26 @@ import signal
 import sys
 import time
 
-KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SHOAL_GENERATION")
+KEYS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "OMP_NUM_THREADS",
+    "SHOAL_GENERATION",
+)
 
 
 def record(event: str) -> None:
@@ -36,6 +57,9 @@ def on_term(signum: int, frame: object) -> None:
 
 def main() -> None:
     mode = os.environ.get("CHILD_MODE", "run")
+    mode = os.environ.get(f"CHILD_MODE_{os.environ.get('LOCAL_RANK')}", mode)
+    if mode == "crash-once":
+        mode = "crash" if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" else "run"
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:

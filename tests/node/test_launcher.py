@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -72,14 +73,19 @@ def out(tmp_path: Path) -> Path:
 
 
 def launcher(
-    tmp_path: Path, out: Path, mode: str = "run", stop_timeout_s: float = 5.0, **kw: Any
+    tmp_path: Path,
+    out: Path,
+    mode: str = "run",
+    stop_timeout_s: float = 5.0,
+    child_env: dict[str, str] | None = None,
+    **kw: Any,
 ) -> TrainingLauncher:
     env = {"PATH": os.environ["PATH"], "CHILD_OUT": str(out), "CHILD_MODE": mode}
     return TrainingLauncher(
         [sys.executable, CHILD],
         tmp_path,
         tmp_path / "logs" / "train.log",
-        env | {"CHILD_EXTRA": "kept"},
+        env | {"CHILD_EXTRA": "kept"} | (child_env or {}),
         stop_timeout_s=stop_timeout_s,
         backoff_s=kw.pop("backoff_s", 0.1),
         max_backoff_s=kw.pop("max_backoff_s", 1.0),
@@ -96,6 +102,17 @@ def test_training_env_sets_the_rendezvous_and_keeps_the_base() -> None:
         "RANK": "1",
         "WORLD_SIZE": "2",
         "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+        "ROLE_RANK": "1",
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": "2",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "shoal-gen7",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "SHOAL_GENERATION": "7",
     }
 
@@ -126,6 +143,18 @@ async def test_starts_the_child_with_the_env_in_workdir_and_logs(tmp_path: Path,
             "RANK": "1",
             "WORLD_SIZE": "2",
             "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": "1",
+            "GROUP_WORLD_SIZE": "2",
+            "ROLE_RANK": "1",
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": "2",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "4",
+            "TORCHELASTIC_RUN_ID": "shoal-gen4",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "OMP_NUM_THREADS": None,
             "SHOAL_GENERATION": "4",
         }
         assert start["extra"] == "kept"
@@ -138,7 +167,10 @@ async def test_starts_the_child_with_the_env_in_workdir_and_logs(tmp_path: Path,
         )
         log_path = tmp_path / "logs" / "train.log"
         await wait_until(lambda: f"child {start['pid']} mode run" in log_path.read_text())
-        assert "=== shoal: generation 4 rank 1/2 master 127.0.0.1:29504" in log_path.read_text()
+        assert (
+            "=== shoal: generation 4 rank 1/2 local rank 0/1 restart 0 master 127.0.0.1:29504"
+            in log_path.read_text()
+        )
 
 
 async def test_same_generation_keeps_the_child_and_a_new_one_restarts_it(
@@ -186,11 +218,15 @@ async def test_crashed_child_restarts_with_backoff_only_while_current(
         for gap, delay_s in zip(gaps, [0.1, 0.2, 0.4], strict=False):
             assert gap >= delay_s
         assert runner.status.last_exit_code == 3
+        counts = [int(event["env"]["TORCHELASTIC_RESTART_COUNT"]) for event in events(out, "start")]
+        assert counts == list(range(len(counts)))
 
         await runner.apply(rdv(generation=2))
         generation_2 = len(events(out, "start"))
         await wait_until(lambda: len(events(out, "start")) >= generation_2 + 2)
-        assert {event["env"]["SHOAL_GENERATION"] for event in events(out)[generation_2:]} == {"2"}
+        later = events(out, "start")[generation_2:]
+        assert {event["env"]["SHOAL_GENERATION"] for event in later} == {"2"}
+        assert [event["env"]["TORCHELASTIC_RESTART_COUNT"] for event in later[:2]] == ["0", "1"]
 
         await runner.apply(None)
         stopped_at = len(events(out, "start"))
@@ -346,3 +382,124 @@ async def test_failures_outside_the_window_do_not_add_up(tmp_path: Path, out: Pa
 def test_failure_bounds_are_checked(tmp_path: Path) -> None:
     with pytest.raises(LauncherError, match="max_failures"):
         TrainingLauncher(["x"], tmp_path, tmp_path / "log", stop_timeout_s=1.0, max_failures=0)
+
+
+def node_rdv(generation: int = 1, node_rank: int = 1, **changes: Any) -> Rendezvous:
+    """Node `node_rank` of 2 nodes with 2 local ranks each (world 4), as its daemon answers
+    for local rank 0."""
+    fields: dict[str, Any] = {
+        "rank": 2 * node_rank,
+        "world_size": 4,
+        "local_rank": 0,
+        "local_world_size": 2,
+        "node_rank": node_rank,
+        "nnodes": 2,
+    }
+    return rdv(generation=generation, **(fields | changes))
+
+
+async def test_runs_one_worker_per_local_rank_with_torchruns_env_and_own_logs(
+    tmp_path: Path, out: Path
+) -> None:
+    async with launcher(tmp_path, out) as runner:
+        await runner.apply(node_rdv(generation=3, node_rank=1))
+        await wait_until(lambda: len(events(out, "start")) == 2)
+        starts = sorted(events(out, "start"), key=lambda event: event["env"]["LOCAL_RANK"])
+        for local_rank, start in enumerate(starts):
+            assert start["env"] == {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29503",
+                "RANK": str(2 + local_rank),
+                "WORLD_SIZE": "4",
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": "2",
+                "GROUP_RANK": "1",
+                "GROUP_WORLD_SIZE": "2",
+                "ROLE_RANK": str(2 + local_rank),
+                "ROLE_NAME": "default",
+                "ROLE_WORLD_SIZE": "4",
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "4",
+                "TORCHELASTIC_RUN_ID": "shoal-gen3",
+                "TORCHELASTIC_USE_AGENT_STORE": "False",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                "OMP_NUM_THREADS": "1",
+                "SHOAL_GENERATION": "3",
+            }
+        status = runner.status
+        assert [(w.local_rank, w.rank, w.pid) for w in status.workers] == [
+            (0, 2, starts[0]["pid"]),
+            (1, 3, starts[1]["pid"]),
+        ]
+        assert status.pid == starts[0]["pid"]
+        logs = [tmp_path / "logs" / "train.log", tmp_path / "logs" / "train.1.log"]
+        for local_rank, (path, start) in enumerate(zip(logs, starts, strict=True)):
+            await wait_until(lambda p=path, s=start: f"child {s['pid']} mode" in p.read_text())
+            header = f"rank {2 + local_rank}/4 local rank {local_rank}/2 restart 0 master"
+            assert header in path.read_text()
+
+
+async def test_a_sigkilled_worker_restarts_every_worker_of_the_node_counted_once(
+    tmp_path: Path, out: Path
+) -> None:
+    async with launcher(tmp_path, out, backoff_s=0.05) as runner:
+        await runner.apply(node_rdv(generation=1, node_rank=0))
+        await wait_until(lambda: len(events(out, "start")) == 2)
+        first = {event["env"]["LOCAL_RANK"]: event["pid"] for event in events(out, "start")}
+        os.kill(first["1"], signal.SIGKILL)
+        await wait_until(lambda: len(events(out, "start")) == 4)
+        assert [event["pid"] for event in events(out, "term")] == [first["0"]]
+        assert gone(first["0"])
+        again = events(out, "start")[2:]
+        assert sorted(event["env"]["LOCAL_RANK"] for event in again) == ["0", "1"]
+        assert {event["env"]["TORCHELASTIC_RESTART_COUNT"] for event in again} == {"1"}
+        status = runner.status
+        assert (status.failures, status.restarts, status.last_exit_code) == (1, 1, -9)
+        assert status.last_error == (
+            "generation 1: training command exited -9 (local rank 1, rank 1)"
+        )
+        assert [w.pid for w in status.workers] == [
+            next(e["pid"] for e in again if e["env"]["LOCAL_RANK"] == str(local_rank))
+            for local_rank in (0, 1)
+        ]
+
+
+async def test_workers_failing_together_count_one_failure_toward_giving_up(
+    tmp_path: Path, out: Path
+) -> None:
+    reasons: list[str] = []
+    runner = launcher(
+        tmp_path,
+        out,
+        mode="crash",
+        backoff_s=0.02,
+        max_backoff_s=0.02,
+        max_failures=2,
+        on_give_up=reasons.append,
+    )
+    async with runner:
+        await runner.apply(node_rdv(generation=1))
+        await wait_until(lambda: runner.status.state is LauncherState.GAVE_UP)
+        status = runner.status
+        assert (status.starts, status.restarts, status.failures) == (2, 1, 2), (
+            "two starts of both workers, each failure counted once"
+        )
+        assert reasons[0].startswith("training command failed 2 times")
+        # A worker may be stopped (its sibling crashed first) before it records its start.
+        starts = events(out, "start")
+        assert {event["env"]["TORCHELASTIC_RESTART_COUNT"] for event in starts} <= {"0", "1"}
+        assert {event["env"]["TORCHELASTIC_MAX_RESTARTS"] for event in starts} == {"1"}
+
+
+async def test_a_worker_that_finishes_waits_for_the_others(tmp_path: Path, out: Path) -> None:
+    async with launcher(tmp_path, out, child_env={"CHILD_MODE_0": "finish"}) as runner:
+        await runner.apply(node_rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) == 2)
+        await wait_until(lambda: runner.status.workers[0].exit_code == 0)
+        status = runner.status
+        assert status.state is LauncherState.RUNNING
+        assert status.pid is None
+        assert status.workers[1].pid is not None
+        os.kill(status.workers[1].pid, signal.SIGTERM)
+        await wait_until(lambda: runner.status.state is LauncherState.DONE)
+        assert len(events(out, "start")) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from config import NodeSettings
 from node.daemon import NodeDaemon
+from node.jobs import gang_master_port
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.jobs.helpers import JobClient, job_daemon, signed_session, write_secret
 
@@ -226,6 +228,12 @@ async def test_killing_a_gang_kills_every_member_and_env_from_rendezvous(tmp_pat
             rendezvous["master_port"],
             "0",
         )
+        status, refused = await client.call(
+            "POST",
+            "/v1/jobs",
+            json={"argv": ["true"], "env_from": "rendezvous", "env": {"LOCAL_RANK": "5"}},
+        )
+        assert (status, refused["error"]) == (400, "bad_local_rank"), refused
 
 
 async def test_env_from_rendezvous_without_a_training_rank_is_refused(tmp_path: Path) -> None:
@@ -255,3 +263,83 @@ async def test_a_gang_survives_a_restart_of_the_node_that_runs_it(tmp_path: Path
         ended = await client.wait("long", timeout_s=60)
         assert ended["state"] == "succeeded", ended
         assert [m["exit_code"] for m in ended["gang"]["members"]] == [0, 0, 0]
+
+
+TORCHRUN_WORKER = """\
+import datetime, json, os, sys
+import torch
+import torch.distributed as dist
+
+if os.environ["WORLD_SIZE"] != "4":
+    sys.exit(5)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"]
+line = {key: os.environ[key] for key in keys}
+text = json.dumps({**line, "world": dist.get_world_size(), "sum": value.item()})
+os.write(1, (text + "\\n").encode())  # one write: the workers share torchrun's stdout
+dist.destroy_process_group()
+"""
+TORCHRUN_RECIPE = (
+    'exec "$0" --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" '
+    '--master-port "$MASTER_PORT" --nproc-per-node 2 "$1"'
+)
+
+
+def torchrun() -> str:
+    """The torchrun that torch installed beside this interpreter."""
+    found = Path(sys.executable).with_name("torchrun")
+    assert found.exists(), f"torch installs torchrun at {found}"
+    return str(found)
+
+
+@pytest.mark.timeout(300)
+async def test_a_gang_of_two_runs_torchrun_as_one_group_of_four(tmp_path: Path) -> None:
+    """Two members each run the real torchrun with 2 workers from the gang's NNODES, NODE_RANK,
+    MASTER_ADDR and MASTER_PORT: one world of 4 that all-reduces. The gang's first candidate
+    port is taken on member 0's host, so the gang moves to the next one."""
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_WORKER)
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    candidates = [gang_master_port(29500, "tr", attempt) for attempt in range(3)]
+    with contextlib.suppress(OSError):  # in use already: busy either way
+        taken.bind(("127.0.0.1", candidates[0]))
+        taken.listen(1)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(taken.close)
+        running = await stack.enter_async_context(cluster(tmp_path))
+        client = running.clients["n2"]
+        argv = ["sh", "-c", TORCHRUN_RECIPE, torchrun(), str(script)]
+        env = {"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+        body = {"job_id": "tr", "argv": argv, "env": env, "nodes": 2}
+        status, gang = await client.call("POST", "/v1/jobs", json=body)
+        assert status == 201, gang
+        done = await client.wait("tr", timeout_s=240)
+        members = done["gang"]["members"]
+        logs = {
+            m["rank"]: (await running.clients[m["node"]].log(m["job_id"], "stdout")).decode()
+            for m in members
+        }
+        errors = {
+            m["rank"]: (await running.clients[m["node"]].log(m["job_id"], "stderr")).decode()
+            for m in members
+        }
+        assert done["state"] == "succeeded", (done, logs, errors)
+        port = done["gang"]["master_port"]
+        assert port != candidates[0]
+        assert port in candidates[1:]
+        lines = [
+            (member_rank, json.loads(text))
+            for member_rank, log in logs.items()
+            for text in log.splitlines()
+            if text.startswith("{")
+        ]
+        assert sorted(int(line["RANK"]) for _, line in lines) == [0, 1, 2, 3]
+        for member_rank, line in lines:
+            assert line["GROUP_RANK"] == str(member_rank)
+            assert int(line["RANK"]) // 2 == member_rank, "node-major ranks"
+            assert (line["WORLD_SIZE"], line["LOCAL_WORLD_SIZE"]) == ("4", "2")
+            assert line["LOCAL_RANK"] in ("0", "1")
+            assert (line["world"], line["sum"]) == (4, 10.0)

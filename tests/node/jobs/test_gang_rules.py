@@ -3,6 +3,7 @@ which port it gets; and a gang whose member answers nonsense ends `lost`, never 
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ from config import Role
 from health import BreakerConfig, BreakerRegistry
 from node.election.plan import GroupSpec, RolePlan
 from node.jobs import GangService, JobError, JobService, gang_master_port, parse_job_request
-from node.jobs.roster import gang_outcome, pick_members
+from node.jobs.gang import port_is_free
+from node.jobs.records import gang_env
+from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_outcome, pick_members
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 from wal import WriteAheadLog
@@ -75,8 +78,35 @@ def test_gang_outcome() -> None:
 
 def test_gang_ports_are_stable_and_above_the_rendezvous_span() -> None:
     port = gang_master_port(29500, "g1")
-    assert port == gang_master_port(29500, "g1")
+    assert port == gang_master_port(29500, "g1") == gang_master_port(29500, "g1", 0)
     assert 31000 <= port < 32000
+    later = [gang_master_port(29500, "g1", attempt) for attempt in range(1, 1001)]
+    assert later[0] == (port + 1 if port < 31999 else 31000)
+    assert sorted(later) == list(range(31000, 32000)), "the attempts walk the whole span"
+
+
+def test_gang_env_gives_torchrun_its_arguments() -> None:
+    gang = {"job_id": "g", "rank": 1, "nodes": 3, "master_addr": "10.0.0.7", "master_port": 31234}
+    assert gang_env(gang) == {
+        "SHOAL_JOB_ID": "g",
+        "SHOAL_NODE_RANK": "1",
+        "SHOAL_NODES_NUM": "3",
+        "NODE_RANK": "1",
+        "NNODES": "3",
+        "MASTER_ADDR": "10.0.0.7",
+        "MASTER_PORT": "31234",
+    }
+    assert gang_env(None) == {}
+
+
+def test_port_is_free_sees_a_listener_on_any_address() -> None:
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = int(listener.getsockname()[1])
+        assert not port_is_free(port)
+    assert port_is_free(port)
 
 
 async def test_a_member_answering_nonsense_makes_the_gang_lost(tmp_path: Path) -> None:
@@ -109,6 +139,42 @@ async def test_a_member_answering_nonsense_makes_the_gang_lost(tmp_path: Path) -
             finally:
                 await gangs.close()
                 await service.close()
+
+
+async def test_a_gang_whose_member_0_finds_every_port_busy_fails_naming_them(
+    tmp_path: Path,
+) -> None:
+    asked: list[int] = []
+
+    async def busy(request: web.Request) -> web.Response:
+        body = await request.json()
+        asked.append(body["gang"]["master_port"])
+        error = {"error": "master_port_busy", "reason": "in use", "status": 409}
+        return web.json_response(error, status=409)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", busy)
+    async with TestServer(app, host="127.0.0.1") as member:
+        settings = test_settings(tmp_path, "n")
+        runtime = NodeRuntime(settings, "n", "127.0.0.1", "0", BreakerRegistry(BreakerConfig()))
+        runtime.membership = FakeView([Member("m", "127.0.0.1", int(member.port or 0))])
+        runtime.coordinator = "n"
+        service = JobService("n", settings.jobs, tmp_path / "jobs", daemon_url=lambda: "x")
+        gangs = GangService(runtime, service, lambda: PLAN, None)
+        async with WriteAheadLog(tmp_path / "wal.db") as wal:
+            await service.open(wal, gangs.recovery())
+            await gangs.open()
+            try:
+                request = parse_job_request({"job_id": "g", "argv": ["true"], "nodes": 1})
+                record, _ = await gangs.start_gang(request)
+            finally:
+                await gangs.close()
+                await service.close()
+    candidates = [gang_master_port(29500, "g", attempt) for attempt in range(GANG_PORT_ATTEMPTS)]
+    assert asked == candidates
+    assert record["state"] == "failed", record
+    ports = ", ".join(map(str, candidates))
+    assert f"gang master ports {ports} are all in use there" in record["reason"]
 
 
 class FakeView:
