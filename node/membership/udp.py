@@ -49,8 +49,8 @@ class UdpMembershipTransport:
     than max_skew_s off) datagrams are dropped silently with a DEBUG log and a counter, as are
     replays of a datagram already received (per-sender sequence windows,
     `node.membership.channel`). Datagrams naming another cluster id are dropped and counted
-    (`cluster`), logged at WARNING once per foreign id; those naming none are taken as ours. Destinations must be IP literals: resolve
-    names beforehand.
+    (`cluster`), logged at WARNING once per foreign id; those naming none are taken as ours.
+    Destinations must be IP literals: resolve names beforehand.
     """
 
     def __init__(
