@@ -19,6 +19,7 @@ from node.security import (
     AuthPolicy,
     auth_middleware,
     error_middleware,
+    foreign_cluster_middleware,
 )
 
 RUNTIME = web.AppKey("runtime", NodeRuntime)
@@ -272,7 +273,7 @@ def build_app(
     extra_docs: Iterable[RouteDoc] = (),
 ) -> web.Application:
     """The node's aiohttp application: core routes plus the routes other packages export."""
-    middlewares: list[Any] = [error_middleware, auth_middleware]
+    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware, auth_middleware]
     http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
         middlewares.insert(0, http_metrics.middleware())

@@ -388,6 +388,7 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
             known_node=self._known_node,
+            cluster=runtime.settings.cluster_name,
         )
         actors = open_actor_routes(runtime, election, secrets.cluster)
         self._stack.push_async_callback(actors.close)
