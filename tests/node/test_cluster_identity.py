@@ -1,0 +1,67 @@
+"""A node serves only its own cluster: a request naming another cluster id (X-Shoal-Cluster) is
+refused with 403 naming both ids, signed or not; one naming none (a client, a release before
+cluster ids) is served."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession
+
+from config import HEADER_CLUSTER, peer_middlewares, signed_headers
+from node.daemon import NodeDaemon
+from tests.node.daemons import test_settings
+
+SECRET = b"cluster-identity-test-secret-0123456789"
+
+
+async def _status(port: int, secret: bytes | None, cluster: str | None) -> tuple[int, Any]:
+    middlewares = peer_middlewares(secret, "b", cluster)
+    url = f"http://127.0.0.1:{port}/v1/status"
+    async with ClientSession(middlewares=middlewares) as session, session.get(url) as response:
+        return response.status, await response.json()
+
+
+def test_peer_middlewares_name_the_cluster_signed_or_not() -> None:
+    assert len(peer_middlewares(SECRET, "a", "lab")) == 1
+    assert len(peer_middlewares(None, "a", "lab")) == 1
+    assert peer_middlewares(None, "a", None) == ()
+    headers = signed_headers(SECRET, "a", "GET", "/v1/status", cluster="lab")
+    assert headers[HEADER_CLUSTER] == "lab"
+    assert HEADER_CLUSTER not in signed_headers(SECRET, "a", "GET", "/v1/status")
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "dev-mode"])
+async def test_a_request_of_another_cluster_is_refused_naming_both_ids(
+    tmp_path: Path, signed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="node.security")
+    flags: dict[str, Any] = {"cluster_name": "lab-a", "voters": ["a", "b"]}
+    secret = SECRET if signed else None
+    if signed:
+        path = tmp_path / "secret"
+        path.write_bytes(SECRET)
+        path.chmod(0o600)
+        flags["secret_file"] = path
+    async with NodeDaemon(test_settings(tmp_path, "a", **flags)) as daemon:
+        for _ in range(2):
+            status, body = await _status(daemon.port, secret, "lab-b")
+            assert status == 403, body
+            assert body["error"] == "wrong_cluster"
+            assert body["status"] == 403
+            assert "'lab-b'" in body["reason"]
+            assert "'lab-a'" in body["reason"]
+            assert (body["cluster"], body["sender_cluster"]) == ("lab-a", "lab-b")
+        status, body = await _status(daemon.port, secret, "lab-a")
+        assert status == 200, body
+        assert body["cluster"] == "lab-a"
+        status, body = await _status(daemon.port, secret, None)  # a release before cluster ids
+        assert status == 200, body
+    refused = [r for r in caplog.records if "of cluster 'lab-b'" in r.getMessage()]
+    assert [r.levelno for r in refused] == [logging.WARNING, logging.DEBUG]
+    unlabelled = [r for r in caplog.records if "names no cluster id" in r.getMessage()]
+    assert unlabelled
+    assert all(r.levelno == logging.DEBUG for r in unlabelled)
