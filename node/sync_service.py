@@ -184,7 +184,10 @@ class SyncService:
             FileCatalog.for_settings(settings, node_id=runtime.node_id)
         )
         http = HttpTransport(
-            node_id=runtime.node_id, secret=self._secret, timeouts=settings.timeouts
+            node_id=runtime.node_id,
+            secret=self._secret,
+            timeouts=settings.timeouts,
+            cluster=settings.cluster_name,
         )
         self._stack.push_async_callback(http.close)
         swarm = SwarmTransport(
