@@ -4,7 +4,10 @@ cluster ids) is served."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +16,17 @@ from aiohttp import ClientSession
 
 from config import HEADER_CLUSTER, peer_middlewares, signed_headers
 from node.daemon import NodeDaemon
+from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 
 SECRET = b"cluster-identity-test-secret-0123456789"
+
+
+async def _until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def _status(port: int, secret: bytes | None, cluster: str | None) -> tuple[int, Any]:
@@ -65,3 +76,51 @@ async def test_a_request_of_another_cluster_is_refused_naming_both_ids(
     unlabelled = [r for r in caplog.records if "names no cluster id" in r.getMessage()]
     assert unlabelled
     assert all(r.levelno == logging.DEBUG for r in unlabelled)
+
+
+def _coordinator(runtime: NodeRuntime) -> str | None:
+    runtime.refresh()
+    return runtime.coordinator
+
+
+async def test_a_node_of_another_cluster_is_never_a_member_or_a_voter(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Voters a, b, c; b is of another cluster and joins through a's address: a and c elect a
+    coordinator without it, and neither side lists the other as a member."""
+    caplog.set_level(logging.WARNING, logger="node.membership")
+    voters = ["a", "b", "c"]
+    async with NodeDaemon(test_settings(tmp_path, "a", cluster_name="lab", voters=voters)) as a:
+        seeds = (f"127.0.0.1:{a.port}",)
+        c_settings = test_settings(tmp_path, "c", cluster_name="lab", voters=voters, seeds=seeds)
+        b_settings = test_settings(tmp_path, "b", cluster_name="other", voters=voters, seeds=seeds)
+        async with NodeDaemon(b_settings) as b, NodeDaemon(c_settings) as c:
+            assert a.runtime is not None
+            assert b.runtime is not None
+            assert c.runtime is not None
+            runtimes = (a.runtime, b.runtime, c.runtime)
+            membership_a = a.runtime.membership
+            assert membership_a is not None
+            await _until(
+                lambda: membership_a.transport_stats().dropped.get("cluster", 0) >= 1,
+                10,
+                "a to drop a datagram of b's cluster",
+            )
+            await _until(
+                lambda: (
+                    _coordinator(runtimes[0]) in {"a", "c"}
+                    and _coordinator(runtimes[0]) == _coordinator(runtimes[2])
+                ),
+                30,
+                "a and c to agree on a coordinator",
+            )
+            views = {
+                r.node_id: {m.node_id for m in r.membership.members()}
+                for r in runtimes
+                if r.membership is not None
+            }
+            assert views == {"a": {"a", "c"}, "b": {"b"}, "c": {"a", "c"}}
+            assert _coordinator(b.runtime) is None
+    refused = [r for r in caplog.records if "of cluster 'other'" in r.getMessage()]
+    assert len(refused) == 1
+    assert "this node is of cluster 'lab'" in refused[0].getMessage()
