@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession
 
-from config import HEADER_CLUSTER, peer_middlewares, signed_headers
-from node.daemon import NodeDaemon
+from config import HEADER_CLUSTER, load_inventory, load_settings, peer_middlewares, signed_headers
+from node.daemon import NodeDaemon, inventory_cluster_name
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 
@@ -124,3 +124,20 @@ async def test_a_node_of_another_cluster_is_never_a_member_or_a_voter(
     refused = [r for r in caplog.records if "of cluster 'other'" in r.getMessage()]
     assert len(refused) == 1
     assert "this node is of cluster 'lab'" in refused[0].getMessage()
+
+
+def test_a_default_cluster_id_with_mdns_on_is_warned_and_the_inventory_names_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="node.daemon")
+    unnamed = load_settings(env={}, flags={"data_dir": tmp_path, "mdns": True}).settings
+    assert inventory_cluster_name(unnamed, None).cluster_name == "shoal"
+    assert "the cluster id is the default 'shoal' and mDNS is on" in caplog.text
+    caplog.clear()
+    inventory_path = tmp_path / "hosts.yaml"
+    inventory_path.write_text("cluster: {name: lab}\nhosts:\n  a: {ssh_host: 127.0.0.1}\n")
+    named = inventory_cluster_name(unnamed, load_inventory(inventory_path))
+    assert named.cluster_name == "lab"
+    quiet = inventory_cluster_name(unnamed.model_copy(update={"mdns": False}), None)
+    assert quiet.cluster_name == "shoal"
+    assert caplog.text == ""
