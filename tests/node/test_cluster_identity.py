@@ -16,6 +16,8 @@ from aiohttp import ClientSession
 
 from config import HEADER_CLUSTER, load_inventory, load_settings, peer_middlewares, signed_headers
 from node.daemon import NodeDaemon, inventory_cluster_name
+from node.election.http import HttpElectionTransport
+from node.election.messages import VoteRequest
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 
@@ -141,3 +143,25 @@ def test_a_default_cluster_id_with_mdns_on_is_warned_and_the_inventory_names_it(
     quiet = inventory_cluster_name(unnamed.model_copy(update={"mdns": False}), None)
     assert quiet.cluster_name == "shoal"
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("secret", [SECRET, None], ids=["signed", "dev-mode"])
+async def test_vote_requests_name_the_cluster_and_another_cluster_refuses_them(
+    tmp_path: Path, secret: bytes | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="node.security")
+    flags: dict[str, Any] = {"cluster_name": "lab", "voters": ["a", "b"]}
+    if secret is not None:
+        path = tmp_path / "secret"
+        path.write_bytes(secret)
+        path.chmod(0o600)
+        flags["secret_file"] = path
+    async with NodeDaemon(test_settings(tmp_path, "a", **flags)) as node:
+        target = ("127.0.0.1", node.port)
+        for cluster, answered in (("other", False), ("lab", True), (None, True)):
+            async with HttpElectionTransport(
+                "b", lambda _: target, secret=secret, timeout_s=5.0, cluster=cluster
+            ) as transport:
+                reply = await transport.request_vote("a", VoteRequest(1, "b", pre_vote=True))
+            assert (reply is not None) == answered, cluster
+    assert "refused requests from 127.0.0.1 of cluster 'other'" in caplog.text
