@@ -2,6 +2,8 @@
 
 Signature = lowercase hex HMAC-SHA256(secret, METHOD \\n path_with_query \\n timestamp \\n nonce
 \\n sha256_hex(body)), sent as X-Shoal-Node, X-Shoal-Timestamp, X-Shoal-Nonce, X-Shoal-Signature.
+A node also names its cluster id in X-Shoal-Cluster (outside the signature, so a receiver of a
+release before cluster ids still verifies it; a receiver refuses another cluster's requests).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ HEADER_NODE = "X-Shoal-Node"
 HEADER_TIMESTAMP = "X-Shoal-Timestamp"
 HEADER_NONCE = "X-Shoal-Nonce"
 HEADER_SIGNATURE = "X-Shoal-Signature"
+HEADER_CLUSTER = "X-Shoal-Cluster"
+"""The sender's cluster id; a node refuses a request naming another cluster (403)."""
 HEADER_CLOCK_SKEW = "X-Shoal-Clock-Skew"
 """On a 401 for a timestamp outside the window: the sender's clock minus the receiver's, in s."""
 MIN_NONCE_CHARS = 16
@@ -114,16 +118,20 @@ def signed_headers(
     path_qs: str,
     body: bytes = b"",
     now: float | None = None,
+    cluster: str | None = None,
 ) -> dict[str, str]:
-    """The four authentication headers for a request."""
+    """The four authentication headers for a request, and X-Shoal-Cluster when `cluster`."""
     timestamp = str(int(time.time() if now is None else now))
     nonce = secrets.token_hex(16)
-    return {
+    headers = {
         HEADER_NODE: node_id,
         HEADER_TIMESTAMP: timestamp,
         HEADER_NONCE: nonce,
         HEADER_SIGNATURE: sign_request(secret, method, path_qs, timestamp, nonce, body),
     }
+    if cluster:
+        headers[HEADER_CLUSTER] = cluster
+    return headers
 
 
 class NonceCache:
@@ -186,15 +194,20 @@ def verify_request(
 
 
 def signing_middleware(
-    secret: bytes, node_id: str, clock: Callable[[], float] = time.time
+    secret: bytes,
+    node_id: str,
+    clock: Callable[[], float] = time.time,
+    *,
+    cluster: str | None = None,
 ) -> ClientMiddlewareType:
-    """An aiohttp client middleware that signs every request of a ClientSession."""
+    """An aiohttp client middleware that signs every request of a ClientSession and names
+    `cluster` (this node's cluster id) in X-Shoal-Cluster when given."""
 
     async def middleware(request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         payload = request.body
         body = payload if isinstance(payload, bytes) else await payload.as_bytes()
         headers = signed_headers(
-            secret, node_id, request.method, request.url.raw_path_qs, body, now=clock()
+            secret, node_id, request.method, request.url.raw_path_qs, body, clock(), cluster
         )
         request.headers.update(headers)
         response = await handler(request)
@@ -208,3 +221,24 @@ def signing_middleware(
         return response
 
     return middleware
+
+
+def cluster_middleware(cluster: str) -> ClientMiddlewareType:
+    """An aiohttp client middleware that names `cluster` in X-Shoal-Cluster (unsigned sessions
+    of a node without a secret, dev mode)."""
+
+    async def middleware(request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
+        request.headers[HEADER_CLUSTER] = cluster
+        return await handler(request)
+
+    return middleware
+
+
+def peer_middlewares(
+    secret: bytes | None, node_id: str, cluster: str | None
+) -> tuple[ClientMiddlewareType, ...]:
+    """The client middlewares of a node's session to its peers: signing with `secret` (when
+    set) and the X-Shoal-Cluster header naming `cluster` (when set)."""
+    if secret is not None:
+        return (signing_middleware(secret, node_id, cluster=cluster),)
+    return (cluster_middleware(cluster),) if cluster else ()

@@ -19,6 +19,7 @@ from node.security import (
     AuthPolicy,
     auth_middleware,
     error_middleware,
+    foreign_cluster_middleware,
 )
 
 RUNTIME = web.AppKey("runtime", NodeRuntime)
@@ -273,8 +274,9 @@ def build_app(
     gates: Iterable[Any] = (),
 ) -> web.Application:
     """The node's aiohttp application: core routes plus the routes other packages export;
-    `gates` are middlewares that run before the signature check (the dashboard's cookie)."""
-    middlewares: list[Any] = [error_middleware, *gates, auth_middleware]
+    `gates` are middlewares that run before the signature check (the dashboard's cookie), after
+    the refusal of requests that name another cluster."""
+    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware, *gates, auth_middleware]
     http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
         middlewares.insert(0, http_metrics.middleware())

@@ -164,19 +164,29 @@ def record_schemas(settings: NodeSettings) -> list[RecordSchema]:
 
 
 def inventory_cluster_name(settings: NodeSettings, inventory: Inventory | None) -> NodeSettings:
-    """The settings with the inventory's `cluster.name` when the settings keep the default."""
+    """The settings with the inventory's `cluster.name` when the settings keep the default. A
+    node whose cluster id stays the default while mDNS is on is warned: another cluster of the
+    default name on its network would be taken as its own."""
     default = NodeSettings.model_fields["cluster_name"].default
-    if inventory is None or inventory.cluster.name == settings.cluster_name:
-        return settings
-    if settings.cluster_name != default:
+    named = settings
+    if inventory is not None and inventory.cluster.name != settings.cluster_name:
+        if settings.cluster_name != default:
+            log.warning(
+                "cluster_name %r (settings) differs from %r in the inventory %s; using the "
+                "settings'",
+                settings.cluster_name,
+                inventory.cluster.name,
+                inventory.source,
+            )
+        else:
+            named = settings.model_copy(update={"cluster_name": inventory.cluster.name})
+    if named.mdns and named.cluster_name == default:
         log.warning(
-            "cluster_name %r (settings) differs from %r in the inventory %s; using the settings'",
-            settings.cluster_name,
-            inventory.cluster.name,
-            inventory.source,
+            "the cluster id is the default %r and mDNS is on: another cluster of that name on "
+            "this network would join this one; name it (inventory cluster.name or cluster_name)",
+            default,
         )
-        return settings
-    return settings.model_copy(update={"cluster_name": inventory.cluster.name})
+    return named
 
 
 def resolve_node_id(settings: NodeSettings, inventory: Inventory | None) -> str:
@@ -412,6 +422,7 @@ class NodeDaemon:
             metrics_token=secrets.metrics_token,
             skew_s=runtime.settings.timeouts.auth_skew_s,
             known_node=self._known_node,
+            cluster=runtime.settings.cluster_name,
         )
         actors = open_actor_routes(runtime, election, secrets.cluster)
         self._stack.push_async_callback(actors.close)

@@ -17,6 +17,7 @@ from aiohttp.typedefs import Handler
 from config import (
     CLOCK_SKEWS,
     HEADER_CLOCK_SKEW,
+    HEADER_CLUSTER,
     HEADER_NODE,
     HEADER_NONCE,
     HEADER_SIGNATURE,
@@ -50,6 +51,8 @@ training processes sign as `cli-...`, cluster_monitor as `monitor-HOST`, the syn
 `api-HOST`. Every signer holds the same cluster secret, so an id is a claim, not a proof: the
 check refuses a sender that names a node this node does not know, and nothing more."""
 MAX_SENDER_CHARS_SHOWN = 80
+MAX_CLUSTERS_NOTED = 1024
+"""Foreign cluster ids (and senders naming none) logged once each; beyond this, at DEBUG only."""
 
 
 def is_client_id(sender: str) -> bool:
@@ -59,14 +62,17 @@ def is_client_id(sender: str) -> bool:
 
 @dataclass
 class AuthPolicy:
-    """The node's secret (None: dev mode, loopback only), the /metrics bearer token, and
+    """The node's secret (None: dev mode, loopback only), the /metrics bearer token,
     `known_node`: whether a sender id names a node this node knows (itself, its inventory, its
-    membership view); None checks no sender (an app without a view, as in API tests)."""
+    membership view; None checks no sender, as in API tests), and `cluster`: this node's
+    cluster id, whose requests alone are served (None checks no cluster)."""
 
     secret: bytes | None
     metrics_token: bytes | None = None
     skew_s: float = 300.0
     known_node: Callable[[str], bool] | None = None
+    cluster: str | None = None
+    noted_clusters: set[str] = field(default_factory=set)
     nonces: NonceCache = field(default_factory=NonceCache)
     body_reads: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(MAX_CONCURRENT_BODY_READS)
@@ -145,6 +151,57 @@ def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) ->
     if policy.nonces.seen(nonce):
         raise AuthError("nonce seen before (replayed request)")
     return node
+
+
+def _note_cluster(policy: AuthPolicy, key: str, level: int, message: str, *args: object) -> None:
+    """Log `message` at `level` the first time `key` is seen, at DEBUG after that."""
+    first = key not in policy.noted_clusters
+    if first and len(policy.noted_clusters) < MAX_CLUSTERS_NOTED:
+        policy.noted_clusters.add(key)
+    log.log(level if first else logging.DEBUG, message, *args)
+
+
+@web.middleware
+async def foreign_cluster_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse (403) a request whose X-Shoal-Cluster names another cluster than this node's,
+    before its signature is checked (another cluster's secret would only give "bad signature").
+    A request naming no cluster (a client, or a node of a release before cluster ids) is
+    served; this is logged at DEBUG."""
+    policy = request.app[AUTH_POLICY]
+    theirs = request.headers.get(HEADER_CLUSTER)
+    if policy.cluster is None:
+        return await handler(request)
+    if theirs is None:
+        _note_cluster(
+            policy,
+            f"none:{request.remote}",
+            logging.DEBUG,
+            "%s %s from %s names no cluster id; served (a client or an older release)",
+            request.method,
+            request.path,
+            request.remote,
+        )
+        return await handler(request)
+    if theirs == policy.cluster:
+        return await handler(request)
+    shown = theirs[:MAX_SENDER_CHARS_SHOWN]
+    _note_cluster(
+        policy,
+        f"cluster:{shown}",
+        logging.WARNING,
+        "refused requests from %s of cluster %r: this node is of cluster %r",
+        request.remote,
+        shown,
+        policy.cluster,
+    )
+    return json_error(
+        403,
+        f"request of cluster {shown!r} refused: this node is of cluster {policy.cluster!r}; "
+        "a node serves only its own cluster (check the inventory's cluster.name)",
+        code="wrong_cluster",
+        cluster=policy.cluster,
+        sender_cluster=shown,
+    )
 
 
 @web.middleware

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from config import ConfigError, Inventory, error_body, signing_middleware
+from config import ConfigError, Inventory, error_body, peer_middlewares
 from health import LoopHealth
 from node.election.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
@@ -184,7 +184,10 @@ class SyncService:
             FileCatalog.for_settings(settings, node_id=runtime.node_id)
         )
         http = HttpTransport(
-            node_id=runtime.node_id, secret=self._secret, timeouts=settings.timeouts
+            node_id=runtime.node_id,
+            secret=self._secret,
+            timeouts=settings.timeouts,
+            cluster=settings.cluster_name,
         )
         self._stack.push_async_callback(http.close)
         swarm = SwarmTransport(
@@ -238,7 +241,7 @@ class SyncService:
         await coordinator.start()
         result = await wal.recover(coordinator.recovery_handlers())
         log.info("sync: WAL recovery of transfers: %s", result)
-        middlewares = (signing_middleware(self._secret, runtime.node_id),) if self._secret else ()
+        middlewares = peer_middlewares(self._secret, runtime.node_id, runtime.settings.cluster_name)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=settings.timeouts.sync_s),
             middlewares=middlewares,

@@ -5,6 +5,7 @@ On a host with GPUs each node owns a disjoint share of them (node i: GPUs i, i +
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -46,9 +47,16 @@ class DevNode:
     """The node's `gpus` setting (None: the default, on a host without GPUs)."""
 
 
-def dev_inventory(nodes: int, base_port: int) -> str:
-    """The inventory `shoal dev-cluster` writes for its loopback nodes."""
-    lines = ["cluster: {name: dev}", "hosts:"]
+def dev_cluster_name(data_dir: Path) -> str:
+    """The cluster name of the dev cluster run from `data_dir`: `dev-` and a short hash of the
+    absolute directory, so two dev clusters in two directories never see each other."""
+    digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()
+    return f"dev-{digest[:8]}"
+
+
+def dev_inventory(nodes: int, base_port: int, cluster: str = "dev") -> str:
+    """The inventory `shoal dev-cluster` writes for its loopback nodes of cluster `cluster`."""
+    lines = [f"cluster: {{name: {cluster}}}", "hosts:"]
     for index in range(1, nodes + 1):
         lines.append(f"  dev-{index}: {{ssh_host: 127.0.0.1, p2p_port: {base_port + index - 1}}}")
     return "\n".join(lines) + "\n"
@@ -154,7 +162,8 @@ def dev_cluster(
     if ctx.invoked_subcommand is not None:
         return
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "hosts.yaml").write_text(dev_inventory(nodes, base_port), encoding="utf-8")
+    inventory = dev_inventory(nodes, base_port, dev_cluster_name(data_dir))
+    (data_dir / "hosts.yaml").write_text(inventory, encoding="utf-8")
     children: list[subprocess.Popen[bytes]] = []
     running: dict[str, DevNode] = {}
 
@@ -170,6 +179,7 @@ def dev_cluster(
             running[node.name] = node
             children.append(process)
         _write_state(data_dir, running)
+        console.print(f"cluster {dev_cluster_name(data_dir)} from {data_dir}", highlight=False)
         for node in running.values():
             owned = "" if node.gpus is None else f", GPUs {node.gpus}"
             console.print(

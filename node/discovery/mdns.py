@@ -54,12 +54,13 @@ def service_info(
 def advert_from_txt(
     properties: Mapping[str, str | None], addresses: Sequence[str], srv_port: int | None
 ) -> Advert | None:
-    """The advert a peer published, or None when it is not a well-formed shoal advert."""
+    """The advert a peer published, or None when it is not a well-formed shoal advert. An
+    advert without a cluster id gets cluster "" (unknown: a release before cluster ids)."""
     node_id = properties.get("id")
-    cluster = properties.get("cluster")
+    cluster = properties.get("cluster") or ""
     port_text = properties.get("port") or ""
     port = int(port_text) if port_text.isdigit() else srv_port
-    if not node_id or not cluster or port is None or not 1 <= port <= 65535:
+    if not node_id or port is None or not 1 <= port <= 65535:
         return None
     return Advert(node_id, cluster, properties.get("version") or "", port, tuple(addresses))
 
@@ -67,8 +68,9 @@ def advert_from_txt(
 def candidate_for(
     peer: Advert, own: Advert, networks: Sequence[IPNetwork] = ()
 ) -> Candidate | None:
-    """The candidate a peer's advert gives, or None: other cluster, our own advert, no address."""
-    if peer.cluster != own.cluster or peer.node_id == own.node_id:
+    """The candidate a peer's advert gives, or None: other cluster, our own advert, no address.
+    An advert naming no cluster ("") is taken as ours: membership checks its datagrams."""
+    if (peer.cluster and peer.cluster != own.cluster) or peer.node_id == own.node_id:
         return None
     address = preferred_address(peer.addresses, networks)
     return None if address is None else Candidate(address, peer.port, "mdns", peer.node_id)
@@ -247,6 +249,10 @@ class MdnsAgent:
             log.debug("%s: %s is not a shoal advert, ignored", self._advert.node_id, name)
             return
         candidate = candidate_for(peer, self._advert, self._networks)
+        if not peer.cluster:
+            log.debug(
+                "%s: mDNS advert %s names no cluster id; taken as ours", self._advert.node_id, name
+            )
         if candidate is None:
             if peer.node_id == self._advert.node_id and peer.cluster == self._advert.cluster:
                 log_repeated(
@@ -260,11 +266,12 @@ class MdnsAgent:
                 )
             else:
                 log.debug(
-                    "%s: ignoring mDNS advert %s (cluster %s, node %s)",
+                    "%s: ignoring mDNS advert %s (cluster %r, node %s; this node is of cluster %r)",
                     self._advert.node_id,
                     name,
                     peer.cluster,
                     peer.node_id,
+                    self._advert.cluster,
                 )
             return
         self._peers[name] = candidate

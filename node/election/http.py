@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from config import Timeouts, signing_middleware
+from config import Timeouts, peer_middlewares
 from health import (
     BreakerConfig,
     BreakerRegistry,
@@ -265,7 +265,9 @@ class _Phase(enum.Enum):
 class HttpElectionTransport:
     """ElectionTransport over HTTP: signed requests (when a secret is set) to the peer's API at
     `address_of(node_id)`, each through the peer's `election` breaker of `breakers` (configured
-    with `breaker_config`); any failure, timeout, refusal or open breaker answers None."""
+    with `breaker_config`), naming `cluster` (this node's cluster id) in X-Shoal-Cluster; any
+    failure, timeout, refusal (a node of another cluster answers 403) or open breaker answers
+    None."""
 
     def __init__(
         self,
@@ -277,8 +279,10 @@ class HttpElectionTransport:
         session: aiohttp.ClientSession | None = None,
         breakers: BreakerRegistry | None = None,
         breaker_config: BreakerConfig | None = None,
+        cluster: str | None = None,
     ) -> None:
         self.node_id = node_id
+        self._cluster = cluster
         self._breakers = breakers
         self._breaker_config = breaker_config
         self._address_of = address_of
@@ -300,9 +304,7 @@ class HttpElectionTransport:
         if self._phase is not _Phase.UNOPENED:
             raise ElectionError(f"election transport is {self._phase.value}")
         if self._session is None:
-            middlewares = (
-                () if self._secret is None else (signing_middleware(self._secret, self.node_id),)
-            )
+            middlewares = peer_middlewares(self._secret, self.node_id, self._cluster)
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                 connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),

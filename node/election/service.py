@@ -229,6 +229,7 @@ class ElectionService:
             timeout_s=settings.timeouts.lease_s,
             breakers=runtime.breakers,
             breaker_config=election_breaker_config(runtime.breakers.config, settings.timeouts),
+            cluster=settings.cluster_name,
         )
         await self._stack.enter_async_context(transport)
         adoption_log = None

@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from config import signing_middleware
+from config import peer_middlewares
 from node.election.plan import (
     FENCE_HEADER,
     FenceVerdict,
@@ -538,5 +538,7 @@ class GangService:
             return
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.http_request_s)
         secret = self._secret
-        middlewares = (signing_middleware(secret, self.runtime.node_id),) if secret else ()
+        middlewares = peer_middlewares(
+            secret, self.runtime.node_id, self.runtime.settings.cluster_name
+        )
         self._session = aiohttp.ClientSession(timeout=timeout, middlewares=middlewares)

@@ -4,6 +4,7 @@ per-sender replay windows on what it opens, so a captured datagram cannot be del
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -14,6 +15,10 @@ REPLAY_WINDOW_SEQS = 1024
 """How far behind a sender's newest sequence number a late datagram is still accepted."""
 MAX_SENDER_BOOTS = 4096
 """Senders (boot ids) remembered at once; the least recently heard is forgotten beyond this."""
+MAX_NOTED = 1024
+"""Foreign cluster ids and unlabelled senders logged once each; beyond this, at DEBUG only."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -94,6 +99,7 @@ class SealedChannel:
         self.boot = secrets.randbits(62) if boot is None else boot
         self._seq = 0
         self._windows = ReplayWindows(envelope.max_skew_s)
+        self._noted: set[str] = set()
 
     @property
     def cluster(self) -> str:
@@ -119,3 +125,26 @@ class SealedChannel:
             return opened
         drop = self._windows.admit(opened.boot, opened.seq, opened.timestamp, now_s)
         return opened if drop is None else Opened(None, drop)
+
+    def note(self, opened: Opened, source: str) -> None:
+        """Log what `open` decided about a datagram from `source`: a foreign cluster at WARNING
+        once per cluster id (naming both ids), then at DEBUG; a sender that named no cluster at
+        DEBUG once per source; any other drop at DEBUG."""
+        if opened.drop == Drop.CLUSTER:
+            key = f"cluster:{opened.cluster}"
+            first = key not in self._noted and len(self._noted) < MAX_NOTED
+            self._noted.add(key)
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
+                "dropped membership datagrams from %s of cluster %r: this node is of cluster %r "
+                "(a node of another cluster is never a member)",
+                source,
+                opened.cluster,
+                self.cluster,
+            )
+        elif opened.drop is not None:
+            log.debug("dropped a membership datagram from %s: %s", source, opened.drop)
+        elif opened.cluster is None and f"none:{source}" not in self._noted:
+            if len(self._noted) < MAX_NOTED:
+                self._noted.add(f"none:{source}")
+            log.debug("membership datagrams from %s name no cluster id; taken as ours", source)

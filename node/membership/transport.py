@@ -225,11 +225,9 @@ class InMemoryEndpoint:
         if self._closed or self._handler is None:
             return
         opened = self._channel.open(datagram, self._network.wall_clock())
+        self._channel.note(opened, f"{source[0]}:{source[1]}")
         if opened.body is None:
             self._counters.dropped[str(opened.drop)] += 1
-            log.debug(
-                "%s:%s dropped a datagram from %s: %s", *self.local_address, source, opened.drop
-            )
             return
         self._counters.received_datagrams += 1
         self._counters.received_bytes += len(datagram)

@@ -47,9 +47,10 @@ class UdpMembershipTransport:
     Without a secret every datagram of our cluster is accepted (dev mode; the daemon refuses that
     beyond loopback unless told --insecure). With one, unsigned, badly signed and stale (more
     than max_skew_s off) datagrams are dropped silently with a DEBUG log and a counter, as are
-    datagrams of another cluster and replays of a datagram already received (per-sender
-    sequence windows, `node.membership.channel`). Destinations must be IP literals: resolve
-    names beforehand.
+    replays of a datagram already received (per-sender sequence windows,
+    `node.membership.channel`). Datagrams naming another cluster id are dropped and counted
+    (`cluster`), logged at WARNING once per foreign id; those naming none are taken as ours.
+    Destinations must be IP literals: resolve names beforehand.
     """
 
     def __init__(
@@ -139,11 +140,9 @@ class UdpMembershipTransport:
         if self._handler is None or self._closed:
             return
         opened = self._channel.open(datagram, self._wall_clock())
+        self._channel.note(opened, f"{source[0]}:{source[1]}")
         if opened.body is None:
             self._counters.dropped[str(opened.drop)] += 1
-            log.debug(
-                "dropped a membership datagram from %s:%s: %s", source[0], source[1], opened.drop
-            )
             return
         self._counters.received_datagrams += 1
         self._counters.received_bytes += len(datagram)

@@ -30,6 +30,7 @@ _MAC_CHARS = 43
 _MAX_ENVELOPE_BYTES = 512
 _MAX_ADDRESS_CHARS = 255
 _MAX_SEQ = 2**63
+_MAX_CLUSTER_SHOWN = 80
 _STATE_CODE = {
     MemberState.ALIVE: "a",
     MemberState.SUSPECT: "s",
@@ -280,13 +281,16 @@ class Drop(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    """A received datagram: its body and sealed header fields, or why it was dropped."""
+    """A received datagram: its body and sealed header fields, or why it was dropped.
+    `cluster` is the cluster id the sender named: None when it named none (a sender of a
+    release before cluster ids, accepted as ours), another id when dropped for Drop.CLUSTER."""
 
     body: bytes | None
     drop: Drop | None = None
     timestamp: int = 0
     boot: int = 0
     seq: int = 0
+    cluster: str | None = None
 
 
 def _mac(secret: bytes, cluster: str, timestamp: int, boot: int, seq: int, body: bytes) -> str:
@@ -340,7 +344,10 @@ class Envelope:
         )
 
     def open(self, datagram: bytes, now_s: float) -> Opened:
-        """The body of `datagram` if it is ours and, with a secret, signed within max_skew_s."""
+        """The body of `datagram` if it is ours and, with a secret, signed within max_skew_s.
+
+        A datagram naming another cluster is dropped; one naming none is taken as ours (its MAC
+        is checked over our cluster id), so a peer that sends no cluster id still joins."""
         newline = datagram.find(b"\n", 0, _MAX_ENVELOPE_BYTES)
         if newline < 0:
             return Opened(None, Drop.MALFORMED)
@@ -356,11 +363,12 @@ class Envelope:
             return Opened(None, Drop.MALFORMED)
         if not (_is_seq(boot) and _is_seq(seq)):
             return Opened(None, Drop.MALFORMED)
-        if header.get("c") != self.cluster:
-            return Opened(None, Drop.CLUSTER)
+        cluster = header.get("c")
+        if cluster is not None and cluster != self.cluster:
+            return Opened(None, Drop.CLUSTER, cluster=str(cluster)[:_MAX_CLUSTER_SHOWN])
         body = datagram[newline + 1 :]
         if self.secret is None:
-            return Opened(body, None, timestamp, boot, seq)
+            return Opened(body, None, timestamp, boot, seq, cluster)
         if not mac:
             return Opened(None, Drop.UNSIGNED)
         expected = _mac(self.secret, self.cluster, timestamp, boot, seq, body)
@@ -368,7 +376,7 @@ class Envelope:
             return Opened(None, Drop.BAD_MAC)
         if abs(now_s - timestamp) > self.max_skew_s:
             return Opened(None, Drop.STALE)
-        return Opened(body, None, timestamp, boot, seq)
+        return Opened(body, None, timestamp, boot, seq, cluster)
 
 
 def _is_seq(value: object) -> TypeGuard[int]:

@@ -19,7 +19,7 @@ from aiohttp import web
 from annotated_types import Len
 from pydantic import BaseModel, Field
 
-from config import signing_middleware
+from config import peer_middlewares
 from health import LoopHealth
 from node.errors import BodyError, LockError
 from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, parse_body
@@ -221,8 +221,8 @@ class LockService:
 
     async def open(self) -> None:
         timeouts = self.runtime.settings.timeouts
-        middlewares = (
-            (signing_middleware(self._secret, self.runtime.node_id),) if self._secret else ()
+        middlewares = peer_middlewares(
+            self._secret, self.runtime.node_id, self.runtime.settings.cluster_name
         )
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=timeouts.http_request_s),

@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from config import signing_middleware
+from config import peer_middlewares
 from node.errors import BodyError
 from node.errors import RegistryError as RegistryError
 from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
@@ -290,7 +290,9 @@ class ActorRoutes:
             raise RegistryError(503, "unknown_coordinator", f"coordinator {coordinator} unknown")
         if self._session is None:
             secret = self._secret
-            middlewares = (signing_middleware(secret, self.runtime.node_id),) if secret else ()
+            middlewares = peer_middlewares(
+                secret, self.runtime.node_id, self.runtime.settings.cluster_name
+            )
             self._session = aiohttp.ClientSession(middlewares=middlewares)
         url = f"http://{target.address}:{target.port}{request.path}"
         timeout = aiohttp.ClientTimeout(total=self.runtime.settings.timeouts.http_request_s)

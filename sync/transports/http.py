@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from config import Timeouts, signing_middleware
+from config import Timeouts, peer_middlewares
 from sync.errors import (
     ContentMismatchError,
     FileChangedError,
@@ -83,8 +83,9 @@ class HttpTransport:
     """Fetches files from peers' `GET /v1/sync/{category}/file` (owns one ClientSession; async
     context manager, close() idempotent and final).
 
-    Requests are signed when `secret` is set. `streams` range requests run at once for a file
-    of at least `parallel_min_bytes`; `bandwidth_bytes_per_s` caps all downloads together.
+    Requests are signed when `secret` is set and name `cluster` (X-Shoal-Cluster) when set.
+    `streams` range requests run at once for a file of at least `parallel_min_bytes`;
+    `bandwidth_bytes_per_s` caps all downloads together.
     """
 
     name = "http"
@@ -99,10 +100,12 @@ class HttpTransport:
         streams: int = 2,
         parallel_min_bytes: int = 64 << 20,
         page_limit: int = DEFAULT_PAGE_LIMIT,
+        cluster: str | None = None,
     ) -> None:
         self._timeouts = timeouts if timeouts is not None else Timeouts()
         self._node_id = node_id or "shoal"
         self._secret = secret
+        self._cluster = cluster
         self._limiter = RateLimiter(bandwidth_bytes_per_s) if bandwidth_bytes_per_s else None
         self._streams = max(1, streams)
         self._parallel_min_bytes = parallel_min_bytes
@@ -132,7 +135,7 @@ class HttpTransport:
         if self._state is _State.CLOSED:
             raise FileSyncError("HTTP transport is closed")
         if self._session is None:
-            middlewares = (signing_middleware(self._secret, self._node_id),) if self._secret else ()
+            middlewares = peer_middlewares(self._secret, self._node_id, self._cluster)
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(
                     total=None,

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from node.cli.devcluster import dev_cluster_name
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -83,7 +85,7 @@ def test_a_killed_node_is_reported_the_others_run_on_and_restart_brings_it_back(
     try:
         ports = [base, base + 1, base + 2]
         _until(lambda: all(_get(p, "/v1/health") for p in ports), 60, "3 dev nodes")
-        assert _get(base, "/v1/status")["cluster"] == "dev"  # the inventory's cluster name
+        assert _get(base, "/v1/status")["cluster"] == dev_cluster_name(data_dir)
         _until(lambda: set(_states(base).values()) == {"alive"} and len(_states(base)) == 3,
                60, "dev-1 to see 3 alive members")  # fmt: skip
 

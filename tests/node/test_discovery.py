@@ -160,9 +160,12 @@ def test_advert_txt_round_trip_and_filtering() -> None:
     assert set(props) == {"id", "cluster", "version", "port"}
     peer = advert_from_txt(props, ["10.0.0.5"], 1)
     assert peer == ADVERT
-    assert advert_from_txt({"id": "x"}, ["10.0.0.1"], 80) is None
+    assert advert_from_txt({"cluster": "lab"}, ["10.0.0.1"], 80) is None
     assert advert_from_txt({"id": "x", "cluster": "lab", "port": "0"}, ["10.0.0.1"], 80) is None
     assert advert_from_txt({"id": "x", "cluster": "lab"}, ["10.0.0.1"], 80) is not None
+    unlabelled = advert_from_txt({"id": "old", "port": "9000"}, ["10.0.0.8"], 80)
+    assert unlabelled == Advert("old", "", "", 9000, ("10.0.0.8",))  # a release before cluster ids
+    assert candidate_for(unlabelled, ADVERT) == Candidate("10.0.0.8", 9000, "mdns", "old")
     other = Advert("gpu-b", "lab", "0.1.0", 9000, ("100.64.0.2", "10.0.0.6"))
     networks = local_networks(ADAPTERS[1:2])
     assert candidate_for(other, ADVERT, networks) == Candidate("10.0.0.6", 9000, "mdns", "gpu-b")

@@ -18,6 +18,7 @@ from config.timeouts import Timeouts
 from node.membership.service import Membership, UdpMembershipTransport
 from node.membership.transport import MembershipTransport
 from node.membership.types import EventKind, MemberEvent, MemberState
+from node.membership.wire import Envelope
 
 SECRET = b"test-cluster-secret-0123456789"
 FAST = Timeouts(
@@ -40,7 +41,7 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> Non
 async def test_signed_datagrams_pass_and_forged_ones_are_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="node.membership.udp")
+    caplog.set_level(logging.DEBUG, logger="node.membership")
     received: list[tuple[bytes, tuple[str, int]]] = []
     receiver = UdpMembershipTransport("127.0.0.1", 0, secret=SECRET, cluster="lab")
     senders = {
@@ -66,17 +67,64 @@ async def test_signed_datagrams_pass_and_forged_ones_are_dropped(
         assert stats.received_datagrams == 1
         assert senders["good"].stats().sent_datagrams == 1
         assert any("dropped a membership datagram" in r.getMessage() for r in caplog.records)
-        assert all(r.levelno == logging.DEBUG for r in caplog.records if "dropped" in r.message)
+        dropped = [r for r in caplog.records if "dropped" in r.message]
+        assert all(r.levelno == logging.DEBUG for r in dropped if "of cluster" not in r.message)
     finally:
         for transport in [receiver, *senders.values()]:
             await transport.close()
             await transport.close()
 
 
+async def test_datagrams_of_another_cluster_are_dropped_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="node.membership")
+    received: list[bytes] = []
+    receiver = UdpMembershipTransport("127.0.0.1", 0, secret=None, cluster="dev-aaaa")
+    foreign = UdpMembershipTransport("127.0.0.1", 0, secret=None, cluster="dev-bbbb")
+    try:
+        await receiver.start(lambda body, source: received.append(body))
+        await foreign.start(lambda body, source: None)
+        for index in range(3):
+            foreign.send(b"ping %d" % index, receiver.local_address)
+        await wait_for(lambda: receiver.stats().dropped.get("cluster", 0) == 3)
+        assert received == []
+        assert receiver.stats().received_datagrams == 0
+        about = [r for r in caplog.records if "of cluster 'dev-bbbb'" in r.getMessage()]
+        assert [r.levelno for r in about] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        assert "this node is of cluster 'dev-aaaa'" in about[0].getMessage()
+    finally:
+        await receiver.close()
+        await foreign.close()
+
+
+@pytest.mark.parametrize("secret", [SECRET, None])
+async def test_a_datagram_without_a_cluster_id_is_accepted_as_ours(
+    secret: bytes | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer of a release before cluster ids names none: it is taken as ours (rolling upgrade)."""
+    caplog.set_level(logging.DEBUG, logger="node.membership")
+    received: list[bytes] = []
+    receiver = UdpMembershipTransport("127.0.0.1", 0, secret=secret, cluster="lab")
+    datagram = Envelope("lab", secret).seal(b"old peer", time.time(), boot=5, seq=1)
+    unlabelled = datagram.replace(b'"c":"lab",', b"", 1)
+    assert unlabelled != datagram
+    try:
+        await receiver.start(lambda body, source: received.append(body))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(unlabelled, receiver.local_address)
+            await wait_for(lambda: received == [b"old peer"])
+        assert receiver.stats().dropped == {}
+        noted = [r for r in caplog.records if "name no cluster id" in r.getMessage()]
+        assert [r.levelno for r in noted] == [logging.DEBUG]
+    finally:
+        await receiver.close()
+
+
 async def test_a_captured_datagram_replayed_is_refused_and_a_restarted_sender_is_accepted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="node.membership.udp")
+    caplog.set_level(logging.DEBUG, logger="node.membership")
     loop = asyncio.get_running_loop()
     received: list[bytes] = []
     receiver = UdpMembershipTransport("127.0.0.1", 0, secret=SECRET, cluster="lab")

@@ -106,7 +106,12 @@ def test_envelope_signs_and_refuses_forgeries() -> None:
     assert signed.open(datagram.replace(b"ping", b"pong"), now).drop == Drop.BAD_MAC
     assert signed.open(datagram, now + 301).drop == Drop.STALE
     assert Envelope("lab", b"other").open(datagram, now).drop == Drop.BAD_MAC
-    assert Envelope("prod", b"secret").open(datagram, now).drop == Drop.CLUSTER
+    foreign = Envelope("prod", b"secret").open(datagram, now)
+    assert (foreign.drop, foreign.cluster) == (Drop.CLUSTER, "lab")
+    unlabelled = datagram.replace(b'"c":"lab",', b"", 1)
+    assert signed.open(unlabelled, now).body == b'{"t":"ping"}'  # a sender naming no cluster
+    assert signed.open(unlabelled, now).cluster is None
+    assert Envelope("prod", b"secret").open(unlabelled, now).drop == Drop.BAD_MAC
     unsigned = Envelope("lab").seal(b"{}", now, boot=7, seq=2)
     assert signed.open(unsigned, now).drop == Drop.UNSIGNED
     assert Envelope("lab").open(unsigned, now).body == b"{}"
