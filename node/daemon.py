@@ -46,6 +46,7 @@ from health import (
 )
 from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
 from node.api import build_app
+from node.backup import BackupService
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
 from node.election.seams import WalDurableState
@@ -408,6 +409,7 @@ class NodeDaemon:
             runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
             runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
         weights = self._weights_service(runtime, election)
+        backup = BackupService(runtime, stores.paths, lambda: sync_service.catalog)
         backlog = RolloutBacklog(
             runtime.settings.rollouts_max_pending,
             lambda: stores.get(ROLLOUTS_SCHEMA.name),
@@ -428,6 +430,7 @@ class NodeDaemon:
                 *runs.routes(),
                 *weights.routes(),
                 *backlog.routes(),
+                *backup.routes(),
             ],
             extra_docs=[
                 *(
@@ -445,6 +448,7 @@ class NodeDaemon:
                 *sync_service.docs(),
                 *weights.docs(),
                 *backlog.docs(),
+                *backup.docs(),
             ],
         )
         runner = web.AppRunner(
