@@ -27,8 +27,8 @@ PAGES_PER_STEP = 256
 CONFIG_MEMBER = "backup/config.json"
 FILES_MEMBER = "backup/files.json"
 JOBS_DIR = "jobs"
-JOB_SKIPPED = frozenset({"work", "lock"})
-"""Entries of a job directory that are not its record: its working directory and lock file."""
+JOB_SKIPPED = frozenset({"work", "tmp", "lock"})
+"""Entries of a job directory that are not its record: its working and temp dirs, its lock."""
 
 
 @dataclass(frozen=True)
