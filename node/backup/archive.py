@@ -49,7 +49,17 @@ class Manifest:
     version: str
     members: tuple[Member, ...]
 
+    def body_sha256(self) -> str:
+        """sha256 of the manifest's content without its own digest (what `sha256` holds)."""
+        return hashlib.sha256(self._document()).hexdigest()
+
     def to_json(self) -> bytes:
+        """The manifest as stored: canonical JSON carrying its own body digest."""
+        document = json.loads(self._document())
+        document["sha256"] = self.body_sha256()
+        return json.dumps(document, indent=1, sort_keys=True).encode()
+
+    def _document(self) -> bytes:
         document = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -74,7 +84,7 @@ class Manifest:
                 Member(str(m["name"]), int(m["size"]), str(m["sha256"]))
                 for m in document["members"]
             )
-            return cls(
+            manifest = cls(
                 str(document["node_id"]),
                 str(document["cluster"]),
                 float(document["created_at"]),
@@ -83,6 +93,9 @@ class Manifest:
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ArchiveError(MANIFEST_NAME, f"not a shoal backup manifest: {exc}") from None
+        if manifest.to_json() != data:
+            raise ArchiveError(MANIFEST_NAME, "damaged: its content does not match its sha256")
+        return manifest
 
 
 def check_member_name(name: str) -> None:
@@ -229,6 +242,9 @@ def _scan(f: IO[bytes], progress: Progress) -> tuple[list[tuple[Member, bytes]],
             check_member_name(info.name)
             if info.offset != position or not info.isreg():
                 raise ArchiveError(info.name, "not a plain member where one was expected")
+            f.seek(info.offset)
+            if f.read(BLOCK_BYTES) != info.tobuf(tarfile.USTAR_FORMAT):
+                raise ArchiveError(info.name, "damaged: its tar header is not as written")
             digest, small = _hash_member(tar, info, progress)
             end = info.offset_data + info.size
             padded = -(-end // BLOCK_BYTES) * BLOCK_BYTES
