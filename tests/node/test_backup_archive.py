@@ -66,7 +66,8 @@ def test_the_cli_refuses_a_damaged_archive_with_exit_2_naming_the_member(tmp_pat
     archive.write_bytes(bytes(data))
     code, output = restore_cli(archive, tmp_path / "data")
     assert code == 2
-    assert "games/games.db" in output and "nothing written" in output
+    assert "games/games.db" in output
+    assert "nothing written" in output
     assert not (tmp_path / "data").exists()
 
 
@@ -77,10 +78,12 @@ def test_a_tar_that_is_no_shoal_backup_is_refused(tmp_path: Path) -> None:
         info.size = 4
         tar.addfile(info, io.BytesIO(b"root"))
     code, output = restore_cli(foreign, tmp_path / "data")
-    assert code == 2 and "MANIFEST.json" in output
+    assert code == 2
+    assert "MANIFEST.json" in output
     (tmp_path / "text").write_text("hello")
     code, output = restore_cli(tmp_path / "text", tmp_path / "data")
-    assert code == 2 and "MANIFEST.json" in output
+    assert code == 2
+    assert "MANIFEST.json" in output
     assert not (tmp_path / "data").exists()
 
 
@@ -108,7 +111,10 @@ def test_another_nodes_archive_is_refused_for_a_data_dir_of_this_node(tmp_path: 
     target.mkdir()
     (target / "node_id").write_text("n1\n")
     code, output = restore_cli(archive, target)
-    assert code == 2 and "node_id" in output and "'n2'" in output and "'n1'" in output
+    assert code == 2
+    assert "node_id" in output
+    assert "'n2'" in output
+    assert "'n1'" in output
     assert sorted(p.name for p in target.iterdir()) == ["node_id"]
 
 
@@ -129,7 +135,8 @@ def test_a_restore_never_replaces_a_file(tmp_path: Path) -> None:
     (target / "games").mkdir(parents=True)
     (target / "games" / "games.db").write_bytes(b"mine")
     code, output = restore_cli(archive, target)
-    assert code == 2 and "games/games.db" in output
+    assert code == 2
+    assert "games/games.db" in output
     assert (target / "games" / "games.db").read_bytes() == b"mine"
     assert not (target / "node_id").exists()
 

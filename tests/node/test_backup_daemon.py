@@ -130,13 +130,13 @@ async def test_backup_under_ingest_restores_every_acknowledged_record(
         code, out, err = await shoal(
             "backup", "--out", str(archive), "--config", str(node.config_file), "--json"
         )
-        acked_during = len(ingest.acked) - len(acked_before)
         ingest.stop.set()
         await loop
     assert code == 0, err
     assert not ingest.failures, ingest.failures[:3]
     summary = json.loads(out)
-    assert summary["file"] == str(archive) and summary["bytes"] == archive.stat().st_size
+    assert summary["file"] == str(archive)
+    assert summary["bytes"] == archive.stat().st_size
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert names[-1] == "MANIFEST.json"
@@ -156,5 +156,5 @@ async def test_backup_under_ingest_restores_every_acknowledged_record(
         assert found == set(acked_before), f"{len(acked_before) - len(found)} records lost"
         async with session.get(f"{url}/v1/jobs/{job_id}") as answer:
             record: dict[str, Any] = await answer.json()
-        assert record["state"] == "succeeded" and record["exit_code"] == 0
-    del acked_during  # ingest went on during the backup; what it acked after is not promised
+        assert record["state"] == "succeeded"
+        assert record["exit_code"] == 0
