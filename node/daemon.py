@@ -46,6 +46,7 @@ from health import (
 )
 from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
 from node.api import build_app
+from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
@@ -410,6 +411,7 @@ class NodeDaemon:
             runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
         weights = self._weights_service(runtime, election)
         backup = BackupService(runtime, stores.paths, lambda: sync_service.catalog)
+        audit = AuditRoutes(runtime)
         backlog = RolloutBacklog(
             runtime.settings.rollouts_max_pending,
             lambda: stores.get(ROLLOUTS_SCHEMA.name),
@@ -431,6 +433,7 @@ class NodeDaemon:
                 *weights.routes(),
                 *backlog.routes(),
                 *backup.routes(),
+                *audit.routes(),
             ],
             extra_docs=[
                 *(
@@ -449,6 +452,7 @@ class NodeDaemon:
                 *weights.docs(),
                 *backlog.docs(),
                 *backup.docs(),
+                *audit.docs(),
             ],
         )
         runner = web.AppRunner(
