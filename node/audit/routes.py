@@ -4,7 +4,6 @@ an entry (any other method is answered 405)."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +17,11 @@ from node.security import bad_request
 AUDIT_PATH = "/v1/audit"
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
+MAX_SINCE = 1e12
+MAX_ID = 2**63 - 1
+SINCE_SCHEMA: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": MAX_SINCE}
+AFTER_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_ID}
+LIMIT_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
 
 AUDIT_ANSWER: dict[str, Any] = {
     "type": "object",
@@ -47,16 +51,21 @@ AUDIT_ANSWER: dict[str, Any] = {
 }
 
 
-def _number(request: web.Request, name: str, default: float, maximum: float) -> float:
+def _number(
+    request: web.Request, name: str, default: float, bounds: tuple[float, float], whole: bool
+) -> float:
+    """The query parameter `name` within `bounds` (an integer when `whole`); 400 otherwise."""
     text = request.query.get(name, "")
     if text == "":
         return default
     try:
-        value = float(text)
+        value = int(text) if whole else float(text)
     except ValueError:
-        raise bad_request(f"{name} must be a number, not {text[:40]!r}", param=name) from None
-    if not math.isfinite(value) or value < 0 or value > maximum:
-        raise bad_request(f"{name} must be from 0 to {maximum:g}", param=name)
+        kind = "an integer" if whole else "a number"
+        raise bad_request(f"{name} must be {kind}, not {text[:40]!r}", param=name) from None
+    low, high = bounds
+    if not low <= value <= high:  # also NaN and infinities, without converting a huge int
+        raise bad_request(f"{name} must be from {low:g} to {high:g}", param=name)
     return value
 
 
@@ -81,15 +90,10 @@ class AuditRoutes:
                 "nothing yet. Read-only: other methods answer 405",
                 ((200, "a page of entries; next_after pages on"), (400, "bad parameter")),
                 parameters=(
-                    ("since", "query", "unix seconds: entries at or after", {"type": "number"}),
+                    ("since", "query", "unix seconds: entries at or after", SINCE_SCHEMA),
                     ("kind", "query", "one kind only", {"enum": kinds}),
-                    ("after", "query", "entries with a larger id (paging)", {"type": "integer"}),
-                    (
-                        "limit",
-                        "query",
-                        f"at most this many (1 to {MAX_LIMIT})",
-                        {"type": "integer"},
-                    ),
+                    ("after", "query", "entries with a larger id (paging)", AFTER_SCHEMA),
+                    ("limit", "query", f"at most this many (1 to {MAX_LIMIT})", LIMIT_SCHEMA),
                 ),
                 response=AUDIT_ANSWER,
             )
@@ -99,9 +103,9 @@ class AuditRoutes:
         kind = request.query.get("kind") or None
         if kind is not None and kind not in KIND_TYPES:
             raise bad_request(f"kind must be one of {', '.join(sorted(KIND_TYPES))}", param="kind")
-        since = _number(request, "since", 0.0, 1e12)
-        after = int(_number(request, "after", 0, 2**63 - 1))
-        limit = max(1, int(_number(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)))
+        since = _number(request, "since", 0.0, (0.0, MAX_SINCE), whole=False)
+        after = int(_number(request, "after", 0, (0, MAX_ID), whole=True))
+        limit = int(_number(request, "limit", DEFAULT_LIMIT, (1, MAX_LIMIT), whole=True))
         wal = self._runtime.wal
         if wal is None:
             raise web.HTTPServiceUnavailable(reason="the WAL is not open yet")

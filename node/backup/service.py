@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import shutil
@@ -20,6 +19,7 @@ from node.backup.snapshot import STAGING_PREFIX, BackupSources, write_backup
 from node.errors import BackupError, BodyError
 from node.openapi import BINARY, BODY_CONFIG, RouteDoc, parse_body
 from node.runtime import NodeRuntime
+from node.security import bad_request, json_error
 from sync import FileCatalog
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class BackupService:
                     (200, "the archive"),
                     (400, "malformed body"),
                     (409, "another backup of this node is running"),
+                    (500, "the snapshot failed (a full disk, a damaged database): the reason"),
                 ),
                 body=BackupBody,
                 body_optional=True,
@@ -125,9 +126,10 @@ class BackupService:
         try:
             body = parse_body(BackupBody, await request.read(), optional=True)
         except BodyError as exc:
-            raise web.HTTPBadRequest(reason=str(exc)) from exc
+            raise bad_request(exc.reason, param="body") from None
         if self._lock.locked():
-            raise web.HTTPConflict(reason="another backup of this node is running; retry after it")
+            reason = "another backup of this node is running; retry after it"
+            return json_error(409, reason, code="backup_running")
         async with self._lock:
             staging = self._runtime.settings.data_dir / f"{STAGING_PREFIX}{secrets.token_hex(4)}"
             try:
@@ -137,7 +139,7 @@ class BackupService:
                 return await _stream(request, out, summary)
             except BackupError as exc:
                 log.error("backup failed: %s", exc)
-                raise web.HTTPInternalServerError(reason=str(exc)) from exc
+                return json_error(500, f"the backup failed: {exc}", code="backup_failed")
             finally:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
 
@@ -148,11 +150,13 @@ async def _stream(request: web.Request, out: Path, summary: dict[str, Any]) -> w
     response.content_length = (await asyncio.to_thread(out.stat)).st_size
     response.headers[HEADER_MEMBERS] = str(summary["members"])
     await response.prepare(request)
-    with out.open("rb") as f:
-        while chunk := await asyncio.to_thread(f.read, STREAM_CHUNK_BYTES):
-            await response.write(chunk)
-    with contextlib.suppress(ConnectionError):
+    try:
+        with out.open("rb") as f:
+            while chunk := await asyncio.to_thread(f.read, STREAM_CHUNK_BYTES):
+                await response.write(chunk)
         await response.write_eof()
+    except ConnectionError as exc:
+        log.warning("backup: the client left before the archive ended: %s", exc)
     return response
 
 
