@@ -158,3 +158,34 @@ async def test_backup_under_ingest_restores_every_acknowledged_record(
             record: dict[str, Any] = await answer.json()
         assert record["state"] == "succeeded"
         assert record["exit_code"] == 0
+
+
+async def test_with_files_carries_synced_files_and_the_list_has_their_hashes(
+    node: ServedNode, tmp_path: Path
+) -> None:
+    weights = node.data_dir / "models" / "policy-7.bin"
+    weights.write_bytes(b"weights" * 1000)
+    plain, full = tmp_path / "plain.tar", tmp_path / "full.tar"
+    for archive, extra in ((plain, ()), (full, ("--with-files",))):
+        code, _, err = await shoal(
+            "backup",
+            "--out",
+            str(archive),
+            "--node",
+            node.url,
+            "--config",
+            str(node.config_file),
+            *extra,
+        )
+        assert code == 0, err
+    with tarfile.open(plain) as tar:
+        assert "models/policy-7.bin" not in tar.getnames()
+        listed = json.loads(tar.extractfile("backup/files.json").read())  # type: ignore[union-attr]
+    (entry,) = [e for e in listed if e["path"] == "policy-7.bin"]
+    assert entry["category"] == "models"
+    assert entry["size"] == 7000
+    assert entry["hash"]
+    restored = tmp_path / "restored"
+    code, _, err = await shoal("restore", str(full), "--data-dir", str(restored))
+    assert code == 0, err
+    assert (restored / "models" / "policy-7.bin").read_bytes() == weights.read_bytes()
