@@ -50,6 +50,8 @@ from health import (
 )
 from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
 from node.api import build_app
+from node.audit import AuditRoutes
+from node.backup import BackupService
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
 from node.election.claims import gpu_uuids_meta
@@ -443,6 +445,8 @@ class NodeDaemon:
             runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
             runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
         weights = self._weights_service(runtime, election)
+        backup = BackupService(runtime, stores.paths, lambda: sync_service.catalog)
+        audit = AuditRoutes(runtime)
         backlog = RolloutBacklog(
             runtime.settings.rollouts_max_pending,
             lambda: stores.get(ROLLOUTS_SCHEMA.name),
@@ -479,6 +483,8 @@ class NodeDaemon:
                 *runs.routes(),
                 *weights.routes(),
                 *backlog.routes(),
+                *backup.routes(),
+                *audit.routes(),
             ],
             extra_docs=[
                 *dashboard.docs(),
@@ -497,6 +503,8 @@ class NodeDaemon:
                 *sync_service.docs(),
                 *weights.docs(),
                 *backlog.docs(),
+                *backup.docs(),
+                *audit.docs(),
             ],
         )
         runner = web.AppRunner(

@@ -36,6 +36,9 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- SSHTimeoutError (also TimeoutError) -- connecting or the command took too long
  +-- DeployError -- `shoal deploy` could not build, push, install or start shoal on a host
  +-- ProviderError -- a node provider could not acquire, start, stop or release a node
+ +-- BackupError -- a backup could not be taken, or a restore could not write (node.backup)
+ |    +-- ArchiveError -- an archive refused: damaged, foreign, or not a shoal backup (exit
+ |                        code 2); `member` names the archive member at fault
  +-- RLError -- pipeline RL (node.rl)
       +-- WeightsError -- weights not sent, received or stored (collective, model mismatch,
       |                   version not increasing, digest mismatch)
@@ -59,6 +62,8 @@ __all__ = [
     "ActorDiedError",
     "ActorExistsError",
     "AnsweredError",
+    "ArchiveError",
+    "BackupError",
     "BodyError",
     "DeployError",
     "DiscoveryError",
@@ -261,6 +266,21 @@ class AnsweredError(NodeError):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": self.code, "reason": self.reason, "status": self.status}
+
+
+class BackupError(NodeError):
+    """A backup could not be taken, or a restore could not write; the message says why."""
+
+
+class ArchiveError(BackupError):
+    """An archive refused before anything is written: `member` names the member at fault."""
+
+    command_exit_code = 2
+
+    def __init__(self, member: str, reason: str) -> None:
+        super().__init__(f"{member}: {reason}")
+        self.member = member
+        self.reason = reason
 
 
 class JobError(AnsweredError):

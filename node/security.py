@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import json
 import logging
@@ -53,6 +54,19 @@ check refuses a sender that names a node this node does not know, and nothing mo
 MAX_SENDER_CHARS_SHOWN = 80
 MAX_CLUSTERS_NOTED = 1024
 """Foreign cluster ids (and senders naming none) logged once each; beyond this, at DEBUG only."""
+
+
+REQUEST_SENDER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "shoal_request_sender", default=None
+)
+"""The signed sender of the request being handled (set by auth_middleware), for the audit
+records its handlers write; None outside a signed request."""
+
+
+def request_sender() -> str | None:
+    """The sender id of the signed request this code runs for, or None (no request, or an
+    unsigned one)."""
+    return REQUEST_SENDER.get()
 
 
 def is_client_id(sender: str) -> bool:
@@ -264,7 +278,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return json_error(401, exc.reason, code="unauthorized")
     CLOCK_SKEWS.clear(peer)
     request[PEER_ID] = peer
-    return await handler(request)
+    token = REQUEST_SENDER.set(peer)
+    try:
+        return await handler(request)
+    finally:
+        REQUEST_SENDER.reset(token)
 
 
 @web.middleware

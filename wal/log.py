@@ -41,6 +41,7 @@ from wal.recovery import RecoveryOps, describe_pending, run_recovery
 from wal.schema import (
     claim,
     open_read_connection,
+    read_entries_of,
     read_entry,
     read_pending,
     read_state,
@@ -236,6 +237,20 @@ class WriteAheadLog:
     ) -> list[WalEntry]:
         """Pending entries, oldest first, optionally only of `entry_type`, at most `limit`."""
         return await self._read(read_pending, "listing pending", self._conn(), entry_type, 0, limit)
+
+    async def entries_of(
+        self,
+        entry_types: tuple[str, ...],
+        *,
+        since: float = 0.0,
+        after_id: int = 0,
+        limit: int = 1000,
+    ) -> list[WalEntry]:
+        """Entries of `entry_types` in any state, created at or after `since` (unix seconds)
+        with id > `after_id`, oldest first, at most `limit`: a page of the log's history."""
+        return await self._read(
+            read_entries_of, "listing entries", self._conn(), entry_types, since, after_id, limit
+        )
 
     async def get(self, entry_id: int) -> WalEntry | None:
         """The entry with `entry_id` in whatever state, or None (never logged, or cleaned up)."""

@@ -65,6 +65,11 @@ _SELECT_PENDING = (
 )
 """Named placeholders bound from a dict: Python 3.12 deprecates binding numbered or named ones
 from a sequence."""
+_SELECT_OF_TYPES = (  # the types as one JSON array: no SQL built from text
+    "SELECT id, entry_type, key, payload, state, created_at, updated_at, retries, error"
+    " FROM entries WHERE entry_type IN (SELECT value FROM json_each(?))"
+    " AND created_at >= ? AND id > ? ORDER BY id LIMIT ?"
+)
 
 _claimed: set[Path] = set()
 _claimed_lock = threading.Lock()
@@ -269,6 +274,17 @@ def read_pending(
         "limit": -1 if limit is None else limit,
     }
     return [row_to_entry(row) for row in conn.execute(_SELECT_PENDING, params)]
+
+
+def read_entries_of(
+    conn: sqlite3.Connection, entry_types: tuple[str, ...], since: float, after_id: int, limit: int
+) -> list[WalEntry]:
+    """Entries of `entry_types` in any state created at or after `since` with id > after_id,
+    oldest first, at most `limit`."""
+    if not entry_types:
+        return []
+    rows = conn.execute(_SELECT_OF_TYPES, (json.dumps(entry_types), since, after_id, limit))
+    return [row_to_entry(row) for row in rows]
 
 
 def read_counters(conn: sqlite3.Connection) -> dict[str, int]:

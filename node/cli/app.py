@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from config import shoal_version
+from node.cli import audit as cli_audit
+from node.cli import backup as cli_backup
 from node.cli import deploy as cli_deploy
 from node.cli import devcluster as cli_devcluster
 from node.cli import inspect as cli_inspect
@@ -43,6 +45,8 @@ cli_monitor.register(app)
 cli_sync.register(app)
 cli_deploy.register(app)
 cli_rl.register(app)
+cli_backup.register(app)
+cli_audit.register(app)
 
 
 @app.command("version")

@@ -50,6 +50,7 @@ from node.jobs.service import JobService, ended_result
 from node.jobs.store import JobEntry
 from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
 from node.runtime import NodeRuntime
+from node.security import request_sender
 from wal import WalEntry
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,8 @@ class GangService:
         if not created:
             return self.service.record(entry), False
         wal = self.service.open_wal()
-        wal_id = await wal.append(JOB_GANG, {"job_id": gang_id})
+        audit = {"job_id": gang_id, "nodes": request.nodes, "sender": request_sender()}
+        wal_id = await wal.append(JOB_GANG, audit)
         try:
             pick = await self._ask_pick(request.nodes, request.role)
             await self._start_members(entry, request, pick)

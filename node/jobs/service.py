@@ -22,6 +22,7 @@ from node.jobs.launcher import ForkServer, supervisor_argv
 from node.jobs.policy import RunAs, job_env, resolve_program, resolve_run_as
 from node.jobs.records import JobError, JobRequest, JobState, gang_env, new_job_id
 from node.jobs.store import JobEntry, JobStore, supervisor_alive
+from node.security import request_sender
 from wal import RecoveryHandler, WalEntry, WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ class JobService:
             job_id = request.job_id or new_job_id()
             request = request.with_id(job_id)
             rendezvous = self._rendezvous_for(request)
-            payload = {"job_id": job_id, "request": request.to_dict()}
+            payload = {"job_id": job_id, "request": request.to_dict(), "sender": request_sender()}
             entry_id = await wal.append(JOB_START, payload)
             entry = await asyncio.to_thread(self.store.create, request, time.time())
             self._entries[job_id] = entry
@@ -315,6 +316,7 @@ class JobService:
             return entry
         wal = self._open_wal()
         payload = {"job_id": job_id, "signal": signal_name, "grace_s": grace_s}
+        payload["sender"] = request_sender()
         if entry.gang is not None:
             if self.gang_kill is None:
                 raise JobError(503, "jobs_unavailable", "gang jobs are not running on this node")

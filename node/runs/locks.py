@@ -21,6 +21,8 @@ from pydantic import BaseModel, Field
 
 from config import peer_middlewares
 from health import LoopHealth
+from node.audit.entries import RUN_STEP, record_audit, run_steps
+from node.audit.routes import audited_lock_route
 from node.errors import BodyError, LockError
 from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, parse_body
 from node.runs.quorum import Acceptor, Durable, QuorumTable
@@ -293,6 +295,8 @@ class LockService:
                     self._office_term = None  # re-read the majority before serving again
                     raise
                 self.table = changed
+                for step in run_steps(table.runs, changed.runs):
+                    await record_audit(self.runtime.wal, RUN_STEP, step, self.runtime.node_id)
                 async with self._changed:
                     self._changed.notify_all()
             return answer
@@ -343,7 +347,12 @@ class LockService:
         return [
             web.get(LOCKS_PATH, answers_lock_errors(self._handle_list)),
             *(
-                web.post(f"{LOCKS_PATH}/{{name}}/{op}", answers_lock_errors(self._operation(op)))
+                web.post(
+                    f"{LOCKS_PATH}/{{name}}/{op}",
+                    audited_lock_route(
+                        op, answers_lock_errors(self._operation(op)), self.runtime, FORWARDED_HEADER
+                    ),
+                )
                 for op in OPERATIONS
             ),
             web.post(PREPARE_PATH, answers_lock_errors(self._handle_prepare)),

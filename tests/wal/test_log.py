@@ -367,3 +367,28 @@ async def test_a_cancelled_append_is_still_written_once_queued(wal: WriteAheadLo
     assert await wal.append(GAME_RECORDED, {"n": 2}) == 2
     stats = await wal.stats()
     assert (stats.appended_total, stats.pending) == (2, 2)
+
+
+async def test_entries_of_pages_the_history_of_some_types_in_every_state(
+    wal: WriteAheadLog,
+) -> None:
+    started = await wal.append("job.start", {"job_id": "a"})
+    await wal.append(GAME_RECORDED, {"game": 1})
+    killed = await wal.append("job.kill", {"job_id": "a"})
+    await wal.commit(started)
+    await wal.rollback(killed, reason="no such job")
+    later = await wal.append("job.start", {"job_id": "b"})
+    types = ("job.start", "job.kill")
+    found = await wal.entries_of(types)
+    assert [(e.id, e.state) for e in found] == [
+        (started, EntryState.COMMITTED),
+        (killed, EntryState.ROLLED_BACK),
+        (later, EntryState.PENDING),
+    ]
+    assert [e.id for e in await wal.entries_of(types, after_id=started, limit=1)] == [killed]
+    cut = found[-1].created_at
+    since = [e.id for e in await wal.entries_of(types, since=cut)]
+    assert since == [e.id for e in found if e.created_at >= cut]
+    assert later in since
+    assert await wal.entries_of(()) == []
+    assert await wal.entries_of(("job.start",), since=cut + 3600) == []

@@ -36,7 +36,13 @@ async def test_starts_and_kills_are_committed_wal_operations(tmp_path: Path) -> 
         ("job.kill", "committed"),
     ]
     assert entries[0][2]["request"]["argv"] == ["sleep", "30"]
-    assert entries[1][2] == {"job_id": "w1", "signal": "SIGINT", "grace_s": 2.0}
+    assert entries[0][2]["sender"] == "cli-tester"
+    assert entries[1][2] == {
+        "job_id": "w1",
+        "signal": "SIGINT",
+        "grace_s": 2.0,
+        "sender": "cli-tester",
+    }
 
 
 async def test_a_job_of_a_daemon_started_with_sigint_ignored_still_dies_of_sigint(

@@ -128,6 +128,9 @@ async def test_gang_of_three_gets_ranks_one_master_and_ends_on_a_member_failure(
         done = await client.wait("g1")
         assert done["state"] == "succeeded", done
         members = done["gang"]["members"]
+        _, audit = await client.call("GET", "/v1/audit?kind=job")
+        starts = [(e["action"], e["subject"], e["sender"]) for e in audit["entries"]]
+        assert ("gang start", "g1", "cli-tester") in starts, starts
         assert [m["rank"] for m in members] == [0, 1, 2]
         assert sorted(m["node"] for m in members) == sorted(NAMES)
         assert all(m["state"] == "succeeded" and m["exit_code"] == 0 for m in members)

@@ -85,6 +85,12 @@ async def test_three_runs_run_one_after_another_and_leave_their_results(tmp_path
         assert len(marker.read_text().splitlines()) == 6  # 3 runs x 2 members, each started once
         listing = await get(f"{cluster.urls[0]}/v1/runs")
         assert [r["run_id"] for r in listing["runs"]] == ids
+        audits = [await get(f"{one}/v1/audit?kind=run") for one in cluster.urls]
+        steps = sorted((e["at"], e["id"], e) for audit in audits for e in audit["entries"])
+        first = [e["detail"]["step"] for _, _, e in steps if e["subject"] == ids[0]]
+        assert first[0] == "queued", first  # the audit trail holds each step the run took
+        assert first[-1] == "done", first
+        assert "running" in first
 
 
 async def test_max_duration_kills_a_hanging_run_and_still_collects(tmp_path: Path) -> None:

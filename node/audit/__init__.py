@@ -1,0 +1,27 @@
+"""The audit trail of a node: who did what, on which node and when, read from its WAL
+(`GET /v1/audit`, `shoal audit`); append-only, no route changes or deletes an entry."""
+
+from __future__ import annotations
+
+from node.audit.entries import (
+    KIND_TYPES,
+    LOCK_GRANT,
+    LOCK_RELEASE,
+    RUN_STEP,
+    AuditEntry,
+    read_audit,
+    record_audit,
+)
+from node.audit.routes import AUDIT_PATH, AuditRoutes
+
+__all__ = [
+    "AUDIT_PATH",
+    "KIND_TYPES",
+    "LOCK_GRANT",
+    "LOCK_RELEASE",
+    "RUN_STEP",
+    "AuditEntry",
+    "AuditRoutes",
+    "read_audit",
+    "record_audit",
+]

@@ -1,0 +1,159 @@
+"""The audit trail read from a node's WAL: which entry types make up each kind, and one readable
+entry (who, what, on which node, when) per WAL entry. Recording an audit-only entry is here too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from node.security import request_sender
+from wal import WalEntry, WalError, WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+LOCK_GRANT = "lock.grant"
+LOCK_RELEASE = "lock.release"
+RUN_STEP = "run.step"
+
+KIND_TYPES: Mapping[str, tuple[str, ...]] = {
+    "job": ("job.start", "job.kill", "job.gang"),
+    "lock": (LOCK_GRANT, LOCK_RELEASE),
+    "run": (RUN_STEP,),
+    "deploy": (),
+    "drain": (),
+    "keyring": (),
+    "certificate": (),
+}
+"""Audit kind -> the WAL entry types it lists. Deploys run from the operator's machine over SSH
+and leave no entry in any node's WAL; drains, keyrings and certificates do not exist yet: those
+kinds are accepted and list nothing."""
+
+ACTIONS: Mapping[str, str] = {
+    "job.start": "start",
+    "job.kill": "kill",
+    "job.gang": "gang start",
+    LOCK_GRANT: "grant",
+    LOCK_RELEASE: "release",
+    RUN_STEP: "step",
+}
+KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One thing done: `sender` (the signed identity that asked; the node itself when it acted
+    on its own), `kind` and `action`, `subject` (a job, lock or run), on `node`, `at` (unix s)."""
+
+    id: int
+    at: float
+    node: str
+    kind: str
+    action: str
+    subject: str
+    sender: str | None
+    outcome: str
+    detail: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "at": self.at,
+            "node": self.node,
+            "kind": self.kind,
+            "action": self.action,
+            "subject": self.subject,
+            "sender": self.sender,
+            "outcome": self.outcome,
+            "detail": dict(self.detail),
+        }
+
+
+def _detail(entry: WalEntry) -> dict[str, Any]:
+    """What the entry says beyond its subject, without a job's environment (it may hold
+    secrets): the argv and node count of a start, the signal of a kill, a lock's holder."""
+    payload = entry.payload if isinstance(entry.payload, dict) else {}
+    request = payload.get("request")
+    if isinstance(request, dict):
+        return {"argv": request.get("argv"), "nodes": request.get("nodes", 1)}
+    return {
+        key: value
+        for key, value in payload.items()
+        if key not in ("job_id", "name", "run_id", "sender", "node", "request")
+    }
+
+
+def audit_entry(entry: WalEntry, node_id: str) -> AuditEntry:
+    """The readable form of one WAL entry of an audited type."""
+    payload = entry.payload if isinstance(entry.payload, dict) else {}
+    subject = payload.get("job_id") or payload.get("name") or payload.get("run_id") or ""
+    outcome = {"committed": "done", "pending": "in progress"}.get(
+        entry.state.value, entry.state.value
+    )
+    return AuditEntry(
+        id=entry.id,
+        at=entry.created_at,
+        node=str(payload.get("node") or node_id),
+        kind=KIND_OF.get(entry.entry_type, "other"),
+        action=ACTIONS.get(entry.entry_type, entry.entry_type),
+        subject=str(subject),
+        sender=payload.get("sender"),
+        outcome=outcome if entry.error is None else f"{outcome}: {entry.error}",
+        detail=_detail(entry),
+    )
+
+
+async def read_audit(
+    wal: WriteAheadLog,
+    node_id: str,
+    *,
+    kind: str | None,
+    since: float,
+    after_id: int,
+    limit: int,
+) -> list[AuditEntry]:
+    """The audit entries of this node's WAL, oldest first; `kind` None lists every kind."""
+    types = KIND_TYPES[kind] if kind is not None else tuple(KIND_OF)
+    entries = await wal.entries_of(types, since=since, after_id=after_id, limit=limit)
+    return [audit_entry(entry, node_id) for entry in entries]
+
+
+async def record_audit(
+    wal: WriteAheadLog | None, entry_type: str, payload: Mapping[str, Any], node_id: str
+) -> None:
+    """Append a finished audit-only entry: `payload` plus the sender of the request being
+    handled (this node's id when it acts on its own). A WAL failure is logged, never raised:
+    what it records has already happened."""
+    if wal is None:
+        return
+    body = {**payload, "sender": request_sender() or node_id, "node": node_id}
+    try:
+        await wal.commit(await wal.append(entry_type, body))
+    except WalError as exc:
+        log.error("audit: %s of %s not recorded: %s", entry_type, payload, exc)
+
+
+def run_steps(
+    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The RUN_STEP payloads of every run whose step or state differs from `before` to
+    `after` (a new run included), by run id."""
+    steps = []
+    for run_id, record in sorted(after.items()):
+        old = before.get(run_id)
+        if old is not None and (old.get("step"), old.get("state")) == (
+            record.get("step"),
+            record.get("state"),
+        ):
+            continue
+        steps.append(
+            {
+                "run_id": run_id,
+                "step": record.get("step"),
+                "state": record.get("state"),
+                "note": record.get("note"),
+            }
+        )
+    return steps

@@ -1,0 +1,28 @@
+"""Backup and restore of a node: a consistent snapshot of a running daemon as one verified
+archive (`POST /v1/backup`, `shoal backup`), restored with every byte checked first."""
+
+from __future__ import annotations
+
+from node.backup.archive import (
+    MANIFEST_NAME,
+    Manifest,
+    Member,
+    VerifiedArchive,
+    manifest_summary,
+    verify_archive,
+)
+from node.backup.restore import RestoreResult, restore_archive
+from node.backup.service import BACKUP_PATH, BackupService
+
+__all__ = [
+    "BACKUP_PATH",
+    "MANIFEST_NAME",
+    "BackupService",
+    "Manifest",
+    "Member",
+    "RestoreResult",
+    "VerifiedArchive",
+    "manifest_summary",
+    "restore_archive",
+    "verify_archive",
+]
