@@ -50,6 +50,8 @@ class MonitorPlan:
 def plan_monitor(options: MonitorOptions) -> MonitorPlan:
     """Resolve options against the node settings (config file, environment): node URLs, the
     inventory and secret read, the timeouts. UsageError or ConfigError (exit status 2)."""
+    if options.once and options.watch:
+        raise UsageError("--once and --watch exclude each other: pick one")
     if options.interval_s <= 0:
         raise UsageError(f"--interval must be positive, got {options.interval_s:g}")
     if options.timeout_s is not None and options.timeout_s <= 0:
