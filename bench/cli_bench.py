@@ -1,8 +1,10 @@
 """Start-up time of the command lines: `shoal --version`, `shoal --help`, `shoal status --json`
 and `cluster_monitor --json --once` against a local node this benchmark starts (temp data dir,
-127.0.0.1), and `import node.errors`, each against `python -c pass` in the same run (median of N
-runs, ms and ratio). Prints JSON.
-Usage: .venv/bin/python bench/cli_bench.py [--runs 15] [--only NAME ...]"""
+127.0.0.1), and `import node.errors`; each interleaved run by run with `python -c pass` (median of
+N runs, ms and ratio), so a busy machine slows both alike. With `--baseline-tree DIR` (another
+checkout, e.g. `git archive REV | tar -x -C DIR`) each command of that tree runs interleaved too.
+Prints JSON. Usage: .venv/bin/python bench/cli_bench.py [--runs 15] [--only NAME ...]
+[--baseline-tree DIR]"""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,10 @@ GOALS_MS = {
     "shoal status --json": 300.0,
     "cluster_monitor --json --once": 300.0,
 }
-COUNT_MODULES = "import sys, {module}; print(len(sys.modules))"
+NODE_ERRORS = "python -c 'import node.errors'"
+COUNT_MODULES = "import sys, node.errors; print(len(sys.modules))"
 NODE_START_TIMEOUT_S = 60.0
+PYTHON = "python -c pass"
 
 
 def command(script: str, module: str) -> list[str]:
@@ -42,34 +46,50 @@ def command(script: str, module: str) -> list[str]:
     return [str(path)] if path.exists() else [sys.executable, "-m", module]
 
 
-def clean_env(home: Path) -> dict[str, str]:
-    """This environment without SHOAL_* (no config file of the user's) and with this tree first
-    on PYTHONPATH, so the console scripts run this checkout's code."""
+def clean_env(tree: Path, home: Path) -> dict[str, str]:
+    """This environment without SHOAL_* (no config file of the user's) and with `tree` first
+    on PYTHONPATH, so the console scripts run that checkout's code."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("SHOAL_")}
     env["PYTHONPATH"] = os.pathsep.join(
-        part for part in (str(ROOT), os.environ.get("PYTHONPATH", "")) if part
+        part for part in (str(tree), os.environ.get("PYTHONPATH", "")) if part
     )
     env["HOME"] = str(home)
     env["COLUMNS"] = "100"
     return env
 
 
-def time_runs(argv: Sequence[str], env: dict[str, str], runs: int) -> dict[str, Any]:
-    """Median, best and worst wall time of `runs` runs of `argv` (after one warm-up run), and
-    the exit status of the last."""
-    subprocess.run(argv, env=env, capture_output=True, check=False, timeout=120)
-    times_ms: list[float] = []
-    returncode = 0
+Variant = tuple[list[str], dict[str, str]]
+
+
+def run_once(variant: Variant) -> tuple[float, int]:
+    argv, env = variant
+    started = time.perf_counter()
+    # run in HOME, not here: `python -c` puts its working directory first on sys.path
+    result = subprocess.run(
+        argv, env=env, cwd=env["HOME"], capture_output=True, check=False, timeout=120
+    )
+    return 1000 * (time.perf_counter() - started), result.returncode
+
+
+def time_interleaved(variants: dict[str, Variant], runs: int) -> dict[str, dict[str, Any]]:
+    """Each variant run `runs` times (after one warm-up run each), taking turns run by run;
+    median, best and worst wall time and the exit status of the last run of each."""
+    for variant in variants.values():
+        run_once(variant)
+    times: dict[str, list[float]] = {label: [] for label in variants}
+    codes: dict[str, int] = {}
     for _ in range(runs):
-        started = time.perf_counter()
-        result = subprocess.run(argv, env=env, capture_output=True, check=False, timeout=120)
-        times_ms.append(1000 * (time.perf_counter() - started))
-        returncode = result.returncode
+        for label, variant in variants.items():
+            elapsed_ms, codes[label] = run_once(variant)
+            times[label].append(elapsed_ms)
     return {
-        "median_ms": round(statistics.median(times_ms), 1),
-        "min_ms": round(min(times_ms), 1),
-        "max_ms": round(max(times_ms), 1),
-        "exit_code": returncode,
+        label: {
+            "median_ms": round(statistics.median(times[label]), 1),
+            "min_ms": round(min(times[label]), 1),
+            "max_ms": round(max(times[label]), 1),
+            "exit_code": codes[label],
+        }
+        for label in variants
     }
 
 
@@ -125,65 +145,79 @@ def local_node(env: dict[str, str], data_dir: Path) -> Iterator[str]:
             process.wait()
 
 
-def module_count(module: str, env: dict[str, str]) -> int:
-    code = COUNT_MODULES.format(module=module)
+def module_count(env: dict[str, str]) -> int:
     result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", COUNT_MODULES],
+        env=env,
+        cwd=env["HOME"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(result.stdout.strip())
 
 
-def with_baseline(result: dict[str, Any], baseline_ms: float, goal_ms: float | None) -> None:
-    result["ratio_to_python"] = round(result["median_ms"] / baseline_ms, 2)
-    result["over_python_ms"] = round(result["median_ms"] - baseline_ms, 1)
-    if goal_ms is not None:
-        result["goal_ms"] = goal_ms
-        result["meets_goal"] = result["median_ms"] <= goal_ms
+def commands(url: str) -> dict[str, list[str]]:
+    """The timed command lines; those against a node ask `url`."""
+    shoal = command("shoal", "node")
+    monitor = command("cluster_monitor", "health.cluster_monitor")
+    return {
+        NODE_ERRORS: [sys.executable, "-c", "import node.errors"],
+        "shoal --version": [*shoal, "--version"],
+        "shoal version": [*shoal, "version"],
+        "shoal --help": [*shoal, "--help"],
+        "shoal status --json": [*shoal, "status", "--json", "--node", url],
+        "cluster_monitor --json --once": [*monitor, "--json", "--once", "--node", url],
+        "cluster_monitor --json": [*monitor, "--json", "--node", url],
+    }
+
+
+def measure(
+    argv: list[str], envs: dict[str, dict[str, str]], runs: int, goal_ms: float | None
+) -> dict[str, Any]:
+    """One command in each tree of `envs`, interleaved with `python -c pass`."""
+    variants: dict[str, Variant] = {PYTHON: ([sys.executable, "-c", "pass"], envs["this tree"])}
+    variants.update({tree: (argv, env) for tree, env in envs.items()})
+    timed = time_interleaved(variants, runs)
+    python_ms = timed.pop(PYTHON)["median_ms"]
+    result: dict[str, Any] = {"python_-c_pass_ms": python_ms}
+    for tree, stats in timed.items():
+        stats["ratio_to_python"] = round(stats["median_ms"] / python_ms, 2)
+        stats["over_python_ms"] = round(stats["median_ms"] - python_ms, 1)
+        if goal_ms is not None and tree == "this tree":
+            stats["goal_ms"] = goal_ms
+            stats["meets_goal"] = stats["median_ms"] <= goal_ms
+        result[tree] = stats
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="timed runs per command (median)")
     parser.add_argument("--only", nargs="*", default=None, help="names of the commands to time")
+    parser.add_argument(
+        "--baseline-tree", type=Path, default=None, help="another checkout to time alongside"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cli-bench-"))
     try:
-        env = clean_env(work / "home")
         (work / "home").mkdir()
-        baseline = time_runs([sys.executable, "-c", "pass"], env, args.runs)
+        envs = {"this tree": clean_env(ROOT, work / "home")}
+        if args.baseline_tree is not None:
+            envs["baseline tree"] = clean_env(args.baseline_tree.resolve(), work / "home")
         results: dict[str, Any] = {}
-        shoal = command("shoal", "node")
-        monitor = command("cluster_monitor", "health.cluster_monitor")
-        light = {
-            "python -c 'import node.errors'": [sys.executable, "-c", "import node.errors"],
-            "shoal --version": [*shoal, "--version"],
-            "shoal version": [*shoal, "version"],
-            "shoal --help": [*shoal, "--help"],
-        }
-        wanted = set(args.only) if args.only else None
-        for name, argv in light.items():
-            if wanted is None or name in wanted:
-                results[name] = time_runs(argv, env, args.runs)
-        against_node = {
-            "shoal status --json": [*shoal, "status", "--json", "--node"],
-            "cluster_monitor --json --once": [*monitor, "--json", "--once", "--node"],
-            "cluster_monitor --json": [*monitor, "--json", "--node"],
-        }
-        if wanted is None or wanted & set(against_node):
-            with local_node(env, work / "node") as url:
-                for name, argv in against_node.items():
-                    if wanted is None or name in wanted:
-                        results[name] = time_runs([*argv, url], env, args.runs)
-        for name, result in results.items():
-            with_baseline(result, baseline["median_ms"], GOALS_MS.get(name))
-        if wanted is None or "python -c 'import node.errors'" in wanted:
-            results["python -c 'import node.errors'"]["modules"] = module_count("node.errors", env)
+        with local_node(envs["this tree"], work / "node") as url:
+            for name, argv in commands(url).items():
+                if args.only is None or name in args.only:
+                    results[name] = measure(argv, envs, args.runs, GOALS_MS.get(name))
+        modules = {tree: module_count(env) for tree, env in envs.items()}
         report = {
             "benchmark": "cli_start",
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
             "runs": args.runs,
-            "python -c pass": baseline,
+            "modules_after_import_node_errors": modules,
             "commands": results,
         }
         print(json.dumps(report, indent=2))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,21 @@ def test_importing_a_package_loads_none_of_its_modules() -> None:
     loaded = _loaded_after("import config, wal, health, sync, node")
     ours = sorted(name for name in loaded if name.split(".")[0] in LAYERS)
     assert ours == ["config", "config.lazy", "health", "node", "sync", "wal"]
+
+
+def test_cluster_monitor_json_once_loads_no_view_and_no_upper_layer() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again before the monitor asks it
+    argv = ["--json", "--once", "--node", f"http://127.0.0.1:{port}", "--timeout", "1"]
+    code = (
+        "import os; os.environ.pop('SHOAL_CONFIG', None)\n"
+        "from health.cluster_monitor import main\n"
+        f"assert main({argv!r}) == 1\n"
+    )
+    loaded = _loaded_after(code)
+    unwanted = ("rich", "node", "sync", "wal", "zeroconf", "torch", "typer")
+    assert sorted(m for m in loaded if m.split(".")[0] in unwanted) == []
 
 
 def _lazy_packages() -> list[Path]:

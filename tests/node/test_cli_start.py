@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -69,8 +70,11 @@ def test_version_and_help_import_no_command(argv: list[str]) -> None:
 
 
 def test_a_command_imports_its_own_module_only() -> None:
-    code, _, modules = _run_shoal("status", "--json", "--node", "http://127.0.0.1:9")
-    assert code == 1  # nobody listens on the discard port
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again before shoal asks it
+    code, _, modules = _run_shoal("status", "--json", "--node", f"http://127.0.0.1:{port}")
+    assert code == 1
     commands = sorted(m for m in modules if m.startswith("node.cli."))
     assert commands == ["node.cli.app", "node.cli.common", "node.cli.inspect"]
     assert not {"zeroconf", "torch", "node.daemon", "aiohttp.web"} & set(modules)
