@@ -37,6 +37,15 @@ GOALS_MS = {
 NODE_ERRORS = "python -c 'import node.errors'"
 COUNT_MODULES = "import sys, node.errors; print(len(sys.modules))"
 NODE_START_TIMEOUT_S = 60.0
+# typer's own floor: the --help of an app of one command with one option (rich help, as shoal's)
+TYPER_ALONE = (
+    "import typer\n"
+    "app = typer.Typer(add_completion=False)\n"
+    "@app.command()\n"
+    "def hello(name: str = 'x') -> None:\n"
+    "    pass\n"
+    "app(['--help'])\n"
+)
 PYTHON = "python -c pass"
 
 
@@ -163,6 +172,8 @@ def commands(url: str) -> dict[str, list[str]]:
     monitor = command("cluster_monitor", "health.cluster_monitor")
     return {
         NODE_ERRORS: [sys.executable, "-c", "import node.errors"],
+        "python -c 'import typer'": [sys.executable, "-c", "import typer"],
+        "typer alone: --help of a one-command app": [sys.executable, "-c", TYPER_ALONE],
         "shoal --version": [*shoal, "--version"],
         "shoal version": [*shoal, "version"],
         "shoal --help": [*shoal, "--help"],
