@@ -62,7 +62,7 @@ def test_cluster_monitor_json_once_loads_no_view_and_no_upper_layer() -> None:
         f"assert main({argv!r}) == 1\n"
     )
     loaded = _loaded_after(code)
-    unwanted = ("rich", "node", "sync", "wal", "zeroconf", "torch", "typer")
+    unwanted = ("rich", "node", "sync", "wal", "zeroconf", "torch", "typer", "yaml")
     assert sorted(m for m in loaded if m.split(".")[0] in unwanted) == []
 
 

@@ -77,7 +77,7 @@ def test_a_command_imports_its_own_module_only() -> None:
     assert code == 1
     commands = sorted(m for m in modules if m.startswith("node.cli."))
     assert commands == ["node.cli.app", "node.cli.common", "node.cli.inspect"]
-    assert not {"zeroconf", "torch", "node.daemon", "aiohttp.web"} & set(modules)
+    assert not {"zeroconf", "torch", "node.daemon", "aiohttp.web", "yaml"} & set(modules)
 
 
 def test_version_flag_prints_the_version() -> None:
