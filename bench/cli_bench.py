@@ -57,13 +57,15 @@ def command(script: str, module: str) -> list[str]:
 
 def clean_env(tree: Path, home: Path) -> dict[str, str]:
     """This environment without SHOAL_* (no config file of the user's) and with `tree` first
-    on PYTHONPATH, so the console scripts run that checkout's code."""
+    on PYTHONPATH, so the console scripts run that checkout's code; bytecode is written."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("SHOAL_")}
     env["PYTHONPATH"] = os.pathsep.join(
         part for part in (str(tree), os.environ.get("PYTHONPATH", "")) if part
     )
     env["HOME"] = str(home)
     env["COLUMNS"] = "100"
+    # as installed: bytecode compiled once (the warm-up run writes it), not on every start
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
