@@ -64,6 +64,7 @@ def test_cluster_monitor_json_once_loads_no_view_and_no_upper_layer() -> None:
     loaded = _loaded_after(code)
     unwanted = ("rich", "node", "sync", "wal", "zeroconf", "torch", "typer", "yaml")
     assert sorted(m for m in loaded if m.split(".")[0] in unwanted) == []
+    assert "config.inventory" not in loaded  # no --inventory: no inventory models
 
 
 def _lazy_packages() -> list[Path]:
