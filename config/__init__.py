@@ -2,70 +2,109 @@
 
 from __future__ import annotations
 
-from config.auth import (
-    CLOCK_SKEWS,
-    HEADER_CLOCK_SKEW,
-    HEADER_CLUSTER,
-    HEADER_NODE,
-    HEADER_NONCE,
-    HEADER_SIGNATURE,
-    HEADER_TIMESTAMP,
-    MIN_NONCE_CHARS,
-    ClockSkews,
-    NonceCache,
-    cluster_middleware,
-    peer_middlewares,
-    read_secret_file,
-    sign_request,
-    signed_headers,
-    signing_middleware,
-    verify_request,
-)
-from config.closing import AsyncClosing
-from config.durable import fsync_directory
-from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
-from config.fields import Category, HostStatus, Role, is_valid_node_id
-from config.gpus import (
-    ENV_CUDA_DEVICE_ORDER,
-    ENV_CUDA_VISIBLE_DEVICES,
-    GpuSelection,
-    NprocSetting,
-    cuda_env,
-    cuda_visible_devices,
-    gpu_share,
-    owned_gpus,
-    restricts_gpus,
-    training_nproc_for,
-)
-from config.inventory import (
-    BreakerSection,
-    ClusterSection,
-    HostEntry,
-    Inventory,
-    StackEntry,
-    SyncSection,
-    eligible_hosts,
-    load_inventory,
-    parse_inventory,
-)
-from config.nodeid import load_or_create_node_id
-from config.settings import (
-    DEFAULT_DELETIONS,
-    ENV_VARS,
-    AutostopSettings,
-    CategorySyncSettings,
-    DeletionPolicy,
-    JobSettings,
-    LoadedSettings,
-    LogFormat,
-    NodeSettings,
-    ResultsSettings,
-    describe_settings,
-    load_settings,
-)
-from config.timeouts import Timeouts
-from config.version import shoal_version
-from config.wire import ErrorAnswer, error_body, error_exception, error_response, read_error
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from config.auth import (
+        CLOCK_SKEWS,
+        HEADER_CLOCK_SKEW,
+        HEADER_CLUSTER,
+        HEADER_NODE,
+        HEADER_NONCE,
+        HEADER_SIGNATURE,
+        HEADER_TIMESTAMP,
+        MIN_NONCE_CHARS,
+        ClockSkews,
+        NonceCache,
+        cluster_middleware,
+        peer_middlewares,
+        read_secret_file,
+        sign_request,
+        signed_headers,
+        signing_middleware,
+        verify_request,
+    )
+    from config.closing import AsyncClosing
+    from config.durable import fsync_directory
+    from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
+    from config.fields import Category, HostStatus, Role, is_valid_node_id
+    from config.gpus import (
+        ENV_CUDA_DEVICE_ORDER,
+        ENV_CUDA_VISIBLE_DEVICES,
+        GpuSelection,
+        NprocSetting,
+        cuda_env,
+        cuda_visible_devices,
+        gpu_share,
+        owned_gpus,
+        restricts_gpus,
+        training_nproc_for,
+    )
+    from config.inventory import (
+        BreakerSection,
+        ClusterSection,
+        HostEntry,
+        Inventory,
+        StackEntry,
+        SyncSection,
+        eligible_hosts,
+        load_inventory,
+        parse_inventory,
+    )
+    from config.nodeid import load_or_create_node_id
+    from config.settings import (
+        DEFAULT_DELETIONS,
+        ENV_VARS,
+        AutostopSettings,
+        CategorySyncSettings,
+        DeletionPolicy,
+        JobSettings,
+        LoadedSettings,
+        LogFormat,
+        NodeSettings,
+        ResultsSettings,
+        describe_settings,
+        load_settings,
+    )
+    from config.timeouts import Timeouts
+    from config.version import shoal_version
+    from config.wire import ErrorAnswer, error_body, error_exception, error_response, read_error
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "config.auth": (
+                "CLOCK_SKEWS HEADER_CLOCK_SKEW HEADER_CLUSTER HEADER_NODE HEADER_NONCE "
+                "HEADER_SIGNATURE HEADER_TIMESTAMP MIN_NONCE_CHARS ClockSkews NonceCache "
+                "cluster_middleware peer_middlewares read_secret_file sign_request signed_headers "
+                "signing_middleware verify_request"
+            ),
+            "config.closing": "AsyncClosing",
+            "config.durable": "fsync_directory",
+            "config.errors": "AuthError ConfigError ConfigPackageError InventoryError",
+            "config.fields": "Category HostStatus Role is_valid_node_id",
+            "config.gpus": (
+                "ENV_CUDA_DEVICE_ORDER ENV_CUDA_VISIBLE_DEVICES GpuSelection NprocSetting "
+                "cuda_env cuda_visible_devices gpu_share owned_gpus restricts_gpus "
+                "training_nproc_for"
+            ),
+            "config.inventory": (
+                "BreakerSection ClusterSection HostEntry Inventory StackEntry SyncSection "
+                "eligible_hosts load_inventory parse_inventory"
+            ),
+            "config.nodeid": "load_or_create_node_id",
+            "config.settings": (
+                "DEFAULT_DELETIONS ENV_VARS AutostopSettings CategorySyncSettings DeletionPolicy "
+                "JobSettings LoadedSettings LogFormat NodeSettings ResultsSettings "
+                "describe_settings load_settings"
+            ),
+            "config.timeouts": "Timeouts",
+            "config.version": "shoal_version",
+            "config.wire": "ErrorAnswer error_body error_exception error_response read_error",
+        },
+    )
 
 __all__ = [
     "CLOCK_SKEWS",

@@ -2,6 +2,8 @@
 
 Optional fields name what was wrong: `param` (a query parameter), `index` and `field` (a record),
 `path` and `free_bytes` (a full disk). Servers build answers here; clients read them here.
+aiohttp's server is imported only by the functions that build a server's answer, so a client
+importing this module stays light.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "STATUS_CODES",
@@ -71,6 +74,8 @@ def error_response(
     **extra: Any,
 ) -> web.Response:
     """An error answer in the one shape; `retry_after_s` sets Retry-After (whole seconds, >= 1)."""
+    from aiohttp import web
+
     return web.json_response(
         error_body(status, reason, code, **extra),
         status=status,
@@ -78,21 +83,21 @@ def error_response(
     )
 
 
-_EXCEPTIONS: Mapping[int, type[web.HTTPException]] = {
-    400: web.HTTPBadRequest,
-    404: web.HTTPNotFound,
-    409: web.HTTPConflict,
-    413: web.HTTPRequestEntityTooLarge,
-    503: web.HTTPServiceUnavailable,
-    507: web.HTTPInsufficientStorage,
-}
-
-
 def error_exception(
     status: int, reason: str, code: str | None = None, **extra: Any
 ) -> web.HTTPException:
     """The same answer as an exception to raise from a handler (400, 404, 409, 413, 503, 507)."""
-    return _EXCEPTIONS[status](
+    from aiohttp import web
+
+    exceptions: Mapping[int, type[web.HTTPException]] = {
+        400: web.HTTPBadRequest,
+        404: web.HTTPNotFound,
+        409: web.HTTPConflict,
+        413: web.HTTPRequestEntityTooLarge,
+        503: web.HTTPServiceUnavailable,
+        507: web.HTTPInsufficientStorage,
+    }
+    return exceptions[status](
         text=json.dumps(error_body(status, reason, code, **extra)), content_type="application/json"
     )
 

@@ -1,4 +1,5 @@
-"""Reading YAML files with line numbers, and turning pydantic errors into one clear line each."""
+"""Reading YAML files with line numbers, and turning pydantic errors into one clear line each.
+PyYAML is imported when a file is read, so settings without a file never load it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from config.errors import ConfigError
+
+if TYPE_CHECKING:
+    import yaml
 
 _MESSAGES: dict[str, str] = {
     "int_parsing": "must be an integer",
@@ -57,6 +60,8 @@ class YamlDocument:
 
 
 def _index_lines(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
+    import yaml
+
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = (*prefix, str(key_node.value))
@@ -71,6 +76,8 @@ def _index_lines(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, 
 
 def load_yaml_mapping(path: Path, what: str) -> YamlDocument:
     """Read `path` as a YAML mapping; errors name the file, line and column."""
+    import yaml
+
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

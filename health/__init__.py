@@ -5,70 +5,112 @@ May import config and wal only; sync and node import it.
 
 from __future__ import annotations
 
-from health.breaker import CircuitBreaker
-from health.breaker_config import (
-    BreakerConfig,
-    BreakerSnapshot,
-    CircuitState,
-    Clock,
-    StateListener,
-    counts_as_failure,
-)
-from health.checker import HealthChecker
-from health.checks import (
-    DiskWrites,
-    WalLike,
-    WalStatsLike,
-    WriteFailure,
-    disk_check,
-    disk_usage,
-    memory_check,
-    read_rss_bytes,
-    wal_backlog_check,
-    wal_check,
-)
-from health.errors import (
-    CircuitOpenError,
-    FetchError,
-    FetchTimeoutError,
-    HealthConfigError,
-    HealthError,
-    UsageError,
-)
-from health.gpu import ENV_FAKE_GPUS, GpuInfo, GpuReader, fake_gpu_uuids, gpu_check, read_gpus
-from health.loops import LoopHealth
-from health.metrics import NodeMetrics, package_version
-from health.monitor.client import ClusterMonitor
-from health.monitor.model import (
-    ClusterStatus,
-    ClusterSummary,
-    FailureEvent,
-    MonitorError,
-    NodeRow,
-)
-from health.monitor.options import MONITOR_FLAGS, MonitorFlag, MonitorOptions, options_from
-from health.monitor.render import render_dashboard, render_text
-from health.monitor.run import run_monitor
-from health.registry import (
-    BreakerRegistry,
-    TransitionListener,
-    all_breakers,
-    breaker_for,
-    configure_breakers,
-    default_registry,
-    format_breakers,
-    reset_all_breakers,
-)
-from health.status import (
-    CheckFn,
-    CheckResult,
-    ComponentHealth,
-    HealthStatus,
-    HealthSummary,
-    SummaryListener,
-    format_health_report,
-    summarize,
-)
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from health.breaker import CircuitBreaker
+    from health.breaker_config import (
+        BreakerConfig,
+        BreakerSnapshot,
+        CircuitState,
+        Clock,
+        StateListener,
+        counts_as_failure,
+    )
+    from health.checker import HealthChecker
+    from health.checks import (
+        DiskWrites,
+        WalLike,
+        WalStatsLike,
+        WriteFailure,
+        disk_check,
+        disk_usage,
+        memory_check,
+        read_rss_bytes,
+        wal_backlog_check,
+        wal_check,
+    )
+    from health.errors import (
+        CircuitOpenError,
+        FetchError,
+        FetchTimeoutError,
+        HealthConfigError,
+        HealthError,
+        UsageError,
+    )
+    from health.gpu import ENV_FAKE_GPUS, GpuInfo, GpuReader, fake_gpu_uuids, gpu_check, read_gpus
+    from health.loops import LoopHealth
+    from health.metrics import NodeMetrics, package_version
+    from health.monitor.client import ClusterMonitor
+    from health.monitor.model import (
+        ClusterStatus,
+        ClusterSummary,
+        FailureEvent,
+        MonitorError,
+        NodeRow,
+    )
+    from health.monitor.options import MONITOR_FLAGS, MonitorFlag, MonitorOptions, options_from
+    from health.monitor.render import render_dashboard, render_text
+    from health.monitor.run import run_monitor
+    from health.registry import (
+        BreakerRegistry,
+        TransitionListener,
+        all_breakers,
+        breaker_for,
+        configure_breakers,
+        default_registry,
+        format_breakers,
+        reset_all_breakers,
+    )
+    from health.status import (
+        CheckFn,
+        CheckResult,
+        ComponentHealth,
+        HealthStatus,
+        HealthSummary,
+        SummaryListener,
+        format_health_report,
+        summarize,
+    )
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "health.breaker": "CircuitBreaker",
+            "health.breaker_config": (
+                "BreakerConfig BreakerSnapshot CircuitState Clock StateListener counts_as_failure"
+            ),
+            "health.checker": "HealthChecker",
+            "health.checks": (
+                "DiskWrites WalLike WalStatsLike WriteFailure disk_check disk_usage memory_check "
+                "read_rss_bytes wal_backlog_check wal_check"
+            ),
+            "health.errors": (
+                "CircuitOpenError FetchError FetchTimeoutError HealthConfigError HealthError "
+                "UsageError"
+            ),
+            "health.gpu": "ENV_FAKE_GPUS GpuInfo GpuReader fake_gpu_uuids gpu_check read_gpus",
+            "health.loops": "LoopHealth",
+            "health.metrics": "NodeMetrics package_version",
+            "health.monitor.client": "ClusterMonitor",
+            "health.monitor.model": (
+                "ClusterStatus ClusterSummary FailureEvent MonitorError NodeRow"
+            ),
+            "health.monitor.options": "MONITOR_FLAGS MonitorFlag MonitorOptions options_from",
+            "health.monitor.render": "render_dashboard render_text",
+            "health.monitor.run": "run_monitor",
+            "health.registry": (
+                "BreakerRegistry TransitionListener all_breakers breaker_for configure_breakers "
+                "default_registry format_breakers reset_all_breakers"
+            ),
+            "health.status": (
+                "CheckFn CheckResult ComponentHealth HealthStatus HealthSummary SummaryListener "
+                "format_health_report summarize"
+            ),
+        },
+    )
 
 __all__ = [
     "ENV_FAKE_GPUS",

@@ -2,122 +2,183 @@
 
 from __future__ import annotations
 
-from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
-from node.api import build_app, status_document
-from node.daemon import NodeDaemon, load_secrets, resolve_node_id
-from node.discovery.candidates import Advert, Candidate, CandidateSource
-from node.discovery.feed import Discovery
-from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
-from node.election.elector import Elector
-from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
-from node.election.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
-from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
-from node.election.seams import WalDurableState
-from node.election.service import ElectionService, VoterSet, resolve_voters
-from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
-from node.errors import (
-    ActorDiedError,
-    ActorExistsError,
-    AnsweredError,
-    ArchiveError,
-    BackupError,
-    BodyError,
-    DeployError,
-    DiscoveryError,
-    DownloadHashError,
-    ElectionError,
-    FrameError,
-    JobClientError,
-    JobEndedError,
-    JobError,
-    JobFailedError,
-    JobRequestError,
-    JobUnreachableError,
-    JobWaitTimeoutError,
-    LauncherError,
-    LockError,
-    LockLostError,
-    LockUnavailableError,
-    MasterUnreachable,
-    MembershipError,
-    NodeError,
-    PeerRequestError,
-    PeerTimeoutError,
-    PlanError,
-    ProviderError,
-    PublishTimeout,
-    RegistryError,
-    RemoteTaskError,
-    RemoteTraceback,
-    RendezvousError,
-    ResultsStoreError,
-    RetryLater,
-    RLError,
-    RunError,
-    SkewError,
-    SSHAuthError,
-    SSHConnectError,
-    SSHError,
-    SSHHostKeyError,
-    SSHTimeoutError,
-    StartupError,
-    TaskError,
-    TaskTimeout,
-    WeightsError,
-    WireError,
-    WorkerAuthError,
-    WorkerClosed,
-    WorkerDied,
-    WorkerError,
-    WorkerTimeout,
-)
-from node.membership.service import (
-    EventKind,
-    InMemoryNetwork,
-    Listener,
-    Member,
-    MemberEvent,
-    Membership,
-    MembershipTransport,
-    MemberState,
-    MemberView,
-    MetaValue,
-    SwimTuning,
-    TransportStats,
-    UdpMembershipTransport,
-)
-from node.openapi import RouteDoc, openapi_document
-from node.providers import (
-    AutoStop,
-    LocalProvider,
-    NodeHandle,
-    Provider,
-    StaticProvider,
-    acquire_node,
-    ready_node,
-)
-from node.rl import (
-    RolloutStream,
-    WeightPublisher,
-    WeightReceiver,
-    broadcast_weights,
-    check_staleness,
-    make_version_state,
-    receive_weights,
-    stamp_sample,
-)
-from node.runs.client import cluster_lock
-from node.runs.table import LockFence
-from node.runtime import NodeRuntime
-from node.security import AuthPolicy, auth_middleware, error_middleware
-from node.ssh import HostMemory, SSHExecutor, SSHResult, detect_host_memory
-from node.ssh.deploy import DeployResult, deploy
-from node.sync_service import SyncService
-from node.systemd import SystemdNotifier
-from node.training.groups import ElasticGroup, join_group
-from node.training.launcher import TrainingLauncher
-from node.training.rendezvous import GroupError, Rendezvous, rendezvous_for
-from node.training.torchrun import torchrun_env, training_env
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
+    from node.api import build_app, status_document
+    from node.daemon import NodeDaemon, load_secrets, resolve_node_id
+    from node.discovery.candidates import Advert, Candidate, CandidateSource
+    from node.discovery.feed import Discovery
+    from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
+    from node.election.elector import Elector
+    from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
+    from node.election.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
+    from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+    from node.election.seams import WalDurableState
+    from node.election.service import ElectionService, VoterSet, resolve_voters
+    from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
+    from node.errors import (
+        ActorDiedError,
+        ActorExistsError,
+        AnsweredError,
+        ArchiveError,
+        BackupError,
+        BodyError,
+        DeployError,
+        DiscoveryError,
+        DownloadHashError,
+        ElectionError,
+        FrameError,
+        JobClientError,
+        JobEndedError,
+        JobError,
+        JobFailedError,
+        JobRequestError,
+        JobUnreachableError,
+        JobWaitTimeoutError,
+        LauncherError,
+        LockError,
+        LockLostError,
+        LockUnavailableError,
+        MasterUnreachable,
+        MembershipError,
+        NodeError,
+        PeerRequestError,
+        PeerTimeoutError,
+        PlanError,
+        ProviderError,
+        PublishTimeout,
+        RegistryError,
+        RemoteTaskError,
+        RemoteTraceback,
+        RendezvousError,
+        ResultsStoreError,
+        RetryLater,
+        RLError,
+        RunError,
+        SkewError,
+        SSHAuthError,
+        SSHConnectError,
+        SSHError,
+        SSHHostKeyError,
+        SSHTimeoutError,
+        StartupError,
+        TaskError,
+        TaskTimeout,
+        WeightsError,
+        WireError,
+        WorkerAuthError,
+        WorkerClosed,
+        WorkerDied,
+        WorkerError,
+        WorkerTimeout,
+    )
+    from node.membership.service import (
+        EventKind,
+        InMemoryNetwork,
+        Listener,
+        Member,
+        MemberEvent,
+        Membership,
+        MembershipTransport,
+        MemberState,
+        MemberView,
+        MetaValue,
+        SwimTuning,
+        TransportStats,
+        UdpMembershipTransport,
+    )
+    from node.openapi import RouteDoc, openapi_document
+    from node.providers import (
+        AutoStop,
+        LocalProvider,
+        NodeHandle,
+        Provider,
+        StaticProvider,
+        acquire_node,
+        ready_node,
+    )
+    from node.rl import (
+        RolloutStream,
+        WeightPublisher,
+        WeightReceiver,
+        broadcast_weights,
+        check_staleness,
+        make_version_state,
+        receive_weights,
+        stamp_sample,
+    )
+    from node.runs.client import cluster_lock
+    from node.runs.table import LockFence
+    from node.runtime import NodeRuntime
+    from node.security import AuthPolicy, auth_middleware, error_middleware
+    from node.ssh import HostMemory, SSHExecutor, SSHResult, detect_host_memory
+    from node.ssh.deploy import DeployResult, deploy
+    from node.sync_service import SyncService
+    from node.systemd import SystemdNotifier
+    from node.training.groups import ElasticGroup, join_group
+    from node.training.launcher import TrainingLauncher
+    from node.training.rendezvous import GroupError, Rendezvous, rendezvous_for
+    from node.training.torchrun import torchrun_env, training_env
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "node.addresses": "choose_interfaces find_self_in_inventory local_addresses",
+            "node.api": "build_app status_document",
+            "node.daemon": "NodeDaemon load_secrets resolve_node_id",
+            "node.discovery.candidates": "Advert Candidate CandidateSource",
+            "node.discovery.feed": "Discovery",
+            "node.election.adoption": "AdoptionLog check_adoption_logs read_adoption_log",
+            "node.election.elector": "Elector",
+            "node.election.http": "ELECTION_DOCS HttpElectionTransport election_routes",
+            "node.election.plan": "FENCE_HEADER PlanFence RolePlan check_fence should_apply",
+            "node.election.roles": "NodeCapabilities RolePolicy compute_plan",
+            "node.election.seams": "WalDurableState",
+            "node.election.service": "ElectionService VoterSet resolve_voters",
+            "node.election.state": "ElectionConfig ElectionEvent ElectionEventKind ElectionStatus",
+            "node.errors": (
+                "ActorDiedError ActorExistsError AnsweredError ArchiveError BackupError BodyError "
+                "DeployError DiscoveryError DownloadHashError ElectionError FrameError "
+                "JobClientError JobEndedError JobError JobFailedError JobRequestError "
+                "JobUnreachableError JobWaitTimeoutError LauncherError LockError LockLostError "
+                "LockUnavailableError MasterUnreachable MembershipError NodeError "
+                "PeerRequestError PeerTimeoutError PlanError ProviderError PublishTimeout "
+                "RegistryError RemoteTaskError RemoteTraceback RendezvousError ResultsStoreError "
+                "RetryLater RLError RunError SkewError SSHAuthError SSHConnectError SSHError "
+                "SSHHostKeyError SSHTimeoutError StartupError TaskError TaskTimeout WeightsError "
+                "WireError WorkerAuthError WorkerClosed WorkerDied WorkerError WorkerTimeout"
+            ),
+            "node.membership.service": (
+                "EventKind InMemoryNetwork Listener Member MemberEvent Membership "
+                "MembershipTransport MemberState MemberView MetaValue SwimTuning TransportStats "
+                "UdpMembershipTransport"
+            ),
+            "node.openapi": "RouteDoc openapi_document",
+            "node.providers": (
+                "AutoStop LocalProvider NodeHandle Provider StaticProvider acquire_node ready_node"
+            ),
+            "node.rl": (
+                "RolloutStream WeightPublisher WeightReceiver broadcast_weights check_staleness "
+                "make_version_state receive_weights stamp_sample"
+            ),
+            "node.runs.client": "cluster_lock",
+            "node.runs.table": "LockFence",
+            "node.runtime": "NodeRuntime",
+            "node.security": "AuthPolicy auth_middleware error_middleware",
+            "node.ssh": "HostMemory SSHExecutor SSHResult detect_host_memory",
+            "node.ssh.deploy": "DeployResult deploy",
+            "node.sync_service": "SyncService",
+            "node.systemd": "SystemdNotifier",
+            "node.training.groups": "ElasticGroup join_group",
+            "node.training.launcher": "TrainingLauncher",
+            "node.training.rendezvous": "GroupError Rendezvous rendezvous_for",
+            "node.training.torchrun": "torchrun_env training_env",
+        },
+    )
 
 __all__ = [
     "ELECTION_DOCS",

@@ -11,7 +11,7 @@ from aiohttp import web
 from config import CLOCK_SKEWS
 from health import CircuitState, HealthStatus
 from node.metrics import install_node_metrics
-from node.openapi import TEXT, RouteDoc, openapi_document
+from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
 from node.runtime import NodeRuntime
 from node.security import (
     AUTH_POLICY,
@@ -283,7 +283,14 @@ def build_app(
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     app[AUTH_POLICY] = policy
-    app[ROUTE_DOCS] = (*CORE_DOCS, *extra_docs)
+    docs = (*CORE_DOCS, *extra_docs)
+    twice = documented_twice(docs)
+    if twice:
+        raise ValueError(
+            f"routes documented more than once: {', '.join(twice)}; the OpenAPI document keeps "
+            "one operation per method and path, so give each route one RouteDoc"
+        )
+    app[ROUTE_DOCS] = docs
     app.router.add_get("/v1/health", handle_health)
     app.router.add_get("/v1/status", handle_status)
     app.router.add_get("/v1/peers", handle_peers)

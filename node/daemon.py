@@ -267,6 +267,8 @@ class NodeDaemon:
         self.runtime: NodeRuntime | None = None
         self._known_nodes: frozenset[str] = frozenset()
         self.port: int = settings.port
+        self.http_app: web.Application | None = None
+        """The HTTP API's application once started (its router and route docs)."""
         self._membership: Any = None
         self.sync_service: SyncService | None = None
         self._gpu_meta: dict[str, MetaValue] = {}
@@ -500,13 +502,13 @@ class NodeDaemon:
                 *actors.docs(),
                 *locks.docs(),
                 *runs.docs(),
-                *sync_service.docs(),
                 *weights.docs(),
                 *backlog.docs(),
                 *backup.docs(),
                 *audit.docs(),
             ],
         )
+        self.http_app = app
         runner = web.AppRunner(
             app,
             access_log=None,

@@ -46,15 +46,14 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
 
 `peer_error` translates aiohttp and OS errors of a request. node.startup.startup_error is the
 table of what stops a start (OSError, sqlite3, the WAL's and the record stores' errors): it lives
-there so that importing node.errors (as training processes do) stays light.
+there so that importing node.errors (as training processes do) stays light; so does aiohttp,
+imported by `peer_error` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-import aiohttp
 
 from config import AuthError, ErrorAnswer
 
@@ -240,6 +239,8 @@ class ProviderError(NodeError):
 
 def peer_error(exc: BaseException, url: str) -> NodeError:
     """The NodeError for an error of aiohttp or the OS while requesting `url` (chain it)."""
+    import aiohttp  # here, not at the top: a training process importing node.errors stays light
+
     if isinstance(exc, NodeError):
         return exc
     if isinstance(exc, TimeoutError):

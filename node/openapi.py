@@ -11,6 +11,7 @@ documents (string parameters, no body, any JSON answer), so a new route can star
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -271,6 +272,12 @@ def _operation(doc: RouteDoc, components: _Components, signed: bool) -> dict[str
             },
         }
     return operation
+
+
+def documented_twice(docs: Iterable[RouteDoc]) -> list[str]:
+    """`METHOD path` of every operation that more than one of `docs` documents, sorted."""
+    counts = Counter((doc.method.upper(), doc.path) for doc in docs)
+    return sorted(f"{method} {path}" for (method, path), count in counts.items() if count > 1)
 
 
 def openapi_document(docs: Iterable[RouteDoc], *, signed: bool = True) -> dict[str, Any]:

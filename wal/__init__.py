@@ -4,22 +4,41 @@ to SQLite (WAL mode, synchronous=FULL), their recovery, and the node's small dur
 
 from __future__ import annotations
 
-from wal.entry import (
-    BUILTIN_ENTRY_TYPES,
-    SYNC_COMPLETED,
-    SYNC_STARTED,
-    EntryState,
-    RecoveryHandler,
-    RecoveryResult,
-    WalConfig,
-    WalEntry,
-    WalObserver,
-    WalStats,
-)
-from wal.errors import WalBusyError, WalCorruptError, WalDiskFullError, WalError, WalFullError
-from wal.group_commit import BatchResults, GroupCommit, GroupCommitConfig
-from wal.log import WriteAheadLog
-from wal.schema import move_aside
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from wal.entry import (
+        BUILTIN_ENTRY_TYPES,
+        SYNC_COMPLETED,
+        SYNC_STARTED,
+        EntryState,
+        RecoveryHandler,
+        RecoveryResult,
+        WalConfig,
+        WalEntry,
+        WalObserver,
+        WalStats,
+    )
+    from wal.errors import WalBusyError, WalCorruptError, WalDiskFullError, WalError, WalFullError
+    from wal.group_commit import BatchResults, GroupCommit, GroupCommitConfig
+    from wal.log import WriteAheadLog
+    from wal.schema import move_aside
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "wal.entry": (
+                "BUILTIN_ENTRY_TYPES SYNC_COMPLETED SYNC_STARTED EntryState RecoveryHandler "
+                "RecoveryResult WalConfig WalEntry WalObserver WalStats"
+            ),
+            "wal.errors": ("WalBusyError WalCorruptError WalDiskFullError WalError WalFullError"),
+            "wal.group_commit": "BatchResults GroupCommit GroupCommitConfig",
+            "wal.log": "WriteAheadLog",
+            "wal.schema": "move_aside",
+        },
+    )
 
 __all__ = [
     "BUILTIN_ENTRY_TYPES",

@@ -14,12 +14,12 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
 from yarl import URL
 
-from config import Inventory, Timeouts, load_inventory, signing_middleware
+from config import Timeouts, signing_middleware
 from health.errors import FetchError, fetch_error, http_fetch_error
 from health.errors import describe_fetch_error as describe_fetch_error
 from health.monitor.model import (
@@ -31,6 +31,9 @@ from health.monitor.model import (
     parse_status,
 )
 from health.monitor.rules import build_cluster_status
+
+if TYPE_CHECKING:
+    from config import Inventory
 
 __all__ = [
     "DEFAULT_NODE_URL",
@@ -134,6 +137,8 @@ class ClusterMonitor:
             raise MonitorError(f"timeout_s must be positive, got {timeout_s}")
         seeds = [_target_of(url) for url in nodes]
         if isinstance(inventory, Path | str):
+            from config import load_inventory  # here: without an inventory, no inventory models
+
             inventory = load_inventory(inventory)
         if inventory is not None:
             seeds += [

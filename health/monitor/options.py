@@ -30,6 +30,7 @@ class MonitorOptions:
     inventory: Path | None = None
     secret_file: Path | None = None
     watch: bool = False
+    once: bool = False
     interval_s: float = DEFAULT_INTERVAL_S
     as_json: bool = False
     timeout_s: float | None = None
@@ -67,6 +68,10 @@ MONITOR_FLAGS: tuple[MonitorFlag, ...] = (
         help="cluster secret (default from the config)",
     ),
     MonitorFlag("watch", "--watch", bool, help="refresh until q or Ctrl-C"),
+    MonitorFlag(
+        "once", "--once", bool,
+        help="one status, then exit (what runs without --watch; for scripts to say so)",
+    ),
     MonitorFlag(
         "interval_s", "--interval", float, metavar="S",
         help=f"seconds between refreshes with --watch (default {DEFAULT_INTERVAL_S:g})",

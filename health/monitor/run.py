@@ -8,15 +8,18 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from config import ConfigError, Inventory, load_inventory, load_settings, read_secret_file
+from config import ConfigError, load_settings, read_secret_file
 from health.errors import MonitorError as MonitorError
 from health.errors import UsageError as UsageError
 from health.monitor.client import ClusterMonitor, normalize_node_url
 from health.monitor.model import ClusterStatus
 from health.monitor.options import MonitorOptions
 from health.monitor.terminal import print_status, watch_statuses
+
+if TYPE_CHECKING:
+    from config import Inventory
 
 __all__ = [
     "EXIT_FAILING",
@@ -50,6 +53,8 @@ class MonitorPlan:
 def plan_monitor(options: MonitorOptions) -> MonitorPlan:
     """Resolve options against the node settings (config file, environment): node URLs, the
     inventory and secret read, the timeouts. UsageError or ConfigError (exit status 2)."""
+    if options.once and options.watch:
+        raise UsageError("--once and --watch exclude each other: pick one")
     if options.interval_s <= 0:
         raise UsageError(f"--interval must be positive, got {options.interval_s:g}")
     if options.timeout_s is not None and options.timeout_s <= 0:
@@ -59,7 +64,11 @@ def plan_monitor(options: MonitorOptions) -> MonitorPlan:
         nodes = tuple(normalize_node_url(url) for url in options.nodes)
     except MonitorError as exc:
         raise UsageError(f"--node: {exc}") from exc
-    inventory = load_inventory(options.inventory) if options.inventory is not None else None
+    inventory = None
+    if options.inventory is not None:
+        from config import load_inventory  # here: without --inventory, no inventory models
+
+        inventory = load_inventory(options.inventory)
     if not nodes and inventory is None:
         nodes = (_local_url(settings.bind, settings.port),)
     secret_file = options.secret_file or settings.secret_file

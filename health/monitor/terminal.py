@@ -1,5 +1,6 @@
 """cluster_monitor's output: once or --watch, as JSON (NDJSON when watching), a live rich display
 on a terminal, or plain text tables on a pipe; `q` (stdin in cbreak mode) or Ctrl-C quits.
+rich (and the views drawn with it) is imported by the views that draw, so --json stays light.
 """
 
 from __future__ import annotations
@@ -16,12 +17,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from types import TracebackType
 from typing import Any, TextIO
 
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
-
 from health.monitor.model import ClusterStatus
-from health.monitor.render import render_dashboard, render_text
 
 __all__ = ["QuitKeys", "plain_width", "print_status", "run_until", "watch_statuses"]
 
@@ -59,11 +55,17 @@ def print_status(
         if as_json:
             out.write(json.dumps(status.to_dict(), indent=2) + "\n")
         elif _is_tty(out):
+            from rich.console import Console
+
+            from health.monitor.render import render_dashboard
+
             console = Console(file=out, highlight=False)
             console.print(
                 render_dashboard(status, probe_interval_s=probe_interval_s, width=console.width)
             )
         else:
+            from health.monitor.render import render_text
+
             out.write(render_text(status, probe_interval_s=probe_interval_s, width=plain_width()))
         out.flush()
     except BrokenPipeError:
@@ -172,6 +174,8 @@ def _emitter(
 
         return emit_json
 
+    from health.monitor.render import render_text
+
     def emit_text(status: ClusterStatus) -> None:
         out.write(render_text(status, probe_interval_s=probe_interval_s, width=plain_width()))
         out.write("\n")
@@ -203,6 +207,12 @@ async def watch_statuses(
             emit = _emitter(out, as_json, probe_interval_s)
             await run_until(stop, _feed(statuses, emit))
             return
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        from health.monitor.render import render_dashboard
+
         console = Console(file=out, highlight=False)
         with Live(
             Text("asking the cluster...", style="dim"),

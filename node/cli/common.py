@@ -1,4 +1,7 @@
-"""What every `shoal` command shares: consoles, error exits, JSON output, loading settings."""
+"""What every `shoal` command shares: consoles, error exits, JSON output, loading settings.
+
+`console` and `err_console` (rich) are made on first use, so a command that prints only JSON
+never imports rich."""
 
 from __future__ import annotations
 
@@ -8,11 +11,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from aiohttp import ClientError, ClientMiddlewareType, ClientSession, ClientTimeout
-from rich.console import Console
 
 from config import (
     ConfigError,
@@ -25,20 +27,47 @@ from config import (
 )
 from node.errors import PeerRequestError, peer_error
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
 T = TypeVar("T")
+_CONSOLES: dict[str, Console] = {}
+
+
+def _console(name: str) -> Console:
+    """The console `name` (`console`: stdout, `err_console`: stderr), made on first use; 200
+    columns off a terminal."""
+    made = _CONSOLES.get(name)
+    if made is None:
+        from rich.console import Console
+
+        stderr = name == "err_console"
+        stream = sys.stderr if stderr else sys.stdout
+        made = _CONSOLES[name] = Console(stderr=stderr, width=None if stream.isatty() else 200)
+    return made
+
+
+if TYPE_CHECKING:
+    console: Console
+    err_console: Console
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name in ("console", "err_console"):
+            return _console(name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fail(problems: list[str] | str, code: int = EXIT_USAGE) -> NoReturn:
     """Print each problem as one line on stderr and exit with `code` (2: usage or config)."""
     for line in [problems] if isinstance(problems, str) else problems:
-        err_console.print(f"shoal: error: {line}", markup=False, highlight=False, soft_wrap=True)
+        _console("err_console").print(
+            f"shoal: error: {line}", markup=False, highlight=False, soft_wrap=True
+        )
     raise typer.Exit(code)
 
 

@@ -6,14 +6,13 @@ import asyncio
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from config import NodeSettings
+from node.cli import common
 from node.cli.common import (
     ConfigOption,
     JsonOption,
     NodeOption,
-    console,
     node_url,
     print_json,
     request_json,
@@ -37,6 +36,8 @@ def status(
     if as_json:
         print_json(document)
         return
+    from rich.table import Table  # here: --json needs no rich
+
     table = Table(show_header=False, title=f"{document['node_id']} at {url}")
     for key in ("cluster", "version", "address", "port", "role", "term", "coordinator", "health"):
         table.add_row(key, str(document.get(key)))
@@ -49,7 +50,7 @@ def status(
     table.add_row("wal", f"{'-' if pending is None else pending} pending, oldest {oldest_text}")
     table.add_row("breakers open", ", ".join(document.get("breakers", {}).get("open", [])) or "-")
     table.add_row("uptime", f"{document.get('uptime_s', 0):.0f} s")
-    console.print(table)
+    common.console.print(table)
 
 
 def peers(
@@ -62,6 +63,8 @@ def peers(
     if as_json:
         print_json(document)
         return
+    from rich.table import Table  # here: --json needs no rich
+
     table = Table(title=f"members seen by {url}")
     for column in ("node", "address", "state", "incarnation", "last seen", "role", "version"):
         table.add_column(column)
@@ -75,7 +78,7 @@ def peers(
             str(member.get("role")),
             str(member.get("version")),
         )
-    console.print(table)
+    common.console.print(table)
 
 
 def roles(
@@ -92,11 +95,13 @@ def roles(
         return
     plan = document.get("plan")
     if not plan:
-        console.print(
+        common.console.print(
             f"no plan yet (term {document.get('term')}, coordinator {document.get('coordinator')})",
             highlight=False,
         )
         return
+    from rich.table import Table  # here: --json needs no rich
+
     ranks = _global_ranks(plan["training_ranks"], plan.get("local_world_sizes"))
     group = plan["group"]
     unable = plan.get("cannot_train", {})
@@ -109,9 +114,9 @@ def roles(
         table.add_column(column)
     for node_id, role in sorted(plan["roles"].items()):
         table.add_row(node_id, role, str(ranks.get(node_id, "-")), unable.get(node_id, ""))
-    console.print(table)
+    common.console.print(table)
     if plan.get("note"):
-        console.print(plan["note"], highlight=False)
+        common.console.print(plan["note"], highlight=False)
 
 
 def _global_ranks(nodes: list[str], sizes: list[int] | None) -> dict[str, str]:

@@ -4,39 +4,64 @@ kill. The daemon side lives here; the client API is `node.jobs.api`."""
 
 from __future__ import annotations
 
-from node.jobs.api import (
-    DeploySpec,
-    GPUQuery,
-    JobSpec,
-    attach_job,
-    attach_job_async,
-    download,
-    download_async,
-    list_jobs,
-    list_jobs_async,
-    make_job_state,
-    poll_status,
-    poll_status_async,
-    remove_job,
-    remove_job_async,
-    run_job,
-    run_job_async,
-    start_job,
-    start_job_async,
-    stream_logs,
-    stream_logs_async,
-    terminate,
-    terminate_async,
-    wait_for_completion,
-    wait_for_completion_async,
-)
-from node.jobs.gang import GangService
-from node.jobs.http import JobRoutes, job_route_docs
-from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
-from node.jobs.roster import gang_master_port, gang_outcome, pick_members
-from node.jobs.service import JobService
-from node.jobs.setup import JobApi, open_job_service
-from node.jobs.store import JobEntry, JobStore
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from node.jobs.api import (
+        DeploySpec,
+        GPUQuery,
+        JobSpec,
+        attach_job,
+        attach_job_async,
+        download,
+        download_async,
+        list_jobs,
+        list_jobs_async,
+        make_job_state,
+        poll_status,
+        poll_status_async,
+        remove_job,
+        remove_job_async,
+        run_job,
+        run_job_async,
+        start_job,
+        start_job_async,
+        stream_logs,
+        stream_logs_async,
+        terminate,
+        terminate_async,
+        wait_for_completion,
+        wait_for_completion_async,
+    )
+    from node.jobs.gang import GangService
+    from node.jobs.http import JobRoutes, job_route_docs
+    from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
+    from node.jobs.roster import gang_master_port, gang_outcome, pick_members
+    from node.jobs.service import JobService
+    from node.jobs.setup import JobApi, open_job_service
+    from node.jobs.store import JobEntry, JobStore
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "node.jobs.api": (
+                "DeploySpec GPUQuery JobSpec attach_job attach_job_async download download_async "
+                "list_jobs list_jobs_async make_job_state poll_status poll_status_async remove_job "
+                "remove_job_async run_job run_job_async start_job start_job_async stream_logs "
+                "stream_logs_async terminate terminate_async wait_for_completion "
+                "wait_for_completion_async"
+            ),
+            "node.jobs.gang": "GangService",
+            "node.jobs.http": "JobRoutes job_route_docs",
+            "node.jobs.records": "JobError JobRequest JobState parse_job_request",
+            "node.jobs.roster": "gang_master_port gang_outcome pick_members",
+            "node.jobs.service": "JobService",
+            "node.jobs.setup": "JobApi open_job_service",
+            "node.jobs.store": "JobEntry JobStore",
+        },
+    )
 
 __all__ = [
     "DeploySpec",

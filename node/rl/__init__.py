@@ -3,21 +3,42 @@ plane, publisher and receiver, rollout streams. torch is imported only where ten
 
 from __future__ import annotations
 
-from node.rl.backlog import RolloutBacklog
-from node.rl.broadcast import broadcast_weights, receive_weights
-from node.rl.digest import (
-    PWS_ALGO,
-    SHA256_ALGO,
-    Digest,
-    HostStaging,
-    WeightsDigest,
-    weights_digest,
-)
-from node.rl.publisher import PublishResult, WeightPublisher
-from node.rl.receiver import WeightReceiver
-from node.rl.service import WeightsService
-from node.rl.stream import RolloutStream, post_rollouts, rollout_record
-from node.rl.versions import check_staleness, make_version_state, stamp_sample
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from node.rl.backlog import RolloutBacklog
+    from node.rl.broadcast import broadcast_weights, receive_weights
+    from node.rl.digest import (
+        PWS_ALGO,
+        SHA256_ALGO,
+        Digest,
+        HostStaging,
+        WeightsDigest,
+        weights_digest,
+    )
+    from node.rl.publisher import PublishResult, WeightPublisher
+    from node.rl.receiver import WeightReceiver
+    from node.rl.service import WeightsService
+    from node.rl.stream import RolloutStream, post_rollouts, rollout_record
+    from node.rl.versions import check_staleness, make_version_state, stamp_sample
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "node.rl.backlog": "RolloutBacklog",
+            "node.rl.broadcast": "broadcast_weights receive_weights",
+            "node.rl.digest": (
+                "PWS_ALGO SHA256_ALGO Digest HostStaging WeightsDigest weights_digest"
+            ),
+            "node.rl.publisher": "PublishResult WeightPublisher",
+            "node.rl.receiver": "WeightReceiver",
+            "node.rl.service": "WeightsService",
+            "node.rl.stream": "RolloutStream post_rollouts rollout_record",
+            "node.rl.versions": "check_staleness make_version_state stamp_sample",
+        },
+    )
 
 __all__ = [
     "PWS_ALGO",

@@ -126,6 +126,9 @@ async def test_learns_the_cluster_from_one_node_and_exits_0_when_all_are_well(
         assert {node["state"] for node in document["nodes"]} == {"alive"}
         assert all(node["wal_pending"] == 0 for node in document["nodes"])
         assert document["summary"]["ok"] is True
+        code, once, err = await _run_cli("--node", _url(daemons[1]), "--json", "--once")
+        assert code == 0, err
+        assert set(json.loads(once)) == set(document)  # --once is the one status, said aloud
 
 
 async def test_inventory_mode_asks_every_host(tmp_path: Path) -> None:
@@ -328,6 +331,7 @@ def test_usage_errors_exit_2_with_one_line(
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--interval", "zero"], "--interval: invalid float value"),
         (["--watch", "--interval", "0"], "--interval must be positive"),
+        (["--once", "--watch"], "--once and --watch exclude each other"),
         (["--timeout", "-1"], "--timeout must be positive"),
         (["--node", "ftp://x"], "--node: not a node URL"),
         (["--inventory", str(tmp_path / "missing.yaml")], "inventory not found"),
