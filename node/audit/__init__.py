@@ -3,16 +3,31 @@
 
 from __future__ import annotations
 
-from node.audit.entries import (
-    KIND_TYPES,
-    LOCK_GRANT,
-    LOCK_RELEASE,
-    RUN_STEP,
-    AuditEntry,
-    read_audit,
-    record_audit,
-)
-from node.audit.routes import AUDIT_PATH, AuditRoutes
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from node.audit.entries import (
+        KIND_TYPES,
+        LOCK_GRANT,
+        LOCK_RELEASE,
+        RUN_STEP,
+        AuditEntry,
+        read_audit,
+        record_audit,
+    )
+    from node.audit.routes import AUDIT_PATH, AuditRoutes
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "node.audit.entries": (
+                "KIND_TYPES LOCK_GRANT LOCK_RELEASE RUN_STEP AuditEntry read_audit record_audit"
+            ),
+            "node.audit.routes": "AUDIT_PATH AuditRoutes",
+        },
+    )
 
 __all__ = [
     "AUDIT_PATH",

@@ -3,16 +3,32 @@ archive (`POST /v1/backup`, `shoal backup`), restored with every byte checked fi
 
 from __future__ import annotations
 
-from node.backup.archive import (
-    MANIFEST_NAME,
-    Manifest,
-    Member,
-    VerifiedArchive,
-    manifest_summary,
-    verify_archive,
-)
-from node.backup.restore import RestoreResult, restore_archive
-from node.backup.service import BACKUP_PATH, BackupService
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from node.backup.archive import (
+        MANIFEST_NAME,
+        Manifest,
+        Member,
+        VerifiedArchive,
+        manifest_summary,
+        verify_archive,
+    )
+    from node.backup.restore import RestoreResult, restore_archive
+    from node.backup.service import BACKUP_PATH, BackupService
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "node.backup.archive": (
+                "MANIFEST_NAME Manifest Member VerifiedArchive manifest_summary verify_archive"
+            ),
+            "node.backup.restore": "RestoreResult restore_archive",
+            "node.backup.service": "BACKUP_PATH BackupService",
+        },
+    )
 
 __all__ = [
     "BACKUP_PATH",

@@ -68,7 +68,8 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "roles", "node.cli.inspect", "register",
         "Print the role plan a node applies: term, version, generation, each node's role and\n"
-        "training rank, and why a node cannot train.",
+        "training ranks (node-major: a node of N processes holds N consecutive ranks), and why a\n"
+        "node cannot train.",
     ),
     CommandEntry(
         "monitor", "node.cli.monitor", "register",
@@ -87,6 +88,19 @@ COMMANDS: tuple[CommandEntry, ...] = (
         "Stop and remove shoal on the hosts; the data dir stays unless --purge.",
     ),
     CommandEntry("version", "node.cli.app", "register_version", "Print the shoal version."),
+    CommandEntry(
+        "backup", "node.cli.backup", "register",
+        "Take a consistent backup of a running node (it keeps serving) into one archive.",
+    ),
+    CommandEntry(
+        "restore", "node.cli.backup", "register",
+        "Verify every member of a backup archive, then restore it into a data dir.",
+    ),
+    CommandEntry(
+        "audit", "node.cli.audit", "register",
+        "List who did what, on which node and when: job starts and kills, gang starts, lock\n"
+        "grants and releases, run steps (deploy, drain, keyring and certificate list nothing yet).",
+    ),
     CommandEntry(
         "hosts", "node.cli.hosts", "hosts_app", "Check and list the YAML host inventory."
     ),
@@ -117,19 +131,6 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "rl", "node.cli.rl", "register",
         "Pipeline RL: in-flight weight updates, stamped rollouts, bounded lag.",
-    ),
-    CommandEntry(
-        "backup", "node.cli.backup", "register",
-        "Take a consistent backup of a running node (it keeps serving) into one archive.",
-    ),
-    CommandEntry(
-        "restore", "node.cli.backup", "register",
-        "Verify every member of a backup archive, then restore it into a data dir.",
-    ),
-    CommandEntry(
-        "audit", "node.cli.audit", "register",
-        "List who did what, on which node and when: job starts and kills, gang starts, lock\n"
-        "grants and releases, run steps (deploy, drain, keyring and certificate list nothing yet).",
     ),
 )  # fmt: skip
 
