@@ -20,7 +20,14 @@ from config.auth import (
 )
 from config.closing import AsyncClosing
 from config.durable import fsync_directory
-from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
+from config.errors import (
+    AuthError,
+    CaError,
+    CertificateError,
+    ConfigError,
+    ConfigPackageError,
+    InventoryError,
+)
 from config.fields import Category, HostStatus, Role, is_valid_node_id
 from config.gpus import (
     ENV_CUDA_DEVICE_ORDER,
@@ -80,8 +87,10 @@ __all__ = [
     "AuthError",
     "AutostopSettings",
     "BreakerSection",
+    "CaError",
     "Category",
     "CategorySyncSettings",
+    "CertificateError",
     "ClockSkews",
     "ClusterSection",
     "ConfigError",
