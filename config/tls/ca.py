@@ -142,15 +142,18 @@ def _write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write `data` to `path` with `mode` through a temp file, fsync, rename, fsync of the dir:
     a crash leaves the old file or the new one, never a half-written key."""
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
-        os.fchmod(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
-    fsync_directory(path.parent)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        try:
+            os.fchmod(fd, mode)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+        fsync_directory(path.parent)
+    except OSError as exc:
+        raise CaError(f"{path}: cannot write it: {exc.strerror or exc}") from exc
 
 
 def _make_dir(directory: Path, what: str) -> None:
@@ -165,7 +168,10 @@ def _make_dir(directory: Path, what: str) -> None:
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
     """Hold the CA dir's lock file, so two `shoal ca` commands never interleave index writes."""
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise CaError(f"{directory}: cannot lock the CA dir: {exc.strerror or exc}") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

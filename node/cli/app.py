@@ -12,6 +12,7 @@ from node.cli import monitor as cli_monitor
 from node.cli import rl as cli_rl
 from node.cli import serve as cli_serve
 from node.cli import sync as cli_sync
+from node.cli.ca import ca_app
 from node.cli.common import console
 from node.cli.hosts import config_app, hosts_app
 from node.cli.jobs import jobs_app
@@ -36,6 +37,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
 app.add_typer(ssh_app, name="ssh")
 app.add_typer(workers_app, name="workers")
+app.add_typer(ca_app, name="ca")
 cli_serve.register(app)
 cli_inspect.register(app)
 cli_devcluster.register(app)
