@@ -56,7 +56,7 @@ def test_init_makes_a_p256_key_of_mode_600_a_self_signed_ca_and_an_empty_crl(
     cert.verify_directly_issued_by(cert)
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     crl = load_crl(tmp_path / "ca" / CRL_FILE)
-    assert crl.is_signature_valid(cert.public_key())
+    assert crl.is_signature_valid(ca.key.public_key())
     assert len(crl) == 0
     assert read_index(tmp_path / "ca").issued == ()
     assert load_ca(tmp_path / "ca").cert == cert
@@ -181,7 +181,7 @@ def test_revoke_by_name_revokes_every_unrevoked_certificate_and_bumps_the_crl(
     assert number == 1
     assert _crl_number(tmp_path / "ca") == 1
     crl = load_crl(tmp_path / "ca" / CRL_FILE)
-    assert crl.is_signature_valid(ca.cert.public_key())
+    assert crl.is_signature_valid(ca.key.public_key())
     assert {entry.serial_number for entry in crl} == {old.serial, new.serial}
     again, number = revoke(tmp_path / "ca", "gpu-1")
     assert again == []

@@ -61,7 +61,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     )
 
 
-def _crafted(ca: ClusterCa, attributes: list[x509.NameAttribute]) -> x509.Certificate:
+def _crafted(ca: ClusterCa, attributes: list[x509.NameAttribute[str]]) -> x509.Certificate:
     now = datetime.now(UTC)
     return (
         x509.CertificateBuilder()
