@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -281,3 +283,16 @@ def test_ssl_honours_the_crl_of_the_ca(setup: Setup) -> None:
     assert "revoked" in str(refused.server_error)
     accepted = _handshake(server, _client_context(setup.root, "alice"), "gpu-1")
     assert accepted.server_error is None, accepted.server_error
+
+
+def test_importing_config_alone_does_not_load_cryptography() -> None:
+    code = "import sys, config; print('cryptography' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.strip() == "False"
