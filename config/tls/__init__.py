@@ -11,17 +11,13 @@ from config.tls.ca import (
     CRL_FILE,
     DEFAULT_CA_DAYS,
     DEFAULT_DAYS,
-    INDEX_FILE,
     MAX_DAYS,
-    CaIndex,
     ClusterCa,
-    IssuedCertificate,
     IssuedFiles,
     init_ca,
     issue_certificate,
     load_ca,
     parse_san,
-    read_index,
     revoke,
 )
 from config.tls.identity import (
@@ -37,6 +33,7 @@ from config.tls.identity import (
     serial_text,
     verify_peer_certificate,
 )
+from config.tls.store import INDEX_FILE, CaIndex, IssuedCertificate, read_index
 
 __all__ = [
     "CA_CERT",

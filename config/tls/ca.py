@@ -1,5 +1,5 @@
-"""The cluster CA in a directory: `ca.key` (mode 600), `ca.crt`, `crl.pem` and `index.json`
-(every certificate issued, its revocation, the CRL number). What `shoal ca` runs.
+"""The cluster CA in a directory: make it (`ca.key` mode 600, `ca.crt`), issue certificates,
+revoke them and sign the CRL (`crl.pem`). What `shoal ca` runs; the index lives in `store`.
 
 Keys are EC P-256 and signatures ECDSA-SHA256: OpenSSL accepts them for TLS 1.3 and 1.2, client
 and server auth, in every build (FIPS included), and browsers accept them for the dashboard,
@@ -7,33 +7,30 @@ which Ed25519 certificates are not."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import ipaddress
-import json
-import os
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from config.durable import fsync_directory
 from config.errors import CaError
 from config.fields import is_valid_node_id
-from config.tls.identity import (
-    IDENTITY_ATTRIBUTE,
-    ROLE_ATTRIBUTE,
-    CertRole,
-    load_certificate,
-    serial_text,
+from config.tls.identity import IDENTITY_ATTRIBUTE, ROLE_ATTRIBUTE, CertRole, load_certificate
+from config.tls.store import (
+    CaIndex,
+    IssuedCertificate,
+    locked,
+    make_dir,
+    read_index,
+    write_atomic,
+    write_index,
 )
 
 __all__ = [
@@ -43,25 +40,19 @@ __all__ = [
     "CRL_FILE",
     "DEFAULT_CA_DAYS",
     "DEFAULT_DAYS",
-    "INDEX_FILE",
     "MAX_DAYS",
-    "CaIndex",
     "ClusterCa",
-    "IssuedCertificate",
     "IssuedFiles",
     "init_ca",
     "issue_certificate",
     "load_ca",
     "parse_san",
-    "read_index",
     "revoke",
 ]
 
 CA_KEY = "ca.key"
 CA_CERT = "ca.crt"
 CRL_FILE = "crl.pem"
-INDEX_FILE = "index.json"
-LOCK_FILE = ".lock"
 DEFAULT_CA_DAYS = 3650
 DEFAULT_DAYS = 365
 MAX_DAYS = 3650
@@ -72,51 +63,6 @@ _BACKDATE = timedelta(minutes=5)
 _DNS_NAME = re.compile(
     r"^(?=.{1,253}$)(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*$"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class IssuedCertificate:
-    """One row of the CA's index: a certificate it issued and whether it was revoked."""
-
-    serial: int
-    name: str
-    role: CertRole
-    not_before: datetime
-    not_after: datetime
-    revoked_at: datetime | None = None
-
-    def expired(self, now: datetime) -> bool:
-        return now > self.not_after
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "serial": serial_text(self.serial),
-            "name": self.name,
-            "role": self.role.value,
-            "not_before": self.not_before.isoformat(),
-            "not_after": self.not_after.isoformat(),
-            "revoked_at": None if self.revoked_at is None else self.revoked_at.isoformat(),
-        }
-
-    @classmethod
-    def from_json(cls, row: dict[str, Any]) -> IssuedCertificate:
-        revoked = row.get("revoked_at")
-        return cls(
-            serial=int(row["serial"], 16),
-            name=str(row["name"]),
-            role=CertRole(row["role"]),
-            not_before=datetime.fromisoformat(row["not_before"]),
-            not_after=datetime.fromisoformat(row["not_after"]),
-            revoked_at=None if revoked is None else datetime.fromisoformat(revoked),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class CaIndex:
-    """`index.json`: the number of the newest CRL and every certificate issued, oldest first."""
-
-    crl_number: int = 0
-    issued: tuple[IssuedCertificate, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,47 +82,6 @@ class IssuedFiles:
     cert_path: Path
     ca_path: Path
     issued: IssuedCertificate
-
-
-def _write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to `path` with `mode` through a temp file, fsync, rename, fsync of the dir:
-    a crash leaves the old file or the new one, never a half-written key."""
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-        try:
-            os.fchmod(fd, mode)
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-        fsync_directory(path.parent)
-    except OSError as exc:
-        raise CaError(f"{path}: cannot write it: {exc.strerror or exc}") from exc
-
-
-def _make_dir(directory: Path, what: str) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise CaError(f"{directory}: not a directory; give {what} a directory path")
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CaError(f"{directory}: cannot create {what}: {exc.strerror or exc}") from exc
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """Hold the CA dir's lock file, so two `shoal ca` commands never interleave index writes."""
-    try:
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise CaError(f"{directory}: cannot lock the CA dir: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _check_days(days: int, what: str) -> None:
@@ -212,8 +117,8 @@ def init_ca(
     CRL. Refuses (CaError) when the dir already holds a CA, unless `force`, which replaces it
     and its index: every certificate of the old CA stops verifying."""
     _check_days(days, "the CA")
-    _make_dir(directory, "the CA dir")
-    with _locked(directory):
+    make_dir(directory, "the CA dir")
+    with locked(directory):
         existing = [name for name in (CA_KEY, CA_CERT) if (directory / name).exists()]
         if existing and not force:
             raise CaError(
@@ -256,10 +161,10 @@ def init_ca(
             .sign(key, hashes.SHA256())
         )
         ca = ClusterCa(directory=directory, key=key, cert=cert)
-        _write_atomic(directory / CA_KEY, _key_pem(key), 0o600)
-        _write_atomic(directory / CA_CERT, _cert_pem(cert))
+        write_atomic(directory / CA_KEY, _key_pem(key), 0o600)
+        write_atomic(directory / CA_CERT, _cert_pem(cert))
         index = CaIndex()
-        _write_index(directory, index)
+        write_index(directory, index)
         _write_crl(ca, index, moment)
         return ca
 
@@ -285,33 +190,6 @@ def load_ca(directory: Path) -> ClusterCa:
     return ClusterCa(directory=directory, key=key, cert=cert)
 
 
-def read_index(directory: Path) -> CaIndex:
-    """The CA's `index.json`; CaError naming the file when it is unreadable or damaged."""
-    path = directory / INDEX_FILE
-    if not path.exists():
-        return CaIndex()
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-        return CaIndex(
-            crl_number=int(document["crl_number"]),
-            issued=tuple(IssuedCertificate.from_json(row) for row in document["issued"]),
-        )
-    except OSError as exc:
-        raise CaError(f"{path}: cannot read the index: {exc.strerror or exc}") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CaError(f"{path}: damaged index ({exc!r}); restore it from backup") from exc
-
-
-def _write_index(directory: Path, index: CaIndex) -> None:
-    document = {
-        "version": 1,
-        "crl_number": index.crl_number,
-        "issued": [row.to_json() for row in index.issued],
-    }
-    text = json.dumps(document, indent=2) + "\n"
-    _write_atomic(directory / INDEX_FILE, text.encode("utf-8"))
-
-
 def _write_crl(ca: ClusterCa, index: CaIndex, moment: datetime) -> x509.CertificateRevocationList:
     builder = (
         x509.CertificateRevocationListBuilder()
@@ -333,7 +211,7 @@ def _write_crl(ca: ClusterCa, index: CaIndex, moment: datetime) -> x509.Certific
                 .build()
             )
     crl = builder.sign(ca.key, hashes.SHA256())
-    _write_atomic(ca.directory / CRL_FILE, crl.public_bytes(serialization.Encoding.PEM))
+    write_atomic(ca.directory / CRL_FILE, crl.public_bytes(serialization.Encoding.PEM))
     return crl
 
 
@@ -382,6 +260,8 @@ def issue_certificate(
             f"{name!r} is not a valid identity name: use 1 to 63 letters, digits, '.', '_'"
             " or '-', starting with a letter or digit"
         )
+    if name.lower() == "ca":
+        raise CaError("'ca' is reserved: its files would collide with ca.crt; pick another name")
     _check_days(days, "a certificate")
     if sans and role is not CertRole.NODE:
         raise CaError(f"--san is for node certificates; a {role.value} certificate has none")
@@ -399,7 +279,7 @@ def issue_certificate(
             f"--days {days}: the CA expires at {ca.cert.not_valid_after_utc.isoformat()};"
             f" use --days {left} or less, or make a new CA"
         )
-    _make_dir(out, "--out")
+    make_dir(out, "--out")
     key_path, cert_path = out / f"{name}.key", out / f"{name}.crt"
     if key_path.exists() and not force:
         raise CaError(f"{key_path} exists: pick another --out, or pass --force to replace it")
@@ -454,12 +334,12 @@ def issue_certificate(
         not_before=cert.not_valid_before_utc,
         not_after=cert.not_valid_after_utc,
     )
-    with _locked(directory):
+    with locked(directory):
         index = read_index(directory)
-        _write_index(directory, dataclasses.replace(index, issued=(*index.issued, issued)))
-    _write_atomic(key_path, _key_pem(key), 0o600)
-    _write_atomic(cert_path, _cert_pem(cert))
-    _write_atomic(out / CA_CERT, _cert_pem(ca.cert))
+        write_index(directory, dataclasses.replace(index, issued=(*index.issued, issued)))
+    write_atomic(key_path, _key_pem(key), 0o600)
+    write_atomic(cert_path, _cert_pem(cert))
+    write_atomic(out / CA_CERT, _cert_pem(ca.cert))
     return IssuedFiles(key_path=key_path, cert_path=cert_path, ca_path=out / CA_CERT, issued=issued)
 
 
@@ -481,7 +361,7 @@ def revoke(
     force. CaError when no certificate has that name or serial."""
     ca = load_ca(directory)
     moment = now or datetime.now(UTC)
-    with _locked(directory):
+    with locked(directory):
         index = read_index(directory)
         by_name = [row for row in index.issued if row.name == target]
         if by_name:
@@ -506,6 +386,6 @@ def revoke(
             for row in index.issued
         )
         updated = CaIndex(crl_number=index.crl_number + 1, issued=rows)
-        _write_index(directory, updated)
+        write_index(directory, updated)
         _write_crl(ca, updated, moment)
         return revoked_now, updated.crl_number

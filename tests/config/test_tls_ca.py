@@ -147,6 +147,9 @@ def test_issue_refuses_bad_names_days_sans_and_an_existing_key(tmp_path: Path) -
     out = tmp_path / "out"
     with pytest.raises(CaError, match="not a valid identity name"):
         issue_certificate(tmp_path / "ca", "../etc", CertRole.NODE, out=out)
+    with pytest.raises(CaError, match="'ca' is reserved"):
+        issue_certificate(tmp_path / "ca", "CA", CertRole.NODE, out=tmp_path / "ca", force=True)
+    assert load_ca(tmp_path / "ca").cert.subject.rfc4514_string().startswith("CN=shoal cluster")
     with pytest.raises(CaError, match="1 to 3650 days"):
         issue_certificate(tmp_path / "ca", "gpu-1", CertRole.NODE, out=out, days=0)
     with pytest.raises(CaError, match=r"the CA expires.*--days 9 or less"):
