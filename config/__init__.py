@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     )
     from config.closing import AsyncClosing
     from config.durable import fsync_directory
-    from config.errors import AuthError, ConfigError, ConfigPackageError, InventoryError
+    from config.errors import (
+        AuthError,
+        CaError,
+        CertificateError,
+        ConfigError,
+        ConfigPackageError,
+        InventoryError,
+    )
     from config.fields import Category, HostStatus, Role, is_valid_node_id
     from config.gpus import (
         ENV_CUDA_DEVICE_ORDER,
@@ -83,7 +90,7 @@ else:
             ),
             "config.closing": "AsyncClosing",
             "config.durable": "fsync_directory",
-            "config.errors": "AuthError ConfigError ConfigPackageError InventoryError",
+            "config.errors": "AuthError CaError CertificateError ConfigError ConfigPackageError InventoryError",
             "config.fields": "Category HostStatus Role is_valid_node_id",
             "config.gpus": (
                 "ENV_CUDA_DEVICE_ORDER ENV_CUDA_VISIBLE_DEVICES GpuSelection NprocSetting "
@@ -122,6 +129,8 @@ __all__ = [
     "AsyncClosing",
     "AuthError",
     "AutostopSettings",
+    "CaError",
+    "CertificateError",
     "BreakerSection",
     "Category",
     "CategorySyncSettings",

@@ -124,6 +124,10 @@ COMMANDS: tuple[CommandEntry, ...] = (
         "Miniray-style workers: a server that forks one worker per authenticated connection.",
     ),
     CommandEntry(
+        "ca", "node.cli.ca", "ca_app",
+        "The cluster CA: issue, revoke and list node, operator and reader certificates.",
+    ),
+    CommandEntry(
         "dev-cluster", "node.cli.devcluster", "register",
         "A local cluster on 127.0.0.1 to try shoal and its failures: start it, then kill and "
         "restart single nodes from another terminal while cluster_monitor watches.",

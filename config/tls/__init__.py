@@ -1,0 +1,68 @@
+"""Identities of the cluster: the CA (`shoal ca`), certificates whose CN is the identity and OU
+the role, and the check of a peer's certificate. Not imported by `config` itself, so commands
+that do not use certificates never load `cryptography`."""
+
+from __future__ import annotations
+
+from config.tls.ca import (
+    CA_CERT,
+    CA_KEY,
+    CRL_DAYS,
+    CRL_FILE,
+    DEFAULT_CA_DAYS,
+    DEFAULT_DAYS,
+    MAX_DAYS,
+    ClusterCa,
+    IssuedFiles,
+    init_ca,
+    issue_certificate,
+    load_ca,
+    parse_san,
+    revoke,
+)
+from config.tls.identity import (
+    IDENTITY_ATTRIBUTE,
+    ROLE_ATTRIBUTE,
+    CertRole,
+    PeerIdentity,
+    RefusalReason,
+    identity_of,
+    load_certificate,
+    load_crl,
+    role_of,
+    serial_text,
+    verify_peer_certificate,
+)
+from config.tls.store import INDEX_FILE, CaIndex, IssuedCertificate, read_index
+
+__all__ = [
+    "CA_CERT",
+    "CA_KEY",
+    "CRL_DAYS",
+    "CRL_FILE",
+    "DEFAULT_CA_DAYS",
+    "DEFAULT_DAYS",
+    "IDENTITY_ATTRIBUTE",
+    "INDEX_FILE",
+    "MAX_DAYS",
+    "ROLE_ATTRIBUTE",
+    "CaIndex",
+    "CertRole",
+    "ClusterCa",
+    "IssuedCertificate",
+    "IssuedFiles",
+    "PeerIdentity",
+    "RefusalReason",
+    "identity_of",
+    "init_ca",
+    "issue_certificate",
+    "load_ca",
+    "load_certificate",
+    "load_crl",
+    "parse_san",
+    "read_index",
+    "revoke",
+    "role_of",
+    "serial_text",
+    "verify_peer_certificate",
+]
