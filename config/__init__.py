@@ -90,7 +90,9 @@ else:
             ),
             "config.closing": "AsyncClosing",
             "config.durable": "fsync_directory",
-            "config.errors": "AuthError CaError CertificateError ConfigError ConfigPackageError InventoryError",
+            "config.errors": (
+                "AuthError CaError CertificateError ConfigError ConfigPackageError InventoryError"
+            ),
             "config.fields": "Category HostStatus Role is_valid_node_id",
             "config.gpus": (
                 "ENV_CUDA_DEVICE_ORDER ENV_CUDA_VISIBLE_DEVICES GpuSelection NprocSetting "
@@ -129,11 +131,11 @@ __all__ = [
     "AsyncClosing",
     "AuthError",
     "AutostopSettings",
-    "CaError",
-    "CertificateError",
     "BreakerSection",
+    "CaError",
     "Category",
     "CategorySyncSettings",
+    "CertificateError",
     "ClockSkews",
     "ClusterSection",
     "ConfigError",

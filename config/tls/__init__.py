@@ -4,36 +4,57 @@ that do not use certificates never load `cryptography`."""
 
 from __future__ import annotations
 
-from config.tls.ca import (
-    CA_CERT,
-    CA_KEY,
-    CRL_DAYS,
-    CRL_FILE,
-    DEFAULT_CA_DAYS,
-    DEFAULT_DAYS,
-    MAX_DAYS,
-    ClusterCa,
-    IssuedFiles,
-    init_ca,
-    issue_certificate,
-    load_ca,
-    parse_san,
-    revoke,
-)
-from config.tls.identity import (
-    IDENTITY_ATTRIBUTE,
-    ROLE_ATTRIBUTE,
-    CertRole,
-    PeerIdentity,
-    RefusalReason,
-    identity_of,
-    load_certificate,
-    load_crl,
-    role_of,
-    serial_text,
-    verify_peer_certificate,
-)
-from config.tls.store import INDEX_FILE, CaIndex, IssuedCertificate, read_index
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from config.tls.ca import (
+        CA_CERT,
+        CA_KEY,
+        CRL_DAYS,
+        CRL_FILE,
+        DEFAULT_CA_DAYS,
+        DEFAULT_DAYS,
+        MAX_DAYS,
+        ClusterCa,
+        IssuedFiles,
+        init_ca,
+        issue_certificate,
+        load_ca,
+        parse_san,
+        revoke,
+    )
+    from config.tls.identity import (
+        IDENTITY_ATTRIBUTE,
+        ROLE_ATTRIBUTE,
+        CertRole,
+        PeerIdentity,
+        RefusalReason,
+        identity_of,
+        load_certificate,
+        load_crl,
+        role_of,
+        serial_text,
+        verify_peer_certificate,
+    )
+    from config.tls.store import INDEX_FILE, CaIndex, IssuedCertificate, read_index
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "config.tls.ca": (
+                "CA_CERT CA_KEY CRL_DAYS CRL_FILE DEFAULT_CA_DAYS DEFAULT_DAYS MAX_DAYS ClusterCa "
+                "IssuedFiles init_ca issue_certificate load_ca parse_san revoke"
+            ),
+            "config.tls.identity": (
+                "IDENTITY_ATTRIBUTE ROLE_ATTRIBUTE CertRole PeerIdentity RefusalReason "
+                "identity_of load_certificate load_crl role_of serial_text "
+                "verify_peer_certificate"
+            ),
+            "config.tls.store": "INDEX_FILE CaIndex IssuedCertificate read_index",
+        },
+    )
 
 __all__ = [
     "CA_CERT",
