@@ -130,7 +130,7 @@ async def test_cancel_removes_a_queued_run_and_kills_a_running_one(tmp_path: Pat
         assert cancelled["state"] == "cancelled"
 
         async def started() -> bool:
-            return bool((await get(f"{url}/v1/runs/{first['run_id']}"))["step"] == "running")
+            return bool((await get(f"{url}/v1/runs/{first['run_id']}")).get("step") == "running")
 
         await until(started, 30, "the first run to start")
         status, _ = await post(f"{url}/v1/runs/{first['run_id']}/cancel", {})
@@ -151,7 +151,7 @@ async def test_a_coordinator_failover_mid_run_finishes_it_once(tmp_path: Path) -
         _, record = await post(f"{url}/v1/runs", run_body(marker, 3.0, "survivor"))
 
         async def started() -> bool:
-            return bool((await get(f"{url}/v1/runs/{record['run_id']}"))["step"] == "running")
+            return bool((await get(f"{url}/v1/runs/{record['run_id']}")).get("step") == "running")
 
         await until(started, 30, "the run to start")
         before = {name: await runs_rounds(cluster.ports[name]) for name in cluster.daemons}
