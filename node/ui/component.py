@@ -12,9 +12,9 @@ from node.errors import JobError
 from node.jobs.store import STREAMS
 from node.openapi import RouteDoc
 from node.ui.access import UiAccess, ui_gate
-from node.ui.events import EventHub
+from node.ui.events import INTERVAL_S, EventHub
 from node.ui.routes import DashboardRoutes, dashboard_docs
-from node.ui.topics import NodeSampler, UiSources, topic_functions
+from node.ui.topics import ClusterPeers, NodeSampler, UiSources, topic_functions
 
 
 class Dashboard:
@@ -24,8 +24,9 @@ class Dashboard:
 
     def __init__(self, access: UiAccess, sources: UiSources) -> None:
         self.access = access
+        self.peers = ClusterPeers(sources, INTERVAL_S)
         self.hub = EventHub(
-            topic_functions(sources),
+            topic_functions(sources, self.peers),
             lambda job_id: _log_paths(sources, job_id),
             NodeSampler(sources).sample,
         )
@@ -37,6 +38,7 @@ class Dashboard:
 
     async def close(self) -> None:
         await self.hub.close()
+        await self.peers.close()
 
     def routes(self) -> list[web.RouteDef]:
         return self._routes.routes()
