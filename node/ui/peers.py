@@ -88,6 +88,10 @@ class PeerFanout(Generic[T]):
         self.asked = 0
         """Asks started so far (for tests and the bench)."""
 
+    def known(self) -> dict[str, Known[T]]:
+        """What is known of every member now; asks nothing."""
+        return dict(self._known)
+
     def latest(self, peers: Sequence[Peer], keep: Iterable[str] = ()) -> dict[str, Known[T]]:
         """What is known of every member now; starts a round of `peers` when one is due.
         Forgets members neither in `peers` nor in `keep` (gone from the view)."""
