@@ -12,7 +12,8 @@ from node.errors import JobError
 from node.jobs.store import STREAMS
 from node.openapi import RouteDoc
 from node.ui.access import UiAccess, ui_gate
-from node.ui.events import INTERVAL_S, EventHub
+from node.ui.events import EventHub
+from node.ui.peers import PEER_INTERVAL_S
 from node.ui.routes import DashboardRoutes, dashboard_docs
 from node.ui.topics import ClusterPeers, NodeSampler, UiSources, topic_functions
 
@@ -24,7 +25,7 @@ class Dashboard:
 
     def __init__(self, access: UiAccess, sources: UiSources) -> None:
         self.access = access
-        self.peers = ClusterPeers(sources, INTERVAL_S)
+        self.peers = ClusterPeers(sources, PEER_INTERVAL_S)
         self.hub = EventHub(
             topic_functions(sources, self.peers),
             lambda job_id: _log_paths(sources, job_id),
