@@ -297,3 +297,55 @@ async def test_a_fanout_over_http_marks_a_sleeping_member_stale(
     finally:
         await fanout.close()
         await client.close()
+
+
+@dataclass
+class FakeWeights:
+    states: dict[str, RunWeights]
+
+    def runs(self) -> dict[str, RunWeights]:
+        return dict(self.states)
+
+
+@dataclass
+class FakePeers:
+    """The parts of ClusterPeers rl_topic uses, over a fake ask."""
+
+    weights: PeerFanout[dict[str, dict[str, Any] | None]]
+    alive: list[Peer]
+
+    def alive_peers(self) -> list[Peer]:
+        return list(self.alive)
+
+    def member_ids(self) -> list[str]:
+        return [peer.node_id for peer in self.alive]
+
+
+async def test_the_rl_topic_shows_each_nodes_weights_version_per_run() -> None:
+    applied = {"run": "r1", "version": 3, "applied_at": 5.0, "source": "file", "bytes": 1}
+    runtime = FakeRuntime("here", FakeView([FakeMember("here", is_self=True)]))
+    runtime_any = cast(Any, runtime)
+    runtime_any.metrics = None
+    sources = UiSources(
+        cast(NodeRuntime, runtime),
+        lambda: None,
+        weights=cast(WeightsService, FakeWeights({"r1": RunWeights(status=applied)})),
+    )
+    asked_runs: list[list[str]] = []
+
+    async def ask(peer: Peer) -> dict[str, dict[str, Any] | None]:
+        asked_runs.append(["r1"])
+        return {"r1": {"version": 2, "applied_at": 4.0, "source": "broadcast"}}
+
+    peers = FakePeers(
+        PeerFanout(ask, interval_s=INTERVAL_S, timeout_s=5.0), [Peer("gpu-1", "127.0.0.1", 9)]
+    )
+    await rl_topic(sources, cast(ClusterPeers, peers))
+    await until(lambda: "gpu-1" in peers.weights.known(), "gpu-1's weights")
+    topic = await rl_topic(sources, cast(ClusterPeers, peers))
+    assert topic["nodes"]["here"]["runs"] == {
+        "r1": {"version": 3, "applied_at": 5.0, "source": "file"}
+    }
+    assert topic["nodes"]["gpu-1"]["runs"]["r1"]["version"] == 2
+    assert topic["nodes"]["gpu-1"]["stale"] is False
+    await peers.weights.close()
