@@ -464,6 +464,7 @@ class NodeDaemon:
                 weights,
                 backlog,
                 locks,
+                secrets.cluster,
             ),
         )
         await dashboard.open()

@@ -13,8 +13,9 @@ from node.jobs.store import STREAMS
 from node.openapi import RouteDoc
 from node.ui.access import UiAccess, ui_gate
 from node.ui.events import EventHub
+from node.ui.peers import PEER_INTERVAL_S
 from node.ui.routes import DashboardRoutes, dashboard_docs
-from node.ui.topics import NodeSampler, UiSources, topic_functions
+from node.ui.topics import ClusterPeers, NodeSampler, UiSources, topic_functions
 
 
 class Dashboard:
@@ -24,8 +25,9 @@ class Dashboard:
 
     def __init__(self, access: UiAccess, sources: UiSources) -> None:
         self.access = access
+        self.peers = ClusterPeers(sources, PEER_INTERVAL_S)
         self.hub = EventHub(
-            topic_functions(sources),
+            topic_functions(sources, self.peers),
             lambda job_id: _log_paths(sources, job_id),
             NodeSampler(sources).sample,
         )
@@ -37,6 +39,7 @@ class Dashboard:
 
     async def close(self) -> None:
         await self.hub.close()
+        await self.peers.close()
 
     def routes(self) -> list[web.RouteDef]:
         return self._routes.routes()

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from health.gpu import GpuInfo
+from health.monitor.model import NodeStatusDoc, parse_status
 from node.api import status_document
 from node.election.plan import RolePlan
 from node.jobs.service import JobService
@@ -22,6 +24,7 @@ from node.rl.service import WeightsService
 from node.runs.locks import LockService
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
+from node.ui.peers import Known, Peer, PeerClient, PeerFanout, ask_status, ask_weights
 
 MAX_JOBS_SHOWN = 200
 """The newest jobs the `jobs` topic lists (the page filters among them)."""
@@ -41,29 +44,117 @@ class UiSources:
     weights: WeightsService | None = None
     backlog: RolloutBacklog | None = None
     locks: LockService | None = None
+    secret: bytes | None = None
+    """The cluster secret: the dashboard's GETs to other members are signed with it."""
 
 
-def member_rows(sources: UiSources) -> list[dict[str, Any]]:
-    """One row per member of the view: state, role and training rank from the plan, GPUs."""
+class ClusterPeers:
+    """The other members' status documents and weights, asked by the cluster and RL topics
+    (node.ui.peers: at most once per `interval_s`, each member within the timeout table's
+    `peer_status_s`, only while a page reads the topic). `close()` cancels asks in flight."""
+
+    def __init__(self, sources: UiSources, interval_s: float) -> None:
+        runtime = sources.runtime
+        self._sources = sources
+        self._client = PeerClient(sources.secret, runtime.node_id, runtime.settings.cluster_name)
+        timeout_s = runtime.settings.timeouts.peer_status_s
+        client = self._client
+        self.status: PeerFanout[NodeStatusDoc] = PeerFanout(
+            lambda peer: ask_status(client, peer), interval_s=interval_s, timeout_s=timeout_s
+        )
+        self.weights: PeerFanout[dict[str, dict[str, Any] | None]] = PeerFanout(
+            lambda peer: ask_weights(client, peer, self.runs()),
+            interval_s=interval_s,
+            timeout_s=timeout_s,
+        )
+
+    def runs(self) -> list[str]:
+        """The runs this node knows (weights offered or applied here, rollouts stored here):
+        /v1/weights/status answers one named run, so these are the runs asked about."""
+        sources = self._sources
+        names = set() if sources.weights is None else set(sources.weights.runs())
+        if sources.backlog is not None:
+            names |= set(sources.backlog.runs())
+        return sorted(names)
+
+    def alive_peers(self) -> list[Peer]:
+        """Every alive member of the view but this node."""
+        runtime = self._sources.runtime
+        members = [] if runtime.membership is None else runtime.membership.members()
+        return [
+            Peer(member.node_id, member.address, member.port)
+            for member in members
+            if str(member.state) == "alive"
+            and member.node_id != runtime.node_id
+            and not getattr(member, "is_self", False)
+        ]
+
+    def member_ids(self) -> list[str]:
+        membership = self._sources.runtime.membership
+        return [] if membership is None else [m.node_id for m in membership.members()]
+
+    async def close(self) -> None:
+        await self.status.close()
+        await self.weights.close()
+        await self._client.close()
+
+
+def _gpu_row(gpu: GpuInfo) -> dict[str, Any]:
+    problems = list(gpu.problems) or list(gpu.faults)
+    return {
+        "index": gpu.index,
+        "name": gpu.name,
+        "util_pct": gpu.util_pct,
+        "memory_used_mb": gpu.memory_used_mb,
+        "memory_total_mb": gpu.memory_total_mb,
+        "temperature_c": gpu.temperature_c,
+        "healthy": not gpu.error and not problems,
+        "problems": problems,
+    }
+
+
+def member_rows(
+    sources: UiSources, statuses: Mapping[str, Known[NodeStatusDoc]] | None = None
+) -> list[dict[str, Any]]:
+    """One row per member of the view: state, role and training rank from the plan, and from
+    the member's own /v1/status (`statuses`, by node id) its release, role, GPUs with health
+    and health problems; `stale` when its last status is older than its last ask (the ask
+    failed, or it is not alive so not asked), with `status_error` saying why."""
     membership = sources.runtime.membership
     plan = sources.plan()
     ranks = {} if plan is None else {node: i for i, node in enumerate(plan.training_ranks)}
+    statuses = statuses or {}
     rows = []
     for member in [] if membership is None else membership.members():
         meta = dict(member.meta)
         planned = None if plan is None else plan.roles.get(member.node_id)
+        state = str(member.state)
+        known = statuses.get(member.node_id, Known[NodeStatusDoc]())
+        doc = known.value
+        error = known.error
+        if error is None and state != "alive" and doc is not None:
+            error = f"not asked: the member is {state}"
+        gpus = None if doc is None else [_gpu_row(gpu) for gpu in doc.gpus]
         rows.append(
             {
                 "node_id": member.node_id,
                 "address": f"{member.address}:{member.port}",
-                "state": str(member.state),
+                "state": state,
                 "incarnation": member.incarnation,
                 "last_seen_s": round(member.last_seen_s, 1),
-                "role": str(planned) if planned is not None else meta.get("role"),
+                "role": str(planned)
+                if planned is not None
+                else (doc.role if doc is not None and doc.role else meta.get("role")),
                 "rank": ranks.get(member.node_id),
-                "version": meta.get("version"),
-                "gpus": meta.get("gpu_count", 0),
-                "gpu": meta.get("gpu"),
+                "version": doc.version if doc is not None and doc.version else meta.get("version"),
+                "gpus": len(gpus) if gpus is not None else meta.get("gpu_count", 0),
+                "gpu": gpus[0]["name"] if gpus else meta.get("gpu"),
+                "gpu_list": gpus,
+                "health": None if doc is None else doc.health,
+                "health_problems": [] if doc is None else list(doc.health_problems),
+                "status_at": known.answered_at,
+                "stale": error is not None,
+                "status_error": error,
                 "config_hash": meta.get("config_hash"),
                 "is_self": bool(getattr(member, "is_self", False)),
             }
@@ -71,10 +162,18 @@ def member_rows(sources: UiSources) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: row["node_id"])
 
 
-async def members_topic(sources: UiSources) -> dict[str, Any]:
+async def members_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dict[str, Any]:
+    """Every member's row; starts a round of asking the other members when one is due."""
     plan = sources.plan()
+    statuses: dict[str, Known[NodeStatusDoc]] = {}
+    if peers is not None:
+        statuses = peers.status.latest(peers.alive_peers(), keep=peers.member_ids())
+    runtime = sources.runtime
+    statuses[runtime.node_id] = Known(
+        parse_status(await status_document(runtime)), round(time.time(), 1), None
+    )
     return {
-        "members": member_rows(sources),
+        "members": member_rows(sources, statuses),
         "plan": None
         if plan is None
         else {"term": plan.term, "version": plan.version, "note": plan.note},
@@ -104,8 +203,11 @@ def _stale_drops(runtime: NodeRuntime) -> float | None:
     return None if registry is None else registry.get_sample_value(STALE_DROPS_METRIC)
 
 
-async def rl_topic(sources: UiSources) -> dict[str, Any]:
+async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dict[str, Any]:
+    """This node's runs (offered and applied versions, rollouts pending), staleness drops, and
+    per node the weights version applied of every run this node knows (`nodes`)."""
     runs: dict[str, dict[str, Any]] = {}
+    here: dict[str, dict[str, Any] | None] = {}
     if sources.weights is not None:
         for run, state in sorted(sources.weights.runs().items()):
             runs[run] = {
@@ -113,6 +215,12 @@ async def rl_topic(sources: UiSources) -> dict[str, Any]:
                 "applied_version": state.applied_version,
                 "applied": state.status,
             }
+            status = state.status
+            here[run] = None if status is None else {
+                "version": status["version"],
+                "applied_at": status.get("applied_at"),
+                "source": status.get("source"),
+            }  # fmt: skip
     if sources.backlog is not None:
         for run, backlog in sorted(sources.backlog.runs().items()):
             runs.setdefault(run, {}).update(
@@ -120,7 +228,26 @@ async def rl_topic(sources: UiSources) -> dict[str, Any]:
                 max_pending=sources.backlog.max_pending,
                 refusing=backlog.refusing,
             )
-    return {"runs": runs, "stale_drops": _stale_drops(sources.runtime)}
+    names = sorted(runs)
+    nodes: dict[str, dict[str, Any]] = {
+        sources.runtime.node_id: {
+            "runs": {run: here.get(run) for run in names},
+            "answered_at": None,
+            "stale": False,
+            "error": None,
+        }
+    }
+    if peers is not None and names:
+        known = peers.weights.latest(peers.alive_peers(), keep=peers.member_ids())
+        for node_id, entry in sorted(known.items()):
+            answered = entry.value or {}
+            nodes[node_id] = {
+                "runs": {run: answered.get(run) for run in names},
+                "answered_at": entry.answered_at,
+                "stale": entry.stale or entry.value is None,
+                "error": entry.error,
+            }
+    return {"runs": runs, "stale_drops": _stale_drops(sources.runtime), "nodes": nodes}
 
 
 async def runs_topic(sources: UiSources) -> dict[str, Any]:
@@ -159,18 +286,20 @@ async def node_topic(sources: UiSources) -> dict[str, Any]:
     }
 
 
-def topic_functions(sources: UiSources) -> dict[str, TopicFn]:
-    """Every topic of the event stream but the per-job `log:ID` ones, by name."""
+def topic_functions(sources: UiSources, peers: ClusterPeers | None = None) -> dict[str, TopicFn]:
+    """Every topic of the event stream but the per-job `log:ID` ones, by name; `members` and
+    `rl` ask the other members through `peers` (None: this node's own data only)."""
     makers: Mapping[str, Callable[[UiSources], Awaitable[Any]]] = {
         "status": status_topic,
-        "members": members_topic,
         "jobs": jobs_topic,
         "sync": sync_topic,
-        "rl": rl_topic,
         "runs": runs_topic,
         "node": node_topic,
     }
-    return {name: _bind(maker, sources) for name, maker in makers.items()}
+    topics = {name: _bind(maker, sources) for name, maker in makers.items()}
+    topics["members"] = lambda: members_topic(sources, peers)
+    topics["rl"] = lambda: rl_topic(sources, peers)
+    return topics
 
 
 def _bind(maker: Callable[[UiSources], Awaitable[Any]], sources: UiSources) -> TopicFn:

@@ -9,7 +9,7 @@ const PAGES = {
   job: { topics: ["jobs"], render: renderJob },
   runs: { topics: ["runs"], render: renderRuns },
   sync: { topics: ["sync", "history"], render: renderSync },
-  rl: { topics: ["rl", "members"], render: renderRl },
+  rl: { topics: ["rl"], render: renderRl },
   node: { topics: ["node", "status", "history"], render: renderNode },
 };
 
@@ -62,26 +62,44 @@ function banners(status) {
   return out;
 }
 
+function gpuCell(m) {
+  if (!m.gpu_list) return m.gpus ? `${m.gpus} × ${text(m.gpu)}` : "none";
+  if (!m.gpu_list.length) return "none";
+  return el("ul", { class: "gpus" }, m.gpu_list.map((g) => el("li", { "data-gpu": String(g.index) },
+    `${g.index}: ${text(g.name)} `, badge(g.healthy ? "healthy" : "degraded"),
+    g.problems.length ? ` ${g.problems.join("; ")}` : "")));
+}
+
+function heardCell(m) {
+  const heard = `${m.last_seen_s} s`;
+  if (!m.stale) return heard;
+  const since = m.status_at ? `, status from ${ago(m.status_at)}` : "";
+  return el("span", {}, heard, " ", el("span", { class: "state state-stale", title: text(m.status_error) }, `stale${since}`));
+}
+
 function renderCluster(data) {
   const status = data.status || {};
   const members = (data.members || {}).members || [];
   const plan = (data.members || {}).plan;
   const alive = members.filter((m) => m.state === "alive").length;
+  const problems = members.filter((m) => !m.is_self && (m.health_problems || []).length)
+    .flatMap((m) => m.health_problems.map((p) => el("p", { class: "banner bad" }, `${m.node_id}: ${p}`)));
   const rows = members.map((m) => ({
-    node: m.node_id, state: m.state,
+    node: m.node_id, state: m.state, stale: m.stale ? "yes" : "no",
     cells: [m.node_id + (m.is_self ? " (this node)" : ""), badge(m.state), text(m.role), text(m.rank),
-      text(m.version), m.gpus ? `${m.gpus} × ${m.gpu}` : "none", `${m.last_seen_s} s`, m.address],
+      text(m.version), gpuCell(m), m.health ? badge(m.health) : "–", heardCell(m), m.address],
   }));
   return [
     ...banners(status),
+    ...problems,
     el("div", { class: "cards" },
       card("Cluster", text(status.cluster)), card("Members alive", `${alive} of ${members.length}`, "alive-count"),
       card("Coordinator", text(status.coordinator)), card("Term", text(status.term)),
       card("Plan version", text(plan ? plan.version : status.plan_version)),
       card("This node", text(status.node_id)), card("Health", badge(status.health))),
     el("h2", {}, "Members"),
-    table("Every member of this node's view", ["Node", "State", "Role", "Rank", "Release", "GPUs", "Last heard", "Address"],
-      rows, (row) => ({ "data-node": row.node, "data-state": row.state })),
+    table("Every member of this node's view, with what its own status says", ["Node", "State", "Role", "Rank", "Release", "GPUs", "Health", "Last heard", "Address"],
+      rows, (row) => ({ "data-node": row.node, "data-state": row.state, "data-stale": row.stale })),
   ];
 }
 
@@ -207,11 +225,20 @@ function renderRl(data) {
   const rows = Object.entries(rl.runs || {}).map(([run, r]) => ({
     cells: [run, text(r.offered_version), text(r.applied_version), text(r.pending), text(r.max_pending), r.refusing ? "yes" : "no"],
   }));
+  const names = Object.keys(rl.runs || {}).sort();
+  const nodes = Object.entries(rl.nodes || {}).sort(([a], [b]) => a.localeCompare(b)).map(([node, n]) => ({
+    node, stale: n.stale ? "yes" : "no",
+    cells: [node, ...names.map((run) => text(((n.runs || {})[run] || {}).version)),
+      n.stale ? el("span", { class: "state state-stale", title: text(n.error) }, n.answered_at ? `stale, from ${ago(n.answered_at)}` : "no answer yet") : "current"],
+  }));
   return [
     el("div", { class: "cards" }, card("Staleness drops", text(rl.stale_drops))),
     el("h2", {}, "Runs on this node"),
     table("Weights version offered and applied, rollouts pending", ["Run", "Offered", "Applied", "Rollouts pending", "Max pending", "Refusing"], rows),
-    el("p", { class: "muted" }, "Each node shows its own weights; open another node's dashboard for its versions."),
+    el("h2", {}, "Weights version per node"),
+    names.length ? table("The weights version each alive member applied, per run this node knows", ["Node", ...names, "Answer"],
+      nodes, (row) => ({ "data-node": row.node, "data-stale": row.stale }))
+      : el("p", { class: "muted" }, "No run has weights or rollouts on this node yet."),
   ];
 }
 
