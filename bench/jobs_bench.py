@@ -1,5 +1,5 @@
 """Job API latency: a `shoal serve` child on loopback with a cluster secret, driven by the Python
-job client (node.jobs.api), against `subprocess.Popen` of the same command in this process.
+job client (node.jobs.client), against `subprocess.Popen` of the same command in this process.
 
 Prints one JSON document: start-to-running latency (p50/p99) and start/kill cycles per second
 for both, the log follow latency (a line written by the job to the line received, p50/p99),
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from node.jobs.api import (  # noqa: E402
+from node.jobs.client import (  # noqa: E402
     JobSpec,
     make_job_state,
     poll_status_async,
@@ -36,7 +36,7 @@ from node.jobs.api import (  # noqa: E402
     terminate_async,
     wait_for_completion_async,
 )
-from node.jobs.client import ENDED_STATES, JobEndedError  # noqa: E402
+from node.jobs.transport import ENDED_STATES, JobEndedError  # noqa: E402
 from tests.node.jobs.client_daemon import ServedNode, served_node  # noqa: E402
 
 COMMAND = ("sleep", "30")

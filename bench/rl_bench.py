@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from config import Role, load_settings  # noqa: E402
 from node.daemon import NodeDaemon  # noqa: E402
-from node.election.plan import GroupSpec, RolePlan  # noqa: E402
+from node.plan import GroupSpec, RolePlan  # noqa: E402
 from node.rl.broadcast import torch_distributed  # noqa: E402
 from node.rl.digest import (  # noqa: E402
     ALGOS,

@@ -8,15 +8,13 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
-    from node.api import build_app, status_document
     from node.daemon import NodeDaemon, load_secrets, resolve_node_id
     from node.discovery.candidates import Advert, Candidate, CandidateSource
     from node.discovery.feed import Discovery
     from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
     from node.election.elector import Elector
-    from node.election.http import ELECTION_DOCS, HttpElectionTransport, election_routes
-    from node.election.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
     from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+    from node.election.routes import ELECTION_DOCS, HttpElectionTransport, election_routes
     from node.election.seams import WalDurableState
     from node.election.service import ElectionService, VoterSet, resolve_voters
     from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
@@ -60,10 +58,10 @@ if TYPE_CHECKING:
         RLError,
         RunError,
         SkewError,
-        SSHAuthError,
+        SshAuthError,
         SSHConnectError,
         SSHError,
-        SSHHostKeyError,
+        SshHostKeyError,
         SSHTimeoutError,
         StartupError,
         TaskError,
@@ -76,6 +74,8 @@ if TYPE_CHECKING:
         WorkerError,
         WorkerTimeout,
     )
+    from node.locks.client import cluster_lock
+    from node.locks.table import LockFence
     from node.membership.service import (
         EventKind,
         InMemoryNetwork,
@@ -92,6 +92,7 @@ if TYPE_CHECKING:
         UdpMembershipTransport,
     )
     from node.openapi import RouteDoc, openapi_document
+    from node.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
     from node.providers import (
         AutoStop,
         LocalProvider,
@@ -111,8 +112,7 @@ if TYPE_CHECKING:
         receive_weights,
         stamp_sample,
     )
-    from node.runs.client import cluster_lock
-    from node.runs.table import LockFence
+    from node.routes import build_app, status_document
     from node.runtime import NodeRuntime
     from node.security import AuthPolicy, auth_middleware, error_middleware
     from node.ssh import HostMemory, SSHExecutor, SSHResult, detect_host_memory
@@ -128,14 +128,14 @@ else:
         __name__,
         {
             "node.addresses": "choose_interfaces find_self_in_inventory local_addresses",
-            "node.api": "build_app status_document",
+            "node.routes": "build_app status_document",
             "node.daemon": "NodeDaemon load_secrets resolve_node_id",
             "node.discovery.candidates": "Advert Candidate CandidateSource",
             "node.discovery.feed": "Discovery",
             "node.election.adoption": "AdoptionLog check_adoption_logs read_adoption_log",
             "node.election.elector": "Elector",
-            "node.election.http": "ELECTION_DOCS HttpElectionTransport election_routes",
-            "node.election.plan": "FENCE_HEADER PlanFence RolePlan check_fence should_apply",
+            "node.election.routes": "ELECTION_DOCS HttpElectionTransport election_routes",
+            "node.plan": "FENCE_HEADER PlanFence RolePlan check_fence should_apply",
             "node.election.roles": "NodeCapabilities RolePolicy compute_plan",
             "node.election.seams": "WalDurableState",
             "node.election.service": "ElectionService VoterSet resolve_voters",
@@ -148,8 +148,8 @@ else:
                 "LockUnavailableError MasterUnreachable MembershipError NodeError "
                 "PeerRequestError PeerTimeoutError PlanError ProviderError PublishTimeout "
                 "RegistryError RemoteTaskError RemoteTraceback RendezvousError ResultsStoreError "
-                "RetryLater RLError RunError SkewError SSHAuthError SSHConnectError SSHError "
-                "SSHHostKeyError SSHTimeoutError StartupError TaskError TaskTimeout WeightsError "
+                "RetryLater RLError RunError SkewError SshAuthError SSHConnectError SSHError "
+                "SshHostKeyError SSHTimeoutError StartupError TaskError TaskTimeout WeightsError "
                 "WireError WorkerAuthError WorkerClosed WorkerDied WorkerError WorkerTimeout"
             ),
             "node.membership.service": (
@@ -165,8 +165,8 @@ else:
                 "RolloutStream WeightPublisher WeightReceiver broadcast_weights check_staleness "
                 "make_version_state receive_weights stamp_sample"
             ),
-            "node.runs.client": "cluster_lock",
-            "node.runs.table": "LockFence",
+            "node.locks.client": "cluster_lock",
+            "node.locks.table": "LockFence",
             "node.runtime": "NodeRuntime",
             "node.security": "AuthPolicy auth_middleware error_middleware",
             "node.ssh": "HostMemory SSHExecutor SSHResult detect_host_memory",
@@ -262,14 +262,14 @@ __all__ = [
     "RolloutStream",
     "RouteDoc",
     "RunError",
-    "SSHAuthError",
     "SSHConnectError",
     "SSHError",
     "SSHExecutor",
-    "SSHHostKeyError",
     "SSHResult",
     "SSHTimeoutError",
     "SkewError",
+    "SshAuthError",
+    "SshHostKeyError",
     "StartupError",
     "StaticProvider",
     "SwimTuning",

@@ -49,7 +49,6 @@ from health import (
     wal_check,
 )
 from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
-from node.api import build_app
 from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.discovery.candidates import Advert
@@ -59,7 +58,8 @@ from node.election.roles import NPROC_META
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
-from node.jobs.setup import JobApi, open_job_service
+from node.jobs.component import JobApi, open_job_service
+from node.locks.service import LockService
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.metrics import ingest_counter
@@ -68,7 +68,7 @@ from node.providers import StaticProvider
 from node.providers.own import open_autostop
 from node.rl.backlog import RolloutBacklog
 from node.rl.service import WeightsService
-from node.runs.locks import LockService
+from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runs.results import open_results_store
 from node.runs.service import RunService

@@ -30,8 +30,8 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- JobWaitTimeoutError (also TimeoutError) -- still running when the wait ran out
  |    +-- DownloadHashError -- a download did not match its X-Shoal-Content-Hash
  +-- SSHError -- an SSH connection or command to an inventory host failed (node.ssh)
- |    +-- SSHHostKeyError -- the host's key is unknown or changed (see `shoal ssh trust`)
- |    +-- SSHAuthError -- the host refused our key
+ |    +-- SshHostKeyError -- the host's key is unknown or changed (see `shoal ssh trust`)
+ |    +-- SshAuthError -- the host refused our key
  |    +-- SSHConnectError -- the host (or its proxy_jump) is unreachable
  |    +-- SSHTimeoutError (also TimeoutError) -- connecting or the command took too long
  +-- DeployError -- `shoal deploy` could not build, push, install or start shoal on a host
@@ -97,12 +97,12 @@ __all__ = [
     "ResultsStoreError",
     "RetryLater",
     "RunError",
-    "SSHAuthError",
     "SSHConnectError",
     "SSHError",
-    "SSHHostKeyError",
     "SSHTimeoutError",
     "SkewError",
+    "SshAuthError",
+    "SshHostKeyError",
     "StartupError",
     "TaskError",
     "TaskTimeout",
@@ -210,11 +210,11 @@ class SSHError(NodeError):
     """An SSH connection or command to a host failed; the message names the host."""
 
 
-class SSHHostKeyError(SSHError):
+class SshHostKeyError(SSHError):
     """The host's key is not in known_hosts, or differs from it; says how to trust it."""
 
 
-class SSHAuthError(SSHError):
+class SshAuthError(SSHError):
     """The host refused the client key."""
 
 

@@ -78,3 +78,12 @@ class NodeRuntime:
     @property
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_monotonic
+
+
+def local_daemon_url(runtime: NodeRuntime) -> str:
+    """The URL a job on this host reaches its daemon at (SHOAL_DAEMON_URL)."""
+    settings = runtime.settings
+    wildcard = settings.bind in ("0.0.0.0", "::", "")  # noqa: S104 - comparing, not binding
+    host = "127.0.0.1" if wildcard else settings.bind
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{runtime.port or settings.port}"

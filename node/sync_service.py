@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from config import ConfigError, Inventory, error_body, peer_middlewares
 from health import LoopHealth
-from node.election.fence import FenceSource, fence_headers, fenced
+from node.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
 from node.metrics import FanoutCollector, sync_metrics
 from node.openapi import RouteDoc

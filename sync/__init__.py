@@ -16,7 +16,6 @@ if TYPE_CHECKING:
         FileSyncError,
         FileTransferError,
         FileTransferTimeoutError,
-        HostKeyError,
         InsufficientSpaceError,
         ManifestError,
         PathRefusedError,
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
         RecordValidationError,
         SnapshotError,
         SshAuthError,
+        SshHostKeyError,
         StoreBusyError,
         StoreClosedError,
         StoreFullError,
@@ -116,10 +116,10 @@ else:
             "sync.cluster": "cluster_stats_from_json full_cluster_sync",
             "sync.errors": (
                 "AllSourcesFailedError BacklogFullError ContentMismatchError FileChangedError "
-                "FileSyncError FileTransferError FileTransferTimeoutError HostKeyError "
+                "FileSyncError FileTransferError FileTransferTimeoutError "
                 "InsufficientSpaceError ManifestError PathRefusedError RecordPullError "
                 "RecordQueryError RecordRejectedError RecordRequestError RecordRequestTimeoutError "
-                "RecordSchemaError RecordValidationError SnapshotError SshAuthError StoreBusyError "
+                "RecordSchemaError RecordValidationError SnapshotError SshAuthError SshHostKeyError StoreBusyError "
                 "StoreClosedError StoreFullError StoreLockedError StoreWriteError SyncError "
                 "TransferBusyError UnknownCategoryError UnknownStoreError free_bytes is_disk_full "
                 "sync_error translated"
@@ -188,7 +188,6 @@ __all__ = [
     "FileTransferError",
     "FileTransferTimeoutError",
     "GamesPull",
-    "HostKeyError",
     "HttpTransport",
     "IngestResult",
     "InsufficientSpaceError",
@@ -231,6 +230,7 @@ __all__ = [
     "SpaceReserve",
     "SshAuthError",
     "SshConnector",
+    "SshHostKeyError",
     "SshRelay",
     "SshTarget",
     "StorageCapabilities",

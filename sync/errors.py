@@ -26,7 +26,7 @@ SyncError -- base of every error raised by sync; sqlite3, aiohttp, asyncssh and 
       +-- FileChangedError -- the peer no longer has that version (HTTP 412 or 404)
       +-- FileTransferError -- network failure or unexpected answer; carries status (or None)
       |    +-- FileTransferTimeoutError (also TimeoutError) -- no answer in time
-      |    +-- HostKeyError -- the peer's SSH host key is unknown or changed
+      |    +-- SshHostKeyError -- the peer's SSH host key is unknown or changed
       |    +-- SshAuthError -- the peer's SSH server refused the client key
       +-- AllSourcesFailedError -- every peer (and transport) failed; carries each error
 """
@@ -52,7 +52,6 @@ __all__ = [
     "FileSyncError",
     "FileTransferError",
     "FileTransferTimeoutError",
-    "HostKeyError",
     "InsufficientSpaceError",
     "ManifestError",
     "PathRefusedError",
@@ -65,6 +64,7 @@ __all__ = [
     "RecordValidationError",
     "SnapshotError",
     "SshAuthError",
+    "SshHostKeyError",
     "StoreBusyError",
     "StoreClosedError",
     "StoreFullError",
@@ -353,7 +353,7 @@ class FileTransferTimeoutError(FileTransferError, TimeoutError):
     """A request to a peer got no answer (or no more bytes) in time."""
 
 
-class HostKeyError(FileTransferError):
+class SshHostKeyError(FileTransferError):
     """The peer's SSH host key is unknown or differs from its known_hosts entry."""
 
 
@@ -431,7 +431,7 @@ def _asyncssh_error(exc: BaseException, message: str) -> SyncError | None:
     if asyncssh is None or not isinstance(exc, asyncssh.Error):
         return None
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return HostKeyError(f"{message}: host key not verifiable: {exc}")
+        return SshHostKeyError(f"{message}: host key not verifiable: {exc}")
     if isinstance(exc, asyncssh.PermissionDenied):
         return SshAuthError(f"{message}: key refused: {exc}")
     return FileTransferError(f"{message}: {describe(exc)}")
@@ -447,7 +447,7 @@ def sync_error(
     """The most specific SyncError of family `kind` for an error of a library underneath.
 
     A full disk (ENOSPC, EDQUOT, SQLITE_FULL) at `path` is StoreFullError; a timeout is the
-    family's timeout subclass; asyncssh's host key and auth refusals are HostKeyError and
+    family's timeout subclass; asyncssh's host key and auth refusals are SshHostKeyError and
     SshAuthError. The caller chains it (`raise ... from exc`). A SyncError is returned as is.
     """
     if isinstance(exc, SyncError):

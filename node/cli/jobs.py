@@ -30,7 +30,7 @@ from node.cli.common import (
     fail,
     print_json,
 )
-from node.jobs.api import (
+from node.jobs.client import (
     DeploySpec,
     JobSpec,
     attach_job_async,
@@ -40,7 +40,7 @@ from node.jobs.api import (
     start_job_async,
     terminate_async,
 )
-from node.jobs.client import (
+from node.jobs.transport import (
     JobClientError,
     JobWaitTimeoutError,
     fetch_record,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from config import AsyncClosing, fsync_directory
-from node.election.plan import PlanError
 from node.election.state import ElectionEvent, ElectionEventKind
+from node.plan import PlanError
 
 RecordKind = Literal["coordinator", "plan"]
 

@@ -8,7 +8,7 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 
-from node.election.plan import PlanError
+from node.plan import PlanError
 
 GPU_UUIDS_META = "gpu_uuids"
 """Membership meta key of the GPUs a node owns, comma-separated (see `gpu_uuids_meta`); a list

@@ -18,7 +18,6 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
-from node.election.plan import RolePlan, should_apply
 from node.election.state import (
     ElectionConfig,
     ElectionRole,
@@ -28,6 +27,7 @@ from node.election.state import (
     lease_valid,
     stepdown_at,
 )
+from node.plan import RolePlan, should_apply
 
 Step = tuple[ElectionState, list[Outbound]]
 """The next state and the messages to send, in order. The driver stores `state.durable` (and

@@ -27,7 +27,6 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
-from node.election.plan import PlanError, RolePlan
 from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy, compute_plan
 from node.election.seams import DurableState, ElectionTransport
 from node.election.sender import Sender
@@ -48,6 +47,7 @@ from node.election.state import (
     status_of,
     with_observers,
 )
+from node.plan import PlanError, RolePlan
 
 log = logging.getLogger(__name__)
 

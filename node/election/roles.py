@@ -10,7 +10,7 @@ from typing import Literal
 
 from config import HostEntry, Role
 from node.election.claims import gpu_conflicts, gpu_uuids_from_meta
-from node.election.plan import Backend, GroupSpec, PlanError, RolePlan
+from node.plan import Backend, GroupSpec, PlanError, RolePlan
 
 BackendChoice = Literal["nccl", "gloo", "auto"]
 AUTO_FALLBACK_ROLE = Role.SELFPLAY

@@ -22,13 +22,13 @@ from health import CheckResult, HealthStatus
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector
-from node.election.http import (
+from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
+from node.election.routes import (
     ELECTION_DOCS,
     HttpElectionTransport,
     election_breaker_config,
     election_routes,
 )
-from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
 from node.errors import MembershipError

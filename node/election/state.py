@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from config import Timeouts
 from node.election.messages import ElectionError
-from node.election.plan import PlanFence, RolePlan
+from node.plan import PlanFence, RolePlan
 
 
 class ElectionRole(enum.StrEnum):

@@ -1,6 +1,6 @@
 """Jobs: commands run on a node (or a gang of nodes) under a supervisor that outlives the
 daemon, with durable logs, exact exit codes, kill, files and a WAL record of every start and
-kill. The daemon side lives here; the client API is `node.jobs.api`."""
+kill. The daemon side lives here; the client API is `node.jobs.client`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from node.jobs.api import (
+    from node.jobs.client import (
         DeploySpec,
         GPUQuery,
         JobSpec,
@@ -35,18 +35,18 @@ if TYPE_CHECKING:
         wait_for_completion,
         wait_for_completion_async,
     )
+    from node.jobs.component import JobApi, open_job_service
     from node.jobs.gang import GangService
-    from node.jobs.http import JobRoutes, job_route_docs
     from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
     from node.jobs.roster import gang_master_port, gang_outcome, pick_members
+    from node.jobs.routes import JobRoutes, job_route_docs
     from node.jobs.service import JobService
-    from node.jobs.setup import JobApi, open_job_service
     from node.jobs.store import JobEntry, JobStore
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            "node.jobs.api": (
+            "node.jobs.client": (
                 "DeploySpec GPUQuery JobSpec attach_job attach_job_async download download_async "
                 "list_jobs list_jobs_async make_job_state poll_status poll_status_async remove_job "
                 "remove_job_async run_job run_job_async start_job start_job_async stream_logs "
@@ -54,11 +54,11 @@ else:
                 "wait_for_completion_async"
             ),
             "node.jobs.gang": "GangService",
-            "node.jobs.http": "JobRoutes job_route_docs",
+            "node.jobs.routes": "JobRoutes job_route_docs",
             "node.jobs.records": "JobError JobRequest JobState parse_job_request",
             "node.jobs.roster": "gang_master_port gang_outcome pick_members",
             "node.jobs.service": "JobService",
-            "node.jobs.setup": "JobApi open_job_service",
+            "node.jobs.component": "JobApi open_job_service",
             "node.jobs.store": "JobEntry JobStore",
         },
     )

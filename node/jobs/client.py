@@ -1,379 +1,476 @@
-"""The HTTP side of the job client: signed requests to a node's job routes, the one error
-table, followed logs resumed by offset, and verified file downloads. `node.jobs.api` builds the
-public functions on these.
-
-JobClientError
- +-- JobRequestError      the node answered an error (status and the server's reason)
- +-- JobUnreachableError  the node could not be reached or the connection broke
- +-- JobEndedError        the job ended killed, timed_out or lost: no exit code to report
- +-- JobWaitTimeoutError  (also a TimeoutError) the caller's wait ran out
- +-- DownloadHashError    a download did not match X-Shoal-Content-Hash
+"""Python client of the job API (seed layer 1 style): frozen specs, an explicit state dict and
+plain functions. Every function has an async twin named `<name>_async` for asyncio callers; the
+plain ones run their twin in a private event loop and refuse to run inside a running loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
-import hashlib
 import os
-import signal as signals
-import socket
-from collections.abc import AsyncIterator, Coroutine, Mapping
-from dataclasses import dataclass
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import aiohttp
+from config import NodeSettings, load_inventory, load_settings, read_secret_file
+from node.jobs.transport import (
+    ENDED_STATES,
+    Endpoint,
+    JobClientError,
+    apply_record,
+    base_url,
+    endpoint_of,
+    fetch_file,
+    fetch_record,
+    job_exit_code,
+    log_chunks_async,
+    post_job,
+    request_json,
+    run_sync,
+    wait_record,
+)
+from node.providers import GPUQuery as GPUQuery
+from node.providers import Provider, StaticProvider, ready_node
+from node.ssh import DEFAULT_KNOWN_HOSTS
 
-from config import read_secret_file, signing_middleware
-from node.errors import DownloadHashError as DownloadHashError
-from node.errors import JobClientError as JobClientError
-from node.errors import JobEndedError as JobEndedError
-from node.errors import JobRequestError as JobRequestError
-from node.errors import JobUnreachableError as JobUnreachableError
-from node.errors import JobWaitTimeoutError as JobWaitTimeoutError
-
-T = TypeVar("T")
-ENDED_STATES = frozenset({"succeeded", "failed", "killed", "timed_out", "lost"})
-NO_EXIT_CODE_STATES = frozenset({"killed", "timed_out", "lost"})
-HASH_HEADER = "X-Shoal-Content-Hash"
-OFFSET_HEADER = "X-Next-Offset"
-MANIFEST_PIECE_BYTES = 16 << 20
-"""The piece size of sync's manifest hash (sync.DEFAULT_PIECE_SIZE): a file larger than one
-piece may be announced by the hash of its piece digests instead of its plain sha256."""
-RESUME_WINDOW_S = 30.0
-"""How long a followed log keeps reconnecting without a new byte (a daemon restart takes a few
-seconds) before it gives up."""
-BROKEN = (aiohttp.ClientError, TimeoutError, OSError)
-
-
-def signal_number(value: object) -> int | None:
-    """A record's `signal` (15, "15", "TERM" or "SIGTERM") as a number; None when absent."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    text = str(value).strip().upper()
-    if text.isdigit():
-        return int(text)
-    try:
-        return int(signals.Signals[text if text.startswith("SIG") else f"SIG{text}"])
-    except KeyError:
-        return None
-
-
-def job_exit_code(record: Mapping[str, Any]) -> int:
-    """The exit code of an ended job, as `subprocess.Popen.returncode` says it (a death by
-    signal N is -N); JobEndedError for killed, timed_out and lost, which have none to report."""
-    state = record.get("state")
-    if state in NO_EXIT_CODE_STATES:
-        raise JobEndedError(record)
-    if state not in ENDED_STATES:
-        raise JobClientError(f"job {record.get('job_id')} has not ended (state {state})")
-    code = record.get("exit_code")
-    if isinstance(code, int) and not isinstance(code, bool):
-        if state == "succeeded" and code != 0:
-            raise JobClientError(f"job {record.get('job_id')}: succeeded with exit code {code}")
-        return code
-    number = signal_number(record.get("signal"))
-    if state == "failed" and number is not None:
-        return -number
-    raise JobClientError(f"job {record.get('job_id')} ended {state} without an exit code")
+ROLES = frozenset({"training", "inference", "selfplay", "any"})
+KILL_GRACE_S = 10.0
+"""The grace the contract names as the default of a kill without one."""
+KILL_SETTLE_S = 30.0
+"""How long after the grace a killed job may take to be reported ended before terminate
+gives up with JobWaitTimeoutError."""
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    """A node's API address and how to sign requests to it."""
+class JobSpec:
+    """What to run: an argv tuple (never a shell string), extra environment, a timeout in
+    seconds, and `log_file`, a local file `stream_logs` appends every line it yields to.
+    `nodes` > 1 makes a gang job of that many nodes of `role`; `env_from="rendezvous"` adds the
+    node's training rendezvous to the environment; `job_id` defaults to a fresh one."""
 
-    url: str
-    secret: bytes | None
-    request_timeout_s: float
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    log_file: str | None = None
+    name: str | None = None
+    nodes: int = 1
+    role: str | None = None
+    job_id: str | None = None
+    env_from: str | None = None
 
-
-def base_url(host: str, port: int) -> str:
-    """The API URL of `host:port` (a wildcard bind is reached on loopback)."""
-    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def endpoint_of(state: Mapping[str, Any]) -> Endpoint:
-    """Where the job of `state` lives and how to sign requests to it."""
-    if not state.get("node_url") or not state.get("job_id"):
-        raise JobClientError("the job state has no job yet: call start_job or attach_job first")
-    secret_file = state.get("secret_file")
-    secret = read_secret_file(Path(secret_file)) if secret_file else None
-    return Endpoint(str(state["node_url"]), secret, float(state["request_timeout_s"]))
-
-
-def open_session(
-    endpoint: Endpoint, timeout: aiohttp.ClientTimeout | None = None
-) -> aiohttp.ClientSession:
-    """An aiohttp session that signs every request when a cluster secret is configured."""
-    middlewares: tuple[aiohttp.ClientMiddlewareType, ...] = ()
-    if endpoint.secret is not None:
-        middlewares = (signing_middleware(endpoint.secret, f"cli-{socket.gethostname()}"),)
-    timeout = timeout or aiohttp.ClientTimeout(total=endpoint.request_timeout_s)
-    return aiohttp.ClientSession(timeout=timeout, middlewares=middlewares)
-
-
-def streaming_timeout(endpoint: Endpoint) -> aiohttp.ClientTimeout:
-    """No total limit (a followed log or a large file), but a bounded connect."""
-    return aiohttp.ClientTimeout(total=None, sock_connect=endpoint.request_timeout_s)
-
-
-async def error_of(response: aiohttp.ClientResponse) -> JobRequestError:
-    """The JobRequestError for an error answer, with the server's `reason`."""
-    text = await response.text(errors="replace")
-    reason = text.strip() or response.reason or "no reason given"
-    with contextlib.suppress(ValueError):
-        document = await response.json(content_type=None)
-        if isinstance(document, dict):
-            reason = str(document.get("reason") or document.get("error") or reason)
-    return JobRequestError(str(response.url), response.status, reason)
+    def __post_init__(self) -> None:
+        given: object = self.command
+        if isinstance(given, str):
+            raise TypeError(
+                f"JobSpec.command must be an argv tuple, not the string {given!r}; "
+                "to run a shell line pass ('sh', '-c', LINE)"
+            )
+        command = tuple(self.command)
+        if not command or not all(isinstance(arg, str) for arg in command):
+            raise ValueError(f"JobSpec.command must be a non-empty tuple of str, got {command!r}")
+        object.__setattr__(self, "command", command)
+        env = dict(self.env)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("JobSpec.env must map str to str")
+        object.__setattr__(self, "env", env)
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"JobSpec.timeout must be positive seconds, got {self.timeout!r}")
+        if self.nodes < 1:
+            raise ValueError(f"JobSpec.nodes must be at least 1, got {self.nodes}")
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"JobSpec.role must be one of {sorted(ROLES)}, got {self.role!r}")
+        if self.env_from not in (None, "rendezvous"):
+            raise ValueError(f"JobSpec.env_from must be 'rendezvous', got {self.env_from!r}")
 
 
-async def request_json(
-    endpoint: Endpoint,
-    method: str,
-    path: str,
-    body: dict[str, Any] | None = None,
-    params: Mapping[str, str] | None = None,
-    timeout_s: float | None = None,
-) -> Any:
-    """One signed request and its JSON answer; JobRequestError for an error answer,
-    JobUnreachableError when the node cannot be reached."""
-    url = f"{endpoint.url}{path}"
-    timeout = aiohttp.ClientTimeout(total=timeout_s or endpoint.request_timeout_s)
-    try:
-        async with (
-            open_session(endpoint, timeout) as session,
-            session.request(method, url, json=body, params=params) as response,
-        ):
-            if response.status >= 400:
-                raise await error_of(response)
-            return await response.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise JobUnreachableError(f"{url}: unreachable: {exc or type(exc).__name__}") from exc
+@dataclass(frozen=True)
+class DeploySpec:
+    """Where to run: at most one of `node_url`, `ssh`, `node_id` (a member of the local
+    daemon's view) or `provision`; none means the local daemon. `workspace` is the job's
+    working directory on the node (default: one the node makes for the job); `bootstrap` an
+    argv run first in `workspace` (then absolute) that must exit 0; `keep_alive` leaves the job
+    running when `run_job` exits. `config_file` gives the secret and the local daemon's
+    address (default $SHOAL_CONFIG)."""
+
+    node_url: str | None = None
+    ssh: str | None = None
+    node_id: str | None = None
+    provision: GPUQuery | None = None
+    workspace: str | None = None
+    bootstrap: tuple[str, ...] | None = None
+    keep_alive: bool = False
+    config_file: str | None = None
+    provider: Provider | None = None
+    """Who acquires a `provision` (or `node_id`-less `ssh`) node: default the inventory's hosts
+    (the `static` provider). What it acquired is released when the job is terminated, unless
+    `keep_alive`."""
+
+    def __post_init__(self) -> None:
+        modes = [m for m in ("node_url", "ssh", "node_id", "provision") if getattr(self, m)]
+        if len(modes) > 1:
+            raise ValueError(f"DeploySpec takes at most one of {', '.join(modes)}")
+        given: object = self.bootstrap
+        if isinstance(given, str):
+            raise TypeError("DeploySpec.bootstrap must be an argv tuple, never a shell string")
+        if self.bootstrap is not None:
+            object.__setattr__(self, "bootstrap", tuple(self.bootstrap))
+            if not (self.workspace and self.workspace.startswith("/")):
+                raise ValueError(
+                    "DeploySpec.bootstrap needs an absolute workspace, the directory the "
+                    "bootstrap and the job share (a relative cwd is inside each job's own "
+                    f"directory); got workspace={self.workspace!r}"
+                )
 
 
-def apply_record(state: dict[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
-    """Copy a job record the node answered into `state`; returns the record."""
-    copied = dict(record)
-    state["record"] = copied
-    state["job_id"] = copied.get("job_id", state["job_id"])
-    state["status"] = copied.get("state", state["status"])
-    for key in ("exit_code", "signal", "reason", "node"):
-        state[key] = copied.get(key)
-    return copied
+def make_job_state() -> dict[str, Any]:
+    """A fresh job state: the functions below fill it in and read it."""
+    return {
+        "job_id": None,
+        "node_url": None,
+        "secret_file": None,
+        "request_timeout_s": 10.0,
+        "log_file": None,
+        "status": "pending",
+        "exit_code": None,
+        "signal": None,
+        "reason": None,
+        "node": None,
+        "record": None,
+    }
 
 
-async def fetch_record(state: dict[str, Any]) -> dict[str, Any]:
-    """GET the job's record into `state`."""
-    record = await request_json(endpoint_of(state), "GET", f"/v1/jobs/{state['job_id']}")
-    return apply_record(state, record)
+def new_job_id() -> str:
+    """A job id chosen by the client, so that a retried start is harmless."""
+    return f"j-{secrets.token_hex(8)}"
 
 
-async def post_job(state: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    """POST /v1/jobs, retried with the same job id (harmless) when the answer was lost."""
-    endpoint = endpoint_of(state)
-    for attempt in range(3):
-        try:
-            return apply_record(state, await request_json(endpoint, "POST", "/v1/jobs", body))
-        except JobUnreachableError:
-            if attempt == 2:
-                raise
-            await asyncio.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")  # pragma: no cover
+def start_body(job: JobSpec, deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+    """The POST /v1/jobs body for `job` placed by `deploy`."""
+    body: dict[str, Any] = {
+        "job_id": job_id,
+        "name": job.name or os.path.basename(job.command[0]),
+        "argv": list(job.command),
+    }
+    if job.env:
+        body["env"] = dict(job.env)
+    if deploy.workspace:
+        body["cwd"] = deploy.workspace
+    if job.timeout is not None:
+        body["timeout_s"] = job.timeout
+    if job.nodes != 1:
+        body["nodes"] = job.nodes
+    if job.role is not None:
+        body["role"] = job.role
+    if job.env_from is not None:
+        body["env_from"] = job.env_from
+    return body
 
 
-async def wait_record(
-    state: dict[str, Any], poll_interval: float, timeout_s: float | None
-) -> dict[str, Any]:
-    """Long-poll the wait route until the job ends; its final record (also put in `state`)."""
-    endpoint = endpoint_of(state)
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else loop.time() + timeout_s
-    while True:
-        step = poll_interval
-        if deadline is not None:
-            step = max(0.0, min(poll_interval, deadline - loop.time()))
-        record = await request_json(
-            endpoint,
-            "GET",
-            f"/v1/jobs/{state['job_id']}/wait",
-            params={"timeout_s": f"{step:.3f}"},
-            timeout_s=step + endpoint.request_timeout_s,
+def local_settings(config_file: str | None) -> NodeSettings:
+    """This host's settings (`config_file`, else $SHOAL_CONFIG, then environment, defaults);
+    config.ConfigError naming the file and field when they are wrong."""
+    return load_settings(config_file).settings
+
+
+def local_endpoint(settings: NodeSettings, url: str | None = None) -> Endpoint:
+    """The local daemon (or `url`) signed with this host's secret."""
+    secret = read_secret_file(settings.secret_file) if settings.secret_file else None
+    address = url or base_url(settings.bind, settings.port)
+    return Endpoint(address.rstrip("/"), secret, settings.timeouts.http_request_s)
+
+
+async def ready_remote_async(deploy: DeploySpec, settings: NodeSettings) -> tuple[str, Any]:
+    """(URL, provider handle or None) of the node an `ssh` or `provision` DeploySpec names:
+    acquired through its provider, shoal deployed to it over SSH (unchanged when it already
+    runs), its daemon answering."""
+    if settings.secret_file is None and deploy.ssh:
+        raise JobClientError(
+            f"DeploySpec(ssh={deploy.ssh!r}) deploys shoal with the cluster secret, and no "
+            "secret_file is configured; set secret_file (chmod 600) in the config"
         )
-        copied = apply_record(state, record)
-        if copied.get("state") in ENDED_STATES:
-            return copied
-        if deadline is not None and loop.time() >= deadline:
-            raise JobWaitTimeoutError(
-                f"job {state['job_id']} is still {copied.get('state')} after {timeout_s} s"
+    inventory = load_inventory(settings.inventory) if settings.inventory else None
+    provider = deploy.provider
+    if provider is None and deploy.provision is not None:
+        if inventory is None:
+            raise JobClientError(
+                "DeploySpec(provision=...) without a provider picks a host of the inventory, "
+                "and no inventory is configured; set inventory or pass provider="
             )
-
-
-async def log_chunks_async(
-    state: dict[str, Any],
-    stream: str = "stdout",
-    follow: bool = True,
-    offset: int = 0,
-    tail: int | None = None,
-) -> AsyncIterator[bytes]:
-    """The bytes of a job's log from `offset` (or its last `tail` lines first), following until
-    the job ends. A dropped connection is resumed at the next offset, so no byte is lost or
-    repeated."""
-    endpoint = endpoint_of(state)
-    path = f"{endpoint.url}/v1/jobs/{state['job_id']}/logs"
-    loop = asyncio.get_running_loop()
-    failures = 0
-    stalled_since = 0.0
-
-    async def broke(exc: BaseException) -> None:
-        nonlocal failures, stalled_since
-        failures += 1
-        if failures == 1:  # a stream that broke after progress is resumed at once
-            stalled_since = loop.time()
-            return
-        if loop.time() - stalled_since > RESUME_WINDOW_S:
-            raise JobUnreachableError(
-                f"{path}: no byte for {RESUME_WINDOW_S:.0f} s over {failures} attempts: {exc}"
-            ) from exc
-        await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
-
-    async with open_session(endpoint, streaming_timeout(endpoint)) as session:
-        while tail is not None:
-            try:
-                async with session.get(path, params={"stream": stream, "tail": str(tail)}) as got:
-                    if got.status >= 400:
-                        raise await error_of(got)
-                    data = await got.read()
-                    if OFFSET_HEADER not in got.headers:
-                        raise JobClientError(f"{path}: the answer has no {OFFSET_HEADER} header")
-                    offset = int(got.headers[OFFSET_HEADER])
-            except BROKEN as exc:
-                await broke(exc)
-                continue
-            tail = None
-            if data:
-                yield data
-        ended = not follow
-        while True:
-            params = {"stream": stream, "offset": str(offset)}
-            if not ended:
-                params["follow"] = "1"
-            received = 0
-            try:
-                async with session.get(path, params=params) as response:
-                    if response.status >= 400:
-                        raise await error_of(response)
-                    async for chunk in response.content.iter_any():
-                        offset += len(chunk)
-                        received += len(chunk)
-                        failures = 0
-                        yield chunk
-                if ended:
-                    return
-                # the follow stream ended cleanly; once the job has ended, read the rest once
-                record = await fetch_record(state)
-            except (*BROKEN, JobUnreachableError) as exc:
-                await broke(exc)
-                continue
-            ended = record.get("state") in ENDED_STATES
-            if not ended and received == 0:
-                await asyncio.sleep(0.1)
-
-
-class ContentHasher:
-    """The plain sha256 of a byte stream and its sync manifest hash (pieces of 16 MiB)."""
-
-    def __init__(self, piece_bytes: int = MANIFEST_PIECE_BYTES) -> None:
-        self._whole = hashlib.sha256()
-        self._piece = hashlib.sha256()
-        self._in_piece = 0
-        self._piece_bytes = piece_bytes
-        self._digests: list[bytes] = []
-
-    def update(self, data: bytes) -> None:
-        self._whole.update(data)
-        view = memoryview(data)
-        while view:
-            take = min(len(view), self._piece_bytes - self._in_piece)
-            self._piece.update(view[:take])
-            self._in_piece += take
-            view = view[take:]
-            if self._in_piece == self._piece_bytes:
-                self._digests.append(self._piece.digest())
-                self._piece, self._in_piece = hashlib.sha256(), 0
-
-    def matches(self, announced: str) -> bool:
-        """True when `announced` (hex, optionally `sha256:`-prefixed) is either hash."""
-        digests = list(self._digests)
-        if self._in_piece or not digests:
-            digests.append(self._piece.copy().digest())
-        joined = b"".join(digests)
-        manifest = digests[0].hex() if len(digests) == 1 else hashlib.sha256(joined).hexdigest()
-        wanted = announced.strip().lower().removeprefix("sha256:")
-        return wanted in (self._whole.hexdigest(), manifest)
-
-
-async def fetch_file(state: dict[str, Any], remote: str, target: Path) -> Path:
-    """GET `remote` of the job's working directory into `target` through a temp name; the file
-    appears only complete, fsynced and matching X-Shoal-Content-Hash."""
-    endpoint = endpoint_of(state)
-    part = target.with_name(f".{target.name}.part")
-    url = f"{endpoint.url}/v1/jobs/{state['job_id']}/files"
-    hasher = ContentHasher()
-    try:
-        async with (
-            open_session(endpoint, streaming_timeout(endpoint)) as session,
-            session.get(url, params={"path": remote}) as response,
-        ):
-            if response.status >= 400:
-                raise await error_of(response)
-            announced = response.headers.get(HASH_HEADER)
-            if not announced:
-                raise JobClientError(f"{url}: the answer has no {HASH_HEADER}; refusing it")
-            handle = await asyncio.to_thread(part.open, "wb")
-            with handle:
-                async for chunk in response.content.iter_chunked(1 << 20):
-                    hasher.update(chunk)
-                    await asyncio.to_thread(handle.write, chunk)
-                await asyncio.to_thread(os.fsync, handle.fileno())
-        if not hasher.matches(announced):
-            raise DownloadHashError(
-                f"{url}?path={remote}: the bytes received do not match {HASH_HEADER} "
-                f"{announced}; nothing was written to {target}; download again"
-            )
-        await asyncio.to_thread(_publish, part, target)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise JobUnreachableError(f"{url}: download of {remote} broke: {exc}") from exc
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(part.unlink)
-    return target
-
-
-def _publish(part: Path, target: Path) -> None:
-    os.replace(part, target)
-    fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run an async twin to completion from synchronous code."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise JobClientError(
-        "the job client's plain functions cannot run inside an event loop: "
-        "call the async twin (e.g. start_job_async) instead"
+        provider = StaticProvider(inventory)
+    ready = await ready_node(
+        ssh=deploy.ssh,
+        provision=deploy.provision,
+        secret=read_secret_file(settings.secret_file) if settings.secret_file else b"",
+        inventory=inventory,
+        provider=provider,
+        known_hosts=settings.ssh_known_hosts or DEFAULT_KNOWN_HOSTS,
     )
+    return ready.url, (provider, ready.handle) if ready.handle is not None else None
+
+
+async def resolve_node_async(deploy: DeploySpec) -> tuple[str, NodeSettings]:
+    """(API URL of the node `deploy` names, the local settings that sign requests)."""
+    url, settings, _ = await resolve_target_async(deploy)
+    return url, settings
+
+
+async def resolve_target_async(deploy: DeploySpec) -> tuple[str, NodeSettings, Any]:
+    """resolve_node_async plus what a provider acquired for it ((provider, handle) or None)."""
+    settings = local_settings(deploy.config_file)
+    if deploy.ssh or deploy.provision:
+        url, acquired = await ready_remote_async(deploy, settings)
+        return url, settings, acquired
+    url, settings = await _resolve_member_async(deploy, settings)
+    return url, settings, None
+
+
+async def _resolve_member_async(
+    deploy: DeploySpec, settings: NodeSettings
+) -> tuple[str, NodeSettings]:
+    local = local_endpoint(settings, deploy.node_url)
+    if not deploy.node_id:
+        return local.url, settings
+    document = await request_json(local, "GET", "/v1/peers")
+    members = document.get("members", []) if isinstance(document, dict) else []
+    for member in members:
+        if member.get("node_id") != deploy.node_id:
+            continue
+        if member.get("is_self"):
+            return local.url, settings
+        if member.get("state") != "alive":
+            raise JobClientError(
+                f"node {deploy.node_id!r} is {member.get('state')} in the view of {local.url}; "
+                "pick an alive node (shoal peers)"
+            )
+        return base_url(str(member["address"]), int(member["port"])), settings
+    known = ", ".join(sorted(str(m.get("node_id")) for m in members)) or "none"
+    raise JobClientError(
+        f"node {deploy.node_id!r} is not a member known to {local.url} (members: {known})"
+    )
+
+
+async def attach_job_async(deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+    """A state for the existing job `job_id` on the node `deploy` names."""
+    url, settings, acquired = await resolve_target_async(deploy)
+    state = make_job_state()
+    state.update(
+        job_id=job_id,
+        node_url=url,
+        secret_file=str(settings.secret_file) if settings.secret_file else None,
+        request_timeout_s=settings.timeouts.http_request_s,
+        acquired=None if deploy.keep_alive else acquired,
+    )
+    return state
+
+
+async def start_job_async(
+    deploy: DeploySpec, job: JobSpec, state: dict[str, Any]
+) -> dict[str, Any]:
+    """Start `job` where `deploy` says (after its bootstrap exits 0); fills `state` and
+    returns the job's record. A start whose answer was lost is retried with the same id."""
+    job_id = job.job_id or new_job_id()
+    state.update(await attach_job_async(deploy, job_id), log_file=job.log_file)
+    if deploy.bootstrap:
+        boot = dict(state, job_id=f"{job_id}-bootstrap")
+        name = f"{job.name or os.path.basename(job.command[0])}-bootstrap"
+        boot_spec = JobSpec(deploy.bootstrap, env=job.env, name=name)
+        await post_job(boot, start_body(boot_spec, deploy, boot["job_id"]))
+        record = await wait_record(boot, 2.0, None)
+        state["bootstrap"] = record
+        if record.get("state") != "succeeded":
+            raise JobClientError(
+                f"bootstrap {list(deploy.bootstrap)} on {state['node_url']} ended "
+                f"{record.get('state')} (exit code {record.get('exit_code')}, reason: "
+                f"{record.get('reason')}); the job was not started; see: shoal jobs logs "
+                f"{boot['job_id']} --node {state['node_url']}"
+            )
+    return await post_job(state, start_body(job, deploy, job_id))
+
+
+async def poll_status_async(state: dict[str, Any]) -> str:
+    """The job's state now: pending, running, succeeded, failed, killed, timed_out or lost."""
+    return str((await fetch_record(state))["state"])
+
+
+async def wait_for_completion_async(
+    state: dict[str, Any], poll_interval: float = 2.0, timeout_s: float | None = None
+) -> int:
+    """Wait until the job ends (long-polls of `poll_interval` s) and return its exit code (-N
+    for a death by signal N). JobEndedError when it ended killed, timed_out or lost;
+    JobWaitTimeoutError when `timeout_s` passes first."""
+    return job_exit_code(await wait_record(state, poll_interval, timeout_s))
+
+
+async def stream_logs_async(
+    state: dict[str, Any], follow: bool = True, stream: str = "stdout", tail: int | None = None
+) -> AsyncGenerator[str, None]:
+    """The job's log as lines without their newline, following until the job ends; each line
+    is also appended to the JobSpec's `log_file` when one was given."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    log_file = state.get("log_file")
+    with contextlib.ExitStack() as stack:
+        copy = None
+        if log_file:
+            copy = stack.enter_context(open(log_file, "a", encoding="utf-8"))  # noqa: ASYNC230
+        async for chunk in log_chunks_async(state, stream, follow, tail=tail):
+            *lines, pending = (pending + decoder.decode(chunk)).split("\n")
+            for line in lines:
+                if copy is not None:
+                    copy.write(line + "\n")
+                    copy.flush()
+                yield line
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            if copy is not None:
+                copy.write(pending + "\n")
+            yield pending
+
+
+async def download_async(state: dict[str, Any], remote: str, local: str) -> Path:
+    """Fetch `remote` (relative to the job's working directory) to `local` (a file, or a
+    directory to put it in); the file appears only complete and matching the node's
+    X-Shoal-Content-Hash (else DownloadHashError). Returns the path written."""
+    target = Path(local)
+    if await asyncio.to_thread(target.is_dir):
+        target = target / Path(remote).name
+    return await fetch_file(state, remote, target)
+
+
+async def terminate_async(
+    state: dict[str, Any], signal: str = "TERM", grace_s: float | None = None
+) -> dict[str, Any]:
+    """Send `signal` to the job's whole process group (SIGKILL after the grace, default the
+    node's) and wait until it has ended; returns the final record. A job that already ended is
+    left as it is."""
+    try:
+        return await _kill_async(state, signal, grace_s)
+    finally:
+        await release_acquired_async(state)
+
+
+async def release_acquired_async(state: dict[str, Any]) -> None:
+    """Release the node a provider acquired for this job (none when `keep_alive`). Idempotent."""
+    acquired = state.pop("acquired", None)
+    if acquired is not None:
+        provider, handle = acquired
+        await provider.release(handle)
+
+
+async def _kill_async(state: dict[str, Any], signal: str, grace_s: float | None) -> dict[str, Any]:
+    if state.get("status") in ENDED_STATES and state.get("record"):
+        return dict(state["record"])
+    body: dict[str, Any] = {"signal": signal}
+    if grace_s is not None:
+        body["grace_s"] = grace_s
+    endpoint = endpoint_of(state)
+    record = await request_json(endpoint, "POST", f"/v1/jobs/{state['job_id']}/kill", body)
+    if apply_record(state, record).get("state") in ENDED_STATES:
+        return dict(state["record"])
+    bound_s = (KILL_GRACE_S if grace_s is None else grace_s) + KILL_SETTLE_S
+    return await wait_record(state, min(2.0, bound_s), bound_s)
+
+
+async def remove_job_async(state: dict[str, Any]) -> None:
+    """Remove an ended job's record, logs and working directory from its node."""
+    await request_json(endpoint_of(state), "DELETE", f"/v1/jobs/{state['job_id']}")
+    state["status"] = "removed"
+
+
+async def list_jobs_async(deploy: DeploySpec, state: str | None = None) -> list[dict[str, Any]]:
+    """The jobs of the node `deploy` names, newest first (only those in `state` if given)."""
+    url, settings = await resolve_node_async(deploy)
+    params = {"state": state} if state else None
+    document = await request_json(local_endpoint(settings, url), "GET", "/v1/jobs", params=params)
+    jobs = document.get("jobs", []) if isinstance(document, dict) else document
+    return [dict(job) for job in jobs]
+
+
+@contextlib.asynccontextmanager
+async def run_job_async(deploy: DeploySpec, job: JobSpec) -> AsyncIterator[dict[str, Any]]:
+    """Start `job`; on exit kill it if it still runs (unless `deploy.keep_alive`)."""
+    state = make_job_state()
+    await start_job_async(deploy, job, state)
+    try:
+        yield state
+    finally:
+        if not deploy.keep_alive:
+            await terminate_async(state)  # also releases a node a provider acquired
+
+
+def start_job(deploy: DeploySpec, job: JobSpec, state: dict[str, Any]) -> dict[str, Any]:
+    """Plain twin of `start_job_async`."""
+    return run_sync(start_job_async(deploy, job, state))
+
+
+def attach_job(deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+    """Plain twin of `attach_job_async`."""
+    return run_sync(attach_job_async(deploy, job_id))
+
+
+def poll_status(state: dict[str, Any]) -> str:
+    """Plain twin of `poll_status_async`."""
+    return run_sync(poll_status_async(state))
+
+
+def wait_for_completion(
+    state: dict[str, Any], poll_interval: float = 2.0, timeout_s: float | None = None
+) -> int:
+    """Plain twin of `wait_for_completion_async`."""
+    return run_sync(wait_for_completion_async(state, poll_interval, timeout_s))
+
+
+def stream_logs(
+    state: dict[str, Any], follow: bool = True, stream: str = "stdout", tail: int | None = None
+) -> Generator[str, None, None]:
+    """Plain twin of `stream_logs_async`: an iterator that drives a private event loop."""
+    run_sync(asyncio.sleep(0))  # refuses a running loop before the first line is asked for
+    with contextlib.closing(asyncio.new_event_loop()) as loop:
+        lines = stream_logs_async(state, follow, stream, tail)
+        try:
+            while True:
+                try:
+                    yield loop.run_until_complete(anext(lines))
+                except StopAsyncIteration:
+                    return
+        finally:
+            loop.run_until_complete(lines.aclose())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+
+
+def download(state: dict[str, Any], remote: str, local: str) -> Path:
+    """Plain twin of `download_async`."""
+    return run_sync(download_async(state, remote, local))
+
+
+def terminate(
+    state: dict[str, Any], signal: str = "TERM", grace_s: float | None = None
+) -> dict[str, Any]:
+    """Plain twin of `terminate_async`."""
+    return run_sync(terminate_async(state, signal, grace_s))
+
+
+def remove_job(state: dict[str, Any]) -> None:
+    """Plain twin of `remove_job_async`."""
+    run_sync(remove_job_async(state))
+
+
+def list_jobs(deploy: DeploySpec, state: str | None = None) -> list[dict[str, Any]]:
+    """Plain twin of `list_jobs_async`."""
+    return run_sync(list_jobs_async(deploy, state))
+
+
+@contextlib.contextmanager
+def run_job(deploy: DeploySpec, job: JobSpec) -> Iterator[dict[str, Any]]:
+    """Plain twin of `run_job_async`."""
+    state = make_job_state()
+    start_job(deploy, job, state)
+    try:
+        yield state
+    finally:
+        if not deploy.keep_alive:
+            terminate(state)  # also releases a node a provider acquired

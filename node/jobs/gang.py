@@ -22,14 +22,6 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from config import peer_middlewares
-from node.election.plan import (
-    FENCE_HEADER,
-    FenceVerdict,
-    PlanError,
-    PlanFence,
-    RolePlan,
-    check_fence,
-)
 from node.errors import BodyError
 from node.jobs.records import (
     JobError,
@@ -49,6 +41,14 @@ from node.jobs.roster import (
 from node.jobs.service import JobService, ended_result
 from node.jobs.store import JobEntry
 from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
+from node.plan import (
+    FENCE_HEADER,
+    FenceVerdict,
+    PlanError,
+    PlanFence,
+    RolePlan,
+    check_fence,
+)
 from node.runtime import NodeRuntime
 from node.security import request_sender
 from wal import WalEntry

@@ -6,8 +6,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from node.election.plan import RolePlan
 from node.jobs.records import JobError, JobState
+from node.plan import RolePlan
 
 GANG_PORT_BASE_OFFSET = 1500
 GANG_PORT_SPAN = 1000

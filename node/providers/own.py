@@ -14,6 +14,7 @@ from prometheus_client import Gauge
 
 from config import HostEntry, Inventory
 from node.errors import ProviderError
+from node.locks.service import LOCKS_PATH, LockService
 from node.providers.autostop import (
     AutoStop,
     AutostopPolicy,
@@ -24,7 +25,6 @@ from node.providers.autostop import (
 )
 from node.providers.base import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle, Provider
 from node.providers.static import StaticProvider
-from node.runs.locks import LOCKS_PATH, LockService
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from node.election.plan import RolePlan
 from node.errors import RendezvousError
+from node.plan import RolePlan
 from node.training.groups import interface_towards
 from node.training.rendezvous import GENERATION_PORT_SPAN
 

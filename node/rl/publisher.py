@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from config import Timeouts
-from node.election.plan import FENCE_HEADER
 from node.errors import PeerRequestError, PublishTimeout, WeightsError
+from node.plan import FENCE_HEADER
 from node.rl.broadcast import (
     DEFAULT_BUCKET_BYTES,
     broadcast_weights,

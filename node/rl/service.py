@@ -20,9 +20,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from node.election.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
 from node.errors import BodyError, NodeError
 from node.openapi import BODY_CONFIG, Count, RouteDoc, parse_body
+from node.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
 from node.rl.digest import ALGOS, SHA256_ALGO, Digest
 from node.rl.group import weights_rendezvous_for
 from node.security import json_error

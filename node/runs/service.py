@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 
 from health import LoopHealth
 from node.errors import BodyError, LockError, RunError
-from node.jobs.setup import local_daemon_url
+from node.locks.service import LockService, answers_lock_errors
+from node.locks.table import LockFence, LockTable, acquire, put_run, release, renew
 from node.openapi import BODY_CONFIG, RouteDoc, check_body, parse_body
-from node.runs.locks import LockService, answers_lock_errors
 from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
     MAX_PENDING,
@@ -46,7 +46,7 @@ from node.runs.results import (
     check_key,
     result_key,
 )
-from node.runs.table import LockFence, LockTable, acquire, put_run, release, renew
+from node.runtime import local_daemon_url
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ import asyncssh
 
 from config import AsyncClosing, HostEntry, Inventory, Timeouts
 from node.errors import (
-    SSHAuthError,
+    SshAuthError,
     SSHConnectError,
     SSHError,
-    SSHHostKeyError,
+    SshHostKeyError,
     SSHTimeoutError,
 )
 
@@ -114,13 +114,13 @@ def translate_ssh_error(exc: BaseException, endpoint: SSHEndpoint, known_hosts: 
     if isinstance(exc, SSHError):
         return exc
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return SSHHostKeyError(
+        return SshHostKeyError(
             f"{where}: host key unknown or changed, not verifiable against {known_hosts} "
             f"({exc.reason}); check the key with `shoal ssh trust {endpoint.name}`, then add it "
             f"with `shoal ssh trust {endpoint.name} --yes`"
         )
     if isinstance(exc, asyncssh.PermissionDenied):
-        return SSHAuthError(
+        return SshAuthError(
             f"{where}: user {endpoint.user or '(local user)'} with key "
             f"{endpoint.key_path or '(default keys)'} refused ({exc.reason}); add the public key "
             "to the host's authorized_keys or set ssh_key/ssh_user in the inventory"
@@ -251,7 +251,7 @@ class SSHPool(AsyncClosing):
                 raise type(exc)(f"{endpoint.name} via proxy_jump {exc}") from exc
         keys = _client_keys(endpoint)
         if not _is_file(self.known_hosts):
-            raise SSHHostKeyError(
+            raise SshHostKeyError(
                 f"{endpoint.where}: known_hosts file {self.known_hosts} is missing, so no host "
                 f"key can be checked; `shoal ssh trust {endpoint.name} --yes` creates it"
             )

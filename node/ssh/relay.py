@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Mapping
 
 import asyncssh
 
-from node.errors import SSHAuthError, SSHError, SSHHostKeyError
+import node.errors
+from node.errors import SSHError
 from node.ssh.executor import SSHEndpoint, SSHPool
-from sync import FileTransferError, HostKeyError, SshAuthError, SshConnector, SshTarget
+from sync import FileTransferError, SshAuthError, SshConnector, SshHostKeyError, SshTarget
 
 
 def target_endpoint(target: SshTarget) -> SSHEndpoint:
@@ -43,9 +44,9 @@ def pooled_connector(
                 except (OSError, asyncssh.Error):
                     pool.discard(endpoint.name)
                     raise
-        except SSHHostKeyError as exc:
-            raise HostKeyError(str(exc)) from exc
-        except SSHAuthError as exc:
+        except node.errors.SshHostKeyError as exc:
+            raise SshHostKeyError(str(exc)) from exc
+        except node.errors.SshAuthError as exc:
             raise SshAuthError(str(exc)) from exc
         except SSHError as exc:
             raise FileTransferError(str(exc)) from exc

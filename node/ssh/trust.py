@@ -10,7 +10,7 @@ from pathlib import Path
 
 import asyncssh
 
-from node.errors import SSHError, SSHHostKeyError
+from node.errors import SSHError, SshHostKeyError
 from node.ssh.executor import SSHEndpoint, SSHPool, parse_ssh_spec, translate_ssh_error
 
 TRUSTED = "trusted"
@@ -46,7 +46,7 @@ def key_status(known_hosts: Path, endpoint: SSHEndpoint, key: asyncssh.SSHKey) -
             endpoint.address, endpoint.address, endpoint.port
         )
     except (OSError, ValueError, asyncssh.Error) as exc:
-        raise SSHHostKeyError(f"{known_hosts}: not a readable known_hosts file: {exc}") from exc
+        raise SshHostKeyError(f"{known_hosts}: not a readable known_hosts file: {exc}") from exc
     trusted = matched[0]
     if not trusted:
         return UNKNOWN

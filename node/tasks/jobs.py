@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.errors import JobFailedError as JobFailedError
-from node.jobs.api import (
+from node.jobs.client import (
     DeploySpec,
     JobSpec,
     local_endpoint,
@@ -19,7 +19,7 @@ from node.jobs.api import (
     start_job,
     terminate,
 )
-from node.jobs.client import ENDED_STATES, JobClientError, request_json, run_sync, wait_record
+from node.jobs.transport import ENDED_STATES, JobClientError, request_json, run_sync, wait_record
 from node.tasks.context import TaskError
 
 
@@ -59,7 +59,7 @@ def place(members: Sequence[Mapping[str, Any]], role: str, gpus: int) -> list[st
 
 
 class JobHandle:
-    """A submitted job; its state follows node.jobs.api's job state."""
+    """A submitted job; its state follows node.jobs.client's job state."""
 
     def __init__(self, request: JobRequest, state: dict[str, Any]) -> None:
         self.request = request

@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from node.jobs.api import (
+from node.jobs.client import (
     DeploySpec,
     JobSpec,
     local_endpoint,
@@ -27,7 +27,7 @@ from node.jobs.api import (
     start_job,
     terminate,
 )
-from node.jobs.client import JobClientError, JobRequestError, request_json, run_sync
+from node.jobs.transport import JobClientError, JobRequestError, request_json, run_sync
 from node.tasks.context import (
     ActorDiedError,
     ActorExistsError,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from config import Timeouts
-from node.election.plan import Backend
+from node.plan import Backend
 from node.training.rendezvous import (
     DaemonEndpoint,
     GroupError,

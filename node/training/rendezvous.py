@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from config import Timeouts, read_secret_file, signed_headers
-from node.election.plan import Backend, RolePlan
 from node.errors import GroupError as GroupError
 from node.errors import MasterUnreachable as MasterUnreachable
 from node.errors import RendezvousError as RendezvousError
+from node.plan import Backend, RolePlan
 
 RENDEZVOUS_PATH = "/v1/rendezvous"
 ENV_DAEMON_URL = "SHOAL_DAEMON_URL"

@@ -16,12 +16,12 @@ from typing import Any
 
 from health.gpu import GpuInfo
 from health.monitor.model import NodeStatusDoc, parse_status
-from node.api import status_document
-from node.election.plan import RolePlan
 from node.jobs.service import JobService
+from node.locks.service import LockService
+from node.plan import RolePlan
 from node.rl.backlog import RolloutBacklog
 from node.rl.service import WeightsService
-from node.runs.locks import LockService
+from node.routes import status_document
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
 from node.ui.peers import Known, Peer, PeerClient, PeerFanout, ask_status, ask_weights

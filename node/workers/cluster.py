@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from node.jobs.api import (
+from node.jobs.client import (
     DeploySpec,
     JobSpec,
     local_endpoint,
@@ -25,7 +25,7 @@ from node.jobs.api import (
     stream_logs,
     terminate,
 )
-from node.jobs.client import ENDED_STATES, JobClientError, request_json, run_sync
+from node.jobs.transport import ENDED_STATES, JobClientError, request_json, run_sync
 from node.workers.frames import WorkerError
 from node.workers.nccl import DEFAULT_MASTER_PORT, create_nccl_configs
 from node.workers.remote import RemoteWorker
@@ -150,7 +150,7 @@ class Cluster:
 
     @property
     def job_states(self) -> list[dict[str, Any]]:
-        """The job state (node.jobs.api) of each node's worker server."""
+        """The job state (node.jobs.client) of each node's worker server."""
         return [started.state for started in self._started]
 
     def _start_server(

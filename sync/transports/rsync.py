@@ -22,8 +22,8 @@ from pathlib import Path
 
 from config import AsyncClosing, Timeouts
 from sync.errors import FileSyncError, FileTransferError
-from sync.errors import HostKeyError as HostKeyError
 from sync.errors import SshAuthError as SshAuthError
+from sync.errors import SshHostKeyError as SshHostKeyError
 from sync.files.manifest import ManifestEntry
 from sync.guards import TEMP_PREFIX, dest_path
 from sync.transports.partial import install_file, make_directories
@@ -74,7 +74,7 @@ def classify_failure(where: str, status: int, stderr: str) -> FileTransferError:
         if line.startswith(MARKER):
             kind, _, message = line[len(MARKER) :].strip().partition(": ")
             if kind == KIND_HOST_KEY:
-                return HostKeyError(message)
+                return SshHostKeyError(message)
             if kind == KIND_AUTH:
                 return SshAuthError(message)
             return FileTransferError(f"{where}: ssh: {message}")
@@ -89,7 +89,7 @@ class RsyncTransport(AsyncClosing):
     `targets` maps a peer's node id (or a callable maps a PeerRef) to its SshTarget;
     `remote_root(peer, category)` overrides where a category lives on the peer.
     `known_hosts` is the file the host keys are checked against (default
-    ~/.ssh/known_hosts); an unknown or changed key raises HostKeyError.
+    ~/.ssh/known_hosts); an unknown or changed key raises SshHostKeyError.
     With `connections` (a connector, typically leasing from the node's SSH pool), rsync's
     remote shell runs its command through an SshRelay on those pooled connections, so every
     transfer from a host reuses one connection; without, each rsync opens its own.

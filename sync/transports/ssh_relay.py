@@ -27,7 +27,7 @@ from typing import Self
 
 import asyncssh
 
-from sync.errors import FileTransferError, HostKeyError, SshAuthError
+from sync.errors import FileTransferError, SshAuthError, SshHostKeyError
 from sync.transports.ssh import (
     EXIT,
     EXIT_STATUS,
@@ -44,7 +44,7 @@ from sync.transports.ssh_target import SshTarget
 logger = logging.getLogger(__name__)
 
 SshConnector = Callable[[SshTarget], AbstractAsyncContextManager[asyncssh.SSHClientConnection]]
-"""A connection to a target for the block (typically leased from a pool). Raises HostKeyError
+"""A connection to a target for the block (typically leased from a pool). Raises SshHostKeyError
 or SshAuthError for those failures, any other exception for the rest."""
 
 _CHUNK = 1 << 16
@@ -155,7 +155,7 @@ class SshRelay:
                 process = await conn.create_process(command, encoding=None)
                 self.relayed += 1
                 status = await _pump(process, reader, writer)
-        except HostKeyError as exc:
+        except SshHostKeyError as exc:
             writer.write(frame(FAILURE, f"{KIND_HOST_KEY}: {exc}".encode()))
             return
         except SshAuthError as exc:

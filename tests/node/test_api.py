@@ -111,7 +111,7 @@ async def test_status_has_every_contract_field(server: TestServer, signed: Clien
 
 
 async def test_status_lists_open_breakers(server: TestServer, signed: ClientSession) -> None:
-    from node.api import RUNTIME
+    from node.routes import RUNTIME
 
     breaker = server.app[RUNTIME].breakers.breaker_for("gpu-b", "rsync")
     with pytest.raises(OSError, match="down"):

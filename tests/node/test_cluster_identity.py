@@ -16,8 +16,8 @@ from aiohttp import ClientSession
 
 from config import HEADER_CLUSTER, load_inventory, load_settings, peer_middlewares, signed_headers
 from node.daemon import NodeDaemon, inventory_cluster_name
-from node.election.http import HttpElectionTransport
 from node.election.messages import VoteRequest
+from node.election.routes import HttpElectionTransport
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import ClientSession
 
 from node.daemon import NodeDaemon
-from node.election.plan import FENCE_HEADER, PlanFence
+from node.plan import FENCE_HEADER, PlanFence
 from sync import DEFAULT_PIECE_SIZE, FileTransferError, PeerRef
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.sync.files_fixtures import FileNode

@@ -20,7 +20,6 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
-from node.election.plan import PlanFence, RolePlan
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.election.state import (
     DurableRecord,
@@ -38,6 +37,7 @@ from node.election.state import (
     status_of,
     with_observers,
 )
+from node.plan import PlanFence, RolePlan
 
 VOTERS = ("a", "b", "c", "d", "e")
 LEASE = 1.5

@@ -16,8 +16,9 @@ from aiohttp.test_utils import TestServer
 
 from config import Role, signing_middleware
 from node.election.elector import Elector
-from node.election.fence import fence_refusal
-from node.election.http import (
+from node.election.messages import Heartbeat, PlanAnnounce, VoteRequest
+from node.election.roles import NodeCapabilities, RolePolicy
+from node.election.routes import (
     ELECTION_DOCS,
     HEARTBEAT_PATH,
     PLAN_PATH,
@@ -25,11 +26,10 @@ from node.election.http import (
     HttpElectionTransport,
     election_routes,
 )
-from node.election.messages import Heartbeat, PlanAnnounce, VoteRequest
-from node.election.plan import FENCE_HEADER, PlanFence
-from node.election.roles import NodeCapabilities, RolePolicy
 from node.election.seams import InMemoryDurableState
 from node.election.state import ElectionConfig, ElectionRole
+from node.fence import fence_refusal
+from node.plan import FENCE_HEADER, PlanFence
 from node.security import AUTH_POLICY, AuthPolicy, auth_middleware, error_middleware
 
 SECRET = b"election-test-secret-0123456789abcdef"

@@ -17,7 +17,7 @@ from node.election.messages import (
     VoteRequest,
     message_from_dict,
 )
-from node.election.plan import GroupSpec, PlanFence, RolePlan
+from node.plan import GroupSpec, PlanFence, RolePlan
 
 PLAN = RolePlan(
     term=3,

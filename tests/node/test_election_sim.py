@@ -15,7 +15,6 @@ from config import Role
 from node.election import core
 from node.election.adoption import AdoptionRecord, adoption_record, check_adoption_logs
 from node.election.messages import Heartbeat, HeartbeatAck, Outbound, VoteReply, VoteRequest
-from node.election.plan import GroupSpec, RolePlan
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.election.state import (
     DurableRecord,
@@ -31,6 +30,7 @@ from node.election.state import (
     next_wakeup,
     with_observers,
 )
+from node.plan import GroupSpec, RolePlan
 
 VOTERS = ("a", "b", "c", "d", "e")
 NODES = (*VOTERS, "x")

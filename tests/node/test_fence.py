@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
-from node.election.fence import fence_headers, fenced
-from node.election.plan import FENCE_HEADER, PlanFence
+from node.fence import fence_headers, fenced
+from node.plan import FENCE_HEADER, PlanFence
 
 
 def test_fence_headers_name_the_applied_plan() -> None:

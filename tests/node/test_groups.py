@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from config import Role, Timeouts
-from node.election.plan import GroupSpec, RolePlan
+from node.plan import GroupSpec, RolePlan
 from node.training.groups import ElasticGroup, choose_backend
 from node.training.rendezvous import (
     DaemonEndpoint,

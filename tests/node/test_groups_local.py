@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from config import Role
-from node.election.plan import GroupSpec, RolePlan
+from node.plan import GroupSpec, RolePlan
 from node.training.groups import (
     ElasticGroup,
     GroupError,

@@ -14,9 +14,9 @@ from aiohttp import ClientSession, web
 
 from config import load_settings
 from health import BreakerConfig, BreakerRegistry
-from node.api import ROUTE_DOCS, build_app
 from node.daemon import NodeDaemon, record_schemas
 from node.openapi import RouteDoc, documented_twice
+from node.routes import ROUTE_DOCS, build_app
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from sync import FILE_CATEGORIES

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from config import Role
-from node.election.plan import (
+from node.plan import (
     FenceVerdict,
     GroupSpec,
     PlanError,

@@ -16,7 +16,6 @@ from node.election.claims import (
     gpu_uuids_from_meta,
     gpu_uuids_meta,
 )
-from node.election.plan import GroupSpec, PlanError, RolePlan
 from node.election.roles import (
     CANNOT_TRAIN_META,
     NPROC_META,
@@ -29,6 +28,7 @@ from node.election.roles import (
 from node.election.service import CANNOT_TRAIN_REASON_CHARS
 from node.membership.types import MAX_META_TEXT_CHARS, MemberState, Update
 from node.membership.wire import encode_update
+from node.plan import GroupSpec, PlanError, RolePlan
 
 POLICY = RolePolicy(min_training=1, max_training=8, master_port=29500)
 

@@ -15,8 +15,8 @@ from node.election.adoption import (
     check_adoption_logs,
     read_adoption_log,
 )
-from node.election.plan import GroupSpec, PlanError, PlanFence, RolePlan
 from node.election.state import ElectionEvent, ElectionEventKind, ElectionRole, ElectionStatus
+from node.plan import GroupSpec, PlanError, PlanFence, RolePlan
 
 VOTERS = ("a", "b", "c")
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from config import HostEntry, Role
-from node.election.plan import PlanError, RolePlan
 from node.election.roles import (
     NodeCapabilities,
     PlanDebouncer,
@@ -16,6 +15,7 @@ from node.election.roles import (
     capabilities_from_meta,
     compute_plan,
 )
+from node.plan import PlanError, RolePlan
 
 POLICY = RolePolicy(min_training=1, max_training=4, master_port=29500)
 

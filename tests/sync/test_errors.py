@@ -16,10 +16,10 @@ from yarl import URL
 from sync import (
     FileTransferError,
     FileTransferTimeoutError,
-    HostKeyError,
     RecordRequestError,
     RecordRequestTimeoutError,
     SshAuthError,
+    SshHostKeyError,
     StoreFullError,
     StoreLockedError,
     StoreWriteError,
@@ -64,7 +64,7 @@ def test_disk_full_is_found_through_the_chain() -> None:
 
 def test_asyncssh_refusals_are_host_key_and_auth_errors() -> None:
     host_key = sync_error(asyncssh.HostKeyNotVerifiable("unknown key"), "h1", FileTransferError)
-    assert isinstance(host_key, HostKeyError)
+    assert isinstance(host_key, SshHostKeyError)
     auth = sync_error(asyncssh.PermissionDenied("no"), "h1", FileTransferError)
     assert isinstance(auth, SshAuthError)
 

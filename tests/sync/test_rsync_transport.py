@@ -16,9 +16,9 @@ from sync.files.errors import ContentMismatchError, FileTransferError
 from sync.files.manifest import ManifestEntry
 from sync.transports.protocol import PeerRef
 from sync.transports.rsync import (
-    HostKeyError,
     RsyncTransport,
     SshAuthError,
+    SshHostKeyError,
     SshTarget,
     classify_failure,
     default_remote_root,
@@ -85,7 +85,7 @@ async def test_unknown_host_key_is_refused(server: SshServer, tmp_path: Path) ->
     known.write_text("")
     dest = tmp_path / "local"
     async with _transport(server, tmp_path / "peer", known_hosts=known) as transport:
-        with pytest.raises(HostKeyError) as caught:
+        with pytest.raises(SshHostKeyError) as caught:
             await transport.fetch(PEER, "models", _entry(source, "m.bin"), dest)
     assert "127.0.0.1" in str(caught.value)
     assert str(known) in str(caught.value)
@@ -97,7 +97,7 @@ async def test_missing_known_hosts_file_is_refused(server: SshServer, tmp_path: 
     source = _write(tmp_path / "peer", "m.bin", b"x" * 1000)
     missing = tmp_path / "nowhere" / "known_hosts"
     async with _transport(server, tmp_path / "peer", known_hosts=missing) as transport:
-        with pytest.raises(HostKeyError, match="missing"):
+        with pytest.raises(SshHostKeyError, match="missing"):
             await transport.fetch(PEER, "models", _entry(source, "m.bin"), tmp_path / "local")
 
 
@@ -106,7 +106,7 @@ async def test_changed_host_key_is_refused(server: SshServer, tmp_path: Path) ->
     known = tmp_path / "old_known_hosts"
     known.write_text(known_hosts_line("127.0.0.1", server.port, generate_key()))
     async with _transport(server, tmp_path / "peer", known_hosts=known) as transport:
-        with pytest.raises(HostKeyError, match="not verifiable"):
+        with pytest.raises(SshHostKeyError, match="not verifiable"):
             await transport.fetch(PEER, "models", _entry(source, "m.bin"), tmp_path / "local")
     assert server.commands == []
 
@@ -175,7 +175,7 @@ def test_stats_and_failures_are_parsed() -> None:
     assert parse_stats(stats) == (1234567, 89)
     assert parse_stats("") == (0, 0)
     error = classify_failure("a:m", 255, "shoal-ssh: host-key: h:22: bad key\nrsync: closed")
-    assert isinstance(error, HostKeyError)
+    assert isinstance(error, SshHostKeyError)
     assert str(error) == "h:22: bad key"
     assert isinstance(classify_failure("a:m", 255, "shoal-ssh: auth: no"), SshAuthError)
     other = classify_failure("a:m", 23, "rsync: link_stat failed\nrsync error: code 23")

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.jobs.api import DeploySpec, attach_job, list_jobs, terminate
+from node.jobs.client import DeploySpec, attach_job, list_jobs, terminate
 from tests.node.providers.fake_nvml import FakeGpus, write_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,4 +1,4 @@
-"""The Python job client (node.jobs.api) against a real `shoal serve` with a cluster secret;
+"""The Python job client (node.jobs.client) against a real `shoal serve` with a cluster secret;
 its pure parts (specs, exit codes, hashes) without one; error handling against a small fake."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from node.jobs.api import (
+from node.jobs.client import (
     DeploySpec,
     GPUQuery,
     JobSpec,
@@ -38,7 +38,7 @@ from node.jobs.api import (
     wait_for_completion,
     wait_for_completion_async,
 )
-from node.jobs.client import (
+from node.jobs.transport import (
     ContentHasher,
     DownloadHashError,
     JobClientError,

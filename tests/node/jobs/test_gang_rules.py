@@ -14,11 +14,11 @@ from aiohttp.test_utils import TestServer
 
 from config import Role
 from health import BreakerConfig, BreakerRegistry
-from node.election.plan import GroupSpec, RolePlan
 from node.jobs import GangService, JobError, JobService, gang_master_port, parse_job_request
 from node.jobs.gang import port_is_free
 from node.jobs.records import gang_env
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_outcome, pick_members
+from node.plan import GroupSpec, RolePlan
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 from wal import WriteAheadLog

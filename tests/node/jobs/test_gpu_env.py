@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from health import ENV_FAKE_GPUS, BreakerRegistry
-from node.jobs.setup import jobs_base_env
+from node.jobs.component import jobs_base_env
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 from tests.node.jobs.helpers import job_daemon

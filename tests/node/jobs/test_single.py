@@ -18,8 +18,8 @@ from aiohttp import web
 
 from health import BreakerConfig, BreakerRegistry
 from node.jobs import JobService
+from node.jobs.component import JobApi
 from node.jobs.gang import GangService
-from node.jobs.setup import JobApi
 from node.runtime import NodeRuntime
 from tests.cluster.waiting import async_wait_until
 from tests.node.daemons import test_settings

@@ -17,7 +17,6 @@ import pytest
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from config import ConfigError, load_settings
-from node.api import STATUS_SCHEMA
 from node.daemon import NodeDaemon
 from node.providers import (
     LAST_DECISION_KEY,
@@ -29,6 +28,7 @@ from node.providers import (
     LocalProvider,
 )
 from node.providers.static import NO_OP
+from node.routes import STATUS_SCHEMA
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.jobs.helpers import JobClient, signed_session, write_secret
 from tests.node.providers.fake_nvml import FakeGpus, install_fake_nvml

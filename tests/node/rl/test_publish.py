@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from config import Role
-from node.election.plan import GroupSpec, RolePlan
 from node.errors import PublishTimeout, WeightsError
+from node.plan import GroupSpec, RolePlan
 from node.rl.digest import PWS_ALGO, SHA256_ALGO, weights_digest
 from node.rl.group import TensorDevice, weights_port
 from node.rl.publisher import PublishResult, WeightPublisher, store_key_prefix

@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from config import Role
-from node.election.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.errors import WeightsError
+from node.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.rl.service import WeightsService
 
 torch = pytest.importorskip("torch")

@@ -16,10 +16,10 @@ from pydantic import BaseModel
 
 from config import Role
 from node.daemon import NodeDaemon
-from node.election.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.errors import BodyError, PeerRequestError
 from node.openapi import BODY_CONFIG, parse_body
+from node.plan import FENCE_HEADER, GroupSpec, RolePlan
 from node.rl.client import post_digested
 from node.rl.digest import PWS_ALGO, SHA256_ALGO, Digest
 from node.rl.group import (

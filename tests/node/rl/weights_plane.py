@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from config import Role
-from node.election.plan import GroupSpec, RolePlan
+from node.plan import GroupSpec, RolePlan
 from node.rl.service import WeightsService
 
 MASTER_PORT = 29500

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from config import read_secret_file
 from node.errors import LockError
-from node.runs import cluster_lock
+from node.locks import cluster_lock
 
 REQUEST_TIMEOUT_S = 1.0
 """Short, so a client leaves a cut-off node for the next one quickly."""

@@ -17,7 +17,7 @@ import pytest
 
 from node.daemon import NodeDaemon
 from node.errors import LockLostError, LockUnavailableError
-from node.runs import LockFence, cluster_lock
+from node.locks import LockFence, cluster_lock
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.runs.cluster import NAMES, post, running, until
 

@@ -14,11 +14,12 @@ import pytest
 
 from config import Inventory, parse_inventory
 from node.errors import LockError, ProviderError, RunError
+from node.locks import LockTable
+from node.locks.table import put_run
 from node.providers import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle, StaticProvider
-from node.runs import LocalResults, LockTable, RunService, parse_run_spec
+from node.runs import LocalResults, RunService, parse_run_spec
 from node.runs.nodes import ProviderNodes
 from node.runs.queue import new_run, with_step
-from node.runs.table import put_run
 
 
 class RecordingProvider:

@@ -7,8 +7,8 @@ import pytest
 
 from node.election.seams import InMemoryDurableState
 from node.errors import LockError
-from node.runs.quorum import Acceptor, QuorumTable
-from node.runs.table import LockTable, acquire
+from node.locks.quorum import Acceptor, QuorumTable
+from node.locks.table import LockTable, acquire
 
 VOTERS = ("n1", "n2", "n3")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from node.errors import LockError
-from node.runs.table import (
+from node.locks.table import (
     WAITER_GRACE_S,
     LockFence,
     LockState,

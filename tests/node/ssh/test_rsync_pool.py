@@ -14,7 +14,14 @@ import pytest
 
 from config import Timeouts
 from node.ssh import SSHPool, pooled_connector, target_endpoint
-from sync import FileTransferError, HostKeyError, PeerRef, RsyncTransport, SshAuthError, SshTarget
+from sync import (
+    FileTransferError,
+    PeerRef,
+    RsyncTransport,
+    SshAuthError,
+    SshHostKeyError,
+    SshTarget,
+)
 from sync.files.manifest import ManifestEntry
 from sync.transports import ssh as ssh_helper
 from sync.transports.ssh_relay import parse_header
@@ -86,7 +93,7 @@ async def test_unknown_host_key_fails_with_how_to_trust(server: SshServer, tmp_p
     known = tmp_path / "other_known_hosts"
     known.write_text(known_hosts_line("127.0.0.1", server.port, generate_key()))
     async with SSHPool(known) as pool, _transport(server, pool, tmp_path / "peer") as rsync:
-        with pytest.raises(HostKeyError, match=r"shoal ssh trust 127\.0\.0\.1:"):
+        with pytest.raises(SshHostKeyError, match=r"shoal ssh trust 127\.0\.0\.1:"):
             await rsync.fetch(PEER, "models", entry, tmp_path / "local")
     assert server.commands == []
     assert not (tmp_path / "local" / "m.bin").exists()

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from node.election.plan import FENCE_HEADER, FenceVerdict, PlanError, PlanFence, check_fence
+from node.plan import FENCE_HEADER, FenceVerdict, PlanError, PlanFence, check_fence
 
 FenceSource = Callable[[], PlanFence | None]
 """The fence of the plan this node applies now, or None before it applies one."""

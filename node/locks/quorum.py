@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from node.errors import LockError
-from node.runs.table import LockTable
+from node.locks.table import LockTable
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import aiohttp
 
 from config import signing_middleware
 from node.errors import LockError, LockLostError, LockUnavailableError
-from node.runs.table import LockFence
+from node.locks.table import LockFence
 
 log = logging.getLogger(__name__)
 

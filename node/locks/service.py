@@ -1,5 +1,5 @@
 """The lock API of a node: the coordinator serves the cluster's locks from the table kept on a
-majority of the voters (node.runs.quorum); every other node forwards to the coordinator.
+majority of the voters (node.locks.quorum); every other node forwards to the coordinator.
 
 Routes: POST /v1/locks/{name}/acquire|renew|release, GET /v1/locks, and the voters' own
 POST /v1/lockstore/prepare|accept.
@@ -24,9 +24,8 @@ from health import LoopHealth
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.audit.routes import audited_lock_route
 from node.errors import BodyError, LockError
-from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, parse_body
-from node.runs.quorum import Acceptor, Durable, QuorumTable
-from node.runs.table import (
+from node.locks.quorum import Acceptor, Durable, QuorumTable
+from node.locks.table import (
     LockAnswer,
     LockFence,
     LockTable,
@@ -36,6 +35,7 @@ from node.runs.table import (
     renew,
     take_over,
 )
+from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, parse_body
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)

@@ -11,29 +11,20 @@ from aiohttp import web
 
 from config import cuda_env, restricts_gpus
 from health import CheckFn, CheckResult, HealthStatus
-from node.election.plan import RolePlan
 from node.election.service import ElectionService
 from node.jobs.gang import GangService
-from node.jobs.http import JobRoutes, job_route_docs
 from node.jobs.policy import rendezvous_env
+from node.jobs.routes import JobRoutes, job_route_docs
 from node.jobs.service import JobService
 from node.openapi import RouteDoc
-from node.runtime import NodeRuntime
+from node.plan import RolePlan
+from node.runtime import NodeRuntime, local_daemon_url
 from node.training.rendezvous import rendezvous_for
 from wal import WriteAheadLog
 
 
 def jobs_root(runtime: NodeRuntime) -> Path:
     return runtime.settings.data_dir / "jobs"
-
-
-def local_daemon_url(runtime: NodeRuntime) -> str:
-    """The URL a job on this host reaches its daemon at (SHOAL_DAEMON_URL)."""
-    settings = runtime.settings
-    wildcard = settings.bind in ("0.0.0.0", "::", "")  # noqa: S104 - comparing, not binding
-    host = "127.0.0.1" if wildcard else settings.bind
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{runtime.port or settings.port}"
 
 
 def jobs_check(service: JobService) -> CheckFn:

@@ -1,0 +1,379 @@
+"""The HTTP side of the job client: signed requests to a node's job routes, the one error
+table, followed logs resumed by offset, and verified file downloads. `node.jobs.client` builds the
+public functions on these.
+
+JobClientError
+ +-- JobRequestError      the node answered an error (status and the server's reason)
+ +-- JobUnreachableError  the node could not be reached or the connection broke
+ +-- JobEndedError        the job ended killed, timed_out or lost: no exit code to report
+ +-- JobWaitTimeoutError  (also a TimeoutError) the caller's wait ran out
+ +-- DownloadHashError    a download did not match X-Shoal-Content-Hash
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal as signals
+import socket
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+
+from config import read_secret_file, signing_middleware
+from node.errors import DownloadHashError as DownloadHashError
+from node.errors import JobClientError as JobClientError
+from node.errors import JobEndedError as JobEndedError
+from node.errors import JobRequestError as JobRequestError
+from node.errors import JobUnreachableError as JobUnreachableError
+from node.errors import JobWaitTimeoutError as JobWaitTimeoutError
+
+T = TypeVar("T")
+ENDED_STATES = frozenset({"succeeded", "failed", "killed", "timed_out", "lost"})
+NO_EXIT_CODE_STATES = frozenset({"killed", "timed_out", "lost"})
+HASH_HEADER = "X-Shoal-Content-Hash"
+OFFSET_HEADER = "X-Next-Offset"
+MANIFEST_PIECE_BYTES = 16 << 20
+"""The piece size of sync's manifest hash (sync.DEFAULT_PIECE_SIZE): a file larger than one
+piece may be announced by the hash of its piece digests instead of its plain sha256."""
+RESUME_WINDOW_S = 30.0
+"""How long a followed log keeps reconnecting without a new byte (a daemon restart takes a few
+seconds) before it gives up."""
+BROKEN = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+def signal_number(value: object) -> int | None:
+    """A record's `signal` (15, "15", "TERM" or "SIGTERM") as a number; None when absent."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().upper()
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(signals.Signals[text if text.startswith("SIG") else f"SIG{text}"])
+    except KeyError:
+        return None
+
+
+def job_exit_code(record: Mapping[str, Any]) -> int:
+    """The exit code of an ended job, as `subprocess.Popen.returncode` says it (a death by
+    signal N is -N); JobEndedError for killed, timed_out and lost, which have none to report."""
+    state = record.get("state")
+    if state in NO_EXIT_CODE_STATES:
+        raise JobEndedError(record)
+    if state not in ENDED_STATES:
+        raise JobClientError(f"job {record.get('job_id')} has not ended (state {state})")
+    code = record.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        if state == "succeeded" and code != 0:
+            raise JobClientError(f"job {record.get('job_id')}: succeeded with exit code {code}")
+        return code
+    number = signal_number(record.get("signal"))
+    if state == "failed" and number is not None:
+        return -number
+    raise JobClientError(f"job {record.get('job_id')} ended {state} without an exit code")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A node's API address and how to sign requests to it."""
+
+    url: str
+    secret: bytes | None
+    request_timeout_s: float
+
+
+def base_url(host: str, port: int) -> str:
+    """The API URL of `host:port` (a wildcard bind is reached on loopback)."""
+    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def endpoint_of(state: Mapping[str, Any]) -> Endpoint:
+    """Where the job of `state` lives and how to sign requests to it."""
+    if not state.get("node_url") or not state.get("job_id"):
+        raise JobClientError("the job state has no job yet: call start_job or attach_job first")
+    secret_file = state.get("secret_file")
+    secret = read_secret_file(Path(secret_file)) if secret_file else None
+    return Endpoint(str(state["node_url"]), secret, float(state["request_timeout_s"]))
+
+
+def open_session(
+    endpoint: Endpoint, timeout: aiohttp.ClientTimeout | None = None
+) -> aiohttp.ClientSession:
+    """An aiohttp session that signs every request when a cluster secret is configured."""
+    middlewares: tuple[aiohttp.ClientMiddlewareType, ...] = ()
+    if endpoint.secret is not None:
+        middlewares = (signing_middleware(endpoint.secret, f"cli-{socket.gethostname()}"),)
+    timeout = timeout or aiohttp.ClientTimeout(total=endpoint.request_timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, middlewares=middlewares)
+
+
+def streaming_timeout(endpoint: Endpoint) -> aiohttp.ClientTimeout:
+    """No total limit (a followed log or a large file), but a bounded connect."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=endpoint.request_timeout_s)
+
+
+async def error_of(response: aiohttp.ClientResponse) -> JobRequestError:
+    """The JobRequestError for an error answer, with the server's `reason`."""
+    text = await response.text(errors="replace")
+    reason = text.strip() or response.reason or "no reason given"
+    with contextlib.suppress(ValueError):
+        document = await response.json(content_type=None)
+        if isinstance(document, dict):
+            reason = str(document.get("reason") or document.get("error") or reason)
+    return JobRequestError(str(response.url), response.status, reason)
+
+
+async def request_json(
+    endpoint: Endpoint,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    params: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+) -> Any:
+    """One signed request and its JSON answer; JobRequestError for an error answer,
+    JobUnreachableError when the node cannot be reached."""
+    url = f"{endpoint.url}{path}"
+    timeout = aiohttp.ClientTimeout(total=timeout_s or endpoint.request_timeout_s)
+    try:
+        async with (
+            open_session(endpoint, timeout) as session,
+            session.request(method, url, json=body, params=params) as response,
+        ):
+            if response.status >= 400:
+                raise await error_of(response)
+            return await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise JobUnreachableError(f"{url}: unreachable: {exc or type(exc).__name__}") from exc
+
+
+def apply_record(state: dict[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy a job record the node answered into `state`; returns the record."""
+    copied = dict(record)
+    state["record"] = copied
+    state["job_id"] = copied.get("job_id", state["job_id"])
+    state["status"] = copied.get("state", state["status"])
+    for key in ("exit_code", "signal", "reason", "node"):
+        state[key] = copied.get(key)
+    return copied
+
+
+async def fetch_record(state: dict[str, Any]) -> dict[str, Any]:
+    """GET the job's record into `state`."""
+    record = await request_json(endpoint_of(state), "GET", f"/v1/jobs/{state['job_id']}")
+    return apply_record(state, record)
+
+
+async def post_job(state: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/jobs, retried with the same job id (harmless) when the answer was lost."""
+    endpoint = endpoint_of(state)
+    for attempt in range(3):
+        try:
+            return apply_record(state, await request_json(endpoint, "POST", "/v1/jobs", body))
+        except JobUnreachableError:
+            if attempt == 2:
+                raise
+            await asyncio.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def wait_record(
+    state: dict[str, Any], poll_interval: float, timeout_s: float | None
+) -> dict[str, Any]:
+    """Long-poll the wait route until the job ends; its final record (also put in `state`)."""
+    endpoint = endpoint_of(state)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while True:
+        step = poll_interval
+        if deadline is not None:
+            step = max(0.0, min(poll_interval, deadline - loop.time()))
+        record = await request_json(
+            endpoint,
+            "GET",
+            f"/v1/jobs/{state['job_id']}/wait",
+            params={"timeout_s": f"{step:.3f}"},
+            timeout_s=step + endpoint.request_timeout_s,
+        )
+        copied = apply_record(state, record)
+        if copied.get("state") in ENDED_STATES:
+            return copied
+        if deadline is not None and loop.time() >= deadline:
+            raise JobWaitTimeoutError(
+                f"job {state['job_id']} is still {copied.get('state')} after {timeout_s} s"
+            )
+
+
+async def log_chunks_async(
+    state: dict[str, Any],
+    stream: str = "stdout",
+    follow: bool = True,
+    offset: int = 0,
+    tail: int | None = None,
+) -> AsyncIterator[bytes]:
+    """The bytes of a job's log from `offset` (or its last `tail` lines first), following until
+    the job ends. A dropped connection is resumed at the next offset, so no byte is lost or
+    repeated."""
+    endpoint = endpoint_of(state)
+    path = f"{endpoint.url}/v1/jobs/{state['job_id']}/logs"
+    loop = asyncio.get_running_loop()
+    failures = 0
+    stalled_since = 0.0
+
+    async def broke(exc: BaseException) -> None:
+        nonlocal failures, stalled_since
+        failures += 1
+        if failures == 1:  # a stream that broke after progress is resumed at once
+            stalled_since = loop.time()
+            return
+        if loop.time() - stalled_since > RESUME_WINDOW_S:
+            raise JobUnreachableError(
+                f"{path}: no byte for {RESUME_WINDOW_S:.0f} s over {failures} attempts: {exc}"
+            ) from exc
+        await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
+
+    async with open_session(endpoint, streaming_timeout(endpoint)) as session:
+        while tail is not None:
+            try:
+                async with session.get(path, params={"stream": stream, "tail": str(tail)}) as got:
+                    if got.status >= 400:
+                        raise await error_of(got)
+                    data = await got.read()
+                    if OFFSET_HEADER not in got.headers:
+                        raise JobClientError(f"{path}: the answer has no {OFFSET_HEADER} header")
+                    offset = int(got.headers[OFFSET_HEADER])
+            except BROKEN as exc:
+                await broke(exc)
+                continue
+            tail = None
+            if data:
+                yield data
+        ended = not follow
+        while True:
+            params = {"stream": stream, "offset": str(offset)}
+            if not ended:
+                params["follow"] = "1"
+            received = 0
+            try:
+                async with session.get(path, params=params) as response:
+                    if response.status >= 400:
+                        raise await error_of(response)
+                    async for chunk in response.content.iter_any():
+                        offset += len(chunk)
+                        received += len(chunk)
+                        failures = 0
+                        yield chunk
+                if ended:
+                    return
+                # the follow stream ended cleanly; once the job has ended, read the rest once
+                record = await fetch_record(state)
+            except (*BROKEN, JobUnreachableError) as exc:
+                await broke(exc)
+                continue
+            ended = record.get("state") in ENDED_STATES
+            if not ended and received == 0:
+                await asyncio.sleep(0.1)
+
+
+class ContentHasher:
+    """The plain sha256 of a byte stream and its sync manifest hash (pieces of 16 MiB)."""
+
+    def __init__(self, piece_bytes: int = MANIFEST_PIECE_BYTES) -> None:
+        self._whole = hashlib.sha256()
+        self._piece = hashlib.sha256()
+        self._in_piece = 0
+        self._piece_bytes = piece_bytes
+        self._digests: list[bytes] = []
+
+    def update(self, data: bytes) -> None:
+        self._whole.update(data)
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self._piece_bytes - self._in_piece)
+            self._piece.update(view[:take])
+            self._in_piece += take
+            view = view[take:]
+            if self._in_piece == self._piece_bytes:
+                self._digests.append(self._piece.digest())
+                self._piece, self._in_piece = hashlib.sha256(), 0
+
+    def matches(self, announced: str) -> bool:
+        """True when `announced` (hex, optionally `sha256:`-prefixed) is either hash."""
+        digests = list(self._digests)
+        if self._in_piece or not digests:
+            digests.append(self._piece.copy().digest())
+        joined = b"".join(digests)
+        manifest = digests[0].hex() if len(digests) == 1 else hashlib.sha256(joined).hexdigest()
+        wanted = announced.strip().lower().removeprefix("sha256:")
+        return wanted in (self._whole.hexdigest(), manifest)
+
+
+async def fetch_file(state: dict[str, Any], remote: str, target: Path) -> Path:
+    """GET `remote` of the job's working directory into `target` through a temp name; the file
+    appears only complete, fsynced and matching X-Shoal-Content-Hash."""
+    endpoint = endpoint_of(state)
+    part = target.with_name(f".{target.name}.part")
+    url = f"{endpoint.url}/v1/jobs/{state['job_id']}/files"
+    hasher = ContentHasher()
+    try:
+        async with (
+            open_session(endpoint, streaming_timeout(endpoint)) as session,
+            session.get(url, params={"path": remote}) as response,
+        ):
+            if response.status >= 400:
+                raise await error_of(response)
+            announced = response.headers.get(HASH_HEADER)
+            if not announced:
+                raise JobClientError(f"{url}: the answer has no {HASH_HEADER}; refusing it")
+            handle = await asyncio.to_thread(part.open, "wb")
+            with handle:
+                async for chunk in response.content.iter_chunked(1 << 20):
+                    hasher.update(chunk)
+                    await asyncio.to_thread(handle.write, chunk)
+                await asyncio.to_thread(os.fsync, handle.fileno())
+        if not hasher.matches(announced):
+            raise DownloadHashError(
+                f"{url}?path={remote}: the bytes received do not match {HASH_HEADER} "
+                f"{announced}; nothing was written to {target}; download again"
+            )
+        await asyncio.to_thread(_publish, part, target)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise JobUnreachableError(f"{url}: download of {remote} broke: {exc}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(part.unlink)
+    return target
+
+
+def _publish(part: Path, target: Path) -> None:
+    os.replace(part, target)
+    fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run an async twin to completion from synchronous code."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise JobClientError(
+        "the job client's plain functions cannot run inside an event loop: "
+        "call the async twin (e.g. start_job_async) instead"
+    )
