@@ -15,12 +15,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
-from sync.files.batch import MAX_BATCH_FILE_BYTES
+from sync.files.batches import BatchPulls
 from sync.files.catalog import FileCatalog
 from sync.files.deletions import DeletionRound, apply_deletions
-from sync.files.download import RECEIVED
 from sync.files.errors import (
-    AllSourcesFailedError,
     ContentMismatchError,
     FileChangedError,
     FileSyncError,
@@ -30,7 +28,6 @@ from sync.files.manifest import ManifestEntry
 from sync.files.plan import (
     ClusterSyncStats,
     FallbackSources,
-    NodeSyncStats,
     PullItem,
     SyncOptions,
     SyncProgress,
@@ -39,11 +36,20 @@ from sync.files.plan import (
     plan_pulls,
 )
 from sync.files.recovery import FileRecovery, install_copy, local_entry, partial_size
-from sync.files.tombstones import Tombstone
+from sync.files.rounds import (
+    ListedRound,
+    Outcome,
+    RoundTally,
+    TransferLog,
+    file_payload,
+    gather_listings,
+    plan_batches,
+    tracked_pull,
+)
 from sync.guards import check_free_space, dest_path
 from sync.transports.http import HttpTransport, RemoteManifest
 from sync.transports.protocol import PeerRef, TransferResult, Transport
-from wal import SYNC_STARTED, WalError, WriteAheadLog
+from wal import WalError, WriteAheadLog
 
 __all__ = ["FenceHeaders", "PeersFn", "SyncCoordinator", "SyncOptions"]
 
@@ -56,7 +62,7 @@ each request it makes because of the plan; empty while it applies none."""
 RETRYABLE = (ContentMismatchError, FileTransferError)
 
 
-class SyncCoordinator:
+class SyncCoordinator(BatchPulls):
     """File sync of one node (async context manager; close() is idempotent).
 
     Owns no connection: the catalog, transports and WAL are opened and closed by the caller.
@@ -82,6 +88,7 @@ class SyncCoordinator:
         self.self_peer = self_peer
         self.options = options if options is not None else SyncOptions()
         self._wal = wal
+        self._log = TransferLog(wal)
         self._breakers = breakers if breakers is not None else BreakerRegistry()
         self._metrics = metrics
         self._transports: dict[str, Transport] = dict(transports or {"http": http})
@@ -118,12 +125,6 @@ class SyncCoordinator:
         """Handlers for `wal.recover`: resume (or clean up) each interrupted transfer."""
         return self._recovery.handlers()
 
-    def _warn(self, key: str, message: str, *args: object) -> None:
-        """Log a repeated failure once at WARNING, then at DEBUG until it clears."""
-        level = logging.DEBUG if key in self._warned else logging.WARNING
-        self._warned.add(key)
-        logger.log(level, "node %s: %s", self.self_peer.node_id, message % args)
-
     async def _peers(self, peers: Sequence[PeerRef] | None) -> list[PeerRef]:
         if peers is None:
             if self._peers_fn is None:
@@ -145,29 +146,42 @@ class SyncCoordinator:
     async def _sync_category(
         self, category: str, peers: list[PeerRef]
     ) -> tuple[SyncStats, set[str]]:
+        """One round: list both sides, apply tombstones, plan, transfer, tally."""
         if self._closed:
             raise FileSyncError("sync coordinator is closed")
         started = time.monotonic()
         self.catalog.root(category)
-        local_id = self.catalog.shared_id(category)
-        errors: list[str] = []
-        failed: set[str] = set()
-        per_node: dict[str, list[str]] = {}  # errors by peer
-        node_files: dict[str, tuple[int, int]] = {}
-        local_task = asyncio.ensure_future(self.catalog.listing(category))
-        try:
-            remote_results = await asyncio.gather(
-                *(self._list_remote(peer, category) for peer in peers), return_exceptions=True
+        tally = RoundTally()
+        listed = await self._list_round(category, peers, tally)
+        deletions = DeletionRound(listed.remotes)
+        if self.catalog.propagates(category):
+            deletions = await apply_deletions(
+                self.catalog,
+                category,
+                self.self_peer.node_id,
+                listed.local,
+                listed.with_tombstones(),
             )
-        except BaseException:
-            local_task.cancel()
-            await asyncio.gather(local_task, return_exceptions=True)
-            raise
-        local = await local_task
-        remotes: list[tuple[PeerRef, tuple[ManifestEntry, ...]]] = []
-        tombstones: list[tuple[Tombstone, ...]] = []
-        etags: list[tuple[str, str]] = []
-        for peer, remote in zip(peers, remote_results, strict=True):
+        plan = self._plan_round(category, listed, deletions.remotes)
+        tally.count(plan, await self._transfer(category, plan))
+        duration = time.monotonic() - started
+        if self._metrics is not None:
+            self._metrics.observe_sync(category, duration)
+        stats = tally.stats(duration, deletions)
+        self.last_stats[category] = stats
+        return stats, tally.failed
+
+    async def _list_round(
+        self, category: str, peers: list[PeerRef], tally: RoundTally
+    ) -> ListedRound:
+        """This node's listing and every peer's manifest; a peer that fails to answer is
+        counted in `tally`, one sharing this node's storage is skipped."""
+        local_id = self.catalog.shared_id(category)
+        local, results = await gather_listings(
+            self.catalog.listing(category), [self._list_remote(p, category) for p in peers]
+        )
+        listed = ListedRound(local)
+        for peer, remote in zip(peers, results, strict=True):
             if isinstance(remote, asyncio.CancelledError):
                 raise remote
             if isinstance(remote, BaseException):
@@ -176,59 +190,49 @@ class SyncCoordinator:
                 )
                 if self._metrics is not None:
                     self._metrics.record_request_error(peer.node_id)
-                errors.append(f"{peer.node_id}: manifest: {remote}")
-                per_node.setdefault(peer.node_id, []).append(f"manifest: {remote}")
-                failed.add(peer.node_id)
+                tally.peer_failed(peer.node_id, f"manifest: {remote}")
                 continue
             self._warned.discard(f"manifest:{peer.node_id}")
             if local_id is not None and remote.shared_id == local_id:
                 logger.debug("%s shares %s with this node; nothing to copy", peer.node_id, category)
                 continue
-            remotes.append((peer, remote.entries))
-            tombstones.append(remote.tombstones)
-            etags.append((peer.node_id, remote.etag))
-        deletions = DeletionRound(remotes)
-        if self.catalog.propagates(category):
-            listed = [(p, e, t) for (p, e), t in zip(remotes, tombstones, strict=True)]
-            deletions = await apply_deletions(
-                self.catalog, category, self.self_peer.node_id, local, listed
-            )
-            remotes = deletions.remotes
-        settled = (local.etag, tuple(etags))
-        if self._settled.get(category) == settled and all(etag for _, etag in etags):
-            plan = []  # neither side changed since a sync that found nothing to pull
+            listed.add(peer, remote)
+        return listed
+
+    def _plan_round(
+        self,
+        category: str,
+        listed: ListedRound,
+        remotes: list[tuple[PeerRef, tuple[ManifestEntry, ...]]],
+    ) -> list[PullItem]:
+        """The pulls of this round (none when neither side changed since a round that found
+        nothing to pull), added to the progress."""
+        settled = listed.settled_key
+        if self._settled.get(category) == settled and listed.all_etags:
+            plan: list[PullItem] = []
         else:
+            local = listed.local
             plan = plan_pulls(dict(zip(local.paths, local.entries, strict=True)), remotes)
         if not plan:
             self._settled[category] = settled
-        progress = self.progress
-        progress.files_total += len(plan)
-        progress.bytes_total += sum(item.entry.size for item in plan)
-        batches, singles = self._batches(plan)
-        outcomes: dict[str, TransferResult | BaseException | None] = {}
+        self.progress.files_total += len(plan)
+        self.progress.bytes_total += sum(item.entry.size for item in plan)
+        return plan
 
-        async def tracked(item: PullItem) -> TransferResult | None:
-            counted = 0
-
-            def received(count: int) -> None:
-                nonlocal counted
-                step = min(count, item.entry.size - counted)
-                if step > 0:
-                    counted += step
-                    progress.bytes_done += step
-
-            token = RECEIVED.set(received)
-            try:
-                return await self._pull_item(category, item.entry, item.sources)
-            finally:
-                RECEIVED.reset(token)
-                progress.files_done += 1
-                progress.bytes_done += item.entry.size - counted
+    async def _transfer(self, category: str, plan: list[PullItem]) -> dict[str, Outcome]:
+        """Pull the plan: small files in batches per peer (a file the batch missed is pulled
+        alone), the rest one by one; the outcome of each path."""
+        batches, singles = plan_batches(plan, self.options)
+        outcomes: dict[str, Outcome] = {}
 
         async def one(item: PullItem) -> None:
             try:
-                outcomes[item.entry.path] = await tracked(item)
-            except Exception as exc:  # counted in the stats below
+                outcomes[item.entry.path] = await tracked_pull(
+                    self.progress,
+                    item,
+                    lambda: self._pull_item(category, item.entry, item.sources),
+                )
+            except Exception as exc:  # counted in the round's tally
                 outcomes[item.entry.path] = exc
 
         async def batch(peer: PeerRef, items: list[PullItem]) -> None:
@@ -239,179 +243,7 @@ class SyncCoordinator:
         await asyncio.gather(
             *(batch(peer, items) for peer, items in batches), *(one(item) for item in singles)
         )
-        files = transferred = 0
-        for item in plan:
-            outcome = outcomes.get(item.entry.path)
-            if isinstance(outcome, BaseException):
-                errors.append(f"{item.entry.path}: {outcome}")
-                if isinstance(outcome, AllSourcesFailedError):
-                    failed.update(peer for peer, _ in outcome.errors)
-                    for peer_id, error in outcome.errors:
-                        per_node.setdefault(peer_id, []).append(f"{item.entry.path}: {error}")
-            elif outcome is not None:
-                files += 1
-                transferred += outcome.bytes_transferred
-                count, size = node_files.get(outcome.peer, (0, 0))
-                node_files[outcome.peer] = (count + 1, size + outcome.bytes_transferred)
-        duration = time.monotonic() - started
-        if self._metrics is not None:
-            self._metrics.observe_sync(category, duration)
-        nodes = {
-            node: NodeSyncStats(*node_files.get(node, (0, 0)), tuple(per_node.get(node, ())))
-            for node in sorted({*node_files, *per_node})
-        }
-        stats = SyncStats(
-            files,
-            transferred,
-            duration,
-            tuple(errors),
-            nodes,
-            deleted=deletions.deleted,
-            stale_beyond_tombstone_ttl=deletions.stale_beyond_tombstone_ttl,
-            resurrected=len(deletions.resurrected),
-        )
-        self.last_stats[category] = stats
-        return stats, failed
-
-    def _batches(
-        self, plan: list[PullItem]
-    ) -> tuple[list[tuple[PeerRef, list[PullItem]]], list[PullItem]]:
-        """The items to pull in batches (small files, by their first source), and the rest."""
-        options = self.options
-        by_peer: dict[str, tuple[PeerRef, list[PullItem]]] = {}
-        singles: list[PullItem] = []
-        for item in plan:
-            primary = item.sources[0]
-            if (
-                options.batch_file_bytes > 0
-                and options.batch_max_files > 1
-                and item.entry.size <= min(options.batch_file_bytes, MAX_BATCH_FILE_BYTES)
-                and primary.transports[:1] == ("http",)
-            ):
-                by_peer.setdefault(primary.node_id, (primary, []))[1].append(item)
-            else:
-                singles.append(item)
-        batches: list[tuple[PeerRef, list[PullItem]]] = []
-        for peer, items in by_peer.values():
-            if len(items) == 1:
-                singles.extend(items)
-                continue
-            current: list[PullItem] = []
-            size = 0
-            for item in items:
-                if current and (
-                    len(current) >= options.batch_max_files
-                    or size + item.entry.size > options.batch_max_bytes
-                ):
-                    batches.append((peer, current))
-                    current, size = [], 0
-                current.append(item)
-                size += item.entry.size
-            batches.append((peer, current))
-        return batches, singles
-
-    async def _pull_batch(
-        self, category: str, peer: PeerRef, items: list[PullItem]
-    ) -> dict[str, TransferResult | None]:
-        """Pull `items` from `peer` in one request under one WAL entry; the outcome of each
-        file installed (None: another transfer has it in flight). Files missing from the
-        answer failed in the batch: the caller pulls them one by one."""
-        done: dict[str, TransferResult | None] = {}
-        mine: list[PullItem] = []
-        for item in items:
-            key = (category, item.entry.path)
-            if key in self._in_flight:
-                done[item.entry.path] = None
-            else:
-                self._in_flight.add(key)
-                mine.append(item)
-        try:
-            async with self._small:
-                done.update(await self._fetch_batch(category, peer, [i.entry for i in mine]))
-        finally:
-            for item in mine:
-                self._in_flight.discard((category, item.entry.path))
-        return done
-
-    async def _fetch_batch(
-        self, category: str, peer: PeerRef, entries: list[ManifestEntry]
-    ) -> dict[str, TransferResult]:
-        root = self.catalog.root(category)
-        progress = self.progress
-        started = time.monotonic()
-        try:
-            await asyncio.to_thread(
-                check_free_space, root, sum(e.size for e in entries), self.options.reserve
-            )
-        except FileSyncError as exc:
-            logger.debug("batch of %d files not tried: %s", len(entries), exc)
-            return {}
-        wal_id: int | None = None
-        if self._wal is not None:
-            payload = {
-                "peer": peer.to_json(),
-                "category": category,
-                "batch": [
-                    {"path": e.path, "hash": e.hash, "size": e.size, "mtime_ns": e.mtime_ns}
-                    for e in entries
-                ],
-            }
-            try:
-                wal_id = await self._wal.append(SYNC_STARTED, payload)
-            except WalError as exc:
-                raise FileSyncError(f"cannot log a batch of {len(entries)} files: {exc}") from exc
-        installed: list[tuple[ManifestEntry, os.stat_result]] = []
-
-        def on_installed(entry: ManifestEntry, info: os.stat_result) -> None:
-            installed.append((entry, info))
-            progress.files_done += 1
-            progress.bytes_done += entry.size
-
-        failure: BaseException | None = None
-        try:
-            async with self._breakers.breaker_for(peer.node_id, "http"):
-                try:
-                    results = await self.http.fetch_batch(
-                        peer, category, entries, root, on_installed
-                    )
-                except FileTransferError as exc:
-                    if exc.status is None or exc.status >= 500:
-                        raise
-                    failure = exc  # the peer refused the batch: not a fault of it
-        except (FileSyncError, CircuitOpenError) as exc:
-            failure = exc
-        finally:
-            if installed:
-                await self.catalog.cache(category).record_many(installed)
-        if failure is not None:
-            self._warn(f"batch:{peer.node_id}", "batch from %s: %s", peer.node_id, failure)
-        if self._wal is not None and wal_id is not None:
-            try:
-                if failure is None:
-                    await self._wal.commit(wal_id)
-                else:
-                    reason = f"{len(installed)} installed, then {type(failure).__name__}: {failure}"
-                    await self._wal.rollback(wal_id, reason=reason)
-            except WalError as exc:
-                logger.warning("log entry of a batch from %s: %s", peer.node_id, exc)
-        if failure is None:
-            return {
-                path: result
-                for path, result in results.items()
-                if isinstance(result, TransferResult)
-            }
-        return {
-            entry.path: TransferResult.installed(
-                peer,
-                self.http.name,
-                category,
-                entry,
-                transferred=entry.size,
-                resumed=0,
-                started=started,
-            )
-            for entry, _ in installed
-        }
+        return outcomes
 
     async def _pull_item(
         self, category: str, entry: ManifestEntry, sources: Sequence[PeerRef]
@@ -438,32 +270,19 @@ class SyncCoordinator:
         final = dest_path(root, entry.path)
         present = await asyncio.to_thread(partial_size, final.parent, entry.hash)
         await asyncio.to_thread(check_free_space, root, entry.size - present, self.options.reserve)
-        wal_id: int | None = None
-        if self._wal is not None:
-            payload = {
-                "peer": sources.primary.to_json(),
-                "category": category,
-                "path": entry.path,
-                "hash": entry.hash,
-                "size": entry.size,
-                "mtime_ns": entry.mtime_ns,
-            }
-            try:
-                wal_id = await self._wal.append(SYNC_STARTED, payload)
-            except WalError as exc:
-                raise FileSyncError(f"cannot log the transfer of {entry.path}: {exc}") from exc
+        wal_id = await self._log.begin(
+            file_payload(sources.primary, category, entry), f"the transfer of {entry.path}"
+        )
         try:
             result = await self.install(category, entry, sources)
         except Exception as exc:
-            if self._wal is not None and wal_id is not None:
-                with contextlib.suppress(Exception):
-                    await self._wal.rollback(wal_id, reason=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(Exception):
+                await self._log.end(wal_id, f"{type(exc).__name__}: {exc}")
             raise
-        if self._wal is not None and wal_id is not None:
-            try:
-                await self._wal.commit(wal_id)
-            except WalError as exc:
-                raise FileSyncError(f"{entry.path} installed, but its log entry: {exc}") from exc
+        try:
+            await self._log.end(wal_id)
+        except WalError as exc:
+            raise FileSyncError(f"{entry.path} installed, but its log entry: {exc}") from exc
         return result
 
     async def install(
