@@ -7,7 +7,9 @@
    loopback HTTP, in batches (one request and one WAL entry per batch, every file verified
    and fsynced, one fsync per directory) and, for comparison, one file per request; vs
    `rsync -a --fsync` of the same tree into an empty directory on the same disk. The
-   server's manifest is hashed once before the timed pulls (`server_first_hash_s`).
+   server's manifest is hashed once before the timed pulls (`server_first_hash_s`). The same
+   through the CLI as a user types it (`shoal_cli`): `shoal sync training --from src` against a
+   `shoal serve` node joined to a source node, timed from exec to exit.
 2. A no-op sync of a 100,000-file category (both nodes already hold the same tree) vs
    `rsync -a -n` of the same two trees: "strict", the server rescans its tree for every
    manifest request (like rsync); "default", the server's FileCatalog settings (a listing is
@@ -30,11 +32,13 @@ import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,8 @@ from typing import Any
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
+SHOAL = Path(sys.executable).parent / "shoal"
+"""The `shoal` command of this interpreter's environment (as a user runs it)."""
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -212,12 +218,85 @@ def make_small_tree(root: Path, count: int) -> int:
     return total
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def shoal_node(data_dir: Path, name: str, port: int, seeds: tuple[int, ...] = ()) -> Iterator[str]:
+    """`shoal serve` as a user starts it (no background sync, no mDNS); yields its URL once
+    it answers /v1/status and, with seeds, lists them alive; SIGTERM on exit."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = data_dir.parent / f"{name}.yaml"
+    config.write_text("sync_interval_s: 0\n")
+    argv = [
+        str(SHOAL), "serve", "--node-id", name, "--port", str(port), "--data-dir", str(data_dir),
+        "--config", str(config), "--no-mdns",
+        *(arg for seed in seeds for arg in ("--seed", f"127.0.0.1:{seed}")),
+    ]  # fmt: skip
+    log = (data_dir.parent / f"{name}.log").open("ab")
+    process = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not _alive_peers(url, len(seeds)):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"shoal node {name} did not come up: see {log.name}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _alive_peers(url: str, wanted: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/peers", timeout=2) as answer:
+            members = json.loads(answer.read())["members"]
+    except (OSError, ValueError, KeyError):
+        return False
+    alive = [m for m in members if m.get("state") == "alive" and not m.get("is_self")]
+    return len(alive) >= wanted
+
+
+def cli_sync_timed(node_url: str, source: str) -> float:
+    """`shoal sync training --from SOURCE --node URL --json`, timed from exec to exit."""
+    argv = [str(SHOAL), "sync", "training", "--from", source, "--node", node_url, "--json"]
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"shoal sync failed ({done.returncode}): {done.stdout}{done.stderr}")
+    return elapsed
+
+
+def _warm_manifest(url: str) -> None:
+    """Make the source hash its tree before the timed runs (as the in-process server's)."""
+    with urllib.request.urlopen(f"{url}/v1/sync/training/manifest", timeout=120) as answer:
+        answer.read()
+
+
 async def small_files(work: Path, count: int, trials: int) -> dict[str, Any]:
     server_dir, copies = work / "server", work / "copies"
     total = make_small_tree(server_dir / "training", count)
     copies.mkdir(parents=True, exist_ok=True)
-    samples: dict[str, list[float]] = {"shoal_batched": [], "shoal_per_file": [], "rsync": []}
-    with server(server_dir) as peer:
+    samples: dict[str, list[float]] = {
+        "shoal_batched": [], "shoal_per_file": [], "rsync": [], "shoal_cli": []
+    }  # fmt: skip
+    shutil.copytree(server_dir / "training", work / "nodes" / "src" / "training")
+    source_port = _free_port()
+    with (
+        server(server_dir) as peer,
+        shoal_node(work / "nodes" / "src", "src", source_port) as source_url,
+    ):
+        _warm_manifest(source_url)
         async with HttpTransport(timeouts=TIMEOUTS) as http:
             started = time.perf_counter()
             await http.list_manifest(peer, "training")  # the server hashes its tree once
@@ -239,6 +318,13 @@ async def small_files(work: Path, count: int, trials: int) -> dict[str, Any]:
                     assert stats.files_transferred == count, stats
                     assert not stats.errors, stats
                 shutil.rmtree(client_dir)
+            destination = work / "nodes" / f"dst-{trial}"
+            with shoal_node(destination, f"dst-{trial}", _free_port(), (source_port,)) as url:
+                os.sync()
+                samples["shoal_cli"].append(cli_sync_timed(url, "src"))
+            copied = sum(1 for p in (destination / "training").rglob("*") if p.is_file())
+            assert copied == count, f"shoal sync copied {copied} of {count} files"
+            shutil.rmtree(destination)
     best = {name: min(values) for name, values in samples.items()}
     return {
         "files": count,
@@ -251,7 +337,12 @@ async def small_files(work: Path, count: int, trials: int) -> dict[str, Any]:
         "ms_per_file": {name: round(value / count * 1000, 3) for name, value in best.items()},
         "batched_vs_rsync_time": round(best["shoal_batched"] / best["rsync"], 2),
         "median_batched_vs_rsync_time": _ratio(samples, "shoal_batched", "rsync"),
-        "targets": {"batched_faster_than_rsync": best["shoal_batched"] < best["rsync"]},
+        "cli_vs_rsync_time": round(best["shoal_cli"] / best["rsync"], 2),
+        "median_cli_vs_rsync_time": _ratio(samples, "shoal_cli", "rsync"),
+        "targets": {
+            "batched_faster_than_rsync": best["shoal_batched"] < best["rsync"],
+            "cli_faster_than_rsync": best["shoal_cli"] < best["rsync"],
+        },
     }
 
 
