@@ -135,28 +135,9 @@ def init_ca(
         )
         public = key.public_key()
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(moment - _BACKDATE)
-            .not_valid_after(moment + timedelta(days=days))
+            _builder(subject, subject, public, moment, moment + timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(signs=True), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
             .sign(key, hashes.SHA256())
         )
@@ -255,6 +236,78 @@ def issue_certificate(
     and records the certificate in the index. Refuses (CaError) a bad name, days beyond
     MAX_DAYS or the CA's own expiry, SANs for a non-node role, or an existing `name.key` in
     `out` unless `force`."""
+    alt_names = _leaf_names(name, role, sans, days)
+    ca = load_ca(directory)
+    moment = now or datetime.now(UTC)
+    not_after = moment + timedelta(days=days)
+    if not_after > ca.cert.not_valid_after_utc:
+        left = (ca.cert.not_valid_after_utc - moment).days
+        raise CaError(
+            f"--days {days}: the CA expires at {ca.cert.not_valid_after_utc.isoformat()};"
+            f" use --days {left} or less, or make a new CA"
+        )
+    make_dir(out, "--out")
+    key_path, cert_path = out / f"{name}.key", out / f"{name}.crt"
+    if key_path.exists() and not force:
+        raise CaError(f"{key_path} exists: pick another --out, or pass --force to replace it")
+    key = _new_key()
+    cert = _leaf_certificate(ca, key, name, role, alt_names, moment, not_after)
+    issued = IssuedCertificate(
+        serial=cert.serial_number,
+        name=name,
+        role=role,
+        not_before=cert.not_valid_before_utc,
+        not_after=cert.not_valid_after_utc,
+    )
+    with locked(directory):
+        index = read_index(directory)
+        write_index(directory, dataclasses.replace(index, issued=(*index.issued, issued)))
+    write_atomic(key_path, _key_pem(key), 0o600)
+    write_atomic(cert_path, _cert_pem(cert))
+    write_atomic(out / CA_CERT, _cert_pem(ca.cert))
+    return IssuedFiles(key_path=key_path, cert_path=cert_path, ca_path=out / CA_CERT, issued=issued)
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    public: ec.EllipticCurvePublicKey,
+    moment: datetime,
+    not_after: datetime,
+) -> x509.CertificateBuilder:
+    """A certificate's common part: names, key, a random serial, valid from a little before
+    `moment` (clock skew between hosts) until `not_after`."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(moment - _BACKDATE)
+        .not_valid_after(not_after)
+    )
+
+
+def _key_usage(*, signs: bool) -> x509.KeyUsage:
+    """Digital signatures only; with `signs` (the CA) also certificates and CRLs."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs,
+        crl_sign=signs,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _leaf_names(
+    name: str, role: CertRole, sans: Sequence[str], days: int
+) -> list[x509.GeneralName]:
+    """Check the identity name, days and SANs of a certificate to issue; its SAN list (the
+    name as a DNS name first)."""
     if not is_valid_node_id(name):
         raise CaError(
             f"{name!r} is not a valid identity name: use 1 to 63 letters, digits, '.', '_'"
@@ -270,77 +323,44 @@ def issue_certificate(
         general = parse_san(text)
         if general not in alt_names:
             alt_names.append(general)
-    ca = load_ca(directory)
-    moment = now or datetime.now(UTC)
-    not_after = moment + timedelta(days=days)
-    if not_after > ca.cert.not_valid_after_utc:
-        left = (ca.cert.not_valid_after_utc - moment).days
-        raise CaError(
-            f"--days {days}: the CA expires at {ca.cert.not_valid_after_utc.isoformat()};"
-            f" use --days {left} or less, or make a new CA"
-        )
-    make_dir(out, "--out")
-    key_path, cert_path = out / f"{name}.key", out / f"{name}.crt"
-    if key_path.exists() and not force:
-        raise CaError(f"{key_path} exists: pick another --out, or pass --force to replace it")
-    key = _new_key()
+    return alt_names
+
+
+def _leaf_certificate(
+    ca: ClusterCa,
+    key: ec.EllipticCurvePrivateKey,
+    name: str,
+    role: CertRole,
+    alt_names: list[x509.GeneralName],
+    moment: datetime,
+    not_after: datetime,
+) -> x509.Certificate:
+    """The certificate of identity `name` with `role`, signed by the CA: serverAuth and
+    clientAuth for a node, clientAuth for the others."""
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if role is CertRole.NODE:
         usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "shoal"),
-                    x509.NameAttribute(ROLE_ATTRIBUTE, role.value),
-                    x509.NameAttribute(IDENTITY_ATTRIBUTE, name),
-                ]
-            )
-        )
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(moment - _BACKDATE)
-        .not_valid_after(not_after)
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "shoal"),
+            x509.NameAttribute(ROLE_ATTRIBUTE, role.value),
+            x509.NameAttribute(IDENTITY_ATTRIBUTE, name),
+        ]
+    )
+    public = key.public_key()
+    return (
+        _builder(subject, ca.cert.subject, public, moment, not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
             critical=False,
         )
         .sign(ca.key, hashes.SHA256())
     )
-    issued = IssuedCertificate(
-        serial=cert.serial_number,
-        name=name,
-        role=role,
-        not_before=cert.not_valid_before_utc,
-        not_after=cert.not_valid_after_utc,
-    )
-    with locked(directory):
-        index = read_index(directory)
-        write_index(directory, dataclasses.replace(index, issued=(*index.issued, issued)))
-    write_atomic(key_path, _key_pem(key), 0o600)
-    write_atomic(cert_path, _cert_pem(cert))
-    write_atomic(out / CA_CERT, _cert_pem(ca.cert))
-    return IssuedFiles(key_path=key_path, cert_path=cert_path, ca_path=out / CA_CERT, issued=issued)
 
 
 def _parse_serial(text: str) -> int | None:

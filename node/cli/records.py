@@ -191,29 +191,9 @@ def records_import(
                 lines = lines_read
                 if not batch:
                     continue
-                # The server refuses a batch whole, naming its first bad record: report that
-                # line, drop it, and send the rest again, so every good record is ingested.
-                while batch:
-                    try:
-                        total += await client.send_batch(store, [record for _, record in batch])
-                    except RecordRejectedError as exc:
-                        if exc.index is None or not 0 <= exc.index < len(batch):
-                            first, last = batch[0][0], batch[-1][0]
-                            rejected = (
-                                f"{file}: the batch of lines {first}-{last} was refused and "
-                                f"nothing of it ingested: {exc.reason}"
-                            )
-                            break
-                        bad.append(batch[exc.index][0])
-                        err_console.print(
-                            f"{file}:{rejected_line(exc, batch).removeprefix('line ')}",
-                            markup=False,
-                            highlight=False,
-                        )
-                        del batch[exc.index]
-                        continue
-                    sent += len(batch)
-                    break
+                added, count, rejected = await _send_batch(client, store, batch, file, bad)
+                total += added
+                sent += count
                 if rejected:
                     break
                 progress(sent, handle.tell())
@@ -238,6 +218,41 @@ def records_import(
             "every other line was ingested",
             EXIT_FAILURE,
         )
+
+
+async def _send_batch(
+    client: RecordClient,
+    store: str,
+    batch: list[Line],
+    file: Path,
+    bad: list[int],
+) -> tuple[IngestResult, int, str | None]:
+    """Send one batch. The server refuses a batch whole, naming its first bad record: report
+    that line (added to `bad`), drop it and send the rest again, so every good record is
+    ingested. What was ingested, how many records were sent, and why the batch was refused
+    when the server named no record."""
+    while batch:
+        try:
+            result = await client.send_batch(store, [record for _, record in batch])
+        except RecordRejectedError as exc:
+            if exc.index is None or not 0 <= exc.index < len(batch):
+                first, last = batch[0][0], batch[-1][0]
+                return (
+                    IngestResult(),
+                    0,
+                    f"{file}: the batch of lines {first}-{last} was refused and "
+                    f"nothing of it ingested: {exc.reason}",
+                )
+            bad.append(batch[exc.index][0])
+            err_console.print(
+                f"{file}:{rejected_line(exc, batch).removeprefix('line ')}",
+                markup=False,
+                highlight=False,
+            )
+            del batch[exc.index]
+            continue
+        return result, len(batch), None
+    return IngestResult(), 0, None
 
 
 @contextlib.contextmanager

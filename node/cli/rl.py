@@ -144,56 +144,25 @@ def demo(
     warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
     from node.rl.demo import train
 
-    root = Path(tempfile.mkdtemp(prefix="shoal-rl-demo-"))
-    daemons: list[subprocess.Popen[bytes]] = []
-    generators: dict[str, subprocess.Popen[bytes]] = {}
-
-    def say(text: str) -> None:
-        if not as_json:
-            print(text, file=sys.stderr, flush=True)
-
+    demo = _Demo(Path(tempfile.mkdtemp(prefix="shoal-rl-demo-")), max_lag, as_json)
     try:
-        if node_urls:
-            given = [url.rstrip("/") for url in node_urls]
-            if len(set(given)) < 2:
-                fail("give at least two --node URLs: one trainer and one generator")
-            say(f"waiting for {len(given)} nodes to form the weights group of run {RUN!r}")
-            urls = _group_of(given, wait_s)
-            models = {name: root / "models" for name in urls}  # all processes run here
-        else:
-            urls, daemons = start_local_cluster(root, nodes, base_port)
-            say(f"started {nodes} nodes under {root}; waiting for the role plan")
-            _wait_for_group(next(iter(urls.values())), nodes, wait_s)
-            models = {name: root / name / "models" for name in urls}  # the sync fan-out's
-        names = list(urls)
-
-        def start_generator(name: str) -> None:
-            with (root / f"{name}-generator.log").open("ab") as log:
-                generators[name] = subprocess.Popen(  # noqa: S603 - our interpreter and arguments
-                    [sys.executable, "-m", "node", "rl", "generator", urls[name],
-                     str(models[name]), "--max-lag", str(max_lag)],
-                    stdout=log, stderr=log,
-                )  # fmt: skip
+        demo.form(node_urls, nodes, base_port, wait_s)
+        for name in demo.names[1:]:
+            demo.start_generator(name)
 
         def before_step(step: int) -> None:
-            if kill_receiver_at == step and len(names) > 1:
-                victim = names[-1]
-                say(f"step {step}: SIGKILL the generator of {victim}, then restart it")
-                generators[victim].send_signal(signal.SIGKILL)
-                generators[victim].wait()
-                start_generator(victim)
-
-        for name in names[1:]:
-            start_generator(name)
+            if kill_receiver_at == step and len(demo.names) > 1:
+                demo.restart_generator(step, demo.names[-1])
 
         def line(record: dict[str, Any]) -> None:
             print(json.dumps(record), flush=True)
 
+        trainer = demo.names[0]
         final = train(
             RUN,
-            urls[names[0]],
-            [urls[n] for n in names],
-            models[names[0]],
+            demo.urls[trainer],
+            [demo.urls[n] for n in demo.names],
+            demo.models[trainer],
             steps,
             max_lag,
             batch_size,
@@ -201,18 +170,78 @@ def demo(
             before_step,
         )
         time.sleep(1.0)  # the last acknowledgements are in; read every node's status
+        print(json.dumps(demo.final_line(final)), flush=True)
+    finally:
+        demo.stop()
+
+
+class _Demo:
+    """The processes of one `shoal rl demo`: the local daemons it started (none with --node)
+    and one generator per inference node, each logging into `root`."""
+
+    def __init__(self, root: Path, max_lag: int, as_json: bool) -> None:
+        self.root = root
+        self.max_lag = max_lag
+        self.as_json = as_json
+        self.daemons: list[subprocess.Popen[bytes]] = []
+        self.generators: dict[str, subprocess.Popen[bytes]] = {}
+        self.urls: dict[str, str] = {}
+        self.models: dict[str, Path] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.urls)
+
+    def say(self, text: str) -> None:
+        if not self.as_json:
+            print(text, file=sys.stderr, flush=True)
+
+    def form(self, node_urls: list[str] | None, nodes: int, base_port: int, wait_s: float) -> None:
+        """Use the given daemons, or start a local cluster; wait for the weights group."""
+        if node_urls:
+            given = [url.rstrip("/") for url in node_urls]
+            if len(set(given)) < 2:
+                fail("give at least two --node URLs: one trainer and one generator")
+            self.say(f"waiting for {len(given)} nodes to form the weights group of run {RUN!r}")
+            self.urls = _group_of(given, wait_s)
+            self.models = {name: self.root / "models" for name in self.urls}  # all run here
+        else:
+            self.urls, self.daemons = start_local_cluster(self.root, nodes, base_port)
+            self.say(f"started {nodes} nodes under {self.root}; waiting for the role plan")
+            _wait_for_group(next(iter(self.urls.values())), nodes, wait_s)
+            self.models = {name: self.root / name / "models" for name in self.urls}
+
+    def start_generator(self, name: str) -> None:
+        with (self.root / f"{name}-generator.log").open("ab") as log:
+            self.generators[name] = subprocess.Popen(  # noqa: S603 - our interpreter and arguments
+                [sys.executable, "-m", "node", "rl", "generator", self.urls[name],
+                 str(self.models[name]), "--max-lag", str(self.max_lag)],
+                stdout=log, stderr=log,
+            )  # fmt: skip
+
+    def restart_generator(self, step: int, victim: str) -> None:
+        self.say(f"step {step}: SIGKILL the generator of {victim}, then restart it")
+        self.generators[victim].send_signal(signal.SIGKILL)
+        self.generators[victim].wait()
+        self.start_generator(victim)
+
+    def final_line(self, final: int) -> dict[str, Any]:
+        """The last line: the final version and every node's weights sha256 and digest."""
         statuses = {
-            name: _get(f"{url}/v1/weights/status?run={RUN}") or {} for name, url in urls.items()
+            name: _get(f"{url}/v1/weights/status?run={RUN}") or {}
+            for name, url in self.urls.items()
         }
         shas = {name: status.get("sha256") for name, status in statuses.items()}
         digests = {name: status.get("digest") for name, status in statuses.items()}
-        final_line = {"final_version": final, "weights_sha256": shas, "weights_digest": digests}
-        print(json.dumps(final_line), flush=True)
-    finally:
-        for process in [*generators.values(), *daemons]:
+        return {"final_version": final, "weights_sha256": shas, "weights_digest": digests}
+
+    def stop(self) -> None:
+        """SIGTERM every process, then SIGKILL what is still up after 10 s."""
+        processes = [*self.generators.values(), *self.daemons]
+        for process in processes:
             if process.poll() is None:
                 process.terminate()
-        for process in [*generators.values(), *daemons]:
+        for process in processes:
             try:
                 process.wait(10)
             except subprocess.TimeoutExpired:

@@ -90,6 +90,23 @@ async def apply_deletions(
         ttl_s=store.ttl_s,
     )
     await store.change(category, plan.adopt, plan.clear)
+    deleted = await _delete_copies(catalog, category, node_id, plan)
+    filtered = [(peer, plan.surviving(entries)) for peer, entries, _ in remotes]
+    resurrected: tuple[str, ...] = ()
+    if stale and remotes:
+        assert last is not None
+        resurrected = _resurrected(local, filtered, plan)
+        _warn_resurrected(node_id, category, (now_ns - last) / 1e9, store.ttl_s, resurrected)
+    if remotes:
+        await store.set_last_sync(category, now_ns)
+    return DeletionRound(filtered, deleted, stale and bool(remotes), resurrected)
+
+
+async def _delete_copies(
+    catalog: FileCatalog, category: str, node_id: str, plan: DeletionPlan
+) -> int:
+    """Delete the local copies the plan kills (each only if it is still the version the
+    tombstone names); how many went. A copy this node may not delete is logged and kept."""
     deleted = 0
     cache = catalog.cache(category)
     root = catalog.root(category)
@@ -113,28 +130,32 @@ async def apply_deletions(
                 entry.path,
                 tomb.node_id,
             )
-    filtered = [(peer, plan.surviving(entries)) for peer, entries, _ in remotes]
-    resurrected: tuple[str, ...] = ()
-    if stale and remotes:
-        held_by_peers = {entry.path for _, entries in filtered for entry in entries}
-        killed = {entry.path for entry, _ in plan.delete}
-        resurrected = tuple(
-            path for path in local.paths if path not in held_by_peers and path not in killed
-        )
-        assert last is not None
-        logger.warning(
-            "node %s: %s last synced %.0f s ago, longer than tombstone_ttl_s %.0f: deletions "
-            "made meanwhile are forgotten, and %d file(s) here that no peer has (%s) may be "
-            "such deletions, which peers will now copy back; delete them here if they were "
-            "deleted elsewhere",
-            node_id,
-            category,
-            (now_ns - last) / 1e9,
-            store.ttl_s,
-            len(resurrected),
-            ", ".join(resurrected[:SHOWN_PATHS])
-            + (", ..." if len(resurrected) > SHOWN_PATHS else ""),
-        )
-    if remotes:
-        await store.set_last_sync(category, now_ns)
-    return DeletionRound(filtered, deleted, stale and bool(remotes), resurrected)
+    return deleted
+
+
+def _resurrected(
+    local: Listing,
+    filtered: Sequence[tuple[PeerRef, tuple[ManifestEntry, ...]]],
+    plan: DeletionPlan,
+) -> tuple[str, ...]:
+    """The local files no peer holds and no tombstone kills: maybe deletions this node missed."""
+    held_by_peers = {entry.path for _, entries in filtered for entry in entries}
+    killed = {entry.path for entry, _ in plan.delete}
+    return tuple(path for path in local.paths if path not in held_by_peers and path not in killed)
+
+
+def _warn_resurrected(
+    node_id: str, category: str, since_s: float, ttl_s: float, resurrected: tuple[str, ...]
+) -> None:
+    logger.warning(
+        "node %s: %s last synced %.0f s ago, longer than tombstone_ttl_s %.0f: deletions "
+        "made meanwhile are forgotten, and %d file(s) here that no peer has (%s) may be "
+        "such deletions, which peers will now copy back; delete them here if they were "
+        "deleted elsewhere",
+        node_id,
+        category,
+        since_s,
+        ttl_s,
+        len(resurrected),
+        ", ".join(resurrected[:SHOWN_PATHS]) + (", ..." if len(resurrected) > SHOWN_PATHS else ""),
+    )
