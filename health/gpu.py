@@ -282,10 +282,11 @@ def fake_gpu_uuids(env: Mapping[str, str] | None = None) -> tuple[str, ...] | No
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _fake(index: int, uuid: str) -> GpuInfo:
+def _unread(index: int, name: str, uuid: str, problems: tuple[str, ...] = ()) -> GpuInfo:
+    """A GPU without readings: a fake one (no problems) or one NVML could not read."""
     return GpuInfo(
         index=index,
-        name=f"fake GPU ({ENV_FAKE_GPUS})",
+        name=name,
         uuid=uuid,
         util_pct=None,
         memory_used_mb=None,
@@ -295,26 +296,17 @@ def _fake(index: int, uuid: str) -> GpuInfo:
         remapped_pending=None,
         remapped_failed=None,
         xid_errors=None,
-        error=False,
+        error=bool(problems),
+        problems=problems,
     )
+
+
+def _fake(index: int, uuid: str) -> GpuInfo:
+    return _unread(index, f"fake GPU ({ENV_FAKE_GPUS})", uuid)
 
 
 def _unreadable(index: int, problem: str) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        name="unknown",
-        uuid="",
-        util_pct=None,
-        memory_used_mb=None,
-        memory_total_mb=None,
-        temperature_c=None,
-        ecc_uncorrected=None,
-        remapped_pending=None,
-        remapped_failed=None,
-        xid_errors=None,
-        error=True,
-        problems=(problem,),
-    )
+    return _unread(index, "unknown", "", (problem,))
 
 
 _default_reader = GpuReader()
