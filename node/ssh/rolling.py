@@ -190,7 +190,9 @@ class RollingReport:
 
     @property
     def ok(self) -> bool:
-        return self.stopped_at is None
+        """Every host done (or, in a dry run, every host planned without a failure)."""
+        failed = any(o.result is not None and o.result.status == FAILED for o in self.outcomes)
+        return self.stopped_at is None and not failed
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -268,7 +270,7 @@ async def rolling_upgrade(
     hosts (the inventory), `voters` its voter set. Stops at the first host that fails, is
     refused by the voter guard, or does not settle within `settle_timeout_s`, with its log
     tail; the hosts after it are `untouched`."""
-    before = await probe_all(probe, members)
+    before = await probe_all(probe, sorted({*members, *voters}))
     coordinator, _ = agreed_coordinator(members, before)
     order = rolling_order(hosts, voters, coordinator)
     voter_set = set(voters)
@@ -294,6 +296,11 @@ async def rolling_upgrade(
         kind = "voter" if voter else "non-voter"
         plan = await upgrader.plan(host)
         if dry_run:
+            if voter:
+                answering = {v for v in voters if before.get(v) is not None}
+                refusal = voter_guard(host, voters, answering)
+                now = refusal or f"holds: {len(answering)} of {len(voters)} voters answer"
+                checks = (*checks, f"now: {now}")
             outcomes.append(HostOutcome(host, voter, PLANNED, checks, plan, plan.reason))
             continue
         progress(f"[{index}/{len(order)}] {host} ({kind}): {plan.status}")

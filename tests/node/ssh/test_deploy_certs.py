@@ -163,7 +163,7 @@ def test_the_plan_pushes_the_files_with_their_modes_and_the_config_names_them(
     )
     # Deployed, then the same certificate kept: unchanged; a new certificate: an upgrade
     # that writes no key unless one was issued.
-    deployed = {"fingerprint": want.fingerprint, "service": "detached"}
+    deployed: dict[str, object] = {"fingerprint": want.fingerprint, "service": "detached"}
     again = HostFacts("/root", False, deployed, 7, True, frozenset(), tls.cert_pem, True)
     kept = issue(ca_dir, existing=tls.cert_pem)
     assert plan_deploy("gpu-a", INVENTORY.hosts["gpu-a"], again, desired(kept)) == (

@@ -255,6 +255,10 @@ def test_dry_run_prints_the_order_and_the_checks_and_changes_nothing() -> None:
     assert "before: at least 2 of the 3 voters answer besides c" in text
     assert "after: c alive at 3 of 5 members and a coordinator named by 3 (within 30s)" in text
     assert "before: at least" not in text.split("3. c")[0]  # non-voters have no guard
+    assert "now: holds: 3 of 3 voters answer" in text
+    cluster.up.discard("d")
+    text = "\n".join(report_lines(roll(cluster, upgrader, ["c"], dry_run=True)))
+    assert "now: stopping voter c would leave 1 of 3 voters alive" in text
     document = report.as_dict()
     assert document["dry_run"] is True
     assert document["order"] == ["a", "b", "c", "d", "e"]
