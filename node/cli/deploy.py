@@ -116,8 +116,7 @@ def deploy_command(
 ) -> None:
     """Install (or upgrade) and start shoal on the hosts; `unchanged` when already there.
 
-    All hosts at once by default; with --rolling one at a time, each checked back in before the
-    next (--dry-run prints the order and the checks)."""
+    Every host at once; with --rolling one at a time, each back in before the next."""
     inventory, known, names = load_targets(inventory_file, known_hosts, hosts, all_hosts, role)
     secret_path = secret_file or settings_from().settings.secret_file
     if secret_path is None:
