@@ -2,10 +2,12 @@
 /v1/health and see each other; a second run is `unchanged` with the same pids; `--dry-run`
 writes nothing; a rolling upgrade (a changed inventory) restarts them one at a time, the
 coordinator last, each back in the cluster before the next, and records each in its audit
-trail; `undeploy` stops the daemon and keeps the data dir."""
+trail; a roll whose first host does not come back stops there with its log lines and leaves
+the others running; `undeploy` stops the daemon and keeps the data dir."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -20,7 +22,16 @@ from node.ssh import SSHExecutor
 from node.ssh.cluster import HttpClusterProbe
 from node.ssh.deploy import DeployResult, SshUpgrader, deploy, desired_for_hosts, undeploy_host
 from node.ssh.plan import INSTALLED, REMOVED, UNCHANGED, UPGRADED
-from node.ssh.rolling import UPGRADED_AND_SETTLED, RollingReport, rolling_upgrade
+from node.ssh.rolling import (
+    STOPPED,
+    UNTOUCHED,
+    UPGRADED_AND_SETTLED,
+    RollingReport,
+    agreed_coordinator,
+    probe_all,
+    rolling_order,
+    rolling_upgrade,
+)
 from tests.cluster.fixtures import NetnsClusterFactory
 from tests.cluster.sshd import (
     make_client_key,
@@ -214,6 +225,64 @@ def test_deploy_three_hosts_then_unchanged_then_rolling_then_undeploy(
         ]
         details = [e["detail"] for e in entries]
         assert [d["rolling"] for d in details] == [False, True]  # type: ignore[index]
+
+    # A roll whose first host does not come back (its new config has a key the daemon
+    # refuses) stops there with that host's log lines; the others keep running, untouched.
+    inventory_document["hosts"][names[0]]["labels"] = {"rack": "r2"}  # type: ignore[index]
+    inventory_path.write_text(yaml.safe_dump(inventory_document))
+    inventory = load_inventory(inventory_path)
+    pids_before = {o.host: o.result.pid for o in rolled.outcomes if o.result is not None}
+
+    async def broken_roll() -> tuple[str, RollingReport]:
+        async with (
+            SSHExecutor(inventory, known) as executor,
+            HttpClusterProbe(inventory, secret) as probe,
+        ):
+            desired, early = await desired_for_hosts(
+                executor,
+                names,
+                secret=secret,
+                inventory_text=inventory_path.read_text(),
+                python=BASE_PYTHON,
+                offline=True,
+                cache_dir=tmp_path / "cache",
+                tls=False,
+            )
+            coordinator, _ = agreed_coordinator(names, await probe_all(probe, names))
+            broken = rolling_order(names, inventory.voters, coordinator)[0]
+            bad_config = desired[broken].node_config + "no_such_setting: 1\n"
+            desired[broken] = dataclasses.replace(desired[broken], node_config=bad_config)
+            upgrader = SshUpgrader(executor, desired, early, health_timeout_s=20.0, recorder=probe)
+            report = await rolling_upgrade(
+                names,
+                members=names,
+                voters=inventory.voters,
+                upgrader=upgrader,
+                probe=probe,
+                settle_timeout_s=60.0,
+            )
+            return broken, report
+
+    broken, stopped = run_in_namespace(operator.ns, broken_roll, STEP_TIMEOUT_S * 2)
+    assert not stopped.ok
+    assert stopped.stopped_at == broken
+    assert stopped.order[0] == broken
+    first_outcome, *rest = stopped.outcomes
+    assert first_outcome.state == STOPPED
+    assert first_outcome.reason is not None
+    assert "not healthy" in first_outcome.reason
+    assert first_outcome.log_tail is not None
+    assert "no_such_setting" in first_outcome.log_tail
+    assert [o.state for o in rest] == [UNTOUCHED, UNTOUCHED]
+    for outcome in rest:
+        pid = pids_before[outcome.host]
+        assert pid is not None
+        assert os.path.exists(f"/proc/{pid}")
+        assert not _zombie(pid)
+
+    healed = run_deploy(dry_run=False)  # the right config everywhere again
+    assert healed[broken].status == UPGRADED, healed[broken]
+    wait_until(see_each_other, timeout_s=60, interval_s=0.5, message="healed: all see each other")
 
     async def ready() -> ReadyNode:
         return await ready_node(
