@@ -9,6 +9,8 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from node.audit.entries import (
+        DEPLOY_CERTIFICATE,
+        DEPLOY_HOST,
         KIND_TYPES,
         LOCK_GRANT,
         LOCK_RELEASE,
@@ -17,26 +19,31 @@ if TYPE_CHECKING:
         read_audit,
         record_audit,
     )
-    from node.audit.routes import AUDIT_PATH, AuditRoutes
+    from node.audit.routes import AUDIT_PATH, DEPLOYS_PATH, AuditRoutes, DeployRecordBody
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
             "node.audit.entries": (
-                "KIND_TYPES LOCK_GRANT LOCK_RELEASE RUN_STEP AuditEntry read_audit record_audit"
+                "DEPLOY_CERTIFICATE DEPLOY_HOST KIND_TYPES LOCK_GRANT LOCK_RELEASE RUN_STEP "
+                "AuditEntry read_audit record_audit"
             ),
-            "node.audit.routes": "AUDIT_PATH AuditRoutes",
+            "node.audit.routes": "AUDIT_PATH DEPLOYS_PATH AuditRoutes DeployRecordBody",
         },
     )
 
 __all__ = [
     "AUDIT_PATH",
+    "DEPLOYS_PATH",
+    "DEPLOY_CERTIFICATE",
+    "DEPLOY_HOST",
     "KIND_TYPES",
     "LOCK_GRANT",
     "LOCK_RELEASE",
     "RUN_STEP",
     "AuditEntry",
     "AuditRoutes",
+    "DeployRecordBody",
     "read_audit",
     "record_audit",
 ]

@@ -17,19 +17,22 @@ log = logging.getLogger(__name__)
 LOCK_GRANT = "lock.grant"
 LOCK_RELEASE = "lock.release"
 RUN_STEP = "run.step"
+DEPLOY_HOST = "deploy.host"
+DEPLOY_CERTIFICATE = "deploy.certificate"
 
 KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "job": ("job.start", "job.kill", "job.gang"),
     "lock": (LOCK_GRANT, LOCK_RELEASE),
     "run": (RUN_STEP,),
-    "deploy": (),
+    "deploy": (DEPLOY_HOST, DEPLOY_CERTIFICATE),
     "drain": (),
     "keyring": (),
     "certificate": (),
 }
-"""Audit kind -> the WAL entry types it lists. Deploys run from the operator's machine over SSH
-and leave no entry in any node's WAL; drains, keyrings and certificates do not exist yet: those
-kinds are accepted and list nothing."""
+"""Audit kind -> the WAL entry types it lists. A deploy runs from the operator's machine over SSH;
+once a host answers, `shoal deploy` records it (and the node certificate it issued) in that
+host's WAL through POST /v1/audit/deploys. Drains, keyrings and certificates do not exist yet:
+those kinds are accepted and list nothing."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -38,6 +41,8 @@ ACTIONS: Mapping[str, str] = {
     LOCK_GRANT: "grant",
     LOCK_RELEASE: "release",
     RUN_STEP: "step",
+    DEPLOY_HOST: "deploy",
+    DEPLOY_CERTIFICATE: "certificate issue",
 }
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 

@@ -1,5 +1,6 @@
-"""GET /v1/audit: this node's audit trail from its WAL. Read-only: no route changes or deletes
-an entry (any other method is answered 405)."""
+"""GET /v1/audit: this node's audit trail from its WAL; POST /v1/audit/deploys: `shoal deploy`
+appends the deploy of this host. Append-only: no route changes or deletes an entry (any other
+method is answered 405)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,24 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
-from node.audit.entries import KIND_TYPES, LOCK_GRANT, LOCK_RELEASE, read_audit, record_audit
-from node.openapi import RouteDoc
+from node.audit.entries import (
+    DEPLOY_CERTIFICATE,
+    DEPLOY_HOST,
+    KIND_TYPES,
+    LOCK_GRANT,
+    LOCK_RELEASE,
+    read_audit,
+    record_audit,
+)
+from node.errors import BodyError
+from node.openapi import BODY_CONFIG, RouteDoc, parse_body
 from node.runtime import NodeRuntime
 from node.security import bad_request
 
 AUDIT_PATH = "/v1/audit"
+DEPLOYS_PATH = "/v1/audit/deploys"
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 MAX_SINCE = 1e12
@@ -51,6 +63,32 @@ AUDIT_ANSWER: dict[str, Any] = {
 }
 
 
+class DeployedCertificate(BaseModel):
+    """The node certificate a deploy issued for the host (from the operator's CA)."""
+
+    model_config = BODY_CONFIG
+
+    serial: str = Field(min_length=1, max_length=64, description="hex, as `shoal ca list` shows")
+    not_after: str = Field(min_length=1, max_length=64, description="ISO 8601 expiry")
+
+
+class DeployRecordBody(BaseModel):
+    """Body of `POST /v1/audit/deploys`: what `shoal deploy` did to this host."""
+
+    model_config = BODY_CONFIG
+
+    host: str = Field(min_length=1, max_length=128, description="the inventory host name")
+    status: str = Field(pattern="^(installed|upgraded)$", description="installed or upgraded")
+    version: str = Field(min_length=1, max_length=128, description="the shoal version installed")
+    fingerprint: str = Field(max_length=128, description="the deploy fingerprint")
+    rolling: bool = Field(default=False, description="part of a rolling upgrade")
+    duration_s: float = Field(ge=0, le=1e6, description="how long the host took")
+    operator: str = Field(default="", max_length=256, description="user@machine that ran it")
+    certificate: DeployedCertificate | None = Field(
+        default=None, description="the node certificate issued for the host, if any"
+    )
+
+
 def _number(
     request: web.Request, name: str, default: float, bounds: tuple[float, float], whole: bool
 ) -> float:
@@ -76,7 +114,10 @@ class AuditRoutes:
         self._runtime = runtime
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.get(AUDIT_PATH, self._handle_audit)]
+        return [
+            web.get(AUDIT_PATH, self._handle_audit),
+            web.post(DEPLOYS_PATH, self._handle_deploy),
+        ]
 
     @staticmethod
     def docs() -> list[RouteDoc]:
@@ -86,7 +127,7 @@ class AuditRoutes:
                 "GET",
                 AUDIT_PATH,
                 "This node's audit trail from its WAL, oldest first: who (the signed sender), "
-                "what, on which node, when. Kinds deploy, drain, keyring and certificate list "
+                "what, on which node, when. Kinds drain, keyring and certificate list "
                 "nothing yet. Read-only: other methods answer 405",
                 ((200, "a page of entries; next_after pages on"), (400, "bad parameter")),
                 parameters=(
@@ -96,8 +137,40 @@ class AuditRoutes:
                     ("limit", "query", f"at most this many (1 to {MAX_LIMIT})", LIMIT_SCHEMA),
                 ),
                 response=AUDIT_ANSWER,
-            )
+            ),
+            RouteDoc(
+                "POST",
+                DEPLOYS_PATH,
+                "Append the deploy of this host (and the node certificate it issued) to the "
+                "audit trail, with the signed sender; `shoal deploy` calls it once the host "
+                "answers. Nothing is changed or deleted",
+                ((201, "recorded"), (400, "malformed body"), (503, "the WAL is not open yet")),
+                body=DeployRecordBody,
+                response={
+                    "type": "object",
+                    "required": ["recorded"],
+                    "properties": {"recorded": {"type": "integer"}},
+                },
+            ),
         ]
+
+    async def _handle_deploy(self, request: web.Request) -> web.Response:
+        try:
+            body = parse_body(DeployRecordBody, await request.read())
+        except BodyError as exc:
+            raise bad_request(str(exc)) from None
+        wal = self._runtime.wal
+        if wal is None:
+            raise web.HTTPServiceUnavailable(reason="the WAL is not open yet")
+        node_id = self._runtime.node_id
+        deployed = body.model_dump(exclude={"host", "certificate"})
+        await record_audit(wal, DEPLOY_HOST, {"name": body.host, **deployed}, node_id)
+        recorded = 1
+        if body.certificate is not None:
+            issued = {"name": body.host, **body.certificate.model_dump()}
+            await record_audit(wal, DEPLOY_CERTIFICATE, issued, node_id)
+            recorded += 1
+        return web.json_response({"recorded": recorded}, status=201)
 
     async def _handle_audit(self, request: web.Request) -> web.Response:
         kind = request.query.get("kind") or None

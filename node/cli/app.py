@@ -99,7 +99,8 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "audit", "node.cli.audit", "register",
         "List who did what, on which node and when: job starts and kills, gang starts, lock\n"
-        "grants and releases, run steps (deploy, drain, keyring and certificate list nothing yet).",
+        "grants and releases, run steps, deploys (drain, keyring and certificate list "
+        "nothing yet).",
     ),
     CommandEntry(
         "hosts", "node.cli.hosts", "hosts_app", "Check and list the YAML host inventory."

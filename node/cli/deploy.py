@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -19,8 +20,10 @@ from node.cli.ssh import (
     executor_for,
     load_targets,
 )
-from node.ssh.deploy import DeployResult, deploy, undeploy_host
+from node.ssh.cluster import HttpClusterProbe
+from node.ssh.deploy import DeployResult, SshUpgrader, deploy, desired_for_hosts, undeploy_host
 from node.ssh.plan import DEFAULT_CACHE_DIR, FAILED, HEALTH_TIMEOUT_S
+from node.ssh.rolling import SETTLE_TIMEOUT_S, RollingReport, report_lines, rolling_upgrade
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print every step per host; change nothing.")
@@ -38,6 +41,22 @@ def _report(results: dict[str, DeployResult], as_json: bool) -> None:
                 for step in result.steps:
                     console.print(f"  - {step}", markup=False, highlight=False)
     raise typer.Exit(1 if any(r.status == FAILED for r in results.values()) else 0)
+
+
+def _report_rolling(report: RollingReport, as_json: bool) -> None:
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        for line in report_lines(report):
+            console.print(line, markup=False, highlight=False)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _progress(as_json: bool) -> Callable[[str], None]:
+    def show(line: str) -> None:
+        typer.echo(line, err=as_json)
+
+    return show
 
 
 def deploy_command(
@@ -69,8 +88,35 @@ def deploy_command(
         float, typer.Option("--health-timeout", help="Seconds to wait for /v1/health.")
     ] = HEALTH_TIMEOUT_S,
     known_hosts: KnownHostsOption = None,
+    rolling: Annotated[
+        bool,
+        typer.Option(
+            "--rolling",
+            help="One host at a time, voters last, never below a majority of voters alive; "
+            "wait for each host to rejoin before the next; stop at the first that does not.",
+        ),
+    ] = False,
+    settle_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--settle-timeout",
+            help="With --rolling: seconds for a host to be alive at a majority of members "
+            "with an agreed coordinator.",
+        ),
+    ] = SETTLE_TIMEOUT_S,
+    ca_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca",
+            help="The operator's CA dir (shoal ca init): issue each host a node certificate "
+            "(kept while still good) and push it with ca.crt and crl.pem; adds tls: to the "
+            "node config.",
+        ),
+    ] = None,
 ) -> None:
-    """Install (or upgrade) and start shoal on the hosts; `unchanged` when already there."""
+    """Install (or upgrade) and start shoal on the hosts; `unchanged` when already there.
+
+    Every host at once; with --rolling one at a time, each back in before the next."""
     inventory, known, names = load_targets(inventory_file, known_hosts, hosts, all_hosts, role)
     secret_path = secret_file or settings_from().settings.secret_file
     if secret_path is None:
@@ -80,9 +126,51 @@ def deploy_command(
     if inventory.source is None:
         fail("the inventory must come from a file to be pushed to the hosts")
     inventory_text = inventory.source.read_text()
+    if ca_dir is not None and not (ca_dir / "ca.crt").is_file():
+        fail(f"--ca {ca_dir}: no ca.crt there; make a CA with `shoal ca init --dir {ca_dir}`")
+
+    async def go_rolling() -> RollingReport:
+        async with (
+            executor_for(inventory, known) as executor,
+            HttpClusterProbe(inventory, secret) as probe,
+        ):
+            desired, early = await desired_for_hosts(
+                executor,
+                names,
+                secret=secret,
+                inventory_text=inventory_text,
+                python=python,
+                offline=offline,
+                cache_dir=cache_dir,
+                tls=ca_dir is not None,
+            )
+            upgrader = SshUpgrader(
+                executor,
+                desired,
+                early,
+                health_timeout_s=health_timeout_s,
+                ca_dir=ca_dir,
+                recorder=probe,
+            )
+            return await rolling_upgrade(
+                names,
+                members=sorted(inventory.hosts),
+                voters=inventory.voters,
+                upgrader=upgrader,
+                probe=probe,
+                dry_run=dry_run,
+                settle_timeout_s=settle_timeout_s,
+                progress=_progress(as_json),
+            )
+
+    if rolling:
+        _report_rolling(asyncio.run(go_rolling()), as_json)
 
     async def go() -> dict[str, DeployResult]:
-        async with executor_for(inventory, known) as executor:
+        async with (
+            executor_for(inventory, known) as executor,
+            HttpClusterProbe(inventory, secret) as recorder,
+        ):
             return await deploy(
                 executor,
                 names,
@@ -93,6 +181,8 @@ def deploy_command(
                 dry_run=dry_run,
                 cache_dir=cache_dir,
                 health_timeout_s=health_timeout_s,
+                ca_dir=ca_dir,
+                recorder=recorder,
             )
 
     _report(asyncio.run(go()), as_json)

@@ -2,25 +2,30 @@
 
 Per host: probe (read only), plan (a pure function of the probe and the wanted state), then
 unless dry-run: push wheels over SFTP, create or reuse a venv, install, write the node config,
-inventory and secret (mode 600), start under systemd or detached with a pid file, wait for
-/v1/health, and record what was deployed in `<path>/deploy.json` so a second run is `unchanged`.
+inventory and secret (mode 600) and with `--ca` the host's TLS files, start under systemd or
+detached with a pid file, wait for /v1/health, and record what was deployed in
+`<path>/deploy.json` so a second run is `unchanged` (and, through a recorder, in the host
+daemon's audit trail).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shlex
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 import asyncssh
 
 from config import HostEntry, Inventory
 from node.errors import DeployError, SSHError
+from node.ssh.certs import NodeTls, node_tls
 from node.ssh.executor import SSHExecutor
 from node.ssh.plan import (
     DEFAULT_CACHE_DIR,
@@ -58,6 +63,10 @@ class DeployResult:
     steps: tuple[str, ...] = ()
     dry_run: bool = False
     pid: int | None = None
+    version: str | None = None
+    fingerprint: str | None = None
+    certificate: dict[str, object] | None = None
+    audit_problem: str | None = None
 
     def line(self) -> str:
         """One line for the operator: `host: installed (12.3s)` or `host: failed: reason`."""
@@ -73,7 +82,31 @@ class DeployResult:
             "steps": list(self.steps),
             "dry_run": self.dry_run,
             "pid": self.pid,
+            "version": self.version,
+            "certificate": self.certificate,
+            "audit_problem": self.audit_problem,
         }
+
+
+class DeployRecorder(Protocol):
+    """Records a finished deploy in the audit trail of the host's daemon."""
+
+    async def record(self, host: str, result: DeployResult, *, rolling: bool) -> str | None:
+        """The problem, or None (recorded, or nothing to record)."""
+        ...
+
+
+def certificate_summary(tls: NodeTls | None) -> dict[str, object] | None:
+    """What a result says of the host's certificate: serial, expiry, issued now or kept, why."""
+    if tls is None:
+        return None
+    return {
+        "serial": tls.serial,
+        "not_after": tls.not_after,
+        "issued": tls.issued,
+        "pending": tls.pending,
+        "reason": tls.reason,
+    }
 
 
 async def _execute(
@@ -147,24 +180,39 @@ async def deploy_host(
     *,
     dry_run: bool = False,
     health_timeout_s: float = HEALTH_TIMEOUT_S,
+    ca_dir: Path | None = None,
 ) -> DeployResult:
-    """Deploy to one host; every failure is this host's `failed` result."""
+    """Deploy to one host; every failure is this host's `failed` result. With `ca_dir`, the
+    host's node certificate is kept or issued (not in a dry run) and pushed with the CA
+    certificate and CRL."""
     started = time.monotonic()
     entry = executor.inventory.hosts[host]
     steps: list[Step] = []
+    tls: NodeTls | None = None
     try:
         facts = await _facts(executor, host, entry)
         root = remote_root(entry, facts.home)
         desired = desired_for[host]
+        if ca_dir is not None:
+            tls = await asyncio.to_thread(
+                node_tls, ca_dir, host, entry, facts.tls_cert, facts.tls_key, issue=not dry_run
+            )
+            desired = dataclasses.replace(desired, tls=tls)
         status, steps = plan_deploy(host, entry, facts, desired)
         if dry_run:
+            described = tuple(s.describe() for s in steps)
+            if tls is not None and tls.pending and steps:
+                note = f"issue a node certificate for {host} from {ca_dir} ({tls.reason})"
+                described = (note, *described)
             return DeployResult(
                 host,
                 status,
                 time.monotonic() - started,
-                steps=tuple(s.describe() for s in steps),
+                steps=described,
                 dry_run=True,
                 pid=facts.pid,
+                version=desired.version,
+                certificate=certificate_summary(tls),
             )
         await _execute(executor, host, steps, STEP_TIMEOUT_S)
         await wait_healthy(health_url(entry), health_timeout_s)
@@ -183,7 +231,12 @@ async def deploy_host(
             )
     except (DeployError, SSHError) as exc:
         return DeployResult(
-            host, FAILED, time.monotonic() - started, str(exc), tuple(s.describe() for s in steps)
+            host,
+            FAILED,
+            time.monotonic() - started,
+            str(exc),
+            tuple(s.describe() for s in steps),
+            certificate=certificate_summary(tls),
         )
     return DeployResult(
         host,
@@ -191,6 +244,9 @@ async def deploy_host(
         time.monotonic() - started,
         steps=tuple(s.describe() for s in steps),
         pid=after.pid,
+        version=desired.version,
+        fingerprint=desired.fingerprint,
+        certificate=certificate_summary(tls),
     )
 
 
@@ -204,8 +260,10 @@ def desired_states(
     offline: bool,
     cache_dir: Path,
     homes: dict[str, str],
+    tls: bool = False,
 ) -> dict[str, Desired]:
-    """The Desired of every host (wheels built once, in `cache_dir`)."""
+    """The Desired of every host (wheels built once, in `cache_dir`); with `tls`, their node
+    configs name the TLS files (the material itself comes per host, after its probe)."""
     cache = cache_dir.expanduser()
     shoal = build_shoal_wheel(cache)
     dependencies = tuple(dependency_wheels(cache)) if offline else ()
@@ -216,7 +274,7 @@ def desired_states(
         desired[host] = Desired(
             shoal,
             dependencies,
-            node_config_text(host, entry, inventory, root),
+            node_config_text(host, entry, inventory, root, tls=tls),
             inventory_text,
             secret,
             python,
@@ -236,8 +294,58 @@ async def deploy(
     dry_run: bool = False,
     cache_dir: Path = DEFAULT_CACHE_DIR,
     health_timeout_s: float = HEALTH_TIMEOUT_S,
+    ca_dir: Path | None = None,
+    recorder: DeployRecorder | None = None,
 ) -> dict[str, DeployResult]:
-    """Deploy shoal to every host at once; one result per host."""
+    """Deploy shoal to every host at once; one result per host. `recorder` records each
+    installed or upgraded host in its daemon's audit trail (a problem is noted in the
+    result's `audit_problem`, never a failure)."""
+    desired, early = await desired_for_hosts(
+        executor,
+        hosts,
+        secret=secret,
+        inventory_text=inventory_text,
+        python=python,
+        offline=offline,
+        cache_dir=cache_dir,
+        tls=ca_dir is not None,
+    )
+    todo = [h for h in hosts if h not in early]
+    done = await asyncio.gather(
+        *(
+            deploy_host(
+                executor,
+                h,
+                desired,
+                dry_run=dry_run,
+                health_timeout_s=health_timeout_s,
+                ca_dir=ca_dir,
+            )
+            for h in todo
+        )
+    )
+    if recorder is not None:
+        done = [
+            dataclasses.replace(r, audit_problem=await recorder.record(h, r, rolling=False))
+            for h, r in zip(todo, done, strict=True)
+        ]
+    results = {**early, **dict(zip(todo, done, strict=True))}
+    return {h: results[h] for h in hosts}
+
+
+async def desired_for_hosts(
+    executor: SSHExecutor,
+    hosts: Sequence[str],
+    *,
+    secret: bytes,
+    inventory_text: str,
+    python: str,
+    offline: bool,
+    cache_dir: Path,
+    tls: bool,
+) -> tuple[dict[str, Desired], dict[str, DeployResult]]:
+    """Each host's Desired, and the `failed` result of each host whose home could not be
+    read (wheels built once, in a thread)."""
     homes: dict[str, str] = {}
     early: dict[str, DeployResult] = {}
     for host in hosts:
@@ -257,16 +365,77 @@ async def deploy(
         offline=offline,
         cache_dir=cache_dir,
         homes=homes,
+        tls=tls,
     )
-    todo = [h for h in hosts if h not in early]
-    done = await asyncio.gather(
-        *(
-            deploy_host(executor, h, desired, dry_run=dry_run, health_timeout_s=health_timeout_s)
-            for h in todo
+    return desired, early
+
+
+async def log_tail(executor: SSHExecutor, host: str, lines: int) -> str:
+    """The last `lines` lines of the host daemon's log: its journal under systemd
+    (`journalctl -u shoal`), else `path/daemon.log`; the problem when they cannot be read."""
+    entry = executor.inventory.hosts[host]
+    try:
+        facts = await _facts(executor, host, entry)
+    except (DeployError, SSHError) as exc:
+        return f"(no log: {exc})"
+    if facts.systemd:
+        user = () if entry.ssh_user in (None, "root") else ("--user",)
+        argv = ["journalctl", *user, "-u", UNIT_NAME, "-n", str(lines), "--no-pager"]
+    else:
+        argv = ["tail", "-n", str(lines), f"{remote_root(entry, facts.home)}/daemon.log"]
+    result = await executor.run(host, argv, 60.0)
+    if not result.ok:
+        detail = result.error or f"exited {result.exit_code}: {result.stderr.strip()[-200:]}"
+        return f"(no log: {shlex.join(argv)}: {detail})"
+    return result.stdout.rstrip("\n")
+
+
+class SshUpgrader:
+    """The SSH side of a rolling upgrade (node.ssh.rolling.HostUpgrader): plan and upgrade one
+    host with `deploy_host`, read its log tail, record it through `recorder`."""
+
+    def __init__(
+        self,
+        executor: SSHExecutor,
+        desired: dict[str, Desired],
+        early: dict[str, DeployResult],
+        *,
+        health_timeout_s: float = HEALTH_TIMEOUT_S,
+        ca_dir: Path | None = None,
+        recorder: DeployRecorder | None = None,
+    ) -> None:
+        self._executor = executor
+        self._desired = desired
+        self._early = early
+        self._health_timeout_s = health_timeout_s
+        self._ca_dir = ca_dir
+        self._recorder = recorder
+
+    async def _deploy(self, host: str, dry_run: bool) -> DeployResult:
+        if host in self._early:
+            return self._early[host]
+        return await deploy_host(
+            self._executor,
+            host,
+            self._desired,
+            dry_run=dry_run,
+            health_timeout_s=self._health_timeout_s,
+            ca_dir=self._ca_dir,
         )
-    )
-    results = {**early, **dict(zip(todo, done, strict=True))}
-    return {h: results[h] for h in hosts}
+
+    async def plan(self, host: str) -> DeployResult:
+        return await self._deploy(host, dry_run=True)
+
+    async def upgrade(self, host: str) -> DeployResult:
+        return await self._deploy(host, dry_run=False)
+
+    async def log_tail(self, host: str, lines: int) -> str:
+        return await log_tail(self._executor, host, lines)
+
+    async def record(self, host: str, result: DeployResult, *, rolling: bool) -> str | None:
+        if self._recorder is None:
+            return None
+        return await self._recorder.record(host, result, rolling=rolling)
 
 
 async def undeploy_host(

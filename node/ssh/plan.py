@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from config import HostEntry, Inventory
+from node.ssh.certs import NodeTls, decode_probe_cert, tls_paths, tls_probe_lines
 from node.ssh.wheels import Wheel
 
 INSTALLED = "installed"
@@ -40,15 +41,16 @@ class Upload:
 @dataclass(frozen=True)
 class WriteFile:
     """Write `text` to `remote` with `mode` (atomically: a temp name, then rename). `secret`:
-    the text is never shown."""
+    the text is never shown, only `label`."""
 
     remote: str
     text: str = field(repr=False)
     mode: int = 0o644
     secret: bool = False
+    label: str = "the cluster secret"
 
     def describe(self) -> str:
-        what = "the cluster secret" if self.secret else f"{len(self.text)} bytes"
+        what = self.label if self.secret else f"{len(self.text)} bytes"
         return f"write {self.remote} (mode {self.mode:o}, {what})"
 
 
@@ -76,6 +78,8 @@ class HostFacts:
     pid: int | None
     alive: bool
     wheels: frozenset[str]
+    tls_cert: bytes | None = None
+    tls_key: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Desired:
     secret: bytes = field(repr=False)
     python: str
     offline: bool
+    tls: NodeTls | None = None
 
     @property
     def version(self) -> str:
@@ -104,9 +109,16 @@ class Desired:
             self.inventory_text,
             hashlib.sha256(self.secret).hexdigest(),
             self.python,
+            *self._tls_parts(),
         ):
             digest.update(part.encode() + b"\0")
         return digest.hexdigest()
+
+    def _tls_parts(self) -> tuple[str, ...]:
+        if self.tls is None:
+            return ()
+        parts = (self.tls.ca_pem, self.tls.crl_pem, self.tls.cert_pem)
+        return ("tls", *(hashlib.sha256(part).hexdigest() for part in parts))
 
 
 def remote_root(entry: HostEntry, home: str) -> str:
@@ -119,10 +131,13 @@ def remote_root(entry: HostEntry, home: str) -> str:
     return path
 
 
-def node_config_text(name: str, entry: HostEntry, inventory: Inventory, root: str) -> str:
+def node_config_text(
+    name: str, entry: HostEntry, inventory: Inventory, root: str, *, tls: bool = False
+) -> str:
     """The node config a host runs with: its node id, bind address and port, data dir,
-    inventory and secret under `root`."""
-    settings = {
+    inventory and secret under `root`; with `tls`, the `tls:` block naming its CA
+    certificate, certificate, key and CRL under `root/tls`."""
+    settings: dict[str, object] = {
         "node_id": name,
         "bind": entry.internal_ip or entry.address,
         "port": entry.p2p_port,
@@ -132,6 +147,8 @@ def node_config_text(name: str, entry: HostEntry, inventory: Inventory, root: st
         "inventory": f"{root}/inventory.yaml",
         "secret_file": f"{root}/secret",
     }
+    if tls:
+        settings["tls"] = tls_paths(root).settings()
     return yaml.safe_dump(settings, sort_keys=True)
 
 
@@ -152,6 +169,7 @@ def probe_script(root_path: str) -> str:
             ' if kill -0 "$p" 2>/dev/null; then echo alive=yes; fi; fi',
             'if [ -d "$r/wheels" ]; then for w in "$r"/wheels/*.whl; do'
             ' [ -f "$w" ] && echo "wheel=$(basename "$w")"; done; fi',
+            *tls_probe_lines(),
             "true",
         ]
     )
@@ -179,6 +197,8 @@ def parse_facts(output: str) -> HostFacts:
         pid=int(pid_text) if pid_text.isdigit() else None,
         alive=bool(values.get("alive")),
         wheels=frozenset(values.get("wheel", [])),
+        tls_cert=decode_probe_cert(values.get("tlscert", [""])[0].strip()),
+        tls_key=bool(values.get("tlskey")),
     )
 
 
@@ -218,9 +238,10 @@ def plan_deploy(
     if previous.get("fingerprint") == fingerprint and running:
         return UNCHANGED, []
     status = UPGRADED if previous else INSTALLED
-    steps: list[Step] = [
-        Remote(("mkdir", "-p", f"{root}/wheels", f"{root}/data"), "make the directories")
-    ]
+    folders = [f"{root}/wheels", f"{root}/data"]
+    if desired.tls is not None:
+        folders.append(f"{root}/tls")
+    steps: list[Step] = [Remote(("mkdir", "-p", *folders), "make the directories")]
     for wheel in (desired.shoal, *desired.dependencies):
         if wheel.name not in facts.wheels:
             steps.append(Upload(wheel.path, f"{root}/wheels/{wheel.name}"))
@@ -246,6 +267,8 @@ def plan_deploy(
     steps.append(WriteFile(f"{root}/inventory.yaml", desired.inventory_text, 0o644))
     steps.append(WriteFile(f"{root}/node.yaml", desired.node_config, 0o600))
     steps.append(WriteFile(f"{root}/secret", desired.secret.decode(), 0o600, secret=True))
+    if desired.tls is not None:
+        steps.extend(tls_steps(root, desired.tls))
     if facts.systemd:
         steps.extend(systemd_steps(entry, root))
     else:
@@ -253,6 +276,20 @@ def plan_deploy(
             steps.append(stop_pid_step(facts.pid))
         steps.append(start_detached_step(root))
     return status, steps
+
+
+def tls_steps(root: str, tls: NodeTls) -> list[Step]:
+    """Write the CA certificate, the CRL and the node certificate (mode 644) and, when newly
+    issued, the node key (mode 600, never shown)."""
+    paths = tls_paths(root)
+    steps: list[Step] = [
+        WriteFile(paths.ca, tls.ca_pem.decode(), 0o644),
+        WriteFile(paths.crl, tls.crl_pem.decode(), 0o644),
+        WriteFile(paths.cert, tls.cert_pem.decode(), 0o644),
+    ]
+    if tls.key_pem is not None:
+        steps.append(WriteFile(paths.key, tls.key_pem.decode(), 0o600, True, "the node key"))
+    return steps
 
 
 def systemctl_argv(entry: HostEntry, *args: str) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
-"""GET /v1/audit and `shoal audit` on a real daemon: job starts and kills and lock grants and
-releases with the signed sender, filtered by kind and time; nothing can change or delete them."""
+"""GET /v1/audit and `shoal audit` on a real daemon: job starts and kills, lock grants and
+releases, and deploys (POST /v1/audit/deploys) with the signed sender, filtered by kind and
+time; nothing can change or delete them."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
+from config import parse_inventory
 from node.audit import KIND_TYPES
 from node.audit.entries import run_steps
 from node.cli.audit import KINDS, parse_since
+from node.ssh.cluster import HttpClusterProbe, deploy_record
+from node.ssh.deploy import DeployResult
 from tests.node.daemons import FAST_ELECTION
-from tests.node.jobs.helpers import JobClient, job_daemon, write_secret
+from tests.node.jobs.helpers import SECRET, JobClient, job_daemon, write_secret
 from tests.node.runs.cluster import until
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,3 +149,48 @@ def test_run_steps_names_each_run_whose_step_or_state_moved() -> None:
         {"run_id": "r1", "step": "locked", "state": "running", "note": "lock granted"},
         {"run_id": "r3", "step": "queued", "state": "queued", "note": None},
     ]
+
+
+async def test_deploys_are_recorded_through_the_probe_and_listed_as_kind_deploy(
+    tmp_path: Path,
+) -> None:
+    async with job_daemon(tmp_path) as client:
+        port = urlsplit(client.base).port
+        inventory = parse_inventory({"hosts": {"n1": {"ssh_host": "127.0.0.1", "p2p_port": port}}})
+        certificate = {"serial": "1a2b", "not_after": "2027-01-01T00:00:00+00:00", "issued": True}
+        upgraded = DeployResult(
+            "n1",
+            "upgraded",
+            12.5,
+            version="0.2.0+gabc",
+            fingerprint="f" * 64,
+            certificate=certificate,
+        )
+        unchanged = DeployResult("n1", "unchanged", 0.3)
+        assert deploy_record(unchanged, rolling=False) is None
+        async with HttpClusterProbe(inventory, SECRET, sender="cli-deployer") as probe:
+            assert await probe.record("n1", upgraded, rolling=True) is None
+            assert await probe.record("n1", unchanged, rolling=False) is None
+            member = await probe.member("n1")
+        assert member is not None
+        assert member.node_id == "n1"
+        assert "n1" in member.alive
+
+        deploys = await audit(client, "?kind=deploy")
+        assert [(e["action"], e["subject"], e["sender"]) for e in deploys] == [
+            ("deploy", "n1", "cli-deployer"),
+            ("certificate issue", "n1", "cli-deployer"),
+        ]
+        detail = deploys[0]["detail"]
+        assert (detail["status"], detail["version"], detail["rolling"]) == (
+            "upgraded",
+            "0.2.0+gabc",
+            True,
+        )
+        assert "@" in detail["operator"]
+        assert deploys[1]["detail"] == {"serial": "1a2b", "not_after": "2027-01-01T00:00:00+00:00"}
+        status, body = await client.call(
+            "POST", "/v1/audit/deploys", json={"host": "n1", "status": "removed"}
+        )
+        assert status == 400, body
+        assert len(await audit(client, "?kind=deploy")) == 2

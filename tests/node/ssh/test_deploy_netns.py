@@ -1,9 +1,13 @@
-"""`shoal deploy` to two netns hosts with real sshds: from a clean state both daemons answer
+"""`shoal deploy` to three netns hosts with real sshds: from a clean state the daemons answer
 /v1/health and see each other; a second run is `unchanged` with the same pids; `--dry-run`
-writes nothing; `undeploy` stops the daemon and keeps the data dir."""
+writes nothing; a rolling upgrade (a changed inventory) restarts them one at a time, the
+coordinator last, each back in the cluster before the next, and records each in its audit
+trail; a roll whose first host does not come back stops there with its log lines and leaves
+the others running; `undeploy` stops the daemon and keeps the data dir."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -15,8 +19,19 @@ import yaml
 from config import load_inventory, signed_headers
 from node.providers import ReadyNode, ready_node
 from node.ssh import SSHExecutor
-from node.ssh.deploy import DeployResult, deploy, undeploy_host
-from node.ssh.plan import INSTALLED, REMOVED, UNCHANGED
+from node.ssh.cluster import HttpClusterProbe
+from node.ssh.deploy import DeployResult, SshUpgrader, deploy, desired_for_hosts, undeploy_host
+from node.ssh.plan import INSTALLED, REMOVED, UNCHANGED, UPGRADED
+from node.ssh.rolling import (
+    STOPPED,
+    UNTOUCHED,
+    UPGRADED_AND_SETTLED,
+    RollingReport,
+    agreed_coordinator,
+    probe_all,
+    rolling_order,
+    rolling_upgrade,
+)
 from tests.cluster.fixtures import NetnsClusterFactory
 from tests.cluster.sshd import (
     make_client_key,
@@ -34,11 +49,11 @@ BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
 STEP_TIMEOUT_S = 240.0
 
 
-@pytest.mark.timeout(600)
-def test_deploy_two_hosts_then_unchanged_then_undeploy(
+@pytest.mark.timeout(900)
+def test_deploy_three_hosts_then_unchanged_then_rolling_then_undeploy(
     netns_cluster: NetnsClusterFactory, tmp_path: Path
 ) -> None:
-    cluster = netns_cluster(3)
+    cluster = netns_cluster(4)
     operator, *targets = cluster.hosts
     key = make_client_key(tmp_path / "client")
     servers = [start_sshd(tmp_path / f"sshd-{h.name}", [key.public_line], host=h) for h in targets]
@@ -49,31 +64,31 @@ def test_deploy_two_hosts_then_unchanged_then_undeploy(
     secret_path.chmod(0o600)
     roots = {h.name: tmp_path / "targets" / h.name for h in targets}
     inventory_path = tmp_path / "inventory.yaml"
-    inventory_path.write_text(
-        yaml.safe_dump(
-            {
-                "cluster": {"name": "deploytest"},
-                "hosts": {
-                    h.name: {
-                        "ssh_host": h.address,
-                        "internal_ip": h.address,
-                        "ssh_user": "root",
-                        "ssh_key": str(key.path),
-                        "path": str(roots[h.name]),
-                        "p2p_port": h.port,
-                    }
-                    for h in targets
-                },
+    inventory_document = {
+        "cluster": {"name": "deploytest"},
+        "hosts": {
+            h.name: {
+                "ssh_host": h.address,
+                "internal_ip": h.address,
+                "ssh_user": "root",
+                "ssh_key": str(key.path),
+                "path": str(roots[h.name]),
+                "p2p_port": h.port,
             }
-        )
-    )
+            for h in targets
+        },
+    }
+    inventory_path.write_text(yaml.safe_dump(inventory_document))
     inventory = load_inventory(inventory_path)
     names = [h.name for h in targets]
     secret = b"deploy-test-secret-0123456789abcdef"
 
     def run_deploy(dry_run: bool) -> dict[str, DeployResult]:
         async def go() -> dict[str, DeployResult]:
-            async with SSHExecutor(inventory, known) as executor:
+            async with (
+                SSHExecutor(inventory, known) as executor,
+                HttpClusterProbe(inventory, secret) as recorder,
+            ):
                 return await deploy(
                     executor,
                     names,
@@ -83,6 +98,7 @@ def test_deploy_two_hosts_then_unchanged_then_undeploy(
                     offline=True,
                     dry_run=dry_run,
                     cache_dir=tmp_path / "cache",
+                    recorder=recorder,
                 )
 
         return run_in_namespace(operator.ns, go, STEP_TIMEOUT_S)
@@ -101,6 +117,7 @@ def test_deploy_two_hosts_then_unchanged_then_undeploy(
     for name in names:
         assert first[name].status == INSTALLED, first[name]
         assert first[name].pid is not None
+        assert first[name].audit_problem is None
         secret_file = roots[name] / "secret"
         assert secret_file.stat().st_mode & 0o777 == 0o600
         assert secret_file.read_bytes().strip() == secret
@@ -140,6 +157,132 @@ def test_deploy_two_hosts_then_unchanged_then_undeploy(
         assert second[name].steps == ()
         assert second[name].pid == first[name].pid
         assert os.path.exists(f"/proc/{first[name].pid}")
+
+    # A rolling upgrade: a changed inventory (a new label) changes every host's fingerprint.
+    inventory_document["hosts"][names[0]]["labels"] = {"rack": "r1"}  # type: ignore[index]
+    inventory_path.write_text(yaml.safe_dump(inventory_document))
+    inventory = load_inventory(inventory_path)
+    progress: list[str] = []
+
+    async def roll() -> RollingReport:
+        async with (
+            SSHExecutor(inventory, known) as executor,
+            HttpClusterProbe(inventory, secret) as probe,
+        ):
+            desired, early = await desired_for_hosts(
+                executor,
+                names,
+                secret=secret,
+                inventory_text=inventory_path.read_text(),
+                python=BASE_PYTHON,
+                offline=True,
+                cache_dir=tmp_path / "cache",
+                tls=False,
+            )
+            upgrader = SshUpgrader(executor, desired, early, recorder=probe)
+            return await rolling_upgrade(
+                names,
+                members=names,
+                voters=inventory.voters,
+                upgrader=upgrader,
+                probe=probe,
+                settle_timeout_s=120.0,
+                progress=progress.append,
+            )
+
+    rolled = run_in_namespace(operator.ns, roll, STEP_TIMEOUT_S * 2)
+    assert rolled.ok, "\n".join(progress)
+    assert sorted(rolled.order) == sorted(names)
+    assert rolled.order[-1] == rolled.coordinator_before  # the coordinator went last
+    for outcome in rolled.outcomes:
+        assert outcome.state == UPGRADED_AND_SETTLED, outcome
+        assert outcome.result is not None
+        assert outcome.result.status == UPGRADED
+        assert outcome.result.pid != first[outcome.host].pid
+        assert outcome.audit is None
+    assert any("waiting:" in line for line in progress)
+    wait_until(see_each_other, timeout_s=60, interval_s=0.5, message="all three see each other")
+
+    def deploys_recorded(host_index: int) -> list[dict[str, object]]:
+        async def go() -> list[dict[str, object]]:
+            path = "/v1/audit?kind=deploy"
+            headers = signed_headers(secret, "cli-deploy-test", "GET", path)
+            url = f"http://{targets[host_index].endpoint}{path}"
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+                session.get(url, headers=headers) as response,
+            ):
+                entries: list[dict[str, object]] = (await response.json())["entries"]
+                return entries
+
+        return run_in_namespace(operator.ns, go, 30.0)
+
+    for index, name in enumerate(names):
+        entries = deploys_recorded(index)
+        assert [(e["action"], e["subject"]) for e in entries] == [
+            ("deploy", name),  # the first deploy
+            ("deploy", name),  # the rolling upgrade
+        ]
+        details = [e["detail"] for e in entries]
+        assert [d["rolling"] for d in details] == [False, True]  # type: ignore[index]
+
+    # A roll whose first host does not come back (its new config has a key the daemon
+    # refuses) stops there with that host's log lines; the others keep running, untouched.
+    inventory_document["hosts"][names[0]]["labels"] = {"rack": "r2"}  # type: ignore[index]
+    inventory_path.write_text(yaml.safe_dump(inventory_document))
+    inventory = load_inventory(inventory_path)
+    pids_before = {o.host: o.result.pid for o in rolled.outcomes if o.result is not None}
+
+    async def broken_roll() -> tuple[str, RollingReport]:
+        async with (
+            SSHExecutor(inventory, known) as executor,
+            HttpClusterProbe(inventory, secret) as probe,
+        ):
+            desired, early = await desired_for_hosts(
+                executor,
+                names,
+                secret=secret,
+                inventory_text=inventory_path.read_text(),
+                python=BASE_PYTHON,
+                offline=True,
+                cache_dir=tmp_path / "cache",
+                tls=False,
+            )
+            coordinator, _ = agreed_coordinator(names, await probe_all(probe, names))
+            broken = rolling_order(names, inventory.voters, coordinator)[0]
+            bad_config = desired[broken].node_config + "no_such_setting: 1\n"
+            desired[broken] = dataclasses.replace(desired[broken], node_config=bad_config)
+            upgrader = SshUpgrader(executor, desired, early, health_timeout_s=20.0, recorder=probe)
+            report = await rolling_upgrade(
+                names,
+                members=names,
+                voters=inventory.voters,
+                upgrader=upgrader,
+                probe=probe,
+                settle_timeout_s=60.0,
+            )
+            return broken, report
+
+    broken, stopped = run_in_namespace(operator.ns, broken_roll, STEP_TIMEOUT_S * 2)
+    assert not stopped.ok
+    assert stopped.stopped_at == broken
+    assert stopped.order[0] == broken
+    first_outcome, *rest = stopped.outcomes
+    assert first_outcome.state == STOPPED
+    assert first_outcome.reason is not None
+    assert "not healthy" in first_outcome.reason
+    assert first_outcome.log_tail is not None
+    assert "no_such_setting" in first_outcome.log_tail
+    assert [o.state for o in rest] == [UNTOUCHED, UNTOUCHED]
+    for outcome in rest:
+        pid = pids_before[outcome.host]
+        assert pid is not None
+        assert os.path.exists(f"/proc/{pid}")
+        assert not _zombie(pid)
+
+    healed = run_deploy(dry_run=False)  # the right config everywhere again
+    assert healed[broken].status == UPGRADED, healed[broken]
+    wait_until(see_each_other, timeout_s=60, interval_s=0.5, message="healed: all see each other")
 
     async def ready() -> ReadyNode:
         return await ready_node(

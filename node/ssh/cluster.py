@@ -1,0 +1,152 @@
+"""What deploy asks the cluster over HTTP, signed with the cluster secret: a member's
+/v1/status and /v1/peers (for the rolling upgrade's checks), and the audit record of a deploy
+on the host's own daemon (POST /v1/audit/deploys)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+from config import HostEntry, Inventory, signed_headers
+from node.ssh.deploy import DeployResult
+from node.ssh.rolling import MemberStatus
+
+PROBE_TIMEOUT_S = 5.0
+DEPLOYS_PATH = "/v1/audit/deploys"
+_RECORDED = ("installed", "upgraded")
+
+
+def base_url(entry: HostEntry) -> str:
+    """The daemon of a host, through its inventory address."""
+    return f"http://{entry.address}:{entry.p2p_port}"
+
+
+def operator_name() -> str:
+    """`user@machine` of whoever runs deploy (a claim for the record; the signed sender is
+    the proof)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def deploy_record(result: DeployResult, *, rolling: bool) -> dict[str, Any] | None:
+    """The body of POST /v1/audit/deploys for `result`; None when there is nothing to record
+    (unchanged, failed or a dry run)."""
+    if result.dry_run or result.status not in _RECORDED:
+        return None
+    body: dict[str, Any] = {
+        "host": result.host,
+        "status": result.status,
+        "version": result.version or "unknown",
+        "fingerprint": result.fingerprint or "",
+        "rolling": rolling,
+        "duration_s": round(result.duration_s, 3),
+        "operator": operator_name(),
+    }
+    certificate = result.certificate
+    if certificate is not None and certificate.get("issued"):
+        body["certificate"] = {
+            "serial": certificate["serial"],
+            "not_after": certificate["not_after"],
+        }
+    return body
+
+
+class HttpClusterProbe:
+    """Signed GETs of members' status and peers, and POSTs of deploy records; every request
+    bounded by `timeout_s`. An async context manager owning one HTTP session."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        secret: bytes,
+        *,
+        sender: str | None = None,
+        timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self._inventory = inventory
+        self._secret = secret
+        self._sender = sender or f"cli-{socket.gethostname()}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the session (idempotent)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, host: str, method: str, path: str, body: bytes = b"") -> Any:
+        if self._session is None:
+            raise RuntimeError("HttpClusterProbe used outside `async with`")
+        url = f"{base_url(self._inventory.hosts[host])}{path}"
+        headers = signed_headers(self._secret, self._sender, method, path, body)
+        if body:
+            headers["Content-Type"] = "application/json"
+        async with self._session.request(method, url, data=body, headers=headers) as response:
+            payload = await response.read()
+            if response.status >= 400:
+                text = payload.decode(errors="replace").strip()[:300]
+                raise aiohttp.ClientResponseError(
+                    response.request_info,
+                    (),
+                    status=response.status,
+                    message=f"{url}: HTTP {response.status}: {text}",
+                )
+            return json.loads(payload)
+
+    async def member(self, host: str) -> MemberStatus | None:
+        """The host's /v1/status and /v1/peers, or None when it did not answer in time."""
+        try:
+            status = await self._request(host, "GET", "/v1/status")
+            peers = await self._request(host, "GET", "/v1/peers")
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+        alive = frozenset(
+            str(m.get("node_id"))
+            for m in peers.get("members", [])
+            if isinstance(m, dict) and m.get("state") == "alive"
+        )
+        term = status.get("term")
+        return MemberStatus(
+            host=host,
+            node_id=str(status.get("node_id")),
+            coordinator=status.get("coordinator"),
+            term=term if isinstance(term, int) else None,
+            version=status.get("version"),
+            alive=alive,
+        )
+
+    async def record(self, host: str, result: DeployResult, *, rolling: bool) -> str | None:
+        """Record `result` in the audit trail of the host's daemon; the problem (None: done
+        or nothing to record). A deploy is never failed for it."""
+        body = deploy_record(result, rolling=rolling)
+        if body is None:
+            return None
+        try:
+            await self._request(host, "POST", DEPLOYS_PATH, json.dumps(body).encode())
+        except aiohttp.ClientResponseError as exc:
+            return exc.message
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            where = f"{base_url(self._inventory.hosts[host])}{DEPLOYS_PATH}"
+            return f"{where}: {exc or type(exc).__name__}"
+        return None
