@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from config import read_secret_file
+from config import Inventory, read_secret_file
 from node.cli.common import config_errors, console, fail, print_json, settings_from
 from node.cli.ssh import (
     AllOption,
@@ -21,9 +22,10 @@ from node.cli.ssh import (
     load_targets,
 )
 from node.ssh.cluster import HttpClusterProbe
-from node.ssh.deploy import DeployResult, SshUpgrader, deploy, desired_for_hosts, undeploy_host
+from node.ssh.deploy import DeployResult, deploy, desired_for_hosts, undeploy_host
 from node.ssh.plan import DEFAULT_CACHE_DIR, FAILED, HEALTH_TIMEOUT_S
 from node.ssh.rolling import SETTLE_TIMEOUT_S, RollingReport, report_lines, rolling_upgrade
+from node.ssh.upgrader import SshUpgrader
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print every step per host; change nothing.")
@@ -125,67 +127,87 @@ def deploy_command(
         secret = read_secret_file(secret_path, "cluster secret")
     if inventory.source is None:
         fail("the inventory must come from a file to be pushed to the hosts")
-    inventory_text = inventory.source.read_text()
     if ca_dir is not None and not (ca_dir / "ca.crt").is_file():
         fail(f"--ca {ca_dir}: no ca.crt there; make a CA with `shoal ca init --dir {ca_dir}`")
+    run = _DeployRun(
+        inventory, known, names, secret, inventory.source.read_text(), python, offline,
+        cache_dir, health_timeout_s, ca_dir, dry_run,
+    )  # fmt: skip
+    if rolling:
+        _report_rolling(asyncio.run(run.rolling(settle_timeout_s, as_json)), as_json)
+    _report(asyncio.run(run.all_at_once()), as_json)
 
-    async def go_rolling() -> RollingReport:
+
+@dataclass(frozen=True)
+class _DeployRun:
+    """One `shoal deploy`: its hosts and what it installs there."""
+
+    inventory: Inventory
+    known: Path
+    names: list[str]
+    secret: bytes
+    inventory_text: str
+    python: str
+    offline: bool
+    cache_dir: Path
+    health_timeout_s: float
+    ca_dir: Path | None
+    dry_run: bool
+
+    async def rolling(self, settle_timeout_s: float, as_json: bool) -> RollingReport:
+        """One host at a time (node.ssh.rolling)."""
         async with (
-            executor_for(inventory, known) as executor,
-            HttpClusterProbe(inventory, secret) as probe,
+            executor_for(self.inventory, self.known) as executor,
+            HttpClusterProbe(self.inventory, self.secret) as probe,
         ):
             desired, early = await desired_for_hosts(
                 executor,
-                names,
-                secret=secret,
-                inventory_text=inventory_text,
-                python=python,
-                offline=offline,
-                cache_dir=cache_dir,
-                tls=ca_dir is not None,
+                self.names,
+                secret=self.secret,
+                inventory_text=self.inventory_text,
+                python=self.python,
+                offline=self.offline,
+                cache_dir=self.cache_dir,
+                tls=self.ca_dir is not None,
             )
             upgrader = SshUpgrader(
                 executor,
                 desired,
                 early,
-                health_timeout_s=health_timeout_s,
-                ca_dir=ca_dir,
+                health_timeout_s=self.health_timeout_s,
+                ca_dir=self.ca_dir,
                 recorder=probe,
             )
             return await rolling_upgrade(
-                names,
-                members=sorted(inventory.hosts),
-                voters=inventory.voters,
+                self.names,
+                members=sorted(self.inventory.hosts),
+                voters=self.inventory.voters,
                 upgrader=upgrader,
                 probe=probe,
-                dry_run=dry_run,
+                dry_run=self.dry_run,
                 settle_timeout_s=settle_timeout_s,
                 progress=_progress(as_json),
             )
 
-    if rolling:
-        _report_rolling(asyncio.run(go_rolling()), as_json)
-
-    async def go() -> dict[str, DeployResult]:
+    async def all_at_once(self) -> dict[str, DeployResult]:
+        """Every host at once."""
         async with (
-            executor_for(inventory, known) as executor,
-            HttpClusterProbe(inventory, secret) as recorder,
+            executor_for(self.inventory, self.known) as executor,
+            HttpClusterProbe(self.inventory, self.secret) as recorder,
         ):
             return await deploy(
                 executor,
-                names,
-                secret=secret,
-                inventory_text=inventory_text,
-                python=python,
-                offline=offline,
-                dry_run=dry_run,
-                cache_dir=cache_dir,
-                health_timeout_s=health_timeout_s,
-                ca_dir=ca_dir,
+                self.names,
+                secret=self.secret,
+                inventory_text=self.inventory_text,
+                python=self.python,
+                offline=self.offline,
+                dry_run=self.dry_run,
+                cache_dir=self.cache_dir,
+                health_timeout_s=self.health_timeout_s,
+                ca_dir=self.ca_dir,
                 recorder=recorder,
             )
-
-    _report(asyncio.run(go()), as_json)
 
 
 def undeploy_command(

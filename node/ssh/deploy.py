@@ -166,7 +166,7 @@ def health_url(entry: HostEntry) -> str:
     return f"http://{entry.address}:{entry.p2p_port}/v1/health"
 
 
-async def _facts(executor: SSHExecutor, host: str, entry: HostEntry) -> HostFacts:
+async def host_facts(executor: SSHExecutor, host: str, entry: HostEntry) -> HostFacts:
     probe = await executor.run(host, ["sh", "-c", probe_script(entry.path)], 60.0)
     if not probe.ok:
         raise DeployError(probe.error or f"probe exited {probe.exit_code}: {probe.stderr.strip()}")
@@ -190,7 +190,7 @@ async def deploy_host(
     steps: list[Step] = []
     tls: NodeTls | None = None
     try:
-        facts = await _facts(executor, host, entry)
+        facts = await host_facts(executor, host, entry)
         root = remote_root(entry, facts.home)
         desired = desired_for[host]
         if ca_dir is not None:
@@ -200,35 +200,12 @@ async def deploy_host(
             desired = dataclasses.replace(desired, tls=tls)
         status, steps = plan_deploy(host, entry, facts, desired)
         if dry_run:
-            described = tuple(s.describe() for s in steps)
-            if tls is not None and tls.pending and steps:
-                note = f"issue a node certificate for {host} from {ca_dir} ({tls.reason})"
-                described = (note, *described)
-            return DeployResult(
-                host,
-                status,
-                time.monotonic() - started,
-                steps=described,
-                dry_run=True,
-                pid=facts.pid,
-                version=desired.version,
-                certificate=certificate_summary(tls),
-            )
+            return _planned(host, status, steps, started, facts, desired, tls, ca_dir)
         await _execute(executor, host, steps, STEP_TIMEOUT_S)
         await wait_healthy(health_url(entry), health_timeout_s)
-        after = await _facts(executor, host, entry)
+        after = await host_facts(executor, host, entry)
         if steps:
-            record = {
-                "fingerprint": desired.fingerprint,
-                "version": desired.version,
-                "service": "systemd" if facts.systemd else "detached",
-            }
-            await _execute(
-                executor,
-                host,
-                [WriteFile(f"{root}/deploy.json", json.dumps(record, sort_keys=True) + "\n")],
-                STEP_TIMEOUT_S,
-            )
+            await _write_record(executor, host, root, desired, facts)
     except (DeployError, SSHError) as exc:
         return DeployResult(
             host,
@@ -247,6 +224,51 @@ async def deploy_host(
         version=desired.version,
         fingerprint=desired.fingerprint,
         certificate=certificate_summary(tls),
+    )
+
+
+def _planned(
+    host: str,
+    status: str,
+    steps: list[Step],
+    started: float,
+    facts: HostFacts,
+    desired: Desired,
+    tls: NodeTls | None,
+    ca_dir: Path | None,
+) -> DeployResult:
+    """The dry run's result: the steps a deploy would take (first the certificate it would
+    issue, with `--ca`)."""
+    described = tuple(s.describe() for s in steps)
+    if tls is not None and tls.pending and steps:
+        note = f"issue a node certificate for {host} from {ca_dir} ({tls.reason})"
+        described = (note, *described)
+    return DeployResult(
+        host,
+        status,
+        time.monotonic() - started,
+        steps=described,
+        dry_run=True,
+        pid=facts.pid,
+        version=desired.version,
+        certificate=certificate_summary(tls),
+    )
+
+
+async def _write_record(
+    executor: SSHExecutor, host: str, root: str, desired: Desired, facts: HostFacts
+) -> None:
+    """`path/deploy.json`: what is deployed there (fingerprint, version, how it runs)."""
+    record = {
+        "fingerprint": desired.fingerprint,
+        "version": desired.version,
+        "service": "systemd" if facts.systemd else "detached",
+    }
+    await _execute(
+        executor,
+        host,
+        [WriteFile(f"{root}/deploy.json", json.dumps(record, sort_keys=True) + "\n")],
+        STEP_TIMEOUT_S,
     )
 
 
@@ -370,74 +392,6 @@ async def desired_for_hosts(
     return desired, early
 
 
-async def log_tail(executor: SSHExecutor, host: str, lines: int) -> str:
-    """The last `lines` lines of the host daemon's log: its journal under systemd
-    (`journalctl -u shoal`), else `path/daemon.log`; the problem when they cannot be read."""
-    entry = executor.inventory.hosts[host]
-    try:
-        facts = await _facts(executor, host, entry)
-    except (DeployError, SSHError) as exc:
-        return f"(no log: {exc})"
-    if facts.systemd:
-        user = () if entry.ssh_user in (None, "root") else ("--user",)
-        argv = ["journalctl", *user, "-u", UNIT_NAME, "-n", str(lines), "--no-pager"]
-    else:
-        argv = ["tail", "-n", str(lines), f"{remote_root(entry, facts.home)}/daemon.log"]
-    result = await executor.run(host, argv, 60.0)
-    if not result.ok:
-        detail = result.error or f"exited {result.exit_code}: {result.stderr.strip()[-200:]}"
-        return f"(no log: {shlex.join(argv)}: {detail})"
-    return result.stdout.rstrip("\n")
-
-
-class SshUpgrader:
-    """The SSH side of a rolling upgrade (node.ssh.rolling.HostUpgrader): plan and upgrade one
-    host with `deploy_host`, read its log tail, record it through `recorder`."""
-
-    def __init__(
-        self,
-        executor: SSHExecutor,
-        desired: dict[str, Desired],
-        early: dict[str, DeployResult],
-        *,
-        health_timeout_s: float = HEALTH_TIMEOUT_S,
-        ca_dir: Path | None = None,
-        recorder: DeployRecorder | None = None,
-    ) -> None:
-        self._executor = executor
-        self._desired = desired
-        self._early = early
-        self._health_timeout_s = health_timeout_s
-        self._ca_dir = ca_dir
-        self._recorder = recorder
-
-    async def _deploy(self, host: str, dry_run: bool) -> DeployResult:
-        if host in self._early:
-            return self._early[host]
-        return await deploy_host(
-            self._executor,
-            host,
-            self._desired,
-            dry_run=dry_run,
-            health_timeout_s=self._health_timeout_s,
-            ca_dir=self._ca_dir,
-        )
-
-    async def plan(self, host: str) -> DeployResult:
-        return await self._deploy(host, dry_run=True)
-
-    async def upgrade(self, host: str) -> DeployResult:
-        return await self._deploy(host, dry_run=False)
-
-    async def log_tail(self, host: str, lines: int) -> str:
-        return await log_tail(self._executor, host, lines)
-
-    async def record(self, host: str, result: DeployResult, *, rolling: bool) -> str | None:
-        if self._recorder is None:
-            return None
-        return await self._recorder.record(host, result, rolling=rolling)
-
-
 async def undeploy_host(
     executor: SSHExecutor, host: str, *, purge: bool = False, dry_run: bool = False
 ) -> DeployResult:
@@ -446,7 +400,7 @@ async def undeploy_host(
     entry = executor.inventory.hosts[host]
     steps: list[Step] = []
     try:
-        facts = await _facts(executor, host, entry)
+        facts = await host_facts(executor, host, entry)
         root = remote_root(entry, facts.home)
         if facts.systemd:
             unit = unit_path(entry, facts.home)

@@ -290,59 +290,97 @@ async def rolling_upgrade(
             voters=tuple(voters),
         )
 
+    settle = _Settle(members, probe, settle_timeout_s, poll_interval_s, progress, clock, sleep)
     for index, host in enumerate(order, 1):
         voter = host in voter_set
         checks = host_checks(host, voters, members, settle_timeout_s)
-        kind = "voter" if voter else "non-voter"
         plan = await upgrader.plan(host)
         if dry_run:
-            if voter:
-                answering = {v for v in voters if before.get(v) is not None}
-                refusal = voter_guard(host, voters, answering)
-                now = refusal or f"holds: {len(answering)} of {len(voters)} voters answer"
-                checks = (*checks, f"now: {now}")
-            outcomes.append(HostOutcome(host, voter, PLANNED, checks, plan, plan.reason))
+            outcomes.append(_planned(host, voter, voters, before, checks, plan))
             continue
-        progress(f"[{index}/{len(order)}] {host} ({kind}): {plan.status}")
-        if plan.status == FAILED:
-            tail = await upgrader.log_tail(host, LOG_TAIL_LINES)
-            outcomes.append(HostOutcome(host, voter, STOPPED, checks, plan, plan.reason, tail))
-            return report(host)
-        if plan.status == UNCHANGED:
-            outcomes.append(HostOutcome(host, voter, SKIPPED, checks, plan))
-            continue
-        if voter:
-            answers = await probe_all(probe, voters)
-            refusal = voter_guard(host, voters, {v for v, s in answers.items() if s is not None})
-            if refusal is not None:
-                outcomes.append(HostOutcome(host, voter, REFUSED, checks, plan, refusal))
-                return report(host)
-        result = await upgrader.upgrade(host)
-        if result.status == FAILED:
-            tail = await upgrader.log_tail(host, LOG_TAIL_LINES)
-            outcomes.append(HostOutcome(host, voter, STOPPED, checks, result, result.reason, tail))
-            return report(host)
-        audit = await upgrader.record(host, result, rolling=True)
-        progress(f"  {result.line()}")
-        state = await wait_settled(
-            host,
-            members,
-            probe,
-            timeout_s=settle_timeout_s,
-            poll_interval_s=poll_interval_s,
-            progress=progress,
-            clock=clock,
-            sleep=sleep,
+        progress(
+            f"[{index}/{len(order)}] {host} ({'voter' if voter else 'non-voter'}): {plan.status}"
         )
-        if not state.done:
-            tail = await upgrader.log_tail(host, LOG_TAIL_LINES)
-            reason = f"did not come back within {settle_timeout_s:g}s: {state.line()}"
-            outcomes.append(HostOutcome(host, voter, STOPPED, checks, result, reason, tail, audit))
+        outcome = await _roll_one(host, voter, voters, checks, plan, upgrader, probe, settle)
+        outcomes.append(outcome)
+        if outcome.state in (STOPPED, REFUSED):
             return report(host)
-        outcomes.append(
-            HostOutcome(host, voter, UPGRADED_AND_SETTLED, checks, result, None, None, audit)
-        )
     return report(None)
+
+
+@dataclass(frozen=True)
+class _Settle:
+    """How the roll waits for an upgraded host to come back (see wait_settled)."""
+
+    members: Sequence[str]
+    probe: ClusterProbe
+    timeout_s: float
+    poll_interval_s: float
+    progress: Callable[[str], None]
+    clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[None]]
+
+
+def _planned(
+    host: str,
+    voter: bool,
+    voters: Sequence[str],
+    before: Mapping[str, object | None],
+    checks: tuple[str, ...],
+    plan: DeployResult,
+) -> HostOutcome:
+    """A host in a dry run: its plan and checks, and for a voter whether the guard holds now."""
+    if voter:
+        answering = {v for v in voters if before.get(v) is not None}
+        refusal = voter_guard(host, voters, answering)
+        now = refusal or f"holds: {len(answering)} of {len(voters)} voters answer"
+        checks = (*checks, f"now: {now}")
+    return HostOutcome(host, voter, PLANNED, checks, plan, plan.reason)
+
+
+async def _roll_one(
+    host: str,
+    voter: bool,
+    voters: Sequence[str],
+    checks: tuple[str, ...],
+    plan: DeployResult,
+    upgrader: HostUpgrader,
+    probe: ClusterProbe,
+    settle: _Settle,
+) -> HostOutcome:
+    """Upgrade one host and wait until it is back: stopped (with its log tail) when it fails
+    or does not come back, refused when stopping this voter would leave no majority."""
+    if plan.status == FAILED:
+        tail = await upgrader.log_tail(host, LOG_TAIL_LINES)
+        return HostOutcome(host, voter, STOPPED, checks, plan, plan.reason, tail)
+    if plan.status == UNCHANGED:
+        return HostOutcome(host, voter, SKIPPED, checks, plan)
+    if voter:
+        answers = await probe_all(probe, voters)
+        refusal = voter_guard(host, voters, {v for v, s in answers.items() if s is not None})
+        if refusal is not None:
+            return HostOutcome(host, voter, REFUSED, checks, plan, refusal)
+    result = await upgrader.upgrade(host)
+    if result.status == FAILED:
+        tail = await upgrader.log_tail(host, LOG_TAIL_LINES)
+        return HostOutcome(host, voter, STOPPED, checks, result, result.reason, tail)
+    audit = await upgrader.record(host, result, rolling=True)
+    settle.progress(f"  {result.line()}")
+    state = await wait_settled(
+        host,
+        settle.members,
+        probe,
+        timeout_s=settle.timeout_s,
+        poll_interval_s=settle.poll_interval_s,
+        progress=settle.progress,
+        clock=settle.clock,
+        sleep=settle.sleep,
+    )
+    if not state.done:
+        tail = await upgrader.log_tail(host, LOG_TAIL_LINES)
+        reason = f"did not come back within {settle.timeout_s:g}s: {state.line()}"
+        return HostOutcome(host, voter, STOPPED, checks, result, reason, tail, audit)
+    return HostOutcome(host, voter, UPGRADED_AND_SETTLED, checks, result, None, None, audit)
 
 
 def report_lines(report: RollingReport) -> list[str]:

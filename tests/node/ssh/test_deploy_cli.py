@@ -19,7 +19,7 @@ from config.tls import init_ca, read_index
 from node.cli.app import app
 from node.ssh import SSHExecutor
 from node.ssh.certs import node_tls, tls_paths
-from node.ssh.deploy import _execute, _facts
+from node.ssh.deploy import _execute, host_facts
 from node.ssh.plan import tls_steps
 from tests.cluster.cluster import free_port
 from tests.cluster.sshd import ClientKey, SshServer, make_client_key, requires_sshd, start_sshd
@@ -134,11 +134,11 @@ def test_tls_files_pushed_over_sftp_keep_their_modes_and_are_kept_next_time(
     async def go() -> tuple[str, str]:
         async with SSHExecutor(inventory, files["known"]) as executor:
             entry = inventory.hosts["h0"]
-            facts = await _facts(executor, "h0", entry)
+            facts = await host_facts(executor, "h0", entry)
             first = node_tls(files["ca"], "h0", entry, facts.tls_cert, facts.tls_key)
             await executor.run("h0", ["mkdir", "-p", f"{root}/tls"], 30.0)
             await _execute(executor, "h0", tls_steps(str(root), first), 60.0)
-            again = await _facts(executor, "h0", entry)
+            again = await host_facts(executor, "h0", entry)
             kept = node_tls(files["ca"], "h0", entry, again.tls_cert, again.tls_key)
             assert again.tls_cert == first.cert_pem
             assert kept.key_pem is None

@@ -20,7 +20,7 @@ from config import load_inventory, signed_headers
 from node.providers import ReadyNode, ready_node
 from node.ssh import SSHExecutor
 from node.ssh.cluster import HttpClusterProbe
-from node.ssh.deploy import DeployResult, SshUpgrader, deploy, desired_for_hosts, undeploy_host
+from node.ssh.deploy import DeployResult, deploy, desired_for_hosts, undeploy_host
 from node.ssh.plan import INSTALLED, REMOVED, UNCHANGED, UPGRADED
 from node.ssh.rolling import (
     STOPPED,
@@ -32,6 +32,7 @@ from node.ssh.rolling import (
     rolling_order,
     rolling_upgrade,
 )
+from node.ssh.upgrader import SshUpgrader
 from tests.cluster.fixtures import NetnsClusterFactory
 from tests.cluster.sshd import (
     make_client_key,
