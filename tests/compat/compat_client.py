@@ -1,12 +1,14 @@
 """The client of the mixed-release test, run on a harness host of its own with the current tree.
 
-usage: compat_client.py --secret-file FILE --nodes JSON --old ID,... --gang-via ID [--timeout-s S]
+usage: compat_client.py --secret-file FILE --nodes JSON --old ID,... --gang-via ID,...
+       [--timeout-s S]
 
 `--nodes` maps node id to URL. Waits until every node shows every node alive, then reads each
 node's X-Shoal-Version and status, ingests games on the first old and the first new node, has
 each of the two pull games and `models` files from the other, and runs a gang job over every
-node through `--gang-via`. Prints one JSON object: `views`, `versions`, `records`, `syncs`,
-`gang` (`start`, `ended`, `logs`).
+node through each node of `--gang-via` in turn (the node a client asks drives the gang). Prints
+one JSON object: `views`, `versions`, `records`, `syncs`, `gangs` (per node asked: `start`,
+`ended`, `logs`).
 """
 
 from __future__ import annotations
@@ -79,8 +81,27 @@ async def _keys(session: aiohttp.ClientSession, url: str, keys: list[str]) -> li
     return sorted(record["game_id"] for record in found["records"])
 
 
+async def _gang(
+    session: aiohttp.ClientSession, nodes: dict[str, str], via: str, size: int
+) -> dict[str, Any]:
+    """A gang job of `size` started through node `via`: its start answer, end and logs."""
+    job = {"job_id": f"compat-gang-{via}", "argv": [sys.executable, "-c", REPORT], "nodes": size}
+    async with session.post(f"{nodes[via]}/v1/jobs", json=job) as answer:
+        start = [answer.status, await answer.json()]
+    url = f"{nodes[via]}/v1/jobs/{job['job_id']}/wait?timeout_s={GANG_WAIT_S:g}"
+    timeout = aiohttp.ClientTimeout(total=GANG_WAIT_S + 10)
+    async with session.get(url, timeout=timeout) as answer:
+        ended = await answer.json()
+    logs = {}
+    for member in (ended.get("gang") or {}).get("members", []):
+        log_url = f"{member['url']}/v1/jobs/{member['job_id']}/logs"
+        async with session.get(log_url) as answer:
+            logs[str(member["rank"])] = (await answer.read()).decode()
+    return {"start": start, "ended": ended, "logs": logs}
+
+
 async def run(
-    secret: bytes, nodes: dict[str, str], old: list[str], gang_via: str, timeout_s: float
+    secret: bytes, nodes: dict[str, str], old: list[str], gang_via: list[str], timeout_s: float
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     new = [node for node in nodes if node not in old]
@@ -110,19 +131,7 @@ async def run(
         result["syncs"] = syncs
         wanted = sorted(keys[pair[0]] + keys[pair[1]])
         result["records"] = {node: await _keys(session, nodes[node], wanted) for node in pair}
-        job = {"job_id": "compat-gang", "argv": [sys.executable, "-c", REPORT], "nodes": len(nodes)}
-        async with session.post(f"{nodes[gang_via]}/v1/jobs", json=job) as answer:
-            start = [answer.status, await answer.json()]
-        url = f"{nodes[gang_via]}/v1/jobs/{job['job_id']}/wait?timeout_s={GANG_WAIT_S:g}"
-        timeout = aiohttp.ClientTimeout(total=GANG_WAIT_S + 10)
-        async with session.get(url, timeout=timeout) as answer:
-            ended = await answer.json()
-        logs = {}
-        for member in (ended.get("gang") or {}).get("members", []):
-            log_url = f"{member['url']}/v1/jobs/{member['job_id']}/logs"
-            async with session.get(log_url) as answer:
-                logs[str(member["rank"])] = (await answer.read()).decode()
-        result["gang"] = {"start": start, "ended": ended, "logs": logs}
+        result["gangs"] = {via: await _gang(session, nodes, via, len(nodes)) for via in gang_via}
     return result
 
 
@@ -136,7 +145,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     secret = read_secret_file(args.secret_file)
     nodes = json.loads(args.nodes)
-    found = asyncio.run(run(secret, nodes, args.old.split(","), args.gang_via, args.timeout_s))
+    found = asyncio.run(
+        run(secret, nodes, args.old.split(","), args.gang_via.split(","), args.timeout_s)
+    )
     print(json.dumps(found))
     return 0
 

@@ -2,7 +2,8 @@
 PREVIOUS_RELEASE, checked out with `git worktree` at test time, run with this interpreter) and
 this tree in one cluster, 2 old + 3 new, then 3 old + 2 new. In each: membership converges at
 every node, a coordinator is elected and replaced after a SIGKILL, games and `models` files
-sync from old to new and from new to old, and a gang job spans every node."""
+sync from old to new and from new to old, and a gang job started through an old node and one
+started through a new node each span every node."""
 
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def _run_mixed(cluster: NetnsCluster, tree: OldTree, olds: int) -> None:
     client = [
         sys.executable, str(CLIENT), "--secret-file", str(swarm.secret_file),
         "--nodes", json.dumps(nodes), "--old", ",".join(sorted(old)),
-        "--gang-via", new[-1], "--timeout-s", str(CLIENT_S),
+        "--gang-via", f"{new[-1]},{sorted(old)[-1]}", "--timeout-s", str(CLIENT_S),
     ]  # fmt: skip
     done = probe_host.run(client, timeout_s=CLIENT_S * 2 + 30, env={"PYTHONPATH": str(ROOT)})
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -187,13 +188,13 @@ def _run_mixed(cluster: NetnsCluster, tree: OldTree, olds: int) -> None:
         copy = swarm.host(puller).data_dir / "models" / source / "step-1.pt"
         assert copy.read_bytes() == source.encode() * 1000, result["syncs"][puller]
 
-    gang = result["gang"]
-    assert gang["start"][0] == 201, gang["start"]
-    ended = gang["ended"]
-    assert ended["state"] == "succeeded", ended
-    assert sorted(m["node"] for m in ended["gang"]["members"]) == sorted(swarm.names)
-    ranks = sorted(text.split()[1] for text in gang["logs"].values())
-    assert ranks == [str(rank) for rank in range(NODES)], gang["logs"]
+    for via, gang in result["gangs"].items():
+        assert gang["start"][0] == 201, (via, gang["start"])
+        ended = gang["ended"]
+        assert ended["state"] == "succeeded", (via, ended)
+        assert sorted(m["node"] for m in ended["gang"]["members"]) == sorted(swarm.names)
+        ranks = sorted(text.split()[1] for text in gang["logs"].values())
+        assert ranks == [str(rank) for rank in range(NODES)], (via, gang["logs"])
 
     swarm.kill(leader)
     rest = swarm.others(leader)
