@@ -78,11 +78,13 @@ if TYPE_CHECKING:
     from config.timeouts import Timeouts
     from config.version import (
         HEADER_VERSION,
+        OLDEST_PROTOCOL,
         PROTOCOL_META,
         PROTOCOL_VERSION,
         RELEASE_META,
         UNANNOUNCED_PROTOCOL,
         parse_version_header,
+        protocol_gap,
         protocol_of,
         shoal_version,
         version_header,
@@ -121,8 +123,9 @@ else:
             ),
             "config.timeouts": "Timeouts",
             "config.version": (
-                "HEADER_VERSION PROTOCOL_META PROTOCOL_VERSION RELEASE_META UNANNOUNCED_PROTOCOL "
-                "parse_version_header protocol_of shoal_version version_header"
+                "HEADER_VERSION OLDEST_PROTOCOL PROTOCOL_META PROTOCOL_VERSION RELEASE_META "
+                "UNANNOUNCED_PROTOCOL parse_version_header protocol_gap protocol_of "
+                "shoal_version version_header"
             ),
             "config.wire": "ErrorAnswer error_body error_exception error_response read_error",
         },
@@ -142,6 +145,7 @@ __all__ = [
     "HEADER_TIMESTAMP",
     "HEADER_VERSION",
     "MIN_NONCE_CHARS",
+    "OLDEST_PROTOCOL",
     "PROTOCOL_META",
     "PROTOCOL_VERSION",
     "RELEASE_META",
@@ -194,6 +198,7 @@ __all__ = [
     "parse_inventory",
     "parse_version_header",
     "peer_middlewares",
+    "protocol_gap",
     "protocol_of",
     "read_error",
     "read_secret_file",

@@ -13,6 +13,9 @@ and answers every form of N-1 (`tests/compat` runs mixed clusters with the previ
 node that announces no protocol is a release from before the protocol was announced: 1.
 """
 
+OLDEST_PROTOCOL = PROTOCOL_VERSION - 1
+"""The oldest protocol this release reads (N-1)."""
+
 UNANNOUNCED_PROTOCOL = 1
 """The protocol of a peer that announces none (releases before PROTOCOL_VERSION existed)."""
 
@@ -60,3 +63,21 @@ def protocol_of(meta: Mapping[str, object]) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return UNANNOUNCED_PROTOCOL
     return value
+
+
+def protocol_gap(node_id: str, protocol: int) -> str | None:
+    """Why a member of `protocol` and this node may not understand each other (it is older than
+    OLDEST_PROTOCOL, or newer than this node by more than one), else None."""
+    if OLDEST_PROTOCOL <= protocol <= PROTOCOL_VERSION + 1:
+        return None
+    if protocol < OLDEST_PROTOCOL:
+        return (
+            f"member {node_id} speaks protocol {protocol}, older than the {OLDEST_PROTOCOL} this "
+            f"node (protocol {PROTOCOL_VERSION}) still reads: upgrade {node_id} (nodes work "
+            "together only one release apart)"
+        )
+    return (
+        f"member {node_id} speaks protocol {protocol}, more than one step newer than this node "
+        f"(protocol {PROTOCOL_VERSION}): upgrade this node (nodes work together only one "
+        "release apart)"
+    )

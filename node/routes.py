@@ -8,7 +8,14 @@ from typing import Any
 
 from aiohttp import web
 
-from config import CLOCK_SKEWS, HEADER_VERSION, PROTOCOL_VERSION, protocol_of, version_header
+from config import (
+    CLOCK_SKEWS,
+    HEADER_VERSION,
+    PROTOCOL_VERSION,
+    protocol_gap,
+    protocol_of,
+    version_header,
+)
 from health import CircuitState, HealthStatus
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
@@ -191,6 +198,13 @@ def _member_dict(member: Any) -> dict[str, Any]:
     }
 
 
+def _protocol_gaps(runtime: NodeRuntime) -> list[str]:
+    """A note per member whose announced protocol is more than one step from this node's."""
+    members: Sequence[Any] = runtime.membership.members() if runtime.membership else []
+    gaps = (protocol_gap(m.node_id, protocol_of(m.meta)) for m in members)
+    return [gap for gap in gaps if gap is not None]
+
+
 async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
     """The /v1/status document (also what `shoal status` prints)."""
     runtime.refresh()
@@ -214,7 +228,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         for component in (summary.components if summary is not None else ())
         if component.status in (HealthStatus.DEGRADED, HealthStatus.UNHEALTHY)
     ]
-    notes = [*runtime.notes, *CLOCK_SKEWS.lines(time.time())]
+    notes = [*runtime.notes, *CLOCK_SKEWS.lines(time.time()), *_protocol_gaps(runtime)]
     try:
         gpus = runtime.gpus()
     except Exception as exc:  # a failing driver shows in the note and the gpu check, not a 500

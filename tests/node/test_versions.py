@@ -14,11 +14,13 @@ from aiohttp.test_utils import TestServer
 
 from config import (
     HEADER_VERSION,
+    OLDEST_PROTOCOL,
     PROTOCOL_META,
     PROTOCOL_VERSION,
     RELEASE_META,
     UNANNOUNCED_PROTOCOL,
     parse_version_header,
+    protocol_gap,
     protocol_of,
     shoal_version,
     signing_middleware,
@@ -48,6 +50,8 @@ async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
             FakeMember("node-a", "127.0.0.1", 8770, "alive", 1, 0.0,
                        {RELEASE_META: "1.0", PROTOCOL_META: PROTOCOL_VERSION}, True),
             FakeMember("node-b", "127.0.0.2", 8770, "alive", 3, 0.5, {RELEASE_META: "0.9"}),
+            FakeMember("node-c", "127.0.0.3", 8770, "alive", 1, 0.5,
+                       {RELEASE_META: "9.0", PROTOCOL_META: PROTOCOL_VERSION + 2}),
         ]
     )  # fmt: skip
     routes = [web.get("/v1/boom", _boom), web.get("/v1/stream", _stream)]
@@ -110,6 +114,22 @@ async def test_status_and_peers_carry_release_and_protocol(server: TestServer) -
     )
     assert (members["node-a"]["version"], members["node-a"]["protocol"]) == ("1.0", 2)
     assert (members["node-b"]["version"], members["node-b"]["protocol"]) == ("0.9", 1)
+    assert members["node-c"]["protocol"] == PROTOCOL_VERSION + 2
+    gaps = [note for note in status["notes"] if "protocol" in note]
+    assert gaps == [protocol_gap("node-c", PROTOCOL_VERSION + 2)], status["notes"]
+
+
+def test_a_member_more_than_one_protocol_away_is_named() -> None:
+    assert OLDEST_PROTOCOL == PROTOCOL_VERSION - 1
+    for near in (OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSION + 1):
+        assert protocol_gap("b", near) is None, near
+    older = protocol_gap("b", OLDEST_PROTOCOL - 1)
+    assert older is not None
+    assert older.startswith(f"member b speaks protocol {OLDEST_PROTOCOL - 1}, older")
+    assert "upgrade b" in older
+    newer = protocol_gap("b", PROTOCOL_VERSION + 2)
+    assert newer is not None
+    assert "upgrade this node" in newer
 
 
 async def test_a_daemon_gossips_its_release_and_protocol(tmp_path: Path) -> None:
