@@ -60,7 +60,8 @@ async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
         RouteDoc("GET", "/v1/stream", "Streams (test route)"),
     ]
     app = build_app(runtime, AuthPolicy(secret=SECRET), routes, docs)
-    async with TestServer(app, host="127.0.0.1") as test_server:
+    test_server = TestServer(app, host="127.0.0.1")
+    async with test_server:
         yield test_server
 
 
