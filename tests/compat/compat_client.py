@@ -64,7 +64,13 @@ async def _views(
                 views[node] = {"error": str(exc)}
                 continue
             views[node] = {
-                m["node_id"]: [m["state"], m.get("version"), m.get("protocol")] for m in members
+                m["node_id"]: [
+                    m["state"],
+                    m.get("version"),
+                    m.get("protocol"),
+                    m["meta"].get("protocol"),
+                ]
+                for m in members
             }
         if all(
             all(views[node].get(other, [None])[0] == "alive" for other in nodes) for node in nodes

@@ -167,8 +167,10 @@ def _run_mixed(cluster: NetnsCluster, tree: OldTree, olds: int) -> None:
 
     for observer, view in result["views"].items():
         for member in swarm.names:
-            state, release, protocol = view[member]
+            state, release, protocol, meta_protocol = view[member]
             assert state == "alive", (observer, member, view)
+            # an old node passes on the meta key it does not know
+            assert meta_protocol == (None if member in old else PROTOCOL_VERSION), (observer, view)
             if member in old:
                 assert release == OLD_RELEASE, (observer, member, view)
             if observer not in old:  # a new node reads an old member's meta as protocol 1
