@@ -52,9 +52,10 @@ async def _json(session: aiohttp.ClientSession, method: str, url: str, **kw: Any
 
 
 async def _views(
-    session: aiohttp.ClientSession, nodes: dict[str, str], deadline: float
+    session: aiohttp.ClientSession, nodes: dict[str, str], old: list[str], deadline: float
 ) -> dict[str, dict[str, Any]]:
-    """Every node's view once each shows every node alive; RuntimeError at the deadline."""
+    """Every node's view once each shows every node alive, a new node with every member's meta
+    (its release); RuntimeError at the deadline."""
     views: dict[str, dict[str, Any]] = {}
     while True:
         for node, url in nodes.items():
@@ -72,8 +73,14 @@ async def _views(
                 ]
                 for m in members
             }
-        if all(
+        alive = all(
             all(views[node].get(other, [None])[0] == "alive" for other in nodes) for node in nodes
+        )
+        if alive and all(
+            views[node][other][1] is not None
+            for node in nodes
+            if node not in old
+            for other in nodes
         ):
             return views
         if time.monotonic() > deadline:
@@ -113,7 +120,7 @@ async def run(
     new = [node for node in nodes if node not in old]
     middlewares = (signing_middleware(secret, "cli-compat"),)
     async with aiohttp.ClientSession(middlewares=middlewares) as session:
-        result: dict[str, Any] = {"views": await _views(session, nodes, deadline)}
+        result: dict[str, Any] = {"views": await _views(session, nodes, old, deadline)}
         versions = {}
         for node, url in nodes.items():
             async with session.get(f"{url}/v1/status") as answer:
