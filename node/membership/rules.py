@@ -108,7 +108,7 @@ def merge_remote(
             state_since=now,
         )
         return MergeOutcome(member, EventKind.JOINED, gossip=not from_sync)
-    if fills_meta(current, update):
+    if update.meta is not None and fills_meta(current, update):
         return MergeOutcome(replace(current, meta=update.meta), EventKind.UPDATED)
     if not supersedes(update.state, update.incarnation, current.state, current.incarnation):
         return IGNORE

@@ -2,8 +2,8 @@
 PREVIOUS_RELEASE, checked out with `git worktree` at test time, run with this interpreter) and
 this tree in one cluster, 2 old + 3 new, then 3 old + 2 new. In each: membership converges at
 every node, a coordinator is elected and replaced after a SIGKILL, games and `models` files
-sync from old to new and from new to old, and a gang job started through an old node and one
-started through a new node each span every node."""
+sync from old to new and from new to old, a gang job started through an old node and one
+started through a new node each span every node, and cluster_monitor lists both releases."""
 
 from __future__ import annotations
 
@@ -190,6 +190,16 @@ def _run_mixed(cluster: NetnsCluster, tree: OldTree, olds: int) -> None:
         else:
             assert seen["header"] == version_header(seen["release"]), (HEADER_VERSION, seen)
             assert seen["protocol"] == PROTOCOL_VERSION, seen
+
+    monitor = [
+        sys.executable, "-m", "health.cluster_monitor", "--node", nodes[new[0]],
+        "--secret-file", str(swarm.secret_file), "--json", "--once",
+    ]  # fmt: skip
+    shown = probe_host.run(monitor, check=False, env={"PYTHONPATH": str(ROOT), "SHOAL_CONFIG": ""})
+    summary = json.loads(shown.stdout)["summary"]
+    release = result["versions"][new[0]]["release"]
+    assert summary["releases"] == {OLD_RELEASE: sorted(old), release: sorted(new)}, summary
+    assert summary["release_warning"] is None, summary
 
     first_old, first_new = sorted(old)[0], new[0]
     expected = sorted(f"{node}-g{i}" for node in (first_old, first_new) for i in range(5))
