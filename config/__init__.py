@@ -76,7 +76,19 @@ if TYPE_CHECKING:
         load_settings,
     )
     from config.timeouts import Timeouts
-    from config.version import shoal_version
+    from config.version import (
+        HEADER_VERSION,
+        OLDEST_PROTOCOL,
+        PROTOCOL_META,
+        PROTOCOL_VERSION,
+        RELEASE_META,
+        UNANNOUNCED_PROTOCOL,
+        parse_version_header,
+        protocol_gap,
+        protocol_of,
+        shoal_version,
+        version_header,
+    )
     from config.wire import ErrorAnswer, error_body, error_exception, error_response, read_error
 else:
     __getattr__, __dir__ = lazy_exports(
@@ -110,7 +122,11 @@ else:
                 "describe_settings load_settings"
             ),
             "config.timeouts": "Timeouts",
-            "config.version": "shoal_version",
+            "config.version": (
+                "HEADER_VERSION OLDEST_PROTOCOL PROTOCOL_META PROTOCOL_VERSION RELEASE_META "
+                "UNANNOUNCED_PROTOCOL parse_version_header protocol_gap protocol_of "
+                "shoal_version version_header"
+            ),
             "config.wire": "ErrorAnswer error_body error_exception error_response read_error",
         },
     )
@@ -127,7 +143,13 @@ __all__ = [
     "HEADER_NONCE",
     "HEADER_SIGNATURE",
     "HEADER_TIMESTAMP",
+    "HEADER_VERSION",
     "MIN_NONCE_CHARS",
+    "OLDEST_PROTOCOL",
+    "PROTOCOL_META",
+    "PROTOCOL_VERSION",
+    "RELEASE_META",
+    "UNANNOUNCED_PROTOCOL",
     "AsyncClosing",
     "AuthError",
     "AutostopSettings",
@@ -174,7 +196,10 @@ __all__ = [
     "load_settings",
     "owned_gpus",
     "parse_inventory",
+    "parse_version_header",
     "peer_middlewares",
+    "protocol_gap",
+    "protocol_of",
     "read_error",
     "read_secret_file",
     "restricts_gpus",
@@ -184,4 +209,5 @@ __all__ = [
     "signing_middleware",
     "training_nproc_for",
     "verify_request",
+    "version_header",
 ]

@@ -21,6 +21,9 @@ import ifaddr
 from aiohttp import web
 
 from config import (
+    PROTOCOL_META,
+    PROTOCOL_VERSION,
+    RELEASE_META,
     ConfigError,
     Inventory,
     NodeSettings,
@@ -559,7 +562,8 @@ class NodeDaemon:
         """Membership over UDP on the API's port number, fed by discovery."""
         settings = runtime.settings
         meta: dict[str, MetaValue] = {
-            "version": runtime.version,
+            RELEASE_META: runtime.version,
+            PROTOCOL_META: PROTOCOL_VERSION,
             "role": settings.role.value,
             "cluster": settings.cluster_name,
             "config_hash": settings.config_hash(),

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
 
-from config import CLOCK_SKEWS
+from config import (
+    CLOCK_SKEWS,
+    HEADER_VERSION,
+    PROTOCOL_VERSION,
+    protocol_gap,
+    protocol_of,
+    version_header,
+)
 from health import CircuitState, HealthStatus
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
@@ -58,6 +65,10 @@ _MEMBER_SCHEMA: dict[str, Any] = {
         "last_seen_s": {"type": "number"},
         "role": {"type": ["string", "null"]},
         "version": {"type": ["string", "null"]},
+        "protocol": {
+            "type": "integer",
+            "description": "the member's announced protocol; 1 when it announces none",
+        },
         "is_self": {"type": "boolean"},
         "meta": {"type": "object"},
     },
@@ -88,11 +99,27 @@ AUTOSTOP_SCHEMA: dict[str, Any] = {
 }
 STATUS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["node_id", "cluster", "version", "role", "term", "members", "wal", "health"],
+    "required": [
+        "node_id",
+        "cluster",
+        "version",
+        "release",
+        "protocol",
+        "role",
+        "term",
+        "members",
+        "wal",
+        "health",
+    ],
     "properties": {
         "node_id": {"type": "string"},
         "cluster": {"type": "string"},
-        "version": {"type": "string"},
+        "version": {"type": "string", "description": "the release (same as `release`)"},
+        "release": {"type": "string", "description": "this node's shoal release"},
+        "protocol": {
+            "type": "integer",
+            "description": "this node's wire protocol version (config.PROTOCOL_VERSION)",
+        },
         "port": {"type": "integer"},
         "uptime_s": {"type": "number"},
         "role": {"type": ["string", "null"]},
@@ -165,9 +192,17 @@ def _member_dict(member: Any) -> dict[str, Any]:
         "last_seen_s": round(member.last_seen_s, 3),
         "role": meta.get("role"),
         "version": meta.get("version"),
+        "protocol": protocol_of(meta),
         "is_self": bool(getattr(member, "is_self", False)),
         "meta": meta,
     }
+
+
+def _protocol_gaps(runtime: NodeRuntime) -> list[str]:
+    """A note per member whose announced protocol is more than one step from this node's."""
+    members: Sequence[Any] = runtime.membership.members() if runtime.membership else []
+    gaps = (protocol_gap(m.node_id, protocol_of(m.meta)) for m in members)
+    return [gap for gap in gaps if gap is not None]
 
 
 async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
@@ -193,7 +228,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         for component in (summary.components if summary is not None else ())
         if component.status in (HealthStatus.DEGRADED, HealthStatus.UNHEALTHY)
     ]
-    notes = [*runtime.notes, *CLOCK_SKEWS.lines(time.time())]
+    notes = [*runtime.notes, *CLOCK_SKEWS.lines(time.time()), *_protocol_gaps(runtime)]
     try:
         gpus = runtime.gpus()
     except Exception as exc:  # a failing driver shows in the note and the gpu check, not a 500
@@ -203,6 +238,8 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "node_id": runtime.node_id,
         "cluster": runtime.settings.cluster_name,
         "version": runtime.version,
+        "release": runtime.version,
+        "protocol": PROTOCOL_VERSION,
         "address": runtime.address,
         "port": runtime.port or runtime.settings.port,
         "started_at": runtime.started_at,
@@ -266,6 +303,19 @@ async def handle_openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document(docs, signed=signed))
 
 
+def _version_header(
+    release: str,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """An on_response_prepare hook naming this node's release and protocol (HEADER_VERSION) on
+    every answer: routes, errors, refusals, streams."""
+    value = version_header(release)
+
+    async def add(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[HEADER_VERSION] = value
+
+    return add
+
+
 def build_app(
     runtime: NodeRuntime,
     policy: AuthPolicy,
@@ -291,6 +341,7 @@ def build_app(
             "one operation per method and path, so give each route one RouteDoc"
         )
     app[ROUTE_DOCS] = docs
+    app.on_response_prepare.append(_version_header(runtime.version))
     app.router.add_get("/v1/health", handle_health)
     app.router.add_get("/v1/status", handle_status)
     app.router.add_get("/v1/peers", handle_peers)

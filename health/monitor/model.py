@@ -89,6 +89,8 @@ class NodeStatusDoc:
     """`component: message` of each component that is not healthy (a failing loop's error)."""
     jobs_running: int | None = None
     autostop: AutostopInfo | None = None
+    protocol: int | None = None
+    """The node's wire protocol (`protocol` of /v1/status); None from a release before it."""
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -117,6 +119,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         health_problems=tuple(str(p) for p in read_list(doc.get("health_problems"))),
         jobs_running=read_int(read_mapping(doc.get("jobs")).get("running")),
         autostop=AutostopInfo.from_json(doc.get("autostop")),
+        protocol=read_int(doc.get("protocol")),
     )
 
 
@@ -133,6 +136,7 @@ class Observation:
     is_self: bool
     role: str | None = None
     version: str | None = None
+    protocol: int | None = None
 
 
 def parse_peers(doc: Any) -> tuple[Observation, ...]:
@@ -159,6 +163,7 @@ def parse_peers(doc: Any) -> tuple[Observation, ...]:
                 is_self=bool(member.get("is_self")),
                 role=read_str(member.get("role")),
                 version=read_str(member.get("version")),
+                protocol=read_int(member.get("protocol")),
             )
         )
     return tuple(found)
@@ -206,6 +211,8 @@ class NodeRow:
     health_problems: tuple[str, ...] = ()
     jobs_running: int | None = None
     autostop: AutostopInfo | None = None
+    protocol: int | None = None
+    """The node's wire protocol, from its status or a view; None when neither says."""
 
     @property
     def failing(self) -> bool:
@@ -232,6 +239,8 @@ class NodeRow:
             "breakers_open": list(self.breakers_open),
             "gpus": [gpu.to_json() for gpu in self.gpus],
             "version": self.version,
+            "release": self.version,
+            "protocol": self.protocol,
             "error": self.error,
             "incarnation": self.incarnation,
             "term": self.term,
@@ -279,10 +288,15 @@ class ClusterSummary:
     version_majority: str | None
     config_hash_majority: str | None
     drifted: tuple[str, ...]
+    releases: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Every release the nodes run, oldest-named first, with the nodes running it."""
+    release_warning: str | None = None
+    """Set when more than two releases are mixed (rules.MAX_MIXED_RELEASES)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["drifted"] = list(self.drifted)
+        data["releases"] = {release: list(nodes) for release, nodes in self.releases}
         return data
 
 

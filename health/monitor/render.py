@@ -304,6 +304,11 @@ def _cluster_parts(status: ClusterStatus) -> list[Text]:
     ]
     if s.drifted:
         parts.append(Text(f"drift (!): {', '.join(s.drifted)}", style=AMBER))
+    if len(s.releases) > 1:
+        mixed = ", ".join(f"{release} x{len(nodes)}" for release, nodes in s.releases)
+        parts.append(Text(f"releases {mixed}"))
+    if s.release_warning is not None:
+        parts.append(Text(f"(!) {s.release_warning}", style=RED))
     return parts
 
 

@@ -20,10 +20,13 @@ from health.monitor.model import (
 )
 
 __all__ = [
+    "MAX_MIXED_RELEASES",
     "build_cluster_status",
     "freshest_observation",
     "majority",
     "recent_failures",
+    "release_warning",
+    "releases_of",
 ]
 
 _SEVERITY = {"alive": 0, "suspect": 1, "dead": 2, "left": 3, UNKNOWN_STATE: -1}
@@ -31,6 +34,9 @@ _ESCALATIONS = frozenset({"suspect", "died"})
 _OUTAGE_STEPS = frozenset({"unreachable", "suspect"})
 FAILURE_WINDOW_S = 300.0
 MAX_FAILURES = 10
+MAX_MIXED_RELEASES = 2
+"""A node speaks the forms of its own release and the previous one: more releases than this in
+one cluster means some pair of nodes may not understand each other."""
 
 
 def freshest_observation(observations: Sequence[Observation]) -> Observation | None:
@@ -62,6 +68,26 @@ def _drifts(value: str | None, common: str | None, unique: bool, distinct: int) 
     if value is None or distinct < 2:
         return False
     return not unique or value != common
+
+
+def releases_of(rows: Sequence[NodeRow]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Every release the rows name, in sorted order, each with the node ids running it."""
+    nodes: dict[str, list[str]] = {}
+    for row in rows:
+        if row.version is not None:
+            nodes.setdefault(row.version, []).append(row.node_id)
+    return tuple((release, tuple(sorted(ids))) for release, ids in sorted(nodes.items()))
+
+
+def release_warning(releases: Sequence[tuple[str, Sequence[str]]]) -> str | None:
+    """The warning of a cluster mixing more than MAX_MIXED_RELEASES releases, else None."""
+    if len(releases) <= MAX_MIXED_RELEASES:
+        return None
+    each = "; ".join(f"{release} on {', '.join(nodes)}" for release, nodes in releases)
+    return (
+        f"{len(releases)} releases mixed ({each}): a node speaks only its own release's and the "
+        "previous one's forms; upgrade the oldest nodes first"
+    )
 
 
 def _row_id(report: NodeReport, by_endpoint: dict[tuple[str, int], str]) -> str:
@@ -160,6 +186,7 @@ def _make_row(
         health_problems=doc.health_problems if doc is not None else (),
         jobs_running=doc.jobs_running if doc is not None else None,
         autostop=doc.autostop if doc is not None else None,
+        protocol=(doc.protocol if doc is not None else None) or (seen.protocol if seen else None),
     )
 
 
@@ -169,6 +196,7 @@ def _summary(rows: Sequence[NodeRow], statuses: Sequence[NodeStatusDoc]) -> Clus
     version, _ = majority(row.version for row in rows)
     config_hash, _ = majority(row.config_hash for row in rows)
     cluster, _ = majority(doc.cluster for doc in statuses)
+    releases = releases_of(rows)
     return ClusterSummary(
         cluster=cluster,
         nodes_total=len(rows),
@@ -188,6 +216,8 @@ def _summary(rows: Sequence[NodeRow], statuses: Sequence[NodeStatusDoc]) -> Clus
         version_majority=version,
         config_hash_majority=config_hash,
         drifted=tuple(row.node_id for row in rows if row.version_drift or row.config_drift),
+        releases=releases,
+        release_warning=release_warning(releases),
     )
 
 

@@ -8,7 +8,7 @@ import enum
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from node.membership.types import (
     EMPTY_META,
@@ -69,6 +69,21 @@ def event_for(previous: Member | None, member: Member) -> EventKind | None:
     return None
 
 
+def fills_meta(current: Member, update: Update) -> bool:
+    """True when `update` brings the meta of a member known without any: one first heard from a
+    message carrying no record of its sender (node.membership.protocol adds it alive at
+    incarnation 0 with no meta). Its own record at that same state and incarnation does not
+    supersede the placeholder, so without this its meta (release, protocol, GPUs, role) stayed
+    unknown at this node until the member's next incarnation."""
+    return (
+        bool(update.meta)
+        and not current.meta
+        and update.state == current.state
+        and update.incarnation == current.incarnation
+        and update.endpoint in (None, current.endpoint)
+    )
+
+
 def merge_remote(
     current: Member | None, update: Update, now: float, *, from_sync: bool
 ) -> MergeOutcome:
@@ -93,6 +108,8 @@ def merge_remote(
             state_since=now,
         )
         return MergeOutcome(member, EventKind.JOINED, gossip=not from_sync)
+    if update.meta is not None and fills_meta(current, update):
+        return MergeOutcome(replace(current, meta=update.meta), EventKind.UPDATED)
     if not supersedes(update.state, update.incarnation, current.state, current.incarnation):
         return IGNORE
     address, port = current.address, current.port

@@ -103,6 +103,25 @@ def test_sync_record_adds_member_without_gossip_storm() -> None:
     assert not outcome.gossip
 
 
+def test_a_member_first_heard_without_meta_takes_it_from_its_own_record() -> None:
+    """A placeholder (alive, incarnation 0, no meta: the sender of a message that carried no
+    record of itself) takes the meta of the record at the same incarnation; nothing else does."""
+    placeholder = member(A, 0, meta=freeze_meta({}))
+    outcome = merge_remote(placeholder, alive(0, protocol=2), 9.0, from_sync=True)
+    assert outcome.member is not None
+    assert dict(outcome.member.meta) == {"protocol": 2}
+    assert (outcome.member.state, outcome.member.incarnation) == (A, 0)
+    assert outcome.event == EventKind.UPDATED
+    assert not outcome.gossip
+    assert merge_remote(member(A, 0), alive(0, protocol=2), 9.0, from_sync=True).member is None
+    moved = alive(0, "10.0.0.9", protocol=2)
+    assert merge_remote(placeholder, moved, 9.0, from_sync=True).member is None
+    suspect = Update("n1", S, 0, "10.0.0.1", 7000, freeze_meta({"protocol": 2}), by="n2")
+    outcome = merge_remote(placeholder, suspect, 9.0, from_sync=False)
+    assert outcome.member is not None
+    assert outcome.member.state == S
+
+
 def test_updates_without_address_about_unknown_members_are_ignored() -> None:
     assert merge_remote(None, Update("n1", S, 0, by="n2"), 1.0, from_sync=False).member is None
     assert merge_remote(None, Update("n1", D, 0), 1.0, from_sync=False).member is None
