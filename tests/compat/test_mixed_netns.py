@@ -78,6 +78,12 @@ def old_tree() -> Iterator[OldTree]:
         skip_unless_required("needs git to check out the previous release")
     commit = previous_commit()
     if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+            # A shallow clone has no history to check out, and no way to fetch it offline.
+            pytest.skip(
+                f"this clone is shallow: the previous release {commit} is not in it "
+                "(`git fetch --unshallow` to run the mixed-release test)"
+            )
         skip_unless_required(
             f"the previous release {commit} (tests/compat/PREVIOUS_RELEASE) is not in this "
             "clone: fetch the history (a shallow clone has none)"
