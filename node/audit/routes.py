@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from node.audit.entries import KIND_TYPES, LOCK_GRANT, LOCK_RELEASE, read_audit, record_audit
+from node.component import Endpoint, paired
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import bad_request
@@ -75,8 +76,8 @@ class AuditRoutes:
     def __init__(self, runtime: NodeRuntime) -> None:
         self._runtime = runtime
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.get(AUDIT_PATH, self._handle_audit)]
+    def routes(self) -> list[Endpoint]:
+        return paired([web.get(AUDIT_PATH, self._handle_audit)], self.docs())
 
     @staticmethod
     def docs() -> list[RouteDoc]:

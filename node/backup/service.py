@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from node.backup.archive import Progress
 from node.backup.snapshot import STAGING_PREFIX, BackupSources, write_backup
+from node.component import Endpoint, paired
 from node.errors import BackupError, BodyError
 from node.openapi import BINARY, BODY_CONFIG, RouteDoc, parse_body
 from node.runtime import NodeRuntime
@@ -53,8 +54,8 @@ class BackupService:
         self._catalog = catalog
         self._lock = asyncio.Lock()
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post(BACKUP_PATH, self._handle_backup)]
+    def routes(self) -> list[Endpoint]:
+        return paired([web.post(BACKUP_PATH, self._handle_backup)], self.docs())
 
     @staticmethod
     def docs() -> list[RouteDoc]:

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from config import ConfigError, Inventory, NodeSettings, cuda_env, restricts_gpus
 from health import CheckResult, HealthStatus
+from node.component import Endpoint, paired
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector
@@ -125,9 +126,13 @@ class ElectionService:
         self.group_handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
         """Other groups served at GET /v1/rendezvous?group=NAME (node.rl adds `weights`)."""
 
-    def routes(self) -> list[web.RouteDef]:
-        """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous."""
-        return [*election_routes(lambda: self.elector), web.get(RENDEZVOUS_PATH, self._rendezvous)]
+    def routes(self) -> list[Endpoint]:
+        """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous, with their docs."""
+        served = [
+            *election_routes(lambda: self.elector),
+            web.get(RENDEZVOUS_PATH, self._rendezvous),
+        ]
+        return paired(served, self.docs())
 
     @staticmethod
     def docs() -> list[RouteDoc]:
