@@ -129,7 +129,7 @@ async def _echo(request: web.Request) -> web.Response:
     return web.json_response(await request.json())
 
 
-async def test_every_component_route_carries_its_docs_and_the_app_is_their_union(
+async def test_the_app_and_the_health_checks_are_the_components_routes_and_checks(
     tmp_path: Path,
 ) -> None:
     async with NodeDaemon(test_settings(tmp_path, "parts", record_stores=EVALS)) as daemon:
@@ -138,6 +138,13 @@ async def test_every_component_route_carries_its_docs_and_the_app_is_their_union
         document = await _document(daemon)
         components = daemon.components
         endpoints = endpoints_of(components)
+        assert daemon.runtime is not None
+        assert daemon.runtime.health is not None
+        health = {c.name: c.message for c in daemon.runtime.health.summary().components}
+    contributed = {name for component in components for name in component.checks()}
+    assert {"jobs", "locks", "runs", "sync"} <= contributed
+    for name in [*contributed, "membership", "election", "discovery"]:
+        assert health.get(name, "not checked yet") != "not checked yet", name
     names = {type(component).__name__ for component in components}
     assert {"CoreRoutes", "RecordsComponent", "SyncComponent", "JobApi", "Dashboard"} <= names
     assert {"LockService", "RunService", "ActorRoutes"} <= names
