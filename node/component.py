@@ -137,6 +137,17 @@ async def enter(stack: AsyncExitStack, components: Iterable[Component]) -> None:
         stack.push_async_callback(component.close)
 
 
+def checks_of(components: Iterable[Component]) -> dict[str, Check]:
+    """Every health check of `components` by name; ValueError names one two components give."""
+    found: dict[str, Check] = {}
+    for component in components:
+        for name, check in component.checks().items():
+            if name in found:
+                raise ValueError(f"two components contribute a health check named {name!r}")
+            found[name] = check
+    return found
+
+
 def endpoints_of(components: Iterable[Component]) -> list[Endpoint]:
     """Every route of `components`, in their order: what the router serves."""
     return [found for component in components for found in component.routes()]

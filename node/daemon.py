@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import random
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -51,7 +52,7 @@ from node.boot import (
     load_secrets,
     resolve_node_id,
 )
-from node.component import Check, Component, Served, enter
+from node.component import Check, Component, checks_of, enter
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
 from node.election.service import ElectionService, resolve_voters
@@ -170,7 +171,7 @@ class NodeDaemon:
         )
         self.sync_service, self.components = parts.sync, parts.components
         await enter(self._stack, parts.components)
-        self._add_checks(runtime, *parts.components)
+        self._add_checks(runtime, checks_of(parts.components))
         await self._serve(runtime, secrets, parts)
         await self._start_cluster(runtime, secrets, inventory, parts)
         self._spawn(parts.sync.run_forever(), "background-sync")
@@ -237,19 +238,18 @@ class NodeDaemon:
             for loop in (elector.loop_health, discovery.loop_health)
         }
         checks["membership"] = Check(membership_check(membership), interval_s=5.0)
-        self._add_checks(runtime, Served((), checks))
+        self._add_checks(runtime, checks)
         health = runtime.health
         assert health is not None
         for name in self._checks:  # never "not checked yet" once serving
             await health.run_check(name)
 
-    def _add_checks(self, runtime: NodeRuntime, *components: Component) -> None:
-        """The health checks `components` contribute join the node's checker."""
+    def _add_checks(self, runtime: NodeRuntime, checks: Mapping[str, Check]) -> None:
+        """`checks` join the node's checker (HealthConfigError names one registered twice)."""
         assert runtime.health is not None, "health opens before the components"
-        for component in components:
-            for name, check in component.checks().items():
-                runtime.health.add_check(name, check.fn, interval_s=check.interval_s)
-                self._checks.append(name)
+        for name, check in checks.items():
+            runtime.health.add_check(name, check.fn, interval_s=check.interval_s)
+            self._checks.append(name)
 
     async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
         """Health checks and metrics; resolves the GPUs this node owns (`gpus`,
