@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from node.audit.entries import KIND_TYPES, LOCK_GRANT, LOCK_RELEASE, read_audit, record_audit
-from node.component import Endpoint, paired
+from node.component import Endpoint, endpoint
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import bad_request
@@ -77,28 +77,22 @@ class AuditRoutes:
         self._runtime = runtime
 
     def routes(self) -> list[Endpoint]:
-        return paired([web.get(AUDIT_PATH, self._handle_audit)], self.docs())
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        kinds = sorted(KIND_TYPES)
-        return [
-            RouteDoc(
-                "GET",
-                AUDIT_PATH,
-                "This node's audit trail from its WAL, oldest first: who (the signed sender), "
-                "what, on which node, when. Kinds deploy, drain, keyring and certificate list "
-                "nothing yet. Read-only: other methods answer 405",
-                ((200, "a page of entries; next_after pages on"), (400, "bad parameter")),
-                parameters=(
-                    ("since", "query", "unix seconds: entries at or after", SINCE_SCHEMA),
-                    ("kind", "query", "one kind only", {"enum": kinds}),
-                    ("after", "query", "entries with a larger id (paging)", AFTER_SCHEMA),
-                    ("limit", "query", f"at most this many (1 to {MAX_LIMIT})", LIMIT_SCHEMA),
-                ),
-                response=AUDIT_ANSWER,
-            )
-        ]
+        doc = RouteDoc(
+            "GET",
+            AUDIT_PATH,
+            "This node's audit trail from its WAL, oldest first: who (the signed sender), "
+            "what, on which node, when. Kinds deploy, drain, keyring and certificate list "
+            "nothing yet. Read-only: other methods answer 405",
+            ((200, "a page of entries; next_after pages on"), (400, "bad parameter")),
+            parameters=(
+                ("since", "query", "unix seconds: entries at or after", SINCE_SCHEMA),
+                ("kind", "query", "one kind only", {"enum": sorted(KIND_TYPES)}),
+                ("after", "query", "entries with a larger id (paging)", AFTER_SCHEMA),
+                ("limit", "query", f"at most this many (1 to {MAX_LIMIT})", LIMIT_SCHEMA),
+            ),
+            response=AUDIT_ANSWER,
+        )
+        return [endpoint(web.get(AUDIT_PATH, self._handle_audit), doc)]
 
     async def _handle_audit(self, request: web.Request) -> web.Response:
         kind = request.query.get("kind") or None

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from config import ConfigError, Inventory, NodeSettings, cuda_env, restricts_gpus
 from health import CheckResult, HealthStatus
-from node.component import Endpoint, paired
+from node.component import Endpoint, endpoint, paired
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector
@@ -128,14 +128,6 @@ class ElectionService:
 
     def routes(self) -> list[Endpoint]:
         """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous, with their docs."""
-        served = [
-            *election_routes(lambda: self.elector),
-            web.get(RENDEZVOUS_PATH, self._rendezvous),
-        ]
-        return paired(served, self.docs())
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
         rendezvous = RouteDoc(
             "GET",
             RENDEZVOUS_PATH,
@@ -161,7 +153,10 @@ class ElectionService:
             ),
             response=RENDEZVOUS_SCHEMA,
         )
-        return [*ELECTION_DOCS, rendezvous]
+        return [
+            *paired(election_routes(lambda: self.elector), ELECTION_DOCS),
+            endpoint(web.get(RENDEZVOUS_PATH, self._rendezvous), rendezvous),
+        ]
 
     async def _rendezvous(self, request: web.Request) -> web.Response:
         group = request.query.get("group", "training")
