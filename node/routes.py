@@ -10,7 +10,7 @@ from aiohttp import web
 
 from config import CLOCK_SKEWS
 from health import CircuitState, HealthStatus
-from node.component import Check, Component, Endpoint, endpoint, endpoints_of, route_docs
+from node.component import Check, Component, Endpoint, endpoints_of, paired, route_docs
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
 from node.runtime import NodeRuntime
@@ -275,11 +275,14 @@ class CoreRoutes:
         return None
 
     def routes(self) -> Sequence[Endpoint]:
-        handlers = (handle_health, handle_status, handle_peers, handle_metrics, handle_openapi)
-        return [
-            endpoint(web.get(doc.path, handler), doc)
-            for doc, handler in zip(CORE_DOCS, handlers, strict=True)
+        served = [
+            web.get("/v1/health", handle_health),
+            web.get("/v1/status", handle_status),
+            web.get("/v1/peers", handle_peers),
+            web.get("/metrics", handle_metrics),
+            web.get(OPENAPI_PATH, handle_openapi),
         ]
+        return paired(served, CORE_DOCS)
 
     def checks(self) -> Mapping[str, Check]:
         return {}
