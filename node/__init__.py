@@ -8,7 +8,8 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
-    from node.daemon import NodeDaemon, load_secrets, resolve_node_id
+    from node.boot import load_secrets, resolve_node_id
+    from node.daemon import NodeDaemon
     from node.discovery.candidates import Advert, Candidate, CandidateSource
     from node.discovery.feed import Discovery
     from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
@@ -129,7 +130,8 @@ else:
         {
             "node.addresses": "choose_interfaces find_self_in_inventory local_addresses",
             "node.routes": "build_app status_document",
-            "node.daemon": "NodeDaemon load_secrets resolve_node_id",
+            "node.boot": "load_secrets resolve_node_id",
+            "node.daemon": "NodeDaemon",
             "node.discovery.candidates": "Advert Candidate CandidateSource",
             "node.discovery.feed": "Discovery",
             "node.election.adoption": "AdoptionLog check_adoption_logs read_adoption_log",

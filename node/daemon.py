@@ -1,20 +1,19 @@
 """The node daemon: start components in order, serve until told to stop, stop in reverse.
 
-Order: secrets -> WAL (recovery) -> health -> record stores and HTTP -> membership -> discovery;
-then READY=1. Stop in reverse: leave, discovery, membership, HTTP, stores, health, WAL.
+Order: secrets -> WAL (recovery) -> health -> the served components (node.parts: record stores,
+sync, jobs, actors, locks, runs, weights, backup, audit, dashboard) -> HTTP -> membership ->
+election -> discovery -> auto-stop; then READY=1. Stop in reverse: auto-stop, discovery, election,
+membership, HTTP (the dashboard's event streams first), the served components, health, WAL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import ipaddress
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import ifaddr
@@ -24,23 +23,18 @@ from config import (
     PROTOCOL_META,
     PROTOCOL_VERSION,
     RELEASE_META,
-    ConfigError,
     Inventory,
     NodeSettings,
     load_inventory,
-    load_or_create_node_id,
     owned_gpus,
-    read_secret_file,
     shoal_version,
     training_nproc_for,
 )
 from health import (
-    BreakerConfig,
     BreakerRegistry,
     CheckFn,
     CheckResult,
     DiskWrites,
-    GpuInfo,
     GpuReader,
     HealthChecker,
     HealthStatus,
@@ -51,177 +45,43 @@ from health import (
     wal_backlog_check,
     wal_check,
 )
-from node.addresses import choose_interfaces, find_self_in_inventory, local_addresses
-from node.audit import AuditRoutes
-from node.backup import BackupService
+from node.addresses import choose_interfaces
+from node.boot import (
+    Secrets,
+    advertise_address,
+    breaker_config,
+    gpu_meta,
+    inventory_cluster_name,
+    load_secrets,
+    resolve_node_id,
+)
+from node.component import Check, Component, checks_of, enter
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
-from node.election.claims import gpu_uuids_meta
-from node.election.roles import NPROC_META
-from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
-from node.jobs.component import JobApi, open_job_service
-from node.locks.service import LockService
+from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
-from node.metrics import ingest_counter
-from node.openapi import RouteDoc
+from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
-from node.rl.backlog import RolloutBacklog
-from node.rl.service import WeightsService
 from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
-from node.runs.results import open_results_store
-from node.runs.service import RunService
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
 from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
-from node.tasks.registry import open_actor_routes
-from node.ui import Dashboard, UiAccess, UiSources, load_ui_token
-from sync import (
-    BUILTIN_SCHEMAS,
-    ROLLOUTS_SCHEMA,
-    RecordSchema,
-    RecordSchemaError,
-    RecordStores,
-    record_route_docs,
-    record_routes,
-    schema_from_mapping,
-)
 from wal import WalConfig, WriteAheadLog
 
 log = logging.getLogger(__name__)
-
-
-def is_loopback(address: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and `localhost`."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass(frozen=True)
-class Secrets:
-    cluster: bytes | None
-    metrics_token: bytes | None
-    ui_token: bytes | None = None
-    """The dashboard's read token (ui_token_file)."""
-
-
-def load_secrets(settings: NodeSettings) -> Secrets:
-    """Read the secret files and refuse a non-loopback bind without a secret (unless insecure)."""
-    cluster = read_secret_file(settings.secret_file) if settings.secret_file else None
-    token = None
-    if settings.metrics_token_file is not None:
-        token = read_secret_file(settings.metrics_token_file, "metrics token file")
-    if cluster is None and not is_loopback(settings.bind):
-        if not settings.insecure:
-            raise ConfigError(
-                f"bind {settings.bind}: refusing to serve beyond loopback without a cluster "
-                "secret; pass --secret-file FILE (chmod 600), bind 127.0.0.1, or --insecure"
-            )
-        log.warning(
-            "serving on %s WITHOUT authentication (--insecure): anyone who reaches this "
-            "port can read status and data",
-            settings.bind,
-        )
-    return Secrets(cluster, token, load_ui_token(settings.ui_token_file))
-
-
-def breaker_config(settings: NodeSettings, inventory: Inventory | None) -> BreakerConfig:
-    """Every peer's breaker: the timeout table, then the inventory's `circuit_breaker` section;
-    a threshold set in the config file, environment or flags (SHOAL_CIRCUIT_THRESHOLD) wins."""
-    config = BreakerConfig.from_timeouts(settings.timeouts, settings.circuit_threshold)
-    if inventory is None:
-        return config
-    section = inventory.circuit_breaker
-    threshold = (
-        settings.circuit_threshold
-        if "circuit_threshold" in settings.model_fields_set
-        else section.failure_threshold
-    )
-    return dataclasses.replace(
-        config, failure_threshold=threshold, recovery_timeout_s=section.recovery_timeout
-    )
-
-
-def extra_record_schemas(settings: NodeSettings) -> list[RecordSchema]:
-    """The record stores the config declares beside games and rollouts."""
-    schemas = []
-    for name, declaration in sorted(settings.record_stores.items()):
-        try:
-            schemas.append(schema_from_mapping(name, declaration))
-        except RecordSchemaError as exc:
-            raise ConfigError(f"record_stores.{name}: {exc}") from exc
-    return schemas
-
-
-def record_schemas(settings: NodeSettings) -> list[RecordSchema]:
-    """Every record store's schema: the built-in ones and those the config declares."""
-    return [*BUILTIN_SCHEMAS.values(), *extra_record_schemas(settings)]
-
-
-def inventory_cluster_name(settings: NodeSettings, inventory: Inventory | None) -> NodeSettings:
-    """The settings with the inventory's `cluster.name` when the settings keep the default. A
-    node whose cluster id stays the default while mDNS is on is warned: another cluster of the
-    default name on its network would be taken as its own."""
-    default = NodeSettings.model_fields["cluster_name"].default
-    named = settings
-    if inventory is not None and inventory.cluster.name != settings.cluster_name:
-        if settings.cluster_name != default:
-            log.warning(
-                "cluster_name %r (settings) differs from %r in the inventory %s; using the "
-                "settings'",
-                settings.cluster_name,
-                inventory.cluster.name,
-                inventory.source,
-            )
-        else:
-            named = settings.model_copy(update={"cluster_name": inventory.cluster.name})
-    if named.mdns and named.cluster_name == default:
-        log.warning(
-            "the cluster id is the default %r and mDNS is on: another cluster of that name on "
-            "this network would join this one; name it (inventory cluster.name or cluster_name)",
-            default,
-        )
-    return named
-
-
-def resolve_node_id(settings: NodeSettings, inventory: Inventory | None) -> str:
-    """Explicit id, else this host's inventory entry (matched by address), else the data dir's."""
-    if settings.node_id:
-        return settings.node_id
-    if inventory is not None:
-        found = find_self_in_inventory(inventory, local_addresses(), settings.port)
-        if found is not None:
-            return found
-    return load_or_create_node_id(settings.data_dir)
-
-
-def advertise_address(settings: NodeSettings) -> str:
-    """The address peers reach this node at."""
-    if settings.advertise_address:
-        return settings.advertise_address
-    if settings.bind not in ("0.0.0.0", "::", ""):  # noqa: S104 - comparing, not binding
-        return settings.bind
-    candidates = [a for a in local_addresses() if not is_loopback(a) and ":" not in a]
-    return candidates[0] if candidates else "127.0.0.1"
 
 
 MAX_REQUEST_LINE_BYTES = 256 * 1024
 DISCOVERY_REFEED_S = 3.0
 """How often inventory hosts and seeds are offered to membership again (a seed that started
 after us is found within this time; each offer costs at most a few datagrams per host)."""
-LOOP_CHECK_INTERVAL_S = 1.0
-"""How often the health of the background loops (sync, election, discovery) is read: a
-cheap read of what each loop last reported."""
 
 
 def membership_check(membership: Membership) -> CheckFn:
@@ -244,20 +104,6 @@ def membership_check(membership: Membership) -> CheckFn:
     return check
 
 
-def gpu_meta(owned: Sequence[GpuInfo], nproc: int) -> dict[str, MetaValue]:
-    """The membership meta of the GPUs a node owns and its training processes: gpu_count, gpu,
-    gpu_vram_gb, the UUIDs (node.election.claims.gpu_uuids_meta) and training_nproc."""
-    meta: dict[str, MetaValue] = {NPROC_META: nproc}
-    if owned:
-        meta |= {
-            "gpu_count": len(owned),
-            "gpu": owned[0].name,
-            "gpu_vram_gb": round(max(g.memory_total_mb or 0.0 for g in owned) / 1024, 1),
-            **gpu_uuids_meta([gpu.uuid for gpu in owned if gpu.uuid]),
-        }
-    return meta
-
-
 class NodeDaemon:
     """One running node. `async with NodeDaemon(settings) as daemon:` starts it; exit stops it."""
 
@@ -275,6 +121,10 @@ class NodeDaemon:
         self._membership: Any = None
         self.sync_service: SyncService | None = None
         self._gpu_meta: dict[str, MetaValue] = {}
+        self.components: tuple[Component, ...] = ()
+        """The served components in start order once started: the app's routes and docs."""
+        self._checks: list[str] = []
+        """The health checks the components contributed, run once before READY."""
         self._disk_writes = DiskWrites()
         self._closed = False
         self.stop_requested = asyncio.Event()
@@ -298,6 +148,43 @@ class NodeDaemon:
         await self.close()
 
     async def _start(self) -> None:
+        runtime, inventory, secrets = self._resolve()
+        settings = runtime.settings
+        self._notifier.status("opening the WAL")
+        wal_config = WalConfig.from_timeouts(settings.timeouts)
+        wal = WriteAheadLog(settings.wal_path, config=wal_config, observer=runtime.metrics)
+        await self._stack.enter_async_context(wal)
+        runtime.wal = wal
+        pending = await wal.pending()
+        if pending:
+            log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
+        await self._start_health(runtime, wal)
+        self._notifier.status("resuming interrupted transfers")
+        parts = served_parts(
+            PartsInputs(
+                runtime,
+                secrets,
+                self._election,
+                inventory,
+                self._voters.voters,
+                {} if inventory is None else inventory.stacks,
+                self._run_nodes,
+                self._disk_writes,
+            )
+        )
+        self.sync_service, self.components = parts.sync, parts.components
+        await enter(self._stack, parts.components)
+        self._add_checks(runtime, checks_of(parts.components))
+        await self._serve(runtime, secrets, parts)
+        await self._start_cluster(runtime, secrets, inventory, parts)
+        self._spawn(parts.sync.run_forever(), "background-sync")
+        self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
+        self._notifier.ready(f"serving {runtime.node_id} on {settings.bind}:{self.port}")
+        log.info("node %s serving on http://%s:%d", runtime.node_id, settings.bind, self.port)
+
+    def _resolve(self) -> tuple[NodeRuntime, Inventory | None, Secrets]:
+        """The settings, secrets, inventory, identity and voters of this node, before anything
+        opens: the runtime handle every component shares."""
         settings = self.settings
         secrets = load_secrets(settings)
         inventory = load_inventory(settings.inventory) if settings.inventory else None
@@ -320,62 +207,52 @@ class NodeDaemon:
         self._known_nodes = frozenset(
             {node_id, *self._voters.voters, *(() if inventory is None else inventory.hosts)}
         )
-        self._stacks = {} if inventory is None else dict(inventory.stacks)
         self._run_nodes = (
             StaticNodes() if inventory is None else ProviderNodes(StaticProvider(inventory))
         )
-        election = ElectionService(runtime, self._voters)
-        self._election = election
-        self._notifier.status("opening the WAL")
-        wal_config = WalConfig.from_timeouts(settings.timeouts)
-        wal = WriteAheadLog(settings.wal_path, config=wal_config, observer=metrics)
-        await self._stack.enter_async_context(wal)
-        runtime.wal = wal
-        pending = await wal.pending()
-        if pending:
-            log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
-        await self._start_health(runtime, wal)
-        stores = RecordStores.for_settings(
-            settings, extra_schemas=extra_record_schemas(settings), writes=self._disk_writes
-        )
-        await self._stack.enter_async_context(stores)
-        self._notifier.status("resuming interrupted transfers")
-        sync_service = SyncService(
-            runtime,
-            secrets.cluster,
-            settings.sync_interval_s,
-            inventory,
-            fence=lambda: (
-                election.elector.plan.fence
-                if election.elector is not None and election.elector.plan is not None
-                else None
-            ),
-        )
-        self.sync_service = sync_service
-        self._stack.push_async_callback(sync_service.close)
-        await sync_service.open(wal, stores)
-        jobs = await open_job_service(runtime, election, wal, secrets.cluster)
-        self._stack.push_async_callback(jobs.close)
-        await self._start_http(runtime, secrets, election, stores, sync_service, jobs)
+        self._election = ElectionService(runtime, self._voters)
+        return runtime, inventory, secrets
+
+    async def _start_cluster(
+        self,
+        runtime: NodeRuntime,
+        secrets: Secrets,
+        inventory: Inventory | None,
+        parts: ServedParts,
+    ) -> None:
+        """Membership, the election, discovery and auto-stop, once the HTTP API serves; every
+        health check has run once when this returns."""
         membership = await self._start_membership(runtime, secrets)
         self._notifier.status("joining the election")
+        election, wal = self._election, runtime.wal
+        assert wal is not None
         elector = await election.start(membership, inventory, secrets.cluster, wal, self._rng)
         self._stack.push_async_callback(election.close)
         discovery = await self._start_discovery(runtime, membership, inventory)
+        jobs = parts.jobs
         autostop = await open_autostop(
-            runtime, inventory, lambda: self._busy_jobs(jobs), self._locks, self._request_stop
+            runtime, inventory, lambda: self._busy_jobs(jobs), parts.locks, self._request_stop
         )
         if autostop is not None:
             self._stack.push_async_callback(autostop.close)
-        sync_service.attach(membership)
-        assert runtime.health is not None
-        for loop in (sync_service.loop_health, elector.loop_health, discovery.loop_health):
-            runtime.health.add_check(loop.name, loop.check, interval_s=LOOP_CHECK_INTERVAL_S)
-            await runtime.health.run_check(loop.name)  # never "not checked yet" once serving
-        self._spawn(sync_service.run_forever(), "background-sync")
-        self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
-        self._notifier.ready(f"serving {node_id} on {settings.bind}:{self.port}")
-        log.info("node %s serving on http://%s:%d", node_id, settings.bind, self.port)
+        parts.sync.attach(membership)
+        checks = {
+            loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)
+            for loop in (elector.loop_health, discovery.loop_health)
+        }
+        checks["membership"] = Check(membership_check(membership), interval_s=5.0)
+        self._add_checks(runtime, checks)
+        health = runtime.health
+        assert health is not None
+        for name in self._checks:  # never "not checked yet" once serving
+            await health.run_check(name)
+
+    def _add_checks(self, runtime: NodeRuntime, checks: Mapping[str, Check]) -> None:
+        """`checks` join the node's checker (HealthConfigError names one registered twice)."""
+        assert runtime.health is not None, "health opens before the components"
+        for name, check in checks.items():
+            runtime.health.add_check(name, check.fn, interval_s=check.interval_s)
+            self._checks.append(name)
 
     async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
         """Health checks and metrics; resolves the GPUs this node owns (`gpus`,
@@ -415,15 +292,9 @@ class NodeDaemon:
         membership = None if self.runtime is None else self.runtime.membership
         return membership is not None and any(m.node_id == sender for m in membership.members())
 
-    async def _start_http(
-        self,
-        runtime: NodeRuntime,
-        secrets: Secrets,
-        election: ElectionService,
-        stores: RecordStores,
-        sync_service: SyncService,
-        jobs: JobApi,
-    ) -> None:
+    async def _serve(self, runtime: NodeRuntime, secrets: Secrets, parts: ServedParts) -> None:
+        """The HTTP API: one app whose routes and OpenAPI document are the components' routes,
+        listening on the configured address (port 0: any free port, then `self.port`)."""
         policy = AuthPolicy(
             secret=secrets.cluster,
             metrics_token=secrets.metrics_token,
@@ -431,87 +302,7 @@ class NodeDaemon:
             known_node=self._known_node,
             cluster=runtime.settings.cluster_name,
         )
-        actors = open_actor_routes(runtime, election, secrets.cluster)
-        self._stack.push_async_callback(actors.close)
-        # runs: the cluster's fenced locks (node/runs)
-        assert runtime.wal is not None
-        locks = LockService(
-            runtime, self._voters.voters, WalDurableState(runtime.wal), secrets.cluster
-        )
-        await locks.open()
-        self._stack.push_async_callback(locks.close)
-        self._locks = locks
-        stacks = {name: entry.model_dump() for name, entry in self._stacks.items()}
-        results = open_results_store(runtime.settings)
-        runs = RunService(locks, results, stacks, starter=self._run_nodes)
-        await runs.open()
-        self._stack.push_async_callback(runs.close)
-        if runtime.health is not None:
-            runtime.health.add_check("locks", locks.loop_health.check, interval_s=1.0)
-            runtime.health.add_check("runs", runs.loop_health.check, interval_s=1.0)
-        weights = self._weights_service(runtime, election)
-        backup = BackupService(runtime, stores.paths, lambda: sync_service.catalog)
-        audit = AuditRoutes(runtime)
-        backlog = RolloutBacklog(
-            runtime.settings.rollouts_max_pending,
-            lambda: stores.get(ROLLOUTS_SCHEMA.name),
-            registry=runtime.metrics.registry if runtime.metrics is not None else None,
-        )
-        dashboard = Dashboard(
-            UiAccess(secrets.ui_token, api_open=secrets.cluster is None),
-            UiSources(
-                runtime,
-                lambda: election.elector.plan if election.elector is not None else None,
-                jobs.service,
-                sync_service,
-                weights,
-                backlog,
-                locks,
-                secrets.cluster,
-            ),
-        )
-        await dashboard.open()
-        self._stack.push_async_callback(dashboard.close)
-        app = build_app(
-            runtime,
-            policy,
-            gates=[dashboard.middleware],
-            extra_routes=[
-                *dashboard.routes(),
-                *record_routes(
-                    stores, runtime.node_id, on_ingest=ingest_counter(runtime), gate=backlog
-                ),
-                *election.routes(),
-                *sync_service.routes(),
-                *jobs.routes(),
-                *actors.routes(),
-                *locks.routes(),
-                *runs.routes(),
-                *weights.routes(),
-                *backlog.routes(),
-                *backup.routes(),
-                *audit.routes(),
-            ],
-            extra_docs=[
-                *dashboard.docs(),
-                *(
-                    RouteDoc(**doc)
-                    for doc in record_route_docs(
-                        record_schemas(runtime.settings), gated=(ROLLOUTS_SCHEMA.name,)
-                    )
-                ),
-                *election.docs(),
-                *sync_service.docs([schema.name for schema in record_schemas(runtime.settings)]),
-                *jobs.docs(),
-                *actors.docs(),
-                *locks.docs(),
-                *runs.docs(),
-                *weights.docs(),
-                *backlog.docs(),
-                *backup.docs(),
-                *audit.docs(),
-            ],
-        )
+        app = build_app(runtime, policy, parts.components, gates=[parts.dashboard.middleware])
         self.http_app = app
         runner = web.AppRunner(
             app,
@@ -523,7 +314,7 @@ class NodeDaemon:
         )
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
-        self._stack.push_async_callback(dashboard.close)  # open event streams end first
+        self._stack.push_async_callback(parts.dashboard.close)  # open event streams end first
         site = web.TCPSite(runner, runtime.settings.bind, runtime.settings.port)
         try:
             await site.start()
@@ -538,25 +329,6 @@ class NodeDaemon:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         runtime.port = self.port
-
-    def _weights_service(self, runtime: NodeRuntime, election: ElectionService) -> WeightsService:
-        """The pipeline-RL weights plane; its group is served at /v1/rendezvous?group=weights."""
-
-        def url_of(node_id: str) -> str | None:
-            if node_id == runtime.node_id:
-                return f"http://{runtime.address}:{runtime.port}"
-            member = self._membership.member(node_id) if self._membership is not None else None
-            return None if member is None else f"http://{member.address}:{member.port}"
-
-        weights = WeightsService(
-            runtime.node_id,
-            lambda: election.elector.plan if election.elector is not None else None,
-            url_of,
-            runtime.wal,
-            runtime.metrics.registry if runtime.metrics is not None else None,
-        )
-        election.group_handlers["weights"] = weights.rendezvous
-        return weights
 
     async def _start_membership(self, runtime: NodeRuntime, secrets: Secrets) -> Membership:
         """Membership over UDP on the API's port number, fed by discovery."""
@@ -589,8 +361,6 @@ class NodeDaemon:
         await self._stack.enter_async_context(membership)
         self._membership = membership
         runtime.membership = membership
-        if runtime.health is not None:
-            runtime.health.add_check("membership", membership_check(membership), interval_s=5.0)
         return membership
 
     async def _start_discovery(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +17,7 @@ from config import (
     version_header,
 )
 from health import CircuitState, HealthStatus
+from node.component import Check, Component, Endpoint, endpoints_of, paired, route_docs
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
 from node.runtime import NodeRuntime
@@ -316,16 +317,40 @@ def _version_header(
     return add
 
 
+class CoreRoutes:
+    """The core routes as a component: health, status, peers, metrics and the OpenAPI
+    document (of every route of the app it is served by)."""
+
+    async def open(self) -> None:
+        return None
+
+    def routes(self) -> Sequence[Endpoint]:
+        served = [
+            web.get("/v1/health", handle_health),
+            web.get("/v1/status", handle_status),
+            web.get("/v1/peers", handle_peers),
+            web.get("/metrics", handle_metrics),
+            web.get(OPENAPI_PATH, handle_openapi),
+        ]
+        return paired(served, CORE_DOCS)
+
+    def checks(self) -> Mapping[str, Check]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
 def build_app(
     runtime: NodeRuntime,
     policy: AuthPolicy,
-    extra_routes: Iterable[web.RouteDef] = (),
-    extra_docs: Iterable[RouteDoc] = (),
+    components: Iterable[Component] = (CoreRoutes(),),
     gates: Iterable[Any] = (),
 ) -> web.Application:
-    """The node's aiohttp application: core routes plus the routes other packages export;
-    `gates` are middlewares that run before the signature check (the dashboard's cookie), after
-    the refusal of requests that name another cluster."""
+    """The node's aiohttp application serving the routes of `components` (the core routes by
+    default), whose docs are the OpenAPI document it serves; `gates` are middlewares that run
+    before the signature check (the dashboard's cookie), after the refusal of requests that
+    name another cluster. Raises ValueError when two routes document one operation."""
     middlewares: list[Any] = [error_middleware, foreign_cluster_middleware, *gates, auth_middleware]
     http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
@@ -333,7 +358,8 @@ def build_app(
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     app[AUTH_POLICY] = policy
-    docs = (*CORE_DOCS, *extra_docs)
+    endpoints = endpoints_of(components)
+    docs = route_docs(endpoints)
     twice = documented_twice(docs)
     if twice:
         raise ValueError(
@@ -342,10 +368,5 @@ def build_app(
         )
     app[ROUTE_DOCS] = docs
     app.on_response_prepare.append(_version_header(runtime.version))
-    app.router.add_get("/v1/health", handle_health)
-    app.router.add_get("/v1/status", handle_status)
-    app.router.add_get("/v1/peers", handle_peers)
-    app.router.add_get("/metrics", handle_metrics)
-    app.router.add_get(OPENAPI_PATH, handle_openapi)
-    app.router.add_routes(list(extra_routes))
+    app.router.add_routes(endpoints)
     return app

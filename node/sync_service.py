@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from config import ConfigError, Inventory, error_body, peer_middlewares
 from health import LoopHealth
+from node.component import Endpoint, endpoint, paired
 from node.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
 from node.metrics import FanoutCollector, sync_metrics
@@ -285,9 +286,10 @@ class SyncService:
             "pulls only from its members (see GET /v1/peers)"
         )
 
-    def routes(self) -> list[web.RouteDef]:
-        """File endpoints plus run/status. Built before open(); handlers read state lazily.
-        A push (`POST .../pull`) under another plan than this node's is refused with 409."""
+    def routes(self) -> list[Endpoint]:
+        """File and piece endpoints plus run/status, with their docs. Built after open();
+        handlers read state lazily. A push (`POST .../pull`) under another plan than this
+        node's is refused with 409."""
 
         async def pull(category: str, path: str, content_hash: str, source: PeerRef) -> Any:
             if self.coordinator is None:
@@ -308,42 +310,45 @@ class SyncService:
             )
             if isinstance(route, web.RouteDef)
         ]
+        categories = tuple(FILE_CATEGORIES)
         return [
-            *files,
-            *piece_routes(self.catalog, self.pieces, limiter),
-            web.post(RUN_PATH, self._handle_run),
-            web.get(STATUS_PATH, self._handle_status),
+            *paired(files, (RouteDoc(**doc) for doc in file_route_docs(categories))),
+            *paired(
+                piece_routes(self.catalog, self.pieces, limiter),
+                (RouteDoc(**doc) for doc in piece_route_docs(categories)),
+            ),
+            endpoint(web.post(RUN_PATH, self._handle_run), self._run_doc()),
+            endpoint(
+                web.get(STATUS_PATH, self._handle_status),
+                RouteDoc(
+                    "GET",
+                    STATUS_PATH,
+                    "The last sync run, whether one is running, the peers",
+                    response=STATUS_ANSWER,
+                ),
+            ),
         ]
 
-    @staticmethod
-    def docs(stores: Sequence[str] = ()) -> list[RouteDoc]:
-        """The routes' documents; `stores` are the record store names `categories` may hold."""
+    def _run_doc(self) -> RouteDoc:
+        """The doc of POST /v1/sync/run: its `categories` are the file categories and the
+        record stores this node serves."""
         run_body = SyncRunBody.model_json_schema()
+        stores = list(self._stores or {})
         run_body["properties"]["categories"]["items"]["enum"] = [*FILE_CATEGORIES, *stores]
-        return [
-            *(RouteDoc(**doc) for doc in file_route_docs(tuple(FILE_CATEGORIES))),
-            *(RouteDoc(**doc) for doc in piece_route_docs(tuple(FILE_CATEGORIES))),
-            RouteDoc(
-                "POST",
-                RUN_PATH,
-                "Sync now (all categories and stores from every alive peer unless narrowed); "
-                "answers the per-category stats, failed_nodes and nodes_synced",
-                (
-                    (200, "per-category SyncStats and record pulls"),
-                    (400, "unknown category or malformed body"),
-                    (404, "`from` is not an alive peer"),
-                ),
-                body=run_body,
-                body_optional=True,
-                response=RUN_ANSWER,
+        return RouteDoc(
+            "POST",
+            RUN_PATH,
+            "Sync now (all categories and stores from every alive peer unless narrowed); "
+            "answers the per-category stats, failed_nodes and nodes_synced",
+            (
+                (200, "per-category SyncStats and record pulls"),
+                (400, "unknown category or malformed body"),
+                (404, "`from` is not an alive peer"),
             ),
-            RouteDoc(
-                "GET",
-                STATUS_PATH,
-                "The last sync run, whether one is running, the peers",
-                response=STATUS_ANSWER,
-            ),
-        ]
+            body=run_body,
+            body_optional=True,
+            response=RUN_ANSWER,
+        )
 
     async def _handle_run(self, request: web.Request) -> web.Response:
         raw = await request.read()

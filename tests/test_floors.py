@@ -12,7 +12,8 @@ NODE = ROOT / "node"
 
 FLOORS: list[tuple[str, ...]] = [
     # the base: errors, the runtime handle, addresses, signing, OpenAPI, the plan and its fence,
-    # the core routes, logs, metrics, systemd, start-up errors, the audit read from the WAL
+    # the core routes, logs, metrics, systemd, start-up errors, the audit read from the WAL, the
+    # component protocol
     (
         "errors",
         "runtime",
@@ -27,15 +28,16 @@ FLOORS: list[tuple[str, ...]] = [
         "systemd",
         "startup",
         "audit",
+        "component",
     ),
     ("membership", "discovery"),
     ("election", "training"),
     ("locks",),
     ("ssh", "providers", "jobs"),
-    ("runs", "rl", "workers", "sync_service", "backup"),
+    ("runs", "rl", "workers", "sync_service", "backup", "records"),
     ("tasks",),
     ("ui",),
-    ("daemon",),
+    ("daemon", "boot", "parts"),
     ("cli", "__main__"),
 ]
 """Bottom to top. `node/__init__.py` (lazy re-exports of every floor) stands outside them."""

@@ -20,6 +20,7 @@ from node.audit.entries import (
     read_audit,
     record_audit,
 )
+from node.component import Endpoint, paired
 from node.errors import BodyError
 from node.openapi import BODY_CONFIG, RouteDoc, parse_body
 from node.runtime import NodeRuntime
@@ -113,11 +114,14 @@ class AuditRoutes:
     def __init__(self, runtime: NodeRuntime) -> None:
         self._runtime = runtime
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get(AUDIT_PATH, self._handle_audit),
-            web.post(DEPLOYS_PATH, self._handle_deploy),
-        ]
+    def routes(self) -> list[Endpoint]:
+        return paired(
+            [
+                web.get(AUDIT_PATH, self._handle_audit),
+                web.post(DEPLOYS_PATH, self._handle_deploy),
+            ],
+            self.docs(),
+        )
 
     @staticmethod
     def docs() -> list[RouteDoc]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from node.backup.archive import Progress
 from node.backup.snapshot import STAGING_PREFIX, BackupSources, write_backup
+from node.component import Endpoint, endpoint
 from node.errors import BackupError, BodyError
 from node.openapi import BINARY, BODY_CONFIG, RouteDoc, parse_body
 from node.runtime import NodeRuntime
@@ -53,30 +54,25 @@ class BackupService:
         self._catalog = catalog
         self._lock = asyncio.Lock()
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post(BACKUP_PATH, self._handle_backup)]
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return [
-            RouteDoc(
-                "POST",
-                BACKUP_PATH,
-                "A consistent snapshot of this node while it serves (SQLite online backup of "
-                "every database, job records, node id, config, synced file list), as one tar "
-                "archive whose last member MANIFEST.json lists every member's sha256",
-                (
-                    (200, "the archive"),
-                    (400, "malformed body"),
-                    (409, "another backup of this node is running"),
-                    (500, "the snapshot failed (a full disk, a damaged database): the reason"),
-                ),
-                body=BackupBody,
-                body_optional=True,
-                response=BINARY,
-                response_type=ARCHIVE_TYPE,
+    def routes(self) -> list[Endpoint]:
+        doc = RouteDoc(
+            "POST",
+            BACKUP_PATH,
+            "A consistent snapshot of this node while it serves (SQLite online backup of "
+            "every database, job records, node id, config, synced file list), as one tar "
+            "archive whose last member MANIFEST.json lists every member's sha256",
+            (
+                (200, "the archive"),
+                (400, "malformed body"),
+                (409, "another backup of this node is running"),
+                (500, "the snapshot failed (a full disk, a damaged database): the reason"),
             ),
-        ]
+            body=BackupBody,
+            body_optional=True,
+            response=BINARY,
+            response_type=ARCHIVE_TYPE,
+        )
+        return [endpoint(web.post(BACKUP_PATH, self._handle_backup), doc)]
 
     async def sources(self, with_files: bool) -> BackupSources:
         """What this node's backup reads, with the synced files listed now."""

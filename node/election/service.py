@@ -19,6 +19,7 @@ from aiohttp import web
 
 from config import ConfigError, Inventory, NodeSettings, cuda_env, restricts_gpus
 from health import CheckResult, HealthStatus
+from node.component import Endpoint, endpoint, paired
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector
@@ -125,12 +126,8 @@ class ElectionService:
         self.group_handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
         """Other groups served at GET /v1/rendezvous?group=NAME (node.rl adds `weights`)."""
 
-    def routes(self) -> list[web.RouteDef]:
-        """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous."""
-        return [*election_routes(lambda: self.elector), web.get(RENDEZVOUS_PATH, self._rendezvous)]
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
+    def routes(self) -> list[Endpoint]:
+        """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous, with their docs."""
         rendezvous = RouteDoc(
             "GET",
             RENDEZVOUS_PATH,
@@ -156,7 +153,10 @@ class ElectionService:
             ),
             response=RENDEZVOUS_SCHEMA,
         )
-        return [*ELECTION_DOCS, rendezvous]
+        return [
+            *paired(election_routes(lambda: self.elector), ELECTION_DOCS),
+            endpoint(web.get(RENDEZVOUS_PATH, self._rendezvous), rendezvous),
+        ]
 
     async def _rendezvous(self, request: web.Request) -> web.Response:
         group = request.query.get("group", "training")

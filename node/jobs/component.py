@@ -7,10 +7,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from aiohttp import web
-
 from config import cuda_env, restricts_gpus
 from health import CheckFn, CheckResult, HealthStatus
+from node.component import Check, Endpoint, paired
 from node.election.service import ElectionService
 from node.jobs.gang import GangService
 from node.jobs.policy import rendezvous_env
@@ -41,19 +40,38 @@ def jobs_check(service: JobService) -> CheckFn:
 
 
 class JobApi:
-    """The job service plus its HTTP routes, as the daemon holds them."""
+    """The job service plus its HTTP routes, as the daemon holds them: a component whose
+    `open()` opens the job store (re-attaching to running jobs) and watches the gangs."""
 
-    def __init__(self, service: JobService, gangs: GangService) -> None:
+    def __init__(
+        self, service: JobService, gangs: GangService, wal: WriteAheadLog | None = None
+    ) -> None:
         self.service = service
         self.gangs = gangs
+        self._wal = wal
         self._routes = JobRoutes(service, start=gangs.start)
 
-    def routes(self) -> list[web.RouteDef]:
-        return [*self.gangs.routes(), *self._routes.routes()]
+    async def open(self) -> None:
+        """Open the job store and the gangs; on failure close both and re-raise."""
+        if self._wal is None:
+            raise ValueError("JobApi.open() needs the WAL: build it with job_api()")
+        try:
+            await self.service.open(self._wal, self.gangs.recovery())
+            await self.gangs.open()
+        except BaseException:
+            await self.close()
+            raise
+        self.gangs.runtime.jobs = self.service.summary
+
+    def routes(self) -> list[Endpoint]:
+        return paired([*self.gangs.routes(), *self._routes.routes()], self.docs())
 
     @staticmethod
     def docs() -> list[RouteDoc]:
         return [*GangService.docs(), *job_route_docs()]
+
+    def checks(self) -> Mapping[str, Check]:
+        return {"jobs": Check(jobs_check(self.service), interval_s=5.0)}
 
     async def close(self) -> None:
         """Stop watching gangs and jobs; jobs keep running. Idempotent."""
@@ -71,10 +89,10 @@ def jobs_base_env(runtime: NodeRuntime, environ: Mapping[str, str]) -> dict[str,
     return env
 
 
-async def open_job_service(
+def job_api(
     runtime: NodeRuntime, election: ElectionService, wal: WriteAheadLog, secret: bytes | None
 ) -> JobApi:
-    """Open the job store (re-attaching to running jobs) and build the job routes."""
+    """The job component of a daemon (not opened yet)."""
 
     def plan() -> RolePlan | None:
         elector = election.elector
@@ -92,15 +110,17 @@ async def open_job_service(
         rendezvous_env=node_rendezvous,
         base_env=jobs_base_env(runtime, os.environ),
     )
-    gangs = GangService(runtime, service, plan, secret)
-    try:
-        await service.open(wal, gangs.recovery())
-        await gangs.open()
-    except BaseException:
-        await gangs.close()
-        await service.close()
-        raise
-    runtime.jobs = service.summary
+    return JobApi(service, GangService(runtime, service, plan, secret), wal)
+
+
+async def open_job_service(
+    runtime: NodeRuntime, election: ElectionService, wal: WriteAheadLog, secret: bytes | None
+) -> JobApi:
+    """Open the job store (re-attaching to running jobs) and build the job routes; its check
+    joins the node's health checks."""
+    api = job_api(runtime, election, wal, secret)
+    await api.open()
     if runtime.health is not None:
-        runtime.health.add_check("jobs", jobs_check(service), interval_s=5.0)
-    return JobApi(service, gangs)
+        for name, check in api.checks().items():
+            runtime.health.add_check(name, check.fn, interval_s=check.interval_s)
+    return api

@@ -23,6 +23,7 @@ from config import peer_middlewares
 from health import LoopHealth
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.audit.routes import audited_lock_route
+from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
@@ -343,7 +344,13 @@ class LockService:
 
     # HTTP
 
-    def routes(self) -> list[web.RouteDef]:
+    def routes(self) -> list[Endpoint]:
+        return paired(self._route_defs(), self.docs())
+
+    def checks(self) -> Mapping[str, Check]:
+        return {"locks": Check(self.loop_health.check, interval_s=1.0)}
+
+    def _route_defs(self) -> list[web.RouteDef]:
         return [
             web.get(LOCKS_PATH, answers_lock_errors(self._handle_list)),
             *(

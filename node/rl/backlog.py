@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from node.component import Endpoint, paired
 from node.openapi import RouteDoc
 from node.rl.service import RUN_PATTERN
 from node.security import json_error
@@ -224,8 +225,9 @@ class RolloutBacklog:
 
     # --- HTTP ---------------------------------------------------------------------------------
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post(CONSUMED_PATH, self._consumed), web.get(PENDING_PATH, self._pending)]
+    def routes(self) -> list[Endpoint]:
+        served = [web.post(CONSUMED_PATH, self._consumed), web.get(PENDING_PATH, self._pending)]
+        return paired(served, self.docs())
 
     @staticmethod
     def docs() -> list[RouteDoc]:

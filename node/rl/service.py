@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from node.component import Endpoint, paired
 from node.errors import BodyError, NodeError
 from node.openapi import BODY_CONFIG, Count, RouteDoc, parse_body
 from node.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
@@ -238,13 +239,14 @@ class WeightsService:
             registry=registry,
         )
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
+    def routes(self) -> list[Endpoint]:
+        served = [
             web.post("/v1/weights/update", self._update),
             web.get("/v1/weights/next", self._next),
             web.post("/v1/weights/applied", self._applied),
             web.get("/v1/weights/status", self._status),
         ]
+        return paired(served, self.docs())
 
     @staticmethod
     def docs() -> list[RouteDoc]:

@@ -19,6 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from health import LoopHealth
+from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError, RunError
 from node.locks.service import LockService, answers_lock_errors
 from node.locks.table import LockFence, LockTable, acquire, put_run, release, renew
@@ -370,7 +371,13 @@ class RunService:
 
     # HTTP
 
-    def routes(self) -> list[web.RouteDef]:
+    def routes(self) -> list[Endpoint]:
+        return paired(self._route_defs(), self.docs())
+
+    def checks(self) -> Mapping[str, Check]:
+        return {"runs": Check(self.loop_health.check, interval_s=1.0)}
+
+    def _route_defs(self) -> list[web.RouteDef]:
         return [
             web.post(RUNS_PATH, answers_run_errors(self._handle_submit)),
             web.get(RUNS_PATH, answers_run_errors(self._handle_list)),

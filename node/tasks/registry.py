@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from config import peer_middlewares
+from node.component import Check, Endpoint, paired
 from node.errors import BodyError
 from node.errors import RegistryError as RegistryError
 from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
@@ -173,11 +174,18 @@ class ActorRoutes:
         self.registry = ActorRegistry()
         self._session: aiohttp.ClientSession | None = None
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
+    async def open(self) -> None:
+        return None
+
+    def checks(self) -> Mapping[str, Check]:
+        return {}
+
+    def routes(self) -> list[Endpoint]:
+        served = [
             web.get(ACTORS_PATH + "/{name}", self._handle),
             web.post(ACTORS_PATH + "/{name}/{action}", self._handle),
         ]
+        return paired(served, self.docs())
 
     @staticmethod
     def docs() -> list[RouteDoc]:

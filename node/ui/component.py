@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from node.component import Check, Endpoint, paired
 from node.errors import JobError
 from node.jobs.store import STREAMS
-from node.openapi import RouteDoc
 from node.ui.access import UiAccess, ui_gate
 from node.ui.events import EventHub
 from node.ui.peers import PEER_INTERVAL_S
@@ -41,11 +40,11 @@ class Dashboard:
         await self.hub.close()
         await self.peers.close()
 
-    def routes(self) -> list[web.RouteDef]:
-        return self._routes.routes()
+    def routes(self) -> list[Endpoint]:
+        return paired(self._routes.routes(), dashboard_docs((*self.hub.topics,)))
 
-    def docs(self) -> list[RouteDoc]:
-        return dashboard_docs((*self.hub.topics,))
+    def checks(self) -> Mapping[str, Check]:
+        return {}
 
 
 def _log_paths(sources: UiSources, job_id: str) -> Mapping[str, Path] | None:

@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from config import load_settings, signed_headers, signing_middleware
 from health import BreakerConfig, BreakerRegistry, NodeMetrics
 from node import AuthPolicy, NodeRuntime, RouteDoc, build_app
+from node.component import Served, endpoint
+from node.routes import CoreRoutes
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 TOKEN = b"metrics-token-0123456789"
@@ -75,9 +77,10 @@ async def _echo(request: web.Request) -> web.Response:
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
     runtime = _runtime(tmp_path)
-    extra = [web.post("/v1/echo", _echo)]
-    docs = [RouteDoc("POST", "/v1/echo", "Echo a JSON body (test route)")]
-    app = build_app(runtime, AuthPolicy(secret=SECRET, metrics_token=TOKEN), extra, docs)
+    doc = RouteDoc("POST", "/v1/echo", "Echo a JSON body (test route)")
+    echo = endpoint(web.post("/v1/echo", _echo), doc)
+    components = [CoreRoutes(), Served([echo])]
+    app = build_app(runtime, AuthPolicy(secret=SECRET, metrics_token=TOKEN), components)
     async with TestServer(app, host="127.0.0.1") as test_server:
         yield test_server
 

@@ -15,7 +15,8 @@ import pytest
 from aiohttp import ClientSession
 
 from config import HEADER_CLUSTER, load_inventory, load_settings, peer_middlewares, signed_headers
-from node.daemon import NodeDaemon, inventory_cluster_name
+from node.boot import inventory_cluster_name
+from node.daemon import NodeDaemon
 from node.election.messages import VoteRequest
 from node.election.routes import HttpElectionTransport
 from node.runtime import NodeRuntime
@@ -131,7 +132,7 @@ async def test_a_node_of_another_cluster_is_never_a_member_or_a_voter(
 def test_a_default_cluster_id_with_mdns_on_is_warned_and_the_inventory_names_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="node.daemon")
+    caplog.set_level(logging.WARNING, logger="node.boot")
     unnamed = load_settings(env={}, flags={"data_dir": tmp_path, "mdns": True}).settings
     assert inventory_cluster_name(unnamed, None).cluster_name == "shoal"
     assert "the cluster id is the default 'shoal' and mDNS is on" in caplog.text

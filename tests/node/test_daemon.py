@@ -273,7 +273,7 @@ async def test_get_accepts_a_thousand_long_keys(tmp_path: Path) -> None:
 
 def test_breaker_config_from_timeouts_inventory_and_environment(tmp_path: Path) -> None:
     from config import load_inventory, load_settings
-    from node.daemon import breaker_config
+    from node.boot import breaker_config
 
     inventory_file = tmp_path / "hosts.yaml"
     inventory_file.write_text(

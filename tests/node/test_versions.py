@@ -27,6 +27,8 @@ from config import (
     version_header,
 )
 from node import AuthPolicy, NodeDaemon, RouteDoc, build_app
+from node.component import Served, paired
+from node.routes import CoreRoutes
 from tests.node.daemons import test_settings
 from tests.node.test_api import SECRET, FakeMember, FakeMembership, _runtime
 
@@ -59,7 +61,9 @@ async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
         RouteDoc("GET", "/v1/boom", "Fails (test route)"),
         RouteDoc("GET", "/v1/stream", "Streams (test route)"),
     ]
-    app = build_app(runtime, AuthPolicy(secret=SECRET), routes, docs)
+    app = build_app(
+        runtime, AuthPolicy(secret=SECRET), [CoreRoutes(), Served(paired(routes, docs))]
+    )
     test_server = TestServer(app, host="127.0.0.1")
     async with test_server:
         yield test_server

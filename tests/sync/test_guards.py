@@ -16,6 +16,8 @@ from yarl import URL
 from config import load_settings, signing_middleware
 from health import BreakerConfig, BreakerRegistry
 from node import AuthPolicy, NodeRuntime, RouteDoc, build_app
+from node.component import Served, paired
+from node.routes import CoreRoutes
 from sync import (
     FileCatalog,
     HttpTransport,
@@ -189,11 +191,11 @@ async def test_file_routes_behind_auth_refuse_unsigned_requests(tmp_path: Path) 
         {"models": root}, tmp_path / "cache", piece_size=PIECE, mounts=LOCAL_MOUNTS
     )
     async with catalog:
+        docs = [RouteDoc(**doc) for doc in file_route_docs()]
         app = build_app(
             _runtime(tmp_path),
             AuthPolicy(secret=SECRET),
-            extra_routes=file_routes(catalog),
-            extra_docs=[RouteDoc(**doc) for doc in file_route_docs()],
+            [CoreRoutes(), Served(paired(file_routes(catalog), docs))],
         )
         async with TestServer(app, host="127.0.0.1") as server:
             base = str(server.make_url("")).rstrip("/")

@@ -1,0 +1,176 @@
+"""The components a daemon serves, in start order: the core routes, record stores, sync, jobs,
+actors, locks, runs, the weights plane and the rollout backlog, backup, audit, the election's
+routes and the dashboard. The HTTP app and its OpenAPI document are built from this one list."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from config import Inventory, StackEntry
+from health import DiskWrites
+from node.audit import AuditRoutes
+from node.backup import BackupService
+from node.boot import Secrets, extra_record_schemas
+from node.component import Check, Component, Endpoint, Served
+from node.election.seams import WalDurableState
+from node.election.service import ElectionService
+from node.jobs.component import JobApi, job_api
+from node.locks.service import LockService
+from node.membership.service import Membership
+from node.plan import PlanFence, RolePlan
+from node.records import RecordsComponent
+from node.rl.backlog import RolloutBacklog
+from node.rl.service import WeightsService
+from node.routes import CoreRoutes
+from node.runs.nodes import NodeStarter
+from node.runs.results import open_results_store
+from node.runs.service import RunService
+from node.runtime import NodeRuntime
+from node.sync_service import SyncService
+from node.tasks.registry import open_actor_routes
+from node.ui import Dashboard, UiAccess, UiSources
+from sync import ROLLOUTS_SCHEMA, RecordStores
+from wal import WriteAheadLog
+
+
+class SyncComponent:
+    """The sync service as a component: opened over the WAL and the record stores (it resumes
+    the transfers the WAL says were cut off), its loop's health as the `sync` check."""
+
+    def __init__(self, service: SyncService, wal: WriteAheadLog, stores: RecordStores) -> None:
+        self.service = service
+        self._wal = wal
+        self._stores = stores
+
+    async def open(self) -> None:
+        try:
+            await self.service.open(self._wal, self._stores)
+        except BaseException:
+            await self.service.close()
+            raise
+
+    def routes(self) -> list[Endpoint]:
+        return self.service.routes()
+
+    def checks(self) -> Mapping[str, Check]:
+        loop = self.service.loop_health
+        return {loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)}
+
+    async def close(self) -> None:
+        await self.service.close()
+
+
+LOOP_CHECK_INTERVAL_S = 1.0
+"""How often the health of the background loops (sync, election, discovery, locks, runs) is
+read: a cheap read of what each loop last reported."""
+
+
+@dataclass(frozen=True)
+class ServedParts:
+    """The served components in start order, and the handles the daemon keeps of some."""
+
+    components: tuple[Component, ...]
+    """What the daemon enters in order; the app's routes and docs are theirs."""
+    sync: SyncService
+    jobs: JobApi
+    locks: LockService
+    dashboard: Dashboard
+
+
+def _plan_of(election: ElectionService) -> RolePlan | None:
+    return election.elector.plan if election.elector is not None else None
+
+
+def sync_service(
+    runtime: NodeRuntime,
+    secrets: Secrets,
+    election: ElectionService,
+    inventory: Inventory | None,
+) -> SyncService:
+    """The sync service, its pushes fenced by the plan this node holds."""
+
+    def fence() -> PlanFence | None:
+        plan = _plan_of(election)
+        return None if plan is None else plan.fence
+
+    return SyncService(
+        runtime, secrets.cluster, runtime.settings.sync_interval_s, inventory, fence=fence
+    )
+
+
+def weights_service(runtime: NodeRuntime, election: ElectionService) -> WeightsService:
+    """The pipeline-RL weights plane; its group is served at /v1/rendezvous?group=weights."""
+
+    def url_of(node_id: str) -> str | None:
+        if node_id == runtime.node_id:
+            return f"http://{runtime.address}:{runtime.port}"
+        membership = runtime.membership
+        member = membership.member(node_id) if isinstance(membership, Membership) else None
+        return None if member is None else f"http://{member.address}:{member.port}"
+
+    weights = WeightsService(
+        runtime.node_id,
+        lambda: _plan_of(election),
+        url_of,
+        runtime.wal,
+        runtime.metrics.registry if runtime.metrics is not None else None,
+    )
+    election.group_handlers["weights"] = weights.rendezvous
+    return weights
+
+
+@dataclass(frozen=True)
+class PartsInputs:
+    """What the served components are made of, resolved by the daemon before they start."""
+
+    runtime: NodeRuntime
+    secrets: Secrets
+    election: ElectionService
+    inventory: Inventory | None
+    voters: tuple[str, ...]
+    stacks: Mapping[str, StackEntry]
+    run_nodes: NodeStarter
+    writes: DiskWrites
+
+
+def served_parts(inputs: PartsInputs) -> ServedParts:
+    """Every served component of a node, not opened yet, in start order."""
+    runtime, secret, election = inputs.runtime, inputs.secrets.cluster, inputs.election
+    wal = runtime.wal
+    assert wal is not None, "the WAL opens before the served components"
+    backlog = RolloutBacklog(
+        runtime.settings.rollouts_max_pending,
+        lambda: records.stores.get(ROLLOUTS_SCHEMA.name),
+        registry=runtime.metrics.registry if runtime.metrics is not None else None,
+    )
+    records = RecordsComponent(
+        runtime, extra_record_schemas(runtime.settings), backlog, inputs.writes
+    )
+    sync = sync_service(runtime, inputs.secrets, election, inputs.inventory)
+    jobs = job_api(runtime, election, wal, secret)
+    locks = LockService(runtime, inputs.voters, WalDurableState(wal), secret)
+    stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
+    results = open_results_store(runtime.settings)
+    runs = RunService(locks, results, stacks, starter=inputs.run_nodes)
+    weights = weights_service(runtime, election)
+    sources = UiSources(
+        runtime, lambda: _plan_of(election), jobs.service, sync, weights, backlog, locks, secret
+    )
+    dashboard = Dashboard(UiAccess(inputs.secrets.ui_token, api_open=secret is None), sources)
+    components: tuple[Component, ...] = (
+        CoreRoutes(),
+        records,
+        SyncComponent(sync, wal, records.stores),
+        jobs,
+        open_actor_routes(runtime, election, secret),
+        locks,
+        runs,
+        Served(weights.routes()),
+        Served(backlog.routes()),
+        Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),
+        Served(AuditRoutes(runtime).routes()),
+        Served(election.routes()),
+        dashboard,
+    )
+    return ServedParts(components, sync, jobs, locks, dashboard)

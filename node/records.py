@@ -1,0 +1,56 @@
+"""The record stores of a node as a component: the stores it opens (games, rollouts and those the
+config declares) and the /v1/records routes with one set of docs per store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from health import DiskWrites
+from node.component import Check, Endpoint, paired
+from node.metrics import ingest_counter
+from node.openapi import RouteDoc
+from node.rl.backlog import RolloutBacklog
+from node.runtime import NodeRuntime
+from sync import (
+    ROLLOUTS_SCHEMA,
+    RecordSchema,
+    RecordStores,
+    record_route_docs,
+    record_routes,
+)
+
+
+class RecordsComponent:
+    """Opens the record stores of `schemas` beside the built-in ones; serves their routes,
+    the rollouts' POST admitted by `backlog` (429 while a run's backlog is full)."""
+
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        extra_schemas: Sequence[RecordSchema],
+        backlog: RolloutBacklog,
+        writes: DiskWrites | None = None,
+    ) -> None:
+        self._runtime = runtime
+        self._backlog = backlog
+        self.stores = RecordStores.for_settings(
+            runtime.settings, extra_schemas=extra_schemas, writes=writes
+        )
+
+    async def open(self) -> None:
+        await self.stores.open()
+
+    def routes(self) -> list[Endpoint]:
+        runtime = self._runtime
+        served = record_routes(
+            self.stores, runtime.node_id, on_ingest=ingest_counter(runtime), gate=self._backlog
+        )
+        schemas = [self.stores[name].schema for name in self.stores]
+        docs = record_route_docs(schemas, gated=(ROLLOUTS_SCHEMA.name,))
+        return paired(served, (RouteDoc(**doc) for doc in docs))
+
+    def checks(self) -> Mapping[str, Check]:
+        return {}
+
+    async def close(self) -> None:
+        await self.stores.close()
