@@ -59,8 +59,10 @@ from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
 from node.jobs.component import JobApi, open_job_service
+from node.keyring.routes import KeyringRoutes
 from node.locks.service import LockService
 from node.logs import QuietProtocolLog
+from node.membership.keyring import GossipKeys, KeyringError
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.metrics import ingest_counter
 from node.openapi import RouteDoc
@@ -272,6 +274,8 @@ class NodeDaemon:
         self._membership: Any = None
         self.sync_service: SyncService | None = None
         self._gpu_meta: dict[str, MetaValue] = {}
+        self.gossip_keys: GossipKeys | None = None
+        """The gossip keyring sealing membership datagrams (None: no secret and no keyring)."""
         self._disk_writes = DiskWrites()
         self._closed = False
         self.stop_requested = asyncio.Event()
@@ -300,6 +304,12 @@ class NodeDaemon:
         inventory = load_inventory(settings.inventory) if settings.inventory else None
         settings = self.settings = inventory_cluster_name(settings, inventory)
         prepare_data_dir(settings.data_dir)
+        try:
+            self.gossip_keys = GossipKeys.open(
+                settings.data_dir, secret=secrets.cluster, cluster=settings.cluster_name
+            )
+        except KeyringError as exc:
+            raise StartupError(f"gossip keyring: {exc}") from exc
         node_id = resolve_node_id(settings, inventory)
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
@@ -449,6 +459,9 @@ class NodeDaemon:
         weights = self._weights_service(runtime, election)
         backup = BackupService(runtime, stores.paths, lambda: sync_service.catalog)
         audit = AuditRoutes(runtime)
+        keyring = KeyringRoutes(runtime, self.gossip_keys, secrets.cluster)
+        await keyring.open()
+        self._stack.push_async_callback(keyring.close)
         backlog = RolloutBacklog(
             runtime.settings.rollouts_max_pending,
             lambda: stores.get(ROLLOUTS_SCHEMA.name),
@@ -488,6 +501,7 @@ class NodeDaemon:
                 *backlog.routes(),
                 *backup.routes(),
                 *audit.routes(),
+                *keyring.routes(),
             ],
             extra_docs=[
                 *dashboard.docs(),
@@ -507,6 +521,7 @@ class NodeDaemon:
                 *backlog.docs(),
                 *backup.docs(),
                 *audit.docs(),
+                *keyring.docs(),
             ],
         )
         self.http_app = app
@@ -571,6 +586,7 @@ class NodeDaemon:
             secret=secrets.cluster,
             cluster=settings.cluster_name,
             max_skew_s=settings.timeouts.auth_skew_s,
+            keys=self.gossip_keys,
         )
         membership = Membership(
             runtime.node_id,

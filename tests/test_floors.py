@@ -28,7 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
         "startup",
         "audit",
     ),
-    ("membership", "discovery"),
+    ("membership", "discovery", "keyring"),
     ("election", "training"),
     ("locks",),
     ("ssh", "providers", "jobs"),

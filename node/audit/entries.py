@@ -17,6 +17,9 @@ log = logging.getLogger(__name__)
 LOCK_GRANT = "lock.grant"
 LOCK_RELEASE = "lock.release"
 RUN_STEP = "run.step"
+KEYRING_INSTALL = "keyring.install"
+KEYRING_USE = "keyring.use"
+KEYRING_REMOVE = "keyring.remove"
 
 KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "job": ("job.start", "job.kill", "job.gang"),
@@ -24,12 +27,12 @@ KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "run": (RUN_STEP,),
     "deploy": (),
     "drain": (),
-    "keyring": (),
+    "keyring": (KEYRING_INSTALL, KEYRING_USE, KEYRING_REMOVE),
     "certificate": (),
 }
 """Audit kind -> the WAL entry types it lists. Deploys run from the operator's machine over SSH
-and leave no entry in any node's WAL; drains, keyrings and certificates do not exist yet: those
-kinds are accepted and list nothing."""
+and leave no entry in any node's WAL; drains and certificates do not exist yet: those kinds are
+accepted and list nothing. A keyring entry is one change of one node's gossip keyring."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -38,6 +41,9 @@ ACTIONS: Mapping[str, str] = {
     LOCK_GRANT: "grant",
     LOCK_RELEASE: "release",
     RUN_STEP: "step",
+    KEYRING_INSTALL: "install",
+    KEYRING_USE: "use",
+    KEYRING_REMOVE: "remove",
 }
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 

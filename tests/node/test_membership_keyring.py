@@ -66,7 +66,8 @@ def test_sealed_datagram_hides_the_body_and_names_its_key(tmp_path: Path) -> Non
     envelope = Envelope("lab", SECRET, keys=_keys(tmp_path, "a", k1))
     datagram = envelope.seal(MARKER, NOW, boot=5, seq=9)
     assert MARKER not in datagram
-    assert b'"ts"' not in datagram and b'"mac"' not in datagram
+    assert b'"ts"' not in datagram
+    assert b'"mac"' not in datagram
     assert _header(datagram) == {"v": SEALED_VERSION, "c": "lab", "k": key_id(k1)}
     opened = envelope.open(datagram, NOW + 1)
     assert (opened.body, opened.drop, opened.boot, opened.seq) == (MARKER, None, 5, 9)
@@ -190,7 +191,8 @@ def test_first_start_derives_the_same_key_on_every_node(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     a = GossipKeys.open(tmp_path / "a", secret=SECRET, cluster="lab")
     b = GossipKeys.open(tmp_path / "b", secret=SECRET, cluster="lab")
-    assert a is not None and b is not None
+    assert a is not None
+    assert b is not None
     assert a.ring.primary == b.ring.primary == key_id(derived_key(SECRET, "lab"))
     assert stat.S_IMODE(a.path.stat().st_mode) == 0o600
     other = derived_key(SECRET, "lab2")
@@ -240,14 +242,15 @@ def test_key_files_and_the_wrapped_transfer(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert read_key_file(path) == key
     path.chmod(0o644)
-    with pytest.raises(KeyringError, match="k.key: key file is readable"):
+    with pytest.raises(KeyringError, match=r"k\.key: key file is readable"):
         read_key_file(path)
     path.chmod(0o600)
     path.write_text("c2hvcnQ=\n")
     with pytest.raises(KeyringError, match="32 bytes"):
         read_key_file(path)
     wrapped = wrap_key(key, SECRET, "lab")
-    assert key.hex() not in wrapped and key not in wrapped.encode()
+    assert key.hex() not in wrapped
+    assert key not in wrapped.encode()
     assert unwrap_key(wrapped, SECRET, "lab") == key
     with pytest.raises(KeyringError, match="does not open"):
         unwrap_key(wrapped, b"t" * 32, "lab")
@@ -311,7 +314,7 @@ async def test_rotation_under_swim_suspects_no_one(
             for name in nodes:
                 step(name)
                 mark = received()
-                await wait_for(lambda mark=mark: received() > mark + 40, what="traffic")
+                await wait_for(lambda: received() > mark + 40, what="traffic")  # noqa: B023
         assert failed == [], f"suspected or declared dead during the rotation: {failed}"
         assert all(keys[name].ring.ids == [key_id(k2)] for name in nodes)
 
