@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from node import NodeDaemon
 from node.cli import app
@@ -168,12 +167,9 @@ async def test_rotation_on_five_members_and_a_late_node_rejoins(
             {"id": second, "members": 5, "in_use_by": sorted(ROTATING)}
         ]
 
-        audit = await asyncio.to_thread(
-            CliRunner().invoke,
-            app,
-            ["audit", "--kind", "keyring", "--json", "--node", swarm.url("k4")]
-            + ["--config", str(swarm.config)],
-        )
+        where = ["--node", swarm.url("k4"), "--config", str(swarm.config)]
+        audit_argv = ["audit", "--kind", "keyring", "--json", *where]
+        audit = await asyncio.to_thread(CliRunner().invoke, app, audit_argv)
         assert audit.exit_code == 0, audit.output
         entries = [e for e in json.loads(audit.output)["entries"] if e["kind"] == "keyring"]
         assert [(e["action"], e["subject"]) for e in entries] == [
