@@ -51,7 +51,10 @@ class KeyringRefused(AnsweredError):
 
 
 _KEY_ID = Field(
-    min_length=KEY_ID_CHARS, max_length=KEY_ID_CHARS, description="a key id (16 hex characters)"
+    min_length=KEY_ID_CHARS,
+    max_length=KEY_ID_CHARS,
+    pattern=f"^[0-9a-f]{{{KEY_ID_CHARS}}}$",
+    description="a key id (16 hex characters)",
 )
 
 
