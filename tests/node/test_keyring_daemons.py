@@ -13,11 +13,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from typer.testing import CliRunner, Result
 
 from node import NodeDaemon
 from node.cli import app
-from node.membership.keyring import KEYRING_FILE, derived_key, key_id, read_key_file
+from node.membership.keyring import (
+    KEYRING_FILE,
+    KeyringError,
+    derived_key,
+    key_id,
+    read_key_file,
+)
 from node.membership.types import EventKind, MemberEvent
 from tests.node.daemons import test_settings
 from tests.node.jobs.client_daemon import free_port
@@ -112,7 +119,7 @@ class Swarm:
 
 
 async def test_rotation_on_five_members_and_a_late_node_rejoins(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.WARNING, "node.membership.channel")
     swarm = Swarm(tmp_path)
@@ -185,6 +192,10 @@ async def test_rotation_on_five_members_and_a_late_node_rejoins(
             return any(text in record.getMessage() for record in caplog.records)
 
         await _until(lambda: _true(lacked()), 30, "the late node to name the key it lacks")
+        assert late.runtime is not None
+        assert late.runtime.metrics is not None
+        scraped = generate_latest(late.runtime.metrics.registry).decode()
+        assert 'shoal_membership_datagrams_dropped_total{reason="unknown_key"}' in scraped
         assert not swarm.alive(NAMES)
         assert late.gossip_keys is not None
         assert late.gossip_keys.ring.ids == [first]
@@ -208,10 +219,47 @@ async def test_rotation_on_five_members_and_a_late_node_rejoins(
             d.gossip_keys is not None and d.gossip_keys.ring.primary == second
             for d in swarm.daemons.values()
         )
+
+        # a member that cannot write its keyring does not acknowledge: exit 1 naming it
+        def disk_full(key: bytes) -> str:
+            raise KeyringError("keyring_file", "keyring.json: No space left on device")
+
+        broken = swarm.daemons["k2"].gossip_keys
+        assert broken is not None
+        monkeypatch.setattr(broken, "install", disk_full)
+        partial = await swarm.shoal("install", str(third), "--node", swarm.url("k4"))
+        assert partial.exit_code == 1, partial.output
+        assert "k2 did not acknowledge" in partial.output
+        assert "No space left" in partial.output
     finally:
         await swarm.close()
     keyring = tmp_path / "k0" / KEYRING_FILE
     assert stat_mode(keyring) == 0o600
+
+
+async def test_bad_input_exits_2_before_asking_anyone(tmp_path: Path) -> None:
+    swarm = Swarm(tmp_path)  # no daemon runs: each refusal comes before any request
+    keyfile = tmp_path / "k.key"
+    made = await swarm.shoal("generate", "--out", str(keyfile))
+    assert made.exit_code == 0, made.output
+    again = await swarm.shoal("generate", "--out", str(keyfile))
+    assert again.exit_code == 2
+    assert "exists" in again.output
+    keyfile.chmod(0o644)
+    loose = await swarm.shoal("install", str(keyfile), "--node", swarm.url("k0"))
+    assert loose.exit_code == 2
+    assert "readable by group or others" in loose.output
+    keyfile.chmod(0o600)
+    keyfile.write_text("bm90IGEga2V5\n")
+    short = await swarm.shoal("install", str(keyfile), "--node", swarm.url("k0"))
+    assert short.exit_code == 2
+    assert "32 bytes" in short.output
+    for op in ("use", "remove"):
+        malformed = await swarm.shoal(op, "not-a-key-id", "--node", swarm.url("k0"))
+        assert malformed.exit_code == 2
+        assert "not a key id" in malformed.output
+    unreachable = await swarm.shoal("list", "--node", swarm.url("k0"))
+    assert unreachable.exit_code == 1
 
 
 async def test_a_keyring_readable_by_others_stops_the_daemon(tmp_path: Path) -> None:
