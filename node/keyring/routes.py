@@ -378,8 +378,10 @@ class KeyringRoutes:
         failed = {node: r for node, r in results if isinstance(r, str)}
         return answers, failed
 
-    async def _forward(self, request: web.Request) -> web.Response | None:
-        """None when this node coordinates; otherwise the coordinator's answer."""
+    async def _forward(
+        self, request: web.Request, body: dict[str, Any] | None = None
+    ) -> web.Response | None:
+        """None when this node coordinates; otherwise the coordinator's answer to `body`."""
         runtime = self.runtime
         runtime.refresh()
         coordinator = runtime.coordinator
@@ -393,18 +395,13 @@ class KeyringRoutes:
             raise KeyringRefused(
                 503, "coordinator_unknown", f"coordinator {coordinator} not in view"
             )
-        body = await request.read()
         if self._session is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
         timeout = aiohttp.ClientTimeout(total=3 * runtime.settings.timeouts.http_request_s)
-        headers = {FORWARDED_HEADER: runtime.node_id, "Content-Type": "application/json"}
+        headers = {FORWARDED_HEADER: runtime.node_id}
         try:
             async with self._session.request(
-                request.method,
-                f"{url}{request.path}",
-                data=body or None,
-                headers=headers,
-                timeout=timeout,
+                request.method, f"{url}{request.path}", json=body, headers=headers, timeout=timeout
             ) as response:
                 answer = await response.json(content_type=None)
                 return web.json_response(answer, status=response.status)
@@ -432,9 +429,10 @@ class KeyringRoutes:
         model = InstallBody if op == "install" else KeyIdBody
 
         async def handle(request: web.Request) -> web.Response:
-            raw = await request.read()
-            body = _checked(model, raw)
-            forwarded = await self._forward(request)
+            body = _checked(model, await request.read())
+            if body.requested_by is None:  # who asked, kept across the forward (audit)
+                body = body.model_copy(update={"requested_by": request_sender()})
+            forwarded = await self._forward(request, body.model_dump())
             if forwarded is not None:
                 return forwarded
             return web.json_response(await self.change(op, body))
@@ -444,7 +442,7 @@ class KeyringRoutes:
     async def change(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
         """On the coordinator: check the change against every member's keyring, then make it
         on each (this node too); KeyringRefused when it would strand a member."""
-        requested_by = body.requested_by or request_sender()
+        requested_by = body.requested_by
         cluster = self.runtime.settings.cluster_name
         if isinstance(body, InstallBody):
             key = unwrap_key(body.key, self._secret, cluster)

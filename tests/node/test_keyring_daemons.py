@@ -184,6 +184,7 @@ async def test_rotation_on_five_members_and_a_late_node_rejoins(
             ("use", second),
             ("remove", first),
         ]
+        assert all(e["detail"]["requested_by"].startswith("cli-") for e in entries), entries
 
         late = await swarm.start(LATE)  # it still holds only the first key
 
