@@ -62,6 +62,7 @@ from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
+from node.membership.keyring import GossipKeys, KeyringError
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
 from node.providers import StaticProvider
@@ -125,6 +126,8 @@ class NodeDaemon:
         """The served components in start order once started: the app's routes and docs."""
         self._checks: list[str] = []
         """The health checks the components contributed, run once before READY."""
+        self.gossip_keys: GossipKeys | None = None
+        """The gossip keyring sealing membership datagrams (None: no secret and no keyring)."""
         self._disk_writes = DiskWrites()
         self._closed = False
         self.stop_requested = asyncio.Event()
@@ -170,6 +173,7 @@ class NodeDaemon:
                 {} if inventory is None else inventory.stacks,
                 self._run_nodes,
                 self._disk_writes,
+                self.gossip_keys,
             )
         )
         self.sync_service, self.components = parts.sync, parts.components
@@ -190,6 +194,12 @@ class NodeDaemon:
         inventory = load_inventory(settings.inventory) if settings.inventory else None
         settings = self.settings = inventory_cluster_name(settings, inventory)
         prepare_data_dir(settings.data_dir)
+        try:
+            self.gossip_keys = GossipKeys.open(
+                settings.data_dir, secret=secrets.cluster, cluster=settings.cluster_name
+            )
+        except KeyringError as exc:
+            raise StartupError(f"gossip keyring: {exc}") from exc
         node_id = resolve_node_id(settings, inventory)
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
@@ -347,6 +357,7 @@ class NodeDaemon:
             secret=secrets.cluster,
             cluster=settings.cluster_name,
             max_skew_s=settings.timeouts.auth_skew_s,
+            keys=self.gossip_keys,
         )
         membership = Membership(
             runtime.node_id,

@@ -60,6 +60,16 @@ class RuntimeCollector(Collector):
         for state in MEMBER_STATES:
             members.add_metric([state], float(counts.get(state, 0)))
         yield members
+        dropped = CounterMetricFamily(
+            "shoal_membership_datagrams_dropped",
+            "Membership datagrams refused by reason (unknown_key: sealed with a gossip key this "
+            "node lacks; bad_mac: failed authentication; stale, replayed, cluster, ...)",
+            labels=["reason"],
+        )
+        stats = getattr(runtime.membership, "transport_stats", None)
+        for reason, count in sorted((stats().dropped if callable(stats) else {}).items()):
+            dropped.add_metric([reason], float(count))
+        yield dropped
 
     @staticmethod
     def _election(runtime: NodeRuntime) -> Iterator[Metric]:

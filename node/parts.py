@@ -16,7 +16,9 @@ from node.component import Check, Component, Endpoint, Served
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
 from node.jobs.component import JobApi, job_api
+from node.keyring.routes import KeyringRoutes
 from node.locks.service import LockService
+from node.membership.keyring import GossipKeys
 from node.membership.service import Membership
 from node.plan import PlanFence, RolePlan
 from node.records import RecordsComponent
@@ -132,6 +134,7 @@ class PartsInputs:
     stacks: Mapping[str, StackEntry]
     run_nodes: NodeStarter
     writes: DiskWrites
+    gossip_keys: GossipKeys | None = None
 
 
 def served_parts(inputs: PartsInputs) -> ServedParts:
@@ -170,6 +173,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         Served(backlog.routes()),
         Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),
         Served(AuditRoutes(runtime).routes()),
+        KeyringRoutes(runtime, inputs.gossip_keys, secret),
         Served(election.routes()),
         dashboard,
     )

@@ -30,7 +30,7 @@ FLOORS: list[tuple[str, ...]] = [
         "audit",
         "component",
     ),
-    ("membership", "discovery"),
+    ("membership", "discovery", "keyring"),
     ("election", "training"),
     ("locks",),
     ("ssh", "providers", "jobs"),

@@ -19,6 +19,9 @@ LOCK_RELEASE = "lock.release"
 RUN_STEP = "run.step"
 DEPLOY_HOST = "deploy.host"
 DEPLOY_CERTIFICATE = "deploy.certificate"
+KEYRING_INSTALL = "keyring.install"
+KEYRING_USE = "keyring.use"
+KEYRING_REMOVE = "keyring.remove"
 
 KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "job": ("job.start", "job.kill", "job.gang"),
@@ -26,13 +29,13 @@ KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "run": (RUN_STEP,),
     "deploy": (DEPLOY_HOST, DEPLOY_CERTIFICATE),
     "drain": (),
-    "keyring": (),
+    "keyring": (KEYRING_INSTALL, KEYRING_USE, KEYRING_REMOVE),
     "certificate": (),
 }
 """Audit kind -> the WAL entry types it lists. A deploy runs from the operator's machine over SSH;
 once a host answers, `shoal deploy` records it (and the node certificate it issued) in that
-host's WAL through POST /v1/audit/deploys. Drains, keyrings and certificates do not exist yet:
-those kinds are accepted and list nothing."""
+host's WAL through POST /v1/audit/deploys. A keyring entry is one change of one node's gossip
+keyring. Drains and certificates do not exist yet: those kinds are accepted and list nothing."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -43,6 +46,9 @@ ACTIONS: Mapping[str, str] = {
     RUN_STEP: "step",
     DEPLOY_HOST: "deploy",
     DEPLOY_CERTIFICATE: "certificate issue",
+    KEYRING_INSTALL: "install",
+    KEYRING_USE: "use",
+    KEYRING_REMOVE: "remove",
 }
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 

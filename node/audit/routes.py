@@ -131,7 +131,7 @@ class AuditRoutes:
                 "GET",
                 AUDIT_PATH,
                 "This node's audit trail from its WAL, oldest first: who (the signed sender), "
-                "what, on which node, when. Kinds drain, keyring and certificate list "
+                "what, on which node, when. Kinds drain and certificate list "
                 "nothing yet. Read-only: other methods answer 405",
                 ((200, "a page of entries; next_after pages on"), (400, "bad parameter")),
                 parameters=(

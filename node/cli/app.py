@@ -99,8 +99,8 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "audit", "node.cli.audit", "register",
         "List who did what, on which node and when: job starts and kills, gang starts, lock\n"
-        "grants and releases, run steps, deploys (drain, keyring and certificate list "
-        "nothing yet).",
+        "grants and releases, run steps, deploys, gossip keyring changes (drain and certificate\n"
+        "list nothing yet).",
     ),
     CommandEntry(
         "hosts", "node.cli.hosts", "hosts_app", "Check and list the YAML host inventory."
@@ -127,6 +127,10 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "ca", "node.cli.ca", "ca_app",
         "The cluster CA: issue, revoke and list node, operator and reader certificates.",
+    ),
+    CommandEntry(
+        "keyring", "node.cli.keyring", "keyring_app",
+        "The gossip keyring: keys that encrypt membership datagrams, rotated live.",
     ),
     CommandEntry(
         "dev-cluster", "node.cli.devcluster", "register",

@@ -9,7 +9,7 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from node.membership.wire import Drop, Envelope, Opened
+from node.membership.wire import ENVELOPE_VERSION, Drop, Envelope, Opened
 
 REPLAY_WINDOW_SEQS = 1024
 """How far behind a sender's newest sequence number a late datagram is still accepted."""
@@ -17,6 +17,11 @@ MAX_SENDER_BOOTS = 4096
 """Senders (boot ids) remembered at once; the least recently heard is forgotten beyond this."""
 MAX_NOTED = 1024
 """Foreign cluster ids and unlabelled senders logged once each; beyond this, at DEBUG only."""
+MAX_LEGACY_PEERS = 4096
+"""Peers of the previous release (v2 envelope) answered in v2 at once; beyond this, the least
+recently heard is forgotten (and answered in v3 until it speaks again)."""
+KEYRING_RELOAD_S = 1.0
+"""At most this often a datagram naming an unknown key makes the keyring file be reread."""
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +97,12 @@ class ReplayWindows:
 
 class SealedChannel:
     """The envelope of one transport with its state: `seal` stamps this transport's boot id
-    (random, new for every channel) and the next sequence number; `open` refuses replays."""
+    (random, new for every channel) and the next sequence number; `open` refuses replays.
+
+    With a gossip keyring, a peer whose last accepted datagram came in the previous release's
+    signed envelope (v2) is answered in v2 (it cannot read v3) until it sends v3; a datagram
+    naming a key this node lacks makes the keyring file be reread (at most once per
+    KEYRING_RELOAD_S), so a keyring copied into the data dir is taken without a restart."""
 
     def __init__(self, envelope: Envelope, *, boot: int | None = None) -> None:
         self.envelope = envelope
@@ -100,6 +110,8 @@ class SealedChannel:
         self._seq = 0
         self._windows = ReplayWindows(envelope.max_skew_s)
         self._noted: set[str] = set()
+        self._legacy: OrderedDict[str, None] = OrderedDict()
+        self._reloaded_at = float("-inf")
 
     @property
     def cluster(self) -> str:
@@ -114,17 +126,48 @@ class SealedChannel:
         """Sender boots whose replay windows are held."""
         return len(self._windows)
 
-    def seal(self, body: bytes, now_s: float) -> bytes:
+    def seal(self, body: bytes, now_s: float, to: str | None = None) -> bytes:
+        """`body` sealed for peer `to` ("host:port"; v2 when it speaks only v2)."""
         self._seq += 1
-        return self.envelope.seal(body, now_s, boot=self.boot, seq=self._seq)
+        legacy = to is not None and to in self._legacy
+        return self.envelope.seal(body, now_s, boot=self.boot, seq=self._seq, legacy=legacy)
 
-    def open(self, datagram: bytes, now_s: float) -> Opened:
-        """The body of `datagram` if the envelope accepts it and it was not delivered before."""
+    def open(self, datagram: bytes, now_s: float, source: str | None = None) -> Opened:
+        """The body of `datagram` if the envelope accepts it and it was not delivered before;
+        `source` ("host:port") is remembered as a v2 peer when it sent a v2 envelope."""
         opened = self.envelope.open(datagram, now_s)
+        if opened.drop == Drop.UNKNOWN_KEY and self._reload_keys(now_s):
+            opened = self.envelope.open(datagram, now_s)
         if opened.body is None:
             return opened
         drop = self._windows.admit(opened.boot, opened.seq, opened.timestamp, now_s)
-        return opened if drop is None else Opened(None, drop)
+        if drop is not None:
+            return Opened(None, drop)
+        if source is not None and self.envelope.sealing:
+            self._note_version(source, opened.version)
+        return opened
+
+    def _reload_keys(self, now_s: float) -> bool:
+        keys = self.envelope.keys
+        if keys is None or now_s - self._reloaded_at < KEYRING_RELOAD_S:
+            return False
+        self._reloaded_at = now_s
+        return keys.reload()
+
+    def _note_version(self, source: str, version: int) -> None:
+        if version != ENVELOPE_VERSION:
+            self._legacy.pop(source, None)
+            return
+        if source not in self._legacy:
+            log.warning(
+                "membership datagrams from %s come in the previous release's envelope (v2: "
+                "signed, not encrypted); answering it in v2 until it is upgraded",
+                source,
+            )
+            if len(self._legacy) >= MAX_LEGACY_PEERS:
+                self._legacy.popitem(last=False)
+        self._legacy[source] = None
+        self._legacy.move_to_end(source)
 
     def note(self, opened: Opened, source: str) -> None:
         """Log what `open` decided about a datagram from `source`: a foreign cluster at WARNING
@@ -141,6 +184,23 @@ class SealedChannel:
                 source,
                 opened.cluster,
                 self.cluster,
+            )
+        elif opened.drop == Drop.UNKNOWN_KEY:
+            key = f"key:{opened.key_id}"
+            first = key not in self._noted and len(self._noted) < MAX_NOTED
+            self._noted.add(key)
+            keys = self.envelope.keys
+            where = "no gossip keyring" if keys is None else f"keyring {keys.path}"
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
+                "refused membership datagrams from %s sealed with gossip key %s, which this "
+                "node lacks (%s; keys %s); give it the cluster's keyring: `shoal keyring "
+                "install --local KEYFILE` then `shoal keyring use --local KEYID`, or copy "
+                "keyring.json of a member into the data dir",
+                source,
+                opened.key_id,
+                where,
+                [] if keys is None else keys.ring.ids,
             )
         elif opened.drop is not None:
             log.debug("dropped a membership datagram from %s: %s", source, opened.drop)

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from node.errors import MembershipError
 from node.membership.channel import SealedChannel
+from node.membership.keyring import GossipKeys
 from node.membership.types import Address
 from node.membership.wire import Envelope
 
@@ -113,12 +114,19 @@ class InMemoryNetwork:
         self._next_key = 0
 
     def endpoint(
-        self, address: str, port: int, *, cluster: str = "lab", secret: bytes | None = None
+        self,
+        address: str,
+        port: int,
+        *,
+        cluster: str = "lab",
+        secret: bytes | None = None,
+        keys: GossipKeys | None = None,
     ) -> InMemoryEndpoint:
-        """A transport for the member at (address, port)."""
+        """A transport for the member at (address, port), sealing with `keys` when given."""
         if (address, port) in self._endpoints:
             raise MembershipError(f"{address}:{port} is already attached to this network")
-        channel = SealedChannel(Envelope(cluster, secret), boot=self._rng.getrandbits(62))
+        envelope = Envelope(cluster, secret, keys=keys)
+        channel = SealedChannel(envelope, boot=self._rng.getrandbits(62))
         endpoint = InMemoryEndpoint(self, (address, port), channel)
         self._endpoints[(address, port)] = endpoint
         return endpoint
@@ -216,7 +224,8 @@ class InMemoryEndpoint:
     def send(self, body: bytes, address: Address) -> None:
         if self._closed:
             return
-        datagram = self._channel.seal(body, self._network.wall_clock())
+        to = f"{address[0]}:{address[1]}"
+        datagram = self._channel.seal(body, self._network.wall_clock(), to)
         self._counters.sent_datagrams += 1
         self._counters.sent_bytes += len(datagram)
         self._network.transmit(self.local_address, address, datagram)
@@ -224,8 +233,9 @@ class InMemoryEndpoint:
     def receive(self, datagram: bytes, source: Address) -> None:
         if self._closed or self._handler is None:
             return
-        opened = self._channel.open(datagram, self._network.wall_clock())
-        self._channel.note(opened, f"{source[0]}:{source[1]}")
+        where = f"{source[0]}:{source[1]}"
+        opened = self._channel.open(datagram, self._network.wall_clock(), where)
+        self._channel.note(opened, where)
         if opened.body is None:
             self._counters.dropped[str(opened.drop)] += 1
             return

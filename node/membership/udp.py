@@ -1,5 +1,6 @@
 """`UdpMembershipTransport`: membership datagrams over UDP on the HTTP API's port number,
-sealed with HMAC-SHA256 when a cluster secret is set (see `node.membership.wire` for the format).
+sealed with AES-256-GCM by the gossip keyring, or signed with HMAC-SHA256 by the cluster secret
+without one (see `node.membership.wire` for the format).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 from node.errors import MembershipError
 from node.membership.channel import SealedChannel
+from node.membership.keyring import GossipKeys
 from node.membership.transport import Counters, DatagramHandler, TransportStats
 from node.membership.types import Address
 from node.membership.wire import MAX_DATAGRAM_BYTES, Envelope
@@ -50,7 +52,10 @@ class UdpMembershipTransport:
     replays of a datagram already received (per-sender sequence windows,
     `node.membership.channel`). Datagrams naming another cluster id are dropped and counted
     (`cluster`), logged at WARNING once per foreign id; those naming none are taken as ours.
-    Destinations must be IP literals: resolve names beforehand.
+    With `keys` (a gossip keyring) every datagram goes out sealed by its key in use and one
+    naming a key the ring lacks is refused (`unknown_key`, logged at WARNING once per key id,
+    naming it); a peer of the previous release (v2 envelope, signed with the secret) is
+    accepted and answered in v2. Destinations must be IP literals: resolve names beforehand.
     """
 
     def __init__(
@@ -62,9 +67,10 @@ class UdpMembershipTransport:
         cluster: str,
         max_skew_s: float = 300.0,
         wall_clock: Callable[[], float] = time.time,
+        keys: GossipKeys | None = None,
     ) -> None:
         self._bind = (bind_address, port)
-        self._channel = SealedChannel(Envelope(cluster, secret, max_skew_s))
+        self._channel = SealedChannel(Envelope(cluster, secret, max_skew_s, keys))
         self._wall_clock = wall_clock
         self._transport: asyncio.DatagramTransport | None = None
         self._handler: DatagramHandler | None = None
@@ -96,7 +102,8 @@ class UdpMembershipTransport:
         if self._transport is not None:
             return self.local_address
         host, port = self._bind
-        if self._channel.envelope.secret is None and not _is_loopback(host):
+        envelope = self._channel.envelope
+        if envelope.secret is None and envelope.keys is None and not _is_loopback(host):
             log.warning(
                 "membership UDP on %s:%s accepts unsigned datagrams (no secret)", host, port
             )
@@ -121,7 +128,7 @@ class UdpMembershipTransport:
     def send(self, body: bytes, address: Address) -> None:
         if self._transport is None or self._closed:
             return
-        datagram = self._channel.seal(body, self._wall_clock())
+        datagram = self._channel.seal(body, self._wall_clock(), f"{address[0]}:{address[1]}")
         if len(datagram) > MAX_DATAGRAM_BYTES:
             self._counters.dropped["oversize_send"] += 1
             log.debug("not sending a %d-byte membership datagram to %s", len(datagram), address)
@@ -139,8 +146,9 @@ class UdpMembershipTransport:
     def received(self, datagram: bytes, source: Address) -> None:
         if self._handler is None or self._closed:
             return
-        opened = self._channel.open(datagram, self._wall_clock())
-        self._channel.note(opened, f"{source[0]}:{source[1]}")
+        where = f"{source[0]}:{source[1]}"
+        opened = self._channel.open(datagram, self._wall_clock(), where)
+        self._channel.note(opened, where)
         if opened.body is None:
             self._counters.dropped[str(opened.drop)] += 1
             return

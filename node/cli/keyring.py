@@ -1,0 +1,243 @@
+"""`shoal keyring generate|list|install|use|remove`: the gossip keys that seal membership
+datagrams, changed on every alive member through the coordinator (or on one node, --local)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from aiohttp import ClientError
+from rich.table import Table
+
+from config import NodeSettings, read_error, read_secret_file
+from node.cli.common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    ConfigOption,
+    JsonOption,
+    NodeOption,
+    client_session,
+    config_errors,
+    console,
+    fail,
+    node_url,
+    print_json,
+    settings_from,
+)
+from node.errors import PeerRequestError, peer_error
+from node.membership.keyring import (
+    KeyringError,
+    key_id,
+    new_key,
+    read_key_file,
+    valid_key_id,
+    wrap_key,
+    write_key_file,
+)
+
+keyring_app = typer.Typer(
+    help="The gossip keyring: keys that encrypt membership datagrams, rotated live.",
+    no_args_is_help=True,
+)
+
+USAGE_CODES = frozenset({"bad_key", "unknown_key", "key_in_use", "invalid_request"})
+"""Refusals that are the caller's mistake: exit 2 (any other refusal exits 1)."""
+KEYRING_TIMEOUT_FACTOR = 4
+"""A cluster-wide change asks every member in parallel, after a forward to the coordinator."""
+
+LocalOption = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="This node only (the one --node names), not every member through the "
+        "coordinator: how a node that missed a rotation is given the key.",
+    ),
+]
+KeyIdArgument = Annotated[str, typer.Argument(help="A key id (shoal keyring list).")]
+
+
+def _where(node: str | None, config_file: Path | None) -> tuple[NodeSettings, str]:
+    settings = settings_from(config_file).settings
+    return settings, node_url(settings, node)
+
+
+def _refused(url: str, status: int, payload: bytes) -> NoReturn:
+    answer = read_error(status, payload)
+    code = EXIT_USAGE if answer.code in USAGE_CODES else EXIT_FAILURE
+    fail(str(PeerRequestError.from_answer(url, answer)), code)
+
+
+async def _request(
+    settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
+) -> Any:
+    timeout_s = KEYRING_TIMEOUT_FACTOR * settings.timeouts.http_request_s
+    try:
+        async with (
+            client_session(settings, timeout_s) as session,
+            session.request(method, url, json=body) as response,
+        ):
+            payload = await response.read()
+            if response.status >= 400:
+                _refused(url, response.status, payload)
+            return json.loads(payload)
+    except (ClientError, TimeoutError, OSError, ValueError) as exc:
+        fail(str(peer_error(exc, url)), EXIT_FAILURE)
+
+
+def _report(answer: dict[str, Any], as_json: bool) -> None:
+    """Print a cluster-wide change; exit 1 naming every member that did not acknowledge."""
+    if as_json:
+        print_json(answer)
+    else:
+        acked = ", ".join(answer["acked"]) or "none"
+        console.print(
+            f"{answer['op']} {answer['key_id']}: acknowledged by {len(answer['acked'])} "
+            f"member(s) ({acked})",
+            highlight=False,
+        )
+    failed = answer["failed"]
+    if failed:
+        fail(
+            [f"{node} did not acknowledge: {reason}" for node, reason in sorted(failed.items())],
+            EXIT_FAILURE,
+        )
+
+
+def _local_report(answer: dict[str, Any], op: str, kid: str, as_json: bool) -> None:
+    if as_json:
+        print_json(answer)
+    else:
+        console.print(
+            f"{op} {kid} on {answer['node']}: keys {', '.join(answer['keys'])}; "
+            f"in use {answer['primary']}",
+            highlight=False,
+        )
+
+
+def _check_key_id(kid: str) -> None:
+    if not valid_key_id(kid):
+        fail(f"{kid!r} is not a key id (16 hex characters; see shoal keyring list)")
+
+
+@keyring_app.command("generate")
+def generate(
+    out: Annotated[Path, typer.Option("--out", help="Where the key file goes (mode 600).")],
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+) -> None:
+    """Make a new random 256-bit gossip key in a key file (mode 600) and print its id."""
+    if out.exists() and not force:
+        fail(f"{out} exists; pass --force to replace it")
+    key = new_key()
+    try:
+        write_key_file(out, key)
+    except OSError as exc:
+        fail(f"{out}: cannot write the key file: {exc}")
+    console.print(f"key {key_id(key)} in {out}", highlight=False)
+
+
+@keyring_app.command("list")
+def list_keys(
+    node: NodeOption = None,
+    local: LocalOption = False,
+    as_json: JsonOption = False,
+    config_file: ConfigOption = None,
+) -> None:
+    """Every key id of the cluster (never a key's bytes): how many members hold it and which
+    members seal with it; exit 1 when a member did not answer."""
+    settings, url = _where(node, config_file)
+    if local:
+        answer = asyncio.run(_request(settings, "GET", f"{url}/v1/keyring/local"))
+        if as_json:
+            print_json(answer)
+        else:
+            for kid in answer["keys"]:
+                mark = " (in use)" if kid == answer["primary"] else ""
+                console.print(f"{kid}{mark}", highlight=False)
+        return
+    answer = asyncio.run(_request(settings, "GET", f"{url}/v1/keyring"))
+    if as_json:
+        print_json(answer)
+    else:
+        members = answer["members"]
+        table = Table("key", "held by", "in use by")
+        for key in answer["keys"]:
+            users = ", ".join(key["in_use_by"]) or "-"
+            table.add_row(key["id"], f"{key['members']}/{len(members)}", users)
+        console.print(table)
+        for member, state in sorted(members.items()):
+            console.print(f"{member}: uses {state['primary']}", highlight=False)
+    if answer["failed"]:
+        fail(
+            [f"{n} did not answer: {why}" for n, why in sorted(answer["failed"].items())],
+            EXIT_FAILURE,
+        )
+
+
+@keyring_app.command("install")
+def install(
+    keyfile: Annotated[Path, typer.Argument(help="A key file (shoal keyring generate).")],
+    node: NodeOption = None,
+    local: LocalOption = False,
+    as_json: JsonOption = False,
+    config_file: ConfigOption = None,
+) -> None:
+    """Install a key on every alive member: from then on each accepts datagrams sealed with
+    it. Exit 0 when every alive member acknowledged, 1 naming those that did not, 2 for a bad
+    key file. The key travels sealed with a key derived from the cluster secret."""
+    settings, url = _where(node, config_file)
+    try:
+        key = read_key_file(keyfile)
+    except KeyringError as exc:
+        fail(str(exc))
+    with config_errors():
+        secret = read_secret_file(settings.secret_file) if settings.secret_file else None
+    body = {"key": wrap_key(key, secret, settings.cluster_name)}
+    path = "/v1/keyring/local/install" if local else "/v1/keyring/install"
+    answer = asyncio.run(_request(settings, "POST", f"{url}{path}", body))
+    if local:
+        _local_report(answer, "install", key_id(key), as_json)
+    else:
+        _report(answer, as_json)
+
+
+@keyring_app.command("use")
+def use(
+    kid: KeyIdArgument,
+    node: NodeOption = None,
+    local: LocalOption = False,
+    as_json: JsonOption = False,
+    config_file: ConfigOption = None,
+) -> None:
+    """Seal with key KEYID on every alive member. Refused (nothing changed, exit 1 naming
+    them) while a member lacks the key; exit 2 when no member holds it."""
+    _check_key_id(kid)
+    settings, url = _where(node, config_file)
+    path = "/v1/keyring/local/use" if local else "/v1/keyring/use"
+    answer = asyncio.run(_request(settings, "POST", f"{url}{path}", {"key_id": kid}))
+    if local:
+        _local_report(answer, "use", kid, as_json)
+    else:
+        _report(answer, as_json)
+
+
+@keyring_app.command("remove")
+def remove(
+    kid: KeyIdArgument,
+    node: NodeOption = None,
+    local: LocalOption = False,
+    as_json: JsonOption = False,
+    config_file: ConfigOption = None,
+) -> None:
+    """Remove key KEYID from every alive member. The key in use is refused (exit 2): use
+    another key first."""
+    _check_key_id(kid)
+    settings, url = _where(node, config_file)
+    path = "/v1/keyring/local/remove" if local else "/v1/keyring/remove"
+    answer = asyncio.run(_request(settings, "POST", f"{url}{path}", {"key_id": kid}))
+    if local:
+        _local_report(answer, "remove", kid, as_json)
+    else:
+        _report(answer, as_json)

@@ -1,0 +1,500 @@
+"""The gossip keyring's API: each node's own keyring (`/v1/keyring/local...`), and the cluster's
+(`/v1/keyring...`), served by the coordinator, which asks every alive member over signed peer
+HTTP; any other node forwards to it.
+
+Routes: GET /v1/keyring, POST /v1/keyring/install|use|remove, and the same under
+/v1/keyring/local for this node alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from config import peer_middlewares
+from node.audit.entries import record_audit
+from node.component import Check, Endpoint, paired
+from node.errors import AnsweredError, BodyError
+from node.membership.keyring import (
+    KEY_ID_CHARS,
+    GossipKeys,
+    KeyringError,
+    key_id,
+    unwrap_key,
+    valid_key_id,
+    wrap_key,
+)
+from node.openapi import BODY_CONFIG, RouteDoc, parse_body
+from node.runtime import NodeRuntime
+from node.security import request_sender
+
+log = logging.getLogger(__name__)
+
+KEYRING_PATH = "/v1/keyring"
+LOCAL_PATH = "/v1/keyring/local"
+OPERATIONS = ("install", "use", "remove")
+FORWARDED_HEADER = "X-Shoal-Forwarded"
+AUDIT_TYPES = {op: f"keyring.{op}" for op in OPERATIONS}
+"""The WAL entry type each change of a node's keyring is recorded under (audit kind keyring)."""
+_UP = ("alive", "suspect")
+_STATUS = {"bad_key": 400, "unknown_key": 404, "key_in_use": 409, "keyring_file": 500}
+
+
+class KeyringRefused(AnsweredError):
+    """A keyring request refused: 400 bad_key, 404 unknown_key, 409 key_in_use, key_missing
+    or no_keyring, 503 when there is no coordinator to ask."""
+
+
+_KEY_ID = Field(
+    min_length=KEY_ID_CHARS,
+    max_length=KEY_ID_CHARS,
+    pattern=f"^[0-9a-f]{{{KEY_ID_CHARS}}}$",
+    description="a key id (16 hex characters)",
+)
+
+
+class InstallBody(BaseModel):
+    """Body of `POST /v1/keyring/install` (and `.../local/install`)."""
+
+    model_config = BODY_CONFIG
+
+    key: str = Field(
+        min_length=1,
+        max_length=200,
+        description="the key, sealed with a key derived from the cluster secret "
+        "(node.membership.keyring.wrap_key); plain base64 only without a secret",
+    )
+    requested_by: str | None = Field(
+        default=None, max_length=200, description="who asked the coordinator (audit)"
+    )
+
+
+class KeyIdBody(BaseModel):
+    """Body of `POST /v1/keyring/use|remove` (and `.../local/use|remove`)."""
+
+    model_config = BODY_CONFIG
+
+    key_id: str = _KEY_ID
+    requested_by: str | None = Field(
+        default=None, max_length=200, description="who asked the coordinator (audit)"
+    )
+
+
+LOCAL_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "required": ["node", "primary", "keys"],
+    "properties": {
+        "node": {"type": "string"},
+        "primary": {"type": "string", "description": "the key id this node seals with"},
+        "keys": {"type": "array", "items": {"type": "string"}, "description": "every key id"},
+        "file": {"type": "string"},
+    },
+}
+FAILED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {"type": "string"},
+    "description": "member -> why it did not answer or acknowledge",
+}
+CLUSTER_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "required": ["coordinator", "members", "keys", "failed"],
+    "properties": {
+        "coordinator": {"type": "string"},
+        "members": {"type": "object", "additionalProperties": LOCAL_ANSWER},
+        "keys": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "members", "in_use_by"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "members": {"type": "integer", "description": "members that hold it"},
+                    "in_use_by": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+        "failed": FAILED_SCHEMA,
+    },
+}
+CHANGE_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "required": ["op", "key_id", "coordinator", "acked", "failed"],
+    "properties": {
+        "op": {"enum": list(OPERATIONS)},
+        "key_id": {"type": "string"},
+        "coordinator": {"type": "string"},
+        "acked": {"type": "array", "items": {"type": "string"}},
+        "failed": FAILED_SCHEMA,
+    },
+}
+
+
+def _checked(model: type[InstallBody] | type[KeyIdBody], raw: bytes) -> InstallBody | KeyIdBody:
+    try:
+        body = parse_body(model, raw)
+    except BodyError as exc:
+        raise KeyringRefused(400, "bad_key", exc.reason) from None
+    if isinstance(body, KeyIdBody) and not valid_key_id(body.key_id):
+        raise KeyringRefused(400, "bad_key", f"{body.key_id!r} is not a key id (16 hex chars)")
+    return body
+
+
+def _answers(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def wrapped(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except KeyringError as exc:
+            refused = KeyringRefused(_STATUS.get(exc.code, 500), exc.code, str(exc))
+            return web.json_response(refused.to_dict(), status=refused.status)
+        except KeyringRefused as exc:
+            headers = {"Retry-After": "1"} if exc.status == 503 else None
+            return web.json_response(exc.to_dict(), status=exc.status, headers=headers)
+
+    return wrapped
+
+
+def summarize(members: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every key id the members hold: how many hold it, which members seal with it."""
+    ids = sorted({kid for state in members.values() for kid in state["keys"]})
+    return [
+        {
+            "id": kid,
+            "members": sum(1 for state in members.values() if kid in state["keys"]),
+            "in_use_by": sorted(n for n, state in members.items() if state["primary"] == kid),
+        }
+        for kid in ids
+    ]
+
+
+class KeyringRoutes:
+    """The keyring routes of one node; `keys` None: a node without a keyring (no cluster
+    secret and no keyring.json), whose local routes answer 409 no_keyring."""
+
+    def __init__(self, runtime: NodeRuntime, keys: GossipKeys | None, secret: bytes | None):
+        self.runtime = runtime
+        self.keys = keys
+        self._secret = secret
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        settings = self.runtime.settings
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=settings.timeouts.http_request_s),
+            middlewares=peer_middlewares(self._secret, self.runtime.node_id, settings.cluster_name),
+        )
+
+    async def close(self) -> None:
+        """Close the peer session. Idempotent."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def routes(self) -> list[Endpoint]:
+        served = [
+            web.get(KEYRING_PATH, _answers(self._handle_list)),
+            web.get(LOCAL_PATH, _answers(self._handle_local_list)),
+            *(web.post(f"{KEYRING_PATH}/{op}", _answers(self._change(op))) for op in OPERATIONS),
+            *(web.post(f"{LOCAL_PATH}/{op}", _answers(self._local(op))) for op in OPERATIONS),
+        ]
+        return paired(served, self.docs())
+
+    def checks(self) -> Mapping[str, Check]:
+        return {}
+
+    @staticmethod
+    def docs() -> list[RouteDoc]:
+        cluster = (
+            (503, "no coordinator, or the coordinator is unreachable"),
+            (400, "bad request"),
+        )
+        summaries = {
+            "install": 'Install a key {"key"} on every alive member: accepted on receipt there',
+            "use": 'Seal with key {"key_id"} on every alive member (each must hold it: else 409 '
+            "key_missing naming them)",
+            "remove": 'Remove key {"key_id"} from every alive member; 409 key_in_use while any '
+            "member seals with it",
+        }
+        local = {
+            "install": 'This node only: install a key {"key"}',
+            "use": 'This node only: seal with key {"key_id"} (404 when not installed)',
+            "remove": 'This node only: remove key {"key_id"} (409 when in use)',
+        }
+        docs = [
+            RouteDoc(
+                "GET",
+                KEYRING_PATH,
+                "The cluster's gossip keys (from the coordinator, which asks every alive "
+                "member): each key id, how many members hold it, which members seal with it; "
+                "never a key's bytes",
+                ((200, "the keys of every member"), cluster[0]),
+                response=CLUSTER_ANSWER,
+            ),
+            RouteDoc(
+                "GET",
+                LOCAL_PATH,
+                "This node's gossip keyring: its key ids and the one it seals with",
+                ((200, "this node's keyring"), (409, "this node has no keyring")),
+                response=LOCAL_ANSWER,
+            ),
+        ]
+        for op in OPERATIONS:
+            body = InstallBody if op == "install" else KeyIdBody
+            docs.append(
+                RouteDoc(
+                    "POST",
+                    f"{KEYRING_PATH}/{op}",
+                    f"{summaries[op]}; answers which members acknowledged and which did not",
+                    (
+                        (200, "done on the members in acked; failed names the others"),
+                        (404, "no member holds the key"),
+                        (409, "refused: key_in_use or key_missing, nothing changed"),
+                        *cluster,
+                    ),
+                    body=body,
+                    response=CHANGE_ANSWER,
+                )
+            )
+            docs.append(
+                RouteDoc(
+                    "POST",
+                    f"{LOCAL_PATH}/{op}",
+                    f"{local[op]}; recorded in the WAL (audit kind keyring)",
+                    (
+                        (200, "this node's keyring after the change"),
+                        (400, "bad request"),
+                        (404, "the key is not installed here"),
+                        (409, "the key is in use, or this node has no keyring"),
+                    ),
+                    body=body,
+                    response=LOCAL_ANSWER,
+                )
+            )
+        return docs
+
+    # this node
+
+    def _ring(self) -> GossipKeys:
+        if self.keys is None:
+            raise KeyringRefused(
+                409,
+                "no_keyring",
+                f"node {self.runtime.node_id} has no gossip keyring (it runs without a cluster "
+                "secret and no keyring.json in its data dir)",
+            )
+        return self.keys
+
+    def local_state(self) -> dict[str, Any]:
+        keys = self._ring()
+        ring = keys.ring
+        return {
+            "node": self.runtime.node_id,
+            "primary": ring.primary,
+            "keys": ring.ids,
+            "file": str(keys.path),
+        }
+
+    async def _handle_local_list(self, request: web.Request) -> web.Response:
+        return web.json_response(self.local_state())
+
+    async def apply_local(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
+        """Change this node's keyring (written before the answer), recorded in the WAL."""
+        keys = self._ring()
+        cluster = self.runtime.settings.cluster_name
+        if isinstance(body, InstallBody):
+            kid = keys.install(unwrap_key(body.key, self._secret, cluster))
+        elif op == "use":
+            kid = body.key_id
+            keys.use(kid)
+        else:
+            kid = body.key_id
+            keys.remove(kid)
+        log.warning("gossip keyring: %s key %s (now in use: %s)", op, kid, keys.ring.primary)
+        payload: dict[str, Any] = {"name": kid, "in_use": keys.ring.primary}
+        if body.requested_by:
+            payload["requested_by"] = body.requested_by
+        await record_audit(self.runtime.wal, AUDIT_TYPES[op], payload, self.runtime.node_id)
+        return self.local_state()
+
+    def _local(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        model = InstallBody if op == "install" else KeyIdBody
+
+        async def handle(request: web.Request) -> web.Response:
+            body = _checked(model, await request.read())
+            return web.json_response(await self.apply_local(op, body))
+
+        return handle
+
+    # the cluster, from the coordinator
+
+    def _peers(self) -> dict[str, str]:
+        """Every other member that is up: node id -> its API URL."""
+        membership = self.runtime.membership
+        found: dict[str, str] = {}
+        for member in membership.members() if membership is not None else []:
+            if member.node_id != self.runtime.node_id and str(member.state) in _UP:
+                found[member.node_id] = f"http://{member.address}:{member.port}"
+        return found
+
+    async def _call(
+        self, node: str, url: str, method: str, path: str, body: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        if self._session is None:
+            raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
+        try:
+            async with self._session.request(method, f"{url}{path}", json=body) as response:
+                answer = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise KeyringRefused(503, "unreachable", f"unreachable: {exc!r}") from exc
+        if response.status != 200 or not isinstance(answer, dict):
+            reason = answer.get("reason") if isinstance(answer, dict) else answer
+            raise KeyringRefused(response.status, "refused", f"{response.status}: {reason}")
+        return answer
+
+    async def _everyone(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        local: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """Ask this node (`local`) and every other member that is up; (answers, failures)."""
+        peers = self._peers()
+
+        async def one(node: str, url: str | None) -> tuple[str, dict[str, Any] | str]:
+            try:
+                return node, await (
+                    local() if url is None else self._call(node, url, method, path, body)
+                )
+            except (KeyringRefused, KeyringError) as exc:
+                return node, str(exc)
+
+        results = await asyncio.gather(
+            one(self.runtime.node_id, None), *(one(node, url) for node, url in peers.items())
+        )
+        answers = {node: r for node, r in results if isinstance(r, dict)}
+        failed = {node: r for node, r in results if isinstance(r, str)}
+        return answers, failed
+
+    async def _forward(
+        self, request: web.Request, body: dict[str, Any] | None = None
+    ) -> web.Response | None:
+        """None when this node coordinates; otherwise the coordinator's answer to `body`."""
+        runtime = self.runtime
+        runtime.refresh()
+        coordinator = runtime.coordinator
+        if coordinator == runtime.node_id and runtime.term is not None:
+            return None
+        if request.headers.get(FORWARDED_HEADER) or coordinator is None:
+            who = "no coordinator yet" if coordinator is None else f"{coordinator} coordinates"
+            raise KeyringRefused(503, "not_coordinator", f"node {runtime.node_id}: {who}; retry")
+        url = self._peers().get(coordinator)
+        if url is None:
+            raise KeyringRefused(
+                503, "coordinator_unknown", f"coordinator {coordinator} not in view"
+            )
+        if self._session is None:
+            raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
+        timeout = aiohttp.ClientTimeout(total=3 * runtime.settings.timeouts.http_request_s)
+        headers = {FORWARDED_HEADER: runtime.node_id}
+        try:
+            async with self._session.request(
+                request.method, f"{url}{request.path}", json=body, headers=headers, timeout=timeout
+            ) as response:
+                answer = await response.json(content_type=None)
+                return web.json_response(answer, status=response.status)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise KeyringRefused(503, "coordinator_unreachable", f"{coordinator}: {exc!r}") from exc
+
+    async def _local_answer(self) -> dict[str, Any]:
+        return self.local_state()
+
+    async def _handle_list(self, request: web.Request) -> web.Response:
+        forwarded = await self._forward(request)
+        if forwarded is not None:
+            return forwarded
+        members, failed = await self._everyone("GET", LOCAL_PATH, None, self._local_answer)
+        return web.json_response(
+            {
+                "coordinator": self.runtime.node_id,
+                "members": members,
+                "keys": summarize(members),
+                "failed": failed,
+            }
+        )
+
+    def _change(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        model = InstallBody if op == "install" else KeyIdBody
+
+        async def handle(request: web.Request) -> web.Response:
+            body = _checked(model, await request.read())
+            if body.requested_by is None:  # who asked, kept across the forward (audit)
+                body = body.model_copy(update={"requested_by": request_sender()})
+            forwarded = await self._forward(request, body.model_dump())
+            if forwarded is not None:
+                return forwarded
+            return web.json_response(await self.change(op, body))
+
+        return handle
+
+    async def change(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
+        """On the coordinator: check the change against every member's keyring, then make it
+        on each (this node too); KeyringRefused when it would strand a member."""
+        requested_by = body.requested_by
+        cluster = self.runtime.settings.cluster_name
+        if isinstance(body, InstallBody):
+            key = unwrap_key(body.key, self._secret, cluster)
+            kid = key_id(key)
+            sent: dict[str, Any] = {
+                "key": wrap_key(key, self._secret, cluster),
+                "requested_by": requested_by,
+            }
+        else:
+            kid = body.key_id
+            sent = {"key_id": kid, "requested_by": requested_by}
+            members, _ = await self._everyone("GET", LOCAL_PATH, None, self._local_answer)
+            self._precheck(op, kid, members)
+        local_body = (InstallBody if op == "install" else KeyIdBody).model_validate(sent)
+        answers, failed = await self._everyone(
+            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body)
+        )
+        if failed:
+            log.warning("gossip keyring %s %s: not acknowledged by %s", op, kid, failed)
+        return {
+            "op": op,
+            "key_id": kid,
+            "coordinator": self.runtime.node_id,
+            "acked": sorted(answers),
+            "failed": failed,
+        }
+
+    @staticmethod
+    def _precheck(op: str, kid: str, members: dict[str, dict[str, Any]]) -> None:
+        holders = sorted(n for n, state in members.items() if kid in state["keys"])
+        if not holders:
+            raise KeyringRefused(404, "unknown_key", f"no member holds key {kid}")
+        if op == "use":
+            lacking = sorted(set(members) - set(holders))
+            if lacking:
+                raise KeyringRefused(
+                    409,
+                    "key_missing",
+                    f"members {', '.join(lacking)} lack key {kid}: they would refuse every "
+                    "datagram sealed with it; install it there first (nothing changed)",
+                )
+        elif op == "remove":
+            users = sorted(n for n, state in members.items() if state["primary"] == kid)
+            if users:
+                raise KeyringRefused(
+                    409,
+                    "key_in_use",
+                    f"key {kid} is in use on {', '.join(users)}; `shoal keyring use` another "
+                    "key first (nothing changed)",
+                )
