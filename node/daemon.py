@@ -59,6 +59,7 @@ from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
 from node.jobs.component import JobApi, open_job_service
+from node.locks.nodes import NodeOps
 from node.locks.service import LockService
 from node.logs import QuietProtocolLog
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
@@ -438,6 +439,15 @@ class NodeDaemon:
         await locks.open()
         self._stack.push_async_callback(locks.close)
         self._locks = locks
+        node_ops = NodeOps(
+            runtime,
+            locks,
+            lambda: election.elector,
+            self._leave_cluster,
+            self._request_stop,
+        )
+        node_ops.attach(election)
+        self._stack.push_async_callback(node_ops.close)
         stacks = {name: entry.model_dump() for name, entry in self._stacks.items()}
         results = open_results_store(runtime.settings)
         runs = RunService(locks, results, stacks, starter=self._run_nodes)
@@ -483,6 +493,7 @@ class NodeDaemon:
                 *jobs.routes(),
                 *actors.routes(),
                 *locks.routes(),
+                *node_ops.routes(),
                 *runs.routes(),
                 *weights.routes(),
                 *backlog.routes(),
@@ -502,6 +513,7 @@ class NodeDaemon:
                 *jobs.docs(),
                 *actors.docs(),
                 *locks.docs(),
+                *node_ops.docs(),
                 *runs.docs(),
                 *weights.docs(),
                 *backlog.docs(),
@@ -626,6 +638,11 @@ class NodeDaemon:
     def _busy_jobs(jobs: JobApi) -> int:
         counts = jobs.service.summary()
         return counts["running"] + counts["pending"]
+
+    async def _leave_cluster(self) -> None:
+        """Gossip this node's leave (peers mark it `left` at once); close() stops the rest."""
+        if self._membership is not None:
+            await self._membership.leave(timeout_s=1.0)
 
     def _request_stop(self, reason: str) -> None:
         log.warning("stopping this node: %s", reason)

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
         KIND_TYPES,
         LOCK_GRANT,
         LOCK_RELEASE,
+        NODE_DRAIN,
+        NODE_LEAVE,
+        NODE_UNDRAIN,
         RUN_STEP,
         AuditEntry,
         read_audit,
@@ -23,7 +26,8 @@ else:
         __name__,
         {
             "node.audit.entries": (
-                "KIND_TYPES LOCK_GRANT LOCK_RELEASE RUN_STEP AuditEntry read_audit record_audit"
+                "KIND_TYPES LOCK_GRANT LOCK_RELEASE NODE_DRAIN NODE_LEAVE NODE_UNDRAIN RUN_STEP "
+                "AuditEntry read_audit record_audit"
             ),
             "node.audit.routes": "AUDIT_PATH AuditRoutes",
         },
@@ -34,6 +38,9 @@ __all__ = [
     "KIND_TYPES",
     "LOCK_GRANT",
     "LOCK_RELEASE",
+    "NODE_DRAIN",
+    "NODE_LEAVE",
+    "NODE_UNDRAIN",
     "RUN_STEP",
     "AuditEntry",
     "AuditRoutes",

@@ -17,19 +17,23 @@ log = logging.getLogger(__name__)
 LOCK_GRANT = "lock.grant"
 LOCK_RELEASE = "lock.release"
 RUN_STEP = "run.step"
+NODE_DRAIN = "node.drain"
+NODE_UNDRAIN = "node.undrain"
+NODE_LEAVE = "node.leave"
 
 KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "job": ("job.start", "job.kill", "job.gang"),
     "lock": (LOCK_GRANT, LOCK_RELEASE),
     "run": (RUN_STEP,),
     "deploy": (),
-    "drain": (),
+    "drain": (NODE_DRAIN, NODE_UNDRAIN, NODE_LEAVE),
     "keyring": (),
     "certificate": (),
 }
 """Audit kind -> the WAL entry types it lists. Deploys run from the operator's machine over SSH
-and leave no entry in any node's WAL; drains, keyrings and certificates do not exist yet: those
-kinds are accepted and list nothing."""
+and leave no entry in any node's WAL; keyrings and certificates do not exist yet: those kinds are
+accepted and list nothing. Drains, undrains and leaves are recorded by the node the operator
+asked (the subject is the node drained or leaving)."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -38,6 +42,9 @@ ACTIONS: Mapping[str, str] = {
     LOCK_GRANT: "grant",
     LOCK_RELEASE: "release",
     RUN_STEP: "step",
+    NODE_DRAIN: "drain",
+    NODE_UNDRAIN: "undrain",
+    NODE_LEAVE: "leave",
 }
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 

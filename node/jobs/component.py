@@ -12,6 +12,7 @@ from aiohttp import web
 from config import cuda_env, restricts_gpus
 from health import CheckFn, CheckResult, HealthStatus
 from node.election.service import ElectionService
+from node.jobs.drain import DrainKiller
 from node.jobs.gang import GangService
 from node.jobs.policy import rendezvous_env
 from node.jobs.routes import JobRoutes, job_route_docs
@@ -43,9 +44,12 @@ def jobs_check(service: JobService) -> CheckFn:
 class JobApi:
     """The job service plus its HTTP routes, as the daemon holds them."""
 
-    def __init__(self, service: JobService, gangs: GangService) -> None:
+    def __init__(
+        self, service: JobService, gangs: GangService, killer: DrainKiller | None = None
+    ) -> None:
         self.service = service
         self.gangs = gangs
+        self.killer = killer
         self._routes = JobRoutes(service, start=gangs.start)
 
     def routes(self) -> list[web.RouteDef]:
@@ -57,6 +61,8 @@ class JobApi:
 
     async def close(self) -> None:
         """Stop watching gangs and jobs; jobs keep running. Idempotent."""
+        if self.killer is not None:
+            await self.killer.close()
         await self.gangs.close()
         await self.service.close()
 
@@ -103,4 +109,6 @@ async def open_job_service(
     runtime.jobs = service.summary
     if runtime.health is not None:
         runtime.health.add_check("jobs", jobs_check(service), interval_s=5.0)
-    return JobApi(service, gangs)
+    killer = DrainKiller(runtime.node_id, service, plan)
+    killer.start()
+    return JobApi(service, gangs, killer)
