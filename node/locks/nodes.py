@@ -203,8 +203,11 @@ class NodeOps:
             raise LockError(
                 404, "unknown_node", f"no member {node} in this node's view; see: shoal peers"
             )
-        record = {"kill_after_s": body.kill_after_s, "since": time.time(),
-                  "by": request_sender() or self.runtime.node_id}
+        record = {
+            "kill_after_s": body.kill_after_s,
+            "since": time.time(),
+            "by": request_sender() or self.runtime.node_id,
+        }
         return await self._change(request, node, body.model_dump(), record)
 
     async def _handle_undrain(self, request: web.Request) -> web.Response:
@@ -250,8 +253,9 @@ class NodeOps:
 
         await self.locks.apply(change)
         draining = record is not None
-        log.info("node %s: %s %s", self.runtime.node_id, "drained" if draining else "undrained",
-                 node)
+        log.info(
+            "node %s: %s %s", self.runtime.node_id, "drained" if draining else "undrained", node
+        )
         plan, applied = await self._planned(node, draining)
         return {
             "node": node,
