@@ -98,13 +98,16 @@ def compute_plan(
 
     `draining` (node id -> kill_after_s, from `shoal node drain`; None: the previous plan's, an
     empty mapping: nobody) is copied into the plan; a draining member keeps its non-training
-    role but takes no training rank, so its rank moves to another node in this plan.
+    role but takes no training rank, so its rank moves to another node in this plan; its GPUs
+    do not count as claimed (another node of its host may train on them).
     """
     drains = dict(previous.draining if previous is not None else {})
     if draining is not None:
         drains = dict(draining)
     by_id = _by_id(members)
-    conflicts = gpu_conflicts({node_id: cap.gpu_uuids for node_id, cap in by_id.items()})
+    conflicts = gpu_conflicts(
+        {node_id: cap.gpu_uuids for node_id, cap in by_id.items() if node_id not in drains}
+    )
     by_id = {
         node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
         for node_id, cap in by_id.items()

@@ -212,3 +212,17 @@ async def test_the_drain_killer_task_kills_each_running_job_once() -> None:
     finally:
         await killer.close()
     assert jobs.killed == [("j1", "TERM")]
+
+
+def test_a_draining_node_frees_the_gpus_it_shares_with_another_node() -> None:
+    shared = ("GPU-0",)
+    members = [
+        NodeCapabilities("a", "10.0.0.1", 1, gpu_vram_gb=80.0, gpu_uuids=shared),
+        NodeCapabilities("b", "10.0.0.1", 1, gpu_vram_gb=80.0, gpu_uuids=shared),
+    ]
+    plan = compute_plan(1, 1, members, POLICY)
+    assert plan.training_ranks == ("a",)
+    assert "b" in plan.cannot_train
+    drained = compute_plan(1, 2, members, POLICY, previous=plan, draining={"a": None})
+    assert drained.training_ranks == ("b",)
+    assert drained.cannot_train == {}
