@@ -233,6 +233,11 @@ async def test_drain_moves_the_rank_refuses_jobs_survives_failover_and_leave_is_
         await until(new_term, 30, "a coordinator of a newer term")
         assert trainer in after["draining"]
         assert trainer not in after["training_ranks"]
+        # the new coordinator read the drain from the table on a majority of the voters
+        table = await get(f"{nodes[after['coordinator']].url}/v1/locks")
+        assert table["coordinator"] == after["coordinator"]
+        assert table["drains"][trainer]["kill_after_s"] is None
+        assert trainer in (await agreed(nodes, survivors))["draining"]
         nodes[old_coordinator].start()
         await until(lambda: _alive_everywhere(nodes, all_names), 30, "the old coordinator back")
         await agreed(nodes, all_names)
