@@ -16,8 +16,9 @@ from node.plan import RolePlan
 log = logging.getLogger(__name__)
 
 DRAIN_TICK_S = 0.25
-DRAIN_KILL_SIGNAL = "TERM"
-DRAIN_KILL_GRACE_S = 10.0
+DRAIN_KILL_SIGNAL = "SIGTERM"
+"""The signal a drain kills with (as the job API names it), then SIGKILL after the node's
+`jobs.kill_grace_s`."""
 
 
 def refuse_if_draining(plan: RolePlan | None, node_id: str) -> None:
@@ -84,7 +85,9 @@ class DrainKiller:
                     continue
                 self._killed.add(entry.job_id)
                 try:
-                    await self._service.kill(entry.job_id, DRAIN_KILL_SIGNAL, DRAIN_KILL_GRACE_S)
+                    await self._service.kill(
+                        entry.job_id, DRAIN_KILL_SIGNAL, self._service.settings.kill_grace_s
+                    )
                 except JobError as exc:
                     log.warning("drain: cannot kill job %s: %s", entry.job_id, exc)
                 else:

@@ -248,18 +248,35 @@ async def test_drain_moves_the_rank_refuses_jobs_survives_failover_and_leave_is_
         assert json.loads(output)["draining"] is False
         plan = await agreed(nodes, all_names)
         assert trainer not in plan["draining"]
-        status, job = await post(f"{nodes[trainer].url}/v1/jobs", job_body(release))
+        status, job = await post(f"{nodes[trainer].url}/v1/jobs", job_body(tmp_path / "never"))
         assert status in (200, 201, 202), job
 
-        # the audit trail of the nodes asked lists the drains and the undrain
+        # a drain with --kill-after kills what still runs after that many seconds
+        code, output = await cli(
+            "node", "drain", trainer, "--kill-after", "0", "--wait", "--timeout", "60",
+            "--node", nodes[trainer].url,
+        )  # fmt: skip
+        assert code == 0, output
+        record = await get(f"{nodes[trainer].url}/v1/jobs/{job['job_id']}")
+        assert record["state"] == "killed", (
+            record.get("reason"),
+            record.get("signal"),
+            record.get("exit_code"),
+        )
+        code, output = await cli("node", "undrain", trainer, "--node", nodes[trainer].url)
+        assert code == 0, output
+
+        # the audit trail of the nodes asked lists the drains and the undrains
         audit = await get(f"{nodes[others[0]].url}/v1/audit?kind=drain")
         assert [(e["action"], e["subject"]) for e in audit["entries"]] == [("drain", trainer)]
         audit = await get(f"{nodes[trainer].url}/v1/audit?kind=drain")
-        actions = [(e["action"], e["subject"]) for e in audit["entries"]]
-        assert actions == [("drain", trainer), ("undrain", trainer)]
+        actions = [e["action"] for e in audit["entries"]]
+        assert actions == ["drain", "undrain", "drain", "undrain"]
+        assert {e["subject"] for e in audit["entries"]} == {trainer}
+        assert audit["entries"][2]["detail"]["kill_after_s"] == 0
         code, output = await cli("audit", "--kind", "drain", "--node", nodes[trainer].url, "--json")
         assert code == 0, output
-        assert len(json.loads(output)["entries"]) == 2
+        assert len(json.loads(output)["entries"]) == 4
 
         # bad input: exit 2
         code, output = await cli("node", "drain", "no-such-node", "--node", nodes[trainer].url)

@@ -173,7 +173,14 @@ class FakeEntry:
     state: FakeState
 
 
+@dataclass
+class FakeJobSettings:
+    kill_grace_s: float = 3.0
+
+
 class FakeJobs:
+    settings = FakeJobSettings()
+
     def __init__(self) -> None:
         self.jobs = [FakeEntry("j1", FakeState(False)), FakeEntry("j0", FakeState(True))]
         self.killed: list[tuple[str, str]] = []
@@ -211,7 +218,7 @@ async def test_the_drain_killer_task_kills_each_running_job_once() -> None:
             await asyncio.sleep(0.6)  # two more ticks: no second kill
     finally:
         await killer.close()
-    assert jobs.killed == [("j1", "TERM")]
+    assert jobs.killed == [("j1", "SIGTERM")]
 
 
 def test_a_draining_node_frees_the_gpus_it_shares_with_another_node() -> None:
