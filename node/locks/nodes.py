@@ -58,6 +58,20 @@ class DrainBody(BaseModel):
     )
 
 
+class NodeBody(BaseModel):
+    """Body of `POST /v1/nodes/{node}/undrain` and `.../leave` (optional): an empty object."""
+
+    model_config = BODY_CONFIG
+
+
+NODE_ID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+    "description": "a node id: 1 to 63 letters, digits, '.', '_' or '-', the first not '.', "
+    "'_' or '-'",
+}
+
+
 DRAIN_ANSWER: dict[str, Any] = {
     "type": "object",
     "required": ["node", "draining", "coordinator", "plan", "applied"],
@@ -98,6 +112,13 @@ def _node_of(request: web.Request) -> str:
     if not is_valid_node_id(node):
         raise LockError(400, "invalid_node", f"{node!r} is not a node id")
     return node
+
+
+async def _empty_body(request: web.Request) -> None:
+    try:
+        parse_body(NodeBody, await request.read(), optional=True)
+    except BodyError as exc:
+        raise LockError(400, "invalid_body", exc.reason) from None
 
 
 class NodeOps:
@@ -146,7 +167,7 @@ class NodeOps:
 
     @staticmethod
     def docs() -> list[RouteDoc]:
-        node = ("node", "path", "the node's id", {"type": "string", "minLength": 1})
+        node = ("node", "path", "the node's id", NODE_ID_SCHEMA)
         return [
             RouteDoc(
                 "POST",
@@ -163,6 +184,7 @@ class NodeOps:
                 ),
                 parameters=(node,),
                 body=DrainBody,
+                body_optional=True,
                 response=DRAIN_ANSWER,
             ),
             RouteDoc(
@@ -175,6 +197,8 @@ class NodeOps:
                     (503, "no coordinator or no quorum of voters"),
                 ),
                 parameters=(node,),
+                body=NodeBody,
+                body_optional=True,
                 response=DRAIN_ANSWER,
             ),
             RouteDoc(
@@ -189,6 +213,8 @@ class NodeOps:
                     (503, "the node cannot be reached"),
                 ),
                 parameters=(node,),
+                body=NodeBody,
+                body_optional=True,
                 response=LEAVE_ANSWER,
             ),
         ]
@@ -212,6 +238,7 @@ class NodeOps:
 
     async def _handle_undrain(self, request: web.Request) -> web.Response:
         node = _node_of(request)
+        await _empty_body(request)
         return await self._change(request, node, {}, None)
 
     async def _change(
@@ -268,7 +295,8 @@ class NodeOps:
 
     async def _planned(self, node: str, draining: bool) -> tuple[RolePlan | None, bool]:
         """The first plan of this coordinator that says `node` drains (or not), and whether
-        `node` acknowledged it, within a few plan rounds."""
+        `node` acknowledged it, within a few plan rounds (at once when `node` has no role in
+        it: it is not an alive member)."""
         elector = self._elector()
         if elector is None:
             return None, False
@@ -282,6 +310,8 @@ class NodeOps:
                 plan = current
                 if node == self.runtime.node_id:
                     return plan, True
+                if node not in current.roles:
+                    return plan, False  # not an alive member: nobody to acknowledge it
                 acked = elector.state.peer_fences.get(node)
                 if acked is not None and acked >= plan.fence:
                     return plan, True
@@ -290,6 +320,7 @@ class NodeOps:
 
     async def _handle_leave(self, request: web.Request) -> web.Response:
         node = _node_of(request)
+        await _empty_body(request)
         runtime = self.runtime
         if node != runtime.node_id:
             response = await self._forward_leave(request, node)
