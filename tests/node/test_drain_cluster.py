@@ -291,6 +291,7 @@ async def test_drain_moves_the_rank_refuses_jobs_survives_failover_and_leave_is_
             stop = asyncio.Event()
             watch = asyncio.create_task(_watch(nodes, watchers, leaver, seen, stop))
             try:
+                asked_at = time.monotonic()
                 if how == "sigterm":
                     nodes[leaver].signal(kill=False)
                 else:
@@ -304,6 +305,8 @@ async def test_drain_moves_the_rank_refuses_jobs_survives_failover_and_leave_is_
                     return all("left" in states for states in seen.values())
 
                 await until(left_everywhere, 30, f"{leaver} shown left at every peer")
+                shown_s = time.monotonic() - asked_at
+                print(f"leave by {how}: {leaver} shown left at every peer after {shown_s:.2f} s")
             finally:
                 stop.set()
                 await watch
