@@ -128,9 +128,11 @@ def drain(
     config_file: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Drain a node: no new job, gang member, training rank, weights place or actor goes
-    there, its training rank moves in the next plan, its running jobs finish (or are killed
-    after --kill-after S).
+    """Drain a node: no new work goes there; its running jobs finish (or are killed).
+
+    No new job, gang member, training rank, weights place or actor goes there; its training
+    rank moves in the next plan; with --kill-after S its jobs still running after S seconds
+    are killed.
 
     Exit codes: 0 drained (and, with --wait, idle); 1 unreachable, refused or timed out;
     2 bad input."""
@@ -180,8 +182,9 @@ def leave(
     config_file: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Make a node leave the cluster: it gossips `left` (every peer shows it left at once,
-    with no suspicion), then its daemon stops.
+    """Make a node leave the cluster: it gossips `left`, then its daemon stops.
+
+    Every peer shows it left at once, with no suspicion; it rejoins when started again.
 
     Exit codes: 0 it leaves; 1 unreachable or refused; 2 bad input."""
     _checked_node(node_id)
