@@ -174,6 +174,8 @@ class NodeDaemon:
                 self._run_nodes,
                 self._disk_writes,
                 self.gossip_keys,
+                self._leave_cluster,
+                self._request_stop,
             )
         )
         self.sync_service, self.components = parts.sync, parts.components
@@ -411,6 +413,11 @@ class NodeDaemon:
     def _busy_jobs(jobs: JobApi) -> int:
         counts = jobs.service.summary()
         return counts["running"] + counts["pending"]
+
+    async def _leave_cluster(self) -> None:
+        """Gossip this node's leave (peers mark it `left` at once); close() stops the rest."""
+        if self._membership is not None:
+            await self._membership.leave(timeout_s=1.0)
 
     def _request_stop(self, reason: str) -> None:
         log.warning("stopping this node: %s", reason)

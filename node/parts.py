@@ -4,7 +4,7 @@ routes and the dashboard. The HTTP app and its OpenAPI document are built from t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from config import Inventory, StackEntry
@@ -17,6 +17,7 @@ from node.election.seams import WalDurableState
 from node.election.service import ElectionService
 from node.jobs.component import JobApi, job_api
 from node.keyring.routes import KeyringRoutes
+from node.locks.nodes import NodeOps
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
 from node.membership.service import Membership
@@ -135,6 +136,10 @@ class PartsInputs:
     run_nodes: NodeStarter
     writes: DiskWrites
     gossip_keys: GossipKeys | None = None
+    leave: Callable[[], Awaitable[None]] | None = None
+    """Gossip this node's leave (`shoal node leave`); None: the route answers 503."""
+    request_stop: Callable[[str], None] | None = None
+    """Stop this daemon, naming why (after a leave)."""
 
 
 def served_parts(inputs: PartsInputs) -> ServedParts:
@@ -156,6 +161,14 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
     runs = RunService(locks, results, stacks, starter=inputs.run_nodes)
+    node_ops = NodeOps(
+        runtime,
+        locks,
+        lambda: election.elector,
+        inputs.leave or _no_leave,
+        inputs.request_stop or _no_stop,
+    )
+    node_ops.attach(election)
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime, lambda: _plan_of(election), jobs.service, sync, weights, backlog, locks, secret
@@ -168,6 +181,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         jobs,
         open_actor_routes(runtime, election, secret),
         locks,
+        node_ops,
         runs,
         Served(weights.routes()),
         Served(backlog.routes()),
@@ -178,3 +192,11 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         dashboard,
     )
     return ServedParts(components, sync, jobs, locks, dashboard)
+
+
+async def _no_leave() -> None:
+    raise RuntimeError("this node cannot leave: it was built without a daemon")
+
+
+def _no_stop(reason: str) -> None:
+    raise RuntimeError(f"this node cannot stop itself ({reason}): it was built without a daemon")

@@ -112,7 +112,10 @@ class RolePlan:
     reason (they reported it, or a GPU they claim is another node's). `note` says
     why in words (for example why nobody trains). `weights_generation` counts the weights groups
     (training rank 0 and every inference/selfplay node, see node.rl.group): it rises whenever
-    that set or its master changes.
+    that set or its master changes. `draining` maps each node an operator drains (`shoal node
+    drain`) to the seconds after which its running jobs are killed (None: they finish): such a
+    node gets no training rank, no weights-group place, no new job, gang member or actor. A plan
+    dict without the field (an older release's) drains nobody.
     """
 
     term: int
@@ -125,6 +128,7 @@ class RolePlan:
     cannot_train: Mapping[str, str] = field(default_factory=dict)
     weights_generation: int = 0
     local_world_sizes: tuple[int, ...] = ()
+    draining: Mapping[str, float | None] = field(default_factory=dict)
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +161,19 @@ class RolePlan:
         unable = MappingProxyType(dict(sorted(self.cannot_train.items())))
         if set(unable) & training:
             raise PlanError("a node that cannot train has no training rank")
+        draining = MappingProxyType(dict(sorted(self.draining.items())))
+        if set(draining) & training:
+            raise PlanError("a draining node has no training rank")
+        for node, after_s in draining.items():
+            if after_s is not None and (
+                isinstance(after_s, bool)
+                or not isinstance(after_s, int | float)
+                or not 0 <= after_s < float("inf")
+            ):
+                raise PlanError(
+                    f"draining {node!r}: kill_after_s {after_s!r} must be a number >= 0 or null"
+                )
+        object.__setattr__(self, "draining", draining)
         object.__setattr__(self, "cannot_train", unable)
         object.__setattr__(self, "roles", roles)
         object.__setattr__(self, "training_ranks", tuple(self.training_ranks))
@@ -170,7 +187,7 @@ class RolePlan:
     @property
     def digest(self) -> str:
         """Hash of the assignment (roles, ranks, local world sizes, group, generation, who
-        cannot train), independent of term and version."""
+        cannot train, who drains), independent of term and version."""
         return self._digest
 
     def role_of(self, node_id: str) -> Role | None:
@@ -200,12 +217,20 @@ class RolePlan:
         node_rank = self.node_rank_of(node_id)
         return 0 if node_rank is None else self.local_world_sizes[node_rank]
 
+    def is_draining(self, node_id: str) -> bool:
+        """Whether an operator drains `node_id` (no new work goes there)."""
+        return node_id in self.draining
+
     def weights_members(self) -> tuple[str, ...]:
         """The weights group: training rank 0 (the publisher), then every inference and selfplay
-        node by id; empty when nobody trains."""
+        node by id that is not draining; empty when nobody trains."""
         if not self.training_ranks:
             return ()
-        receivers = sorted(n for n, r in self.roles.items() if r in (Role.INFERENCE, Role.SELFPLAY))
+        receivers = sorted(
+            n
+            for n, r in self.roles.items()
+            if r in (Role.INFERENCE, Role.SELFPLAY) and n not in self.draining
+        )
         return (self.training_ranks[0], *receivers)
 
     def same_assignment(self, other: RolePlan | None) -> bool:
@@ -222,6 +247,7 @@ class RolePlan:
             "generation": self.generation,
             "cannot_train": dict(self.cannot_train),
             "weights_generation": self.weights_generation,
+            "draining": dict(self.draining),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,6 +281,9 @@ class RolePlan:
         sizes = data.get("local_world_sizes")
         if sizes is not None and not isinstance(sizes, list):
             raise PlanError("plan local_world_sizes must be a list of integers")
+        draining = data.get("draining") or {}
+        if not isinstance(draining, Mapping):
+            raise PlanError("plan draining must map node ids to kill_after_s (a number or null)")
         note = data.get("note", "")
         return cls(
             term=term,
@@ -267,6 +296,7 @@ class RolePlan:
             cannot_train={str(node): reason for node, reason in unable.items()},
             weights_generation=data.get("weights_generation", 0),
             local_world_sizes=tuple(sizes or ()),
+            draining={str(node): after_s for node, after_s in draining.items()},
         )
 
 

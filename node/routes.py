@@ -126,6 +126,17 @@ STATUS_SCHEMA: dict[str, Any] = {
         "role": {"type": ["string", "null"]},
         "term": {"type": ["integer", "null"]},
         "coordinator": {"type": ["string", "null"]},
+        "drain": {
+            "description": "this node's drain in the plan it applies (shoal node drain), or null",
+            "anyOf": [
+                {
+                    "type": "object",
+                    "required": ["kill_after_s"],
+                    "properties": {"kill_after_s": {"type": ["number", "null"]}},
+                },
+                {"type": "null"},
+            ],
+        },
         "members": {"type": "object", "additionalProperties": {"type": "integer"}},
         "wal": {"type": "object"},
         "breakers": {"type": "object"},
@@ -249,6 +260,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "term": runtime.term,
         "coordinator": runtime.coordinator,
         "plan_version": runtime.plan_version,
+        "drain": runtime.drain,
         "members": counts,
         "wal": wal,
         "breakers": {

@@ -61,6 +61,8 @@ class NodeRuntime:
     term: int | None = None
     coordinator: str | None = None
     plan_version: int | None = None
+    drain: dict[str, Any] | None = None
+    """This node's drain in the plan it applies ({"kill_after_s": S or None}), else None."""
     jobs: Callable[[], dict[str, int]] | None = None
     """Counts of this node's jobs by state (the status document's `jobs`)."""
     autostop: Callable[[], dict[str, Any]] | None = None

@@ -124,8 +124,8 @@ def recent_failures(
     fresh: list[FailureEvent] = []
     for row in rows:
         old = before.get(row.node_id)
-        if old is None or row.state == "left":
-            continue
+        if old is None or row.state == "left" or old.state == "left":
+            continue  # leaving and coming back (with a higher incarnation) are no failures
         if row.state == "dead" and old.state != "dead":
             fresh.append(FailureEvent(row.node_id, "died", now, row.error or ""))
         elif row.state == "suspect" and old.state == "alive":

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
         KIND_TYPES,
         LOCK_GRANT,
         LOCK_RELEASE,
+        NODE_DRAIN,
+        NODE_LEAVE,
+        NODE_UNDRAIN,
         RUN_STEP,
         AuditEntry,
         read_audit,
@@ -25,7 +28,8 @@ else:
         __name__,
         {
             "node.audit.entries": (
-                "DEPLOY_CERTIFICATE DEPLOY_HOST KIND_TYPES LOCK_GRANT LOCK_RELEASE RUN_STEP "
+                "DEPLOY_CERTIFICATE DEPLOY_HOST KIND_TYPES LOCK_GRANT LOCK_RELEASE NODE_DRAIN "
+                "NODE_LEAVE NODE_UNDRAIN RUN_STEP "
                 "AuditEntry read_audit record_audit"
             ),
             "node.audit.routes": "AUDIT_PATH DEPLOYS_PATH AuditRoutes DeployRecordBody",
@@ -40,6 +44,9 @@ __all__ = [
     "KIND_TYPES",
     "LOCK_GRANT",
     "LOCK_RELEASE",
+    "NODE_DRAIN",
+    "NODE_LEAVE",
+    "NODE_UNDRAIN",
     "RUN_STEP",
     "AuditEntry",
     "AuditRoutes",

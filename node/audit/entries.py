@@ -22,20 +22,25 @@ DEPLOY_CERTIFICATE = "deploy.certificate"
 KEYRING_INSTALL = "keyring.install"
 KEYRING_USE = "keyring.use"
 KEYRING_REMOVE = "keyring.remove"
+NODE_DRAIN = "node.drain"
+NODE_UNDRAIN = "node.undrain"
+NODE_LEAVE = "node.leave"
 
 KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "job": ("job.start", "job.kill", "job.gang"),
     "lock": (LOCK_GRANT, LOCK_RELEASE),
     "run": (RUN_STEP,),
     "deploy": (DEPLOY_HOST, DEPLOY_CERTIFICATE),
-    "drain": (),
+    "drain": (NODE_DRAIN, NODE_UNDRAIN, NODE_LEAVE),
     "keyring": (KEYRING_INSTALL, KEYRING_USE, KEYRING_REMOVE),
     "certificate": (),
 }
 """Audit kind -> the WAL entry types it lists. A deploy runs from the operator's machine over SSH;
 once a host answers, `shoal deploy` records it (and the node certificate it issued) in that
 host's WAL through POST /v1/audit/deploys. A keyring entry is one change of one node's gossip
-keyring. Drains and certificates do not exist yet: those kinds are accepted and list nothing."""
+keyring. Drains, undrains and leaves are recorded by the node the operator asked (the subject is
+the node drained or leaving). Certificates do not exist yet: that kind is accepted and lists
+nothing."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -49,6 +54,9 @@ ACTIONS: Mapping[str, str] = {
     KEYRING_INSTALL: "install",
     KEYRING_USE: "use",
     KEYRING_REMOVE: "remove",
+    NODE_DRAIN: "drain",
+    NODE_UNDRAIN: "undrain",
+    NODE_LEAVE: "leave",
 }
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 

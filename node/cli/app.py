@@ -99,8 +99,8 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "audit", "node.cli.audit", "register",
         "List who did what, on which node and when: job starts and kills, gang starts, lock\n"
-        "grants and releases, run steps, deploys, gossip keyring changes (drain and certificate\n"
-        "list nothing yet).",
+        "grants and releases, run steps, deploys, gossip keyring changes, drains, undrains and\n"
+        "leaves (certificate lists nothing yet).",
     ),
     CommandEntry(
         "hosts", "node.cli.hosts", "hosts_app", "Check and list the YAML host inventory."
@@ -118,6 +118,10 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "runs", "node.cli.runs", "runs_app",
         "Runs: queue a training run per concurrency group; results go to the results store.",
+    ),
+    CommandEntry(
+        "node", "node.cli.nodes", "node_app",
+        "Nodes: drain one (no new work goes there), undrain it, or make it leave the cluster.",
     ),
     CommandEntry("ssh", "node.cli.ssh", "ssh_app", "Run commands on inventory hosts over SSH."),
     CommandEntry(

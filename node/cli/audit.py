@@ -111,8 +111,8 @@ def audit(
     json_output: JsonOption = False,
 ) -> None:
     """List who did what, on which node and when: job starts and kills, gang starts, lock
-    grants and releases, run steps, deploys, gossip keyring changes (drain and certificate
-    list nothing yet).
+    grants and releases, run steps, deploys, gossip keyring changes, drains, undrains and
+    leaves (certificate lists nothing yet).
 
     Exit codes: 0 listed; 1 a node is unreachable or refused; 2 usage or config."""
     if kind is not None and kind not in KINDS:

@@ -12,7 +12,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from health import LoopHealth
 from node.election import core
@@ -58,6 +58,10 @@ PLAN_KEY = "election.plan"
 
 Listener = Callable[[ElectionEvent], None]
 CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
+DrainSource = Callable[[int], Mapping[str, float | None] | None]
+"""The drained nodes (node id -> kill_after_s) a coordinator of the given term has read from
+their durable store, or None while it has not read them yet (the plan keeps its previous
+plan's)."""
 
 
 class _Phase(enum.Enum):
@@ -81,6 +85,7 @@ class Elector:
         durable: DurableState,
         *,
         capabilities: CapabilitiesSource | None = None,
+        drains: DrainSource | None = None,
         policy: RolePolicy | None = None,
         debounce: PlanDebouncer | None = None,
         adoption_log: AdoptionLog | None = None,
@@ -92,6 +97,7 @@ class Elector:
         self.config = config
         self._durable = durable
         self._capabilities = capabilities
+        self._drains = drains
         self._policy = policy
         self._debounce = debounce or PlanDebouncer()
         self._adoption_log = adoption_log
@@ -394,6 +400,7 @@ class Elector:
                 self._policy,
                 previous=state.plan,
                 highest_generation=state.generation,
+                draining=None if self._drains is None else self._drains(state.term),
             )
         except (PlanError, ValueError) as exc:
             log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)

@@ -79,6 +79,7 @@ def compute_plan(
     policy: RolePolicy,
     previous: RolePlan | None = None,
     highest_generation: int = 0,
+    draining: Mapping[str, float | None] | None = None,
 ) -> RolePlan:
     """The plan (term, version) for `members` under `policy`.
 
@@ -94,14 +95,24 @@ def compute_plan(
     The group is node-major: training node k runs its `nproc` processes; world_size is their sum.
     The generation comes from `next_generation(ranks, group, previous, highest_generation,
     local_world_sizes)`.
+
+    `draining` (node id -> kill_after_s, from `shoal node drain`; None: the previous plan's, an
+    empty mapping: nobody) is copied into the plan; a draining member keeps its non-training
+    role but takes no training rank, so its rank moves to another node in this plan; its GPUs
+    do not count as claimed (another node of its host may train on them).
     """
+    drains = dict(previous.draining if previous is not None else {})
+    if draining is not None:
+        drains = dict(draining)
     by_id = _by_id(members)
-    conflicts = gpu_conflicts({node_id: cap.gpu_uuids for node_id, cap in by_id.items()})
+    conflicts = gpu_conflicts(
+        {node_id: cap.gpu_uuids for node_id, cap in by_id.items() if node_id not in drains}
+    )
     by_id = {
         node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
         for node_id, cap in by_id.items()
     }
-    chosen = _choose_trainers(by_id.values(), policy)
+    chosen = _choose_trainers([cap for cap in by_id.values() if cap.node_id not in drains], policy)
     eligible = len(chosen)
     if eligible < policy.min_training:
         chosen = []
@@ -121,12 +132,14 @@ def compute_plan(
         roles=roles,
         training_ranks=tuple(ranks),
         group=group,
-        note=_note(eligible, len(ranks), by_id, policy),
+        note=_note(eligible, len(ranks), by_id, policy)
+        + (f"; draining: {', '.join(sorted(drains))}" if drains else ""),
         generation=next_generation(tuple(ranks), group, previous, highest_generation, sizes),
         cannot_train={
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
         },
         local_world_sizes=sizes,
+        draining=drains,
     )
     return replace(plan, weights_generation=next_weights_generation(plan, previous))
 

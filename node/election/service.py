@@ -22,7 +22,7 @@ from health import CheckResult, HealthStatus
 from node.component import Endpoint, endpoint, paired
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
-from node.election.elector import Elector
+from node.election.elector import DrainSource, Elector
 from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
 from node.election.routes import (
     ELECTION_DOCS,
@@ -125,6 +125,9 @@ class ElectionService:
         self._able_again: asyncio.TimerHandle | None = None
         self.group_handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
         """Other groups served at GET /v1/rendezvous?group=NAME (node.rl adds `weights`)."""
+        self.drains: DrainSource | None = None
+        """Where the coordinator reads the drained nodes (node.locks.nodes sets it before
+        `start`); None: plans keep the previous plan's drains."""
 
     def routes(self) -> list[Endpoint]:
         """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous, with their docs."""
@@ -243,6 +246,7 @@ class ElectionService:
             transport,
             WalDurableState(wal),
             capabilities=capabilities,
+            drains=self.drains,
             policy=RolePolicy(
                 min_training=settings.min_training,
                 max_training=settings.max_training,
@@ -408,6 +412,10 @@ class ElectionService:
         runtime.coordinator = status.coordinator
         plan = elector.plan
         runtime.plan_version = plan.version if plan is not None else None
+        drain = plan.draining if plan is not None else {}
+        runtime.drain = (
+            {"kill_after_s": drain[runtime.node_id]} if runtime.node_id in drain else None
+        )
         role = plan.role_of(runtime.node_id) if plan is not None else None
         runtime.role = role.value if role is not None else runtime.settings.role.value
         notes = [note for note in runtime.notes if not note.startswith(STORAGE_NOTE)]

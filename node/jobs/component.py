@@ -11,6 +11,7 @@ from config import cuda_env, restricts_gpus
 from health import CheckFn, CheckResult, HealthStatus
 from node.component import Check, Endpoint, paired
 from node.election.service import ElectionService
+from node.jobs.drain import DrainKiller
 from node.jobs.gang import GangService
 from node.jobs.policy import rendezvous_env
 from node.jobs.routes import JobRoutes, job_route_docs
@@ -44,11 +45,17 @@ class JobApi:
     `open()` opens the job store (re-attaching to running jobs) and watches the gangs."""
 
     def __init__(
-        self, service: JobService, gangs: GangService, wal: WriteAheadLog | None = None
+        self,
+        service: JobService,
+        gangs: GangService,
+        wal: WriteAheadLog | None = None,
+        killer: DrainKiller | None = None,
     ) -> None:
         self.service = service
         self.gangs = gangs
         self._wal = wal
+        self.killer = killer
+        """Kills this node's jobs once a drain's kill_after_s passed (started by open())."""
         self._routes = JobRoutes(service, start=gangs.start)
 
     async def open(self) -> None:
@@ -62,6 +69,8 @@ class JobApi:
             await self.close()
             raise
         self.gangs.runtime.jobs = self.service.summary
+        if self.killer is not None:
+            self.killer.start()
 
     def routes(self) -> list[Endpoint]:
         return paired([*self.gangs.routes(), *self._routes.routes()], self.docs())
@@ -75,6 +84,8 @@ class JobApi:
 
     async def close(self) -> None:
         """Stop watching gangs and jobs; jobs keep running. Idempotent."""
+        if self.killer is not None:
+            await self.killer.close()
         await self.gangs.close()
         await self.service.close()
 
@@ -110,7 +121,8 @@ def job_api(
         rendezvous_env=node_rendezvous,
         base_env=jobs_base_env(runtime, os.environ),
     )
-    return JobApi(service, GangService(runtime, service, plan, secret), wal)
+    gangs = GangService(runtime, service, plan, secret)
+    return JobApi(service, gangs, wal, DrainKiller(runtime.node_id, service, plan))
 
 
 async def open_job_service(

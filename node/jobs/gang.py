@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from config import peer_middlewares
 from node.errors import BodyError
+from node.jobs.drain import refuse_if_draining
 from node.jobs.records import (
     JobError,
     JobRequest,
@@ -211,6 +212,8 @@ class GangService:
     ) -> tuple[dict[str, Any], bool]:
         """The StartFn of the job routes: members (fenced), single jobs, and gangs."""
         request = parse_job_request(body)
+        if not self._exists(request.job_id):
+            refuse_if_draining(self._plan(), self.runtime.node_id)
         if request.gang is not None:
             self._check_fence(headers.get(FENCE_HEADER))
             if request.gang["rank"] == 0:
@@ -219,6 +222,16 @@ class GangService:
             entry, created = await self.service.start(request)
             return self.service.record(entry), created
         return await self.start_gang(request)
+
+    def _exists(self, job_id: str | None) -> bool:
+        """Whether job `job_id` exists here (a repeated start is answered as it is)."""
+        if job_id is None:
+            return False
+        try:
+            self.service.get(job_id)
+        except JobError:
+            return False
+        return True
 
     def _check_fence(self, header: str | None) -> None:
         plan = self._plan()

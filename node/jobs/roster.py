@@ -26,8 +26,13 @@ def pick_members(
     members: Sequence[Any], plan: RolePlan | None, nodes: int, role: str
 ) -> list[dict[str, Any]]:
     """K alive members for a gang of `role`: for training, the plan's ranks first; then the
-    others of that role by node id. JobError(503) when fewer than `nodes` qualify."""
-    alive = [m for m in members if str(m.state) == "alive"]
+    others of that role by node id; never a node the plan drains. JobError(503) when fewer
+    than `nodes` qualify."""
+    alive = [
+        m
+        for m in members
+        if str(m.state) == "alive" and (plan is None or not plan.is_draining(m.node_id))
+    ]
 
     def role_of(node_id: str) -> str | None:
         found = plan.role_of(node_id) if plan is not None else None
@@ -45,7 +50,13 @@ def pick_members(
             503,
             "not_enough_nodes",
             f"a gang of {nodes} {role} nodes was asked for, but {len(chosen)} alive nodes have "
-            f"that role ({', '.join(m.node_id for m in chosen) or 'none'}); ask for fewer",
+            f"that role ({', '.join(m.node_id for m in chosen) or 'none'})"
+            + (
+                f" and are not draining (draining: {', '.join(plan.draining)})"
+                if plan is not None and plan.draining
+                else ""
+            )
+            + "; ask for fewer",
         )
     return [
         {"node_id": m.node_id, "address": m.address, "port": int(m.port)} for m in chosen[:nodes]

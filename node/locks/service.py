@@ -31,6 +31,7 @@ from node.locks.table import (
     LockFence,
     LockTable,
     acquire,
+    drain_map,
     expire,
     release,
     renew,
@@ -219,6 +220,8 @@ class LockService:
         self._changed = asyncio.Condition()
         self._ticker: asyncio.Task[None] | None = None
         self.loop_health = LoopHealth("locks")
+        self.drain_listeners: list[Callable[[], None]] = []
+        """Called when the coordinator's drained nodes may have changed (read or written)."""
 
     # lifecycle
 
@@ -281,7 +284,22 @@ class LockService:
             await self._quorum.write(term, table)
             self.table, self._office_term = table, term
             log.info("locks: coordinator of term %d serves %d locks", term, len(table.locks))
+            self._drains_changed()
         return term, self.table
+
+    def drains_for(self, term: int) -> dict[str, float | None] | None:
+        """The drained nodes (node id -> kill_after_s) of the table this node serves as the
+        coordinator of `term`; None until it has read the table of that term from a majority."""
+        if self._office_term != term:
+            return None
+        return drain_map(self.table)
+
+    def _drains_changed(self) -> None:
+        for listener in list(self.drain_listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("locks: a drain listener failed")
 
     async def apply(self, operation: Operation) -> LockAnswer | None:
         """Run `operation` on the coordinator's table and store its result on a majority."""
@@ -296,6 +314,8 @@ class LockService:
                     self._office_term = None  # re-read the majority before serving again
                     raise
                 self.table = changed
+                if changed.drains != table.drains:
+                    self._drains_changed()
                 for step in run_steps(table.runs, changed.runs):
                     await record_audit(self.runtime.wal, RUN_STEP, step, self.runtime.node_id)
                 async with self._changed:

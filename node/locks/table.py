@@ -74,6 +74,10 @@ class LockTable:
     locks: Mapping[str, LockState] = dataclasses.field(default_factory=dict)
     runs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """The queued runs' records (node.runs.queue), stored with the locks on the same majority."""
+    drains: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The drained nodes (`shoal node drain`): node id -> {"kill_after_s", "since", "by"}, kept
+    on the same majority so a new coordinator plans with them; a table without the field (an
+    older release's) drains nobody."""
 
     def get(self, name: str) -> LockState:
         return self.locks.get(name, LockState())
@@ -92,6 +96,7 @@ class LockTable:
                 for name, state in sorted(self.locks.items())
             },
             "runs": {run_id: dict(record) for run_id, record in sorted(self.runs.items())},
+            "drains": {node: dict(record) for node, record in sorted(self.drains.items())},
         }
 
     @classmethod
@@ -111,7 +116,8 @@ class LockTable:
                 for name, raw in dict(data["locks"]).items()
             }
             runs = {str(k): dict(v) for k, v in dict(data.get("runs") or {}).items()}
-            return cls(LockFence.parse(data["version"]), locks, runs)
+            drains = {str(k): dict(v) for k, v in dict(data.get("drains") or {}).items()}
+            return cls(LockFence.parse(data["version"]), locks, runs, drains)
         except (KeyError, TypeError, ValueError) as exc:
             raise LockError(
                 400, "bad_lock_table", f"a lock table that cannot be read: {exc}"
@@ -157,7 +163,7 @@ def _with(table: LockTable, version: LockFence, name: str, state: LockState) -> 
         locks.pop(name, None)
     else:
         locks[name] = state
-    return LockTable(version, locks, table.runs)
+    return LockTable(version, locks, table.runs, table.drains)
 
 
 def _grant_next(state: LockState, fence: LockFence, now: float) -> LockState:
@@ -278,11 +284,37 @@ def take_over(table: LockTable, term: int, now: float) -> LockTable:
         )
         for name, state in table.locks.items()
     }
-    return LockTable(version, locks, table.runs)
+    return LockTable(version, locks, table.runs, table.drains)
 
 
 def put_run(table: LockTable, term: int, run_id: str, record: Mapping[str, Any]) -> LockTable:
     """The table with run `run_id`'s record replaced (one change: a new version)."""
     runs = dict(table.runs)
     runs[run_id] = dict(record)
-    return LockTable(_bump(table, term), table.locks, runs)
+    return LockTable(_bump(table, term), table.locks, runs, table.drains)
+
+
+def put_drain(
+    table: LockTable, term: int, node: str, record: Mapping[str, Any] | None
+) -> LockTable:
+    """The table with `node` drained (`record`: kill_after_s, since, by) or undrained (None);
+    the same table when nothing changes."""
+    drains = dict(table.drains)
+    if record is None:
+        if node not in drains:
+            return table
+        del drains[node]
+    else:
+        if drains.get(node) == dict(record):
+            return table
+        drains[node] = dict(record)
+    return LockTable(_bump(table, term), table.locks, table.runs, drains)
+
+
+def drain_map(table: LockTable) -> dict[str, float | None]:
+    """node id -> kill_after_s of every drained node (the plan's `draining`)."""
+    out: dict[str, float | None] = {}
+    for node, record in table.drains.items():
+        after = record.get("kill_after_s")
+        out[node] = float(after) if isinstance(after, int | float) else None
+    return out

@@ -216,6 +216,12 @@ def suspicion_bounds_s(suspicion_s: float, members: int, max_mult: float) -> tup
     return low, low * max_mult
 
 
+def suspicion_members(states: Iterable[MemberState]) -> int:
+    """N of the suspicion formulas: this node and every other member but those that left on
+    purpose (a member that left never confirms a suspicion and is no failure to wait for)."""
+    return 1 + sum(1 for state in states if state != MemberState.LEFT)
+
+
 def expected_confirmations(k_indirect: int, members: int, nacks: int = 0) -> int:
     """How many independent suspicions shrink a suspicion to its minimum: k, at most N - 2.
 

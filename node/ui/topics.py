@@ -118,8 +118,9 @@ def member_rows(
 ) -> list[dict[str, Any]]:
     """One row per member of the view: state, role and training rank from the plan, and from
     the member's own /v1/status (`statuses`, by node id) its release, role, GPUs with health
-    and health problems; `stale` when its last status is older than its last ask (the ask
-    failed, or it is not alive so not asked), with `status_error` saying why."""
+    and health problems; `drain` ({"kill_after_s"}) while the plan drains it, else None;
+    `stale` when its last status is older than its last ask (the ask failed, or it is not alive
+    so not asked), with `status_error` saying why."""
     membership = sources.runtime.membership
     plan = sources.plan()
     ranks = {} if plan is None else {node: i for i, node in enumerate(plan.training_ranks)}
@@ -146,6 +147,9 @@ def member_rows(
                 if planned is not None
                 else (doc.role if doc is not None and doc.role else meta.get("role")),
                 "rank": ranks.get(member.node_id),
+                "drain": None
+                if plan is None or not plan.is_draining(member.node_id)
+                else {"kill_after_s": plan.draining[member.node_id]},
                 "version": doc.version if doc is not None and doc.version else meta.get("version"),
                 "gpus": len(gpus) if gpus is not None else meta.get("gpu_count", 0),
                 "gpu": gpus[0]["name"] if gpus else meta.get("gpu"),
@@ -176,7 +180,12 @@ async def members_topic(sources: UiSources, peers: ClusterPeers | None = None) -
         "members": member_rows(sources, statuses),
         "plan": None
         if plan is None
-        else {"term": plan.term, "version": plan.version, "note": plan.note},
+        else {
+            "term": plan.term,
+            "version": plan.version,
+            "note": plan.note,
+            "draining": dict(plan.draining),
+        },
     }
 
 

@@ -232,13 +232,16 @@ def nodes_of_plan(
 ) -> tuple[list[NodeConfig], str, int]:
     """(nodes of `role` in rank order, master address, master port) of a plan announce; with
     `gpus`, only nodes that advertise at least that many GPUs, most GPUs first (training
-    nodes keep their rank order)."""
+    nodes keep their rank order); never a node the plan drains (its workers and actors would be
+    new work there)."""
     plan = announce.get("plan")
     if not isinstance(plan, Mapping):
         raise WorkerError("the daemon has no role plan yet; wait for the election to finish")
     roles: Mapping[str, str] = plan.get("roles", {})
     ranked = list(plan.get("training_ranks", [])) if role == "training" else []
     ids = ranked or sorted(node for node, r in roles.items() if role in (r, "any"))
+    draining = plan.get("draining") or {}
+    ids = [i for i in ids if i not in draining]
     by_id = {str(m.get("node_id")): m for m in members}
     if gpus > 0:
         ids = [i for i in ids if gpu_count(by_id.get(i, {})) >= gpus]

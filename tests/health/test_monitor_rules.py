@@ -154,6 +154,23 @@ def test_a_node_that_left_is_not_a_failure() -> None:
     assert status.summary.nodes_left == 1
 
 
+def test_a_node_that_left_and_rejoins_is_no_failure_event() -> None:
+    first = cluster((report("a", 1), seen("a", 1)), (report("b", 2), seen("b", 2, incarnation=1)))
+    gone = report("b", 2, error="unreachable: connection refused")
+    left = cluster(
+        (report("a", 1), seen("a", 1)), (gone, seen("b", 2, "left")), now=101.0, previous=first
+    )
+    assert left.ok
+    assert left.recent_failures == ()
+    back = cluster(
+        (report("a", 1), seen("a", 1)),
+        (report("b", 2), seen("b", 2, incarnation=2)),
+        now=102.0,
+        previous=left,
+    )
+    assert back.recent_failures == ()
+
+
 def test_unknown_seed_takes_its_id_from_the_views() -> None:
     anonymous = NodeReport("http://10.0.0.1:2", "10.0.0.1", 2, None, None, "timeout after 1.0 s")
     status = build_cluster_status([report("a", 1), anonymous], [seen("a", 1), seen("b", 2)], 1.0)

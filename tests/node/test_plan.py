@@ -105,6 +105,7 @@ def test_plan_dict_form() -> None:
         "generation": 0,
         "cannot_train": {},
         "weights_generation": 0,
+        "draining": {},
         "note": "1 of 2 members train",
     }
     assert RolePlan.from_dict(document) == plan()

@@ -77,6 +77,12 @@ function heardCell(m) {
   return el("span", {}, heard, " ", el("span", { class: "state state-stale", title: text(m.status_error) }, `stale${since}`));
 }
 
+function drainCell(m) {
+  if (!m.drain) return "–";
+  const after = m.drain.kill_after_s;
+  return el("span", {}, badge("draining"), after === null || after === undefined ? "" : ` (jobs killed after ${after} s)`);
+}
+
 function renderCluster(data) {
   const status = data.status || {};
   const members = (data.members || {}).members || [];
@@ -85,10 +91,11 @@ function renderCluster(data) {
   const problems = members.filter((m) => !m.is_self && (m.health_problems || []).length)
     .flatMap((m) => m.health_problems.map((p) => el("p", { class: "banner bad" }, `${m.node_id}: ${p}`)));
   const rows = members.map((m) => ({
-    node: m.node_id, state: m.state, stale: m.stale ? "yes" : "no",
-    cells: [m.node_id + (m.is_self ? " (this node)" : ""), badge(m.state), text(m.role), text(m.rank),
+    node: m.node_id, state: m.state, stale: m.stale ? "yes" : "no", drain: m.drain ? "draining" : "no",
+    cells: [m.node_id + (m.is_self ? " (this node)" : ""), badge(m.state), drainCell(m), text(m.role), text(m.rank),
       text(m.version), gpuCell(m), m.health ? badge(m.health) : "–", heardCell(m), m.address],
   }));
+  const draining = members.filter((m) => m.drain).map((m) => m.node_id);
   return [
     ...banners(status),
     ...problems,
@@ -96,10 +103,11 @@ function renderCluster(data) {
       card("Cluster", text(status.cluster)), card("Members alive", `${alive} of ${members.length}`, "alive-count"),
       card("Coordinator", text(status.coordinator)), card("Term", text(status.term)),
       card("Plan version", text(plan ? plan.version : status.plan_version)),
+      card("Draining", draining.length ? draining.join(", ") : "none", "draining"),
       card("This node", text(status.node_id)), card("Health", badge(status.health))),
     el("h2", {}, "Members"),
-    table("Every member of this node's view, with what its own status says", ["Node", "State", "Role", "Rank", "Release", "GPUs", "Health", "Last heard", "Address"],
-      rows, (row) => ({ "data-node": row.node, "data-state": row.state, "data-stale": row.stale })),
+    table("Every member of this node's view, with what its own status says", ["Node", "State", "Drain", "Role", "Rank", "Release", "GPUs", "Health", "Last heard", "Address"],
+      rows, (row) => ({ "data-node": row.node, "data-state": row.state, "data-stale": row.stale, "data-drain": row.drain })),
   ];
 }
 

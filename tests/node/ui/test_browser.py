@@ -200,6 +200,35 @@ def test_cluster_page_shows_a_killed_member_dead_within_5_s_and_back_without_rel
     screenshot(browser, tmp_path, "cluster-back")
 
 
+def _member_drains(driver: Any) -> dict[str, str]:
+    rows = driver.execute_script(
+        "return [...document.querySelectorAll('tr[data-node]')]"
+        ".map((row) => [row.dataset.node, row.dataset.drain]);"
+    )
+    return dict(rows)
+
+
+@pytest.mark.timeout(180)
+def test_cluster_page_shows_a_drained_member_and_its_undrain_without_reload(
+    cluster: DevCluster, browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    _open(browser, cluster, "cluster")
+    until(lambda: _member_drains(browser).get("dev-3") == "no", 20, "dev-3 shown not draining")
+    browser.execute_script("window.shoalNotReloaded = true;")
+    drained = cluster.shoal("node", "drain", "dev-3", "--node", cluster.url(1, ""))
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    until(lambda: _member_drains(browser).get("dev-3") == "draining", 15, "dev-3 shown draining")
+    assert browser.find_element(By.ID, "draining").text == "dev-3"
+    screenshot(browser, tmp_path, "cluster-drain")
+    undrained = cluster.shoal("node", "undrain", "dev-3", "--node", cluster.url(1, ""))
+    assert undrained.returncode == 0, undrained.stdout + undrained.stderr
+    until(lambda: _member_drains(browser).get("dev-3") == "no", 15, "dev-3 shown undrained")
+    assert browser.find_element(By.ID, "draining").text == "none"
+    assert browser.execute_script("return window.shoalNotReloaded === true;")
+
+
 @pytest.mark.timeout(180)
 def test_a_cli_job_appears_and_its_log_lines_arrive_live(
     cluster: DevCluster, browser: Any, tmp_path: Path
