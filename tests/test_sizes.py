@@ -17,6 +17,7 @@ MAX_FUNCTION_LINES = 60
 STILL_OVER: frozenset[str] = frozenset(
     {
         "config/settings.py",
+        "node/election/roles.py:compute_plan",
         "node/election/service.py:ElectionService.start",
         "node/jobs/client.py",
         "node/jobs/gang.py",
