@@ -178,7 +178,10 @@ def test_rolling_upgrade_from_previous_release_under_load(
     ready = _wait_file(client_dir / "ready.json", client, READY_S)
     status, gang = ready["gang"]
     assert status == 201, gang
-    assert sorted(m["node"] for m in gang["gang"]["members"]) == sorted(names), gang
+    assert gang["state"] == "running", gang
+    members = gang["gang"]["members"]
+    assert sorted(m["node"] for m in members) == sorted(names), gang
+    assert {m["state"] for m in members} == {"running"}, members
 
     # This release, rolled out one host at a time by this tree's `shoal deploy --rolling`.
     rolled = _run(
