@@ -8,18 +8,15 @@ started through a new node each span every node, and cluster_monitor lists both 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from config import HEADER_VERSION, PROTOCOL_VERSION, version_header
-from tests.cluster import ClusterProcess, Host, NetnsCluster, NetnsClusterFactory, require_netns
+from tests.cluster import ClusterProcess, Host, NetnsCluster, NetnsClusterFactory
+from tests.compat.previous import OLD_RELEASE, ROOT, OldTree, previous_tree
 from tests.node.election_netns_swarm import (
     PROBE,
     ElectionWatch,
@@ -29,16 +26,9 @@ from tests.node.election_netns_swarm import (
     inventory_text,
 )
 from tests.node.netns_swarm import Swarm
-from tests.skips import skip_unless_required
 
 pytestmark = pytest.mark.netns
-ROOT = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).with_name("compat_client.py")
-PREVIOUS_RELEASE = Path(__file__).with_name("PREVIOUS_RELEASE")
-OLD_RELEASE = "0.0.0+previous"
-"""The release the old tree announces: both trees run from one environment, whose installed
-distribution would name one release for both; a dist-info first on the old tree's path tells
-them apart."""
 NODES = 5
 START_S = 40.0
 """Bound on five daemons of two trees starting and electing side by side on two loaded cores."""
@@ -47,62 +37,12 @@ CLIENT_S = 60.0
 CONFIG = {"sync_interval_s": 0}
 
 
-def previous_commit() -> str:
-    """The commit PREVIOUS_RELEASE names (its first line that is not a comment)."""
-    for line in PREVIOUS_RELEASE.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            return line.strip()
-    raise AssertionError(f"{PREVIOUS_RELEASE} names no commit")
-
-
-def _git(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
-    )
-
-
-@dataclass(frozen=True)
-class OldTree:
-    """The previous release's source tree and the PYTHONPATH its daemons run with."""
-
-    root: Path
-    pythonpath: str
-
-
 @pytest.fixture(scope="module")
 def old_tree() -> Iterator[OldTree]:
     """The previous release checked out into a temporary directory, removed afterwards. Skips
     (fails under CI's flag) without netns, git or the commit."""
-    require_netns()
-    if shutil.which("git") is None:
-        skip_unless_required("needs git to check out the previous release")
-    commit = previous_commit()
-    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
-            # A shallow clone has no history to check out, and no way to fetch it offline.
-            pytest.skip(
-                f"this clone is shallow: the previous release {commit} is not in it "
-                "(`git fetch --unshallow` to run the mixed-release test)"
-            )
-        skip_unless_required(
-            f"the previous release {commit} (tests/compat/PREVIOUS_RELEASE) is not in this "
-            "clone: fetch the history (a shallow clone has none)"
-        )
-    base = Path(tempfile.mkdtemp(prefix="shoal-compat-"))
-    tree = base / "previous"
-    try:
-        added = _git("worktree", "add", "--detach", str(tree), commit)
-        assert added.returncode == 0, added.stderr
-        meta = base / "meta" / "shoal-0.0.0.dist-info"
-        meta.mkdir(parents=True)
-        (meta / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: shoal\nVersion: {OLD_RELEASE}\n", encoding="utf-8"
-        )
-        yield OldTree(tree, f"{tree}:{meta.parent}")
-    finally:
-        _git("worktree", "remove", "--force", str(tree))
-        _git("worktree", "prune")
-        shutil.rmtree(base, ignore_errors=True)
+    with previous_tree() as tree:
+        yield tree
 
 
 class MixedSwarm(Swarm):
