@@ -101,17 +101,8 @@ def compute_plan(
     role but takes no training rank, so its rank moves to another node in this plan; its GPUs
     do not count as claimed (another node of its host may train on them).
     """
-    drains = dict(previous.draining if previous is not None else {})
-    if draining is not None:
-        drains = dict(draining)
-    by_id = _by_id(members)
-    conflicts = gpu_conflicts(
-        {node_id: cap.gpu_uuids for node_id, cap in by_id.items() if node_id not in drains}
-    )
-    by_id = {
-        node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
-        for node_id, cap in by_id.items()
-    }
+    drains = dict(draining if draining is not None else previous.draining if previous else {})
+    by_id = _with_gpu_conflicts(_by_id(members), drains)
     chosen = _choose_trainers([cap for cap in by_id.values() if cap.node_id not in drains], policy)
     eligible = len(chosen)
     if eligible < policy.min_training:
@@ -142,6 +133,20 @@ def compute_plan(
         draining=drains,
     )
     return replace(plan, weights_generation=next_weights_generation(plan, previous))
+
+
+def _with_gpu_conflicts(
+    by_id: Mapping[str, NodeCapabilities], drains: Mapping[str, float | None]
+) -> dict[str, NodeCapabilities]:
+    """The members, each that claims a GPU an earlier member (by id) claims marked
+    `cannot_train`; a draining member's GPUs count as unclaimed."""
+    conflicts = gpu_conflicts(
+        {node_id: cap.gpu_uuids for node_id, cap in by_id.items() if node_id not in drains}
+    )
+    return {
+        node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
+        for node_id, cap in by_id.items()
+    }
 
 
 def next_weights_generation(plan: RolePlan, previous: RolePlan | None) -> int:

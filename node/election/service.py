@@ -195,6 +195,40 @@ class ElectionService:
             return json_error(409, "no role plan yet: no coordinator has published one")
         return web.json_response(rendezvous.to_dict())
 
+    def _start_training_launcher(self) -> None:
+        """The training launcher when `training_command` is set (with its `training` check),
+        and the `gpu_claims` check."""
+        runtime = self._runtime
+        settings = runtime.settings
+        if settings.training_command:
+            data_dir = settings.data_dir
+            launcher = TrainingLauncher(
+                settings.training_command,
+                data_dir,
+                data_dir / "training.log",
+                training_base_env(
+                    os.environ,
+                    settings.training_env,
+                    f"http://{runtime.address}:{runtime.port}",
+                    cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
+                ),
+                stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
+                max_failures=settings.training_max_failures,
+                failure_window_s=settings.training_failure_window_s,
+                on_give_up=self._cannot_train,
+            )
+            self._stack.push_async_callback(launcher.close)
+            self._stack.callback(self._cancel_able_again)
+            self._launcher = launcher
+            if runtime.health is not None:
+                runtime.health.add_check(
+                    "training", launcher_check(launcher), interval_s=TRAINING_CHECK_INTERVAL_S
+                )
+        if runtime.health is not None:
+            runtime.health.add_check(
+                "gpu_claims", self._gpu_claims_check, interval_s=TRAINING_CHECK_INTERVAL_S
+            )
+
     async def start(
         self,
         membership: Membership,
@@ -256,34 +290,7 @@ class ElectionService:
             adoption_log=adoption_log,
             rng=rng,
         )
-        if settings.training_command:
-            data_dir = settings.data_dir
-            launcher = TrainingLauncher(
-                settings.training_command,
-                data_dir,
-                data_dir / "training.log",
-                training_base_env(
-                    os.environ,
-                    settings.training_env,
-                    f"http://{runtime.address}:{runtime.port}",
-                    cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
-                ),
-                stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
-                max_failures=settings.training_max_failures,
-                failure_window_s=settings.training_failure_window_s,
-                on_give_up=self._cannot_train,
-            )
-            self._stack.push_async_callback(launcher.close)
-            self._stack.callback(self._cancel_able_again)
-            self._launcher = launcher
-            if runtime.health is not None:
-                runtime.health.add_check(
-                    "training", launcher_check(launcher), interval_s=TRAINING_CHECK_INTERVAL_S
-                )
-        if runtime.health is not None:
-            runtime.health.add_check(
-                "gpu_claims", self._gpu_claims_check, interval_s=TRAINING_CHECK_INTERVAL_S
-            )
+        self._start_training_launcher()
         self._membership = membership
         elector.add_listener(self._on_election_event)
         await self._stack.enter_async_context(elector)

@@ -290,26 +290,7 @@ class TrainingLauncher(AsyncClosing):
         procs = [proc for _, proc in workers]
         self._state = LauncherState.RUNNING
         self._starts += 1
-        exits = {asyncio.ensure_future(proc.wait()): local for local, proc in enumerate(procs)}
-        stopped = asyncio.ensure_future(stopping.wait())
-        failed: tuple[int, int] | None = None
-        try:
-            pending = set(exits)
-            while pending and failed is None and not stopped.done():
-                done, pending = await asyncio.wait(
-                    pending | {stopped}, return_when=asyncio.FIRST_COMPLETED
-                )
-                pending.discard(stopped)
-                failures = [(exits[f], f.result()) for f in done if f in exits and f.result()]
-                failed = min(failures) if failures else None
-        except asyncio.CancelledError:
-            for proc in procs:
-                _signal_group(proc, signal.SIGKILL)
-            raise
-        finally:
-            stopped.cancel()
-            for future in exits:
-                future.cancel()
+        failed = await _first_failure(procs, stopping)
         if stopping.is_set():
             await self._terminate(procs)
             return None
@@ -388,6 +369,35 @@ class TrainingLauncher(AsyncClosing):
             self._last_exit_code = procs[0].returncode
         for proc in procs:
             _signal_group(proc, signal.SIGKILL)
+
+
+async def _first_failure(
+    procs: list[asyncio.subprocess.Process], stopping: asyncio.Event
+) -> tuple[int, int] | None:
+    """Wait until a worker fails, all exit or `stopping` is set: (local rank, exit code) of the
+    first that failed (the lowest local rank among those that failed together), else None.
+    Cancelled: SIGKILL every worker's group, then re-raise."""
+    exits = {asyncio.ensure_future(proc.wait()): local for local, proc in enumerate(procs)}
+    stopped = asyncio.ensure_future(stopping.wait())
+    failed: tuple[int, int] | None = None
+    try:
+        pending = set(exits)
+        while pending and failed is None and not stopped.done():
+            done, pending = await asyncio.wait(
+                pending | {stopped}, return_when=asyncio.FIRST_COMPLETED
+            )
+            pending.discard(stopped)
+            failures = [(exits[f], f.result()) for f in done if f in exits and f.result()]
+            failed = min(failures) if failures else None
+    except asyncio.CancelledError:
+        for proc in procs:
+            _signal_group(proc, signal.SIGKILL)
+        raise
+    finally:
+        stopped.cancel()
+        for future in exits:
+            future.cancel()
+    return failed
 
 
 def _signal_group(proc: asyncio.subprocess.Process, signum: signal.Signals) -> None:
