@@ -1,0 +1,92 @@
+"""The one place that turns a peer's address into its base URL (the scheme is chosen here, and
+only here), and a call into a signed PeerRequest (config.auth's signature, X-Shoal-Cluster)."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from config.auth import HEADER_CLUSTER, signed_headers
+from net.errors import PeerRequestError
+from net.transport import PeerRequest
+
+__all__ = ["Identity", "base_url", "build_request"]
+
+Params = Mapping[str, str | int | float] | None
+
+
+def base_url(address: str, *, tls: bool = False) -> str:
+    """`scheme://host:port` of a peer from `host:port`, `[v6]:port`, a bare IPv6 address with a
+    port after its last colon, or a URL (whose scheme, path and trailing slash are dropped and
+    replaced: https when `tls`, else http). PeerRequestError when there is no port."""
+    text = address.strip()
+    if "://" in text:
+        parts = urlsplit(text)
+        host, port = parts.hostname, parts.port
+    elif text.startswith("["):
+        parts = urlsplit(f"http://{text}")
+        host, port = parts.hostname, parts.port
+    else:
+        host, _, port_text = text.rpartition(":")
+        port = int(port_text) if port_text.isdigit() else None
+    if not host or port is None:
+        raise PeerRequestError(address, "not a peer address (HOST:PORT or http://HOST:PORT)")
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this client is to its peers: the cluster `secret` that signs every request (None:
+    unsigned, a dev cluster), the `node_id` it signs as (a node's id, or `cli-HOST` for a
+    command), and the `cluster` it names in X-Shoal-Cluster (None: no header)."""
+
+    secret: bytes | None = None
+    node_id: str = ""
+    cluster: str | None = None
+
+    @classmethod
+    def of_command(cls, secret: bytes | None, cluster: str | None = None) -> Identity:
+        """The identity of a command run by an operator on this host (`cli-HOSTNAME`)."""
+        return cls(secret, f"cli-{socket.gethostname()}", cluster)
+
+
+def build_request(
+    identity: Identity,
+    method: str,
+    base: str,
+    path: str,
+    *,
+    json: Any = None,
+    data: bytes | None = None,
+    params: Params = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float,
+) -> PeerRequest:
+    """A complete request: the query of `params` appended to `path`, the body (`json` encoded,
+    or `data` as given), and the signature over method, path and query, body and time."""
+    if json is not None and data is not None:
+        raise ValueError("give json or data, not both")
+    path_qs = path if path.startswith("/") else f"/{path}"
+    if params:
+        path_qs += ("&" if "?" in path_qs else "?") + urlencode(
+            {key: str(value) for key, value in params.items()}
+        )
+    body = jsonlib.dumps(json).encode() if json is not None else (data or b"")
+    sent = {"Accept": "application/json"}
+    if json is not None:
+        sent["Content-Type"] = "application/json"
+    sent.update(headers or {})
+    if identity.secret is not None:
+        sent.update(
+            signed_headers(
+                identity.secret, identity.node_id, method, path_qs, body, cluster=identity.cluster
+            )
+        )
+    elif identity.cluster:
+        sent[HEADER_CLUSTER] = identity.cluster
+    return PeerRequest(method.upper(), base, path_qs, sent, body, timeout_s)
