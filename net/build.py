@@ -21,12 +21,14 @@ Params = Mapping[str, str | int | float] | None
 
 def base_url(address: str, *, tls: bool = False) -> str:
     """`scheme://host:port` of a peer from `host:port`, `[v6]:port`, a bare IPv6 address with a
-    port after its last colon, or a URL (whose scheme, path and trailing slash are dropped and
-    replaced: https when `tls`, else http). PeerRequestError when there is no port."""
+    port after its last colon, or a URL (whose path and trailing slash are dropped). The scheme
+    is https when `tls` or the URL says https, else http. PeerRequestError when there is no
+    port."""
     text = address.strip()
     if "://" in text:
         parts = urlsplit(text)
         host, port = parts.hostname, parts.port
+        tls = tls or parts.scheme == "https"
     elif text.startswith("["):
         parts = urlsplit(f"http://{text}")
         host, port = parts.hostname, parts.port

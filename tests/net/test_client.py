@@ -299,7 +299,7 @@ def test_urllib_failures_map_like_aiohttps() -> None:
         ("10.0.0.7:8770", False, "http://10.0.0.7:8770"),
         ("10.0.0.7:8770", True, "https://10.0.0.7:8770"),
         ("http://node-a:80/", True, "https://node-a:80"),
-        ("https://node-a:443/v1", False, "http://node-a:443"),
+        ("https://node-a:443/v1", False, "https://node-a:443"),
         ("[fd00::2]:8770", False, "http://[fd00::2]:8770"),
         ("fd00::2:8770", False, "http://[fd00::2]:8770"),
     ],
