@@ -27,9 +27,16 @@ class _AiohttpStream:
     def headers(self) -> Mapping[str, str]:
         return self._response.headers
 
-    async def iter_chunks(self, size: int) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, size: int | None = None) -> AsyncIterator[bytes]:
+        if size is None:
+            async for chunk, _ in self._response.content.iter_chunks():
+                yield chunk
+            return
         async for chunk in self._response.content.iter_chunked(size):
             yield chunk
+
+    async def readexactly(self, size: int) -> bytes:
+        return await self._response.content.readexactly(size)
 
     async def iter_lines(self) -> AsyncIterator[bytes]:
         while line := await self._response.content.readline():
@@ -40,14 +47,23 @@ class _AiohttpStream:
 
 
 class AiohttpTransport:
-    """Sessions by base URL, made on first use with `limit_per_peer` connections each; `ssl`
-    gives the TLS context per request (rotated certificates take effect on new connections)."""
+    """Sessions by base URL, made on first use with `limit_per_peer` connections each;
+    `ssl_context` gives the TLS context per request (rotated certificates take effect on new
+    connections). `read_bufsize` and `auto_decompress` are aiohttp's (bulk file transfers read
+    with a large buffer and undecoded)."""
 
     def __init__(
-        self, ssl_context: SslContextProvider | None = None, *, limit_per_peer: int = 64
+        self,
+        ssl_context: SslContextProvider | None = None,
+        *,
+        limit_per_peer: int = 64,
+        read_bufsize: int = 2**16,
+        auto_decompress: bool = True,
     ) -> None:
         self._ssl_context = ssl_context
         self._limit_per_peer = limit_per_peer
+        self._read_bufsize = read_bufsize
+        self._auto_decompress = auto_decompress
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._closed = False
 
@@ -64,7 +80,8 @@ class AiohttpTransport:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._limit_per_peer),
                 raise_for_status=False,
-                auto_decompress=True,
+                auto_decompress=self._auto_decompress,
+                read_bufsize=self._read_bufsize,
             )
             self._sessions[base] = session
         return session

@@ -8,7 +8,9 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
+
+from yarl import URL
 
 from config.auth import HEADER_CLUSTER, signed_headers
 from net.errors import PeerRequestError
@@ -75,9 +77,9 @@ def build_request(
         raise ValueError("give json or data, not both")
     path_qs = path if path.startswith("/") else f"/{path}"
     if params:
-        path_qs += ("&" if "?" in path_qs else "?") + urlencode(
-            {key: str(value) for key, value in params.items()}
-        )
+        # encoded as aiohttp encodes `params` (yarl): "/" stays, as the file routes require
+        query = URL.build(query={key: str(value) for key, value in params.items()})
+        path_qs += ("&" if "?" in path_qs else "?") + query.raw_query_string
     body = jsonlib.dumps(json).encode() if json is not None else (data or b"")
     sent = {"Accept": "application/json"}
     if json is not None:

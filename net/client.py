@@ -63,10 +63,14 @@ class _MappedStream:
     def headers(self) -> Mapping[str, str]:
         return self._inner.headers
 
-    async def iter_chunks(self, size: int) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, size: int | None = None) -> AsyncIterator[bytes]:
         with map_peer_errors(self._url, self._timeout_s):
             async for chunk in self._inner.iter_chunks(size):
                 yield chunk
+
+    async def readexactly(self, size: int) -> bytes:
+        with map_peer_errors(self._url, self._timeout_s):
+            return await self._inner.readexactly(size)
 
     async def iter_lines(self) -> AsyncIterator[bytes]:
         with map_peer_errors(self._url, self._timeout_s):
@@ -84,7 +88,8 @@ class PeerClient(AsyncClosing):
 
     `ssl_context` is the TLS seam: a callable giving the client context (or None) for the next
     connection; while it gives a context, `base_url` makes https URLs of addresses. `transport`
-    replaces the real one (one aiohttp session per peer, kept alive) with e.g. MockTransport.
+    replaces the real one (one aiohttp session per peer, kept alive, with `limit_per_peer`,
+    `read_bufsize` and `auto_decompress` as net.aio.AiohttpTransport's) with e.g. MockTransport.
     Use `async with`, or `close()` (idempotent; a closed client refuses requests).
     """
 
@@ -97,6 +102,8 @@ class PeerClient(AsyncClosing):
         ssl_context: SslContextProvider | None = None,
         transport: AsyncTransport | None = None,
         limit_per_peer: int = 64,
+        read_bufsize: int = 2**16,
+        auto_decompress: bool = True,
     ) -> None:
         self.identity = identity or Identity()
         self.timeouts = timeouts or Timeouts()
@@ -105,7 +112,12 @@ class PeerClient(AsyncClosing):
         if transport is None:
             from net.aio import AiohttpTransport  # here: `import net.client` without aiohttp
 
-            transport = AiohttpTransport(ssl_context, limit_per_peer=limit_per_peer)
+            transport = AiohttpTransport(
+                ssl_context,
+                limit_per_peer=limit_per_peer,
+                read_bufsize=read_bufsize,
+                auto_decompress=auto_decompress,
+            )
         self.transport: AsyncTransport = transport
 
     def base_url(self, address: str) -> str:

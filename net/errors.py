@@ -14,6 +14,7 @@ table only when it maps an error.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import errno
 import time
@@ -176,6 +177,9 @@ def peer_error(
         return PeerRequestError(url, exc.message, exc.status)
     if isinstance(exc, aiohttp.ClientPayloadError):
         return PeerRequestError(url, f"answer cut short: {exc}")
+    if isinstance(exc, asyncio.IncompleteReadError):
+        got, wanted = len(exc.partial), exc.expected
+        return PeerRequestError(url, f"answer cut short: {got} of {wanted} bytes")
     if isinstance(exc, aiohttp.ClientError | OSError):
         return PeerRequestError(url, _unreachable(exc))
     if isinstance(exc, ValueError):  # json.JSONDecodeError, orjson.JSONDecodeError

@@ -3,6 +3,7 @@ server (httpx's MockTransport). Works for PeerClient and BlockingPeerClient alik
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -30,10 +31,17 @@ class _MockStream:
     def headers(self) -> Mapping[str, str]:
         return self._answer.headers
 
-    async def iter_chunks(self, size: int) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, size: int | None = None) -> AsyncIterator[bytes]:
         body, self._body = self._body, b""
-        for piece in iter_pieces(body, size):
+        for piece in iter_pieces(body, size or len(body)):
             yield piece
+
+    async def readexactly(self, size: int) -> bytes:
+        if len(self._body) < size:
+            partial, self._body = self._body, b""
+            raise asyncio.IncompleteReadError(partial, size)
+        piece, self._body = self._body[:size], self._body[size:]
+        return piece
 
     async def iter_lines(self) -> AsyncIterator[bytes]:
         body, self._body = self._body, b""

@@ -78,8 +78,13 @@ class PeerStream(Protocol):
     @property
     def headers(self) -> Mapping[str, str]: ...
 
-    def iter_chunks(self, size: int) -> AsyncIterator[bytes]:
-        """The body in pieces of at most `size` bytes."""
+    def iter_chunks(self, size: int | None = None) -> AsyncIterator[bytes]:
+        """The body in pieces of at most `size` bytes; without `size`, as received (no copy
+        joins what is buffered)."""
+        ...
+
+    async def readexactly(self, size: int) -> bytes:
+        """The next `size` bytes of the body; asyncio.IncompleteReadError when it ends first."""
         ...
 
     def iter_lines(self) -> AsyncIterator[bytes]:

@@ -324,3 +324,18 @@ async def test_the_tls_seam_switches_the_scheme() -> None:
         assert client.base_url(PEER) == "https://10.0.0.7:8770"
         await client.get_json(PEER, "/v1/status")
     assert mock.calls[0].base == "https://10.0.0.7:8770"
+
+
+async def test_readexactly_past_the_end_is_an_answer_cut_short() -> None:
+    mock = MockTransport(lambda request: PeerResponse(200, {}, b"abc"))
+    async with PeerClient(transport=mock) as client, client.stream("GET", PEER, "/f") as stream:
+        assert await stream.readexactly(2) == b"ab"
+        with pytest.raises(PeerRequestError, match="answer cut short: 1 of 5 bytes"):
+            await stream.readexactly(5)
+
+
+async def test_params_are_encoded_as_aiohttp_encodes_them_keeping_slashes() -> None:
+    mock = MockTransport(_ok)
+    async with PeerClient(transport=mock) as client:
+        await client.get_json(PEER, "/v1/sync/models/file", params={"path": "run/a b.pt"})
+    assert mock.calls[0].path_qs == "/v1/sync/models/file?path=run/a+b.pt"
