@@ -13,7 +13,7 @@ from config.lazy import lazy_exports
 if TYPE_CHECKING:
     from net.aio import AiohttpTransport
     from net.blocking import BlockingBreakerHook, BlockingPeerClient, UrllibTransport
-    from net.build import Identity, base_url, build_request
+    from net.build import Identity, base_url, build_request, split_url
     from net.client import BreakerHook, PeerClient
     from net.errors import (
         ClientClosedError,
@@ -41,7 +41,7 @@ else:
         {
             "net.aio": "AiohttpTransport",
             "net.blocking": "BlockingBreakerHook BlockingPeerClient UrllibTransport",
-            "net.build": "Identity base_url build_request",
+            "net.build": "Identity base_url build_request split_url",
             "net.client": "BreakerHook PeerClient",
             "net.errors": (
                 "ClientClosedError NetError PeerRequestError PeerTimeoutError RetryLater "
@@ -82,4 +82,5 @@ __all__ = [
     "map_peer_errors",
     "parse_retry_after",
     "peer_error",
+    "split_url",
 ]

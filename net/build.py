@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,9 +16,10 @@ from config.auth import HEADER_CLUSTER, signed_headers
 from net.errors import PeerRequestError
 from net.transport import PeerRequest
 
-__all__ = ["Identity", "base_url", "build_request"]
+__all__ = ["Identity", "base_url", "build_request", "split_url"]
 
-Params = Mapping[str, str | int | float] | None
+Params = Mapping[str, str | int | float] | Sequence[tuple[str, str]] | None
+"""Query parameters: a mapping, or pairs (a name may repeat)."""
 
 
 def base_url(address: str, *, tls: bool = False) -> str:
@@ -41,6 +42,13 @@ def base_url(address: str, *, tls: bool = False) -> str:
         raise PeerRequestError(address, "not a peer address (HOST:PORT or http://HOST:PORT)")
     shown = f"[{host}]" if ":" in host else host
     return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(base URL, path and query) of a full URL, for callers that were handed one."""
+    parts = urlsplit(url)
+    path_qs = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return base_url(url), path_qs
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,8 @@ def build_request(
     path_qs = path if path.startswith("/") else f"/{path}"
     if params:
         # encoded as aiohttp encodes `params` (yarl): "/" stays, as the file routes require
-        query = URL.build(query={key: str(value) for key, value in params.items()})
+        pairs = params.items() if isinstance(params, Mapping) else params
+        query = URL.build(query=[(key, str(value)) for key, value in pairs])
         path_qs += ("&" if "?" in path_qs else "?") + query.raw_query_string
     body = jsonlib.dumps(json).encode() if json is not None else (data or b"")
     sent = {"Accept": "application/json"}

@@ -191,6 +191,27 @@ class PeerClient(AsyncClosing):
             raise answer_error(request.url, answer.status, answer.body, answer.headers)
         return answer
 
+    async def request_json(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+    ) -> Any:
+        """The JSON answer (None for an empty body) of `method` with `body` as JSON (None: no
+        body); errors as `request`, and PeerRequestError for an answer that is not JSON."""
+        answer = await self.request(
+            method, peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
+            breaker_key=breaker_key,
+        )  # fmt: skip
+        with map_peer_errors(self.base_url(peer) + path):
+            return answer.json()
+
     async def get_json(
         self,
         peer: str,
