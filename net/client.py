@@ -212,6 +212,28 @@ class PeerClient(AsyncClosing):
         with map_peer_errors(self.base_url(peer) + path):
             return answer.json()
 
+    async def call_json(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+    ) -> tuple[int, Any]:
+        """(status, JSON answer or None when empty) of `method` with `body` as JSON, an error
+        answer included (its status is the caller's to read); PeerRequestError when there is
+        no answer or it is not JSON."""
+        answer = await self.request(
+            method, peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
+            breaker_key=breaker_key, check=False,
+        )  # fmt: skip
+        with map_peer_errors(self.base_url(peer) + path):
+            return answer.status, answer.json()
+
     async def get_json(
         self,
         peer: str,
