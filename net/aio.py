@@ -46,6 +46,25 @@ class _AiohttpStream:
         return await self._response.read()
 
 
+def _resigning(request: PeerRequest) -> tuple[aiohttp.ClientMiddlewareType, ...]:
+    """A middleware that signs each attempt after the first afresh (see PeerRequest.resign)."""
+    resign = request.resign
+    if resign is None:
+        return ()
+    attempts = 0
+
+    async def middleware(
+        sent: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1:
+            sent.headers.update(resign())
+        return await handler(sent)
+
+    return (middleware,)
+
+
 class AiohttpTransport:
     """Sessions by base URL, made on first use with `limit_per_peer` connections each;
     `ssl_context` gives the TLS context per request (rotated certificates take effect on new
@@ -90,12 +109,15 @@ class AiohttpTransport:
     async def stream(self, request: PeerRequest) -> AsyncIterator[_AiohttpStream]:
         session = self._session(request.base)
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=request.timeout_s, sock_read=request.timeout_s
+            total=None,
+            sock_connect=request.timeout_s,
+            sock_read=None if request.unbounded_reads else request.timeout_s,
         )
         context = self._ssl_context() if self._ssl_context is not None else None
         async with session.request(
             request.method,
             URL(request.url, encoded=True),
+            middlewares=_resigning(request),
             headers=dict(request.headers),
             data=request.body if request.body or request.method not in ("GET", "HEAD") else None,
             timeout=timeout,

@@ -94,12 +94,16 @@ def build_request(
     if json is not None:
         sent["Content-Type"] = "application/json"
     sent.update(headers or {})
-    if identity.secret is not None:
-        sent.update(
-            signed_headers(
-                identity.secret, identity.node_id, method, path_qs, body, cluster=identity.cluster
+    secret = identity.secret
+    resign = None
+    if secret is not None:
+
+        def resign() -> dict[str, str]:
+            return signed_headers(
+                secret, identity.node_id, method, path_qs, body, cluster=identity.cluster
             )
-        )
+
+        sent.update(resign())
     elif identity.cluster:
         sent[HEADER_CLUSTER] = identity.cluster
-    return PeerRequest(method.upper(), base, path_qs, sent, body, timeout_s)
+    return PeerRequest(method.upper(), base, path_qs, sent, body, timeout_s, resign=resign)

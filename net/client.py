@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -285,15 +286,19 @@ class PeerClient(AsyncClosing):
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
         check: bool = True,
+        unbounded_reads: bool = False,
     ) -> AsyncIterator[PeerStream]:
         """An answer read piece by piece: entered once its headers arrive (within `timeout_s`,
-        which then bounds each read, not the whole body). With `check`, an error answer raises
-        as in `request`. Reads raise net's errors; the caller's own errors inside the block
-        (a full disk) pass unchanged."""
+        which then bounds each read, not the whole body; with `unbounded_reads` reads wait as
+        long as the peer is silent: a followed log). With `check`, an error answer raises as
+        in `request`. Reads raise net's errors; the caller's own errors inside the block (a
+        full disk) pass unchanged."""
         request = self._request(
             method, peer, path, json=json, data=data, params=params, headers=headers,
             timeout_s=timeout_s,
         )  # fmt: skip
+        if unbounded_reads:
+            request = dataclasses.replace(request, unbounded_reads=True)
         opened = self.transport.stream(request)
         with map_peer_errors(request.url, request.timeout_s):
             async with asyncio.timeout(request.timeout_s):

@@ -30,7 +30,9 @@ SslContextProvider = Callable[[], ssl.SSLContext | None]
 @dataclass(frozen=True)
 class PeerRequest:
     """One request: `base` the peer's base URL (scheme://host:port, the session's key),
-    `path_qs` the path and query as sent and signed, the headers (signature included) and body."""
+    `path_qs` the path and query as sent and signed, the headers (signature included) and body;
+    `timeout_s` bounds connecting and each read, unless `unbounded_reads` (a followed log that
+    may be silent for long: only connecting is bounded)."""
 
     method: str
     base: str
@@ -38,6 +40,11 @@ class PeerRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
     timeout_s: float = 10.0
+    unbounded_reads: bool = False
+    resign: Callable[[], Mapping[str, str]] | None = field(default=None, compare=False, repr=False)
+    """Fresh signature headers (a new nonce and time) for a transport that sends the request
+    again by itself (aiohttp retries an idempotent request once on a dropped kept-alive
+    connection): a node refuses a nonce it has seen."""
 
     @property
     def url(self) -> str:

@@ -139,3 +139,29 @@ async def test_the_blocking_twin_against_the_real_middleware(server: TestServer)
 
     with pytest.raises(RetryLater, match="queue full"):
         await asyncio.to_thread(busy)
+
+
+async def test_an_attempt_aiohttp_sends_again_is_signed_afresh() -> None:
+    """aiohttp sends an idempotent request once more when a kept-alive connection drops; the
+    node refuses a nonce it has seen, so the second attempt carries a new signature."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from config import NonceCache, verify_request
+    from net import build_request
+    from net.aio import _resigning
+
+    request = build_request(Identity(SECRET, "node-a"), "GET", "http://n:1", "/v1/x", timeout_s=1.0)
+    (middleware,) = _resigning(request)
+    sent = SimpleNamespace(headers=dict(request.headers))
+    nonces: list[str] = []
+
+    async def handler(attempt: Any) -> Any:
+        nonces.append(attempt.headers["X-Shoal-Nonce"])
+        return None
+
+    seen = NonceCache()
+    for _ in range(2):
+        await middleware(cast(Any, sent), cast(Any, handler))
+        verify_request(SECRET, sent.headers, "GET", "/v1/x", b"", seen)
+    assert nonces[0] == request.headers["X-Shoal-Nonce"] != nonces[1]
