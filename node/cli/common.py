@@ -6,7 +6,6 @@ never imports rich."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from aiohttp import ClientMiddlewareType, ClientSession, ClientTimeout
 
 from config import (
     ConfigError,
@@ -22,7 +20,6 @@ from config import (
     NodeSettings,
     load_settings,
     read_secret_file,
-    signing_middleware,
 )
 from node.errors import PeerRequestError
 
@@ -118,16 +115,6 @@ def peer_client(settings: NodeSettings, timeout_s: float | None = None) -> PeerC
     if timeout_s is not None:
         timeouts = timeouts.model_copy(update={"http_request_s": timeout_s})
     return PeerClient(Identity.of_command(secret), timeouts=timeouts)
-
-
-def client_session(settings: NodeSettings, timeout_s: float | None = None) -> ClientSession:
-    """An aiohttp session that signs every request when the settings name a secret file."""
-    middlewares: tuple[ClientMiddlewareType, ...] = ()
-    if settings.secret_file is not None:
-        secret = read_secret_file(settings.secret_file)
-        middlewares = (signing_middleware(secret, f"cli-{socket.gethostname()}"),)
-    timeout = ClientTimeout(total=timeout_s or settings.timeouts.http_request_s)
-    return ClientSession(timeout=timeout, middlewares=middlewares)
 
 
 async def request_json(
