@@ -159,3 +159,11 @@ def test_lazy_exports_imports_on_first_access_and_refuses_unknown_names() -> Non
     with pytest.raises(ValueError, match="parse is exported from both ast and json"):
         lazy_exports(__name__, {"ast": "parse", "json": "parse"})
     del globals()["dumps"]
+
+
+def test_net_errors_and_the_transport_seam_load_no_aiohttp() -> None:
+    """node.errors re-exports net's errors, and a MockTransport test needs no aiohttp: both
+    stay light (aiohttp loads with the real transport only)."""
+    loaded = _loaded_after("import net, net.errors, net.transport, net.mock")
+    assert [name for name in loaded if name.split(".")[0] == "aiohttp"] == []
+    assert "net.client" not in loaded
