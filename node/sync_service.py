@@ -243,7 +243,9 @@ class SyncService:
         log.info("sync: WAL recovery of transfers: %s", result)
         self._peers = PeerClient(
             Identity(self._secret, runtime.node_id, settings.cluster_name),
-            timeouts=settings.timeouts.model_copy(update={"http_request_s": settings.timeouts.sync_s}),
+            timeouts=settings.timeouts.model_copy(
+                update={"http_request_s": settings.timeouts.sync_s}
+            ),
         )
         self._stack.push_async_callback(self._peers.close)
         self.catalog = catalog

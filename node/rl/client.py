@@ -59,4 +59,3 @@ def post_digested(
         endpoint, "POST", path_qs, {**body, "sha256": digest.value},
         url=url, timeout_s=timeout_s, headers=headers,
     )  # fmt: skip
-
