@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW
+from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW, HEADER_SIGNATURE
 from config.closing import AsyncClosing
 from config.timeouts import Timeouts
 from net.build import Identity, Params, base_url, build_request
@@ -38,7 +38,7 @@ request) are the caller's, not the peer's fault."""
 
 def note_clock_skew(request: PeerRequest, status: int, headers: Mapping[str, str]) -> None:
     """Record (or clear) a peer's clock skew learnt from its answer to a signed request."""
-    if "X-Shoal-Signature" not in request.headers:
+    if HEADER_SIGNATURE not in request.headers:
         return
     skew = headers.get(HEADER_CLOCK_SKEW)
     if status == 401 and skew is not None:

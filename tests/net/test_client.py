@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
+import time
 import urllib.error
 from collections.abc import AsyncIterator, Callable, Iterator
 from email.message import Message
@@ -339,3 +340,30 @@ async def test_params_are_encoded_as_aiohttp_encodes_them_keeping_slashes() -> N
     async with PeerClient(transport=mock) as client:
         await client.get_json(PEER, "/v1/sync/models/file", params={"path": "run/a b.pt"})
     assert mock.calls[0].path_qs == "/v1/sync/models/file?path=run/a+b.pt"
+
+
+@pytest.mark.parametrize(
+    ("url", "parts"),
+    [
+        ("http://10.0.0.7:8770/v1/jobs/j/logs?offset=4", (URL, "/v1/jobs/j/logs?offset=4")),
+        ("http://10.0.0.7:8770", (URL, "/")),
+    ],
+)
+def test_split_url_gives_the_base_and_the_path_as_sent(url: str, parts: tuple[str, str]) -> None:
+    from net import split_url
+
+    assert split_url(url) == parts
+
+
+async def test_a_refusal_for_clock_skew_is_recorded_and_a_later_answer_clears_it() -> None:
+    from config import CLOCK_SKEWS
+
+    skewed = {"X-Shoal-Clock-Skew": "+900"}
+    answers = iter([_answer(401, b'{"error": "clock_skew"}', skewed), _ok])
+    mock = MockTransport(lambda request: next(answers)(request))
+    async with PeerClient(Identity(SECRET, "node-a"), transport=mock) as client:
+        with pytest.raises(PeerRequestError):
+            await client.get_json(PEER, "/v1/status")
+        assert any(PEER in line and "-900 s" in line for line in CLOCK_SKEWS.lines(time.time()))
+        await client.get_json(PEER, "/v1/status")
+    assert not any(PEER in line for line in CLOCK_SKEWS.lines(time.time()))

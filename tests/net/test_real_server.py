@@ -165,3 +165,32 @@ async def test_an_attempt_aiohttp_sends_again_is_signed_afresh() -> None:
         await middleware(cast(Any, sent), cast(Any, handler))
         verify_request(SECRET, sent.headers, "GET", "/v1/x", b"", seen)
     assert nonces[0] == request.headers["X-Shoal-Nonce"] != nonces[1]
+
+
+async def test_a_silent_stream_times_out_unless_its_reads_are_unbounded() -> None:
+    released = asyncio.Event()
+
+    async def quiet(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await released.wait()  # a followed log of a job that prints nothing for a while
+        await response.write(b"late line\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/log", quiet)
+    test_server = TestServer(app, host="127.0.0.1", port=0)
+    async with test_server, PeerClient() as client:
+        address = _address(test_server)
+        with pytest.raises(PeerTimeoutError):
+            async with client.stream("GET", address, "/log", timeout_s=0.2) as stream:
+                await stream.read()
+        async with client.stream(
+            "GET", address, "/log", timeout_s=0.2, unbounded_reads=True
+        ) as stream:
+            reader = asyncio.ensure_future(stream.read())
+            done, _ = await asyncio.wait([reader], timeout=0.6)
+            assert not done  # three read timeouts later it still waits
+            released.set()
+            assert await reader == b"late line\n"
