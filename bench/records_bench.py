@@ -31,6 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.server import serve_until_sigterm, server_process  # noqa: E402
+from config import Timeouts  # noqa: E402
+from net import PeerClient  # noqa: E402
 from sync import (  # noqa: E402
     GAMES_SCHEMA,
     RecordStore,
@@ -120,12 +122,12 @@ def plain_sqlite(path: Path, records: list[dict[str, Any]]) -> float:
 
 async def pull(base_url: str, path: Path, limit: int) -> dict[str, Any]:
     async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
+        PeerClient(timeouts=Timeouts(http_request_s=120)) as peers,
         RecordStore(path, GAMES_SCHEMA) as store,
     ):
         start, cpu = time.perf_counter(), _cpu_s()
         result = await pull_records(
-            session, base_url, "games", store, limit=limit, max_records=PULL_RECORDS
+            peers, base_url, "games", store, limit=limit, max_records=PULL_RECORDS
         )
         elapsed, cpu = time.perf_counter() - start, _cpu_s() - cpu
     return {

@@ -1,4 +1,4 @@
-"""Exceptions of health, and the table translating aiohttp and OS errors of the monitor.
+"""Exceptions of health, and the table giving failed requests of the monitor their words.
 
 HealthError -- base of every error the health package raises
  +-- HealthConfigError (also ValueError) -- a threshold, breaker config or check is invalid
@@ -16,6 +16,7 @@ import errno
 import aiohttp
 
 from config import read_error
+from net.errors import PeerRequestError, PeerTimeoutError
 
 __all__ = [
     "CircuitOpenError",
@@ -94,10 +95,17 @@ def describe_fetch_error(exc: BaseException, timeout_s: float) -> str:
 
 
 def fetch_error(exc: BaseException, timeout_s: float) -> FetchError:
-    """The FetchError for an error of aiohttp or the OS (the caller chains it); a timeout is
+    """The FetchError for a failed request (the caller chains it): net's PeerRequestError (an
+    error answer reads `STATUS: reason`), or an error of aiohttp or the OS; a timeout is
     FetchTimeoutError."""
     if isinstance(exc, FetchError):
         return exc
+    if isinstance(exc, PeerTimeoutError):
+        return FetchTimeoutError(describe_fetch_error(exc, timeout_s))
+    if isinstance(exc, PeerRequestError):
+        if exc.status is not None:
+            return FetchError(f"{exc.status}: {exc.reason or 'no reason'}")
+        return FetchError(exc.reason)
     reason = describe_fetch_error(exc, timeout_s)
     return FetchTimeoutError(reason) if isinstance(exc, TimeoutError) else FetchError(reason)
 

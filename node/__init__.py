@@ -38,6 +38,8 @@ if TYPE_CHECKING:
         JobRequestError,
         JobUnreachableError,
         JobWaitTimeoutError,
+        KeyringError,
+        KeyringRefused,
         LauncherError,
         LockError,
         LockLostError,
@@ -146,7 +148,8 @@ else:
                 "ActorDiedError ActorExistsError AnsweredError ArchiveError BackupError BodyError "
                 "DeployError DiscoveryError DownloadHashError ElectionError FrameError "
                 "JobClientError JobEndedError JobError JobFailedError JobRequestError "
-                "JobUnreachableError JobWaitTimeoutError LauncherError LockError LockLostError "
+                "JobUnreachableError JobWaitTimeoutError KeyringError KeyringRefused LauncherError "
+                "LockError LockLostError "
                 "LockUnavailableError MasterUnreachable MembershipError NodeError "
                 "PeerRequestError PeerTimeoutError PlanError ProviderError PublishTimeout "
                 "RegistryError RemoteTaskError RemoteTraceback RendezvousError ResultsStoreError "
@@ -223,6 +226,8 @@ __all__ = [
     "JobRequestError",
     "JobUnreachableError",
     "JobWaitTimeoutError",
+    "KeyringError",
+    "KeyringRefused",
     "LauncherError",
     "Listener",
     "LocalProvider",

@@ -7,6 +7,7 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  +-- DiscoveryError -- mDNS could not start or a discovery source failed
  +-- MembershipError -- the membership protocol could not start (socket bind) or send
  |    +-- WireError -- a body that is not a valid membership message
+ |    +-- KeyringError -- a gossip keyring or key file that cannot be used, or a refused change
  +-- BodyError -- a request body its route's model (the OpenAPI document's schema) refuses
  +-- ElectionError -- a malformed election message, or an elector used outside its lifecycle
  +-- PlanError -- a plan, fence or policy is malformed
@@ -14,10 +15,9 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- RendezvousError -- the daemon's /v1/rendezvous is unreachable, refused, or malformed
  |    +-- MasterUnreachable -- rank 0's store of a generation did not answer in time
  +-- LauncherError -- the training launcher was misused or given a rendezvous without a rank
- +-- PeerRequestError -- an HTTP request to a node failed; carries status (None: no answer)
- |    +-- PeerTimeoutError (also TimeoutError) -- no answer in time
  +-- AnsweredError -- an API refusal that carries its HTTP status, code and reason
  |    +-- JobError -- a job request or operation refused
+ |    +-- KeyringRefused -- a keyring request refused (bad key, unknown key, key in use)
  |    +-- LockError -- a lock request refused (its HTTP status and code: a stale fence is 409)
  |    |    +-- LockLostError -- a holder lost its lock (lease ran out, or a newer grant)
  |    |    +-- LockUnavailableError -- no node answered a lock request in time
@@ -44,10 +44,11 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
       |                   version not increasing, digest mismatch)
       +-- PublishTimeout (also TimeoutError) -- a publish missed its deadline; names receivers
 
-`peer_error` translates aiohttp and OS errors of a request. node.startup.startup_error is the
-table of what stops a start (OSError, sqlite3, the WAL's and the record stores' errors): it lives
-there so that importing node.errors (as training processes do) stays light; so does aiohttp,
-imported by `peer_error` only.
+PeerRequestError, its RetryLater and PeerTimeoutError, and `peer_error` (the table of a request's
+failures) are net's (net.errors, under net.NetError); they are importable from here as before.
+node.startup.startup_error is the table of what stops a start (OSError, sqlite3, the WAL's and the
+record stores' errors): it lives there so that importing node.errors (as training processes do)
+stays light.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from config import AuthError, ErrorAnswer
+from config import AuthError
+from net.errors import PeerRequestError, PeerTimeoutError, RetryLater, peer_error
 
 __all__ = [
     "ActorDiedError",
@@ -77,6 +79,8 @@ __all__ = [
     "JobRequestError",
     "JobUnreachableError",
     "JobWaitTimeoutError",
+    "KeyringError",
+    "KeyringRefused",
     "LauncherError",
     "LockError",
     "LockLostError",
@@ -138,6 +142,15 @@ class MembershipError(NodeError):
     """The membership protocol could not start or send."""
 
 
+class KeyringError(MembershipError):
+    """A keyring or key file that cannot be used, or a change the keyring refuses; `code` is
+    the wire error code (`bad_key`, `unknown_key`, `key_in_use`, `keyring_file`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class WireError(MembershipError):
     """A body that is not a valid membership message."""
 
@@ -176,36 +189,6 @@ class LauncherError(NodeError):
     """The launcher was misused (closed, no command) or given a rendezvous without a rank."""
 
 
-class PeerRequestError(NodeError):
-    """A request to `url` failed: no answer (`status` None) or an error answer, whose `reason`
-    is the node's own words."""
-
-    def __init__(self, url: str, reason: str, status: int | None = None) -> None:
-        self.url = url
-        self.reason = reason
-        self.status = status
-        where = url if status is None else f"{url}: HTTP {status}"
-        super().__init__(f"{where}: {reason}")
-
-    @classmethod
-    def from_answer(cls, url: str, answer: ErrorAnswer) -> PeerRequestError:
-        """The error of a node's error answer (config.read_error)."""
-        return cls(url, f"{answer.reason} ({answer.code})", answer.status)
-
-
-class RetryLater(PeerRequestError):
-    """A node answered 429 or 503 with Retry-After: the same request may succeed after
-    `retry_after_s` seconds (backpressure, a full queue)."""
-
-    def __init__(self, url: str, reason: str, status: int, retry_after_s: float) -> None:
-        super().__init__(url, reason, status)
-        self.retry_after_s = retry_after_s
-
-
-class PeerTimeoutError(PeerRequestError, TimeoutError):
-    """A request to `url` got no answer in time."""
-
-
 class SSHError(NodeError):
     """An SSH connection or command to a host failed; the message names the host."""
 
@@ -232,28 +215,6 @@ class DeployError(NodeError):
 
 class ProviderError(NodeError):
     """A node provider could not acquire, start, stop or release a node."""
-
-
-# --- the table of requests ------------------------------------------------------------------------
-
-
-def peer_error(exc: BaseException, url: str) -> NodeError:
-    """The NodeError for an error of aiohttp or the OS while requesting `url` (chain it)."""
-    import aiohttp  # here, not at the top: a training process importing node.errors stays light
-
-    if isinstance(exc, NodeError):
-        return exc
-    if isinstance(exc, TimeoutError):
-        return PeerTimeoutError(url, "no answer in time (timed out)")
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return PeerRequestError(url, exc.message, exc.status)
-    if isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.strerror:
-        return PeerRequestError(url, f"unreachable: {exc.os_error.strerror}")
-    if isinstance(exc, aiohttp.ClientError | OSError):
-        return PeerRequestError(url, f"unreachable: {exc or type(exc).__name__}")
-    if isinstance(exc, ValueError):
-        return PeerRequestError(url, f"not a JSON answer: {exc}")
-    return PeerRequestError(url, f"{type(exc).__name__}: {exc}")
 
 
 class AnsweredError(NodeError):
@@ -321,6 +282,11 @@ class JobWaitTimeoutError(JobClientError, TimeoutError):
 
 class DownloadHashError(JobClientError):
     """A downloaded file did not match the X-Shoal-Content-Hash the node announced."""
+
+
+class KeyringRefused(AnsweredError):
+    """A keyring request refused: 400 bad_key, 404 unknown_key, 409 key_in_use, key_missing
+    or no_keyring, 503 when there is no coordinator to ask."""
 
 
 class LockError(AnsweredError):

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from config import ConfigError, Inventory, error_body, peer_middlewares
+from config import ConfigError, Inventory, error_body
 from health import LoopHealth
+from net import Identity, PeerClient
 from node.component import Endpoint, endpoint, paired
 from node.fence import FenceSource, fence_headers, fenced
 from node.membership.service import Membership, MemberState
@@ -167,7 +167,7 @@ class SyncService:
         self._membership: Membership | None = None
         self._stores: RecordStores | None = None
         self._wal: WriteAheadLog | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._peers: PeerClient | None = None
         self._lock = asyncio.Lock()
         self.catalog: FileCatalog | None = None
         self.coordinator: SyncCoordinator | None = None
@@ -242,12 +242,13 @@ class SyncService:
         await coordinator.start()
         result = await wal.recover(coordinator.recovery_handlers())
         log.info("sync: WAL recovery of transfers: %s", result)
-        middlewares = peer_middlewares(self._secret, runtime.node_id, runtime.settings.cluster_name)
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=settings.timeouts.sync_s),
-            middlewares=middlewares,
+        self._peers = PeerClient(
+            Identity(self._secret, runtime.node_id, settings.cluster_name),
+            timeouts=settings.timeouts.model_copy(
+                update={"http_request_s": settings.timeouts.sync_s}
+            ),
         )
-        self._stack.push_async_callback(self._session.close)
+        self._stack.push_async_callback(self._peers.close)
         self.catalog = catalog
         self.coordinator = coordinator
 
@@ -451,7 +452,7 @@ class SyncService:
     async def _pull_store(self, store: str, peers: Sequence[PeerRef]) -> dict[str, Any]:
         assert self._stores is not None
         assert self._wal is not None
-        assert self._session is not None
+        assert self._peers is not None
         counts = {"pulled": 0, "inserted": 0, "duplicates": 0}
         errors: list[str] = []
         failed: dict[str, str] = {}
@@ -463,7 +464,7 @@ class SyncService:
             try:
                 async with breaker:
                     pulled = await pull_records(
-                        self._session,
+                        self._peers,
                         peer.url,
                         store,
                         self._stores[store],

@@ -9,10 +9,10 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
 import orjson
 
-from config import NodeSettings, load_settings, read_secret_file, signing_middleware
+from config import NodeSettings, load_settings, read_secret_file
+from net import Identity, PeerClient, PeerRequestError
 from sync.errors import SyncError
 from sync.files.catalog import FILE_CATEGORIES
 from sync.files.plan import (
@@ -107,25 +107,23 @@ async def full_cluster_sync(
     """
     if settings is None:
         settings = load_settings().settings
-    url = (node_url.rstrip("/") if node_url else settings.local_url) + RUN_PATH
-    middlewares: tuple[aiohttp.ClientMiddlewareType, ...] = ()
-    if settings.secret_file is not None:
-        secret = read_secret_file(settings.secret_file)
-        middlewares = (signing_middleware(secret, f"api-{socket.gethostname()}"),)
+    base = node_url.rstrip("/") if node_url else settings.local_url
+    url = base + RUN_PATH
+    secret = None if settings.secret_file is None else read_secret_file(settings.secret_file)
+    identity = Identity(secret, f"api-{socket.gethostname()}")
     budget_s = (
         timeout_s if timeout_s is not None else settings.timeouts.sync_s * len(FILE_CATEGORIES)
     )
     body = {"categories": list(categories or []), "from": source, "timeout_s": timeout_s}
-    client_timeout = aiohttp.ClientTimeout(total=2 * budget_s + settings.timeouts.http_request_s)
+    wait_s = 2 * budget_s + settings.timeouts.http_request_s
     try:
-        async with (
-            aiohttp.ClientSession(timeout=client_timeout, middlewares=middlewares) as session,
-            session.post(url, json=body) as response,
-        ):
-            payload = await response.read()
-            status = response.status
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise SyncError(f"{url}: unreachable: {type(exc).__name__}: {exc}") from exc
+        async with PeerClient(identity, timeouts=settings.timeouts) as peers:
+            response = await peers.request(
+                "POST", base, RUN_PATH, json=body, timeout_s=wait_s, check=False
+            )
+        payload, status = response.body, response.status
+    except PeerRequestError as exc:
+        raise SyncError(f"{url}: {exc.reason}") from exc
     try:
         answer = orjson.loads(payload)
     except ValueError as exc:

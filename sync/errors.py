@@ -43,6 +43,7 @@ from pathlib import Path
 
 import aiohttp
 
+from net.errors import PeerRequestError
 from sync.records.cursor import PullResult
 
 __all__ = [
@@ -383,6 +384,7 @@ class AllSourcesFailedError(FileSyncError):
 _SQLITE_FULL = 13
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 LIBRARY_ERRORS: tuple[type[BaseException], ...] = (
+    PeerRequestError,
     aiohttp.ClientError,
     sqlite3.Error,
     OSError,
@@ -420,7 +422,10 @@ def free_bytes(path: Path) -> int | None:
 
 
 def describe(exc: BaseException) -> str:
-    """`exc` as a short human phrase: its text, or its type when it has none."""
+    """`exc` as a short human phrase: its text, or its type when it has none (a peer request's
+    failure: the reason, the caller's message names the peer)."""
+    if isinstance(exc, PeerRequestError):
+        return exc.reason if exc.status is None else f"HTTP {exc.status}: {exc.reason}"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror if exc.filename is None else f"{exc.filename}: {exc.strerror}"
     return str(exc) or type(exc).__name__

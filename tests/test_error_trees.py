@@ -1,5 +1,6 @@
-"""One error tree per package: every exception class defined anywhere in config, wal, health,
-sync or node lives in that package's errors.py (or is private) and derives from its one base."""
+"""One error tree per package: every exception class defined anywhere in config, net, wal,
+health, sync or node lives in that package's errors.py (or is private) and derives from its one
+base."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import pytest
 
 import config.errors
 import health.errors
+import net.errors
 import node.errors
 import sync.errors
 import wal.errors
 
 BASES: dict[str, type[Exception]] = {
     "config": config.errors.ConfigPackageError,
+    "net": net.errors.NetError,
     "wal": wal.errors.WalError,
     "health": health.errors.HealthError,
     "sync": sync.errors.SyncError,
@@ -92,3 +95,13 @@ def test_old_import_places_still_work() -> None:
     assert issubclass(RendezvousError, GroupError)
     for moved in (FileSyncError, InsufficientSpaceError, SshHostKeyError, SshAuthError):
         assert moved.__module__ == "sync.errors"
+
+
+def test_the_peer_errors_moved_to_net_and_keep_their_old_names() -> None:
+    import node
+    from node.errors import PeerRequestError, PeerTimeoutError, RetryLater, peer_error
+
+    assert PeerRequestError is net.errors.PeerRequestError is node.PeerRequestError
+    assert PeerTimeoutError is net.errors.PeerTimeoutError is node.PeerTimeoutError
+    assert RetryLater is net.errors.RetryLater is node.RetryLater
+    assert peer_error is net.errors.peer_error

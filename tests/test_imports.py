@@ -16,7 +16,7 @@ import pytest
 from config.lazy import lazy_exports
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["config", "wal", "health", "sync", "node"]
+LAYERS = ["config", "net", "wal", "health", "sync", "node"]
 HEAVY = ("node.daemon", "zeroconf", "aiohttp", "aiohttp.web", "pydantic", "torch", "yaml")
 # `import node.errors` may load this many modules beyond a bare interpreter's (it loads ~70:
 # dataclasses, json, the node and config packages, config.errors and config.wire)
@@ -40,15 +40,24 @@ def test_importing_node_errors_loads_no_heavy_module() -> None:
     heavy = sorted(name for name in loaded if name.split(".")[0] in HEAVY or name in HEAVY)
     assert heavy == [], f"import node.errors loaded {heavy}"
     ours = sorted(name for name in loaded if name.split(".")[0] in LAYERS)
-    assert ours == ["config", "config.errors", "config.lazy", "config.wire", "node", "node.errors"]
+    assert ours == [
+        "config",
+        "config.errors",
+        "config.lazy",
+        "config.wire",
+        "net",
+        "net.errors",
+        "node",
+        "node.errors",
+    ]
     extra = loaded - bare
     assert len(extra) <= NODE_ERRORS_EXTRA_MODULES, sorted(extra)
 
 
 def test_importing_a_package_loads_none_of_its_modules() -> None:
-    loaded = _loaded_after("import config, wal, health, sync, node")
+    loaded = _loaded_after("import config, net, wal, health, sync, node")
     ours = sorted(name for name in loaded if name.split(".")[0] in LAYERS)
-    assert ours == ["config", "config.lazy", "health", "node", "sync", "wal"]
+    assert ours == ["config", "config.lazy", "health", "net", "node", "sync", "wal"]
 
 
 def test_cluster_monitor_json_once_loads_no_view_and_no_upper_layer() -> None:
@@ -150,3 +159,11 @@ def test_lazy_exports_imports_on_first_access_and_refuses_unknown_names() -> Non
     with pytest.raises(ValueError, match="parse is exported from both ast and json"):
         lazy_exports(__name__, {"ast": "parse", "json": "parse"})
     del globals()["dumps"]
+
+
+def test_net_errors_and_the_transport_seam_load_no_aiohttp() -> None:
+    """node.errors re-exports net's errors, and a MockTransport test needs no aiohttp: both
+    stay light (aiohttp loads with the real transport only)."""
+    loaded = _loaded_after("import net, net.errors, net.transport, net.mock")
+    assert [name for name in loaded if name.split(".")[0] == "aiohttp"] == []
+    assert "net.client" not in loaded

@@ -1,5 +1,6 @@
-"""Imports flow one way (config <- wal <- health <- sync <- node); none imports a higher layer,
-no module-level import cycle joins two of our modules, and every module imports on its own."""
+"""Imports flow one way (config <- net <- wal <- health <- sync <- node); none imports a higher
+layer, no module-level import cycle joins two of our modules, and every module imports on its
+own."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-LAYERS = ["config", "wal", "health", "sync", "node"]
+LAYERS = ["config", "net", "wal", "health", "sync", "node"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

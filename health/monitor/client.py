@@ -16,11 +16,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-import aiohttp
 from yarl import URL
 
-from config import Timeouts, signing_middleware
-from health.errors import FetchError, fetch_error, http_fetch_error
+from config import Timeouts
+from health.errors import FetchError, fetch_error
 from health.errors import describe_fetch_error as describe_fetch_error
 from health.monitor.model import (
     ClusterStatus,
@@ -34,6 +33,7 @@ from health.monitor.rules import build_cluster_status
 
 if TYPE_CHECKING:
     from config import Inventory
+    from net import PeerClient
 
 __all__ = [
     "DEFAULT_NODE_URL",
@@ -114,7 +114,8 @@ def _remembered(
 
 
 class ClusterMonitor:
-    """Reads /v1/peers and /v1/status of a cluster's nodes; owns one aiohttp session.
+    """Reads /v1/peers and /v1/status of a cluster's nodes through one net.PeerClient (a
+    kept-alive session per node).
 
     With `nodes` (base URLs) the rest of the cluster is learned from their membership views; with
     `inventory` (or its file; InventoryError when unreadable) every listed host is asked too; with
@@ -156,7 +157,7 @@ class ClusterMonitor:
         self._max_concurrency = max(1, max_concurrency)
         self._client_id = client_id or f"monitor-{socket.gethostname()}"
         self._state = _State.UNOPENED
-        self._session: aiohttp.ClientSession | None = None
+        self._client: PeerClient | None = None
         self._limit = asyncio.Semaphore(self._max_concurrency)
         self._previous: ClusterStatus | None = None
 
@@ -177,27 +178,22 @@ class ClusterMonitor:
         return self._timeout_s
 
     def open(self) -> None:
-        """Create the session (inside a running event loop). Refuses a closed monitor."""
+        """Create the peer client (inside a running event loop). Refuses a closed monitor."""
         if self._state is _State.CLOSED:
             raise MonitorError("this ClusterMonitor is closed; make a new one")
         if self._state is _State.OPENED:
             return
-        middlewares = () if self._secret is None else (
-            signing_middleware(self._secret, self._client_id),
-        )  # fmt: skip
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self._max_concurrency),
-            middlewares=middlewares,
-            raise_for_status=False,
-        )
+        from net import Identity, PeerClient  # here: `cluster_monitor --help` loads no aiohttp
+
+        self._client = PeerClient(Identity(self._secret, self._client_id), limit_per_peer=4)
         self._state = _State.OPENED
 
     async def close(self) -> None:
-        """Close the session. Idempotent and irreversible."""
+        """Close the peer client. Idempotent and irreversible."""
         self._state = _State.CLOSED
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def get_cluster_status(self) -> ClusterStatus:
         """Ask the cluster once: views of up to `peer_views` nodes, the status of every node.
@@ -263,20 +259,20 @@ class ClusterMonitor:
     ) -> tuple[list[NodeReport], list[Observation], int]:
         """Status of `status_of` and views of `views_of`, all at once; (reports, views, views
         that answered)."""
-        session = self._session
-        if session is None:
+        client = self._client
+        if client is None:
             raise MonitorError("this ClusterMonitor is closed")
         async with asyncio.TaskGroup() as group:
-            status_tasks = [group.create_task(self._report(session, t)) for t in status_of]
-            view_tasks = [group.create_task(self._view(session, t)) for t in views_of]
+            status_tasks = [group.create_task(self._report(client, t)) for t in status_of]
+            view_tasks = [group.create_task(self._view(client, t)) for t in views_of]
         found = [task.result() for task in view_tasks]
         views = [obs for answer in found if answer is not None for obs in answer]
         answered = sum(1 for answer in found if answer is not None)
         return [task.result() for task in status_tasks], views, answered
 
-    async def _report(self, session: aiohttp.ClientSession, target: _Target) -> NodeReport:
+    async def _report(self, client: PeerClient, target: _Target) -> NodeReport:
         try:
-            status = parse_status(await self._get_json(session, target.url, "/v1/status"))
+            status = parse_status(await self._get_json(client, target.url, "/v1/status"))
         except FetchError as exc:
             return NodeReport(target.url, target.address, target.port, target.node_id, None,
                               exc.reason)  # fmt: skip
@@ -285,27 +281,23 @@ class ClusterMonitor:
                               f"bad status document: {exc}")  # fmt: skip
         return NodeReport(target.url, target.address, target.port, target.node_id, status, None)
 
-    async def _view(
-        self, session: aiohttp.ClientSession, target: _Target
-    ) -> tuple[Observation, ...] | None:
+    async def _view(self, client: PeerClient, target: _Target) -> tuple[Observation, ...] | None:
         try:
-            return parse_peers(await self._get_json(session, target.url, "/v1/peers"))
+            return parse_peers(await self._get_json(client, target.url, "/v1/peers"))
         except (FetchError, ValueError) as exc:
             logger.debug("no membership view from %s: %s", target.url, exc)
             return None
 
-    async def _get_json(self, session: aiohttp.ClientSession, url: str, path: str) -> Any:
+    async def _get_json(self, client: PeerClient, url: str, path: str) -> Any:
         """The JSON body of GET url+path, or FetchError(reason) within the timeout."""
+        from net import PeerRequestError
+
         async with self._limit:
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    async with session.get(url + path) as response:
-                        status, body = response.status, await response.read()
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                answer = await client.request("GET", url, path, timeout_s=self._timeout_s)
+            except PeerRequestError as exc:
                 raise fetch_error(exc, self._timeout_s) from exc
-        if status >= 400:
-            raise http_fetch_error(status, body)
         try:
-            return json.loads(body)
+            return json.loads(answer.body)
         except ValueError as exc:
             raise FetchError(f"bad response: not JSON ({exc})") from exc

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from aiohttp import ClientError
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from config import NodeSettings, fsync_directory, read_error
@@ -21,11 +20,11 @@ from node.cli.common import (
     ConfigOption,
     JsonOption,
     NodeOption,
-    client_session,
     console,
     err_console,
     fail,
     node_url,
+    peer_client,
     print_json,
     settings_from,
 )
@@ -59,23 +58,27 @@ async def fetch_backup(
     if not quiet:
         err_console.print(f"{url}: taking a snapshot of the node...", highlight=False)
     async with (
-        client_session(settings, timeout_s) as session,
-        session.post(f"{url}/v1/backup", json={"with_files": with_files}) as response,
+        peer_client(settings, timeout_s) as peers,
+        peers.stream(
+            "POST", url, "/v1/backup", json={"with_files": with_files}, check=False
+        ) as response,
     ):
         if response.status >= 400:
             answer = read_error(response.status, await response.read())
             raise PeerRequestError.from_answer(url, answer)
         members = response.headers.get("X-Shoal-Backup-Members", "?")
         label = f"backup -> {out.name}"
-        with _progress(label, response.content_length, quiet) as update, temp.open("wb") as f:
-            async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+        length = response.headers.get("Content-Length")
+        content_length = int(length) if length is not None and length.isdigit() else None
+        with _progress(label, content_length, quiet) as update, temp.open("wb") as f:
+            async for chunk in response.iter_chunks(CHUNK_BYTES):
                 f.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
                 update(size)
             f.flush()
             os.fsync(f.fileno())
-        if response.content_length is not None and size != response.content_length:
+        if content_length is not None and size != content_length:
             raise BackupError(f"{url}: the archive ended after {size} bytes")
     os.replace(temp, out)
     fsync_directory(out.parent.absolute())
@@ -99,7 +102,7 @@ def backup(
     temp = out.with_name(f".{out.name}.partial")
     try:
         summary = asyncio.run(fetch_backup(settings, url, out, with_files, json_output))
-    except (ClientError, TimeoutError, OSError) as exc:
+    except (TimeoutError, OSError) as exc:
         temp.unlink(missing_ok=True)
         fail(str(peer_error(exc, url)), EXIT_FAILURE)
     except (PeerRequestError, BackupError) as exc:

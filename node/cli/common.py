@@ -6,7 +6,6 @@ never imports rich."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,21 +13,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from aiohttp import ClientError, ClientMiddlewareType, ClientSession, ClientTimeout
 
 from config import (
     ConfigError,
     LoadedSettings,
     NodeSettings,
     load_settings,
-    read_error,
     read_secret_file,
-    signing_middleware,
 )
-from node.errors import PeerRequestError, peer_error
+from node.errors import PeerRequestError
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from net import PeerClient
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -107,14 +105,16 @@ def node_url(settings: NodeSettings, url: str | None = None) -> str:
     return settings.local_url
 
 
-def client_session(settings: NodeSettings, timeout_s: float | None = None) -> ClientSession:
-    """An aiohttp session that signs every request when the settings name a secret file."""
-    middlewares: tuple[ClientMiddlewareType, ...] = ()
-    if settings.secret_file is not None:
-        secret = read_secret_file(settings.secret_file)
-        middlewares = (signing_middleware(secret, f"cli-{socket.gethostname()}"),)
-    timeout = ClientTimeout(total=timeout_s or settings.timeouts.http_request_s)
-    return ClientSession(timeout=timeout, middlewares=middlewares)
+def peer_client(settings: NodeSettings, timeout_s: float | None = None) -> PeerClient:
+    """The net.PeerClient of a command: signed as `cli-HOSTNAME` when the settings name a
+    secret file, each request within `timeout_s` (default the table's http_request_s)."""
+    from net import Identity, PeerClient
+
+    secret = None if settings.secret_file is None else read_secret_file(settings.secret_file)
+    timeouts = settings.timeouts
+    if timeout_s is not None:
+        timeouts = timeouts.model_copy(update={"http_request_s": timeout_s})
+    return PeerClient(Identity.of_command(secret), timeouts=timeouts)
 
 
 async def request_json(
@@ -126,18 +126,14 @@ async def request_json(
 ) -> Any:
     """One signed request to a daemon and its JSON answer; an error answer or an unreachable
     daemon exits 1 with one line naming the URL and the node's own reason."""
+    from net import split_url
+
     try:
-        async with (
-            client_session(settings, timeout_s) as session,
-            session.request(method, url, json=body) as response,
-        ):
-            payload = await response.read()
-            if response.status >= 400:
-                answer = read_error(response.status, payload)
-                fail(str(PeerRequestError.from_answer(url, answer)), EXIT_FAILURE)
-            return json.loads(payload)
-    except (ClientError, TimeoutError, OSError, ValueError) as exc:
-        fail(str(peer_error(exc, url)), EXIT_FAILURE)
+        base, path_qs = split_url(url)
+        async with peer_client(settings, timeout_s) as peers:
+            return await peers.request_json(method, base, path_qs, body)
+    except PeerRequestError as exc:
+        fail(str(exc), EXIT_FAILURE)
 
 
 NodeOption = Annotated[

@@ -4,30 +4,28 @@ datagrams, changed on every alive member through the coordinator (or on one node
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from aiohttp import ClientError
 from rich.table import Table
 
-from config import NodeSettings, read_error, read_secret_file
+from config import NodeSettings, read_secret_file
 from node.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     ConfigOption,
     JsonOption,
     NodeOption,
-    client_session,
     config_errors,
     console,
     fail,
     node_url,
+    peer_client,
     print_json,
     settings_from,
 )
-from node.errors import PeerRequestError, peer_error
+from node.errors import PeerRequestError
 from node.membership.keyring import (
     KeyringError,
     key_id,
@@ -64,27 +62,19 @@ def _where(node: str | None, config_file: Path | None) -> tuple[NodeSettings, st
     return settings, node_url(settings, node)
 
 
-def _refused(url: str, status: int, payload: bytes) -> NoReturn:
-    answer = read_error(status, payload)
-    code = EXIT_USAGE if answer.code in USAGE_CODES else EXIT_FAILURE
-    fail(str(PeerRequestError.from_answer(url, answer)), code)
-
-
 async def _request(
     settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
 ) -> Any:
+    """One signed request; a refusal whose code means bad input exits 2, any other error 1."""
+    from net import split_url
+
     timeout_s = KEYRING_TIMEOUT_FACTOR * settings.timeouts.http_request_s
     try:
-        async with (
-            client_session(settings, timeout_s) as session,
-            session.request(method, url, json=body) as response,
-        ):
-            payload = await response.read()
-            if response.status >= 400:
-                _refused(url, response.status, payload)
-            return json.loads(payload)
-    except (ClientError, TimeoutError, OSError, ValueError) as exc:
-        fail(str(peer_error(exc, url)), EXIT_FAILURE)
+        base, path_qs = split_url(url)
+        async with peer_client(settings, timeout_s) as peers:
+            return await peers.request_json(method, base, path_qs, body)
+    except PeerRequestError as exc:
+        fail(str(exc), EXIT_USAGE if exc.code in USAGE_CODES else EXIT_FAILURE)
 
 
 def _report(answer: dict[str, Any], as_json: bool) -> None:

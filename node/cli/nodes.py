@@ -7,15 +7,13 @@ Exit codes: 0 done; 1 a node is unreachable, refused, or --wait ran out of time;
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from typing import Annotated, Any
 
 import typer
-from aiohttp import ClientError
 
-from config import NodeSettings, read_error
+from config import NodeSettings
 from config.fields import is_valid_node_id
 from node.cli.common import (
     EXIT_FAILURE,
@@ -23,14 +21,14 @@ from node.cli.common import (
     ConfigOption,
     JsonOption,
     NodeOption,
-    client_session,
     console,
     fail,
     node_url,
+    peer_client,
     print_json,
     settings_from,
 )
-from node.errors import PeerRequestError, peer_error
+from node.errors import PeerRequestError
 
 node_app = typer.Typer(
     help="Nodes: drain one (no new work goes there), undrain it, or make it leave the cluster.",
@@ -51,19 +49,14 @@ async def _request(
     settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
 ) -> Any:
     """One signed request; a 400 or 404 answer exits 2 (bad input), any other error 1."""
+    from net import split_url
+
     try:
-        async with (
-            client_session(settings) as session,
-            session.request(method, url, json=body) as response,
-        ):
-            payload = await response.read()
-            if response.status >= 400:
-                answer = read_error(response.status, payload)
-                code = EXIT_USAGE if response.status in (400, 404) else EXIT_FAILURE
-                fail(str(PeerRequestError.from_answer(url, answer)), code)
-            return json.loads(payload)
-    except (ClientError, TimeoutError, OSError, ValueError) as exc:
-        fail(str(peer_error(exc, url)), EXIT_FAILURE)
+        base, path_qs = split_url(url)
+        async with peer_client(settings) as peers:
+            return await peers.request_json(method, base, path_qs, body)
+    except PeerRequestError as exc:
+        fail(str(exc), EXIT_USAGE if exc.status in (400, 404) else EXIT_FAILURE)
 
 
 def _say(line: str, as_json: bool) -> None:

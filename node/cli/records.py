@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Annotated, Any, NoReturn
 
-import aiohttp
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -21,16 +20,16 @@ from config import NodeSettings, read_error
 from node.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
-    client_session,
     config_errors,
     console,
     err_console,
     fail,
     node_url,
+    peer_client,
     print_json,
     settings_from,
 )
-from node.errors import peer_error
+from node.errors import PeerRequestError
 from sync import (
     Cursor,
     IngestResult,
@@ -90,17 +89,17 @@ def records_status(
     settings, url = _target(node, config_file)
 
     async def fetch() -> Any:
-        async with client_session(settings) as session, session.get(f"{url}/v1/records") as answer:
-            if answer.status != 200:
-                error = read_error(answer.status, await answer.read())
-                raise RecordRequestError(str(error), answer.status)
-            return await answer.json()
+        async with peer_client(settings) as peers:
+            answer = await peers.request("GET", url, "/v1/records", check=False)
+        if answer.status != 200:
+            raise RecordRequestError(str(read_error(answer.status, answer.body)), answer.status)
+        return answer.json()
 
     try:
         with config_errors():
             data = asyncio.run(fetch())
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        fail(f"cannot reach the node: {peer_error(exc, url)}", EXIT_FAILURE)
+    except PeerRequestError as exc:
+        fail(f"cannot reach the node: {exc}", EXIT_FAILURE)
     except SyncError as exc:
         _unreachable(url, exc)
     if as_json:
@@ -184,8 +183,8 @@ def records_import(
         total, sent, lines = IngestResult(), 0, 0
         rejected = None
         async with (
-            client_session(settings) as session,
-            RecordClient(url, session=session, batch_size=batch_size) as client,
+            peer_client(settings) as peers,
+            RecordClient(url, peers=peers, batch_size=batch_size) as client,
         ):
             for batch, lines_read in read_batches(handle, batch_size, on_bad):
                 lines = lines_read
@@ -307,9 +306,9 @@ def records_export(
     async def export() -> int:
         count = 0
         cursor: Cursor | None = None if since is None else (since, None)
-        async with client_session(settings) as session:
+        async with peer_client(settings) as peers:
             while True:
-                records, cursor = await fetch_page(session, url, store, cursor, page_size, pairs)
+                records, cursor = await fetch_page(peers, url, store, cursor, page_size, pairs)
                 sys.stdout.write(
                     "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
                 )

@@ -11,14 +11,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from net import BlockingPeerClient, PeerRequestError, split_url
 from node.cli.common import fail
 from node.cli.devcluster import dev_gpus, host_gpu_count
 
@@ -36,10 +35,10 @@ def _inventory(nodes: int, base_port: int) -> str:
 
 
 def _get(url: str) -> Any:
+    base, path_qs = split_url(url)
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - our loopback URL
-            return json.loads(response.read() or b"null")
-    except (urllib.error.URLError, OSError, ValueError):
+        return BlockingPeerClient().call_json("GET", base, path_qs, timeout_s=5.0)[1]
+    except PeerRequestError:
         return None
 
 

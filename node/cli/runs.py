@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from aiohttp import ClientError
 from rich.table import Table
 
 from config import NodeSettings
@@ -18,15 +17,16 @@ from node.cli.common import (
     ConfigOption,
     JsonOption,
     NodeOption,
-    client_session,
     console,
     fail,
     node_url,
+    peer_client,
     print_json,
     request_json,
     settings_from,
 )
 from node.cli.wal import parse_duration_s
+from node.errors import PeerRequestError
 
 runs_app = typer.Typer(
     help="Runs: queue a training run per concurrency group; results go to the results store.",
@@ -170,19 +170,19 @@ async def _member_logs(
     members = (gang.get("gang") or {}).get("members") or [
         {"node": run["job_node"], "url": run["job_url"], "job_id": run["run_id"]}
     ]
-    async with client_session(settings) as session:
+    async with peer_client(settings) as peers:
         for member in members:
             key = str(member["job_id"])
-            url = f"{member['url']}/v1/jobs/{key}/logs?offset={offsets.get(key, 0)}"
+            path = f"/v1/jobs/{key}/logs?offset={offsets.get(key, 0)}"
             try:
-                async with session.get(url) as response:
-                    if response.status != 200:
-                        continue
-                    data = await response.read()
-                    offsets[key] = int(response.headers.get("X-Next-Offset", offsets.get(key, 0)))
-            except (ClientError, TimeoutError) as exc:
-                sys.stderr.write(f"[{member['node']}] unreachable: {exc!r}\n")
+                response = await peers.request("GET", member["url"], path, check=False)
+            except PeerRequestError as exc:
+                sys.stderr.write(f"[{member['node']}] {exc.reason}\n")
                 continue
+            if response.status != 200:
+                continue
+            data = response.body
+            offsets[key] = int(response.headers.get("X-Next-Offset", offsets.get(key, 0)))
             for line in data.decode(errors="replace").splitlines():
                 sys.stdout.write(f"[{member['node']}] {line}\n")
     return str(gang.get("state")) in ("succeeded", "failed", "killed", "timed_out", "lost")

@@ -1,6 +1,6 @@
 """Election over HTTP: the routes (`POST /v1/election/vote`, `POST /v1/election/heartbeat`,
-`GET /v1/plan`) and the aiohttp transport that signs its requests, each through the peer's
-`election` breaker. The fence check of role-dependent routes is fence.py.
+`GET /v1/plan`) and the transport (net's PeerClient) that signs its requests, each through the
+peer's `election` breaker. The fence check of role-dependent routes is fence.py.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from config import Timeouts, peer_middlewares
+from config import Timeouts
 from health import (
     BreakerConfig,
     BreakerRegistry,
@@ -24,6 +23,7 @@ from health import (
     CircuitOpenError,
     CircuitState,
 )
+from net import Identity, NetError, PeerClient, map_peer_errors
 from node.election.elector import Elector
 from node.election.messages import (
     ElectionError,
@@ -276,7 +276,7 @@ class HttpElectionTransport:
         *,
         secret: bytes | None,
         timeout_s: float,
-        session: aiohttp.ClientSession | None = None,
+        peers: PeerClient | None = None,
         breakers: BreakerRegistry | None = None,
         breaker_config: BreakerConfig | None = None,
         cluster: str | None = None,
@@ -288,8 +288,8 @@ class HttpElectionTransport:
         self._address_of = address_of
         self._secret = secret
         self._timeout_s = timeout_s
-        self._session = session
-        self._owns_session = session is None
+        self._peers = peers
+        self._owns_client = peers is None
         self._phase = _Phase.UNOPENED
 
     async def __aenter__(self) -> HttpElectionTransport:
@@ -300,24 +300,23 @@ class HttpElectionTransport:
         await self.close()
 
     def open(self) -> None:
-        """Create the session (unless one was given); a closed transport cannot reopen."""
+        """Create the peer client (unless one was given); a closed transport cannot reopen."""
         if self._phase is not _Phase.UNOPENED:
             raise ElectionError(f"election transport is {self._phase.value}")
-        if self._session is None:
-            middlewares = peer_middlewares(self._secret, self.node_id, self._cluster)
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),
-                middlewares=middlewares,
+        if self._peers is None:
+            self._peers = PeerClient(
+                Identity(self._secret, self.node_id, self._cluster),
+                timeouts=Timeouts(http_request_s=self._timeout_s),
+                limit_per_peer=4,
             )
         self._phase = _Phase.OPENED
 
     async def close(self) -> None:
-        """Close the session this transport made. Idempotent."""
+        """Close the peer client this transport made. Idempotent."""
         self._phase = _Phase.CLOSED
-        session, self._session = self._session, None
-        if session is not None and self._owns_session:
-            await session.close()
+        peers, self._peers = self._peers, None
+        if peers is not None and self._owns_client:
+            await peers.close()
 
     async def request_vote(self, to: str, request: VoteRequest) -> VoteReply | None:
         data = await self._post(to, VOTE_PATH, request.to_dict())
@@ -328,23 +327,23 @@ class HttpElectionTransport:
         return None if data is None else _parse(HeartbeatAck.from_dict, data, to)
 
     async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
-        if self._phase is not _Phase.OPENED or self._session is None:
+        if self._phase is not _Phase.OPENED or self._peers is None:
             raise ElectionError(f"election transport is {self._phase.value}")
         endpoint = self._address_of(to)
         if endpoint is None:
             return None
         host, port = endpoint
-        url = f"http://{_host(host)}:{port}{path}"
+        address = f"{_host(host)}:{port}"
         breaker = self._breaker(to)
         try:
             if breaker is None:
-                return await self._exchange(self._session, to, url, body)
+                return await self._exchange(self._peers, to, address, path, body)
             async with breaker:
-                return await self._exchange(self._session, to, url, body)
+                return await self._exchange(self._peers, to, address, path, body)
         except CircuitOpenError as exc:
             log.debug("node %s: %s %s skipped: %s", self.node_id, to, path, exc)
             return None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except NetError as exc:
             log.debug("node %s: %s %s failed: %r", self.node_id, to, path, exc)
             return None
 
@@ -359,15 +358,16 @@ class HttpElectionTransport:
         return breaker
 
     async def _exchange(
-        self, session: aiohttp.ClientSession, to: str, url: str, body: dict[str, Any]
+        self, peers: PeerClient, to: str, address: str, path: str, body: dict[str, Any]
     ) -> Any:
         """POST `body`; the JSON answer, None for a refusal (the peer answered: no failure).
         Network errors, timeouts and malformed JSON raise (they count on the breaker)."""
-        async with session.post(url, json=body) as response:
-            if response.status != 200:
-                log.debug("node %s: %s %s answered %d", self.node_id, to, url, response.status)
-                return None
-            return await response.json()
+        answer = await peers.request("POST", address, path, json=body, check=False)
+        if answer.status != 200:
+            log.debug("node %s: %s %s answered %d", self.node_id, to, path, answer.status)
+            return None
+        with map_peer_errors(peers.base_url(address) + path):
+            return answer.json()
 
 
 def _parse(parser: Callable[[dict[str, Any]], T], data: object, peer: str) -> T | None:

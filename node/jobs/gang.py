@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from config import peer_middlewares
+from net import Identity, PeerClient, PeerRequestError, split_url
 from node.errors import BodyError
 from node.jobs.drain import refuse_if_draining
 from node.jobs.records import (
@@ -128,7 +127,7 @@ class GangService:
         self.service = service
         self._plan = plan
         self._secret = secret
-        self._session: aiohttp.ClientSession | None = None
+        self._peers: PeerClient | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._killed: set[str] = set()
         service.gang_kill = self.kill
@@ -149,8 +148,8 @@ class GangService:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
-        if self._session is not None:
-            await self._session.close()
+        if self._peers is not None:
+            await self._peers.close()
 
     @property
     def _timeouts(self) -> Any:
@@ -516,22 +515,20 @@ class GangService:
         timeout_s: float | None = None,
     ) -> tuple[int, Any]:
         """One signed request to a peer: (status, JSON body); JobError(502) when unreachable."""
-        if self._session is None:
+        if self._peers is None:
             raise JobError(503, "jobs_unavailable", "gang jobs are not running on this node")
-        total = timeout_s if timeout_s is not None else self._timeouts.http_request_s
         try:
-            async with self._session.request(
-                method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=total)
-            ) as response:
-                try:
-                    answer = await response.json(content_type=None)
-                except ValueError:
-                    answer = {"reason": (await response.text())[:200]}
-                return response.status, answer
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise JobError(
-                502, "peer_unreachable", f"{method} {url}: {exc or type(exc).__name__}"
-            ) from exc
+            base, path_qs = split_url(url)
+            response = await self._peers.request(
+                method, base, path_qs, json=body, headers=headers, timeout_s=timeout_s,
+                check=False,
+            )  # fmt: skip
+        except PeerRequestError as exc:
+            raise JobError(502, "peer_unreachable", f"{method} {url}: {exc.reason}") from exc
+        try:
+            return response.status, response.json()
+        except ValueError:
+            return response.status, {"reason": response.body.decode("utf-8", "replace")[:200]}
 
     # recovery
 
@@ -549,11 +546,7 @@ class GangService:
         await self._fail(entry, "the node that started the gang restarted before every member ran")
 
     def _open_session(self) -> None:
-        if self._session is not None:
+        if self._peers is not None:
             return
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.http_request_s)
-        secret = self._secret
-        middlewares = peer_middlewares(
-            secret, self.runtime.node_id, self.runtime.settings.cluster_name
-        )
-        self._session = aiohttp.ClientSession(timeout=timeout, middlewares=middlewares)
+        identity = Identity(self._secret, self.runtime.node_id, self.runtime.settings.cluster_name)
+        self._peers = PeerClient(identity, timeouts=self._timeouts)

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
-
-from config import read_secret_file, signing_middleware
+from config import Timeouts, read_error, read_secret_file
+from net import Identity, PeerClient, PeerRequestError
 from node.errors import DownloadHashError as DownloadHashError
 from node.errors import JobClientError as JobClientError
 from node.errors import JobEndedError as JobEndedError
@@ -44,7 +43,7 @@ piece may be announced by the hash of its piece digests instead of its plain sha
 RESUME_WINDOW_S = 30.0
 """How long a followed log keeps reconnecting without a new byte (a daemon restart takes a few
 seconds) before it gives up."""
-BROKEN = (aiohttp.ClientError, TimeoutError, OSError)
+BROKEN = (PeerRequestError, TimeoutError, OSError)
 
 
 def signal_number(value: object) -> int | None:
@@ -108,31 +107,26 @@ def endpoint_of(state: Mapping[str, Any]) -> Endpoint:
     return Endpoint(str(state["node_url"]), secret, float(state["request_timeout_s"]))
 
 
-def open_session(
-    endpoint: Endpoint, timeout: aiohttp.ClientTimeout | None = None
-) -> aiohttp.ClientSession:
-    """An aiohttp session that signs every request when a cluster secret is configured."""
-    middlewares: tuple[aiohttp.ClientMiddlewareType, ...] = ()
-    if endpoint.secret is not None:
-        middlewares = (signing_middleware(endpoint.secret, f"cli-{socket.gethostname()}"),)
-    timeout = timeout or aiohttp.ClientTimeout(total=endpoint.request_timeout_s)
-    return aiohttp.ClientSession(timeout=timeout, middlewares=middlewares)
+def open_client(endpoint: Endpoint) -> PeerClient:
+    """The peer client of a job client: signed as `cli-HOSTNAME` when a cluster secret is
+    configured, each request within the endpoint's request timeout."""
+    identity = Identity(endpoint.secret, f"cli-{socket.gethostname()}")
+    timeouts = Timeouts(http_request_s=endpoint.request_timeout_s)
+    return PeerClient(identity, timeouts=timeouts)
 
 
-def streaming_timeout(endpoint: Endpoint) -> aiohttp.ClientTimeout:
-    """No total limit (a followed log or a large file), but a bounded connect."""
-    return aiohttp.ClientTimeout(total=None, sock_connect=endpoint.request_timeout_s)
-
-
-async def error_of(response: aiohttp.ClientResponse) -> JobRequestError:
+def error_of(url: str, status: int, body: bytes) -> JobRequestError:
     """The JobRequestError for an error answer, with the server's `reason`."""
-    text = await response.text(errors="replace")
-    reason = text.strip() or response.reason or "no reason given"
-    with contextlib.suppress(ValueError):
-        document = await response.json(content_type=None)
-        if isinstance(document, dict):
-            reason = str(document.get("reason") or document.get("error") or reason)
-    return JobRequestError(str(response.url), response.status, reason)
+    return JobRequestError(url, status, read_error(status, body).reason or "no reason given")
+
+
+def job_error(exc: PeerRequestError) -> JobClientError:
+    """A failed request of the job client: JobRequestError for the node's error answer,
+    JobUnreachableError when there was no answer (or it was not JSON)."""
+    if exc.status is not None:
+        return JobRequestError(exc.url, exc.status, exc.reason)
+    reason = exc.reason if exc.reason.startswith("unreachable") else f"unreachable: {exc.reason}"
+    return JobUnreachableError(f"{exc.url}: {reason}")
 
 
 async def request_json(
@@ -145,18 +139,13 @@ async def request_json(
 ) -> Any:
     """One signed request and its JSON answer; JobRequestError for an error answer,
     JobUnreachableError when the node cannot be reached."""
-    url = f"{endpoint.url}{path}"
-    timeout = aiohttp.ClientTimeout(total=timeout_s or endpoint.request_timeout_s)
     try:
-        async with (
-            open_session(endpoint, timeout) as session,
-            session.request(method, url, json=body, params=params) as response,
-        ):
-            if response.status >= 400:
-                raise await error_of(response)
-            return await response.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise JobUnreachableError(f"{url}: unreachable: {exc or type(exc).__name__}") from exc
+        async with open_client(endpoint) as peers:
+            return await peers.request_json(
+                method, endpoint.url, path, body, params=params, timeout_s=timeout_s
+            )
+    except PeerRequestError as exc:
+        raise job_error(exc) from exc
 
 
 def apply_record(state: dict[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
@@ -227,7 +216,8 @@ async def log_chunks_async(
     the job ends. A dropped connection is resumed at the next offset, so no byte is lost or
     repeated."""
     endpoint = endpoint_of(state)
-    path = f"{endpoint.url}/v1/jobs/{state['job_id']}/logs"
+    logs = f"/v1/jobs/{state['job_id']}/logs"
+    path = f"{endpoint.url}{logs}"
     loop = asyncio.get_running_loop()
     failures = 0
     stalled_since = 0.0
@@ -244,13 +234,16 @@ async def log_chunks_async(
             ) from exc
         await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
 
-    async with open_session(endpoint, streaming_timeout(endpoint)) as session:
+    async with open_client(endpoint) as peers:
         while tail is not None:
             try:
-                async with session.get(path, params={"stream": stream, "tail": str(tail)}) as got:
-                    if got.status >= 400:
-                        raise await error_of(got)
+                async with peers.stream(
+                    "GET", endpoint.url, logs, params={"stream": stream, "tail": str(tail)},
+                    check=False, unbounded_reads=True,
+                ) as got:  # fmt: skip
                     data = await got.read()
+                    if got.status >= 400:
+                        raise error_of(path, got.status, data)
                     if OFFSET_HEADER not in got.headers:
                         raise JobClientError(f"{path}: the answer has no {OFFSET_HEADER} header")
                     offset = int(got.headers[OFFSET_HEADER])
@@ -267,10 +260,12 @@ async def log_chunks_async(
                 params["follow"] = "1"
             received = 0
             try:
-                async with session.get(path, params=params) as response:
+                async with peers.stream(
+                    "GET", endpoint.url, logs, params=params, check=False, unbounded_reads=True
+                ) as response:
                     if response.status >= 400:
-                        raise await error_of(response)
-                    async for chunk in response.content.iter_any():
+                        raise error_of(path, response.status, await response.read())
+                    async for chunk in response.iter_chunks():
                         offset += len(chunk)
                         received += len(chunk)
                         failures = 0
@@ -325,21 +320,25 @@ async def fetch_file(state: dict[str, Any], remote: str, target: Path) -> Path:
     appears only complete, fsynced and matching X-Shoal-Content-Hash."""
     endpoint = endpoint_of(state)
     part = target.with_name(f".{target.name}.part")
-    url = f"{endpoint.url}/v1/jobs/{state['job_id']}/files"
+    files = f"/v1/jobs/{state['job_id']}/files"
+    url = f"{endpoint.url}{files}"
     hasher = ContentHasher()
     try:
         async with (
-            open_session(endpoint, streaming_timeout(endpoint)) as session,
-            session.get(url, params={"path": remote}) as response,
-        ):
+            open_client(endpoint) as peers,
+            peers.stream(
+                "GET", endpoint.url, files, params={"path": remote}, check=False,
+                unbounded_reads=True,
+            ) as response,
+        ):  # fmt: skip
             if response.status >= 400:
-                raise await error_of(response)
+                raise error_of(url, response.status, await response.read())
             announced = response.headers.get(HASH_HEADER)
             if not announced:
                 raise JobClientError(f"{url}: the answer has no {HASH_HEADER}; refusing it")
             handle = await asyncio.to_thread(part.open, "wb")
             with handle:
-                async for chunk in response.content.iter_chunked(1 << 20):
+                async for chunk in response.iter_chunks(1 << 20):
                     hasher.update(chunk)
                     await asyncio.to_thread(handle.write, chunk)
                 await asyncio.to_thread(os.fsync, handle.fileno())
@@ -349,8 +348,9 @@ async def fetch_file(state: dict[str, Any], remote: str, target: Path) -> Path:
                 f"{announced}; nothing was written to {target}; download again"
             )
         await asyncio.to_thread(_publish, part, target)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise JobUnreachableError(f"{url}: download of {remote} broke: {exc}") from exc
+    except (PeerRequestError, TimeoutError) as exc:
+        why = exc.reason if isinstance(exc, PeerRequestError) else exc
+        raise JobUnreachableError(f"{url}: download of {remote} broke: {why}") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(part.unlink)

@@ -13,14 +13,14 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from config import peer_middlewares
+from net import Identity, PeerClient, PeerRequestError
 from node.audit.entries import record_audit
 from node.component import Check, Endpoint, paired
-from node.errors import AnsweredError, BodyError
+from node.errors import BodyError
+from node.errors import KeyringRefused as KeyringRefused
 from node.membership.keyring import (
     KEY_ID_CHARS,
     GossipKeys,
@@ -44,11 +44,6 @@ AUDIT_TYPES = {op: f"keyring.{op}" for op in OPERATIONS}
 """The WAL entry type each change of a node's keyring is recorded under (audit kind keyring)."""
 _UP = ("alive", "suspect")
 _STATUS = {"bad_key": 400, "unknown_key": 404, "key_in_use": 409, "keyring_file": 500}
-
-
-class KeyringRefused(AnsweredError):
-    """A keyring request refused: 400 bad_key, 404 unknown_key, 409 key_in_use, key_missing
-    or no_keyring, 503 when there is no coordinator to ask."""
 
 
 _KEY_ID = Field(
@@ -182,20 +177,18 @@ class KeyringRoutes:
         self.runtime = runtime
         self.keys = keys
         self._secret = secret
-        self._session: aiohttp.ClientSession | None = None
+        self._client: PeerClient | None = None
 
     async def open(self) -> None:
         settings = self.runtime.settings
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=settings.timeouts.http_request_s),
-            middlewares=peer_middlewares(self._secret, self.runtime.node_id, settings.cluster_name),
-        )
+        identity = Identity(self._secret, self.runtime.node_id, settings.cluster_name)
+        self._client = PeerClient(identity, timeouts=settings.timeouts)
 
     async def close(self) -> None:
-        """Close the peer session. Idempotent."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the peer client. Idempotent."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     def routes(self) -> list[Endpoint]:
         served = [
@@ -340,22 +333,21 @@ class KeyringRoutes:
         found: dict[str, str] = {}
         for member in membership.members() if membership is not None else []:
             if member.node_id != self.runtime.node_id and str(member.state) in _UP:
-                found[member.node_id] = f"http://{member.address}:{member.port}"
+                found[member.node_id] = f"{member.address}:{member.port}"
         return found
 
     async def _call(
         self, node: str, url: str, method: str, path: str, body: dict[str, Any] | None
     ) -> dict[str, Any]:
-        if self._session is None:
+        if self._client is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
         try:
-            async with self._session.request(method, f"{url}{path}", json=body) as response:
-                answer = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise KeyringRefused(503, "unreachable", f"unreachable: {exc!r}") from exc
-        if response.status != 200 or not isinstance(answer, dict):
+            status, answer = await self._client.call_json(method, url, path, body)
+        except PeerRequestError as exc:
+            raise KeyringRefused(503, "unreachable", f"unreachable: {exc.reason}") from exc
+        if status != 200 or not isinstance(answer, dict):
             reason = answer.get("reason") if isinstance(answer, dict) else answer
-            raise KeyringRefused(response.status, "refused", f"{response.status}: {reason}")
+            raise KeyringRefused(status, "refused", f"{status}: {reason}")
         return answer
 
     async def _everyone(
@@ -400,18 +392,23 @@ class KeyringRoutes:
             raise KeyringRefused(
                 503, "coordinator_unknown", f"coordinator {coordinator} not in view"
             )
-        if self._session is None:
+        if self._client is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
-        timeout = aiohttp.ClientTimeout(total=3 * runtime.settings.timeouts.http_request_s)
         headers = {FORWARDED_HEADER: runtime.node_id}
         try:
-            async with self._session.request(
-                request.method, f"{url}{request.path}", json=body, headers=headers, timeout=timeout
-            ) as response:
-                answer = await response.json(content_type=None)
-                return web.json_response(answer, status=response.status)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise KeyringRefused(503, "coordinator_unreachable", f"{coordinator}: {exc!r}") from exc
+            status, answer = await self._client.call_json(
+                request.method,
+                url,
+                request.path,
+                body,
+                headers=headers,
+                timeout_s=3 * runtime.settings.timeouts.http_request_s,
+            )
+        except PeerRequestError as exc:
+            raise KeyringRefused(
+                503, "coordinator_unreachable", f"{coordinator}: {exc.reason}"
+            ) from exc
+        return web.json_response(answer, status=status)
 
     async def _local_answer(self) -> dict[str, Any]:
         return self.local_state()

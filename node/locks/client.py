@@ -17,9 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import aiohttp
-
-from config import signing_middleware
+from net import Identity, PeerClient, PeerRequestError
 from node.errors import LockError, LockLostError, LockUnavailableError
 from node.locks.table import LockFence
 
@@ -51,18 +49,17 @@ class LockClient:
         self.urls = tuple(u.rstrip("/") for u in urls)
         self._secret = secret
         self._timeout_s = request_timeout_s
-        self._session: aiohttp.ClientSession | None = None
+        self._peers: PeerClient | None = None
         self._next = 0
 
     async def __aenter__(self) -> LockClient:
-        middlewares = (signing_middleware(self._secret, "cli-locks"),) if self._secret else ()
-        self._session = aiohttp.ClientSession(middlewares=middlewares)
+        self._peers = PeerClient(Identity(self._secret, "cli-locks"))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._peers is not None:
+            await self._peers.close()
+            self._peers = None
 
     async def call(
         self, name: str, op: str, body: dict[str, Any], deadline: float, extra_s: float = 0.0
@@ -79,24 +76,21 @@ class LockClient:
 
         A node that answers 503 (no coordinator or no quorum where it stands) or does not answer
         at all is left for the next of `urls`: a partitioned node may stay unable for long."""
-        assert self._session is not None, "use LockClient in `async with`"
+        assert self._peers is not None, "use LockClient in `async with`"
         last = "no attempt"
         while True:
-            url = f"{self.urls[self._next % len(self.urls)]}/v1/locks/{name}/{op}"
-            timeout = aiohttp.ClientTimeout(total=self._timeout_s + extra_s)
+            base = self.urls[self._next % len(self.urls)]
+            path = f"/v1/locks/{name}/{op}"
             sent_at = time.monotonic()
             try:
-                async with self._session.post(url, json=body, timeout=timeout) as response:
-                    answer = await response.json(content_type=None)
-                if response.status == 200:
-                    return dict(answer), sent_at
-                if response.status != 503:
-                    raise LockError(
-                        response.status, str(answer.get("error")), str(answer.get("reason"))
-                    )
-                last = f"{url}: {answer.get('reason')}"
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                last = f"{url}: {exc!r}"
+                answer = await self._peers.request_json(
+                    "POST", base, path, body, timeout_s=self._timeout_s + extra_s
+                )
+                return dict(answer), sent_at
+            except PeerRequestError as exc:  # the node's refusal is the lock's; else next node
+                if exc.status is not None and exc.status != 503:
+                    raise LockError(exc.status, str(exc.code), exc.reason) from exc
+                last = f"{base}{path}: {exc.reason}"
             self._next += 1
             if time.monotonic() >= deadline:
                 raise LockUnavailableError(503, "lock_unavailable", f"lock {name!r} {op}: {last}")

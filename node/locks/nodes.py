@@ -15,11 +15,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
 from config.fields import is_valid_node_id
+from net import PeerRequestError
 from node.audit.entries import NODE_DRAIN, NODE_LEAVE, NODE_UNDRAIN, record_audit
 from node.component import Check, Endpoint, paired
 from node.election.elector import Elector
@@ -352,11 +352,11 @@ class NodeOps:
         if member is None or str(member.state) != "alive":
             state = "not in this node's view" if member is None else str(member.state)
             raise LockError(404, "unknown_node", f"node {node} is {state}; it cannot leave")
-        url = f"http://{member.address}:{member.port}{request.path}"
+        peers = self.locks.peers
+        url = peers.base_url(f"{member.address}:{member.port}")
         headers = {FORWARDED_HEADER: self.runtime.node_id}
         try:
-            async with self.locks.session.post(url, json={}, headers=headers) as response:
-                answer = await response.json(content_type=None)
-                return web.json_response(answer, status=response.status)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise LockError(503, "node_unreachable", f"{node}: {exc!r}") from exc
+            status, answer = await peers.call_json("POST", url, request.path, {}, headers=headers)
+        except PeerRequestError as exc:
+            raise LockError(503, "node_unreachable", f"{node}: {exc.reason}") from exc
+        return web.json_response(answer, status=status)

@@ -14,13 +14,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
-import aiohttp
 from aiohttp import web
 from annotated_types import Len
 from pydantic import BaseModel, Field
 
-from config import peer_middlewares
 from health import LoopHealth
+from net import Identity, PeerClient, PeerRequestError
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.audit.routes import audited_lock_route
 from node.component import Check, Endpoint, paired
@@ -155,22 +154,21 @@ LOCK_ANSWER: dict[str, Any] = {
 class HttpPeers:
     """The other voters' acceptors over signed HTTP."""
 
-    def __init__(self, url_of: Callable[[str], str | None], session: aiohttp.ClientSession):
+    def __init__(self, url_of: Callable[[str], str | None], peers: PeerClient):
         self.url_of = url_of
-        self._session = session
+        self._peers = peers
 
     async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
         url = self.url_of(to)
         if url is None:
             raise LockError(503, "voter_unknown", f"voter {to} is not in the membership view")
         try:
-            async with self._session.post(f"{url}{path}", json=body) as response:
-                answer = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise LockError(503, "voter_unreachable", f"voter {to}: {exc!r}") from exc
-        if response.status != 200:
+            status, answer = await self._peers.call_json("POST", url, path, body)
+        except PeerRequestError as exc:
+            raise LockError(503, "voter_unreachable", f"voter {to}: {exc.reason}") from exc
+        if status != 200:
             reason = answer.get("reason") if isinstance(answer, dict) else answer
-            raise LockError(response.status, "voter_refused", f"voter {to}: {reason}")
+            raise LockError(status, "voter_refused", f"voter {to}: {reason}")
         return answer
 
     async def prepare(self, to: str, term: int) -> LockTable:
@@ -212,7 +210,7 @@ class LockService:
         self.acceptor = Acceptor(durable)
         self._secret = secret
         self._clock = clock
-        self._session: aiohttp.ClientSession | None = None
+        self._peers: PeerClient | None = None
         self._quorum: QuorumTable | None = None
         self._mutex = asyncio.Lock()
         self._office_term: int | None = None
@@ -227,29 +225,26 @@ class LockService:
 
     async def open(self) -> None:
         timeouts = self.runtime.settings.timeouts
-        middlewares = peer_middlewares(
-            self._secret, self.runtime.node_id, self.runtime.settings.cluster_name
+        self._peers = PeerClient(
+            Identity(self._secret, self.runtime.node_id, self.runtime.settings.cluster_name),
+            timeouts=timeouts,
         )
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=timeouts.http_request_s),
-            middlewares=middlewares,
-        )
-        peers = HttpPeers(self.url_of, self._session)
+        peers = HttpPeers(self.url_of, self._peers)
         self._quorum = QuorumTable(
             self.runtime.node_id, self.voters, self.acceptor, peers, timeouts.http_request_s
         )
         self._ticker = asyncio.create_task(self._expiry_loop(), name="locks-expiry")
 
     async def close(self) -> None:
-        """Stop the expiry loop and the peer session. Idempotent."""
+        """Stop the expiry loop and the peer client. Idempotent."""
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
             self._ticker = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._peers is not None:
+            await self._peers.close()
+            self._peers = None
 
     def url_of(self, node_id: str) -> str | None:
         membership = self.runtime.membership
@@ -259,11 +254,11 @@ class LockService:
         return None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        """The signed session to peers; RunError-free: LockError 503 before `open`."""
-        if self._session is None:
+    def peers(self) -> PeerClient:
+        """The signed peer client (net.PeerClient); LockError 503 before `open`."""
+        if self._peers is None:
             raise LockError(503, "locks_closed", "the lock service is not running")
-        return self._session
+        return self._peers
 
     # the coordinator's table
 
@@ -477,20 +472,17 @@ class LockService:
             who = "no coordinator yet" if coordinator is None else f"{coordinator} coordinates"
             raise LockError(503, "not_coordinator", f"node {self.runtime.node_id}: {who}; retry")
         url = self.url_of(coordinator)
-        if url is None or self._session is None:
+        if url is None or self._peers is None:
             raise LockError(503, "coordinator_unknown", f"coordinator {coordinator} not in view")
         headers = {FORWARDED_HEADER: self.runtime.node_id}
-        timeout = aiohttp.ClientTimeout(
-            total=self.runtime.settings.timeouts.http_request_s + MAX_WAIT_S
-        )
+        wait_s = self.runtime.settings.timeouts.http_request_s + MAX_WAIT_S
         try:
-            async with self._session.request(
-                request.method, f"{url}{request.path}", json=body, headers=headers, timeout=timeout
-            ) as response:
-                answer = await response.json(content_type=None)
-                return web.json_response(answer, status=response.status)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise LockError(503, "coordinator_unreachable", f"{coordinator}: {exc!r}") from exc
+            status, answer = await self._peers.call_json(
+                request.method, url, request.path, body, headers=headers, timeout_s=wait_s
+            )
+        except PeerRequestError as exc:
+            raise LockError(503, "coordinator_unreachable", f"{coordinator}: {exc.reason}") from exc
+        return web.json_response(answer, status=status)
 
     def _operation(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from node.errors import MembershipError
+from node.errors import KeyringError as KeyringError
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +33,6 @@ KEY_ID_CHARS = 16
 NONCE_BYTES = 12
 _WRAP_INFO = b"shoal keyring transfer v1\n"
 _DERIVE_INFO = b"shoal gossip key v1\n"
-
-
-class KeyringError(MembershipError):
-    """A keyring or key file that cannot be used, or a change the keyring refuses; `code` is
-    the wire error code (`bad_key`, `unknown_key`, `key_in_use`, `keyring_file`)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def key_id(key: bytes) -> str:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 
 from config import AsyncClosing
+from net import PeerClient, PeerRequestError
 from node.errors import ProviderError
 from node.providers.base import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle
 
@@ -149,17 +149,19 @@ class LocalProvider(AsyncClosing):
 
     async def _wait_healthy(self, node: _Node) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        async with PeerClient() as peers:
             while time.monotonic() < deadline:
                 if not node.running:
                     raise ProviderError(
                         f"local provider: {node.id} exited at start; see "
                         f"{node.directory / 'daemon.log'}"
                     )
-                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                    async with session.get(f"{node.url}/v1/health") as response:
-                        if response.status == 200:
-                            return
+                with contextlib.suppress(PeerRequestError):
+                    answer = await peers.request(
+                        "GET", node.url, "/v1/health", timeout_s=2.0, check=False
+                    )
+                    if answer.status == 200:
+                        return
                 await asyncio.sleep(0.1)
         raise ProviderError(f"local provider: {node.id} not healthy within {START_TIMEOUT_S:g}s")
 

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from config import HostEntry, Inventory
+from net import PeerRequestError
 from node.errors import ProviderError
 from node.locks.service import LOCKS_PATH, LockService
 from node.providers.autostop import (
@@ -121,10 +122,12 @@ async def read_lock_table(locks: LockService) -> Mapping[str, Any]:
     url = locks.url_of(coordinator) if coordinator is not None else None
     if url is None:
         raise ProviderError("no coordinator known to ask which run locks this node holds")
-    async with locks.session.get(f"{url}{LOCKS_PATH}") as response:
-        if response.status != 200:
-            raise ProviderError(f"coordinator {coordinator} answered {response.status} for locks")
-        body = await response.json()
+    try:
+        status, body = await locks.peers.call_json("GET", url, LOCKS_PATH)
+    except PeerRequestError as exc:
+        raise ProviderError(f"coordinator {coordinator}: {exc.reason}") from exc
+    if status != 200:
+        raise ProviderError(f"coordinator {coordinator} answered {status} for locks")
     if not isinstance(body, Mapping):
         raise ProviderError(f"coordinator {coordinator} sent a lock table that is not an object")
     return body

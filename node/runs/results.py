@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-import aiohttp
-
 from config import NodeSettings
+from net import PeerClient, PeerRequestError
 from node.errors import ResultsStoreError
 from sync import DEFAULT_PIECE_SIZE
 from sync.files.manifest import digest_of_fd
@@ -102,7 +101,7 @@ class NodeResults:
 
     async def collect(
         self,
-        session: aiohttp.ClientSession,
+        peers: PeerClient,
         url: str | None,
         fetch: Mapping[str, Any],
     ) -> dict[str, Any]:
@@ -114,23 +113,20 @@ class NodeResults:
                 f"results node {self.node} is not in the membership view; start it or change "
                 "results.node",
             )
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
-            async with session.post(
-                f"{url}{FETCH_PATH}", json=dict(fetch), timeout=timeout
-            ) as response:
-                answer = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            status, answer = await peers.call_json(
+                "POST", url, FETCH_PATH, dict(fetch), timeout_s=self.timeout_s
+            )
+        except PeerRequestError as exc:
             raise ResultsStoreError(
-                502, "results_node_unreachable", f"results node {self.node}: {exc!r}"
+                502, "results_node_unreachable", f"results node {self.node}: {exc.reason}"
             ) from exc
-        if response.status != 200 or not isinstance(answer, dict):
+        if status != 200 or not isinstance(answer, dict):
             reason = answer.get("reason") if isinstance(answer, dict) else answer
             raise ResultsStoreError(
                 502,
                 "results_node_refused",
-                f"results node {self.node} did not store {fetch['key']}: "
-                f"{response.status} {reason}",
+                f"results node {self.node} did not store {fetch['key']}: {status} {reason}",
             )
         return dict(answer)
 

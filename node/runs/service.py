@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
 from health import LoopHealth
+from net import PeerRequestError, split_url
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError, RunError
 from node.locks.service import LockService, answers_lock_errors
@@ -252,12 +252,11 @@ class RunService:
         return url
 
     async def _call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
-        session = self.locks.session
         try:
-            async with session.request(method, url, json=body) as response:
-                return response.status, await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise RunError(502, "node_unreachable", f"{method} {url}: {exc!r}") from exc
+            base, path_qs = split_url(url)
+            return await self.locks.peers.call_json(method, base, path_qs, body)
+        except PeerRequestError as exc:
+            raise RunError(502, "node_unreachable", f"{method} {url}: {exc.reason}") from exc
 
     async def _start_job(self, run: Mapping[str, Any]) -> None:
         url = self._url_of(str(run["job_node"]))
@@ -336,7 +335,7 @@ class RunService:
             node = self.results.node
             url = local_daemon_url(self._runtime) if node == self._runtime.node_id else None
             url = url or self.locks.url_of(node)
-            stored = await self.results.collect(self.locks.session, url, fetch)
+            stored = await self.results.collect(self.locks.peers, url, fetch)
         else:
             stored = await self._store(self.results, key, str(member["url"]), member, path)
         return {**stored, "node": member["node"], "path": path}
@@ -351,10 +350,12 @@ class RunService:
     ) -> dict[str, Any]:
         """Download `path` of the member's job from `member_url` into `store` at `key`; the
         stored record, or {"missing": true} when the member has no such file."""
-        url = f"{member_url}/v1/jobs/{member['job_id']}/files"
-        session = self.locks.session
+        files = f"/v1/jobs/{member['job_id']}/files"
+        url = f"{member_url}{files}"
         try:
-            async with session.get(url, params={"path": path}) as response:
+            async with self.locks.peers.stream(
+                "GET", member_url, files, params={"path": path}, check=False
+            ) as response:
                 if response.status == 404:
                     return {"key": key, "missing": True}
                 if response.status != 200:
@@ -363,10 +364,10 @@ class RunService:
                     )
                 return await store.put(
                     key,
-                    response.content.iter_chunked(CHUNK_BYTES),
+                    response.iter_chunks(CHUNK_BYTES),
                     response.headers.get("X-Shoal-Content-Hash"),
                 )
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (PeerRequestError, TimeoutError) as exc:
             raise RunError(502, "result_download_failed", f"{url}?path={path}: {exc!r}") from exc
 
     # HTTP

@@ -5,14 +5,12 @@ on the host's own daemon (POST /v1/audit/deploys)."""
 from __future__ import annotations
 
 import getpass
-import json
 import socket
 from types import TracebackType
 from typing import Any, Self
 
-import aiohttp
-
-from config import HostEntry, Inventory, signed_headers
+from config import HostEntry, Inventory
+from net import Identity, PeerClient, PeerRequestError
 from node.ssh.deploy import DeployResult
 from node.ssh.rolling import MemberStatus
 
@@ -60,8 +58,8 @@ def deploy_record(result: DeployResult, *, rolling: bool) -> dict[str, Any] | No
 
 
 class HttpClusterProbe:
-    """Signed GETs of members' status and peers, and POSTs of deploy records; every request
-    bounded by `timeout_s`. An async context manager owning one HTTP session."""
+    """Signed GETs of members' status and peers, and POSTs of deploy records through net's
+    peer client; every request bounded by `timeout_s`. An async context manager."""
 
     def __init__(
         self,
@@ -72,13 +70,11 @@ class HttpClusterProbe:
         timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self._inventory = inventory
-        self._secret = secret
-        self._sender = sender or f"cli-{socket.gethostname()}"
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        identity = Identity(secret, sender or f"cli-{socket.gethostname()}")
+        self._client = PeerClient(identity)
+        self._timeout_s = timeout_s
 
     async def __aenter__(self) -> Self:
-        self._session = aiohttp.ClientSession(timeout=self._timeout)
         return self
 
     async def __aexit__(
@@ -90,36 +86,20 @@ class HttpClusterProbe:
         await self.close()
 
     async def close(self) -> None:
-        """Close the session (idempotent)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the peer client's sessions (idempotent)."""
+        await self._client.close()
 
-    async def _request(self, host: str, method: str, path: str, body: bytes = b"") -> Any:
-        if self._session is None:
-            raise RuntimeError("HttpClusterProbe used outside `async with`")
-        url = f"{base_url(self._inventory.hosts[host])}{path}"
-        headers = signed_headers(self._secret, self._sender, method, path, body)
-        if body:
-            headers["Content-Type"] = "application/json"
-        async with self._session.request(method, url, data=body, headers=headers) as response:
-            payload = await response.read()
-            if response.status >= 400:
-                text = payload.decode(errors="replace").strip()[:300]
-                raise aiohttp.ClientResponseError(
-                    response.request_info,
-                    (),
-                    status=response.status,
-                    message=f"{url}: HTTP {response.status}: {text}",
-                )
-            return json.loads(payload)
+    async def _request(self, host: str, method: str, path: str, body: Any = None) -> Any:
+        """The JSON answer; PeerRequestError (naming the URL) for an error answer or none."""
+        url = base_url(self._inventory.hosts[host])
+        return await self._client.request_json(method, url, path, body, timeout_s=self._timeout_s)
 
     async def member(self, host: str) -> MemberStatus | None:
         """The host's /v1/status and /v1/peers, or None when it did not answer in time."""
         try:
             status = await self._request(host, "GET", "/v1/status")
             peers = await self._request(host, "GET", "/v1/peers")
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        except PeerRequestError:
             return None
         alive = frozenset(
             str(m.get("node_id"))
@@ -143,10 +123,7 @@ class HttpClusterProbe:
         if body is None:
             return None
         try:
-            await self._request(host, "POST", DEPLOYS_PATH, json.dumps(body).encode())
-        except aiohttp.ClientResponseError as exc:
-            return exc.message
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
-            where = f"{base_url(self._inventory.hosts[host])}{DEPLOYS_PATH}"
-            return f"{where}: {exc or type(exc).__name__}"
+            await self._request(host, "POST", DEPLOYS_PATH, body)
+        except PeerRequestError as exc:
+            return str(exc)
         return None

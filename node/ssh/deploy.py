@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import aiohttp
 import asyncssh
 
 from config import HostEntry, Inventory
+from net import PeerClient, PeerRequestError, split_url
 from node.errors import DeployError, SSHError
 from node.ssh.certs import NodeTls, node_tls
 from node.ssh.executor import SSHExecutor
@@ -148,15 +148,16 @@ async def wait_healthy(url: str, timeout_s: float) -> None:
     """Return once GET `url` answers 200; DeployError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    base, path = split_url(url)
+    async with PeerClient() as peers:
         while time.monotonic() < deadline:
             try:
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-                    last = f"HTTP {response.status}"
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
+                answer = await peers.request("GET", base, path, timeout_s=5.0, check=False)
+                if answer.status == 200:
+                    return
+                last = f"HTTP {answer.status}"
+            except PeerRequestError as exc:
+                last = exc.reason
             await asyncio.sleep(0.2)
     raise DeployError(f"{url} not healthy within {timeout_s:g}s ({last}); see daemon.log")
 

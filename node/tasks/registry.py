@@ -10,11 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from config import peer_middlewares
+from net import Identity, PeerClient, PeerRequestError
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError
 from node.errors import RegistryError as RegistryError
@@ -172,7 +171,7 @@ class ActorRoutes:
         self._term = term
         self._secret = secret
         self.registry = ActorRegistry()
-        self._session: aiohttp.ClientSession | None = None
+        self._peers: PeerClient | None = None
 
     async def open(self) -> None:
         return None
@@ -223,9 +222,9 @@ class ActorRoutes:
         ]
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._peers is not None:
+            await self._peers.close()
+            self._peers = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         try:
@@ -296,28 +295,23 @@ class ActorRoutes:
         target = next((m for m in members if m.node_id == coordinator), None)
         if target is None:
             raise RegistryError(503, "unknown_coordinator", f"coordinator {coordinator} unknown")
-        if self._session is None:
-            secret = self._secret
-            middlewares = peer_middlewares(
-                secret, self.runtime.node_id, self.runtime.settings.cluster_name
-            )
-            self._session = aiohttp.ClientSession(middlewares=middlewares)
-        url = f"http://{target.address}:{target.port}{request.path}"
-        timeout = aiohttp.ClientTimeout(total=self.runtime.settings.timeouts.http_request_s)
+        if self._peers is None:
+            settings = self.runtime.settings
+            identity = Identity(self._secret, self.runtime.node_id, settings.cluster_name)
+            self._peers = PeerClient(identity, timeouts=settings.timeouts)
         try:
-            async with self._session.request(
+            status, answer = await self._peers.call_json(
                 request.method,
-                url,
-                json=body if request.method == "POST" else None,
-                timeout=timeout,
+                f"{target.address}:{target.port}",
+                request.path,
+                body if request.method == "POST" else None,
                 headers={FORWARDED_HEADER: self.runtime.node_id},
-            ) as response:
-                answer = await response.json(content_type=None)
-                return web.json_response(answer, status=response.status)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            )
+        except PeerRequestError as exc:
             raise RegistryError(
-                502, "coordinator_unreachable", f"coordinator {coordinator}: {exc!r}"
+                502, "coordinator_unreachable", f"coordinator {coordinator}: {exc.reason}"
             ) from exc
+        return web.json_response(answer, status=status)
 
 
 def open_actor_routes(runtime: NodeRuntime, coordination: Any, secret: bytes | None) -> ActorRoutes:

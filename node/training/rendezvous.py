@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from config import Timeouts, read_secret_file, signed_headers
+from config import Timeouts, read_secret_file
+from net import BlockingPeerClient, Identity, PeerRequestError
 from node.errors import GroupError as GroupError
 from node.errors import MasterUnreachable as MasterUnreachable
 from node.errors import RendezvousError as RendezvousError
@@ -185,23 +184,20 @@ def fetch_rendezvous(
             raise RendezvousError(f"local_rank {local_rank!r} must be an integer >= 0")
         if local_rank:
             path = f"{RENDEZVOUS_PATH}?local_rank={local_rank}"
-    headers = {"Accept": "application/json"}
-    if endpoint.secret is not None:
-        headers.update(signed_headers(endpoint.secret, endpoint.node_id, "GET", path))
-    request = urllib.request.Request(endpoint.url + path, headers=headers)  # noqa: S310 (scheme checked in daemon_endpoint)
     wait_s = endpoint.timeout_s if timeout_s is None else max(0.05, timeout_s)
     where = f"{endpoint.url}{path}"
+    client = BlockingPeerClient(Identity(endpoint.secret, endpoint.node_id))
     try:
-        with urllib.request.urlopen(request, timeout=wait_s) as response:  # noqa: S310
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        reason = _error_reason(exc.read())
-        if exc.code in (404, 409):
-            return NoRank(exc.code, reason)
-        raise RendezvousError(f"{where} answered {exc.code}: {reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        answer = client.request("GET", endpoint.url, path, timeout_s=wait_s, check=False)
+    except PeerRequestError as exc:
+        cause = exc.reason.removeprefix("unreachable: ")
         raise RendezvousError(f"daemon at {where} is unreachable: {cause}") from exc
+    body = answer.body
+    if answer.status >= 400:
+        reason = _error_reason(body)
+        if answer.status in (404, 409):
+            return NoRank(answer.status, reason)
+        raise RendezvousError(f"{where} answered {answer.status}: {reason}")
     try:
         data = json.loads(body)
     except ValueError as exc:

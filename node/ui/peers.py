@@ -20,12 +20,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import aiohttp
-
-from config import peer_middlewares
 from health.errors import FetchError, fetch_error, http_fetch_error
 from health.monitor.client import node_url
 from health.monitor.model import NodeStatusDoc, parse_status
+from net import Identity, PeerRequestError
+from net import PeerClient as NetClient
 
 log = logging.getLogger(__name__)
 
@@ -149,29 +148,27 @@ class PeerFanout(Generic[T]):
 
 
 class PeerClient:
-    """GETs to other members over one session, signed as the daemon's other peer calls are
-    (config.peer_middlewares: the cluster secret's signature when there is one, the cluster's
-    name). Errors map as cluster_monitor's do: FetchError with the reason a row shows."""
+    """GETs to other members through net's peer client (a kept-alive session per member),
+    signed as the daemon's other peer calls are (the cluster secret's signature when there is
+    one, the cluster's name). Errors map as cluster_monitor's do: FetchError with the reason a
+    row shows."""
 
     def __init__(self, secret: bytes | None, node_id: str, cluster: str | None) -> None:
-        self._middlewares = peer_middlewares(secret, node_id, cluster)
-        self._session: aiohttp.ClientSession | None = None
+        self._identity = Identity(secret, node_id, cluster)
+        self._peers: NetClient | None = None
 
     async def get_json(self, peer: Peer, path: str, params: Mapping[str, str] | None = None) -> Any:
         """The JSON body of GET `path` on `peer`; None for a 404 whose code is `no_weights`;
         FetchError otherwise. The caller bounds the time (PeerFanout's timeout)."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=MAX_CONCURRENCY),
-                middlewares=self._middlewares,
-                raise_for_status=False,
-            )
-        url = node_url(peer.address, peer.port) + path
+        if self._peers is None:
+            self._peers = NetClient(self._identity, limit_per_peer=4)
         try:
-            async with self._session.get(url, params=params) as response:
-                status, body = response.status, await response.read()
-        except (aiohttp.ClientError, OSError) as exc:
+            response = await self._peers.request(
+                "GET", node_url(peer.address, peer.port), path, params=params, check=False
+            )
+        except PeerRequestError as exc:
             raise fetch_error(exc, 0.0) from exc
+        status, body = response.status, response.body
         if status == 404 and _error_code(body) == NO_WEIGHTS:
             return None
         if status >= 400:
@@ -182,9 +179,9 @@ class PeerClient:
             raise FetchError(f"bad response: not JSON ({exc})") from exc
 
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        peers, self._peers = self._peers, None
+        if peers is not None:
+            await peers.close()
 
 
 def _error_code(body: bytes) -> str | None:

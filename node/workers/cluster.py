@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from node.jobs.client import (
     DeploySpec,
     JobSpec,
@@ -211,7 +209,7 @@ async def _plan_and_peers(endpoint: Any) -> tuple[dict[str, Any], list[dict[str,
     try:
         announce = await request_json(endpoint, "GET", "/v1/plan")
         peers = await request_json(endpoint, "GET", "/v1/peers")
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (JobClientError, TimeoutError) as exc:
         raise WorkerError(f"cannot read the plan from {endpoint.url}: {exc}") from exc
     members = peers.get("members", []) if isinstance(peers, dict) else []
     return dict(announce), [dict(m) for m in members]

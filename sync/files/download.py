@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
-
+from net import NetError, PeerClient, PeerStream
 from sync.errors import (
     ContentMismatchError,
     FileChangedError,
@@ -183,7 +182,7 @@ def _submit(sink: PieceSink, batch: list[bytes], offset: int) -> list[asyncio.Fu
     ]
 
 
-def _refusal(response: aiohttp.ClientResponse, entry: ManifestEntry, peer: str) -> Exception:
+def _refusal(response: PeerStream, entry: ManifestEntry, peer: str) -> Exception:
     status = response.status
     where = f"{peer}: {entry.path}"
     if status == 412:
@@ -196,9 +195,7 @@ def _refusal(response: aiohttp.ClientResponse, entry: ManifestEntry, peer: str) 
     return FileTransferError(f"{where}: unexpected HTTP {status}", status)
 
 
-def _check_answer(
-    response: aiohttp.ClientResponse, entry: ManifestEntry, run: PieceRun, peer: str
-) -> None:
+def _check_answer(response: PeerStream, entry: ManifestEntry, run: PieceRun, peer: str) -> None:
     start, end = run.span(entry)
     if response.status not in (200, 206):
         raise _refusal(response, entry, peer)
@@ -219,17 +216,22 @@ def _check_answer(
 
 
 async def download_run(
-    session: aiohttp.ClientSession,
-    file_url: str,
+    client: PeerClient,
+    peer_url: str,
+    file_path: str,
     entry: ManifestEntry,
     run: PieceRun,
     fd: int,
     peer: str,
     timeout_s: float,
     limiter: RateLimiter | None = None,
+    *,
+    read_timeout_s: float | None = None,
 ) -> int:
-    """Fetch one run of pieces into `fd`; returns the bytes received. Raises ContentMismatchError
-    at the first bad piece, FileChangedError, PathRefusedError or FileTransferError."""
+    """Fetch one run of pieces of the file route `file_path` of the peer at `peer_url` into
+    `fd`; returns the bytes received. Raises ContentMismatchError
+    at the first bad piece, FileChangedError, PathRefusedError or FileTransferError. The whole
+    run has `timeout_s`; connecting and each read `read_timeout_s` (default: the same)."""
     start, end = run.span(entry)
     headers = {"If-Match": f'"{entry.hash}"', "Accept-Encoding": "identity"}
     if end > start:
@@ -243,12 +245,15 @@ async def download_run(
     try:
         async with (
             asyncio.timeout(timeout_s),
-            session.get(file_url, params=params, headers=headers) as response,
-        ):
+            client.stream(
+                "GET", peer_url, file_path, params=params, headers=headers,
+                timeout_s=read_timeout_s or timeout_s, check=False,
+            ) as response,
+        ):  # fmt: skip
             _check_answer(response, entry, run, peer)
             batch_bytes = 0
             # chunks as received: iter_any would join what is buffered (a copy of every byte)
-            async for chunk, _ in response.content.iter_chunks():
+            async for chunk in response.iter_chunks():
                 if limiter is not None:
                     await limiter.take(len(chunk))
                 batch.append(chunk)
@@ -266,7 +271,7 @@ async def download_run(
                 await await_jobs(_submit(sink, batch, sink.reserve(batch_bytes)))
                 batch = []
             sink.finish()
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    except (NetError, TimeoutError, OSError) as exc:
         await await_jobs(jobs)
         jobs = []
         if batch:  # keep what arrived: its complete pieces are verified now, not fetched again

@@ -6,21 +6,21 @@ A retry of a batch the node already committed only adds duplicates (keys are pri
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import enum
 import logging
 import random
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import orjson
 
-from config import Timeouts, read_error, read_secret_file, signing_middleware
+from config import Timeouts, read_error, read_secret_file
+from net import Identity, PeerClient, PeerRequestError
+from net.errors import MAX_RETRY_AFTER_S as MAX_RETRY_AFTER_S
+from net.errors import parse_retry_after as parse_retry_after
 from sync.errors import (
     RecordRejectedError,
     RecordRequestError,
@@ -33,28 +33,7 @@ from sync.records.types import IngestResult
 logger = logging.getLogger(__name__)
 
 REJECTED_STATUSES = frozenset({400, 404, 413})
-RETRIED_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
-"""Errors of a request that are retried (then translated by sync.errors.sync_error)."""
 RETRIED_STATUSES = frozenset({502, 503, 504})
-MAX_RETRY_AFTER_S = 60.0
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (seconds or an HTTP date), None if absent/bad."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds:  # NaN
-        return None
-    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
 def retry_delay_s(
@@ -101,7 +80,7 @@ class RecordClient:
     """Posts records to `node_url` (async context manager; closing is idempotent).
 
     Signs requests when `secret_file` is given (a ConfigError if it is unreadable). A given
-    `session` is used as is and left open.
+    `peers` (a net.PeerClient) is used as is and left open.
     """
 
     def __init__(
@@ -112,7 +91,7 @@ class RecordClient:
         batch_size: int = 1000,
         timeout_s: float = Timeouts().http_request_s,
         retries: int = 5,
-        session: aiohttp.ClientSession | None = None,
+        peers: PeerClient | None = None,
         backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
     ) -> None:
@@ -126,8 +105,8 @@ class RecordClient:
         self._timeout_s = timeout_s
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
-        self._session = session
-        self._owns_session = session is None
+        self._peers = peers
+        self._owns_client = peers is None
         self._state = _State.UNOPENED
 
     async def __aenter__(self) -> RecordClient:
@@ -143,25 +122,21 @@ class RecordClient:
         await self.close()
 
     def open(self) -> None:
-        """Create the session (when none was given). A closed client cannot be reopened."""
+        """Create the peer client (when none was given). A closed client cannot be reopened."""
         if self._state is not _State.UNOPENED:
             raise StoreClosedError(f"record client is {self._state.value}")
-        if self._session is None:
-            middlewares: tuple[aiohttp.ClientMiddlewareType, ...] = ()
-            if self._secret_file is not None:
-                secret = read_secret_file(self._secret_file)
-                middlewares = (signing_middleware(secret, self._node_id),)
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._timeout_s), middlewares=middlewares
-            )
+        if self._peers is None:
+            secret = None if self._secret_file is None else read_secret_file(self._secret_file)
+            timeouts = Timeouts(http_request_s=self._timeout_s)
+            self._peers = PeerClient(Identity(secret, self._node_id), timeouts=timeouts)
         self._state = _State.OPENED
 
     async def close(self) -> None:
-        """Close the session this client made. Idempotent."""
+        """Close the peer client this client made. Idempotent."""
         self._state = _State.CLOSED
-        session, self._session = self._session, None
-        if session is not None and self._owns_session:
-            await session.close()
+        peers, self._peers = self._peers, None
+        if peers is not None and self._owns_client:
+            await peers.close()
 
     async def record(self, store: str, records: Iterable[Any]) -> IngestResult:
         """Send `records` in batches of batch_size; the sum over batches once all are durable.
@@ -182,39 +157,43 @@ class RecordClient:
 
     async def send_batch(self, store: str, batch: Sequence[Any]) -> IngestResult:
         """Post one batch (one request) and retry on connection errors, timeouts and 502-504."""
-        if self._state is not _State.OPENED or self._session is None:
+        if self._state is not _State.OPENED or self._peers is None:
             raise StoreClosedError(f"record client is {self._state.value}")
         if not batch:
             return IngestResult()
         body = encode_batch(batch)
-        url = f"{self.node_url}/v1/records/{quote(store, safe='')}"
+        path = f"/v1/records/{quote(store, safe='')}"
+        url = f"{self.node_url}{path}"
         headers = {"Content-Type": "application/json"}
         for attempt in range(self.retries + 1):
             retry_after: float | None = None
             status: int | None = None
             try:
-                async with self._session.post(url, data=body, headers=headers) as response:
-                    payload = await response.read()
-                    if response.status == 200:
-                        return _ingest_result(url, payload)
-                    if response.status in REJECTED_STATUSES:
-                        raise rejection(response.status, payload)
-                    if response.status not in RETRIED_STATUSES:
-                        raise RecordRequestError(
-                            f"{url}: HTTP {response.status}: {rejection(response.status, payload)}",
-                            response.status,
-                        )
-                    retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                    status = response.status
-                    problem = f"HTTP {status}: {rejection(status, payload).reason}"
-            except RETRIED_ERRORS as exc:
-                problem = f"{type(exc).__name__}: {exc}"
+                response = await self._peers.request(
+                    "POST", self.node_url, path, data=body, headers=headers, check=False
+                )
+            except PeerRequestError as exc:  # no answer: retried; else a broken answer: not
+                if exc.status is not None:
+                    raise sync_error(exc, url, RecordRequestError) from exc
+                problem = f"{type(exc).__name__}: {exc.reason}"
                 if attempt == self.retries:
                     raise sync_error(
                         exc, f"{url}: gave up after {attempt + 1} attempts", RecordRequestError
                     ) from exc
-            except aiohttp.ClientError as exc:
-                raise sync_error(exc, url, RecordRequestError) from exc
+            else:
+                payload = response.body
+                if response.status == 200:
+                    return _ingest_result(url, payload)
+                if response.status in REJECTED_STATUSES:
+                    raise rejection(response.status, payload)
+                if response.status not in RETRIED_STATUSES:
+                    raise RecordRequestError(
+                        f"{url}: HTTP {response.status}: {rejection(response.status, payload)}",
+                        response.status,
+                    )
+                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                status = response.status
+                problem = f"HTTP {status}: {rejection(status, payload).reason}"
             if attempt == self.retries:
                 raise RecordRequestError(
                     f"{url}: gave up after {attempt + 1} attempts: {problem}", status

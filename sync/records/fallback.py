@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
-from config import AsyncClosing, NodeSettings, signing_middleware
+from config import AsyncClosing, NodeSettings, Timeouts
+from net import Identity, PeerClient
 from sync.errors import RecordRequestError, StoreClosedError, SyncError
 from sync.records.pull import P2PSyncClient
 
@@ -83,16 +82,16 @@ class P2PFallbackSync(AsyncClosing):
         self.hosts: tuple[str, ...] = tuple(hosts)
         self._targets = [split_host(host) for host in self.hosts]
         self.timeout_s = timeout
-        self._middlewares = () if secret is None else (signing_middleware(secret, node_id),)
-        self._session: aiohttp.ClientSession | None = None
+        self._identity = Identity(secret, node_id)
+        self._peers: PeerClient | None = None
         self._closed = False
 
     async def close(self) -> None:
-        """Close the HTTP session; the object is unusable afterwards. Idempotent."""
+        """Close the peer client; the object is unusable afterwards. Idempotent."""
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        peers, self._peers = self._peers, None
+        if peers is not None:
+            await peers.close()
 
     async def pull_games(
         self, board_type: str | None = None, min_games: int = 1, since: float = 0.0
@@ -102,12 +101,13 @@ class P2PFallbackSync(AsyncClosing):
         and why when none does."""
         if self._closed:
             raise StoreClosedError("P2PFallbackSync is closed; create a new one")
-        if self._session is None:
-            self._session = aiohttp.ClientSession(middlewares=self._middlewares)
+        if self._peers is None:
+            timeouts = Timeouts(http_request_s=self.timeout_s)
+            self._peers = PeerClient(self._identity, timeouts=timeouts)
         filters = {} if board_type is None else {"board_type": board_type}
         errors: list[tuple[str, str]] = []
         for host, (address, port) in zip(self.hosts, self._targets, strict=True):
-            client = P2PSyncClient(address, port, session=self._session)
+            client = P2PSyncClient(address, port, peers=self._peers)
             try:
                 async with asyncio.timeout(self.timeout_s):
                     games = await client.pull_games_since(since, filters)

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import orjson
 
-from config import AsyncClosing, Timeouts, signing_middleware
+from config import AsyncClosing, Timeouts
+from net import Identity, PeerClient
 from sync.errors import (
     RecordPullError,
     RecordRequestError,
@@ -50,17 +50,16 @@ def since_params(
     return params
 
 
-async def _get_bytes(session: aiohttp.ClientSession, url: str, params: Any = None) -> bytes:
+async def _get_bytes(client: PeerClient, base_url: str, path: str, params: Any = None) -> bytes:
+    url = f"{base_url.rstrip('/')}{path}"
     with translated(url, RecordRequestError):
-        async with session.get(url, params=params) as response:
-            payload = await response.read()
-            if response.status != 200:
-                refusal = rejection(response.status, payload)
-                if response.status in (400, 404):
-                    raise refusal
-                raise RecordRequestError(
-                    f"{url}: HTTP {response.status}: {refusal}", response.status
-                )
+        response = await client.request("GET", base_url, path, params=params, check=False)
+    payload = response.body
+    if response.status != 200:
+        refusal = rejection(response.status, payload)
+        if response.status in (400, 404):
+            raise refusal
+        raise RecordRequestError(f"{url}: HTTP {response.status}: {refusal}", response.status)
     return payload
 
 
@@ -71,16 +70,20 @@ def _decoded(url: str, payload: bytes, loads: Callable[[bytes], Any] = orjson.lo
         raise RecordRequestError(f"{url}: answer is not JSON", 200) from exc
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str, params: Any = None) -> Any:
-    return _decoded(url, await _get_bytes(session, url, params))
+async def _get_json(client: PeerClient, base_url: str, path: str, params: Any = None) -> Any:
+    return _decoded(base_url + path, await _get_bytes(client, base_url, path, params))
+
+
+def since_path(store: str) -> str:
+    return f"/v1/records/{quote(store, safe='')}/since"
 
 
 def since_url(base_url: str, store: str) -> str:
-    return f"{base_url.rstrip('/')}/v1/records/{quote(store, safe='')}/since"
+    return f"{base_url.rstrip('/')}{since_path(store)}"
 
 
 async def fetch_page(
-    session: aiohttp.ClientSession,
+    client: PeerClient,
     base_url: str,
     store: str,
     cursor: Cursor | None,
@@ -94,7 +97,8 @@ async def fetch_page(
     validate_records; see sync.records.raw) instead of becoming Python lists.
     """
     url = since_url(base_url, store)
-    body = await _get_bytes(session, url, since_params(cursor, limit, filters))
+    params = since_params(cursor, limit, filters)
+    body = await _get_bytes(client, base_url, since_path(store), params)
     return parse_page(url, body, schema)
 
 
@@ -160,7 +164,7 @@ _Commit = tuple[asyncio.Task[IngestResult], int, Cursor]
 
 
 async def pull_records(
-    session: aiohttp.ClientSession,
+    client: PeerClient,
     base_url: str,
     store: str,
     local_store: RecordStore,
@@ -188,7 +192,8 @@ async def pull_records(
     commits: deque[_Commit] = deque()
 
     def fetch(start: Cursor | None) -> asyncio.Task[bytes]:
-        return asyncio.create_task(_get_bytes(session, url, since_params(start, limit, filters)))
+        params = since_params(start, limit, filters)
+        return asyncio.create_task(_get_bytes(client, base_url, since_path(store), params))
 
     def failed(exc: SyncError) -> RecordPullError:
         return RecordPullError(
@@ -293,14 +298,15 @@ def _key_after(key: RecordKey | None, bound: RecordKey | None) -> bool:
 class P2PSyncClient(AsyncClosing):
     """Reads one peer's record stores over HTTP (async context manager; close() idempotent).
 
-    Signs requests with `secret` as `node_id` when the client makes its own session.
+    Without `peers` (a net.PeerClient, used as is and left open) it makes its own, signing
+    requests with `secret` as `node_id`, each within `timeout_s`.
     """
 
     def __init__(
         self,
         address: str,
         port: int,
-        session: aiohttp.ClientSession | None = None,
+        peers: PeerClient | None = None,
         secret: bytes | None = None,
         node_id: str = "shoal",
         timeout_s: float = Timeouts().http_request_s,
@@ -308,28 +314,26 @@ class P2PSyncClient(AsyncClosing):
     ) -> None:
         host = f"[{address}]" if ":" in address and not address.startswith("[") else address
         self.base_url = f"{scheme}://{host}:{port}"
-        self._owns_session = session is None
-        if session is None:
-            middlewares = () if secret is None else (signing_middleware(secret, node_id),)
-            session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=timeout_s), middlewares=middlewares
-            )
-        self._session: aiohttp.ClientSession | None = session
+        self._owns_client = peers is None
+        if peers is None:
+            timeouts = Timeouts(http_request_s=timeout_s)
+            peers = PeerClient(Identity(secret, node_id), timeouts=timeouts)
+        self._peers: PeerClient | None = peers
 
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None and self._owns_session:
-            await session.close()
+        peers, self._peers = self._peers, None
+        if peers is not None and self._owns_client:
+            await peers.close()
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def peers(self) -> PeerClient:
+        if self._peers is None:
             raise StoreClosedError(f"sync client for {self.base_url} is closed")
-        return self._session
+        return self._peers
 
     async def get_status(self, store: str = "games") -> dict[str, Any]:
         """The peer's `/v1/records/{store}/status`."""
-        data = await _get_json(self.session, f"{self.base_url}/v1/records/{store}/status")
+        data = await _get_json(self.peers, self.base_url, f"/v1/records/{store}/status")
         if not isinstance(data, dict):
             raise RecordRequestError(f"{self.base_url}: status is not a JSON object", 200)
         return data
@@ -337,10 +341,11 @@ class P2PSyncClient(AsyncClosing):
     async def get_records(self, store: str, keys: Sequence[RecordKey]) -> list[dict[str, Any]]:
         """The peer's records with these keys (absent ones left out), via `/get?key=..`."""
         found: list[dict[str, Any]] = []
-        url = f"{self.base_url}/v1/records/{store}/get"
+        path = f"/v1/records/{store}/get"
+        url = f"{self.base_url}{path}"
         for start in range(0, len(keys), GET_KEYS_PER_REQUEST):
             params = [("key", str(key)) for key in keys[start : start + GET_KEYS_PER_REQUEST]]
-            data = await _get_json(self.session, url, params)
+            data = await _get_json(self.peers, self.base_url, path, params)
             if not isinstance(data, dict) or not isinstance(data.get("records"), list):
                 raise RecordRequestError(f"{url}: answer has no records list", 200)
             found.extend(data["records"])
@@ -358,7 +363,7 @@ class P2PSyncClient(AsyncClosing):
         cursor: Cursor = (timestamp, None)
         while True:
             records, following = await fetch_page(
-                self.session, self.base_url, "games", cursor, DEFAULT_PAGE_LIMIT, filters
+                self.peers, self.base_url, "games", cursor, DEFAULT_PAGE_LIMIT, filters
             )
             games.extend(records)
             if following is None or not records:
@@ -373,5 +378,5 @@ class P2PSyncClient(AsyncClosing):
     ) -> PullResult:
         """pull_records from this peer's store of the same name into `local_store`."""
         return await pull_records(
-            self.session, self.base_url, local_store.name, local_store, since, **options
+            self.peers, self.base_url, local_store.name, local_store, since, **options
         )

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
-from config import Timeouts, peer_middlewares
+from config import Timeouts
+from net import Identity, NetError, PeerClient
 from sync.errors import (
     ContentMismatchError,
     FileChangedError,
@@ -75,13 +74,18 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+def category_path(category: str, leaf: str) -> str:
+    """The path of a category's file sync route `leaf` on any peer."""
+    return f"{PREFIX}/{quote(category, safe='')}/{leaf}"
+
+
 def category_url(peer: PeerRef, category: str, leaf: str) -> str:
-    return f"{peer.url.rstrip('/')}{PREFIX}/{quote(category, safe='')}/{leaf}"
+    return f"{peer.url.rstrip('/')}{category_path(category, leaf)}"
 
 
 class HttpTransport:
-    """Fetches files from peers' `GET /v1/sync/{category}/file` (owns one ClientSession; async
-    context manager, close() idempotent and final).
+    """Fetches files from peers' `GET /v1/sync/{category}/file` (owns one net.PeerClient, a
+    kept-alive session per peer; async context manager, close() idempotent and final).
 
     Requests are signed when `secret` is set and name `cluster` (X-Shoal-Cluster) when set.
     `streams` range requests run at once for a file of at least `parallel_min_bytes`;
@@ -110,12 +114,12 @@ class HttpTransport:
         self._streams = max(1, streams)
         self._parallel_min_bytes = parallel_min_bytes
         self._page_limit = page_limit
-        self._session: aiohttp.ClientSession | None = None
+        self._client: PeerClient | None = None
         self._state = _State.UNOPENED
         self._manifests: dict[tuple[str, str], RemoteManifest] = {}
 
     async def __aenter__(self) -> HttpTransport:
-        self._open_session()
+        self.peers()
         return self
 
     @property
@@ -123,38 +127,30 @@ class HttpTransport:
         """The cap of every download through this transport (None: unlimited)."""
         return self._limiter
 
-    def session(self) -> aiohttp.ClientSession:
-        """The transport's open session (for transports built on it); FileSyncError once
-        closed."""
-        return self._open_session()
-
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _open_session(self) -> aiohttp.ClientSession:
+    def peers(self) -> PeerClient:
+        """The transport's open peer client (for transports built on it); FileSyncError once
+        closed."""
         if self._state is _State.CLOSED:
             raise FileSyncError("HTTP transport is closed")
-        if self._session is None:
-            middlewares = peer_middlewares(self._secret, self._node_id, self._cluster)
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    sock_connect=self._timeouts.http_request_s,
-                    sock_read=self._timeouts.sync_piece_s,
-                ),
-                middlewares=middlewares,
+        if self._client is None:
+            self._client = PeerClient(
+                Identity(self._secret, self._node_id, self._cluster),
+                timeouts=self._timeouts,
                 auto_decompress=False,
                 read_bufsize=READ_BUFFER_BYTES,
             )
             self._state = _State.OPEN
-        return self._session
+        return self._client
 
     async def close(self) -> None:
-        """Close the session; idempotent. The transport cannot be used afterwards."""
+        """Close the peer client; idempotent. The transport cannot be used afterwards."""
         self._state = _State.CLOSED
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def fetch(
         self, peer: PeerRef, category: str, entry: ManifestEntry, dest_root: Path
@@ -168,7 +164,7 @@ class HttpTransport:
     async def _fetch(
         self, peer: PeerRef, category: str, entry: ManifestEntry, dest_root: Path
     ) -> TransferResult:
-        session = self._open_session()
+        client = self.peers()
         started = time.monotonic()
         final = dest_path(dest_root, entry.path)
         await asyncio.to_thread(make_directories, dest_root, final.parent)
@@ -178,18 +174,19 @@ class HttpTransport:
             resumed = sum(entry.piece_span(i)[1] for i, ok in enumerate(verified) if ok)
             streams = self._streams if entry.size >= self._parallel_min_bytes else 1
             runs = plan_runs(verified, streams)
-            url = category_url(peer, category, "file")
             piece_s = self._timeouts.sync_piece_s
             jobs = [
                 download_run(
-                    session,
-                    url,
+                    client,
+                    peer.url,
+                    category_path(category, "file"),
                     entry,
                     run,
                     partial.fd,
                     peer.node_id,
                     piece_s * (run.last - run.first + 1),
                     self._limiter,
+                    read_timeout_s=piece_s,
                 )
                 for run in runs
             ]
@@ -224,7 +221,7 @@ class HttpTransport:
         it out (fetch those alone). FileTransferError when the request itself fails: files
         installed before that stay (each is complete and verified; only the directory fsync
         of the batch is then done before raising)."""
-        session = self._open_session()
+        client = self.peers()
         started = time.monotonic()
         wanted = {entry.path: entry for entry in entries}
         out: dict[str, TransferResult | FileSyncError] = {}
@@ -233,7 +230,6 @@ class HttpTransport:
         pending: list[tuple[ManifestEntry, bytes]] = []
         group: list[tuple[ManifestEntry, bytes]] = []
         group_bytes = 0
-        url = category_url(peer, category, "files")
         body = {"files": [{"path": entry.path, "hash": entry.hash} for entry in entries]}
         timeout_s = self._timeouts.sync_s
 
@@ -263,16 +259,23 @@ class HttpTransport:
         try:
             async with (
                 asyncio.timeout(timeout_s),
-                session.post(url, json=body, headers={"Accept-Encoding": "identity"}) as response,
+                client.stream(
+                    "POST",
+                    peer.url,
+                    category_path(category, "files"),
+                    json=body,
+                    headers={"Accept-Encoding": "identity"},
+                    timeout_s=self._timeouts.sync_piece_s,
+                    check=False,
+                ) as stream,
             ):
-                if response.status != 200:
-                    payload = await response.read()
+                if stream.status != 200:
+                    payload = await stream.read()
                     raise FileTransferError(
                         f"{peer.node_id}: batch of {len(entries)} files refused: HTTP "
-                        f"{response.status}: {_reason(payload)}",
-                        response.status,
+                        f"{stream.status}: {_reason(payload)}",
+                        stream.status,
                     )
-                stream = response.content
                 for _ in range(len(entries)):
                     (length,) = HEADER.unpack(await stream.readexactly(HEADER.size))
                     if length > MAX_HEADER_BYTES:
@@ -310,7 +313,7 @@ class HttpTransport:
                 pending = group
                 settle(pending, await run_blocking(writer.install, group))
                 pending = group = []
-        except (aiohttp.ClientError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+        except (NetError, TimeoutError, OSError) as exc:
             await flush()
             raise sync_error(
                 exc, f"{peer.node_id}: batch of {len(entries)} files", FileTransferError
@@ -324,23 +327,26 @@ class HttpTransport:
         return out
 
     async def _get_json(
-        self, url: str, params: dict[str, str], headers: dict[str, str] | None = None
+        self,
+        peer: PeerRef,
+        path: str,
+        params: dict[str, str],
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
-        session = self._open_session()
+        url = f"{peer.url.rstrip('/')}{path}"
         try:
-            async with (
-                asyncio.timeout(self._timeouts.sync_s),
-                session.get(url, params=params, headers=headers) as response,
-            ):
-                if response.status == 304:
-                    return 304, None
-                body = await response.read()
-                if response.status != 200:
-                    raise FileTransferError(
-                        f"{url}: HTTP {response.status}: {_reason(body)}", response.status
-                    )
-                return 200, json.loads(body)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            answer = await self.peers().request(
+                "GET", peer.url, path, params=params, headers=headers,
+                timeout_s=self._timeouts.sync_s, check=False,
+            )  # fmt: skip
+            if answer.status == 304:
+                return 304, None
+            if answer.status != 200:
+                raise FileTransferError(
+                    f"{url}: HTTP {answer.status}: {_reason(answer.body)}", answer.status
+                )
+            return 200, json.loads(answer.body)
+        except NetError as exc:
             raise sync_error(exc, url, FileTransferError) from exc
         except ValueError as exc:
             raise ManifestError(f"{url}: answer is not JSON: {exc}") from exc
@@ -359,7 +365,7 @@ class HttpTransport:
             params["after"] = after
         if path is not None:
             params["path"] = path
-        _, data = await self._get_json(category_url(peer, category, "manifest"), params)
+        _, data = await self._get_json(peer, category_path(category, "manifest"), params)
         return parse_page(data, piece_size)
 
     async def list_manifest(
@@ -369,9 +375,9 @@ class HttpTransport:
         the previous listing is reused without transferring it again."""
         key = (peer.node_id, category)
         cached = self._manifests.get(key)
-        url = category_url(peer, category, "manifest")
+        path = category_path(category, "manifest")
         headers = {"If-None-Match": f'"{cached.etag}"'} if cached is not None else None
-        status, data = await self._get_json(url, {"limit": str(self._page_limit)}, headers)
+        status, data = await self._get_json(peer, path, {"limit": str(self._page_limit)}, headers)
         if status == 304 and cached is not None:
             return cached
         page = parse_page(data, piece_size)
@@ -404,23 +410,21 @@ class HttpTransport:
         """Ask `peer` to pull `path` (version `content_hash`) from `source`, sending `headers`
         (the plan's fence); returns its answer once the file is installed there.
         FileTransferError carries the refusal status."""
-        session = self._open_session()
         url = category_url(peer, category, "pull")
         body = {"peer": source.to_json(), "path": path, "hash": content_hash}
         try:
-            async with (
-                asyncio.timeout(self._timeouts.sync_s + self._timeouts.http_request_s),
-                session.post(url, json=body, headers=headers) as response,
-            ):
-                payload = await response.read()
-                if response.status != 200:
-                    raise FileTransferError(
-                        f"{peer.node_id}: pull of {path} refused: HTTP {response.status}: "
-                        f"{_reason(payload)}",
-                        response.status,
-                    )
-                answer = json.loads(payload)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            response = await self.peers().request(
+                "POST", peer.url, category_path(category, "pull"), json=body, headers=headers,
+                timeout_s=self._timeouts.sync_s + self._timeouts.http_request_s, check=False,
+            )  # fmt: skip
+            if response.status != 200:
+                raise FileTransferError(
+                    f"{peer.node_id}: pull of {path} refused: HTTP {response.status}: "
+                    f"{_reason(response.body)}",
+                    response.status,
+                )
+            answer = json.loads(response.body)
+        except NetError as exc:
             raise sync_error(exc, url, FileTransferError) from exc
         except ValueError as exc:
             raise FileTransferError(f"{url}: answer is not JSON") from exc

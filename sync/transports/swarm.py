@@ -17,10 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
 from config import Timeouts
 from health import BreakerRegistry, CircuitOpenError, CircuitState
+from net import NetError
 from sync.errors import (
     FileChangedError,
     FileSyncError,
@@ -31,7 +30,7 @@ from sync.files.download import RECEIVED, PieceRun, download_run
 from sync.files.manifest import ManifestEntry
 from sync.files.pieces import Holding, Limits, PieceBook, PieceMap, choose_pieces, spread_start
 from sync.guards import dest_path
-from sync.transports.http import HttpTransport, category_url
+from sync.transports.http import HttpTransport, category_path, category_url
 from sync.transports.partial import (
     install_file,
     make_directories,
@@ -312,18 +311,17 @@ class _Run:
         entry = self.entry
         url = category_url(peer, self.category, "pieces")
         params = {"path": entry.path, "hash": entry.hash}
-        session = self.swarm._http.session()
         try:
-            async with (
-                asyncio.timeout(self.swarm._timeouts.http_request_s),
-                session.get(url, params=params) as response,
-            ):
-                if response.status == 404:
-                    return None
-                if response.status != 200:
-                    raise FileTransferError(f"{url}: HTTP {response.status}", response.status)
-                return PieceMap.from_json(await response.json(), entry)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            response = await self.swarm._http.peers().request(
+                "GET", peer.url, category_path(self.category, "pieces"), params=params,
+                timeout_s=self.swarm._timeouts.http_request_s, check=False,
+            )  # fmt: skip
+            if response.status == 404:
+                return None
+            if response.status != 200:
+                raise FileTransferError(f"{url}: HTTP {response.status}", response.status)
+            return PieceMap.from_json(response.json(), entry)
+        except (NetError, ValueError) as exc:
             raise sync_error(exc, url, FileTransferError) from exc
 
     async def _fetch_piece(self, peer: PeerRef, index: int) -> int:
@@ -333,8 +331,9 @@ class _Run:
         http = self.swarm._http
         if peer.node_id == self.origin.node_id:
             return await download_run(
-                http.session(),
-                category_url(peer, self.category, "file"),
+                http.peers(),
+                peer.url,
+                category_path(self.category, "file"),
                 self.entry,
                 PieceRun(index, index),
                 self.fd,
@@ -355,22 +354,21 @@ class _Run:
         entry = self.entry
         offset, length = entry.piece_span(index)
         expected = entry.piece_hashes()[index]
-        url = category_url(peer, self.category, "piece")
         params = {"path": entry.path, "hash": entry.hash, "index": str(index)}
-        session = self.swarm._http.session()
         where = f"{peer.node_id}: {entry.path} piece {index}"
         try:
-            async with (
-                asyncio.timeout(self.swarm._timeouts.sync_piece_s),
-                session.get(url, params=params, headers={"Accept-Encoding": "identity"}) as answer,
-            ):
-                if answer.status == 404:
-                    raise FileChangedError(f"{where}: not held there", 404)
-                if answer.status != 200:
-                    raise FileTransferError(f"{where}: HTTP {answer.status}", answer.status)
-                data = await answer.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            answer = await self.swarm._http.peers().request(
+                "GET", peer.url, category_path(self.category, "piece"), params=params,
+                headers={"Accept-Encoding": "identity"},
+                timeout_s=self.swarm._timeouts.sync_piece_s, check=False,
+            )  # fmt: skip
+        except NetError as exc:
             raise sync_error(exc, where, FileTransferError) from exc
+        if answer.status == 404:
+            raise FileChangedError(f"{where}: not held there", 404)
+        if answer.status != 200:
+            raise FileTransferError(f"{where}: HTTP {answer.status}", answer.status)
+        data = answer.body
         if len(data) != length:
             raise _BadPiece(f"{where}: {len(data)} bytes, expected {length}")
         limiter = self.swarm._http.download_limiter

@@ -26,3 +26,14 @@ def test_an_error_answer_shows_the_nodes_reason() -> None:
     body = b'{"error": "unauthorized", "reason": "bad signature", "status": 401}'
     assert http_fetch_error(401, body).reason == "401: bad signature"
     assert http_fetch_error(502, b"").reason == "502: HTTP 502"
+
+
+def test_the_peer_clients_errors_read_as_the_rows_reason() -> None:
+    from net import PeerRequestError, PeerTimeoutError
+
+    timeout = fetch_error(PeerTimeoutError("http://n:1/v1/status", "no answer in 3 s"), 3)
+    assert (type(timeout), timeout.reason) == (FetchTimeoutError, "timeout after 3.0 s")
+    refused = PeerRequestError("http://n:1/v1/status", "unreachable: connection refused")
+    assert fetch_error(refused, 3).reason == "unreachable: connection refused"
+    answered = PeerRequestError("http://n:1/v1/status", "bad signature", 401, code="unauthorized")
+    assert fetch_error(answered, 3).reason == "401: bad signature"

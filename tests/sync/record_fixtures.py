@@ -12,6 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestServer
 
+from config import Timeouts
+from net import PeerClient
 from sync import RecordStore, RecordStores, StoreOptions, record_routes
 
 NODE_ID = "node-a"
@@ -75,4 +77,11 @@ async def server(stores: RecordStores) -> AsyncIterator[TestServer]:
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
+        yield client
+
+
+@pytest.fixture
+async def peers() -> AsyncIterator[PeerClient]:
+    """The peer client that pulls (net.PeerClient, unsigned, 30 s a request)."""
+    async with PeerClient(timeouts=Timeouts(http_request_s=30)) as client:
         yield client

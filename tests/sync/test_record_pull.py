@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from net import PeerClient
 from sync import (
     GAMES_SCHEMA,
     P2PSyncClient,
@@ -27,10 +28,10 @@ from sync import (
 )
 from sync.records import pull as pull_module
 from sync.records.pull import next_hint
-from tests.sync.record_fixtures import SMALL, base_url, game, serve, session
+from tests.sync.record_fixtures import SMALL, base_url, game, peers, serve, session
 from tests.sync.record_proxy import FaultyProxy
 
-__all__ = ["session"]
+__all__ = ["peers", "session"]
 
 
 @pytest.fixture
@@ -59,55 +60,64 @@ async def all_ids(store: RecordStore) -> list[str]:
 
 
 async def test_pull_from_two_sources_inserts_each_record_once(
-    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+    sources: tuple[TestServer, TestServer],
+    local: RecordStore,
+    session: aiohttp.ClientSession,
+    peers: PeerClient,
 ) -> None:
     server_a, server_b = sources
-    from_a = await pull_records(session, base_url(server_a), "games", local)
+    from_a = await pull_records(peers, base_url(server_a), "games", local)
     assert (from_a.pulled, from_a.inserted, from_a.duplicates) == (7000, 7000, 0)
     assert from_a.cursor == (1_700_006_999.0, "g-006999")
-    from_b = await pull_records(session, base_url(server_b), "games", local, limit=999)
+    from_b = await pull_records(peers, base_url(server_b), "games", local, limit=999)
     assert (from_b.pulled, from_b.inserted, from_b.duplicates) == (7000, 3000, 4000)
     assert await all_ids(local) == [f"g-{i:06d}" for i in range(10_000)]
     assert local.status().count == 10_000
     [kept] = await local.get(["g-004000"])
     assert kept == {**game(4000), "source_node": "peer-a"}  # the first copy wins, unchanged
 
-    nothing_new = await pull_records(session, base_url(server_a), "games", local, from_a.cursor)
+    nothing_new = await pull_records(peers, base_url(server_a), "games", local, from_a.cursor)
     assert nothing_new == PullResult(0, 0, 0, from_a.cursor)
-    again = await pull_records(session, base_url(server_b), "games", local, limit=5000)
+    again = await pull_records(peers, base_url(server_b), "games", local, limit=5000)
     assert (again.pulled, again.inserted, again.duplicates) == (7000, 0, 7000)
 
 
 async def test_a_pull_resumes_from_its_cursor(
-    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+    sources: tuple[TestServer, TestServer],
+    local: RecordStore,
+    session: aiohttp.ClientSession,
+    peers: PeerClient,
 ) -> None:
     url = base_url(sources[0])
-    first = await pull_records(session, url, "games", local, limit=1000, max_records=2500)
+    first = await pull_records(peers, url, "games", local, limit=1000, max_records=2500)
     assert (first.pulled, first.inserted) == (3000, 3000)
     assert first.cursor == (1_700_002_999.0, "g-002999")
-    rest = await pull_records(session, url, "games", local, first.cursor, limit=1000)
+    rest = await pull_records(peers, url, "games", local, first.cursor, limit=1000)
     assert (rest.pulled, rest.inserted, rest.duplicates) == (4000, 4000, 0)
     filtered = await pull_records(
-        session, url, "games", local, filters={"min_quality": 0.9, "board_type": "hex8"}
+        peers, url, "games", local, filters={"min_quality": 0.9, "board_type": "hex8"}
     )
     assert (filtered.pulled, filtered.inserted) == (700, 0)
 
 
 async def test_a_failed_pull_reports_what_it_committed(
-    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+    sources: tuple[TestServer, TestServer],
+    local: RecordStore,
+    session: aiohttp.ClientSession,
+    peers: PeerClient,
 ) -> None:
     async with FaultyProxy(sources[0].port or 0) as proxy:
         proxy.pass_requests, proxy.fail_503 = 2, 1
         with pytest.raises(RecordPullError, match="HTTP 503") as info:
-            await pull_records(session, proxy.url, "games", local, limit=1000)
+            await pull_records(peers, proxy.url, "games", local, limit=1000)
         partial = info.value.result
         assert (partial.pulled, partial.inserted) == (2000, 2000)
         assert partial.cursor == (1_700_001_999.0, "g-001999")
-        rest = await pull_records(session, proxy.url, "games", local, partial.cursor)
+        rest = await pull_records(peers, proxy.url, "games", local, partial.cursor)
         assert (rest.pulled, rest.inserted) == (5000, 5000)
     assert local.status().count == 7000
     with pytest.raises(RecordPullError, match="bogus: unknown parameter") as bad:
-        await pull_records(session, base_url(sources[0]), "games", local, filters={"bogus": 1})
+        await pull_records(peers, base_url(sources[0]), "games", local, filters={"bogus": 1})
     assert bad.value.result == PullResult(0, 0, 0, None)
 
 
@@ -129,7 +139,9 @@ async def test_p2p_sync_client(sources: tuple[TestServer, TestServer], local: Re
 
 
 async def test_a_peer_that_repeats_its_page_stops_the_pull(
-    local: RecordStore, session: aiohttp.ClientSession
+    local: RecordStore,
+    session: aiohttp.ClientSession,
+    peers: PeerClient,
 ) -> None:
     async def same_page(request: web.Request) -> web.Response:
         page = [game(1), game(2)]
@@ -139,7 +151,7 @@ async def test_a_peer_that_repeats_its_page_stops_the_pull(
     app.router.add_get("/v1/records/games/since", same_page)
     async with TestServer(app, host="127.0.0.1", port=0) as stuck:
         with pytest.raises(RecordPullError, match="not after") as info:
-            await pull_records(session, base_url(stuck), "games", local, limit=2)
+            await pull_records(peers, base_url(stuck), "games", local, limit=2)
     assert (info.value.result.pulled, info.value.result.inserted) == (2, 2)
     assert local.status().count == 2
 
@@ -159,7 +171,10 @@ def test_next_hint_reads_the_cursor_at_the_tail_of_a_page() -> None:
 
 
 async def test_the_next_page_is_asked_for_before_the_page_is_parsed(
-    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+    sources: tuple[TestServer, TestServer],
+    local: RecordStore,
+    session: aiohttp.ClientSession,
+    peers: PeerClient,
 ) -> None:
     """Each page (but the last) is parsed only once the request of the following page reached
     the peer: parsing waits for it (in its worker thread), and fails if it never comes."""
@@ -187,13 +202,16 @@ async def test_the_next_page_is_asked_for_before_the_page_is_parsed(
 
     async with TestServer(app, host="127.0.0.1", port=0) as relay_server:
         with mock.patch.object(pull_module, "parse_page", parse_when_next_asked):
-            result = await pull_records(session, base_url(relay_server), "games", local, limit=2000)
+            result = await pull_records(peers, base_url(relay_server), "games", local, limit=2000)
     assert (result.pulled, result.inserted) == (7000, 7000)
     assert asked == [None, "g-001999", "g-003999", "g-005999"]
 
 
 async def test_a_page_is_parsed_while_the_page_before_commits(
-    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+    sources: tuple[TestServer, TestServer],
+    local: RecordStore,
+    session: aiohttp.ClientSession,
+    peers: PeerClient,
 ) -> None:
     """The commit of the first page is held until the second page is being parsed: the pull
     only finishes if it does not wait for a commit before parsing the next page."""
@@ -222,13 +240,16 @@ async def test_a_page_is_parsed_while_the_page_before_commits(
         mock.patch.object(pull_module, "parse_page", parse_and_tell),
         mock.patch.object(local, "ingest_rows", held_ingest),
     ):
-        result = await pull_records(session, base_url(sources[0]), "games", local, limit=3000)
+        result = await pull_records(peers, base_url(sources[0]), "games", local, limit=3000)
     assert (result.pulled, result.inserted) == (7000, 7000)
     assert commits == [3000, 3000, 1000]
 
 
 async def test_a_wrong_next_cursor_at_the_tail_is_not_trusted(
-    sources: tuple[TestServer, TestServer], local: RecordStore, session: aiohttp.ClientSession
+    sources: tuple[TestServer, TestServer],
+    local: RecordStore,
+    session: aiohttp.ClientSession,
+    peers: PeerClient,
 ) -> None:
     """A peer whose `next` is not the end of its page: the early request made from it is
     dropped and the pull goes on from the page's real end, missing nothing."""
@@ -246,7 +267,7 @@ async def test_a_wrong_next_cursor_at_the_tail_is_not_trusted(
     app = web.Application()
     app.router.add_get("/v1/records/games/since", skewed)
     async with TestServer(app, host="127.0.0.1", port=0) as peer:
-        result = await pull_records(session, base_url(peer), "games", local, limit=3000)
+        result = await pull_records(peers, base_url(peer), "games", local, limit=3000)
     assert (result.pulled, result.inserted) == (7000, 7000)
     assert result.cursor == (1_700_006_999.0, "g-006999")
     assert await all_ids(local) == [f"g-{i:06d}" for i in range(7000)]

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from net import PeerClient
 from sync import GAMES_SCHEMA, ROLLOUTS_SCHEMA, RecordStore, RecordStores, pull_records
 from sync.errors import RecordValidationError
 from sync.records import raw as raw_module
@@ -22,9 +23,9 @@ from sync.records.raw import RawJson, canonical_strings, loads_cut
 from sync.records.routes import parse_body
 from sync.records.schema import FieldKind, FieldSpec, RecordSchema
 from sync.records.validate import row_to_record, validate_records
-from tests.sync.record_fixtures import SMALL, base_url, game, server, session, stores
+from tests.sync.record_fixtures import SMALL, base_url, game, peers, server, session, stores
 
-__all__ = ["server", "session", "stores"]
+__all__ = ["peers", "server", "session", "stores"]
 
 MOVES = [f"{'abcdefgh'[i % 8]}{i % 8 + 1}-é{i}" for i in range(120)]
 MOVES_TEXT = orjson.dumps(MOVES)
@@ -184,6 +185,7 @@ def test_the_shape_of_a_raw_array_is_checked() -> None:
 async def test_array_moves_round_trip_byte_identical(
     server: TestServer,
     session: aiohttp.ClientSession,
+    peers: PeerClient,
     stores: RecordStores,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -208,16 +210,16 @@ async def test_array_moves_round_trip_byte_identical(
         page = await response.read()
     assert page.count(b'"moves":' + MOVES_TEXT) == 300
     assert orjson.loads(page)["records"][0]["moves"] == MOVES
-    fetched, _ = await fetch_page(session, base_url(server), "games", None, 5, schema=GAMES_SCHEMA)
+    fetched, _ = await fetch_page(peers, base_url(server), "games", None, 5, schema=GAMES_SCHEMA)
     assert fetched[0]["moves"] == RawJson(MOVES_TEXT.decode())
     async with RecordStore(tmp_path / "copy" / "games.db", GAMES_SCHEMA, SMALL) as copy:
-        result = await pull_records(session, base_url(server), "games", copy, limit=100)
+        result = await pull_records(peers, base_url(server), "games", copy, limit=100)
         assert (result.pulled, result.inserted) == (301, 301)
     assert stored_moves(tmp_path / "copy" / "games.db") == stored
 
 
 async def test_a_bad_record_beside_raw_arrays_refuses_the_whole_batch(
-    server: TestServer, session: aiohttp.ClientSession, stores: RecordStores
+    server: TestServer, session: aiohttp.ClientSession, peers: PeerClient, stores: RecordStores
 ) -> None:
     records = [game(i, moves=MOVES) for i in range(10)]
     records[7]["moves"] = {"not": "an array"}

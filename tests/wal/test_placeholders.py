@@ -19,7 +19,7 @@ from tests.wal.conftest import FAST
 from wal import EntryState, WalEntry, WriteAheadLog
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("config", "wal", "health", "sync", "node", "bench")
+PRODUCT = ("config", "net", "wal", "health", "sync", "node", "bench")
 _LITERALS = re.compile(r"'(?:[^']|'')*'")
 _NAMED = re.compile(r"\?\d|[:@$][A-Za-z_]")
 _NUMBERED = re.compile(r"\?\d")

@@ -1,0 +1,86 @@
+"""net: the one peer client. Sessions per peer, request signing, the timeout table, a breaker
+hook, a TLS seam, and one mapping of failures to PeerRequestError / PeerTimeoutError / RetryLater.
+
+May import config only; wal, health, sync and node import it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from net.aio import AiohttpTransport
+    from net.blocking import BlockingBreakerHook, BlockingPeerClient, UrllibTransport
+    from net.build import Identity, base_url, build_request, split_url
+    from net.client import BreakerHook, PeerClient
+    from net.errors import (
+        ClientClosedError,
+        NetError,
+        PeerRequestError,
+        PeerTimeoutError,
+        RetryLater,
+        answer_error,
+        map_peer_errors,
+        parse_retry_after,
+        peer_error,
+    )
+    from net.mock import MockHandler, MockTransport
+    from net.transport import (
+        AsyncTransport,
+        BlockingTransport,
+        PeerRequest,
+        PeerResponse,
+        PeerStream,
+        SslContextProvider,
+    )
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "net.aio": "AiohttpTransport",
+            "net.blocking": "BlockingBreakerHook BlockingPeerClient UrllibTransport",
+            "net.build": "Identity base_url build_request split_url",
+            "net.client": "BreakerHook PeerClient",
+            "net.errors": (
+                "ClientClosedError NetError PeerRequestError PeerTimeoutError RetryLater "
+                "answer_error map_peer_errors parse_retry_after peer_error"
+            ),
+            "net.mock": "MockHandler MockTransport",
+            "net.transport": (
+                "AsyncTransport BlockingTransport PeerRequest PeerResponse PeerStream "
+                "SslContextProvider"
+            ),
+        },
+    )
+
+__all__ = [
+    "AiohttpTransport",
+    "AsyncTransport",
+    "BlockingBreakerHook",
+    "BlockingPeerClient",
+    "BlockingTransport",
+    "BreakerHook",
+    "ClientClosedError",
+    "Identity",
+    "MockHandler",
+    "MockTransport",
+    "NetError",
+    "PeerClient",
+    "PeerRequest",
+    "PeerRequestError",
+    "PeerResponse",
+    "PeerStream",
+    "PeerTimeoutError",
+    "RetryLater",
+    "SslContextProvider",
+    "UrllibTransport",
+    "answer_error",
+    "base_url",
+    "build_request",
+    "map_peer_errors",
+    "parse_retry_after",
+    "peer_error",
+    "split_url",
+]

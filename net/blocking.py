@@ -1,0 +1,145 @@
+"""BlockingPeerClient: PeerClient's twin for code without an event loop (training and generator
+processes, a command's synchronous path): the same signing, timeouts, TLS seam, breaker hook and
+errors, over urllib (no aiohttp session, no thread)."""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+from multidict import CIMultiDict
+
+from config.timeouts import Timeouts
+from net.build import Identity, Params, base_url, build_request
+from net.client import FAILURE_STATUS, note_clock_skew
+from net.errors import answer_error, map_peer_errors
+from net.transport import BlockingTransport, PeerRequest, PeerResponse, SslContextProvider
+
+__all__ = ["BlockingBreakerHook", "BlockingPeerClient", "UrllibTransport"]
+
+BlockingBreakerHook = Callable[[str], AbstractContextManager[Any]]
+"""The breaker of a peer by key, as a plain context manager (see net.client.BreakerHook)."""
+
+
+class UrllibTransport:
+    """Sends each request on its own connection with urllib (a blocking caller makes few)."""
+
+    def __init__(self, ssl_context: SslContextProvider | None = None) -> None:
+        self._ssl_context = ssl_context
+
+    def send(self, request: PeerRequest) -> PeerResponse:
+        if not request.base.startswith(("http://", "https://")):
+            raise ValueError(f"{request.base}: not an http(s) URL")
+        sent = urllib.request.Request(  # noqa: S310 (the scheme is checked above)
+            request.url,
+            data=request.body if request.body or request.method != "GET" else None,
+            headers=dict(request.headers),
+            method=request.method,
+        )
+        context = self._ssl_context() if self._ssl_context is not None else None
+        try:
+            with urllib.request.urlopen(  # noqa: S310
+                sent, timeout=request.timeout_s, context=context
+            ) as answer:
+                headers = CIMultiDict(answer.headers.items())
+                return PeerResponse(answer.status, headers, answer.read())
+        except urllib.error.HTTPError as exc:  # an error answer is an answer
+            body = exc.read() if exc.fp is not None else b""
+            headers = CIMultiDict(exc.headers.items() if exc.headers else ())
+            return PeerResponse(exc.code, headers, body)
+
+    def close(self) -> None:
+        """Nothing to release: no connection outlives its request."""
+
+
+class BlockingPeerClient:
+    """Blocking requests to peers: the contract of net.client.PeerClient without `await`."""
+
+    def __init__(
+        self,
+        identity: Identity | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+        breaker: BlockingBreakerHook | None = None,
+        ssl_context: SslContextProvider | None = None,
+        transport: BlockingTransport | None = None,
+    ) -> None:
+        self.identity = identity or Identity()
+        self.timeouts = timeouts or Timeouts()
+        self._breaker = breaker
+        self._ssl_context = ssl_context
+        self.transport: BlockingTransport = transport or UrllibTransport(ssl_context)
+
+    def base_url(self, address: str) -> str:
+        """As PeerClient.base_url: https while the TLS seam gives a context."""
+        tls = self._ssl_context is not None and self._ssl_context() is not None
+        return base_url(address, tls=tls)
+
+    def request(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+        check: bool = True,
+    ) -> PeerResponse:
+        """As PeerClient.request."""
+        wait_s = self.timeouts.http_request_s if timeout_s is None else timeout_s
+        request = build_request(
+            self.identity, method, self.base_url(peer), path, json=json, data=data,
+            params=params, headers=headers, timeout_s=max(0.05, wait_s),
+        )  # fmt: skip
+        guard = (
+            contextlib.nullcontext()
+            if self._breaker is None
+            else self._breaker(breaker_key or request.base)
+        )
+        with guard:
+            with map_peer_errors(request.url, request.timeout_s):
+                answer = self.transport.send(request)
+            note_clock_skew(request, answer.status, answer.headers)
+            if check and answer.status >= FAILURE_STATUS:
+                raise answer_error(request.url, answer.status, answer.body, answer.headers)
+        if check and answer.status >= 400:
+            raise answer_error(request.url, answer.status, answer.body, answer.headers)
+        return answer
+
+    def call_json(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+    ) -> tuple[int, Any]:
+        """(status, JSON answer or None when empty) of `method` with `body` as JSON; errors as
+        `request`, and PeerRequestError for an answer that is not JSON."""
+        answer = self.request(
+            method, peer, path, json=body, params=params, headers=headers,
+            timeout_s=timeout_s, breaker_key=breaker_key,
+        )  # fmt: skip
+        with map_peer_errors(self.base_url(peer) + path):
+            return answer.status, answer.json()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> BlockingPeerClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,109 @@
+"""The one place that turns a peer's address into its base URL (the scheme is chosen here, and
+only here), and a call into a signed PeerRequest (config.auth's signature, X-Shoal-Cluster)."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from yarl import URL
+
+from config.auth import HEADER_CLUSTER, signed_headers
+from net.errors import PeerRequestError
+from net.transport import PeerRequest
+
+__all__ = ["Identity", "base_url", "build_request", "split_url"]
+
+Params = Mapping[str, str | int | float] | Sequence[tuple[str, str]] | None
+"""Query parameters: a mapping, or pairs (a name may repeat)."""
+
+
+def base_url(address: str, *, tls: bool = False) -> str:
+    """`scheme://host:port` of a peer from `host:port`, `[v6]:port`, a bare IPv6 address with a
+    port after its last colon, or a URL (whose path and trailing slash are dropped). The scheme
+    is https when `tls` or the URL says https, else http. PeerRequestError when there is no
+    port."""
+    text = address.strip()
+    if "://" in text:
+        parts = urlsplit(text)
+        host, port = parts.hostname, parts.port
+        tls = tls or parts.scheme == "https"
+    elif text.startswith("["):
+        parts = urlsplit(f"http://{text}")
+        host, port = parts.hostname, parts.port
+    else:
+        host, _, port_text = text.rpartition(":")
+        port = int(port_text) if port_text.isdigit() else None
+    if not host or port is None:
+        raise PeerRequestError(address, "not a peer address (HOST:PORT or http://HOST:PORT)")
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(base URL, path and query) of a full URL, for callers that were handed one."""
+    parts = urlsplit(url)
+    path_qs = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return base_url(url), path_qs
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this client is to its peers: the cluster `secret` that signs every request (None:
+    unsigned, a dev cluster), the `node_id` it signs as (a node's id, or `cli-HOST` for a
+    command), and the `cluster` it names in X-Shoal-Cluster (None: no header)."""
+
+    secret: bytes | None = None
+    node_id: str = ""
+    cluster: str | None = None
+
+    @classmethod
+    def of_command(cls, secret: bytes | None, cluster: str | None = None) -> Identity:
+        """The identity of a command run by an operator on this host (`cli-HOSTNAME`)."""
+        return cls(secret, f"cli-{socket.gethostname()}", cluster)
+
+
+def build_request(
+    identity: Identity,
+    method: str,
+    base: str,
+    path: str,
+    *,
+    json: Any = None,
+    data: bytes | None = None,
+    params: Params = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float,
+) -> PeerRequest:
+    """A complete request: the query of `params` appended to `path`, the body (`json` encoded,
+    or `data` as given), and the signature over method, path and query, body and time."""
+    if json is not None and data is not None:
+        raise ValueError("give json or data, not both")
+    path_qs = path if path.startswith("/") else f"/{path}"
+    if params:
+        # encoded as aiohttp encodes `params` (yarl): "/" stays, as the file routes require
+        pairs = params.items() if isinstance(params, Mapping) else params
+        query = URL.build(query=[(key, str(value)) for key, value in pairs])
+        path_qs += ("&" if "?" in path_qs else "?") + query.raw_query_string
+    body = jsonlib.dumps(json).encode() if json is not None else (data or b"")
+    sent = {"Accept": "application/json"}
+    if json is not None:
+        sent["Content-Type"] = "application/json"
+    sent.update(headers or {})
+    secret = identity.secret
+    resign = None
+    if secret is not None:
+
+        def resign() -> dict[str, str]:
+            return signed_headers(
+                secret, identity.node_id, method, path_qs, body, cluster=identity.cluster
+            )
+
+        sent.update(resign())
+    elif identity.cluster:
+        sent[HEADER_CLUSTER] = identity.cluster
+    return PeerRequest(method.upper(), base, path_qs, sent, body, timeout_s, resign=resign)

@@ -1,0 +1,320 @@
+"""PeerClient: every request of a node (or a command) to a peer, signed, within a timeout of the
+table, through the peer's breaker, with failures raised as net's errors naming the peer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW, HEADER_SIGNATURE
+from config.closing import AsyncClosing
+from config.timeouts import Timeouts
+from net.build import Identity, Params, base_url, build_request
+from net.errors import answer_error, map_peer_errors
+from net.transport import (
+    AsyncTransport,
+    PeerRequest,
+    PeerResponse,
+    PeerStream,
+    SslContextProvider,
+)
+
+__all__ = ["BreakerHook", "PeerClient", "note_clock_skew"]
+
+BreakerHook = Callable[[str], AbstractAsyncContextManager[Any]]
+"""The breaker of a peer, by its key (a node id, else its base URL): an async context manager
+that refuses to enter while open and counts an exception leaving it as the peer's failure
+(health.BreakerRegistry.breaker_for fits)."""
+
+FAILURE_STATUS = 500
+"""Error answers from this status up count against the peer's breaker; lower ones (a refused
+request) are the caller's, not the peer's fault."""
+
+
+def note_clock_skew(request: PeerRequest, status: int, headers: Mapping[str, str]) -> None:
+    """Record (or clear) a peer's clock skew learnt from its answer to a signed request."""
+    if HEADER_SIGNATURE not in request.headers:
+        return
+    skew = headers.get(HEADER_CLOCK_SKEW)
+    if status == 401 and skew is not None:
+        with contextlib.suppress(ValueError):  # the sender's (our) clock minus the peer's
+            CLOCK_SKEWS.record(request.base.split("://", 1)[-1], -float(skew), time.time())
+    elif status != 401:
+        CLOCK_SKEWS.clear(request.base.split("://", 1)[-1])
+
+
+class _MappedStream:
+    """A transport's stream whose reads raise net's errors."""
+
+    def __init__(self, inner: PeerStream, url: str, timeout_s: float) -> None:
+        self._inner = inner
+        self._url = url
+        self._timeout_s = timeout_s
+
+    @property
+    def status(self) -> int:
+        return self._inner.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._inner.headers
+
+    async def iter_chunks(self, size: int | None = None) -> AsyncIterator[bytes]:
+        with map_peer_errors(self._url, self._timeout_s):
+            async for chunk in self._inner.iter_chunks(size):
+                yield chunk
+
+    async def readexactly(self, size: int) -> bytes:
+        with map_peer_errors(self._url, self._timeout_s):
+            return await self._inner.readexactly(size)
+
+    async def iter_lines(self) -> AsyncIterator[bytes]:
+        with map_peer_errors(self._url, self._timeout_s):
+            async for line in self._inner.iter_lines():
+                yield line
+
+    async def read(self) -> bytes:
+        with map_peer_errors(self._url, self._timeout_s):
+            return await self._inner.read()
+
+
+class PeerClient(AsyncClosing):
+    """Requests to peers, each signed as `identity`, within `timeout_s` (default: the table's
+    `http_request_s`), through `breaker(key)` when given.
+
+    `ssl_context` is the TLS seam: a callable giving the client context (or None) for the next
+    connection; while it gives a context, `base_url` makes https URLs of addresses. `transport`
+    replaces the real one (one aiohttp session per peer, kept alive, with `limit_per_peer`,
+    `read_bufsize` and `auto_decompress` as net.aio.AiohttpTransport's) with e.g. MockTransport.
+    Use `async with`, or `close()` (idempotent; a closed client refuses requests).
+    """
+
+    def __init__(
+        self,
+        identity: Identity | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+        breaker: BreakerHook | None = None,
+        ssl_context: SslContextProvider | None = None,
+        transport: AsyncTransport | None = None,
+        limit_per_peer: int = 64,
+        read_bufsize: int = 2**16,
+        auto_decompress: bool = True,
+    ) -> None:
+        self.identity = identity or Identity()
+        self.timeouts = timeouts or Timeouts()
+        self._breaker = breaker
+        self._ssl_context = ssl_context
+        if transport is None:
+            from net.aio import AiohttpTransport  # here: `import net.client` without aiohttp
+
+            transport = AiohttpTransport(
+                ssl_context,
+                limit_per_peer=limit_per_peer,
+                read_bufsize=read_bufsize,
+                auto_decompress=auto_decompress,
+            )
+        self.transport: AsyncTransport = transport
+
+    def base_url(self, address: str) -> str:
+        """The base URL of the peer at `address` (HOST:PORT or a URL): https while the TLS
+        seam gives a context, else http. The one place the scheme is chosen."""
+        tls = self._ssl_context is not None and self._ssl_context() is not None
+        return base_url(address, tls=tls)
+
+    def _request(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        *,
+        json: Any,
+        data: bytes | None,
+        params: Params,
+        headers: Mapping[str, str] | None,
+        timeout_s: float | None,
+    ) -> PeerRequest:
+        wait_s = self.timeouts.http_request_s if timeout_s is None else timeout_s
+        return build_request(
+            self.identity,
+            method,
+            self.base_url(peer),
+            path,
+            json=json,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout_s=wait_s,
+        )
+
+    def _guard(self, request: PeerRequest, key: str | None) -> AbstractAsyncContextManager[Any]:
+        if self._breaker is None:
+            return contextlib.nullcontext()
+        return self._breaker(key or request.base)
+
+    async def request(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+        check: bool = True,
+    ) -> PeerResponse:
+        """One request to `peer` (HOST:PORT or a base URL), its whole answer read within the
+        timeout. With `check`, an error answer raises answer_error's error (RetryLater for a
+        429/503 with Retry-After); without, it is returned. No answer: PeerRequestError, or
+        PeerTimeoutError after `timeout_s`. Failures and answers >= 500 count against the
+        breaker of `breaker_key` (default: the base URL)."""
+        request = self._request(
+            method, peer, path, json=json, data=data, params=params, headers=headers,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        async with self._guard(request, breaker_key):
+            with map_peer_errors(request.url, request.timeout_s):
+                async with asyncio.timeout(request.timeout_s):
+                    async with self.transport.stream(request) as stream:
+                        answer = PeerResponse(stream.status, stream.headers, await stream.read())
+            note_clock_skew(request, answer.status, answer.headers)
+            if check and answer.status >= FAILURE_STATUS:
+                raise answer_error(request.url, answer.status, answer.body, answer.headers)
+        if check and answer.status >= 400:
+            raise answer_error(request.url, answer.status, answer.body, answer.headers)
+        return answer
+
+    async def request_json(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+    ) -> Any:
+        """The JSON answer (None for an empty body) of `method` with `body` as JSON (None: no
+        body); errors as `request`, and PeerRequestError for an answer that is not JSON."""
+        answer = await self.request(
+            method, peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
+            breaker_key=breaker_key,
+        )  # fmt: skip
+        with map_peer_errors(self.base_url(peer) + path):
+            return answer.json()
+
+    async def call_json(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+    ) -> tuple[int, Any]:
+        """(status, JSON answer or None when empty) of `method` with `body` as JSON, an error
+        answer included (its status is the caller's to read); PeerRequestError when there is
+        no answer or it is not JSON."""
+        answer = await self.request(
+            method, peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
+            breaker_key=breaker_key, check=False,
+        )  # fmt: skip
+        with map_peer_errors(self.base_url(peer) + path):
+            return answer.status, answer.json()
+
+    async def get_json(
+        self,
+        peer: str,
+        path: str,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+    ) -> Any:
+        """The JSON answer of GET `path` (None for an empty body); errors as `request`, and
+        PeerRequestError for an answer that is not JSON."""
+        answer = await self.request(
+            "GET", peer, path, params=params, headers=headers, timeout_s=timeout_s,
+            breaker_key=breaker_key,
+        )  # fmt: skip
+        with map_peer_errors(self.base_url(peer) + path):
+            return answer.json()
+
+    async def post_json(
+        self,
+        peer: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        breaker_key: str | None = None,
+    ) -> Any:
+        """The JSON answer of POST `body` (as JSON) to `path`; errors as `get_json`."""
+        answer = await self.request(
+            "POST", peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
+            breaker_key=breaker_key,
+        )  # fmt: skip
+        with map_peer_errors(self.base_url(peer) + path):
+            return answer.json()
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        peer: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        check: bool = True,
+        unbounded_reads: bool = False,
+    ) -> AsyncIterator[PeerStream]:
+        """An answer read piece by piece: entered once its headers arrive (within `timeout_s`,
+        which then bounds each read, not the whole body; with `unbounded_reads` reads wait as
+        long as the peer is silent: a followed log). With `check`, an error answer raises as
+        in `request`. Reads raise net's errors; the caller's own errors inside the block (a
+        full disk) pass unchanged."""
+        request = self._request(
+            method, peer, path, json=json, data=data, params=params, headers=headers,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        if unbounded_reads:
+            request = dataclasses.replace(request, unbounded_reads=True)
+        opened = self.transport.stream(request)
+        with map_peer_errors(request.url, request.timeout_s):
+            async with asyncio.timeout(request.timeout_s):
+                inner = await opened.__aenter__()
+        try:
+            note_clock_skew(request, inner.status, inner.headers)
+            stream = _MappedStream(inner, request.url, request.timeout_s)
+            if check and inner.status >= 400:
+                raise answer_error(request.url, inner.status, await stream.read(), inner.headers)
+            yield stream
+        except BaseException as exc:
+            if not await opened.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await opened.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        """Close every session. Idempotent and irreversible."""
+        await self.transport.aclose()
