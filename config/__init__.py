@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from config.settings import (
         DEFAULT_DELETIONS,
         ENV_VARS,
+        AuthMode,
         AutostopSettings,
         CategorySyncSettings,
         DeletionPolicy,
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
         LogFormat,
         NodeSettings,
         ResultsSettings,
+        TlsSettings,
         describe_settings,
         load_settings,
     )
@@ -105,8 +107,9 @@ else:
             ),
             "config.nodeid": "load_or_create_node_id",
             "config.settings": (
-                "DEFAULT_DELETIONS ENV_VARS AutostopSettings CategorySyncSettings DeletionPolicy "
-                "JobSettings LoadedSettings LogFormat NodeSettings ResultsSettings "
+                "DEFAULT_DELETIONS ENV_VARS AuthMode AutostopSettings CategorySyncSettings "
+                "DeletionPolicy JobSettings LoadedSettings LogFormat NodeSettings ResultsSettings "
+                "TlsSettings "
                 "describe_settings load_settings"
             ),
             "config.timeouts": "Timeouts",
@@ -130,6 +133,7 @@ __all__ = [
     "MIN_NONCE_CHARS",
     "AsyncClosing",
     "AuthError",
+    "AuthMode",
     "AutostopSettings",
     "BreakerSection",
     "CaError",
@@ -158,6 +162,7 @@ __all__ = [
     "StackEntry",
     "SyncSection",
     "Timeouts",
+    "TlsSettings",
     "cluster_middleware",
     "cuda_env",
     "cuda_visible_devices",

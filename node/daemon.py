@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ifaddr
 from aiohttp import web
@@ -58,6 +58,14 @@ from node.election.roles import NPROC_META
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
+from node.identity import (
+    AUTH_META,
+    CertificateGate,
+    CrlSpread,
+    IdentitySite,
+    crl_route_docs,
+    open_tls,
+)
 from node.jobs.component import JobApi, open_job_service
 from node.locks.service import LockService
 from node.logs import QuietProtocolLog
@@ -79,6 +87,9 @@ from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from node.tasks.registry import open_actor_routes
 from node.ui import Dashboard, UiAccess, UiSources, load_ui_token
+
+if TYPE_CHECKING:
+    from config.tls import TlsContexts
 from sync import (
     BUILTIN_SCHEMAS,
     ROLLOUTS_SCHEMA,
@@ -278,6 +289,9 @@ class NodeDaemon:
         """Set when the node stops itself (auto-stop of a `local` node); `shoal serve` exits."""
         self.stop_reason: str | None = None
         self._protocol_log = QuietProtocolLog(logging.getLogger("aiohttp.server"))
+        self.tls: TlsContexts | None = None
+        """The TLS contexts (auth tls or hmac+tls): `client_context()` for peer calls."""
+        self.crl_spread: CrlSpread | None = None
 
     async def start(self) -> None:
         """Start every component in order; on failure, stop what started and re-raise."""
@@ -301,6 +315,7 @@ class NodeDaemon:
         settings = self.settings = inventory_cluster_name(settings, inventory)
         prepare_data_dir(settings.data_dir)
         node_id = resolve_node_id(settings, inventory)
+        self.tls = open_tls(settings, node_id)
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
         metrics.bind_breakers(breakers)
@@ -372,7 +387,8 @@ class NodeDaemon:
         self._spawn(sync_service.run_forever(), "background-sync")
         self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
         self._notifier.ready(f"serving {node_id} on {settings.bind}:{self.port}")
-        log.info("node %s serving on http://%s:%d", node_id, settings.bind, self.port)
+        scheme = "http" if self.tls is None else "https"
+        log.info("node %s serving on %s://%s:%d", node_id, scheme, settings.bind, self.port)
 
     async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
         """Health checks and metrics; resolves the GPUs this node owns (`gpus`,
@@ -454,6 +470,7 @@ class NodeDaemon:
             lambda: stores.get(ROLLOUTS_SCHEMA.name),
             registry=runtime.metrics.registry if runtime.metrics is not None else None,
         )
+        identity, crl = self._identity(runtime, election)
         dashboard = Dashboard(
             UiAccess(secrets.ui_token, api_open=secrets.cluster is None),
             UiSources(
@@ -473,7 +490,9 @@ class NodeDaemon:
             runtime,
             policy,
             gates=[dashboard.middleware],
+            identity=identity,
             extra_routes=[
+                *(crl.routes() if crl is not None else ()),
                 *dashboard.routes(),
                 *record_routes(
                     stores, runtime.node_id, on_ingest=ingest_counter(runtime), gate=backlog
@@ -490,6 +509,7 @@ class NodeDaemon:
                 *audit.routes(),
             ],
             extra_docs=[
+                *(crl_route_docs() if crl is not None else ()),
                 *dashboard.docs(),
                 *(
                     RouteDoc(**doc)
@@ -521,7 +541,7 @@ class NodeDaemon:
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         self._stack.push_async_callback(dashboard.close)  # open event streams end first
-        site = web.TCPSite(runner, runtime.settings.bind, runtime.settings.port)
+        site = self._site(runner, identity)
         try:
             await site.start()
         except OSError as exc:
@@ -535,6 +555,45 @@ class NodeDaemon:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         runtime.port = self.port
+        if crl is not None:
+            crl.start()
+
+    def _identity(
+        self, runtime: NodeRuntime, election: ElectionService
+    ) -> tuple[CertificateGate | None, CrlSpread | None]:
+        """With TLS: the certificate and role checks of the API, and the CRL spread."""
+        settings = runtime.settings
+        if self.tls is None or settings.tls is None:
+            return None, None
+        gate = CertificateGate(
+            self.tls,
+            settings.auth_mode,
+            lambda: (
+                election.elector.plan.fence
+                if election.elector is not None and election.elector.plan is not None
+                else None
+            ),
+            runtime.metrics.registry if runtime.metrics is not None else None,
+        )
+        crl = CrlSpread(runtime, self.tls, settings.tls.crl_refresh_s)
+        self.crl_spread = crl
+        self._stack.push_async_callback(crl.close)
+        return gate, crl
+
+    def _site(self, runner: web.AppRunner, identity: CertificateGate | None) -> web.BaseSite:
+        """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it."""
+        settings = self.settings
+        if identity is None:
+            return web.TCPSite(runner, settings.bind, settings.port)
+        return IdentitySite(
+            runner,
+            settings.bind,
+            settings.port,
+            contexts=identity.contexts,
+            mode=settings.auth_mode,
+            plain_ok=settings.secret_file is not None,
+            refused=identity.refused,
+        )
 
     def _weights_service(self, runtime: NodeRuntime, election: ElectionService) -> WeightsService:
         """The pipeline-RL weights plane; its group is served at /v1/rendezvous?group=weights."""
@@ -565,6 +624,8 @@ class NodeDaemon:
             "config_hash": settings.config_hash(),
             **self._gpu_meta,
         }
+        if self.tls is not None:
+            meta[AUTH_META] = settings.auth_mode.value
         transport = UdpMembershipTransport(
             settings.bind,
             self.port,

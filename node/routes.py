@@ -10,6 +10,7 @@ from aiohttp import web
 
 from config import CLOCK_SKEWS
 from health import CircuitState, HealthStatus
+from node.identity.roles import CertificateGate
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
 from node.runtime import NodeRuntime
@@ -272,11 +273,18 @@ def build_app(
     extra_routes: Iterable[web.RouteDef] = (),
     extra_docs: Iterable[RouteDoc] = (),
     gates: Iterable[Any] = (),
+    identity: CertificateGate | None = None,
 ) -> web.Application:
     """The node's aiohttp application: core routes plus the routes other packages export;
     `gates` are middlewares that run before the signature check (the dashboard's cookie), after
-    the refusal of requests that name another cluster."""
-    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware, *gates, auth_middleware]
+    the refusal of requests that name another cluster. With `identity` (auth tls or hmac+tls)
+    the client certificate is checked before the signature and the role after it."""
+    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware]
+    if identity is not None:
+        middlewares.append(identity.certificate_middleware)
+    middlewares += [*gates, auth_middleware]
+    if identity is not None:
+        middlewares.append(identity.role_middleware)
     http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
         middlewares.insert(0, http_metrics.middleware())

@@ -12,7 +12,8 @@ NODE = ROOT / "node"
 
 FLOORS: list[tuple[str, ...]] = [
     # the base: errors, the runtime handle, addresses, signing, OpenAPI, the plan and its fence,
-    # the core routes, logs, metrics, systemd, start-up errors, the audit read from the WAL
+    # the core routes, logs, metrics, systemd, start-up errors, the audit read from the WAL,
+    # TLS identities and roles
     (
         "errors",
         "runtime",
@@ -27,6 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
         "systemd",
         "startup",
         "audit",
+        "identity",
     ),
     ("membership", "discovery"),
     ("election", "training"),
