@@ -6,6 +6,7 @@ plan's fence; `operator`: everything; `reader`: GET only). Every refusal is logg
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -18,6 +19,7 @@ from config.tls.context import DEFAULT_CRL_NAME, TlsContexts, TlsFiles
 from node.fence import FenceSource, fence_refusal
 from node.plan import FENCE_HEADER
 from node.security import (
+    AUTH_POLICY,
     PEER_ID,
     PEER_IDENTITY,
     REQUEST_SENDER,
@@ -133,6 +135,15 @@ class TlsCounters:
         )
 
 
+def _bearer_ok(request: web.Request) -> bool:
+    """Whether `request` carries this node's metrics bearer token (none set: never)."""
+    token = request.app[AUTH_POLICY].metrics_token
+    header = request.headers.get("Authorization", "")
+    if token is None or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token)
+
+
 def _route_of(request: web.Request) -> str:
     info = request.match_info
     route = info.route if info.http_exception is None else None
@@ -194,6 +205,8 @@ class CertificateGate:
             and request.transport.get_extra_info("ssl_object") is not None
         )
         public = (request.method, request.path) in PUBLIC_ROUTES
+        if public and request.path == "/metrics" and found is None and not self.mode.accepts_hmac:
+            public = _bearer_ok(request)
         if isinstance(found, CertificateError):
             self.refused(str(request.remote), found.identity, found.reason, found.detail)
             return json_error(
