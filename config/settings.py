@@ -145,7 +145,9 @@ class TlsSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    ca: Path = Field(description="The cluster CA certificate (ca.crt): every peer's must chain to it.")
+    ca: Path = Field(
+        description="The cluster CA certificate (ca.crt): every peer's must chain to it."
+    )
     cert: Path = Field(description="This node's certificate (NAME.crt, role node).")
     key: Path = Field(description="This node's private key (NAME.key, chmod 600).")
     crl: Path | None = Field(

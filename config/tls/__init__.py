@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         parse_san,
         revoke,
     )
+    from config.tls.client import TLS_ENV, client_scheme, operator_context
     from config.tls.context import (
         DEFAULT_CRL_NAME,
         NO_CHECK_TIME,
@@ -57,6 +58,7 @@ else:
                 "CA_CERT CA_KEY CRL_DAYS CRL_FILE DEFAULT_CA_DAYS DEFAULT_DAYS MAX_DAYS ClusterCa "
                 "IssuedFiles init_ca issue_certificate load_ca parse_san revoke"
             ),
+            "config.tls.client": "TLS_ENV client_scheme operator_context",
             "config.tls.context": (
                 "DEFAULT_CRL_NAME NO_CHECK_TIME TlsContexts TlsFiles TlsMaterial crl_number "
                 "handshake_refusal load_material"
@@ -83,6 +85,7 @@ __all__ = [
     "MAX_DAYS",
     "NO_CHECK_TIME",
     "ROLE_ATTRIBUTE",
+    "TLS_ENV",
     "CaIndex",
     "CertRole",
     "ClusterCa",
@@ -93,6 +96,7 @@ __all__ = [
     "TlsContexts",
     "TlsFiles",
     "TlsMaterial",
+    "client_scheme",
     "crl_number",
     "handshake_refusal",
     "identity_of",
@@ -102,6 +106,7 @@ __all__ = [
     "load_certificate",
     "load_crl",
     "load_material",
+    "operator_context",
     "parse_san",
     "read_index",
     "revoke",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from aiohttp import ClientError, ClientMiddlewareType, ClientSession, ClientTimeout
+from aiohttp import ClientError, ClientMiddlewareType, ClientSession, ClientTimeout, TCPConnector
 
 from config import (
     ConfigError,
@@ -25,6 +25,7 @@ from config import (
     read_secret_file,
     signing_middleware,
 )
+from config.tls.client import client_scheme, operator_context
 from node.errors import PeerRequestError, peer_error
 
 if TYPE_CHECKING:
@@ -101,20 +102,24 @@ def settings_from(
 
 
 def node_url(settings: NodeSettings, url: str | None = None) -> str:
-    """`url` when given, else the local daemon's API address from the settings."""
-    if url:
-        return url.rstrip("/")
-    return settings.local_url
+    """`url` when given, else the local daemon's API address from the settings; `https://`
+    when the command presents a client certificate (SHOAL_TLS_CERT)."""
+    chosen = url.rstrip("/") if url else settings.local_url
+    return client_scheme(chosen, guarded(operator_context))
 
 
 def client_session(settings: NodeSettings, timeout_s: float | None = None) -> ClientSession:
-    """An aiohttp session that signs every request when the settings name a secret file."""
+    """An aiohttp session that signs every request when the settings name a secret file, and
+    presents the client certificate of SHOAL_TLS_CERT / SHOAL_TLS_KEY / SHOAL_TLS_CA when set
+    (an operator's or reader's, for nodes with auth tls)."""
     middlewares: tuple[ClientMiddlewareType, ...] = ()
     if settings.secret_file is not None:
         secret = read_secret_file(settings.secret_file)
         middlewares = (signing_middleware(secret, f"cli-{socket.gethostname()}"),)
     timeout = ClientTimeout(total=timeout_s or settings.timeouts.http_request_s)
-    return ClientSession(timeout=timeout, middlewares=middlewares)
+    context = guarded(operator_context)
+    connector = None if context is None else TCPConnector(ssl=context)
+    return ClientSession(timeout=timeout, middlewares=middlewares, connector=connector)
 
 
 async def request_json(

@@ -204,4 +204,3 @@ class CrlSpread:
             return
         self._warned.discard(member.node_id)
         self._contexts.install_crl(body, member.node_id)
-

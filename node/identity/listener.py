@@ -65,7 +65,7 @@ class IdentitySite(web.BaseSite):
 
     def __init__(
         self,
-        runner: web.BaseRunner[Any],
+        runner: web.BaseRunner,
         host: str,
         port: int,
         *,
@@ -132,8 +132,13 @@ class IdentitySite(web.BaseSite):
 
     async def _first_byte(self, conn: socket.socket) -> bytes:
         loop = asyncio.get_running_loop()
-        readable = loop.create_future()
-        loop.add_reader(conn.fileno(), lambda: readable.done() or readable.set_result(None))
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(conn.fileno(), ready)
         try:
             await asyncio.wait_for(readable, self._timeout_s)
         finally:
@@ -173,9 +178,7 @@ class IdentitySite(web.BaseSite):
             refusal = handshake_refusal(exc)
             if refusal is not None:
                 reason, message = refusal
-                self._refused(
-                    peer, "<unknown: refused in the handshake>", reason.value, message
-                )
+                self._refused(peer, "<unknown: refused in the handshake>", reason.value, message)
             else:
                 log.debug("TLS handshake with %s failed: %s", peer, exc)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter
@@ -316,4 +317,3 @@ def open_tls(settings: NodeSettings, node_id: str) -> TlsContexts | None:
             f" node is {node_id!r}; issue one with `shoal ca issue {node_id} --role node`"
         )
     return contexts
-

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from config import read_secret_file, signing_middleware
+from config.tls.client import client_scheme, operator_context
 from node.errors import DownloadHashError as DownloadHashError
 from node.errors import JobClientError as JobClientError
 from node.errors import JobEndedError as JobEndedError
@@ -105,18 +106,22 @@ def endpoint_of(state: Mapping[str, Any]) -> Endpoint:
         raise JobClientError("the job state has no job yet: call start_job or attach_job first")
     secret_file = state.get("secret_file")
     secret = read_secret_file(Path(secret_file)) if secret_file else None
-    return Endpoint(str(state["node_url"]), secret, float(state["request_timeout_s"]))
+    url = client_scheme(str(state["node_url"]), operator_context())
+    return Endpoint(url, secret, float(state["request_timeout_s"]))
 
 
 def open_session(
     endpoint: Endpoint, timeout: aiohttp.ClientTimeout | None = None
 ) -> aiohttp.ClientSession:
-    """An aiohttp session that signs every request when a cluster secret is configured."""
+    """An aiohttp session that signs every request when a cluster secret is configured, and
+    presents the client certificate of SHOAL_TLS_CERT / _KEY / _CA when set."""
     middlewares: tuple[aiohttp.ClientMiddlewareType, ...] = ()
     if endpoint.secret is not None:
         middlewares = (signing_middleware(endpoint.secret, f"cli-{socket.gethostname()}"),)
     timeout = timeout or aiohttp.ClientTimeout(total=endpoint.request_timeout_s)
-    return aiohttp.ClientSession(timeout=timeout, middlewares=middlewares)
+    context = operator_context()
+    connector = None if context is None else aiohttp.TCPConnector(ssl=context)
+    return aiohttp.ClientSession(timeout=timeout, middlewares=middlewares, connector=connector)
 
 
 def streaming_timeout(endpoint: Endpoint) -> aiohttp.ClientTimeout:

@@ -49,10 +49,13 @@ async def test_a_revocation_on_one_node_reaches_the_other(tmp_path: Path) -> Non
             tmp_path, "b", tls=pki.node_tls("b", **refresh), seeds=[f"127.0.0.1:{a.port}"]
         )
         async with NodeDaemon(b_settings) as b:
-            assert a.tls is not None and b.tls is not None and b.crl_spread is not None
+            assert a.tls is not None
+            assert b.tls is not None
+            assert b.crl_spread is not None
 
             def sees_a() -> bool:
-                assert b.runtime is not None and b.runtime.membership is not None
+                assert b.runtime is not None
+                assert b.runtime.membership is not None
                 return any(
                     m.node_id == "a" and m.meta.get("auth") == "tls"
                     for m in b.runtime.membership.members()
@@ -71,7 +74,8 @@ async def test_a_revocation_on_one_node_reaches_the_other(tmp_path: Path) -> Non
             assert (pki.root / "b" / "crl.pem").read_bytes() == pki.ca_crl.read_bytes()
             status, body = await _status(b.port, pki.client("alice"), "b")
             assert status == 401, body
-            assert body["refusal"] == "revoked" and body["identity"] == "alice"
+            assert body["refusal"] == "revoked"
+            assert body["identity"] == "alice"
             # the route itself: newer than `after` or 204
             async with aiohttp.ClientSession() as session:
                 url = f"https://127.0.0.1:{a.port}{CRL_PATH}"
@@ -102,10 +106,10 @@ def test_the_newest_crl_of_the_ca_wins(tmp_path: Path) -> None:
     assert not contexts.install_crl(old, "peer-2")  # older: ignored
     assert contexts.material.crl_number == 1
     init_ca(tmp_path / "other")
-    pki.issue("zed", CertRole.OPERATOR, ca_dir=tmp_path / "other")
-    revoke(tmp_path / "other", "zed")
-    revoke(tmp_path / "other", "zed")
-    foreign = (tmp_path / "other" / "crl.pem").read_bytes()  # number 1... of another CA
+    for name in ("zed", "zoe", "zak"):
+        pki.issue(name, CertRole.OPERATOR, ca_dir=tmp_path / "other")
+        revoke(tmp_path / "other", name)
+    foreign = (tmp_path / "other" / "crl.pem").read_bytes()  # number 3, of another CA
     assert not contexts.install_crl(foreign, "mallory")
     assert not contexts.install_crl(b"not a crl", "mallory")
     assert contexts.material.crl_number == 1

@@ -67,7 +67,8 @@ async def _call(
 
 
 def _refused(daemon: NodeDaemon, reason: str) -> float:
-    assert daemon.runtime is not None and daemon.runtime.metrics is not None
+    assert daemon.runtime is not None
+    assert daemon.runtime.metrics is not None
     value = daemon.runtime.metrics.registry.get_sample_value(
         "shoal_tls_refused_total", {"reason": reason}
     )
@@ -96,7 +97,7 @@ async def test_tls_13_and_a_certificate_for_every_route_but_the_public_ones(
         status, body = await _call(daemon.port, pki.client("alice"), "GET", "/v1/status")
         assert status == 200, body
         # the handshake is TLS 1.3 and the server is node a's certificate
-        reader, writer = await asyncio.open_connection(
+        _reader, writer = await asyncio.open_connection(
             "127.0.0.1", daemon.port, ssl=pki.client("alice"), server_hostname="a"
         )
         ssl_object = writer.get_extra_info("ssl_object")
@@ -186,7 +187,8 @@ async def test_a_reader_gets_403_on_every_non_get_route_and_an_operator_does_not
                     daemon.port, pki.client("rita"), method.upper(), _concrete(path), {}
                 )
                 assert status == 403, (method, path, body)
-                assert body["error"] == "forbidden" and "role reader" in body["reason"]
+                assert body["error"] == "forbidden"
+                assert "role reader" in body["reason"]
                 walked += 1
         assert walked >= 20
         status, body = await _call(
@@ -199,7 +201,8 @@ async def test_a_reader_gets_403_on_every_non_get_route_and_an_operator_does_not
 
 def test_the_role_tables_name_documented_routes() -> None:
     for method, route in (*NODE_FENCED, *NODE_FORBIDDEN):
-        assert method in ("POST", "DELETE") and route.startswith(("/v1/", "/ui/")), route
+        assert method in ("POST", "DELETE"), route
+        assert route.startswith(("/v1/", "/ui/")), route
 
 
 @pytest.mark.parametrize("reason", ["expired", "not_yet_valid", "revoked", "other_ca"])
@@ -271,9 +274,11 @@ async def test_the_material_reloads_when_its_files_change_and_on_sighup(
         (local.root / "a" / "crl.pem").write_bytes(local.ca_crl.read_bytes())
         await _until(lambda: daemon.tls.material.crl_number == 1, 10.0, "CRL reload")  # type: ignore[union-attr]
         status, body = await _call(daemon.port, local.client("alice"), "GET", "/v1/status")
-        assert status == 401 and body["refusal"] == "revoked", body
+        assert status == 401, body
+        assert body["refusal"] == "revoked", body
         # SIGHUP reloads too (the file watch sees nothing new)
-        assert daemon.crl_spread is not None and daemon.crl_spread.handles_sighup
+        assert daemon.crl_spread is not None
+        assert daemon.crl_spread.handles_sighup
         generation = daemon.tls.material.generation
         os.kill(os.getpid(), signal.SIGHUP)
         await _until(
@@ -298,7 +303,8 @@ async def test_loopback_plain_http_is_served_only_when_signed(tmp_path: Path, pk
             assert response.status == 401
         # over TLS a signature is no identity with auth tls: a certificate is needed
         status, body = await _call(daemon.port, pki.client(None), "GET", "/v1/status")
-        assert status == 401 and body["error"] == "certificate_required", body
+        assert status == 401, body
+        assert body["error"] == "certificate_required", body
 
 
 async def test_hmac_plus_tls_accepts_both(tmp_path: Path, pki: Pki) -> None:
@@ -326,11 +332,13 @@ def test_bad_tls_files_stop_the_daemon_naming_the_setting_and_file(
     tls = {**pki.node_tls("a"), "cert": str(missing)}
     with pytest.raises(ConfigError) as caught:
         asyncio.run(NodeDaemon(test_settings(tmp_path, "a", tls=tls)).start())
-    assert "tls.cert" in str(caught.value) and str(missing) in str(caught.value)
+    assert "tls.cert" in str(caught.value)
+    assert str(missing) in str(caught.value)
     tls = {**pki.node_tls("a"), "key": str(pki.key("b"))}
     with pytest.raises(ConfigError) as caught:
         asyncio.run(NodeDaemon(test_settings(tmp_path, "a", tls=tls)).start())
-    assert "tls.key" in str(caught.value) and str(pki.key("b")) in str(caught.value)
+    assert "tls.key" in str(caught.value)
+    assert str(pki.key("b")) in str(caught.value)
     tls = {**pki.node_tls("a"), "cert": str(pki.cert("alice")), "key": str(pki.key("alice"))}
     with pytest.raises(ConfigError) as caught:
         asyncio.run(NodeDaemon(test_settings(tmp_path, "alice", tls=tls)).start())
