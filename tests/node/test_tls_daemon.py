@@ -17,9 +17,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+import typer
 
 from config import ConfigError, signing_middleware
-from config.tls import CertRole, init_ca, load_certificate, revoke
+from config.tls import CertRole, client_scheme, init_ca, load_certificate, operator_context, revoke
+from node.cli.common import node_url, request_json
 from node.daemon import NodeDaemon
 from node.identity import NODE_FENCED, NODE_FORBIDDEN
 from tests.node.daemons import test_settings
@@ -346,3 +348,43 @@ def test_bad_tls_files_stop_the_daemon_naming_the_setting_and_file(
     with pytest.raises(ConfigError) as caught:
         asyncio.run(NodeDaemon(test_settings(tmp_path, "c", tls=pki.node_tls("a"))).start())
     assert "names 'a'" in str(caught.value)
+
+
+def test_the_client_certificate_of_a_command_comes_from_the_environment(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert operator_context({}) is None
+    with pytest.raises(ConfigError, match="SHOAL_TLS_KEY, SHOAL_TLS_CA not set"):
+        operator_context({"SHOAL_TLS_CERT": str(pki.cert("alice"))})
+    wrong = {
+        "SHOAL_TLS_CERT": str(pki.cert("alice")),
+        "SHOAL_TLS_KEY": str(pki.key("rita")),
+        "SHOAL_TLS_CA": str(pki.ca_cert),
+    }
+    with pytest.raises(ConfigError, match="SHOAL_TLS_CERT, SHOAL_TLS_KEY"):
+        operator_context(wrong)
+    assert client_scheme("http://h:1", None) == "http://h:1"
+    assert client_scheme("http://h:1", ssl.create_default_context()) == "https://h:1"
+
+
+async def test_a_command_presents_the_operator_certificate(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOAL_TLS_CERT", str(pki.cert("alice")))
+    monkeypatch.setenv("SHOAL_TLS_KEY", str(pki.key("alice")))
+    monkeypatch.setenv("SHOAL_TLS_CA", str(pki.ca_cert))
+    async with NodeDaemon(_settings(tmp_path, pki)) as daemon:
+        url = node_url(daemon.settings, f"http://127.0.0.1:{daemon.port}")
+        assert url.startswith("https://")
+        status = await request_json(daemon.settings, "GET", f"{url}/v1/status")
+        assert status["node_id"] == "a"
+        job = await request_json(
+            daemon.settings, "POST", f"{url}/v1/jobs", {"name": "x", "argv": ["true"]}
+        )
+        assert job["argv"] == ["true"]
+        monkeypatch.setenv("SHOAL_TLS_CERT", str(pki.cert("rita")))
+        monkeypatch.setenv("SHOAL_TLS_KEY", str(pki.key("rita")))
+        with pytest.raises(typer.Exit):
+            await request_json(
+                daemon.settings, "POST", f"{url}/v1/jobs", {"name": "x", "argv": ["true"]}
+            )
