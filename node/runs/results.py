@@ -105,8 +105,10 @@ class NodeResults:
         session: aiohttp.ClientSession,
         url: str | None,
         fetch: Mapping[str, Any],
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Have the results node (at `url`) fetch `fetch` = {key, node, job_id, path}."""
+        """Have the results node (at `url`) fetch `fetch` = {key, node, job_id, path};
+        `headers` carry the coordinator's plan fence."""
         if url is None:
             raise ResultsStoreError(
                 503,
@@ -117,7 +119,7 @@ class NodeResults:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
             async with session.post(
-                f"{url}{FETCH_PATH}", json=dict(fetch), timeout=timeout
+                f"{url}{FETCH_PATH}", json=dict(fetch), timeout=timeout, headers=headers
             ) as response:
                 answer = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

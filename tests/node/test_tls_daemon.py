@@ -24,7 +24,7 @@ from config.tls import CertRole, client_scheme, init_ca, load_certificate, opera
 from node.cli.common import node_url, request_json
 from node.daemon import NodeDaemon
 from node.identity import NODE_FENCED, NODE_FORBIDDEN
-from tests.node.daemons import test_settings
+from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.tls_pki import Pki, make_pki
 
 SECRET = b"tls-daemon-test-secret-0123456789abcdef"
@@ -388,3 +388,28 @@ async def test_a_command_presents_the_operator_certificate(
             await request_json(
                 daemon.settings, "POST", f"{url}/v1/jobs", {"name": "x", "argv": ["true"]}
             )
+
+
+async def test_a_node_certificate_starts_a_job_with_the_current_plans_fence(
+    tmp_path: Path, pki: Pki
+) -> None:
+    settings = _settings(tmp_path, pki, voters=["a"], **FAST_ELECTION)
+    async with NodeDaemon(settings) as daemon:
+        runtime = daemon.runtime
+        assert runtime is not None
+
+        def planned() -> bool:
+            runtime.refresh()
+            return runtime.plan_version is not None and runtime.term is not None
+
+        await _until(planned, 10.0, "a plan")
+        fence = f"{runtime.term}.{runtime.plan_version}"
+        status, body = await _call(
+            daemon.port,
+            pki.client("b"),
+            "POST",
+            "/v1/jobs",
+            {"name": "member", "argv": ["true"]},
+            headers={"X-Shoal-Fence": fence},
+        )
+        assert status in (200, 201), body
