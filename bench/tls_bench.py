@@ -155,16 +155,16 @@ def _handshakes(port: int, context: ssl.SSLContext, count: int, resume: bool) ->
     request = b"GET /v1/health HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
     started = time.perf_counter()
     for _ in range(count):
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
-            with context.wrap_socket(
-                raw, server_hostname="bench", session=session if resume else None
-            ) as wrapped:
-                reused += int(wrapped.session_reused)
-                wrapped.sendall(request)
-                while wrapped.recv(65536):
-                    pass
-                if resume:
-                    session = wrapped.session
+        raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+        with context.wrap_socket(
+            raw, server_hostname="bench", session=session if resume else None
+        ) as wrapped:
+            reused += int(wrapped.session_reused)
+            wrapped.sendall(request)
+            while wrapped.recv(65536):
+                pass
+            if resume:
+                session = wrapped.session
     elapsed = time.perf_counter() - started
     return {
         "connections": count,

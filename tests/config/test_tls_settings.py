@@ -30,7 +30,7 @@ def test_auth_tls_without_a_tls_section_is_refused() -> None:
 
 
 def test_hmac_plus_tls_needs_the_secret(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="hmac\\+tls .* set secret_file"):
+    with pytest.raises(ConfigError, match=r"hmac\+tls .* set secret_file"):
         load_settings(env={}, flags={"auth": "hmac+tls", "tls": TLS})
     settings = load_settings(
         env={}, flags={"auth": "hmac+tls", "tls": TLS, "secret_file": tmp_path / "s"}
