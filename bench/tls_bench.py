@@ -239,6 +239,7 @@ def main(argv: list[str]) -> int:
         "plain": "HTTP signed with the cluster secret",
         "server": "one shoal daemon (auth hmac+tls) in a child process on 127.0.0.1",
         "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "ssl": ssl.OPENSSL_VERSION,
     }
     sys.stdout.write(json.dumps(result, indent=2) + "\n")

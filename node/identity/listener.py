@@ -37,6 +37,10 @@ PLAIN_REFUSAL = (
 )
 """What a plain HTTP request gets where only TLS is served, before the connection closes."""
 
+TLS_WRITE_HIGH_BYTES = 4 * 1024 * 1024
+"""Write buffer of a TLS connection before its writer waits (asyncio's default, 64 KiB, makes a
+file sent through TLS wait for every 256 KiB block to drain before it reads the next)."""
+
 Refused = Callable[[str, str, str, str], None]
 """(peer address, identity, reason, detail) of a refused handshake."""
 
@@ -157,13 +161,14 @@ class IdentitySite(web.BaseSite):
             if not first:
                 return
             if first[0] == TLS_RECORD_HANDSHAKE:
-                await loop.connect_accepted_socket(
+                transport, _ = await loop.connect_accepted_socket(
                     server,
                     conn,
                     ssl=self._contexts.server_context(),
                     ssl_handshake_timeout=self._timeout_s,
                 )
                 handed = True
+                transport.set_write_buffer_limits(high=TLS_WRITE_HIGH_BYTES)
                 return
             if self._mode.accepts_hmac or (self._plain_ok and _is_loopback(str(address[0]))):
                 await loop.connect_accepted_socket(server, conn)
