@@ -413,3 +413,33 @@ async def test_a_node_certificate_starts_a_job_with_the_current_plans_fence(
             headers={"X-Shoal-Fence": fence},
         )
         assert status in (200, 201), body
+
+
+async def test_a_file_is_served_whole_and_in_ranges_over_tls(tmp_path: Path, pki: Pki) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    settings = _settings(tmp_path, pki)
+    models = settings.data_dir / "models"
+    models.mkdir(parents=True)
+    (models / "w.bin").write_bytes(data)
+    async with NodeDaemon(settings) as daemon:
+        url = f"https://127.0.0.1:{daemon.port}/v1/sync/models/file"
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + 20
+            while True:
+                async with session.get(
+                    url, params={"path": "w.bin"}, ssl=pki.client("alice"), server_hostname="a"
+                ) as response:
+                    if response.status == 200:
+                        assert await response.read() == data
+                        break
+                assert time.monotonic() < deadline, response.status
+                await asyncio.sleep(0.1)
+            async with session.get(
+                url,
+                params={"path": "w.bin"},
+                headers={"Range": "bytes=1048570-2097160"},
+                ssl=pki.client("alice"),
+                server_hostname="a",
+            ) as response:
+                assert response.status == 206
+                assert await response.read() == data[1048570:2097161]
