@@ -20,10 +20,20 @@ import pytest
 import typer
 
 from config import ConfigError, signing_middleware
-from config.tls import CertRole, client_scheme, init_ca, load_certificate, operator_context, revoke
+from config.tls import (
+    CertRole,
+    RefusalReason,
+    TlsContexts,
+    client_scheme,
+    handshake_refusal,
+    init_ca,
+    load_certificate,
+    operator_context,
+    revoke,
+)
 from node.cli.common import node_url, request_json
 from node.daemon import NodeDaemon
-from node.identity import NODE_FENCED, NODE_FORBIDDEN
+from node.identity import NODE_FENCED, NODE_FORBIDDEN, tls_files
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.tls_pki import Pki, make_pki
 
@@ -443,3 +453,36 @@ async def test_a_file_is_served_whole_and_in_ranges_over_tls(tmp_path: Path, pki
             ) as response:
                 assert response.status == 206
                 assert await response.read() == data[1048570:2097161]
+
+
+async def test_the_client_context_refuses_a_revoked_or_misnamed_server(tmp_path: Path) -> None:
+    local = Pki(tmp_path / "pki")
+    local.root.mkdir()
+    init_ca(local.ca_dir)
+    local.issue("a", CertRole.NODE)
+    local.issue("b", CertRole.NODE)
+    async with NodeDaemon(test_settings(tmp_path, "a", tls=local.node_tls("a"))) as daemon:
+        b_files = tls_files(test_settings(tmp_path, "b", tls=local.node_tls("b")))
+        assert b_files is not None
+        b = TlsContexts(b_files)
+
+        async def handshake(name: str) -> tuple[RefusalReason, str] | None:
+            try:
+                _, writer = await asyncio.open_connection(
+                    "127.0.0.1", daemon.port, ssl=b.client_context(), server_hostname=name
+                )
+            except ssl.SSLError as exc:
+                return handshake_refusal(exc)
+            writer.close()
+            await writer.wait_closed()
+            return None
+
+        assert await handshake("a") is None
+        refusal = await handshake("c")
+        assert refusal is not None
+        assert refusal[0] is RefusalReason.BAD_IDENTITY
+        revoke(local.ca_dir, "a")
+        assert b.install_crl(local.ca_crl.read_bytes(), "test")
+        refusal = await handshake("a")
+        assert refusal is not None
+        assert refusal[0] is RefusalReason.REVOKED, refusal
