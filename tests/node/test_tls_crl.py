@@ -128,3 +128,23 @@ def test_the_newest_crl_of_the_ca_wins(tmp_path: Path) -> None:
 )
 def test_peer_scheme(own: AuthMode, peer: str | None, scheme: str) -> None:
     assert peer_scheme(own, peer) == scheme
+
+
+def test_a_failed_reload_keeps_the_material_in_use(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki", nodes=("a",))
+    files = tls_files(test_settings(tmp_path, "a", tls=pki.node_tls("a")))
+    assert files is not None
+    contexts = TlsContexts(files)
+    before = contexts.material
+    good = files.cert.read_bytes()
+    files.cert.write_bytes(good[: len(good) // 2])  # a half-copied certificate
+    assert contexts.changed()
+    assert not contexts.reload_if_changed()
+    assert contexts.material is before
+    assert contexts.server_context() is before.server
+    assert "tls.cert" in contexts.reload_errors[-1]
+    assert str(files.cert) in contexts.reload_errors[-1]
+    files.cert.write_bytes(good)
+    assert contexts.reload("SIGHUP")
+    assert contexts.material.generation == before.generation + 1
+    assert contexts.reload_errors == []
