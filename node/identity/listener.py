@@ -1,7 +1,7 @@
 """The HTTP API's listener with TLS: each accepted connection is peeked at, a TLS ClientHello
 gets the handshake with the server context in use at that moment (so a reload takes effect on
 the next connection, without closing the listener), plain HTTP is served where the auth mode
-allows it (`hmac+tls`: from anywhere; `tls`: from loopback only, signed with the cluster
+allows it (`hmac+tls`: from anywhere; `tls`: from this host only, signed with the cluster
 secret). A handshake refused for the client's certificate is logged and counted."""
 
 from __future__ import annotations
@@ -50,6 +50,17 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
     except ValueError:
         return False
+
+
+def _is_local(conn: socket.socket, address: Any) -> bool:
+    """Whether a connection comes from this host: a loopback address, or this host's own
+    address (a TCP connection from it to itself never leaves the host)."""
+    host = str(address[0])
+    try:
+        own = str(conn.getsockname()[0])
+    except OSError:
+        return False
+    return _is_loopback(host) or host == own
 
 
 class _Listening:
@@ -170,7 +181,7 @@ class IdentitySite(web.BaseSite):
                 handed = True
                 transport.set_write_buffer_limits(high=TLS_WRITE_HIGH_BYTES)
                 return
-            if self._mode.accepts_hmac or (self._plain_ok and _is_loopback(str(address[0]))):
+            if self._mode.accepts_hmac or (self._plain_ok and _is_local(conn, address)):
                 await loop.connect_accepted_socket(server, conn)
                 handed = True
                 return

@@ -169,6 +169,17 @@ async def _steps(base: str, pki: Pki, marker: str, tls: bool) -> dict[str, Any]:
     return seen
 
 
+async def _plain_status(base: str) -> int:
+    """The status of a signed plain-HTTP GET /v1/status (0: the connection was dropped)."""
+    middlewares = (signing_middleware(SECRET, "cli-local"),)
+    async with aiohttp.ClientSession(middlewares=middlewares) as session:
+        try:
+            async with session.get(f"{base}/v1/status") as response:
+                return response.status
+        except aiohttp.ClientError:
+            return 0
+
+
 @pytest.mark.parametrize("tls", [True, False], ids=["tls", "hmac-control"])
 def test_the_marker_never_crosses_the_bridge_in_clear(
     netns_cluster: NetnsClusterFactory, tmp_path: Path, tls: bool
@@ -188,5 +199,10 @@ def test_the_marker_never_crosses_the_bridge_in_clear(
     assert capture.count > 20, "the capture saw (almost) no frames"
     if tls:
         assert capture.hits == 0, f"the marker crossed the bridge in {capture.hits} frames"
+        # signed plain HTTP: served from the node's own host (its jobs, its CLI), at its own
+        # address too, refused from another host
+        plain = f"http://{node.address}:{node.port}"
+        assert run_in_namespace(node.ns, lambda: _plain_status(plain), 30) == 200
+        assert run_in_namespace(operator.ns, lambda: _plain_status(plain), 30) == 400
     else:
         assert capture.hits >= 3, "the control run should show the marker in clear"
