@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from config.settings import (
         DEFAULT_DELETIONS,
         ENV_VARS,
+        AuthMode,
         AutostopSettings,
         CategorySyncSettings,
         DeletionPolicy,
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
         LogFormat,
         NodeSettings,
         ResultsSettings,
+        TlsSettings,
         describe_settings,
         load_settings,
     )
@@ -117,8 +119,9 @@ else:
             ),
             "config.nodeid": "load_or_create_node_id",
             "config.settings": (
-                "DEFAULT_DELETIONS ENV_VARS AutostopSettings CategorySyncSettings DeletionPolicy "
-                "JobSettings LoadedSettings LogFormat NodeSettings ResultsSettings "
+                "DEFAULT_DELETIONS ENV_VARS AuthMode AutostopSettings CategorySyncSettings "
+                "DeletionPolicy JobSettings LoadedSettings LogFormat NodeSettings ResultsSettings "
+                "TlsSettings "
                 "describe_settings load_settings"
             ),
             "config.timeouts": "Timeouts",
@@ -152,6 +155,7 @@ __all__ = [
     "UNANNOUNCED_PROTOCOL",
     "AsyncClosing",
     "AuthError",
+    "AuthMode",
     "AutostopSettings",
     "BreakerSection",
     "CaError",
@@ -180,6 +184,7 @@ __all__ = [
     "StackEntry",
     "SyncSection",
     "Timeouts",
+    "TlsSettings",
     "cluster_middleware",
     "cuda_env",
     "cuda_visible_devices",

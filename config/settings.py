@@ -118,6 +118,50 @@ RECORD_CATEGORIES = (Category.GAMES, Category.ROLLOUTS)
 DEFAULT_TOMBSTONE_TTL_S = 7 * 86400.0
 
 
+class AuthMode(StrEnum):
+    """How peers and clients prove who they are: `hmac` (the cluster secret signs every request,
+    in clear), `tls` (mutual TLS 1.3, the certificate is the identity and its role decides what
+    it may call), `hmac+tls` (both accepted: the rolling migration between them)."""
+
+    HMAC = "hmac"
+    TLS = "tls"
+    HMAC_TLS = "hmac+tls"
+
+    @property
+    def uses_tls(self) -> bool:
+        return self is not AuthMode.HMAC
+
+    @property
+    def accepts_hmac(self) -> bool:
+        return self is not AuthMode.TLS
+
+
+DEFAULT_CRL_REFRESH_S = 30.0
+
+
+class TlsSettings(BaseModel):
+    """The `tls:` section: this node's certificate from the cluster CA (`shoal ca issue NAME
+    --role node`), the CA certificate, and the CRL. Reloaded on SIGHUP and when a file changes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ca: Path = Field(
+        description="The cluster CA certificate (ca.crt): every peer's must chain to it."
+    )
+    cert: Path = Field(description="This node's certificate (NAME.crt, role node).")
+    key: Path = Field(description="This node's private key (NAME.key, chmod 600).")
+    crl: Path | None = Field(
+        None,
+        description="The CA's revocation list (crl.pem); a newer one learnt from a peer is "
+        "written here (default DATA_DIR/tls/crl.pem).",
+    )
+    crl_refresh_s: float = Field(
+        DEFAULT_CRL_REFRESH_S,
+        gt=0,
+        description="How often the CRL of every alive peer is fetched; the newest CRL number wins.",
+    )
+
+
 class CategorySyncSettings(BaseModel):
     """One entry of `sync_categories:`: how a category is synced."""
 
@@ -207,6 +251,13 @@ class NodeSettings(BaseModel):
         "train before it offers itself again.",
     )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
+    tls: TlsSettings | None = Field(
+        None, description="{ca, cert, key, crl?, crl_refresh_s?}: mutual TLS (docs/security.md)."
+    )
+    auth: AuthMode | None = Field(
+        None,
+        description="hmac, tls or hmac+tls (default hmac without a tls section, tls with one).",
+    )
     log_format: LogFormat = Field(LogFormat.TEXT, description="text or json log lines.")
     circuit_threshold: int = Field(5, ge=1, description="Failures in a row that open a breaker.")
     sync_transports: tuple[Literal["http", "rsync"], ...] = Field(
@@ -257,6 +308,26 @@ class NodeSettings(BaseModel):
     )
     results: ResultsSettings = Field(default_factory=ResultsSettings)
     timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @model_validator(mode="after")
+    def _auth_needs_tls(self) -> NodeSettings:
+        if self.auth is not None and self.auth.uses_tls and self.tls is None:
+            raise ValueError(
+                f"auth {self.auth.value} needs a tls section {{ca, cert, key}}: issue this "
+                "node's certificate with `shoal ca issue NAME --role node`"
+            )
+        if self.auth is AuthMode.HMAC_TLS and self.secret_file is None:
+            raise ValueError(
+                "auth hmac+tls accepts requests signed with the cluster secret: set secret_file"
+            )
+        return self
+
+    @property
+    def auth_mode(self) -> AuthMode:
+        """`auth`, or its default: hmac without a `tls` section, tls with one."""
+        if self.auth is not None:
+            return self.auth
+        return AuthMode.HMAC if self.tls is None else AuthMode.TLS
 
     @field_validator("seeds")
     @classmethod
@@ -390,7 +461,7 @@ def _put(target: dict[str, Any], dotted: str, value: Any) -> None:
         target[head] = value
 
 
-NESTED_SECTIONS = ("timeouts", "jobs", "autostop")
+NESTED_SECTIONS = ("timeouts", "jobs", "autostop", "tls")
 """Sections whose fields are set one by one (file lines, flags `jobs.run_as=...`)."""
 
 

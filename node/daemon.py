@@ -14,7 +14,7 @@ import os
 import random
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ifaddr
 from aiohttp import web
@@ -55,11 +55,19 @@ from node.boot import (
     load_secrets,
     resolve_node_id,
 )
-from node.component import Check, Component, checks_of, enter
+from node.component import Check, Component, Served, checks_of, enter, paired
 from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
 from node.election.service import ElectionService, resolve_voters
 from node.errors import DiscoveryError, StartupError
+from node.identity import (
+    AUTH_META,
+    CertificateGate,
+    CrlSpread,
+    IdentitySite,
+    crl_route_docs,
+    open_tls,
+)
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
 from node.membership.keyring import GossipKeys, KeyringError
@@ -75,6 +83,9 @@ from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from wal import WalConfig, WriteAheadLog
+
+if TYPE_CHECKING:
+    from config.tls import TlsContexts
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +145,9 @@ class NodeDaemon:
         """Set when the node stops itself (auto-stop of a `local` node); `shoal serve` exits."""
         self.stop_reason: str | None = None
         self._protocol_log = QuietProtocolLog(logging.getLogger("aiohttp.server"))
+        self.tls: TlsContexts | None = None
+        """The TLS contexts (auth tls or hmac+tls): `client_context()` for peer calls."""
+        self.crl_spread: CrlSpread | None = None
 
     async def start(self) -> None:
         """Start every component in order; on failure, stop what started and re-raise."""
@@ -186,7 +200,8 @@ class NodeDaemon:
         self._spawn(parts.sync.run_forever(), "background-sync")
         self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
         self._notifier.ready(f"serving {runtime.node_id} on {settings.bind}:{self.port}")
-        log.info("node %s serving on http://%s:%d", runtime.node_id, settings.bind, self.port)
+        scheme = "http" if self.tls is None else "https"
+        log.info("node %s serving on %s://%s:%d", runtime.node_id, scheme, settings.bind, self.port)
 
     def _resolve(self) -> tuple[NodeRuntime, Inventory | None, Secrets]:
         """The settings, secrets, inventory, identity and voters of this node, before anything
@@ -203,6 +218,7 @@ class NodeDaemon:
         except KeyringError as exc:
             raise StartupError(f"gossip keyring: {exc}") from exc
         node_id = resolve_node_id(settings, inventory)
+        self.tls = open_tls(settings, node_id)
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
         metrics.bind_breakers(breakers)
@@ -314,7 +330,16 @@ class NodeDaemon:
             known_node=self._known_node,
             cluster=runtime.settings.cluster_name,
         )
-        app = build_app(runtime, policy, parts.components, gates=[parts.dashboard.middleware])
+        identity, crl = self._identity(runtime, self._election)
+        if crl is not None:
+            self.components = (*self.components, Served(paired(crl.routes(), crl_route_docs())))
+        app = build_app(
+            runtime,
+            policy,
+            self.components,
+            gates=[parts.dashboard.middleware],
+            identity=identity,
+        )
         self.http_app = app
         runner = web.AppRunner(
             app,
@@ -327,7 +352,7 @@ class NodeDaemon:
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         self._stack.push_async_callback(parts.dashboard.close)  # open event streams end first
-        site = web.TCPSite(runner, runtime.settings.bind, runtime.settings.port)
+        site = self._site(runner, identity)
         try:
             await site.start()
         except OSError as exc:
@@ -341,6 +366,45 @@ class NodeDaemon:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         runtime.port = self.port
+        if crl is not None:
+            crl.start()
+
+    def _identity(
+        self, runtime: NodeRuntime, election: ElectionService
+    ) -> tuple[CertificateGate | None, CrlSpread | None]:
+        """With TLS: the certificate and role checks of the API, and the CRL spread."""
+        settings = runtime.settings
+        if self.tls is None or settings.tls is None:
+            return None, None
+        gate = CertificateGate(
+            self.tls,
+            settings.auth_mode,
+            lambda: (
+                election.elector.plan.fence
+                if election.elector is not None and election.elector.plan is not None
+                else None
+            ),
+            runtime.metrics.registry if runtime.metrics is not None else None,
+        )
+        crl = CrlSpread(runtime, self.tls, settings.tls.crl_refresh_s)
+        self.crl_spread = crl
+        self._stack.push_async_callback(crl.close)
+        return gate, crl
+
+    def _site(self, runner: web.AppRunner, identity: CertificateGate | None) -> web.BaseSite:
+        """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it."""
+        settings = self.settings
+        if identity is None:
+            return web.TCPSite(runner, settings.bind, settings.port)
+        return IdentitySite(
+            runner,
+            settings.bind,
+            settings.port,
+            contexts=identity.contexts,
+            mode=settings.auth_mode,
+            plain_ok=settings.secret_file is not None,
+            refused=identity.refused,
+        )
 
     async def _start_membership(self, runtime: NodeRuntime, secrets: Secrets) -> Membership:
         """Membership over UDP on the API's port number, fed by discovery."""
@@ -353,6 +417,8 @@ class NodeDaemon:
             "config_hash": settings.config_hash(),
             **self._gpu_meta,
         }
+        if self.tls is not None:
+            meta[AUTH_META] = settings.auth_mode.value
         transport = UdpMembershipTransport(
             settings.bind,
             self.port,

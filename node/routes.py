@@ -18,6 +18,7 @@ from config import (
 )
 from health import CircuitState, HealthStatus
 from node.component import Check, Component, Endpoint, endpoints_of, paired, route_docs
+from node.identity.roles import CertificateGate
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
 from node.runtime import NodeRuntime
@@ -358,12 +359,20 @@ def build_app(
     policy: AuthPolicy,
     components: Iterable[Component] = (CoreRoutes(),),
     gates: Iterable[Any] = (),
+    identity: CertificateGate | None = None,
 ) -> web.Application:
     """The node's aiohttp application serving the routes of `components` (the core routes by
     default), whose docs are the OpenAPI document it serves; `gates` are middlewares that run
     before the signature check (the dashboard's cookie), after the refusal of requests that
-    name another cluster. Raises ValueError when two routes document one operation."""
-    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware, *gates, auth_middleware]
+    name another cluster. With `identity` (auth tls or hmac+tls) the client certificate is
+    checked before the signature and the role after it. Raises ValueError when two routes
+    document one operation."""
+    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware]
+    if identity is not None:
+        middlewares.append(identity.certificate_middleware)
+    middlewares += [*gates, auth_middleware]
+    if identity is not None:
+        middlewares.append(identity.role_middleware)
     http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
         middlewares.insert(0, http_metrics.middleware())

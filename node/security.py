@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -31,6 +31,9 @@ from config import (
     verify_request,
 )
 from node.errors import SkewError as SkewError
+
+if TYPE_CHECKING:
+    from config.tls import PeerIdentity
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,9 @@ class AuthPolicy:
 
 AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
 PEER_ID = web.RequestKey("peer_id", str)
+PEER_IDENTITY: web.RequestKey[PeerIdentity] = web.RequestKey("peer_identity")
+"""The verified identity and role of the request's client certificate (node.identity); a
+request that has one needs no signature."""
 BROWSER_READER = web.RequestKey("browser_reader", bool)
 """Set by the dashboard's gate (node.ui) on a GET it has let through, with its session cookie
 or to its public login page: such a request needs no signature."""
@@ -228,7 +234,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     policy = request.app[AUTH_POLICY]
     if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
         return await handler(request)
-    if request.get(BROWSER_READER, False):
+    if request.get(BROWSER_READER, False) or PEER_IDENTITY in request:
         return await handler(request)
     if request.match_info.http_exception is not None:
         # no such route or method: the router's 404/405 says no more than the public OpenAPI

@@ -13,7 +13,7 @@ NODE = ROOT / "node"
 FLOORS: list[tuple[str, ...]] = [
     # the base: errors, the runtime handle, addresses, signing, OpenAPI, the plan and its fence,
     # the core routes, logs, metrics, systemd, start-up errors, the audit read from the WAL, the
-    # component protocol
+    # component protocol, TLS identities and roles
     (
         "errors",
         "runtime",
@@ -29,6 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
         "startup",
         "audit",
         "component",
+        "identity",
     ),
     ("membership", "discovery", "keyring"),
     ("election", "training"),

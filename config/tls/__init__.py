@@ -25,6 +25,17 @@ if TYPE_CHECKING:
         parse_san,
         revoke,
     )
+    from config.tls.client import TLS_ENV, client_scheme, operator_context
+    from config.tls.context import (
+        DEFAULT_CRL_NAME,
+        NO_CHECK_TIME,
+        TlsContexts,
+        TlsFiles,
+        TlsMaterial,
+        crl_number,
+        handshake_refusal,
+        load_material,
+    )
     from config.tls.identity import (
         IDENTITY_ATTRIBUTE,
         ROLE_ATTRIBUTE,
@@ -47,6 +58,11 @@ else:
                 "CA_CERT CA_KEY CRL_DAYS CRL_FILE DEFAULT_CA_DAYS DEFAULT_DAYS MAX_DAYS ClusterCa "
                 "IssuedFiles init_ca issue_certificate load_ca parse_san revoke"
             ),
+            "config.tls.client": "TLS_ENV client_scheme operator_context",
+            "config.tls.context": (
+                "DEFAULT_CRL_NAME NO_CHECK_TIME TlsContexts TlsFiles TlsMaterial crl_number "
+                "handshake_refusal load_material"
+            ),
             "config.tls.identity": (
                 "IDENTITY_ATTRIBUTE ROLE_ATTRIBUTE CertRole PeerIdentity RefusalReason "
                 "identity_of load_certificate load_crl role_of serial_text "
@@ -62,11 +78,14 @@ __all__ = [
     "CRL_DAYS",
     "CRL_FILE",
     "DEFAULT_CA_DAYS",
+    "DEFAULT_CRL_NAME",
     "DEFAULT_DAYS",
     "IDENTITY_ATTRIBUTE",
     "INDEX_FILE",
     "MAX_DAYS",
+    "NO_CHECK_TIME",
     "ROLE_ATTRIBUTE",
+    "TLS_ENV",
     "CaIndex",
     "CertRole",
     "ClusterCa",
@@ -74,12 +93,20 @@ __all__ = [
     "IssuedFiles",
     "PeerIdentity",
     "RefusalReason",
+    "TlsContexts",
+    "TlsFiles",
+    "TlsMaterial",
+    "client_scheme",
+    "crl_number",
+    "handshake_refusal",
     "identity_of",
     "init_ca",
     "issue_certificate",
     "load_ca",
     "load_certificate",
     "load_crl",
+    "load_material",
+    "operator_context",
     "parse_san",
     "read_index",
     "revoke",

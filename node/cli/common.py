@@ -21,6 +21,7 @@ from config import (
     load_settings,
     read_secret_file,
 )
+from config.tls.client import client_scheme, operator_context
 from node.errors import PeerRequestError
 
 if TYPE_CHECKING:
@@ -99,22 +100,25 @@ def settings_from(
 
 
 def node_url(settings: NodeSettings, url: str | None = None) -> str:
-    """`url` when given, else the local daemon's API address from the settings."""
-    if url:
-        return url.rstrip("/")
-    return settings.local_url
+    """`url` when given, else the local daemon's API address from the settings; `https://`
+    when the command presents a client certificate (SHOAL_TLS_CERT)."""
+    chosen = url.rstrip("/") if url else settings.local_url
+    return client_scheme(chosen, guarded(operator_context))
 
 
 def peer_client(settings: NodeSettings, timeout_s: float | None = None) -> PeerClient:
     """The net.PeerClient of a command: signed as `cli-HOSTNAME` when the settings name a
-    secret file, each request within `timeout_s` (default the table's http_request_s)."""
+    secret file, presenting the client certificate of SHOAL_TLS_CERT / SHOAL_TLS_KEY /
+    SHOAL_TLS_CA when set (an operator's or reader's, for nodes with auth tls), each request
+    within `timeout_s` (default the table's http_request_s)."""
     from net import Identity, PeerClient
 
     secret = None if settings.secret_file is None else read_secret_file(settings.secret_file)
     timeouts = settings.timeouts
     if timeout_s is not None:
         timeouts = timeouts.model_copy(update={"http_request_s": timeout_s})
-    return PeerClient(Identity.of_command(secret), timeouts=timeouts)
+    context = guarded(operator_context)
+    return PeerClient(Identity.of_command(secret), timeouts=timeouts, ssl_context=lambda: context)
 
 
 async def request_json(

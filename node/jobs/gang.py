@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from net import Identity, PeerClient, PeerRequestError, split_url
 from node.errors import BodyError
+from node.fence import fence_headers
 from node.jobs.drain import refuse_if_draining
 from node.jobs.records import (
     JobError,
@@ -499,10 +500,14 @@ class GangService:
     async def _kill_members(
         self, rows: Sequence[Mapping[str, Any]], signal_name: str, grace_s: float
     ) -> None:
+        plan = self._plan()
+        fence = fence_headers(plan.fence if plan is not None else None)
+
         async def kill_one(row: Mapping[str, Any]) -> None:
             url = f"{row['url']}/v1/jobs/{row['job_id']}/kill"
+            body = {"signal": signal_name, "grace_s": grace_s}
             with contextlib.suppress(JobError):
-                await self._call("POST", url, {"signal": signal_name, "grace_s": grace_s})
+                await self._call("POST", url, body, fence)
 
         await asyncio.gather(*(kill_one(row) for row in rows))
 

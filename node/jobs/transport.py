@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from config import Timeouts, read_error, read_secret_file
+from config.tls.client import client_scheme, operator_context
 from net import Identity, PeerClient, PeerRequestError
 from node.errors import DownloadHashError as DownloadHashError
 from node.errors import JobClientError as JobClientError
@@ -104,15 +105,18 @@ def endpoint_of(state: Mapping[str, Any]) -> Endpoint:
         raise JobClientError("the job state has no job yet: call start_job or attach_job first")
     secret_file = state.get("secret_file")
     secret = read_secret_file(Path(secret_file)) if secret_file else None
-    return Endpoint(str(state["node_url"]), secret, float(state["request_timeout_s"]))
+    url = client_scheme(str(state["node_url"]), operator_context())
+    return Endpoint(url, secret, float(state["request_timeout_s"]))
 
 
 def open_client(endpoint: Endpoint) -> PeerClient:
     """The peer client of a job client: signed as `cli-HOSTNAME` when a cluster secret is
-    configured, each request within the endpoint's request timeout."""
+    configured, presenting the certificate of SHOAL_TLS_CERT / _KEY / _CA when set, each
+    request within the endpoint's request timeout."""
     identity = Identity(endpoint.secret, f"cli-{socket.gethostname()}")
     timeouts = Timeouts(http_request_s=endpoint.request_timeout_s)
-    return PeerClient(identity, timeouts=timeouts)
+    context = operator_context()
+    return PeerClient(identity, timeouts=timeouts, ssl_context=lambda: context)
 
 
 def error_of(url: str, status: int, body: bytes) -> JobRequestError:

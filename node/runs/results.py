@@ -104,8 +104,10 @@ class NodeResults:
         peers: PeerClient,
         url: str | None,
         fetch: Mapping[str, Any],
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Have the results node (at `url`) fetch `fetch` = {key, node, job_id, path}."""
+        """Have the results node (at `url`) fetch `fetch` = {key, node, job_id, path};
+        `headers` carry the coordinator's plan fence."""
         if url is None:
             raise ResultsStoreError(
                 503,
@@ -115,7 +117,7 @@ class NodeResults:
             )
         try:
             status, answer = await peers.call_json(
-                "POST", url, FETCH_PATH, dict(fetch), timeout_s=self.timeout_s
+                "POST", url, FETCH_PATH, dict(fetch), timeout_s=self.timeout_s, headers=headers
             )
         except PeerRequestError as exc:
             raise ResultsStoreError(

@@ -21,9 +21,11 @@ from health import LoopHealth
 from net import PeerRequestError, split_url
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError, RunError
+from node.fence import fence_headers
 from node.locks.service import LockService, answers_lock_errors
 from node.locks.table import LockFence, LockTable, acquire, put_run, release, renew
 from node.openapi import BODY_CONFIG, RouteDoc, check_body, parse_body
+from node.plan import PlanFence
 from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
     MAX_PENDING,
@@ -251,10 +253,21 @@ class RunService:
             raise RunError(503, "node_unknown", f"node {node_id} is not in the membership view")
         return url
 
+    def _fence(self) -> dict[str, str]:
+        """The fence of the plan this coordinator applies: a node certificate may start and
+        kill a run's job on another node only with it (node.identity)."""
+        runtime = self._runtime
+        runtime.refresh()
+        if runtime.term is None or runtime.plan_version is None:
+            return {}
+        return fence_headers(PlanFence(runtime.term, runtime.plan_version))
+
     async def _call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
         try:
             base, path_qs = split_url(url)
-            return await self.locks.peers.call_json(method, base, path_qs, body)
+            return await self.locks.peers.call_json(
+                method, base, path_qs, body, headers=self._fence()
+            )
         except PeerRequestError as exc:
             raise RunError(502, "node_unreachable", f"{method} {url}: {exc.reason}") from exc
 
@@ -335,7 +348,7 @@ class RunService:
             node = self.results.node
             url = local_daemon_url(self._runtime) if node == self._runtime.node_id else None
             url = url or self.locks.url_of(node)
-            stored = await self.results.collect(self.locks.peers, url, fetch)
+            stored = await self.results.collect(self.locks.peers, url, fetch, self._fence())
         else:
             stored = await self._store(self.results, key, str(member["url"]), member, path)
         return {**stored, "node": member["node"], "path": path}

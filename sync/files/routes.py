@@ -148,19 +148,22 @@ class _FileSlice(web.StreamResponse):
         loop = asyncio.get_running_loop()
         offset, end = self._offset, self._offset + self._count
         step = end - offset if self._limiter is None else LIMITED_SEND_BYTES
-        with os.fdopen(self._fd, "rb", buffering=0, closefd=False) as file:
-            try:
-                while offset < end:
-                    count = min(step, end - offset)
-                    if self._limiter is not None:
-                        await self._limiter.take(count)
-                    await loop.sendfile(transport, file, offset, count)
-                    offset += count
-                    if self._on_sent is not None:
-                        self._on_sent(count)
-                return
-            except NotImplementedError:
-                pass
+        # over TLS there is no sendfile, and asyncio's own fallback reads 16 KiB per thread
+        # hop, about ten times slower than the 1 MiB reads below
+        if transport.get_extra_info("sslcontext") is None:
+            with os.fdopen(self._fd, "rb", buffering=0, closefd=False) as file:
+                try:
+                    while offset < end:
+                        count = min(step, end - offset)
+                        if self._limiter is not None:
+                            await self._limiter.take(count)
+                        await loop.sendfile(transport, file, offset, count)
+                        offset += count
+                        if self._on_sent is not None:
+                            self._on_sent(count)
+                    return
+                except NotImplementedError:
+                    pass
         while offset < end:
             size = min(SENDFILE_FALLBACK_CHUNK, end - offset)
             if self._limiter is not None:

@@ -1,0 +1,58 @@
+"""The TLS identity of a client that is not a node (`shoal` commands, the job client): an
+operator's or reader's certificate named by SHOAL_TLS_CERT, SHOAL_TLS_KEY and SHOAL_TLS_CA.
+Only `ssl`: a command that presents a certificate does not load `cryptography`."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+
+from config.errors import ConfigError
+
+__all__ = ["TLS_ENV", "client_scheme", "operator_context"]
+
+TLS_ENV = ("SHOAL_TLS_CERT", "SHOAL_TLS_KEY", "SHOAL_TLS_CA")
+"""The certificate (operator or reader, from `shoal ca issue`), its key, the cluster CA."""
+
+
+def operator_context(env: Mapping[str, str] | None = None) -> ssl.SSLContext | None:
+    """A TLS 1.3 client context presenting the certificate SHOAL_TLS_CERT with the key
+    SHOAL_TLS_KEY and trusting the CA SHOAL_TLS_CA; None when none of them is set. The server
+    must hold a certificate of that CA; its name is not checked (commands reach nodes at any
+    address), its chain is. ConfigError naming the variable and the file otherwise."""
+    env = os.environ if env is None else env
+    given = {var: env.get(var, "") for var in TLS_ENV}
+    if not any(given.values()):
+        return None
+    missing = [var for var, value in given.items() if not value]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not set: a client certificate needs SHOAL_TLS_CERT, "
+            "SHOAL_TLS_KEY and SHOAL_TLS_CA (set all three, or none)"
+        )
+    cert, key, ca = (Path(given[var]).expanduser() for var in TLS_ENV)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.check_hostname = False
+    try:
+        context.load_verify_locations(cafile=ca)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"SHOAL_TLS_CA: {ca}: not a readable PEM CA certificate ({exc})") from exc
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"SHOAL_TLS_CERT, SHOAL_TLS_KEY: {cert}, {key}: cannot load the certificate with "
+            f"its key ({exc})"
+        ) from exc
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_scheme(url: str, context: ssl.SSLContext | None) -> str:
+    """`url` with `https://` for `http://` when a client certificate is presented."""
+    if context is not None and url.startswith("http://"):
+        return "https://" + url.removeprefix("http://")
+    return url

@@ -1,0 +1,61 @@
+"""Identities over TLS: the HTTP API's TLS listener, the client certificate as the caller's
+identity, what each role (node, operator, reader) may call, and the CRL spread between nodes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from config.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from node.identity.crl import (
+        AUTH_META,
+        CRL_NUMBER_HEADER,
+        CRL_PATH,
+        CrlSpread,
+        crl_route_docs,
+        peer_scheme,
+    )
+    from node.identity.listener import IdentitySite
+    from node.identity.roles import (
+        NODE_FENCED,
+        NODE_FORBIDDEN,
+        PUBLIC_ROUTES,
+        CertificateGate,
+        RoleVerdict,
+        open_tls,
+        role_verdict,
+        tls_files,
+    )
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "node.identity.crl": (
+                "AUTH_META CRL_NUMBER_HEADER CRL_PATH CrlSpread crl_route_docs peer_scheme"
+            ),
+            "node.identity.listener": "IdentitySite",
+            "node.identity.roles": (
+                "NODE_FENCED NODE_FORBIDDEN PUBLIC_ROUTES CertificateGate RoleVerdict open_tls "
+                "role_verdict tls_files"
+            ),
+        },
+    )
+
+__all__ = [
+    "AUTH_META",
+    "CRL_NUMBER_HEADER",
+    "CRL_PATH",
+    "NODE_FENCED",
+    "NODE_FORBIDDEN",
+    "PUBLIC_ROUTES",
+    "CertificateGate",
+    "CrlSpread",
+    "IdentitySite",
+    "RoleVerdict",
+    "crl_route_docs",
+    "open_tls",
+    "peer_scheme",
+    "role_verdict",
+    "tls_files",
+]

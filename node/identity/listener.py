@@ -1,0 +1,202 @@
+"""The HTTP API's listener with TLS: each accepted connection is peeked at, a TLS ClientHello
+gets the handshake with the server context in use at that moment (so a reload takes effect on
+the next connection, without closing the listener), plain HTTP is served where the auth mode
+allows it (`hmac+tls`: from anywhere; `tls`: from this host only, signed with the cluster
+secret). A handshake refused for the client's certificate is logged and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from config.settings import AuthMode
+from config.tls.context import TlsContexts, handshake_refusal
+
+__all__ = ["PEEK_TIMEOUT_S", "PLAIN_REFUSAL", "TLS_RECORD_HANDSHAKE", "IdentitySite"]
+
+log = logging.getLogger(__name__)
+
+TLS_RECORD_HANDSHAKE = 0x16
+"""The first byte of every TLS ClientHello (a handshake record); an HTTP request starts with a
+letter."""
+PEEK_TIMEOUT_S = 10.0
+"""A connection that sends nothing within this time is closed (as a slow handshake is)."""
+
+_PLAIN_BODY = b"this node serves HTTPS only (auth tls): call https://\n"
+PLAIN_REFUSAL = (
+    b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+    + f"Content-Length: {len(_PLAIN_BODY)}\r\n\r\n".encode()
+    + _PLAIN_BODY
+)
+"""What a plain HTTP request gets where only TLS is served, before the connection closes."""
+
+TLS_WRITE_HIGH_BYTES = 4 * 1024 * 1024
+"""Write buffer of a TLS connection before its writer waits (asyncio's default, 64 KiB, makes a
+file sent through TLS wait for every 256 KiB block to drain before it reads the next)."""
+
+Refused = Callable[[str, str, str, str], None]
+"""(peer address, identity, reason, detail) of a refused handshake."""
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_local(conn: socket.socket, address: Any) -> bool:
+    """Whether a connection comes from this host: a loopback address, or this host's own
+    address (a TCP connection from it to itself never leaves the host)."""
+    host = str(address[0])
+    try:
+        own = str(conn.getsockname()[0])
+    except OSError:
+        return False
+    return _is_loopback(host) or host == own
+
+
+class _Listening:
+    """What `site._server` is to the daemon: the listening sockets, and `close()`."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sockets = [sock]
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+class IdentitySite(web.BaseSite):
+    """An aiohttp site on HOST:PORT whose connections are TLS 1.3 (the context of
+    `contexts.server_context()` at accept time) or, as `mode` and `plain_ok` allow, plain."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        contexts: TlsContexts,
+        mode: AuthMode,
+        plain_ok: bool,
+        refused: Refused,
+        handshake_timeout_s: float = PEEK_TIMEOUT_S,
+        backlog: int = 128,
+    ) -> None:
+        super().__init__(runner, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._contexts = contexts
+        self._mode = mode
+        self._plain_ok = plain_ok
+        self._refused = refused
+        self._timeout_s = handshake_timeout_s
+        self._accepting: asyncio.Task[None] | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self._host, self._port))
+            sock.listen(self._backlog)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._server = _Listening(sock)  # type: ignore[assignment]
+        self._accepting = asyncio.create_task(self._accept(sock), name=f"accept {self.name}")
+
+    async def stop(self) -> None:
+        accepting, self._accepting = self._accepting, None
+        if accepting is not None:
+            accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await accepting
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await super().stop()
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(sock)
+            except OSError as exc:  # out of descriptors: wait a little rather than spin
+                log.warning("accept on %s failed: %s", self.name, exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = asyncio.create_task(self._serve(conn, address))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _first_byte(self, conn: socket.socket) -> bytes:
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(conn.fileno(), ready)
+        try:
+            await asyncio.wait_for(readable, self._timeout_s)
+        finally:
+            loop.remove_reader(conn.fileno())
+        return conn.recv(1, socket.MSG_PEEK)
+
+    async def _serve(self, conn: socket.socket, address: Any) -> None:
+        peer = f"{address[0]}:{address[1]}"
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        handed = False
+        try:
+            conn.setblocking(False)
+            first = await self._first_byte(conn)
+            if not first:
+                return
+            if first[0] == TLS_RECORD_HANDSHAKE:
+                transport, _ = await loop.connect_accepted_socket(
+                    server,
+                    conn,
+                    ssl=self._contexts.server_context(),
+                    ssl_handshake_timeout=self._timeout_s,
+                )
+                handed = True
+                transport.set_write_buffer_limits(high=TLS_WRITE_HIGH_BYTES)
+                return
+            if self._mode.accepts_hmac or (self._plain_ok and _is_local(conn, address)):
+                await loop.connect_accepted_socket(server, conn)
+                handed = True
+                return
+            log.debug("closed a plain HTTP connection from %s: this node serves TLS only", peer)
+            with contextlib.suppress(OSError):
+                conn.sendall(PLAIN_REFUSAL)
+        except (TimeoutError, ConnectionError):
+            return
+        except OSError as exc:
+            refusal = handshake_refusal(exc)
+            if refusal is not None:
+                reason, message = refusal
+                self._refused(peer, "<unknown: refused in the handshake>", reason.value, message)
+            else:
+                log.debug("TLS handshake with %s failed: %s", peer, exc)
+        finally:
+            if not handed:
+                conn.close()
