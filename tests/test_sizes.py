@@ -43,9 +43,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/sync_service.py:SyncService.open",
         "node/training/launcher.py:TrainingLauncher._run_once",
         "sync/errors.py",
-        "sync/records/pull.py:pull_records",
-        "sync/records/routes.py:_store_docs",
-        "sync/records/routes.py:record_routes",
         "sync/transports/http.py",
         "sync/transports/http.py:HttpTransport.fetch_batch",
     }
