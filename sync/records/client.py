@@ -26,15 +26,15 @@ from sync.errors import (
     RecordRequestError,
     RecordValidationError,
     StoreClosedError,
-    sync_error,
 )
 from sync.records.types import IngestResult
+from sync.translate import sync_error
 
 logger = logging.getLogger(__name__)
 
 REJECTED_STATUSES = frozenset({400, 404, 413})
 RETRIED_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
-"""Errors of a request that are retried (then translated by sync.errors.sync_error)."""
+"""Errors of a request that are retried (then translated by sync.translate.sync_error)."""
 RETRIED_STATUSES = frozenset({502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
 

@@ -22,7 +22,6 @@ from sync.errors import (
     RecordRequestError,
     StoreClosedError,
     SyncError,
-    translated,
 )
 from sync.records.client import rejection
 from sync.records.raw import loads_cut
@@ -30,6 +29,7 @@ from sync.records.schema import RecordSchema
 from sync.records.store import RecordStore
 from sync.records.types import DEFAULT_PAGE_LIMIT, Cursor, IngestResult, PullResult, RecordKey
 from sync.records.validate import validate_records
+from sync.translate import translated
 
 Page = tuple[list[dict[str, Any]], Cursor | None]
 GET_KEYS_PER_REQUEST = 100

@@ -24,12 +24,12 @@ from sync.errors import (
     FileSyncError,
     FileTransferError,
     ManifestError,
-    sync_error,
 )
 from sync.files.download import RateLimiter, download_run, plan_runs
 from sync.files.manifest import ManifestEntry, ManifestPage, parse_page
 from sync.files.tombstones import Tombstone, parse_tombstones
 from sync.guards import dest_path
+from sync.translate import sync_error
 from sync.transports.batch_receiver import BatchReceiver
 from sync.transports.partial import (
     install_file,
