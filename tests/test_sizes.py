@@ -25,8 +25,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/jobs/routes.py:job_route_docs",
         "node/jobs/service.py",
         "node/jobs/transport.py:log_chunks_async",
-        "node/keyring/routes.py",
-        "node/keyring/routes.py:KeyringRoutes.docs",
         "node/locks/client.py:cluster_lock",
         "node/locks/service.py",
         "node/locks/service.py:LockService.docs",
