@@ -28,7 +28,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/locks/client.py:cluster_lock",
         "node/locks/service.py",
         "node/locks/service.py:LockService.docs",
-        "node/membership/wire.py",
         "node/rl/publisher.py:WeightPublisher.publish",
         "node/rl/receiver.py:WeightReceiver.receive_into",
         "node/rl/service.py",
