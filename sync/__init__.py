@@ -38,10 +38,6 @@ if TYPE_CHECKING:
         TransferBusyError,
         UnknownCategoryError,
         UnknownStoreError,
-        free_bytes,
-        is_disk_full,
-        sync_error,
-        translated,
     )
     from sync.files.catalog import FILE_CATEGORIES, FileCatalog
     from sync.files.download import RateLimiter
@@ -97,6 +93,7 @@ if TYPE_CHECKING:
         detect_storage,
         provider_of,
     )
+    from sync.translate import free_bytes, is_disk_full, sync_error, translated
     from sync.transports.http import HttpTransport, RemoteManifest
     from sync.transports.partial import (
         PartialFile,
@@ -122,8 +119,7 @@ else:
                 "RecordSchemaError RecordValidationError SnapshotError SshAuthError "
                 "SshHostKeyError StoreBusyError "
                 "StoreClosedError StoreFullError StoreLockedError StoreWriteError SyncError "
-                "TransferBusyError UnknownCategoryError UnknownStoreError free_bytes is_disk_full "
-                "sync_error translated"
+                "TransferBusyError UnknownCategoryError UnknownStoreError"
             ),
             "sync.files.catalog": "FILE_CATEGORIES FileCatalog",
             "sync.files.download": "RateLimiter",
@@ -158,6 +154,7 @@ else:
                 "MountInfo StorageCapabilities StorageKind StorageProvider detect_storage "
                 "provider_of"
             ),
+            "sync.translate": "free_bytes is_disk_full sync_error translated",
             "sync.transports.http": "HttpTransport RemoteManifest",
             "sync.transports.partial": (
                 "PartialFile install_file make_directories open_partial verify_present_pieces"

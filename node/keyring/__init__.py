@@ -9,11 +9,15 @@ from typing import TYPE_CHECKING
 from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from node.keyring.routes import KEYRING_PATH, LOCAL_PATH, KeyringRefused, KeyringRoutes
+    from node.keyring.docs import KEYRING_PATH, LOCAL_PATH
+    from node.keyring.routes import KeyringRefused, KeyringRoutes
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
-        {"node.keyring.routes": "KEYRING_PATH LOCAL_PATH KeyringRefused KeyringRoutes"},
+        {
+            "node.keyring.docs": "KEYRING_PATH LOCAL_PATH",
+            "node.keyring.routes": "KeyringRefused KeyringRoutes",
+        },
     )
 
 __all__ = ["KEYRING_PATH", "LOCAL_PATH", "KeyringRefused", "KeyringRoutes"]

@@ -14,15 +14,21 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, Field
 
 from net import Identity, PeerClient, PeerRequestError
 from node.audit.entries import record_audit
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError
 from node.errors import KeyringRefused as KeyringRefused
+from node.keyring.docs import (
+    KEYRING_PATH,
+    LOCAL_PATH,
+    OPERATIONS,
+    InstallBody,
+    KeyIdBody,
+    keyring_route_docs,
+)
 from node.membership.keyring import (
-    KEY_ID_CHARS,
     GossipKeys,
     KeyringError,
     key_id,
@@ -30,104 +36,17 @@ from node.membership.keyring import (
     valid_key_id,
     wrap_key,
 )
-from node.openapi import BODY_CONFIG, RouteDoc, parse_body
+from node.openapi import RouteDoc, parse_body
 from node.runtime import NodeRuntime
 from node.security import request_sender
 
 log = logging.getLogger(__name__)
 
-KEYRING_PATH = "/v1/keyring"
-LOCAL_PATH = "/v1/keyring/local"
-OPERATIONS = ("install", "use", "remove")
 FORWARDED_HEADER = "X-Shoal-Forwarded"
 AUDIT_TYPES = {op: f"keyring.{op}" for op in OPERATIONS}
 """The WAL entry type each change of a node's keyring is recorded under (audit kind keyring)."""
 _UP = ("alive", "suspect")
 _STATUS = {"bad_key": 400, "unknown_key": 404, "key_in_use": 409, "keyring_file": 500}
-
-
-_KEY_ID = Field(
-    min_length=KEY_ID_CHARS,
-    max_length=KEY_ID_CHARS,
-    pattern=f"^[0-9a-f]{{{KEY_ID_CHARS}}}$",
-    description="a key id (16 hex characters)",
-)
-
-
-class InstallBody(BaseModel):
-    """Body of `POST /v1/keyring/install` (and `.../local/install`)."""
-
-    model_config = BODY_CONFIG
-
-    key: str = Field(
-        min_length=1,
-        max_length=200,
-        description="the key, sealed with a key derived from the cluster secret "
-        "(node.membership.keyring.wrap_key); plain base64 only without a secret",
-    )
-    requested_by: str | None = Field(
-        default=None, max_length=200, description="who asked the coordinator (audit)"
-    )
-
-
-class KeyIdBody(BaseModel):
-    """Body of `POST /v1/keyring/use|remove` (and `.../local/use|remove`)."""
-
-    model_config = BODY_CONFIG
-
-    key_id: str = _KEY_ID
-    requested_by: str | None = Field(
-        default=None, max_length=200, description="who asked the coordinator (audit)"
-    )
-
-
-LOCAL_ANSWER: dict[str, Any] = {
-    "type": "object",
-    "required": ["node", "primary", "keys"],
-    "properties": {
-        "node": {"type": "string"},
-        "primary": {"type": "string", "description": "the key id this node seals with"},
-        "keys": {"type": "array", "items": {"type": "string"}, "description": "every key id"},
-        "file": {"type": "string"},
-    },
-}
-FAILED_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": {"type": "string"},
-    "description": "member -> why it did not answer or acknowledge",
-}
-CLUSTER_ANSWER: dict[str, Any] = {
-    "type": "object",
-    "required": ["coordinator", "members", "keys", "failed"],
-    "properties": {
-        "coordinator": {"type": "string"},
-        "members": {"type": "object", "additionalProperties": LOCAL_ANSWER},
-        "keys": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["id", "members", "in_use_by"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "members": {"type": "integer", "description": "members that hold it"},
-                    "in_use_by": {"type": "array", "items": {"type": "string"}},
-                },
-            },
-        },
-        "failed": FAILED_SCHEMA,
-    },
-}
-CHANGE_ANSWER: dict[str, Any] = {
-    "type": "object",
-    "required": ["op", "key_id", "coordinator", "acked", "failed"],
-    "properties": {
-        "op": {"enum": list(OPERATIONS)},
-        "key_id": {"type": "string"},
-        "coordinator": {"type": "string"},
-        "acked": {"type": "array", "items": {"type": "string"}},
-        "failed": FAILED_SCHEMA,
-    },
-}
 
 
 def _checked(model: type[InstallBody] | type[KeyIdBody], raw: bytes) -> InstallBody | KeyIdBody:
@@ -204,73 +123,7 @@ class KeyringRoutes:
 
     @staticmethod
     def docs() -> list[RouteDoc]:
-        cluster = (
-            (503, "no coordinator, or the coordinator is unreachable"),
-            (400, "bad request"),
-        )
-        summaries = {
-            "install": 'Install a key {"key"} on every alive member: accepted on receipt there',
-            "use": 'Seal with key {"key_id"} on every alive member (each must hold it: else 409 '
-            "key_missing naming them)",
-            "remove": 'Remove key {"key_id"} from every alive member; 409 key_in_use while any '
-            "member seals with it",
-        }
-        local = {
-            "install": 'This node only: install a key {"key"}',
-            "use": 'This node only: seal with key {"key_id"} (404 when not installed)',
-            "remove": 'This node only: remove key {"key_id"} (409 when in use)',
-        }
-        docs = [
-            RouteDoc(
-                "GET",
-                KEYRING_PATH,
-                "The cluster's gossip keys (from the coordinator, which asks every alive "
-                "member): each key id, how many members hold it, which members seal with it; "
-                "never a key's bytes",
-                ((200, "the keys of every member"), cluster[0]),
-                response=CLUSTER_ANSWER,
-            ),
-            RouteDoc(
-                "GET",
-                LOCAL_PATH,
-                "This node's gossip keyring: its key ids and the one it seals with",
-                ((200, "this node's keyring"), (409, "this node has no keyring")),
-                response=LOCAL_ANSWER,
-            ),
-        ]
-        for op in OPERATIONS:
-            body = InstallBody if op == "install" else KeyIdBody
-            docs.append(
-                RouteDoc(
-                    "POST",
-                    f"{KEYRING_PATH}/{op}",
-                    f"{summaries[op]}; answers which members acknowledged and which did not",
-                    (
-                        (200, "done on the members in acked; failed names the others"),
-                        (404, "no member holds the key"),
-                        (409, "refused: key_in_use or key_missing, nothing changed"),
-                        *cluster,
-                    ),
-                    body=body,
-                    response=CHANGE_ANSWER,
-                )
-            )
-            docs.append(
-                RouteDoc(
-                    "POST",
-                    f"{LOCAL_PATH}/{op}",
-                    f"{local[op]}; recorded in the WAL (audit kind keyring)",
-                    (
-                        (200, "this node's keyring after the change"),
-                        (400, "bad request"),
-                        (404, "the key is not installed here"),
-                        (409, "the key is in use, or this node has no keyring"),
-                    ),
-                    body=body,
-                    response=LOCAL_ANSWER,
-                )
-            )
-        return docs
+        return keyring_route_docs()
 
     # this node
 

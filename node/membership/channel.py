@@ -9,7 +9,7 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from node.membership.wire import ENVELOPE_VERSION, Drop, Envelope, Opened
+from node.membership.envelope import ENVELOPE_VERSION, Drop, Envelope, Opened
 
 REPLAY_WINDOW_SEQS = 1024
 """How far behind a sender's newest sequence number a late datagram is still accepted."""

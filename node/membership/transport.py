@@ -15,9 +15,9 @@ from typing import Protocol
 
 from node.errors import MembershipError
 from node.membership.channel import SealedChannel
+from node.membership.envelope import Envelope
 from node.membership.keyring import GossipKeys
 from node.membership.types import Address
-from node.membership.wire import Envelope
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 from node.errors import MembershipError
 from node.membership.channel import SealedChannel
+from node.membership.envelope import MAX_DATAGRAM_BYTES, Envelope
 from node.membership.keyring import GossipKeys
 from node.membership.transport import Counters, DatagramHandler, TransportStats
 from node.membership.types import Address
-from node.membership.wire import MAX_DATAGRAM_BYTES, Envelope
 
 log = logging.getLogger(__name__)
 

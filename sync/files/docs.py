@@ -116,120 +116,140 @@ def file_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         {"type": "string", "pattern": SAFE_NAME, "x-required": True},
     )
     return [
-        {
-            "method": "GET",
-            "path": PREFIX + "/{category}/manifest",
-            "summary": "Paged manifest: {path, size, mtime_ns, hash, pieces} sorted by path; "
-            "`next` is the cursor of the following page; the first page of a category whose "
-            "deletions propagate also lists its tombstones {path, hash, node, deleted_at_ns}",
-            "responses": (
-                (
-                    200,
-                    "a page: category, algorithm, piece_size, etag, shared_id, next, entries "
-                    "(and tombstones)",
-                ),
-                (304, "unchanged since If-None-Match (first page only)"),
-                (400, "bad limit or path"),
-                (404, "unknown category"),
+        _manifest_doc(category),
+        _file_doc(category, path),
+        _batch_doc(category),
+        _pull_doc(category),
+    ]
+
+
+def _manifest_doc(category: tuple[Any, ...]) -> dict[str, Any]:
+    """The RouteDoc fields of `GET /v1/sync/{category}/manifest`."""
+    return {
+        "method": "GET",
+        "path": PREFIX + "/{category}/manifest",
+        "summary": "Paged manifest: {path, size, mtime_ns, hash, pieces} sorted by path; "
+        "`next` is the cursor of the following page; the first page of a category whose "
+        "deletions propagate also lists its tombstones {path, hash, node, deleted_at_ns}",
+        "responses": (
+            (
+                200,
+                "a page: category, algorithm, piece_size, etag, shared_id, next, entries "
+                "(and tombstones)",
             ),
-            "parameters": (
-                category,
-                ("after", "query", "Cursor: list paths after this one"),
-                (
-                    "limit",
-                    "query",
-                    f"Entries per page, 1..{MAX_PAGE_LIMIT} (default 10000)",
-                    {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT},
-                ),
-                (
-                    "path",
-                    "query",
-                    "Only the entry of this file (hashed now if stale)",
-                    {"type": "string", "pattern": SAFE_NAME},
-                ),
+            (304, "unchanged since If-None-Match (first page only)"),
+            (400, "bad limit or path"),
+            (404, "unknown category"),
+        ),
+        "parameters": (
+            category,
+            ("after", "query", "Cursor: list paths after this one"),
+            (
+                "limit",
+                "query",
+                f"Entries per page, 1..{MAX_PAGE_LIMIT} (default 10000)",
+                {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT},
             ),
-            "response": MANIFEST_PAGE,
-        },
-        {
-            "method": "GET",
-            "path": PREFIX + "/{category}/file",
-            "summary": "The bytes of one file (Range supported); X-Shoal-Content-Hash and ETag "
-            "carry its hash; hash=H or If-Match names the version wanted",
-            "responses": (
-                (200, "the whole file"),
-                (206, "the requested range"),
-                (400, "path refused (absolute, .., encoded separator, NUL, escaping symlink)"),
-                (404, "no such file or category"),
-                (409, "the file is being written; see Retry-After"),
-                (412, "the file no longer has the wanted hash"),
-                (416, "unsatisfiable or multiple ranges"),
+            (
+                "path",
+                "query",
+                "Only the entry of this file (hashed now if stale)",
+                {"type": "string", "pattern": SAFE_NAME},
             ),
-            "parameters": (
-                category,
-                path,
-                ("hash", "query", "Expected content hash (sha256 hex)", {"type": "string"}),
-            ),
-            "response": {"type": "string", "format": "binary"},
-            "response_type": "application/octet-stream",
-        },
-        {
-            "method": "POST",
-            "path": PREFIX + "/{category}/files",
-            "summary": "Many small files in one answer: body "
-            '{"files": [{"path", "hash"}]} (1..2000); the answer (application/x-shoal-files) '
-            "is one frame per file in that order: 4-byte big-endian length, a JSON header "
-            '{"path", "size", "hash"} then size bytes, or {"path", "error", "status", "reason"} '
-            "(404 missing, 409 not hashed yet, 412 another hash now, 413 too large) without bytes",
-            "responses": (
-                (200, "the framed stream"),
-                (400, "malformed body or path"),
-                (404, "unknown category"),
-            ),
-            "parameters": (category,),
-            "response": {"type": "string", "format": "binary"},
-            "response_type": "application/x-shoal-files",
-            "body": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["files"],
-                "properties": {
-                    "files": {
-                        "type": "array",
-                        "minItems": 1,
-                        "maxItems": 2000,
-                        "items": {
-                            "type": "object",
-                            "required": ["path", "hash"],
-                            "properties": {
-                                "path": {"type": "string", "minLength": 1},
-                                "hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                            },
+        ),
+        "response": MANIFEST_PAGE,
+    }
+
+
+def _file_doc(category: tuple[Any, ...], path: tuple[Any, ...]) -> dict[str, Any]:
+    """The RouteDoc fields of `GET /v1/sync/{category}/file`."""
+    return {
+        "method": "GET",
+        "path": PREFIX + "/{category}/file",
+        "summary": "The bytes of one file (Range supported); X-Shoal-Content-Hash and ETag "
+        "carry its hash; hash=H or If-Match names the version wanted",
+        "responses": (
+            (200, "the whole file"),
+            (206, "the requested range"),
+            (400, "path refused (absolute, .., encoded separator, NUL, escaping symlink)"),
+            (404, "no such file or category"),
+            (409, "the file is being written; see Retry-After"),
+            (412, "the file no longer has the wanted hash"),
+            (416, "unsatisfiable or multiple ranges"),
+        ),
+        "parameters": (
+            category,
+            path,
+            ("hash", "query", "Expected content hash (sha256 hex)", {"type": "string"}),
+        ),
+        "response": {"type": "string", "format": "binary"},
+        "response_type": "application/octet-stream",
+    }
+
+
+def _batch_doc(category: tuple[Any, ...]) -> dict[str, Any]:
+    """The RouteDoc fields of `POST /v1/sync/{category}/files`."""
+    return {
+        "method": "POST",
+        "path": PREFIX + "/{category}/files",
+        "summary": "Many small files in one answer: body "
+        '{"files": [{"path", "hash"}]} (1..2000); the answer (application/x-shoal-files) '
+        "is one frame per file in that order: 4-byte big-endian length, a JSON header "
+        '{"path", "size", "hash"} then size bytes, or {"path", "error", "status", "reason"} '
+        "(404 missing, 409 not hashed yet, 412 another hash now, 413 too large) without bytes",
+        "responses": (
+            (200, "the framed stream"),
+            (400, "malformed body or path"),
+            (404, "unknown category"),
+        ),
+        "parameters": (category,),
+        "response": {"type": "string", "format": "binary"},
+        "response_type": "application/x-shoal-files",
+        "body": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["files"],
+            "properties": {
+                "files": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 2000,
+                    "items": {
+                        "type": "object",
+                        "required": ["path", "hash"],
+                        "properties": {
+                            "path": {"type": "string", "minLength": 1},
+                            "hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                         },
-                    }
-                },
+                    },
+                }
             },
         },
-        {
-            "method": "POST",
-            "path": PREFIX + "/{category}/pull",
-            "summary": "Pull a file from the given peer now (how a node pushes); answered once "
-            "installed. The peer must be a member of this node's view, at its own address",
-            "responses": (
-                (200, '{"installed": bool, "result": transfer or null}'),
-                (400, "malformed body or path"),
-                (403, "the peer is not a member of this node's view, or not at that URL"),
-                (404, "unknown category"),
-                (
-                    409,
-                    "the source no longer has that version, a transfer is in progress, or the "
-                    "X-Shoal-Fence header names another plan than this node's (stale_fence)",
-                ),
-                (502, "the source failed"),
-                (503, "this node does not take pull requests"),
-                (507, "not enough free space"),
+    }
+
+
+def _pull_doc(category: tuple[Any, ...]) -> dict[str, Any]:
+    """The RouteDoc fields of `POST /v1/sync/{category}/pull`."""
+    return {
+        "method": "POST",
+        "path": PREFIX + "/{category}/pull",
+        "summary": "Pull a file from the given peer now (how a node pushes); answered once "
+        "installed. The peer must be a member of this node's view, at its own address",
+        "responses": (
+            (200, '{"installed": bool, "result": transfer or null}'),
+            (400, "malformed body or path"),
+            (403, "the peer is not a member of this node's view, or not at that URL"),
+            (404, "unknown category"),
+            (
+                409,
+                "the source no longer has that version, a transfer is in progress, or the "
+                "X-Shoal-Fence header names another plan than this node's (stale_fence)",
             ),
-            "parameters": (category,),
-            "body": PullBody,
-            "response": PULL_ANSWER,
-        },
-    ]
+            (502, "the source failed"),
+            (503, "this node does not take pull requests"),
+            (507, "not enough free space"),
+        ),
+        "parameters": (category,),
+        "body": PullBody,
+        "response": PULL_ANSWER,
+    }

@@ -20,9 +20,9 @@ from sync.errors import (
     FileSyncError,
     FileTransferError,
     PathRefusedError,
-    sync_error,
 )
 from sync.files.manifest import ManifestEntry
+from sync.translate import sync_error
 from sync.transports.partial import await_jobs, settle_all, start_writeback
 
 BATCH_BYTES = 1 << 20  # measured: bigger batches fall out of the CPU cache between write and hash

@@ -49,12 +49,26 @@ def piece_routes(
     """The piece routes over `catalog` and the downloads in `book`: only pieces verified
     against the manifest are ever announced or served. `limiter` is the node's upload cap
     (shared with the file routes). Mount behind the node's auth middleware."""
+    handlers = _PieceHandlers(catalog, book, limiter)
+    return [
+        web.get(PREFIX + "/{category}/pieces", handlers.pieces, allow_head=False),
+        web.get(PREFIX + "/{category}/piece", handlers.piece, allow_head=False),
+    ]
 
-    async def held(request: web.Request) -> tuple[str, ManifestEntry, set[int], int]:
+
+class _PieceHandlers:
+    """The handlers of piece_routes; one method per route."""
+
+    def __init__(self, catalog: FileCatalog, book: PieceBook, limiter: RateLimiter | None) -> None:
+        self._catalog = catalog
+        self._book = book
+        self._limiter = limiter
+
+    async def held(self, request: web.Request) -> tuple[str, ManifestEntry, set[int], int]:
         """(category, entry, verified pieces, fd of the complete file or -1)."""
         try:
             category = request.match_info["category"]
-            root = catalog.root(category)
+            root = self._catalog.root(category)
             path = _path_param(request)
         except UnknownCategoryError as exc:
             raise _Refused(404, "unknown_category", str(exc)) from None
@@ -69,29 +83,29 @@ def piece_routes(
             raise _Refused(400, "bad_path", f"cannot open: {exc.strerror or exc}") from None
         if fd >= 0:
             try:
-                entry = await catalog.cache(category).entry_for_open_file(path, fd)
+                entry = await self._catalog.cache(category).entry_for_open_file(path, fd)
             except BaseException:
                 os.close(fd)
                 raise
             if entry is not None and entry.hash == wanted:
                 return category, entry, set(range(entry.piece_count)), fd
             os.close(fd)
-        holding = book.holding(category, path, wanted)
+        holding = self._book.holding(category, path, wanted)
         if holding is None or not (holding.have or holding.pending):
             reason = f"no piece of {path} at hash {wanted[:16]} here or on its way"
             raise _Refused(404, "not_held", reason)
         return category, holding.entry, set(holding.have), -1
 
-    async def pieces(request: web.Request) -> web.Response:
+    async def pieces(self, request: web.Request) -> web.Response:
         try:
-            category, entry, have, fd = await held(request)
+            category, entry, have, fd = await self.held(request)
         except _Refused as exc:
             return error_response(exc.status, str(exc), exc.code)
         except FileSyncError as exc:
             return error_response(503, str(exc), "unavailable")
         if fd >= 0:
             os.close(fd)
-        holding = book.holding(category, entry.path, entry.hash)
+        holding = self._book.holding(category, entry.path, entry.hash)
         pending = frozenset(holding.pending) if holding is not None and fd < 0 else frozenset()
         answer = PieceMap(
             entry.path,
@@ -100,13 +114,13 @@ def piece_routes(
             entry.piece_size,
             frozenset(have),
             pending - have,
-            book.uploads,
+            self._book.uploads,
         )
         return web.json_response(answer.to_json(), headers={"Cache-Control": "no-store"})
 
-    async def piece(request: web.Request) -> web.StreamResponse:
+    async def piece(self, request: web.Request) -> web.StreamResponse:
         try:
-            category, entry, have, fd = await held(request)
+            category, entry, have, fd = await self.held(request)
             try:
                 index = _index_param(request, entry)
                 if index not in have:
@@ -117,7 +131,9 @@ def piece_routes(
                     os.close(fd)
                 raise
             if fd < 0:
-                fd = await asyncio.to_thread(_open_partial, book, category, entry, catalog)
+                fd = await asyncio.to_thread(
+                    _open_partial, self._book, category, entry, self._catalog
+                )
         except _Refused as exc:
             return error_response(exc.status, str(exc), exc.code)
         except FileSyncError as exc:
@@ -129,19 +145,14 @@ def piece_routes(
             "Content-Type": "application/octet-stream",
             "Cache-Control": "no-store",
         }
-        counted = functools.partial(book.count_served, category)
-        book.uploads += 1
+        counted = functools.partial(self._book.count_served, category)
+        self._book.uploads += 1
         try:
-            response = _FileSlice(fd, offset, length, 200, headers, limiter, counted)
+            response = _FileSlice(fd, offset, length, 200, headers, self._limiter, counted)
             await response.prepare(request)
         finally:
-            book.uploads -= 1
+            self._book.uploads -= 1
         return response
-
-    return [
-        web.get(PREFIX + "/{category}/pieces", pieces, allow_head=False),
-        web.get(PREFIX + "/{category}/piece", piece, allow_head=False),
-    ]
 
 
 def _index_param(request: web.Request, entry: ManifestEntry) -> int:
@@ -177,6 +188,33 @@ def _open_partial(
     return fd
 
 
+_CONTENT_HASH = (
+    "hash",
+    "query",
+    "The file version (sha256 hex content hash of the manifest)",
+    {"type": "string", "pattern": HEX64, "x-required": True},
+)
+_PIECE_MAP = {
+    "type": "object",
+    "required": ["path", "hash", "size", "piece_size", "piece_count", "complete", "have"],
+    "properties": {
+        "path": {"type": "string"},
+        "hash": {"type": "string", "pattern": HEX64},
+        "size": {"type": "integer", "minimum": 0},
+        "piece_size": {"type": "integer"},
+        "piece_count": {"type": "integer", "minimum": 1},
+        "complete": {"type": "boolean"},
+        "have": {"type": "string", "pattern": "^([0-9a-f]{2})*$"},
+        "pending": {"type": "string", "pattern": "^([0-9a-f]{2})*$"},
+        "uploads": {"type": "integer", "minimum": 0},
+    },
+}
+_REFUSALS = (
+    (400, "path, hash or index refused"),
+    (404, "unknown category, or no verified piece of that version here (not_held)"),
+)
+
+
 def piece_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The routes' OpenAPI notes (RouteDoc keyword arguments), as file_route_docs."""
     names: dict[str, Any] = {"type": "string"}
@@ -189,31 +227,6 @@ def piece_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         "File path relative to the category directory (a/b.bin)",
         {"type": "string", "pattern": SAFE_NAME, "x-required": True},
     )
-    content_hash = (
-        "hash",
-        "query",
-        "The file version (sha256 hex content hash of the manifest)",
-        {"type": "string", "pattern": HEX64, "x-required": True},
-    )
-    piece_map = {
-        "type": "object",
-        "required": ["path", "hash", "size", "piece_size", "piece_count", "complete", "have"],
-        "properties": {
-            "path": {"type": "string"},
-            "hash": {"type": "string", "pattern": HEX64},
-            "size": {"type": "integer", "minimum": 0},
-            "piece_size": {"type": "integer"},
-            "piece_count": {"type": "integer", "minimum": 1},
-            "complete": {"type": "boolean"},
-            "have": {"type": "string", "pattern": "^([0-9a-f]{2})*$"},
-            "pending": {"type": "string", "pattern": "^([0-9a-f]{2})*$"},
-            "uploads": {"type": "integer", "minimum": 0},
-        },
-    }
-    refusals = (
-        (400, "path, hash or index refused"),
-        (404, "unknown category, or no verified piece of that version here (not_held)"),
-    )
     return [
         {
             "method": "GET",
@@ -221,9 +234,9 @@ def piece_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
             "summary": "The verified pieces of one file version this node can serve, complete "
             "or still downloading: `have` and `pending` are hex bitfields (piece 0 is the high "
             "bit of the first byte), `uploads` the pieces it is serving now",
-            "responses": ((200, "the piece map"), *refusals),
-            "parameters": (category, path, content_hash),
-            "response": piece_map,
+            "responses": ((200, "the piece map"), *_REFUSALS),
+            "parameters": (category, path, _CONTENT_HASH),
+            "response": _PIECE_MAP,
         },
         {
             "method": "GET",
@@ -233,13 +246,13 @@ def piece_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
             "under the node's upload cap",
             "responses": (
                 (200, "the piece's bytes"),
-                *refusals,
+                *_REFUSALS,
                 (416, "index past the file's last piece"),
             ),
             "parameters": (
                 category,
                 path,
-                content_hash,
+                _CONTENT_HASH,
                 (
                     "index",
                     "query",

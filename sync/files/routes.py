@@ -192,25 +192,48 @@ def file_routes(
     behind the node's auth middleware."""
     if limiter is None and upload_limit_bytes_s:
         limiter = RateLimiter(upload_limit_bytes_s)
+    handlers = _FileHandlers(catalog, pull, limiter, on_served)
+    return [
+        web.get(PREFIX + "/{category}/manifest", handlers.manifest, allow_head=False),
+        web.get(PREFIX + "/{category}/file", handlers.file, allow_head=False),
+        web.post(PREFIX + "/{category}/pull", handlers.pull_request),
+        web.post(PREFIX + "/{category}/files", handlers.files),
+    ]
 
-    def category_of(request: web.Request) -> str:
+
+class _FileHandlers:
+    """The handlers of file_routes over one catalog; one method per route."""
+
+    def __init__(
+        self,
+        catalog: FileCatalog,
+        pull: PullHandler | None,
+        limiter: RateLimiter | None,
+        on_served: Callable[[str, int], None] | None,
+    ) -> None:
+        self._catalog = catalog
+        self._pull = pull
+        self._limiter = limiter
+        self._on_served = on_served
+
+    def category_of(self, request: web.Request) -> str:
         category = request.match_info["category"]
-        catalog.root(category)
+        self._catalog.root(category)
         return category
 
-    async def manifest(request: web.Request) -> web.StreamResponse:
+    async def manifest(self, request: web.Request) -> web.StreamResponse:
         try:
-            category = category_of(request)
+            category = self.category_of(request)
             limit = _limit(request.query.get("limit"))
             if "path" in request.query:
-                return await _one_entry(request, category)
+                return await self._one_entry(request, category)
             after = request.query.get("after")
-            listing = await catalog.listing_for_page(category, after)
+            listing = await self._catalog.listing_for_page(category, after)
         except UnknownCategoryError as exc:
             return _refusal(404, "unknown_category", str(exc))
         except (PathRefusedError, ValueError) as exc:
             return _refusal(400, "bad_request", str(exc))
-        tombstones = catalog.served_tombstones(category)
+        tombstones = self._catalog.served_tombstones(category)
         listing_etag = tombstone_etag(listing.etag, tombstones)
         etag = f'"{listing_etag}"'
         if after is None and request.headers.get("If-None-Match") == etag:
@@ -219,29 +242,29 @@ def file_routes(
         head: dict[str, Any] = {
             "category": category,
             "algorithm": "sha256",
-            "piece_size": catalog.piece_size,
+            "piece_size": self._catalog.piece_size,
             "etag": listing_etag,
-            "shared_id": catalog.shared_id(category),
+            "shared_id": self._catalog.shared_id(category),
             "next": following,
         }
-        if after is None and catalog.propagates(category):
+        if after is None and self._catalog.propagates(category):
             head["tombstones"] = [tomb.to_json() for tomb in tombstones]
         text = json.dumps(head, separators=(",", ":"))[:-1]
         text += ',"entries":[' + ",".join(listing.texts[start:end]) + "]}"
         return web.Response(text=text, content_type="application/json", headers={"ETag": etag})
 
-    async def _one_entry(request: web.Request, category: str) -> web.Response:
+    async def _one_entry(self, request: web.Request, category: str) -> web.Response:
         path = _path_param(request)
         entries: list[dict[str, Any]] = []
         try:
-            fd, _ = await asyncio.to_thread(open_inside, catalog.root(category), path)
+            fd, _ = await asyncio.to_thread(open_inside, self._catalog.root(category), path)
         except (FileNotFoundError, NotADirectoryError):
             fd = -1
         except OSError as exc:
             raise PathRefusedError(path, exc.strerror or str(exc)) from exc
         if fd >= 0:
             try:
-                entry = await catalog.cache(category).entry_for_open_file(path, fd)
+                entry = await self._catalog.cache(category).entry_for_open_file(path, fd)
             finally:
                 os.close(fd)
             if entry is not None:
@@ -249,19 +272,19 @@ def file_routes(
         body = {
             "category": category,
             "algorithm": "sha256",
-            "piece_size": catalog.piece_size,
+            "piece_size": self._catalog.piece_size,
             "etag": "",
-            "shared_id": catalog.shared_id(category),
+            "shared_id": self._catalog.shared_id(category),
             "next": None,
             "entries": entries,
         }
         return web.json_response(body)
 
-    async def file(request: web.Request) -> web.StreamResponse:
+    async def file(self, request: web.Request) -> web.StreamResponse:
         try:
-            category = category_of(request)
+            category = self.category_of(request)
             path = _path_param(request)
-            fd, _ = await asyncio.to_thread(open_inside, catalog.root(category), path)
+            fd, _ = await asyncio.to_thread(open_inside, self._catalog.root(category), path)
         except UnknownCategoryError as exc:
             return _refusal(404, "unknown_category", str(exc))
         except PathRefusedError as exc:
@@ -271,7 +294,7 @@ def file_routes(
         except OSError as exc:
             return _refusal(400, "bad_path", f"cannot open: {exc.strerror or exc}")
         try:
-            return await _file_answer(request, category, path, fd)
+            return await self._file_answer(request, category, path, fd)
         except FileSyncError as exc:
             os.close(fd)
             return _refusal(503, "unavailable", str(exc))
@@ -280,9 +303,9 @@ def file_routes(
             raise
 
     async def _file_answer(
-        request: web.Request, category: str, path: str, fd: int
+        self, request: web.Request, category: str, path: str, fd: int
     ) -> web.StreamResponse:
-        entry = await catalog.cache(category).entry_for_open_file(path, fd)
+        entry = await self._catalog.cache(category).entry_for_open_file(path, fd)
         if entry is None:
             os.close(fd)
             return _refusal(409, "changing", "the file is being written", **{"Retry-After": "1"})
@@ -298,23 +321,23 @@ def file_routes(
             headers = {"Content-Range": f"bytes */{entry.size}"}
             return _refusal(416, "bad_range", str(exc), **headers)
         headers = {**hashes, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
-        sent = None if on_served is None else functools.partial(on_served, category)
+        sent = None if self._on_served is None else functools.partial(self._on_served, category)
         if span is None:
-            return _FileSlice(fd, 0, entry.size, 200, headers, limiter, sent)
+            return _FileSlice(fd, 0, entry.size, 200, headers, self._limiter, sent)
         start, end = span
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
-        return _FileSlice(fd, start, end - start, 206, headers, limiter, sent)
+        return _FileSlice(fd, start, end - start, 206, headers, self._limiter, sent)
 
-    async def files(request: web.Request) -> web.StreamResponse:
+    async def files(self, request: web.Request) -> web.StreamResponse:
         try:
-            category = category_of(request)
+            category = self.category_of(request)
             wanted = _batch_body(await request.json())
         except UnknownCategoryError as exc:
             return _refusal(404, "unknown_category", str(exc))
         except (PathRefusedError, ValueError) as exc:
             return _refusal(400, "bad_request", str(exc))
-        root = catalog.root(category)
-        cache = catalog.cache(category)
+        root = self._catalog.root(category)
+        cache = self._catalog.cache(category)
         response = web.StreamResponse(
             headers={"Content-Type": BATCH_CONTENT_TYPE, "Cache-Control": "no-store"}
         )
@@ -329,19 +352,19 @@ def file_routes(
             if last or len(group) >= BATCH_READ_FILES or group_bytes >= BATCH_READ_BYTES:
                 frames = await asyncio.to_thread(_read_group, root, group)
                 group, group_bytes = [], 0
-                if limiter is not None:
-                    await limiter.take(len(frames))
+                if self._limiter is not None:
+                    await self._limiter.take(len(frames))
                 await response.write(frames)
-                if on_served is not None:
-                    on_served(category, len(frames))
+                if self._on_served is not None:
+                    self._on_served(category, len(frames))
         await response.write_eof()
         return response
 
-    async def pull_request(request: web.Request) -> web.Response:
-        if pull is None:
+    async def pull_request(self, request: web.Request) -> web.Response:
+        if self._pull is None:
             return _refusal(503, "unavailable", "this node does not take pull requests")
         try:
-            category = category_of(request)
+            category = self.category_of(request)
             body = PullBody.model_validate_json(await request.read())
             path = validate_rel_path(body.path)
             source = PeerRef.from_json(body.peer.model_dump())
@@ -353,7 +376,7 @@ def file_routes(
         except ValueError as exc:
             return _refusal(400, "bad_request", str(exc))
         try:
-            result = await pull(category, path, content_hash, source)
+            result = await self._pull(category, path, content_hash, source)
         except (FileChangedError, TransferBusyError) as exc:
             return _refusal(409, "conflict", str(exc))
         except AllSourcesFailedError as exc:
@@ -373,13 +396,6 @@ def file_routes(
             return _refusal(502, "source_failed", str(exc))
         answer = {"installed": result is not None, "result": result.to_json() if result else None}
         return web.json_response(answer)
-
-    return [
-        web.get(PREFIX + "/{category}/manifest", manifest, allow_head=False),
-        web.get(PREFIX + "/{category}/file", file, allow_head=False),
-        web.post(PREFIX + "/{category}/pull", pull_request),
-        web.post(PREFIX + "/{category}/files", files),
-    ]
 
 
 def _first_error(exc: ValidationError) -> str:

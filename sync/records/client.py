@@ -26,9 +26,9 @@ from sync.errors import (
     RecordRequestError,
     RecordValidationError,
     StoreClosedError,
-    sync_error,
 )
 from sync.records.types import IngestResult
+from sync.translate import sync_error
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ the next page is fetched, parsed and validated while the one before commits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,6 @@ from sync.errors import (
     RecordRequestError,
     StoreClosedError,
     SyncError,
-    translated,
 )
 from sync.records.client import rejection
 from sync.records.raw import loads_cut
@@ -31,6 +29,7 @@ from sync.records.schema import RecordSchema
 from sync.records.store import RecordStore
 from sync.records.types import DEFAULT_PAGE_LIMIT, Cursor, IngestResult, PullResult, RecordKey
 from sync.records.validate import validate_records
+from sync.translate import translated
 
 Page = tuple[list[dict[str, Any]], Cursor | None]
 GET_KEYS_PER_REQUEST = 100
@@ -163,6 +162,41 @@ async def _finish(task: asyncio.Task[Any] | None) -> None:
 _Commit = tuple[asyncio.Task[IngestResult], int, Cursor]
 
 
+class _Ledger:
+    """The pages of a pull being committed, and what it committed so far: counts, and the
+    cursor of the last page committed with every page before it."""
+
+    def __init__(self, since: Cursor | None) -> None:
+        self.commits: deque[_Commit] = deque()
+        self.pulled = self.inserted = self.duplicates = 0
+        self.cursor = since
+
+    def result(self) -> PullResult:
+        return PullResult(self.pulled, self.inserted, self.duplicates, self.cursor)
+
+    async def settle(self, keep: int, quiet: bool = False) -> None:
+        """Wait for the oldest commits until at most `keep` are in flight; `quiet`: stop at
+        the first that fails, without raising."""
+        while len(self.commits) > keep:
+            task, count, reached = self.commits[0]
+            try:
+                counts = await asyncio.shield(task)
+            except SyncError:
+                if quiet:
+                    return
+                raise
+            self.commits.popleft()
+            self.pulled += count
+            self.inserted += counts.accepted
+            self.duplicates += counts.duplicates
+            self.cursor = reached
+
+    async def abandon(self) -> None:
+        """Cancel the commits still in flight and wait for each to end."""
+        for task, _, _ in self.commits:
+            await _finish(task)
+
+
 async def pull_records(
     client: PeerClient,
     base_url: str,
@@ -185,11 +219,10 @@ async def pull_records(
     holds the same. Records are validated against the local schema; `source_node` fills
     one without a source.
     """
-    cursor = since
-    pulled = inserted = duplicates = received = 0
+    ledger = _Ledger(since)
+    received = 0
     schema = local_store.schema
     url = since_url(base_url, store)
-    commits: deque[_Commit] = deque()
 
     def fetch(start: Cursor | None) -> asyncio.Task[bytes]:
         params = since_params(start, limit, filters)
@@ -198,20 +231,8 @@ async def pull_records(
     def failed(exc: SyncError) -> RecordPullError:
         return RecordPullError(
             f"pull of {store} from {base_url}: {exc}",
-            PullResult(pulled, inserted, duplicates, cursor),
+            ledger.result(),
         )
-
-    async def settle(keep: int) -> None:
-        """Wait for the oldest commits until at most `keep` are in flight."""
-        nonlocal pulled, inserted, duplicates, cursor
-        while len(commits) > keep:
-            task, count, reached = commits[0]
-            counts = await asyncio.shield(task)
-            commits.popleft()
-            pulled += count
-            inserted += counts.accepted
-            duplicates += counts.duplicates
-            cursor = reached
 
     fetching: asyncio.Task[bytes] | None = fetch(since)
     start = since
@@ -237,20 +258,18 @@ async def pull_records(
                     fetching = fetch(reached)
                 start = reached
                 ingest = local_store.ingest_rows(rows, wait_s=store_wait_s)
-                commits.append((asyncio.create_task(ingest), count, reached))
-                await settle(1)
-            await settle(0)
+                ledger.commits.append((asyncio.create_task(ingest), count, reached))
+                await ledger.settle(1)
+            await ledger.settle(0)
         except SyncError as exc:
             await _finish(fetching)
             fetching = None
-            with contextlib.suppress(SyncError):
-                await settle(0)  # what committed before the failure counts
+            await ledger.settle(0, quiet=True)  # what committed before the failure counts
             raise failed(exc) from exc
     finally:
         await _finish(fetching)
-        for task, _, _ in commits:
-            await _finish(task)
-    return PullResult(pulled, inserted, duplicates, cursor)
+        await ledger.abandon()
+    return ledger.result()
 
 
 def _prepare(

@@ -178,56 +178,84 @@ def record_routes(
     accepted, duplicates)` hears of every durable ingest (the node's metrics); `gate` admits
     (or refuses) every POSTed request's rows before they are written.
     """
+    handlers = _RecordHandlers(stores, node_id, max_records, max_body_bytes, on_ingest, gate)
+    return [
+        web.get(PREFIX, _guarded(handlers.all_status)),
+        web.post(PREFIX + "/{store}", _guarded(handlers.ingest)),
+        web.get(PREFIX + "/{store}/status", _guarded(handlers.status)),
+        web.get(PREFIX + "/{store}/since", _guarded(handlers.since)),
+        web.get(PREFIX + "/{store}/get", _guarded(handlers.get)),
+    ]
 
-    def store_of(request: web.Request) -> RecordStore:
+
+class _RecordHandlers:
+    """The handlers of record_routes; one method per route."""
+
+    def __init__(
+        self,
+        stores: Mapping[str, RecordStore],
+        node_id: str,
+        max_records: int,
+        max_body_bytes: int,
+        on_ingest: Callable[[str, int, int], None] | None,
+        gate: IngestGate | None,
+    ) -> None:
+        self._stores = stores
+        self._node_id = node_id
+        self._max_records = max_records
+        self._max_body_bytes = max_body_bytes
+        self._on_ingest = on_ingest
+        self._gate = gate
+
+    def store_of(self, request: web.Request) -> RecordStore:
         name = request.match_info["store"]
-        store = stores.get(name)
+        store = self._stores.get(name)
         if store is None:
             raise UnknownStoreError(name)
         return store
 
-    async def ingest(request: web.Request) -> web.StreamResponse:
-        store = store_of(request)
-        body = await read_body(request, max_body_bytes)
+    async def ingest(self, request: web.Request) -> web.StreamResponse:
+        store = self.store_of(request)
+        body = await read_body(request, self._max_body_bytes)
         if body is None:
-            return _refusal(413, "too_large", f"request body exceeds {max_body_bytes} bytes")
+            return _refusal(413, "too_large", f"request body exceeds {self._max_body_bytes} bytes")
         records = parse_body(body, request.content_type in NDJSON_TYPES, store.schema)
-        if len(records) > max_records:
+        if len(records) > self._max_records:
             return _refusal(
                 413,
                 "too_many_records",
-                f"{len(records)} records in one request; at most {max_records} are accepted",
+                f"{len(records)} records in one request; at most {self._max_records} are accepted",
             )
-        rows: Sequence[Row] = validate_records(store.schema, records, node_id)
-        if gate is None:
+        rows: Sequence[Row] = validate_records(store.schema, records, self._node_id)
+        if self._gate is None:
             result = await store.ingest_rows(rows)
         else:
-            ticket, rows = await gate.reserve(store, rows)
+            ticket, rows = await self._gate.reserve(store, rows)
             try:
                 result = await store.ingest_rows(rows)
             except BaseException:
-                gate.settle(store, ticket, None)
+                self._gate.settle(store, ticket, None)
                 raise
-            gate.settle(store, ticket, result)
-        if on_ingest is not None:
-            on_ingest(store.schema.name, result.accepted, result.duplicates)
+            self._gate.settle(store, ticket, result)
+        if self._on_ingest is not None:
+            self._on_ingest(store.schema.name, result.accepted, result.duplicates)
         return web.json_response(result.to_json())
 
-    async def status(request: web.Request) -> web.StreamResponse:
-        return web.json_response(store_of(request).status().to_json())
+    async def status(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self.store_of(request).status().to_json())
 
-    async def all_status(request: web.Request) -> web.StreamResponse:
-        statuses = [stores[name].status().to_json() for name in sorted(stores)]
+    async def all_status(self, request: web.Request) -> web.StreamResponse:
+        statuses = [self._stores[name].status().to_json() for name in sorted(self._stores)]
         return web.json_response({"stores": statuses})
 
-    async def since(request: web.Request) -> web.StreamResponse:
-        store = store_of(request)
+    async def since(self, request: web.Request) -> web.StreamResponse:
+        store = self.store_of(request)
         query = parse_since_query(store.schema, request.query, MAX_PAGE_LIMIT)
         body = await store.since_json(query)
         return web.Response(body=body, content_type="application/json")
 
-    async def get(request: web.Request) -> web.StreamResponse:
-        store = store_of(request)
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        store = self.store_of(request)
         keys = parse_get_keys(store.schema, request.query.getall("key", []))
         extra = set(request.query) - {"key"}
         if extra:
@@ -236,14 +264,6 @@ def record_routes(
         found = {record[store.schema.key] for record in records}
         missing = [key for key in dict.fromkeys(keys) if key not in found]
         return web.json_response({"records": records, "missing": missing}, dumps=_dumps_text)
-
-    return [
-        web.get(PREFIX, _guarded(all_status)),
-        web.post(PREFIX + "/{store}", _guarded(ingest)),
-        web.get(PREFIX + "/{store}/status", _guarded(status)),
-        web.get(PREFIX + "/{store}/since", _guarded(since)),
-        web.get(PREFIX + "/{store}/get", _guarded(get)),
-    ]
 
 
 _INGEST_RESULT = {
@@ -314,10 +334,7 @@ _BACKLOG_FULL = (429, "too many unconsumed records (of a run); nothing written; 
 
 
 def _store_docs(schema: RecordSchema, max_records: int, gated: bool) -> list[dict[str, Any]]:
-    base = f"{PREFIX}/{schema.name}"
-    refusals = ((400, "bad query, naming the parameter"),)
     records = {"type": "array", "items": record_json_schema(schema)}
-    page_limit = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT}
     key_kind = schema.field(schema.key).kind
     key: dict[str, Any] = (
         {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
@@ -325,70 +342,85 @@ def _store_docs(schema: RecordSchema, max_records: int, gated: bool) -> list[dic
         else {"type": "string"}
     )
     return [
-        {
-            "method": "POST",
-            "path": base,
-            "summary": f"Ingest a JSON array (or NDJSON, one record per line) of {schema.name} "
-            "records; answered once durable",
-            "responses": (
-                (200, '{"accepted": N, "duplicates": M}'),
-                (400, "invalid record or malformed JSON; nothing written"),
-                (413, "too many records or too large a body"),
-                *((_BACKLOG_FULL,) if gated else ()),
-                (503, "queue full or store unavailable; see Retry-After"),
-                (507, "disk full: nothing written; path and free_bytes name the disk"),
-            ),
-            "body": {**records, "maxItems": max_records},
-            "body_types": ("application/json", "application/x-ndjson"),
-            "response": _INGEST_RESULT,
-        },
+        _ingest_doc(schema, records, max_records, gated),
         {
             "method": "GET",
-            "path": base + "/status",
+            "path": f"{PREFIX}/{schema.name}/status",
             "summary": f"count, newest_created_at and size_bytes of {schema.name}",
             "response": _STORE_STATUS,
         },
-        {
-            "method": "GET",
-            "path": base + "/since",
-            "summary": f"{schema.name} records after (ts, after) in ({schema.time_column}, "
-            f"{schema.key}) order, with the next cursor",
-            "responses": ((200, '{"records": [...], "next": {"ts", "after"} | null}'), *refusals),
-            "parameters": (
-                ("ts", "query", "Time bound; without `after`, records with time >= ts", _NUM),
-                (
-                    "after",
-                    "query",
-                    "Key bound: records with (time, key) > (ts, after); needs ts",
-                    key,
-                ),
-                ("limit", "query", f"Page size (default {DEFAULT_PAGE_LIMIT})", page_limit),
-                *_filter_parameters(schema),
-            ),
-            "response": {
-                "type": "object",
-                "required": ["records", "next"],
-                "properties": {"records": records, "next": {"type": ["object", "null"]}},
-            },
-        },
-        {
-            "method": "GET",
-            "path": base + "/get",
-            "summary": f"{schema.name} records by key: ?key=a&key=b; absent ones in missing",
-            "responses": ((200, '{"records": [...], "missing": [...]}'), *refusals),
-            "parameters": (
-                (
-                    "key",
-                    "query",
-                    "A record key; repeat for more",
-                    {"type": "array", "items": key, "minItems": 1, "maxItems": MAX_GET_KEYS}
-                    | {"x-required": True},
-                ),
-            ),
-            "response": {
-                "type": "object",
-                "required": ["records", "missing"],
-                "properties": {"records": records, "missing": {"type": "array"}},
-            },
-        },
+        _since_doc(schema, records, key),
+        _get_doc(schema, records, key),
     ]
+
+
+_BAD_QUERY = (400, "bad query, naming the parameter")
+
+
+def _ingest_doc(
+    schema: RecordSchema, records: dict[str, Any], max_records: int, gated: bool
+) -> dict[str, Any]:
+    return {
+        "method": "POST",
+        "path": f"{PREFIX}/{schema.name}",
+        "summary": f"Ingest a JSON array (or NDJSON, one record per line) of {schema.name} "
+        "records; answered once durable",
+        "responses": (
+            (200, '{"accepted": N, "duplicates": M}'),
+            (400, "invalid record or malformed JSON; nothing written"),
+            (413, "too many records or too large a body"),
+            *((_BACKLOG_FULL,) if gated else ()),
+            (503, "queue full or store unavailable; see Retry-After"),
+            (507, "disk full: nothing written; path and free_bytes name the disk"),
+        ),
+        "body": {**records, "maxItems": max_records},
+        "body_types": ("application/json", "application/x-ndjson"),
+        "response": _INGEST_RESULT,
+    }
+
+
+def _since_doc(
+    schema: RecordSchema, records: dict[str, Any], key: dict[str, Any]
+) -> dict[str, Any]:
+    page_limit = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT}
+    return {
+        "method": "GET",
+        "path": f"{PREFIX}/{schema.name}/since",
+        "summary": f"{schema.name} records after (ts, after) in ({schema.time_column}, "
+        f"{schema.key}) order, with the next cursor",
+        "responses": ((200, '{"records": [...], "next": {"ts", "after"} | null}'), _BAD_QUERY),
+        "parameters": (
+            ("ts", "query", "Time bound; without `after`, records with time >= ts", _NUM),
+            ("after", "query", "Key bound: records with (time, key) > (ts, after); needs ts", key),
+            ("limit", "query", f"Page size (default {DEFAULT_PAGE_LIMIT})", page_limit),
+            *_filter_parameters(schema),
+        ),
+        "response": {
+            "type": "object",
+            "required": ["records", "next"],
+            "properties": {"records": records, "next": {"type": ["object", "null"]}},
+        },
+    }
+
+
+def _get_doc(schema: RecordSchema, records: dict[str, Any], key: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "method": "GET",
+        "path": f"{PREFIX}/{schema.name}/get",
+        "summary": f"{schema.name} records by key: ?key=a&key=b; absent ones in missing",
+        "responses": ((200, '{"records": [...], "missing": [...]}'), _BAD_QUERY),
+        "parameters": (
+            (
+                "key",
+                "query",
+                "A record key; repeat for more",
+                {"type": "array", "items": key, "minItems": 1, "maxItems": MAX_GET_KEYS}
+                | {"x-required": True},
+            ),
+        ),
+        "response": {
+            "type": "object",
+            "required": ["records", "missing"],
+            "properties": {"records": records, "missing": {"type": "array"}},
+        },
+    }

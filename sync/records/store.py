@@ -33,8 +33,6 @@ from sync.errors import (
     StoreLockedError,
     StoreWriteError,
     SyncError,
-    free_bytes,
-    sync_error,
 )
 from sync.records import sqlite as db
 from sync.records.schema import RecordSchema, insert_sql
@@ -48,6 +46,7 @@ from sync.records.types import (
     StoreStatus,
 )
 from sync.records.validate import validate_records
+from sync.translate import free_bytes, sync_error
 from wal import GroupCommit, GroupCommitConfig
 
 logger = logging.getLogger(__name__)

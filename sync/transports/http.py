@@ -20,29 +20,21 @@ from config import Timeouts
 from net import Identity, NetError, PeerClient
 from sync.errors import (
     ContentMismatchError,
-    FileChangedError,
     FileSyncError,
     FileTransferError,
     ManifestError,
-    sync_error,
-)
-from sync.files.batch import (
-    HEADER,
-    MAX_HEADER_BYTES,
-    BatchWriter,
-    parse_header,
 )
 from sync.files.download import RateLimiter, download_run, plan_runs
 from sync.files.manifest import ManifestEntry, ManifestPage, parse_page
 from sync.files.tombstones import Tombstone, parse_tombstones
 from sync.guards import dest_path
+from sync.translate import sync_error
+from sync.transports.batch_receiver import BatchReceiver
 from sync.transports.partial import (
-    await_jobs,
     install_file,
     make_directories,
     open_partial,
     run_blocking,
-    settle_all,
     verify_present_pieces,
 )
 from sync.transports.protocol import PeerRef, TransferResult
@@ -52,8 +44,6 @@ logger = logging.getLogger(__name__)
 PREFIX = "/v1/sync"
 DEFAULT_PAGE_LIMIT = 10_000
 READ_BUFFER_BYTES = 4 << 20
-BATCH_GROUP_BYTES = 1 << 20
-BATCH_GROUP_FILES = 64
 
 
 @dataclass(frozen=True)
@@ -222,40 +212,11 @@ class HttpTransport:
         installed before that stay (each is complete and verified; only the directory fsync
         of the batch is then done before raising)."""
         client = self.peers()
-        started = time.monotonic()
-        wanted = {entry.path: entry for entry in entries}
-        out: dict[str, TransferResult | FileSyncError] = {}
-        writer = BatchWriter.at(dest_root)
-        jobs: list[asyncio.Future[list[os.stat_result | FileSyncError]]] = []
-        pending: list[tuple[ManifestEntry, bytes]] = []
-        group: list[tuple[ManifestEntry, bytes]] = []
-        group_bytes = 0
+        receiver = BatchReceiver(
+            peer, self.name, category, entries, dest_root, on_installed, self._limiter
+        )
         body = {"files": [{"path": entry.path, "hash": entry.hash} for entry in entries]}
         timeout_s = self._timeouts.sync_s
-
-        def settle(done: list[tuple[ManifestEntry, bytes]], results: list[Any]) -> None:
-            for (entry, data), result in zip(done, results, strict=True):
-                if isinstance(result, FileSyncError):
-                    out[entry.path] = result
-                    continue
-                out[entry.path] = TransferResult.installed(
-                    peer,
-                    self.name,
-                    category,
-                    entry,
-                    transferred=len(data),
-                    resumed=0,
-                    started=started,
-                )
-                if on_installed is not None:
-                    on_installed(entry, result)
-
-        async def flush() -> None:
-            nonlocal jobs, pending
-            if jobs:
-                settle(pending, (await await_jobs(jobs))[0])
-                jobs, pending = [], []
-
         try:
             async with (
                 asyncio.timeout(timeout_s),
@@ -276,55 +237,19 @@ class HttpTransport:
                         f"{stream.status}: {_reason(payload)}",
                         stream.status,
                     )
-                for _ in range(len(entries)):
-                    (length,) = HEADER.unpack(await stream.readexactly(HEADER.size))
-                    if length > MAX_HEADER_BYTES:
-                        raise FileTransferError(f"{peer.node_id}: batch header of {length} bytes")
-                    header = parse_header(await stream.readexactly(length))
-                    entry = wanted.get(header["path"])
-                    if entry is None or header["path"] in out:
-                        raise FileTransferError(f"{peer.node_id}: batch sent {header['path']!r}")
-                    if "error" in header:
-                        status = header.get("status")
-                        reason = header.get("reason", header["error"])
-                        out[entry.path] = FileChangedError(
-                            f"{peer.node_id}: {entry.path}: {reason}",
-                            status if isinstance(status, int) else 409,
-                        )
-                        continue
-                    if header["size"] != entry.size:
-                        raise FileTransferError(
-                            f"{peer.node_id}: {entry.path}: {header['size']} bytes announced, "
-                            f"expected {entry.size}"
-                        )
-                    data = await stream.readexactly(entry.size)
-                    if self._limiter is not None:
-                        await self._limiter.take(len(data))
-                    group.append((entry, data))
-                    group_bytes += len(data)
-                    if group_bytes >= BATCH_GROUP_BYTES or len(group) >= BATCH_GROUP_FILES:
-                        await flush()
-                        jobs = [
-                            asyncio.get_running_loop().run_in_executor(None, writer.install, group)
-                        ]
-                        pending, group, group_bytes = group, [], 0
-            await flush()
-            if group:
-                pending = group
-                settle(pending, await run_blocking(writer.install, group))
-                pending = group = []
-        except (NetError, TimeoutError, OSError) as exc:
-            await flush()
+                await receiver.read(stream)
+            await receiver.install_rest()
+        except (NetError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+            await receiver.flush()
             raise sync_error(
                 exc, f"{peer.node_id}: batch of {len(entries)} files", FileTransferError
             ) from exc
         except FileSyncError:
-            await flush()  # report the files already installed before the stream went bad
+            await receiver.flush()  # report the files already installed before the stream went bad
             raise
         finally:
-            await settle_all(jobs)
-            await run_blocking(writer.finish)
-        return out
+            await receiver.close()
+        return receiver.results
 
     async def _get_json(
         self,

@@ -24,12 +24,12 @@ from sync.errors import (
     FileChangedError,
     FileSyncError,
     FileTransferError,
-    sync_error,
 )
 from sync.files.download import RECEIVED, PieceRun, download_run
 from sync.files.manifest import ManifestEntry
 from sync.files.pieces import Holding, Limits, PieceBook, PieceMap, choose_pieces, spread_start
 from sync.guards import dest_path
+from sync.translate import sync_error
 from sync.transports.http import HttpTransport, category_path, category_url
 from sync.transports.partial import (
     install_file,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from node.membership.channel import ReplayWindows, SealedChannel
-from node.membership.wire import Drop, Envelope
+from node.membership.envelope import Drop, Envelope
 
 NOW = 1_700_000_000.0
 TS = int(NOW)

@@ -14,6 +14,13 @@ from pathlib import Path
 import pytest
 
 from node.membership.channel import SealedChannel
+from node.membership.envelope import (
+    ENVELOPE_VERSION,
+    MAX_DATAGRAM_BYTES,
+    SEALED_VERSION,
+    Drop,
+    Envelope,
+)
 from node.membership.keyring import (
     KEYRING_FILE,
     GossipKeys,
@@ -29,13 +36,6 @@ from node.membership.keyring import (
 )
 from node.membership.service import InMemoryNetwork, Membership
 from node.membership.types import EventKind, MemberState
-from node.membership.wire import (
-    ENVELOPE_VERSION,
-    MAX_DATAGRAM_BYTES,
-    SEALED_VERSION,
-    Drop,
-    Envelope,
-)
 from tests.node.membership_sim import FAST, PORT, host, wait_for
 
 SECRET = b"s" * 32

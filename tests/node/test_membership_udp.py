@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 import pytest
 
 from config.timeouts import Timeouts
+from node.membership.envelope import Envelope
 from node.membership.service import Membership, UdpMembershipTransport
 from node.membership.transport import MembershipTransport
 from node.membership.types import EventKind, MemberEvent, MemberState
-from node.membership.wire import Envelope
 
 SECRET = b"test-cluster-secret-0123456789"
 FAST = Timeouts(

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from config.timeouts import Timeouts
+from node.membership.envelope import MAX_DATAGRAM_BYTES, Drop, Envelope
 from node.membership.events import EventHub
 from node.membership.service import Membership
 from node.membership.transport import DatagramHandler, TransportStats
@@ -22,9 +23,6 @@ from node.membership.types import (
     freeze_meta,
 )
 from node.membership.wire import (
-    MAX_DATAGRAM_BYTES,
-    Drop,
-    Envelope,
     Message,
     MessageKind,
     WireError,
