@@ -32,10 +32,13 @@ from node.errors import JobEndedError as JobEndedError
 from node.errors import JobRequestError as JobRequestError
 from node.errors import JobUnreachableError as JobUnreachableError
 from node.errors import JobWaitTimeoutError as JobWaitTimeoutError
+from node.jobs.records import JobRecord, JobState
 
 T = TypeVar("T")
-ENDED_STATES = frozenset({"succeeded", "failed", "killed", "timed_out", "lost"})
-NO_EXIT_CODE_STATES = frozenset({"killed", "timed_out", "lost"})
+ENDED_STATES = frozenset(state.value for state in JobState if state.ended)
+NO_EXIT_CODE_STATES = frozenset(
+    {JobState.KILLED.value, JobState.TIMED_OUT.value, JobState.LOST.value}
+)
 HASH_HEADER = "X-Shoal-Content-Hash"
 OFFSET_HEADER = "X-Next-Offset"
 MANIFEST_PIECE_BYTES = 16 << 20
@@ -159,9 +162,15 @@ async def request_json(
         raise JobUnreachableError(f"{url}: unreachable: {exc or type(exc).__name__}") from exc
 
 
-def apply_record(state: dict[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
-    """Copy a job record the node answered into `state`; returns the record."""
-    copied = dict(record)
+def apply_record(state: dict[str, Any], record: object) -> dict[str, Any]:
+    """Copy a job record the node answered into `state` (read as a JobRecord: JobClientError
+    naming the field when it is not one); returns the record's JSON."""
+    try:
+        copied = JobRecord.model_validate(record).to_json()
+    except ValueError as exc:
+        raise JobClientError(
+            f"{state.get('node_url')} answered something that is not a job record: {exc}"
+        ) from exc
     state["record"] = copied
     state["job_id"] = copied.get("job_id", state["job_id"])
     state["status"] = copied.get("state", state["status"])

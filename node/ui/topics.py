@@ -191,7 +191,7 @@ async def jobs_topic(sources: UiSources) -> dict[str, Any]:
     if service is None:
         return {"summary": {}, "jobs": []}
     entries = service.entries()[:MAX_JOBS_SHOWN]
-    return {"summary": service.summary(), "jobs": [service.record(e) for e in entries]}
+    return {"summary": service.summary(), "jobs": [service.record(e).to_json() for e in entries]}
 
 
 async def sync_topic(sources: UiSources) -> dict[str, Any]:
