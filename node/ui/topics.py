@@ -213,13 +213,13 @@ async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dic
             runs[run] = {
                 "offered_version": state.offered_version,
                 "applied_version": state.applied_version,
-                "applied": state.status,
+                "applied": None if state.status is None else state.status.to_json(),
             }
             status = state.status
             here[run] = None if status is None else {
-                "version": status["version"],
-                "applied_at": status.get("applied_at"),
-                "source": status.get("source"),
+                "version": status.version,
+                "applied_at": status.applied_at,
+                "source": status.source,
             }  # fmt: skip
     if sources.backlog is not None:
         for run, backlog in sorted(sources.backlog.runs().items()):
