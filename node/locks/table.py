@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from annotated_types import Len
 from pydantic import (
+    ConfigDict,
     NonNegativeInt,
     PlainSerializer,
     PlainValidator,
@@ -61,7 +63,7 @@ WireFence = Annotated[
     LockFence,
     PlainValidator(_fence_of),
     PlainSerializer(LockFence.to_list),
-    WithJsonSchema(TypeAdapter(tuple[NonNegativeInt, NonNegativeInt]).json_schema()),
+    WithJsonSchema(TypeAdapter(Annotated[list[NonNegativeInt], Len(2, 2)]).json_schema()),
 ]
 """A LockFence on the wire: `[term, seq]`."""
 
@@ -93,9 +95,16 @@ class LockState:
         return None
 
 
+def _version_default_as_json(schema: dict[str, Any]) -> None:
+    """JSON Schema writes a default as plain JSON, not through the field's serializer."""
+    schema["properties"]["version"]["default"] = LockFence(0, 0).to_list()
+
+
 @dataclass(frozen=True)
 class LockTable:
     """Every lock of the cluster; `version` is the fence of the newest change."""
+
+    __pydantic_config__ = ConfigDict(json_schema_extra=_version_default_as_json)
 
     version: WireFence = LockFence(0, 0)
     locks: Mapping[str, LockState] = dataclasses.field(default_factory=dict)

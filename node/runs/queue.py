@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, JsonValue
 
 from node.errors import BodyError, RunError
 from node.jobs import JobRecord
+from node.locks.table import WireFence
 from node.openapi import BODY_CONFIG, Number, WholeNumber, WireRecord, check_body
 
 
@@ -176,7 +177,7 @@ class RunRecord(WireRecord):
     submitted_at: Number
     started_at: Number | None
     ended_at: Number | None
-    fence: tuple[int, int] | None = Field(description="the run lock's fence [term, seq]")
+    fence: WireFence | None = Field(description="the run lock's fence [term, seq]")
     job_node: str | None
     job_url: str | None
     started_nodes: tuple[str, ...]

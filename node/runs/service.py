@@ -71,6 +71,13 @@ def final_state(run: RunRecord) -> RunState:
     return RunState(run.job.state.value) if run.job is not None else RunState.LOST
 
 
+def _fence_of(run: RunRecord) -> LockFence:
+    """The fence of the run's lock; LockError 400 for a run that has none (never locked)."""
+    if run.fence is None:
+        raise LockError(400, "bad_fence", f"run {run.run_id} holds no lock fence")
+    return run.fence
+
+
 @dataclass(frozen=True)
 class Member:
     """Where a run's job (or one member of its gang) ran: its node, the node's URL, its job."""
@@ -229,7 +236,7 @@ class RunService:
 
     async def _renew_lock(self, run: RunRecord) -> None:
         name, holder = run_lock(run.group), run.run_id
-        fence = LockFence.parse(run.fence)
+        fence = _fence_of(run)
         state = self.locks.table.get(name)
         if state.holder == holder and state.expires_at - self._clock() > RUN_LOCK_TTL_S / 2:
             return
@@ -237,7 +244,7 @@ class RunService:
 
     async def _finish(self, run: RunRecord, note: str) -> None:
         name, holder = run_lock(run.group), run.run_id
-        fence = LockFence.parse(run.fence)
+        fence = _fence_of(run)
 
         def end(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
             if table.get(name).holder == holder:

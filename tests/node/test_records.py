@@ -197,7 +197,7 @@ def test_records_are_typed_and_frozen() -> None:
     assert run.job is not None
     assert run.job.gang is not None
     assert [m.state for m in run.job.gang.members] == [JobState.SUCCEEDED, JobState.FAILED]
-    assert run.fence == (3, 18)
+    assert run.fence == LockFence(3, 18)
     with pytest.raises(ValueError, match="frozen"):
         run.step = RunStep.QUEUED  # type: ignore[misc]
     with pytest.raises(ValueError, match="step"):
