@@ -16,7 +16,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from config import HEADER_NODE, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, shoal_version
 from node.errors import BodyError
@@ -59,6 +66,27 @@ ERROR_SCHEMA: Mapping[str, Any] = {
 BODY_CONFIG = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 """The model config of a request body: JSON types exactly (no "3" for 3, no true for 1), no
 unknown field, no NaN or Infinity."""
+
+
+RECORD_CONFIG = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+"""The model config of a record the API answers (a job, a run, a lock, an offer): immutable;
+a field a newer peer added is ignored when read."""
+
+
+Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+"""A JSON number kept as it came (3 stays 3, 3.5 stays 3.5), so a record read and written
+again is the same bytes; JSON Schema's number."""
+
+
+class WireRecord(BaseModel):
+    """A record that crosses a module or host boundary: a frozen model whose JSON Schema is the
+    one the OpenAPI document shows, and whose `to_json()` is exactly what the API answers."""
+
+    model_config = RECORD_CONFIG
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as the API answers it (JSON types only)."""
+        return self.model_dump(mode="json")
 
 
 def _whole(value: Any) -> Any:

@@ -36,12 +36,14 @@ from node.jobs.client import (
     attach_job_async,
     download_async,
     list_jobs_async,
+    make_job_state,
     remove_job_async,
     start_job_async,
     terminate_async,
 )
 from node.jobs.transport import (
     JobClientError,
+    JobClientState,
     JobWaitTimeoutError,
     fetch_record,
     log_chunks_async,
@@ -127,7 +129,7 @@ async def _copy(chunks: AsyncIterator[bytes], out: IO[bytes]) -> None:
         out.flush()
 
 
-async def _follow_and_wait(state: dict[str, Any]) -> dict[str, Any]:
+async def _follow_and_wait(state: JobClientState) -> dict[str, Any]:
     """Copy the job's stdout and stderr to ours until it ends; its final record."""
     if (state.get("record") or {}).get("gang") is None:
         await asyncio.gather(
@@ -151,7 +153,7 @@ def gang_members(record: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _wait_interrupted(state: Mapping[str, Any]) -> NoReturn:
+def _wait_interrupted(state: JobClientState) -> NoReturn:
     if not state.get("job_id"):
         raise typer.Exit(130)
     fail(
@@ -198,7 +200,7 @@ def jobs_run(
     deploy = DeploySpec(
         node_url=node, workspace=cwd, config_file=str(config_file) if config_file else None
     )
-    state: dict[str, Any] = {}
+    state = make_job_state()
 
     async def start() -> dict[str, Any]:
         record = await start_job_async(deploy, spec, state)
@@ -323,7 +325,8 @@ def jobs_wait(
     config_file: ConfigOption = None,
 ) -> None:
     """Wait until a job ends and exit with its exit code (see `shoal jobs --help`)."""
-    state: dict[str, Any] = {"job_id": job_id, "node_url": node}
+    state = make_job_state()
+    state["job_id"], state["node_url"] = job_id, node
 
     async def wait() -> dict[str, Any]:
         state.update(await attach_job_async(_deploy(node, config_file), job_id))

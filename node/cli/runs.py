@@ -7,7 +7,7 @@ import asyncio
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -28,6 +28,9 @@ from node.cli.common import (
 from node.cli.wal import parse_duration_s
 from node.errors import PeerRequestError
 
+if TYPE_CHECKING:
+    from node.runs.queue import RunRecord
+
 runs_app = typer.Typer(
     help="Runs: queue a training run per concurrency group; results go to the results store.",
     no_args_is_help=True,
@@ -40,6 +43,16 @@ FOLLOW_POLL_S = 1.0
 def _where(node: str | None, config_file: Path | None) -> tuple[NodeSettings, str]:
     settings = settings_from(config_file).settings
     return settings, node_url(settings, node)
+
+
+def _run_of(answer: object, url: str) -> RunRecord:
+    """A node's answer read as a run record; exits naming the node when it is not one."""
+    from node.runs.queue import RunRecord
+
+    try:
+        return RunRecord.model_validate(answer)
+    except ValueError as exc:
+        fail(f"{url} answered something that is not a run record: {exc}")
 
 
 def _when(stamp: object) -> str:
@@ -88,11 +101,11 @@ def submit(
         except ValueError as exc:
             fail(f"--max-duration: {exc}")
     settings, url = _where(node, config_file)
-    record = asyncio.run(request_json(settings, "POST", f"{url}/v1/runs", body))
+    run = _run_of(asyncio.run(request_json(settings, "POST", f"{url}/v1/runs", body)), url)
     if as_json:
-        print_json(record)
+        print_json(run.to_json())
     else:
-        console.print(f"queued {record['run_id']} in group {record['group']}")
+        console.print(f"queued {run.run_id} in group {run.group}")
 
 
 @runs_app.command("list")
@@ -105,20 +118,21 @@ def list_runs(
     """Every run, oldest first."""
     settings, url = _where(node, config_file)
     query = f"?group={group}" if group else ""
-    runs = asyncio.run(request_json(settings, "GET", f"{url}/v1/runs{query}"))["runs"]
+    answer = asyncio.run(request_json(settings, "GET", f"{url}/v1/runs{query}"))
+    runs = [_run_of(run, url) for run in answer["runs"]]
     if as_json:
-        print_json(runs)
+        print_json([run.to_json() for run in runs])
         return
     table = Table("run", "group", "name", "state", "step", "submitted", "ended")
     for run in runs:
         table.add_row(
-            run["run_id"],
-            run["group"],
-            run["name"],
-            run["state"],
-            run["step"],
-            _when(run["submitted_at"]),
-            _when(run["ended_at"]),
+            run.run_id,
+            run.group,
+            run.name,
+            run.state.value,
+            run.step.value,
+            _when(run.submitted_at),
+            _when(run.ended_at),
         )
     console.print(table)
 
@@ -132,15 +146,15 @@ def status(
 ) -> None:
     """One run: state, step, its steps' log and the results it stored."""
     settings, url = _where(node, config_file)
-    run = asyncio.run(request_json(settings, "GET", f"{url}/v1/runs/{run_id}"))
+    run = _run_of(asyncio.run(request_json(settings, "GET", f"{url}/v1/runs/{run_id}")), url)
     if as_json:
-        print_json(run)
+        print_json(run.to_json())
         return
-    console.print(f"{run['run_id']} ({run['name']}, group {run['group']}): {run['state']}")
-    for line in run["log"]:
-        note = f": {line['note']}" if line.get("note") else ""
-        console.print(f"  {_when(line['at'])} {line['step']}{note}")
-    for upload in run["uploaded"]:
+    console.print(f"{run.run_id} ({run.name}, group {run.group}): {run.state.value}")
+    for line in run.log:
+        note = f": {line.note}" if line.note else ""
+        console.print(f"  {_when(line.at)} {line.step.value}{note}")
+    for upload in run.uploaded:
         console.print(f"  result {upload['key']} {upload.get('hash', 'missing')}")
 
 
@@ -153,39 +167,43 @@ def cancel(
 ) -> None:
     """A queued run is removed; a running one is killed and its results still collected."""
     settings, url = _where(node, config_file)
-    run = asyncio.run(request_json(settings, "POST", f"{url}/v1/runs/{run_id}/cancel", {}))
+    answer = asyncio.run(request_json(settings, "POST", f"{url}/v1/runs/{run_id}/cancel", {}))
+    run = _run_of(answer, url)
     if as_json:
-        print_json(run)
+        print_json(run.to_json())
     else:
-        console.print(f"{run['run_id']}: {run['state']}")
+        console.print(f"{run.run_id}: {run.state.value}")
 
 
-async def _member_logs(
-    settings: NodeSettings, run: dict[str, Any], offsets: dict[str, int]
-) -> bool:
+async def _member_logs(settings: NodeSettings, run: RunRecord, offsets: dict[str, int]) -> bool:
     """Print the new log bytes of every member, prefixed by node; True once the job ended."""
-    if not run.get("job_url"):
+    from node.jobs.records import JobRecord
+
+    if not run.job_url:
         return False
-    gang = await request_json(settings, "GET", f"{run['job_url']}/v1/jobs/{run['run_id']}")
-    members = (gang.get("gang") or {}).get("members") or [
-        {"node": run["job_node"], "url": run["job_url"], "job_id": run["run_id"]}
+    url = f"{run.job_url}/v1/jobs/{run.run_id}"
+    try:
+        job = JobRecord.model_validate(await request_json(settings, "GET", url))
+    except ValueError as exc:
+        fail(f"{url} answered something that is not a job record: {exc}")
+    members = [(m.node, m.url, m.job_id) for m in (job.gang.members if job.gang else ())] or [
+        (str(run.job_node), run.job_url, run.run_id)
     ]
     async with peer_client(settings) as peers:
-        for member in members:
-            key = str(member["job_id"])
+        for node, member_url, key in members:
             path = f"/v1/jobs/{key}/logs?offset={offsets.get(key, 0)}"
             try:
-                response = await peers.request("GET", member["url"], path, check=False)
+                response = await peers.request("GET", member_url, path, check=False)
             except PeerRequestError as exc:
-                sys.stderr.write(f"[{member['node']}] {exc.reason}\n")
+                sys.stderr.write(f"[{node}] {exc.reason}\n")
                 continue
             if response.status != 200:
                 continue
             data = response.body
             offsets[key] = int(response.headers.get("X-Next-Offset", offsets.get(key, 0)))
             for line in data.decode(errors="replace").splitlines():
-                sys.stdout.write(f"[{member['node']}] {line}\n")
-    return str(gang.get("state")) in ("succeeded", "failed", "killed", "timed_out", "lost")
+                sys.stdout.write(f"[{node}] {line}\n")
+    return job.state.ended
 
 
 @runs_app.command("logs")
@@ -201,9 +219,9 @@ def logs(
     async def show() -> None:
         offsets: dict[str, int] = {}
         while True:
-            run = await request_json(settings, "GET", f"{url}/v1/runs/{run_id}")
+            run = _run_of(await request_json(settings, "GET", f"{url}/v1/runs/{run_id}"), url)
             ended = await _member_logs(settings, run, offsets)
-            if not follow or ended or run["step"] == "done":
+            if not follow or ended or run.step == "done":
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
 

@@ -37,7 +37,15 @@ if TYPE_CHECKING:
     )
     from node.jobs.component import JobApi, open_job_service
     from node.jobs.gang import GangService
-    from node.jobs.records import JobError, JobRequest, JobState, parse_job_request
+    from node.jobs.records import (
+        GangMember,
+        GangRecord,
+        JobError,
+        JobRecord,
+        JobRequest,
+        JobState,
+        parse_job_request,
+    )
     from node.jobs.roster import gang_master_port, gang_outcome, pick_members
     from node.jobs.routes import JobRoutes, job_route_docs
     from node.jobs.service import JobService
@@ -55,7 +63,9 @@ else:
             ),
             "node.jobs.gang": "GangService",
             "node.jobs.routes": "JobRoutes job_route_docs",
-            "node.jobs.records": "JobError JobRequest JobState parse_job_request",
+            "node.jobs.records": (
+                "GangMember GangRecord JobError JobRecord JobRequest JobState parse_job_request"
+            ),
             "node.jobs.roster": "gang_master_port gang_outcome pick_members",
             "node.jobs.service": "JobService",
             "node.jobs.component": "JobApi open_job_service",
@@ -66,10 +76,13 @@ else:
 __all__ = [
     "DeploySpec",
     "GPUQuery",
+    "GangMember",
+    "GangRecord",
     "GangService",
     "JobApi",
     "JobEntry",
     "JobError",
+    "JobRecord",
     "JobRequest",
     "JobRoutes",
     "JobService",

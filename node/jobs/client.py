@@ -20,6 +20,7 @@ from node.jobs.transport import (
     ENDED_STATES,
     Endpoint,
     JobClientError,
+    JobClientState,
     apply_record,
     base_url,
     endpoint_of,
@@ -125,7 +126,7 @@ class DeploySpec:
                 )
 
 
-def make_job_state() -> dict[str, Any]:
+def make_job_state() -> JobClientState:
     """A fresh job state: the functions below fill it in and read it."""
     return {
         "job_id": None,
@@ -252,32 +253,32 @@ async def _resolve_member_async(
     )
 
 
-async def attach_job_async(deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+async def attach_job_async(deploy: DeploySpec, job_id: str) -> JobClientState:
     """A state for the existing job `job_id` on the node `deploy` names."""
     url, settings, acquired = await resolve_target_async(deploy)
     state = make_job_state()
-    state.update(
-        job_id=job_id,
-        node_url=url,
-        secret_file=str(settings.secret_file) if settings.secret_file else None,
-        request_timeout_s=settings.timeouts.http_request_s,
-        acquired=None if deploy.keep_alive else acquired,
-    )
+    state["job_id"] = job_id
+    state["node_url"] = url
+    state["secret_file"] = str(settings.secret_file) if settings.secret_file else None
+    state["request_timeout_s"] = settings.timeouts.http_request_s
+    state["acquired"] = None if deploy.keep_alive else acquired
     return state
 
 
 async def start_job_async(
-    deploy: DeploySpec, job: JobSpec, state: dict[str, Any]
+    deploy: DeploySpec, job: JobSpec, state: JobClientState
 ) -> dict[str, Any]:
     """Start `job` where `deploy` says (after its bootstrap exits 0); fills `state` and
     returns the job's record. A start whose answer was lost is retried with the same id."""
     job_id = job.job_id or new_job_id()
-    state.update(await attach_job_async(deploy, job_id), log_file=job.log_file)
+    state.update(await attach_job_async(deploy, job_id))
+    state["log_file"] = job.log_file
     if deploy.bootstrap:
-        boot = dict(state, job_id=f"{job_id}-bootstrap")
+        boot = state.copy()
+        boot["job_id"] = boot_id = f"{job_id}-bootstrap"
         name = f"{job.name or os.path.basename(job.command[0])}-bootstrap"
         boot_spec = JobSpec(deploy.bootstrap, env=job.env, name=name)
-        await post_job(boot, start_body(boot_spec, deploy, boot["job_id"]))
+        await post_job(boot, start_body(boot_spec, deploy, boot_id))
         record = await wait_record(boot, 2.0, None)
         state["bootstrap"] = record
         if record.get("state") != "succeeded":
@@ -290,13 +291,13 @@ async def start_job_async(
     return await post_job(state, start_body(job, deploy, job_id))
 
 
-async def poll_status_async(state: dict[str, Any]) -> str:
+async def poll_status_async(state: JobClientState) -> str:
     """The job's state now: pending, running, succeeded, failed, killed, timed_out or lost."""
     return str((await fetch_record(state))["state"])
 
 
 async def wait_for_completion_async(
-    state: dict[str, Any], poll_interval: float = 2.0, timeout_s: float | None = None
+    state: JobClientState, poll_interval: float = 2.0, timeout_s: float | None = None
 ) -> int:
     """Wait until the job ends (long-polls of `poll_interval` s) and return its exit code (-N
     for a death by signal N). JobEndedError when it ended killed, timed_out or lost;
@@ -305,7 +306,7 @@ async def wait_for_completion_async(
 
 
 async def stream_logs_async(
-    state: dict[str, Any], follow: bool = True, stream: str = "stdout", tail: int | None = None
+    state: JobClientState, follow: bool = True, stream: str = "stdout", tail: int | None = None
 ) -> AsyncGenerator[str, None]:
     """The job's log as lines without their newline, following until the job ends; each line
     is also appended to the JobSpec's `log_file` when one was given."""
@@ -330,7 +331,7 @@ async def stream_logs_async(
             yield pending
 
 
-async def download_async(state: dict[str, Any], remote: str, local: str) -> Path:
+async def download_async(state: JobClientState, remote: str, local: str) -> Path:
     """Fetch `remote` (relative to the job's working directory) to `local` (a file, or a
     directory to put it in); the file appears only complete and matching the node's
     X-Shoal-Content-Hash (else DownloadHashError). Returns the path written."""
@@ -341,7 +342,7 @@ async def download_async(state: dict[str, Any], remote: str, local: str) -> Path
 
 
 async def terminate_async(
-    state: dict[str, Any], signal: str = "TERM", grace_s: float | None = None
+    state: JobClientState, signal: str = "TERM", grace_s: float | None = None
 ) -> dict[str, Any]:
     """Send `signal` to the job's whole process group (SIGKILL after the grace, default the
     node's) and wait until it has ended; returns the final record. A job that already ended is
@@ -352,7 +353,7 @@ async def terminate_async(
         await release_acquired_async(state)
 
 
-async def release_acquired_async(state: dict[str, Any]) -> None:
+async def release_acquired_async(state: JobClientState) -> None:
     """Release the node a provider acquired for this job (none when `keep_alive`). Idempotent."""
     acquired = state.pop("acquired", None)
     if acquired is not None:
@@ -360,21 +361,23 @@ async def release_acquired_async(state: dict[str, Any]) -> None:
         await provider.release(handle)
 
 
-async def _kill_async(state: dict[str, Any], signal: str, grace_s: float | None) -> dict[str, Any]:
-    if state.get("status") in ENDED_STATES and state.get("record"):
-        return dict(state["record"])
+async def _kill_async(state: JobClientState, signal: str, grace_s: float | None) -> dict[str, Any]:
+    known = state["record"]
+    if state["status"] in ENDED_STATES and known:
+        return dict(known)
     body: dict[str, Any] = {"signal": signal}
     if grace_s is not None:
         body["grace_s"] = grace_s
     endpoint = endpoint_of(state)
     record = await request_json(endpoint, "POST", f"/v1/jobs/{state['job_id']}/kill", body)
-    if apply_record(state, record).get("state") in ENDED_STATES:
-        return dict(state["record"])
+    answered = apply_record(state, record)
+    if answered["state"] in ENDED_STATES:
+        return dict(answered)
     bound_s = (KILL_GRACE_S if grace_s is None else grace_s) + KILL_SETTLE_S
     return await wait_record(state, min(2.0, bound_s), bound_s)
 
 
-async def remove_job_async(state: dict[str, Any]) -> None:
+async def remove_job_async(state: JobClientState) -> None:
     """Remove an ended job's record, logs and working directory from its node."""
     await request_json(endpoint_of(state), "DELETE", f"/v1/jobs/{state['job_id']}")
     state["status"] = "removed"
@@ -390,7 +393,7 @@ async def list_jobs_async(deploy: DeploySpec, state: str | None = None) -> list[
 
 
 @contextlib.asynccontextmanager
-async def run_job_async(deploy: DeploySpec, job: JobSpec) -> AsyncIterator[dict[str, Any]]:
+async def run_job_async(deploy: DeploySpec, job: JobSpec) -> AsyncIterator[JobClientState]:
     """Start `job`; on exit kill it if it still runs (unless `deploy.keep_alive`)."""
     state = make_job_state()
     await start_job_async(deploy, job, state)
@@ -401,30 +404,30 @@ async def run_job_async(deploy: DeploySpec, job: JobSpec) -> AsyncIterator[dict[
             await terminate_async(state)  # also releases a node a provider acquired
 
 
-def start_job(deploy: DeploySpec, job: JobSpec, state: dict[str, Any]) -> dict[str, Any]:
+def start_job(deploy: DeploySpec, job: JobSpec, state: JobClientState) -> dict[str, Any]:
     """Plain twin of `start_job_async`."""
     return run_sync(start_job_async(deploy, job, state))
 
 
-def attach_job(deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+def attach_job(deploy: DeploySpec, job_id: str) -> JobClientState:
     """Plain twin of `attach_job_async`."""
     return run_sync(attach_job_async(deploy, job_id))
 
 
-def poll_status(state: dict[str, Any]) -> str:
+def poll_status(state: JobClientState) -> str:
     """Plain twin of `poll_status_async`."""
     return run_sync(poll_status_async(state))
 
 
 def wait_for_completion(
-    state: dict[str, Any], poll_interval: float = 2.0, timeout_s: float | None = None
+    state: JobClientState, poll_interval: float = 2.0, timeout_s: float | None = None
 ) -> int:
     """Plain twin of `wait_for_completion_async`."""
     return run_sync(wait_for_completion_async(state, poll_interval, timeout_s))
 
 
 def stream_logs(
-    state: dict[str, Any], follow: bool = True, stream: str = "stdout", tail: int | None = None
+    state: JobClientState, follow: bool = True, stream: str = "stdout", tail: int | None = None
 ) -> Generator[str, None, None]:
     """Plain twin of `stream_logs_async`: an iterator that drives a private event loop."""
     run_sync(asyncio.sleep(0))  # refuses a running loop before the first line is asked for
@@ -442,19 +445,19 @@ def stream_logs(
             loop.run_until_complete(loop.shutdown_default_executor())
 
 
-def download(state: dict[str, Any], remote: str, local: str) -> Path:
+def download(state: JobClientState, remote: str, local: str) -> Path:
     """Plain twin of `download_async`."""
     return run_sync(download_async(state, remote, local))
 
 
 def terminate(
-    state: dict[str, Any], signal: str = "TERM", grace_s: float | None = None
+    state: JobClientState, signal: str = "TERM", grace_s: float | None = None
 ) -> dict[str, Any]:
     """Plain twin of `terminate_async`."""
     return run_sync(terminate_async(state, signal, grace_s))
 
 
-def remove_job(state: dict[str, Any]) -> None:
+def remove_job(state: JobClientState) -> None:
     """Plain twin of `remove_job_async`."""
     run_sync(remove_job_async(state))
 
@@ -465,7 +468,7 @@ def list_jobs(deploy: DeploySpec, state: str | None = None) -> list[dict[str, An
 
 
 @contextlib.contextmanager
-def run_job(deploy: DeploySpec, job: JobSpec) -> Iterator[dict[str, Any]]:
+def run_job(deploy: DeploySpec, job: JobSpec) -> Iterator[JobClientState]:
     """Plain twin of `run_job_async`."""
     state = make_job_state()
     start_job(deploy, job, state)

@@ -25,9 +25,13 @@ from node.errors import BodyError
 from node.fence import fence_headers
 from node.jobs.drain import refuse_if_draining
 from node.jobs.records import (
+    GangMember,
+    GangRecord,
     JobError,
+    JobRecord,
     JobRequest,
     JobState,
+    PickAnswer,
     Role,
     new_job_id,
     parse_job_request,
@@ -93,27 +97,6 @@ class PickBody(BaseModel):
     role: Role = Field(default="any", description="the members' role, or any")
 
 
-PICK_ANSWER: dict[str, Any] = {
-    "type": "object",
-    "required": ["fence", "members"],
-    "properties": {
-        "fence": {"type": "string", "description": "the plan fence (X-Shoal-Fence) picked under"},
-        "members": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["node_id", "address", "port"],
-                "properties": {
-                    "node_id": {"type": "string"},
-                    "address": {"type": "string"},
-                    "port": {"type": "integer"},
-                },
-            },
-        },
-    },
-}
-
-
 class GangService:
     """Gang starts, the coordinator's pick, and the watchers of running gangs on this node."""
 
@@ -141,7 +124,7 @@ class GangService:
         """Watch every gang of this node that still runs (after a restart too)."""
         self._open_session()
         for entry in self.service.entries():
-            if entry.gang is not None and entry.gang.get("started_at") and not entry.state.ended:
+            if entry.gang is not None and entry.gang.started_at and not entry.state.ended:
                 self._watch(entry)
 
     async def close(self) -> None:
@@ -176,21 +159,21 @@ class GangService:
                     (503, "too few nodes"),
                 ),
                 body=PickBody,
-                response=PICK_ANSWER,
+                response=PickAnswer,
             )
         ]
 
     async def _handle_pick(self, request: web.Request) -> web.Response:
         try:
             body = parse_body(PickBody, await request.read())
-            return web.json_response(self.pick(body.nodes, body.role))
+            return web.json_response(self.pick(body.nodes, body.role).to_json())
         except JobError as exc:
             return web.json_response(exc.to_dict(), status=exc.status)
         except BodyError as exc:
             error = JobError(400, "invalid_pick", f'expected {{"nodes": K, "role": R}}: {exc}')
             return web.json_response(error.to_dict(), status=400)
 
-    def pick(self, nodes: int, role: str) -> dict[str, Any]:
+    def pick(self, nodes: int, role: str) -> PickAnswer:
         """The coordinator's choice of members; JobError 409 on any other node."""
         runtime = self.runtime
         plan = self._plan()
@@ -202,21 +185,20 @@ class GangService:
                 "ask the coordinator",
             )
         members = runtime.membership.members() if runtime.membership is not None else []
-        return {
-            "fence": plan.fence.to_header(),
-            "members": pick_members(members, plan, nodes, role),
-        }
+        return PickAnswer(
+            fence=plan.fence.to_header(), members=tuple(pick_members(members, plan, nodes, role))
+        )
 
     async def start(
         self, body: dict[str, Any], headers: Mapping[str, str]
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[JobRecord, bool]:
         """The StartFn of the job routes: members (fenced), single jobs, and gangs."""
         request = parse_job_request(body)
         if not self._exists(request.job_id):
             refuse_if_draining(self._plan(), self.runtime.node_id)
         if request.gang is not None:
             self._check_fence(headers.get(FENCE_HEADER))
-            if request.gang["rank"] == 0:
+            if request.gang.rank == 0:
                 self._check_master_port(request)
         if request.nodes == 1:
             entry, created = await self.service.start(request)
@@ -252,7 +234,7 @@ class GangService:
             with contextlib.suppress(JobError):
                 self.service.get(request.job_id)
                 return  # a repeated start of a member that runs (and may hold the port) already
-        port = int(request.gang["master_port"])
+        port = request.gang.master_port
         if not port_is_free(port):
             raise JobError(
                 409,
@@ -262,7 +244,7 @@ class GangService:
 
     # starting a gang
 
-    async def start_gang(self, request: JobRequest) -> tuple[dict[str, Any], bool]:
+    async def start_gang(self, request: JobRequest) -> tuple[JobRecord, bool]:
         """Pick, start every member, or none; answers the gang's record."""
         self.service.check_program(request)
         gang_id = request.job_id or new_job_id()
@@ -284,7 +266,7 @@ class GangService:
         self._watch(entry)
         return self.service.record(entry), True
 
-    async def _ask_pick(self, nodes: int, role: str) -> dict[str, Any]:
+    async def _ask_pick(self, nodes: int, role: str) -> PickAnswer:
         coordinator = self.runtime.coordinator
         if coordinator is None:
             raise JobError(503, "no_coordinator", "there is no coordinator yet; retry shortly")
@@ -299,7 +281,12 @@ class GangService:
                 "pick_failed",
                 f"coordinator {coordinator}: {reason}",
             )
-        return dict(body)
+        try:
+            return PickAnswer.model_validate(body)
+        except ValueError as exc:
+            raise JobError(
+                502, "pick_failed", f"coordinator {coordinator} answered no pick: {exc}"
+            ) from exc
 
     def _url_of(self, node_id: str) -> str:
         members = self.runtime.membership.members() if self.runtime.membership is not None else []
@@ -313,29 +300,27 @@ class GangService:
             "retry once membership has converged",
         )
 
-    async def _start_members(
-        self, entry: JobEntry, request: JobRequest, pick: Mapping[str, Any]
-    ) -> None:
+    async def _start_members(self, entry: JobEntry, request: JobRequest, pick: PickAnswer) -> None:
         """Start member 0 on the first candidate port free on its host, then the others with
         that port; on any failure end the started members and raise JobError."""
-        assert entry.gang is not None
-        members = list(pick["members"])
-        fence = str(pick["fence"])
+        members = pick.members
         rows = [
-            {
-                "rank": rank,
-                "node": member["node_id"],
-                "url": self._url_of(member["node_id"]),
-                "job_id": member_job_id(entry.job_id, rank),
-                "state": JobState.PENDING.value,
-                "exit_code": None,
-                "signal": None,
-                "reason": None,
-                "ended_at": None,
-            }
+            GangMember(
+                rank=rank,
+                node=member.node_id,
+                url=self._url_of(member.node_id),
+                job_id=member_job_id(entry.job_id, rank),
+                state=JobState.PENDING,
+                exit_code=None,
+                signal=None,
+                reason=None,
+                ended_at=None,
+            )
             for rank, member in enumerate(members)
         ]
-        entry.gang = {"members": rows, "fence": fence, "started_at": None, "master_port": None}
+        entry.gang = GangRecord(
+            members=tuple(rows), fence=pick.fence, started_at=None, master_port=None
+        )
         await asyncio.to_thread(self.service.store.write_gang, entry)
         spec = request.spec()
         base = {
@@ -343,27 +328,29 @@ class GangService:
             for key in ("name", "argv", "env", "cwd", "timeout_s", "role", "env_from")
         }
 
-        async def start_one(row: dict[str, Any], master_port: int) -> tuple[str | None, Any]:
+        async def start_one(rank: int, master_port: int) -> tuple[str | None, Any]:
             """(None, None) once started, else (the reason, the member's error code)."""
+            row = rows[rank]
             gang = {
                 "job_id": entry.job_id,
-                "rank": row["rank"],
+                "rank": rank,
                 "nodes": len(rows),
-                "master_addr": members[0]["address"],
+                "master_addr": members[0].address,
                 "master_port": master_port,
                 "owner": self.runtime.node_id,
             }
-            body = {**base, "job_id": row["job_id"], "nodes": 1, "gang": gang}
+            body = {**base, "job_id": row.job_id, "nodes": 1, "gang": gang}
             deadline = time.monotonic() + FENCE_RETRY_S
             while True:
                 try:
                     status, answer = await self._call(
-                        "POST", f"{row['url']}/v1/jobs", body, {FENCE_HEADER: fence}
+                        "POST", f"{row.url}/v1/jobs", body, {FENCE_HEADER: pick.fence}
                     )
                 except JobError as exc:
                     return exc.reason, exc.code
                 if status in (200, 201):
-                    row["state"] = answer.get("state", JobState.RUNNING.value)
+                    state = answer.get("state", JobState.RUNNING.value)
+                    rows[rank] = row.model_copy(update={"state": JobState(state)})
                     return None, None
                 code = answer.get("error") if isinstance(answer, dict) else None
                 if code == "fence_refused" and time.monotonic() < deadline:
@@ -379,34 +366,36 @@ class GangService:
         master_port = gang_master_port(base_port, entry.job_id)
         for attempt in range(GANG_PORT_ATTEMPTS):
             master_port = gang_master_port(base_port, entry.job_id, attempt)
-            error, code = await start_one(rows[0], master_port)
+            error, code = await start_one(0, master_port)
             if code != "master_port_busy":
                 break
             tried.append(master_port)
-        failures: list[tuple[dict[str, Any], str]] = []
+        failures: list[tuple[GangMember, str]] = []
         if code == "master_port_busy":
             ports = ", ".join(map(str, tried))
             failures.append((rows[0], f"gang master ports {ports} are all in use there"))
         elif error is not None:
             failures.append((rows[0], error))
         else:
-            entry.gang["master_port"] = master_port
-            results = await asyncio.gather(*(start_one(row, master_port) for row in rows[1:]))
+            entry.gang = entry.gang.model_copy(update={"master_port": master_port})
+            results = await asyncio.gather(*(start_one(row.rank, master_port) for row in rows[1:]))
             failures = [
                 (row, reason)
                 for row, (reason, _) in zip(rows[1:], results, strict=True)
                 if reason is not None
             ]
+        entry.gang = entry.gang.model_copy(update={"members": tuple(rows)})
         if failures:
             row, reason = failures[0]
             await self._kill_members(rows, "SIGKILL", 0.0)
             raise JobError(
                 502,
                 "gang_start_failed",
-                f"member rank {row['rank']} on {row['node']} could not start: {reason}",
+                f"member rank {row.rank} on {row.node} could not start: {reason}",
             )
-        entry.gang["started_at"] = time.time()
-        entry.started = {"started_at": entry.gang["started_at"], "pid": None}
+        started_at = time.time()
+        entry.gang = entry.gang.model_copy(update={"started_at": started_at})
+        entry.started = {"started_at": started_at, "pid": None}
         await asyncio.to_thread(self.service.store.write_gang, entry)
 
     async def _fail(self, entry: JobEntry, reason: str) -> None:
@@ -422,72 +411,97 @@ class GangService:
 
     async def _watch_gang(self, entry: JobEntry) -> None:
         assert entry.gang is not None
-        rows: list[dict[str, Any]] = entry.gang["members"]
+        ranks = [member.rank for member in entry.gang.members]
         ending = False
-        watchers = {asyncio.create_task(self._wait_member(row)): row for row in rows}
+        watchers = {asyncio.create_task(self._wait_member(entry, rank)) for rank in ranks}
         try:
             for done in asyncio.as_completed(list(watchers)):
-                row = await done
+                ended = await done
                 await asyncio.to_thread(self.service.store.write_gang, entry)
-                failed = row["state"] != JobState.SUCCEEDED.value
+                failed = ended.state is not JobState.SUCCEEDED
                 if failed and not ending and self.runtime.settings.jobs.gang_failure == "kill":
                     ending = True
                     grace = self.runtime.settings.jobs.kill_grace_s
-                    others = [r for r in rows if r is not row]
+                    others = [m for m in self._members(entry) if m.rank != ended.rank]
                     await self._kill_members(others, "SIGTERM", grace)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             # A member's answer this node cannot read, or a full disk: the gang's end was not
             # observed, so it is lost (never succeeded); its members are told to stop.
             log.error("gang %s: watching its members failed: %s", entry.job_id, exc)
-            await self._kill_members(rows, "SIGKILL", 0.0)
+            await self._kill_members(self._members(entry), "SIGKILL", 0.0)
             why = f"exit status never observed: watching the members failed: {exc}"
             self.service.store.record_end(entry, ended_result(JobState.LOST, why))
             return
         finally:
             for task in watchers:
                 task.cancel()
-        state, exit_code, reason = gang_outcome(rows, entry.job_id in self._killed)
+        state, exit_code, reason = gang_outcome(self._members(entry), entry.job_id in self._killed)
         result = {
             **ended_result(JobState(state), reason or ""),
             "exit_code": exit_code,
             "reason": reason,
         }
-        result["started_at"] = entry.gang.get("started_at")
+        result["started_at"] = entry.gang.started_at
         self.service.store.record_end(entry, result)
         log.info("gang %s ended %s: %s", entry.job_id, state, reason)
 
-    async def _wait_member(self, row: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _members(entry: JobEntry) -> tuple[GangMember, ...]:
+        return () if entry.gang is None else entry.gang.members
+
+    @staticmethod
+    def _set_member(entry: JobEntry, rank: int, **changes: Any) -> GangMember:
+        """Member `rank` of the gang's record changed by `changes` (the record replaced)."""
+        assert entry.gang is not None
+        members = list(entry.gang.members)
+        index = next(i for i, member in enumerate(members) if member.rank == rank)
+        members[index] = GangMember.model_validate({**members[index].to_json(), **changes})
+        entry.gang = entry.gang.model_copy(update={"members": tuple(members)})
+        return members[index]
+
+    async def _wait_member(self, entry: JobEntry, rank: int) -> GangMember:
         """Long-poll one member until it ends; a member unreachable for long is `lost`."""
-        url = f"{row['url']}/v1/jobs/{row['job_id']}/wait?timeout_s={WAIT_POLL_S:g}"
+        (row,) = [member for member in self._members(entry) if member.rank == rank]
+        url = f"{row.url}/v1/jobs/{row.job_id}/wait?timeout_s={WAIT_POLL_S:g}"
         unreachable_since: float | None = None
         while True:
             try:
-                status, record = await self._call("GET", url, None, timeout_s=WAIT_POLL_S + 10)
+                status, answer = await self._call("GET", url, None, timeout_s=WAIT_POLL_S + 10)
             except JobError as exc:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
                 if now - unreachable_since > MEMBER_UNREACHABLE_S:
-                    row.update(
+                    return self._set_member(
+                        entry,
+                        rank,
                         state=JobState.LOST.value,
                         reason=f"unreachable: {exc.reason}",
                         ended_at=time.time(),
                     )
-                    return row
                 await asyncio.sleep(1.0)
                 continue
             unreachable_since = None
             if status == 404:
-                row.update(
+                return self._set_member(
+                    entry,
+                    rank,
                     state=JobState.LOST.value,
                     reason="its node has no record of it",
                     ended_at=time.time(),
                 )
-                return row
-            if status == 200 and isinstance(record, dict):
-                for key in ("state", "exit_code", "signal", "reason", "ended_at"):
-                    row[key] = record.get(key)
-                if JobState(record["state"]).ended:
-                    return row
+            if status == 200 and isinstance(answer, dict):
+                record = JobRecord.model_validate(answer)
+                member = self._set_member(
+                    entry,
+                    rank,
+                    state=record.state.value,
+                    exit_code=record.exit_code,
+                    signal=record.signal,
+                    reason=record.reason,
+                    ended_at=record.ended_at,
+                )
+                if record.state.ended:
+                    return member
             else:
                 await asyncio.sleep(1.0)
 
@@ -495,16 +509,16 @@ class GangService:
         """Kill every member of a gang (the gang ends `killed`)."""
         assert entry.gang is not None
         self._killed.add(entry.job_id)
-        await self._kill_members(entry.gang["members"], signal_name, grace_s)
+        await self._kill_members(entry.gang.members, signal_name, grace_s)
 
     async def _kill_members(
-        self, rows: Sequence[Mapping[str, Any]], signal_name: str, grace_s: float
+        self, rows: Sequence[GangMember], signal_name: str, grace_s: float
     ) -> None:
         plan = self._plan()
         fence = fence_headers(plan.fence if plan is not None else None)
 
-        async def kill_one(row: Mapping[str, Any]) -> None:
-            url = f"{row['url']}/v1/jobs/{row['job_id']}/kill"
+        async def kill_one(row: GangMember) -> None:
+            url = f"{row.url}/v1/jobs/{row.job_id}/kill"
             body = {"signal": signal_name, "grace_s": grace_s}
             with contextlib.suppress(JobError):
                 await self._call("POST", url, body, fence)
@@ -547,7 +561,7 @@ class GangService:
         if entry.state.ended or entry.gang is None:
             return
         self._open_session()
-        await self._kill_members(entry.gang.get("members", []), "SIGKILL", 0.0)
+        await self._kill_members(entry.gang.members, "SIGKILL", 0.0)
         await self._fail(entry, "the node that started the gang restarted before every member ran")
 
     def _open_session(self) -> None:

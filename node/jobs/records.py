@@ -1,4 +1,5 @@
-"""What a job is on the wire: the start request (validated), its states, and its record.
+"""What a job is on the wire: the start request (validated), its states, and its record
+(JobRecord, with a gang job's GangRecord and GangMember rows).
 
 Pure functions and frozen data only; the job service owns processes and files.
 """
@@ -12,13 +13,20 @@ import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, cast, get_args
 
-from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    model_serializer,
+)
 
 from node.errors import BodyError
 from node.errors import JobError as JobError
-from node.openapi import BODY_CONFIG, check_body
+from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 Role = Literal["training", "inference", "selfplay", "any"]
@@ -28,6 +36,8 @@ SIGNALS = frozenset(s.name for s in signal.Signals if not s.name.startswith("SIG
 
 
 class JobState(enum.StrEnum):
+    """A job's state; the wire carries the value ("timed_out")."""
+
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -45,6 +55,19 @@ def invalid(reason: str) -> JobError:
     return JobError(400, "invalid_job", reason)
 
 
+class GangSpec(WireRecord):
+    """The `gang` field of a gang member's start (only nodes send it): the gang's job id, this
+    member's rank of `nodes`, member 0's address and MASTER_PORT, and the node that owns the
+    gang."""
+
+    job_id: str
+    rank: int
+    nodes: int
+    master_addr: str
+    master_port: int
+    owner: str | None
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """A validated `POST /v1/jobs` body."""
@@ -56,11 +79,10 @@ class JobRequest:
     cwd: str | None = None
     timeout_s: float | None = None
     nodes: int = 1
-    role: str = "any"
+    role: Role = "any"
     env_from: str | None = None
-    gang: Mapping[str, Any] | None = None
-    """Set on a member of a gang job (by the node that started the gang): job_id, rank,
-    nodes, master_addr, master_port, owner."""
+    gang: GangSpec | None = None
+    """Set on a member of a gang job (by the node that started the gang)."""
 
     def spec(self) -> dict[str, Any]:
         """Everything but the id: two requests with one id must have equal specs."""
@@ -73,7 +95,7 @@ class JobRequest:
             "nodes": self.nodes,
             "role": self.role,
             "env_from": self.env_from,
-            "gang": None if self.gang is None else dict(self.gang),
+            "gang": None if self.gang is None else self.gang.to_json(),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,7 +106,8 @@ class JobRequest:
 
 
 def _spec_kwargs(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {**spec, "argv": tuple(spec["argv"]), "env": dict(spec["env"])}
+    gang = None if spec["gang"] is None else GangSpec.model_validate(spec["gang"])
+    return {**spec, "argv": tuple(spec["argv"]), "env": dict(spec["env"]), "gang": gang}
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -188,7 +211,7 @@ def parse_job_request(body: object) -> JobRequest:
         cwd=cwd,
         timeout_s=timeout_s,
         nodes=nodes,
-        role=str(role),
+        role=cast(Role, role),
         env_from=env_from,
         gang=gang,
     )
@@ -197,7 +220,7 @@ def parse_job_request(body: object) -> JobRequest:
 GANG_FIELDS = {"job_id": str, "rank": int, "nodes": int, "master_addr": str, "master_port": int}
 
 
-def parse_gang_member(gang: object) -> dict[str, Any]:
+def parse_gang_member(gang: object) -> GangSpec:
     """The `gang` part of a member start (sent by the node that runs the gang)."""
     if not isinstance(gang, Mapping):
         raise invalid("gang must be an object")
@@ -210,10 +233,10 @@ def parse_gang_member(gang: object) -> dict[str, Any]:
     owner = gang.get("owner")
     if owner is not None and not isinstance(owner, str):
         raise invalid("gang.owner must be a node id")
-    return {**{name: gang[name] for name in GANG_FIELDS}, "owner": owner}
+    return GangSpec(**{name: gang[name] for name in GANG_FIELDS}, owner=owner)
 
 
-def gang_env(gang: Mapping[str, Any] | None) -> dict[str, str]:
+def gang_env(gang: GangSpec | None) -> dict[str, str]:
     """The variables a gang member's job gets (empty for a single-node job): what
     `torchrun --nnodes $NNODES --node-rank $NODE_RANK --master-addr $MASTER_ADDR
     --master-port $MASTER_PORT` needs to form one group across the members (member 0's
@@ -221,13 +244,13 @@ def gang_env(gang: Mapping[str, Any] | None) -> dict[str, str]:
     if gang is None:
         return {}
     return {
-        "SHOAL_JOB_ID": str(gang["job_id"]),
-        "SHOAL_NODE_RANK": str(gang["rank"]),
-        "SHOAL_NODES_NUM": str(gang["nodes"]),
-        "NODE_RANK": str(gang["rank"]),
-        "NNODES": str(gang["nodes"]),
-        "MASTER_ADDR": str(gang["master_addr"]),
-        "MASTER_PORT": str(gang["master_port"]),
+        "SHOAL_JOB_ID": gang.job_id,
+        "SHOAL_NODE_RANK": str(gang.rank),
+        "SHOAL_NODES_NUM": str(gang.nodes),
+        "NODE_RANK": str(gang.rank),
+        "NNODES": str(gang.nodes),
+        "MASTER_ADDR": gang.master_addr,
+        "MASTER_PORT": str(gang.master_port),
     }
 
 
@@ -291,3 +314,92 @@ def state_of(result: Mapping[str, Any] | None, started: Mapping[str, Any] | None
         except ValueError:
             return JobState.LOST
     return JobState.RUNNING if started is not None else JobState.PENDING
+
+
+class StreamBytes(WireRecord):
+    """Bytes of each log stream of a job."""
+
+    stdout: int
+    stderr: int
+
+
+class StreamFlags(WireRecord):
+    """Per log stream of a job: True once it reached max_log_bytes (later output dropped)."""
+
+    stdout: bool
+    stderr: bool
+
+
+class GangMember(WireRecord):
+    """One member of a gang job: where it runs, its job there, and how it ended."""
+
+    rank: int
+    node: str
+    url: str
+    job_id: str
+    state: JobState
+    exit_code: int | None
+    signal: str | None
+    reason: str | None
+    ended_at: Number | None
+
+
+class GangRecord(WireRecord):
+    """A gang job's own record on the node that received it (`gang.json`, and the job
+    record's `gang`): its members in rank order, the plan fence they were started under, when
+    every member ran, and member 0's MASTER_PORT. A field not yet given is left out of the JSON
+    (a gang reserved but not yet picked has only `members` and `started_at`)."""
+
+    members: tuple[GangMember, ...] = ()
+    fence: str | None = None
+    started_at: Number | None = None
+    master_port: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        return {key: value for key, value in dumped.items() if key in self.model_fields_set}
+
+
+class JobRecord(WireRecord):
+    """A job's record: what every job route answers (`JobEntry.record`), what the client and
+    a gang's owner read, and what a run stores as its job."""
+
+    job_id: str
+    name: str
+    node: str
+    argv: tuple[str, ...]
+    state: JobState
+    exit_code: int | None
+    signal: str | None = Field(description="the signal that ended the job (SIGTERM), if any")
+    reason: str | None
+    created_at: Number
+    started_at: Number | None
+    ended_at: Number | None
+    pid: int | None
+    log_bytes: StreamBytes
+    log_capped: StreamFlags
+    max_log_bytes: int
+    cwd: str | None
+    timeout_s: Number | None
+    nodes: int
+    role: Role
+    gang: GangRecord | None = Field(
+        default=None, exclude_if=lambda gang: gang is None, description="gang jobs only"
+    )
+
+
+class PickedNode(WireRecord):
+    """A node the coordinator picked for a gang, with the address its peers reach it at."""
+
+    node_id: str
+    address: str
+    port: int
+
+
+class PickAnswer(WireRecord):
+    """The coordinator's answer to a gang pick: the plan fence it picked under
+    (X-Shoal-Fence) and the members in rank order."""
+
+    fence: str = Field(description="the plan fence (X-Shoal-Fence) picked under")
+    members: tuple[PickedNode, ...]

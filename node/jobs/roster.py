@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from node.jobs.records import JobError, JobState
+from node.jobs.records import GangMember, JobError, JobState, PickedNode
 from node.plan import RolePlan
 
 GANG_PORT_BASE_OFFSET = 1500
@@ -24,7 +24,7 @@ def gang_master_port(base_port: int, gang_id: str, attempt: int = 0) -> int:
 
 def pick_members(
     members: Sequence[Any], plan: RolePlan | None, nodes: int, role: str
-) -> list[dict[str, Any]]:
+) -> list[PickedNode]:
     """K alive members for a gang of `role`: for training, the plan's ranks first; then the
     others of that role by node id; never a node the plan drains. JobError(503) when fewer
     than `nodes` qualify."""
@@ -59,7 +59,7 @@ def pick_members(
             + "; ask for fewer",
         )
     return [
-        {"node_id": m.node_id, "address": m.address, "port": int(m.port)} for m in chosen[:nodes]
+        PickedNode(node_id=m.node_id, address=m.address, port=int(m.port)) for m in chosen[:nodes]
     ]
 
 
@@ -67,17 +67,19 @@ def member_job_id(gang_id: str, rank: int) -> str:
     return f"{gang_id}.{rank}"
 
 
-def gang_outcome(members: Sequence[Mapping[str, Any]], killed: bool) -> tuple[str, Any, str | None]:
+def gang_outcome(
+    members: Sequence[GangMember], killed: bool
+) -> tuple[JobState, int | None, str | None]:
     """(state, exit_code, reason) of a gang whose members all ended."""
-    failed = [m for m in members if m.get("state") != JobState.SUCCEEDED.value]
+    failed = [m for m in members if m.state is not JobState.SUCCEEDED]
     if not failed:
-        return JobState.SUCCEEDED.value, 0, None
-    first = min(failed, key=lambda m: (m.get("ended_at") or float("inf"), m["rank"]))
+        return JobState.SUCCEEDED, 0, None
+    first = min(failed, key=lambda m: (m.ended_at or float("inf"), m.rank))
     if killed:
-        return JobState.KILLED.value, None, "the gang was killed"
-    why = first.get("reason") or first.get("state")
+        return JobState.KILLED, None, "the gang was killed"
+    why = first.reason or first.state.value
     return (
-        JobState.FAILED.value,
-        first.get("exit_code"),
-        f"member rank {first['rank']} on {first['node']} {first.get('state')}: {why}",
+        JobState.FAILED,
+        first.exit_code,
+        f"member rank {first.rank} on {first.node} {first.state.value}: {why}",
     )

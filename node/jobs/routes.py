@@ -16,6 +16,7 @@ from aiohttp import web
 from node.jobs.records import (
     JOB_REQUEST_SCHEMA,
     JobError,
+    JobRecord,
     JobState,
     KillBody,
     parse_job_request,
@@ -23,7 +24,7 @@ from node.jobs.records import (
 )
 from node.jobs.service import JobService
 from node.jobs.store import STREAMS, JobEntry
-from node.openapi import RouteDoc
+from node.openapi import RouteDoc, WireRecord
 from sync import DEFAULT_PIECE_SIZE, PathRefusedError, check_raw_query_value, open_inside
 from sync.files.manifest import digest_of_fd
 
@@ -37,32 +38,15 @@ READ_CHUNK_BYTES = 1 << 18
 DEFAULT_WAIT_S = 30.0
 TAIL_SCAN_BYTES = 1 << 16
 
-JOB_RECORD_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "A job's record (JobEntry.record)",
-    "required": ["job_id", "name", "argv", "state", "created_at", "log_bytes"],
-    "properties": {
-        "job_id": {"type": "string"},
-        "name": {"type": "string"},
-        "node": {"type": ["string", "null"]},
-        "argv": {"type": "array", "items": {"type": "string"}},
-        "state": {"enum": [state.value for state in JobState]},
-        "exit_code": {"type": ["integer", "null"]},
-        "signal": {},
-        "reason": {"type": ["string", "null"]},
-        "created_at": {"type": "number"},
-        "started_at": {"type": ["number", "null"]},
-        "ended_at": {"type": ["number", "null"]},
-        "pid": {"type": ["integer", "null"]},
-        "log_bytes": {"type": "object", "additionalProperties": {"type": "integer"}},
-        "nodes": {"type": "integer"},
-        "role": {"type": "string"},
-    },
-}
-"""The answer of the routes that return one job."""
+
+class JobList(WireRecord):
+    """The answer of `GET /v1/jobs`: this node's jobs, newest first."""
+
+    jobs: tuple[JobRecord, ...]
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-StartFn = Callable[[dict[str, Any], Mapping[str, str]], Awaitable[tuple[dict[str, Any], bool]]]
+StartFn = Callable[[dict[str, Any], Mapping[str, str]], Awaitable[tuple[JobRecord, bool]]]
 
 
 def job_error_response(error: JobError) -> web.Response:
@@ -154,7 +138,7 @@ class JobRoutes:
 
     async def start_single(
         self, body: dict[str, Any], headers: Mapping[str, str]
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[JobRecord, bool]:
         request = parse_job_request(body)
         if request.nodes != 1 or request.gang is not None:
             raise JobError(
@@ -168,33 +152,33 @@ class JobRoutes:
         if not isinstance(body, dict):
             raise JobError(400, "invalid_job", "expected a JSON object with argv (a list)")
         record, created = await self.start(body, request.headers)
-        return web.json_response(record, status=201 if created else 200)
+        return web.json_response(record.to_json(), status=201 if created else 200)
 
     async def handle_list(self, request: web.Request) -> web.Response:
         state = request.query.get("state")
         if state is not None and state not in {s.value for s in JobState}:
             states = ", ".join(s.value for s in JobState)
             raise JobError(400, "invalid_query", f"state must be one of {states}")
-        records = [self.service.record(e) for e in self.service.entries(state)]
-        return web.json_response({"jobs": records})
+        records = tuple(self.service.record(e) for e in self.service.entries(state))
+        return web.json_response(JobList(jobs=records).to_json())
 
     def _entry(self, request: web.Request) -> JobEntry:
         return self.service.get(request.match_info["job_id"])
 
     async def handle_get(self, request: web.Request) -> web.Response:
-        return web.json_response(self.service.record(self._entry(request)))
+        return web.json_response(self.service.record(self._entry(request)).to_json())
 
     async def handle_wait(self, request: web.Request) -> web.Response:
         timeout_s = query_number(request, "timeout_s", DEFAULT_WAIT_S)
         assert timeout_s is not None
         entry = await self.service.wait(request.match_info["job_id"], timeout_s)
-        return web.json_response(self.service.record(entry))
+        return web.json_response(self.service.record(entry).to_json())
 
     async def handle_kill(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         signal_name, grace_s = parse_kill(body, self.service.settings.kill_grace_s)
         entry = await self.service.kill(request.match_info["job_id"], signal_name, grace_s)
-        return web.json_response(self.service.record(entry))
+        return web.json_response(self.service.record(entry).to_json())
 
     async def handle_delete(self, request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
@@ -323,12 +307,14 @@ def job_route_docs() -> list[RouteDoc]:
                 ),
             ),
             body=JOB_REQUEST_SCHEMA,
+            response=JobRecord,
         ),
         RouteDoc(
             "GET",
             JOBS_PATH,
             "This node's jobs, newest first",
             ((200, '{"jobs": [record, ...]}'), (400, "unknown state")),
+            response=JobList,
             parameters=(
                 (
                     "state",
@@ -344,6 +330,7 @@ def job_route_docs() -> list[RouteDoc]:
             "One job's record",
             ((200, "the record"), (404, "no such job")),
             parameters=job,
+            response=JobRecord,
         ),
         RouteDoc(
             "DELETE",
@@ -361,6 +348,7 @@ def job_route_docs() -> list[RouteDoc]:
                 *job,
                 ("timeout_s", "query", "seconds to wait (default 30, max 600)", number),
             ),
+            response=JobRecord,
         ),
         RouteDoc(
             "GET",
@@ -385,7 +373,7 @@ def job_route_docs() -> list[RouteDoc]:
             parameters=job,
             body=KillBody,
             body_optional=True,
-            response=JOB_RECORD_SCHEMA,
+            response=JobRecord,
         ),
         RouteDoc(
             "GET",

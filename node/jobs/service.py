@@ -20,7 +20,16 @@ from typing import Any
 from config import JobSettings
 from node.jobs.launcher import ForkServer, supervisor_argv
 from node.jobs.policy import RunAs, job_env, resolve_program, resolve_run_as
-from node.jobs.records import JobError, JobRequest, JobState, gang_env, new_job_id
+from node.jobs.records import (
+    GangRecord,
+    JobError,
+    JobRecord,
+    JobRequest,
+    JobState,
+    gang_env,
+    new_job_id,
+    request_from_dict,
+)
 from node.jobs.store import JobEntry, JobStore, supervisor_alive
 from node.security import request_sender
 from wal import RecoveryHandler, WalEntry, WriteAheadLog
@@ -163,7 +172,7 @@ class JobService:
         chosen = [e for e in self._entries.values() if state is None or e.state.value == state]
         return sorted(chosen, key=lambda e: (e.created_at, e.job_id), reverse=True)
 
-    def record(self, entry: JobEntry) -> dict[str, Any]:
+    def record(self, entry: JobEntry) -> JobRecord:
         return entry.record(self.settings.max_log_bytes)
 
     def summary(self) -> dict[str, int]:
@@ -423,7 +432,7 @@ class JobService:
         job_id = str(wal_entry.payload["job_id"])
         entry = self._entries.get(job_id)
         if entry is None:
-            request = JobRequest(**_request_fields(wal_entry.payload["request"]))
+            request = request_from_dict(wal_entry.payload["request"])
             entry = await asyncio.to_thread(self.store.create, request, time.time())
             self._entries[job_id] = entry
         if entry.started is not None or entry.result is not None:
@@ -454,7 +463,7 @@ class JobService:
             if request.job_id in self._entries:
                 return self._existing(request), False
             entry = await asyncio.to_thread(self.store.create, request, time.time())
-            entry.gang = {"members": [], "started_at": None}
+            entry.gang = GangRecord(members=(), started_at=None)
             await asyncio.to_thread(self.store.write_gang, entry)
             self._entries[request.job_id] = entry
             return entry, True
@@ -467,7 +476,3 @@ class JobService:
         if self._wal is None or self._closed:
             raise JobError(503, "jobs_unavailable", "the job service is not running yet")
         return self._wal
-
-
-def _request_fields(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {**data, "argv": tuple(data["argv"]), "env": dict(data.get("env") or {})}

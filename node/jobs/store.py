@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.jobs.records import JobRequest, JobState, request_from_dict, state_of
+from node.jobs.records import (
+    GangRecord,
+    JobRecord,
+    JobRequest,
+    JobState,
+    StreamBytes,
+    StreamFlags,
+    request_from_dict,
+    state_of,
+)
 from node.jobs.supervise import process_start_ticks, read_json, write_json_atomic
 
 STREAMS = ("stdout", "stderr")
@@ -55,7 +64,7 @@ class JobEntry:
     caps: dict[str, Any] | None = None
     supervisor: subprocess.Popen[bytes] | None = None
     """The subprocess.Popen of a supervisor this daemon started (reaped by the watcher)."""
-    gang: dict[str, Any] | None = None
+    gang: GangRecord | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -95,35 +104,37 @@ class JobEntry:
         given = Path(self.request.cwd)
         return given if given.is_absolute() else self.work_dir / given
 
-    def record(self, max_log_bytes: int) -> dict[str, Any]:
+    def record(self, max_log_bytes: int) -> JobRecord:
         """The job record of the HTTP API."""
         started = self.started or {}
         result = self.result or {}
         capped = dict(result.get("log_capped") or self.caps or {})
-        record: dict[str, Any] = {
-            "job_id": self.job_id,
-            "name": self.request.name,
-            "node": self.node,
-            "argv": list(self.request.argv),
-            "state": self.state.value,
-            "exit_code": result.get("exit_code"),
-            "signal": result.get("signal"),
-            "reason": result.get("reason"),
-            "created_at": self.created_at,
-            "started_at": started.get("started_at") or result.get("started_at"),
-            "ended_at": result.get("ended_at"),
-            "pid": started.get("pid"),
-            "log_bytes": self.log_bytes(),
-            "log_capped": {s: bool(capped.get(s)) for s in STREAMS},
-            "max_log_bytes": max_log_bytes,
-            "cwd": self.request.cwd,
-            "timeout_s": self.request.timeout_s,
-            "nodes": self.request.nodes,
-            "role": self.request.role,
-        }
-        if self.gang is not None:
-            record["gang"] = self.gang
-        return record
+        return JobRecord(
+            job_id=self.job_id,
+            name=self.request.name,
+            node=self.node,
+            argv=self.request.argv,
+            state=self.state,
+            exit_code=result.get("exit_code"),
+            signal=result.get("signal"),
+            reason=result.get("reason"),
+            created_at=self.created_at,
+            started_at=started.get("started_at") or result.get("started_at"),
+            ended_at=result.get("ended_at"),
+            pid=started.get("pid"),
+            log_bytes=StreamBytes(**self.log_bytes()),
+            log_capped=StreamFlags(**{s: bool(capped.get(s)) for s in STREAMS}),
+            max_log_bytes=max_log_bytes,
+            cwd=self.request.cwd,
+            timeout_s=self.request.timeout_s,
+            nodes=self.request.nodes,
+            role=self.request.role,
+            gang=self.gang,
+        )
+
+
+def _gang_of(data: dict[str, Any] | None) -> GangRecord | None:
+    return None if data is None else GangRecord.model_validate(data)
 
 
 class JobStore:
@@ -159,11 +170,11 @@ class JobStore:
             request=request_from_dict(meta["request"]),
             node=str(meta.get("node", self.node)),
             created_at=float(meta["created_at"]),
-            gang=read_json(directory / "gang.json"),
+            gang=_gang_of(read_json(directory / "gang.json")),
         )
         entry.refresh()
-        if entry.gang is not None and entry.gang.get("started_at"):
-            entry.started = {"started_at": entry.gang["started_at"], "pid": None}
+        if entry.gang is not None and entry.gang.started_at:
+            entry.started = {"started_at": entry.gang.started_at, "pid": None}
         return entry
 
     def create(self, request: JobRequest, created_at: float) -> JobEntry:
@@ -194,7 +205,7 @@ class JobStore:
     @staticmethod
     def write_gang(entry: JobEntry) -> None:
         assert entry.gang is not None
-        write_json_atomic(entry.directory / "gang.json", entry.gang)
+        write_json_atomic(entry.directory / "gang.json", entry.gang.to_json())
 
     @staticmethod
     def record_end(entry: JobEntry, result: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NotRequired, TypedDict, TypeVar
 
 from config import Timeouts, read_error, read_secret_file
 from config.tls.client import client_scheme, operator_context
@@ -32,10 +32,13 @@ from node.errors import JobEndedError as JobEndedError
 from node.errors import JobRequestError as JobRequestError
 from node.errors import JobUnreachableError as JobUnreachableError
 from node.errors import JobWaitTimeoutError as JobWaitTimeoutError
+from node.jobs.records import JobRecord, JobState
 
 T = TypeVar("T")
-ENDED_STATES = frozenset({"succeeded", "failed", "killed", "timed_out", "lost"})
-NO_EXIT_CODE_STATES = frozenset({"killed", "timed_out", "lost"})
+ENDED_STATES = frozenset(state.value for state in JobState if state.ended)
+NO_EXIT_CODE_STATES = frozenset(
+    {JobState.KILLED.value, JobState.TIMED_OUT.value, JobState.LOST.value}
+)
 HASH_HEADER = "X-Shoal-Content-Hash"
 OFFSET_HEADER = "X-Next-Offset"
 MANIFEST_PIECE_BYTES = 16 << 20
@@ -81,6 +84,28 @@ def job_exit_code(record: Mapping[str, Any]) -> int:
     raise JobClientError(f"job {record.get('job_id')} ended {state} without an exit code")
 
 
+class JobClientState(TypedDict):
+    """The explicit state of one job in the Python client (`make_job_state`): where the job
+    lives, how to sign requests to it, and what its node answered last (`record`, the
+    JobRecord's JSON; `status`, `exit_code`, `signal`, `reason` and `node` copied from it)."""
+
+    job_id: str | None
+    node_url: str | None
+    secret_file: str | None
+    request_timeout_s: float
+    log_file: str | None
+    status: str
+    exit_code: int | None
+    signal: str | None
+    reason: str | None
+    node: str | None
+    record: dict[str, Any] | None
+    acquired: NotRequired[tuple[Any, Any] | None]
+    """(provider, handle) of a node a provider acquired for the job; released on terminate."""
+    bootstrap: NotRequired[dict[str, Any]]
+    """The bootstrap job's final record."""
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """A node's API address and how to sign requests to it."""
@@ -99,14 +124,14 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def endpoint_of(state: Mapping[str, Any]) -> Endpoint:
+def endpoint_of(state: JobClientState) -> Endpoint:
     """Where the job of `state` lives and how to sign requests to it."""
     if not state.get("node_url") or not state.get("job_id"):
         raise JobClientError("the job state has no job yet: call start_job or attach_job first")
     secret_file = state.get("secret_file")
     secret = read_secret_file(Path(secret_file)) if secret_file else None
     url = client_scheme(str(state["node_url"]), operator_context())
-    return Endpoint(url, secret, float(state["request_timeout_s"]))
+    return Endpoint(url, secret, state["request_timeout_s"])
 
 
 def open_client(endpoint: Endpoint) -> PeerClient:
@@ -152,9 +177,15 @@ async def request_json(
         raise job_error(exc) from exc
 
 
-def apply_record(state: dict[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
-    """Copy a job record the node answered into `state`; returns the record."""
-    copied = dict(record)
+def apply_record(state: JobClientState, record: object) -> dict[str, Any]:
+    """Copy a job record the node answered into `state` (read as a JobRecord: JobClientError
+    naming the field when it is not one); returns the record's JSON."""
+    try:
+        copied = JobRecord.model_validate(record).to_json()
+    except ValueError as exc:
+        raise JobClientError(
+            f"{state.get('node_url')} answered something that is not a job record: {exc}"
+        ) from exc
     state["record"] = copied
     state["job_id"] = copied.get("job_id", state["job_id"])
     state["status"] = copied.get("state", state["status"])
@@ -163,13 +194,13 @@ def apply_record(state: dict[str, Any], record: Mapping[str, Any]) -> dict[str, 
     return copied
 
 
-async def fetch_record(state: dict[str, Any]) -> dict[str, Any]:
+async def fetch_record(state: JobClientState) -> dict[str, Any]:
     """GET the job's record into `state`."""
     record = await request_json(endpoint_of(state), "GET", f"/v1/jobs/{state['job_id']}")
     return apply_record(state, record)
 
 
-async def post_job(state: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+async def post_job(state: JobClientState, body: dict[str, Any]) -> dict[str, Any]:
     """POST /v1/jobs, retried with the same job id (harmless) when the answer was lost."""
     endpoint = endpoint_of(state)
     for attempt in range(3):
@@ -183,7 +214,7 @@ async def post_job(state: dict[str, Any], body: dict[str, Any]) -> dict[str, Any
 
 
 async def wait_record(
-    state: dict[str, Any], poll_interval: float, timeout_s: float | None
+    state: JobClientState, poll_interval: float, timeout_s: float | None
 ) -> dict[str, Any]:
     """Long-poll the wait route until the job ends; its final record (also put in `state`)."""
     endpoint = endpoint_of(state)
@@ -210,7 +241,7 @@ async def wait_record(
 
 
 async def log_chunks_async(
-    state: dict[str, Any],
+    state: JobClientState,
     stream: str = "stdout",
     follow: bool = True,
     offset: int = 0,
@@ -319,7 +350,7 @@ class ContentHasher:
         return wanted in (self._whole.hexdigest(), manifest)
 
 
-async def fetch_file(state: dict[str, Any], remote: str, target: Path) -> Path:
+async def fetch_file(state: JobClientState, remote: str, target: Path) -> Path:
     """GET `remote` of the job's working directory into `target` through a temp name; the file
     appears only complete, fsynced and matching X-Shoal-Content-Hash."""
     endpoint = endpoint_of(state)

@@ -19,7 +19,7 @@ from typing import Any
 
 from net import Identity, PeerClient, PeerRequestError
 from node.errors import LockError, LockLostError, LockUnavailableError
-from node.locks.table import LockFence
+from node.locks.table import LockAnswer, LockFence
 
 log = logging.getLogger(__name__)
 
@@ -128,18 +128,21 @@ async def cluster_lock(
         body = {"holder": holder, "ttl_s": ttl_s, "wait": True, "wait_s": ask_s}
         while True:
             deadline = start + timeout_s if timeout_s is not None else math.inf
-            answer, sent_at = await client.call_timed(
+            answered, sent_at = await client.call_timed(
                 name, "acquire", body, min(deadline, time.monotonic() + ttl_s), ask_s
             )
-            if answer["granted"]:
+            answer = LockAnswer.from_dict(answered)
+            if answer.granted:
                 break
-            if on_position is not None and answer.get("position") is not None:
-                on_position(int(answer["position"]))
+            if on_position is not None and answer.position is not None:
+                on_position(answer.position)
             if timeout_s is not None and time.monotonic() - start >= timeout_s:
                 raise LockUnavailableError(
                     503, "lock_wait_timeout", f"lock {name!r}: not granted within {timeout_s:g} s"
                 )
-        fence = LockFence.parse(answer["fence"])
+        fence = answer.fence
+        if fence is None:
+            raise LockError(502, "bad_lock_answer", f"lock {name!r}: granted without a fence")
         lease_end = sent_at + ttl_s
         body_task = asyncio.current_task()
         lost: list[str] = []

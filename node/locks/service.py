@@ -12,11 +12,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
 from annotated_types import Len
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 from health import LoopHealth
 from net import Identity, PeerClient, PeerRequestError
@@ -26,9 +26,12 @@ from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
+    LOCK_ANSWER,
     LockAnswer,
     LockFence,
+    LockState,
     LockTable,
+    WireFence,
     acquire,
     drain_map,
     expire,
@@ -36,7 +39,7 @@ from node.locks.table import (
     renew,
     take_over,
 )
-from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, parse_body
+from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, WireRecord, parse_body
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
@@ -130,25 +133,38 @@ def _name_of(request: web.Request) -> str:
     return name
 
 
-FENCE_SCHEMA: dict[str, Any] = {
-    "type": "array",
-    "items": {"type": "integer", "minimum": 0},
-    "minItems": 2,
-    "maxItems": 2,
-}
-LOCK_ANSWER: dict[str, Any] = {
-    "type": "object",
-    "description": "LockAnswer: granted with a fence, or the position in the FIFO queue",
-    "required": ["name", "holder", "granted", "fence", "position"],
-    "properties": {
-        "name": {"type": "string"},
-        "holder": {"type": "string"},
-        "granted": {"type": "boolean"},
-        "fence": {"anyOf": [FENCE_SCHEMA, {"type": "null"}]},
-        "position": {"type": ["integer", "null"]},
-        "expires_at": {"type": ["number", "null"]},
-    },
-}
+class LockView(WireRecord):
+    """The answer of `GET /v1/locks`: the coordinator and its lock table."""
+
+    coordinator: str
+    version: WireFence
+    locks: dict[str, LockState]
+    runs: dict[str, dict[str, JsonValue]] = Field(description="the runs' records (RunRecord)")
+    drains: dict[str, dict[str, JsonValue]] = Field(
+        default_factory=dict,
+        description="the drained nodes (`shoal node drain`): node id -> kill_after_s, since, by",
+    )
+
+
+class Released(WireRecord):
+    """The answer of a release."""
+
+    name: str
+    holder: str
+    released: Literal[True] = True
+
+
+class Promise(WireRecord):
+    """A voter's answer to a prepare: the term it promised and the table it stores."""
+
+    promised: int
+    table: LockTable
+
+
+class Stored(WireRecord):
+    """A voter's answer to an accept: the version of the table it stored."""
+
+    stored: WireFence
 
 
 class HttpPeers:
@@ -400,6 +416,7 @@ class LockService:
                 LOCKS_PATH,
                 "The cluster's locks (from the coordinator): holders, fences, leases, waiters",
                 ((200, "the lock table"), (503, "no coordinator or no quorum")),
+                response=LockView,
             ),
             RouteDoc(
                 "POST",
@@ -409,7 +426,7 @@ class LockService:
                 ((200, "granted or queued"), *common),
                 parameters=(name,),
                 body=AcquireBody,
-                response=LOCK_ANSWER,
+                response=LOCK_ANSWER.json_schema(),
             ),
             RouteDoc(
                 "POST",
@@ -418,7 +435,7 @@ class LockService:
                 ((200, "renewed"), *common),
                 parameters=(name,),
                 body=HolderBody,
-                response=LOCK_ANSWER,
+                response=LOCK_ANSWER.json_schema(),
             ),
             RouteDoc(
                 "POST",
@@ -427,15 +444,7 @@ class LockService:
                 ((200, "released"), *common),
                 parameters=(name,),
                 body=HolderBody,
-                response={
-                    "type": "object",
-                    "required": ["name", "holder", "released"],
-                    "properties": {
-                        "name": {"type": "string"},
-                        "holder": {"type": "string"},
-                        "released": {"const": True},
-                    },
-                },
+                response=Released,
             ),
             RouteDoc(
                 "POST",
@@ -443,11 +452,7 @@ class LockService:
                 'Voters only: promise term {"term"} and answer the stored lock table',
                 ((200, "the table"), (400, "bad request"), (409, "a newer term was promised")),
                 body=PrepareBody,
-                response={
-                    "type": "object",
-                    "required": ["promised", "table"],
-                    "properties": {"promised": {"type": "integer"}, "table": {"type": "object"}},
-                },
+                response=Promise,
             ),
             RouteDoc(
                 "POST",
@@ -455,11 +460,7 @@ class LockService:
                 'Voters only: store a lock table {"term", "table"} of the coordinator',
                 ((200, "stored"), (400, "bad request"), (409, "a newer term was promised")),
                 body=AcceptBody,
-                response={
-                    "type": "object",
-                    "required": ["stored"],
-                    "properties": {"stored": FENCE_SCHEMA},
-                },
+                response=Stored,
             ),
         ]
 
@@ -507,7 +508,7 @@ class LockService:
                 return release(table, term, name, holder, fence, now), None
 
             await self.apply(give_up)
-            return web.json_response({"name": name, "holder": holder, "released": True})
+            return web.json_response(Released(name=name, holder=holder).to_json())
 
         return handle
 
@@ -516,20 +517,29 @@ class LockService:
         if forwarded is not None:
             return forwarded
         await self.apply(lambda t, term, now: (t, None))
-        return web.json_response({"coordinator": self.runtime.node_id, **self.table.to_dict()})
+        table = self.table.ordered()
+        view = LockView(
+            coordinator=self.runtime.node_id,
+            version=table.version,
+            locks=dict(table.locks),
+            runs={run_id: dict(record) for run_id, record in table.runs.items()},
+            drains={node: dict(record) for node, record in table.drains.items()},
+        )
+        return web.json_response(view.to_json())
 
     async def _handle_prepare(self, request: web.Request) -> web.Response:
         body = _checked(PrepareBody, await request.read())
         self._check_voter()
         table = await self.acceptor.prepare(body.term)
-        return web.json_response({"promised": self.acceptor.promised, "table": table.to_dict()})
+        promise = Promise(promised=self.acceptor.promised, table=table.ordered())
+        return web.json_response(promise.to_json())
 
     async def _handle_accept(self, request: web.Request) -> web.Response:
         body = _checked(AcceptBody, await request.read())
         self._check_voter()
         table = LockTable.from_dict(body.table)
         await self.acceptor.accept(body.term, table)
-        return web.json_response({"stored": table.version.to_list()})
+        return web.json_response(Stored(stored=table.version).to_json())
 
     def _check_voter(self) -> None:
         if self.runtime.node_id not in self.voters:

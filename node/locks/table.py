@@ -9,7 +9,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Len
+from pydantic import (
+    ConfigDict,
+    NonNegativeInt,
+    PlainSerializer,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from node.errors import LockError
 
@@ -39,6 +50,24 @@ class LockFence:
         raise LockError(400, "bad_fence", f"a fence is [term, seq] of two integers, not {value!r}")
 
 
+def _fence_of(value: object) -> LockFence:
+    if isinstance(value, LockFence):
+        return value
+    try:
+        return LockFence.parse(value)
+    except LockError as exc:
+        raise ValueError(exc.reason) from None
+
+
+WireFence = Annotated[
+    LockFence,
+    PlainValidator(_fence_of),
+    PlainSerializer(LockFence.to_list),
+    WithJsonSchema(TypeAdapter(Annotated[list[NonNegativeInt], Len(2, 2)]).json_schema()),
+]
+"""A LockFence on the wire: `[term, seq]`."""
+
+
 @dataclass(frozen=True)
 class Waiter:
     holder: str
@@ -51,7 +80,7 @@ class LockState:
     """One lock: its holder (None: free), the holder's fence and lease end, the FIFO waiters."""
 
     holder: str | None = None
-    fence: LockFence | None = None
+    fence: WireFence | None = None
     ttl_s: float = 0.0
     expires_at: float = 0.0
     waiters: tuple[Waiter, ...] = ()
@@ -66,14 +95,22 @@ class LockState:
         return None
 
 
+def _version_default_as_json(schema: dict[str, Any]) -> None:
+    """JSON Schema writes a default as plain JSON, not through the field's serializer."""
+    schema["properties"]["version"]["default"] = LockFence(0, 0).to_list()
+
+
 @dataclass(frozen=True)
 class LockTable:
     """Every lock of the cluster; `version` is the fence of the newest change."""
 
-    version: LockFence = LockFence(0, 0)
+    __pydantic_config__ = ConfigDict(json_schema_extra=_version_default_as_json)
+
+    version: WireFence = LockFence(0, 0)
     locks: Mapping[str, LockState] = dataclasses.field(default_factory=dict)
     runs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    """The queued runs' records (node.runs.queue), stored with the locks on the same majority."""
+    """The queued runs' records as JSON (node.runs reads them as RunRecord), stored with the
+    locks on the same majority."""
     drains: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """The drained nodes (`shoal node drain`): node id -> {"kill_after_s", "since", "by"}, kept
     on the same majority so a new coordinator plans with them; a table without the field (an
@@ -82,43 +119,27 @@ class LockTable:
     def get(self, name: str) -> LockState:
         return self.locks.get(name, LockState())
 
+    def ordered(self) -> LockTable:
+        """The same table with its locks, runs and drains sorted by name (how its JSON lists
+        them)."""
+        return LockTable(
+            self.version,
+            dict(sorted(self.locks.items())),
+            dict(sorted(self.runs.items())),
+            dict(sorted(self.drains.items())),
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version.to_list(),
-            "locks": {
-                name: {
-                    "holder": state.holder,
-                    "fence": None if state.fence is None else state.fence.to_list(),
-                    "ttl_s": state.ttl_s,
-                    "expires_at": state.expires_at,
-                    "waiters": [dataclasses.asdict(w) for w in state.waiters],
-                }
-                for name, state in sorted(self.locks.items())
-            },
-            "runs": {run_id: dict(record) for run_id, record in sorted(self.runs.items())},
-            "drains": {node: dict(record) for node, record in sorted(self.drains.items())},
-        }
+        """The table as JSON (LOCK_TABLE's schema): locks and runs sorted by name."""
+        dumped: dict[str, Any] = LOCK_TABLE.dump_python(self.ordered(), mode="json")
+        return dumped
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LockTable:
+        """A table from its JSON; LockError 400 naming what is wrong otherwise."""
         try:
-            locks = {
-                str(name): LockState(
-                    holder=None if raw["holder"] is None else str(raw["holder"]),
-                    fence=None if raw["fence"] is None else LockFence.parse(raw["fence"]),
-                    ttl_s=float(raw["ttl_s"]),
-                    expires_at=float(raw["expires_at"]),
-                    waiters=tuple(
-                        Waiter(str(w["holder"]), float(w["ttl_s"]), float(w["expires_at"]))
-                        for w in raw["waiters"]
-                    ),
-                )
-                for name, raw in dict(data["locks"]).items()
-            }
-            runs = {str(k): dict(v) for k, v in dict(data.get("runs") or {}).items()}
-            drains = {str(k): dict(v) for k, v in dict(data.get("drains") or {}).items()}
-            return cls(LockFence.parse(data["version"]), locks, runs, drains)
-        except (KeyError, TypeError, ValueError) as exc:
+            return LOCK_TABLE.validate_python(dict(data))
+        except (ValidationError, TypeError, ValueError) as exc:
             raise LockError(
                 400, "bad_lock_table", f"a lock table that cannot be read: {exc}"
             ) from exc
@@ -131,19 +152,28 @@ class LockAnswer:
     name: str
     holder: str
     granted: bool
-    fence: LockFence | None
+    fence: WireFence | None
     position: int | None
     expires_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "holder": self.holder,
-            "granted": self.granted,
-            "fence": None if self.fence is None else self.fence.to_list(),
-            "position": self.position,
-            "expires_at": self.expires_at,
-        }
+        """The answer as JSON (LOCK_ANSWER's schema)."""
+        dumped: dict[str, Any] = LOCK_ANSWER.dump_python(self, mode="json")
+        return dumped
+
+    @classmethod
+    def from_dict(cls, data: object) -> LockAnswer:
+        """An answer from its JSON (what a node answered); LockError 502 otherwise."""
+        try:
+            return LOCK_ANSWER.validate_python(data)
+        except ValidationError as exc:
+            raise LockError(502, "bad_lock_answer", f"not a lock answer: {exc}") from exc
+
+
+LOCK_TABLE: TypeAdapter[LockTable] = TypeAdapter(LockTable)
+"""Validation, JSON and JSON Schema of a LockTable (the store's and GET /v1/locks' shape)."""
+LOCK_ANSWER: TypeAdapter[LockAnswer] = TypeAdapter(LockAnswer)
+"""Validation, JSON and JSON Schema of a LockAnswer (what acquire and renew answer)."""
 
 
 def _bump(table: LockTable, term: int) -> LockFence:

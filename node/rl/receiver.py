@@ -21,6 +21,7 @@ from node.rl.client import call, post_digested
 from node.rl.digest import Digest, HostStaging, WeightsDigest, hash_pool
 from node.rl.files import load_weights_file, weights_files
 from node.rl.group import device_of, new_weights_group
+from node.rl.offers import WeightsOffer
 from node.rl.publisher import fetch_weights_rendezvous, store_key_prefix
 from node.training.rendezvous import daemon_endpoint
 
@@ -108,17 +109,15 @@ class WeightReceiver:
         offer = self._next_offer(timeout_s)
         if offer is None:
             return None
-        version, group_info = int(offer["version"]), offer.get("group") or {}
+        version, group_info = offer.version, dict(offer.group or {})
         self._seen = version
-        offered = Digest.of_message(offer)
-        if offered is None:
-            raise WeightsError(f"version {version}: the offer names no digest")
+        offered = offer.weights_digest()
         if self._pool is None:
             self._pool = hash_pool()
         # sums (or hashes) each bucket while the next one arrives; refuses an unknown algo
         digest = WeightsDigest(offered.algo, pool=self._pool, staging=self._staging)
-        deadline = self._clock() + float(offer["deadline_s"])
-        store = self._store_for(group_info, float(offer["deadline_s"]))
+        deadline = self._clock() + float(offer.deadline_s)
+        store = self._store_for(group_info, float(offer.deadline_s))
         prefix = str(group_info.get("prefix") or store_key_prefix(self.run))
         node = self.node
         store.set(f"{prefix}/v{version}/ready/{node}", device_of(model).to_json())
@@ -161,7 +160,7 @@ class WeightReceiver:
                 f"version {version}: received version {received} with {found.algo} digest "
                 f"{found.value[:12]}, offered {offered.value[:12]}"
             )
-        self._applied(model, version, found, "broadcast", offer.get("sent_at"))
+        self._applied(model, version, found, "broadcast", offer.sent_at)
         return version
 
     def wait_fresh(self, max_lag: int, timeout_s: float = POLL_S) -> int:
@@ -186,7 +185,7 @@ class WeightReceiver:
         status, offer = call(
             self.endpoint, "GET", f"/v1/weights/next?run={self.run}&after=-1&timeout_s=0"
         )
-        return int(offer["version"]) if status == 200 and offer else -1
+        return self._read_offer(offer).version if status == 200 and offer else -1
 
     def close(self) -> None:
         """Drop the group, the store connection and the digest's pool; idempotent."""
@@ -204,7 +203,16 @@ class WeightReceiver:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _next_offer(self, timeout_s: float) -> dict[str, Any] | None:
+    def _read_offer(self, answer: object) -> WeightsOffer:
+        """The daemon's answer read as a WeightsOffer; WeightsError naming what is wrong."""
+        try:
+            return WeightsOffer.model_validate(answer)
+        except ValueError as exc:
+            raise WeightsError(
+                f"run {self.run}: {self.endpoint} answered an offer this release cannot read: {exc}"
+            ) from exc
+
+    def _next_offer(self, timeout_s: float) -> WeightsOffer | None:
         deadline = self._clock() + timeout_s
         while True:
             wait_s = max(0.0, min(POLL_S, deadline - self._clock()))
@@ -212,7 +220,7 @@ class WeightReceiver:
             path = f"/v1/weights/next?run={self.run}&after={after}&timeout_s={wait_s:.3f}"
             status, offer = call(self.endpoint, "GET", path, timeout_s=wait_s + 5.0)
             if status == 200 and isinstance(offer, dict):
-                return offer
+                return self._read_offer(offer)
             if self._clock() >= deadline:
                 return None
 

@@ -26,6 +26,7 @@ from node.openapi import BODY_CONFIG, Count, RouteDoc, parse_body
 from node.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
 from node.rl.digest import ALGOS, SHA256_ALGO, Digest
 from node.rl.group import weights_rendezvous_for
+from node.rl.offers import OfferTaken, WeightsOffer, WeightsStatus
 from node.security import json_error
 from wal import WriteAheadLog
 
@@ -142,59 +143,21 @@ class AppliedBody(DigestedBody):
     sent_at: float | None = Field(default=None, ge=0, description="unix seconds it was sent")
 
 
-DIGEST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["algo", "value"],
-    "properties": {"algo": {"type": "string"}, "value": {"type": "string"}},
-}
-STATUS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["run", "version", "digest", "applied_at", "source", "bytes"],
-    "properties": {
-        "run": {"type": "string"},
-        "version": {"type": "integer"},
-        "digest": DIGEST_SCHEMA,
-        "sha256": {"type": "string", "description": "only when the digest's algo is sha256"},
-        "applied_at": {"type": "number"},
-        "source": {"enum": list(SOURCES)},
-        "bytes": {"type": "integer"},
-    },
-}
-"""The weights applied for a run (answer of /v1/weights/applied and /v1/weights/status)."""
-
-OFFER_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["run", "version", "params", "total_bytes", "digest", "deadline_s", "sent_at"],
-    "properties": {
-        "run": {"type": "string"},
-        "version": {"type": "integer"},
-        "params": {"type": "array", "items": {"type": "object"}},
-        "total_bytes": {"type": "integer"},
-        "digest": DIGEST_SCHEMA,
-        "sha256": {"type": "string", "description": "only when the digest's algo is sha256"},
-        "deadline_s": {"type": "number"},
-        "sent_at": {"type": "number"},
-        "group": {"type": ["object", "null"]},
-    },
-}
-"""An offer as /v1/weights/next answers it."""
-
-
 @dataclass
 class RunWeights:
     """What one node knows of one run: the newest offer and the weights applied here."""
 
-    offered: dict[str, Any] | None = None
-    status: dict[str, Any] | None = None
+    offered: WeightsOffer | None = None
+    status: WeightsStatus | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def offered_version(self) -> int:
-        return -1 if self.offered is None else int(self.offered["version"])
+        return -1 if self.offered is None else self.offered.version
 
     @property
     def applied_version(self) -> int:
-        return -1 if self.status is None else int(self.status["version"])
+        return -1 if self.status is None else self.status.version
 
     def wake(self) -> None:
         self.changed.set()
@@ -264,15 +227,7 @@ class WeightsService:
                 "publisher -> receiver node); carries the plan fence",
                 ((200, "offered"), (400, "malformed"), (409, "version not newer, or stale fence")),
                 body=OfferBody,
-                response={
-                    "type": "object",
-                    "required": ["run", "version", "offered"],
-                    "properties": {
-                        "run": {"type": "string"},
-                        "version": {"type": "integer"},
-                        "offered": {"const": True},
-                    },
-                },
+                response=OfferTaken,
             ),
             RouteDoc(
                 "GET",
@@ -294,7 +249,7 @@ class WeightsService:
                         {"type": "number", "minimum": 0, "maximum": MAX_POLL_S},
                     ),
                 ),
-                response=OFFER_SCHEMA,
+                response=WeightsOffer,
             ),
             RouteDoc(
                 "POST",
@@ -302,7 +257,7 @@ class WeightsService:
                 "A local process reports the weights it applied (receiver) or published",
                 ((200, "status"), (400, "malformed"), (409, "older than the applied version")),
                 body=AppliedBody,
-                response=STATUS_SCHEMA,
+                response=WeightsStatus,
             ),
             RouteDoc(
                 "GET",
@@ -310,7 +265,7 @@ class WeightsService:
                 "The weights applied for a run: version, digest, applied_at, source, bytes",
                 ((200, "status"), (400, "malformed"), (404, "no weights for this run")),
                 parameters=(run,),
-                response=STATUS_SCHEMA,
+                response=WeightsStatus,
             ),
         ]
 
@@ -343,23 +298,22 @@ class WeightsService:
         if not verdict.ok:
             return json_error(409, verdict.reason, code="stale_fence", fence=verdict.to_dict())
         try:
-            offer = parse_body(OfferBody, await request.read()).normalized()
+            body = parse_body(OfferBody, await request.read())
         except BodyError as exc:
             return json_error(400, exc.reason, param=_param(exc))
-        state = self.state(offer["run"])
+        offer = WeightsOffer.model_validate(body.normalized())
+        state = self.state(offer.run)
         newest = max(state.offered_version, state.applied_version)
-        if offer["version"] <= newest:
+        if offer.version <= newest:
             return json_error(
                 409,
-                f"run {offer['run']!r}: version {offer['version']} is not newer than {newest}; "
+                f"run {offer.run!r}: version {offer.version} is not newer than {newest}; "
                 "versions strictly increase per run",
                 code="old_version",
             )
         state.offered = offer
         state.wake()
-        return web.json_response(
-            {"run": offer["run"], "version": offer["version"], "offered": True}
-        )
+        return web.json_response(OfferTaken(run=offer.run, version=offer.version).to_json())
 
     async def _next(self, request: web.Request) -> web.Response:
         query = request.query
@@ -384,7 +338,8 @@ class WeightsService:
                 await asyncio.wait_for(state.changed.wait(), left_s)
             except TimeoutError:
                 return web.Response(status=204)
-        return web.json_response(state.offered)
+        assert state.offered is not None
+        return web.json_response(state.offered.to_json())
 
     async def _applied(self, request: web.Request) -> web.Response:
         try:
@@ -400,17 +355,20 @@ class WeightsService:
                 code="old_version",
             )
         now = self._clock()
-        status = {
-            "run": report["run"],
-            "version": report["version"],
-            "digest": report["digest"],
-            **({"sha256": report["sha256"]} if "sha256" in report else {}),
-            "applied_at": now,
-            "source": report["source"],
-            "bytes": report["bytes"],
-        }
+        status = WeightsStatus.model_validate(
+            {
+                "run": report["run"],
+                "version": report["version"],
+                "digest": report["digest"],
+                "sha256": report.get("sha256"),
+                "applied_at": now,
+                "source": report["source"],
+                "bytes": report["bytes"],
+            }
+        )
         if self._wal is not None:
-            payload = {**status, "receivers": report["receivers"], "node": self.node_id}
+            payload = {**status.to_json(), "receivers": report["receivers"]}
+            payload["node"] = self.node_id
             entry = await self._wal.append(WAL_ENTRY, payload)
             await self._wal.commit(entry)
         state.status = status
@@ -418,7 +376,7 @@ class WeightsService:
         if report["sent_at"] is not None:
             self.update_seconds.observe(max(0.0, now - report["sent_at"]))
         state.wake()
-        return web.json_response(status)
+        return web.json_response(status.to_json())
 
     async def _status(self, request: web.Request) -> web.Response:
         try:
@@ -431,7 +389,7 @@ class WeightsService:
             return json_error(
                 404, f"run {run!r} has no weights on this node yet", code="no_weights"
             )
-        return web.json_response(status)
+        return web.json_response(status.to_json())
 
 
 def _param(error: BodyError) -> str:

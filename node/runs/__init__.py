@@ -9,7 +9,7 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from node.runs.nodes import NodeStarter, ProviderNodes, StaticNodes
-    from node.runs.queue import RunSpec, parse_run_spec
+    from node.runs.queue import RunRecord, RunSpec, RunState, RunStep, parse_run_spec
     from node.runs.results import LocalResults, ResultsStore, open_results_store, result_key
     from node.runs.service import RunService
 else:
@@ -17,7 +17,7 @@ else:
         __name__,
         {
             "node.runs.nodes": "NodeStarter ProviderNodes StaticNodes",
-            "node.runs.queue": "RunSpec parse_run_spec",
+            "node.runs.queue": "RunRecord RunSpec RunState RunStep parse_run_spec",
             "node.runs.results": "LocalResults ResultsStore open_results_store result_key",
             "node.runs.service": "RunService",
         },
@@ -28,8 +28,11 @@ __all__ = [
     "NodeStarter",
     "ProviderNodes",
     "ResultsStore",
+    "RunRecord",
     "RunService",
     "RunSpec",
+    "RunState",
+    "RunStep",
     "StaticNodes",
     "open_results_store",
     "parse_run_spec",

@@ -7,6 +7,7 @@ is started, so a failover never starts it twice) -> running -> collecting -> sto
 
 from __future__ import annotations
 
+import enum
 import re
 import time
 import uuid
@@ -14,13 +15,41 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 from node.errors import BodyError, RunError
-from node.openapi import BODY_CONFIG, WholeNumber, check_body
+from node.jobs import JobRecord
+from node.locks.table import WireFence
+from node.openapi import BODY_CONFIG, Number, WholeNumber, WireRecord, check_body
 
-STEPS = ("queued", "locked", "starting", "running", "collecting", "stopping", "done")
-ENDED = frozenset({"succeeded", "failed", "cancelled", "killed", "timed_out", "lost"})
+
+class RunStep(enum.StrEnum):
+    """Where the queue is with a run, in order; a run never goes back a step."""
+
+    QUEUED = "queued"
+    LOCKED = "locked"
+    STARTING = "starting"
+    RUNNING = "running"
+    COLLECTING = "collecting"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+class RunState(enum.StrEnum):
+    """A run's state: queued, running, then how it ended (its job's end, or cancelled)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    KILLED = "killed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+
+
+STEPS = tuple(step.value for step in RunStep)
+ENDED = frozenset(state.value for state in RunState) - {"queued", "running"}
 MAX_PENDING = 1000
 """Queued runs kept per concurrency group; a submit beyond this is refused (429)."""
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -44,19 +73,6 @@ class RunSpec:
     keep_alive: bool = False
     max_duration_s: float | None = None
     results: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "argv": list(self.argv),
-            "group": self.group,
-            "name": self.name,
-            "nodes": self.nodes,
-            "role": self.role,
-            "stack": self.stack,
-            "keep_alive": self.keep_alive,
-            "max_duration_s": self.max_duration_s,
-            "results": list(self.results),
-        }
 
 
 def _bad(reason: str) -> RunError:
@@ -132,70 +148,138 @@ def parse_run_spec(body: object, stacks: Mapping[str, Mapping[str, Any]]) -> Run
     )
 
 
-def new_run(spec: RunSpec, seq: int, now: float | None = None) -> dict[str, Any]:
+class RunLogLine(WireRecord):
+    """A line of a run's log: when it reached `step`, and why (no `note`: nothing to say)."""
+
+    at: Number
+    step: RunStep
+    note: str | None = Field(default=None, exclude_if=lambda note: note is None)
+
+
+class RunRecord(WireRecord):
+    """A queued run's record, stored with the locks on the voters' majority: its spec, where
+    the queue is with it (`step`), its job (once it ran), the results it uploaded and its log.
+    `nodes_to_start` and `kill_sent` are left out of the JSON until they are set."""
+
+    run_id: str
+    seq: int
+    argv: tuple[str, ...]
+    group: str
+    name: str
+    nodes: int
+    role: str
+    stack: str | None
+    keep_alive: bool
+    max_duration_s: Number | None
+    results: tuple[str, ...]
+    state: RunState
+    step: RunStep
+    submitted_at: Number
+    started_at: Number | None
+    ended_at: Number | None
+    fence: WireFence | None = Field(description="the run lock's fence [term, seq]")
+    job_node: str | None
+    job_url: str | None
+    started_nodes: tuple[str, ...]
+    job: JobRecord | None = Field(description="the job's record once it ended")
+    uploaded: tuple[dict[str, JsonValue], ...] = Field(
+        description="each result file as its store recorded it, with node and path"
+    )
+    cancel_requested: bool
+    safety_stop: bool
+    reason: str | None
+    log: tuple[RunLogLine, ...]
+    nodes_to_start: tuple[str, ...] | None = Field(
+        default=None, exclude_if=lambda nodes: nodes is None
+    )
+    kill_sent: bool = Field(default=False, exclude_if=lambda sent: not sent)
+
+
+class RunList(WireRecord):
+    """The answer of `GET /v1/runs`: every run, oldest first."""
+
+    runs: tuple[RunRecord, ...]
+
+
+def new_run(spec: RunSpec, seq: int, now: float | None = None) -> RunRecord:
     """The record of a run just queued (the `seq`-th submission: FIFO order)."""
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
-    return {
-        "run_id": run_id,
-        "seq": seq,
-        **spec.to_dict(),
-        "state": "queued",
-        "step": "queued",
-        "submitted_at": time.time() if now is None else now,
-        "started_at": None,
-        "ended_at": None,
-        "fence": None,
-        "job_node": None,
-        "job_url": None,
-        "started_nodes": [],
-        "job": None,
-        "uploaded": [],
-        "cancel_requested": False,
-        "safety_stop": False,
-        "reason": None,
-        "log": [],
-    }
+    return RunRecord(
+        run_id=run_id,
+        seq=seq,
+        argv=spec.argv,
+        group=spec.group,
+        name=spec.name,
+        nodes=spec.nodes,
+        role=spec.role,
+        stack=spec.stack,
+        keep_alive=spec.keep_alive,
+        max_duration_s=spec.max_duration_s,
+        results=spec.results,
+        state=RunState.QUEUED,
+        step=RunStep.QUEUED,
+        submitted_at=time.time() if now is None else now,
+        started_at=None,
+        ended_at=None,
+        fence=None,
+        job_node=None,
+        job_url=None,
+        started_nodes=(),
+        job=None,
+        uploaded=(),
+        cancel_requested=False,
+        safety_stop=False,
+        reason=None,
+        log=(),
+    )
 
 
-def pending_in_group(runs: Mapping[str, Mapping[str, Any]], group: str) -> int:
-    return sum(1 for r in runs.values() if r["group"] == group and r["step"] == "queued")
+def pending_in_group(runs: Mapping[str, RunRecord], group: str) -> int:
+    return sum(1 for r in runs.values() if r.group == group and r.step is RunStep.QUEUED)
 
 
-def next_seq(runs: Mapping[str, Mapping[str, Any]]) -> int:
-    return 1 + max((int(r["seq"]) for r in runs.values()), default=0)
+def next_seq(runs: Mapping[str, RunRecord]) -> int:
+    return 1 + max((r.seq for r in runs.values()), default=0)
 
 
-def active_runs(runs: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def active_runs(runs: Mapping[str, RunRecord]) -> list[RunRecord]:
     """Per group, the one run the queue drives now: the group's run past `queued` if any, else
     its oldest queued run (FIFO by `seq`)."""
-    chosen: dict[str, Mapping[str, Any]] = {}
-    for record in sorted(runs.values(), key=lambda r: int(r["seq"])):
-        if record["step"] == "done":
+    chosen: dict[str, RunRecord] = {}
+    for record in sorted(runs.values(), key=lambda r: r.seq):
+        if record.step is RunStep.DONE:
             continue
-        current = chosen.get(record["group"])
-        if current is None or (current["step"] == "queued" and record["step"] != "queued"):
-            chosen[record["group"]] = record
+        current = chosen.get(record.group)
+        if current is None or (
+            current.step is RunStep.QUEUED and record.step is not RunStep.QUEUED
+        ):
+            chosen[record.group] = record
     return [chosen[g] for g in sorted(chosen)]
 
 
-def with_step(record: Mapping[str, Any], step: str, **changes: Any) -> dict[str, Any]:
-    """The record moved to `step` (never backwards), with a line in its log."""
-    if STEPS.index(step) < STEPS.index(str(record["step"])):
-        raise RunError(
-            409, "run_step_backwards", f"run {record['run_id']}: {record['step']} -> {step}"
-        )
+def with_step(record: RunRecord, step: RunStep, **changes: Any) -> RunRecord:
+    """The record moved to `step` (never backwards), with a line in its log; `changes` are
+    other fields (checked: RunRecord's types), `note` the log line's note."""
+    order = list(RunStep)
+    if order.index(step) < order.index(record.step):
+        raise RunError(409, "run_step_backwards", f"run {record.run_id}: {record.step} -> {step}")
     note = changes.pop("note", None)
-    log = [*record["log"], {"at": time.time(), "step": step, **({"note": note} if note else {})}]
-    return {**record, **changes, "step": step, "log": log}
+    line = RunLogLine(at=time.time(), step=step, note=note or None)
+    data = {**record.model_dump(), **changes, "step": step, "log": (*record.log, line)}
+    return RunRecord.model_validate(data)
 
 
-def cancel(record: Mapping[str, Any]) -> dict[str, Any]:
+def cancel(record: RunRecord) -> RunRecord:
     """A queued run ends `cancelled` at once; a running one is marked to be killed (its results
     are still collected); an ended run cannot be cancelled (RunError 409)."""
-    if record["step"] == "done":
-        raise RunError(409, "run_ended", f"run {record['run_id']} already ended {record['state']}")
-    if record["step"] == "queued":
+    if record.step is RunStep.DONE:
+        raise RunError(409, "run_ended", f"run {record.run_id} already ended {record.state}")
+    if record.step is RunStep.QUEUED:
         return with_step(
-            record, "done", state="cancelled", ended_at=time.time(), reason="cancelled while queued"
+            record,
+            RunStep.DONE,
+            state=RunState.CANCELLED,
+            ended_at=time.time(),
+            reason="cancelled while queued",
         )
-    return {**record, "cancel_requested": True}
+    return record.model_copy(update={"cancel_requested": True})

@@ -12,6 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -22,6 +23,7 @@ from net import PeerRequestError, split_url
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError, RunError
 from node.fence import fence_headers
+from node.jobs import JobRecord
 from node.locks.service import LockService, answers_lock_errors
 from node.locks.table import LockFence, LockTable, acquire, put_run, release, renew
 from node.openapi import BODY_CONFIG, RouteDoc, check_body, parse_body
@@ -29,9 +31,12 @@ from node.plan import PlanFence
 from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
     MAX_PENDING,
-    STEPS,
     CancelBody,
     RunBody,
+    RunList,
+    RunRecord,
+    RunState,
+    RunStep,
     active_runs,
     cancel,
     new_run,
@@ -61,36 +66,28 @@ CHUNK_BYTES = 1 << 20
 JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
-RUN_RECORD_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "A run's record (node.runs.queue.new_run, then its steps)",
-    "required": ["run_id", "seq", "argv", "group", "name", "state", "step", "submitted_at"],
-    "properties": {
-        "run_id": {"type": "string"},
-        "seq": {"type": "integer"},
-        "argv": {"type": "array", "items": {"type": "string"}},
-        "group": {"type": "string"},
-        "name": {"type": "string"},
-        "nodes": {"type": "integer"},
-        "role": {"type": "string"},
-        "state": {"type": "string"},
-        "step": {"enum": list(STEPS)},
-        "submitted_at": {"type": "number"},
-        "started_at": {"type": ["number", "null"]},
-        "ended_at": {"type": ["number", "null"]},
-        "cancel_requested": {"type": "boolean"},
-        "log": {"type": "array"},
-    },
-}
+def final_state(run: RunRecord) -> RunState:
+    if run.cancel_requested:
+        return RunState.CANCELLED
+    if run.safety_stop:
+        return RunState.KILLED
+    return RunState(run.job.state.value) if run.job is not None else RunState.LOST
 
 
-def final_state(run: Mapping[str, Any]) -> str:
-    job_state = str((run.get("job") or {}).get("state") or "lost")
-    if run.get("cancel_requested"):
-        return "cancelled"
-    if run.get("safety_stop"):
-        return "killed"
-    return job_state
+def _fence_of(run: RunRecord) -> LockFence:
+    """The fence of the run's lock; LockError 400 for a run that has none (never locked)."""
+    if run.fence is None:
+        raise LockError(400, "bad_fence", f"run {run.run_id} holds no lock fence")
+    return run.fence
+
+
+@dataclass(frozen=True)
+class Member:
+    """Where a run's job (or one member of its gang) ran: its node, the node's URL, its job."""
+
+    node: str
+    url: str
+    job_id: str
 
 
 class FetchBody(BaseModel):
@@ -126,6 +123,7 @@ class RunService:
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self.loop_health = LoopHealth("runs")
+        self._parsed: dict[str, tuple[Mapping[str, Any], RunRecord]] = {}
 
     @property
     def _runtime(self) -> Any:
@@ -144,9 +142,27 @@ class RunService:
 
     # stored changes
 
-    async def _put(self, record: Mapping[str, Any]) -> None:
-        run_id = str(record["run_id"])
-        await self.locks.apply(lambda t, term, now: (put_run(t, term, run_id, record), None))
+    def runs(self, table: LockTable | None = None) -> dict[str, RunRecord]:
+        """The runs of `table` (default: the lock service's), read as RunRecords (each stored
+        record is read once)."""
+        stored = (self.locks.table if table is None else table).runs
+        parsed = {}
+        for run_id, data in stored.items():
+            cached = self._parsed.get(run_id)
+            if cached is None or cached[0] is not data:
+                try:
+                    cached = (data, RunRecord.model_validate(data))
+                except ValueError as exc:
+                    raise RunError(
+                        500, "bad_run_record", f"run {run_id}: its stored record: {exc}"
+                    ) from exc
+            parsed[run_id] = cached
+        self._parsed = parsed
+        return {run_id: record for run_id, (_, record) in parsed.items()}
+
+    async def _put(self, record: RunRecord) -> None:
+        stored = record.to_json()
+        await self.locks.apply(lambda t, term, now: (put_run(t, term, record.run_id, stored), None))
 
     # the driver
 
@@ -157,7 +173,7 @@ class RunService:
                 continue
             try:
                 await self.locks.apply(lambda t, term, now: (t, None))
-                for record in active_runs(self.locks.table.runs):
+                for record in active_runs(self.runs()):
                     await self.advance(record)
             except (RunError, LockError) as exc:
                 self.loop_health.record_failure(getattr(exc, "reason", str(exc)))
@@ -165,15 +181,16 @@ class RunService:
             else:
                 self.loop_health.record_success()
 
-    async def advance(self, run: Mapping[str, Any]) -> None:
+    async def advance(self, run: RunRecord) -> None:
         """Take `run` one step further (each step stored before the next)."""
-        step = run["step"]
-        if step == "queued":
+        step = run.step
+        if step is RunStep.QUEUED:
             await self._take_lock(run)
-        elif step == "locked":
-            chosen = run.get("nodes_to_start")
+        elif step is RunStep.LOCKED:
+            chosen = run.nodes_to_start
             if chosen is None:  # the choice is stored first: a repeat starts the same nodes
-                await self._put({**run, "nodes_to_start": await self.starter.stopped(run)})
+                nodes_to_start = await self.starter.stopped(run)
+                await self._put(run.model_copy(update={"nodes_to_start": tuple(nodes_to_start)}))
                 return
             started_nodes = [str(node_id) for node_id in chosen]
             note = await self.starter.start(run, started_nodes)
@@ -181,30 +198,28 @@ class RunService:
             job_url = f"http://{runtime.address}:{runtime.port}"
             started = with_step(
                 run,
-                "starting",
+                RunStep.STARTING,
                 job_node=runtime.node_id,
                 job_url=job_url,
                 started_nodes=started_nodes,
                 note=note,
             )
             await self._put(started)
-        elif step == "starting":
+        elif step is RunStep.STARTING:
             await self._renew_lock(run)
             await self._start_job(run)
-        elif step == "running":
+        elif step is RunStep.RUNNING:
             await self._renew_lock(run)
             await self._watch_job(run)
-        elif step == "collecting":
+        elif step is RunStep.COLLECTING:
             await self._renew_lock(run)
             await self._collect(run)
-        elif step == "stopping":
-            note = (
-                "kept alive (--keep-alive)" if run["keep_alive"] else await self.starter.stop(run)
-            )
+        elif step is RunStep.STOPPING:
+            note = "kept alive (--keep-alive)" if run.keep_alive else await self.starter.stop(run)
             await self._finish(run, note)
 
-    async def _take_lock(self, run: Mapping[str, Any]) -> None:
-        name, holder = run_lock(str(run["group"])), str(run["run_id"])
+    async def _take_lock(self, run: RunRecord) -> None:
+        name, holder = run_lock(run.group), run.run_id
 
         def take(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
             table, answer = acquire(table, term, name, holder, RUN_LOCK_TTL_S, True, now)
@@ -212,33 +227,33 @@ class RunService:
                 return table, None
             record = with_step(
                 run,
-                "locked",
-                state="running",
+                RunStep.LOCKED,
+                state=RunState.RUNNING,
                 started_at=now,
                 fence=answer.fence.to_list(),
                 note=f"lock {name} granted, fence {answer.fence.to_list()}",
             )
-            return put_run(table, term, holder, record), None
+            return put_run(table, term, holder, record.to_json()), None
 
         await self.locks.apply(take)
 
-    async def _renew_lock(self, run: Mapping[str, Any]) -> None:
-        name, holder = run_lock(str(run["group"])), str(run["run_id"])
-        fence = LockFence.parse(run["fence"])
+    async def _renew_lock(self, run: RunRecord) -> None:
+        name, holder = run_lock(run.group), run.run_id
+        fence = _fence_of(run)
         state = self.locks.table.get(name)
         if state.holder == holder and state.expires_at - self._clock() > RUN_LOCK_TTL_S / 2:
             return
         await self.locks.apply(lambda t, term, now: renew(t, term, name, holder, fence, now))
 
-    async def _finish(self, run: Mapping[str, Any], note: str) -> None:
-        name, holder = run_lock(str(run["group"])), str(run["run_id"])
-        fence = LockFence.parse(run["fence"])
+    async def _finish(self, run: RunRecord, note: str) -> None:
+        name, holder = run_lock(run.group), run.run_id
+        fence = _fence_of(run)
 
         def end(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
             if table.get(name).holder == holder:
                 table = release(table, term, name, holder, fence, now)
-            record = with_step(run, "done", state=final_state(run), ended_at=now, note=note)
-            return put_run(table, term, holder, record), None
+            record = with_step(run, RunStep.DONE, state=final_state(run), ended_at=now, note=note)
+            return put_run(table, term, holder, record.to_json()), None
 
         await self.locks.apply(end)
 
@@ -271,8 +286,8 @@ class RunService:
         except PeerRequestError as exc:
             raise RunError(502, "node_unreachable", f"{method} {url}: {exc.reason}") from exc
 
-    async def _start_job(self, run: Mapping[str, Any]) -> None:
-        url = self._url_of(str(run["job_node"]))
+    async def _start_job(self, run: RunRecord) -> None:
+        url = self._url_of(str(run.job_node))
         # A job node that does not follow this coordinator yet (it just restarted) would take
         # the job and fail its gang at once ("no coordinator yet"): the run waits for it.
         status, view = await self._call("GET", f"{url}/v1/status")
@@ -281,89 +296,88 @@ class RunService:
             raise RunError(
                 503,
                 "job_node_not_ready",
-                f"run {run['run_id']}: job node {run['job_node']} follows {following}, not "
+                f"run {run.run_id}: job node {run.job_node} follows {following}, not "
                 f"coordinator {self._runtime.node_id} yet; the job starts once it does",
             )
         body = {
-            "job_id": run["run_id"],
-            "name": run["name"],
-            "argv": run["argv"],
-            "nodes": run["nodes"],
-            "role": run["role"],
+            "job_id": run.run_id,
+            "name": run.name,
+            "argv": list(run.argv),
+            "nodes": run.nodes,
+            "role": run.role,
         }
         status, answer = await self._call("POST", f"{url}/v1/jobs", body)
         if status not in (200, 201):
             reason = answer.get("reason") if isinstance(answer, dict) else answer
-            raise RunError(502, "run_start_failed", f"run {run['run_id']}: {status}: {reason}")
-        await self._put(with_step(run, "running", note=f"job {run['run_id']} started"))
+            raise RunError(502, "run_start_failed", f"run {run.run_id}: {status}: {reason}")
+        await self._put(with_step(run, RunStep.RUNNING, note=f"job {run.run_id} started"))
 
-    async def _watch_job(self, run: Mapping[str, Any]) -> None:
-        url = f"{self._url_of(str(run['job_node']))}/v1/jobs/{run['run_id']}"
-        status, job = await self._call("GET", url)
+    async def _watch_job(self, run: RunRecord) -> None:
+        url = f"{self._url_of(str(run.job_node))}/v1/jobs/{run.run_id}"
+        status, answer = await self._call("GET", url)
         if status != 200:
-            raise RunError(502, "run_job_unknown", f"{url}: {status}: {job}")
-        if job["state"] in ("succeeded", "failed", "killed", "timed_out", "lost"):
-            await self._put(with_step(run, "collecting", job=job, note=f"job {job['state']}"))
+            raise RunError(502, "run_job_unknown", f"{url}: {status}: {answer}")
+        try:
+            job = JobRecord.model_validate(answer)
+        except ValueError as exc:
+            raise RunError(502, "run_job_unknown", f"{url}: not a job record: {exc}") from exc
+        if job.state.ended:
+            note = f"job {job.state.value}"
+            await self._put(with_step(run, RunStep.COLLECTING, job=job, note=note))
             return
-        limit = run.get("max_duration_s")
-        overdue = limit is not None and self._clock() - float(run["started_at"]) > float(limit)
-        if (overdue and not run["safety_stop"]) or (
-            run["cancel_requested"] and not run.get("kill_sent")
-        ):
+        limit = run.max_duration_s
+        started_at = float(run.started_at or 0.0)
+        overdue = limit is not None and self._clock() - started_at > float(limit)
+        if (overdue and not run.safety_stop) or (run.cancel_requested and not run.kill_sent):
             kill = {"signal": "SIGTERM", "grace_s": KILL_GRACE_S}
             await self._call("POST", f"{url}/kill", kill)
             why = "safety stop: past max_duration_s" if overdue else "cancel requested"
             await self._put(
                 with_step(
                     run,
-                    "running",
-                    safety_stop=overdue or run["safety_stop"],
+                    RunStep.RUNNING,
+                    safety_stop=overdue or run.safety_stop,
                     kill_sent=True,
                     note=why,
                 )
             )
 
-    async def _collect(self, run: Mapping[str, Any]) -> None:
-        job = run["job"] or {}
-        gang = job.get("gang") or {}
-        members = gang.get("members") or [
-            {
-                "node": run["job_node"],
-                "url": self._url_of(str(run["job_node"])),
-                "job_id": run["run_id"],
-            }
-        ]
+    async def _collect(self, run: RunRecord) -> None:
+        gang = run.job.gang if run.job is not None else None
+        members = [Member(m.node, m.url, m.job_id) for m in (gang.members if gang else ())]
+        if not members:
+            job_node = str(run.job_node)
+            members = [Member(job_node, self._url_of(job_node), run.run_id)]
         uploaded = []
         for member in members:
-            for path in run["results"]:
+            for path in run.results:
                 uploaded.append(await self._upload(run, member, path))
-        await self._put(with_step(run, "stopping", uploaded=uploaded, note="results collected"))
+        done = with_step(run, RunStep.STOPPING, uploaded=uploaded, note="results collected")
+        await self._put(done)
 
-    async def _upload(
-        self, run: Mapping[str, Any], member: Mapping[str, Any], path: str
-    ) -> dict[str, Any]:
-        key = result_key(str(run["run_id"]), str(member["node"]), path)
+    async def _upload(self, run: RunRecord, member: Member, path: str) -> dict[str, Any]:
+        key = result_key(run.run_id, member.node, path)
         if isinstance(self.results, NodeResults):
-            fetch = {"key": key, "node": member["node"], "job_id": member["job_id"], "path": path}
+            fetch = {"key": key, "node": member.node, "job_id": member.job_id, "path": path}
             node = self.results.node
             url = local_daemon_url(self._runtime) if node == self._runtime.node_id else None
             url = url or self.locks.url_of(node)
             stored = await self.results.collect(self.locks.peers, url, fetch, self._fence())
         else:
-            stored = await self._store(self.results, key, str(member["url"]), member, path)
-        return {**stored, "node": member["node"], "path": path}
+            stored = await self._store(self.results, key, member.url, member.job_id, path)
+        return {**stored, "node": member.node, "path": path}
 
     async def _store(
         self,
         store: ResultsStore,
         key: str,
         member_url: str,
-        member: Mapping[str, Any],
+        job_id: str,
         path: str,
     ) -> dict[str, Any]:
-        """Download `path` of the member's job from `member_url` into `store` at `key`; the
+        """Download `path` of the job `job_id` from `member_url` into `store` at `key`; the
         stored record, or {"missing": true} when the member has no such file."""
-        files = f"/v1/jobs/{member['job_id']}/files"
+        files = f"/v1/jobs/{job_id}/files"
         url = f"{member_url}{files}"
         try:
             async with self.locks.peers.stream(
@@ -411,18 +425,14 @@ class RunService:
                 '"keep_alive", "max_duration_s", "results", "name"}; answers its record',
                 ((201, "queued"), (400, "bad run"), (429, "the group's queue is full"), *common),
                 body=RunBody,
-                response=RUN_RECORD_SCHEMA,
+                response=RunRecord,
             ),
             RouteDoc(
                 "GET",
                 RUNS_PATH,
                 "Every run (?group=G), oldest first",
                 ((200, "runs"), *common),
-                response={
-                    "type": "object",
-                    "required": ["runs"],
-                    "properties": {"runs": {"type": "array", "items": RUN_RECORD_SCHEMA}},
-                },
+                response=RunList,
             ),
             RouteDoc(
                 "GET",
@@ -430,7 +440,7 @@ class RunService:
                 "One run's record: state, step, log, results",
                 ((200, "the run"), (404, "no such run"), *common),
                 parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
-                response=RUN_RECORD_SCHEMA,
+                response=RunRecord,
             ),
             RouteDoc(
                 "POST",
@@ -446,7 +456,7 @@ class RunService:
                 parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
                 body=CancelBody,
                 body_optional=True,
-                response=RUN_RECORD_SCHEMA,
+                response=RunRecord,
             ),
             RouteDoc(
                 "POST",
@@ -490,7 +500,7 @@ class RunService:
         member_url = member_url or self.locks.url_of(node)
         if member_url is None:
             raise RunError(503, "node_unknown", f"node {node} is not in this node's view")
-        stored = await self._store(self.results, key, member_url, {"job_id": job_id}, path)
+        stored = await self._store(self.results, key, member_url, job_id, path)
         return web.json_response(stored)
 
     async def _body(self, request: web.Request) -> Any:
@@ -505,19 +515,20 @@ class RunService:
         forwarded = await self.locks.forward(request, body)
         if forwarded is not None:
             return forwarded
-        created: list[dict[str, Any]] = []
+        created: list[RunRecord] = []
 
         def submit(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
-            if pending_in_group(table.runs, spec.group) >= MAX_PENDING:
+            runs = self.runs(table)
+            if pending_in_group(runs, spec.group) >= MAX_PENDING:
                 raise RunError(
                     429, "run_queue_full", f"group {spec.group}: {MAX_PENDING} runs queued"
                 )
-            record = new_run(spec, next_seq(table.runs), now)
+            record = new_run(spec, next_seq(runs), now)
             created.append(record)
-            return put_run(table, term, record["run_id"], record), None
+            return put_run(table, term, record.run_id, record.to_json()), None
 
         await self.locks.apply(submit)
-        return web.json_response(created[0], status=201)
+        return web.json_response(created[0].to_json(), status=201)
 
     async def _handle_list(self, request: web.Request) -> web.Response:
         forwarded = await self.locks.forward(request, None)
@@ -525,13 +536,14 @@ class RunService:
             return forwarded
         await self.locks.apply(lambda t, term, now: (t, None))
         group = request.query.get("group")
-        runs = sorted(self.locks.table.runs.values(), key=lambda r: int(r["seq"]))
-        return web.json_response({"runs": [r for r in runs if group in (None, r["group"])]})
+        runs = sorted(self.runs().values(), key=lambda r: r.seq)
+        chosen = tuple(r for r in runs if group in (None, r.group))
+        return web.json_response(RunList(runs=chosen).to_json())
 
-    async def _run(self, request: web.Request) -> Mapping[str, Any]:
+    async def _run(self, request: web.Request) -> RunRecord:
         await self.locks.apply(lambda t, term, now: (t, None))
         run_id = request.match_info["run_id"]
-        record = self.locks.table.runs.get(run_id)
+        record = self.runs().get(run_id)
         if record is None:
             raise RunError(404, "run_not_found", f"no run {run_id!r}; `shoal runs list` shows them")
         return record
@@ -540,7 +552,7 @@ class RunService:
         forwarded = await self.locks.forward(request, None)
         if forwarded is not None:
             return forwarded
-        return web.json_response(dict(await self._run(request)))
+        return web.json_response((await self._run(request)).to_json())
 
     async def _handle_cancel(self, request: web.Request) -> web.Response:
         try:
@@ -552,15 +564,15 @@ class RunService:
             return forwarded
         run_id = request.match_info["run_id"]
         await self._run(request)
-        done: list[dict[str, Any]] = []
+        done: list[RunRecord] = []
 
         def stop(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
-            record = cancel(table.runs[run_id])
+            record = cancel(self.runs(table)[run_id])
             done.append(record)
-            return put_run(table, term, run_id, record), None
+            return put_run(table, term, run_id, record.to_json()), None
 
         await self.locks.apply(stop)
-        return web.json_response(done[0])
+        return web.json_response(done[0].to_json())
 
 
 def answers_run_errors(

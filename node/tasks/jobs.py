@@ -19,7 +19,14 @@ from node.jobs.client import (
     start_job,
     terminate,
 )
-from node.jobs.transport import ENDED_STATES, JobClientError, request_json, run_sync, wait_record
+from node.jobs.transport import (
+    ENDED_STATES,
+    JobClientError,
+    JobClientState,
+    request_json,
+    run_sync,
+    wait_record,
+)
 from node.tasks.context import TaskError
 
 
@@ -61,7 +68,7 @@ def place(members: Sequence[Mapping[str, Any]], role: str, gpus: int) -> list[st
 class JobHandle:
     """A submitted job; its state follows node.jobs.client's job state."""
 
-    def __init__(self, request: JobRequest, state: dict[str, Any]) -> None:
+    def __init__(self, request: JobRequest, state: JobClientState) -> None:
         self.request = request
         self.state = state
 

@@ -27,7 +27,13 @@ from node.jobs.client import (
     start_job,
     terminate,
 )
-from node.jobs.transport import JobClientError, JobRequestError, request_json, run_sync
+from node.jobs.transport import (
+    JobClientError,
+    JobClientState,
+    JobRequestError,
+    request_json,
+    run_sync,
+)
 from node.tasks.context import (
     ActorDiedError,
     ActorExistsError,
@@ -222,7 +228,7 @@ class ShoalContext:
         self._objects: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
-        self._actor_jobs: list[dict[str, Any]] = []
+        self._actor_jobs: list[JobClientState] = []
         self._actors: list[ShoalActor] = []
         self._next_node = itertools.count()
         self.cluster = Cluster.from_plan(

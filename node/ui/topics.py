@@ -200,7 +200,7 @@ async def jobs_topic(sources: UiSources) -> dict[str, Any]:
     if service is None:
         return {"summary": {}, "jobs": []}
     entries = service.entries()[:MAX_JOBS_SHOWN]
-    return {"summary": service.summary(), "jobs": [service.record(e) for e in entries]}
+    return {"summary": service.summary(), "jobs": [service.record(e).to_json() for e in entries]}
 
 
 async def sync_topic(sources: UiSources) -> dict[str, Any]:
@@ -222,13 +222,13 @@ async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dic
             runs[run] = {
                 "offered_version": state.offered_version,
                 "applied_version": state.applied_version,
-                "applied": state.status,
+                "applied": None if state.status is None else state.status.to_json(),
             }
             status = state.status
             here[run] = None if status is None else {
-                "version": status["version"],
-                "applied_at": status.get("applied_at"),
-                "source": status.get("source"),
+                "version": status.version,
+                "applied_at": status.applied_at,
+                "source": status.source,
             }  # fmt: skip
     if sources.backlog is not None:
         for run, backlog in sorted(sources.backlog.runs().items()):

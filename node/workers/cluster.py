@@ -23,7 +23,13 @@ from node.jobs.client import (
     stream_logs,
     terminate,
 )
-from node.jobs.transport import ENDED_STATES, JobClientError, request_json, run_sync
+from node.jobs.transport import (
+    ENDED_STATES,
+    JobClientError,
+    JobClientState,
+    request_json,
+    run_sync,
+)
 from node.workers.frames import WorkerError
 from node.workers.nccl import DEFAULT_MASTER_PORT, create_nccl_configs
 from node.workers.remote import RemoteWorker
@@ -51,7 +57,7 @@ class NodeConfig:
 @dataclass
 class _Started:
     node: NodeConfig
-    state: dict[str, Any]
+    state: JobClientState
     port: int = 0
     workers: list[RemoteWorker] = field(default_factory=list)
 
@@ -147,7 +153,7 @@ class Cluster:
         return [worker for started in self._started for worker in started.workers]
 
     @property
-    def job_states(self) -> list[dict[str, Any]]:
+    def job_states(self) -> list[JobClientState]:
         """The job state (node.jobs.client) of each node's worker server."""
         return [started.state for started in self._started]
 
@@ -187,7 +193,7 @@ class Cluster:
         self.stop()
 
 
-def listening_port(state: dict[str, Any], timeout_s: float, where: str) -> int:
+def listening_port(state: JobClientState, timeout_s: float, where: str) -> int:
     """The port a server job prints on stdout as {"event": "listening", "port": P}."""
     deadline = time.monotonic() + timeout_s
     lines = stream_logs(state, follow=True)

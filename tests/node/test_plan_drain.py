@@ -124,7 +124,7 @@ def test_gang_members_skip_a_draining_node() -> None:
     plan = compute_plan(1, 1, MEMBERS, POLICY, draining={"b": None})
     members = [FakeMember("a"), FakeMember("b"), FakeMember("c")]
     picked = pick_members(members, plan, 2, "any")
-    assert [m["node_id"] for m in picked] == ["a", "c"]
+    assert [m.node_id for m in picked] == ["a", "c"]
     with pytest.raises(JobError, match="draining: b"):
         pick_members(members, plan, 3, "any")
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from node.jobs.gang import GangService
+from node.jobs.records import GangMember, JobState
 from node.plan import FENCE_HEADER, PlanFence
 from node.runs.service import RunService
 
@@ -39,7 +40,15 @@ async def test_a_gangs_kills_carry_the_plans_fence() -> None:
         return 200, {}
 
     gang._call = call  # type: ignore[method-assign]
-    rows = [{"url": "https://b:1", "job_id": "j1"}, {"url": "https://c:1", "job_id": "j2"}]
+    rows = [
+        GangMember(
+            rank=rank, node=node, url=url, job_id=job, state=JobState.RUNNING,
+            exit_code=None, signal=None, reason=None, ended_at=None,
+        )
+        for rank, (node, url, job) in enumerate(
+            [("b", "https://b:1", "j1"), ("c", "https://c:1", "j2")]
+        )
+    ]  # fmt: skip
     await gang._kill_members(rows, "TERM", 1.0)
     assert sorted(url for _, url, _ in calls) == [
         "https://b:1/v1/jobs/j1/kill",

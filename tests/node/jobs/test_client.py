@@ -25,6 +25,7 @@ from node.jobs.client import (
     list_jobs,
     make_job_state,
     poll_status,
+    poll_status_async,
     remove_job,
     run_job,
     run_job_async,
@@ -38,6 +39,7 @@ from node.jobs.client import (
     wait_for_completion,
     wait_for_completion_async,
 )
+from node.jobs.records import JobRecord, JobState, StreamBytes, StreamFlags
 from node.jobs.transport import (
     ContentHasher,
     DownloadHashError,
@@ -241,6 +243,40 @@ async def test_the_server_reason_is_in_the_error() -> None:
     assert caught.value.status == 404
 
 
+def running_record(job_id: str) -> dict[str, object]:
+    """The record a node answers for a job that runs."""
+    return JobRecord(
+        job_id=job_id,
+        name="true",
+        node="fake",
+        argv=("true",),
+        state=JobState.RUNNING,
+        exit_code=None,
+        signal=None,
+        reason=None,
+        created_at=1.0,
+        started_at=1.5,
+        ended_at=None,
+        pid=4242,
+        log_bytes=StreamBytes(stdout=0, stderr=0),
+        log_capped=StreamFlags(stdout=False, stderr=False),
+        max_log_bytes=1 << 20,
+        cwd=None,
+        timeout_s=None,
+        nodes=1,
+        role="any",
+    ).to_json()
+
+
+async def test_a_node_answering_no_job_record_is_named() -> None:
+    async def broken(request: web.Request) -> web.Response:
+        return web.json_response({"job_id": "j-fake", "state": "exploded"})
+
+    async with fake_node(broken) as state:
+        with pytest.raises(JobClientError, match="not a job record"):
+            await poll_status_async(state)
+
+
 async def test_a_start_whose_answer_is_lost_is_retried_with_the_same_job_id() -> None:
     seen: list[str] = []
 
@@ -250,7 +286,7 @@ async def test_a_start_whose_answer_is_lost_is_retried_with_the_same_job_id() ->
         if len(seen) == 1:
             assert request.transport is not None
             request.transport.abort()  # the job may have started; its answer is lost
-        return web.json_response({**body, "state": "running"}, status=201)
+        return web.json_response(running_record(body["job_id"]), status=201)
 
     async with fake_node(jobs) as fake:
         state = make_job_state()
@@ -263,7 +299,7 @@ async def test_a_start_whose_answer_is_lost_is_retried_with_the_same_job_id() ->
 
 async def test_wait_gives_up_after_its_timeout() -> None:
     async def running(request: web.Request) -> web.Response:
-        return web.json_response({"job_id": "j-fake", "state": "running"})
+        return web.json_response(running_record("j-fake"))
 
     async with fake_node(running) as state:
         with pytest.raises(JobWaitTimeoutError, match="still running"):

@@ -16,7 +16,7 @@ from config import Role
 from health import BreakerConfig, BreakerRegistry
 from node.jobs import GangService, JobError, JobService, gang_master_port, parse_job_request
 from node.jobs.gang import port_is_free
-from node.jobs.records import gang_env
+from node.jobs.records import GangMember, GangSpec, JobState, PickedNode, gang_env
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_outcome, pick_members
 from node.plan import GroupSpec, RolePlan
 from node.runtime import NodeRuntime
@@ -50,25 +50,38 @@ MEMBERS = [
 
 def test_training_gangs_take_the_plan_ranks_first() -> None:
     picked = pick_members(MEMBERS, PLAN, 2, "training")
-    assert [m["node_id"] for m in picked] == ["c", "b"]
-    assert picked[0] == {"node_id": "c", "address": "10.0.0.3", "port": 1}
+    assert [m.node_id for m in picked] == ["c", "b"]
+    assert picked[0] == PickedNode(node_id="c", address="10.0.0.3", port=1)
 
 
 def test_any_role_takes_alive_nodes_only_and_refuses_too_many() -> None:
-    assert [m["node_id"] for m in pick_members(MEMBERS, PLAN, 4, "any")] == ["a", "b", "c", "d"]
-    assert [m["node_id"] for m in pick_members(MEMBERS, PLAN, 1, "selfplay")] == ["d"]
+    assert [m.node_id for m in pick_members(MEMBERS, PLAN, 4, "any")] == ["a", "b", "c", "d"]
+    assert [m.node_id for m in pick_members(MEMBERS, PLAN, 1, "selfplay")] == ["d"]
     with pytest.raises(JobError) as refused:
         pick_members(MEMBERS, PLAN, 5, "any")
     assert refused.value.status == 503
     assert "4 alive nodes" in refused.value.reason
 
 
+def member(rank: int, node: str, state: str, exit_code: int | None, ended_at: float) -> GangMember:
+    return GangMember(
+        rank=rank,
+        node=node,
+        url=f"http://{node}:8420",
+        job_id=f"g.{rank}",
+        state=JobState(state),
+        exit_code=exit_code,
+        signal=None,
+        reason=None,
+        ended_at=ended_at,
+    )
+
+
 def test_gang_outcome() -> None:
-    ok = {"state": "succeeded", "exit_code": 0, "ended_at": 1.0}
-    members = [{"rank": 0, "node": "a", **ok}, {"rank": 1, "node": "b", **ok}]
+    members = [member(0, "a", "succeeded", 0, 1.0), member(1, "b", "succeeded", 0, 1.0)]
     assert gang_outcome(members, killed=False) == ("succeeded", 0, None)
-    members[1] = {"rank": 1, "node": "b", "state": "failed", "exit_code": 4, "ended_at": 2.0}
-    members[0] = {"rank": 0, "node": "a", "state": "killed", "exit_code": None, "ended_at": 3.0}
+    members[1] = member(1, "b", "failed", 4, 2.0)
+    members[0] = member(0, "a", "killed", None, 3.0)
     state, code, reason = gang_outcome(members, killed=False)
     assert (state, code) == ("failed", 4)
     assert reason is not None
@@ -86,7 +99,9 @@ def test_gang_ports_are_stable_and_above_the_rendezvous_span() -> None:
 
 
 def test_gang_env_gives_torchrun_its_arguments() -> None:
-    gang = {"job_id": "g", "rank": 1, "nodes": 3, "master_addr": "10.0.0.7", "master_port": 31234}
+    gang = GangSpec(
+        job_id="g", rank=1, nodes=3, master_addr="10.0.0.7", master_port=31234, owner=None
+    )
     assert gang_env(gang) == {
         "SHOAL_JOB_ID": "g",
         "SHOAL_NODE_RANK": "1",
@@ -132,7 +147,7 @@ async def test_a_member_answering_nonsense_makes_the_gang_lost(tmp_path: Path) -
             try:
                 request = parse_job_request({"job_id": "g", "argv": ["true"], "nodes": 1})
                 record, _ = await gangs.start_gang(request)
-                assert record["state"] == "running", record
+                assert record.state is JobState.RUNNING, record
                 ended = await service.wait("g", 10)
                 assert ended.state.value == "lost"
                 assert "watching the members failed" in (ended.result or {})["reason"]
@@ -172,9 +187,9 @@ async def test_a_gang_whose_member_0_finds_every_port_busy_fails_naming_them(
                 await service.close()
     candidates = [gang_master_port(29500, "g", attempt) for attempt in range(GANG_PORT_ATTEMPTS)]
     assert asked == candidates
-    assert record["state"] == "failed", record
+    assert record.state is JobState.FAILED, record
     ports = ", ".join(map(str, candidates))
-    assert f"gang master ports {ports} are all in use there" in record["reason"]
+    assert f"gang master ports {ports} are all in use there" in (record.reason or "")
 
 
 class FakeView:

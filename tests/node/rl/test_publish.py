@@ -58,7 +58,9 @@ class Cluster:
             )
 
     def status(self, node: str) -> dict[str, object] | None:
-        return self.services[node].state(RUN).status
+        """The node's weights status as its route answers it (None: no weights yet)."""
+        status = self.services[node].state(RUN).status
+        return None if status is None else status.to_json()
 
 
 def free_port() -> int:

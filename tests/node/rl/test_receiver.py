@@ -101,9 +101,9 @@ async def test_catch_up_loads_the_newest_file_and_reports_it(tmp_path: Path) -> 
         assert weights_digest(model) == weights_digest(net(3))
         status = service.state("r1").status
         assert status is not None
-        assert (status["version"], status["source"]) == (3, "file")
-        assert status["digest"] == weights_digest(net(3), SHA256_ALGO).to_dict()
-        assert status["sha256"] == weights_digest(net(3), SHA256_ALGO).value
+        assert (status.version, status.source) == (3, "file")
+        assert status.digest.model_dump() == weights_digest(net(3), SHA256_ALGO).to_dict()
+        assert status.sha256 == weights_digest(net(3), SHA256_ALGO).value
         assert await asyncio.to_thread(receiver.catch_up, model) is None  # nothing newer
         path = write_weights_file(models, "r1", 4, net(4))
         document = torch.load(path, weights_only=True)
@@ -135,7 +135,7 @@ async def test_a_file_keeps_sha256_and_the_publishs_digest_both_checked_on_the_c
         assert await asyncio.to_thread(receiver.catch_up, model) == 5
         status = service.state("r1").status
         assert status is not None
-        assert status["digest"] == published.to_dict()  # what the publisher acknowledges
+        assert status.digest.model_dump() == published.to_dict()  # what the publisher acknowledges
         path = write_weights_file(models, "r1", 6, net(6), digest=published)  # not net(6)'s
         with pytest.raises(WeightsError, match=f"its {PWS_ALGO} digest"):
             await asyncio.to_thread(receiver.catch_up, model)

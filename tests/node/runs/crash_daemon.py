@@ -16,11 +16,10 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from node.cli import main as shoal_main
+from node.runs.queue import RunRecord, RunStep
 from node.runs.service import RunService
 
 POINTS = ("before_job_post", "after_job_post")
@@ -42,13 +41,13 @@ def arm(point: str, marker: Path) -> None:
     start_job = RunService._start_job
     put = RunService._put
 
-    async def start_job_then_crash(self: RunService, run: Mapping[str, Any]) -> None:
+    async def start_job_then_crash(self: RunService, run: RunRecord) -> None:
         if point == "before_job_post":
             _crash_once(marker, self.locks.runtime.node_id)
         await start_job(self, run)
 
-    async def put_or_crash(self: RunService, record: Mapping[str, Any]) -> None:
-        if point == "after_job_post" and record.get("step") == "running":
+    async def put_or_crash(self: RunService, record: RunRecord) -> None:
+        if point == "after_job_post" and record.step is RunStep.RUNNING:
             _crash_once(marker, self.locks.runtime.node_id)
         await put(self, record)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +18,7 @@ from node.locks.table import put_run
 from node.providers import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle, StaticProvider
 from node.runs import LocalResults, RunService, parse_run_spec
 from node.runs.nodes import ProviderNodes
-from node.runs.queue import new_run, with_step
+from node.runs.queue import RunRecord, RunStep, new_run, with_step
 
 
 class RecordingProvider:
@@ -57,23 +56,27 @@ class RecordingProvider:
         return list(self.handles.values())
 
 
+RUN = new_run(parse_run_spec({"argv": ["true"]}, {}), 1)
+
+
 async def test_only_the_nodes_a_run_started_are_stopped() -> None:
     provider = RecordingProvider()
     nodes = ProviderNodes(provider)
-    chosen = await nodes.stopped({})
+    chosen = await nodes.stopped(RUN)
     assert chosen == ["n1"]
-    note = await nodes.start({}, chosen)
+    note = await nodes.start(RUN, chosen)
     assert "n1: booted" in note
-    assert await nodes.stopped({}) == []
-    await nodes.start({}, chosen)  # a repeat after a failover starts the same node, not none
-    note = await nodes.stop({"started_nodes": chosen})
+    assert await nodes.stopped(RUN) == []
+    await nodes.start(RUN, chosen)  # a repeat after a failover starts the same node, not none
+    run = new_run(parse_run_spec({"argv": ["true"]}, {}), 1)
+    note = await nodes.stop(run.model_copy(update={"started_nodes": tuple(chosen)}))
     assert provider.calls == ["start n1", "start n1", "stop n1"]
     assert "n1: halted" in note
 
 
 async def test_a_provider_failure_is_a_run_error() -> None:
     with pytest.raises(RunError) as caught:
-        await ProviderNodes(RecordingProvider(fail=True)).start({}, ["n1"])
+        await ProviderNodes(RecordingProvider(fail=True)).start(RUN, ["n1"])
     assert caught.value.code == "nodes_not_started"
     assert "will not boot" in caught.value.reason
 
@@ -83,9 +86,9 @@ async def test_the_static_provider_starts_nothing_and_says_so() -> None:
         {"hosts": {"a": {"ssh_host": "127.0.0.1"}, "b": {"ssh_host": "127.0.0.2"}}}
     )
     nodes = ProviderNodes(StaticProvider(inventory))
-    started = await nodes.stopped({})
+    started = await nodes.stopped(RUN)
     assert started == []
-    assert await nodes.start({}, started) == "provider static: no stopped node to start"
+    assert await nodes.start(RUN, started) == "provider static: no stopped node to start"
 
 
 class FlakyLocks:
@@ -115,19 +118,20 @@ async def test_a_repeated_start_step_starts_and_records_the_same_nodes(tmp_path:
         {},
         starter=ProviderNodes(provider),
     )
-    record = with_step(new_run(parse_run_spec({"argv": ["true"]}, {}), 1), "locked", fence=[1, 1])
-    locks.table = put_run(locks.table, 1, record["run_id"], record)
+    queued = new_run(parse_run_spec({"argv": ["true"]}, {}), 1)
+    record = with_step(queued, RunStep.LOCKED, fence=[1, 1])
+    locks.table = put_run(locks.table, 1, record.run_id, record.to_json())
 
-    def stored() -> Mapping[str, Any]:
-        return locks.table.runs[record["run_id"]]
+    def stored() -> RunRecord:
+        return service.runs()[record.run_id]
 
     await service.advance(stored())  # the choice is stored before anything starts
-    assert stored()["nodes_to_start"] == ["n1"]
+    assert locks.table.runs[record.run_id]["nodes_to_start"] == ["n1"]
     assert provider.calls == []
     locks.fail = 1
     with pytest.raises(LockError):
         await service.advance(stored())  # n1 started, but its record was not stored
     await service.advance(stored())  # repeated: n1 is running now, and still the run's node
-    assert stored()["step"] == "starting"
-    assert stored()["started_nodes"] == ["n1"]
+    assert stored().step is RunStep.STARTING
+    assert stored().started_nodes == ("n1",)
     assert provider.calls == ["start n1", "start n1"]

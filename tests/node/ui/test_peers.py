@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 from config import AuthError, NonceCache, verify_request
 from health.errors import FetchError
 from health.monitor.model import NodeStatusDoc, parse_status
+from node.rl.offers import DigestRecord, WeightsStatus
 from node.rl.service import RunWeights, WeightsService
 from node.runtime import NodeRuntime
 from node.security import error_middleware, json_error
@@ -322,7 +323,14 @@ class FakePeers:
 
 
 async def test_the_rl_topic_shows_each_nodes_weights_version_per_run() -> None:
-    applied = {"run": "r1", "version": 3, "applied_at": 5.0, "source": "file", "bytes": 1}
+    applied = WeightsStatus(
+        run="r1",
+        version=3,
+        digest=DigestRecord(algo="sha256", value="ab" * 32),
+        applied_at=5.0,
+        source="file",
+        bytes=1,
+    )
     runtime = FakeRuntime("here", FakeView([FakeMember("here", is_self=True)]))
     runtime_any = cast(Any, runtime)
     runtime_any.metrics = None
