@@ -109,6 +109,13 @@ def _ui_path(path: str) -> bool:
     return path == "/ui" or path.startswith(UI_PREFIX) or path == EVENTS_PATH
 
 
+def certificate_reader(request: web.Request) -> bool:
+    """Whether `request` came with a verified client certificate that may read the dashboard
+    (a role in READER_ROLES)."""
+    identity = request.get(PEER_IDENTITY)
+    return identity is not None and identity.role in READER_ROLES
+
+
 def _role_refusal(role: CertRole) -> web.Response:
     return json_error(
         403,

@@ -24,6 +24,7 @@ from node.ui.access import (
     SESSION_S,
     UI_PREFIX,
     UiAccess,
+    certificate_reader,
 )
 from node.ui.events import EventHub
 
@@ -101,7 +102,7 @@ class DashboardRoutes:
         )
 
     async def _handle_login_page(self, request: web.Request) -> web.Response:
-        if self.access.open:
+        if self.access.open or certificate_reader(request):
             raise web.HTTPSeeOther(UI_PREFIX)
         return self._login_page("" if self.access.token is not None else "off")
 
@@ -151,7 +152,7 @@ PAGE_DOCS = (
         "GET",
         LOGIN_PATH,
         "The dashboard's login page (asks for the read token of ui_token_file)",
-        ((200, "the page"), (303, "no login needed on this node")),
+        ((200, "the page"), (303, "no login needed: on this node, or with this certificate")),
         authenticated=False,
         response=PAGE,
         response_type=HTML,

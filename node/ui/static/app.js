@@ -246,7 +246,7 @@ function renderRl(data) {
     el("h2", {}, "Weights version per node"),
     names.length ? table("The weights version each alive member applied, per run any of them knows", ["Node", ...names, "Answer"],
       nodes, (row) => ({ "data-node": row.node, "data-stale": row.stale }))
-      : el("p", { class: "muted" }, "No member has weights of a run, nor this node rollouts, yet."),
+      : el("p", { class: "muted" }, "No run has weights on any member, nor rollouts on this node, yet."),
   ];
 }
 

@@ -92,6 +92,9 @@ async def test_reader_and_operator_certificates_read_the_dashboard_a_node_certif
             assert "<html" in text.lower()
             assert "Content-Security-Policy" in headers
             assert TOKEN not in text
+            status, headers, _ = await _get(port, pki.client(name), "/ui/login")
+            assert status == 303  # no token to ask for
+            assert headers["Location"] == "/ui/"
             event, data = await _first_event(port, pki.client(name))
             assert event == "status"
             assert data["node_id"] == "a"
