@@ -1,5 +1,6 @@
 """What the weights control plane says on the wire: an offer of a run's new version
-(WeightsOffer), the weights applied on a node (WeightsStatus), and their digest and parameters."""
+(WeightsOffer), the weights applied on a node (WeightsStatus) and per run (WeightsRuns), and their
+digest and parameters."""
 
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ class WeightsStatus(WireRecord):
     applied_at: Number
     source: Literal["broadcast", "file"]
     bytes: int
+
+
+class WeightsRuns(WireRecord):
+    """The runs a node knows weights of (the answer of `GET /v1/weights/runs`): each run's
+    applied weights, or None where an offer came but nothing is applied yet."""
+
+    runs: dict[str, WeightsStatus | None]
 
 
 class OfferTaken(WireRecord):

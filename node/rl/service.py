@@ -26,7 +26,7 @@ from node.openapi import BODY_CONFIG, Count, RouteDoc, parse_body
 from node.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
 from node.rl.digest import ALGOS, SHA256_ALGO, Digest
 from node.rl.group import weights_rendezvous_for
-from node.rl.offers import OfferTaken, WeightsOffer, WeightsStatus
+from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
 from node.security import json_error
 from wal import WriteAheadLog
 
@@ -208,6 +208,7 @@ class WeightsService:
             web.get("/v1/weights/next", self._next),
             web.post("/v1/weights/applied", self._applied),
             web.get("/v1/weights/status", self._status),
+            web.get("/v1/weights/runs", self._runs_status),
         ]
         return paired(served, self.docs())
 
@@ -266,6 +267,14 @@ class WeightsService:
                 ((200, "status"), (400, "malformed"), (404, "no weights for this run")),
                 parameters=(run,),
                 response=WeightsStatus,
+            ),
+            RouteDoc(
+                "GET",
+                "/v1/weights/runs",
+                "Every run this node knows weights of (offered or applied), each with its "
+                "applied weights' status or null; the dashboard asks each member once for all",
+                ((200, "the runs"),),
+                response=WeightsRuns,
             ),
         ]
 
@@ -377,6 +386,10 @@ class WeightsService:
             self.update_seconds.observe(max(0.0, now - report["sent_at"]))
         state.wake()
         return web.json_response(status.to_json())
+
+    async def _runs_status(self, request: web.Request) -> web.Response:
+        runs = {run: state.status for run, state in sorted(self._runs.items())}
+        return web.json_response(WeightsRuns(runs=runs).to_json())
 
     async def _status(self, request: web.Request) -> web.Response:
         try:

@@ -3,8 +3,9 @@
 The token (`ui_token_file`, chmod 600) is posted once to the login page and answered with an
 HttpOnly, SameSite=Strict cookie holding an expiry and its HMAC under the token, so a session
 needs no server state and ends when the token changes. The gate lets GETs of the dashboard
-through with that cookie; without it the pages redirect to the login page and the event stream
-answers 401. The token is never written into a page.
+through with that cookie, or with a verified `reader` or `operator` client certificate (TLS
+identities); a `node` certificate is refused (403). Without either the pages redirect to the
+login page and the event stream answers 401. The token is never written into a page.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from config import HEADER_SIGNATURE, read_secret_file
-from node.security import BROWSER_READER, json_error
+from config.tls import CertRole
+from node.security import BROWSER_READER, PEER_IDENTITY, json_error
 
 UI_PREFIX = "/ui/"
 LOGIN_PATH = "/ui/login"
@@ -28,6 +30,8 @@ ASSETS_PREFIX = "/ui/assets/"
 COOKIE_NAME = "shoal_ui"
 SESSION_S = 12 * 3600.0
 """How long one login lasts."""
+READER_ROLES = frozenset({CertRole.READER, CertRole.OPERATOR})
+"""The certificate roles that may read the dashboard without the token's cookie."""
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -105,8 +109,30 @@ def _ui_path(path: str) -> bool:
     return path == "/ui" or path.startswith(UI_PREFIX) or path == EVENTS_PATH
 
 
+def certificate_reader(request: web.Request) -> bool:
+    """Whether `request` came with a verified client certificate that may read the dashboard
+    (a role in READER_ROLES)."""
+    identity = request.get(PEER_IDENTITY)
+    return identity is not None and identity.role in READER_ROLES
+
+
+def _role_refusal(role: CertRole) -> web.Response:
+    return json_error(
+        403,
+        f"role {role.value} may not read the dashboard: present a reader or operator"
+        f" certificate (`shoal ca issue NAME --role reader`), or log in with the read token at"
+        f" {LOGIN_PATH}",
+        code="forbidden",
+        role=role.value,
+    )
+
+
 def ui_gate(access: UiAccess) -> Middleware:
-    """The middleware in front of the signature check that admits dashboard readers."""
+    """The middleware in front of the signature check that admits dashboard readers: a GET
+    with the session cookie (or on a node with no login), or with a verified client
+    certificate (set by node.identity before this gate) of a role in READER_ROLES; a `node`
+    certificate gets 403 on the data, with or without a cookie (a node never reads the
+    dashboard)."""
 
     @web.middleware
     async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -117,8 +143,17 @@ def ui_gate(access: UiAccess) -> Middleware:
             return _secured(await handler(request))
         if request.method not in ("GET", "HEAD"):
             return await handler(request)  # the signature check answers (the UI writes nothing)
+        if _public(request):
+            request[BROWSER_READER] = True
+            return _secured(await handler(request))
+        identity = request.get(PEER_IDENTITY)
+        if identity is not None:
+            if identity.role not in READER_ROLES:
+                return _secured(_role_refusal(identity.role))
+            request[BROWSER_READER] = True
+            return _secured(await handler(request))
         cookie = request.cookies.get(COOKIE_NAME)
-        if access.open or _public(request) or access.session_valid(cookie, time.time()):
+        if access.open or access.session_valid(cookie, time.time()):
             request[BROWSER_READER] = True
             return _secured(await handler(request))
         if request.path == EVENTS_PATH:

@@ -1,5 +1,6 @@
 """What the dashboard learns from the other members: each alive member's /v1/status (for the
-cluster page) and its /v1/weights/status per run (for the pipeline RL page).
+cluster page) and its /v1/weights/runs, every run it knows with its weights (for the pipeline RL
+page).
 
 A topic calls `PeerFanout.latest(peers)`: it answers at once with what is known and, when the
 last round began `interval_s` or more ago, starts a round in the background: one task per
@@ -39,6 +40,10 @@ MAX_CONCURRENCY = 64
 """Requests to members in flight at once, over every member of a round."""
 NO_WEIGHTS = "no_weights"
 """The error code of /v1/weights/status for a run with no weights on that node yet."""
+NOT_FOUND = "not_found"
+"""The error code of a route a node does not serve (an older release)."""
+WEIGHTS_RUNS_PATH = "/v1/weights/runs"
+WEIGHTS_STATUS_PATH = "/v1/weights/status"
 
 
 @dataclass(frozen=True)
@@ -157,8 +162,15 @@ class PeerClient:
         self._identity = Identity(secret, node_id, cluster)
         self._peers: NetClient | None = None
 
-    async def get_json(self, peer: Peer, path: str, params: Mapping[str, str] | None = None) -> Any:
-        """The JSON body of GET `path` on `peer`; None for a 404 whose code is `no_weights`;
+    async def get_json(
+        self,
+        peer: Peer,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        *,
+        none_for: str = NO_WEIGHTS,
+    ) -> Any:
+        """The JSON body of GET `path` on `peer`; None for a 404 whose code is `none_for`;
         FetchError otherwise. The caller bounds the time (PeerFanout's timeout)."""
         if self._peers is None:
             self._peers = NetClient(self._identity, limit_per_peer=4)
@@ -169,7 +181,7 @@ class PeerClient:
         except PeerRequestError as exc:
             raise fetch_error(exc, 0.0) from exc
         status, body = response.status, response.body
-        if status == 404 and _error_code(body) == NO_WEIGHTS:
+        if status == 404 and _error_code(body) == none_for:
             return None
         if status >= 400:
             raise http_fetch_error(status, body)
@@ -199,23 +211,36 @@ async def ask_status(client: PeerClient, peer: Peer) -> NodeStatusDoc:
     return parse_status(await client.get_json(peer, "/v1/status"))
 
 
-async def ask_weights(
-    client: PeerClient, peer: Peer, runs: Sequence[str]
-) -> dict[str, dict[str, Any] | None]:
-    """A member's applied weights per run (GET /v1/weights/status?run=R for each run, at
-    once): version, applied_at and source, or None where it has none yet."""
+Applied = dict[str, Any] | None
+"""A member's weights of one run as the RL page shows them: version, applied_at and source
+(None: the run is known there, nothing applied yet)."""
 
-    async def one(run: str) -> dict[str, Any] | None:
-        status = await client.get_json(peer, "/v1/weights/status", {"run": run})
-        if status is None:
-            return None
-        if not isinstance(status, Mapping) or not isinstance(status.get("version"), int):
-            raise ValueError(f"weights status of run {run!r} has no integer version")
-        return {
-            "version": status["version"],
-            "applied_at": status.get("applied_at"),
-            "source": status.get("source"),
-        }
+
+def _applied(run: str, status: object) -> Applied:
+    if status is None:
+        return None
+    if not isinstance(status, Mapping) or not isinstance(status.get("version"), int):
+        raise ValueError(f"weights status of run {run!r} has no integer version")
+    return {
+        "version": status["version"],
+        "applied_at": status.get("applied_at"),
+        "source": status.get("source"),
+    }
+
+
+async def ask_weights(client: PeerClient, peer: Peer, runs: Sequence[str]) -> dict[str, Applied]:
+    """A member's applied weights of every run it knows, in one ask (GET /v1/weights/runs).
+    A member of an older release, without that route, is asked per run of `runs` (the runs
+    this node knows) with GET /v1/weights/status?run=R, at once."""
+    answer = await client.get_json(peer, WEIGHTS_RUNS_PATH, none_for=NOT_FOUND)
+    if answer is not None:
+        known = answer.get("runs") if isinstance(answer, Mapping) else None
+        if not isinstance(known, Mapping):
+            raise ValueError(f"{WEIGHTS_RUNS_PATH} answered no runs object")
+        return {str(run): _applied(str(run), status) for run, status in known.items()}
+
+    async def one(run: str) -> Applied:
+        return _applied(run, await client.get_json(peer, WEIGHTS_STATUS_PATH, {"run": run}))
 
     answers = await asyncio.gather(*(one(run) for run in runs))
     return dict(zip(runs, answers, strict=True))

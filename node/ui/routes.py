@@ -24,6 +24,7 @@ from node.ui.access import (
     SESSION_S,
     UI_PREFIX,
     UiAccess,
+    certificate_reader,
 )
 from node.ui.events import EventHub
 
@@ -101,7 +102,7 @@ class DashboardRoutes:
         )
 
     async def _handle_login_page(self, request: web.Request) -> web.Response:
-        if self.access.open:
+        if self.access.open or certificate_reader(request):
             raise web.HTTPSeeOther(UI_PREFIX)
         return self._login_page("" if self.access.token is not None else "off")
 
@@ -141,8 +142,8 @@ PAGE_DOCS = (
         "GET",
         UI_PREFIX,
         "The web dashboard (HTML; its data comes from /v1/events); redirects to the login "
-        "page without a session",
-        ((200, "the page"), (303, "log in first")),
+        "page without a session or a reader or operator client certificate (TLS)",
+        ((200, "the page"), (303, "log in first"), (403, "a node's certificate")),
         authenticated=False,
         response=PAGE,
         response_type=HTML,
@@ -151,7 +152,7 @@ PAGE_DOCS = (
         "GET",
         LOGIN_PATH,
         "The dashboard's login page (asks for the read token of ui_token_file)",
-        ((200, "the page"), (303, "no login needed on this node")),
+        ((200, "the page"), (303, "no login needed: on this node, or with this certificate")),
         authenticated=False,
         response=PAGE,
         response_type=HTML,
@@ -191,8 +192,15 @@ def dashboard_docs(topics: tuple[str, ...]) -> list[RouteDoc]:
         EVENTS_PATH,
         "The dashboard's live updates as Server-Sent Events: each topic's snapshot when it "
         "changes (at most once a second), `log:JOB_ID` a job's new stdout and stderr; needs "
-        "the dashboard's session cookie or a signature",
-        ((200, "text/event-stream"), (400, "unknown topic"), (404, "no such job")),
+        "the dashboard's session cookie, a reader or operator client certificate (TLS), or a "
+        "signature",
+        (
+            (200, "text/event-stream"),
+            (400, "unknown topic"),
+            (401, "no session cookie, certificate or signature"),
+            (403, "a node's certificate (the dashboard is for readers and operators)"),
+            (404, "no such job"),
+        ),
         parameters=(
             (
                 "topics",

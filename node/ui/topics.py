@@ -24,7 +24,7 @@ from node.rl.service import WeightsService
 from node.routes import status_document
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
-from node.ui.peers import Known, Peer, PeerClient, PeerFanout, ask_status, ask_weights
+from node.ui.peers import Applied, Known, Peer, PeerClient, PeerFanout, ask_status, ask_weights
 
 MAX_JOBS_SHOWN = 200
 """The newest jobs the `jobs` topic lists (the page filters among them)."""
@@ -62,7 +62,7 @@ class ClusterPeers:
         self.status: PeerFanout[NodeStatusDoc] = PeerFanout(
             lambda peer: ask_status(client, peer), interval_s=interval_s, timeout_s=timeout_s
         )
-        self.weights: PeerFanout[dict[str, dict[str, Any] | None]] = PeerFanout(
+        self.weights: PeerFanout[dict[str, Applied]] = PeerFanout(
             lambda peer: ask_weights(client, peer, self.runs()),
             interval_s=interval_s,
             timeout_s=timeout_s,
@@ -70,7 +70,7 @@ class ClusterPeers:
 
     def runs(self) -> list[str]:
         """The runs this node knows (weights offered or applied here, rollouts stored here):
-        /v1/weights/status answers one named run, so these are the runs asked about."""
+        the runs a member of an older release, without /v1/weights/runs, is asked about."""
         sources = self._sources
         names = set() if sources.weights is None else set(sources.weights.runs())
         if sources.backlog is not None:
@@ -213,8 +213,9 @@ def _stale_drops(runtime: NodeRuntime) -> float | None:
 
 
 async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dict[str, Any]:
-    """This node's runs (offered and applied versions, rollouts pending), staleness drops, and
-    per node the weights version applied of every run this node knows (`nodes`)."""
+    """This node's runs (offered and applied versions, rollouts pending), staleness drops,
+    `cluster_runs`: every run this node or an alive member knows (each member answers its own,
+    asked once per interval), and per node the weights applied of each of them (`nodes`)."""
     runs: dict[str, dict[str, Any]] = {}
     here: dict[str, dict[str, Any] | None] = {}
     if sources.weights is not None:
@@ -237,26 +238,35 @@ async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dic
                 max_pending=sources.backlog.max_pending,
                 refusing=backlog.refusing,
             )
-    names = sorted(runs)
+    names = set(runs)
+    answers: dict[str, Known[dict[str, Applied]]] = {}
+    if peers is not None:
+        answers = peers.weights.latest(peers.alive_peers(), keep=peers.member_ids())
+        for entry in answers.values():
+            names |= set(entry.value or {})
+    cluster_runs = sorted(names)
     nodes: dict[str, dict[str, Any]] = {
         sources.runtime.node_id: {
-            "runs": {run: here.get(run) for run in names},
+            "runs": {run: here.get(run) for run in cluster_runs},
             "answered_at": None,
             "stale": False,
             "error": None,
         }
     }
-    if peers is not None and names:
-        known = peers.weights.latest(peers.alive_peers(), keep=peers.member_ids())
-        for node_id, entry in sorted(known.items()):
-            answered = entry.value or {}
-            nodes[node_id] = {
-                "runs": {run: answered.get(run) for run in names},
-                "answered_at": entry.answered_at,
-                "stale": entry.stale or entry.value is None,
-                "error": entry.error,
-            }
-    return {"runs": runs, "stale_drops": _stale_drops(sources.runtime), "nodes": nodes}
+    for node_id, entry in sorted(answers.items()):
+        answered = entry.value or {}
+        nodes[node_id] = {
+            "runs": {run: answered.get(run) for run in cluster_runs},
+            "answered_at": entry.answered_at,
+            "stale": entry.stale or entry.value is None,
+            "error": entry.error,
+        }
+    return {
+        "runs": runs,
+        "cluster_runs": cluster_runs,
+        "stale_drops": _stale_drops(sources.runtime),
+        "nodes": nodes,
+    }
 
 
 async def runs_topic(sources: UiSources) -> dict[str, Any]:

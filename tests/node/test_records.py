@@ -19,7 +19,7 @@ from node.jobs.records import GangRecord, GangSpec, JobRecord, JobState, PickAns
 from node.jobs.routes import JobList
 from node.locks.service import LockView, Promise, Released, Stored
 from node.locks.table import LOCK_ANSWER, LOCK_TABLE, LockAnswer, LockFence, LockTable
-from node.rl.offers import OfferTaken, WeightsOffer, WeightsStatus
+from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
 from node.runs.queue import RunList, RunRecord, RunState, RunStep
 
 SHA = "ab" * 32
@@ -248,6 +248,7 @@ ANSWERS: list[tuple[str, str, str, type[BaseModel]]] = [
     ("get", "/v1/weights/next", "200", WeightsOffer),
     ("post", "/v1/weights/applied", "200", WeightsStatus),
     ("get", "/v1/weights/status", "200", WeightsStatus),
+    ("get", "/v1/weights/runs", "200", WeightsRuns),
 ]
 
 

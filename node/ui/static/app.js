@@ -233,7 +233,7 @@ function renderRl(data) {
   const rows = Object.entries(rl.runs || {}).map(([run, r]) => ({
     cells: [run, text(r.offered_version), text(r.applied_version), text(r.pending), text(r.max_pending), r.refusing ? "yes" : "no"],
   }));
-  const names = Object.keys(rl.runs || {}).sort();
+  const names = rl.cluster_runs || Object.keys(rl.runs || {}).sort();
   const nodes = Object.entries(rl.nodes || {}).sort(([a], [b]) => a.localeCompare(b)).map(([node, n]) => ({
     node, stale: n.stale ? "yes" : "no",
     cells: [node, ...names.map((run) => text(((n.runs || {})[run] || {}).version)),
@@ -244,9 +244,9 @@ function renderRl(data) {
     el("h2", {}, "Runs on this node"),
     table("Weights version offered and applied, rollouts pending", ["Run", "Offered", "Applied", "Rollouts pending", "Max pending", "Refusing"], rows),
     el("h2", {}, "Weights version per node"),
-    names.length ? table("The weights version each alive member applied, per run this node knows", ["Node", ...names, "Answer"],
+    names.length ? table("The weights version each alive member applied, per run any of them knows", ["Node", ...names, "Answer"],
       nodes, (row) => ({ "data-node": row.node, "data-stale": row.stale }))
-      : el("p", { class: "muted" }, "No run has weights or rollouts on this node yet."),
+      : el("p", { class: "muted" }, "No run has weights on any member, nor rollouts on this node, yet."),
   ];
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -210,7 +211,8 @@ async def test_members_are_asked_only_while_a_page_reads_the_topic() -> None:
 
 @pytest.fixture
 async def peer_server() -> AsyncIterator[tuple[Peer, list[str]]]:
-    """A member that checks the signature of every request and knows run `r1` only."""
+    """A member of a release without /v1/weights/runs that checks the signature of every
+    request and knows run `r1` only."""
     senders: list[str] = []
     nonces = NonceCache()
 
@@ -235,7 +237,7 @@ async def peer_server() -> AsyncIterator[tuple[Peer, list[str]]]:
         await asyncio.Event().wait()
         raise AssertionError("never answers")
 
-    app = web.Application()
+    app = web.Application(middlewares=[error_middleware])
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/weights/status", weights)
     app.router.add_get("/v1/sleepy", sleepy)
@@ -357,3 +359,87 @@ async def test_the_rl_topic_shows_each_nodes_weights_version_per_run() -> None:
     assert topic["nodes"]["gpu-1"]["runs"]["r1"]["version"] == 2
     assert topic["nodes"]["gpu-1"]["stale"] is False
     await peers.weights.close()
+
+
+def _applied(run: str, version: int) -> WeightsStatus:
+    return WeightsStatus(
+        run=run,
+        version=version,
+        digest=DigestRecord(algo="sha256", value="cd" * 32),
+        applied_at=float(version),
+        source="broadcast",
+        bytes=8,
+    )
+
+
+@asynccontextmanager
+async def _weights_member(
+    node_id: str, asks: list[str]
+) -> AsyncIterator[tuple[Peer, WeightsService]]:
+    """A member serving the real weights routes; `asks` gets its node id per request."""
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        asks.append(f"{node_id} {request.path_qs}")
+        return await handler(request)
+
+    service = WeightsService(node_id, lambda: None, lambda _: None)
+    app = web.Application(middlewares=[error_middleware, count])
+    app.add_routes(service.routes())
+    async with TestServer(app, host="127.0.0.1") as server:
+        assert server.port is not None
+        yield Peer(node_id, "127.0.0.1", server.port), service
+
+
+async def test_the_rl_topic_lists_the_runs_every_alive_member_knows() -> None:
+    """Runs known on different members all show, each member asked once per round (one GET
+    /v1/weights/runs), whatever the runs this node knows."""
+    asks: list[str] = []
+    runtime = FakeRuntime("here", FakeView([FakeMember("here", is_self=True)]))
+    cast(Any, runtime).metrics = None
+    sources = UiSources(
+        cast(NodeRuntime, runtime),
+        lambda: None,
+        weights=cast(WeightsService, FakeWeights({"r0": RunWeights(status=_applied("r0", 1))})),
+    )
+    client = PeerClient(None, "here", None)
+    async with (
+        _weights_member("gpu-1", asks) as (one, one_weights),
+        _weights_member("gpu-2", asks) as (two, two_weights),
+    ):
+        one_weights.state("r1").status = _applied("r1", 4)
+        two_weights.state("r2").status = _applied("r2", 6)
+        two_weights.state("r3")  # known there (an offer came), nothing applied yet
+        peers = FakePeers(
+            PeerFanout(
+                lambda peer: ask_weights(client, peer, ["r0"]), interval_s=60.0, timeout_s=5.0
+            ),
+            [one, two],
+        )
+        try:
+            await rl_topic(sources, cast(ClusterPeers, peers))
+            await until(lambda: len(peers.weights.known()) == 2, "both members' runs")
+            topic = await rl_topic(sources, cast(ClusterPeers, peers))
+        finally:
+            await peers.weights.close()
+            await client.close()
+    assert topic["cluster_runs"] == ["r0", "r1", "r2", "r3"]
+    assert sorted(topic["runs"]) == ["r0"]  # this node's own table
+    nodes = topic["nodes"]
+    assert {run: (a or {}).get("version") for run, a in nodes["here"]["runs"].items()} == {
+        "r0": 1,
+        "r1": None,
+        "r2": None,
+        "r3": None,
+    }
+    assert nodes["gpu-1"]["runs"] == {
+        "r0": None,
+        "r1": {"version": 4, "applied_at": 4.0, "source": "broadcast"},
+        "r2": None,
+        "r3": None,
+    }
+    assert nodes["gpu-2"]["runs"]["r2"] == {"version": 6, "applied_at": 6.0, "source": "broadcast"}
+    assert nodes["gpu-2"]["runs"]["r3"] is None
+    assert not nodes["gpu-1"]["stale"]
+    assert not nodes["gpu-2"]["stale"]
+    assert sorted(asks) == ["gpu-1 /v1/weights/runs", "gpu-2 /v1/weights/runs"]
