@@ -64,7 +64,7 @@ class CrlSpread:
         self._contexts = contexts
         self._interval_s = interval_s
         self._tasks: list[asyncio.Task[None]] = []
-        self._peers: PeerClient | None = None
+        self._client: PeerClient | None = None
         self._warned: set[str] = set()
         self._sighup = False
         self.fetches = 0
@@ -91,7 +91,7 @@ class CrlSpread:
 
     def start(self) -> None:
         runtime = self._runtime
-        self._peers = PeerClient(
+        self._client = PeerClient(
             Identity(None, runtime.node_id, runtime.settings.cluster_name),
             timeouts=runtime.settings.timeouts,
             tls=peer_tls(runtime),
@@ -123,7 +123,7 @@ class CrlSpread:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        peers, self._peers = self._peers, None
+        peers, self._client = self._client, None
         if peers is not None:
             await peers.close()
 
@@ -163,7 +163,7 @@ class CrlSpread:
         log.log(level, message, *args)
 
     async def _fetch(self, member: Any) -> None:
-        peers = self._peers
+        peers = self._client
         if peers is None:
             return
         host = f"[{member.address}]" if ":" in member.address else member.address
