@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -47,7 +48,9 @@ class _Shared:
     """Per node: (when, [term, coordinator, alive members] or None) of the newest sample."""
 
 
-def _start(host: Host, pki: Pki, secret: Path, mode: str, seed: str, names: list[str]) -> Any:
+def _start(
+    host: Host, pki: Pki, secret: Path, mode: str, seed: str, names: list[str]
+) -> ClusterProcess:
     config: dict[str, Any] = {
         "node_id": host.name,
         "data_dir": str(host.data_dir / "data"),
@@ -198,11 +201,10 @@ def test_hmac_to_tls_rolling_migration_under_ingest(
                     procs[host.name] = _start(host, pki, secret, mode, seed, names)
                     restarted = time.monotonic()
                     wait_until(
-                        lambda since=restarted: _settled(state, names, since),
+                        functools.partial(_settled, state, names, restarted),
                         timeout_s=SETTLE_S,
                         interval_s=0.2,
-                        message=f"{host.name} to rejoin with auth {mode}: "
-                        f"{state.latest}\n{cluster.log_tails(20)}",
+                        message=f"{host.name} to rejoin with auth {mode} and all to agree",
                     )
         finally:
             state.stop.set()
