@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         PeerRequest,
         PeerResponse,
         PeerStream,
+        PeerTls,
         SslContextProvider,
     )
 else:
@@ -49,7 +50,7 @@ else:
             ),
             "net.mock": "MockHandler MockTransport",
             "net.transport": (
-                "AsyncTransport BlockingTransport PeerRequest PeerResponse PeerStream "
+                "AsyncTransport BlockingTransport PeerRequest PeerResponse PeerStream PeerTls "
                 "SslContextProvider"
             ),
         },
@@ -73,6 +74,7 @@ __all__ = [
     "PeerResponse",
     "PeerStream",
     "PeerTimeoutError",
+    "PeerTls",
     "RetryLater",
     "SslContextProvider",
     "UrllibTransport",

@@ -68,8 +68,9 @@ def _resigning(request: PeerRequest) -> tuple[aiohttp.ClientMiddlewareType, ...]
 class AiohttpTransport:
     """Sessions by base URL, made on first use with `limit_per_peer` connections each;
     `ssl_context` gives the TLS context per request (rotated certificates take effect on new
-    connections). `read_bufsize` and `auto_decompress` are aiohttp's (bulk file transfers read
-    with a large buffer and undecoded)."""
+    connections); a request's own `tls` (context, server_hostname) wins over it. `read_bufsize`
+    and `auto_decompress` are aiohttp's (bulk file transfers read with a large buffer and
+    undecoded)."""
 
     def __init__(
         self,
@@ -114,6 +115,9 @@ class AiohttpTransport:
             sock_read=None if request.unbounded_reads else request.timeout_s,
         )
         context = self._ssl_context() if self._ssl_context is not None else None
+        server_hostname = None
+        if request.tls is not None:
+            context, server_hostname = request.tls
         async with session.request(
             request.method,
             URL(request.url, encoded=True),
@@ -122,6 +126,7 @@ class AiohttpTransport:
             data=request.body if request.body or request.method not in ("GET", "HEAD") else None,
             timeout=timeout,
             ssl=context if context is not None else True,
+            server_hostname=server_hostname,
             allow_redirects=False,
         ) as response:
             yield _AiohttpStream(response)

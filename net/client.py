@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,6 +22,7 @@ from net.transport import (
     PeerRequest,
     PeerResponse,
     PeerStream,
+    PeerTls,
     SslContextProvider,
 )
 
@@ -88,7 +90,10 @@ class PeerClient(AsyncClosing):
     `http_request_s`), through `breaker(key)` when given.
 
     `ssl_context` is the TLS seam: a callable giving the client context (or None) for the next
-    connection; while it gives a context, `base_url` makes https URLs of addresses. `transport`
+    connection; while it gives a context, `base_url` makes https URLs of addresses. `tls` is the
+    per-peer seam (a node's): for each peer's `host:port` its (context, server_hostname), or
+    None for plain http; where it gives one, the peer's URL is https whatever scheme the caller
+    wrote, and the handshake checks that the peer's certificate carries that name. `transport`
     replaces the real one (one aiohttp session per peer, kept alive, with `limit_per_peer`,
     `read_bufsize` and `auto_decompress` as net.aio.AiohttpTransport's) with e.g. MockTransport.
     Use `async with`, or `close()` (idempotent; a closed client refuses requests).
@@ -101,6 +106,7 @@ class PeerClient(AsyncClosing):
         timeouts: Timeouts | None = None,
         breaker: BreakerHook | None = None,
         ssl_context: SslContextProvider | None = None,
+        tls: PeerTls | None = None,
         transport: AsyncTransport | None = None,
         limit_per_peer: int = 64,
         read_bufsize: int = 2**16,
@@ -110,6 +116,7 @@ class PeerClient(AsyncClosing):
         self.timeouts = timeouts or Timeouts()
         self._breaker = breaker
         self._ssl_context = ssl_context
+        self._tls = tls
         if transport is None:
             from net.aio import AiohttpTransport  # here: `import net.client` without aiohttp
 
@@ -122,10 +129,22 @@ class PeerClient(AsyncClosing):
         self.transport: AsyncTransport = transport
 
     def base_url(self, address: str) -> str:
-        """The base URL of the peer at `address` (HOST:PORT or a URL): https while the TLS
-        seam gives a context, else http. The one place the scheme is chosen."""
+        """The base URL of the peer at `address` (HOST:PORT or a URL): https where the per-peer
+        seam (`tls`) gives the peer a context or while the TLS seam gives one, else http. The
+        one place the scheme is chosen."""
+        return self._route(address)[0]
+
+    def _route(self, address: str) -> tuple[str, tuple[ssl.SSLContext, str] | None]:
+        """(base URL, the per-peer TLS choice or None) of the peer at `address`."""
+        if self._tls is not None:
+            plain = base_url(address)
+            choice = self._tls(plain.split("://", 1)[1])
+            if choice is not None:
+                return base_url(address, tls=True), choice
+            if plain.startswith("https://"):
+                return plain, None
         tls = self._ssl_context is not None and self._ssl_context() is not None
-        return base_url(address, tls=tls)
+        return base_url(address, tls=tls), None
 
     def _request(
         self,
@@ -140,10 +159,11 @@ class PeerClient(AsyncClosing):
         timeout_s: float | None,
     ) -> PeerRequest:
         wait_s = self.timeouts.http_request_s if timeout_s is None else timeout_s
-        return build_request(
+        base, tls = self._route(peer)
+        request = build_request(
             self.identity,
             method,
-            self.base_url(peer),
+            base,
             path,
             json=json,
             data=data,
@@ -151,6 +171,7 @@ class PeerClient(AsyncClosing):
             headers=headers,
             timeout_s=wait_s,
         )
+        return request if tls is None else dataclasses.replace(request, tls=tls)
 
     def _guard(self, request: PeerRequest, key: str | None) -> AbstractAsyncContextManager[Any]:
         if self._breaker is None:

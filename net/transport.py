@@ -20,11 +20,18 @@ __all__ = [
     "PeerRequest",
     "PeerResponse",
     "PeerStream",
+    "PeerTls",
     "SslContextProvider",
 ]
 
 SslContextProvider = Callable[[], ssl.SSLContext | None]
 """The TLS seam: gives the client TLS context for the next connection (None: plain http)."""
+
+PeerTls = Callable[[str], tuple[ssl.SSLContext, str] | None]
+"""The per-peer TLS seam: for a peer's `host:port` (an IPv6 host in brackets), the client TLS
+context and the name its certificate must carry (`server_hostname`: a node's id), or None for
+plain http. It decides the scheme of each peer's base URL and the handshake of its
+connections; a node makes it from its membership (which peers serve TLS) and its certificate."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class PeerRequest:
     """Fresh signature headers (a new nonce and time) for a transport that sends the request
     again by itself (aiohttp retries an idempotent request once on a dropped kept-alive
     connection): a node refuses a nonce it has seen."""
+    tls: tuple[ssl.SSLContext, str] | None = field(default=None, compare=False, repr=False)
+    """The client context and server_hostname of this peer's handshake (PeerTls's choice);
+    None: the transport's own `ssl_context`, or the default verification of an https URL."""
 
     @property
     def url(self) -> str:

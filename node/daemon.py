@@ -229,6 +229,7 @@ class NodeDaemon:
             version=shoal_version(),
             breakers=breakers,
             metrics=metrics,
+            tls=self.tls,
         )
         self.runtime = runtime
         self._voters = resolve_voters(settings, inventory, node_id)

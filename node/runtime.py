@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from config import NodeSettings
+from config.tls.context import TlsContexts
 from health import BreakerRegistry, HealthChecker, NodeMetrics
 from wal import WriteAheadLog
 
@@ -72,6 +73,9 @@ class NodeRuntime:
     """Called before status is read, so live fields (term, coordinator) are never stale."""
     extensions: dict[type, object] = field(default_factory=dict)
     """Objects installed once per runtime (the HTTP metrics), keyed by their type."""
+    tls: TlsContexts | None = None
+    """The node's TLS contexts (auth tls or hmac+tls), else None: what its peer calls present
+    (node.identity.peer_tls)."""
 
     def refresh(self) -> None:
         for refresh in self.refreshers:

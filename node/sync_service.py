@@ -22,6 +22,7 @@ from health import LoopHealth
 from net import Identity, PeerClient
 from node.component import Endpoint, endpoint, paired
 from node.fence import FenceSource, fence_headers, fenced
+from node.identity.peers import peer_tls
 from node.membership.service import Membership, MemberState
 from node.metrics import FanoutCollector, sync_metrics
 from node.openapi import RouteDoc
@@ -189,6 +190,7 @@ class SyncService:
             secret=self._secret,
             timeouts=settings.timeouts,
             cluster=settings.cluster_name,
+            tls=peer_tls(runtime),
         )
         self._stack.push_async_callback(http.close)
         swarm = SwarmTransport(
@@ -247,6 +249,7 @@ class SyncService:
             timeouts=settings.timeouts.model_copy(
                 update={"http_request_s": settings.timeouts.sync_s}
             ),
+            tls=peer_tls(runtime),
         )
         self._stack.push_async_callback(self._peers.close)
         self.catalog = catalog

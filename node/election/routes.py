@@ -23,7 +23,7 @@ from health import (
     CircuitOpenError,
     CircuitState,
 )
-from net import Identity, NetError, PeerClient, map_peer_errors
+from net import Identity, NetError, PeerClient, PeerTls, map_peer_errors
 from node.election.elector import Elector
 from node.election.messages import (
     ElectionError,
@@ -280,9 +280,11 @@ class HttpElectionTransport:
         breakers: BreakerRegistry | None = None,
         breaker_config: BreakerConfig | None = None,
         cluster: str | None = None,
+        tls: PeerTls | None = None,
     ) -> None:
         self.node_id = node_id
         self._cluster = cluster
+        self._tls = tls
         self._breakers = breakers
         self._breaker_config = breaker_config
         self._address_of = address_of
@@ -307,6 +309,7 @@ class HttpElectionTransport:
             self._peers = PeerClient(
                 Identity(self._secret, self.node_id, self._cluster),
                 timeouts=Timeouts(http_request_s=self._timeout_s),
+                tls=self._tls,
                 limit_per_peer=4,
             )
         self._phase = _Phase.OPENED

@@ -33,6 +33,7 @@ from node.election.routes import (
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
 from node.errors import MembershipError
+from node.identity.peers import peer_tls
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
@@ -267,6 +268,7 @@ class ElectionService:
             breakers=runtime.breakers,
             breaker_config=election_breaker_config(runtime.breakers.config, settings.timeouts),
             cluster=settings.cluster_name,
+            tls=peer_tls(runtime),
         )
         await self._stack.enter_async_context(transport)
         adoption_log = None

@@ -9,14 +9,13 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from node.identity.crl import (
-        AUTH_META,
         CRL_NUMBER_HEADER,
         CRL_PATH,
         CrlSpread,
         crl_route_docs,
-        peer_scheme,
     )
     from node.identity.listener import IdentitySite
+    from node.identity.peers import AUTH_META, peer_scheme, peer_tls
     from node.identity.roles import (
         NODE_FENCED,
         NODE_FORBIDDEN,
@@ -31,10 +30,9 @@ else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            "node.identity.crl": (
-                "AUTH_META CRL_NUMBER_HEADER CRL_PATH CrlSpread crl_route_docs peer_scheme"
-            ),
+            "node.identity.crl": "CRL_NUMBER_HEADER CRL_PATH CrlSpread crl_route_docs",
             "node.identity.listener": "IdentitySite",
+            "node.identity.peers": "AUTH_META peer_scheme peer_tls",
             "node.identity.roles": (
                 "NODE_FENCED NODE_FORBIDDEN PUBLIC_ROUTES CertificateGate RoleVerdict open_tls "
                 "role_verdict tls_files"
@@ -56,6 +54,7 @@ __all__ = [
     "crl_route_docs",
     "open_tls",
     "peer_scheme",
+    "peer_tls",
     "role_verdict",
     "tls_files",
 ]

@@ -14,11 +14,12 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from config.settings import AuthMode
 from config.tls.context import TlsContexts
+from net import Identity, NetError, PeerClient
+from node.identity.peers import AUTH_META, peer_scheme, peer_tls
 from node.openapi import TEXT, RouteDoc
 from node.runtime import NodeRuntime
 
@@ -36,22 +37,8 @@ log = logging.getLogger(__name__)
 
 CRL_PATH = "/v1/tls/crl"
 CRL_NUMBER_HEADER = "X-Shoal-Crl-Number"
-AUTH_META = "auth"
-"""The membership meta key in which a node gossips its auth mode, so peers know its scheme."""
 FILE_CHECK_S = 1.0
 """How often the TLS files' mtimes are compared with those in use."""
-
-
-def peer_scheme(own: AuthMode, peer_auth: object) -> str:
-    """`https` or `http` for a call from a node of auth mode `own` to a peer whose membership
-    meta says `peer_auth` (None when it says nothing: a node of an older release, `hmac`).
-    A `tls` node always calls TLS; a `hmac+tls` node calls TLS to peers that serve it and
-    signed plain HTTP to the others (the rolling migration); a `hmac` node calls plain HTTP."""
-    if own is AuthMode.TLS:
-        return "https"
-    if own is AuthMode.HMAC_TLS and peer_auth in (AuthMode.TLS.value, AuthMode.HMAC_TLS.value):
-        return "https"
-    return "http"
 
 
 def crl_route_docs() -> list[RouteDoc]:
@@ -77,7 +64,7 @@ class CrlSpread:
         self._contexts = contexts
         self._interval_s = interval_s
         self._tasks: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
+        self._client: PeerClient | None = None
         self._warned: set[str] = set()
         self._sighup = False
         self.fetches = 0
@@ -103,8 +90,13 @@ class CrlSpread:
         )
 
     def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._runtime.settings.timeouts.http_request_s)
-        self._session = aiohttp.ClientSession(timeout=timeout)
+        runtime = self._runtime
+        self._client = PeerClient(
+            Identity(None, runtime.node_id, runtime.settings.cluster_name),
+            timeouts=runtime.settings.timeouts,
+            tls=peer_tls(runtime),
+            limit_per_peer=2,
+        )
         self._tasks = [
             asyncio.create_task(self._watch_files(), name="tls-file-watch"),
             asyncio.create_task(self._spread(), name="tls-crl-spread"),
@@ -131,9 +123,9 @@ class CrlSpread:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        peers, self._client = self._client, None
+        if peers is not None:
+            await peers.close()
 
     async def _watch_files(self) -> None:
         while True:
@@ -171,36 +163,33 @@ class CrlSpread:
         log.log(level, message, *args)
 
     async def _fetch(self, member: Any) -> None:
-        session = self._session
-        if session is None:
+        peers = self._client
+        if peers is None:
             return
         host = f"[{member.address}]" if ":" in member.address else member.address
-        url = f"https://{host}:{member.port}{CRL_PATH}"
+        address = f"{host}:{member.port}"
+        url = peers.base_url(address) + CRL_PATH
         number = self._contexts.material.crl_number
         self.fetches += 1
         try:
-            async with session.get(
-                url,
-                params={"after": str(number)},
-                ssl=self._contexts.client_context(),
-                server_hostname=member.node_id,
-            ) as response:
-                if response.status == 204:
-                    self._warned.discard(member.node_id)
-                    return
-                body = await response.read()
-                if response.status != 200:
-                    self._note(
-                        member.node_id,
-                        "CRL of %s: %s answered %d: %s",
-                        member.node_id,
-                        url,
-                        response.status,
-                        body[:200].decode("utf-8", "replace"),
-                    )
-                    return
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            answer = await peers.request(
+                "GET", address, CRL_PATH, params={"after": str(number)}, check=False
+            )
+        except NetError as exc:
             self._note(member.node_id, "CRL of %s (%s) not fetched: %s", member.node_id, url, exc)
             return
+        if answer.status == 204:
+            self._warned.discard(member.node_id)
+            return
+        if answer.status != 200:
+            self._note(
+                member.node_id,
+                "CRL of %s: %s answered %d: %s",
+                member.node_id,
+                url,
+                answer.status,
+                answer.body[:200].decode("utf-8", "replace"),
+            )
+            return
         self._warned.discard(member.node_id)
-        self._contexts.install_crl(body, member.node_id)
+        self._contexts.install_crl(answer.body, member.node_id)

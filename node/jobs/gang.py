@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from net import Identity, PeerClient, PeerRequestError, split_url
 from node.errors import BodyError
 from node.fence import fence_headers
+from node.identity.peers import peer_tls
 from node.jobs.drain import refuse_if_draining
 from node.jobs.records import (
     GangMember,
@@ -568,4 +569,4 @@ class GangService:
         if self._peers is not None:
             return
         identity = Identity(self._secret, self.runtime.node_id, self.runtime.settings.cluster_name)
-        self._peers = PeerClient(identity, timeouts=self._timeouts)
+        self._peers = PeerClient(identity, timeouts=self._timeouts, tls=peer_tls(self.runtime))

@@ -20,6 +20,7 @@ from node.audit.entries import record_audit
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError
 from node.errors import KeyringRefused as KeyringRefused
+from node.identity.peers import peer_tls
 from node.keyring.docs import (
     KEYRING_PATH,
     LOCAL_PATH,
@@ -101,7 +102,7 @@ class KeyringRoutes:
     async def open(self) -> None:
         settings = self.runtime.settings
         identity = Identity(self._secret, self.runtime.node_id, settings.cluster_name)
-        self._client = PeerClient(identity, timeouts=settings.timeouts)
+        self._client = PeerClient(identity, timeouts=settings.timeouts, tls=peer_tls(self.runtime))
 
     async def close(self) -> None:
         """Close the peer client. Idempotent."""

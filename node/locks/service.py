@@ -24,6 +24,7 @@ from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.audit.routes import audited_lock_route
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError
+from node.identity.peers import peer_tls
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
     LOCK_ANSWER,
@@ -244,6 +245,7 @@ class LockService:
         self._peers = PeerClient(
             Identity(self._secret, self.runtime.node_id, self.runtime.settings.cluster_name),
             timeouts=timeouts,
+            tls=peer_tls(self.runtime),
         )
         peers = HttpPeers(self.url_of, self._peers)
         self._quorum = QuorumTable(

@@ -17,6 +17,7 @@ from net import Identity, PeerClient, PeerRequestError
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError
 from node.errors import RegistryError as RegistryError
+from node.identity.peers import peer_tls
 from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
 from node.runtime import NodeRuntime
 
@@ -298,7 +299,9 @@ class ActorRoutes:
         if self._peers is None:
             settings = self.runtime.settings
             identity = Identity(self._secret, self.runtime.node_id, settings.cluster_name)
-            self._peers = PeerClient(identity, timeouts=settings.timeouts)
+            self._peers = PeerClient(
+                identity, timeouts=settings.timeouts, tls=peer_tls(self.runtime)
+            )
         try:
             status, answer = await self._peers.call_json(
                 request.method,

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from health.errors import FetchError, fetch_error, http_fetch_error
 from health.monitor.client import node_url
 from health.monitor.model import NodeStatusDoc, parse_status
-from net import Identity, PeerRequestError
+from net import Identity, PeerRequestError, PeerTls
 from net import PeerClient as NetClient
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,11 @@ class PeerClient:
     one, the cluster's name). Errors map as cluster_monitor's do: FetchError with the reason a
     row shows."""
 
-    def __init__(self, secret: bytes | None, node_id: str, cluster: str | None) -> None:
+    def __init__(
+        self, secret: bytes | None, node_id: str, cluster: str | None, *, tls: PeerTls | None = None
+    ) -> None:
         self._identity = Identity(secret, node_id, cluster)
+        self._tls = tls
         self._peers: NetClient | None = None
 
     async def get_json(
@@ -173,7 +176,7 @@ class PeerClient:
         """The JSON body of GET `path` on `peer`; None for a 404 whose code is `none_for`;
         FetchError otherwise. The caller bounds the time (PeerFanout's timeout)."""
         if self._peers is None:
-            self._peers = NetClient(self._identity, limit_per_peer=4)
+            self._peers = NetClient(self._identity, tls=self._tls, limit_per_peer=4)
         try:
             response = await self._peers.request(
                 "GET", node_url(peer.address, peer.port), path, params=params, check=False

@@ -16,6 +16,7 @@ from typing import Any
 
 from health.gpu import GpuInfo
 from health.monitor.model import NodeStatusDoc, parse_status
+from node.identity.peers import peer_tls
 from node.jobs.service import JobService
 from node.locks.service import LockService
 from node.plan import RolePlan
@@ -56,7 +57,9 @@ class ClusterPeers:
     def __init__(self, sources: UiSources, interval_s: float) -> None:
         runtime = sources.runtime
         self._sources = sources
-        self._client = PeerClient(sources.secret, runtime.node_id, runtime.settings.cluster_name)
+        self._client = PeerClient(
+            sources.secret, runtime.node_id, runtime.settings.cluster_name, tls=peer_tls(runtime)
+        )
         timeout_s = runtime.settings.timeouts.peer_status_s
         client = self._client
         self.status: PeerFanout[NodeStatusDoc] = PeerFanout(

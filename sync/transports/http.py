@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from config import Timeouts
-from net import Identity, NetError, PeerClient
+from net import Identity, NetError, PeerClient, PeerTls
 from sync.errors import (
     ContentMismatchError,
     FileSyncError,
@@ -79,7 +79,8 @@ class HttpTransport:
 
     Requests are signed when `secret` is set and name `cluster` (X-Shoal-Cluster) when set.
     `streams` range requests run at once for a file of at least `parallel_min_bytes`;
-    `bandwidth_bytes_per_s` caps all downloads together.
+    `bandwidth_bytes_per_s` caps all downloads together. `tls` is net's per-peer TLS choice
+    (a node's peer_tls), None: plain http.
     """
 
     name = "http"
@@ -95,8 +96,10 @@ class HttpTransport:
         parallel_min_bytes: int = 64 << 20,
         page_limit: int = DEFAULT_PAGE_LIMIT,
         cluster: str | None = None,
+        tls: PeerTls | None = None,
     ) -> None:
         self._timeouts = timeouts if timeouts is not None else Timeouts()
+        self._tls = tls
         self._node_id = node_id or "shoal"
         self._secret = secret
         self._cluster = cluster
@@ -129,6 +132,7 @@ class HttpTransport:
             self._client = PeerClient(
                 Identity(self._secret, self._node_id, self._cluster),
                 timeouts=self._timeouts,
+                tls=self._tls,
                 auto_decompress=False,
                 read_bufsize=READ_BUFFER_BYTES,
             )

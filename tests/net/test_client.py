@@ -327,6 +327,31 @@ async def test_the_tls_seam_switches_the_scheme() -> None:
     assert mock.calls[0].base == "https://10.0.0.7:8770"
 
 
+async def test_the_per_peer_tls_choice_picks_the_scheme_and_the_name() -> None:
+    import ssl
+
+    context = ssl.create_default_context()
+    asked: list[str] = []
+
+    def choose(netloc: str) -> tuple[ssl.SSLContext, str] | None:
+        asked.append(netloc)
+        return (context, "node-b") if netloc.startswith("10.0.0.7") else None
+
+    mock = MockTransport(_ok)
+    async with PeerClient(tls=choose, transport=mock) as client:
+        # the choice wins over the scheme a caller wrote
+        assert client.base_url(f"http://{PEER}/") == "https://10.0.0.7:8770"
+        assert client.base_url("10.0.0.8:8770") == "http://10.0.0.8:8770"
+        assert client.base_url("https://10.0.0.8:8770") == "https://10.0.0.8:8770"
+        await client.get_json(URL, "/v1/status")
+        await client.get_json("10.0.0.8:8770", "/v1/status")
+    assert "10.0.0.7:8770" in asked
+    assert mock.calls[0].base == "https://10.0.0.7:8770"
+    assert mock.calls[0].tls == (context, "node-b")
+    assert mock.calls[1].base == "http://10.0.0.8:8770"
+    assert mock.calls[1].tls is None
+
+
 async def test_readexactly_past_the_end_is_an_answer_cut_short() -> None:
     mock = MockTransport(lambda request: PeerResponse(200, {}, b"abc"))
     async with PeerClient(transport=mock) as client, client.stream("GET", PEER, "/f") as stream:

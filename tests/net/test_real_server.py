@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from aiohttp import web
@@ -194,3 +194,42 @@ async def test_a_silent_stream_times_out_unless_its_reads_are_unbounded() -> Non
             assert not done  # three read timeouts later it still waits
             released.set()
             assert await reader == b"late line\n"
+
+
+async def test_the_per_peer_tls_choice_checks_the_peers_name(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The handshake checks the name the choice gives, not the address called: a node
+    certificate also valid for 127.0.0.1 is refused under another node's name."""
+    import ssl
+
+    from tests.node.tls_pki import make_pki
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.json_response({"method": request.method})
+
+    pki = make_pki(tmp_path_factory.mktemp("pki"), nodes=("node-x",))
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(pki.cert("node-x"), pki.key("node-x"))
+    app = web.Application()
+    app.router.add_get("/v1/hello", hello)
+    test_server = TestServer(app, host="127.0.0.1", port=0)
+    await test_server.start_server(ssl=served)
+    try:
+        address = _address(test_server)
+        client_context = pki.client("alice")
+        async with PeerClient(tls=lambda _: (client_context, "node-x")) as peers:
+            answer = await peers.get_json(address, "/v1/hello")
+            assert answer == {"method": "GET"}
+            assert list(_sessions(peers)) == [f"https://{address}"]
+        async with PeerClient(tls=lambda _: (client_context, "node-y")) as peers:
+            with pytest.raises(PeerRequestError, match="node-y"):
+                await peers.get_json(address, "/v1/hello")
+    finally:
+        await test_server.close()
+
+
+def _sessions(peers: PeerClient) -> Mapping[str, object]:
+    transport = peers.transport
+    assert isinstance(transport, AiohttpTransport)
+    return transport.sessions
