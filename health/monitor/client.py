@@ -183,9 +183,19 @@ class ClusterMonitor:
             raise MonitorError("this ClusterMonitor is closed; make a new one")
         if self._state is _State.OPENED:
             return
+        from config import ConfigError
+        from config.tls.client import operator_context
         from net import Identity, PeerClient  # here: `cluster_monitor --help` loads no aiohttp
 
-        self._client = PeerClient(Identity(self._secret, self._client_id), limit_per_peer=4)
+        try:
+            context = operator_context()  # SHOAL_TLS_CERT/_KEY/_CA: https to auth tls nodes
+        except ConfigError as exc:
+            raise MonitorError("; ".join(exc.problems)) from exc
+        self._client = PeerClient(
+            Identity(self._secret, self._client_id),
+            limit_per_peer=4,
+            ssl_context=lambda: context,
+        )
         self._state = _State.OPENED
 
     async def close(self) -> None:

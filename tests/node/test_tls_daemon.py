@@ -486,3 +486,21 @@ async def test_the_client_context_refuses_a_revoked_or_misnamed_server(tmp_path:
         refusal = await handshake("a")
         assert refusal is not None
         assert refusal[0] is RefusalReason.REVOKED, refusal
+
+
+async def test_cluster_monitor_reads_a_tls_node_with_a_reader_certificate(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from health.monitor.client import ClusterMonitor
+
+    async with NodeDaemon(_settings(tmp_path, pki)) as daemon:
+        url = f"http://127.0.0.1:{daemon.port}"
+        async with ClusterMonitor([url], timeout_s=5.0) as plain:
+            row = (await plain.get_cluster_status()).nodes[0]
+            assert row.error is not None, "a TLS node does not answer plain HTTP from a monitor"
+        monkeypatch.setenv("SHOAL_TLS_CERT", str(pki.cert("rita")))
+        monkeypatch.setenv("SHOAL_TLS_KEY", str(pki.key("rita")))
+        monkeypatch.setenv("SHOAL_TLS_CA", str(pki.ca_cert))
+        async with ClusterMonitor([url], timeout_s=5.0) as monitor:
+            status = await monitor.get_cluster_status()
+            assert [(n.node_id, n.error) for n in status.nodes] == [("a", None)]
