@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import getpass
 import socket
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-from config import HostEntry, Inventory
+from config import AsyncClosing, HostEntry, Inventory
 from net import Identity, PeerClient, PeerRequestError
 from node.ssh.deploy import DeployResult
 from node.ssh.rolling import MemberStatus
@@ -57,7 +56,7 @@ def deploy_record(result: DeployResult, *, rolling: bool) -> dict[str, Any] | No
     return body
 
 
-class HttpClusterProbe:
+class HttpClusterProbe(AsyncClosing):
     """Signed GETs of members' status and peers, and POSTs of deploy records through net's
     peer client; every request bounded by `timeout_s`. An async context manager."""
 
@@ -73,17 +72,6 @@ class HttpClusterProbe:
         identity = Identity(secret, sender or f"cli-{socket.gethostname()}")
         self._client = PeerClient(identity)
         self._timeout_s = timeout_s
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the peer client's sessions (idempotent)."""
