@@ -21,8 +21,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/daemon.py",
         "node/election/service.py:ElectionService.start",
         "node/jobs/client.py",
-        "node/jobs/gang.py",
-        "node/jobs/gang.py:GangService._start_members",
         "node/jobs/records.py:parse_job_request",
         "node/jobs/routes.py:job_route_docs",
         "node/jobs/service.py",
