@@ -31,7 +31,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/rl/publisher.py:WeightPublisher.publish",
         "node/rl/receiver.py:WeightReceiver.receive_into",
         "node/routes.py:status_document",
-        "node/runs/service.py",
         "node/security.py:auth_middleware",
         "node/sync_service.py",
         "node/sync_service.py:SyncService.open",
