@@ -26,8 +26,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/jobs/service.py",
         "node/jobs/transport.py:log_chunks_async",
         "node/locks/client.py:cluster_lock",
-        "node/locks/service.py",
-        "node/locks/service.py:LockService.docs",
         "node/rl/publisher.py:WeightPublisher.publish",
         "node/rl/receiver.py:WeightReceiver.receive_into",
         "node/routes.py:status_document",
