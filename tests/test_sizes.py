@@ -30,8 +30,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/rl/receiver.py:WeightReceiver.receive_into",
         "node/routes.py:status_document",
         "node/security.py:auth_middleware",
-        "node/sync_service.py",
-        "node/sync_service.py:SyncService.open",
         "sync/records/pull.py:pull_records",
     }
 )
