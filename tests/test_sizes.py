@@ -20,7 +20,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "config/tls/context.py:load_material",
         "node/daemon.py",
         "node/election/service.py:ElectionService.start",
-        "node/jobs/client.py",
         "node/jobs/records.py:parse_job_request",
         "node/jobs/routes.py:job_route_docs",
         "node/jobs/service.py",
