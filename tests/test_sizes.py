@@ -22,7 +22,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/election/service.py:ElectionService.start",
         "node/jobs/records.py:parse_job_request",
         "node/jobs/routes.py:job_route_docs",
-        "node/jobs/service.py",
         "node/jobs/transport.py:log_chunks_async",
         "node/locks/client.py:cluster_lock",
         "node/rl/publisher.py:WeightPublisher.publish",
