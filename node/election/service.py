@@ -48,7 +48,7 @@ STORAGE_NOTE = "election: "
 """Prefix of the /v1/status note saying why the election state cannot be stored."""
 
 RUN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""A run's name (node.rl.service.RUN_PATTERN, which checks it)."""
+"""A run's name (node.rl.docs.RUN_PATTERN, which checks it)."""
 
 RENDEZVOUS_SCHEMA = {
     "type": "object",
