@@ -21,7 +21,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/daemon.py",
         "node/election/service.py:ElectionService.start",
         "node/jobs/records.py:parse_job_request",
-        "node/jobs/transport.py:log_chunks_async",
         "node/locks/client.py:cluster_lock",
         "node/rl/publisher.py:WeightPublisher.publish",
         "node/rl/receiver.py:WeightReceiver.receive_into",
