@@ -20,7 +20,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "config/tls/context.py:load_material",
         "node/daemon.py",
         "node/election/service.py:ElectionService.start",
-        "node/locks/client.py:cluster_lock",
         "node/rl/publisher.py:WeightPublisher.publish",
         "node/rl/receiver.py:WeightReceiver.receive_into",
         "node/routes.py:status_document",
