@@ -21,7 +21,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "node/daemon.py",
         "node/election/service.py:ElectionService.start",
         "node/rl/publisher.py:WeightPublisher.publish",
-        "node/rl/receiver.py:WeightReceiver.receive_into",
         "node/routes.py:status_document",
         "node/security.py:auth_middleware",
         "sync/records/pull.py:pull_records",
