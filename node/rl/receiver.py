@@ -20,9 +20,8 @@ from node.rl.broadcast import DEFAULT_BUCKET_BYTES, receive_weights, torch_distr
 from node.rl.client import call, post_digested
 from node.rl.digest import Digest, HostStaging, WeightsDigest, hash_pool
 from node.rl.files import load_weights_file, weights_files
-from node.rl.group import device_of, new_weights_group
+from node.rl.group import device_of, fetch_weights_rendezvous, new_weights_group, store_key_prefix
 from node.rl.offers import WeightsOffer
-from node.rl.publisher import fetch_weights_rendezvous, store_key_prefix
 from node.training.rendezvous import daemon_endpoint
 
 log = logging.getLogger(__name__)
