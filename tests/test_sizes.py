@@ -20,7 +20,6 @@ STILL_OVER: frozenset[str] = frozenset(
         "config/tls/context.py:load_material",
         "node/daemon.py",
         "node/election/service.py:ElectionService.start",
-        "node/security.py:auth_middleware",
         "sync/records/pull.py:pull_records",
     }
 )
