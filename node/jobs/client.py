@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from config import NodeSettings, load_inventory, load_settings, read_secret_file
-from node.jobs.specs import DeploySpec, JobSpec, make_job_state, new_job_id, start_body
+from node.jobs.specs import DeploySpec as DeploySpec
+from node.jobs.specs import JobSpec as JobSpec
+from node.jobs.specs import make_job_state as make_job_state
+from node.jobs.specs import new_job_id, start_body
 from node.jobs.transport import (
     ENDED_STATES,
     Endpoint,

@@ -24,7 +24,6 @@ from node.component import Check, Endpoint, paired
 from node.errors import LockError
 from node.locks.docs import (
     ACCEPT_PATH,
-    LOCKS_PATH,
     MAX_WAIT_S,
     PREPARE_PATH,
     AcceptBody,
@@ -38,6 +37,9 @@ from node.locks.docs import (
     lock_name,
     lock_route_docs,
     parse_lock_body,
+)
+from node.locks.docs import (
+    LOCKS_PATH as LOCKS_PATH,
 )
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
