@@ -16,106 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from config.errors import ConfigError
 from config.fields import Category, ListenPort, NodeId, Port, Role
 from config.gpus import GpuSelection, NprocSetting
+from config.sections import DEFAULT_DELETIONS as DEFAULT_DELETIONS
+from config.sections import DEFAULT_TOMBSTONE_TTL_S as DEFAULT_TOMBSTONE_TTL_S
+from config.sections import RECORD_CATEGORIES
+from config.sections import AutostopSettings as AutostopSettings
+from config.sections import DeletionPolicy as DeletionPolicy
+from config.sections import JobSettings as JobSettings
+from config.sections import LogFormat as LogFormat
+from config.sections import ResultsSettings as ResultsSettings
+from config.sources import flatten_settings, put_setting, source_of
 from config.timeouts import Timeouts
 from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping
-
-
-class LogFormat(StrEnum):
-    TEXT = "text"
-    JSON = "json"
-
-
-class ResultsSettings(BaseModel):
-    """The `results:` section: where runs put the files they collect."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    backend: Literal["local", "s3"] = Field(
-        "local",
-        description="`local`: a directory on the coordinator's host; `s3`: an S3-compatible store.",
-    )
-    path: Path | None = Field(None, description="local: the directory (default DATA_DIR/results).")
-    node: str | None = Field(
-        None,
-        description="local: the node whose directory holds the results (the coordinator asks it "
-        "to fetch each file from its member); unset: the coordinator's host.",
-    )
-    endpoint_url: str | None = Field(None, description="s3: the store's URL (None: AWS).")
-    bucket: str | None = Field(None, description="s3: the bucket (required for s3).")
-    prefix: str = Field("", description="s3: a key prefix before runs/<run_id>/<node>/.")
-    credentials_file: Path | None = Field(
-        None, description="s3: AWS-style credentials file ([default] aws_access_key_id, ...)."
-    )
-    region: str = Field("us-east-1", description="s3: the region name.")
-
-    @model_validator(mode="after")
-    def _s3_needs_bucket(self) -> ResultsSettings:
-        if self.backend == "s3" and (not self.bucket or self.credentials_file is None):
-            raise ValueError("results.backend s3 needs results.bucket and results.credentials_file")
-        if self.backend != "local" and self.node is not None:
-            raise ValueError("results.node names where a `local` store lives; drop it for s3")
-        return self
-
-
-class JobSettings(BaseModel):
-    """The `jobs:` section: limits and identity of commands run through the job API."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_log_bytes: int = Field(
-        1 << 30,
-        gt=0,
-        description="Per job and stream: output beyond this is dropped (said in the record).",
-    )
-    allowed_programs: tuple[str, ...] | None = Field(
-        None,
-        description="Programs (argv[0], a name or an absolute path) jobs may run; others 403. "
-        "Unset: any.",
-    )
-    run_as: str | None = Field(None, description="User that runs jobs when the daemon is root.")
-    gang_failure: Literal["kill", "keep"] = Field(
-        "kill", description="When one member of a gang job fails: kill the others, or keep them."
-    )
-    kill_grace_s: float = Field(
-        10.0, ge=0, description="Default grace between TERM and KILL (kill and timeout_s)."
-    )
-
-
-class AutostopSettings(BaseModel):
-    """The `autostop:` section: stop (or release) this node through its provider once idle for
-    `idle_minutes` (no job, no run lock, every GPU below `gpu_util_threshold`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    idle_minutes: float = Field(
-        ..., gt=0, description="Idle window in minutes (fractions allowed: 0.5 is 30 s)."
-    )
-    action: Literal["stop", "release"] = Field(
-        "stop",
-        description="`stop` keeps the node acquired (its disk stays); `release` gives it up.",
-    )
-    gpu_util_threshold: float = Field(
-        5.0, ge=0, le=100, description="A GPU at or above this utilisation (percent) is busy."
-    )
-    dry_run: bool = Field(False, description="Only log and audit what it would do.")
-    check_interval_s: float | None = Field(
-        None,
-        gt=0,
-        description="Seconds between idle checks (default: a tenth of the window, at most 30).",
-    )
-
-
-DeletionPolicy = Literal["keep", "propagate"]
-DEFAULT_DELETIONS: dict[Category, DeletionPolicy] = {
-    Category.MODELS: "keep",
-    Category.TRAINING: "keep",
-    Category.CONFIGS: "propagate",
-    Category.GAMES: "keep",
-    Category.ROLLOUTS: "keep",
-}
-"""The deletion policy of each category when `sync_categories` does not name it."""
-RECORD_CATEGORIES = (Category.GAMES, Category.ROLLOUTS)
-DEFAULT_TOMBSTONE_TTL_S = 7 * 86400.0
 
 
 class AuthMode(StrEnum):
@@ -449,52 +360,6 @@ class LoadedSettings:
     config_file: Path | None
 
 
-def _put(target: dict[str, Any], dotted: str, value: Any) -> None:
-    head, _, rest = dotted.partition(".")
-    if rest:
-        inner = target.setdefault(head, {})
-        if not isinstance(inner, dict):
-            inner = {}
-            target[head] = inner
-        _put(inner, rest, value)
-    else:
-        target[head] = value
-
-
-NESTED_SECTIONS = ("timeouts", "jobs", "autostop", "tls")
-"""Sections whose fields are set one by one (file lines, flags `jobs.run_as=...`)."""
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if key in NESTED_SECTIONS and isinstance(value, Mapping) and not prefix:
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def _source_of(loc: tuple[str, ...], sources: Mapping[str, str], message: str = "") -> str:
-    """Where the value at `loc` came from. An error of a whole section (the timeout ordering)
-    names the sources of the section's values that its message mentions."""
-    for depth in range(len(loc), 0, -1):
-        name = ".".join(loc[:depth])
-        if name in sources:
-            return sources[name]
-    prefix = ".".join(loc) + "." if loc else ""
-    inside = {k: v for k, v in sources.items() if k.startswith(prefix) and prefix}
-    named = [v for k, v in inside.items() if k.rsplit(".", 1)[-1] in message]
-    named = named or list(inside.values())
-    if named:
-        kinds = {v.split(":", 1)[0] for v in named}
-        if kinds == {"file"}:
-            return "file:" + ", ".join(v.removeprefix("file:") for v in named)
-        return named[0]
-    return "default"
-
-
 def load_settings(
     config_file: Path | str | None = None,
     env: Mapping[str, str] | None = None,
@@ -515,17 +380,17 @@ def load_settings(
     doc: YamlDocument | None = None
     if path is not None:
         doc = load_yaml_mapping(path, "config file")
-        for name, value in _flatten(doc.data).items():
-            _put(merged, name, value)
+        for name, value in flatten_settings(doc.data).items():
+            put_setting(merged, name, value)
             sources[name] = f"file:{doc.where(name.split('.'))}"
     for var, name in ENV_VARS.items():
         if var in env and env[var] != "":
-            _put(merged, name, env[var])
+            put_setting(merged, name, env[var])
             sources[name] = f"env:{var}"
     for name, value in flags.items():
         if value is None:
             continue
-        _put(merged, name, value)
+        put_setting(merged, name, value)
         sources[name] = "flag"
     try:
         settings = NodeSettings.model_validate(merged)
@@ -533,7 +398,7 @@ def load_settings(
         problems = []
         for error in exc.errors():
             loc = tuple(str(part) for part in error.get("loc", ()))
-            source = _source_of(loc, sources, str(error.get("msg", "")))
+            source = source_of(loc, sources, str(error.get("msg", "")))
             where = {"default": "settings", "flag": "command line"}.get(source, source)
             where = where.removeprefix("file:").replace("env:", "environment variable ")
             problems.append(f"{where}: {describe_error(NodeSettings, error)}")
@@ -551,6 +416,6 @@ def describe_settings(loaded: LoadedSettings) -> list[tuple[str, Any, str]]:
     """(setting, value, source) rows for `shoal config show`; nested timeouts flattened."""
     rows: list[tuple[str, Any, str]] = []
     dumped = loaded.settings.model_dump(mode="json")
-    for name, value in _flatten(dumped).items():
+    for name, value in flatten_settings(dumped).items():
         rows.append((name, value, loaded.sources.get(name, "default")))
     return rows

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-import ifaddr
 from aiohttp import web
 
 from config import (
@@ -32,7 +31,6 @@ from config import (
 )
 from health import (
     BreakerRegistry,
-    CheckFn,
     CheckResult,
     DiskWrites,
     GpuReader,
@@ -45,7 +43,6 @@ from health import (
     wal_backlog_check,
     wal_check,
 )
-from node.addresses import choose_interfaces
 from node.boot import (
     Secrets,
     advertise_address,
@@ -56,20 +53,20 @@ from node.boot import (
     resolve_node_id,
 )
 from node.component import Check, Component, Served, checks_of, enter, paired
-from node.discovery.candidates import Advert
 from node.discovery.feed import Discovery
+from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
-from node.errors import DiscoveryError, StartupError
+from node.errors import StartupError
 from node.identity import (
     AUTH_META,
-    CertificateGate,
     CrlSpread,
-    IdentitySite,
     crl_route_docs,
     open_tls,
 )
+from node.identity.api import api_identity, api_site
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
+from node.membership.checks import membership_check
 from node.membership.keyring import GossipKeys, KeyringError
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
@@ -94,26 +91,6 @@ MAX_REQUEST_LINE_BYTES = 256 * 1024
 DISCOVERY_REFEED_S = 3.0
 """How often inventory hosts and seeds are offered to membership again (a seed that started
 after us is found within this time; each offer costs at most a few datagrams per host)."""
-
-
-def membership_check(membership: Membership) -> CheckFn:
-    """Degraded while this node's own Lifeguard health score says it misses acks or stalls."""
-
-    async def check() -> CheckResult:
-        score = membership.local_health
-        stalls = membership.stall_count
-        dropped = sum(membership.transport_stats().dropped.values())
-        metrics = {"local_health": float(score), "stalls": float(stalls), "dropped": float(dropped)}
-        if score > 0 or stalls > 0:
-            message = (
-                f"local health score {score}, {stalls} recent event-loop stalls: this node "
-                "is slow to answer probes (CPU starved or blocked loop)"
-            )
-            return CheckResult(HealthStatus.DEGRADED, message, metrics)
-        counts = membership.counts()
-        return CheckResult(HealthStatus.HEALTHY, f"{counts.get('alive', 0)} members alive", metrics)
-
-    return check
 
 
 class NodeDaemon:
@@ -331,7 +308,19 @@ class NodeDaemon:
             known_node=self._known_node,
             cluster=runtime.settings.cluster_name,
         )
-        identity, crl = self._identity(runtime, self._election)
+        election = self._election
+        identity, crl = api_identity(
+            runtime,
+            self.tls,
+            lambda: (
+                election.elector.plan.fence
+                if election.elector is not None and election.elector.plan is not None
+                else None
+            ),
+        )
+        if crl is not None:
+            self.crl_spread = crl
+            self._stack.push_async_callback(crl.close)
         if crl is not None:
             self.components = (*self.components, Served(paired(crl.routes(), crl_route_docs())))
         app = build_app(
@@ -353,7 +342,7 @@ class NodeDaemon:
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
         self._stack.push_async_callback(parts.dashboard.close)  # open event streams end first
-        site = self._site(runner, identity)
+        site = api_site(runner, runtime.settings, identity)
         try:
             await site.start()
         except OSError as exc:
@@ -369,43 +358,6 @@ class NodeDaemon:
         runtime.port = self.port
         if crl is not None:
             crl.start()
-
-    def _identity(
-        self, runtime: NodeRuntime, election: ElectionService
-    ) -> tuple[CertificateGate | None, CrlSpread | None]:
-        """With TLS: the certificate and role checks of the API, and the CRL spread."""
-        settings = runtime.settings
-        if self.tls is None or settings.tls is None:
-            return None, None
-        gate = CertificateGate(
-            self.tls,
-            settings.auth_mode,
-            lambda: (
-                election.elector.plan.fence
-                if election.elector is not None and election.elector.plan is not None
-                else None
-            ),
-            runtime.metrics.registry if runtime.metrics is not None else None,
-        )
-        crl = CrlSpread(runtime, self.tls, settings.tls.crl_refresh_s)
-        self.crl_spread = crl
-        self._stack.push_async_callback(crl.close)
-        return gate, crl
-
-    def _site(self, runner: web.AppRunner, identity: CertificateGate | None) -> web.BaseSite:
-        """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it."""
-        settings = self.settings
-        if identity is None:
-            return web.TCPSite(runner, settings.bind, settings.port)
-        return IdentitySite(
-            runner,
-            settings.bind,
-            settings.port,
-            contexts=identity.contexts,
-            mode=settings.auth_mode,
-            plain_ok=settings.secret_file is not None,
-            refused=identity.refused,
-        )
 
     async def _start_membership(self, runtime: NodeRuntime, secrets: Secrets) -> Membership:
         """Membership over UDP on the API's port number, fed by discovery."""
@@ -447,34 +399,14 @@ class NodeDaemon:
         self, runtime: NodeRuntime, membership: Membership, inventory: Inventory | None
     ) -> Discovery:
         """mDNS, inventory and seeds feed candidates to membership."""
-        settings = runtime.settings
-        advert = Advert(
-            node_id=runtime.node_id,
-            cluster=settings.cluster_name,
-            version=runtime.version,
-            port=self.port,
-            addresses=(runtime.address,),
+        return await open_discovery(
+            self._stack,
+            runtime,
+            self.port,
+            lambda candidate: membership.add_candidate(candidate.address, candidate.port),
+            inventory,
+            DISCOVERY_REFEED_S,
         )
-        interfaces = choose_interfaces(ifaddr.get_adapters(), None, settings.bind)
-
-        def make_discovery(mdns: bool) -> Discovery:
-            return Discovery(
-                advert,
-                lambda candidate: membership.add_candidate(candidate.address, candidate.port),
-                mdns=mdns,
-                inventory=inventory,
-                seeds=settings.seeds,
-                timeouts=settings.timeouts,
-                interfaces=interfaces,
-                refeed_interval_s=DISCOVERY_REFEED_S,
-            )
-
-        try:
-            return await self._stack.enter_async_context(make_discovery(settings.mdns))
-        except DiscoveryError as exc:
-            log.error("mDNS discovery is off, inventory and seeds still work: %s", exc)
-            runtime.notes.append(f"mDNS discovery is off: {exc}")
-            return await self._stack.enter_async_context(make_discovery(False))
 
     @staticmethod
     def _busy_jobs(jobs: JobApi) -> int:

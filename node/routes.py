@@ -218,22 +218,29 @@ def _protocol_gaps(runtime: NodeRuntime) -> list[str]:
     return [gap for gap in gaps if gap is not None]
 
 
-async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
-    """The /v1/status document (also what `shoal status` prints)."""
-    runtime.refresh()
-    wal: dict[str, Any] = {"pending": None, "oldest_pending_age_s": None}
-    if runtime.wal is not None:
-        stats = await runtime.wal.stats()
-        wal = {"pending": stats.pending, "oldest_pending_age_s": stats.oldest_pending_age_s}
-    snapshots = runtime.breakers.all_breakers()
-    open_breakers = [
-        f"{snap.peer}/{snap.transport}"
-        for snap in snapshots
-        if snap.state is not CircuitState.CLOSED
+def _breakers_document(runtime: NodeRuntime) -> dict[str, Any]:
+    """The status document's `breakers`: every breaker not closed, as `peer/transport` and in
+    detail."""
+    snapshots = [
+        snap for snap in runtime.breakers.all_breakers() if snap.state is not CircuitState.CLOSED
     ]
-    counts = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
-    if runtime.membership is not None:
-        counts.update(runtime.membership.counts())
+    return {
+        "open": [f"{snap.peer}/{snap.transport}" for snap in snapshots],
+        "details": [
+            {
+                "peer": snap.peer,
+                "transport": snap.transport,
+                "state": snap.state.value,
+                "retry_after_s": snap.retry_after_s,
+            }
+            for snap in snapshots
+        ],
+    }
+
+
+def _health_of(runtime: NodeRuntime) -> tuple[str, list[str]]:
+    """The status document's `health` and `health_problems` (the degraded and unhealthy
+    components)."""
     summary = runtime.health.summary() if runtime.health is not None else None
     health = summary.status.value if summary is not None else "healthy"
     problems = [
@@ -241,6 +248,21 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         for component in (summary.components if summary is not None else ())
         if component.status in (HealthStatus.DEGRADED, HealthStatus.UNHEALTHY)
     ]
+    return health, problems
+
+
+async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
+    """The /v1/status document (also what `shoal status` prints)."""
+    runtime.refresh()
+    wal: dict[str, Any] = {"pending": None, "oldest_pending_age_s": None}
+    if runtime.wal is not None:
+        stats = await runtime.wal.stats()
+        wal = {"pending": stats.pending, "oldest_pending_age_s": stats.oldest_pending_age_s}
+    breakers = _breakers_document(runtime)
+    counts = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
+    if runtime.membership is not None:
+        counts.update(runtime.membership.counts())
+    health, problems = _health_of(runtime)
     notes = [*runtime.notes, *CLOCK_SKEWS.lines(time.time()), *_protocol_gaps(runtime)]
     try:
         gpus = runtime.gpus()
@@ -264,19 +286,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "drain": runtime.drain,
         "members": counts,
         "wal": wal,
-        "breakers": {
-            "open": open_breakers,
-            "details": [
-                {
-                    "peer": snap.peer,
-                    "transport": snap.transport,
-                    "state": snap.state.value,
-                    "retry_after_s": snap.retry_after_s,
-                }
-                for snap in snapshots
-                if snap.state is not CircuitState.CLOSED
-            ],
-        },
+        "breakers": breakers,
         "health": health,
         "health_problems": problems,
         "gpus": gpus,

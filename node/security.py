@@ -224,6 +224,36 @@ async def foreign_cluster_middleware(request: web.Request, handler: Handler) -> 
     )
 
 
+def _bearer_refusal(request: web.Request, policy: AuthPolicy) -> web.Response | None:
+    """None when GET /metrics carries this node's metrics bearer token, else the 401."""
+    if _bearer_ok(request, policy.metrics_token):
+        return None
+    reason = (
+        "this node has no metrics token: set metrics_token_file, or sign the request"
+        if policy.metrics_token is None
+        else "wrong metrics bearer token: it does not match this node's metrics_token_file"
+    )
+    log.debug("refused GET /metrics from %s: %s", request.remote, reason)
+    return json_error(401, reason, code="unauthorized")
+
+
+async def _skew_refusal(request: web.Request, policy: AuthPolicy, exc: SkewError) -> web.Response:
+    """The 401 of a request signed with a skewed clock: `clock_skew` (and the skew recorded)
+    when its signature is otherwise good, else a plain `unauthorized`."""
+    skewed = await _skewed_peer(request, policy, exc.skew_s)
+    if skewed is None:
+        return json_error(401, exc.reason, code="unauthorized")
+    CLOCK_SKEWS.record(skewed, exc.skew_s, time.time())
+    response = json_error(
+        401,
+        f"clock skew: your clock is {exc.skew_s:+.0f} s off this node's (limit "
+        f"{policy.skew_s:.0f} s); signatures refused; fix time sync",
+        code="clock_skew",
+    )
+    response.headers[HEADER_CLOCK_SKEW] = f"{exc.skew_s:+.0f}"
+    return response
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse unsigned or badly signed requests with 401 and a JSON reason.
@@ -243,15 +273,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if request.path == "/metrics" and request.headers.get("Authorization", "").startswith(
         "Bearer "
     ):
-        if _bearer_ok(request, policy.metrics_token):
-            return await handler(request)
-        reason = (
-            "this node has no metrics token: set metrics_token_file, or sign the request"
-            if policy.metrics_token is None
-            else "wrong metrics bearer token: it does not match this node's metrics_token_file"
-        )
-        log.debug("refused GET /metrics from %s: %s", request.remote, reason)
-        return json_error(401, reason, code="unauthorized")
+        refused = _bearer_refusal(request, policy)
+        return refused if refused is not None else await handler(request)
     try:
         check_headers(policy, request.headers, time.time())
         async with policy.body_reads:
@@ -267,18 +290,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             skew_s=policy.skew_s,
         )
     except SkewError as exc:
-        skewed = await _skewed_peer(request, policy, exc.skew_s)
-        if skewed is None:
-            return json_error(401, exc.reason, code="unauthorized")
-        CLOCK_SKEWS.record(skewed, exc.skew_s, time.time())
-        response = json_error(
-            401,
-            f"clock skew: your clock is {exc.skew_s:+.0f} s off this node's (limit "
-            f"{policy.skew_s:.0f} s); signatures refused; fix time sync",
-            code="clock_skew",
-        )
-        response.headers[HEADER_CLOCK_SKEW] = f"{exc.skew_s:+.0f}"
-        return response
+        return await _skew_refusal(request, policy, exc)
     except AuthError as exc:
         log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
         return json_error(401, exc.reason, code="unauthorized")

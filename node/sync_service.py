@@ -15,7 +15,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from config import ConfigError, Inventory, error_body
 from health import LoopHealth
@@ -30,6 +30,16 @@ from node.runtime import NodeRuntime
 from node.security import bad_request, json_error
 from node.ssh.executor import DEFAULT_KNOWN_HOSTS, SSHPool, endpoint_of
 from node.ssh.relay import pooled_connector
+from node.sync_docs import (
+    RUN_PATH,
+    STATUS_PATH,
+    SyncRunBody,
+    run_errors,
+    run_moved,
+    stats_dict,
+    sync_run_doc,
+    sync_status_doc,
+)
 from sync import (
     FILE_CATEGORIES,
     FileCatalog,
@@ -55,94 +65,12 @@ from wal import SYNC_COMPLETED, WalError, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
-RUN_PATH = "/v1/sync/run"
-STATUS_PATH = "/v1/sync/status"
 PULL_SUFFIX = "/pull"
-
-
-def _stats_dict(stats: SyncStats) -> dict[str, Any]:
-    return {**dataclasses.asdict(stats), "errors": list(stats.errors)}
-
-
-def run_errors(result: dict[str, Any]) -> list[str]:
-    """Every error line of a run summary (files, then records)."""
-    errors: list[str] = []
-    for section in ("files", "records"):
-        for name, stats in result.get(section, {}).items():
-            errors.extend(f"{name}: {line}" for line in stats.get("errors", ()))
-    return errors
-
-
-def run_moved(result: dict[str, Any]) -> tuple[int, int]:
-    """(files installed, records inserted) by a run summary."""
-    files = sum(s["files_transferred"] for s in result.get("files", {}).values())
-    records = sum(s["inserted"] for s in result.get("records", {}).values())
-    return files, records
-
-
-class SyncRunBody(BaseModel):
-    """Body of `POST /v1/sync/run` (optional): which categories and stores (default all), from
-    which alive peer (default every one), within how long (default sync_s per file category)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
-
-    categories: list[str] = Field(default_factory=list)
-    source: str | None = Field(default=None, alias="from", description="a node id")
-    timeout_s: float | None = Field(default=None, gt=0, le=86_400)
 
 
 def _forbidden(reason: str) -> web.HTTPForbidden:
     text = json.dumps(error_body(403, reason, "forbidden"))
     return web.HTTPForbidden(text=text, content_type="application/json")
-
-
-RUN_ANSWER = {
-    "type": "object",
-    "required": ["files", "records", "peers"],
-    "properties": {
-        "files": {"type": "object"},
-        "records": {"type": "object"},
-        "peers": {"type": "array", "items": {"type": "string"}},
-        "failed_nodes": {"type": "array", "items": {"type": "string"}},
-        "nodes_synced": {"type": "integer"},
-    },
-}
-STATUS_ANSWER = {
-    "type": "object",
-    "required": ["running", "progress", "last_run", "interval_s", "peers"],
-    "properties": {
-        "running": {"type": "boolean"},
-        "progress": {"type": ["object", "null"]},
-        "last_run": {"type": ["object", "null"]},
-        "interval_s": {"type": ["number", "null"]},
-        "peers": {"type": "array", "items": {"type": "string"}},
-        "deletions": {
-            "type": ["object", "null"],
-            "description": "per file category: policy (keep or propagate) and live tombstones",
-            "additionalProperties": {
-                "type": "object",
-                "required": ["policy", "tombstones"],
-                "properties": {
-                    "policy": {"enum": ["keep", "propagate"]},
-                    "tombstones": {"type": "integer", "minimum": 0},
-                },
-            },
-        },
-        "fanout": {
-            "type": "object",
-            "description": "Per category: file bytes served to peers (served_bytes), piece "
-            "bytes received from peers and from origins",
-            "additionalProperties": {
-                "type": "object",
-                "properties": {
-                    "served_bytes": {"type": "integer"},
-                    "from_peers_bytes": {"type": "integer"},
-                    "from_origin_bytes": {"type": "integer"},
-                },
-            },
-        },
-    },
-}
 
 
 class SyncService:
@@ -203,28 +131,7 @@ class SyncService:
         )
         transports: dict[str, Transport] = {"http": swarm}
         if "rsync" in settings.sync_transports:
-            if self._inventory is None:
-                raise ConfigError(
-                    "sync_transports: rsync needs an inventory (ssh_host, ssh_user, ssh_key of "
-                    "every host); add --inventory or drop rsync"
-                )
-            # rsync's remote shells share one pooled SSH connection per host (idle expiry).
-            pool = SSHPool(
-                settings.ssh_known_hosts or DEFAULT_KNOWN_HOSTS,
-                connect_timeout_s=settings.timeouts.ssh_connect_s,
-            )
-            self._stack.push_async_callback(pool.close)
-            hosts = self._inventory.hosts
-            rsync = RsyncTransport(
-                {n: SshTarget.from_host(h) for n, h in hosts.items()},
-                known_hosts=settings.ssh_known_hosts,
-                timeouts=settings.timeouts,
-                connections=pooled_connector(
-                    pool, {n: endpoint_of(n, h) for n, h in hosts.items()}
-                ),
-            )
-            self._stack.push_async_callback(rsync.close)
-            transports["rsync"] = rsync
+            transports["rsync"] = self._rsync()
         coordinator = SyncCoordinator(
             catalog,
             http,
@@ -254,6 +161,30 @@ class SyncService:
         self._stack.push_async_callback(self._peers.close)
         self.catalog = catalog
         self.coordinator = coordinator
+
+    def _rsync(self) -> RsyncTransport:
+        """The rsync transport over the inventory's hosts (sync_transports names rsync); its
+        remote shells share one pooled SSH connection per host (idle expiry)."""
+        settings = self._runtime.settings
+        if self._inventory is None:
+            raise ConfigError(
+                "sync_transports: rsync needs an inventory (ssh_host, ssh_user, ssh_key of "
+                "every host); add --inventory or drop rsync"
+            )
+        pool = SSHPool(
+            settings.ssh_known_hosts or DEFAULT_KNOWN_HOSTS,
+            connect_timeout_s=settings.timeouts.ssh_connect_s,
+        )
+        self._stack.push_async_callback(pool.close)
+        hosts = self._inventory.hosts
+        rsync = RsyncTransport(
+            {n: SshTarget.from_host(h) for n, h in hosts.items()},
+            known_hosts=settings.ssh_known_hosts,
+            timeouts=settings.timeouts,
+            connections=pooled_connector(pool, {n: endpoint_of(n, h) for n, h in hosts.items()}),
+        )
+        self._stack.push_async_callback(rsync.close)
+        return rsync
 
     def _self_url(self) -> str:
         return f"http://{self._runtime.address}:{self._runtime.port or self._runtime.settings.port}"
@@ -321,38 +252,12 @@ class SyncService:
                 piece_routes(self.catalog, self.pieces, limiter),
                 (RouteDoc(**doc) for doc in piece_route_docs(categories)),
             ),
-            endpoint(web.post(RUN_PATH, self._handle_run), self._run_doc()),
+            endpoint(web.post(RUN_PATH, self._handle_run), sync_run_doc(list(self._stores or {}))),
             endpoint(
                 web.get(STATUS_PATH, self._handle_status),
-                RouteDoc(
-                    "GET",
-                    STATUS_PATH,
-                    "The last sync run, whether one is running, the peers",
-                    response=STATUS_ANSWER,
-                ),
+                sync_status_doc(),
             ),
         ]
-
-    def _run_doc(self) -> RouteDoc:
-        """The doc of POST /v1/sync/run: its `categories` are the file categories and the
-        record stores this node serves."""
-        run_body = SyncRunBody.model_json_schema()
-        stores = list(self._stores or {})
-        run_body["properties"]["categories"]["items"]["enum"] = [*FILE_CATEGORIES, *stores]
-        return RouteDoc(
-            "POST",
-            RUN_PATH,
-            "Sync now (all categories and stores from every alive peer unless narrowed); "
-            "answers the per-category stats, failed_nodes and nodes_synced",
-            (
-                (200, "per-category SyncStats and record pulls"),
-                (400, "unknown category or malformed body"),
-                (404, "`from` is not an alive peer"),
-            ),
-            body=run_body,
-            body_optional=True,
-            response=RUN_ANSWER,
-        )
 
     async def _handle_run(self, request: web.Request) -> web.Response:
         raw = await request.read()
@@ -390,16 +295,7 @@ class SyncService:
 
     def _deletions(self) -> dict[str, Any] | None:
         """Per file category: its deletion policy and how many live tombstones it serves."""
-        catalog = self.catalog
-        if catalog is None:
-            return None
-        return {
-            category: {
-                "policy": "propagate" if catalog.propagates(category) else "keep",
-                "tombstones": len(catalog.served_tombstones(category)),
-            }
-            for category in catalog.categories
-        }
+        return None if self.catalog is None else self.catalog.deletion_summary()
 
     async def run_once(
         self, categories: Sequence[str], peers: Sequence[PeerRef], timeout_s: float | None = None
@@ -424,7 +320,7 @@ class SyncService:
                     budget = timeout_s or self._runtime.settings.timeouts.sync_s * len(files)
                     cluster = await self.coordinator.full_cluster_sync(files, budget, peers)
                     for category, stats in cluster.category_stats.items():
-                        result["files"][category] = _stats_dict(stats)
+                        result["files"][category] = stats_dict(stats)
                         self._count_files(category, stats)
                     failed.update(cluster.failed_nodes)
                 for category in categories:

@@ -161,6 +161,25 @@ def load_material(
             f"a {own.role.value} certificate; a node serves with a node certificate"
             f" (`shoal ca issue {own.name} --role node`)",
         )
+    server, client = _contexts(files, ca_cert, crl)
+    return TlsMaterial(
+        files=files,
+        ca_cert=ca_cert,
+        crl=crl,
+        own=own,
+        server=server,
+        client=client,
+        stamps=stamps,
+        generation=generation,
+    )
+
+
+def _contexts(
+    files: TlsFiles, ca_cert: x509.Certificate, crl: x509.CertificateRevocationList | None
+) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The server context (client certificates asked for, their validity checked per request)
+    and the client context (the server's chain, name and, with a CRL, revocation checked), both
+    presenting the node's certificate."""
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
     server = _base_context(ssl.PROTOCOL_TLS_SERVER)
     client = _base_context(ssl.PROTOCOL_TLS_CLIENT)
@@ -179,16 +198,7 @@ def load_material(
     if crl is not None:
         client.load_verify_locations(cafile=files.crl)
         client.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
-    return TlsMaterial(
-        files=files,
-        ca_cert=ca_cert,
-        crl=crl,
-        own=own,
-        server=server,
-        client=client,
-        stamps=stamps,
-        generation=generation,
-    )
+    return server, client
 
 
 def handshake_refusal(exc: BaseException) -> tuple[RefusalReason, str] | None:

@@ -5,6 +5,7 @@ training launcher (its health, and this node's `cannot_train` meta when it keeps
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -49,7 +50,7 @@ STORAGE_NOTE = "election: "
 """Prefix of the /v1/status note saying why the election state cannot be stored."""
 
 RUN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""A run's name (node.rl.service.RUN_PATTERN, which checks it)."""
+"""A run's name (node.rl.docs.RUN_PATTERN, which checks it)."""
 
 RENDEZVOUS_SCHEMA = {
     "type": "object",
@@ -248,18 +249,7 @@ class ElectionService:
             host = inventory.hosts.get(node_id) if inventory is not None else None
             return (host.address, host.p2p_port) if host is not None else None
 
-        def capabilities() -> list[Any]:
-            return [
-                capabilities_from_meta(
-                    m.node_id,
-                    m.address,
-                    m.meta,
-                    inventory.hosts.get(m.node_id) if inventory is not None else None,
-                )
-                for m in membership.members()
-                if m.state is MemberState.ALIVE
-            ]
-
+        capabilities = functools.partial(_alive_capabilities, membership, inventory)
         transport = HttpElectionTransport(
             runtime.node_id,
             address_of,
@@ -444,3 +434,17 @@ class ElectionService:
             task.cancel()
         await asyncio.gather(*self._launches, return_exceptions=True)
         await self._stack.aclose()
+
+
+def _alive_capabilities(membership: Membership, inventory: Inventory | None) -> list[Any]:
+    """What each alive member can do (its meta, and its inventory entry when there is one)."""
+    return [
+        capabilities_from_meta(
+            m.node_id,
+            m.address,
+            m.meta,
+            inventory.hosts.get(m.node_id) if inventory is not None else None,
+        )
+        for m in membership.members()
+        if m.state is MemberState.ALIVE
+    ]

@@ -10,16 +10,13 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from node.jobs.client import (
-        DeploySpec,
         GPUQuery,
-        JobSpec,
         attach_job,
         attach_job_async,
         download,
         download_async,
         list_jobs,
         list_jobs_async,
-        make_job_state,
         poll_status,
         poll_status_async,
         remove_job,
@@ -49,14 +46,15 @@ if TYPE_CHECKING:
     from node.jobs.roster import gang_master_port, gang_outcome, pick_members
     from node.jobs.routes import JobRoutes, job_route_docs
     from node.jobs.service import JobService
+    from node.jobs.specs import DeploySpec, JobSpec, make_job_state
     from node.jobs.store import JobEntry, JobStore
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
             "node.jobs.client": (
-                "DeploySpec GPUQuery JobSpec attach_job attach_job_async download download_async "
-                "list_jobs list_jobs_async make_job_state poll_status poll_status_async remove_job "
+                "GPUQuery attach_job attach_job_async download download_async "
+                "list_jobs list_jobs_async poll_status poll_status_async remove_job "
                 "remove_job_async run_job run_job_async start_job start_job_async stream_logs "
                 "stream_logs_async terminate terminate_async wait_for_completion "
                 "wait_for_completion_async"
@@ -70,6 +68,7 @@ else:
             "node.jobs.service": "JobService",
             "node.jobs.component": "JobApi open_job_service",
             "node.jobs.store": "JobEntry JobStore",
+            "node.jobs.specs": "DeploySpec JobSpec make_job_state",
         },
     )
 

@@ -10,21 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, Field
 
 from net import Identity, PeerClient, PeerRequestError, split_url
 from node.errors import BodyError
 from node.fence import fence_headers
 from node.identity.peers import peer_tls
 from node.jobs.drain import refuse_if_draining
+from node.jobs.gang_start import (
+    PICK_PATH,
+    MemberStarts,
+    PickBody,
+    check_member_fence,
+    coordinator_pick,
+    gang_route_docs,
+    member_url,
+    port_is_free,
+)
 from node.jobs.records import (
     GangMember,
     GangRecord,
@@ -33,27 +40,19 @@ from node.jobs.records import (
     JobRequest,
     JobState,
     PickAnswer,
-    Role,
     new_job_id,
     parse_job_request,
 )
 from node.jobs.roster import (
-    GANG_PORT_ATTEMPTS,
-    gang_master_port,
     gang_outcome,
     member_job_id,
-    pick_members,
 )
 from node.jobs.service import JobService, ended_result
 from node.jobs.store import JobEntry
-from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
+from node.openapi import RouteDoc, parse_body
 from node.plan import (
     FENCE_HEADER,
-    FenceVerdict,
-    PlanError,
-    PlanFence,
     RolePlan,
-    check_fence,
 )
 from node.runtime import NodeRuntime
 from node.security import request_sender
@@ -61,41 +60,9 @@ from wal import WalEntry
 
 log = logging.getLogger(__name__)
 
-PICK_PATH = "/v1/jobs/gang/pick"
 JOB_GANG = "job.gang"
-FENCE_RETRY_S = 3.0
 WAIT_POLL_S = 30.0
 MEMBER_UNREACHABLE_S = 60.0
-
-
-def port_is_free(port: int) -> bool:
-    """True when a TCP listener could bind `port` on every address of this host now (IPv4, and
-    IPv6 where the host has it), as rank 0's TCPStore will: False when it is in use."""
-    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104 (a probe, closed at once)
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue  # no IPv6 on this host
-        with sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind((address, port))
-                sock.listen(1)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return False
-    return True
-
-
-class PickBody(BaseModel):
-    """Body of `POST /v1/jobs/gang/pick`: how many alive nodes of which role."""
-
-    model_config = BODY_CONFIG
-
-    nodes: WholeNumber = Field(ge=1, le=1024, description="the gang's size, 1 to 1024")
-    role: Role = Field(default="any", description="the members' role, or any")
 
 
 class GangService:
@@ -147,22 +114,7 @@ class GangService:
 
     @staticmethod
     def docs() -> list[RouteDoc]:
-        return [
-            RouteDoc(
-                "POST",
-                PICK_PATH,
-                'Coordinator only: pick {"nodes": K, "role": R} alive nodes for a gang job; '
-                "answers the plan fence and the members in rank order",
-                (
-                    (200, "fence and members"),
-                    (400, "malformed request"),
-                    (409, "not the coordinator"),
-                    (503, "too few nodes"),
-                ),
-                body=PickBody,
-                response=PickAnswer,
-            )
-        ]
+        return gang_route_docs()
 
     async def _handle_pick(self, request: web.Request) -> web.Response:
         try:
@@ -176,19 +128,7 @@ class GangService:
 
     def pick(self, nodes: int, role: str) -> PickAnswer:
         """The coordinator's choice of members; JobError 409 on any other node."""
-        runtime = self.runtime
-        plan = self._plan()
-        if runtime.coordinator != runtime.node_id or plan is None:
-            raise JobError(
-                409,
-                "not_coordinator",
-                f"node {runtime.node_id} is not the coordinator (it is {runtime.coordinator}); "
-                "ask the coordinator",
-            )
-        members = runtime.membership.members() if runtime.membership is not None else []
-        return PickAnswer(
-            fence=plan.fence.to_header(), members=tuple(pick_members(members, plan, nodes, role))
-        )
+        return coordinator_pick(self.runtime, self._plan(), nodes, role)
 
     async def start(
         self, body: dict[str, Any], headers: Mapping[str, str]
@@ -217,15 +157,7 @@ class GangService:
         return True
 
     def _check_fence(self, header: str | None) -> None:
-        plan = self._plan()
-        try:
-            presented = PlanFence.from_header(header) if header else None
-        except PlanError as exc:
-            raise JobError(400, "bad_fence", f"{FENCE_HEADER}: {exc}") from exc
-        result = check_fence(plan.fence if plan is not None else None, presented)
-        if not result.ok:
-            code = "stale_fence" if result.verdict is FenceVerdict.STALE else "fence_refused"
-            raise JobError(409, code, f"gang member start refused: {result.reason}")
+        check_member_fence(self._plan(), header)
 
     def _check_master_port(self, request: JobRequest) -> None:
         """Member 0 hosts the gang's store on MASTER_PORT: refuse a new member 0 whose port is
@@ -290,21 +222,11 @@ class GangService:
             ) from exc
 
     def _url_of(self, node_id: str) -> str:
-        members = self.runtime.membership.members() if self.runtime.membership is not None else []
-        for member in members:
-            if member.node_id == node_id:
-                return f"http://{member.address}:{member.port}"
-        raise JobError(
-            503,
-            "unknown_node",
-            f"node {node_id} is not in the membership view of {self.runtime.node_id}; "
-            "retry once membership has converged",
-        )
+        return member_url(self.runtime, node_id)
 
     async def _start_members(self, entry: JobEntry, request: JobRequest, pick: PickAnswer) -> None:
         """Start member 0 on the first candidate port free on its host, then the others with
         that port; on any failure end the started members and raise JobError."""
-        members = pick.members
         rows = [
             GangMember(
                 rank=rank,
@@ -317,74 +239,23 @@ class GangService:
                 reason=None,
                 ended_at=None,
             )
-            for rank, member in enumerate(members)
+            for rank, member in enumerate(pick.members)
         ]
         entry.gang = GangRecord(
             members=tuple(rows), fence=pick.fence, started_at=None, master_port=None
         )
         await asyncio.to_thread(self.service.store.write_gang, entry)
-        spec = request.spec()
-        base = {
-            key: spec[key]
-            for key in ("name", "argv", "env", "cwd", "timeout_s", "role", "env_from")
-        }
-
-        async def start_one(rank: int, master_port: int) -> tuple[str | None, Any]:
-            """(None, None) once started, else (the reason, the member's error code)."""
-            row = rows[rank]
-            gang = {
-                "job_id": entry.job_id,
-                "rank": rank,
-                "nodes": len(rows),
-                "master_addr": members[0].address,
-                "master_port": master_port,
-                "owner": self.runtime.node_id,
-            }
-            body = {**base, "job_id": row.job_id, "nodes": 1, "gang": gang}
-            deadline = time.monotonic() + FENCE_RETRY_S
-            while True:
-                try:
-                    status, answer = await self._call(
-                        "POST", f"{row.url}/v1/jobs", body, {FENCE_HEADER: pick.fence}
-                    )
-                except JobError as exc:
-                    return exc.reason, exc.code
-                if status in (200, 201):
-                    state = answer.get("state", JobState.RUNNING.value)
-                    rows[rank] = row.model_copy(update={"state": JobState(state)})
-                    return None, None
-                code = answer.get("error") if isinstance(answer, dict) else None
-                if code == "fence_refused" and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)  # the member has not applied the plan yet
-                    continue
-                reason = answer.get("reason", answer) if isinstance(answer, dict) else answer
-                return f"HTTP {status}: {reason}", code
-
-        base_port = self.runtime.settings.master_port
-        tried: list[int] = []
-        error: str | None = None
-        code: Any = None
-        master_port = gang_master_port(base_port, entry.job_id)
-        for attempt in range(GANG_PORT_ATTEMPTS):
-            master_port = gang_master_port(base_port, entry.job_id, attempt)
-            error, code = await start_one(0, master_port)
-            if code != "master_port_busy":
-                break
-            tried.append(master_port)
+        starts = MemberStarts(
+            self._call, entry.job_id, self.runtime.node_id, request.spec(), pick, rows
+        )
+        master_port, error = await starts.start_master(self.runtime.settings.master_port)
         failures: list[tuple[GangMember, str]] = []
-        if code == "master_port_busy":
-            ports = ", ".join(map(str, tried))
-            failures.append((rows[0], f"gang master ports {ports} are all in use there"))
-        elif error is not None:
-            failures.append((rows[0], error))
+        if error is not None:
+            failures.append((starts.rows[0], error))
         else:
             entry.gang = entry.gang.model_copy(update={"master_port": master_port})
-            results = await asyncio.gather(*(start_one(row.rank, master_port) for row in rows[1:]))
-            failures = [
-                (row, reason)
-                for row, (reason, _) in zip(rows[1:], results, strict=True)
-                if reason is not None
-            ]
+            failures = await starts.start_rest(master_port)
+        rows = starts.rows
         entry.gang = entry.gang.model_copy(update={"members": tuple(rows)})
         if failures:
             row, reason = failures[0]

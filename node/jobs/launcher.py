@@ -7,10 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from config import JobSettings
+from node.jobs.policy import RunAs, job_env
+from node.jobs.records import gang_env
+from node.jobs.store import JobEntry
 from node.jobs.supervise import __file__ as SUPERVISOR_FILE
 
 log = logging.getLogger(__name__)
@@ -22,6 +29,64 @@ CLOSE_WAIT_S = 5.0
 def supervisor_argv(*args: str) -> list[str]:
     """`python -I -S supervise.py ARGS`: isolated, without site (the script is stdlib only)."""
     return [sys.executable, "-I", "-S", str(SUPERVISOR), *args]
+
+
+def spawn_supervisor(directory: Path) -> subprocess.Popen[bytes]:
+    """Spawn the supervisor of the job in `directory` in its own session (the caller reaps
+    it). Its output: supervisor.log."""
+    with (directory / "supervisor.log").open("ab") as out:
+        return subprocess.Popen(  # noqa: S603 - fixed argv of our own script
+            supervisor_argv(str(directory)),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def launch_document(
+    entry: JobEntry,
+    executable: str | None,
+    extra_env: Mapping[str, str],
+    *,
+    settings: JobSettings,
+    run_as: RunAs | None,
+    daemon_url: str,
+    base_env: Mapping[str, str],
+) -> dict[str, Any]:
+    """What the supervisor needs to run `entry` (launch.json); makes the job's private tmp
+    directory and its working directory (owned by `run_as` when given)."""
+    cwd = entry.cwd()
+    tmp = entry.directory / "tmp"
+    tmp.mkdir(mode=0o700, exist_ok=True)
+    owned = [tmp]
+    if entry.request.cwd is None or not Path(entry.request.cwd).is_absolute():
+        cwd.mkdir(parents=True, exist_ok=True)
+        owned += [entry.work_dir, cwd]
+    if run_as is not None:
+        for path in owned:
+            os.chown(path, run_as.uid, run_as.gid)
+    shoal = {
+        "SHOAL_JOB_ID": entry.job_id,
+        "SHOAL_DAEMON_URL": daemon_url,
+        **extra_env,
+        **gang_env(entry.request.gang),
+    }
+    # The job's own TMPDIR: a private /tmp of the service is removed on restart, the job
+    # directory is not.
+    base = {**base_env, "TMPDIR": str(tmp)}
+    env = job_env(entry.request, base=base, rendezvous={}, shoal=shoal, run_as=run_as)
+    return {
+        "argv": list(entry.request.argv),
+        "executable": executable,
+        "env": env,
+        "cwd": str(cwd),
+        "timeout_s": entry.request.timeout_s,
+        "kill_grace_s": settings.kill_grace_s,
+        "max_log_bytes": settings.max_log_bytes,
+        "user": run_as.to_launch() if run_as is not None else None,
+    }
 
 
 class ForkServer:

@@ -153,6 +153,28 @@ JOB_REQUEST_SCHEMA: dict[str, Any] = {
 """The OpenAPI schema of a start request (POST /v1/jobs)."""
 
 
+def _parse_argv(argv: object) -> list[str]:
+    """A start request's argv: a non-empty list of strings, the program not empty, no NUL."""
+    if isinstance(argv, str):
+        raise invalid('argv must be a list of strings, not a shell string; e.g. ["sh", "-c", ...]')
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise invalid("argv must be a non-empty list of strings")
+    if not argv[0] or any("\x00" in a for a in argv):
+        raise invalid("argv: the program is empty or an argument contains NUL")
+    return argv
+
+
+def _parse_timeout(timeout_s: object) -> float | None:
+    """A start request's timeout_s: absent, or seconds above 0 and at most MAX_TIMEOUT_S."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
+        raise invalid("timeout_s must be a number of seconds")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise invalid(f"timeout_s must be > 0 and at most {MAX_TIMEOUT_S:g}")
+    return float(timeout_s)
+
+
 def parse_job_request(body: object) -> JobRequest:
     """Validate a start request; JobError(400) names the field and what is expected."""
     if not isinstance(body, Mapping):
@@ -162,13 +184,7 @@ def parse_job_request(body: object) -> JobRequest:
     unknown = sorted(set(body) - known)
     if unknown:
         raise invalid(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    argv = body.get("argv")
-    if isinstance(argv, str):
-        raise invalid('argv must be a list of strings, not a shell string; e.g. ["sh", "-c", ...]')
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise invalid("argv must be a non-empty list of strings")
-    if not argv[0] or any("\x00" in a for a in argv):
-        raise invalid("argv: the program is empty or an argument contains NUL")
+    argv = _parse_argv(body.get("argv"))
     job_id = body.get("job_id")
     if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id)):
         raise invalid("job_id must be 1-128 characters of letters, digits, '.', '_', '-'")
@@ -184,13 +200,7 @@ def parse_job_request(body: object) -> JobRequest:
     cwd = body.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or not cwd or "\x00" in cwd):
         raise invalid("cwd must be a path string")
-    timeout_s = body.get("timeout_s")
-    if timeout_s is not None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
-            raise invalid("timeout_s must be a number of seconds")
-        if not 0 < timeout_s <= MAX_TIMEOUT_S:
-            raise invalid(f"timeout_s must be > 0 and at most {MAX_TIMEOUT_S:g}")
-        timeout_s = float(timeout_s)
+    timeout_s = _parse_timeout(body.get("timeout_s"))
     nodes = body.get("nodes", 1)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1024:
         raise invalid("nodes must be an integer from 1 to 1024")

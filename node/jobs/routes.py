@@ -280,10 +280,17 @@ class JobRoutes:
             os.close(fd)
 
 
+JOB_PARAMETER = (("job_id", "path", "The job's id", {"type": "string"}),)
+NUMBER_SCHEMA = {"type": "number", "minimum": 0}
+
+
 def job_route_docs() -> list[RouteDoc]:
     """OpenAPI entries of every job route."""
-    job = (("job_id", "path", "The job's id", {"type": "string"}),)
-    number = {"type": "number", "minimum": 0}
+    return [*_collection_docs(), *_record_docs(), *_output_docs()]
+
+
+def _collection_docs() -> list[RouteDoc]:
+    """POST and GET /v1/jobs: start a job, list the jobs."""
     states = {"enum": [state.value for state in JobState]}
     return [
         RouteDoc(
@@ -324,6 +331,13 @@ def job_route_docs() -> list[RouteDoc]:
                 ),
             ),
         ),
+    ]
+
+
+def _record_docs() -> list[RouteDoc]:
+    """One job's record: read, delete, wait for its end."""
+    job, number = JOB_PARAMETER, NUMBER_SCHEMA
+    return [
         RouteDoc(
             "GET",
             JOB_PATH,
@@ -350,6 +364,13 @@ def job_route_docs() -> list[RouteDoc]:
             ),
             response=JobRecord,
         ),
+    ]
+
+
+def _output_docs() -> list[RouteDoc]:
+    """One job's logs, kill and files."""
+    job, number = JOB_PARAMETER, NUMBER_SCHEMA
+    return [
         RouteDoc(
             "GET",
             f"{JOB_PATH}/logs",

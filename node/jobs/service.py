@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from config import JobSettings
-from node.jobs.launcher import ForkServer, supervisor_argv
-from node.jobs.policy import RunAs, job_env, resolve_program, resolve_run_as
+from node.jobs.launcher import ForkServer, launch_document, spawn_supervisor
+from node.jobs.policy import RunAs, resolve_program, resolve_run_as
 from node.jobs.records import (
     GangRecord,
     JobError,
     JobRecord,
     JobRequest,
     JobState,
-    gang_env,
     new_job_id,
     request_from_dict,
 )
@@ -254,36 +253,15 @@ class JobService:
         self, entry: JobEntry, executable: str | None, extra_env: Mapping[str, str]
     ) -> dict[str, Any]:
         """What the supervisor needs to run `entry` (launch.json)."""
-        cwd = entry.cwd()
-        tmp = entry.directory / "tmp"
-        tmp.mkdir(mode=0o700, exist_ok=True)
-        owned = [tmp]
-        if entry.request.cwd is None or not Path(entry.request.cwd).is_absolute():
-            cwd.mkdir(parents=True, exist_ok=True)
-            owned += [entry.work_dir, cwd]
-        if self._run_as is not None:
-            for path in owned:
-                os.chown(path, self._run_as.uid, self._run_as.gid)
-        shoal = {
-            "SHOAL_JOB_ID": entry.job_id,
-            "SHOAL_DAEMON_URL": self._daemon_url(),
-            **extra_env,
-            **gang_env(entry.request.gang),
-        }
-        # The job's own TMPDIR: a private /tmp of the service is removed on restart, the job
-        # directory is not.
-        base = {**self._base_env, "TMPDIR": str(tmp)}
-        env = job_env(entry.request, base=base, rendezvous={}, shoal=shoal, run_as=self._run_as)
-        return {
-            "argv": list(entry.request.argv),
-            "executable": executable,
-            "env": env,
-            "cwd": str(cwd),
-            "timeout_s": entry.request.timeout_s,
-            "kill_grace_s": self.settings.kill_grace_s,
-            "max_log_bytes": self.settings.max_log_bytes,
-            "user": self._run_as.to_launch() if self._run_as is not None else None,
-        }
+        return launch_document(
+            entry,
+            executable,
+            extra_env,
+            settings=self.settings,
+            run_as=self._run_as,
+            daemon_url=self._daemon_url(),
+            base_env=self._base_env,
+        )
 
     def _spawn(self, entry: JobEntry) -> None:
         """Start the job's supervisor, detached: through the fork server, else by spawning the
@@ -291,15 +269,7 @@ class JobService:
         if self._forks.submit(entry.directory):
             return
         reap_detached()
-        with (entry.directory / "supervisor.log").open("ab") as out:
-            entry.supervisor = subprocess.Popen(  # noqa: S603 - fixed argv of our own script
-                supervisor_argv(str(entry.directory)),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-                close_fds=True,
-            )
+        entry.supervisor = spawn_supervisor(entry.directory)
 
     async def _await_started(self, entry: JobEntry) -> None:
         """Wait until the supervisor says the job runs (or ended at once)."""

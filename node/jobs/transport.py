@@ -240,6 +240,48 @@ async def wait_record(
             )
 
 
+class _Resume:
+    """The failures in a row of one log stream: a stream that broke after progress is resumed
+    at once, later ones after a backoff; no byte for RESUME_WINDOW_S raises
+    JobUnreachableError."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._loop = asyncio.get_running_loop()
+        self.failures = 0
+        """Set to 0 on every byte received."""
+        self._stalled_since = 0.0
+
+    async def broke(self, exc: BaseException) -> None:
+        self.failures += 1
+        if self.failures == 1:  # a stream that broke after progress is resumed at once
+            self._stalled_since = self._loop.time()
+            return
+        if self._loop.time() - self._stalled_since > RESUME_WINDOW_S:
+            raise JobUnreachableError(
+                f"{self._path}: no byte for {RESUME_WINDOW_S:.0f} s over {self.failures} "
+                f"attempts: {exc}"
+            ) from exc
+        await asyncio.sleep(min(1.0, 0.05 * 2 ** (self.failures - 1)))
+
+
+async def _read_tail(
+    peers: PeerClient, url: str, logs: str, stream: str, tail: int
+) -> tuple[bytes, int]:
+    """The last `tail` lines of a job's log and the offset of their first byte."""
+    path = f"{url}{logs}"
+    async with peers.stream(
+        "GET", url, logs, params={"stream": stream, "tail": str(tail)},
+        check=False, unbounded_reads=True,
+    ) as got:  # fmt: skip
+        data = await got.read()
+        if got.status >= 400:
+            raise error_of(path, got.status, data)
+        if OFFSET_HEADER not in got.headers:
+            raise JobClientError(f"{path}: the answer has no {OFFSET_HEADER} header")
+        return data, int(got.headers[OFFSET_HEADER])
+
+
 async def log_chunks_async(
     state: JobClientState,
     stream: str = "stdout",
@@ -253,37 +295,13 @@ async def log_chunks_async(
     endpoint = endpoint_of(state)
     logs = f"/v1/jobs/{state['job_id']}/logs"
     path = f"{endpoint.url}{logs}"
-    loop = asyncio.get_running_loop()
-    failures = 0
-    stalled_since = 0.0
-
-    async def broke(exc: BaseException) -> None:
-        nonlocal failures, stalled_since
-        failures += 1
-        if failures == 1:  # a stream that broke after progress is resumed at once
-            stalled_since = loop.time()
-            return
-        if loop.time() - stalled_since > RESUME_WINDOW_S:
-            raise JobUnreachableError(
-                f"{path}: no byte for {RESUME_WINDOW_S:.0f} s over {failures} attempts: {exc}"
-            ) from exc
-        await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
-
+    resume = _Resume(path)
     async with open_client(endpoint) as peers:
         while tail is not None:
             try:
-                async with peers.stream(
-                    "GET", endpoint.url, logs, params={"stream": stream, "tail": str(tail)},
-                    check=False, unbounded_reads=True,
-                ) as got:  # fmt: skip
-                    data = await got.read()
-                    if got.status >= 400:
-                        raise error_of(path, got.status, data)
-                    if OFFSET_HEADER not in got.headers:
-                        raise JobClientError(f"{path}: the answer has no {OFFSET_HEADER} header")
-                    offset = int(got.headers[OFFSET_HEADER])
+                data, offset = await _read_tail(peers, endpoint.url, logs, stream, tail)
             except BROKEN as exc:
-                await broke(exc)
+                await resume.broke(exc)
                 continue
             tail = None
             if data:
@@ -303,14 +321,14 @@ async def log_chunks_async(
                     async for chunk in response.iter_chunks():
                         offset += len(chunk)
                         received += len(chunk)
-                        failures = 0
+                        resume.failures = 0
                         yield chunk
                 if ended:
                     return
                 # the follow stream ended cleanly; once the job has ended, read the rest once
                 record = await fetch_record(state)
             except (*BROKEN, JobUnreachableError) as exc:
-                await broke(exc)
+                await resume.broke(exc)
                 continue
             ended = record.get("state") in ENDED_STATES
             if not ended and received == 0:

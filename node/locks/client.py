@@ -97,6 +97,73 @@ class LockClient:
             await asyncio.sleep(RETRY_S)
 
 
+async def _acquire(
+    client: LockClient,
+    name: str,
+    body: dict[str, Any],
+    ttl_s: float,
+    timeout_s: float | None,
+    ask_s: float,
+    on_position: Callable[[int], None] | None,
+) -> tuple[LockFence, float]:
+    """Ask for `name` until granted: (the grant's fence, when the granting request was sent);
+    LockUnavailableError once `timeout_s` has passed."""
+    start = time.monotonic()
+    while True:
+        deadline = start + timeout_s if timeout_s is not None else math.inf
+        answered, sent_at = await client.call_timed(
+            name, "acquire", body, min(deadline, time.monotonic() + ttl_s), ask_s
+        )
+        answer = LockAnswer.from_dict(answered)
+        if answer.granted:
+            break
+        if on_position is not None and answer.position is not None:
+            on_position(answer.position)
+        if timeout_s is not None and time.monotonic() - start >= timeout_s:
+            raise LockUnavailableError(
+                503, "lock_wait_timeout", f"lock {name!r}: not granted within {timeout_s:g} s"
+            )
+    fence = answer.fence
+    if fence is None:
+        raise LockError(502, "bad_lock_answer", f"lock {name!r}: granted without a fence")
+    return fence, sent_at
+
+
+async def _keep(
+    client: LockClient,
+    name: str,
+    renew: dict[str, Any],
+    lease_end: float,
+    ttl_s: float,
+    leaving: asyncio.Event,
+    lost: list[str],
+    body_task: asyncio.Task[Any] | None,
+) -> None:
+    """Renew the lease ending at `lease_end` once a third of it has run, until `leaving` is
+    set; when a renewal cannot get through before the lease (less a margin) ends, append why
+    to `lost` and cancel `body_task`."""
+    margin_s = min(1.0, ttl_s / 4)
+    # `leaving` as well as cancel(): a cancel that lands as a renewal completes can be
+    # lost (asyncio.wait_for on 3.11), and a keeper that outlived its body would renew
+    # a lock nobody uses, forever.
+    while not leaving.is_set():
+        # renew once a third of the lease has run
+        await asyncio.sleep(max(0.0, lease_end - 2 * ttl_s / 3 - time.monotonic()))
+        if leaving.is_set():
+            return
+        asked = time.monotonic()
+        give_up_at = lease_end - margin_s
+        try:
+            async with asyncio.timeout(max(0.0, give_up_at - asked)):
+                await client.call(name, "renew", renew, give_up_at)
+            lease_end = asked + ttl_s
+        except (LockError, TimeoutError) as exc:
+            lost.append(getattr(exc, "reason", "") or "no renewal reached the coordinator")
+            assert body_task is not None
+            body_task.cancel()
+            return
+
+
 @contextlib.asynccontextmanager
 async def cluster_lock(
     name: str,
@@ -124,57 +191,14 @@ async def cluster_lock(
     holder = holder or default_holder()
     ask_s = min(wait_s, ttl_s / 3)
     async with LockClient(urls, secret=secret, request_timeout_s=request_timeout_s) as client:
-        start = time.monotonic()
         body = {"holder": holder, "ttl_s": ttl_s, "wait": True, "wait_s": ask_s}
-        while True:
-            deadline = start + timeout_s if timeout_s is not None else math.inf
-            answered, sent_at = await client.call_timed(
-                name, "acquire", body, min(deadline, time.monotonic() + ttl_s), ask_s
-            )
-            answer = LockAnswer.from_dict(answered)
-            if answer.granted:
-                break
-            if on_position is not None and answer.position is not None:
-                on_position(answer.position)
-            if timeout_s is not None and time.monotonic() - start >= timeout_s:
-                raise LockUnavailableError(
-                    503, "lock_wait_timeout", f"lock {name!r}: not granted within {timeout_s:g} s"
-                )
-        fence = answer.fence
-        if fence is None:
-            raise LockError(502, "bad_lock_answer", f"lock {name!r}: granted without a fence")
-        lease_end = sent_at + ttl_s
+        fence, sent_at = await _acquire(client, name, body, ttl_s, timeout_s, ask_s, on_position)
         body_task = asyncio.current_task()
         lost: list[str] = []
-
-        margin_s = min(1.0, ttl_s / 4)
-
         leaving = asyncio.Event()
-
-        async def keep() -> None:
-            nonlocal lease_end
-            renew = {"holder": holder, "fence": fence.to_list()}
-            # `leaving` as well as cancel(): a cancel that lands as a renewal completes can be
-            # lost (asyncio.wait_for on 3.11), and a keeper that outlived its body would renew
-            # a lock nobody uses, forever.
-            while not leaving.is_set():
-                # renew once a third of the lease has run
-                await asyncio.sleep(max(0.0, lease_end - 2 * ttl_s / 3 - time.monotonic()))
-                if leaving.is_set():
-                    return
-                asked = time.monotonic()
-                give_up_at = lease_end - margin_s
-                try:
-                    async with asyncio.timeout(max(0.0, give_up_at - asked)):
-                        await client.call(name, "renew", renew, give_up_at)
-                    lease_end = asked + ttl_s
-                except (LockError, TimeoutError) as exc:
-                    lost.append(getattr(exc, "reason", "") or "no renewal reached the coordinator")
-                    assert body_task is not None
-                    body_task.cancel()
-                    return
-
-        keeper = asyncio.create_task(keep(), name=f"lock-{name}-renew")
+        renew = {"holder": holder, "fence": fence.to_list()}
+        keep = _keep(client, name, renew, sent_at + ttl_s, ttl_s, leaving, lost, body_task)
+        keeper = asyncio.create_task(keep, name=f"lock-{name}-renew")
         try:
             yield fence
         except asyncio.CancelledError:

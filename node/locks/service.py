@@ -12,27 +12,41 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any
 
 from aiohttp import web
-from annotated_types import Len
-from pydantic import BaseModel, Field, JsonValue
 
 from health import LoopHealth
 from net import Identity, PeerClient, PeerRequestError
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.audit.routes import audited_lock_route
 from node.component import Check, Endpoint, paired
-from node.errors import BodyError, LockError
+from node.errors import LockError
 from node.identity.peers import peer_tls
+from node.locks.docs import (
+    ACCEPT_PATH,
+    MAX_WAIT_S,
+    PREPARE_PATH,
+    AcceptBody,
+    AcquireBody,
+    LockView,
+    PrepareBody,
+    Promise,
+    Released,
+    Stored,
+    checked_body,
+    lock_name,
+    lock_route_docs,
+    parse_lock_body,
+)
+from node.locks.docs import (
+    LOCKS_PATH as LOCKS_PATH,
+)
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
-    LOCK_ANSWER,
     LockAnswer,
     LockFence,
-    LockState,
     LockTable,
-    WireFence,
     acquire,
     drain_map,
     expire,
@@ -40,132 +54,16 @@ from node.locks.table import (
     renew,
     take_over,
 )
-from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, WireRecord, parse_body
+from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
 
-LOCKS_PATH = "/v1/locks"
-PREPARE_PATH = "/v1/lockstore/prepare"
-ACCEPT_PATH = "/v1/lockstore/accept"
 FORWARDED_HEADER = "X-Shoal-Forwarded"
 EXPIRY_TICK_S = 0.2
-DEFAULT_WAIT_S = 5.0
-MAX_WAIT_S = 30.0
-MAX_TTL_S = 7 * 86400.0
-MAX_HOLDER_CHARS = 200
 OPERATIONS = ("acquire", "renew", "release")
 
-B = TypeVar("B", bound=BaseModel)
 Operation = Callable[[LockTable, int, float], tuple[LockTable, LockAnswer | None]]
-
-
-_HOLDER = Field(
-    min_length=1, max_length=MAX_HOLDER_CHARS, description="who holds or asks: 1 to 200 characters"
-)
-Fence = Annotated[list[Count], Len(2, 2)]
-_TERM = Field(ge=0, le=2**63 - 1, description="the coordinator's term")
-
-
-class AcquireBody(BaseModel):
-    """Body of `POST /v1/locks/{name}/acquire`."""
-
-    model_config = BODY_CONFIG
-
-    holder: str = _HOLDER
-    ttl_s: float = Field(gt=0, le=MAX_TTL_S, description="the lease, seconds (at most 7 days)")
-    wait: bool = Field(default=False, description="queue (FIFO) when the lock is held")
-    wait_s: float = Field(
-        default=DEFAULT_WAIT_S, gt=0, le=MAX_WAIT_S, description="how long to wait, seconds"
-    )
-
-
-class HolderBody(BaseModel):
-    """Body of `POST /v1/locks/{name}/renew` and `.../release`."""
-
-    model_config = BODY_CONFIG
-
-    holder: str = _HOLDER
-    fence: Fence | None = Field(default=None, description="[term, seq] of the grant held")
-
-
-class PrepareBody(BaseModel):
-    """Body of `POST /v1/lockstore/prepare`: the term a voter is asked to promise."""
-
-    model_config = BODY_CONFIG
-
-    term: WholeNumber = _TERM
-
-
-class AcceptBody(BaseModel):
-    """Body of `POST /v1/lockstore/accept`: a lock table to store under `term`; the table's
-    inner shape is LockTable.to_dict's (LockTable.from_dict refuses any other: 400)."""
-
-    model_config = BODY_CONFIG
-
-    term: WholeNumber = _TERM
-    table: dict[str, Any] = Field(description="LockTable.to_dict(): version, locks, runs")
-
-
-LOCK_BODIES: Mapping[str, type[AcquireBody] | type[HolderBody]] = {
-    "acquire": AcquireBody,
-    "renew": HolderBody,
-    "release": HolderBody,
-}
-
-
-def parse_lock_body(raw: bytes, operation: str) -> AcquireBody | HolderBody:
-    """The body of an acquire/renew/release, checked by its model; LockError 400 naming the
-    bad field."""
-    return _checked(LOCK_BODIES[operation], raw)
-
-
-def _checked(model: type[B], raw: bytes) -> B:
-    try:
-        return parse_body(model, raw)
-    except BodyError as exc:
-        raise LockError(400, "invalid_lock_request", exc.reason) from None
-
-
-def _name_of(request: web.Request) -> str:
-    name = request.match_info["name"]
-    if not name or len(name) > MAX_HOLDER_CHARS:
-        raise LockError(400, "invalid_lock_name", "a lock name of 1 to 200 characters")
-    return name
-
-
-class LockView(WireRecord):
-    """The answer of `GET /v1/locks`: the coordinator and its lock table."""
-
-    coordinator: str
-    version: WireFence
-    locks: dict[str, LockState]
-    runs: dict[str, dict[str, JsonValue]] = Field(description="the runs' records (RunRecord)")
-    drains: dict[str, dict[str, JsonValue]] = Field(
-        default_factory=dict,
-        description="the drained nodes (`shoal node drain`): node id -> kill_after_s, since, by",
-    )
-
-
-class Released(WireRecord):
-    """The answer of a release."""
-
-    name: str
-    holder: str
-    released: Literal[True] = True
-
-
-class Promise(WireRecord):
-    """A voter's answer to a prepare: the term it promised and the table it stores."""
-
-    promised: int
-    table: LockTable
-
-
-class Stored(WireRecord):
-    """A voter's answer to an accept: the version of the table it stored."""
-
-    stored: WireFence
 
 
 class HttpPeers:
@@ -401,70 +299,7 @@ class LockService:
 
     @staticmethod
     def docs() -> list[RouteDoc]:
-        name = (
-            "name",
-            "path",
-            "the lock's name, 1 to 200 characters",
-            {"type": "string", "minLength": 1, "maxLength": MAX_HOLDER_CHARS},
-        )
-        common = (
-            (400, "bad request"),
-            (409, "not the holder, or a stale fence"),
-            (503, "no quorum or coordinator"),
-        )
-        return [
-            RouteDoc(
-                "GET",
-                LOCKS_PATH,
-                "The cluster's locks (from the coordinator): holders, fences, leases, waiters",
-                ((200, "the lock table"), (503, "no coordinator or no quorum")),
-                response=LockView,
-            ),
-            RouteDoc(
-                "POST",
-                f"{LOCKS_PATH}/{{name}}/acquire",
-                'Acquire {"holder", "ttl_s", "wait", "wait_s"}: granted with a fence [term, seq],'
-                " or the position in the FIFO queue",
-                ((200, "granted or queued"), *common),
-                parameters=(name,),
-                body=AcquireBody,
-                response=LOCK_ANSWER.json_schema(),
-            ),
-            RouteDoc(
-                "POST",
-                f"{LOCKS_PATH}/{{name}}/renew",
-                'Renew the holder\'s lease {"holder", "fence"}; 409 when the lock was lost',
-                ((200, "renewed"), *common),
-                parameters=(name,),
-                body=HolderBody,
-                response=LOCK_ANSWER.json_schema(),
-            ),
-            RouteDoc(
-                "POST",
-                f"{LOCKS_PATH}/{{name}}/release",
-                'Release {"holder", "fence"}; the first waiter gets the lock',
-                ((200, "released"), *common),
-                parameters=(name,),
-                body=HolderBody,
-                response=Released,
-            ),
-            RouteDoc(
-                "POST",
-                PREPARE_PATH,
-                'Voters only: promise term {"term"} and answer the stored lock table',
-                ((200, "the table"), (400, "bad request"), (409, "a newer term was promised")),
-                body=PrepareBody,
-                response=Promise,
-            ),
-            RouteDoc(
-                "POST",
-                ACCEPT_PATH,
-                'Voters only: store a lock table {"term", "table"} of the coordinator',
-                ((200, "stored"), (400, "bad request"), (409, "a newer term was promised")),
-                body=AcceptBody,
-                response=Stored,
-            ),
-        ]
+        return lock_route_docs()
 
     async def forward(self, request: web.Request, body: Any) -> web.Response | None:
         """None when this node serves the request; otherwise the coordinator's answer."""
@@ -489,7 +324,7 @@ class LockService:
 
     def _operation(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            name = _name_of(request)
+            name = lock_name(request)
             fields = parse_lock_body(await request.read(), op)
             forwarded = await self.forward(request, fields.model_dump())
             if forwarded is not None:
@@ -530,14 +365,14 @@ class LockService:
         return web.json_response(view.to_json())
 
     async def _handle_prepare(self, request: web.Request) -> web.Response:
-        body = _checked(PrepareBody, await request.read())
+        body = checked_body(PrepareBody, await request.read())
         self._check_voter()
         table = await self.acceptor.prepare(body.term)
         promise = Promise(promised=self.acceptor.promised, table=table.ordered())
         return web.json_response(promise.to_json())
 
     async def _handle_accept(self, request: web.Request) -> web.Response:
-        body = _checked(AcceptBody, await request.read())
+        body = checked_body(AcceptBody, await request.read())
         self._check_voter()
         table = LockTable.from_dict(body.table)
         await self.acceptor.accept(body.term, table)

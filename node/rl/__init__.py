@@ -18,7 +18,8 @@ if TYPE_CHECKING:
         WeightsDigest,
         weights_digest,
     )
-    from node.rl.publisher import PublishResult, WeightPublisher
+    from node.rl.published import PublishResult
+    from node.rl.publisher import WeightPublisher
     from node.rl.receiver import WeightReceiver
     from node.rl.service import WeightsService
     from node.rl.stream import RolloutStream, post_rollouts, rollout_record
@@ -32,7 +33,8 @@ else:
             "node.rl.digest": (
                 "PWS_ALGO SHA256_ALGO Digest HostStaging WeightsDigest weights_digest"
             ),
-            "node.rl.publisher": "PublishResult WeightPublisher",
+            "node.rl.published": "PublishResult",
+            "node.rl.publisher": "WeightPublisher",
             "node.rl.receiver": "WeightReceiver",
             "node.rl.service": "WeightsService",
             "node.rl.stream": "RolloutStream post_rollouts rollout_record",

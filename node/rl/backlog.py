@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from node.component import Endpoint, paired
 from node.openapi import RouteDoc
-from node.rl.service import RUN_PATTERN
+from node.rl.docs import RUN_PATTERN
 from node.security import json_error
 from sync import (
     ROLLOUTS_SCHEMA,

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from node.errors import RendezvousError
+from node.errors import PeerRequestError, RendezvousError, WeightsError
 from node.plan import RolePlan
+from node.rl.client import call
 from node.training.groups import interface_towards
-from node.training.rendezvous import GENERATION_PORT_SPAN
+from node.training.rendezvous import GENERATION_PORT_SPAN, DaemonEndpoint
 
 WEIGHTS_GROUP = "weights"
 RUN_PORT_SPAN = 1000
@@ -214,3 +215,20 @@ def new_weights_group(
         return dist.ProcessGroupNCCL(store, rank, size, options)
     with gloo_bound_towards(master_addr):
         return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def store_key_prefix(run: str) -> str:
+    return f"shoal/weights/{run}"
+
+
+def fetch_weights_rendezvous(
+    endpoint: DaemonEndpoint, run: str, timeout_s: float | None = None
+) -> WeightsRendezvous:
+    """GET /v1/rendezvous?group=weights&run=R of the local daemon; WeightsError when refused."""
+    try:
+        _, body = call(
+            endpoint, "GET", f"/v1/rendezvous?group=weights&run={run}", timeout_s=timeout_s
+        )
+    except PeerRequestError as exc:
+        raise WeightsError(f"no weights group for run {run!r}: {exc}") from exc
+    return WeightsRendezvous.from_dict(body)

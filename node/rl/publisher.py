@@ -12,10 +12,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,10 +43,13 @@ from node.rl.group import (
     TensorDevice,
     WeightsRendezvous,
     device_of,
+    fetch_weights_rendezvous,
     new_weights_group,
+    store_key_prefix,
     weights_backend,
 )
-from node.training.rendezvous import DaemonEndpoint, daemon_endpoint
+from node.rl.published import PublishResult, phases_of, published_report
+from node.training.rendezvous import daemon_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -55,41 +57,6 @@ ACK_POLL_S = 0.005
 AUTO_ALGO = "auto"
 """The publisher's default digest algo: shoal-pws64-v1 when the weights are on CUDA (summed on
 the device), sha256 on the CPU (what receivers of the previous release verify)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    """One finished publish: who acknowledged, who was left out (they catch up from the file),
-    and how long the broadcast and the whole publish took."""
-
-    version: int
-    digest: Digest
-    acknowledged: tuple[str, ...]
-    missing: tuple[str, ...]
-    broadcast_s: float
-    total_s: float
-    path: Path | None
-    phases_s: Mapping[str, float] = field(default_factory=dict)
-    """Seconds spent in: prepare (rendezvous, digest), offer, ready, broadcast, ack, file (the
-    rest of writing the weights file, which runs beside the acknowledgements), record (the
-    daemon's WAL record of the acknowledged version)."""
-
-
-def store_key_prefix(run: str) -> str:
-    return f"shoal/weights/{run}"
-
-
-def fetch_weights_rendezvous(
-    endpoint: DaemonEndpoint, run: str, timeout_s: float | None = None
-) -> WeightsRendezvous:
-    """GET /v1/rendezvous?group=weights&run=R of the local daemon; WeightsError when refused."""
-    try:
-        _, body = call(
-            endpoint, "GET", f"/v1/rendezvous?group=weights&run={run}", timeout_s=timeout_s
-        )
-    except PeerRequestError as exc:
-        raise WeightsError(f"no weights group for run {run!r}: {exc}") from exc
-    return WeightsRendezvous.from_dict(body)
 
 
 class WeightPublisher:
@@ -142,14 +109,7 @@ class WeightPublisher:
         acknowledge; the WAL records success only when every one that joined acknowledged."""
         started = self._clock()
         deadline = started + self.deadline_s
-        if version <= self.version:
-            raise WeightsError(f"version {version} is not above the last published {self.version}")
-        rendezvous = fetch_weights_rendezvous(self.endpoint, self.run, self._left(deadline))
-        if rendezvous.rank != 0:
-            raise WeightsError(
-                f"this node is not the publisher of run {self.run!r}: the weights group is "
-                f"{list(rendezvous.members)} (rank 0 publishes)"
-            )
+        rendezvous = self._rendezvous(version, deadline)
         digest = self._digest(model)
         params = describe_params(model)
         sent_at = time.time()
@@ -175,15 +135,7 @@ class WeightPublisher:
         writer = self._write_file(model, version, digest)
         acknowledged = self._wait_acks(rendezvous, version, digest, ready, deadline)
         marks.append(self._clock())
-        path = None
-        if writer is not None:
-            try:
-                path = writer.result(self._left(deadline))
-            except FutureTimeout as exc:
-                raise WeightsError(
-                    f"run {self.run!r} version {version}: the weights file was not written "
-                    f"within the deadline ({self.deadline_s:.1f} s); is {self.models_dir} slow?"
-                ) from exc
+        path = self._file_written(writer, version, deadline)
         marks.append(self._clock())
         unacked = tuple(node for node in ready if node not in acknowledged)
         self.version = version
@@ -194,22 +146,12 @@ class WeightPublisher:
                 "the next publish and catch up from the weights file",
                 unacked,
             )
-        total = sum(p.nbytes for p in params)
-        report = {
-            "run": self.run,
-            "version": version,
-            "bytes": total,
-            "source": "broadcast",
-            "receivers": list(acknowledged),
-            "sent_at": sent_at,
-        }
+        report = published_report(self.run, version, params, acknowledged, sent_at)
         post_digested(
             self.endpoint, "/v1/weights/applied", report, digest, timeout_s=self._left(deadline)
         )
         marks.append(self._clock())
-        names = ("offer", "ready", "broadcast", "ack", "file", "record")
-        phases = {"prepare": marks[0] - started}
-        phases |= {name: marks[i + 1] - marks[i] for i, name in enumerate(names)}
+        phases = phases_of(started, marks)
         missing = tuple(node for node in rendezvous.receivers if node not in acknowledged)
         return PublishResult(
             version,
@@ -221,6 +163,34 @@ class WeightPublisher:
             path,
             phases,
         )
+
+    def _rendezvous(self, version: int, deadline: float) -> WeightsRendezvous:
+        """The run's weights group, this node its publisher (rank 0); WeightsError when
+        `version` is not above the last published or another node publishes."""
+        if version <= self.version:
+            raise WeightsError(f"version {version} is not above the last published {self.version}")
+        rendezvous = fetch_weights_rendezvous(self.endpoint, self.run, self._left(deadline))
+        if rendezvous.rank != 0:
+            raise WeightsError(
+                f"this node is not the publisher of run {self.run!r}: the weights group is "
+                f"{list(rendezvous.members)} (rank 0 publishes)"
+            )
+        return rendezvous
+
+    def _file_written(
+        self, writer: Future[Path] | None, version: int, deadline: float
+    ) -> Path | None:
+        """The path of the weights file `writer` writes (None without one), once written;
+        WeightsError when it is not written by `deadline`."""
+        if writer is None:
+            return None
+        try:
+            return writer.result(self._left(deadline))
+        except FutureTimeout as exc:
+            raise WeightsError(
+                f"run {self.run!r} version {version}: the weights file was not written "
+                f"within the deadline ({self.deadline_s:.1f} s); is {self.models_dir} slow?"
+            ) from exc
 
     def close(self) -> None:
         """Drop the process group, the store server and the digest's pool; idempotent."""

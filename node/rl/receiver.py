@@ -20,9 +20,8 @@ from node.rl.broadcast import DEFAULT_BUCKET_BYTES, receive_weights, torch_distr
 from node.rl.client import call, post_digested
 from node.rl.digest import Digest, HostStaging, WeightsDigest, hash_pool
 from node.rl.files import load_weights_file, weights_files
-from node.rl.group import device_of, new_weights_group
+from node.rl.group import device_of, fetch_weights_rendezvous, new_weights_group, store_key_prefix
 from node.rl.offers import WeightsOffer
-from node.rl.publisher import fetch_weights_rendezvous, store_key_prefix
 from node.training.rendezvous import daemon_endpoint
 
 log = logging.getLogger(__name__)
@@ -121,15 +120,7 @@ class WeightReceiver:
         prefix = str(group_info.get("prefix") or store_key_prefix(self.run))
         node = self.node
         store.set(f"{prefix}/v{version}/ready/{node}", device_of(model).to_json())
-        try:
-            store.wait([f"{prefix}/v{version}/members"], timedelta(seconds=self._left(deadline)))
-            announced = json.loads(store.get(f"{prefix}/v{version}/members"))
-        except RuntimeError as exc:
-            raise WeightsError(
-                f"version {version}: the publisher announced no group: {exc}"
-            ) from exc
-        members, epoch = list(announced["members"]), int(announced["epoch"])
-        backend = str(announced.get("backend", "gloo"))
+        members, epoch, backend = self._announced(store, prefix, version, deadline)
         if node not in members:
             log.warning("version %s: left out of the broadcast; catching up later", version)
             self.catch_up(model)
@@ -162,6 +153,21 @@ class WeightReceiver:
             )
         self._applied(model, version, found, "broadcast", offer.sent_at)
         return version
+
+    def _announced(
+        self, store: Any, prefix: str, version: int, deadline: float
+    ) -> tuple[list[str], int, str]:
+        """(members, epoch, backend) of the group the publisher announces for `version`;
+        WeightsError when it announces none before `deadline`."""
+        try:
+            store.wait([f"{prefix}/v{version}/members"], timedelta(seconds=self._left(deadline)))
+            announced = json.loads(store.get(f"{prefix}/v{version}/members"))
+        except RuntimeError as exc:
+            raise WeightsError(
+                f"version {version}: the publisher announced no group: {exc}"
+            ) from exc
+        members, epoch = list(announced["members"]), int(announced["epoch"])
+        return members, epoch, str(announced.get("backend", "gloo"))
 
     def wait_fresh(self, max_lag: int, timeout_s: float = POLL_S) -> int:
         """Block while this node's weights are more than `max_lag` versions behind the newest

@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, JsonValue
 
-from node.errors import BodyError, RunError
+from node.errors import BodyError, LockError, RunError
 from node.jobs import JobRecord
-from node.locks.table import WireFence
+from node.locks.table import LockFence, WireFence
 from node.openapi import BODY_CONFIG, Number, WholeNumber, WireRecord, check_body
 
 
@@ -283,3 +283,18 @@ def cancel(record: RunRecord) -> RunRecord:
             reason="cancelled while queued",
         )
     return record.model_copy(update={"cancel_requested": True})
+
+
+def final_state(run: RunRecord) -> RunState:
+    if run.cancel_requested:
+        return RunState.CANCELLED
+    if run.safety_stop:
+        return RunState.KILLED
+    return RunState(run.job.state.value) if run.job is not None else RunState.LOST
+
+
+def fence_of(run: RunRecord) -> LockFence:
+    """The fence of the run's lock; LockError 400 for a run that has none (never locked)."""
+    if run.fence is None:
+        raise LockError(400, "bad_fence", f"run {run.run_id} holds no lock fence")
+    return run.fence

@@ -9,14 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, Field
 
 from health import LoopHealth
 from net import PeerRequestError, split_url
@@ -25,20 +22,23 @@ from node.errors import BodyError, LockError, RunError
 from node.fence import fence_headers
 from node.jobs import JobRecord
 from node.locks.service import LockService, answers_lock_errors
-from node.locks.table import LockFence, LockTable, acquire, put_run, release, renew
-from node.openapi import BODY_CONFIG, RouteDoc, check_body, parse_body
+from node.locks.table import LockTable, acquire, put_run, release, renew
+from node.openapi import RouteDoc, parse_body
 from node.plan import PlanFence
+from node.runs.docs import RUNS_PATH, run_route_docs
+from node.runs.fetch import Member, check_results_node, download_result, parse_fetch
 from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
     MAX_PENDING,
     CancelBody,
-    RunBody,
     RunList,
     RunRecord,
     RunState,
     RunStep,
     active_runs,
     cancel,
+    fence_of,
+    final_state,
     new_run,
     next_seq,
     parse_run_spec,
@@ -48,60 +48,17 @@ from node.runs.queue import (
 )
 from node.runs.results import (
     FETCH_PATH,
-    LocalResults,
     NodeResults,
     ResultsStore,
-    check_key,
     result_key,
 )
 from node.runtime import local_daemon_url
 
 log = logging.getLogger(__name__)
 
-RUNS_PATH = "/v1/runs"
 DRIVE_TICK_S = 0.3
 RUN_LOCK_TTL_S = 60.0
 KILL_GRACE_S = 5.0
-CHUNK_BYTES = 1 << 20
-JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
-
-
-def final_state(run: RunRecord) -> RunState:
-    if run.cancel_requested:
-        return RunState.CANCELLED
-    if run.safety_stop:
-        return RunState.KILLED
-    return RunState(run.job.state.value) if run.job is not None else RunState.LOST
-
-
-def _fence_of(run: RunRecord) -> LockFence:
-    """The fence of the run's lock; LockError 400 for a run that has none (never locked)."""
-    if run.fence is None:
-        raise LockError(400, "bad_fence", f"run {run.run_id} holds no lock fence")
-    return run.fence
-
-
-@dataclass(frozen=True)
-class Member:
-    """Where a run's job (or one member of its gang) ran: its node, the node's URL, its job."""
-
-    node: str
-    url: str
-    job_id: str
-
-
-class FetchBody(BaseModel):
-    """Body of `POST /v1/results/fetch`: the member node, its job, the path in the job's
-    directory, and the results key (`runs/<run>/<node>/<path>`) to store it at."""
-
-    model_config = BODY_CONFIG
-
-    key: str = Field(min_length=1, description="runs/<run_id>/<node>/<path>")
-    node: str = Field(min_length=1, description="the member node holding the file")
-    job_id: str = Field(
-        min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$", description="its job"
-    )
-    path: str = Field(min_length=1, description="the file's path in the job's directory")
 
 
 class RunService:
@@ -239,7 +196,7 @@ class RunService:
 
     async def _renew_lock(self, run: RunRecord) -> None:
         name, holder = run_lock(run.group), run.run_id
-        fence = _fence_of(run)
+        fence = fence_of(run)
         state = self.locks.table.get(name)
         if state.holder == holder and state.expires_at - self._clock() > RUN_LOCK_TTL_S / 2:
             return
@@ -247,7 +204,7 @@ class RunService:
 
     async def _finish(self, run: RunRecord, note: str) -> None:
         name, holder = run_lock(run.group), run.run_id
-        fence = _fence_of(run)
+        fence = fence_of(run)
 
         def end(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
             if table.get(name).holder == holder:
@@ -364,38 +321,10 @@ class RunService:
             url = url or self.locks.url_of(node)
             stored = await self.results.collect(self.locks.peers, url, fetch, self._fence())
         else:
-            stored = await self._store(self.results, key, member.url, member.job_id, path)
+            stored = await download_result(
+                self.locks.peers, self.results, key, member.url, member.job_id, path
+            )
         return {**stored, "node": member.node, "path": path}
-
-    async def _store(
-        self,
-        store: ResultsStore,
-        key: str,
-        member_url: str,
-        job_id: str,
-        path: str,
-    ) -> dict[str, Any]:
-        """Download `path` of the job `job_id` from `member_url` into `store` at `key`; the
-        stored record, or {"missing": true} when the member has no such file."""
-        files = f"/v1/jobs/{job_id}/files"
-        url = f"{member_url}{files}"
-        try:
-            async with self.locks.peers.stream(
-                "GET", member_url, files, params={"path": path}, check=False
-            ) as response:
-                if response.status == 404:
-                    return {"key": key, "missing": True}
-                if response.status != 200:
-                    raise RunError(
-                        502, "result_download_failed", f"{url}?path={path}: {response.status}"
-                    )
-                return await store.put(
-                    key,
-                    response.iter_chunks(CHUNK_BYTES),
-                    response.headers.get("X-Shoal-Content-Hash"),
-                )
-        except (PeerRequestError, TimeoutError) as exc:
-            raise RunError(502, "result_download_failed", f"{url}?path={path}: {exc!r}") from exc
 
     # HTTP
 
@@ -416,91 +345,19 @@ class RunService:
 
     @staticmethod
     def docs() -> list[RouteDoc]:
-        common = ((503, "no coordinator or no quorum"),)
-        return [
-            RouteDoc(
-                "POST",
-                RUNS_PATH,
-                'Queue a run {"argv", "group", "nodes", "role", "stack", '
-                '"keep_alive", "max_duration_s", "results", "name"}; answers its record',
-                ((201, "queued"), (400, "bad run"), (429, "the group's queue is full"), *common),
-                body=RunBody,
-                response=RunRecord,
-            ),
-            RouteDoc(
-                "GET",
-                RUNS_PATH,
-                "Every run (?group=G), oldest first",
-                ((200, "runs"), *common),
-                response=RunList,
-            ),
-            RouteDoc(
-                "GET",
-                f"{RUNS_PATH}/{{run_id}}",
-                "One run's record: state, step, log, results",
-                ((200, "the run"), (404, "no such run"), *common),
-                parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
-                response=RunRecord,
-            ),
-            RouteDoc(
-                "POST",
-                f"{RUNS_PATH}/{{run_id}}/cancel",
-                "Cancel: a queued run is removed, a running one killed (results still collected)",
-                (
-                    (200, "cancelled"),
-                    (400, "a body other than {}"),
-                    (404, "no such run"),
-                    (409, "already ended"),
-                    *common,
-                ),
-                parameters=(("run_id", "path", "the run's id", {"type": "string"}),),
-                body=CancelBody,
-                body_optional=True,
-                response=RunRecord,
-            ),
-            RouteDoc(
-                "POST",
-                FETCH_PATH,
-                'The results node only: fetch {"key", "node", "job_id", "path"} from that member '
-                "node's job and store it at key (answers once stored, hash checked)",
-                (
-                    (200, "stored, or missing on the member"),
-                    (400, "bad request"),
-                    (409, "this node is not results.node"),
-                    (502, "the member could not be read"),
-                    (503, "the member is not in this node's view"),
-                ),
-                body=FetchBody,
-            ),
-        ]
+        return run_route_docs()
 
     async def _handle_fetch(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         runtime = self._runtime
-        if runtime.settings.results.node != runtime.node_id or not isinstance(
-            self.results, LocalResults
-        ):
-            raise RunError(
-                409,
-                "not_results_node",
-                f"node {runtime.node_id} is not the results node "
-                f"({runtime.settings.results.node or 'none: the coordinator stores results'})",
-            )
-        try:
-            fetch = check_body(FetchBody, body)
-        except BodyError as exc:
-            raise RunError(400, "invalid_fetch", exc.reason) from None
-        key = check_key(fetch.key)
-        node, job_id, path = fetch.node, fetch.job_id, fetch.path
-        if not JOB_ID.fullmatch(job_id):
-            raise RunError(400, "invalid_fetch", f"job_id {job_id!r}: letters, digits, . _ -")
-        if key != result_key(key.split("/")[1], node, path):
-            raise RunError(400, "invalid_fetch", f"key {key!r} is not runs/<run>/{node}/{path}")
+        store = check_results_node(runtime, self.results)
+        fetch = parse_fetch(body)
+        key, node, job_id, path = fetch.key, fetch.node, fetch.job_id, fetch.path
         member_url = local_daemon_url(runtime) if node == runtime.node_id else None
         member_url = member_url or self.locks.url_of(node)
         if member_url is None:
             raise RunError(503, "node_unknown", f"node {node} is not in this node's view")
-        stored = await self._store(self.results, key, member_url, job_id, path)
+        stored = await download_result(self.locks.peers, store, key, member_url, job_id, path)
         return web.json_response(stored)
 
     async def _body(self, request: web.Request) -> Any:

@@ -233,6 +233,17 @@ class FileCatalog:
         self.root(category)
         return self._shared_ids.get(category)
 
+    def deletion_summary(self) -> dict[str, dict[str, str | int]]:
+        """Per category: its deletion policy (`propagate` or `keep`) and how many live
+        tombstones it serves."""
+        return {
+            category: {
+                "policy": "propagate" if self.propagates(category) else "keep",
+                "tombstones": len(self.served_tombstones(category)),
+            }
+            for category in self.categories
+        }
+
     async def listing(self, category: str, max_age_s: float = 0.0) -> Listing:
         """Every file of `category` (see ManifestCache.listing)."""
         return await self.cache(category).listing(max_age_s)

@@ -228,12 +228,6 @@ async def pull_records(
         params = since_params(start, limit, filters)
         return asyncio.create_task(_get_bytes(client, base_url, since_path(store), params))
 
-    def failed(exc: SyncError) -> RecordPullError:
-        return RecordPullError(
-            f"pull of {store} from {base_url}: {exc}",
-            ledger.result(),
-        )
-
     fetching: asyncio.Task[bytes] | None = fetch(since)
     start = since
     try:
@@ -265,7 +259,8 @@ async def pull_records(
             await _finish(fetching)
             fetching = None
             await ledger.settle(0, quiet=True)  # what committed before the failure counts
-            raise failed(exc) from exc
+            reason = f"pull of {store} from {base_url}: {exc}"
+            raise RecordPullError(reason, ledger.result()) from exc
     finally:
         await _finish(fetching)
         await ledger.abandon()

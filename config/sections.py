@@ -1,0 +1,110 @@
+"""The sections of a node's settings that stand alone: `results:`, `jobs:`, `autostop:`, the
+log format, and the deletion policies of the synced categories (config.settings uses them)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from config.fields import Category
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class ResultsSettings(BaseModel):
+    """The `results:` section: where runs put the files they collect."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["local", "s3"] = Field(
+        "local",
+        description="`local`: a directory on the coordinator's host; `s3`: an S3-compatible store.",
+    )
+    path: Path | None = Field(None, description="local: the directory (default DATA_DIR/results).")
+    node: str | None = Field(
+        None,
+        description="local: the node whose directory holds the results (the coordinator asks it "
+        "to fetch each file from its member); unset: the coordinator's host.",
+    )
+    endpoint_url: str | None = Field(None, description="s3: the store's URL (None: AWS).")
+    bucket: str | None = Field(None, description="s3: the bucket (required for s3).")
+    prefix: str = Field("", description="s3: a key prefix before runs/<run_id>/<node>/.")
+    credentials_file: Path | None = Field(
+        None, description="s3: AWS-style credentials file ([default] aws_access_key_id, ...)."
+    )
+    region: str = Field("us-east-1", description="s3: the region name.")
+
+    @model_validator(mode="after")
+    def _s3_needs_bucket(self) -> ResultsSettings:
+        if self.backend == "s3" and (not self.bucket or self.credentials_file is None):
+            raise ValueError("results.backend s3 needs results.bucket and results.credentials_file")
+        if self.backend != "local" and self.node is not None:
+            raise ValueError("results.node names where a `local` store lives; drop it for s3")
+        return self
+
+
+class JobSettings(BaseModel):
+    """The `jobs:` section: limits and identity of commands run through the job API."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_log_bytes: int = Field(
+        1 << 30,
+        gt=0,
+        description="Per job and stream: output beyond this is dropped (said in the record).",
+    )
+    allowed_programs: tuple[str, ...] | None = Field(
+        None,
+        description="Programs (argv[0], a name or an absolute path) jobs may run; others 403. "
+        "Unset: any.",
+    )
+    run_as: str | None = Field(None, description="User that runs jobs when the daemon is root.")
+    gang_failure: Literal["kill", "keep"] = Field(
+        "kill", description="When one member of a gang job fails: kill the others, or keep them."
+    )
+    kill_grace_s: float = Field(
+        10.0, ge=0, description="Default grace between TERM and KILL (kill and timeout_s)."
+    )
+
+
+class AutostopSettings(BaseModel):
+    """The `autostop:` section: stop (or release) this node through its provider once idle for
+    `idle_minutes` (no job, no run lock, every GPU below `gpu_util_threshold`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    idle_minutes: float = Field(
+        ..., gt=0, description="Idle window in minutes (fractions allowed: 0.5 is 30 s)."
+    )
+    action: Literal["stop", "release"] = Field(
+        "stop",
+        description="`stop` keeps the node acquired (its disk stays); `release` gives it up.",
+    )
+    gpu_util_threshold: float = Field(
+        5.0, ge=0, le=100, description="A GPU at or above this utilisation (percent) is busy."
+    )
+    dry_run: bool = Field(False, description="Only log and audit what it would do.")
+    check_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds between idle checks (default: a tenth of the window, at most 30).",
+    )
+
+
+DeletionPolicy = Literal["keep", "propagate"]
+DEFAULT_DELETIONS: dict[Category, DeletionPolicy] = {
+    Category.MODELS: "keep",
+    Category.TRAINING: "keep",
+    Category.CONFIGS: "propagate",
+    Category.GAMES: "keep",
+    Category.ROLLOUTS: "keep",
+}
+"""The deletion policy of each category when `sync_categories` does not name it."""
+RECORD_CATEGORIES = (Category.GAMES, Category.ROLLOUTS)
+DEFAULT_TOMBSTONE_TTL_S = 7 * 86400.0

@@ -1,0 +1,47 @@
+"""The API's TLS side as the daemon wires it: the certificate and role checks of its routes and
+the CRL spread (`api_identity`), and the listening site (`api_site`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from config import NodeSettings
+from config.tls import TlsContexts
+from node.identity.crl import CrlSpread
+from node.identity.listener import IdentitySite
+from node.identity.roles import CertificateGate
+from node.plan import PlanFence
+from node.runtime import NodeRuntime
+
+
+def api_identity(
+    runtime: NodeRuntime, tls: TlsContexts | None, fence: Callable[[], PlanFence | None]
+) -> tuple[CertificateGate | None, CrlSpread | None]:
+    """With TLS (`tls` and the settings' `tls` section): the certificate and role checks of the
+    API, fenced work-plane calls checked against `fence` (the plan this node applies), and the
+    CRL spread; (None, None) without TLS. The caller closes the spread."""
+    settings = runtime.settings
+    if tls is None or settings.tls is None:
+        return None, None
+    registry = runtime.metrics.registry if runtime.metrics is not None else None
+    gate = CertificateGate(tls, settings.auth_mode, fence, registry)
+    return gate, CrlSpread(runtime, tls, settings.tls.crl_refresh_s)
+
+
+def api_site(
+    runner: web.AppRunner, settings: NodeSettings, identity: CertificateGate | None
+) -> web.BaseSite:
+    """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it."""
+    if identity is None:
+        return web.TCPSite(runner, settings.bind, settings.port)
+    return IdentitySite(
+        runner,
+        settings.bind,
+        settings.port,
+        contexts=identity.contexts,
+        mode=settings.auth_mode,
+        plain_ok=settings.secret_file is not None,
+        refused=identity.refused,
+    )

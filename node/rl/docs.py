@@ -1,0 +1,190 @@
+"""The weights routes' bodies and documentation (POST /v1/weights/update, GET
+/v1/weights/next, POST /v1/weights/applied, GET /v1/weights/status)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from node.openapi import BODY_CONFIG, Count, RouteDoc
+from node.rl.digest import ALGOS, SHA256_ALGO, Digest
+from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
+
+RUN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_POLL_S = 60.0
+DEFAULT_POLL_S = 10.0
+
+
+_RUN = Field(
+    pattern=RUN_PATTERN.pattern,
+    description="the run's name: 1-64 letters, digits, '_', '.' or '-', not starting with "
+    "'.', '_' or '-'",
+)
+_SHA = Field(
+    default=None,
+    pattern=r"^[0-9a-f]{64}$",
+    description="the previous release's digest field (64 lowercase hex digits), read as "
+    "digest {algo: sha256} when digest is absent; sent beside digest only when its algo is "
+    "sha256",
+)
+
+
+class ParamBody(BaseModel):
+    """One parameter of an offer, as the publisher describes it (ParamInfo.to_dict)."""
+
+    model_config = BODY_CONFIG
+
+    name: str
+    shape: list[Count]
+    dtype: str
+    nbytes: Count
+
+
+class DigestBody(BaseModel):
+    """A weights digest: the algorithm and its value (docs/gpus.md defines them)."""
+
+    model_config = BODY_CONFIG
+
+    algo: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9.-]{0,31}$",
+        description=f"the digest algorithm; this release knows {', '.join(ALGOS)}",
+    )
+    value: str = Field(pattern=r"^[0-9a-f]{16,128}$", description="lowercase hex digits")
+
+
+def _digest_schema(schema: dict[str, Any]) -> None:
+    """The schema of a DigestedBody: `digest` or `sha256` required, neither null."""
+    for name in ("digest", "sha256"):
+        found = schema["properties"][name]
+        (kept,) = [b for b in found.pop("anyOf") if b.get("type") != "null"]
+        found.pop("default", None)
+        found.update(kept)
+    schema["anyOf"] = [{"required": ["digest"]}, {"required": ["sha256"]}]
+
+
+class DigestedBody(BaseModel):
+    """A body that names weights by their digest: `digest`, or the previous release's
+    `sha256` alone (read as digest {algo: sha256}); `sha256` beside `digest` is not read."""
+
+    model_config = BODY_CONFIG | ConfigDict(json_schema_extra=_digest_schema)
+
+    digest: DigestBody | None = Field(default=None, description="the weights' digest")
+    sha256: str | None = _SHA
+
+    @model_validator(mode="after")
+    def _one_digest(self) -> Self:
+        for name in ("digest", "sha256"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} must not be null: leave it out instead")
+        if self.digest is None and self.sha256 is None:
+            raise ValueError("give digest {algo, value} (or the previous release's sha256)")
+        return self
+
+    def weights_digest(self) -> Digest:
+        if self.digest is not None:
+            return Digest(self.digest.algo, self.digest.value)
+        return Digest(SHA256_ALGO, str(self.sha256))
+
+    def normalized(self) -> dict[str, Any]:
+        """The body as a dict with `digest` always, `sha256` (equal to its value) only beside
+        digest algo sha256."""
+        dumped = self.model_dump(exclude={"digest", "sha256"})
+        return dumped | self.weights_digest().fields()
+
+
+class OfferBody(DigestedBody):
+    """Body of `POST /v1/weights/update`: a new version's weights on offer."""
+
+    run: str = _RUN
+    version: Count = Field(description="the version; strictly increasing per run")
+    params: list[ParamBody] = Field(description="every parameter, in broadcast order")
+    total_bytes: Count
+    deadline_s: float = Field(ge=0, description="seconds the publisher waits for receivers")
+    sent_at: float = Field(default=0, ge=0, description="unix seconds the trainer sent it")
+    group: dict[str, Any] | None = Field(
+        default=None, description="the broadcast group: master_addr, master_port, prefix"
+    )
+
+
+class AppliedBody(DigestedBody):
+    """Body of `POST /v1/weights/applied`: the weights a local process applied or published."""
+
+    run: str = _RUN
+    version: Count
+    bytes: Count
+    source: Literal["broadcast", "file"] = Field(description="'broadcast' or 'file'")
+    receivers: list[str] = Field(default_factory=list, description="node ids that acknowledged")
+    sent_at: float | None = Field(default=None, ge=0, description="unix seconds it was sent")
+
+
+_RUN_PARAMETER = (
+    "run",
+    "query",
+    "the run's name",
+    {"type": "string", "pattern": RUN_PATTERN.pattern, "x-required": True},
+)
+"""The `run` query parameter of the weights routes."""
+
+
+def weights_route_docs() -> list[RouteDoc]:
+    """The documentation of the weights routes."""
+    run = _RUN_PARAMETER
+    return [
+        RouteDoc(
+            "POST",
+            "/v1/weights/update",
+            "Offer weights of a new version to this node's receiver (trainer's daemon or "
+            "publisher -> receiver node); carries the plan fence",
+            ((200, "offered"), (400, "malformed"), (409, "version not newer, or stale fence")),
+            body=OfferBody,
+            response=OfferTaken,
+        ),
+        RouteDoc(
+            "GET",
+            "/v1/weights/next",
+            "Long poll for the next weights offer after version `after`",
+            ((200, "the offer"), (204, "no offer within timeout_s"), (400, "malformed")),
+            parameters=(
+                run,
+                (
+                    "after",
+                    "query",
+                    "last version held (default -1)",
+                    {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
+                ),
+                (
+                    "timeout_s",
+                    "query",
+                    f"seconds to wait, 0 to {MAX_POLL_S:g} (default {DEFAULT_POLL_S:g})",
+                    {"type": "number", "minimum": 0, "maximum": MAX_POLL_S},
+                ),
+            ),
+            response=WeightsOffer,
+        ),
+        RouteDoc(
+            "POST",
+            "/v1/weights/applied",
+            "A local process reports the weights it applied (receiver) or published",
+            ((200, "status"), (400, "malformed"), (409, "older than the applied version")),
+            body=AppliedBody,
+            response=WeightsStatus,
+        ),
+        RouteDoc(
+            "GET",
+            "/v1/weights/status",
+            "The weights applied for a run: version, digest, applied_at, source, bytes",
+            ((200, "status"), (400, "malformed"), (404, "no weights for this run")),
+            parameters=(run,),
+            response=WeightsStatus,
+        ),
+        RouteDoc(
+            "GET",
+            "/v1/weights/runs",
+            "Every run this node knows weights of (offered or applied), each with its "
+            "applied weights' status or null; the dashboard asks each member once for all",
+            ((200, "the runs"),),
+            response=WeightsRuns,
+        ),
+    ]
