@@ -5,7 +5,6 @@ afterwards), with a dist-info of its own so it announces release `0.0.0+previous
 from __future__ import annotations
 
 import importlib.metadata as metadata
-import re
 import shutil
 import subprocess
 import tempfile
@@ -56,9 +55,11 @@ def _old_metadata(directory: Path) -> None:
     meta = directory / "shoal-0.0.0.dist-info"
     meta.mkdir(parents=True)
     installed = metadata.distribution("shoal")
-    text = installed.read_text("METADATA") or "Metadata-Version: 2.1\nName: shoal\nVersion: 0\n"
-    text = re.sub(r"^Version: .*$", f"Version: {OLD_RELEASE}", text, count=1, flags=re.MULTILINE)
-    (meta / "METADATA").write_text(text, encoding="utf-8")
+    # `requires` reads a dist-info's METADATA and a source tree's shoal.egg-info (which an
+    # editable install leaves in the clone, first on the path) alike.
+    lines = ["Metadata-Version: 2.1", "Name: shoal", f"Version: {OLD_RELEASE}"]
+    lines += [f"Requires-Dist: {requirement}" for requirement in installed.requires or []]
+    (meta / "METADATA").write_text("\n".join(lines) + "\n", encoding="utf-8")
     entry_points = installed.read_text("entry_points.txt")
     if entry_points:
         (meta / "entry_points.txt").write_text(entry_points, encoding="utf-8")
