@@ -14,7 +14,6 @@ table only when it maps an error.
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import errno
 import time
@@ -155,6 +154,7 @@ def peer_error(
 ) -> NetError | BaseException:
     """The error a failure `exc` of a request to `url` becomes (the caller chains it): a
     NetError for what the table knows, `exc` itself for anything else (a bug stays a bug)."""
+    import asyncio  # here too: importing net.errors loads no event loop machinery
     import urllib.error
 
     import aiohttp
