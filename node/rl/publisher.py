@@ -53,6 +53,7 @@ from node.training.rendezvous import daemon_endpoint
 
 log = logging.getLogger(__name__)
 
+FILE_GRACE_S = 0.5  # the weights file may finish this long after the deadline
 ACK_POLL_S = 0.005
 AUTO_ALGO = "auto"
 """The publisher's default digest algo: shoal-pws64-v1 when the weights are on CUDA (summed on
@@ -113,6 +114,10 @@ class WeightPublisher:
         digest = self._digest(model)
         params = describe_params(model)
         sent_at = time.time()
+        # the file is written while the update is offered, broadcast, verified and acknowledged
+        # (the model does not change before publish returns): a stalled receiver that holds the
+        # broadcast to the deadline cannot starve it; a receiver left out catches up from it
+        writer = self._write_file(model, version, digest)
         marks = [self._clock()]
         offered = self._offer(rendezvous, version, digest, params, sent_at, deadline)
         marks.append(self._clock())
@@ -130,9 +135,6 @@ class WeightPublisher:
                 store, model, version, (rendezvous.members[0], *ready), backend, deadline
             )
         marks.append(self._clock())
-        # the file is written while the receivers verify and acknowledge (the model does not
-        # change before publish returns); a receiver left out catches up from it
-        writer = self._write_file(model, version, digest)
         acknowledged = self._wait_acks(rendezvous, version, digest, ready, deadline)
         marks.append(self._clock())
         path = self._file_written(writer, version, deadline)
@@ -181,11 +183,12 @@ class WeightPublisher:
         self, writer: Future[Path] | None, version: int, deadline: float
     ) -> Path | None:
         """The path of the weights file `writer` writes (None without one), once written;
-        WeightsError when it is not written by `deadline`."""
+        WeightsError when it is not written by `deadline` + FILE_GRACE_S (inside publish's
+        deadline + 1 s)."""
         if writer is None:
             return None
         try:
-            return writer.result(self._left(deadline))
+            return writer.result(self._left(deadline + FILE_GRACE_S))
         except FutureTimeout as exc:
             raise WeightsError(
                 f"run {self.run!r} version {version}: the weights file was not written "

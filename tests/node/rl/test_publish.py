@@ -12,8 +12,10 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Timer
 
 import pytest
 from aiohttp import web
@@ -25,7 +27,7 @@ from node.errors import PublishTimeout, WeightsError
 from node.plan import GroupSpec, RolePlan
 from node.rl.digest import PWS_ALGO, SHA256_ALGO, weights_digest
 from node.rl.group import TensorDevice, weights_port
-from node.rl.publisher import PublishResult, WeightPublisher, store_key_prefix
+from node.rl.publisher import FILE_GRACE_S, PublishResult, WeightPublisher, store_key_prefix
 from node.rl.service import WeightsService
 
 torch = pytest.importorskip("torch")
@@ -248,3 +250,19 @@ def test_the_digest_algo_follows_the_weights_device_unless_chosen() -> None:
     assert chosen.algo_for(model) == PWS_ALGO
     with pytest.raises(WeightsError, match="digest_algo 'md5'"):
         WeightPublisher(RUN, "http://127.0.0.1:9", digest_algo="md5")
+
+
+def test_the_weights_file_may_finish_in_the_grace_after_the_deadline_and_no_later(
+    tmp_path: Path,
+) -> None:
+    """The file write runs beside the broadcast; publish waits for it FILE_GRACE_S past the
+    deadline (inside deadline + 1 s), then names the models dir it could not write in time."""
+    assert 0 < FILE_GRACE_S < 1.0
+    publisher = WeightPublisher(RUN, "http://127.0.0.1:9", models_dir=tmp_path, deadline_s=1.0)
+    late: Future[Path] = Future()
+    Timer(FILE_GRACE_S / 2, late.set_result, [tmp_path / "w.pt"]).start()
+    deadline = time.monotonic()  # the broadcast took the whole deadline
+    assert publisher._file_written(late, 3, deadline) == tmp_path / "w.pt"
+    with pytest.raises(WeightsError, match=f"version 4: the weights file .* {tmp_path}"):
+        publisher._file_written(Future(), 4, time.monotonic())
+    assert publisher._file_written(None, 5, time.monotonic()) is None
