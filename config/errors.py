@@ -54,10 +54,12 @@ class AuthError(ConfigPackageError):
 class CertificateError(ConfigPackageError):
     """A peer certificate was refused. `identity` is the name the certificate claims (its CN,
     or `<no CN>`), `reason` one of `config.tls.RefusalReason`'s values (expired, not_yet_valid,
-    other_ca, revoked, bad_identity), `detail` the sentence that explains it."""
+    other_ca, revoked, bad_identity), `detail` the sentence that explains it, `serial` the
+    certificate's serial number when it was read."""
 
-    def __init__(self, identity: str, reason: str, detail: str) -> None:
+    def __init__(self, identity: str, reason: str, detail: str, serial: int | None = None) -> None:
         self.identity = identity
         self.reason = reason
         self.detail = detail
+        self.serial = serial
         super().__init__(f"certificate {identity!r} refused ({reason}): {detail}")

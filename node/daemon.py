@@ -29,6 +29,7 @@ from config import (
     shoal_version,
     training_nproc_for,
 )
+from config.tls import serial_text
 from health import (
     BreakerRegistry,
     CheckResult,
@@ -59,6 +60,7 @@ from node.election.service import ElectionService, resolve_voters
 from node.errors import StartupError
 from node.identity import (
     AUTH_META,
+    CERT_META,
     CrlSpread,
     crl_route_docs,
     open_tls,
@@ -372,6 +374,7 @@ class NodeDaemon:
         }
         if self.tls is not None:
             meta[AUTH_META] = settings.auth_mode.value
+            meta[CERT_META] = serial_text(self.tls.material.own.serial)
         transport = UdpMembershipTransport(
             settings.bind,
             self.port,

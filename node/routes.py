@@ -72,6 +72,11 @@ _MEMBER_SCHEMA: dict[str, Any] = {
             "description": "the member's announced protocol; 1 when it announces none",
         },
         "is_self": {"type": "boolean"},
+        "refused": {
+            "type": ["string", "null"],
+            "description": "why this node refuses the member (its certificate was revoked: it"
+            " shows dead and is not heard), else null",
+        },
         "meta": {"type": "object"},
     },
 }
@@ -207,6 +212,7 @@ def _member_dict(member: Any) -> dict[str, Any]:
         "version": meta.get("version"),
         "protocol": protocol_of(meta),
         "is_self": bool(getattr(member, "is_self", False)),
+        "refused": getattr(member, "refused", None),
         "meta": meta,
     }
 

@@ -93,6 +93,13 @@ class TlsMaterial:
         """The CRL's number, -1 without a CRL."""
         return -1 if self.crl is None else crl_number(self.crl)
 
+    def revoked_at(self, serial: int) -> datetime | None:
+        """When the CRL in use revoked the certificate with `serial`; None when it did not."""
+        if self.crl is None:
+            return None
+        entry = self.crl.get_revoked_certificate_by_serial_number(serial)
+        return None if entry is None else entry.revocation_date_utc
+
 
 def crl_number(crl: x509.CertificateRevocationList) -> int:
     """The CRLNumber extension of `crl` (0 when it has none)."""

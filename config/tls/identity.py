@@ -202,6 +202,7 @@ def verify_peer_certificate(
                 claimed,
                 RefusalReason.REVOKED,
                 f"serial {serial} was revoked at {entry.revocation_date_utc.isoformat()}",
+                certificate.serial_number,
             )
     return PeerIdentity(
         name=identity_of(certificate),

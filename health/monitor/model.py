@@ -137,6 +137,8 @@ class Observation:
     role: str | None = None
     version: str | None = None
     protocol: int | None = None
+    refused: str | None = None
+    """Why the observing node refuses this member (a revoked certificate), else None."""
 
 
 def parse_peers(doc: Any) -> tuple[Observation, ...]:
@@ -164,6 +166,7 @@ def parse_peers(doc: Any) -> tuple[Observation, ...]:
                 role=read_str(member.get("role")),
                 version=read_str(member.get("version")),
                 protocol=read_int(member.get("protocol")),
+                refused=read_str(member.get("refused")),
             )
         )
     return tuple(found)
@@ -213,6 +216,8 @@ class NodeRow:
     autostop: AutostopInfo | None = None
     protocol: int | None = None
     """The node's wire protocol, from its status or a view; None when neither says."""
+    refused: str | None = None
+    """Why its peers refuse it (a revoked certificate: it shows dead), else None."""
 
     @property
     def failing(self) -> bool:
@@ -250,6 +255,7 @@ class NodeRow:
             "config_drift": self.config_drift,
             "jobs_running": self.jobs_running,
             "autostop": None if self.autostop is None else self.autostop.to_json(),
+            "refused": self.refused,
         }
 
 

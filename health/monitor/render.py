@@ -233,7 +233,10 @@ def _cells(row: NodeRow, probe_interval_s: float, narrow: bool) -> dict[str, Tex
         "node": _node_cell(row, narrow),
         "address": Text(f"{row.address}:{row.port}"),
         "role": Text(row.role or "-"),
-        "state": Text(row.state, style=_STATE_STYLE.get(row.state, "")),
+        "state": Text(
+            f"{row.state} (refused)" if row.refused else row.state,
+            style=_STATE_STYLE.get(row.state, ""),
+        ),
         "seen": _seen_cell(row, probe_interval_s),
         "term": Text("-" if row.term is None else str(row.term)),
         "health": _health_cell(row),

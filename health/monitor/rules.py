@@ -187,6 +187,7 @@ def _make_row(
         jobs_running=doc.jobs_running if doc is not None else None,
         autostop=doc.autostop if doc is not None else None,
         protocol=(doc.protocol if doc is not None else None) or (seen.protocol if seen else None),
+        refused=seen.refused if seen is not None else None,
     )
 
 

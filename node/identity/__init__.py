@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     )
     from node.identity.listener import IdentitySite
     from node.identity.peers import AUTH_META, peer_scheme, peer_tls
+    from node.identity.revoked import CERT_META, RevokedPeers
     from node.identity.roles import (
         NODE_FENCED,
         NODE_FORBIDDEN,
@@ -33,6 +34,7 @@ else:
             "node.identity.crl": "CRL_NUMBER_HEADER CRL_PATH CrlSpread crl_route_docs",
             "node.identity.listener": "IdentitySite",
             "node.identity.peers": "AUTH_META peer_scheme peer_tls",
+            "node.identity.revoked": "CERT_META RevokedPeers",
             "node.identity.roles": (
                 "NODE_FENCED NODE_FORBIDDEN PUBLIC_ROUTES CertificateGate RoleVerdict open_tls "
                 "role_verdict tls_files"
@@ -42,6 +44,7 @@ else:
 
 __all__ = [
     "AUTH_META",
+    "CERT_META",
     "CRL_NUMBER_HEADER",
     "CRL_PATH",
     "NODE_FENCED",
@@ -50,6 +53,7 @@ __all__ = [
     "CertificateGate",
     "CrlSpread",
     "IdentitySite",
+    "RevokedPeers",
     "RoleVerdict",
     "crl_route_docs",
     "open_tls",

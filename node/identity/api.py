@@ -11,6 +11,7 @@ from config import NodeSettings
 from config.tls import TlsContexts
 from node.identity.crl import CrlSpread
 from node.identity.listener import IdentitySite
+from node.identity.revoked import RevokedPeers
 from node.identity.roles import CertificateGate
 from node.plan import PlanFence
 from node.runtime import NodeRuntime
@@ -26,8 +27,9 @@ def api_identity(
     if tls is None or settings.tls is None:
         return None, None
     registry = runtime.metrics.registry if runtime.metrics is not None else None
-    gate = CertificateGate(tls, settings.auth_mode, fence, registry)
-    return gate, CrlSpread(runtime, tls, settings.tls.crl_refresh_s)
+    revoked = RevokedPeers(tls, runtime.node_id)
+    gate = CertificateGate(tls, settings.auth_mode, fence, registry, revoked)
+    return gate, CrlSpread(runtime, tls, settings.tls.crl_refresh_s, revoked)
 
 
 def api_site(

@@ -2,7 +2,8 @@
 and fetches every alive peer's each `tls.crl_refresh_s`; the highest CRL number signed by the
 CA wins, is written to the node's CRL file and used from the next request on. A revocation
 given to any one node so reaches every node within one membership round plus crl_refresh_s.
-The same task reloads the TLS files when they change on disk, and on SIGHUP."""
+The same task reloads the TLS files when they change on disk, and on SIGHUP, and refuses in the
+membership the peers whose certificates are revoked (node.identity.revoked)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from config.settings import AuthMode
 from config.tls.context import TlsContexts
 from net import Identity, NetError, PeerClient
 from node.identity.peers import AUTH_META, peer_scheme, peer_tls
+from node.identity.revoked import RevokedPeers
 from node.openapi import TEXT, RouteDoc
 from node.runtime import NodeRuntime
 
@@ -59,8 +61,15 @@ class CrlSpread:
     """Serves this node's CRL, fetches its peers', and watches the TLS files. `start()` spawns
     the loops (and the SIGHUP handler when on the main thread); `close()` ends them."""
 
-    def __init__(self, runtime: NodeRuntime, contexts: TlsContexts, interval_s: float) -> None:
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        contexts: TlsContexts,
+        interval_s: float,
+        revoked: RevokedPeers | None = None,
+    ) -> None:
         self._runtime = runtime
+        self.revoked = revoked
         self._contexts = contexts
         self._interval_s = interval_s
         self._tasks: list[asyncio.Task[None]] = []
@@ -131,6 +140,8 @@ class CrlSpread:
         while True:
             await asyncio.sleep(FILE_CHECK_S)
             self._contexts.reload_if_changed()
+            if self.revoked is not None:
+                self.revoked.apply(self._runtime.membership)
 
     async def _spread(self) -> None:
         while True:

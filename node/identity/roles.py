@@ -15,9 +15,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from config import HEADER_NODE, CertificateError, ConfigError
 from config.settings import AuthMode, NodeSettings
-from config.tls import CertRole, PeerIdentity
+from config.tls import CertRole, PeerIdentity, RefusalReason
 from config.tls.context import DEFAULT_CRL_NAME, TlsContexts, TlsFiles
 from node.fence import FenceSource, fence_refusal
+from node.identity.revoked import RevokedPeers
 from node.plan import FENCE_HEADER
 from node.security import (
     AUTH_POLICY,
@@ -163,11 +164,13 @@ class CertificateGate:
         mode: AuthMode,
         fence: FenceSource,
         registry: CollectorRegistry | None,
+        revoked_peers: RevokedPeers | None = None,
     ) -> None:
         self.contexts = contexts
         self.mode = mode
         self.fence = fence
         self.counters = TlsCounters(registry)
+        self.revoked_peers = revoked_peers
 
     def refused(self, peer: str, identity: str, reason: str, detail: str) -> None:
         """Log and count a refused certificate of `peer` (an address) claiming `identity`."""
@@ -191,6 +194,17 @@ class CertificateGate:
         except CertificateError as exc:
             return exc
 
+    def _note_serial(self, found: PeerIdentity | CertificateError | None) -> None:
+        """Tell the revoked-peers book which certificate a node's call presented."""
+        book = self.revoked_peers
+        if book is None or found is None:
+            return
+        if isinstance(found, CertificateError):
+            if found.reason == RefusalReason.REVOKED and found.serial is not None:
+                book.saw(found.identity, found.serial)
+        elif found.role == CertRole.NODE:
+            book.saw(found.name, found.serial)
+
     @web.middleware
     async def certificate_middleware(
         self, request: web.Request, handler: Handler
@@ -208,6 +222,7 @@ class CertificateGate:
         public = (request.method, request.path) in PUBLIC_ROUTES
         if public and request.path == "/metrics" and found is None and not self.mode.accepts_hmac:
             public = _bearer_ok(request)
+        self._note_serial(found)
         if isinstance(found, CertificateError):
             self.refused(str(request.remote), found.identity, found.reason, found.detail)
             return json_error(

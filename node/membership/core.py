@@ -88,6 +88,8 @@ class ProtocolCore:
         self._phase = Phase.NEW
         self._next_sync_at = 0.0
         self.last_error: str | None = None
+        self.refused_datagrams = 0
+        """Datagrams dropped because their sender is refused."""
 
     @property
     def self_id(self) -> str:

@@ -54,6 +54,18 @@ class MergingProtocol(ProtocolCore):
         if update.node_id == self._id:
             self._merge_self(update)
             return
+        refusal = self._table.refused.get(update.node_id)
+        if refusal is not None and update.state in UP:
+            if not refusal.lifted_by(update):
+                return  # a refused member stays down, whoever says it is alive
+            del self._table.refused[update.node_id]
+            log.warning(
+                "%s: %s advertises another %s: no longer refused (%s)",
+                self._id,
+                update.node_id,
+                refusal.mark[0] if refusal.mark else "mark",
+                refusal.reason,
+            )
         current = self._table.get(update.node_id)
         if sync_from is not None:
             if current is None and update.state not in UP:

@@ -51,6 +51,13 @@ class SwimProtocol(MergingProtocol):
             log.exception("%s: failed to handle %s from %s", self._id, message.kind, source)
 
     def _handle(self, message: Message, source: Address) -> None:
+        refusal = self._table.refused.get(message.sender)
+        if refusal is not None and not any(
+            update.node_id == message.sender and refusal.lifted_by(update)
+            for update in message.updates
+        ):
+            self.refused_datagrams += 1
+            return
         sync_from = message.sender if message.kind == MessageKind.STATE else None
         for update in message.updates:
             self._merge(update, sync_from=sync_from)

@@ -28,7 +28,9 @@ from node.membership.types import (
     MemberState,
     MemberView,
     MetaValue,
+    Refusal,
     SwimTuning,
+    Update,
     freeze_meta,
     validate_node_id,
     validate_port,
@@ -220,6 +222,29 @@ class Membership(SwimProtocol):
         self._table.me = replace(me, meta=meta, incarnation=me.incarnation + 1)
         self._queue_update(self._self_update())
         self._emit(EventKind.UPDATED, self._table.me, me.state)
+
+    def refuse(self, node_id: str, reason: str, mark: tuple[str, str] | None = None) -> None:
+        """Stop hearing `node_id` (its certificate was revoked, say): declare it dead, drop its
+        datagrams and ignore news of it alive until `allow`, or until it advertises a meta
+        value other than `mark` (key, value) (a new certificate). Itself is never refused."""
+        if node_id == self._id:
+            return
+        refusal = Refusal(reason, mark)
+        if self._table.refused.get(node_id) != refusal:
+            log.warning("%s: refusing %s: %s", self._id, node_id, reason)
+        self._table.refused[node_id] = refusal
+        current = self._table.get(node_id)
+        if current is not None and current.state in UP:
+            self._merge(Update(node_id, MemberState.DEAD, current.incarnation, by=self._id))
+
+    def allow(self, node_id: str) -> None:
+        """Hear `node_id` again (after `refuse`); it comes back when it next refutes."""
+        if self._table.refused.pop(node_id, None) is not None:
+            log.warning("%s: no longer refusing %s", self._id, node_id)
+
+    def refusals(self) -> dict[str, str]:
+        """The members this node refuses, with why."""
+        return {node_id: refusal.reason for node_id, refusal in self._table.refused.items()}
 
     def preload(self, members: Iterable[Member]) -> None:
         """Know `members` before start, as if learned by push-pull (a warm start)."""

@@ -9,7 +9,7 @@ from collections.abc import Container, Iterator
 from itertools import chain
 
 from node.membership.rules import view_digest
-from node.membership.types import Address, Member, MemberState, MemberView
+from node.membership.types import Address, Member, MemberState, MemberView, Refusal
 
 UP = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -28,6 +28,8 @@ class MemberTable:
         self.heard_at: dict[str, float] = {}
         self.down_since: dict[str, float] = {}
         self.synced_at: dict[str, float] = {}
+        self.refused: dict[str, Refusal] = {}
+        """Members this node will not hear (Membership.refuse), with why."""
         self._probe_order: list[str] = []
         self._probe_index = 0
         self._version = 0
@@ -173,6 +175,7 @@ class MemberTable:
     def view(self, member: Member, now: float) -> MemberView:
         is_self = member.node_id == self._me.node_id
         heard = now if is_self else self.heard_at.get(member.node_id, member.state_since)
+        refusal = self.refused.get(member.node_id)
         return MemberView(
             member.node_id,
             member.address,
@@ -183,6 +186,7 @@ class MemberTable:
             member.meta,
             is_self,
             member.conflict,
+            None if is_self or refusal is None else refusal.reason,
         )
 
     def views(self, now: float) -> list[MemberView]:

@@ -104,6 +104,25 @@ class MemberView:
     meta: Meta
     is_self: bool = False
     conflict: Address | None = None
+    refused: str | None = None
+    """Why this node refuses the member (its certificate was revoked), else None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A member this node will not hear: `reason` for the view and the log; `mark` is the
+    (meta key, value) it advertised when refused. Its datagrams are dropped and news of it
+    alive ignored until it advertises another value for that key (a new certificate)."""
+
+    reason: str
+    mark: tuple[str, str] | None = None
+
+    def lifted_by(self, update: Update) -> bool:
+        """True when `update` (about the refused member) advertises another mark value."""
+        if self.mark is None or update.meta is None:
+            return False
+        value = update.meta.get(self.mark[0])
+        return value is not None and str(value) != self.mark[1]
 
 
 @dataclass(frozen=True, slots=True)
