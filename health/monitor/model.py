@@ -68,6 +68,30 @@ class AutostopInfo:
 
 
 @dataclass(frozen=True)
+class DrainInfo:
+    """A node's drain (`shoal node drain`): `kill_after_s` is when its jobs are killed, None to
+    wait for them."""
+
+    kill_after_s: float | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> DrainInfo | None:
+        """The drain of a status document's `drain` (an object), None for null or junk."""
+        if not isinstance(value, Mapping):
+            return None
+        return cls(read_float(value.get("kill_after_s")))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kill_after_s": self.kill_after_s}
+
+    def text(self) -> str:
+        """`draining`, with `kill Ns` when its jobs are killed after that grace."""
+        if self.kill_after_s is None:
+            return "draining"
+        return f"draining, kill {self.kill_after_s:g}s"
+
+
+@dataclass(frozen=True)
 class NodeStatusDoc:
     """The parts of one node's /v1/status the monitor shows."""
 
@@ -91,6 +115,8 @@ class NodeStatusDoc:
     autostop: AutostopInfo | None = None
     protocol: int | None = None
     """The node's wire protocol (`protocol` of /v1/status); None from a release before it."""
+    drain: DrainInfo | None = None
+    """The node's drain in the plan it applies (`drain` of /v1/status), None when not draining."""
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -120,6 +146,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         jobs_running=read_int(read_mapping(doc.get("jobs")).get("running")),
         autostop=AutostopInfo.from_json(doc.get("autostop")),
         protocol=read_int(doc.get("protocol")),
+        drain=DrainInfo.from_json(doc.get("drain")),
     )
 
 
@@ -218,6 +245,8 @@ class NodeRow:
     """The node's wire protocol, from its status or a view; None when neither says."""
     refused: str | None = None
     """Why its peers refuse it (a revoked certificate: it shows dead), else None."""
+    drain: DrainInfo | None = None
+    """Its drain (from its status), None when it is not draining."""
 
     @property
     def failing(self) -> bool:
@@ -256,6 +285,7 @@ class NodeRow:
             "jobs_running": self.jobs_running,
             "autostop": None if self.autostop is None else self.autostop.to_json(),
             "refused": self.refused,
+            "drain": None if self.drain is None else self.drain.to_json(),
         }
 
 

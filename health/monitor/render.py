@@ -36,10 +36,11 @@ DIM = "dim"
 PROBE_INTERVAL_S = Timeouts().probe_interval_s
 NARROW_WIDTH = 110
 """Below this many columns the address, role, term, jobs, autostop and version columns are
-left out (autostop also while no node has auto-stop on)."""
+left out (autostop also while no node has auto-stop on; drain is shown only while a node
+drains)."""
 
-_COLUMNS = ("node", "address", "role", "state", "seen", "term", "health", "gpus", "jobs",
-            "autostop", "wal", "breakers", "version")  # fmt: skip
+_COLUMNS = ("node", "address", "role", "state", "drain", "seen", "term", "health", "gpus",
+            "jobs", "autostop", "wal", "breakers", "version")  # fmt: skip
 _WIDE_ONLY = frozenset({"address", "role", "term", "version", "jobs", "autostop"})
 _WRAPPING = frozenset({"health", "gpus", "autostop", "breakers", "version"})
 _GAP = 2
@@ -198,10 +199,11 @@ def _longest_word(text: Text) -> int:
 
 def _table(status: ClusterStatus, probe_interval_s: float, width: int) -> Table:
     narrow = width < NARROW_WIDTH
-    autostop = any(row.autostop is not None and row.autostop.enabled for row in status.nodes)
-    columns = [
-        c for c in _COLUMNS if not (narrow and c in _WIDE_ONLY) and (autostop or c != "autostop")
-    ]
+    shown = {
+        "autostop": any(row.autostop is not None and row.autostop.enabled for row in status.nodes),
+        "drain": any(row.drain is not None for row in status.nodes),
+    }
+    columns = [c for c in _COLUMNS if not (narrow and c in _WIDE_ONLY) and shown.get(c, True)]
     rows = [_cells(row, probe_interval_s, narrow) for row in status.nodes]
     natural = [max([len(name)] + [rows_[name].cell_len for rows_ in rows]) for name in columns]
     minimum = [
@@ -236,6 +238,9 @@ def _cells(row: NodeRow, probe_interval_s: float, narrow: bool) -> dict[str, Tex
         "state": Text(
             f"{row.state} (refused)" if row.refused else row.state,
             style=_STATE_STYLE.get(row.state, ""),
+        ),
+        "drain": Text(
+            "-" if row.drain is None else row.drain.text(), style=AMBER if row.drain else ""
         ),
         "seen": _seen_cell(row, probe_interval_s),
         "term": Text("-" if row.term is None else str(row.term)),

@@ -188,6 +188,7 @@ def _make_row(
         autostop=doc.autostop if doc is not None else None,
         protocol=(doc.protocol if doc is not None else None) or (seen.protocol if seen else None),
         refused=seen.refused if seen is not None else None,
+        drain=doc.drain if doc is not None else None,
     )
 
 

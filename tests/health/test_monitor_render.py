@@ -190,3 +190,37 @@ def test_each_node_shows_its_running_jobs_count() -> None:
     rows = [line for line in lines if line.startswith("gpu-")]
     cells = {line.split()[0]: line[at : at + 4].strip() for line in rows}
     assert cells == {"gpu-a": "3", "gpu-b": "0", "gpu-c": "-"}
+
+
+def test_a_draining_node_shows_in_a_drain_column_only_while_one_drains() -> None:
+    assert "drain" not in recorded(healthy_cluster(), 140).splitlines()[1]
+    reports = [ok(0, drain={"kill_after_s": 60}), ok(1, drain={"kill_after_s": None}), ok(2)]
+    status = build_cluster_status(reports, [seen(i) for i in range(3)], 1000.0)
+    rows = {row.node_id: row for row in status.nodes}
+    assert rows["gpu-a"].to_dict()["drain"] == {"kill_after_s": 60.0}
+    assert rows["gpu-b"].to_dict()["drain"] == {"kill_after_s": None}
+    assert rows["gpu-c"].to_dict()["drain"] is None
+    assert parse_status(status_doc("gpu-x", drain="junk")).drain is None
+    for width in (140, 80):
+        lines = recorded(status, width).splitlines()
+        assert " drain " in lines[1]
+        assert max(len(line) for line in lines) <= width
+        cells = {line.split()[0]: line for line in lines if line.startswith("gpu-")}
+        assert "draining, kill 60s" in cells["gpu-a"]
+        assert "draining" in cells["gpu-b"]
+        assert "draining" not in cells["gpu-c"]
+
+
+def test_a_node_its_peers_refuse_shows_dead_refused() -> None:
+    why = "revoked: the certificate of 'gpu-c' (serial 5F) was revoked at ... (CRL number 2)"
+    views = [seen(0), seen(1), replace(seen(2, "dead", 4.0), refused=why)]
+    status = build_cluster_status([ok(0), ok(1), ok(2)], views, 1000.0)
+    row = status.node("gpu-c")
+    assert row is not None
+    assert row.failing
+    assert row.to_dict()["refused"] == why
+    cells = {
+        line.split()[0]: line for line in recorded(status, 140).splitlines() if line[:4] == "gpu-"
+    }
+    assert "dead (refused)" in cells["gpu-c"]
+    assert "refused" not in cells["gpu-a"]
