@@ -123,7 +123,8 @@ def member_rows(
     the member's own /v1/status (`statuses`, by node id) its release, role, GPUs with health
     and health problems; `drain` ({"kill_after_s"}) while the plan drains it, else None;
     `stale` when its last status is older than its last ask (the ask failed, or it is not alive
-    so not asked), with `status_error` saying why."""
+    so not asked), with `status_error` saying why; `refused` why this node refuses it (a
+    revoked certificate), else None."""
     membership = sources.runtime.membership
     plan = sources.plan()
     ranks = {} if plan is None else {node: i for i, node in enumerate(plan.training_ranks)}
@@ -144,6 +145,7 @@ def member_rows(
                 "node_id": member.node_id,
                 "address": f"{member.address}:{member.port}",
                 "state": state,
+                "refused": getattr(member, "refused", None),
                 "incarnation": member.incarnation,
                 "last_seen_s": round(member.last_seen_s, 1),
                 "role": str(planned)

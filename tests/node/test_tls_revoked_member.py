@@ -5,6 +5,7 @@ its refutations ignored), cluster_monitor shows it so, and its own calls fail na
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -111,3 +112,17 @@ async def test_a_revoked_node_shows_dead_and_refused_at_every_peer_and_in_the_mo
             assert rows["a"].state == "alive"
             assert rows["a"].refused is None
             assert rows["b"].to_dict()["refused"] == rows["b"].refused
+            # the dashboard's members topic, read with the reader certificate
+            url = f"https://127.0.0.1:{a.port}/v1/events?topics=members"
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(url, ssl=pki.client("rita"), server_hostname="a") as answer,
+            ):
+                assert answer.status == 200, await answer.text()
+                async for line in answer.content:
+                    if line.startswith(b"data: {"):
+                        members = {m["node_id"]: m for m in json.loads(line[6:])["members"]}
+                        break
+            assert members["b"]["state"] == "dead"
+            assert members["b"]["refused"].startswith("revoked")
+            assert members["c"]["refused"] is None

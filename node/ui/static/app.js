@@ -77,6 +77,11 @@ function heardCell(m) {
   return el("span", {}, heard, " ", el("span", { class: "state state-stale", title: text(m.status_error) }, `stale${since}`));
 }
 
+function stateCell(m) {
+  if (!m.refused) return badge(m.state);
+  return el("span", { title: m.refused }, badge(m.state), " ", el("span", { class: "state state-dead" }, "refused"));
+}
+
 function drainCell(m) {
   if (!m.drain) return "–";
   const after = m.drain.kill_after_s;
@@ -92,7 +97,7 @@ function renderCluster(data) {
     .flatMap((m) => m.health_problems.map((p) => el("p", { class: "banner bad" }, `${m.node_id}: ${p}`)));
   const rows = members.map((m) => ({
     node: m.node_id, state: m.state, stale: m.stale ? "yes" : "no", drain: m.drain ? "draining" : "no",
-    cells: [m.node_id + (m.is_self ? " (this node)" : ""), badge(m.state), drainCell(m), text(m.role), text(m.rank),
+    cells: [m.node_id + (m.is_self ? " (this node)" : ""), stateCell(m), drainCell(m), text(m.role), text(m.rank),
       text(m.version), gpuCell(m), m.health ? badge(m.health) : "–", heardCell(m), m.address],
   }));
   const draining = members.filter((m) => m.drain).map((m) => m.node_id);
