@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from config.tls import serial_text
 from config.tls.context import TlsContexts
+from node.errors import NodeError
 
 __all__ = ["CERT_META", "REVOKED", "RefusingMembership", "RevokedPeers"]
 
@@ -96,7 +97,10 @@ class RevokedPeers:
         members = membership.members()
         me = next((m for m in members if getattr(m, "is_self", False)), None)
         if me is not None and me.meta.get(CERT_META) != own:
-            membership.update_meta({CERT_META: own})
+            try:
+                membership.update_meta({CERT_META: own})
+            except NodeError as exc:  # (meta too large to gossip): peers go by the handshakes
+                log.warning("cannot advertise certificate serial %s: %s", own, exc)
         verdicts = self.verdicts(members)
         for node_id, reason in verdicts.items():  # (the membership logs each new refusal)
             mark = (CERT_META, serial_text(self._serials[node_id]))

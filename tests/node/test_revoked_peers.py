@@ -10,7 +10,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import pytest
+
 from config.tls import CertRole, TlsContexts, load_certificate, revoke, serial_text
+from node.errors import MembershipError
 from node.identity import CERT_META, RevokedPeers, tls_files
 from node.identity.revoked import RefusingMembership
 from tests.node.daemons import test_settings
@@ -78,3 +81,24 @@ def test_members_with_revoked_serials_are_refused_and_let_back(tmp_path: Path) -
     assert sorted(membership.refused) == ["c"]
     book.saw("b", serial["b"])  # ... but its calls still present the revoked one
     assert sorted(book.apply(membership)) == ["b", "c"]
+
+
+class FullMembership(FakeMembership):
+    def update_meta(self, changes: Mapping[str, Any]) -> None:
+        raise MembershipError("meta is too large to gossip; keep it under 600 bytes of JSON")
+
+
+def test_a_serial_that_does_not_fit_the_meta_still_lets_revocations_apply(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pki = make_pki(tmp_path / "pki", nodes=("a", "b"))
+    files = tls_files(test_settings(tmp_path, "a", tls=pki.node_tls("a")))
+    assert files is not None
+    contexts = TlsContexts(files)
+    book = RevokedPeers(contexts, "a")
+    membership = FullMembership([View("a", {}, is_self=True), View("b", {})])
+    book.saw("b", load_certificate(pki.cert("b")).serial_number)
+    revoke(pki.ca_dir, "b")
+    assert contexts.install_crl(pki.ca_crl.read_bytes(), "test")
+    assert sorted(book.apply(membership)) == ["b"]
+    assert "cannot advertise certificate serial" in caplog.text
