@@ -50,6 +50,7 @@ from node.rl.digest import (  # noqa: E402
 from node.rl.group import weights_port  # noqa: E402
 from node.rl.publisher import WeightPublisher  # noqa: E402
 from node.rl.receiver import WeightReceiver  # noqa: E402
+from node.rl.routes import WeightsRoutes  # noqa: E402
 from node.rl.service import WeightsService  # noqa: E402
 from node.rl.stream import RolloutStream  # noqa: E402
 from wal import WriteAheadLog  # noqa: E402
@@ -207,7 +208,7 @@ def bench_publish(
             )
             app = web.Application()
             app.add_routes(service.routes())
-            app.router.add_get("/v1/rendezvous", service.rendezvous)
+            app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
             runner = web.AppRunner(app)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -24,6 +24,7 @@ from node.membership.service import Membership
 from node.plan import PlanFence, RolePlan
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
+from node.rl.routes import WeightsRoutes
 from node.rl.service import WeightsService
 from node.routes import CoreRoutes
 from node.runs.nodes import NodeStarter
@@ -119,7 +120,7 @@ def weights_service(runtime: NodeRuntime, election: ElectionService) -> WeightsS
         runtime.wal,
         runtime.metrics.registry if runtime.metrics is not None else None,
     )
-    election.group_handlers["weights"] = weights.rendezvous
+    election.group_handlers["weights"] = WeightsRoutes(weights).rendezvous
     return weights
 
 

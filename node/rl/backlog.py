@@ -1,30 +1,25 @@
 """Backpressure of the rollouts store: at most `max_pending` unconsumed samples per run.
 
 The trainer's RolloutStream tells each node's daemon how far it has consumed that node's store
-(POST /v1/rollouts/consumed, a (created_at, sample_id) position). A POST of rollouts that would
-leave more than `max_pending` samples of a run after that position is refused whole, 429 with
-Retry-After; nothing is trimmed. The count is kept incrementally (admitted rows in, consumed
-ranges out) and recounted from the store when it would refuse and is older than `recount_s`;
-every race of the two errs on the side of counting more.
+(POST /v1/rollouts/consumed, a (created_at, sample_id) position; the routes are
+node.rl.routes). A POST of rollouts that would leave more than `max_pending` samples of a run
+after that position is refused whole, 429 with Retry-After; nothing is trimmed. The count is kept
+incrementally (admitted rows in, consumed ranges out) and recounted from the store when it would
+refuse and is older than `recount_s`; every race of the two errs on the side of counting more.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from node.component import Endpoint, paired
-from node.openapi import RouteDoc
-from node.rl.docs import RUN_PATTERN
-from node.security import json_error
+from node.component import Endpoint
+from node.rl.routes import BacklogRoutes
 from sync import (
     ROLLOUTS_SCHEMA,
     BacklogFullError,
@@ -37,10 +32,6 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1.0
 RECOUNT_S = 1.0
-CONSUMED_PATH = "/v1/rollouts/consumed"
-TS_BOUND = 1.7e308
-"""The largest |ts| of a consumed position: the document's bound, checked by the handler."""
-PENDING_PATH = "/v1/rollouts/pending"
 STAMP_STEP_S = 1e-6
 Row = tuple[Any, ...]
 Position = tuple[float, str]
@@ -223,107 +214,16 @@ class RolloutBacklog:
             self._pending_gauge.labels(run=run).set(state.pending + state.inflight)
         return state
 
+    async def recount(self, run: str) -> RunBacklog | None:
+        """The run's backlog counted from the store now; None while the store is not open."""
+        store = self._store_of()
+        if store is None:
+            return None
+        await self._recount(store, run)
+        return self.state(run)
+
     # --- HTTP ---------------------------------------------------------------------------------
 
     def routes(self) -> list[Endpoint]:
-        served = [web.post(CONSUMED_PATH, self._consumed), web.get(PENDING_PATH, self._pending)]
-        return paired(served, self.docs())
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        run = {"type": "string", "pattern": RUN_PATTERN.pattern}
-        answer = {
-            "type": "object",
-            "required": ["run", "pending", "max_pending", "consumed"],
-            "properties": {
-                "run": {"type": "string"},
-                "pending": {"type": "integer", "minimum": 0},
-                "max_pending": {"type": "integer", "minimum": 1},
-                "consumed": {
-                    "type": ["object", "null"],
-                    "properties": {"ts": {"type": "number"}, "after": {"type": "string"}},
-                },
-            },
-        }
-        return [
-            RouteDoc(
-                "POST",
-                CONSUMED_PATH,
-                "The trainer's RolloutStream consumed this node's rollouts of `run` through "
-                "(ts, after) in (created_at, sample_id) order: producers may add that many more",
-                ((200, "the run's backlog"), (400, "malformed")),
-                body={
-                    "type": "object",
-                    "required": ["run", "ts", "after"],
-                    "properties": {
-                        "run": run,
-                        "ts": {"type": "number", "minimum": -TS_BOUND, "maximum": TS_BOUND},
-                        "after": {"type": "string"},
-                    },
-                    "additionalProperties": False,
-                },
-                response=answer,
-            ),
-            RouteDoc(
-                "GET",
-                PENDING_PATH,
-                "Unconsumed rollouts of `run` in this node's store (counted now) and the cap",
-                ((200, "the run's backlog"), (400, "malformed"), (503, "store not open")),
-                parameters=(("run", "query", "the run's name", {**run, "x-required": True}),),
-                response=answer,
-            ),
-        ]
-
-    def _answer(self, run: str, state: RunBacklog) -> web.Response:
-        consumed = state.consumed
-        return web.json_response(
-            {
-                "run": run,
-                "pending": state.pending + state.inflight,
-                "max_pending": self.max_pending,
-                "consumed": None if consumed is None else {"ts": consumed[0], "after": consumed[1]},
-            }
-        )
-
-    async def _consumed(self, request: web.Request) -> web.Response:
-        try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            return json_error(400, f"body is not JSON: {exc}", param="body")
-        problem = _consumed_problem(body)
-        if problem is not None:
-            return json_error(400, problem[1], param=problem[0])
-        state = await self.consumed(body["run"], (float(body["ts"]), body["after"]))
-        return self._answer(body["run"], state)
-
-    async def _pending(self, request: web.Request) -> web.Response:
-        extra = set(request.query) - {"run"}
-        if extra:
-            return json_error(400, "unknown parameter", param=sorted(extra)[0])
-        run = request.query.get("run", "")
-        if not RUN_PATTERN.match(run):
-            return json_error(400, f"run {run!r} is not a run name", param="run")
-        store = self._store_of()
-        if store is None:
-            return json_error(503, "the rollouts store is not open yet", retry_after_s=1.0)
-        await self._recount(store, run)
-        return self._answer(run, self.state(run))
-
-
-def _consumed_problem(body: object) -> tuple[str, str] | None:
-    """(field, reason) of what is wrong with a consumed report, or None."""
-    if not isinstance(body, dict):
-        return "body", "body must be a JSON object {run, ts, after}"
-    extra = set(body) - {"run", "ts", "after"}
-    if extra:
-        return sorted(extra)[0], "unknown field"
-    run, ts, after = body.get("run"), body.get("ts"), body.get("after")
-    if not isinstance(run, str) or not RUN_PATTERN.match(run):
-        return "run", f"run {run!r} is not a run name"
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-        return "ts", "ts must be a finite number (created_at of the last sample consumed)"
-    if abs(ts) > TS_BOUND:
-        return "ts", f"ts must be within +-{TS_BOUND:g} (created_at of the last sample consumed)"
-    if not isinstance(after, str):
-        return "after", "after must be a string (sample_id of the last sample consumed)"
-    return None
+        """The consumed/pending routes with their docs (node.rl.routes.BacklogRoutes)."""
+        return BacklogRoutes(self).routes()

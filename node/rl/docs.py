@@ -1,5 +1,6 @@
-"""The weights routes' bodies and documentation (POST /v1/weights/update, GET
-/v1/weights/next, POST /v1/weights/applied, GET /v1/weights/status)."""
+"""The rl routes' bodies and documentation: the weights routes (POST /v1/weights/update, GET
+/v1/weights/next, POST /v1/weights/applied, GET /v1/weights/status, GET /v1/weights/runs) and the
+rollouts backlog's (POST /v1/rollouts/consumed, GET /v1/rollouts/pending)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
 RUN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_POLL_S = 60.0
 DEFAULT_POLL_S = 10.0
+CONSUMED_PATH = "/v1/rollouts/consumed"
+PENDING_PATH = "/v1/rollouts/pending"
+TS_BOUND = 1.7e308
+"""The largest |ts| of a consumed position: the document's bound, checked by the handler."""
 
 
 _RUN = Field(
@@ -186,5 +191,51 @@ def weights_route_docs() -> list[RouteDoc]:
             "applied weights' status or null; the dashboard asks each member once for all",
             ((200, "the runs"),),
             response=WeightsRuns,
+        ),
+    ]
+
+
+def backlog_route_docs() -> list[RouteDoc]:
+    """The documentation of the rollouts backlog's routes (consumed, pending)."""
+    run = {"type": "string", "pattern": RUN_PATTERN.pattern}
+    answer = {
+        "type": "object",
+        "required": ["run", "pending", "max_pending", "consumed"],
+        "properties": {
+            "run": {"type": "string"},
+            "pending": {"type": "integer", "minimum": 0},
+            "max_pending": {"type": "integer", "minimum": 1},
+            "consumed": {
+                "type": ["object", "null"],
+                "properties": {"ts": {"type": "number"}, "after": {"type": "string"}},
+            },
+        },
+    }
+    return [
+        RouteDoc(
+            "POST",
+            CONSUMED_PATH,
+            "The trainer's RolloutStream consumed this node's rollouts of `run` through "
+            "(ts, after) in (created_at, sample_id) order: producers may add that many more",
+            ((200, "the run's backlog"), (400, "malformed")),
+            body={
+                "type": "object",
+                "required": ["run", "ts", "after"],
+                "properties": {
+                    "run": run,
+                    "ts": {"type": "number", "minimum": -TS_BOUND, "maximum": TS_BOUND},
+                    "after": {"type": "string"},
+                },
+                "additionalProperties": False,
+            },
+            response=answer,
+        ),
+        RouteDoc(
+            "GET",
+            PENDING_PATH,
+            "Unconsumed rollouts of `run` in this node's store (counted now) and the cap",
+            ((200, "the run's backlog"), (400, "malformed"), (503, "store not open")),
+            parameters=(("run", "query", "the run's name", {**run, "x-required": True}),),
+            response=answer,
         ),
     ]

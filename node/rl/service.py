@@ -1,37 +1,27 @@
 """The weights control plane of one daemon: update offers from the trainer's publisher, the
 long poll its receiver process waits on, applied reports, status, metrics and the WAL record.
-
-Routes: POST /v1/weights/update (fenced by the plan), GET /v1/weights/next, POST
-/v1/weights/applied, GET /v1/weights/status, and the weights group for GET /v1/rendezvous.
+Its routes (node.rl.routes): POST /v1/weights/update, GET /v1/weights/next, POST
+/v1/weights/applied, GET /v1/weights/status, GET /v1/weights/runs and the weights group of
+GET /v1/rendezvous.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from node.component import Endpoint, paired
-from node.errors import BodyError, NodeError
-from node.openapi import RouteDoc, parse_body
-from node.plan import FENCE_HEADER, PlanError, PlanFence, RolePlan, check_fence
-from node.rl.docs import (
-    DEFAULT_POLL_S,
-    MAX_POLL_S,
-    RUN_PATTERN,
-    AppliedBody,
-    OfferBody,
-    weights_route_docs,
-)
-from node.rl.group import weights_rendezvous_for
+from node.component import Endpoint
+from node.errors import AnsweredError
+from node.plan import RolePlan
+from node.rl.group import WeightsRendezvous, weights_rendezvous_for
 from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
-from node.security import json_error
+from node.rl.routes import WeightsRoutes
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -60,12 +50,6 @@ class RunWeights:
     def wake(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
-
-
-class _BadRequest(NodeError):
-    def __init__(self, reason: str, param: str) -> None:
-        super().__init__(reason)
-        self.reason, self.param = reason, param
 
 
 class WeightsService:
@@ -101,29 +85,16 @@ class WeightsService:
         )
 
     def routes(self) -> list[Endpoint]:
-        served = [
-            web.post("/v1/weights/update", self._update),
-            web.get("/v1/weights/next", self._next),
-            web.post("/v1/weights/applied", self._applied),
-            web.get("/v1/weights/status", self._status),
-            web.get("/v1/weights/runs", self._runs_status),
-        ]
-        return paired(served, self.docs())
+        """The weights routes with their docs (node.rl.routes.WeightsRoutes)."""
+        return WeightsRoutes(self).routes()
 
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return weights_route_docs()
+    def plan(self) -> RolePlan | None:
+        """The role plan this node applies, or None before it applies one."""
+        return self._plan_of()
 
-    async def rendezvous(self, request: web.Request) -> web.Response:
-        """GET /v1/rendezvous?group=weights&run=R: this node's view of the run's weights group."""
-        try:
-            run = _run(request.query.get("run", ""))
-        except _BadRequest as exc:
-            return json_error(400, exc.reason, param=exc.param)
-        found = weights_rendezvous_for(self._plan_of(), self.node_id, run, self._url_of)
-        if found is None:
-            return json_error(409, "no role plan yet: no coordinator has published one")
-        return web.json_response(found.to_dict())
+    def rendezvous_of(self, run: str) -> WeightsRendezvous | None:
+        """This node's view of the weights group of `run`; None before a plan is applied."""
+        return weights_rendezvous_for(self._plan_of(), self.node_id, run, self._url_of)
 
     def state(self, run: str) -> RunWeights:
         return self._runs.setdefault(run, RunWeights())
@@ -132,72 +103,48 @@ class WeightsService:
         """Every run this node knows of, by name (a copy of the mapping)."""
         return dict(self._runs)
 
-    async def _update(self, request: web.Request) -> web.Response:
-        plan = self._plan_of()
-        try:
-            presented = request.headers.get(FENCE_HEADER)
-            fence = None if presented is None else PlanFence.from_header(presented)
-        except PlanError as exc:
-            return json_error(400, str(exc), param=FENCE_HEADER)
-        verdict = check_fence(None if plan is None else plan.fence, fence)
-        if not verdict.ok:
-            return json_error(409, verdict.reason, code="stale_fence", fence=verdict.to_dict())
-        try:
-            body = parse_body(OfferBody, await request.read())
-        except BodyError as exc:
-            return json_error(400, exc.reason, param=_param(exc))
-        offer = WeightsOffer.model_validate(body.normalized())
+    def offer(self, offer: WeightsOffer) -> OfferTaken:
+        """Take `offer` as its run's newest and wake the run's long polls. Raises AnsweredError
+        409 `old_version` unless its version is newer than every version offered or applied."""
         state = self.state(offer.run)
         newest = max(state.offered_version, state.applied_version)
         if offer.version <= newest:
-            return json_error(
+            raise AnsweredError(
                 409,
+                "old_version",
                 f"run {offer.run!r}: version {offer.version} is not newer than {newest}; "
                 "versions strictly increase per run",
-                code="old_version",
             )
         state.offered = offer
         state.wake()
-        return web.json_response(OfferTaken(run=offer.run, version=offer.version).to_json())
+        return OfferTaken(run=offer.run, version=offer.version)
 
-    async def _next(self, request: web.Request) -> web.Response:
-        query = request.query
-        try:
-            _known_query(query, ("run", "after", "timeout_s"))
-            run = _run(query.get("run", ""))
-            after = _int(query.get("after", "-1"), "after", minimum=-1)
-            timeout_s = _float(query.get("timeout_s", str(DEFAULT_POLL_S)), "timeout_s")
-            if timeout_s > MAX_POLL_S:
-                raise _BadRequest(
-                    f"timeout_s {timeout_s:g} must be at most {MAX_POLL_S:g}", "timeout_s"
-                )
-        except _BadRequest as exc:
-            return json_error(400, exc.reason, param=exc.param)
+    async def next_offer(self, run: str, after: int, timeout_s: float) -> WeightsOffer | None:
+        """The run's offer once its version is above `after`, waiting at most `timeout_s`;
+        None when none came."""
         state = self.state(run)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while state.offered_version <= after:
             left_s = deadline - asyncio.get_running_loop().time()
             if left_s <= 0:
-                return web.Response(status=204)
+                return None
             try:
                 await asyncio.wait_for(state.changed.wait(), left_s)
             except TimeoutError:
-                return web.Response(status=204)
-        assert state.offered is not None
-        return web.json_response(state.offered.to_json())
+                return None
+        return state.offered
 
-    async def _applied(self, request: web.Request) -> web.Response:
-        try:
-            report = parse_body(AppliedBody, await request.read()).normalized()
-        except BodyError as exc:
-            return json_error(400, exc.reason, param=_param(exc))
+    async def applied(self, report: Mapping[str, Any]) -> WeightsStatus:
+        """Record the weights a local process applied or published (AppliedBody.normalized()):
+        in the WAL first (when there is one), then the run's status, gauge and update time.
+        Raises AnsweredError 409 `old_version` for a version older than the applied one."""
         state = self.state(report["run"])
         if report["version"] < state.applied_version:
-            return json_error(
+            raise AnsweredError(
                 409,
+                "old_version",
                 f"run {report['run']!r}: version {report['version']} is older than the applied "
                 f"{state.applied_version}",
-                code="old_version",
             )
         now = self._clock()
         status = WeightsStatus.model_validate(
@@ -221,64 +168,13 @@ class WeightsService:
         if report["sent_at"] is not None:
             self.update_seconds.observe(max(0.0, now - report["sent_at"]))
         state.wake()
-        return web.json_response(status.to_json())
+        return status
 
-    async def _runs_status(self, request: web.Request) -> web.Response:
-        runs = {run: state.status for run, state in sorted(self._runs.items())}
-        return web.json_response(WeightsRuns(runs=runs).to_json())
+    def status_of(self, run: str) -> WeightsStatus | None:
+        """The weights applied here for `run`, or None (an unknown run is not remembered)."""
+        known = self._runs.get(run)
+        return None if known is None else known.status
 
-    async def _status(self, request: web.Request) -> web.Response:
-        try:
-            _known_query(request.query, ("run",))
-            run = _run(request.query.get("run", ""))
-        except _BadRequest as exc:
-            return json_error(400, exc.reason, param=exc.param)
-        status = self._runs.get(run, RunWeights()).status
-        if status is None:
-            return json_error(
-                404, f"run {run!r} has no weights on this node yet", code="no_weights"
-            )
-        return web.json_response(status.to_json())
-
-
-def _param(error: BodyError) -> str:
-    """The top-level field a BodyError names ("body" for the whole)."""
-    return error.field.split(".", 1)[0]
-
-
-def _known_query(query: Mapping[str, str], known: tuple[str, ...]) -> None:
-    unknown = sorted(set(query) - set(known))
-    if unknown:
-        raise _BadRequest(
-            f"unknown query parameter(s) {', '.join(unknown)}; known: {', '.join(known)}",
-            unknown[0],
-        )
-
-
-def _run(value: object) -> str:
-    if not isinstance(value, str) or not RUN_PATTERN.fullmatch(value):
-        raise _BadRequest(
-            f"run {value!r} must be 1-64 letters, digits, '_', '.' or '-', not starting with "
-            "'.', '_' or '-'",
-            "run",
-        )
-    return value
-
-
-def _int(value: object, name: str, minimum: int = 0) -> int:
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**63:
-        raise _BadRequest(f"{name} {value!r} must be an integer from {minimum} to 2**63 - 1", name)
-    return value
-
-
-def _float(value: object, name: str) -> float:
-    try:
-        number = float(value) if isinstance(value, str | int | float) else -1.0
-    except ValueError:
-        number = -1.0
-    if not number >= 0 or isinstance(value, bool):
-        raise _BadRequest(f"{name} {value!r} must be a number >= 0", name)
-    return number
+    def applied_runs(self) -> WeightsRuns:
+        """Every run this node knows, by name, each with its applied weights or None."""
+        return WeightsRuns(runs={run: state.status for run, state in sorted(self._runs.items())})

@@ -28,6 +28,7 @@ from node.plan import GroupSpec, RolePlan
 from node.rl.digest import PWS_ALGO, SHA256_ALGO, weights_digest
 from node.rl.group import TensorDevice, weights_port
 from node.rl.publisher import FILE_GRACE_S, PublishResult, WeightPublisher, store_key_prefix
+from node.rl.routes import WeightsRoutes
 from node.rl.service import WeightsService
 
 torch = pytest.importorskip("torch")
@@ -95,7 +96,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     for node, service in services.items():
         app = web.Application()
         app.add_routes(service.routes())
-        app.router.add_get("/v1/rendezvous", service.rendezvous)
+        app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         servers.append(server)

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from config import Role
 from node.errors import WeightsError
 from node.plan import FENCE_HEADER, GroupSpec, RolePlan
+from node.rl.routes import WeightsRoutes
 from node.rl.service import WeightsService
 
 torch = pytest.importorskip("torch")
@@ -34,7 +35,7 @@ PLAN = RolePlan(
 async def serve(service: WeightsService) -> TestServer:
     app = web.Application()
     app.add_routes(service.routes())
-    app.router.add_get("/v1/rendezvous", service.rendezvous)
+    app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     return server

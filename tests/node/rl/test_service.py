@@ -30,6 +30,7 @@ from node.rl.group import (
     weights_port,
     weights_rendezvous_for,
 )
+from node.rl.routes import WeightsRoutes
 from node.rl.service import WAL_ENTRY, WeightsService
 from node.security import json_error
 from node.training.rendezvous import daemon_endpoint
@@ -69,7 +70,7 @@ def offer(version: int, run: str = "r1") -> dict[str, Any]:
 async def serve(service: WeightsService) -> TestServer:
     app = web.Application()
     app.add_routes(service.routes())
-    app.router.add_get("/v1/rendezvous", service.rendezvous)
+    app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     return server

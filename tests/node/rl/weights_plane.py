@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from config import Role
 from node.plan import GroupSpec, RolePlan
+from node.rl.routes import WeightsRoutes
 from node.rl.service import WeightsService
 
 MASTER_PORT = 29500
@@ -37,7 +38,7 @@ async def main() -> None:
     service = WeightsService(node, lambda: plan, url_of, registry=CollectorRegistry())
     app = web.Application()
     app.add_routes(service.routes())
-    app.router.add_get("/v1/rendezvous", service.rendezvous)
+    app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, addresses[node], port).start()
