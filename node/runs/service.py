@@ -1,7 +1,7 @@
 """The run queue on the coordinator: each concurrency group's runs one after another, every
 step stored on the voters' majority (with the locks) before the next one, so a new coordinator
-continues a run from its last step. Routes: POST/GET /v1/runs, GET /v1/runs/{id},
-POST /v1/runs/{id}/cancel (any node forwards to the coordinator).
+continues a run from its last step. Its routes (any node forwards them to the coordinator)
+are node.runs.routes.
 """
 
 from __future__ import annotations
@@ -13,26 +13,22 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiohttp import web
-
 from health import LoopHealth
 from net import PeerRequestError, split_url
-from node.component import Check, Endpoint, paired
-from node.errors import BodyError, LockError, RunError
+from node.component import Check, Endpoint
+from node.errors import LockError, RunError
 from node.fence import fence_headers
 from node.jobs import JobRecord
-from node.locks.service import LockService, answers_lock_errors
+from node.locks.service import LockService
 from node.locks.table import LockTable, acquire, put_run, release, renew
-from node.openapi import RouteDoc, parse_body
 from node.plan import PlanFence
-from node.runs.docs import RUNS_PATH, run_route_docs
-from node.runs.fetch import Member, check_results_node, download_result, parse_fetch
+from node.runs.fetch import FetchBody, Member, check_results_node, download_result
 from node.runs.nodes import NodeStarter, StaticNodes
 from node.runs.queue import (
     MAX_PENDING,
-    CancelBody,
     RunList,
     RunRecord,
+    RunSpec,
     RunState,
     RunStep,
     active_runs,
@@ -41,17 +37,12 @@ from node.runs.queue import (
     final_state,
     new_run,
     next_seq,
-    parse_run_spec,
     pending_in_group,
     run_lock,
     with_step,
 )
-from node.runs.results import (
-    FETCH_PATH,
-    NodeResults,
-    ResultsStore,
-    result_key,
-)
+from node.runs.results import LocalResults, NodeResults, ResultsStore, result_key
+from node.runs.routes import run_endpoints
 from node.runtime import local_daemon_url
 
 log = logging.getLogger(__name__)
@@ -62,7 +53,8 @@ KILL_GRACE_S = 5.0
 
 
 class RunService:
-    """The queue's driver (while this node coordinates) and the run routes."""
+    """The queue's driver (while this node coordinates) and what the run routes ask of it
+    (submit, list, get, cancel, fetch a result): a component whose routes are node.runs.routes."""
 
     def __init__(
         self,
@@ -326,52 +318,19 @@ class RunService:
             )
         return {**stored, "node": member.node, "path": path}
 
-    # HTTP
+    # the component
 
     def routes(self) -> list[Endpoint]:
-        return paired(self._route_defs(), self.docs())
+        return run_endpoints(self)
 
     def checks(self) -> Mapping[str, Check]:
         return {"runs": Check(self.loop_health.check, interval_s=1.0)}
 
-    def _route_defs(self) -> list[web.RouteDef]:
-        return [
-            web.post(RUNS_PATH, answers_run_errors(self._handle_submit)),
-            web.get(RUNS_PATH, answers_run_errors(self._handle_list)),
-            web.get(f"{RUNS_PATH}/{{run_id}}", answers_run_errors(self._handle_get)),
-            web.post(f"{RUNS_PATH}/{{run_id}}/cancel", answers_run_errors(self._handle_cancel)),
-            web.post(FETCH_PATH, answers_run_errors(self._handle_fetch)),
-        ]
+    # what the run routes ask (node.runs.routes)
 
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return run_route_docs()
-
-    async def _handle_fetch(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        runtime = self._runtime
-        store = check_results_node(runtime, self.results)
-        fetch = parse_fetch(body)
-        key, node, job_id, path = fetch.key, fetch.node, fetch.job_id, fetch.path
-        member_url = local_daemon_url(runtime) if node == runtime.node_id else None
-        member_url = member_url or self.locks.url_of(node)
-        if member_url is None:
-            raise RunError(503, "node_unknown", f"node {node} is not in this node's view")
-        stored = await download_result(self.locks.peers, store, key, member_url, job_id, path)
-        return web.json_response(stored)
-
-    async def _body(self, request: web.Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError as exc:
-            raise RunError(400, "invalid_run", f"the body is not JSON: {exc}") from exc
-
-    async def _handle_submit(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        spec = parse_run_spec(body, self.stacks)
-        forwarded = await self.locks.forward(request, body)
-        if forwarded is not None:
-            return forwarded
+    async def submit_run(self, spec: RunSpec) -> RunRecord:
+        """Queue `spec` (this node coordinates); its record. RunError 429 when its group has
+        MAX_PENDING runs queued already."""
         created: list[RunRecord] = []
 
         def submit(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
@@ -385,42 +344,26 @@ class RunService:
             return put_run(table, term, record.run_id, record.to_json()), None
 
         await self.locks.apply(submit)
-        return web.json_response(created[0].to_json(), status=201)
+        return created[0]
 
-    async def _handle_list(self, request: web.Request) -> web.Response:
-        forwarded = await self.locks.forward(request, None)
-        if forwarded is not None:
-            return forwarded
+    async def list_runs(self, group: str | None = None) -> RunList:
+        """Every run (of `group`, when given), oldest first, as stored on the majority."""
         await self.locks.apply(lambda t, term, now: (t, None))
-        group = request.query.get("group")
         runs = sorted(self.runs().values(), key=lambda r: r.seq)
-        chosen = tuple(r for r in runs if group in (None, r.group))
-        return web.json_response(RunList(runs=chosen).to_json())
+        return RunList(runs=tuple(r for r in runs if group in (None, r.group)))
 
-    async def _run(self, request: web.Request) -> RunRecord:
+    async def get_run(self, run_id: str) -> RunRecord:
+        """The run `run_id` as stored on the majority; RunError 404 when there is none."""
         await self.locks.apply(lambda t, term, now: (t, None))
-        run_id = request.match_info["run_id"]
         record = self.runs().get(run_id)
         if record is None:
             raise RunError(404, "run_not_found", f"no run {run_id!r}; `shoal runs list` shows them")
         return record
 
-    async def _handle_get(self, request: web.Request) -> web.Response:
-        forwarded = await self.locks.forward(request, None)
-        if forwarded is not None:
-            return forwarded
-        return web.json_response((await self._run(request)).to_json())
-
-    async def _handle_cancel(self, request: web.Request) -> web.Response:
-        try:
-            parse_body(CancelBody, await request.read(), optional=True)
-        except BodyError as exc:
-            raise RunError(400, "invalid_run", exc.reason) from None
-        forwarded = await self.locks.forward(request, {})
-        if forwarded is not None:
-            return forwarded
-        run_id = request.match_info["run_id"]
-        await self._run(request)
+    async def cancel_run(self, run_id: str) -> RunRecord:
+        """Cancel the run `run_id` (queue.cancel); its record. RunError 404 when there is no
+        such run, 409 when it ended."""
+        await self.get_run(run_id)
         done: list[RunRecord] = []
 
         def stop(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
@@ -429,17 +372,23 @@ class RunService:
             return put_run(table, term, run_id, record.to_json()), None
 
         await self.locks.apply(stop)
-        return web.json_response(done[0].to_json())
+        return done[0]
 
+    def own_results(self) -> LocalResults:
+        """This node's results store, when it is the results node; RunError 409 otherwise."""
+        return check_results_node(self._runtime, self.results)
 
-def answers_run_errors(
-    handler: Callable[[web.Request], Any],
-) -> Callable[[web.Request], Any]:
-    async def wrapped(request: web.Request) -> web.Response:
-        try:
-            response: web.Response = await answers_lock_errors(handler)(request)
-            return response
-        except RunError as exc:
-            return web.json_response(exc.to_dict(), status=exc.status)
-
-    return wrapped
+    async def fetch_result(self, fetch: FetchBody) -> dict[str, Any]:
+        """Download the file `fetch` names from its member node into this results node's
+        store; the stored record, or {"missing": true}. RunError 409 on another node, 503 when
+        the member is not in the view, 502 when it cannot be read."""
+        store = self.own_results()
+        runtime = self._runtime
+        node = fetch.node
+        member_url = local_daemon_url(runtime) if node == runtime.node_id else None
+        member_url = member_url or self.locks.url_of(node)
+        if member_url is None:
+            raise RunError(503, "node_unknown", f"node {node} is not in this node's view")
+        return await download_result(
+            self.locks.peers, store, fetch.key, member_url, fetch.job_id, fetch.path
+        )
