@@ -14,9 +14,15 @@ from typing import Any
 from multidict import CIMultiDict
 
 from config.timeouts import Timeouts
-from net.build import Identity, Params, base_url, build_request
-from net.client import FAILURE_STATUS, note_clock_skew
-from net.errors import answer_error, map_peer_errors
+from net.build import Identity, Params
+from net.errors import map_peer_errors
+from net.exchange import (
+    FAILURE_STATUS,
+    answer_failure,
+    answer_json,
+    call_request,
+    seam_base_url,
+)
 from net.transport import BlockingTransport, PeerRequest, PeerResponse, SslContextProvider
 
 __all__ = ["BlockingBreakerHook", "BlockingPeerClient", "UrllibTransport"]
@@ -76,8 +82,7 @@ class BlockingPeerClient:
 
     def base_url(self, address: str) -> str:
         """As PeerClient.base_url: https while the TLS seam gives a context."""
-        tls = self._ssl_context is not None and self._ssl_context() is not None
-        return base_url(address, tls=tls)
+        return seam_base_url(address, self._ssl_context)
 
     def request(
         self,
@@ -94,10 +99,9 @@ class BlockingPeerClient:
         check: bool = True,
     ) -> PeerResponse:
         """As PeerClient.request."""
-        wait_s = self.timeouts.http_request_s if timeout_s is None else timeout_s
-        request = build_request(
-            self.identity, method, self.base_url(peer), path, json=json, data=data,
-            params=params, headers=headers, timeout_s=max(0.05, wait_s),
+        request = call_request(
+            self.identity, self.timeouts, method, self.base_url(peer), path, json=json,
+            data=data, params=params, headers=headers, timeout_s=timeout_s, min_timeout_s=0.05,
         )  # fmt: skip
         guard = (
             contextlib.nullcontext()
@@ -107,11 +111,11 @@ class BlockingPeerClient:
         with guard:
             with map_peer_errors(request.url, request.timeout_s):
                 answer = self.transport.send(request)
-            note_clock_skew(request, answer.status, answer.headers)
-            if check and answer.status >= FAILURE_STATUS:
-                raise answer_error(request.url, answer.status, answer.body, answer.headers)
-        if check and answer.status >= 400:
-            raise answer_error(request.url, answer.status, answer.body, answer.headers)
+            failure = answer_failure(request, answer, check=check)
+            if failure is not None and answer.status >= FAILURE_STATUS:
+                raise failure  # the peer's fault: its breaker counts it
+        if failure is not None:
+            raise failure  # a refused request: the caller's
         return answer
 
     def call_json(
@@ -132,8 +136,7 @@ class BlockingPeerClient:
             method, peer, path, json=body, params=params, headers=headers,
             timeout_s=timeout_s, breaker_key=breaker_key,
         )  # fmt: skip
-        with map_peer_errors(self.base_url(peer) + path):
-            return answer.status, answer.json()
+        return answer.status, answer_json(answer, self.base_url(peer) + path)
 
     def close(self) -> None:
         self.transport.close()

@@ -7,16 +7,22 @@ import asyncio
 import contextlib
 import dataclasses
 import ssl
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW, HEADER_SIGNATURE
 from config.closing import AsyncClosing
 from config.timeouts import Timeouts
-from net.build import Identity, Params, base_url, build_request
+from net.build import Identity, Params, base_url
 from net.errors import answer_error, map_peer_errors
+from net.exchange import (
+    FAILURE_STATUS,
+    answer_failure,
+    answer_json,
+    call_request,
+    note_clock_skew,
+    seam_base_url,
+)
 from net.transport import (
     AsyncTransport,
     PeerRequest,
@@ -32,22 +38,6 @@ BreakerHook = Callable[[str], AbstractAsyncContextManager[Any]]
 """The breaker of a peer, by its key (a node id, else its base URL): an async context manager
 that refuses to enter while open and counts an exception leaving it as the peer's failure
 (health.BreakerRegistry.breaker_for fits)."""
-
-FAILURE_STATUS = 500
-"""Error answers from this status up count against the peer's breaker; lower ones (a refused
-request) are the caller's, not the peer's fault."""
-
-
-def note_clock_skew(request: PeerRequest, status: int, headers: Mapping[str, str]) -> None:
-    """Record (or clear) a peer's clock skew learnt from its answer to a signed request."""
-    if HEADER_SIGNATURE not in request.headers:
-        return
-    skew = headers.get(HEADER_CLOCK_SKEW)
-    if status == 401 and skew is not None:
-        with contextlib.suppress(ValueError):  # the sender's (our) clock minus the peer's
-            CLOCK_SKEWS.record(request.base.split("://", 1)[-1], -float(skew), time.time())
-    elif status != 401:
-        CLOCK_SKEWS.clear(request.base.split("://", 1)[-1])
 
 
 class _MappedStream:
@@ -143,35 +133,7 @@ class PeerClient(AsyncClosing):
                 return base_url(address, tls=True), choice
             if plain.startswith("https://"):
                 return plain, None
-        tls = self._ssl_context is not None and self._ssl_context() is not None
-        return base_url(address, tls=tls), None
-
-    def _request(
-        self,
-        method: str,
-        peer: str,
-        path: str,
-        *,
-        json: Any,
-        data: bytes | None,
-        params: Params,
-        headers: Mapping[str, str] | None,
-        timeout_s: float | None,
-    ) -> PeerRequest:
-        wait_s = self.timeouts.http_request_s if timeout_s is None else timeout_s
-        base, tls = self._route(peer)
-        request = build_request(
-            self.identity,
-            method,
-            base,
-            path,
-            json=json,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout_s=wait_s,
-        )
-        return request if tls is None else dataclasses.replace(request, tls=tls)
+        return seam_base_url(address, self._ssl_context), None
 
     def _guard(self, request: PeerRequest, key: str | None) -> AbstractAsyncContextManager[Any]:
         if self._breaker is None:
@@ -197,20 +159,21 @@ class PeerClient(AsyncClosing):
         429/503 with Retry-After); without, it is returned. No answer: PeerRequestError, or
         PeerTimeoutError after `timeout_s`. Failures and answers >= 500 count against the
         breaker of `breaker_key` (default: the base URL)."""
-        request = self._request(
-            method, peer, path, json=json, data=data, params=params, headers=headers,
-            timeout_s=timeout_s,
+        base, tls = self._route(peer)
+        request = call_request(
+            self.identity, self.timeouts, method, base, path, json=json, data=data,
+            params=params, headers=headers, timeout_s=timeout_s, tls=tls,
         )  # fmt: skip
         async with self._guard(request, breaker_key):
             with map_peer_errors(request.url, request.timeout_s):
                 async with asyncio.timeout(request.timeout_s):
                     async with self.transport.stream(request) as stream:
                         answer = PeerResponse(stream.status, stream.headers, await stream.read())
-            note_clock_skew(request, answer.status, answer.headers)
-            if check and answer.status >= FAILURE_STATUS:
-                raise answer_error(request.url, answer.status, answer.body, answer.headers)
-        if check and answer.status >= 400:
-            raise answer_error(request.url, answer.status, answer.body, answer.headers)
+            failure = answer_failure(request, answer, check=check)
+            if failure is not None and answer.status >= FAILURE_STATUS:
+                raise failure  # the peer's fault: its breaker counts it
+        if failure is not None:
+            raise failure  # a refused request: the caller's
         return answer
 
     async def request_json(
@@ -231,8 +194,7 @@ class PeerClient(AsyncClosing):
             method, peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
             breaker_key=breaker_key,
         )  # fmt: skip
-        with map_peer_errors(self.base_url(peer) + path):
-            return answer.json()
+        return answer_json(answer, self.base_url(peer) + path)
 
     async def call_json(
         self,
@@ -253,8 +215,7 @@ class PeerClient(AsyncClosing):
             method, peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
             breaker_key=breaker_key, check=False,
         )  # fmt: skip
-        with map_peer_errors(self.base_url(peer) + path):
-            return answer.status, answer.json()
+        return answer.status, answer_json(answer, self.base_url(peer) + path)
 
     async def get_json(
         self,
@@ -272,8 +233,7 @@ class PeerClient(AsyncClosing):
             "GET", peer, path, params=params, headers=headers, timeout_s=timeout_s,
             breaker_key=breaker_key,
         )  # fmt: skip
-        with map_peer_errors(self.base_url(peer) + path):
-            return answer.json()
+        return answer_json(answer, self.base_url(peer) + path)
 
     async def post_json(
         self,
@@ -291,8 +251,7 @@ class PeerClient(AsyncClosing):
             "POST", peer, path, json=body, params=params, headers=headers, timeout_s=timeout_s,
             breaker_key=breaker_key,
         )  # fmt: skip
-        with map_peer_errors(self.base_url(peer) + path):
-            return answer.json()
+        return answer_json(answer, self.base_url(peer) + path)
 
     @asynccontextmanager
     async def stream(
@@ -314,9 +273,10 @@ class PeerClient(AsyncClosing):
         long as the peer is silent: a followed log). With `check`, an error answer raises as
         in `request`. Reads raise net's errors; the caller's own errors inside the block (a
         full disk) pass unchanged."""
-        request = self._request(
-            method, peer, path, json=json, data=data, params=params, headers=headers,
-            timeout_s=timeout_s,
+        base, tls = self._route(peer)
+        request = call_request(
+            self.identity, self.timeouts, method, base, path, json=json, data=data,
+            params=params, headers=headers, timeout_s=timeout_s, tls=tls,
         )  # fmt: skip
         if unbounded_reads:
             request = dataclasses.replace(request, unbounded_reads=True)

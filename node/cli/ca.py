@@ -22,7 +22,7 @@ from config.tls import (
     revoke,
     serial_text,
 )
-from node.cli.common import EXIT_USAGE, console, fail, print_json
+from node.cli.common import EXIT_USAGE, JsonOption, console, fail, print_json
 
 ca_app = typer.Typer(
     help="The cluster CA: issue, revoke and list node, operator and reader certificates.",
@@ -32,7 +32,6 @@ ca_app = typer.Typer(
 DirOption = Annotated[
     Path, typer.Option("--dir", help="The CA's directory (ca.key, ca.crt, crl.pem, index.json).")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
 @ca_app.command("init")

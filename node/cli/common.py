@@ -121,15 +121,25 @@ def peer_client(settings: NodeSettings, timeout_s: float | None = None) -> PeerC
     return PeerClient(Identity.of_command(secret), timeouts=timeouts, ssl_context=lambda: context)
 
 
+def daemon_of(node: str | None, config_file: Path | None) -> tuple[NodeSettings, str]:
+    """(settings, daemon URL) of a command: the settings of `config_file` (node_url's
+    choice of daemon: `node`, else the local one)."""
+    settings = settings_from(config_file).settings
+    return settings, node_url(settings, node)
+
+
 async def request_json(
     settings: NodeSettings,
     method: str,
     url: str,
     body: dict[str, Any] | None = None,
     timeout_s: float | None = None,
+    *,
+    usage_error: Callable[[PeerRequestError], bool] | None = None,
 ) -> Any:
     """One signed request to a daemon and its JSON answer; an error answer or an unreachable
-    daemon exits 1 with one line naming the URL and the node's own reason."""
+    daemon exits 1 with one line naming the URL and the node's own reason (2 when
+    `usage_error` says the refusal is the caller's bad input)."""
     from net import split_url
 
     try:
@@ -137,7 +147,8 @@ async def request_json(
         async with peer_client(settings, timeout_s) as peers:
             return await peers.request_json(method, base, path_qs, body)
     except PeerRequestError as exc:
-        fail(str(exc), EXIT_FAILURE)
+        bad_input = usage_error is not None and usage_error(exc)
+        fail(str(exc), EXIT_USAGE if bad_input else EXIT_FAILURE)
 
 
 NodeOption = Annotated[

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import typer
 
 from config import Inventory, read_secret_file
-from node.cli.common import config_errors, console, fail, print_json, settings_from
+from node.cli.common import JsonOption, config_errors, console, fail, print_json, settings_from
 from node.cli.ssh import (
     AllOption,
     HostsArgument,
@@ -27,10 +28,12 @@ from node.ssh.plan import DEFAULT_CACHE_DIR, FAILED, HEALTH_TIMEOUT_S
 from node.ssh.rolling import SETTLE_TIMEOUT_S, RollingReport, report_lines, rolling_upgrade
 from node.ssh.upgrader import SshUpgrader
 
+if TYPE_CHECKING:
+    from node.ssh.executor import SSHExecutor
+
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print every step per host; change nothing.")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
 def _report(results: dict[str, DeployResult], as_json: bool) -> None:
@@ -129,13 +132,24 @@ def deploy_command(
         fail("the inventory must come from a file to be pushed to the hosts")
     if ca_dir is not None and not (ca_dir / "ca.crt").is_file():
         fail(f"--ca {ca_dir}: no ca.crt there; make a CA with `shoal ca init --dir {ca_dir}`")
-    run = _DeployRun(
-        inventory, known, names, secret, inventory.source.read_text(), python, offline,
-        cache_dir, health_timeout_s, ca_dir, dry_run,
+    install = _Install(
+        secret=secret, inventory_text=inventory.source.read_text(), python=python,
+        offline=offline, cache_dir=cache_dir,
     )  # fmt: skip
+    run = _DeployRun(inventory, known, names, install, health_timeout_s, ca_dir, dry_run)
     if rolling:
         _report_rolling(asyncio.run(run.rolling(settle_timeout_s, as_json)), as_json)
     _report(asyncio.run(run.all_at_once()), as_json)
+
+
+class _Install(TypedDict):
+    """What a deploy installs on each host, as desired_for_hosts and deploy take it."""
+
+    secret: bytes
+    inventory_text: str
+    python: str
+    offline: bool
+    cache_dir: Path
 
 
 @dataclass(frozen=True)
@@ -145,30 +159,26 @@ class _DeployRun:
     inventory: Inventory
     known: Path
     names: list[str]
-    secret: bytes
-    inventory_text: str
-    python: str
-    offline: bool
-    cache_dir: Path
+    install: _Install
     health_timeout_s: float
     ca_dir: Path | None
     dry_run: bool
 
-    async def rolling(self, settle_timeout_s: float, as_json: bool) -> RollingReport:
-        """One host at a time (node.ssh.rolling)."""
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[tuple[SSHExecutor, HttpClusterProbe]]:
+        """An SSH executor for the hosts and the probe that asks (and records in) the
+        cluster."""
         async with (
             executor_for(self.inventory, self.known) as executor,
-            HttpClusterProbe(self.inventory, self.secret) as probe,
+            HttpClusterProbe(self.inventory, self.install["secret"]) as probe,
         ):
+            yield executor, probe
+
+    async def rolling(self, settle_timeout_s: float, as_json: bool) -> RollingReport:
+        """One host at a time (node.ssh.rolling)."""
+        async with self._session() as (executor, probe):
             desired, early = await desired_for_hosts(
-                executor,
-                self.names,
-                secret=self.secret,
-                inventory_text=self.inventory_text,
-                python=self.python,
-                offline=self.offline,
-                cache_dir=self.cache_dir,
-                tls=self.ca_dir is not None,
+                executor, self.names, tls=self.ca_dir is not None, **self.install
             )
             upgrader = SshUpgrader(
                 executor,
@@ -191,22 +201,15 @@ class _DeployRun:
 
     async def all_at_once(self) -> dict[str, DeployResult]:
         """Every host at once."""
-        async with (
-            executor_for(self.inventory, self.known) as executor,
-            HttpClusterProbe(self.inventory, self.secret) as recorder,
-        ):
+        async with self._session() as (executor, recorder):
             return await deploy(
                 executor,
                 self.names,
-                secret=self.secret,
-                inventory_text=self.inventory_text,
-                python=self.python,
-                offline=self.offline,
                 dry_run=self.dry_run,
-                cache_dir=self.cache_dir,
                 health_timeout_s=self.health_timeout_s,
                 ca_dir=self.ca_dir,
                 recorder=recorder,
+                **self.install,
             )
 
 

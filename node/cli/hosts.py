@@ -9,14 +9,17 @@ import typer
 from rich.table import Table
 
 from config import Inventory, Role, describe_settings, eligible_hosts, load_inventory
-from node.cli.common import config_errors, console, fail, print_json, settings_from
+from node.cli.common import (
+    ConfigOption,
+    config_errors,
+    console,
+    fail,
+    print_json,
+    settings_from,
+)
 
 hosts_app = typer.Typer(help="Check and list the YAML host inventory.", no_args_is_help=True)
 config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
-
-ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="Config file (YAML); default $SHOAL_CONFIG.")
-]
 
 
 def _hosts_rows(inventory: Inventory, names: list[str]) -> list[dict[str, object]]:

@@ -4,6 +4,7 @@ datagrams, changed on every alive member through the coordinator (or on one node
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,17 +14,15 @@ from rich.table import Table
 from config import NodeSettings, read_secret_file
 from node.cli.common import (
     EXIT_FAILURE,
-    EXIT_USAGE,
     ConfigOption,
     JsonOption,
     NodeOption,
     config_errors,
     console,
+    daemon_of,
     fail,
-    node_url,
-    peer_client,
     print_json,
-    settings_from,
+    request_json,
 )
 from node.errors import PeerRequestError
 from node.membership.keyring import (
@@ -57,24 +56,17 @@ LocalOption = Annotated[
 KeyIdArgument = Annotated[str, typer.Argument(help="A key id (shoal keyring list).")]
 
 
-def _where(node: str | None, config_file: Path | None) -> tuple[NodeSettings, str]:
-    settings = settings_from(config_file).settings
-    return settings, node_url(settings, node)
+def _bad_input(exc: PeerRequestError) -> bool:
+    """A refusal whose code (USAGE_CODES) says the caller's input was wrong."""
+    return exc.code in USAGE_CODES
 
 
 async def _request(
     settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
 ) -> Any:
     """One signed request; a refusal whose code means bad input exits 2, any other error 1."""
-    from net import split_url
-
     timeout_s = KEYRING_TIMEOUT_FACTOR * settings.timeouts.http_request_s
-    try:
-        base, path_qs = split_url(url)
-        async with peer_client(settings, timeout_s) as peers:
-            return await peers.request_json(method, base, path_qs, body)
-    except PeerRequestError as exc:
-        fail(str(exc), EXIT_USAGE if exc.code in USAGE_CODES else EXIT_FAILURE)
+    return await request_json(settings, method, url, body, timeout_s, usage_error=_bad_input)
 
 
 def _report(answer: dict[str, Any], as_json: bool) -> None:
@@ -107,6 +99,26 @@ def _local_report(answer: dict[str, Any], op: str, kid: str, as_json: bool) -> N
         )
 
 
+def _change(
+    settings: NodeSettings,
+    url: str,
+    op: str,
+    kid: str,
+    body: dict[str, Any],
+    *,
+    local: bool,
+    as_json: bool,
+) -> None:
+    """POST the change `op` (install, use, remove) of key `kid` to every alive member through
+    the coordinator, or to the daemon at `url` only (`local`), and report it."""
+    path = f"/v1/keyring/local/{op}" if local else f"/v1/keyring/{op}"
+    answer = asyncio.run(_request(settings, "POST", f"{url}{path}", body))
+    if local:
+        _local_report(answer, op, kid, as_json)
+    else:
+        _report(answer, as_json)
+
+
 def _check_key_id(kid: str) -> None:
     if not valid_key_id(kid):
         fail(f"{kid!r} is not a key id (16 hex characters; see shoal keyring list)")
@@ -137,7 +149,7 @@ def list_keys(
 ) -> None:
     """Every key id of the cluster (never a key's bytes): how many members hold it and which
     members seal with it; exit 1 when a member did not answer."""
-    settings, url = _where(node, config_file)
+    settings, url = daemon_of(node, config_file)
     if local:
         answer = asyncio.run(_request(settings, "GET", f"{url}/v1/keyring/local"))
         if as_json:
@@ -177,7 +189,7 @@ def install(
     """Install a key on every alive member: from then on each accepts datagrams sealed with
     it. Exit 0 when every alive member acknowledged, 1 naming those that did not, 2 for a bad
     key file. The key travels sealed with a key derived from the cluster secret."""
-    settings, url = _where(node, config_file)
+    settings, url = daemon_of(node, config_file)
     try:
         key = read_key_file(keyfile)
     except KeyringError as exc:
@@ -185,49 +197,38 @@ def install(
     with config_errors():
         secret = read_secret_file(settings.secret_file) if settings.secret_file else None
     body = {"key": wrap_key(key, secret, settings.cluster_name)}
-    path = "/v1/keyring/local/install" if local else "/v1/keyring/install"
-    answer = asyncio.run(_request(settings, "POST", f"{url}{path}", body))
-    if local:
-        _local_report(answer, "install", key_id(key), as_json)
-    else:
-        _report(answer, as_json)
+    _change(settings, url, "install", key_id(key), body, local=local, as_json=as_json)
 
 
-@keyring_app.command("use")
-def use(
-    kid: KeyIdArgument,
-    node: NodeOption = None,
-    local: LocalOption = False,
-    as_json: JsonOption = False,
-    config_file: ConfigOption = None,
-) -> None:
-    """Seal with key KEYID on every alive member. Refused (nothing changed, exit 1 naming
-    them) while a member lacks the key; exit 2 when no member holds it."""
-    _check_key_id(kid)
-    settings, url = _where(node, config_file)
-    path = "/v1/keyring/local/use" if local else "/v1/keyring/use"
-    answer = asyncio.run(_request(settings, "POST", f"{url}{path}", {"key_id": kid}))
-    if local:
-        _local_report(answer, "use", kid, as_json)
-    else:
-        _report(answer, as_json)
+def _key_id_command(op: str, doc: str) -> Callable[..., None]:
+    """The command that changes key KEYID by `op` (use, remove); `doc` is its help."""
+
+    def command(
+        kid: KeyIdArgument,
+        node: NodeOption = None,
+        local: LocalOption = False,
+        as_json: JsonOption = False,
+        config_file: ConfigOption = None,
+    ) -> None:
+        _check_key_id(kid)
+        settings, url = daemon_of(node, config_file)
+        _change(settings, url, op, kid, {"key_id": kid}, local=local, as_json=as_json)
+
+    command.__doc__ = doc
+    return command
 
 
-@keyring_app.command("remove")
-def remove(
-    kid: KeyIdArgument,
-    node: NodeOption = None,
-    local: LocalOption = False,
-    as_json: JsonOption = False,
-    config_file: ConfigOption = None,
-) -> None:
-    """Remove key KEYID from every alive member. The key in use is refused (exit 2): use
-    another key first."""
-    _check_key_id(kid)
-    settings, url = _where(node, config_file)
-    path = "/v1/keyring/local/remove" if local else "/v1/keyring/remove"
-    answer = asyncio.run(_request(settings, "POST", f"{url}{path}", {"key_id": kid}))
-    if local:
-        _local_report(answer, "remove", kid, as_json)
-    else:
-        _report(answer, as_json)
+use = keyring_app.command("use")(
+    _key_id_command(
+        "use",
+        """Seal with key KEYID on every alive member. Refused (nothing changed, exit 1 naming
+    them) while a member lacks the key; exit 2 when no member holds it.""",
+    )
+)
+remove = keyring_app.command("remove")(
+    _key_id_command(
+        "remove",
+        """Remove key KEYID from every alive member. The key in use is refused (exit 2): use
+    another key first.""",
+    )
+)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -17,16 +19,14 @@ from config import NodeSettings
 from config.fields import is_valid_node_id
 from node.cli.common import (
     EXIT_FAILURE,
-    EXIT_USAGE,
     ConfigOption,
     JsonOption,
     NodeOption,
     console,
+    daemon_of,
     fail,
-    node_url,
-    peer_client,
     print_json,
-    settings_from,
+    request_json,
 )
 from node.errors import PeerRequestError
 
@@ -45,18 +45,35 @@ def _checked_node(node: str) -> str:
     return node
 
 
+def _bad_input(exc: PeerRequestError) -> bool:
+    """A 400 or 404 answer: a bad request or an unknown node."""
+    return exc.status in (400, 404)
+
+
 async def _request(
     settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
 ) -> Any:
     """One signed request; a 400 or 404 answer exits 2 (bad input), any other error 1."""
-    from net import split_url
+    return await request_json(settings, method, url, body, usage_error=_bad_input)
 
-    try:
-        base, path_qs = split_url(url)
-        async with peer_client(settings) as peers:
-            return await peers.request_json(method, base, path_qs, body)
-    except PeerRequestError as exc:
-        fail(str(exc), EXIT_USAGE if exc.status in (400, 404) else EXIT_FAILURE)
+
+def _change(
+    node_id: str,
+    action: str,
+    node: str | None,
+    config_file: Path | None,
+    as_json: bool,
+    show: Callable[[dict[str, Any]], None],
+) -> None:
+    """POST `action` (undrain, leave) for `node_id` to the daemon; print its answer as JSON,
+    or `show` it."""
+    _checked_node(node_id)
+    settings, url = daemon_of(node, config_file)
+    answer = asyncio.run(_request(settings, "POST", f"{url}/v1/nodes/{node_id}/{action}", {}))
+    if as_json:
+        print_json(answer)
+    else:
+        show(answer)
 
 
 def _say(line: str, as_json: bool) -> None:
@@ -134,8 +151,7 @@ def drain(
         fail(f"--kill-after {kill_after!r}: seconds >= 0")
     if timeout is not None and not timeout > 0:
         fail(f"--timeout {timeout!r}: seconds > 0")
-    settings = settings_from(config_file).settings
-    url = node_url(settings, node)
+    settings, url = daemon_of(node, config_file)
     answer = asyncio.run(
         _request(settings, "POST", f"{url}/v1/nodes/{node_id}/drain", {"kill_after_s": kill_after})
     )
@@ -158,14 +174,7 @@ def undrain(
     """Undrain a node: it takes new work again from the next plan.
 
     Exit codes: 0 undrained; 1 unreachable or refused; 2 bad input."""
-    _checked_node(node_id)
-    settings = settings_from(config_file).settings
-    url = node_url(settings, node)
-    answer = asyncio.run(_request(settings, "POST", f"{url}/v1/nodes/{node_id}/undrain", {}))
-    if as_json:
-        print_json(answer)
-    else:
-        _print_change(answer)
+    _change(node_id, "undrain", node, config_file, as_json, _print_change)
 
 
 @node_app.command("leave")
@@ -180,14 +189,11 @@ def leave(
     Every peer shows it left at once, with no suspicion; it rejoins when started again.
 
     Exit codes: 0 it leaves; 1 unreachable or refused; 2 bad input."""
-    _checked_node(node_id)
-    settings = settings_from(config_file).settings
-    url = node_url(settings, node)
-    answer = asyncio.run(_request(settings, "POST", f"{url}/v1/nodes/{node_id}/leave", {}))
-    if as_json:
-        print_json(answer)
-    else:
+
+    def show(answer: dict[str, Any]) -> None:
         console.print(f"node {node_id} leaves the cluster", markup=False, highlight=False)
+
+    _change(node_id, "leave", node, config_file, as_json, show)
 
 
 def _print_change(answer: dict[str, Any]) -> None:

@@ -20,6 +20,8 @@ from config import NodeSettings, read_error
 from node.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    ConfigOption,
+    JsonOption,
     config_errors,
     console,
     err_console,
@@ -49,10 +51,6 @@ NodeOption = Annotated[
     str | None,
     typer.Option("--node", help="Node API URL; default this host's daemon from the settings."),
 ]
-ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="Config file (YAML); default $SHOAL_CONFIG.")
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 Line = tuple[int, Any]
 

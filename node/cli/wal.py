@@ -13,16 +13,20 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from node.cli.common import EXIT_FAILURE, console, fail, print_json, settings_from
+from node.cli.common import (
+    EXIT_FAILURE,
+    ConfigOption,
+    JsonOption,
+    console,
+    fail,
+    print_json,
+    settings_from,
+)
 from wal import WalCorruptError, WalError, WriteAheadLog, move_aside
 
 wal_app = typer.Typer(help="Inspect and maintain the write-ahead log.", no_args_is_help=True)
 
 T = TypeVar("T")
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="Config file (YAML); default $SHOAL_CONFIG.")
-]
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 

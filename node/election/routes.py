@@ -10,7 +10,7 @@ import enum
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -38,6 +38,7 @@ from node.security import PEER_ID, json_error
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+M = TypeVar("M")
 
 VOTE_PATH = "/v1/election/vote"
 HEARTBEAT_PATH = "/v1/election/heartbeat"
@@ -159,19 +160,20 @@ AddressOf = Callable[[str], tuple[str, int] | None]
 def election_routes(elector: ElectorSource) -> list[web.RouteDef]:
     """The election routes; `elector()` is the running Elector, or None (answered 503)."""
 
-    async def vote(request: web.Request) -> web.Response:
-        running = _running(elector)
-        message = VoteRequest.from_dict(await _read_message(request, VoteRequestBody))
-        _check_sender(request, message.candidate)
-        reply = await _answer(running.handle_vote_request(message))
-        return web.json_response(reply.to_dict())
-
-    async def heartbeat(request: web.Request) -> web.Response:
-        running = _running(elector)
-        message = Heartbeat.from_dict(await _read_message(request, HeartbeatBody))
-        _check_sender(request, message.coordinator)
-        ack = await _answer(running.handle_heartbeat(message))
-        return web.json_response(ack.to_dict())
+    vote = _message_handler(
+        elector,
+        VoteRequestBody,
+        VoteRequest.from_dict,
+        lambda message: message.candidate,
+        lambda running, message: running.handle_vote_request(message),
+    )
+    heartbeat = _message_handler(
+        elector,
+        HeartbeatBody,
+        Heartbeat.from_dict,
+        lambda message: message.coordinator,
+        lambda running, message: running.handle_heartbeat(message),
+    )
 
     async def plan(request: web.Request) -> web.Response:
         return web.json_response(_running(elector).plan_announce().to_dict())
@@ -193,6 +195,30 @@ def election_routes(elector: ElectorSource) -> list[web.RouteDef]:
         web.post(HEARTBEAT_PATH, guarded(heartbeat)),
         web.get(PLAN_PATH, guarded(plan)),
     ]
+
+
+class _Answer(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def _message_handler(
+    elector: ElectorSource,
+    body: type[BaseModel],
+    parse: Callable[[dict[str, Any]], M],
+    sender: Callable[[M], str],
+    handle: Callable[[Elector, M], Awaitable[_Answer]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of one election message: read it (checked against `body`, then `parse`d),
+    refuse it unless its signer is its `sender`, and answer the running elector's `handle`."""
+
+    async def handler(request: web.Request) -> web.Response:
+        running = _running(elector)
+        message = parse(await _read_message(request, body))
+        _check_sender(request, sender(message))
+        answer = await _answer(handle(running, message))
+        return web.json_response(answer.to_dict())
+
+    return handler
 
 
 class _Refusal(NodeError):

@@ -280,6 +280,30 @@ def test_the_blocking_twin_signs_maps_and_guards_alike() -> None:
         BlockingPeerClient(transport=busy).call_json("GET", PEER, "/v1/x")
 
 
+def test_the_blocking_twins_breaker_counts_only_the_peers_failures() -> None:
+    failures: list[int | None] = []
+
+    @contextlib.contextmanager
+    def breaker(key: str) -> Iterator[None]:
+        try:
+            yield
+        except PeerRequestError as exc:
+            failures.append(exc.status)
+            raise
+
+    answers = iter([
+        _answer(404, b'{"error": "not_found", "reason": "no such job"}'),
+        _answer(500, b'{"error": "internal_error", "reason": "boom"}'),
+    ])  # fmt: skip
+    mock = MockTransport(lambda request: next(answers)(request))
+    client = BlockingPeerClient(breaker=breaker, transport=mock)
+    with pytest.raises(PeerRequestError, match="HTTP 404: no such job"):
+        client.request("GET", PEER, "/1")
+    with pytest.raises(PeerRequestError, match="HTTP 500: boom"):
+        client.request("GET", PEER, "/2")
+    assert failures == [500]
+
+
 def test_urllib_failures_map_like_aiohttps() -> None:
     headers = Message()
     headers["Retry-After"] = "2"
