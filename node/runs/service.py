@@ -21,7 +21,8 @@ from node.component import Check, Endpoint, paired
 from node.errors import BodyError, LockError, RunError
 from node.fence import fence_headers
 from node.jobs import JobRecord
-from node.locks.service import LockService, answers_lock_errors
+from node.locks.routes import answers_lock_errors, forward_to_coordinator
+from node.locks.service import LockService
 from node.locks.table import LockTable, acquire, put_run, release, renew
 from node.openapi import RouteDoc, parse_body
 from node.plan import PlanFence
@@ -369,7 +370,7 @@ class RunService:
     async def _handle_submit(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         spec = parse_run_spec(body, self.stacks)
-        forwarded = await self.locks.forward(request, body)
+        forwarded = await forward_to_coordinator(self.locks, request, body)
         if forwarded is not None:
             return forwarded
         created: list[RunRecord] = []
@@ -388,7 +389,7 @@ class RunService:
         return web.json_response(created[0].to_json(), status=201)
 
     async def _handle_list(self, request: web.Request) -> web.Response:
-        forwarded = await self.locks.forward(request, None)
+        forwarded = await forward_to_coordinator(self.locks, request, None)
         if forwarded is not None:
             return forwarded
         await self.locks.apply(lambda t, term, now: (t, None))
@@ -406,7 +407,7 @@ class RunService:
         return record
 
     async def _handle_get(self, request: web.Request) -> web.Response:
-        forwarded = await self.locks.forward(request, None)
+        forwarded = await forward_to_coordinator(self.locks, request, None)
         if forwarded is not None:
             return forwarded
         return web.json_response((await self._run(request)).to_json())
@@ -416,7 +417,7 @@ class RunService:
             parse_body(CancelBody, await request.read(), optional=True)
         except BodyError as exc:
             raise RunError(400, "invalid_run", exc.reason) from None
-        forwarded = await self.locks.forward(request, {})
+        forwarded = await forward_to_coordinator(self.locks, request, {})
         if forwarded is not None:
             return forwarded
         run_id = request.match_info["run_id"]
