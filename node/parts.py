@@ -17,7 +17,7 @@ from node.election.seams import WalDurableState
 from node.election.service import ElectionService
 from node.jobs.component import JobApi, job_api
 from node.keyring.routes import KeyringRoutes
-from node.locks.nodes import NodeOps
+from node.locks.component import lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
 from node.membership.service import Membership
@@ -158,21 +158,28 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     )
     sync = sync_service(runtime, inputs.secrets, election, inputs.inventory)
     jobs = job_api(runtime, election, wal, secret)
-    locks = LockService(runtime, inputs.voters, WalDurableState(wal), secret)
-    stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
-    results = open_results_store(runtime.settings)
-    runs = RunService(locks, results, stacks, starter=inputs.run_nodes)
-    node_ops = NodeOps(
+    locks = lock_api(
         runtime,
-        locks,
-        lambda: election.elector,
+        inputs.voters,
+        WalDurableState(wal),
+        secret,
+        election,
         inputs.leave or _no_leave,
         inputs.request_stop or _no_stop,
     )
-    node_ops.attach(election)
+    stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
+    results = open_results_store(runtime.settings)
+    runs = RunService(locks.service, results, stacks, starter=inputs.run_nodes)
     weights = weights_service(runtime, election)
     sources = UiSources(
-        runtime, lambda: _plan_of(election), jobs.service, sync, weights, backlog, locks, secret
+        runtime,
+        lambda: _plan_of(election),
+        jobs.service,
+        sync,
+        weights,
+        backlog,
+        locks.service,
+        secret,
     )
     dashboard = Dashboard(UiAccess(inputs.secrets.ui_token, api_open=secret is None), sources)
     components: tuple[Component, ...] = (
@@ -182,7 +189,6 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         jobs,
         open_actor_routes(runtime, election, secret),
         locks,
-        node_ops,
         runs,
         Served(weights.routes()),
         Served(backlog.routes()),
@@ -192,7 +198,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         Served(election.routes()),
         dashboard,
     )
-    return ServedParts(components, sync, jobs, locks, dashboard)
+    return ServedParts(components, sync, jobs, locks.service, dashboard)
 
 
 async def _no_leave() -> None:

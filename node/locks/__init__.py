@@ -10,6 +10,7 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from node.locks.client import LockClient, cluster_lock, default_holder
+    from node.locks.component import LockApi, lock_api
     from node.locks.quorum import Acceptor, QuorumTable
     from node.locks.service import LockService
     from node.locks.table import LockAnswer, LockFence, LockState, LockTable
@@ -18,6 +19,7 @@ else:
         __name__,
         {
             "node.locks.client": "LockClient cluster_lock default_holder",
+            "node.locks.component": "LockApi lock_api",
             "node.locks.quorum": "Acceptor QuorumTable",
             "node.locks.service": "LockService",
             "node.locks.table": "LockAnswer LockFence LockState LockTable",
@@ -27,6 +29,7 @@ else:
 __all__ = [
     "Acceptor",
     "LockAnswer",
+    "LockApi",
     "LockClient",
     "LockFence",
     "LockService",
@@ -35,4 +38,5 @@ __all__ = [
     "QuorumTable",
     "cluster_lock",
     "default_holder",
+    "lock_api",
 ]

@@ -1,18 +1,17 @@
 """The lock routes' paths, bodies, answers and documentation (POST /v1/locks/{name}/acquire|
-renew|release, GET /v1/locks, and the voters' POST /v1/lockstore/prepare|accept)."""
+renew|release, GET /v1/locks, and the voters' POST /v1/lockstore/prepare|accept), and those of
+the node routes (POST /v1/nodes/{node}/drain|undrain|leave)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-from aiohttp import web
 from annotated_types import Len
 from pydantic import BaseModel, Field, JsonValue
 
-from node.errors import BodyError, LockError
 from node.locks.table import LOCK_ANSWER, LockState, LockTable, WireFence
-from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, WireRecord, parse_body
+from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, WireRecord
 
 LOCKS_PATH = "/v1/locks"
 PREPARE_PATH = "/v1/lockstore/prepare"
@@ -21,9 +20,8 @@ DEFAULT_WAIT_S = 5.0
 MAX_WAIT_S = 30.0
 MAX_TTL_S = 7 * 86400.0
 MAX_HOLDER_CHARS = 200
-
-B = TypeVar("B", bound=BaseModel)
-
+NODES_PATH = "/v1/nodes"
+MAX_KILL_AFTER_S = 30 * 86400.0
 
 _HOLDER = Field(
     min_length=1, max_length=MAX_HOLDER_CHARS, description="who holds or asks: 1 to 200 characters"
@@ -77,26 +75,6 @@ LOCK_BODIES: Mapping[str, type[AcquireBody] | type[HolderBody]] = {
     "renew": HolderBody,
     "release": HolderBody,
 }
-
-
-def parse_lock_body(raw: bytes, operation: str) -> AcquireBody | HolderBody:
-    """The body of an acquire/renew/release, checked by its model; LockError 400 naming the
-    bad field."""
-    return checked_body(LOCK_BODIES[operation], raw)
-
-
-def checked_body(model: type[B], raw: bytes) -> B:
-    try:
-        return parse_body(model, raw)
-    except BodyError as exc:
-        raise LockError(400, "invalid_lock_request", exc.reason) from None
-
-
-def lock_name(request: web.Request) -> str:
-    name = request.match_info["name"]
-    if not name or len(name) > MAX_HOLDER_CHARS:
-        raise LockError(400, "invalid_lock_name", "a lock name of 1 to 200 characters")
-    return name
 
 
 class LockView(WireRecord):
@@ -200,5 +178,114 @@ def lock_route_docs() -> list[RouteDoc]:
             ((200, "stored"), (400, "bad request"), (409, "a newer term was promised")),
             body=AcceptBody,
             response=Stored,
+        ),
+    ]
+
+
+class DrainBody(BaseModel):
+    """POST /v1/nodes/{node}/drain: kill the node's running jobs after `kill_after_s` seconds
+    (null: let them finish)."""
+
+    model_config = BODY_CONFIG
+
+    kill_after_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_KILL_AFTER_S,
+        description="seconds after which the node's running jobs are killed; null: they finish",
+    )
+
+
+class NodeBody(BaseModel):
+    """Body of `POST /v1/nodes/{node}/undrain` and `.../leave` (optional): an empty object."""
+
+    model_config = BODY_CONFIG
+
+
+NODE_ID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+    "description": "a node id: 1 to 63 letters, digits, '.', '_' or '-', the first not '.', "
+    "'_' or '-'",
+}
+
+
+DRAIN_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "required": ["node", "draining", "coordinator", "plan", "applied"],
+    "properties": {
+        "node": {"type": "string"},
+        "draining": {"type": "boolean"},
+        "kill_after_s": {"type": ["number", "null"]},
+        "coordinator": {"type": "string"},
+        "plan": {
+            "description": "the fence [term, version] of the first plan with this change",
+            "type": ["array", "null"],
+            "items": {"type": "integer"},
+        },
+        "applied": {
+            "type": "boolean",
+            "description": "the node acknowledged that plan (false: it is not reachable now)",
+        },
+    },
+}
+LEAVE_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "required": ["node", "leaving"],
+    "properties": {"node": {"type": "string"}, "leaving": {"const": True}},
+}
+
+
+def node_route_docs() -> list[RouteDoc]:
+    """The documentation of the drain, undrain and leave routes."""
+    node = ("node", "path", "the node's id", NODE_ID_SCHEMA)
+    return [
+        RouteDoc(
+            "POST",
+            f"{NODES_PATH}/{{node}}/drain",
+            'Drain a node {"kill_after_s"}: no new job, gang member, training rank, weights '
+            "place or actor goes there; its running jobs finish (or are killed after "
+            "kill_after_s). Kept on a majority of the voters; answered by the coordinator "
+            "once a plan carries it",
+            (
+                (200, "drained"),
+                (400, "bad request"),
+                (404, "no such member"),
+                (503, "no coordinator or no quorum of voters"),
+            ),
+            parameters=(node,),
+            body=DrainBody,
+            body_optional=True,
+            response=DRAIN_ANSWER,
+        ),
+        RouteDoc(
+            "POST",
+            f"{NODES_PATH}/{{node}}/undrain",
+            "Undrain a node: it takes new work again from the next plan",
+            (
+                (200, "undrained (or was not drained)"),
+                (400, "bad request"),
+                (503, "no coordinator or no quorum of voters"),
+            ),
+            parameters=(node,),
+            body=NodeBody,
+            body_optional=True,
+            response=DRAIN_ANSWER,
+        ),
+        RouteDoc(
+            "POST",
+            f"{NODES_PATH}/{{node}}/leave",
+            "Make a node leave the cluster: it gossips `left` (every peer shows it left "
+            "at once, with no suspicion), then its daemon stops",
+            (
+                (202, "the node leaves"),
+                (400, "bad request"),
+                (404, "no such alive member"),
+                (503, "the node cannot be reached"),
+            ),
+            parameters=(node,),
+            body=NodeBody,
+            body_optional=True,
+            response=LEAVE_ANSWER,
         ),
     ]

@@ -1,8 +1,6 @@
-"""The lock API of a node: the coordinator serves the cluster's locks from the table kept on a
-majority of the voters (node.locks.quorum); every other node forwards to the coordinator.
-
-Routes: POST /v1/locks/{name}/acquire|renew|release, GET /v1/locks, and the voters' own
-POST /v1/lockstore/prepare|accept.
+"""The lock service of a node: the coordinator serves the cluster's locks from the table kept on
+a majority of the voters (node.locks.quorum); every other node forwards to the coordinator. A
+voter keeps its acceptor here. The routes that call it are node.locks.routes.
 """
 
 from __future__ import annotations
@@ -11,33 +9,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from typing import Any
-
-from aiohttp import web
 
 from health import LoopHealth
 from net import Identity, PeerClient, PeerRequestError
 from node.audit.entries import RUN_STEP, record_audit, run_steps
-from node.audit.routes import audited_lock_route
-from node.component import Check, Endpoint, paired
 from node.errors import LockError
 from node.identity.peers import peer_tls
 from node.locks.docs import (
     ACCEPT_PATH,
     MAX_WAIT_S,
     PREPARE_PATH,
-    AcceptBody,
-    AcquireBody,
-    LockView,
-    PrepareBody,
-    Promise,
-    Released,
-    Stored,
-    checked_body,
-    lock_name,
-    lock_route_docs,
-    parse_lock_body,
 )
 from node.locks.docs import (
     LOCKS_PATH as LOCKS_PATH,
@@ -54,14 +37,12 @@ from node.locks.table import (
     renew,
     take_over,
 )
-from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
 
 FORWARDED_HEADER = "X-Shoal-Forwarded"
 EXPIRY_TICK_S = 0.2
-OPERATIONS = ("acquire", "renew", "release")
 
 Operation = Callable[[LockTable, int, float], tuple[LockTable, LockAnswer | None]]
 
@@ -92,19 +73,6 @@ class HttpPeers:
 
     async def accept(self, to: str, term: int, table: LockTable) -> None:
         await self._post(to, ACCEPT_PATH, {"term": term, "table": table.to_dict()})
-
-
-def answers_lock_errors(
-    handler: Callable[[web.Request], Awaitable[web.Response]],
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def wrapped(request: web.Request) -> web.Response:
-        try:
-            return await handler(request)
-        except LockError as exc:
-            headers = {"Retry-After": "1"} if exc.status == 503 else None
-            return web.json_response(exc.to_dict(), status=exc.status, headers=headers)
-
-    return wrapped
 
 
 class LockService:
@@ -273,40 +241,37 @@ class LockService:
             answer = LockAnswer(name, holder, False, None, position)
         return answer
 
-    # HTTP
+    async def renew(self, name: str, holder: str, fence: LockFence | None) -> LockAnswer:
+        """Renew `holder`'s lease of `name` on the coordinator; LockError 409 when it was lost."""
+        answer = await self.apply(lambda t, term, now: renew(t, term, name, holder, fence, now))
+        assert answer is not None
+        return answer
 
-    def routes(self) -> list[Endpoint]:
-        return paired(self._route_defs(), self.docs())
+    async def release(self, name: str, holder: str, fence: LockFence | None) -> None:
+        """Release `name` held by `holder` on the coordinator; the first waiter gets it."""
 
-    def checks(self) -> Mapping[str, Check]:
-        return {"locks": Check(self.loop_health.check, interval_s=1.0)}
+        def give_up(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
+            return release(table, term, name, holder, fence, now), None
 
-    def _route_defs(self) -> list[web.RouteDef]:
-        return [
-            web.get(LOCKS_PATH, answers_lock_errors(self._handle_list)),
-            *(
-                web.post(
-                    f"{LOCKS_PATH}/{{name}}/{op}",
-                    audited_lock_route(
-                        op, answers_lock_errors(self._operation(op)), self.runtime, FORWARDED_HEADER
-                    ),
-                )
-                for op in OPERATIONS
-            ),
-            web.post(PREPARE_PATH, answers_lock_errors(self._handle_prepare)),
-            web.post(ACCEPT_PATH, answers_lock_errors(self._handle_accept)),
-        ]
+        await self.apply(give_up)
 
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return lock_route_docs()
+    async def current(self) -> LockTable:
+        """The coordinator's table of this term (read from a majority first when it is new)."""
+        await self.apply(lambda t, term, now: (t, None))
+        return self.table.ordered()
 
-    async def forward(self, request: web.Request, body: Any) -> web.Response | None:
-        """None when this node serves the request; otherwise the coordinator's answer."""
+    # forwarding to the coordinator
+
+    async def call_coordinator(
+        self, method: str, path: str, body: Any, *, forwarded: bool
+    ) -> tuple[int, Any] | None:
+        """None when this node is the coordinator and serves the call itself; otherwise the
+        coordinator's (status, JSON answer) to `method path` with `body`. A call `forwarded`
+        here already is not forwarded again: LockError 503 `not_coordinator` (retry)."""
         if self.is_coordinator():
             return None
         coordinator = self.runtime.coordinator
-        if request.headers.get(FORWARDED_HEADER) or coordinator is None:
+        if forwarded or coordinator is None:
             who = "no coordinator yet" if coordinator is None else f"{coordinator} coordinates"
             raise LockError(503, "not_coordinator", f"node {self.runtime.node_id}: {who}; retry")
         url = self.url_of(coordinator)
@@ -315,68 +280,23 @@ class LockService:
         headers = {FORWARDED_HEADER: self.runtime.node_id}
         wait_s = self.runtime.settings.timeouts.http_request_s + MAX_WAIT_S
         try:
-            status, answer = await self._peers.call_json(
-                request.method, url, request.path, body, headers=headers, timeout_s=wait_s
+            return await self._peers.call_json(
+                method, url, path, body, headers=headers, timeout_s=wait_s
             )
         except PeerRequestError as exc:
             raise LockError(503, "coordinator_unreachable", f"{coordinator}: {exc.reason}") from exc
-        return web.json_response(answer, status=status)
 
-    def _operation(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
-            name = lock_name(request)
-            fields = parse_lock_body(await request.read(), op)
-            forwarded = await self.forward(request, fields.model_dump())
-            if forwarded is not None:
-                return forwarded
-            holder = fields.holder
-            if isinstance(fields, AcquireBody):
-                answer = await self.acquire(name, holder, fields.ttl_s, fields.wait, fields.wait_s)
-                return web.json_response(answer.to_dict())
-            fence = None if fields.fence is None else LockFence.parse(fields.fence)
-            if op == "renew":
-                renewed = await self.apply(
-                    lambda t, term, now: renew(t, term, name, holder, fence, now)
-                )
-                assert renewed is not None
-                return web.json_response(renewed.to_dict())
+    # the voter's acceptor
 
-            def give_up(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
-                return release(table, term, name, holder, fence, now), None
-
-            await self.apply(give_up)
-            return web.json_response(Released(name=name, holder=holder).to_json())
-
-        return handle
-
-    async def _handle_list(self, request: web.Request) -> web.Response:
-        forwarded = await self.forward(request, None)
-        if forwarded is not None:
-            return forwarded
-        await self.apply(lambda t, term, now: (t, None))
-        table = self.table.ordered()
-        view = LockView(
-            coordinator=self.runtime.node_id,
-            version=table.version,
-            locks=dict(table.locks),
-            runs={run_id: dict(record) for run_id, record in table.runs.items()},
-            drains={node: dict(record) for node, record in table.drains.items()},
-        )
-        return web.json_response(view.to_json())
-
-    async def _handle_prepare(self, request: web.Request) -> web.Response:
-        body = checked_body(PrepareBody, await request.read())
+    async def prepare(self, term: int) -> LockTable:
+        """Promise `term` as a voter; the table it stores. LockError 409 on a non-voter."""
         self._check_voter()
-        table = await self.acceptor.prepare(body.term)
-        promise = Promise(promised=self.acceptor.promised, table=table.ordered())
-        return web.json_response(promise.to_json())
+        return await self.acceptor.prepare(term)
 
-    async def _handle_accept(self, request: web.Request) -> web.Response:
-        body = checked_body(AcceptBody, await request.read())
+    async def accept(self, term: int, table: LockTable) -> None:
+        """Store `table` under `term` as a voter. LockError 409 on a non-voter."""
         self._check_voter()
-        table = LockTable.from_dict(body.table)
-        await self.acceptor.accept(body.term, table)
-        return web.json_response(Stored(stored=table.version).to_json())
+        await self.acceptor.accept(term, table)
 
     def _check_voter(self) -> None:
         if self.runtime.node_id not in self.voters:

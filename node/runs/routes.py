@@ -11,7 +11,7 @@ from aiohttp import web
 
 from node.component import Endpoint, paired
 from node.errors import BodyError, RunError
-from node.locks.service import answers_lock_errors
+from node.locks.routes import answers_lock_errors, forward_to_coordinator
 from node.openapi import parse_body
 from node.runs.docs import RUNS_PATH, run_route_docs
 from node.runs.fetch import parse_fetch
@@ -47,20 +47,20 @@ def run_routes(service: RunService) -> list[web.RouteDef]:
     async def submit(request: web.Request) -> web.Response:
         body = await _json_body(request)
         spec = parse_run_spec(body, service.stacks)
-        forwarded = await service.locks.forward(request, body)
+        forwarded = await forward_to_coordinator(service.locks, request, body)
         if forwarded is not None:
             return forwarded
         return web.json_response((await service.submit_run(spec)).to_json(), status=201)
 
     async def list_runs(request: web.Request) -> web.Response:
-        forwarded = await service.locks.forward(request, None)
+        forwarded = await forward_to_coordinator(service.locks, request, None)
         if forwarded is not None:
             return forwarded
         runs = await service.list_runs(request.query.get("group"))
         return web.json_response(runs.to_json())
 
     async def get(request: web.Request) -> web.Response:
-        forwarded = await service.locks.forward(request, None)
+        forwarded = await forward_to_coordinator(service.locks, request, None)
         if forwarded is not None:
             return forwarded
         return web.json_response((await service.get_run(request.match_info["run_id"])).to_json())
@@ -70,7 +70,7 @@ def run_routes(service: RunService) -> list[web.RouteDef]:
             parse_body(CancelBody, await request.read(), optional=True)
         except BodyError as exc:
             raise RunError(400, "invalid_run", exc.reason) from None
-        forwarded = await service.locks.forward(request, {})
+        forwarded = await forward_to_coordinator(service.locks, request, {})
         if forwarded is not None:
             return forwarded
         record = await service.cancel_run(request.match_info["run_id"])
