@@ -37,10 +37,12 @@ class TableLocks:
         self.table, answer = operation(self.table, 1, time.time())
         return answer
 
-    async def forward(self, request: web.Request, body: Any) -> web.Response | None:
+    async def call_coordinator(
+        self, method: str, path: str, body: Any, *, forwarded: bool = False
+    ) -> tuple[int, Any] | None:
         if self.forward_to is None:
             return None
-        return web.json_response({"forwarded_to": self.forward_to, "body": body}, status=299)
+        return 299, {"forwarded_to": self.forward_to, "body": body}
 
     def url_of(self, node_id: str) -> str | None:
         return None
