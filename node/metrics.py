@@ -63,12 +63,16 @@ class RuntimeCollector(Collector):
         dropped = CounterMetricFamily(
             "shoal_membership_datagrams_dropped",
             "Membership datagrams refused by reason (unknown_key: sealed with a gossip key this "
-            "node lacks; bad_mac: failed authentication; stale, replayed, cluster, ...)",
+            "node lacks; bad_mac: failed authentication; refused_sender: from a member this node "
+            "refuses, its certificate revoked; stale, replayed, cluster, ...)",
             labels=["reason"],
         )
         stats = getattr(runtime.membership, "transport_stats", None)
         for reason, count in sorted((stats().dropped if callable(stats) else {}).items()):
             dropped.add_metric([reason], float(count))
+        refused = getattr(runtime.membership, "refused_datagrams", 0)
+        if refused:  # from members this node refuses (node.identity.revoked)
+            dropped.add_metric(["refused_sender"], float(refused))
         yield dropped
 
     @staticmethod

@@ -126,3 +126,15 @@ async def test_a_revoked_node_shows_dead_and_refused_at_every_peer_and_in_the_mo
             assert members["b"]["state"] == "dead"
             assert members["b"]["refused"].startswith("revoked")
             assert members["c"]["refused"] is None
+            # its datagrams are counted as dropped
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(
+                    f"https://127.0.0.1:{a.port}/metrics",
+                    ssl=pki.client("rita"),
+                    server_hostname="a",
+                ) as answer,
+            ):
+                assert answer.status == 200, await answer.text()
+                scraped = await answer.text()
+            assert 'shoal_membership_datagrams_dropped_total{reason="refused_sender"}' in scraped
