@@ -20,12 +20,10 @@ from node.keyring.routes import KeyringRoutes
 from node.locks.component import lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
-from node.membership.service import Membership
 from node.plan import PlanFence, RolePlan
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
-from node.rl.routes import WeightsRoutes
-from node.rl.service import WeightsService
+from node.rl.component import weights_service
 from node.routes import CoreRoutes
 from node.runs.nodes import NodeStarter
 from node.runs.results import open_results_store
@@ -101,27 +99,6 @@ def sync_service(
     return SyncService(
         runtime, secrets.cluster, runtime.settings.sync_interval_s, inventory, fence=fence
     )
-
-
-def weights_service(runtime: NodeRuntime, election: ElectionService) -> WeightsService:
-    """The pipeline-RL weights plane; its group is served at /v1/rendezvous?group=weights."""
-
-    def url_of(node_id: str) -> str | None:
-        if node_id == runtime.node_id:
-            return f"http://{runtime.address}:{runtime.port}"
-        membership = runtime.membership
-        member = membership.member(node_id) if isinstance(membership, Membership) else None
-        return None if member is None else f"http://{member.address}:{member.port}"
-
-    weights = WeightsService(
-        runtime.node_id,
-        lambda: _plan_of(election),
-        url_of,
-        runtime.wal,
-        runtime.metrics.registry if runtime.metrics is not None else None,
-    )
-    election.group_handlers["weights"] = WeightsRoutes(weights).rendezvous
-    return weights
 
 
 @dataclass(frozen=True)
