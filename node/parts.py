@@ -24,7 +24,9 @@ from node.plan import PlanFence, RolePlan
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
 from node.rl.component import weights_service
+from node.rl.routes import BacklogRoutes, WeightsRoutes
 from node.routes import CoreRoutes
+from node.runs.component import RunApi
 from node.runs.nodes import NodeStarter
 from node.runs.results import open_results_store
 from node.runs.service import RunService
@@ -146,7 +148,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     )
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
-    runs = RunService(locks.service, results, stacks, starter=inputs.run_nodes)
+    runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
@@ -167,8 +169,8 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         open_actor_routes(runtime, election, secret),
         locks,
         runs,
-        Served(weights.routes()),
-        Served(backlog.routes()),
+        Served(WeightsRoutes(weights).routes()),
+        Served(BacklogRoutes(backlog).routes()),
         Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),
         Served(AuditRoutes(runtime).routes()),
         KeyringRoutes(runtime, inputs.gossip_keys, secret),

@@ -18,8 +18,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from node.component import Endpoint
-from node.rl.routes import BacklogRoutes
 from sync import (
     ROLLOUTS_SCHEMA,
     BacklogFullError,
@@ -223,7 +221,3 @@ class RolloutBacklog:
         return self.state(run)
 
     # --- HTTP ---------------------------------------------------------------------------------
-
-    def routes(self) -> list[Endpoint]:
-        """The consumed/pending routes with their docs (node.rl.routes.BacklogRoutes)."""
-        return BacklogRoutes(self).routes()

@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -18,6 +17,7 @@ from node.component import Endpoint, paired
 from node.errors import AnsweredError, BodyError, NodeError
 from node.openapi import parse_body
 from node.plan import FENCE_HEADER, PlanError, PlanFence, check_fence
+from node.rl.backlog import RolloutBacklog, RunBacklog
 from node.rl.docs import (
     CONSUMED_PATH,
     DEFAULT_POLL_S,
@@ -31,11 +31,8 @@ from node.rl.docs import (
     weights_route_docs,
 )
 from node.rl.offers import WeightsOffer
+from node.rl.service import WeightsService
 from node.security import json_error
-
-if TYPE_CHECKING:
-    from node.rl.backlog import RolloutBacklog, RunBacklog
-    from node.rl.service import WeightsService
 
 
 class _BadRequest(NodeError):

@@ -16,12 +16,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from node.component import Endpoint
 from node.errors import AnsweredError
 from node.plan import RolePlan
 from node.rl.group import WeightsRendezvous, weights_rendezvous_for
 from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
-from node.rl.routes import WeightsRoutes
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -83,10 +81,6 @@ class WeightsService:
             buckets=UPDATE_BUCKETS_S,
             registry=registry,
         )
-
-    def routes(self) -> list[Endpoint]:
-        """The weights routes with their docs (node.rl.routes.WeightsRoutes)."""
-        return WeightsRoutes(self).routes()
 
     def plan(self) -> RolePlan | None:
         """The role plan this node applies, or None before it applies one."""

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -17,9 +17,7 @@ from node.runs.docs import RUNS_PATH, run_route_docs
 from node.runs.fetch import parse_fetch
 from node.runs.queue import CancelBody, parse_run_spec
 from node.runs.results import FETCH_PATH
-
-if TYPE_CHECKING:
-    from node.runs.service import RunService
+from node.runs.service import RunService
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 

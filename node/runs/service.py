@@ -15,7 +15,7 @@ from typing import Any
 
 from health import LoopHealth
 from net import PeerRequestError, split_url
-from node.component import Check, Endpoint
+from node.component import Check
 from node.errors import LockError, RunError
 from node.fence import fence_headers
 from node.jobs import JobRecord
@@ -42,7 +42,6 @@ from node.runs.queue import (
     with_step,
 )
 from node.runs.results import LocalResults, NodeResults, ResultsStore, result_key
-from node.runs.routes import run_endpoints
 from node.runtime import local_daemon_url
 
 log = logging.getLogger(__name__)
@@ -319,9 +318,6 @@ class RunService:
         return {**stored, "node": member.node, "path": path}
 
     # the component
-
-    def routes(self) -> list[Endpoint]:
-        return run_endpoints(self)
 
     def checks(self) -> Mapping[str, Check]:
         return {"runs": Check(self.loop_health.check, interval_s=1.0)}

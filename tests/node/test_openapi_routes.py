@@ -147,7 +147,7 @@ async def test_the_app_and_the_health_checks_are_the_components_routes_and_check
         assert health.get(name, "not checked yet") != "not checked yet", name
     names = {type(component).__name__ for component in components}
     assert {"CoreRoutes", "RecordsComponent", "SyncComponent", "JobApi", "Dashboard"} <= names
-    assert {"LockApi", "RunService", "ActorRoutes"} <= names
+    assert {"LockApi", "RunApi", "ActorRoutes"} <= names
     served = [(found.route.method, found.route.path) for found in endpoints]
     assert len(served) == len(set(served)), "a route served by two components"
     assert set(served) == _routed(app)

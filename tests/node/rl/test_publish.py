@@ -95,7 +95,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     servers = []
     for node, service in services.items():
         app = web.Application()
-        app.add_routes(service.routes())
+        app.add_routes(WeightsRoutes(service).routes())
         app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from node.plan import FENCE_HEADER
 from node.rl.backlog import RolloutBacklog
-from node.rl.routes import WeightsRoutes
+from node.rl.routes import BacklogRoutes, WeightsRoutes
 from node.rl.service import WeightsService
 
 
@@ -25,7 +25,7 @@ async def base() -> AsyncIterator[str]:
     service = WeightsService("n", lambda: None, lambda _: None, registry=CollectorRegistry())
     backlog = RolloutBacklog(10, lambda: None, registry=CollectorRegistry())
     app = web.Application()
-    app.add_routes([*service.routes(), *backlog.routes()])
+    app.add_routes([*WeightsRoutes(service).routes(), *BacklogRoutes(backlog).routes()])
     app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()

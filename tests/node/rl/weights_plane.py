@@ -37,7 +37,7 @@ async def main() -> None:
 
     service = WeightsService(node, lambda: plan, url_of, registry=CollectorRegistry())
     app = web.Application()
-    app.add_routes(service.routes())
+    app.add_routes(WeightsRoutes(service).routes())
     app.router.add_get("/v1/rendezvous", WeightsRoutes(service).rendezvous)
     runner = web.AppRunner(app)
     await runner.setup()

@@ -19,6 +19,7 @@ from config import AuthError, NonceCache, verify_request
 from health.errors import FetchError
 from health.monitor.model import NodeStatusDoc, parse_status
 from node.rl.offers import DigestRecord, WeightsStatus
+from node.rl.routes import WeightsRoutes
 from node.rl.service import RunWeights, WeightsService
 from node.runtime import NodeRuntime
 from node.security import error_middleware, json_error
@@ -385,7 +386,7 @@ async def _weights_member(
 
     service = WeightsService(node_id, lambda: None, lambda _: None)
     app = web.Application(middlewares=[error_middleware, count])
-    app.add_routes(service.routes())
+    app.add_routes(WeightsRoutes(service).routes())
     async with TestServer(app, host="127.0.0.1") as server:
         assert server.port is not None
         yield Peer(node_id, "127.0.0.1", server.port), service
