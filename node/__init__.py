@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
     from node.election.elector import Elector
     from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
-    from node.election.routes import ELECTION_DOCS, HttpElectionTransport, election_routes
+    from node.election.routes import ElectionRoutes, HttpElectionTransport
     from node.election.seams import WalDurableState
     from node.election.service import ElectionService, VoterSet, resolve_voters
     from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
@@ -94,7 +94,7 @@ if TYPE_CHECKING:
         TransportStats,
         UdpMembershipTransport,
     )
-    from node.openapi import RouteDoc, openapi_document
+    from node.openapi import openapi_document
     from node.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
     from node.providers import (
         AutoStop,
@@ -138,7 +138,7 @@ else:
             "node.discovery.feed": "Discovery",
             "node.election.adoption": "AdoptionLog check_adoption_logs read_adoption_log",
             "node.election.elector": "Elector",
-            "node.election.routes": "ELECTION_DOCS HttpElectionTransport election_routes",
+            "node.election.routes": "ElectionRoutes HttpElectionTransport",
             "node.plan": "FENCE_HEADER PlanFence RolePlan check_fence should_apply",
             "node.election.roles": "NodeCapabilities RolePolicy compute_plan",
             "node.election.seams": "WalDurableState",
@@ -162,7 +162,7 @@ else:
                 "MembershipTransport MemberState MemberView MetaValue SwimTuning TransportStats "
                 "UdpMembershipTransport"
             ),
-            "node.openapi": "RouteDoc openapi_document",
+            "node.openapi": "openapi_document",
             "node.providers": (
                 "AutoStop LocalProvider NodeHandle Provider StaticProvider acquire_node ready_node"
             ),
@@ -186,7 +186,6 @@ else:
     )
 
 __all__ = [
-    "ELECTION_DOCS",
     "FENCE_HEADER",
     "ActorDiedError",
     "ActorExistsError",
@@ -210,6 +209,7 @@ __all__ = [
     "ElectionError",
     "ElectionEvent",
     "ElectionEventKind",
+    "ElectionRoutes",
     "ElectionService",
     "ElectionStatus",
     "Elector",
@@ -267,7 +267,6 @@ __all__ = [
     "RolePlan",
     "RolePolicy",
     "RolloutStream",
-    "RouteDoc",
     "RunError",
     "SSHConnectError",
     "SSHError",
@@ -310,7 +309,6 @@ __all__ = [
     "compute_plan",
     "deploy",
     "detect_host_memory",
-    "election_routes",
     "error_middleware",
     "find_self_in_inventory",
     "join_group",

@@ -53,7 +53,7 @@ from node.boot import (
     load_secrets,
     resolve_node_id,
 )
-from node.component import Check, Component, Served, checks_of, enter, paired
+from node.component import Check, Component, Served, checks_of, enter
 from node.discovery.feed import Discovery
 from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
@@ -62,7 +62,6 @@ from node.identity import (
     AUTH_META,
     CERT_META,
     CrlSpread,
-    crl_route_docs,
     open_tls,
 )
 from node.identity.api import api_identity, api_site
@@ -324,7 +323,7 @@ class NodeDaemon:
             self.crl_spread = crl
             self._stack.push_async_callback(crl.close)
         if crl is not None:
-            self.components = (*self.components, Served(paired(crl.routes(), crl_route_docs())))
+            self.components = (*self.components, Served(crl))
         app = build_app(
             runtime,
             policy,

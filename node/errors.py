@@ -218,7 +218,11 @@ class ProviderError(NodeError):
 
 
 class AnsweredError(NodeError):
-    """An API refusal that knows its answer: HTTP `status`, error `code` and `reason`."""
+    """An API refusal that knows its answer: HTTP `status`, error `code` and `reason`; the
+    node's error middleware answers it in the one error shape, a 503 with `Retry-After:
+    retry_after_s` when the kind sets one."""
+
+    retry_after_s: float | None = None
 
     def __init__(self, status: int, code: str, reason: str) -> None:
         super().__init__(reason)
@@ -288,9 +292,13 @@ class KeyringRefused(AnsweredError):
     """A keyring request refused: 400 bad_key, 404 unknown_key, 409 key_in_use, key_missing
     or no_keyring, 503 when there is no coordinator to ask."""
 
+    retry_after_s = 1.0
+
 
 class LockError(AnsweredError):
     """A lock request or operation refused; `code` and `status` are what the API answers."""
+
+    retry_after_s = 1.0
 
 
 class LockLostError(LockError):

@@ -13,6 +13,7 @@ from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
 from node.component import Check, Component, Endpoint, Served
+from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
 from node.jobs.component import JobApi, job_api
@@ -169,12 +170,11 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         open_actor_routes(runtime, election, secret),
         locks,
         runs,
-        Served(WeightsRoutes(weights).routes()),
-        Served(BacklogRoutes(backlog).routes()),
-        Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),
-        Served(AuditRoutes(runtime).routes()),
+        Served(WeightsRoutes(weights), BacklogRoutes(backlog)),
+        Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog)),
+        Served(AuditRoutes(runtime)),
         KeyringRoutes(runtime, inputs.gossip_keys, secret),
-        Served(election.routes()),
+        Served(ElectionRoutes(lambda: election.elector), election),
         dashboard,
     )
     return ServedParts(components, sync, jobs, locks.service, dashboard)

@@ -30,6 +30,8 @@ from config import (
     error_response,
     verify_request,
 )
+from node.access import is_public
+from node.errors import AnsweredError
 from node.errors import SkewError as SkewError
 
 if TYPE_CHECKING:
@@ -38,8 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OPENAPI_PATH = "/v1/openapi.json"
-UNAUTHENTICATED = frozenset({("GET", "/v1/health"), ("GET", OPENAPI_PATH)})
-"""(method, path) pairs served without a signature (neither holds a secret)."""
 
 
 SKEW_PROBE_MAX_BYTES = 1024 * 1024
@@ -262,7 +262,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     memory; only then is the body read (within the app's client_max_size, at most
     MAX_CONCURRENT_BODY_READS at once) and the signature over it checked."""
     policy = request.app[AUTH_POLICY]
-    if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
+    if policy.secret is None or is_public(request):
         return await handler(request)
     if request.get(BROWSER_READER, False) or PEER_IDENTITY in request:
         return await handler(request)
@@ -305,9 +305,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error answer is JSON in the one shape; client mistakes are 4xx, never 500."""
+    """Every error answer is JSON in the one shape; client mistakes are 4xx, never 500. An
+    AnsweredError is answered with its status, code and reason (a 503 with its Retry-After)."""
     try:
         return await handler(request)
+    except AnsweredError as exc:
+        retry_after_s = exc.retry_after_s if exc.status == 503 else None
+        return error_response(exc.status, exc.reason, exc.code, retry_after_s=retry_after_s)
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
             raise

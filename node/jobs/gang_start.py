@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from node.jobs.records import GangMember, JobError, JobState, PickAnswer, Role
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_master_port, pick_members
-from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber
+from node.openapi import BODY_CONFIG, WholeNumber
 from node.plan import FENCE_HEADER, FenceVerdict, PlanError, PlanFence, RolePlan, check_fence
 from node.runtime import NodeRuntime
 
@@ -53,26 +53,6 @@ class PickBody(BaseModel):
 
     nodes: WholeNumber = Field(ge=1, le=1024, description="the gang's size, 1 to 1024")
     role: Role = Field(default="any", description="the members' role, or any")
-
-
-def gang_route_docs() -> list[RouteDoc]:
-    """The documentation of the gang routes (the coordinator's pick)."""
-    return [
-        RouteDoc(
-            "POST",
-            PICK_PATH,
-            'Coordinator only: pick {"nodes": K, "role": R} alive nodes for a gang job; '
-            "answers the plan fence and the members in rank order",
-            (
-                (200, "fence and members"),
-                (400, "malformed request"),
-                (409, "not the coordinator"),
-                (503, "too few nodes"),
-            ),
-            body=PickBody,
-            response=PickAnswer,
-        )
-    ]
 
 
 def coordinator_pick(

@@ -23,6 +23,7 @@ from pydantic import (
     WithJsonSchema,
     model_serializer,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from node.errors import BodyError
 from node.errors import JobError as JobError
@@ -123,34 +124,30 @@ def new_job_id(now: float | None = None) -> str:
 
 
 _NO_NUL = "^[^\\u0000]*$"
-JOB_REQUEST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "A job start; parse_job_request applies the same rules (and the gang field "
-    "of a member start, which only nodes send)",
-    "additionalProperties": False,
-    "required": ["argv"],
-    "properties": {
-        "job_id": {"type": "string", "pattern": JOB_ID_PATTERN.pattern},
-        "name": {"type": "string", "minLength": 1, "maxLength": 256},
-        "argv": {
-            "type": "array",
-            "minItems": 1,
-            "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
-            "items": {"type": "string", "pattern": _NO_NUL},
-        },
-        "env": {
-            "type": "object",
-            "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
-            "additionalProperties": {"type": "string", "pattern": _NO_NUL},
-        },
-        "cwd": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
-        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
-        "nodes": {"type": "integer", "minimum": 1, "maximum": 1024},
-        "role": {"enum": list(ROLES)},
-        "env_from": {"enum": ["rendezvous"]},
-    },
+_ARGV = {
+    "type": "array",
+    "minItems": 1,
+    "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
+    "items": {"type": "string", "pattern": _NO_NUL},
 }
-"""The OpenAPI schema of a start request (POST /v1/jobs)."""
+EnvName = Annotated[str, Field(min_length=1, pattern="^[^=\\u0000]*$")]
+
+
+class JobStartBody(BaseModel):
+    """A job start; parse_job_request applies the same rules (and the gang field of a member
+    start, which only nodes send)."""
+
+    model_config = BODY_CONFIG
+
+    job_id: str | SkipJsonSchema[None] = Field(default=None, pattern=JOB_ID_PATTERN.pattern)
+    name: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=256)
+    argv: Annotated[list[str], WithJsonSchema(_ARGV)]
+    env: dict[EnvName, Annotated[str, Field(pattern=_NO_NUL)]] = Field(default_factory=dict)
+    cwd: str | SkipJsonSchema[None] = Field(default=None, min_length=1, pattern=_NO_NUL)
+    timeout_s: float | SkipJsonSchema[None] = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    nodes: int | SkipJsonSchema[None] = Field(default=None, ge=1, le=1024)
+    role: Role | SkipJsonSchema[None] = Field(default=None)
+    env_from: Literal["rendezvous"] | SkipJsonSchema[None] = Field(default=None)
 
 
 def _parse_argv(argv: object) -> list[str]:

@@ -13,10 +13,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from net import PeerRequestError
+from node.access import FORWARDED_HEADER
 from node.election.elector import Elector
 from node.election.service import ElectionService
 from node.errors import LockError
-from node.locks.service import FORWARDED_HEADER, LockService
+from node.locks.service import LockService
 from node.locks.table import LockTable, put_drain
 from node.plan import RolePlan
 from node.runtime import NodeRuntime

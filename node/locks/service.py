@@ -14,17 +14,10 @@ from typing import Any
 
 from health import LoopHealth
 from net import Identity, PeerClient, PeerRequestError
+from node.access import FORWARDED_HEADER
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.errors import LockError
 from node.identity.peers import peer_tls
-from node.locks.docs import (
-    ACCEPT_PATH,
-    MAX_WAIT_S,
-    PREPARE_PATH,
-)
-from node.locks.docs import (
-    LOCKS_PATH as LOCKS_PATH,
-)
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
     LockAnswer,
@@ -37,11 +30,18 @@ from node.locks.table import (
     renew,
     take_over,
 )
+from node.locks.wire import (
+    ACCEPT_PATH,
+    MAX_WAIT_S,
+    PREPARE_PATH,
+)
+from node.locks.wire import (
+    LOCKS_PATH as LOCKS_PATH,
+)
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
 
-FORWARDED_HEADER = "X-Shoal-Forwarded"
 EXPIRY_TICK_S = 0.2
 
 Operation = Callable[[LockTable, int, float], tuple[LockTable, LockAnswer | None]]
