@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -28,6 +28,7 @@ __all__ = [
     "declared_route",
     "route",
     "route_defs",
+    "unset",
 ]
 
 JSON = "application/json"
@@ -150,6 +151,17 @@ def _problem(declared: Route) -> str | None:
     ):
         return f"answers are below 400 and errors 400 or above, not {statuses}"
     return None
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+def unset(description: str | None = None) -> Any:
+    """The Field of an optional model field that is absent, never null, on the wire (a query
+    parameter, a body field, an answer's field): None in Python, no `default` in its JSON
+    Schema. Its type is `Annotated[T, Field(constraints)] | SkipJsonSchema[None]`."""
+    return Field(default=None, description=description, json_schema_extra=_no_default)
 
 
 def summary_of(handler: Callable[..., Any]) -> str:

@@ -11,7 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
-from config.declare import READ, Caller, Refusal, route
+from config.declare import READ, Caller, Refusal, route, unset
 from node.audit.entries import (
     DEPLOY_CERTIFICATE,
     DEPLOY_HOST,
@@ -59,15 +59,15 @@ class AuditAnswer(WireRecord):
 
 
 class AuditQuery(BaseModel):
-    since: float | SkipJsonSchema[None] = Field(
-        default=None, ge=0, le=MAX_SINCE, description="unix seconds: entries at or after"
+    since: Annotated[float, Field(ge=0, le=MAX_SINCE)] | SkipJsonSchema[None] = unset(
+        "unix seconds: entries at or after"
     )
-    kind: Kind | SkipJsonSchema[None] = Field(default=None, description="one kind only")
-    after: int | SkipJsonSchema[None] = Field(
-        default=None, ge=0, le=MAX_ID, description="entries with a larger id"
+    kind: Kind | SkipJsonSchema[None] = unset("one kind only")
+    after: Annotated[int, Field(ge=0, le=MAX_ID)] | SkipJsonSchema[None] = unset(
+        "entries with a larger id (paging)"
     )
-    limit: int | SkipJsonSchema[None] = Field(
-        default=None, ge=1, le=MAX_LIMIT, description=f"at most this many (1 to {MAX_LIMIT})"
+    limit: Annotated[int, Field(ge=1, le=MAX_LIMIT)] | SkipJsonSchema[None] = unset(
+        f"at most this many (1 to {MAX_LIMIT})"
     )
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from config.declare import unset
 from node.errors import BodyError
 from node.errors import JobError as JobError
 from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
@@ -139,15 +140,15 @@ class JobStartBody(BaseModel):
 
     model_config = BODY_CONFIG
 
-    job_id: str | SkipJsonSchema[None] = Field(default=None, pattern=JOB_ID_PATTERN.pattern)
-    name: str | SkipJsonSchema[None] = Field(default=None, min_length=1, max_length=256)
+    job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN.pattern)] | SkipJsonSchema[None] = unset()
+    name: Annotated[str, Field(min_length=1, max_length=256)] | SkipJsonSchema[None] = unset()
     argv: Annotated[list[str], WithJsonSchema(_ARGV)]
     env: dict[EnvName, Annotated[str, Field(pattern=_NO_NUL)]] = Field(default_factory=dict)
-    cwd: str | SkipJsonSchema[None] = Field(default=None, min_length=1, pattern=_NO_NUL)
-    timeout_s: float | SkipJsonSchema[None] = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
-    nodes: int | SkipJsonSchema[None] = Field(default=None, ge=1, le=1024)
-    role: Role | SkipJsonSchema[None] = Field(default=None)
-    env_from: Literal["rendezvous"] | SkipJsonSchema[None] = Field(default=None)
+    cwd: Annotated[str, Field(min_length=1, pattern=_NO_NUL)] | SkipJsonSchema[None] = unset()
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | SkipJsonSchema[None] = unset()
+    nodes: Annotated[int, Field(ge=1, le=1024)] | SkipJsonSchema[None] = unset()
+    role: Role | SkipJsonSchema[None] = unset()
+    env_from: Literal["rendezvous"] | SkipJsonSchema[None] = unset()
 
 
 def _parse_argv(argv: object) -> list[str]:

@@ -9,13 +9,13 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from config.declare import READ, Caller, Refusal, route
+from config.declare import READ, Caller, Refusal, route, unset
 from node.jobs.records import (
     JobError,
     JobRecord,
@@ -69,11 +69,9 @@ class LogsQuery(BaseModel):
     stream: Literal["stdout", "stderr"] = Field(
         default="stdout", description="stdout (default) or stderr"
     )
-    offset: float | SkipJsonSchema[None] = Field(
-        default=None, ge=0, description="first byte to send"
-    )
-    tail: float | SkipJsonSchema[None] = Field(
-        default=None, ge=0, description="send the last N lines (without offset)"
+    offset: Annotated[float, Field(ge=0)] | SkipJsonSchema[None] = unset("first byte to send")
+    tail: Annotated[float, Field(ge=0)] | SkipJsonSchema[None] = unset(
+        "send the last N lines (without offset)"
     )
     follow: Literal["0", "1"] = Field(default="0", description="1: keep streaming until it ends")
 

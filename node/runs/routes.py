@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from pydantic.json_schema import SkipJsonSchema
 
-from config.declare import READ, Caller, Refusal, route
+from config.declare import READ, Caller, Refusal, route, unset
 from node.component import Endpoint, endpoints
 from node.errors import BodyError, RunError
 from node.locks.routes import forward_to_coordinator
@@ -28,9 +28,7 @@ RUN_ID = ("run_id", "path", "the run's id", {"type": "string"})
 
 
 class ListQuery(BaseModel):
-    group: str | SkipJsonSchema[None] = Field(
-        default=None, description="only the runs of this group"
-    )
+    group: str | SkipJsonSchema[None] = unset("only the runs of this group")
 
 
 def run_endpoints(service: RunService) -> list[Endpoint]:

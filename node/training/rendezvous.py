@@ -12,12 +12,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, TypeGuard
+from typing import Annotated, Any, Literal, TypeGuard
 
 from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from config import Timeouts, read_secret_file
+from config.declare import unset
 from net import BlockingPeerClient, Identity, PeerRequestError
 from node.errors import GroupError as GroupError
 from node.errors import MasterUnreachable as MasterUnreachable
@@ -58,8 +59,8 @@ class RendezvousQuery(BaseModel):
     group: Literal["training", "weights"] = Field(
         default="training", description="training or weights"
     )
-    run: str | SkipJsonSchema[None] = Field(
-        default=None, pattern=RUN_NAME, description="the run, with group=weights"
+    run: Annotated[str, Field(pattern=RUN_NAME)] | SkipJsonSchema[None] = unset(
+        "the run, with group=weights"
     )
 
 

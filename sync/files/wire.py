@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from config.declare import Refusal
+from config.declare import Refusal, unset
 from sync.files.catalog import FILE_CATEGORIES
 
 PREFIX = "/v1/sync"
@@ -141,11 +141,10 @@ class ManifestPage(BaseModel):
     shared_id: str | None
     next: str | None
     entries: list[Entry]
-    tombstones: list[Tombstone] | SkipJsonSchema[None] = Field(
-        default=None,
-        description="first page of a category whose deletions propagate: files deleted within "
+    tombstones: list[Tombstone] | SkipJsonSchema[None] = unset(
+        "first page of a category whose deletions propagate: files deleted within "
         "tombstone_ttl_s (a copy of that hash, no newer than the deletion, is deleted by a "
-        "puller)",
+        "puller)"
     )
 
 
@@ -189,5 +188,5 @@ class PieceMapAnswer(BaseModel):
     piece_count: int = Field(ge=1)
     complete: bool
     have: str = Field(pattern="^([0-9a-f]{2})*$")
-    pending: str | SkipJsonSchema[None] = Field(default=None, pattern="^([0-9a-f]{2})*$")
-    uploads: int | SkipJsonSchema[None] = Field(default=None, ge=0)
+    pending: Annotated[str, Field(pattern="^([0-9a-f]{2})*$")] | SkipJsonSchema[None] = unset()
+    uploads: Annotated[int, Field(ge=0)] | SkipJsonSchema[None] = unset()

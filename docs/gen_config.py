@@ -1,7 +1,7 @@
 """Reference tables of docs/configuration.md, generated from the models so they never drift.
 
-`python -m config.docs` (or `python -m config.docs PAGE.md`) rewrites the tables between their
-markers.
+`python docs/gen_config.py` (or `python docs/gen_config.py PAGE.md`) rewrites the tables between
+their markers; tests/config/test_docs.py fails when the page differs.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def render_page(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[1] if len(argv) > 1 else "docs/configuration.md")
+    page = Path(__file__).resolve().with_name("configuration.md")
+    path = Path(argv[1]) if len(argv) > 1 else page
     path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
     return 0
 
