@@ -71,6 +71,7 @@ from node.membership.checks import membership_check
 from node.membership.keyring import GossipKeys, KeyringError
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
+from node.plan import PlanFence
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
 from node.routes import build_app
@@ -310,15 +311,12 @@ class NodeDaemon:
             cluster=runtime.settings.cluster_name,
         )
         election = self._election
-        identity, crl = api_identity(
-            runtime,
-            self.tls,
-            lambda: (
-                election.elector.plan.fence
-                if election.elector is not None and election.elector.plan is not None
-                else None
-            ),
-        )
+
+        def fence() -> PlanFence | None:
+            elector = election.elector
+            return None if elector is None or elector.plan is None else elector.plan.fence
+
+        identity, crl = api_identity(runtime, self.tls, fence)
         if crl is not None:
             self.crl_spread = crl
             self._stack.push_async_callback(crl.close)
@@ -330,6 +328,7 @@ class NodeDaemon:
             self.components,
             gates=[parts.dashboard.middleware],
             identity=identity,
+            fence=fence,
         )
         self.http_app = app
         runner = web.AppRunner(

@@ -46,6 +46,11 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+RETRIED_FENCES = frozenset({"fence_refused", "fence_ahead"})
+"""A member's refusal of the gang's fence that a retry may lift: it has not applied the plan yet
+(its start route's own check, or node.identity's check of a `fenced` route)."""
+
+
 class PickBody(BaseModel):
     """Body of `POST /v1/jobs/gang/pick`: how many alive nodes of which role."""
 
@@ -147,7 +152,7 @@ class MemberStarts:
                 self.rows[rank] = row.model_copy(update={"state": JobState(state)})
                 return None, None
             code = answer.get("error") if isinstance(answer, dict) else None
-            if code == "fence_refused" and time.monotonic() < deadline:
+            if code in RETRIED_FENCES and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)  # the member has not applied the plan yet
                 continue
             reason = answer.get("reason", answer) if isinstance(answer, dict) else answer
