@@ -147,10 +147,9 @@ class ElectionRoutes:
     async def vote(self, request: web.Request) -> web.Response:
         """A candidate asks for a (pre-)vote; the answer is durable before it is sent"""
         running = _running(self._elector)
-        message = _parsed(VoteRequest.from_dict, await _read_message(request, VoteRequestBody))
+        message = await _message(request, VoteRequestBody, VoteRequest.from_dict)
         _check_sender(request, message.candidate)
-        answer = await _answer(running.handle_vote_request(message))
-        return web.json_response(answer.to_dict())
+        return web.json_response((await _answer(running.handle_vote_request(message))).to_dict())
 
     @route(
         "POST",
@@ -164,10 +163,9 @@ class ElectionRoutes:
     async def heartbeat(self, request: web.Request) -> web.Response:
         """The coordinator's heartbeat, carrying its plan; answered with an acknowledgement"""
         running = _running(self._elector)
-        message = _parsed(Heartbeat.from_dict, await _read_message(request, HeartbeatBody))
+        message = await _message(request, HeartbeatBody, Heartbeat.from_dict)
         _check_sender(request, message.coordinator)
-        answer = await _answer(running.handle_heartbeat(message))
-        return web.json_response(answer.to_dict())
+        return web.json_response((await _answer(running.handle_heartbeat(message))).to_dict())
 
     @route(
         "GET",
@@ -182,7 +180,12 @@ class ElectionRoutes:
         return web.json_response(_running(self._elector).plan_announce().to_dict())
 
 
-def _parsed(parse: Callable[[dict[str, Any]], M], data: dict[str, Any]) -> M:
+async def _message(
+    request: web.Request, model: type[BaseModel], parse: Callable[[dict[str, Any]], M]
+) -> M:
+    """The request's election message: checked against `model`, then `parse`d (400 when
+    either refuses it)."""
+    data = await _read_message(request, model)
     try:
         return parse(data)
     except ElectionError as exc:

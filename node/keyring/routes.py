@@ -90,35 +90,24 @@ LOCAL_ERRORS = (
 Handler = Callable[["KeyringRoutes", web.Request], Awaitable[web.Response]]
 
 
-def _cluster_change(
-    path: str, body: type[InstallBody] | type[KeyIdBody]
+def _change(
+    path: str, body: type[InstallBody] | type[KeyIdBody], *, local: bool
 ) -> Callable[[Handler], Handler]:
-    """The declaration of a change on every alive member."""
+    """The declaration of a change: of this node's keyring (`local`), or on every alive
+    member."""
     return route(
         "POST",
         path,
         callers=[Caller.OPERATOR],
         forwarded=True,
-        answers=((200, "done on the members in acked; failed names the others"),),
-        errors=CLUSTER_ERRORS,
+        answers=(
+            (200, "this node's keyring after the change")
+            if local
+            else (200, "done on the members in acked; failed names the others"),
+        ),
+        errors=LOCAL_ERRORS if local else CLUSTER_ERRORS,
         body=body,
-        answer=ChangeAnswer,
-    )
-
-
-def _local_change(
-    path: str, body: type[InstallBody] | type[KeyIdBody]
-) -> Callable[[Handler], Handler]:
-    """The declaration of a change of this node's keyring."""
-    return route(
-        "POST",
-        path,
-        callers=[Caller.OPERATOR],
-        forwarded=True,
-        answers=((200, "this node's keyring after the change"),),
-        errors=LOCAL_ERRORS,
-        body=body,
-        answer=LocalAnswer,
+        answer=LocalAnswer if local else ChangeAnswer,
     )
 
 
@@ -196,18 +185,18 @@ class KeyringRoutes:
         """This node's gossip keyring: its key ids and the one it seals with"""
         return web.json_response(self.local_state())
 
-    @_local_change(f"{LOCAL_PATH}/install", InstallBody)
+    @_change(f"{LOCAL_PATH}/install", InstallBody, local=True)
     async def _local_install(self, request: web.Request) -> web.Response:
         """This node only: install a key {"key"}; recorded in the WAL (audit kind keyring)"""
         return await self._local("install", request)
 
-    @_local_change(f"{LOCAL_PATH}/use", KeyIdBody)
+    @_change(f"{LOCAL_PATH}/use", KeyIdBody, local=True)
     async def _local_use(self, request: web.Request) -> web.Response:
         """This node only: seal with key {"key_id"} (404 when not installed); recorded in the
         WAL (audit kind keyring)"""
         return await self._local("use", request)
 
-    @_local_change(f"{LOCAL_PATH}/remove", KeyIdBody)
+    @_change(f"{LOCAL_PATH}/remove", KeyIdBody, local=True)
     async def _local_remove(self, request: web.Request) -> web.Response:
         """This node only: remove key {"key_id"} (409 when in use); recorded in the WAL (audit
         kind keyring)"""
@@ -352,25 +341,25 @@ class KeyringRoutes:
             }
         )
 
-    @_cluster_change(f"{KEYRING_PATH}/install", InstallBody)
+    @_change(f"{KEYRING_PATH}/install", InstallBody, local=False)
     async def _install(self, request: web.Request) -> web.Response:
         """Install a key {"key"} on every alive member: accepted on receipt there; answers which
         members acknowledged and which did not"""
-        return await self._change("install", request)
+        return await self._changed("install", request)
 
-    @_cluster_change(f"{KEYRING_PATH}/use", KeyIdBody)
+    @_change(f"{KEYRING_PATH}/use", KeyIdBody, local=False)
     async def _use(self, request: web.Request) -> web.Response:
         """Seal with key {"key_id"} on every alive member (each must hold it: else 409
         key_missing naming them); answers which members acknowledged and which did not"""
-        return await self._change("use", request)
+        return await self._changed("use", request)
 
-    @_cluster_change(f"{KEYRING_PATH}/remove", KeyIdBody)
+    @_change(f"{KEYRING_PATH}/remove", KeyIdBody, local=False)
     async def _remove(self, request: web.Request) -> web.Response:
         """Remove key {"key_id"} from every alive member; 409 key_in_use while any member seals
         with it; answers which members acknowledged and which did not"""
-        return await self._change("remove", request)
+        return await self._changed("remove", request)
 
-    async def _change(self, op: str, request: web.Request) -> web.Response:
+    async def _changed(self, op: str, request: web.Request) -> web.Response:
         body = _checked(InstallBody if op == "install" else KeyIdBody, await request.read())
         if body.requested_by is None:  # who asked, kept across the forward (audit)
             body = body.model_copy(update={"requested_by": request_sender()})

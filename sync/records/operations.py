@@ -4,6 +4,7 @@ JSON Schema is generated from that declaration), and the answers' models."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -46,6 +47,13 @@ class StoresStatus(BaseModel):
 
 
 _NUM = {"type": "number"}
+
+
+def per_store(
+    doc: Callable[[Route, RecordSchema], Route],
+) -> Callable[[Any, Route], list[Route]]:
+    """A route's `each`: `doc` of it for every store its handlers serve (their `schemas()`)."""
+    return lambda handlers, found: [doc(found, schema) for schema in handlers.schemas()]
 
 
 def _records(schema: RecordSchema) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from sync.records.operations import (
     StoreStatusAnswer,
     get_doc,
     ingest_doc,
+    per_store,
     since_doc,
     status_doc,
 )
@@ -275,7 +276,7 @@ class RecordHandlers:
         errors=[UNKNOWN_STORE],
         params=(STORE,),
         answer=StoreStatusAnswer,
-        each=lambda handlers, found: [status_doc(found, s) for s in handlers.schemas()],
+        each=per_store(status_doc),
         summary="count, newest_created_at and size_bytes of a store",
     )
     @_guarded
@@ -294,7 +295,7 @@ class RecordHandlers:
         PREFIX + "/{store}/since",
         callers=READ,
         params=(STORE,),
-        each=lambda handlers, found: [since_doc(found, s) for s in handlers.schemas()],
+        each=per_store(since_doc),
         summary="Records after (ts, after) in (time, key) order, with the next cursor",
     )
     @_guarded
@@ -309,7 +310,7 @@ class RecordHandlers:
         PREFIX + "/{store}/get",
         callers=READ,
         params=(STORE,),
-        each=lambda handlers, found: [get_doc(found, s) for s in handlers.schemas()],
+        each=per_store(get_doc),
         summary="Records by key: ?key=a&key=b; absent ones in missing",
     )
     @_guarded
