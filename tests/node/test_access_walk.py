@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from openapi_spec_validator import validate
 
 from config import signing_middleware
 from node.daemon import NodeDaemon
@@ -78,6 +79,14 @@ async def test_every_operation_answers_each_caller_as_declared(tmp_path: Path, p
             ) as response,
         ):
             document: dict[str, Any] = await response.json()
+        validate(document)  # the certificate roles are a valid mutualTLS requirement
+        roles = {"peer": "node", "fenced": "node", "operator": "operator", "reader": "reader"}
+        for path, item in document["paths"].items():
+            for method, operation in item.items():
+                declared = {roles[c] for c in operation["x-shoal-callers"] if c in roles}
+                listed = [r for r in operation["security"] if "clientCertificate" in r]
+                certificate = set(listed[0]["clientCertificate"]) if listed else set()
+                assert certificate == declared, f"{method.upper()} {path}"
         wrong: list[str] = []
         walked = 0
         operator_routes = 0
