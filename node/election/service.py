@@ -138,17 +138,17 @@ class ElectionService:
             )
         if "run" in request.query and not re.match(RUN_NAME, request.query["run"]):
             return json_error(400, f"run {request.query['run']!r} is not a run name", param="run")
+        text = request.query.get("local_rank", "0")
+        if not text.isdigit():  # whatever the group: the document says what it takes
+            return json_error(
+                400, f"local_rank {text!r} must be an integer >= 0", param="local_rank"
+            )
         if group != "training":
             handler = self.group_handlers.get(group)
             if handler is None:
                 known = ", ".join(["training", *sorted(self.group_handlers)])
                 return json_error(404, f"no group {group!r}; groups are {known}", param="group")
             return await handler(request)
-        text = request.query.get("local_rank", "0")
-        if not text.isdigit():
-            return json_error(
-                400, f"local_rank {text!r} must be an integer >= 0", param="local_rank"
-            )
         plan = self.elector.plan if self.elector is not None else None
         try:
             rendezvous = rendezvous_for(

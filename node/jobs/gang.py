@@ -17,13 +17,14 @@ from typing import Any
 
 from aiohttp import web
 
-from config.declare import Caller, Refusal, route
+from config.declare import Caller, route
 from net import Identity, PeerClient, PeerRequestError, split_url
 from node.errors import BodyError
 from node.fence import fence_headers
 from node.identity.peers import peer_tls
 from node.jobs.drain import refuse_if_draining
 from node.jobs.gang_start import (
+    PICK_ERRORS,
     PICK_PATH,
     MemberStarts,
     PickBody,
@@ -114,11 +115,7 @@ class GangService:
         PICK_PATH,
         callers=[Caller.PEER],
         answers=((200, "fence and members"),),
-        errors=[
-            Refusal(400, "invalid_pick", "malformed request"),
-            Refusal(409, "not_coordinator", "not the coordinator"),
-            Refusal(503, "not_enough_nodes", "too few nodes"),
-        ],
+        errors=PICK_ERRORS,
         body=PickBody,
         answer=PickAnswer,
     )

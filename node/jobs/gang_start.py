@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from config.declare import Refusal
 from node.jobs.records import GangMember, JobError, JobState, PickAnswer, Role
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_master_port, pick_members
 from node.openapi import BODY_CONFIG, WholeNumber
@@ -46,6 +47,12 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+PICK_ERRORS = (
+    Refusal(400, "invalid_pick", "malformed request"),
+    Refusal(409, "not_coordinator", "not the coordinator"),
+    Refusal(503, "not_enough_nodes", "too few nodes"),
+)
+"""What the coordinator's pick (POST /v1/jobs/gang/pick) refuses."""
 RETRIED_FENCES = frozenset({"fence_refused", "fence_ahead"})
 """A member's refusal of the gang's fence that a retry may lift: it has not applied the plan yet
 (its start route's own check, or node.identity's check of a `fenced` route)."""

@@ -10,8 +10,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from node.tasks import ActorRoutes
 from node.security import error_middleware
+from node.tasks import ActorRoutes
 from node.tasks.registry import FORWARDED_HEADER
 
 
