@@ -14,7 +14,6 @@ import hmac
 import logging
 import math
 import secrets
-import stat
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from pathlib import Path
 from aiohttp import ClientHandlerType, ClientMiddlewareType, ClientRequest, ClientResponse
 
 from config.errors import AuthError, ConfigError
+from config.private import shared_file_problem
 
 HEADER_NODE = "X-Shoal-Node"
 HEADER_TIMESTAMP = "X-Shoal-Timestamp"
@@ -86,11 +86,9 @@ def read_secret_file(path: Path, what: str = "secret file") -> bytes:
         raise ConfigError(f"{path}: {what} not found") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read {what}: {exc}") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(
-            f"{path}: {what} is readable by group or others (mode {stat.S_IMODE(mode):o}); "
-            f"run: chmod 600 {path}"
-        )
+    shared = shared_file_problem(path, mode, what)
+    if shared is not None:
+        raise ConfigError(shared)
     if len(data) < MIN_SECRET_BYTES:
         raise ConfigError(
             f"{path}: {what} is too short ({len(data)} bytes, need {MIN_SECRET_BYTES}); "

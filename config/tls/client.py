@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from config.errors import ConfigError
+from config.private import shared_file_problem
 
 __all__ = ["TLS_ENV", "client_scheme", "operator_context"]
 
@@ -33,6 +34,12 @@ def operator_context(env: Mapping[str, str] | None = None) -> ssl.SSLContext | N
             "SHOAL_TLS_KEY and SHOAL_TLS_CA (set all three, or none)"
         )
     cert, key, ca = (Path(given[var]).expanduser() for var in TLS_ENV)
+    try:
+        shared = shared_file_problem(key, key.stat().st_mode, "the client certificate's key")
+    except OSError:
+        shared = None  # (named below, when the certificate is loaded with it)
+    if shared is not None:
+        raise ConfigError(f"SHOAL_TLS_KEY: {shared}")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.check_hostname = False
