@@ -18,13 +18,13 @@ from node.openapi import RouteDoc
 from node.security import bad_request
 from node.ui.access import (
     ASSETS_PREFIX,
-    COOKIE_NAME,
     EVENTS_PATH,
     LOGIN_PATH,
     SESSION_S,
     UI_PREFIX,
     UiAccess,
     certificate_reader,
+    cookie_name,
 )
 from node.ui.events import EventHub
 
@@ -124,9 +124,10 @@ class DashboardRoutes:
         if not self.access.token_matches(given):
             return self._login_page("wrong", 401)
         response = web.HTTPSeeOther(UI_PREFIX)
+        name = cookie_name(request)
         response.set_cookie(
-            COOKIE_NAME,
-            self.access.session_cookie(time.time()),
+            name,
+            self.access.session_cookie(time.time(), name),
             max_age=int(SESSION_S),
             path="/",
             httponly=True,
