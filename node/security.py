@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import hmac
 import json
@@ -31,6 +30,7 @@ from config import (
     verify_request,
 )
 from node.errors import SkewError as SkewError
+from node.limits import BodyBudget, BodyRefused, read_unverified_body
 
 if TYPE_CHECKING:
     from config.tls import PeerIdentity
@@ -45,8 +45,6 @@ UNAUTHENTICATED = frozenset({("GET", "/v1/health"), ("GET", OPENAPI_PATH)})
 SKEW_PROBE_MAX_BYTES = 1024 * 1024
 """A request refused for its timestamp is checked for a valid signature (is it a peer whose
 clock is off?) only when its body is at most this large."""
-MAX_CONCURRENT_BODY_READS = 4
-"""Signed requests whose bodies are read at once; more wait (a flood cannot fill memory)."""
 
 
 CLIENT_ID_PREFIXES = ("cli-", "monitor-", "api-")
@@ -91,9 +89,8 @@ class AuthPolicy:
     cluster: str | None = None
     noted_clusters: set[str] = field(default_factory=set)
     nonces: NonceCache = field(default_factory=NonceCache)
-    body_reads: asyncio.Semaphore = field(
-        default_factory=lambda: asyncio.Semaphore(MAX_CONCURRENT_BODY_READS)
-    )
+    bodies: BodyBudget = field(default_factory=BodyBudget)
+    """The permits of body reads before a signature is checked (node.limits)."""
 
 
 AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
@@ -123,11 +120,13 @@ async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) 
     """The sender of a request refused for its timestamp, when its signature is otherwise valid
     (only a holder of the cluster secret can make one): a peer whose clock is off."""
     assert policy.secret is not None
-    size = request.content_length or 0
-    if size > SKEW_PROBE_MAX_BYTES:
+    size = request.content_length
+    if request.body_exists and (size is None or size > SKEW_PROBE_MAX_BYTES):
         return None
-    async with policy.body_reads:
-        body = await request.read()
+    try:
+        body = await read_unverified_body(request, policy.bodies)
+    except BodyRefused:
+        return None
     try:
         return verify_request(
             policy.secret,
@@ -259,8 +258,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """Refuse unsigned or badly signed requests with 401 and a JSON reason.
 
     The headers are checked before a byte of the body is read, so an unsigned flood costs no
-    memory; only then is the body read (within the app's client_max_size, at most
-    MAX_CONCURRENT_BODY_READS at once) and the signature over it checked."""
+    memory; only then is the body read (within the app's client_max_size, with a permit of
+    the client's and a deadline: node.limits) and the signature over it checked."""
     policy = request.app[AUTH_POLICY]
     if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
         return await handler(request)
@@ -277,8 +276,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return refused if refused is not None else await handler(request)
     try:
         check_headers(policy, request.headers, time.time())
-        async with policy.body_reads:
-            body = await request.read()
+        body = await read_unverified_body(request, policy.bodies)
         peer = verify_request(
             policy.secret,
             request.headers,
@@ -289,6 +287,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             now=time.time(),
             skew_s=policy.skew_s,
         )
+    except BodyRefused as exc:
+        return exc.answer
     except SkewError as exc:
         return await _skew_refusal(request, policy, exc)
     except AuthError as exc:
