@@ -6,14 +6,17 @@ starts, stops or changes anything on the node.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import time
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs
 
 from aiohttp import web
 
+from node.limits import LOGIN_MAX_BYTES, LOGIN_READ_S, MAX_LOGINS, BodyRefused, read_small_body
 from node.openapi import RouteDoc
 from node.security import bad_request
 from node.ui.access import (
@@ -31,7 +34,7 @@ from node.ui.events import EventHub
 ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 HTML = "text/html"
 FORM = "application/x-www-form-urlencoded"
-MAX_TOKEN_CHARS = 4096
+MAX_TOKEN_CHARS = 1024
 
 MESSAGES = {
     "": "",
@@ -72,6 +75,7 @@ class DashboardRoutes:
         self._assets = load_assets()
         self._index = _page("index.html").encode()
         self._login = _page("login.html")
+        self._logins = asyncio.Semaphore(MAX_LOGINS)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -110,9 +114,16 @@ class DashboardRoutes:
         """Exchange the read token (form field `token`) for the session cookie."""
         if request.content_type != FORM:
             raise bad_request(f"the login takes a form ({FORM}) with the field token")
-        form = await request.post()
-        given = form.get("token")
-        if not isinstance(given, str) or not given or len(given) > MAX_TOKEN_CHARS:
+        try:
+            body = await read_small_body(request, self._logins, LOGIN_MAX_BYTES, LOGIN_READ_S)
+        except BodyRefused as exc:
+            return exc.answer
+        try:
+            form = parse_qs(body.decode("ascii"), keep_blank_values=True, max_num_fields=8)
+        except (UnicodeDecodeError, ValueError):
+            form = {}
+        given = (form.get("token") or [""])[0]
+        if not given or len(given) > MAX_TOKEN_CHARS:
             raise bad_request(
                 f"form field token: the node's read token (1 to {MAX_TOKEN_CHARS} characters)",
                 param="token",
@@ -162,11 +173,16 @@ PAGE_DOCS = (
         "POST",
         LOGIN_PATH,
         "Exchange the read token (form field `token`) for an HttpOnly, SameSite=Strict "
-        "session cookie",
+        "session cookie named for the port (a plain form of at most 4 KiB, no "
+        "Content-Encoding)",
         (
             (303, "logged in: go to the dashboard"),
             (400, "not a form, or no token in it"),
             (401, "wrong token or no ui_token_file"),
+            (408, "the body did not arrive within LOGIN_READ_S"),
+            (413, "a body over LOGIN_MAX_BYTES"),
+            (415, "a Content-Encoding"),
+            (503, "MAX_LOGINS logins are being read: retry"),
         ),
         authenticated=False,
         body={"type": "string"},
