@@ -18,7 +18,9 @@ from config import (
 )
 from health import CircuitState, HealthStatus
 from node.component import Check, Component, Endpoint, endpoints_of, paired, route_docs
+from node.connections import head_deadline_middleware
 from node.identity.roles import CertificateGate
+from node.limits import MAX_BODY_BYTES
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
 from node.runtime import NodeRuntime
@@ -33,7 +35,6 @@ from node.security import (
 
 RUNTIME = web.AppKey("runtime", NodeRuntime)
 ROUTE_DOCS: web.AppKey[tuple[RouteDoc, ...]] = web.AppKey("route_docs", tuple)
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
 _HEALTH_STATES = [status.value for status in HealthStatus]
 HEALTH_SCHEMA: dict[str, Any] = {
@@ -383,7 +384,11 @@ def build_app(
     name another cluster. With `identity` (auth tls or hmac+tls) the client certificate is
     checked before the signature and the role after it. Raises ValueError when two routes
     document one operation."""
-    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware]
+    middlewares: list[Any] = [
+        head_deadline_middleware,
+        error_middleware,
+        foreign_cluster_middleware,
+    ]
     if identity is not None:
         middlewares.append(identity.certificate_middleware)
     middlewares += [*gates, auth_middleware]

@@ -30,6 +30,8 @@ FLOORS: list[tuple[str, ...]] = [
         "audit",
         "component",
         "identity",
+        "limits",
+        "connections",
     ),
     ("membership", "discovery", "keyring"),
     ("election", "training"),
