@@ -11,13 +11,18 @@ if TYPE_CHECKING:
         CLOCK_SKEWS,
         HEADER_CLOCK_SKEW,
         HEADER_CLUSTER,
+        HEADER_FENCE,
+        HEADER_FORWARDED,
         HEADER_NODE,
         HEADER_NONCE,
+        HEADER_RECEIVER,
         HEADER_SIGNATURE,
+        HEADER_TARGET,
         HEADER_TIMESTAMP,
         MIN_NONCE_CHARS,
         ClockSkews,
         NonceCache,
+        SigningTargets,
         cluster_middleware,
         peer_middlewares,
         read_secret_file,
@@ -97,8 +102,9 @@ else:
         __name__,
         {
             "config.auth": (
-                "CLOCK_SKEWS HEADER_CLOCK_SKEW HEADER_CLUSTER HEADER_NODE HEADER_NONCE "
-                "HEADER_SIGNATURE HEADER_TIMESTAMP MIN_NONCE_CHARS ClockSkews NonceCache "
+                "CLOCK_SKEWS HEADER_CLOCK_SKEW HEADER_CLUSTER HEADER_FENCE HEADER_FORWARDED "
+                "HEADER_NODE HEADER_NONCE HEADER_RECEIVER HEADER_SIGNATURE HEADER_TARGET "
+                "HEADER_TIMESTAMP MIN_NONCE_CHARS ClockSkews NonceCache SigningTargets "
                 "cluster_middleware peer_middlewares read_secret_file sign_request signed_headers "
                 "signing_middleware verify_request"
             ),
@@ -142,9 +148,13 @@ __all__ = [
     "ENV_VARS",
     "HEADER_CLOCK_SKEW",
     "HEADER_CLUSTER",
+    "HEADER_FENCE",
+    "HEADER_FORWARDED",
     "HEADER_NODE",
     "HEADER_NONCE",
+    "HEADER_RECEIVER",
     "HEADER_SIGNATURE",
+    "HEADER_TARGET",
     "HEADER_TIMESTAMP",
     "HEADER_VERSION",
     "MIN_NONCE_CHARS",
@@ -181,6 +191,7 @@ __all__ = [
     "NprocSetting",
     "ResultsSettings",
     "Role",
+    "SigningTargets",
     "StackEntry",
     "SyncSection",
     "Timeouts",

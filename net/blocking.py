@@ -22,6 +22,7 @@ from net.exchange import (
     answer_json,
     call_request,
     seam_base_url,
+    sign_again,
 )
 from net.transport import BlockingTransport, PeerRequest, PeerResponse, SslContextProvider
 
@@ -111,6 +112,13 @@ class BlockingPeerClient:
         with guard:
             with map_peer_errors(request.url, request.timeout_s):
                 answer = self.transport.send(request)
+                if sign_again(self.identity, request, answer.status, answer.headers):
+                    request = call_request(
+                        self.identity, self.timeouts, method, self.base_url(peer), path,
+                        json=json, data=data, params=params, headers=headers,
+                        timeout_s=timeout_s, min_timeout_s=0.05,
+                    )  # fmt: skip
+                    answer = self.transport.send(request)
             failure = answer_failure(request, answer, check=check)
             if failure is not None and answer.status >= FAILURE_STATUS:
                 raise failure  # the peer's fault: its breaker counts it

@@ -24,6 +24,7 @@ __all__ = [
     "call_request",
     "note_clock_skew",
     "seam_base_url",
+    "sign_again",
 ]
 
 FAILURE_STATUS = 500
@@ -41,6 +42,16 @@ def note_clock_skew(request: PeerRequest, status: int, headers: Mapping[str, str
             CLOCK_SKEWS.record(request.base.split("://", 1)[-1], -float(skew), time.time())
     elif status != 401:
         CLOCK_SKEWS.clear(request.base.split("://", 1)[-1])
+
+
+def sign_again(
+    identity: Identity, request: PeerRequest, status: int, headers: Mapping[str, str]
+) -> bool:
+    """Whether the peer's answer to a signed `request` asks for it to be signed again (for
+    the node it named, or as the previous release signs: config.auth.SigningTargets)."""
+    if identity.secret is None or HEADER_SIGNATURE not in request.headers:
+        return False
+    return identity.targets.learn(request.base, status, headers)
 
 
 def seam_base_url(address: str, ssl_context: SslContextProvider | None) -> str:

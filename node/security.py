@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import hmac
+import ipaddress
 import json
 import logging
 import time
@@ -20,13 +21,16 @@ from config import (
     HEADER_CLUSTER,
     HEADER_NODE,
     HEADER_NONCE,
+    HEADER_RECEIVER,
     HEADER_SIGNATURE,
+    HEADER_TARGET,
     HEADER_TIMESTAMP,
     MIN_NONCE_CHARS,
     AuthError,
     NonceCache,
     error_exception,
     error_response,
+    protocol_of,
     verify_request,
 )
 from node.errors import SkewError as SkewError
@@ -80,13 +84,18 @@ class AuthPolicy:
     """The node's secret (None: dev mode, loopback only), the /metrics bearer token,
     `known_node`: whether a sender id names a node this node knows (itself, its inventory, its
     membership view; None checks no sender, as in API tests), and `cluster`: this node's
-    cluster id, whose requests alone are served (None checks no cluster)."""
+    cluster id, whose requests alone are served (None checks no cluster). `node_id`: the id a
+    request must be signed for (X-Shoal-Target; None checks no target), and `unbound_ok`:
+    whether a request signed as the previous release signs (no target) is served, given its
+    sender and the client's address (None: always)."""
 
     secret: bytes | None
     metrics_token: bytes | None = None
     skew_s: float = 300.0
     known_node: Callable[[str], bool] | None = None
     cluster: str | None = None
+    node_id: str | None = None
+    unbound_ok: Callable[[str, str | None], bool] | None = None
     noted_clusters: set[str] = field(default_factory=set)
     nonces: NonceCache = field(default_factory=NonceCache)
     bodies: BodyBudget = field(default_factory=BodyBudget)
@@ -142,11 +151,77 @@ async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) 
         return None
 
 
-def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) -> str:
+UNBOUND_SIGNER_PROTOCOL = 1
+"""Members announcing this protocol or none (config.version.protocol_of) are of the release
+before signatures named their target node: their requests are served signed as it signs."""
+
+
+def local_or_previous(
+    sender: str, remote: str | None, own_address: str | None, membership: object
+) -> bool:
+    """Whether a request without a target in its signature is served: it comes from this host
+    (loopback or `own_address`: its processes started under the previous release keep
+    running), or its sender names a member of `membership` of the previous release (during a
+    rolling upgrade; the v1 signature does not cover the sender, so this holds only while such
+    a member is in the view)."""
+    host = (remote or "").split("%", 1)[0]
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    if own_address is not None and host == own_address:
+        return True
+    members = getattr(membership, "members", None)
+    if members is None:
+        return False
+    return any(
+        member.node_id == sender and protocol_of(member.meta) <= UNBOUND_SIGNER_PROTOCOL
+        for member in members()
+    )
+
+
+def unbound_check(runtime: Any) -> Callable[[str, str | None], bool]:
+    """AuthPolicy.unbound_ok of a node's `runtime` (node.runtime.NodeRuntime):
+    local_or_previous with its address and membership view at the time of each request."""
+    return lambda sender, remote: local_or_previous(
+        sender, remote, runtime.address, runtime.membership
+    )
+
+
+class TargetError(AuthError):
+    """A request signed for another node than this one, for none, or for no node at all (the
+    previous release's signature) where that is not served: 401 naming this node."""
+
+
+def _check_target(
+    policy: AuthPolicy, headers: Mapping[str, str], node: str, remote: str | None
+) -> None:
+    target = headers.get(HEADER_TARGET)
+    if target is None:
+        if policy.unbound_ok is not None and not policy.unbound_ok(node, remote):
+            raise TargetError(
+                f"a signature without {HEADER_TARGET} (the previous release's, which covers no "
+                "target node) is served only from this host or from a member of the previous "
+                f"release; this is node {policy.node_id}: upgrade the client"
+            )
+    elif policy.node_id is not None and target != policy.node_id:
+        shown = target[:MAX_SENDER_CHARS_SHOWN]
+        raise TargetError(
+            f"signed for node {shown!r}, this is node {policy.node_id!r}"
+            if shown
+            else f"signed for no node; this is node {policy.node_id!r}: sign for it"
+        )
+
+
+def check_headers(
+    policy: AuthPolicy, headers: Mapping[str, str], now: float, remote: str | None = None
+) -> str:
     """The sender named by a request's signature headers, checked before its body is read:
     all four present, the nonce well-formed, the timestamp within the clock window, the sender
-    known (a node of `policy.known_node`, or a client id), the nonce unseen. Raises AuthError;
-    the signature itself needs the body (verify_request)."""
+    known (a node of `policy.known_node`, or a client id), signed for this node (TargetError),
+    the nonce unseen. Raises AuthError; the signature itself needs the body
+    (verify_request)."""
     node = headers.get(HEADER_NODE, "")
     timestamp = headers.get(HEADER_TIMESTAMP, "")
     nonce = headers.get(HEADER_NONCE, "")
@@ -167,6 +242,7 @@ def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) ->
             f"unknown sender {shown!r}: no node of this node's inventory or membership view; "
             f"a client that is not a node signs as {CLIENT_ID_PREFIXES[0]}NAME"
         )
+    _check_target(policy, headers, node, remote)
     if policy.nonces.seen(nonce):
         raise AuthError("nonce seen before (replayed request)")
     return node
@@ -275,7 +351,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         refused = _bearer_refusal(request, policy)
         return refused if refused is not None else await handler(request)
     try:
-        check_headers(policy, request.headers, time.time())
+        check_headers(policy, request.headers, time.time(), request.remote)
         body = await read_unverified_body(request, policy.bodies)
         peer = verify_request(
             policy.secret,
@@ -291,6 +367,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return exc.answer
     except SkewError as exc:
         return await _skew_refusal(request, policy, exc)
+    except TargetError as exc:
+        log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
+        response = json_error(401, exc.reason, code="wrong_target", node=policy.node_id)
+        if policy.node_id is not None:
+            response.headers[HEADER_RECEIVER] = policy.node_id
+        return response
     except AuthError as exc:
         log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
         return json_error(401, exc.reason, code="unauthorized")
