@@ -253,20 +253,22 @@ class SigningTargets:
         None for a peer of the previous release (a v1 signature)."""
         return self._known.get(peer, "")
 
-    def learn(self, peer: str, status: int, headers: Mapping[str, str]) -> bool:
-        """Note what `peer`'s answer says of it; True when a request it refused should be
-        signed again: a 401 naming the receiver (X-Shoal-Receiver) another than the one signed
-        for, or a 401 without X-Shoal-Version (nor a clock skew) to a v2 signature (a peer of
-        the previous release, which checks the v1 message)."""
+    def learn(
+        self, peer: str, signed_for: str | None, status: int, headers: Mapping[str, str]
+    ) -> bool:
+        """Note what `peer`'s answer to a request signed for `signed_for` (None: v1) says of
+        it; True when that request should be signed again: a 401 naming the receiver
+        (X-Shoal-Receiver) another than the one signed for, or a 401 without X-Shoal-Version
+        (nor a clock skew) to a v2 signature (a peer of the previous release, which checks
+        the v1 message)."""
         if status != 401:
             return False
-        before = self.target_for(peer)
         receiver = headers.get(HEADER_RECEIVER)
-        if receiver and receiver != before:
+        if receiver and receiver != signed_for:
             self._remember(peer, receiver)
             return True
         legacy = HEADER_VERSION_ANSWER not in headers and HEADER_CLOCK_SKEW not in headers
-        if not receiver and before is not None and legacy:
+        if not receiver and signed_for is not None and legacy:
             self._remember(peer, None)
             return True
         return False
@@ -296,13 +298,14 @@ def signing_middleware(
         peer = f"{request.url.host}:{request.url.port}"
         for attempt in range(2):
             request.headers.pop(HEADER_TARGET, None)
+            target = targets.target_for(peer)
             headers = signed_headers(
                 secret, node_id, request.method, request.url.raw_path_qs, body, clock(),
-                cluster, target=targets.target_for(peer), headers=request.headers,
+                cluster, target=target, headers=request.headers,
             )  # fmt: skip
             request.headers.update(headers)
             response = await handler(request)
-            if attempt or not targets.learn(peer, response.status, response.headers):
+            if attempt or not targets.learn(peer, target, response.status, response.headers):
                 break
             response.release()
         skew = response.headers.get(HEADER_CLOCK_SKEW)

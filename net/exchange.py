@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW, HEADER_SIGNATURE
+from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW, HEADER_SIGNATURE, HEADER_TARGET
 from config.timeouts import Timeouts
 from net.build import Identity, Params, base_url, build_request
 from net.errors import PeerRequestError, answer_error, map_peer_errors
@@ -51,7 +51,8 @@ def sign_again(
     the node it named, or as the previous release signs: config.auth.SigningTargets)."""
     if identity.secret is None or HEADER_SIGNATURE not in request.headers:
         return False
-    return identity.targets.learn(request.base, status, headers)
+    signed_for = request.headers.get(HEADER_TARGET)
+    return identity.targets.learn(request.base, signed_for, status, headers)
 
 
 def seam_base_url(address: str, ssl_context: SslContextProvider | None) -> str:
