@@ -201,9 +201,9 @@ class CertificateGate:
             return
         if isinstance(found, CertificateError):
             if found.reason == RefusalReason.REVOKED and found.serial is not None:
-                book.saw(found.identity, found.serial)
+                book.saw(found.identity, found.serial, verified=False)
         elif found.role == CertRole.NODE:
-            book.saw(found.name, found.serial)
+            book.saw(found.name, found.serial, verified=True)
 
     @web.middleware
     async def certificate_middleware(
