@@ -32,6 +32,7 @@ from node.keyring.docs import (
 from node.membership.keyring import (
     GossipKeys,
     KeyringError,
+    decode_key,
     key_id,
     unwrap_key,
     valid_key_id,
@@ -58,6 +59,11 @@ def _checked(model: type[InstallBody] | type[KeyIdBody], raw: bytes) -> InstallB
     if isinstance(body, KeyIdBody) and not valid_key_id(body.key_id):
         raise KeyringRefused(400, "bad_key", f"{body.key_id!r} is not a key id (16 hex chars)")
     return body
+
+
+def _over_tls(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and transport.get_extra_info("ssl_object") is not None
 
 
 def _answers(
@@ -151,12 +157,29 @@ class KeyringRoutes:
     async def _handle_local_list(self, request: web.Request) -> web.Response:
         return web.json_response(self.local_state())
 
-    async def apply_local(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
-        """Change this node's keyring (written before the answer), recorded in the WAL."""
+    def _open_key(self, body: InstallBody, over_tls: bool) -> bytes:
+        """The key of an install: unsealed with the cluster secret, or taken plain when it came
+        inside TLS (or this node has no secret: dev mode); KeyringRefused 400 `bad_key` for a
+        plain key over plain HTTP (it crossed the network readable)."""
+        if body.sealed == "secret":
+            return unwrap_key(body.key, self._secret, self.runtime.settings.cluster_name)
+        if not over_tls and self._secret is not None:
+            raise KeyringRefused(
+                400,
+                "bad_key",
+                "a key not sealed with the cluster secret is taken only over TLS: call https "
+                "with an operator certificate (SHOAL_TLS_*), or seal it with the secret",
+            )
+        return decode_key(body.key, "the request's key")
+
+    async def apply_local(
+        self, op: str, body: InstallBody | KeyIdBody, key: bytes | None = None
+    ) -> dict[str, Any]:
+        """Change this node's keyring (written before the answer), recorded in the WAL; `key`
+        is an install's key when already opened (else opened from `body`, sealed)."""
         keys = self._ring()
-        cluster = self.runtime.settings.cluster_name
         if isinstance(body, InstallBody):
-            kid = keys.install(unwrap_key(body.key, self._secret, cluster))
+            kid = keys.install(key if key is not None else self._open_key(body, over_tls=False))
         elif op == "use":
             kid = body.key_id
             keys.use(kid)
@@ -175,7 +198,10 @@ class KeyringRoutes:
 
         async def handle(request: web.Request) -> web.Response:
             body = _checked(model, await request.read())
-            return web.json_response(await self.apply_local(op, body))
+            key = None
+            if isinstance(body, InstallBody):
+                key = self._open_key(body, _over_tls(request))
+            return web.json_response(await self.apply_local(op, body, key))
 
         return handle
 
@@ -291,20 +317,26 @@ class KeyringRoutes:
             forwarded = await self._forward(request, body.model_dump())
             if forwarded is not None:
                 return forwarded
-            return web.json_response(await self.change(op, body))
+            return web.json_response(await self.change(op, body, _over_tls(request)))
 
         return handle
 
-    async def change(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
+    async def change(
+        self, op: str, body: InstallBody | KeyIdBody, over_tls: bool = False
+    ) -> dict[str, Any]:
         """On the coordinator: check the change against every member's keyring, then make it
-        on each (this node too); KeyringRefused when it would strand a member."""
+        on each (this node too); KeyringRefused when it would strand a member. An install's
+        key goes on sealed with the secret, or plain (`tls`) from a node without one, which
+        calls its peers over TLS."""
         requested_by = body.requested_by
         cluster = self.runtime.settings.cluster_name
+        key = None
         if isinstance(body, InstallBody):
-            key = unwrap_key(body.key, self._secret, cluster)
+            key = self._open_key(body, over_tls)
             kid = key_id(key)
             sent: dict[str, Any] = {
                 "key": wrap_key(key, self._secret, cluster),
+                "sealed": "secret" if self._secret is not None else "tls",
                 "requested_by": requested_by,
             }
         else:
@@ -314,7 +346,7 @@ class KeyringRoutes:
             self._precheck(op, kid, members)
         local_body = (InstallBody if op == "install" else KeyIdBody).model_validate(sent)
         answers, failed = await self._everyone(
-            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body)
+            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body, key)
         )
         if failed:
             log.warning("gossip keyring %s %s: not acknowledged by %s", op, kid, failed)
