@@ -44,20 +44,33 @@ LOGIN_READ_S = 5.0
 
 
 class BodyRefused(Exception):
-    """A body not read: `answer` says why (408, 413, 415, 503)."""
+    """A body not read: `answer` says why (408, 413, 415, 503); `close`: the connection is
+    closed once the answer is sent, the rest of the body unread (`refused_answer`)."""
 
-    def __init__(self, answer: web.Response) -> None:
+    def __init__(self, answer: web.Response, *, close: bool) -> None:
         super().__init__(answer.text)
         self.answer = answer
+        self.close = close
 
 
 def _refusal(
     status: int, code: str, reason: str, retry_after_s: float | None = None
 ) -> BodyRefused:
     answer = error_response(status, reason, code, retry_after_s=retry_after_s)
-    if status != 503:
-        answer.force_close()  # the rest of the body is not read: do not wait for it
-    return BodyRefused(answer)
+    return BodyRefused(answer, close=status != 503)
+
+
+async def refused_answer(request: web.Request, refused: BodyRefused) -> web.StreamResponse:
+    """The answer of `refused`, sent; with `close`, the connection is then closed at once
+    rather than read to the end of its body (aiohttp would read and inflate what is left for
+    up to its lingering time: the CPU a gzip bomb or a 60 MiB post costs)."""
+    if not refused.close:
+        return refused.answer
+    refused.answer.force_close()
+    await refused.answer.prepare(request)
+    await refused.answer.write_eof()
+    request.protocol.force_close()
+    return refused.answer
 
 
 @dataclass

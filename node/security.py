@@ -34,7 +34,7 @@ from config import (
     verify_request,
 )
 from node.errors import SkewError as SkewError
-from node.limits import BodyBudget, BodyRefused, read_unverified_body
+from node.limits import BodyBudget, BodyRefused, read_unverified_body, refused_answer
 
 if TYPE_CHECKING:
     from config.tls import PeerIdentity
@@ -364,7 +364,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             skew_s=policy.skew_s,
         )
     except BodyRefused as exc:
-        return exc.answer
+        return await refused_answer(request, exc)
     except SkewError as exc:
         return await _skew_refusal(request, policy, exc)
     except TargetError as exc:

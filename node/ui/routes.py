@@ -16,7 +16,14 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from node.limits import LOGIN_MAX_BYTES, LOGIN_READ_S, MAX_LOGINS, BodyRefused, read_small_body
+from node.limits import (
+    LOGIN_MAX_BYTES,
+    LOGIN_READ_S,
+    MAX_LOGINS,
+    BodyRefused,
+    read_small_body,
+    refused_answer,
+)
 from node.openapi import RouteDoc
 from node.security import bad_request
 from node.ui.access import (
@@ -110,14 +117,14 @@ class DashboardRoutes:
             raise web.HTTPSeeOther(UI_PREFIX)
         return self._login_page("" if self.access.token is not None else "off")
 
-    async def _handle_login(self, request: web.Request) -> web.Response:
+    async def _handle_login(self, request: web.Request) -> web.StreamResponse:
         """Exchange the read token (form field `token`) for the session cookie."""
         if request.content_type != FORM:
             raise bad_request(f"the login takes a form ({FORM}) with the field token")
         try:
             body = await read_small_body(request, self._logins, LOGIN_MAX_BYTES, LOGIN_READ_S)
         except BodyRefused as exc:
-            return exc.answer
+            return await refused_answer(request, exc)
         try:
             form = parse_qs(body.decode("ascii"), keep_blank_values=True, max_num_fields=8)
         except (UnicodeDecodeError, ValueError):

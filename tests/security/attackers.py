@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import secrets
 import ssl
@@ -121,14 +122,29 @@ async def _end(attack: Attack) -> None:
     await asyncio.gather(*attack.tasks, return_exceptions=True)
 
 
+@functools.cache
+def _login_body(size: int, gzipped: bool) -> bytes:
+    """A login form of `size` bytes, gzip-compressed when `gzipped` (made once: compressing
+    60 MiB on every post would stall the attacker's own loop, and the timings beside it)."""
+    form = b"token=" + b"a" * (size - 6)
+    return gzip.compress(form, compresslevel=1) if gzipped else form
+
+
 async def login_post(
-    port: int, *, size: int = LOGIN_FLOOD_BYTES, gzipped: bool = False, chunked: bool = False
+    port: int,
+    *,
+    size: int = LOGIN_FLOOD_BYTES,
+    gzipped: bool = False,
+    chunked: bool = False,
+    early_s: float = 0.0,
 ) -> bytes:
     """POST /ui/login with a form of `size` bytes (gzip-compressed when `gzipped`, sent
     chunked without a Content-Length when `chunked`); the status line of the answer, or b""
-    when the node closed the connection first."""
-    form = b"token=" + b"a" * (size - 6)
-    body = gzip.compress(form, compresslevel=1) if gzipped else form
+    when the node closed the connection before it could be read (a node closes at once on a
+    body it refuses unread). With `early_s`, the head and the first 64 KiB are sent, and an
+    answer that comes within `early_s` is taken before the rest is sent (as a client that
+    waits for an early refusal does)."""
+    body = _login_body(size, gzipped)
     head = [
         "POST /ui/login HTTP/1.1",
         "Host: 127.0.0.1",
@@ -140,12 +156,26 @@ async def login_post(
         head.append("Content-Encoding: gzip")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
+        return await _send_login(reader, writer, head, body, chunked, early_s)
+    finally:
+        writer.close()
+
+
+async def _send_login(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: list[str], body: bytes,
+    chunked: bool, early_s: float,
+) -> bytes:  # fmt: skip
+    try:
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
         view = memoryview(body)
-        for start in range(0, len(body), 1 << 20):
-            piece = view[start : start + (1 << 20)]
+        step = 1 << 16 if early_s else 1 << 20
+        for start in range(0, len(body), step):
+            piece = view[start : start + step]
             writer.write(b"%x\r\n" % len(piece) + piece + b"\r\n" if chunked else piece)
             await writer.drain()
+            if early_s and start == 0:
+                with contextlib.suppress(TimeoutError):
+                    return (await asyncio.wait_for(reader.readline(), early_s)).strip()
         if chunked:
             writer.write(b"0\r\n\r\n")
         await writer.drain()
@@ -155,5 +185,3 @@ async def login_post(
         return (await asyncio.wait_for(reader.readline(), 30.0)).strip()
     except (ConnectionError, OSError, TimeoutError):
         return b""
-    finally:
-        writer.close()

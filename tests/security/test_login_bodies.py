@@ -44,14 +44,14 @@ async def test_login_bodies_are_small_plain_and_few(
     monkeypatch.setattr(web.Request, "read", counting_read)
     async with _daemon(tmp_path) as port:
         answers = await asyncio.gather(
-            login_post(port),  # 60 MiB with a Content-Length
-            login_post(port, size=8 * 1024 * 1024, chunked=True),
-            login_post(port, gzipped=True),  # about 250 KiB, 60 MiB once inflated
+            login_post(port, early_s=5.0),  # 60 MiB with a Content-Length
+            login_post(port, size=8 * 1024 * 1024, chunked=True, early_s=5.0),
+            login_post(port, gzipped=True, early_s=5.0),  # about 250 KiB, 60 MiB inflated
         )
         assert answers[0].startswith(b"HTTP/1.1 413"), answers[0]
         assert answers[1].startswith(b"HTTP/1.1 413"), answers[1]
         assert answers[2].startswith(b"HTTP/1.1 415"), answers[2]
-        small = await login_post(port, size=LOGIN_MAX_BYTES)
+        small = await login_post(port, size=LOGIN_MAX_BYTES, early_s=5.0)
         assert small.startswith(b"HTTP/1.1 400"), small  # read: a token over MAX_TOKEN_CHARS
         async with (
             ClientSession(timeout=ClientTimeout(total=10)) as session,
@@ -80,11 +80,11 @@ async def test_login_bodies_are_read_a_few_at_once_and_in_time(
             await writer.drain()
             slow.append((reader, writer))
         await asyncio.sleep(0.3)
-        busy = await login_post(port, size=64)
+        busy = await login_post(port, size=64, early_s=5.0)
         assert busy.startswith(b"HTTP/1.1 503"), busy
         for reader, writer in slow:
             status = await asyncio.wait_for(reader.readline(), 10.0)
             assert status.startswith(b"HTTP/1.1 408"), status
             writer.close()
-        again = await login_post(port, size=64)
+        again = await login_post(port, size=64, early_s=5.0)
         assert again.startswith(b"HTTP/1.1 401"), again
