@@ -8,6 +8,7 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from config.auth import (
+        BOUND_HEADERS,
         CLOCK_SKEWS,
         HEADER_CLOCK_SKEW,
         HEADER_CLUSTER,
@@ -102,7 +103,8 @@ else:
         __name__,
         {
             "config.auth": (
-                "CLOCK_SKEWS HEADER_CLOCK_SKEW HEADER_CLUSTER HEADER_FENCE HEADER_FORWARDED "
+                "BOUND_HEADERS CLOCK_SKEWS HEADER_CLOCK_SKEW HEADER_CLUSTER HEADER_FENCE "
+                "HEADER_FORWARDED "
                 "HEADER_NODE HEADER_NONCE HEADER_RECEIVER HEADER_SIGNATURE HEADER_TARGET "
                 "HEADER_TIMESTAMP MIN_NONCE_CHARS ClockSkews NonceCache SigningTargets "
                 "cluster_middleware peer_middlewares read_secret_file sign_request signed_headers "
@@ -141,6 +143,7 @@ else:
     )
 
 __all__ = [
+    "BOUND_HEADERS",
     "CLOCK_SKEWS",
     "DEFAULT_DELETIONS",
     "ENV_CUDA_DEVICE_ORDER",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -62,6 +62,12 @@ class Identity:
     cluster: str | None = None
     targets: SigningTargets = field(default_factory=SigningTargets, compare=False, repr=False)
     """The node id of each peer signed for, as learnt from its answers (config.auth)."""
+    prover: Callable[[str, str, bytes, str], dict[str, str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """An operator's certificate proof of each request that is not a GET (method, path with
+    query, body, the node asked) -> its headers (config.tls.proof), which a node that forwards
+    the request passes on."""
 
     @classmethod
     def of_command(cls, secret: bytes | None, cluster: str | None = None) -> Identity:

@@ -87,6 +87,10 @@ def call_request(
         identity, method, base, path, json=json, data=data, params=params, headers=headers,
         timeout_s=wait_s,
     )  # fmt: skip
+    if identity.prover is not None and request.method not in ("GET", "HEAD"):
+        name = tls[1] if tls is not None else base.split("://", 1)[-1].rsplit(":", 1)[0]
+        proof = identity.prover(request.method, request.path_qs, request.body, name)
+        request = dataclasses.replace(request, headers={**request.headers, **proof})
     return request if tls is None else dataclasses.replace(request, tls=tls)
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import hmac
-import ipaddress
 import json
 import logging
 import time
@@ -19,22 +19,25 @@ from config import (
     CLOCK_SKEWS,
     HEADER_CLOCK_SKEW,
     HEADER_CLUSTER,
+    HEADER_FORWARDED,
     HEADER_NODE,
     HEADER_NONCE,
     HEADER_RECEIVER,
     HEADER_SIGNATURE,
-    HEADER_TARGET,
     HEADER_TIMESTAMP,
     MIN_NONCE_CHARS,
     AuthError,
     NonceCache,
     error_exception,
     error_response,
-    protocol_of,
     verify_request,
 )
 from node.errors import SkewError as SkewError
+from node.forwarding import REQUEST_FORWARDER, proven_operator
 from node.limits import BodyBudget, BodyRefused, read_unverified_body, refused_answer
+from node.signers import TargetError, check_target
+from node.signers import local_or_previous as local_or_previous
+from node.signers import unbound_check as unbound_check
 
 if TYPE_CHECKING:
     from config.tls import PeerIdentity
@@ -151,69 +154,6 @@ async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) 
         return None
 
 
-UNBOUND_SIGNER_PROTOCOL = 1
-"""Members announcing this protocol or none (config.version.protocol_of) are of the release
-before signatures named their target node: their requests are served signed as it signs."""
-
-
-def local_or_previous(
-    sender: str, remote: str | None, own_address: str | None, membership: object
-) -> bool:
-    """Whether a request without a target in its signature is served: it comes from this host
-    (loopback or `own_address`: its processes started under the previous release keep
-    running), or its sender names a member of `membership` of the previous release (during a
-    rolling upgrade; the v1 signature does not cover the sender, so this holds only while such
-    a member is in the view)."""
-    host = (remote or "").split("%", 1)[0]
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return True
-    except ValueError:
-        pass
-    if own_address is not None and host == own_address:
-        return True
-    members = getattr(membership, "members", None)
-    if members is None:
-        return False
-    return any(
-        member.node_id == sender and protocol_of(member.meta) <= UNBOUND_SIGNER_PROTOCOL
-        for member in members()
-    )
-
-
-def unbound_check(runtime: Any) -> Callable[[str, str | None], bool]:
-    """AuthPolicy.unbound_ok of a node's `runtime` (node.runtime.NodeRuntime):
-    local_or_previous with its address and membership view at the time of each request."""
-    return lambda sender, remote: local_or_previous(
-        sender, remote, runtime.address, runtime.membership
-    )
-
-
-class TargetError(AuthError):
-    """A request signed for another node than this one, for none, or for no node at all (the
-    previous release's signature) where that is not served: 401 naming this node."""
-
-
-def _check_target(
-    policy: AuthPolicy, headers: Mapping[str, str], node: str, remote: str | None
-) -> None:
-    target = headers.get(HEADER_TARGET)
-    if target is None:
-        if policy.unbound_ok is not None and not policy.unbound_ok(node, remote):
-            raise TargetError(
-                f"a signature without {HEADER_TARGET} (the previous release's, which covers no "
-                "target node) is served only from this host or from a member of the previous "
-                f"release; this is node {policy.node_id}: upgrade the client"
-            )
-    elif policy.node_id is not None and target != policy.node_id:
-        shown = target[:MAX_SENDER_CHARS_SHOWN]
-        raise TargetError(
-            f"signed for node {shown!r}, this is node {policy.node_id!r}"
-            if shown
-            else f"signed for no node; this is node {policy.node_id!r}: sign for it"
-        )
-
-
 def check_headers(
     policy: AuthPolicy, headers: Mapping[str, str], now: float, remote: str | None = None
 ) -> str:
@@ -242,7 +182,7 @@ def check_headers(
             f"unknown sender {shown!r}: no node of this node's inventory or membership view; "
             f"a client that is not a node signs as {CLIENT_ID_PREFIXES[0]}NAME"
         )
-    _check_target(policy, headers, node, remote)
+    check_target(policy, headers, node, remote)
     if policy.nonces.seen(nonce):
         raise AuthError("nonce seen before (replayed request)")
     return node
@@ -335,7 +275,53 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
     The headers are checked before a byte of the body is read, so an unsigned flood costs no
     memory; only then is the body read (within the app's client_max_size, with a permit of
-    the client's and a deadline: node.limits) and the signature over it checked."""
+    the client's and a deadline: node.limits) and the signature over it checked. A call a
+    node forwarded (X-Shoal-Forwarded) is then served as the operator whose proof it carries
+    (node.forwarding), or as the forwarding node's own without one."""
+    if HEADER_FORWARDED in request.headers:
+        handler = functools.partial(_as_forwarded, handler=handler)
+    return await _authenticated(request, handler)
+
+
+async def _as_forwarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Serve a forwarded `request` (authenticated) as the operator its proof names."""
+    policy = request.app[AUTH_POLICY]
+    identity = request.get(PEER_IDENTITY)
+    forwarder = identity.name if identity is not None else request.get(PEER_ID)
+    is_node = (
+        identity.role.value == "node"
+        if identity is not None
+        else forwarder is not None and not is_client_id(forwarder)
+    )
+    if not is_node or forwarder is None:
+        return await handler(request)  # only a node forwards; a client's header means nothing
+    try:
+        operator = await proven_operator(
+            request,
+            secret=policy.secret,
+            seen=lambda nonce: not policy.nonces.check_and_add(f"proof:{nonce}", time.time()),
+            skew_s=policy.skew_s,
+            nonces=policy.nonces,
+        )
+    except AuthError as exc:
+        log.warning("refused a call %s forwarded (%s %s): %s", forwarder, request.method,
+                    request.path, exc)  # fmt: skip
+        return json_error(403, f"forwarded call refused: {exc.reason}", code="forwarded_refused")
+    if operator is None:
+        return await handler(request)
+    name = operator if isinstance(operator, str) else operator.name
+    if not isinstance(operator, str):
+        request[PEER_IDENTITY] = operator  # the role checks see the operator
+    request[PEER_ID] = name
+    tokens = (REQUEST_SENDER.set(name), REQUEST_FORWARDER.set(forwarder))
+    try:
+        return await handler(request)
+    finally:
+        REQUEST_FORWARDER.reset(tokens[1])
+        REQUEST_SENDER.reset(tokens[0])
+
+
+async def _authenticated(request: web.Request, handler: Handler) -> web.StreamResponse:
     policy = request.app[AUTH_POLICY]
     if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
         return await handler(request)

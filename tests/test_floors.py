@@ -32,6 +32,8 @@ FLOORS: list[tuple[str, ...]] = [
         "identity",
         "limits",
         "connections",
+        "signers",
+        "forwarding",
     ),
     ("membership", "discovery", "keyring"),
     ("election", "training"),

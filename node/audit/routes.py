@@ -203,14 +203,14 @@ class AuditRoutes:
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
-def audited_lock_route(op: str, handler: Handler, runtime: NodeRuntime, relayed: str) -> Handler:
+def audited_lock_route(op: str, handler: Handler, runtime: NodeRuntime) -> Handler:
     """`handler` of POST /v1/locks/{name}/{op}, recording each grant and release in the WAL of
-    the node the client asked (a request relayed to the coordinator, with the `relayed`
-    header, is recorded by the node that relayed it, with the client as sender)."""
+    the node the client asked and of the coordinator a request relayed there acts on (as the
+    sender the operator's proof names, with the node that relayed it: node.forwarding)."""
 
     async def handle(request: web.Request) -> web.Response:
         response = await handler(request)
-        if op == "renew" or response.status != 200 or request.headers.get(relayed):
+        if op == "renew" or response.status != 200:
             return response
         answer = json.loads(response.body) if isinstance(response.body, bytes) else {}
         if op == "acquire" and answer.get("granted"):

@@ -6,6 +6,7 @@ never imports rich."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import ssl
 import sys
@@ -124,12 +125,26 @@ def peer_client(settings: NodeSettings, timeout_s: float | None = None) -> PeerC
     identity = Identity.of_command(secret)
     if context is None:
         return PeerClient(identity, timeouts=timeouts)
+    identity = dataclasses.replace(identity, prover=guarded(_operator_prover))
     known = _local_node(settings)
 
     def tls(address: str) -> tuple[ssl.SSLContext, str]:
         return context, server_name(address, known)  # the local daemon: its node id
 
     return PeerClient(identity, timeouts=timeouts, tls=tls)
+
+
+def _operator_prover() -> Callable[[str, str, bytes, str], dict[str, str]]:
+    """The proof each request of an operator's command carries (SHOAL_TLS_CERT's key signs
+    it), which a node that forwards the request passes on (node.forwarding)."""
+    import os
+
+    from config.tls.proof import operator_prover
+
+    return operator_prover(
+        Path(os.environ["SHOAL_TLS_CERT"]).expanduser(),
+        Path(os.environ["SHOAL_TLS_KEY"]).expanduser(),
+    )
 
 
 def _local_node(settings: NodeSettings) -> dict[str, str]:

@@ -18,6 +18,7 @@ from config.settings import AuthMode, NodeSettings
 from config.tls import CertRole, PeerIdentity, RefusalReason
 from config.tls.context import DEFAULT_CRL_NAME, TlsContexts, TlsFiles
 from node.fence import FenceSource, fence_refusal
+from node.forwarding import TLS_VERIFIER
 from node.identity.revoked import RevokedPeers
 from node.plan import FENCE_HEADER
 from node.security import (
@@ -262,6 +263,7 @@ class CertificateGate:
             )
         request[PEER_IDENTITY] = found
         request[PEER_ID] = found.name
+        request[TLS_VERIFIER] = self.contexts.verify_peer  # (a forwarded operator's proof)
         token = REQUEST_SENDER.set(found.name)
         try:
             return await handler(request)

@@ -20,6 +20,7 @@ from node.audit.entries import record_audit
 from node.component import Check, Endpoint, paired
 from node.errors import BodyError
 from node.errors import KeyringRefused as KeyringRefused
+from node.forwarding import forward_headers
 from node.identity.peers import peer_tls
 from node.keyring.docs import (
     KEYRING_PATH,
@@ -45,6 +46,7 @@ from node.security import request_sender
 log = logging.getLogger(__name__)
 
 FORWARDED_HEADER = "X-Shoal-Forwarded"
+JSON = "application/json"
 AUDIT_TYPES = {op: f"keyring.{op}" for op in OPERATIONS}
 """The WAL entry type each change of a node's keyring is recorded under (audit kind keyring)."""
 _UP = ("alive", "suspect")
@@ -274,21 +276,24 @@ class KeyringRoutes:
             )
         if self._client is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
-        headers = {FORWARDED_HEADER: runtime.node_id}
-        try:
-            status, answer = await self._client.call_json(
+        headers = {**forward_headers(request, runtime.node_id), "Content-Type": JSON}
+        try:  # the operator's request as it came, with its proof (node.forwarding)
+            answer = await self._client.request(
                 request.method,
                 url,
-                request.path,
-                body,
+                request.raw_path,
+                data=await request.read(),
                 headers=headers,
                 timeout_s=3 * runtime.settings.timeouts.http_request_s,
+                check=False,
             )
-        except PeerRequestError as exc:
+            data = answer.json() if answer.body else None
+        except (PeerRequestError, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, PeerRequestError) else "not JSON"
             raise KeyringRefused(
-                503, "coordinator_unreachable", f"{coordinator}: {exc.reason}"
+                503, "coordinator_unreachable", f"{coordinator}: {reason}"
             ) from exc
-        return web.json_response(answer, status=status)
+        return web.json_response(data, status=answer.status)
 
     async def _local_answer(self) -> dict[str, Any]:
         return self.local_state()
