@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         ArchiveError,
         BackupError,
         BodyError,
+        BodyRefused,
         DeployError,
         DiscoveryError,
         DownloadHashError,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
         SshHostKeyError,
         SSHTimeoutError,
         StartupError,
+        TargetError,
         TaskError,
         TaskTimeout,
         WeightsError,
@@ -154,7 +156,8 @@ else:
                 "PeerRequestError PeerTimeoutError PlanError ProviderError PublishTimeout "
                 "RegistryError RemoteTaskError RemoteTraceback RendezvousError ResultsStoreError "
                 "RetryLater RLError RunError SkewError SshAuthError SSHConnectError SSHError "
-                "SshHostKeyError SSHTimeoutError StartupError TaskError TaskTimeout WeightsError "
+                "SshHostKeyError SSHTimeoutError StartupError TargetError TaskError TaskTimeout "
+                "WeightsError BodyRefused "
                 "WireError WorkerAuthError WorkerClosed WorkerDied WorkerError WorkerTimeout"
             ),
             "node.membership.service": (
@@ -198,6 +201,7 @@ __all__ = [
     "AutoStop",
     "BackupError",
     "BodyError",
+    "BodyRefused",
     "Candidate",
     "CandidateSource",
     "DeployError",
@@ -282,6 +286,7 @@ __all__ = [
     "SwimTuning",
     "SyncService",
     "SystemdNotifier",
+    "TargetError",
     "TaskError",
     "TaskTimeout",
     "TrainingLauncher",

@@ -77,7 +77,7 @@ from node.providers.own import open_autostop
 from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runtime import NodeRuntime
-from node.security import AuthPolicy, unbound_check
+from node.security import AuthPolicy, node_bound
 from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
@@ -309,8 +309,7 @@ class NodeDaemon:
             skew_s=runtime.settings.timeouts.auth_skew_s,
             known_node=self._known_node,
             cluster=runtime.settings.cluster_name,
-            node_id=runtime.node_id,
-            unbound_ok=unbound_check(runtime),
+            **node_bound(runtime),
         )
         election = self._election
         identity, crl = api_identity(

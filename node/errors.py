@@ -9,6 +9,9 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- WireError -- a body that is not a valid membership message
  |    +-- KeyringError -- a gossip keyring or key file that cannot be used, or a refused change
  +-- BodyError -- a request body its route's model (the OpenAPI document's schema) refuses
+ +-- BodyRefused -- a body not read (too slow, too large, encoded, no permit): carries the answer
+ +-- TargetError (also config's AuthError) -- a request signed for another node, for none, or
+ |                  by the previous release where that is not served (node.signers)
  +-- ElectionError -- a malformed election message, or an elector used outside its lifecycle
  +-- PlanError -- a plan, fence or policy is malformed
  +-- GroupError -- a training process group could not be formed or re-formed
@@ -54,10 +57,13 @@ stays light.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from config import AuthError
 from net.errors import PeerRequestError, PeerTimeoutError, RetryLater, peer_error
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "ActorDiedError",
@@ -332,6 +338,21 @@ class PublishTimeout(RLError, TimeoutError):
 
 
 # --- tasks and workers -------------------------------------------------------------------------
+
+
+class TargetError(NodeError, AuthError):
+    """A request signed for another node than this one, for none, or for no node at all (the
+    previous release's signature) where that is not served: 401 naming this node."""
+
+
+class BodyRefused(NodeError):
+    """A body not read: `answer` says why (408, 413, 415, 503); `close`: the connection is
+    closed once the answer is sent, the rest of the body unread (node.limits)."""
+
+    def __init__(self, answer: web.Response, *, close: bool) -> None:
+        super().__init__(answer.text or "")
+        self.answer = answer
+        self.close = close
 
 
 class SkewError(NodeError, AuthError):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from config import error_response
+from node.errors import BodyRefused as BodyRefused
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,6 @@ MAX_LOGINS = 4
 """Logins read at once; more are answered 503 at once."""
 LOGIN_READ_S = 5.0
 """A login's body must arrive within this time."""
-
-
-class BodyRefused(Exception):
-    """A body not read: `answer` says why (408, 413, 415, 503); `close`: the connection is
-    closed once the answer is sent, the rest of the body unread (`refused_answer`)."""
-
-    def __init__(self, answer: web.Response, *, close: bool) -> None:
-        super().__init__(answer.text)
-        self.answer = answer
-        self.close = close
 
 
 def _refusal(

@@ -37,6 +37,7 @@ from node.forwarding import REQUEST_FORWARDER, proven_operator
 from node.limits import BodyBudget, BodyRefused, read_unverified_body, refused_answer
 from node.signers import TargetError, check_target
 from node.signers import local_or_previous as local_or_previous
+from node.signers import node_bound as node_bound
 from node.signers import unbound_check as unbound_check
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def check_headers(
             f"unknown sender {shown!r}: no node of this node's inventory or membership view; "
             f"a client that is not a node signs as {CLIENT_ID_PREFIXES[0]}NAME"
         )
-    check_target(policy, headers, node, remote)
+    check_target(policy.node_id, policy.unbound_ok, headers, node, remote)
     if policy.nonces.seen(nonce):
         raise AuthError("nonce seen before (replayed request)")
     return node

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from config import HEADER_TARGET, AuthError, protocol_of
-
-if TYPE_CHECKING:
-    from node.security import AuthPolicy
+from config import HEADER_TARGET, protocol_of
+from node.errors import TargetError as TargetError
 
 __all__ = [
     "UNBOUND_SIGNER_PROTOCOL",
     "TargetError",
     "check_target",
     "local_or_previous",
+    "node_bound",
     "unbound_check",
 ]
 
@@ -54,6 +53,12 @@ def local_or_previous(
     )
 
 
+def node_bound(runtime: Any) -> dict[str, Any]:
+    """The AuthPolicy fields that bind requests to a node's `runtime`: its node id (the target
+    a request must be signed for) and `unbound_ok` (unbound_check)."""
+    return {"node_id": runtime.node_id, "unbound_ok": unbound_check(runtime)}
+
+
 def unbound_check(runtime: Any) -> Callable[[str, str | None], bool]:
     """AuthPolicy.unbound_ok of a node's `runtime` (node.runtime.NodeRuntime):
     local_or_previous with its address and membership view at the time of each request."""
@@ -62,26 +67,28 @@ def unbound_check(runtime: Any) -> Callable[[str, str | None], bool]:
     )
 
 
-class TargetError(AuthError):
-    """A request signed for another node than this one, for none, or for no node at all (the
-    previous release's signature) where that is not served: 401 naming this node."""
-
-
 def check_target(
-    policy: AuthPolicy, headers: Mapping[str, str], node: str, remote: str | None
+    node_id: str | None,
+    unbound_ok: Callable[[str, str | None], bool] | None,
+    headers: Mapping[str, str],
+    node: str,
+    remote: str | None,
 ) -> None:
+    """TargetError unless the request of these `headers` from sender `node` at `remote` is
+    signed for `node_id` (None: any), or is of the previous release where `unbound_ok` serves
+    it (None: everywhere)."""
     target = headers.get(HEADER_TARGET)
     if target is None:
-        if policy.unbound_ok is not None and not policy.unbound_ok(node, remote):
+        if unbound_ok is not None and not unbound_ok(node, remote):
             raise TargetError(
                 f"a signature without {HEADER_TARGET} (the previous release's, which covers no "
                 "target node) is served only from this host or from a member of the previous "
-                f"release; this is node {policy.node_id}: upgrade the client"
+                f"release; this is node {node_id}: upgrade the client"
             )
-    elif policy.node_id is not None and target != policy.node_id:
+    elif node_id is not None and target != node_id:
         shown = target[:MAX_TARGET_CHARS_SHOWN]
         raise TargetError(
-            f"signed for node {shown!r}, this is node {policy.node_id!r}"
+            f"signed for node {shown!r}, this is node {node_id!r}"
             if shown
-            else f"signed for no node; this is node {policy.node_id!r}: sign for it"
+            else f"signed for no node; this is node {node_id!r}: sign for it"
         )
