@@ -16,6 +16,7 @@ from config.auth import sign_request
 from node import NodeDaemon
 from shoal._daemon import DaemonClient, sign
 from shoal.errors import DaemonAnswerError, DaemonUnreachableError, ShoalError
+from shoal.place import place_from_env
 from tests.node.daemons import test_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +106,15 @@ def test_bad_environment_is_named(tmp_path: Path) -> None:
         DaemonClient.from_env({"SHOAL_DAEMON_URL": "ftp://x"})
     with pytest.raises(ShoalError, match="SHOAL_TLS_KEY"):
         DaemonClient.from_env({"SHOAL_TLS_CERT": "/x"})
+
+
+def test_place_from_torchruns_environment() -> None:
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    place = place_from_env({**env, "SHOAL_GENERATION": "7", "SHOAL_NODE_ID": "n2"})
+    assert (place.rank, place.local_rank, place.world_size, place.generation) == (3, 1, 4, 7)
+    assert place.node_id == "n2"
+    assert place_from_env(env).generation == 0
+    with pytest.raises(ShoalError, match="WORLD_SIZE is not set"):
+        place_from_env({"RANK": "0"})
+    with pytest.raises(ShoalError, match=r"rank 4 is not in 0\.\.3"):
+        place_from_env({**env, "RANK": "4"})
