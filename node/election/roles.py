@@ -108,10 +108,7 @@ def compute_plan(
     """
     drains = dict(draining if draining is not None else previous.draining if previous else {})
     held = quarantined if quarantined is not None else previous.quarantined if previous else {}
-    by_id = {
-        node_id: replace(cap, cannot_train=held[node_id]) if node_id in held else cap
-        for node_id, cap in _with_gpu_conflicts(_by_id(members), drains).items()
-    }
+    by_id = _with_gpu_conflicts(_by_id(members), drains, held)
     chosen = _choose_trainers([cap for cap in by_id.values() if cap.node_id not in drains], policy)
     eligible = len(chosen)
     if eligible < policy.min_training:
@@ -147,13 +144,17 @@ def compute_plan(
 
 
 def _with_gpu_conflicts(
-    by_id: Mapping[str, NodeCapabilities], drains: Mapping[str, float | None]
+    by_id: Mapping[str, NodeCapabilities],
+    drains: Mapping[str, float | None],
+    held: Mapping[str, str],
 ) -> dict[str, NodeCapabilities]:
     """The members, each that claims a GPU an earlier member (by id) claims marked
-    `cannot_train`; a draining member's GPUs count as unclaimed."""
+    `cannot_train`, and each quarantined one (`held`) with its reason; a draining member's
+    GPUs count as unclaimed."""
     conflicts = gpu_conflicts(
         {node_id: cap.gpu_uuids for node_id, cap in by_id.items() if node_id not in drains}
     )
+    conflicts.update({node_id: held[node_id] for node_id in by_id if node_id in held})
     return {
         node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
         for node_id, cap in by_id.items()
