@@ -43,12 +43,14 @@ if TYPE_CHECKING:
     from health.gpu import ENV_FAKE_GPUS, GpuInfo, GpuReader, fake_gpu_uuids, gpu_check, read_gpus
     from health.gpu_fake import FakeGpu, write_fake_gpus
     from health.gpu_faults import (
+        GPU_ID_HEX_DIGITS,
         FaultKind,
         FaultSample,
         FaultVerdict,
         GpuFault,
         RecoveryAction,
         judge,
+        short_gpu_id,
     )
     from health.gpu_selftest import SelfTestResult, run_selftest
     from health.loops import LoopHealth
@@ -105,7 +107,8 @@ else:
             "health.gpu": "ENV_FAKE_GPUS GpuInfo GpuReader fake_gpu_uuids gpu_check read_gpus",
             "health.gpu_fake": "FakeGpu write_fake_gpus",
             "health.gpu_faults": (
-                "FaultKind FaultSample FaultVerdict GpuFault RecoveryAction judge"
+                "GPU_ID_HEX_DIGITS FaultKind FaultSample FaultVerdict GpuFault RecoveryAction "
+                "judge short_gpu_id"
             ),
             "health.gpu_selftest": "SelfTestResult run_selftest",
             "health.loops": "LoopHealth",
@@ -131,6 +134,7 @@ else:
 
 __all__ = [
     "ENV_FAKE_GPUS",
+    "GPU_ID_HEX_DIGITS",
     "MONITOR_FLAGS",
     "XID_TABLE",
     "BreakerConfig",
@@ -201,6 +205,7 @@ __all__ = [
     "reset_all_breakers",
     "run_monitor",
     "run_selftest",
+    "short_gpu_id",
     "summarize",
     "wal_backlog_check",
     "wal_check",

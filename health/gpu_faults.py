@@ -6,6 +6,7 @@ action, whether NVML can read it at all), and the pure rule that says which of i
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import ModuleType
@@ -14,6 +15,7 @@ from typing import Any
 from health.xids import XID_TABLE, XidAction
 
 __all__ = [
+    "GPU_ID_HEX_DIGITS",
     "FaultKind",
     "FaultSample",
     "FaultVerdict",
@@ -21,10 +23,17 @@ __all__ = [
     "RecoveryAction",
     "judge",
     "sample_nvml",
+    "short_gpu_id",
     "unreadable_sample",
     "with_xids",
 ]
 
+GPU_ID_HEX_DIGITS = 10
+"""Hex digits of an NVML UUID that name a GPU in plans and reasons (and that nodes advertise:
+40 bits tell the GPUs of a large cluster apart, and keep a node's gossiped meta small)."""
+_NVML_UUID = re.compile(
+    r"^GPU-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
 UNREADABLE_CHARS = 80
 """At most this much of why a GPU cannot be read goes into a fault's reason."""
 _UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
@@ -77,9 +86,21 @@ class FaultSample:
     selftest: str | None = None
 
 
+def short_gpu_id(uuid: str) -> str:
+    """How plans name a GPU: its NVML UUID cut to GPU_ID_HEX_DIGITS hex digits, written as the
+    start of the UUID (`GPU-5d8f0e1c-2a` for `GPU-5d8f0e1c-2a3b-...`, which is what
+    `nvidia-smi -L` prints first); any other text as it is."""
+    match = _NVML_UUID.match(uuid)
+    if match is None:
+        return uuid
+    first, second = match.group(1).lower(), match.group(2).lower()
+    return f"GPU-{first}-{second[: GPU_ID_HEX_DIGITS - len(first)]}"
+
+
 @dataclass(frozen=True)
 class GpuFault:
-    """A fault of one GPU; `reason` is how plans name it (`gpu_fault: Xid 79 on GPU-...`)."""
+    """A fault of one GPU; `reason` is how plans name it: `gpu_fault: Xid 79 on GPU-5d8f0e1c-2a`
+    (the GPU as `short_gpu_id` writes it)."""
 
     uuid: str
     kind: FaultKind
@@ -87,7 +108,7 @@ class GpuFault:
 
     @property
     def reason(self) -> str:
-        return f"gpu_fault: {self.detail} on {self.uuid}"
+        return f"gpu_fault: {self.detail} on {short_gpu_id(self.uuid)}"
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def step(
     return dataclasses.replace(state, phase=Phase.SELFTEST), Action.SELFTEST
 
 
-def tested(state: WatchState, passed: bool, detail: str, now: float) -> WatchState:
+def after_selftest(state: WatchState, passed: bool, detail: str, now: float) -> WatchState:
     """The standing after a self-test: readmitting when it passed, else failed at `now`."""
     if passed:
         return dataclasses.replace(state, phase=Phase.READMITTING, selftest=detail)

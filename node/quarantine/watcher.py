@@ -33,7 +33,7 @@ from node.errors import LockError
 from node.plan import RolePlan
 from node.quarantine.docs import MAX_REASON_CHARS, QuarantineBody, ReadmitBody
 from node.quarantine.service import CoordinatorLink
-from node.quarantine.state import Action, Phase, WatchState, held, step, tested
+from node.quarantine.state import Action, Phase, WatchState, after_selftest, held, step
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
@@ -48,15 +48,16 @@ class DeadlineReads:
 
     def __init__(self, read: Callable[[Sequence[int]], list[FaultSample]]) -> None:
         self._read = read
-        self._thread: threading.Thread | None = None
+        self._pending: asyncio.Future[list[FaultSample]] | None = None
         self._started = 0.0
 
     async def read(self, indices: Sequence[int], deadline_s: float) -> list[FaultSample]:
-        if self._thread is not None and self._thread.is_alive():
+        if self._pending is not None and not self._pending.done():
             age = time.monotonic() - self._started
             return _unreadable(indices, f"a GPU read started {age:.0f} s ago has not ended")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[list[FaultSample]] = loop.create_future()
+        self._pending = done
 
         def answer(result: list[FaultSample] | None, error: BaseException | None) -> None:
             if done.done():
@@ -77,12 +78,17 @@ class DeadlineReads:
                 loop.call_soon_threadsafe(answer, result, error)
 
         self._started = time.monotonic()
-        self._thread = threading.Thread(target=run, name="gpu-fault-read", daemon=True)
-        self._thread.start()
+        threading.Thread(target=run, name="gpu-fault-read", daemon=True).start()
         try:
             return await asyncio.wait_for(asyncio.shield(done), deadline_s)
         except TimeoutError:
+            done.add_done_callback(_retrieve)  # a late failure is not "never retrieved"
             return _unreadable(indices, f"NVML did not answer within {deadline_s:g} s")
+
+
+def _retrieve(future: asyncio.Future[list[FaultSample]]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _unreadable(indices: Sequence[int], why: str) -> list[FaultSample]:
@@ -188,7 +194,7 @@ class GpuFaultWatcher:
         elif action is Action.SELFTEST:
             result = await self._selftest(samples, timeouts.gpu_selftest_s)
             log.info("GPU self-test: %s", result.to_json())
-            self.state = tested(self.state, result.passed, result.detail, self._clock())
+            self.state = after_selftest(self.state, result.passed, result.detail, self._clock())
             if result.passed:
                 await self._readmit()
         elif action is Action.READMIT:

@@ -26,6 +26,7 @@ from health import (
     XidAction,
     judge,
     run_selftest,
+    short_gpu_id,
     write_fake_gpus,
     xid_action,
 )
@@ -136,8 +137,9 @@ def test_the_xid_table_quarantines_the_hardware_classes_and_never_the_applicatio
         assert xid_action(code) is XidAction.APPLICATION, code
     assert xid_action(999) is None
     assert all(code == entry.code and entry.name for code, entry in XID_TABLE.items())
-    fault = GpuFault(UUID, FaultKind.XID, "Xid 79")
+    fault = GpuFault("GPU-5D8F0E1C-2A3B-4C5D-6E7F-0123456789AB", FaultKind.XID, "Xid 79")
     assert fault.reason == "gpu_fault: Xid 79 on GPU-5d8f0e1c-2a"
+    assert short_gpu_id("GPU-not-a-uuid") == "GPU-not-a-uuid"
 
 
 def test_the_json_seam_is_read_again_at_every_read(

@@ -10,6 +10,7 @@ each test prints the times it saw (run with -s to read them)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -37,7 +38,13 @@ FAST_FAULTS = {"gpu_fault_check_s": 0.2, "gpu_readmit_settle_s": 1.0}
 
 
 def uuid(index: int) -> str:
-    return f"GPU-5d8f0e1c-{index:02d}"
+    """The NVML UUID of fake GPU `index`."""
+    return f"GPU-5d8f0e{index:02x}-2a3b-4c5d-6e7f-0123456789ab"
+
+
+def short(index: int) -> str:
+    """How plans name fake GPU `index`."""
+    return f"GPU-5d8f0e{index:02x}-2a"
 
 
 class Cluster:
@@ -168,7 +175,7 @@ async def test_xid_79_takes_the_node_out_and_it_comes_back_by_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with cluster(tmp_path, monkeypatch) as group:
-        reason = f"gpu_fault: Xid 79 on {uuid(2)}"
+        reason = f"gpu_fault: Xid 79 on {short(2)}"
         injected = group.set_gpu("q2", xids=(79,))
         await until(lambda: group.all_plans(out("q2", reason)), FAULT_TO_OUT_S, "q2 out")
         fault_to_out = time.monotonic() - injected
@@ -182,6 +189,8 @@ async def test_xid_79_takes_the_node_out_and_it_comes_back_by_itself(
         url = f"http://127.0.0.1:{q2.port}"
         shown = await asyncio.to_thread(CliRunner().invoke, app, ["roles", "--node", url])
         assert reason in " ".join(shown.output.split()), shown.output
+        rows = await streamed_members(group.by_name("q1").port, "q2", reason)
+        assert rows["q2"]["quarantine"] == reason
         cleared = group.set_gpu("q2", xids=())
         await until(lambda: group.all_plans(back("q2")), CLEAR_TO_BACK_S, "q2 back")
         clear_to_back = time.monotonic() - cleared
@@ -192,6 +201,20 @@ async def test_xid_79_takes_the_node_out_and_it_comes_back_by_itself(
         _, status = await get(q2.port, "/v1/status")
         assert status["quarantine"] is None
         print(f"\nXid 79: fault to out {fault_to_out:.2f} s, clear to back {clear_to_back:.2f} s")
+
+
+async def streamed_members(port: int, node: str, reason: str) -> dict[str, Any]:
+    """The member rows of the first `members` event of the dashboard's stream at `port` that
+    shows `node` quarantined for `reason`."""
+    url = f"http://127.0.0.1:{port}/v1/events?topics=members"
+    async with asyncio.timeout(10), ClientSession() as session, session.get(url) as answer:
+        assert answer.status == 200, await answer.text()
+        async for line in answer.content:
+            if line.startswith(b"data: {"):
+                rows = {row["node_id"]: row for row in json.loads(line[6:])["members"]}
+                if rows.get(node, {}).get("quarantine") == reason:
+                    return rows
+    raise AssertionError("the event stream ended")
 
 
 async def get_text(port: int, path: str) -> tuple[int, str]:
@@ -230,7 +253,7 @@ async def test_a_failing_self_test_keeps_the_node_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with cluster(tmp_path, monkeypatch) as group:
-        reason = f"gpu_fault: Xid 48 on {uuid(4)}"
+        reason = f"gpu_fault: Xid 48 on {short(4)}"
         group.set_gpu("q3", xids=(48,), selftest="fail")
         await until(lambda: group.all_plans(out("q3", reason)), FAULT_TO_OUT_S, "q3 out")
         group.set_gpu("q3", xids=())
@@ -259,7 +282,7 @@ async def test_the_third_quarantine_within_the_hour_holds_until_undrain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with cluster(tmp_path, monkeypatch) as group:
-        reason = f"gpu_fault: Xid 79 on {uuid(2)}"
+        reason = f"gpu_fault: Xid 79 on {short(2)}"
         times: list[tuple[float, float]] = []
         for _ in range(2):
             injected = group.set_gpu("q2", xids=(79,))
@@ -306,7 +329,7 @@ async def test_a_new_coordinator_keeps_the_quarantine(
         coordinator = status["coordinator"]
         faulty = next(name for name in NAMES if name != coordinator)
         index = 2 * NAMES.index(faulty)
-        reason = f"gpu_fault: Xid 95 on {uuid(index)}"
+        reason = f"gpu_fault: Xid 95 on {short(index)}"
         group.set_gpu(faulty, xids=(95,))
         await until(lambda: group.all_plans(out(faulty, reason)), FAULT_TO_OUT_S, "out")
         old = await group.plans()
