@@ -24,8 +24,8 @@ class XidAction(enum.StrEnum):
 
 @dataclass(frozen=True)
 class XidEntry:
-    """One Xid: its code, NVIDIA's name for it, what shoal does and what NVIDIA's catalog says
-    to do first (its immediate-action resolution bucket, in words)."""
+    """One Xid: its code, NVIDIA's name for it, what shoal does, and what brings the GPU (or the
+    application) back, in words, after NVIDIA's Xid catalog and gpud's table."""
 
     code: int
     name: str
@@ -44,13 +44,13 @@ _ENTRIES = (
     XidEntry(61, "Internal micro-controller breakpoint/warning", _Q, "reset the GPU"),
     XidEntry(62, "Internal micro-controller halt", _Q, "reset the GPU"),
     XidEntry(63, "Row remapping (or page retirement) recorded", _Q, "reset the GPU to remap"),
-    XidEntry(64, "Row remapping (or page retirement) failed", _Q, "reset the GPU, replace it"),
+    XidEntry(64, "Row remapping (or page retirement) failed", _Q, "reset the GPU; replace it"),
     XidEntry(68, "Video decoder exception", _A, "restart the application"),
     XidEntry(69, "Graphics engine class error", _A, "restart the application"),
-    XidEntry(74, "NVLink error", _Q, "reset the GPU, check its NVLinks"),
-    XidEntry(79, "GPU has fallen off the bus", _Q, "reboot the node, replace the GPU"),
-    XidEntry(92, "High single-bit ECC error rate", _Q, "reset the GPU, replace it"),
-    XidEntry(94, "Contained uncorrectable ECC error", _Q, "restart the application"),
+    XidEntry(74, "NVLink error", _Q, "reset the GPU; check its NVLinks"),
+    XidEntry(79, "GPU has fallen off the bus", _Q, "reboot the node; replace the GPU if again"),
+    XidEntry(92, "High single-bit ECC error rate", _Q, "reset the GPU; replace it if again"),
+    XidEntry(94, "Contained uncorrectable ECC error", _Q, "restart the application; reset the GPU"),
     XidEntry(95, "Uncontained uncorrectable ECC error", _Q, "reset the GPU"),
     XidEntry(109, "Context switch timeout", _A, "restart the application"),
     XidEntry(119, "GSP RPC timeout", _Q, "reset the GPU"),

@@ -302,3 +302,36 @@ async def test_without_dcgm_a_matmul_child_checks_each_gpu(tmp_path: Path) -> No
     result = await run_selftest([_sample()], 60.0, env=env)
     assert (result.passed, result.method) == (True, "nvml")
     assert "matmul skipped: torch is not installed (no torch here)" in result.detail
+
+
+# the docs
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "fault-tolerance.md"
+
+
+def xid_rows() -> str:
+    """The Xid table of docs/fault-tolerance.md as health.xids makes it."""
+    rows = ["| Xid | NVIDIA's name | shoal | what brings it back |", "|---|---|---|---|"]
+    rows += [
+        f"| {code} | {entry.name} | {entry.action.value} | {entry.resolution} |"
+        for code, entry in sorted(XID_TABLE.items())
+    ]
+    return "\n".join(rows)
+
+
+def test_the_docs_xid_table_is_the_code_table() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    shown = text.split("<!-- xids:begin -->\n", 1)[1].split("\n<!-- xids:end -->", 1)[0]
+    assert shown == xid_rows(), f"docs/fault-tolerance.md's Xid table should be:\n{xid_rows()}"
+
+
+def test_the_docs_settings_table_shows_the_defaults() -> None:
+    from config import load_settings
+
+    settings = load_settings(env={}, flags={}).settings
+    text = PAGE.read_text(encoding="utf-8").split("### Settings", 1)[1]
+    for key in ("gpu_fault_check_s", "gpu_readmit_settle_s", "gpu_quarantine_limit"):
+        assert f"| `{key}` | {getattr(settings, key):g} |" in text, key
+    for key in ("gpu_read_s", "gpu_selftest_s"):
+        assert f"| `timeouts.{key}` | {getattr(settings.timeouts, key):g} |" in text, key
