@@ -266,7 +266,8 @@ def node_route_docs() -> list[RouteDoc]:
         RouteDoc(
             "POST",
             f"{NODES_PATH}/{{node}}/undrain",
-            "Undrain a node: it takes new work again from the next plan",
+            "Undrain a node: it takes new work again from the next plan; also lifts its GPU "
+            "quarantine (held or not)",
             (
                 (200, "undrained (or was not drained)"),
                 (400, "bad request"),
