@@ -232,6 +232,12 @@ class RolePlan:
         """Whether an operator drains `node_id` (no new work goes there)."""
         return node_id in self.draining
 
+    def quarantined_trainers(self, previous: RolePlan | None) -> tuple[str, ...]:
+        """The training nodes of `previous` that this plan quarantines: when any, this plan's
+        new training group is a restart for a GPU fault (`gpu_fault`)."""
+        ranks = () if previous is None else previous.training_ranks
+        return tuple(node for node in ranks if node in self.quarantined)
+
     def weights_members(self) -> tuple[str, ...]:
         """The weights group: training rank 0 (the publisher), then every inference and selfplay
         node by id that is neither draining nor quarantined; empty when nobody trains."""

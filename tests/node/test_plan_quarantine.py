@@ -45,7 +45,9 @@ def test_a_quarantined_node_leaves_the_training_group_with_its_reason() -> None:
     assert "quarantined: b" in out.note
     assert not out.same_assignment(plan)
     # the restart's reason, from two plans: a rank of the first is quarantined in the second
-    assert [n for n in plan.training_ranks if n in out.quarantined] == ["b"]
+    assert out.quarantined_trainers(plan) == ("b",)
+    assert out.quarantined_trainers(None) == ()
+    assert plan.quarantined_trainers(out) == ()
     back = compute_plan(1, 3, MEMBERS, POLICY, previous=out, quarantined={})
     assert back.quarantined == {}
     assert back.training_ranks == ("a", "c", "b")
