@@ -1,5 +1,6 @@
-"""The check a person runs on a GPU host: NVML beside nvidia-smi, one NCCL group of all the
-host's GPUs formed through a real daemon, two nodes splitting the GPUs, the weights broadcast
+"""The check a person runs on a GPU host: NVML beside nvidia-smi, the GPU fault sources and the
+self-test through the fault watcher's own code, one NCCL group of all the host's GPUs formed
+through a real daemon, two nodes splitting the GPUs, the weights broadcast
 and publish on the device, digest speed, and the suite's `gpu` tests. Prints ONE JSON document.
 
 Each section runs in its own child process under its own time budget (the whole check under
@@ -42,6 +43,7 @@ if str(ROOT) not in sys.path:
 
 SECTION_BUDGETS_S: dict[str, float] = {
     "nvml": 30.0,
+    "faults": 90.0,
     "group": 60.0,
     "split": 75.0,
     "digest": 60.0,
@@ -322,6 +324,52 @@ def section_nvml(args: argparse.Namespace) -> dict[str, Any]:
         shoal_reason=reason or None,
         mismatches=problems,
     )
+
+
+# --- GPU faults: the quarantine's reads, rule and self-test on real NVML -------------------
+
+
+def section_faults(args: argparse.Namespace) -> dict[str, Any]:
+    """Every GPU's fault sources read twice (the second read judged against the first, as the
+    watcher does) through the watcher's deadline reads, and the self-test run once, timed: on a
+    healthy host no fault, every GPU readable, the self-test passing."""
+    import asyncio
+    import shutil
+
+    from health import GpuReader, judge, run_selftest
+    from node.quarantine.watcher import DeadlineReads
+
+    reader = GpuReader()
+
+    async def observe() -> dict[str, Any]:
+        indices = [gpu.index for gpu in reader.read()]
+        reads = DeadlineReads(reader.read_faults)
+        first = await reads.read(indices, 5.0)
+        started = time.monotonic()
+        second = await reads.read(indices, 5.0)
+        read_s = time.monotonic() - started
+        verdicts = [judge(now, then) for now, then in zip(second, first, strict=True)]
+        selftest = await run_selftest(second, max(MIN_SECTION_S, args.timeout_s - 20.0))
+        return {
+            "gpus": len(indices),
+            "read_s": round(read_s, 4),
+            "samples": [asdict(sample) for sample in second],
+            "faults": [fault.reason for verdict in verdicts for fault in verdict.faults],
+            "not_faults": [note for verdict in verdicts for note in verdict.ignored],
+            "selftest": selftest.to_json(),
+            "dcgmi": shutil.which("dcgmi"),
+        }
+
+    try:
+        found = asyncio.run(observe())
+    finally:
+        reader.close()
+    problems = [*found["faults"]]
+    if not found["selftest"]["passed"]:
+        problems.append(f"self-test failed: {found['selftest']['detail']}")
+    if not found["gpus"]:
+        problems.append("shoal's reader sees no GPU")
+    return section_result(not problems, "; ".join(problems) or None, **found)
 
 
 # --- (b) and (c): real daemons whose training command forms one NCCL group -----------------
@@ -808,6 +856,7 @@ def section_tests(args: argparse.Namespace) -> dict[str, Any]:
 
 SECTION_FUNCTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "nvml": section_nvml,
+    "faults": section_faults,
     "group": section_group,
     "split": section_split,
     "digest": section_digest,

@@ -161,6 +161,23 @@ class NodeSettings(BaseModel):
         description="Window of training_max_failures; also how long the node stays unable to "
         "train before it offers itself again.",
     )
+    gpu_fault_check_s: float = Field(
+        1.0,
+        ge=0.05,
+        le=2.0,
+        description="How often the owned GPUs' fault sources (Xid events, ECC, row remapping, "
+        "readability) are read; a fault takes the node out of training within about this plus "
+        "one plan (docs/fault-tolerance.md).",
+    )
+    gpu_readmit_settle_s: float = Field(
+        10.0,
+        ge=0,
+        description="How long a quarantined node's GPUs stay fault-free before their self-test "
+        "runs and the node asks to train again.",
+    )
+    gpu_quarantine_limit: int = Field(
+        3, ge=1, description="Quarantines within an hour after which only an undrain lifts one."
+    )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     tls: TlsSettings | None = Field(
         None, description="{ca, cert, key, crl?, crl_refresh_s?}: mutual TLS (docs/security.md)."

@@ -56,6 +56,17 @@ class Timeouts(BaseModel):
     health_check_s: float = Field(
         5.0, gt=0, description="One health check before it counts as hung."
     )
+    gpu_read_s: float = Field(
+        2.0,
+        gt=0,
+        description="One read of the owned GPUs' fault sources (NVML); past it they count as "
+        "unreadable, a fault.",
+    )
+    gpu_selftest_s: float = Field(
+        120.0,
+        gt=0,
+        description="A quarantined node's GPU self-test (dcgmi diag -r 1, or the matmul).",
+    )
     breaker_recovery_s: float = Field(
         60.0, gt=0, description="Circuit breaker OPEN time before half-open probes."
     )

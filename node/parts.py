@@ -1,6 +1,7 @@
 """The components a daemon serves, in start order: the core routes, record stores, sync, jobs,
-actors, locks, runs, the weights plane and the rollout backlog, backup, audit, the election's
-routes and the dashboard. The HTTP app and its OpenAPI document are built from this one list."""
+actors, locks, GPU quarantine, runs, the weights plane and the rollout backlog, backup, audit,
+the election's routes and the dashboard. The HTTP app and its OpenAPI document are built from
+this one list."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from node.locks.component import lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
 from node.plan import PlanFence, RolePlan
+from node.quarantine.component import GpuQuarantine
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
 from node.rl.component import weights_service
@@ -146,6 +148,10 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         inputs.leave or _no_leave,
         inputs.request_stop or _no_stop,
     )
+    assert runtime.gpu_reader is not None, "health (and its GPU reader) opens before the parts"
+    quarantine = GpuQuarantine(
+        runtime, locks.service, lambda: _plan_of(election), runtime.gpu_reader
+    )
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
     runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
@@ -168,6 +174,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         jobs,
         open_actor_routes(runtime, election, secret),
         locks,
+        quarantine,
         runs,
         Served(WeightsRoutes(weights).routes()),
         Served(BacklogRoutes(backlog).routes()),

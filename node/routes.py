@@ -143,6 +143,12 @@ STATUS_SCHEMA: dict[str, Any] = {
                 {"type": "null"},
             ],
         },
+        "quarantine": {
+            "description": "this node's GPU quarantine (docs/fault-tolerance.md#gpu-faults): "
+            "the reason (the plan's, or the fault read now), the state (faulty, settling, "
+            "selftest, selftest_failed, readmitting, held) and the last self-test, or null",
+            "type": ["object", "null"],
+        },
         "members": {"type": "object", "additionalProperties": {"type": "integer"}},
         "wal": {"type": "object"},
         "breakers": {"type": "object"},
@@ -290,6 +296,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "coordinator": runtime.coordinator,
         "plan_version": runtime.plan_version,
         "drain": runtime.drain,
+        "quarantine": runtime.quarantine,
         "members": counts,
         "wal": wal,
         "breakers": breakers,

@@ -34,7 +34,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("membership", "discovery", "keyring"),
     ("election", "training"),
     ("locks",),
-    ("ssh", "providers", "jobs"),
+    ("ssh", "providers", "jobs", "quarantine"),
     ("runs", "rl", "workers", "sync_service", "sync_docs", "backup", "records"),
     ("tasks",),
     ("ui",),

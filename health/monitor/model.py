@@ -69,26 +69,42 @@ class AutostopInfo:
 
 @dataclass(frozen=True)
 class DrainInfo:
-    """A node's drain (`shoal node drain`): `kill_after_s` is when its jobs are killed, None to
-    wait for them."""
+    """A node taken out: drained (`shoal node drain`; `kill_after_s` is when its jobs are
+    killed, None to wait for them), or quarantined for a GPU fault (`quarantine`: the reason)."""
 
     kill_after_s: float | None = None
+    quarantine: str | None = None
+    draining: bool = True
 
     @classmethod
-    def from_json(cls, value: Any) -> DrainInfo | None:
-        """The drain of a status document's `drain` (an object), None for null or junk."""
+    def from_json(cls, value: Any, quarantine: Any = None) -> DrainInfo | None:
+        """The drain of a status document's `drain` (an object) and its `quarantine` (an
+        object with a `reason`); None when both are null or junk."""
+        reason = read_str(quarantine.get("reason")) if isinstance(quarantine, Mapping) else None
         if not isinstance(value, Mapping):
-            return None
-        return cls(read_float(value.get("kill_after_s")))
+            return None if reason is None else cls(quarantine=reason, draining=False)
+        return cls(read_float(value.get("kill_after_s")), reason)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kill_after_s": self.kill_after_s}
+        """`{"kill_after_s"}` while draining, else `{"draining": false}`; with `quarantine`
+        while quarantined."""
+        data: dict[str, Any] = (
+            {"kill_after_s": self.kill_after_s} if self.draining else {"draining": False}
+        )
+        if self.quarantine is not None:
+            data["quarantine"] = self.quarantine
+        return data
 
     def text(self) -> str:
-        """`draining`, with `kill Ns` when its jobs are killed after that grace."""
-        if self.kill_after_s is None:
-            return "draining"
-        return f"draining, kill {self.kill_after_s:g}s"
+        """`draining`, with `kill Ns` when its jobs are killed after that grace; a quarantine's
+        reason without its `gpu_fault: ` prefix."""
+        parts = []
+        if self.draining:
+            after = self.kill_after_s
+            parts.append("draining" if after is None else f"draining, kill {after:g}s")
+        if self.quarantine is not None:
+            parts.append(f"quarantined: {self.quarantine.removeprefix('gpu_fault: ')}")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -116,7 +132,8 @@ class NodeStatusDoc:
     protocol: int | None = None
     """The node's wire protocol (`protocol` of /v1/status); None from a release before it."""
     drain: DrainInfo | None = None
-    """The node's drain in the plan it applies (`drain` of /v1/status), None when not draining."""
+    """The node's drain in the plan it applies (`drain` of /v1/status) or its GPU quarantine
+    (`quarantine`), None when neither."""
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -146,7 +163,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         jobs_running=read_int(read_mapping(doc.get("jobs")).get("running")),
         autostop=AutostopInfo.from_json(doc.get("autostop")),
         protocol=read_int(doc.get("protocol")),
-        drain=DrainInfo.from_json(doc.get("drain")),
+        drain=DrainInfo.from_json(doc.get("drain"), doc.get("quarantine")),
     )
 
 

@@ -62,6 +62,7 @@ DrainSource = Callable[[int], Mapping[str, float | None] | None]
 """The drained nodes (node id -> kill_after_s) a coordinator of the given term has read from
 their durable store, or None while it has not read them yet (the plan keeps its previous
 plan's)."""
+QuarantineSource = Callable[[int], Mapping[str, str] | None]  # as DrainSource: node -> reason
 
 
 class _Phase(enum.Enum):
@@ -86,6 +87,7 @@ class Elector:
         *,
         capabilities: CapabilitiesSource | None = None,
         drains: DrainSource | None = None,
+        quarantines: QuarantineSource | None = None,
         policy: RolePolicy | None = None,
         debounce: PlanDebouncer | None = None,
         adoption_log: AdoptionLog | None = None,
@@ -98,6 +100,7 @@ class Elector:
         self._durable = durable
         self._capabilities = capabilities
         self._drains = drains
+        self._quarantines = quarantines
         self._policy = policy
         self._debounce = debounce or PlanDebouncer()
         self._adoption_log = adoption_log
@@ -401,6 +404,7 @@ class Elector:
                 previous=state.plan,
                 highest_generation=state.generation,
                 draining=None if self._drains is None else self._drains(state.term),
+                quarantined=None if self._quarantines is None else self._quarantines(state.term),
             )
         except (PlanError, ValueError) as exc:
             log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)

@@ -80,6 +80,7 @@ def compute_plan(
     previous: RolePlan | None = None,
     highest_generation: int = 0,
     draining: Mapping[str, float | None] | None = None,
+    quarantined: Mapping[str, str] | None = None,
 ) -> RolePlan:
     """The plan (term, version) for `members` under `policy`.
 
@@ -100,9 +101,14 @@ def compute_plan(
     empty mapping: nobody) is copied into the plan; a draining member keeps its non-training
     role but takes no training rank, so its rank moves to another node in this plan; its GPUs
     do not count as claimed (another node of its host may train on them).
+
+    `quarantined` (node id -> reason, GPU faults kept in the lock table; None: the previous
+    plan's) is copied into the plan; a quarantined member takes no training rank and its reason
+    is its `cannot_train`.
     """
     drains = dict(draining if draining is not None else previous.draining if previous else {})
-    by_id = _with_gpu_conflicts(_by_id(members), drains)
+    held = quarantined if quarantined is not None else previous.quarantined if previous else {}
+    by_id = _with_gpu_conflicts(_by_id(members), drains, held)
     chosen = _choose_trainers([cap for cap in by_id.values() if cap.node_id not in drains], policy)
     eligible = len(chosen)
     if eligible < policy.min_training:
@@ -124,25 +130,31 @@ def compute_plan(
         training_ranks=tuple(ranks),
         group=group,
         note=_note(eligible, len(ranks), by_id, policy)
-        + (f"; draining: {', '.join(sorted(drains))}" if drains else ""),
+        + (f"; draining: {', '.join(sorted(drains))}" if drains else "")
+        + (f"; quarantined: {', '.join(sorted(held))}" if held else ""),
         generation=next_generation(tuple(ranks), group, previous, highest_generation, sizes),
         cannot_train={
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
         },
         local_world_sizes=sizes,
         draining=drains,
+        quarantined=held,
     )
     return replace(plan, weights_generation=next_weights_generation(plan, previous))
 
 
 def _with_gpu_conflicts(
-    by_id: Mapping[str, NodeCapabilities], drains: Mapping[str, float | None]
+    by_id: Mapping[str, NodeCapabilities],
+    drains: Mapping[str, float | None],
+    held: Mapping[str, str],
 ) -> dict[str, NodeCapabilities]:
     """The members, each that claims a GPU an earlier member (by id) claims marked
-    `cannot_train`; a draining member's GPUs count as unclaimed."""
+    `cannot_train`, and each quarantined one (`held`) with its reason; a draining member's
+    GPUs count as unclaimed."""
     conflicts = gpu_conflicts(
         {node_id: cap.gpu_uuids for node_id, cap in by_id.items() if node_id not in drains}
     )
+    conflicts.update({node_id: held[node_id] for node_id in by_id if node_id in held})
     return {
         node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
         for node_id, cap in by_id.items()

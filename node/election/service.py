@@ -23,7 +23,7 @@ from health import CheckResult, HealthStatus
 from node.component import Endpoint, endpoint, paired
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
-from node.election.elector import DrainSource, Elector
+from node.election.elector import DrainSource, Elector, QuarantineSource
 from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
 from node.election.routes import (
     ELECTION_DOCS,
@@ -128,8 +128,9 @@ class ElectionService:
         self.group_handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
         """Other groups served at GET /v1/rendezvous?group=NAME (node.rl adds `weights`)."""
         self.drains: DrainSource | None = None
-        """Where the coordinator reads the drained nodes (node.locks.nodes sets it before
-        `start`); None: plans keep the previous plan's drains."""
+        self.quarantines: QuarantineSource | None = None
+        """Where the coordinator reads the drained and the quarantined nodes (node.locks.nodes
+        sets both before `start`); None: plans keep the previous plan's."""
 
     def routes(self) -> list[Endpoint]:
         """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous, with their docs."""
@@ -273,6 +274,7 @@ class ElectionService:
             WalDurableState(wal),
             capabilities=capabilities,
             drains=self.drains,
+            quarantines=self.quarantines,
             policy=RolePolicy(
                 min_training=settings.min_training,
                 max_training=settings.max_training,
@@ -438,13 +440,9 @@ class ElectionService:
 
 def _alive_capabilities(membership: Membership, inventory: Inventory | None) -> list[Any]:
     """What each alive member can do (its meta, and its inventory entry when there is one)."""
+    hosts = inventory.hosts if inventory is not None else {}
     return [
-        capabilities_from_meta(
-            m.node_id,
-            m.address,
-            m.meta,
-            inventory.hosts.get(m.node_id) if inventory is not None else None,
-        )
+        capabilities_from_meta(m.node_id, m.address, m.meta, hosts.get(m.node_id))
         for m in membership.members()
         if m.state is MemberState.ALIVE
     ]

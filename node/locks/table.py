@@ -95,6 +95,20 @@ class LockState:
         return None
 
 
+@dataclass(frozen=True)
+class Quarantine:
+    """A node quarantined for a GPU fault (node.quarantine): `reason` names the GPU and the
+    fault (`gpu_fault: Xid 79 on GPU-...`); `active` until it is re-admitted; `times` when it
+    was quarantined within the limit's window (wall clock, oldest first); `held` once that
+    reached the limit: only an undrain lifts it."""
+
+    reason: str
+    since: float
+    active: bool = True
+    times: tuple[float, ...] = ()
+    held: bool = False
+
+
 def _version_default_as_json(schema: dict[str, Any]) -> None:
     """JSON Schema writes a default as plain JSON, not through the field's serializer."""
     schema["properties"]["version"]["default"] = LockFence(0, 0).to_list()
@@ -115,18 +129,22 @@ class LockTable:
     """The drained nodes (`shoal node drain`): node id -> {"kill_after_s", "since", "by"}, kept
     on the same majority so a new coordinator plans with them; a table without the field (an
     older release's) drains nobody."""
+    quarantines: Mapping[str, Quarantine] = dataclasses.field(default_factory=dict)
+    """The nodes quarantined for a GPU fault, and those re-admitted within the limit's window
+    (node.locks.quarantines); a table without the field quarantines nobody."""
 
     def get(self, name: str) -> LockState:
         return self.locks.get(name, LockState())
 
     def ordered(self) -> LockTable:
-        """The same table with its locks, runs and drains sorted by name (how its JSON lists
-        them)."""
-        return LockTable(
-            self.version,
-            dict(sorted(self.locks.items())),
-            dict(sorted(self.runs.items())),
-            dict(sorted(self.drains.items())),
+        """The same table with its locks, runs, drains and quarantines sorted by name (how its
+        JSON lists them)."""
+        return dataclasses.replace(
+            self,
+            locks=dict(sorted(self.locks.items())),
+            runs=dict(sorted(self.runs.items())),
+            drains=dict(sorted(self.drains.items())),
+            quarantines=dict(sorted(self.quarantines.items())),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,13 +205,19 @@ def _bump(table: LockTable, term: int) -> LockFence:
     return LockFence(term, seq)
 
 
+def next_version(table: LockTable, term: int) -> LockFence:
+    """The version of the next change of `table` under `term`; LockError 409 for a term older
+    than the table's."""
+    return _bump(table, term)
+
+
 def _with(table: LockTable, version: LockFence, name: str, state: LockState) -> LockTable:
     locks = dict(table.locks)
     if state.holder is None and not state.waiters:
         locks.pop(name, None)
     else:
         locks[name] = state
-    return LockTable(version, locks, table.runs, table.drains)
+    return dataclasses.replace(table, version=version, locks=locks)
 
 
 def _grant_next(state: LockState, fence: LockFence, now: float) -> LockState:
@@ -314,14 +338,14 @@ def take_over(table: LockTable, term: int, now: float) -> LockTable:
         )
         for name, state in table.locks.items()
     }
-    return LockTable(version, locks, table.runs, table.drains)
+    return dataclasses.replace(table, version=version, locks=locks)
 
 
 def put_run(table: LockTable, term: int, run_id: str, record: Mapping[str, Any]) -> LockTable:
     """The table with run `run_id`'s record replaced (one change: a new version)."""
     runs = dict(table.runs)
     runs[run_id] = dict(record)
-    return LockTable(_bump(table, term), table.locks, runs, table.drains)
+    return dataclasses.replace(table, version=_bump(table, term), runs=runs)
 
 
 def put_drain(
@@ -338,7 +362,7 @@ def put_drain(
         if drains.get(node) == dict(record):
             return table
         drains[node] = dict(record)
-    return LockTable(_bump(table, term), table.locks, table.runs, drains)
+    return dataclasses.replace(table, version=_bump(table, term), drains=drains)
 
 
 def drain_map(table: LockTable) -> dict[str, float | None]:

@@ -211,6 +211,24 @@ def test_a_draining_node_shows_in_a_drain_column_only_while_one_drains() -> None
         assert "draining" not in cells["gpu-c"]
 
 
+def test_a_quarantined_node_shows_its_gpu_fault_in_the_drain_column() -> None:
+    fault = {"reason": "gpu_fault: Xid 79 on GPU-5d8f0e1c-2a", "state": "settling"}
+    reports = [ok(0, quarantine=fault), ok(1, drain={"kill_after_s": None}, quarantine=fault)]
+    status = build_cluster_status([*reports, ok(2)], [seen(i) for i in range(3)], 1000.0)
+    rows = {row.node_id: row for row in status.nodes}
+    assert rows["gpu-a"].to_dict()["drain"] == {"draining": False, "quarantine": fault["reason"]}
+    assert rows["gpu-b"].to_dict()["drain"] == {
+        "kill_after_s": None,
+        "quarantine": fault["reason"],
+    }
+    assert parse_status(status_doc("gpu-x", quarantine={"state": "x"})).drain is None
+    lines = recorded(status, 160).splitlines()
+    cells = {line.split()[0]: line for line in lines if line.startswith("gpu-")}
+    assert "quarantined: Xid 79 on GPU-5d8f0e1c-2a" in cells["gpu-a"]
+    assert "draining" not in cells["gpu-a"]
+    assert "draining; quarantined: Xid 79" in cells["gpu-b"]
+
+
 def test_a_node_its_peers_refuse_shows_dead_refused() -> None:
     why = "revoked: the certificate of 'gpu-c' (serial 5F) was revoked at ... (CRL number 2)"
     views = [seen(0), seen(1), replace(seen(2, "dead", 4.0), refused=why)]
