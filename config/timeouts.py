@@ -62,15 +62,15 @@ class Timeouts(BaseModel):
     breaker_probe_s: float = Field(
         30.0, gt=0, description="A half-open probe that never reports is failed after this."
     )
-    heartbeat_interval_s: float = Field(0.25, gt=0, description="Coordinator heartbeat period.")
+    heartbeat_interval_s: float = Field(0.15, gt=0, description="Coordinator heartbeat period.")
     lease_s: float = Field(
-        1.5, gt=0, description="Coordinator lease; held only while a majority acked within it."
+        0.75, gt=0, description="Coordinator lease; held only while a majority acked within it."
     )
     election_min_s: float = Field(
-        1.5, gt=0, description="Lower bound of the randomized election timeout."
+        0.75, gt=0, description="Lower bound of the randomized election timeout."
     )
     election_max_s: float = Field(
-        3.0, gt=0, description="Upper bound of the randomized election timeout."
+        1.25, gt=0, description="Upper bound of the randomized election timeout."
     )
     collective_s: float = Field(
         10.0,
