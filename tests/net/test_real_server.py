@@ -16,11 +16,13 @@ from aiohttp.test_utils import TestServer
 from config import error_response
 from net import (
     BlockingPeerClient,
+    ClientClosedError,
     Identity,
     PeerClient,
     PeerRequestError,
     PeerTimeoutError,
     RetryLater,
+    ThreadedTransport,
 )
 from net.aio import AiohttpTransport
 from node.security import (
@@ -233,3 +235,24 @@ def _sessions(peers: PeerClient) -> Mapping[str, object]:
     transport = peers.transport
     assert isinstance(transport, AiohttpTransport)
     return transport.sessions
+
+
+async def test_the_threaded_transport_is_a_peer_client_without_aiohttp(server: TestServer) -> None:
+    transport = ThreadedTransport(max_threads=4)
+    async with PeerClient(Identity(SECRET, "monitor-a", "prod"), transport=transport) as client:
+        answers = await asyncio.gather(
+            *(client.get_json(_address(server), "/v1/echo", params={"i": str(i)}) for i in range(8))
+        )
+        assert sorted(int(a["query"]["i"]) for a in answers) == list(range(8))
+        assert {a["sender"] for a in answers} == {"monitor-a"}  # signed, verified there
+        with pytest.raises(RetryLater):
+            await client.get_json(_address(server), "/v1/busy")
+        with pytest.raises(PeerTimeoutError):
+            await client.get_json(_address(server), "/v1/slow", timeout_s=0.2)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            closed = sock.getsockname()[1]
+        with pytest.raises(PeerRequestError, match="unreachable: connection refused"):
+            await client.get_json(f"127.0.0.1:{closed}", "/v1/echo")
+    with pytest.raises(ClientClosedError):
+        await client.get_json(_address(server), "/v1/echo")

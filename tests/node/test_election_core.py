@@ -460,3 +460,28 @@ def test_the_highest_generation_seen_travels_in_plans_acks_and_durable_state() -
     assert restarted.generation == 9
     with_plan = initial_state(config("b"), DurableRecord(1, "a", 3), plan, 0.0, net.rng)
     assert with_plan.generation == 7
+
+
+def test_a_pre_vote_denied_for_the_lease_just_after_the_coordinator_fell_silent_retries_soon() -> (
+    None
+):
+    rng = random.Random(0)
+    heartbeat = Heartbeat(4, "a", 1, None, None)
+    follower = initial_state(config("b"), DurableRecord(4), None, 0.0, rng)
+    follower, _ = core.handle_heartbeat(follower, heartbeat, 100.0, rng)
+    assert follower.coordinator == "a"
+    # b's timer fires one lease after a's last heartbeat; c heard that heartbeat a little later
+    candidate, _ = core.on_timeout(follower, 100.0 + LEASE, rng)
+    assert candidate.election_deadline >= 100.0 + LEASE + TIMEOUTS.election_min_s
+    denied = VoteReply(4, "c", False, True, VoteReason.LEASE.value)
+    now = 100.0 + LEASE + 0.01
+    soon, _ = core.handle_vote_reply(candidate, denied, now, rng)
+    assert soon.election_deadline == pytest.approx(now + TIMEOUTS.heartbeat_interval_s)
+    assert soon.role is ElectionRole.CANDIDATE
+    assert soon.term == 4  # a pre-vote: nothing else changes
+    # another reason, or a coordinator silent for long (we are the one cut off): no hurry
+    voted = VoteReply(4, "c", False, True, VoteReason.ALREADY_VOTED.value)
+    assert core.handle_vote_reply(candidate, voted, now, rng)[0] == candidate
+    late = 100.0 + LEASE + 3 * TIMEOUTS.heartbeat_interval_s
+    stale, _ = core.on_timeout(follower, late, rng)
+    assert core.handle_vote_reply(stale, denied, late, rng)[0] == stale
