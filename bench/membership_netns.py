@@ -322,6 +322,14 @@ def partitions(swarm: Swarm, rounds: int = PARTITIONS, minority: int = MINORITY)
     }
 
 
+def _busy_or_error(cluster: NetnsCluster, busy_s: float, tree: Path) -> dict[str, Any]:
+    """(d) with `tree`'s daemons; a baseline that does not survive the saturation says how."""
+    try:
+        return run_busy(cluster, busy_s, tree=tree).to_dict()
+    except (AssertionError, WaitTimeoutError) as exc:
+        return {"error": str(exc)[:600]}
+
+
 def run(
     nodes: int = NODES,
     kills: int = KILLS,
@@ -348,19 +356,26 @@ def run(
         swarms = {"this tree": stack.enter_context(running_swarm(nodes))}
         if baseline_tree is not None:
             swarms["baseline tree"] = stack.enter_context(running_swarm(nodes, baseline_tree))
+        if baseline_tree is not None:
+            result["baseline"] = {"tree": str(baseline_tree)}
         if idle_s:
             result["idle"] = idle_cost(swarms["this tree"], idle_s)
+            if baseline_tree is not None:
+                result["baseline"]["idle"] = idle_cost(swarms["baseline tree"], idle_s)
         if kills:
             killed = kill_to_dead(swarms, kills)
             result["kill_to_dead"] = killed.pop("this tree")
             if killed:
-                baseline = killed.popitem()[1]
-                result["baseline"] = {"tree": str(baseline_tree), "kill_to_dead": baseline}
+                result["baseline"]["kill_to_dead"] = killed.popitem()[1]
         if cuts:
             result["partition"] = partitions(swarms["this tree"], cuts)
     if busy_s:
         with NetnsCluster(4) as cluster:
             result["busy"] = run_busy(cluster, busy_s).to_dict()
+        if baseline_tree is not None:
+            with NetnsCluster(4) as cluster:
+                busy = _busy_or_error(cluster, busy_s, baseline_tree)
+                result.setdefault("baseline", {"tree": str(baseline_tree)})["busy"] = busy
     result["elapsed_s"] = round(time.monotonic() - started, 1)
     result["load_average_after"] = os.getloadavg()
     return result

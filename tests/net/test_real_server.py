@@ -74,6 +74,14 @@ def _address(server: TestServer) -> str:
     return f"127.0.0.1:{server.port}"
 
 
+def _closed_port() -> int:
+    """A port nothing listens on (bound a moment, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
 async def test_the_real_middleware_verifies_the_signature_and_the_cluster(
     server: TestServer,
 ) -> None:
@@ -116,11 +124,8 @@ async def test_real_failures_map_to_net_errors(server: TestServer) -> None:
         assert (busy.value.retry_after_s, busy.value.code) == (4.0, "busy")
         with pytest.raises(PeerTimeoutError, match=r"no answer in 0\.2 s"):
             await client.get_json(_address(server), "/v1/slow", timeout_s=0.2)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            closed = sock.getsockname()[1]
         with pytest.raises(PeerRequestError, match="unreachable: connection refused"):
-            await client.get_json(f"127.0.0.1:{closed}", "/v1/echo")
+            await client.get_json(f"127.0.0.1:{_closed_port()}", "/v1/echo")
 
 
 async def test_the_blocking_twin_against_the_real_middleware(server: TestServer) -> None:
@@ -249,10 +254,7 @@ async def test_the_threaded_transport_is_a_peer_client_without_aiohttp(server: T
             await client.get_json(_address(server), "/v1/busy")
         with pytest.raises(PeerTimeoutError):
             await client.get_json(_address(server), "/v1/slow", timeout_s=0.2)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            closed = sock.getsockname()[1]
         with pytest.raises(PeerRequestError, match="unreachable: connection refused"):
-            await client.get_json(f"127.0.0.1:{closed}", "/v1/echo")
+            await client.get_json(f"127.0.0.1:{_closed_port()}", "/v1/echo")
     with pytest.raises(ClientClosedError):
         await client.get_json(_address(server), "/v1/echo")
