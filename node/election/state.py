@@ -32,11 +32,11 @@ class ElectionConfig:
 
     node_id: str
     voters: tuple[str, ...]
-    heartbeat_interval_s: float = 0.25
-    lease_s: float = 1.5
-    election_min_s: float = 1.5
-    election_max_s: float = 3.0
-    observer_interval_s: float = 1.0
+    heartbeat_interval_s: float = 0.15
+    lease_s: float = 0.75
+    election_min_s: float = 0.75
+    election_max_s: float = 1.25
+    observer_interval_s: float = 0.6
     clock_drift: float = 0.01
 
     def __post_init__(self) -> None:
