@@ -100,7 +100,7 @@ COMMANDS: tuple[CommandEntry, ...] = (
         "audit", "node.cli.audit", "register",
         "List who did what, on which node and when: job starts and kills, gang starts, lock\n"
         "grants and releases, run steps, deploys, gossip keyring changes, drains, undrains and\n"
-        "leaves (certificate lists nothing yet).",
+        "leaves, GPU quarantines and re-admissions (certificate lists nothing yet).",
     ),
     CommandEntry(
         "hosts", "node.cli.hosts", "hosts_app", "Check and list the YAML host inventory."
