@@ -60,6 +60,15 @@ class PlanFence:
 FenceLike = PlanFence | tuple[int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class RestartRequest:
+    """Restart the training group of `generation` (a new generation, the same nodes) because
+    of `reason` (`hang`, `worker_exit`): what node.training asks of the coordinator."""
+
+    generation: int
+    reason: str
+
+
 def as_fence(value: FenceLike) -> PlanFence:
     return value if isinstance(value, PlanFence) else PlanFence(value[0], value[1])
 
@@ -115,7 +124,9 @@ class RolePlan:
     that set or its master changes. `draining` maps each node an operator drains (`shoal node
     drain`) to the seconds after which its running jobs are killed (None: they finish): such a
     node gets no training rank, no weights-group place, no new job, gang member or actor. A plan
-    dict without the field (an older release's) drains nobody.
+    dict without the field (an older release's) drains nobody. `restart` says why the
+    coordinator forced this generation (a RestartRequest's reason: hang, worker_exit), empty when
+    it did not (an older release's plan has none).
     """
 
     term: int
@@ -129,6 +140,7 @@ class RolePlan:
     weights_generation: int = 0
     local_world_sizes: tuple[int, ...] = ()
     draining: Mapping[str, float | None] = field(default_factory=dict)
+    restart: str = ""
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -248,6 +260,7 @@ class RolePlan:
             "cannot_train": dict(self.cannot_train),
             "weights_generation": self.weights_generation,
             "draining": dict(self.draining),
+            **({"restart": self.restart} if self.restart else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -284,7 +297,7 @@ class RolePlan:
         draining = data.get("draining") or {}
         if not isinstance(draining, Mapping):
             raise PlanError("plan draining must map node ids to kill_after_s (a number or null)")
-        note = data.get("note", "")
+        note, restart = data.get("note", ""), data.get("restart", "")
         return cls(
             term=term,
             version=version,
@@ -297,6 +310,7 @@ class RolePlan:
             weights_generation=data.get("weights_generation", 0),
             local_world_sizes=tuple(sizes or ()),
             draining={str(node): after_s for node, after_s in draining.items()},
+            restart=restart if isinstance(restart, str) else "",
         )
 
 

@@ -47,7 +47,7 @@ from node.election.state import (
     status_of,
     with_observers,
 )
-from node.plan import PlanError, RolePlan
+from node.plan import PlanError, RestartRequest, RolePlan
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ DrainSource = Callable[[int], Mapping[str, float | None] | None]
 """The drained nodes (node id -> kill_after_s) a coordinator of the given term has read from
 their durable store, or None while it has not read them yet (the plan keeps its previous
 plan's)."""
+RestartSource = Callable[[], RestartRequest | None]
+"""The restart of the training group a coordinator is asked for (node.training), or None."""
 
 
 class _Phase(enum.Enum):
@@ -86,6 +88,7 @@ class Elector:
         *,
         capabilities: CapabilitiesSource | None = None,
         drains: DrainSource | None = None,
+        restarts: RestartSource | None = None,
         policy: RolePolicy | None = None,
         debounce: PlanDebouncer | None = None,
         adoption_log: AdoptionLog | None = None,
@@ -98,6 +101,7 @@ class Elector:
         self._durable = durable
         self._capabilities = capabilities
         self._drains = drains
+        self._restarts = restarts
         self._policy = policy
         self._debounce = debounce or PlanDebouncer()
         self._adoption_log = adoption_log
@@ -401,6 +405,7 @@ class Elector:
                 previous=state.plan,
                 highest_generation=state.generation,
                 draining=None if self._drains is None else self._drains(state.term),
+                restart=None if self._restarts is None else self._restarts(),
             )
         except (PlanError, ValueError) as exc:
             log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)

@@ -10,7 +10,7 @@ from typing import Literal
 
 from config import HostEntry, Role
 from node.election.claims import gpu_conflicts, gpu_uuids_from_meta
-from node.plan import Backend, GroupSpec, PlanError, RolePlan
+from node.plan import Backend, GroupSpec, PlanError, RestartRequest, RolePlan
 
 BackendChoice = Literal["nccl", "gloo", "auto"]
 AUTO_FALLBACK_ROLE = Role.SELFPLAY
@@ -80,6 +80,7 @@ def compute_plan(
     previous: RolePlan | None = None,
     highest_generation: int = 0,
     draining: Mapping[str, float | None] | None = None,
+    restart: RestartRequest | None = None,
 ) -> RolePlan:
     """The plan (term, version) for `members` under `policy`.
 
@@ -100,6 +101,10 @@ def compute_plan(
     empty mapping: nobody) is copied into the plan; a draining member keeps its non-training
     role but takes no training rank, so its rank moves to another node in this plan; its GPUs
     do not count as claimed (another node of its host may train on them).
+
+    `restart` (node.training: the group hung, a worker exited) forces a generation above the
+    previous plan's when it names the previous plan's generation, and the plan's `restart` says
+    why; a generation that stays keeps its reason; a stale request changes nothing.
     """
     drains = dict(draining if draining is not None else previous.draining if previous else {})
     by_id = _with_gpu_conflicts(_by_id(members), drains)
@@ -117,6 +122,8 @@ def compute_plan(
         world_size=sum(sizes),
         backend=_resolve_backend(policy.backend, [by_id[node] for node in ranks]),
     )
+    generation = next_generation(tuple(ranks), group, previous, highest_generation, sizes)
+    generation, reason = _restarted(generation, previous, highest_generation, restart)
     plan = RolePlan(
         term=term,
         version=version,
@@ -125,7 +132,8 @@ def compute_plan(
         group=group,
         note=_note(eligible, len(ranks), by_id, policy)
         + (f"; draining: {', '.join(sorted(drains))}" if drains else ""),
-        generation=next_generation(tuple(ranks), group, previous, highest_generation, sizes),
+        generation=generation,
+        restart=reason,
         cannot_train={
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
         },
@@ -133,6 +141,20 @@ def compute_plan(
         draining=drains,
     )
     return replace(plan, weights_generation=next_weights_generation(plan, previous))
+
+
+def _restarted(
+    generation: int,
+    previous: RolePlan | None,
+    highest_generation: int,
+    restart: RestartRequest | None,
+) -> tuple[int, str]:
+    """The generation and its `restart` reason: above every one seen when `restart` names the
+    previous plan's generation; else the previous plan's reason while its generation stays."""
+    if restart is not None and previous is not None and restart.generation == previous.generation:
+        return max(generation, highest_generation + 1, previous.generation + 1), restart.reason
+    kept = previous is not None and previous.generation == generation
+    return generation, previous.restart if kept and previous is not None else ""
 
 
 def _with_gpu_conflicts(

@@ -114,6 +114,7 @@ def test_training_env_sets_the_rendezvous_and_keeps_the_base() -> None:
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "SHOAL_GENERATION": "7",
+        "SHOAL_BACKEND": "gloo",
     }
 
 
