@@ -29,6 +29,8 @@ from node.training.models import (
     NODE_PATH,
     RESTART_PATH,
     NodeProgress,
+    ReportsAnswer,
+    ReportsBody,
     RestartAnswer,
     RestartBody,
     RestartReason,
@@ -133,8 +135,22 @@ class TrainingComponent:
             await self._peers.close()
             self._peers = None
 
+    def accept(self, body: ReportsBody) -> ReportsAnswer:
+        """Keep a process's reports (POST /v1/training/reports)."""
+        self._follow_plan()
+        accepted = self.store.accept(body)
+        return ReportsAnswer(accepted=accepted, generation=self.store.generation)
+
+    def _follow_plan(self) -> None:
+        """The store follows the plan this node holds (its listener hears of a plan only once
+        it is stored, a moment after the rendezvous shows it)."""
+        plan = self.plan
+        if plan is not None:
+            self.store.set_generation(plan.generation if plan.training_ranks else None)
+
     def node_progress(self, history: bool = False) -> NodeProgress:
         """This node's part of the group (GET /v1/training/node)."""
+        self._follow_plan()
         parts = {key: part() for key, part in self.node_parts.items()}
         return NodeProgress(
             node=self.runtime.node_id,
@@ -215,7 +231,7 @@ class TrainingComponent:
         plan = event.plan
         if event.kind is not ElectionEventKind.PLAN_ADOPTED or plan is None:
             return
-        self.store.set_generation(plan.generation if plan.training_ranks else None)
+        self._follow_plan()
         self.restarts.adopted(plan, coordinator=self.is_coordinator())
         self.desk.adopted(plan)
         self.launching.adopted(plan)

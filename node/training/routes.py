@@ -26,7 +26,6 @@ from node.training.models import (
     RestartBody,
     TrainingView,
 )
-from node.training.progress import ProgressStore
 
 MAX_REPORTS_BYTES = 1024 * 1024
 """A batch of reports larger than this is refused (413) before it is parsed."""
@@ -91,10 +90,9 @@ class TrainingApi(Protocol):
     """What the routes ask of node.training.component's TrainingComponent."""
 
     @property
-    def store(self) -> ProgressStore: ...
-    @property
     def runtime(self) -> NodeRuntime: ...
     def is_coordinator(self) -> bool: ...
+    def accept(self, body: ReportsBody) -> ReportsAnswer: ...
     def node_progress(self, history: bool = False) -> NodeProgress: ...
     async def view(self, history: bool = False) -> TrainingView: ...
     async def coordinator_view(self, history: bool) -> TrainingView: ...
@@ -112,9 +110,7 @@ def training_routes(training: TrainingApi) -> list[Endpoint]:
             body = parse_body(ReportsBody, await request.read())
         except BodyError as exc:
             return json_error(400, exc.reason, field=exc.field)
-        accepted = training.store.accept(body)
-        answer = ReportsAnswer(accepted=accepted, generation=training.store.generation)
-        return web.json_response(answer.to_json())
+        return web.json_response(training.accept(body).to_json())
 
     # reader: any authenticated caller (the other nodes gather it)
     async def get_node(request: web.Request) -> web.Response:
