@@ -6,15 +6,19 @@ new generation with its reason, counted and audited."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from node import NodeDaemon
+from node.cli import app
 from shoal._daemon import DaemonClient
 from shoal.errors import DaemonAnswerError
+from tests.cluster.cluster import free_port
 from tests.cluster.waiting import async_wait_until
 from tests.node.daemons import FAST_ELECTION, test_settings
 
@@ -92,6 +96,17 @@ async def test_reports_show_everywhere_and_a_restart_request_restarts_the_group(
         assert 'shoal_training_step{rank="0"} 3.0' in metrics
         assert 'shoal_training_restarts_total{reason="hang"} 0.0' in metrics
 
+        env = {"COLUMNS": "200", "SHOAL_SECRET_FILE": str(secret), "SHOAL_CONFIG": ""}
+        node = ["--node", f"http://127.0.0.1:{daemon.port}"]
+        shown = await asyncio.to_thread(CliRunner().invoke, app, ["training", *node], env=env)
+        assert shown.exit_code == 0, shown.output
+        assert f"generation {first}, world 1: advancing" in shown.output
+        assert "loss=0.5" in shown.output
+        printed = await asyncio.to_thread(
+            CliRunner().invoke, app, ["training", *node, "--json"], env=env
+        )
+        assert json.loads(printed.output)["ranks"][0]["step"] == 3
+
         with pytest.raises(DaemonAnswerError) as bad:
             await call("POST", "/v1/training/reports", reports(first, 0, -1))
         assert (bad.value.status, "reports.0.step") == (400, bad.value.reason.split(":")[0])
@@ -147,3 +162,11 @@ async def test_bad_report_bodies_name_the_field(
         client.close()
     assert refused.value.status == 400
     assert refused.value.reason.startswith(field), refused.value.reason
+
+
+def test_shoal_training_exits_1_when_the_node_is_unreachable() -> None:
+    env = {"SHOAL_CONFIG": "", "SHOAL_SECRET_FILE": ""}
+    port = free_port()
+    result = CliRunner().invoke(app, ["training", "--node", f"http://127.0.0.1:{port}"], env=env)
+    assert result.exit_code == 1, result.output
+    assert f"127.0.0.1:{port}" in result.output
