@@ -82,6 +82,8 @@ async def test_reports_show_everywhere_and_a_restart_request_restarts_the_group(
         assert (view["generation"], view["world_size"], view["hung"]) == (first, 1, False)
         assert view["ranks"][0]["node"] == "solo"
         assert view["history"] is None
+        plotted = await call("GET", "/v1/training?history=1")
+        assert plotted["history"]["0"]["scalars"]["loss"] == [0.5], "what a page plots"
         assert view["missing"] == []
         status = await call("GET", "/v1/status")
         assert status["training"] == {
