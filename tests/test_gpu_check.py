@@ -24,6 +24,7 @@ from bench.gpu_check import (
     run_sections,
     same_digest,
     split_gpus,
+    training_verdict,
 )
 from tests.conftest import cuda_missing
 
@@ -205,3 +206,22 @@ def test_a_failing_section_never_stops_the_others_and_each_keeps_to_its_budget()
         "ok": False,
         "error": "not run: 2 s left of --timeout-s 72",
     }
+
+
+def test_the_training_section_wants_a_hang_restart_in_time_and_every_rank_back_on_nccl() -> None:
+    back = [{"rank": 0, "backend": "nccl"}, {"rank": 1, "backend": "nccl"}]
+    restart = {"at": 112.0, "reason": "hang", "generation": 3}
+    assert training_verdict(2, restart, 100.0, 10.0, back, True) == []
+    late = {**restart, "at": 115.5}
+    assert training_verdict(2, late, 100.0, 10.0, back, True) == [
+        "the restart came 15.5 s after the stop"
+    ]
+    assert training_verdict(2, None, 100.0, 10.0, back[:1], False) == [
+        "no restart with reason hang",
+        "the stopped worker was not ended",
+        "1 of 2 ranks stepped again",
+    ]
+    gloo = [{"rank": 0, "backend": "gloo"}]
+    assert training_verdict(1, restart, 100.0, 10.0, gloo, True) == [
+        "a rank of the new generation is not on nccl"
+    ]

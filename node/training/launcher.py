@@ -357,9 +357,11 @@ class TrainingLauncher(AsyncClosing):
         return proc
 
     async def _terminate(self, procs: Sequence[asyncio.subprocess.Process]) -> None:
-        """SIGTERM every worker's process group; SIGKILL them after stop_timeout_s."""
+        """SIGTERM every worker's process group (and SIGCONT: a stopped worker, a hang, takes
+        the SIGTERM at once); SIGKILL them after stop_timeout_s."""
         for proc in procs:
             _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, signal.SIGCONT)
         try:
             async with asyncio.timeout(self._stop_timeout_s):
                 await asyncio.gather(*(proc.wait() for proc in procs))

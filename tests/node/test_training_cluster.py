@@ -59,7 +59,13 @@ class TrainingCluster:
     """Three shoal daemons whose training command is the worker script run from `script_dir`;
     each node's TRAIN_SLOW is `slow.get(host, 1)`."""
 
-    def __init__(self, cluster: LoopbackCluster, base: Path, slow: dict[str, float]) -> None:
+    def __init__(
+        self,
+        cluster: LoopbackCluster,
+        base: Path,
+        slow: dict[str, float],
+        hang_s: float = HANG_S,
+    ) -> None:
         self.cluster = cluster
         self.out = base / "workers.jsonl"
         script_dir = base / "repo"
@@ -91,7 +97,7 @@ class TrainingCluster:
                     "TORCH_CPP_LOG_LEVEL": "ERROR",
                     "PYTHONPATH": "",
                 },
-                "training_hang_s": HANG_S,
+                "training_hang_s": hang_s,
                 "straggler_window": WINDOW,
                 "timeouts": TIMEOUTS,
             }
@@ -110,6 +116,15 @@ class TrainingCluster:
         if not self.out.exists():
             return []
         return [json.loads(line) for line in self.out.read_text().splitlines() if line.strip()]
+
+    def first_steps(self, generation: int, event: str = "step", at: str = "at") -> dict[int, float]:
+        """When each rank of `generation` finished its first step (unix seconds), by rank (or
+        another `event`'s time `at`: start's exec_at and at)."""
+        return {
+            line["rank"]: line[at]
+            for line in self.workers()
+            if line["event"] == event and line["generation"] == generation
+        }
 
     def view(self, node: str = "h1") -> dict[str, Any]:
         document: dict[str, Any] = get(self.urls[node], "/v1/training")

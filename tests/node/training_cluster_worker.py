@@ -3,7 +3,9 @@ per step (TRAIN_COMPUTE_S times TRAIN_SLOW), an all_reduce, a report. The tests 
 directory that holds its own config.py, net.py, wal.py, health.py, sync.py and node.py, and the
 launcher runs it from there, as a training repository's script runs.
 
-Appends {"event": "start", "pid", "rank", "generation"} to $WORKER_OUT once the group formed.
+Appends {"event": "start", "pid", "rank", "generation", "exec_at", "at"} to $WORKER_OUT once the
+group formed (`exec_at`: when the process started, before it imported torch), and
+{"event": "step", ..., "at"} once its first step is done (unix seconds).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import os
 import time
 import warnings
 
-import shoal
+EXEC_AT = time.time()
+
+import shoal  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
@@ -29,16 +33,21 @@ def main() -> None:
         import node
 
         assert (config.DECOY, node.DECOY) == ("config", "node")
-        line = {"event": "start", "pid": os.getpid(), "rank": session.rank}
-        line["generation"] = session.generation
-        with open(os.environ["WORKER_OUT"], "a", encoding="utf-8") as out:
-            out.write(json.dumps(line) + "\n")
+        place = {"pid": os.getpid(), "rank": session.rank, "generation": session.generation}
+        record({"event": "start", **place, "exec_at": EXEC_AT, "at": time.time()})
         step = 0
         while True:
             time.sleep(compute_s)
             dist.all_reduce(torch.ones(1))
             session.report(step, loss=1.0 / (step + 1))
+            if step == 0:
+                record({"event": "step", **place, "at": time.time()})
             step += 1
+
+
+def record(line: dict[str, object]) -> None:
+    with open(os.environ["WORKER_OUT"], "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 if __name__ == "__main__":
