@@ -112,3 +112,29 @@ async def test_a_new_straggler_is_an_event_a_metric_and_under_drain_a_drained_no
     assert training.stragglers == {}
     assert "shoal_training_stragglers 0.0" in training.runtime.metrics.render()[0].decode()
     await training.close()
+
+
+async def test_a_node_that_does_not_answer_in_time_is_named_missing() -> None:
+    from node.training.models import NodeProgress
+    from node.training.view import Judging, build_view, gather
+
+    local = NodeProgress(node="a", generation=PLAN.generation, reporting=True, ranks=[])
+
+    async def fetch(node: str, history: bool) -> NodeProgress:
+        await asyncio.sleep(10)  # a node that is down answers nothing
+        raise AssertionError("not reached")
+
+    parts, missing = await gather(PLAN, local, fetch, 0.2)
+    assert (list(parts), missing) == (["a"], ["b"])
+    judged = build_view(
+        answered_by="a",
+        coordinator="a",
+        plan=PLAN,
+        parts=parts,
+        missing=missing,
+        judging=Judging(10.0, 60.0, 1.5, 5),
+        generation_age_s=1.0,
+    )
+    assert judged.missing == ["b"]
+    assert judged.nodes["b"].reachable is False
+    assert judged.nodes["a"].reachable is True
