@@ -205,13 +205,14 @@ class TrainingGroup:
         return self._store
 
     def configure(self, rendezvous: Rendezvous) -> None:
-        """Leave the current group (aborted: a survivor of a failed generation must not wait
-        on it) and form `rendezvous`'s within join_timeout_s; GroupError if it does not form.
-        Clears the recorded error: a new generation starts clean."""
+        """Leave the current group (its communicator aborted: a survivor of a failed generation
+        must not wait on it) and form `rendezvous`'s within join_timeout_s; GroupError if it
+        does not form. Clears the recorded error: a new generation starts clean."""
         if self._closed:
             raise GroupError("the training group is closed")
         if self._rendezvous is not None:
             self.abort()
+            self._leave()
         deadline = self._clock() + self.join_timeout_s
         store, backend = form_group(rendezvous, self.collective_timeout_s, deadline, self._clock)
         with self._lock:
@@ -233,8 +234,18 @@ class TrainingGroup:
             self._backend = dist.get_backend()
 
     def abort(self) -> None:
-        """Abort the communicator (NCCL: collectives blocked on a dead or stopped peer fail at
-        once) and destroy the default group, if this object formed it. Idempotent."""
+        """Abort the communicator of a group this object formed, from any thread: with NCCL a
+        collective blocked on a dead or stopped peer fails at once (gloo has nothing to abort;
+        its collectives end at their timeout). The group itself is left by `configure` or
+        `close`, in the training thread. Idempotent."""
+        if not self._owned or self._backend != "nccl":
+            return
+        _, dist = torch_modules()
+        with contextlib.suppress(RuntimeError, AttributeError, ValueError):
+            dist.distributed_c10d._get_default_group().abort()
+
+    def _leave(self) -> None:
+        """Destroy the default group, if this object formed it."""
         with self._lock:
             owned, self._owned, self._store = self._owned, False, None
         if not owned:
@@ -242,9 +253,6 @@ class TrainingGroup:
         _, dist = torch_modules()
         if not dist.is_initialized():
             return
-        if self._backend == "nccl":
-            with contextlib.suppress(RuntimeError, AttributeError):
-                dist.distributed_c10d._get_default_group().abort()
         try:
             dist.destroy_process_group()
         except (RuntimeError, ValueError) as exc:
@@ -269,4 +277,4 @@ class TrainingGroup:
     def close(self) -> None:
         """Destroy the group this object formed; idempotent and final."""
         self._closed = True
-        self.abort()
+        self._leave()

@@ -233,8 +233,7 @@ class TrainingSession:
             return
         self._superseded.set()
         log.warning("shoal: generation %s is superseded by %s", self._place.generation, generation)
-        if self.group.backend == "nccl":
-            self.group.abort()
+        self.group.abort()
 
 
 def training_session(

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from health import LoopHealth
 from net import Identity, PeerClient, PeerRequestError
 from node.component import Check, Endpoint
 from node.election.service import ElectionService
@@ -86,7 +87,10 @@ class TrainingComponent:
         self._collector = TrainingCollector(self.store, lambda: self.stragglers)
         self._peers: PeerClient | None = None
         self._watch: asyncio.Task[None] | None = None
+        self.watch_health = LoopHealth("training_watch")
+        """The coordinator's judgement of the group, each round (its health component)."""
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._gpus: dict[int, str] = {}
         election.restarts = self.desk.pending
         election.plan_listeners.append(self._on_event)
 
@@ -115,7 +119,10 @@ class TrainingComponent:
         return training_routes(self)
 
     def checks(self) -> Mapping[str, Check]:
-        return {"training": Check(self.launching.check, interval_s=CHECK_INTERVAL_S)}
+        return {
+            "training": Check(self.launching.check, interval_s=CHECK_INTERVAL_S),
+            self.watch_health.name: Check(self.watch_health.check, interval_s=CHECK_INTERVAL_S),
+        }
 
     async def close(self) -> None:
         """Stop the watch and the workers. Idempotent."""
@@ -212,15 +219,20 @@ class TrainingComponent:
         return self.desk.ask(self.plan, body.generation, RestartReason(body.reason), body.detail)
 
     def _gpu_of(self, local_rank: int) -> str | None:
+        """The GPU local rank `local_rank` trains on: its UUID (read once), else its index."""
         owned = self.runtime.owned_gpus
         if local_rank >= len(owned):
             return None
-        try:
-            gpus = self.runtime.gpus()
-        except Exception:  # a failing driver shows in the gpu check; the rank shows no GPU
-            return None
-        index = owned[local_rank]
-        return str(gpus[index].get("uuid") or index) if index < len(gpus) else str(index)
+        known = self._gpus.get(local_rank)
+        if known is None:
+            try:
+                gpus = self.runtime.gpus()
+            except Exception:  # a failing driver shows in the gpu check; ask again next time
+                return str(owned[local_rank])
+            index = owned[local_rank]
+            uuid = gpus[index].get("uuid") if index < len(gpus) else None
+            known = self._gpus[local_rank] = str(uuid or index)
+        return known
 
     def _replan(self) -> None:
         elector = self._election.elector
@@ -281,11 +293,16 @@ class TrainingComponent:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             if not self.is_coordinator() or self.plan is None or not self.plan.training_ranks:
+                self.watch_health.record_success("no training group to judge on this node")
                 continue
             try:
                 await self._judge(await self.view())
-            except Exception as exc:  # the loop must keep watching; the next round retries
-                log.warning("training: judging the group failed: %r", exc)
+            except Exception as exc:  # recorded in health; the next round retries
+                level = logging.DEBUG if self.watch_health.consecutive_failures else logging.WARNING
+                log.log(level, "training: judging the group failed: %r", exc)
+                self.watch_health.record_failure(exc)
+            else:
+                self.watch_health.record_success(f"generation {self.plan.generation}")
 
     async def _judge(self, view: TrainingView) -> None:
         """At the coordinator: restart a hung group, flag new stragglers (and drain their

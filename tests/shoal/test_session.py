@@ -311,3 +311,19 @@ def test_no_daemon_and_no_torchrun_is_a_clear_error() -> None:
 
 def test_a_session_object_is_the_documented_class() -> None:
     assert TrainingSession.__name__ == "TrainingSession"
+
+
+def test_a_newer_generation_at_the_daemon_supersedes_the_session(
+    torchrun_env: dict[str, str],
+) -> None:
+    rendezvous = rendezvous_from_env(torchrun_env)
+    assert rendezvous is not None
+    daemon = FakeDaemon({"accepted": 1, "generation": 4}, {"accepted": 0, "generation": 5})
+    with TrainingSession(rendezvous, daemon, report_interval_s=3600) as session:  # type: ignore[arg-type]
+        session.report(1)
+        session._reporter.flush()
+        assert not session.superseded(), "the same generation"
+        session.report(2)
+        session._reporter.flush()
+        assert session.superseded(), "the daemon runs generation 5"
+        session.report(3)  # a superseded session still never raises for it
