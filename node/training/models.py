@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from node.openapi import BODY_CONFIG, Count, WireRecord
+from node.openapi import BODY_CONFIG, Count, WholeNumber, WireRecord
 
 TRAINING_PATH = "/v1/training"
 REPORTS_PATH = "/v1/training/reports"
@@ -63,7 +63,7 @@ class ReportsBody(BaseModel):
     generation: Count
     rank: Count
     local_rank: Count
-    world_size: int = Field(ge=1, le=2**31)
+    world_size: WholeNumber = Field(ge=1, le=2**31)
     pid: Count
     dropped: Count = Field(default=0, description="reports the process dropped since its last")
     reports: list[Report] = Field(max_length=MAX_REPORTS)
