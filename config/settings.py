@@ -18,7 +18,7 @@ from config.fields import Category, ListenPort, NodeId, Port, Role
 from config.gpus import GpuSelection, NprocSetting
 from config.sections import DEFAULT_DELETIONS as DEFAULT_DELETIONS
 from config.sections import DEFAULT_TOMBSTONE_TTL_S as DEFAULT_TOMBSTONE_TTL_S
-from config.sections import RECORD_CATEGORIES
+from config.sections import RECORD_CATEGORIES, TrainingWatchSettings
 from config.sections import AutostopSettings as AutostopSettings
 from config.sections import DeletionPolicy as DeletionPolicy
 from config.sections import JobSettings as JobSettings
@@ -84,8 +84,9 @@ class CategorySyncSettings(BaseModel):
     )
 
 
-class NodeSettings(BaseModel):
-    """Everything one node is configured with. Frozen: a change means a new object."""
+class NodeSettings(TrainingWatchSettings):
+    """Everything one node is configured with (TrainingWatchSettings' fields too). Frozen: a
+    change means a new object."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,7 +1,7 @@
 """The components a daemon serves, in start order: the core routes, record stores, sync, jobs,
 actors, locks, GPU quarantine, runs, the weights plane and the rollout backlog, backup, audit,
-the election's routes and the dashboard. The HTTP app and its OpenAPI document are built from
-this one list."""
+the election's routes, training (launcher, progress, restarts) and the dashboard. The HTTP app
+and its OpenAPI document are built from this one list."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from node.runs.service import RunService
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
 from node.tasks.registry import open_actor_routes
+from node.training.component import TrainingComponent
 from node.ui import Dashboard, UiAccess, UiSources
 from sync import ROLLOUTS_SCHEMA, RecordStores
 from wal import WriteAheadLog
@@ -82,6 +83,7 @@ class ServedParts:
     jobs: JobApi
     locks: LockService
     dashboard: Dashboard
+    training: TrainingComponent
 
 
 def _plan_of(election: ElectionService) -> RolePlan | None:
@@ -148,10 +150,9 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         inputs.leave or _no_leave,
         inputs.request_stop or _no_stop,
     )
-    assert runtime.gpu_reader is not None, "health (and its GPU reader) opens before the parts"
-    quarantine = GpuQuarantine(
-        runtime, locks.service, lambda: _plan_of(election), runtime.gpu_reader
-    )
+    quarantine = _gpu_quarantine(runtime, locks.service, election)
+    training = TrainingComponent(runtime, election, secret)
+    training.drain = lambda node, why: locks.nodes.drain(node, None, why)
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
     runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
@@ -182,9 +183,18 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         Served(AuditRoutes(runtime).routes()),
         KeyringRoutes(runtime, inputs.gossip_keys, secret),
         Served(election.routes()),
+        training,
         dashboard,
     )
-    return ServedParts(components, sync, jobs, locks.service, dashboard)
+    return ServedParts(components, sync, jobs, locks.service, dashboard, training)
+
+
+def _gpu_quarantine(
+    runtime: NodeRuntime, locks: LockService, election: ElectionService
+) -> GpuQuarantine:
+    """The GPU quarantine of this node: its fault watcher, its reports to the coordinator."""
+    assert runtime.gpu_reader is not None, "health (and its GPU reader) opens before the parts"
+    return GpuQuarantine(runtime, locks, lambda: _plan_of(election), runtime.gpu_reader)
 
 
 async def _no_leave() -> None:
