@@ -1,6 +1,7 @@
 """The components a daemon serves, in start order: the core routes, record stores, sync, jobs,
-actors, locks, runs, the weights plane and the rollout backlog, backup, audit, the election's
-routes and the dashboard. The HTTP app and its OpenAPI document are built from this one list."""
+actors, locks, runs, checkpoints, the weights plane and the rollout backlog, backup, audit, the
+election's routes and the dashboard. The HTTP app and its OpenAPI document are built from this
+one list."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from health import DiskWrites
 from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
+from node.checkpoints.component import checkpoint_api
 from node.component import Check, Component, Endpoint, Served
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
@@ -149,6 +151,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
     runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
+    checkpoints = checkpoint_api(runtime, locks.service, sync, inputs.inventory)
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
@@ -169,6 +172,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         open_actor_routes(runtime, election, secret),
         locks,
         runs,
+        checkpoints,
         Served(WeightsRoutes(weights).routes()),
         Served(BacklogRoutes(backlog).routes()),
         Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),

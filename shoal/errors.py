@@ -3,12 +3,13 @@ when it speaks to its local daemon.
 
     ShoalError
     ├── DaemonUnreachableError    no answer from the daemon (not running, refused, timed out)
-    └── DaemonAnswerError         the daemon answered with an error (status, code, reason)
+    ├── DaemonAnswerError         the daemon answered with an error (status, code, reason)
+    └── CheckpointError           a checkpoint could not be saved or restored (which, and why)
 """
 
 from __future__ import annotations
 
-__all__ = ["DaemonAnswerError", "DaemonUnreachableError", "ShoalError"]
+__all__ = ["CheckpointError", "DaemonAnswerError", "DaemonUnreachableError", "ShoalError"]
 
 
 class ShoalError(Exception):
@@ -33,3 +34,8 @@ class DaemonAnswerError(ShoalError):
         self.status = status
         self.code = code
         self.reason = reason
+
+
+class CheckpointError(ShoalError):
+    """A checkpoint could not be saved or restored: the message names the step, the directory
+    and what failed."""

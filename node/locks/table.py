@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from node.errors import LockError
+from node.locks.checkpoints import CheckpointLog
 
 WAITER_GRACE_S = 10.0
 """A waiter that has not asked again for this long (or its ttl_s, if longer) leaves the queue."""
@@ -115,6 +116,10 @@ class LockTable:
     """The drained nodes (`shoal node drain`): node id -> {"kill_after_s", "since", "by"}, kept
     on the same majority so a new coordinator plans with them; a table without the field (an
     older release's) drains nobody."""
+    checkpoints: CheckpointLog = dataclasses.field(default_factory=CheckpointLog)
+    """The committed training checkpoints and the nodes' last restores (node.checkpoints), on
+    the same majority so a new coordinator knows the step to restore; a table without the field
+    (an older release's) has committed none."""
 
     def get(self, name: str) -> LockState:
         return self.locks.get(name, LockState())
@@ -122,11 +127,11 @@ class LockTable:
     def ordered(self) -> LockTable:
         """The same table with its locks, runs and drains sorted by name (how its JSON lists
         them)."""
-        return LockTable(
-            self.version,
-            dict(sorted(self.locks.items())),
-            dict(sorted(self.runs.items())),
-            dict(sorted(self.drains.items())),
+        return dataclasses.replace(
+            self,
+            locks=dict(sorted(self.locks.items())),
+            runs=dict(sorted(self.runs.items())),
+            drains=dict(sorted(self.drains.items())),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,7 +198,7 @@ def _with(table: LockTable, version: LockFence, name: str, state: LockState) -> 
         locks.pop(name, None)
     else:
         locks[name] = state
-    return LockTable(version, locks, table.runs, table.drains)
+    return dataclasses.replace(table, version=version, locks=locks)
 
 
 def _grant_next(state: LockState, fence: LockFence, now: float) -> LockState:
@@ -314,14 +319,14 @@ def take_over(table: LockTable, term: int, now: float) -> LockTable:
         )
         for name, state in table.locks.items()
     }
-    return LockTable(version, locks, table.runs, table.drains)
+    return dataclasses.replace(table, version=version, locks=locks)
 
 
 def put_run(table: LockTable, term: int, run_id: str, record: Mapping[str, Any]) -> LockTable:
     """The table with run `run_id`'s record replaced (one change: a new version)."""
     runs = dict(table.runs)
     runs[run_id] = dict(record)
-    return LockTable(_bump(table, term), table.locks, runs, table.drains)
+    return dataclasses.replace(table, version=_bump(table, term), runs=runs)
 
 
 def put_drain(
@@ -338,7 +343,14 @@ def put_drain(
         if drains.get(node) == dict(record):
             return table
         drains[node] = dict(record)
-    return LockTable(_bump(table, term), table.locks, table.runs, drains)
+    return dataclasses.replace(table, version=_bump(table, term), drains=drains)
+
+
+def put_checkpoints(table: LockTable, term: int, log: CheckpointLog) -> LockTable:
+    """The table with its checkpoint log replaced (one change), or the same table when equal."""
+    if log == table.checkpoints:
+        return table
+    return dataclasses.replace(table, version=_bump(table, term), checkpoints=log)
 
 
 def drain_map(table: LockTable) -> dict[str, float | None]:
