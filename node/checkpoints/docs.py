@@ -30,6 +30,7 @@ NODE_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 Hash = Annotated[str, Field(pattern=HEX64, description="sha256 hex (sync's content hash)")]
 NodeId = Annotated[str, Field(pattern=NODE_ID)]
 Seconds = Annotated[float, Field(ge=0, le=1e9)]
+UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
 
 
 class WrittenFile(BaseModel):
@@ -111,7 +112,7 @@ class RestoreNews(BaseModel):
     size_bytes: Count
     fetched_bytes: Count
     seconds: Seconds
-    at: Seconds
+    at: UnixTime
 
 
 class NewsBody(BaseModel):

@@ -138,6 +138,11 @@ class CheckpointOffice:
         }
         return book
 
+    @property
+    def pending(self) -> dict[tuple[int, int], tuple[int, ...]]:
+        """(generation, step) -> the ranks that reported it, of the steps not committed yet."""
+        return {key: tuple(sorted(ranks)) for key, ranks in sorted(self._pending.items())}
+
     async def current(self) -> CheckpointLog:
         """The log of the table this coordinator serves (read from a majority first in a new
         term)."""

@@ -213,6 +213,7 @@ class ElectionService:
                     settings.training_env,
                     f"http://{runtime.address}:{runtime.port}",
                     cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
+                    checkpoint_dir=settings.checkpoint_dir,
                 ),
                 stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
                 max_failures=settings.training_max_failures,

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from node.errors import LauncherError
 from node.training.rendezvous import ENV_DAEMON_URL, Rendezvous
 
+ENV_CHECKPOINT_DIR = "SHOAL_CHECKPOINT_DIR"
+"""Where the training workers write their checkpoints (shoal.checkpoint reads it)."""
 ROLE_NAME = "default"
 """torchrun's role name when none is given (`--role`)."""
 
@@ -152,9 +155,15 @@ def training_base_env(
     training_env: Mapping[str, str],
     daemon_url: str,
     gpu_env: Mapping[str, str],
+    *,
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, str]:
     """What every training worker of the daemon starts from (the launcher adds the torchrun
     variables): the daemon's environment, then `gpu_env` (config.cuda_env of the GPUs the node
     owns, when `gpus` lists them), then the `training_env` setting (an operator's own
-    CUDA_VISIBLE_DEVICES wins, as a job's does), then SHOAL_DAEMON_URL."""
-    return {**inherited, **gpu_env, **training_env, ENV_DAEMON_URL: daemon_url}
+    CUDA_VISIBLE_DEVICES wins, as a job's does), then SHOAL_DAEMON_URL and, when given,
+    SHOAL_CHECKPOINT_DIR (the node's checkpoint directory: the daemon's, never overridden)."""
+    env = {**inherited, **gpu_env, **training_env, ENV_DAEMON_URL: daemon_url}
+    if checkpoint_dir is not None:
+        env[ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
+    return env

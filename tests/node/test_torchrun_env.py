@@ -3,6 +3,7 @@ defaults torchrun applies, and the variables of `env_from: rendezvous` jobs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,3 +176,10 @@ def test_the_workers_base_env_layers_gpus_under_the_setting_and_the_daemon_url_o
     own = training_base_env(inherited, {"CUDA_VISIBLE_DEVICES": "3"}, "http://d", gpus)
     assert own["CUDA_VISIBLE_DEVICES"] == "3", "the operator's training_env wins"
     assert training_base_env(inherited, {}, "http://d", {})["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_the_workers_base_env_names_the_nodes_checkpoint_directory_over_the_setting() -> None:
+    setting = {"SHOAL_CHECKPOINT_DIR": "/elsewhere"}
+    env = training_base_env({}, setting, "http://d", {}, checkpoint_dir=Path("/data/checkpoints"))
+    assert env["SHOAL_CHECKPOINT_DIR"] == "/data/checkpoints"
+    assert "SHOAL_CHECKPOINT_DIR" not in training_base_env({}, {}, "http://d", {})
