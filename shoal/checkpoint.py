@@ -19,10 +19,12 @@ import threading
 import time
 from collections.abc import Mapping, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -53,10 +55,25 @@ ENV_TIMEOUT = "SHOAL_CHECKPOINT_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
 """Bound of one checkpoint collective (the save's gather of every rank's write, the restore's
 load) and of the daemon's fetch of a step from peers; SHOAL_CHECKPOINT_TIMEOUT_S overrides."""
+DCP_ERRORS = (Exception, CheckpointException)
+"""What a DCP call raises (its CheckpointException, naming every rank's error, is a
+BaseException)."""
 REPORT_TRIES = 3
 REPORT_RETRY_S = 1.0
 
 Choice = tuple[int, int, bool]
+
+
+@dataclass
+class _Write:
+    """A write in flight: DCP's future, the step, its directory; `failed` once recorded."""
+
+    future: Future[Any]
+    step: int
+    directory: Path
+    failed: bool = False
+
+
 """(step, generation, through the daemon) of the step a restore loads."""
 
 
@@ -72,7 +89,7 @@ class Checkpointer:
         self._client = client
         self._group: Any = None
         self._grouped = False
-        self._writing: Future[Any] | None = None
+        self._writing: _Write | None = None
         self._reports = ThreadPoolExecutor(1, thread_name_prefix="shoal-checkpoint")
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
@@ -88,35 +105,51 @@ class Checkpointer:
         the state is staged (copied) unless `blocking`; a save still writing is waited for
         first. A step not above the one restored is skipped (its files are committed)."""
         self._check_open()
+        started = time.monotonic()
+        self._wait_writing()
         self._raise_failure()
         if self._restored is not None and step <= self._restored:
             log.info("checkpoint: step %d is not above the restored step %d", step, self._restored)
             return
-        started = time.monotonic()
-        self._wait_writing()
         directory = self.root / step_directory(step, self.place.generation)
         group = self._checkpoint_group()
+        alone = group is None
         try:
             if blocking:
-                metadata = dcp_save(dict(state), checkpoint_id=directory, process_group=group)
+                metadata = dcp_save(
+                    dict(state), checkpoint_id=directory, process_group=group, no_dist=alone
+                )
                 self._reports.submit(self._report, step, directory, metadata)
             else:
                 writing: Future[Any] = dcp_async_save(  # type: ignore[assignment]
-                    dict(state), checkpoint_id=directory, process_group=group
+                    dict(state), checkpoint_id=directory, process_group=group, no_dist=alone
                 )
-                self._writing = writing
-                writing.add_done_callback(lambda done: self._written(done, step, directory))
-        except Exception as exc:
+                write = _Write(writing, step, directory)
+                self._writing = write
+                writing.add_done_callback(lambda _: self._written(write))
+        except DCP_ERRORS as exc:
             raise CheckpointError(f"step {step}: saving into {directory} failed: {exc}") from exc
         self.last_save_stall_s = time.monotonic() - started
 
-    def _written(self, done: Future[Any], step: int, directory: Path) -> None:
-        """DCP's thread: the write of `step` ended; report it (or record its failure)."""
-        error = done.exception()
+    def _written(self, write: _Write) -> None:
+        """DCP's thread: the write of a step ended; report it (or record its failure)."""
+        error = write.future.exception()
         if error is not None:
-            self._record(CheckpointError(f"step {step}: writing {directory} failed: {error}"))
+            self._write_failed(write, error)
             return
-        self._reports.submit(self._report, step, directory, done.result())
+        self._reports.submit(self._report, write.step, write.directory, write.future.result())
+
+    def _write_failed(self, write: _Write, error: BaseException) -> None:
+        """Record the failure of `write` once (its callback or a wait, whichever sees it first;
+        stored before either returns, so the next save raises it)."""
+        failure = CheckpointError(f"step {write.step}: writing {write.directory} failed: {error}")
+        with self._lock:
+            if write.failed:
+                return
+            write.failed = True
+            if self._failure is None:
+                self._failure = failure
+        log.error("checkpoint: %s", failure)
 
     def _report(self, step: int, directory: Path, metadata: Any) -> None:
         """The report thread: tell the daemon which files this rank wrote (and their hashes)."""
@@ -175,8 +208,8 @@ class Checkpointer:
         """Load the newest committed step into `state` (every rank calls it); its step, or None
         when there is none. The daemon first fetches the files this node lacks from peers."""
         self._check_open()
-        self._raise_failure()
         self._wait_writing()
+        self._raise_failure()
         group = self._checkpoint_group()
         choice = broadcast_choice(self._choose() if self.place.rank == 0 else None, group)
         if choice is None:
@@ -187,8 +220,8 @@ class Checkpointer:
         if through_daemon:
             directory = self._prepare(step, generation, directory)
         try:
-            dcp_load(state, checkpoint_id=directory, process_group=group)
-        except Exception as exc:
+            dcp_load(state, checkpoint_id=directory, process_group=group, no_dist=group is None)
+        except DCP_ERRORS as exc:
             raise CheckpointError(f"step {step}: loading {directory} failed: {exc}") from exc
         self._restored = step
         if through_daemon and self._client is not None:
@@ -271,15 +304,14 @@ class Checkpointer:
             raise CheckpointError("the checkpointer is closed")
 
     def _wait_writing(self) -> None:
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            try:
-                writing.result(timeout=self.timeout_s)
-            except Exception as exc:  # _written recorded it; only a timeout is news here
-                if not writing.done():
-                    self._record(
-                        CheckpointError(f"a checkpoint write outlived {self.timeout_s:g} s: {exc}")
-                    )
+        """Wait for the write in flight (its failure recorded, to be raised by the caller)."""
+        write, self._writing = self._writing, None
+        if write is None:
+            return
+        try:
+            write.future.result(timeout=self.timeout_s)
+        except DCP_ERRORS as exc:
+            self._write_failed(write, exc)
 
     def _checkpoint_group(self) -> Any:
         """A gloo group of every rank for DCP's collectives (made once, by every rank at the same

@@ -45,27 +45,33 @@ def choose_holders(
 ) -> tuple[str, ...]:
     """Up to `count` nodes of `candidates` (never `owner` nor those of `keeping`, which hold a
     copy already) to copy `owner`'s files to: first a zone none of owner, keeping or the chosen
-    has, then a rack none has, then the node holding the fewest copies (`load`), then by id."""
+    has, then a rack none has, then the node holding the fewest copies (`load`), then the next
+    after the owner in id order (so equal owners spread their copies around the ring)."""
     load = dict(load or {})
+    ring = sorted({*candidates, owner})
+    after = {node: (index - ring.index(owner)) % len(ring) for index, node in enumerate(ring)}
     chosen: list[str] = []
     holding = [owner, *keeping]
     free = [c for c in candidates if c not in holding]
     while free and len(chosen) < count:
         used = [domains.get(n, Domain()) for n in (*holding, *chosen)]
-        best = min(free, key=lambda node: _preference(node, used, domains, load))
+        zones, racks = {d.zone for d in used}, {d.rack for d in used}
+
+        def preference(
+            node: str, zones: set[str | None] = zones, racks: set[str | None] = racks
+        ) -> tuple[bool, bool, int, int]:
+            domain = domains.get(node, Domain())
+            return (
+                _shared(domain.zone, zones),
+                _shared(domain.rack, racks),
+                load.get(node, 0),
+                after[node],
+            )
+
+        best = min(free, key=preference)
         chosen.append(best)
         free.remove(best)
     return tuple(chosen)
-
-
-def _preference(
-    node: str, used: Sequence[Domain], domains: Mapping[str, Domain], load: Mapping[str, int]
-) -> tuple[bool, bool, int, str]:
-    """Lower is better: a zone no holder has, a rack no holder has, fewer copies, the id."""
-    domain = domains.get(node, Domain())
-    zones = {d.zone for d in used}
-    racks = {d.rack for d in used}
-    return _shared(domain.zone, zones), _shared(domain.rack, racks), load.get(node, 0), node
 
 
 def plan_replicas(
