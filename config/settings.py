@@ -175,6 +175,13 @@ class NodeSettings(BaseModel):
         description="Committed checkpoint steps every node keeps (the newest is never deleted); "
         "older steps and steps some rank never finished are deleted.",
     )
+    checkpoint_copy_after_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="A node is asked for copies of checkpoint files once it has been alive this "
+        "long (a node that just joined restores and fetches what it needs itself).",
+    )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     tls: TlsSettings | None = Field(
         None, description="{ca, cert, key, crl?, crl_refresh_s?}: mutual TLS (docs/security.md)."

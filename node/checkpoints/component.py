@@ -62,5 +62,6 @@ def checkpoint_api(
         keep=settings.checkpoint_keep,
         domains=domains_of(inventory),
         alive=lambda: alive_nodes(runtime),
+        copy_after_s=settings.checkpoint_copy_after_s,
     )
     return CheckpointApi(CheckpointService(runtime, locks, sync, office))

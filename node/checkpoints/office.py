@@ -67,6 +67,7 @@ class CheckpointOffice:
         keep: int,
         domains: Mapping[str, Domain],
         alive: Callable[[], Sequence[str]],
+        copy_after_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.locks = locks
@@ -74,6 +75,8 @@ class CheckpointOffice:
         self.keep = keep
         self.domains = dict(domains)
         self._alive = alive
+        self.copy_after_s = copy_after_s
+        self._alive_since: dict[str, float] = {}
         self._clock = clock
         self._pending: dict[tuple[int, int], dict[int, RankReport]] = {}
         self._first_seen: dict[tuple[int, int], dict[int, float]] = {}
@@ -91,6 +94,7 @@ class CheckpointOffice:
         for report in reports:
             self._first_seen.setdefault(report.key, {}).setdefault(report.rank, now)
         pending, alive = self._pending, list(self._alive())
+        settled = self._settled(alive, now)
         restore = restore_of(news)
         committed: list[tuple[int, int]] = []
 
@@ -107,15 +111,17 @@ class CheckpointOffice:
                 owners = sorted({report.node for report in ranks.values()})
                 targets = plan_replicas(
                     owners,
-                    alive,
+                    settled,
                     self.replicas,
                     self.domains,
                     holders={owner: (owner,) for owner in owners},
+                    alive=alive,
                 )
                 book = with_commit(book, committed_record(ranks, at, targets), self.keep)
                 committed.append(decided)
             elif newest is not None:
-                book = with_targets(book, repairs(newest, alive, self.replicas, self.domains))
+                added = repairs(newest, alive, self.replicas, self.domains, settled)
+                book = with_targets(book, added)
             return put_checkpoints(table, term, book), None
 
         await self.locks.apply(change)
@@ -137,6 +143,13 @@ class CheckpointOffice:
             key: seen for key, seen in self._first_seen.items() if key in self._pending
         }
         return book
+
+    def _settled(self, alive: Sequence[str], now: float) -> list[str]:
+        """The alive nodes alive (in this coordinator's view) for `copy_after_s`: the ones
+        asked for copies. A node that just joined is not: its ranks are about to restore and
+        fetch what they need themselves, and a node that flaps is not loaded with copies."""
+        self._alive_since = {node: self._alive_since.get(node, now) for node in alive}
+        return [n for n, since in self._alive_since.items() if now - since >= self.copy_after_s]
 
     @property
     def pending(self) -> dict[tuple[int, int], tuple[int, ...]]:

@@ -76,17 +76,19 @@ def choose_holders(
 
 def plan_replicas(
     owners: Sequence[str],
-    alive: Sequence[str],
+    candidates: Sequence[str],
     replicas: int,
     domains: Mapping[str, Domain],
     *,
     holders: Mapping[str, Sequence[str]] | None = None,
+    alive: Sequence[str] | None = None,
 ) -> dict[str, tuple[str, ...]]:
-    """For each of `owners` the alive nodes to ask for a copy, so that `replicas` alive nodes
-    other than the owner hold one (counting `holders`: owner -> nodes that hold or were asked
-    already). Owners are served in order; a node asked once counts as loaded for the next."""
+    """For each of `owners` the nodes of `candidates` to ask for a copy, so that `replicas`
+    `alive` nodes (default: the candidates) other than the owner hold one, counting `holders`
+    (owner -> nodes that hold or were asked already). Owners are served in order; a node asked
+    once counts as loaded for the next."""
     holders = holders or {}
-    alive_set = set(alive)
+    alive_set = set(candidates if alive is None else alive) | set(candidates)
     load: dict[str, int] = {}
     for nodes in holders.values():
         for node in nodes:
@@ -98,7 +100,7 @@ def plan_replicas(
         if missing <= 0:
             continue
         chosen = choose_holders(
-            owner, sorted(alive_set), missing, domains, keeping=keeping, load=load
+            owner, sorted(set(candidates)), missing, domains, keeping=keeping, load=load
         )
         for node in chosen:
             load[node] = load.get(node, 0) + 1
@@ -108,12 +110,20 @@ def plan_replicas(
 
 
 def repairs(
-    record: CommittedStep, alive: Sequence[str], replicas: int, domains: Mapping[str, Domain]
+    record: CommittedStep,
+    alive: Sequence[str],
+    replicas: int,
+    domains: Mapping[str, Domain],
+    candidates: Sequence[str] | None = None,
 ) -> dict[str, tuple[str, ...]]:
-    """The extra nodes to ask for copies of `record` so every owner's files again have
-    `replicas` alive copies on other nodes (holders and pending targets count)."""
+    """The extra nodes (of `candidates`, default every alive node) to ask for copies of
+    `record` so every owner's files again have `replicas` alive copies on other nodes (holders
+    and pending targets count)."""
     asked = {
         owner: (*record.holders.get(owner, ()), *record.targets.get(owner, ()))
         for owner in record.files
     }
-    return plan_replicas(sorted(record.files), alive, replicas, domains, holders=asked)
+    chosen = alive if candidates is None else candidates
+    return plan_replicas(
+        sorted(record.files), chosen, replicas, domains, holders=asked, alive=alive
+    )

@@ -270,7 +270,9 @@ class CheckpointService:
         owners = [
             owner
             for owner, nodes in sorted(newest.targets.items())
-            if self.node_id in nodes and self.node_id not in newest.holders.get(owner, ())
+            if self.node_id in nodes
+            and self.node_id not in newest.holders.get(owner, ())
+            and (newest.step, newest.generation, owner) not in self._held
         ]
         if owners:
             self._copying = asyncio.create_task(self._copy(newest, owners), name="checkpoints-copy")
@@ -321,6 +323,9 @@ class CheckpointService:
             wanted = [(item, _sources(record, owner_of[item.path])) for item in missing]
             fetched = await self.files.fetch(wanted)
         await asyncio.to_thread(self.files.restore_metadata, record.directory)
+        for owner in record.files:  # every file is here now: this node holds a copy of each
+            if owner != self.node_id and self.node_id not in record.holders.get(owner, ()):
+                self._held.add((record.step, record.generation, owner))
         plan = RestorePlan(
             step=step,
             generation=generation,

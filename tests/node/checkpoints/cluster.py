@@ -50,7 +50,13 @@ class Cluster:
     async def start(self, node_flags: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         for name in NAMES:
             seeds = (f"127.0.0.1:{self.daemons['c1'].port}",) if self.daemons else ()
-            flags = {**FAST_ELECTION, "voters": NAMES, "seeds": seeds, "sync_interval_s": 0}
+            flags = {
+                **FAST_ELECTION,
+                "voters": NAMES,
+                "seeds": seeds,
+                "sync_interval_s": 0,
+                "checkpoint_copy_after_s": 0,
+            }
             flags.update((node_flags or {}).get(name, {}))
             daemon = NodeDaemon(test_settings(self.tmp_path, name, **flags))
             await daemon.start()
