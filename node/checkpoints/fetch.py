@@ -89,22 +89,26 @@ class StepFiles:
     async def fetch(self, wanted: Sequence[tuple[CheckpointFile, Sequence[str]]]) -> Fetched:
         """Fetch each file from the alive nodes of its holders (several files at once, each
         file's first source rotating over its holders so they share the load; the others are
-        its fallbacks). CheckpointsError 503 naming the files no holder delivered."""
+        its fallbacks). Files of the same content one after the other: a transfer's partial
+        file is named by its content hash in its directory. CheckpointsError 503 naming the
+        files no holder delivered."""
         limit = asyncio.Semaphore(self._at_once)
         failures: list[str] = []
+        alike: dict[str, list[tuple[int, CheckpointFile, Sequence[str]]]] = {}
+        for index, (item, holders) in enumerate(wanted):
+            alike.setdefault(item.hash, []).append((index, item, holders))
 
-        async def one(index: int, item: CheckpointFile, holders: Sequence[str]) -> int:
-            sources = self._sources(holders, index)
-            async with limit:
-                try:
-                    return await self._fetch_one(item, sources)
-                except CheckpointsError as exc:
-                    failures.append(exc.reason)
-                    return 0
+        async def in_turn(group: list[tuple[int, CheckpointFile, Sequence[str]]]) -> int:
+            size = 0
+            for index, item, holders in group:
+                async with limit:
+                    try:
+                        size += await self._fetch_one(item, self._sources(holders, index))
+                    except CheckpointsError as exc:
+                        failures.append(exc.reason)
+            return size
 
-        sizes = await asyncio.gather(
-            *(one(i, item, holders) for i, (item, holders) in enumerate(wanted))
-        )
+        sizes = await asyncio.gather(*(in_turn(group) for group in alike.values()))
         if failures:
             raise CheckpointsError(
                 503,

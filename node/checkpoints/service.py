@@ -305,6 +305,13 @@ class CheckpointService:
         return await asyncio.shield(task)
 
     async def _prepare(self, step: int, generation: int) -> RestorePlan:
+        try:
+            return await self._have_step(step, generation)
+        except CheckpointsError as exc:
+            log.warning("checkpoints: cannot have step %d here for a restore: %s", step, exc)
+            raise
+
+    async def _have_step(self, step: int, generation: int) -> RestorePlan:
         started = time.monotonic()
         book = await self.exchange()
         record = book.find(step, generation)

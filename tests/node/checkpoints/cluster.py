@@ -102,14 +102,23 @@ class Cluster:
         return answer if status == 200 else {}
 
     async def write_rank(
-        self, node: str, step: int, generation: int, rank: int, world_size: int, size: int
+        self,
+        node: str,
+        step: int,
+        generation: int,
+        rank: int,
+        world_size: int,
+        size: int,
+        *,
+        content: bytes | None = None,
     ) -> tuple[int, Any]:
-        """Write rank `rank`'s file (and, for rank 0, the metadata and its served copy) of a
-        step into `node`'s checkpoint directory and report it there."""
+        """Write rank `rank`'s file (`content`, else `size` random bytes; and, for rank 0, the
+        metadata and its served copy) of a step into `node`'s checkpoint directory and report
+        it there."""
         directory = self.root(node) / step_directory(step, generation)
         directory.mkdir(parents=True, exist_ok=True)
         names = [f"__{rank}_0.distcp"]
-        (directory / names[0]).write_bytes(os.urandom(size))
+        (directory / names[0]).write_bytes(os.urandom(size) if content is None else content)
         if rank == 0:
             (directory / METADATA).write_bytes(f"metadata of step {step}".encode())
             os.link(directory / METADATA, directory / METADATA_COPY)

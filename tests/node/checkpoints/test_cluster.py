@@ -89,6 +89,7 @@ class Training:
                     "PYTHONPATH": str(ROOT),
                     "WORKER_OUT": str(self.out),
                     "WORKER_TIMEOUT_S": "20",
+                    "WORKER_STEP_S": "0.1",
                     "TORCH_CPP_LOG_LEVEL": "ERROR",
                 },
                 "sync_interval_s": 0,
@@ -197,15 +198,13 @@ def test_a_group_saves_commits_copies_and_restores_after_a_crash_and_a_wiped_hos
         training.start(name)
 
     def committed_everywhere(after_step: int) -> Callable[[], dict[str, Any] | None]:
+        """A kept committed step above `after_step` whose every node's files the two others
+        hold (the newest may still be copying when the next one commits)."""
+
         def probe() -> dict[str, Any] | None:
-            committed = training.checkpoints(names[0]).get("committed")
-            if (
-                committed
-                and committed["step"] > after_step
-                and held_by_two_others(committed, names)
-            ):
-                return dict(committed)
-            return None
+            steps = training.checkpoints(names[0]).get("steps") or []
+            held = [s for s in steps if s["step"] > after_step and held_by_two_others(s, names)]
+            return dict(held[-1]) if held else None
 
         return probe
 
