@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 from node.locks.checkpoints import CheckpointLog
 from node.openapi import BODY_CONFIG, RECORD_CONFIG, Count, RouteDoc, WireRecord
@@ -25,10 +25,24 @@ HEX64 = r"^[0-9a-f]{64}$"
 FILE_NAME = r"^[^./\\\u0000-\u001f\u007f][^/\\\u0000-\u001f\u007f]{0,254}$"
 """A file of a step directory: one path component, not beginning with a dot."""
 STEP_DIRECTORY = r"^step-[0-9]{8,}-g[0-9]+$"
+MAX_DIRECTORY_CHARS = 48
+"""A step directory's name: step-, 8 to 19 digits, -g, up to 19 digits."""
 NODE_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 Hash = Annotated[str, Field(pattern=HEX64, description="sha256 hex (sync's content hash)")]
 NodeId = Annotated[str, Field(pattern=NODE_ID)]
+
+
+def _whole(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WorldSize = Annotated[int, Field(ge=1, le=MAX_WORLD), BeforeValidator(_whole)]
+PieceSize = Annotated[
+    int,
+    Field(ge=4096, le=1 << 26, description="the piece size of the hashes"),
+    BeforeValidator(_whole),
+]
 Seconds = Annotated[float, Field(ge=0, le=1e9)]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
 
@@ -56,9 +70,11 @@ class WrittenBody(BaseModel):
     step: Count
     generation: Count
     rank: Count
-    world_size: int = Field(ge=1, le=MAX_WORLD)
-    directory: str = Field(pattern=STEP_DIRECTORY, description="step-00000040-g2")
-    piece_size: int = Field(ge=4096, le=1 << 26, description="the piece size of the hashes")
+    world_size: WorldSize
+    directory: str = Field(
+        pattern=STEP_DIRECTORY, max_length=MAX_DIRECTORY_CHARS, description="step-00000040-g2"
+    )
+    piece_size: PieceSize
     files: list[WrittenFile] = Field(max_length=MAX_FILES)
 
 
@@ -75,7 +91,9 @@ class ReportedFile(BaseModel):
 
     model_config = BODY_CONFIG
 
-    path: str = Field(max_length=300, description="step-00000040-g2/__3_0.distcp")
+    path: str = Field(
+        max_length=MAX_DIRECTORY_CHARS + 256, description="step-00000040-g2/__3_0.distcp"
+    )
     size: Count
     hash: Hash
 
@@ -88,7 +106,7 @@ class ReportedRank(BaseModel):
     rank: Count
     step: Count
     generation: Count
-    world_size: int = Field(ge=1, le=MAX_WORLD)
+    world_size: WorldSize
     files: list[ReportedFile] = Field(max_length=MAX_FILES)
 
 
@@ -134,7 +152,7 @@ class LogAnswer(WireRecord):
     log: CheckpointLog
 
 
-class PrepareBody(BaseModel):
+class RestoreStepBody(BaseModel):
     """Body of `POST /v1/checkpoints/prepare`: the committed step a rank is about to load."""
 
     model_config = BODY_CONFIG
@@ -256,7 +274,11 @@ def checkpoint_route_docs() -> list[RouteDoc]:
             WRITTEN_PATH,
             "A training process of this node wrote its files of a step (sizes and hashes); the "
             "coordinator commits the step once every rank of the generation reported it",
-            ((202, "taken"), (400, "bad request"), (409, "a file differs from the report")),
+            (
+                (202, "taken"),
+                (400, "bad request"),
+                (409, "the report does not fit its step, or a file differs from it"),
+            ),
             body=WrittenBody,
             response=Accepted,
         ),
@@ -271,7 +293,7 @@ def checkpoint_route_docs() -> list[RouteDoc]:
                 (404, "the step is not committed"),
                 (503, "the files could not be fetched; retry"),
             ),
-            body=PrepareBody,
+            body=RestoreStepBody,
             response=RestorePlan,
         ),
         RouteDoc(

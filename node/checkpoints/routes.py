@@ -27,8 +27,8 @@ from node.checkpoints.docs import (
     WRITTEN_PATH,
     LogAnswer,
     NewsBody,
-    PrepareBody,
     RestoredBody,
+    RestoreStepBody,
     WrittenBody,
 )
 from node.checkpoints.service import CheckpointService
@@ -87,7 +87,7 @@ def checkpoint_routes(service: CheckpointService) -> list[web.RouteDef]:
         return web.json_response(accepted.to_json(), status=202)
 
     async def prepare(request: web.Request) -> web.Response:
-        body = await body_of(PrepareBody, request)
+        body = await body_of(RestoreStepBody, request)
         plan = await service.prepare(body.step, body.generation)
         return web.json_response(plan.to_json())
 

@@ -111,17 +111,17 @@ class CheckpointService:
 
     async def written(self, body: WrittenBody) -> Accepted:
         """Take rank `body.rank`'s report of its files of a step (each checked on disk);
-        CheckpointsError 400/409 naming what does not match."""
+        CheckpointsError 409 naming what does not match."""
         directory = step_directory(body.step, body.generation)
         if body.directory != directory:
             raise CheckpointsError(
-                400,
-                "invalid_directory",
+                409,
+                "wrong_directory",
                 f"step {body.step} of generation {body.generation} "
                 f"is written into {directory}, not {body.directory}",
             )
         if body.rank >= body.world_size:
-            raise CheckpointsError(400, "invalid_rank", f"rank {body.rank} of {body.world_size}")
+            raise CheckpointsError(409, "invalid_rank", f"rank {body.rank} of {body.world_size}")
         files = await self._checked(body, directory)
         report = RankReport(
             self.node_id, body.rank, body.step, body.generation, body.world_size, files
