@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "DEFAULT_DIR",
@@ -26,6 +27,7 @@ __all__ = [
     "finished_steps",
     "link_metadata",
     "parse_step_directory",
+    "report_entry",
     "step_directory",
 ]
 
@@ -102,6 +104,19 @@ def file_digest(path: Path, piece_bytes: int = PIECE_BYTES) -> FileDigest:
         return FileDigest(info.st_size, info.st_mtime_ns, digests[0].hex(), ())
     whole = hashlib.sha256(b"".join(digests)).hexdigest()
     return FileDigest(info.st_size, info.st_mtime_ns, whole, tuple(d.hex() for d in digests))
+
+
+def report_entry(directory: Path, name: str, piece_bytes: int = PIECE_BYTES) -> dict[str, Any]:
+    """One file of a written report (`POST /v1/checkpoints/written`): name, size, mtime_ns,
+    hash and piece hashes, as the daemon checks it against the file."""
+    digest = file_digest(directory / name, piece_bytes)
+    return {
+        "name": name,
+        "size": digest.size,
+        "mtime_ns": digest.mtime_ns,
+        "hash": digest.hash,
+        "pieces": list(digest.pieces),
+    }
 
 
 def link_metadata(directory: Path, *, source: str, target: str) -> None:

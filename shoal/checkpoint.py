@@ -34,9 +34,9 @@ from shoal._checkpoint_files import (
     METADATA_COPY,
     PIECE_BYTES,
     checkpoint_root,
-    file_digest,
     finished_steps,
     link_metadata,
+    report_entry,
     step_directory,
 )
 from shoal._daemon import DaemonClient
@@ -58,6 +58,9 @@ load) and of the daemon's fetch of a step from peers; SHOAL_CHECKPOINT_TIMEOUT_S
 DCP_ERRORS = (Exception, CheckpointException)
 """What a DCP call raises (its CheckpointException, naming every rank's error, is a
 BaseException)."""
+RETRY_S = 60.0
+"""How long a restore asks its daemon again while it answers 503 (no coordinator yet)."""
+RETRY_PAUSE_S = 1.0
 REPORT_TRIES = 3
 REPORT_RETRY_S = 1.0
 
@@ -160,18 +163,7 @@ class Checkpointer:
                 names.append(METADATA_COPY)
             if self._client is None:
                 return
-            files = []
-            for name in names:
-                digest = file_digest(directory / name)
-                files.append(
-                    {
-                        "name": name,
-                        "size": digest.size,
-                        "mtime_ns": digest.mtime_ns,
-                        "hash": digest.hash,
-                        "pieces": list(digest.pieces),
-                    }
-                )
+            files = [report_entry(directory, name) for name in names]
         except OSError as exc:
             self._record(CheckpointError(f"step {step}: reading {directory} failed: {exc}"))
             return
@@ -238,7 +230,7 @@ class Checkpointer:
         shared directory (no daemon answers)."""
         if self._client is not None:
             try:
-                answer = self._client.request("GET", CHECKPOINTS_PATH)
+                answer = self._ask("GET", CHECKPOINTS_PATH, None)
             except DaemonUnreachableError as exc:
                 log.warning("checkpoint: no daemon (%s); restoring from %s", exc, self.root)
             except DaemonAnswerError as exc:
@@ -259,7 +251,7 @@ class Checkpointer:
         assert self._client is not None
         body = {"step": step, "generation": generation}
         try:
-            answer = self._client.request("POST", PREPARE_PATH, body, timeout_s=self.timeout_s)
+            answer = self._ask("POST", PREPARE_PATH, body)
         except DaemonUnreachableError as exc:
             log.warning(
                 "checkpoint: no daemon to fetch step %d (%s); loading %s", step, exc, directory
@@ -268,6 +260,20 @@ class Checkpointer:
         except DaemonAnswerError as exc:
             raise CheckpointError(f"step {step}: the daemon cannot restore it: {exc}") from exc
         return Path(answer["directory"])
+
+    def _ask(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        """The daemon's answer, asked again while it answers 503 (no coordinator yet, a
+        failover, holders not reachable) for up to RETRY_S."""
+        assert self._client is not None
+        deadline = time.monotonic() + RETRY_S
+        while True:
+            try:
+                return self._client.request(method, path, body, timeout_s=self.timeout_s)
+            except DaemonAnswerError as exc:
+                if exc.status != 503 or time.monotonic() > deadline:
+                    raise
+                log.info("checkpoint: %s %s: %s; asking again", method, path, exc.reason)
+                time.sleep(RETRY_PAUSE_S)
 
     # failures and closing
 

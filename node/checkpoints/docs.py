@@ -169,23 +169,34 @@ def _named(wire: str, name: str) -> AliasChoices:
     return AliasChoices(wire, name)
 
 
-class RestorePlan(WireRecord):
-    """The answer of a prepare: every file of the step is in `directory` on this node, found
-    there (`from: local`) or fetched from peers (`peers`: `fetched_bytes` of `bytes`)."""
+FromField = Annotated[
+    Literal["local", "peers"],
+    Field(serialization_alias="from", validation_alias=_named("from", "source")),
+]
+"""Where a restore's files were: all on the node (`local`), or some fetched (`peers`)."""
+BytesField = Annotated[
+    int, Field(serialization_alias="bytes", validation_alias=_named("bytes", "size_bytes"))
+]
+
+
+class RestoreFigures(WireRecord):
+    """A restore of `step`: where its `bytes` were (`from`), what was fetched, how long."""
 
     model_config = _ALIASED
 
     step: int
-    generation: int
-    directory: str
-    source: Literal["local", "peers"] = Field(
-        serialization_alias="from", validation_alias=_named("from", "source")
-    )
-    size_bytes: int = Field(
-        serialization_alias="bytes", validation_alias=_named("bytes", "size_bytes")
-    )
+    source: FromField
+    size_bytes: BytesField
     fetched_bytes: int
     seconds: float
+
+
+class RestorePlan(RestoreFigures):
+    """The answer of a prepare: every file of the step is in `directory` on this node, found
+    there (`from: local`) or fetched from peers (`peers`: `fetched_bytes` of `bytes`)."""
+
+    generation: int
+    directory: str
 
 
 class RestoredBody(BaseModel):
@@ -216,26 +227,13 @@ class CommittedView(WireRecord):
     generation: int
     world_size: int
     at: float
-    size_bytes: int = Field(
-        serialization_alias="bytes", validation_alias=_named("bytes", "size_bytes")
-    )
+    size_bytes: BytesField
     holders: dict[str, list[str]]
 
 
-class LastRestoreView(WireRecord):
-    """A node's last restore as /v1/training shows it."""
+class LastRestoreView(RestoreFigures):
+    """A node's last restore as /v1/training shows it, finished at `at`."""
 
-    model_config = _ALIASED
-
-    step: int
-    source: Literal["local", "peers"] = Field(
-        serialization_alias="from", validation_alias=_named("from", "source")
-    )
-    size_bytes: int = Field(
-        serialization_alias="bytes", validation_alias=_named("bytes", "size_bytes")
-    )
-    fetched_bytes: int
-    seconds: float
     at: float
 
 

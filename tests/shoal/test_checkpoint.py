@@ -171,8 +171,10 @@ def test_without_a_daemon_restore_takes_the_newest_finished_step(
     assert again.restore(state) == 20
     assert state["w"].tolist() == [20.0] * 3
     again.save({"w": torch.zeros(3)}, 20)
-    assert finished_steps(tmp_path)[-1] == (20, 0), "a step not above the restored one is skipped"
     again.close()
+    state = {"w": torch.zeros(3)}
+    assert Checkpointer(one_rank(), unreachable).restore(state) == 20
+    assert state["w"].tolist() == [20.0] * 3, "a step not above the restored one is skipped"
 
 
 @SINGLE
@@ -193,8 +195,8 @@ async def test_one_rank_saves_and_restores_through_its_daemon(
         await asyncio.to_thread(train)
 
         async def committed() -> dict[str, object] | None:
-            answer = await asyncio.to_thread(client.request, "GET", "/v1/checkpoints")
-            return answer["committed"]
+            status, answer = await asyncio.to_thread(client.exchange, "GET", "/v1/checkpoints")
+            return answer["committed"] if status == 200 else None
 
         for _ in range(100):
             found = await committed()
@@ -211,8 +213,8 @@ async def test_one_rank_saves_and_restores_through_its_daemon(
 
         assert await asyncio.to_thread(resume) == (7, [7.0] * 3)
         for _ in range(100):
-            answer = await asyncio.to_thread(client.request, "GET", "/v1/checkpoints")
-            last = answer["nodes"]["solo"]["last_restore"]
+            status, answer = await asyncio.to_thread(client.exchange, "GET", "/v1/checkpoints")
+            last = answer["nodes"]["solo"]["last_restore"] if status == 200 else None
             if last is not None:
                 break
             await asyncio.sleep(0.1)

@@ -17,7 +17,7 @@ from aiohttp import ClientSession
 from node import NodeDaemon
 from node.checkpoints.component import CheckpointApi
 from node.checkpoints.service import CheckpointService
-from shoal._checkpoint_files import METADATA, METADATA_COPY, file_digest, step_directory
+from shoal._checkpoint_files import METADATA, METADATA_COPY, report_entry, step_directory
 from tests.node.daemons import FAST_ELECTION, test_settings
 
 NAMES = ("c1", "c2", "c3")
@@ -123,18 +123,7 @@ class Cluster:
             (directory / METADATA).write_bytes(f"metadata of step {step}".encode())
             os.link(directory / METADATA, directory / METADATA_COPY)
             names.append(METADATA_COPY)
-        files = []
-        for name in names:
-            digest = file_digest(directory / name)
-            files.append(
-                {
-                    "name": name,
-                    "size": digest.size,
-                    "mtime_ns": digest.mtime_ns,
-                    "hash": digest.hash,
-                    "pieces": list(digest.pieces),
-                }
-            )
+        files = [report_entry(directory, name) for name in names]
         body = {
             "step": step,
             "generation": generation,

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import ClientSession
 
 from shoal._checkpoint_files import METADATA, file_digest, step_directory
-from tests.node.checkpoints.cluster import NAMES, Cluster, eventually
+from tests.node.checkpoints.cluster import NAMES, PIECE, Cluster, eventually
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -87,6 +87,23 @@ async def test_a_step_commits_once_every_rank_reported_and_every_node_holds_it(
         for file_name, digest in originals.items():
             assert sha(cluster.root(name) / directory / file_name) == digest, (name, file_name)
 
+    taken = await cluster.write_rank("c1", 40, 1, 0, 6, SMALL)  # a file to report wrongly
+    assert taken[0] == 202
+    body = {"step": 40, "generation": 1, "rank": 1, "world_size": 6, "piece_size": PIECE}
+    wrong = {**body, "directory": step_directory(40, 2), "files": []}
+    status, answer = await cluster.call("c1", "POST", "/v1/checkpoints/written", wrong)
+    assert (status, answer["error"]) == (409, "wrong_directory")
+    digest = file_digest(cluster.root("c1") / step_directory(40, 1) / "__0_0.distcp")
+    changed = {
+        "name": "__0_0.distcp",
+        "size": digest.size + 1,
+        "mtime_ns": digest.mtime_ns,
+        "hash": digest.hash,
+        "pieces": [],
+    }
+    files = {**body, "directory": step_directory(40, 1), "files": [changed]}
+    status, answer = await cluster.call("c1", "POST", "/v1/checkpoints/written", files)
+    assert (status, answer["error"]) == (409, "file_changed")
     status, plan = await cluster.call(
         "c2", "POST", "/v1/checkpoints/prepare", {"step": 20, "generation": 1}
     )
