@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -93,6 +95,7 @@ class Checkpointer:
         self._group: Any = None
         self._grouped = False
         self._writing: _Write | None = None
+        self._stager: DefaultStager | None = None
         self._reports = ThreadPoolExecutor(1, thread_name_prefix="shoal-checkpoint")
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
@@ -125,7 +128,11 @@ class Checkpointer:
                 self._reports.submit(self._report, step, directory, metadata)
             else:
                 writing: Future[Any] = dcp_async_save(  # type: ignore[assignment]
-                    dict(state), checkpoint_id=directory, process_group=group, no_dist=alone
+                    dict(state),
+                    checkpoint_id=directory,
+                    process_group=group,
+                    no_dist=alone,
+                    async_stager=self._staging(),
                 )
                 write = _Write(writing, step, directory)
                 self._writing = write
@@ -133,6 +140,20 @@ class Checkpointer:
         except DCP_ERRORS as exc:
             raise CheckpointError(f"step {step}: saving into {directory} failed: {exc}") from exc
         self.last_save_stall_s = time.monotonic() - started
+
+    def _staging(self) -> DefaultStager:
+        """One stager for every save, so the host copies reuse their buffers (pinned ones on
+        CUDA). Staging stays synchronous: the loop may change the state once `save` returns."""
+        if self._stager is None:
+            cuda = torch.cuda.is_available()
+            options = StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=cuda,
+            )
+            self._stager = DefaultStager(options)
+        return self._stager
 
     def _written(self, write: _Write) -> None:
         """DCP's thread: the write of a step ended; report it (or record its failure)."""
@@ -293,6 +314,8 @@ class Checkpointer:
             self._wait_writing()
         finally:
             self._reports.shutdown(wait=True)
+            if self._stager is not None:
+                self._stager.close()
 
     def _record(self, failure: BaseException) -> None:
         log.error("checkpoint: %s", failure)
