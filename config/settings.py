@@ -179,6 +179,27 @@ class NodeSettings(TrainingWatchSettings):
     gpu_quarantine_limit: int = Field(
         3, ge=1, description="Quarantines within an hour after which only an undrain lifts one."
     )
+    checkpoint_replicas: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Other nodes that keep a copy of each node's files of a committed training "
+        "checkpoint, chosen across the inventory's `zone` and `rack` labels (docs/checkpoints.md).",
+    )
+    checkpoint_keep: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Committed checkpoint steps every node keeps (the newest is never deleted); "
+        "older steps and steps some rank never finished are deleted.",
+    )
+    checkpoint_copy_after_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="A node is asked for copies of checkpoint files once it has been alive this "
+        "long (a node that just joined restores and fetches what it needs itself).",
+    )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     tls: TlsSettings | None = Field(
         None, description="{ca, cert, key, crl?, crl_refresh_s?}: mutual TLS (docs/security.md)."
@@ -337,6 +358,12 @@ class NodeSettings(TrainingWatchSettings):
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the training ranks of this node write their checkpoints (SHOAL_CHECKPOINT_DIR of
+        the training command), one directory per step, and where copies of peers' land."""
+        return self.data_dir / "checkpoints"
 
     def category_path(self, category: Category | str) -> Path:
         """The directory of a data category."""

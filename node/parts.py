@@ -1,7 +1,7 @@
 """The components a daemon serves, in start order: the core routes, record stores, sync, jobs,
-actors, locks, GPU quarantine, runs, the weights plane and the rollout backlog, backup, audit,
-the election's routes, training (launcher, progress, restarts) and the dashboard. The HTTP app
-and its OpenAPI document are built from this one list."""
+actors, locks, GPU quarantine, runs, checkpoints, the weights plane and the rollout backlog,
+backup, audit, the election's routes, training (launcher, progress, restarts) and the dashboard.
+The HTTP app and its OpenAPI document are built from this one list."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from health import DiskWrites
 from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
+from node.checkpoints.component import checkpoint_api
 from node.component import Check, Component, Endpoint, Served
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
@@ -156,6 +157,9 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
     runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
+    checkpoints = checkpoint_api(runtime, locks.service, sync, inputs.inventory)
+    training.committed = checkpoints.committed
+    training.node_parts["last_restore"] = checkpoints.last_restore
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
@@ -177,6 +181,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         locks,
         quarantine,
         runs,
+        checkpoints,
         Served(WeightsRoutes(weights).routes()),
         Served(BacklogRoutes(backlog).routes()),
         Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),
