@@ -23,11 +23,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-
-from aiohttp import ClientHandlerType, ClientMiddlewareType, ClientRequest, ClientResponse
+from typing import TYPE_CHECKING
 
 from config.errors import AuthError, ConfigError
 from config.private import shared_file_problem
+
+if TYPE_CHECKING:  # aiohttp only for the middlewares' types: a blocking client never loads it
+    from aiohttp import ClientHandlerType, ClientMiddlewareType, ClientRequest, ClientResponse
 
 HEADER_NODE = "X-Shoal-Node"
 HEADER_TIMESTAMP = "X-Shoal-Timestamp"

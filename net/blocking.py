@@ -5,11 +5,13 @@ errors, over urllib (no aiohttp session, no thread)."""
 from __future__ import annotations
 
 import contextlib
+import socket
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 from multidict import CIMultiDict
 
@@ -32,6 +34,22 @@ BlockingBreakerHook = Callable[[str], AbstractContextManager[Any]]
 """The breaker of a peer by key, as a plain context manager (see net.client.BreakerHook)."""
 
 
+class _NamedContext:
+    """An SSL context that checks the name the request gives (net.transport.PeerRequest.tls),
+    not the URL's host: urllib wraps its socket with the URL's host as the server name."""
+
+    def __init__(self, context: ssl.SSLContext, server_hostname: str) -> None:
+        self._context = context
+        self._server_hostname = server_hostname
+
+    def wrap_socket(self, sock: socket.socket, **kwargs: Any) -> ssl.SSLSocket:
+        kwargs["server_hostname"] = self._server_hostname
+        return self._context.wrap_socket(sock, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
 class UrllibTransport:
     """Sends each request on its own connection with urllib (a blocking caller makes few)."""
 
@@ -48,6 +66,8 @@ class UrllibTransport:
             method=request.method,
         )
         context = self._ssl_context() if self._ssl_context is not None else None
+        if request.tls is not None:  # the request's own context, and the name its peer proves
+            context = cast(ssl.SSLContext, _NamedContext(*request.tls))
         try:
             with urllib.request.urlopen(  # noqa: S310
                 sent, timeout=request.timeout_s, context=context

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         BackupError,
         BodyError,
         BodyRefused,
+        CheckpointsError,
         DeployError,
         DiscoveryError,
         DownloadHashError,
@@ -148,7 +149,8 @@ else:
             "node.election.state": "ElectionConfig ElectionEvent ElectionEventKind ElectionStatus",
             "node.errors": (
                 "ActorDiedError ActorExistsError AnsweredError ArchiveError BackupError BodyError "
-                "DeployError DiscoveryError DownloadHashError ElectionError FrameError "
+                "CheckpointsError DeployError DiscoveryError DownloadHashError ElectionError "
+                "FrameError "
                 "JobClientError JobEndedError JobError JobFailedError JobRequestError "
                 "JobUnreachableError JobWaitTimeoutError KeyringError KeyringRefused LauncherError "
                 "LockError LockLostError "
@@ -204,6 +206,7 @@ __all__ = [
     "BodyRefused",
     "Candidate",
     "CandidateSource",
+    "CheckpointsError",
     "DeployError",
     "DeployResult",
     "Discovery",
