@@ -26,6 +26,8 @@ if TYPE_CHECKING:
         ArchiveError,
         BackupError,
         BodyError,
+        BodyRefused,
+        CheckpointsError,
         DeployError,
         DiscoveryError,
         DownloadHashError,
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
         SshHostKeyError,
         SSHTimeoutError,
         StartupError,
+        TargetError,
         TaskError,
         TaskTimeout,
         WeightsError,
@@ -146,7 +149,8 @@ else:
             "node.election.state": "ElectionConfig ElectionEvent ElectionEventKind ElectionStatus",
             "node.errors": (
                 "ActorDiedError ActorExistsError AnsweredError ArchiveError BackupError BodyError "
-                "DeployError DiscoveryError DownloadHashError ElectionError FrameError "
+                "CheckpointsError DeployError DiscoveryError DownloadHashError ElectionError "
+                "FrameError "
                 "JobClientError JobEndedError JobError JobFailedError JobRequestError "
                 "JobUnreachableError JobWaitTimeoutError KeyringError KeyringRefused LauncherError "
                 "LockError LockLostError "
@@ -154,7 +158,8 @@ else:
                 "PeerRequestError PeerTimeoutError PlanError ProviderError PublishTimeout "
                 "RegistryError RemoteTaskError RemoteTraceback RendezvousError ResultsStoreError "
                 "RetryLater RLError RunError SkewError SshAuthError SSHConnectError SSHError "
-                "SshHostKeyError SSHTimeoutError StartupError TaskError TaskTimeout WeightsError "
+                "SshHostKeyError SSHTimeoutError StartupError TargetError TaskError TaskTimeout "
+                "WeightsError BodyRefused "
                 "WireError WorkerAuthError WorkerClosed WorkerDied WorkerError WorkerTimeout"
             ),
             "node.membership.service": (
@@ -197,8 +202,10 @@ __all__ = [
     "AutoStop",
     "BackupError",
     "BodyError",
+    "BodyRefused",
     "Candidate",
     "CandidateSource",
+    "CheckpointsError",
     "DeployError",
     "DeployResult",
     "Discovery",
@@ -281,6 +288,7 @@ __all__ = [
     "SwimTuning",
     "SyncService",
     "SystemdNotifier",
+    "TargetError",
     "TaskError",
     "TaskTimeout",
     "TrainingLauncher",

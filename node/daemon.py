@@ -77,7 +77,7 @@ from node.providers.own import open_autostop
 from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runtime import NodeRuntime
-from node.security import AuthPolicy
+from node.security import AuthPolicy, node_bound
 from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
@@ -280,6 +280,7 @@ class NodeDaemon:
         checker.add_check("memory", memory_check(), interval_s=30.0)
         reader = GpuReader()
         self._stack.callback(reader.close)
+        runtime.gpu_reader = reader
         checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
         runtime.gpus = lambda: [gpu.to_json() for gpu in reader.read()]
         gpus = reader.read()
@@ -309,6 +310,7 @@ class NodeDaemon:
             skew_s=runtime.settings.timeouts.auth_skew_s,
             known_node=self._known_node,
             cluster=runtime.settings.cluster_name,
+            **node_bound(runtime),
         )
         election = self._election
 

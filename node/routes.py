@@ -21,8 +21,10 @@ from config.declare import READ, Caller, Refusal, Route, route
 from health import CircuitState, HealthStatus
 from node.access import DECLARED
 from node.component import Check, Component, Endpoint, endpoints, endpoints_of, route_docs
+from node.connections import head_deadline_middleware
 from node.fence import FenceSource
 from node.identity.roles import AccessRules, CertificateGate
+from node.limits import MAX_BODY_BYTES
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, WireRecord, documented_twice, openapi_document
 from node.runtime import NodeRuntime
@@ -36,8 +38,7 @@ from node.security import (
 )
 
 RUNTIME = web.AppKey("runtime", NodeRuntime)
-ROUTE_DOCS: web.AppKey[tuple[Route, ...]] = web.AppKey("route_docs")
-MAX_BODY_BYTES = 64 * 1024 * 1024
+ROUTE_DOCS: web.AppKey[tuple[Route, ...]] = web.AppKey("route_docs", tuple)
 
 
 class ComponentView(WireRecord):
@@ -108,6 +109,15 @@ class DrainView(WireRecord):
     kill_after_s: float | None
 
 
+class TrainingStatus(WireRecord):
+    """This node's training ranks in `GET /v1/status`."""
+
+    generation: int | None = None
+    ranks: int | None = None
+    step: int | None = None
+    steps_per_s: float | None = None
+
+
 class StatusAnswer(WireRecord):
     """The answer of `GET /v1/status` (what `shoal status` prints)."""
 
@@ -122,6 +132,12 @@ class StatusAnswer(WireRecord):
     term: int | None
     coordinator: str | None = None
     drain: DrainView | None = Field(default=None, description="this node's drain, or null")
+    quarantine: dict[str, Any] | None = Field(
+        default=None,
+        description="this node's GPU quarantine (docs/fault-tolerance.md#gpu-faults): the "
+        "reason (the plan's, or the fault read now), the state (faulty, settling, selftest, "
+        "selftest_failed, readmitting, held) and the last self-test, or null",
+    )
     members: dict[str, int]
     wal: dict[str, Any]
     breakers: dict[str, Any] = Field(default_factory=dict)
@@ -129,6 +145,10 @@ class StatusAnswer(WireRecord):
     health_problems: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     autostop: AutostopView | None = None
+    training: TrainingStatus | None = Field(
+        default=None,
+        description="this node's training ranks (node.training), or null while none reports",
+    )
 
 
 class OpenApiAnswer(WireRecord):
@@ -230,6 +250,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "coordinator": runtime.coordinator,
         "plan_version": runtime.plan_version,
         "drain": runtime.drain,
+        "quarantine": runtime.quarantine,
         "members": counts,
         "wal": wal,
         "breakers": breakers,
@@ -242,6 +263,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
             if runtime.autostop is not None
             else {"enabled": False, "state": "off"}
         ),
+        "training": runtime.training() if runtime.training is not None else None,
         "config_hash": runtime.settings.config_hash(),
         "notes": notes,
     }
@@ -373,7 +395,11 @@ def build_app(
     fence = fence if fence is not None or identity is None else identity.fence
     registry = runtime.metrics.registry if runtime.metrics is not None else None
     rules = AccessRules(fence, registry, open_api=policy.secret is None and identity is None)
-    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware]
+    middlewares: list[Any] = [
+        head_deadline_middleware,
+        error_middleware,
+        foreign_cluster_middleware,
+    ]
     if identity is not None:
         middlewares.append(identity.certificate_middleware)
     middlewares += [*gates, auth_middleware, rules.middleware]

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node.forwarding import REQUEST_FORWARDER
 from node.security import request_sender
 from wal import WalEntry, WalError, WriteAheadLog
 
@@ -25,6 +26,9 @@ KEYRING_REMOVE = "keyring.remove"
 NODE_DRAIN = "node.drain"
 NODE_UNDRAIN = "node.undrain"
 NODE_LEAVE = "node.leave"
+GPU_QUARANTINE = "gpu.quarantine"
+GPU_READMIT = "gpu.readmit"
+TRAINING_RESTART = "training.restart"
 
 KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "job": ("job.start", "job.kill", "job.gang"),
@@ -33,14 +37,20 @@ KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "deploy": (DEPLOY_HOST, DEPLOY_CERTIFICATE),
     "drain": (NODE_DRAIN, NODE_UNDRAIN, NODE_LEAVE),
     "keyring": (KEYRING_INSTALL, KEYRING_USE, KEYRING_REMOVE),
+    "gpu": (GPU_QUARANTINE, GPU_READMIT),
+    "training": (TRAINING_RESTART,),
     "certificate": (),
 }
 """Audit kind -> the WAL entry types it lists. A deploy runs from the operator's machine over SSH;
 once a host answers, `shoal deploy` records it (and the node certificate it issued) in that
 host's WAL through POST /v1/audit/deploys. A keyring entry is one change of one node's gossip
-keyring. Drains, undrains and leaves are recorded by the node the operator asked (the subject is
-the node drained or leaving). Certificates do not exist yet: that kind is accepted and lists
-nothing."""
+keyring. Drains, undrains and leaves are recorded by the node the operator asked and by the node
+that acts on a forwarded call (the coordinator, the node leaving), as the operator the call's
+proof names, with `forwarded_by` (node.forwarding); the subject is the node drained or
+leaving. A GPU quarantine and re-admission are recorded by the node whose GPU it is, once the
+coordinator made the change. A training restart is recorded by the coordinator that adopted the
+plan of the new generation (the subject names the generation). Certificates do not exist yet:
+that kind is accepted and lists nothing."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -57,6 +67,9 @@ ACTIONS: Mapping[str, str] = {
     NODE_DRAIN: "drain",
     NODE_UNDRAIN: "undrain",
     NODE_LEAVE: "leave",
+    GPU_QUARANTINE: "quarantine",
+    GPU_READMIT: "readmit",
+    TRAINING_RESTART: "restart",
 }
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 
@@ -148,6 +161,9 @@ async def record_audit(
     if wal is None:
         return
     body = {**payload, "sender": request_sender() or node_id, "node": node_id}
+    forwarder = REQUEST_FORWARDER.get()
+    if forwarder is not None:  # acting for an operator whose proof a node forwarded
+        body["forwarded_by"] = forwarder
     try:
         await wal.commit(await wal.append(entry_type, body))
     except WalError as exc:

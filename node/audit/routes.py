@@ -197,12 +197,12 @@ class AuditRoutes:
 
 
 async def audit_lock_change(
-    op: str, request: web.Request, response: web.Response, runtime: NodeRuntime, relayed: str
+    op: str, request: web.Request, response: web.Response, runtime: NodeRuntime
 ) -> None:
     """Record the grant or release `response` answered to POST /v1/locks/{name}/{op} in the WAL
-    of the node the client asked (a request relayed to the coordinator, with the `relayed`
-    header, is recorded by the node that relayed it, with the client as sender)."""
-    if op == "renew" or response.status != 200 or request.headers.get(relayed):
+    of the node the client asked and of the coordinator a request relayed there acts on (as the
+    sender the operator's proof names, with the node that relayed it: node.forwarding)."""
+    if op == "renew" or response.status != 200:
         return
     answer = json.loads(response.body) if isinstance(response.body, bytes) else {}
     if op == "acquire" and answer.get("granted"):

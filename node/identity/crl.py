@@ -41,6 +41,10 @@ CRL_PATH = "/v1/tls/crl"
 CRL_NUMBER_HEADER = "X-Shoal-Crl-Number"
 FILE_CHECK_S = 1.0
 """How often the TLS files' mtimes are compared with those in use."""
+SPREAD_STATES = frozenset({"alive", "suspect", "dead"})
+"""Members whose CRL is fetched each round: dead ones too (not those that left), so a node
+every peer refused, given a new certificate, calls them and so presents it in a handshake
+(the only thing that lifts its refusal: node.identity.revoked)."""
 
 
 class CrlSpread:
@@ -152,13 +156,13 @@ class CrlSpread:
             for member in membership.members()
             if not getattr(member, "is_self", False)
             and member.node_id != self._runtime.node_id
-            and str(getattr(member, "state", "alive")) == "alive"
+            and str(getattr(member, "state", "alive")) in SPREAD_STATES
             and member.meta.get(AUTH_META) in (AuthMode.TLS.value, AuthMode.HMAC_TLS.value)
         ]
 
     async def refresh_once(self) -> int:
-        """Fetch every alive TLS peer's CRL once and install the newest; the CRL number in use
-        afterwards."""
+        """Fetch the CRL of every TLS member that has not left (alive, suspect or dead) once
+        and install the newest; the CRL number in use afterwards."""
         peers = list(self._peers())
         await asyncio.gather(*(self._fetch(peer) for peer in peers))
         return self._contexts.material.crl_number

@@ -26,6 +26,7 @@ from node.access import (
     verdict,
 )
 from node.fence import FenceSource, fence_refusal
+from node.forwarding import TLS_VERIFIER
 from node.identity.revoked import RevokedPeers
 from node.plan import FENCE_HEADER
 from node.security import (
@@ -149,9 +150,9 @@ class CertificateGate:
             return
         if isinstance(found, CertificateError):
             if found.reason == RefusalReason.REVOKED and found.serial is not None:
-                book.saw(found.identity, found.serial)
+                book.saw(found.identity, found.serial, verified=False)
         elif found.role == CertRole.NODE:
-            book.saw(found.name, found.serial)
+            book.saw(found.name, found.serial, verified=True)
 
     @web.middleware
     async def certificate_middleware(
@@ -208,6 +209,7 @@ class CertificateGate:
             )
         request[PEER_IDENTITY] = found
         request[PEER_ID] = found.name
+        request[TLS_VERIFIER] = self.contexts.verify_peer  # (a forwarded operator's proof)
         token = REQUEST_SENDER.set(found.name)
         try:
             return await handler(request)

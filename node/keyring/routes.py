@@ -24,6 +24,7 @@ from node.audit.entries import record_audit
 from node.component import Check, Endpoint, endpoints
 from node.errors import BodyError
 from node.errors import KeyringRefused as KeyringRefused
+from node.forwarding import forward_headers
 from node.identity.peers import peer_tls
 from node.keyring.wire import (
     KEYRING_PATH,
@@ -38,6 +39,7 @@ from node.keyring.wire import (
 from node.membership.keyring import (
     GossipKeys,
     KeyringError,
+    decode_key,
     key_id,
     unwrap_key,
     valid_key_id,
@@ -49,6 +51,7 @@ from node.security import request_sender
 
 log = logging.getLogger(__name__)
 
+JSON = "application/json"
 AUDIT_TYPES = {op: f"keyring.{op}" for op in OPERATIONS}
 """The WAL entry type each change of a node's keyring is recorded under (audit kind keyring)."""
 _UP = ("alive", "suspect")
@@ -72,6 +75,11 @@ def keyring_errors() -> Iterator[None]:
         yield
     except KeyringError as exc:
         raise KeyringRefused(_STATUS.get(exc.code, 500), exc.code, str(exc)) from exc
+
+
+def _over_tls(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and transport.get_extra_info("ssl_object") is not None
 
 
 CLUSTER_ERRORS = (
@@ -202,12 +210,29 @@ class KeyringRoutes:
         kind keyring)"""
         return await self._local("remove", request)
 
-    async def apply_local(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
-        """Change this node's keyring (written before the answer), recorded in the WAL."""
+    def _open_key(self, body: InstallBody, over_tls: bool) -> bytes:
+        """The key of an install: unsealed with the cluster secret, or taken plain when it came
+        inside TLS (or this node has no secret: dev mode); KeyringRefused 400 `bad_key` for a
+        plain key over plain HTTP (it crossed the network readable)."""
+        if body.sealed == "secret":
+            return unwrap_key(body.key, self._secret, self.runtime.settings.cluster_name)
+        if not over_tls and self._secret is not None:
+            raise KeyringRefused(
+                400,
+                "bad_key",
+                "a key not sealed with the cluster secret is taken only over TLS: call https "
+                "with an operator certificate (SHOAL_TLS_*), or seal it with the secret",
+            )
+        return decode_key(body.key, "the request's key")
+
+    async def apply_local(
+        self, op: str, body: InstallBody | KeyIdBody, key: bytes | None = None
+    ) -> dict[str, Any]:
+        """Change this node's keyring (written before the answer), recorded in the WAL; `key`
+        is an install's key when already opened (else opened from `body`, sealed)."""
         keys = self._ring()
-        cluster = self.runtime.settings.cluster_name
         if isinstance(body, InstallBody):
-            kid = keys.install(unwrap_key(body.key, self._secret, cluster))
+            kid = keys.install(key if key is not None else self._open_key(body, over_tls=False))
         elif op == "use":
             kid = body.key_id
             keys.use(kid)
@@ -224,7 +249,10 @@ class KeyringRoutes:
     async def _local(self, op: str, request: web.Request) -> web.Response:
         body = _checked(InstallBody if op == "install" else KeyIdBody, await request.read())
         with keyring_errors():
-            return web.json_response(await self.apply_local(op, body))
+            key = None
+            if isinstance(body, InstallBody):
+                key = self._open_key(body, _over_tls(request))
+            return web.json_response(await self.apply_local(op, body, key))
 
     # the cluster, from the coordinator
 
@@ -297,21 +325,24 @@ class KeyringRoutes:
             )
         if self._client is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
-        headers = {FORWARDED_HEADER: runtime.node_id}
-        try:
-            status, answer = await self._client.call_json(
+        headers = {**forward_headers(request, runtime.node_id), "Content-Type": JSON}
+        try:  # the operator's request as it came, with its proof (node.forwarding)
+            answer = await self._client.request(
                 request.method,
                 url,
-                request.path,
-                body,
+                request.raw_path,
+                data=await request.read(),
                 headers=headers,
                 timeout_s=3 * runtime.settings.timeouts.http_request_s,
+                check=False,
             )
-        except PeerRequestError as exc:
+            data = answer.json() if answer.body else None
+        except (PeerRequestError, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, PeerRequestError) else "not JSON"
             raise KeyringRefused(
-                503, "coordinator_unreachable", f"{coordinator}: {exc.reason}"
+                503, "coordinator_unreachable", f"{coordinator}: {reason}"
             ) from exc
-        return web.json_response(answer, status=status)
+        return web.json_response(data, status=answer.status)
 
     async def _local_answer(self) -> dict[str, Any]:
         return self.local_state()
@@ -367,18 +398,24 @@ class KeyringRoutes:
         if forwarded is not None:
             return forwarded
         with keyring_errors():
-            return web.json_response(await self.change(op, body))
+            return web.json_response(await self.change(op, body, _over_tls(request)))
 
-    async def change(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
+    async def change(
+        self, op: str, body: InstallBody | KeyIdBody, over_tls: bool = False
+    ) -> dict[str, Any]:
         """On the coordinator: check the change against every member's keyring, then make it
-        on each (this node too); KeyringRefused when it would strand a member."""
+        on each (this node too); KeyringRefused when it would strand a member. An install's
+        key goes on sealed with the secret, or plain (`tls`) from a node without one, which
+        calls its peers over TLS."""
         requested_by = body.requested_by
         cluster = self.runtime.settings.cluster_name
+        key = None
         if isinstance(body, InstallBody):
-            key = unwrap_key(body.key, self._secret, cluster)
+            key = self._open_key(body, over_tls)
             kid = key_id(key)
             sent: dict[str, Any] = {
                 "key": wrap_key(key, self._secret, cluster),
+                "sealed": "secret" if self._secret is not None else "tls",
                 "requested_by": requested_by,
             }
         else:
@@ -388,7 +425,7 @@ class KeyringRoutes:
             self._precheck(op, kid, members)
         local_body = (InstallBody if op == "install" else KeyIdBody).model_validate(sent)
         answers, failed = await self._everyone(
-            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body)
+            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body, key)
         )
         if failed:
             log.warning("gossip keyring %s %s: not acknowledged by %s", op, kid, failed)

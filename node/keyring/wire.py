@@ -31,7 +31,13 @@ class InstallBody(BaseModel):
         min_length=1,
         max_length=200,
         description="the key, sealed with a key derived from the cluster secret "
-        "(node.membership.keyring.wrap_key); plain base64 only without a secret",
+        "(node.membership.keyring.wrap_key; `sealed: secret`), or plain base64 (`sealed: "
+        "tls`, taken only over TLS, or on a node without a secret)",
+    )
+    sealed: Literal["secret", "tls"] = Field(
+        default="secret",
+        description="how the key travels: `secret`, sealed with the cluster secret; `tls`, "
+        "plain inside a TLS connection (an operator with a certificate and no secret)",
     )
     requested_by: str | None = Field(
         default=None, max_length=200, description="who asked the coordinator (audit)"

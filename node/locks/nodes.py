@@ -17,6 +17,7 @@ from node.access import FORWARDED_HEADER
 from node.election.elector import Elector
 from node.election.service import ElectionService
 from node.errors import LockError
+from node.locks.quarantines import lift
 from node.locks.service import LockService
 from node.locks.table import LockTable, put_drain
 from node.plan import RolePlan
@@ -60,9 +61,11 @@ class NodeOps:
         self._leaving: asyncio.Task[None] | None = None
 
     def attach(self, election: ElectionService) -> None:
-        """Plan with the lock table's drains: the coordinator reads them from the table it
-        serves, and re-plans whenever they change. Call before the election starts."""
+        """Plan with the lock table's drains and GPU quarantines: the coordinator reads them
+        from the table it serves, and re-plans whenever they change. Call before the election
+        starts."""
         election.drains = self.locks.drains_for
+        election.quarantines = self.locks.quarantines_for
 
         def replan() -> None:
             elector = self._elector()
@@ -83,7 +86,8 @@ class NodeOps:
         return await self._apply(node, record)
 
     async def undrain(self, node: str) -> dict[str, Any]:
-        """At the coordinator: undrain `node`; the answer names the first plan without it."""
+        """At the coordinator: undrain `node`, and lift its GPU quarantine (held or not) with
+        its history; the answer names the first plan without either."""
         return await self._apply(node, None)
 
     async def _apply(self, node: str, record: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -98,7 +102,7 @@ class NodeOps:
         else:
 
             def change(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
-                return put_drain(table, term, node, None), None
+                return lift(put_drain(table, term, node, None), term, node), None
 
         await self.locks.apply(change)
         draining = record is not None
@@ -116,9 +120,9 @@ class NodeOps:
         }
 
     async def _planned(self, node: str, draining: bool) -> tuple[RolePlan | None, bool]:
-        """The first plan of this coordinator that says `node` drains (or not), and whether
-        `node` acknowledged it, within a few plan rounds (at once when `node` has no role in
-        it: it is not an alive member)."""
+        """The first plan of this coordinator that says `node` drains (or neither drains nor
+        quarantines it), and whether `node` acknowledged it, within a few plan rounds (at once
+        when `node` has no role in it: it is not an alive member)."""
         elector = self._elector()
         if elector is None:
             return None, False
@@ -128,7 +132,7 @@ class NodeOps:
         plan: RolePlan | None = None
         while time.monotonic() < deadline:
             current = elector.plan
-            if current is not None and current.is_draining(node) == draining:
+            if current is not None and _settled(current, node, draining):
                 plan = current
                 if node == self.runtime.node_id:
                     return plan, True
@@ -152,18 +156,29 @@ class NodeOps:
             log.warning("node %s: announcing the leave failed: %s", self.runtime.node_id, exc)
         self._stop("an operator asked this node to leave the cluster (shoal node leave)")
 
-    async def ask_to_leave(self, node: str, path: str) -> tuple[int, Any]:
-        """Ask the alive member `node` to leave (POST `path` there, marked as forwarded): its
-        (status, JSON answer). LockError 404 when it is not alive in this node's view, 503
-        when it cannot be reached."""
+    async def ask_to_leave(
+        self, node: str, path: str, proof: Mapping[str, str] | None = None, raw: bytes = b"{}"
+    ) -> tuple[int, Any]:
+        """Ask the alive member `node` to leave (POST `path` there, marked as forwarded, with
+        the operator's `proof` of node.forwarding): its (status, JSON answer). LockError 404
+        when it is not alive in this node's view, 503 when it cannot be reached."""
         member = member_of(self.runtime, node)
         if member is None or str(member.state) != "alive":
             state = "not in this node's view" if member is None else str(member.state)
             raise LockError(404, "unknown_node", f"node {node} is {state}; it cannot leave")
         peers = self.locks.peers
         url = peers.base_url(f"{member.address}:{member.port}")
-        headers = {FORWARDED_HEADER: self.runtime.node_id}
+        headers = {FORWARDED_HEADER: self.runtime.node_id, **(proof or {})}
+        headers["Content-Type"] = "application/json"
         try:
-            return await peers.call_json("POST", url, path, {}, headers=headers)
+            answer = await peers.request("POST", url, path, data=raw, headers=headers, check=False)
+            return answer.status, answer.json() if answer.body else None
         except PeerRequestError as exc:
             raise LockError(503, "node_unreachable", f"{node}: {exc.reason}") from exc
+
+
+def _settled(plan: RolePlan, node: str, draining: bool) -> bool:
+    """Whether `plan` drains `node` (`draining`), or neither drains nor quarantines it."""
+    if draining:
+        return plan.is_draining(node)
+    return not plan.is_draining(node) and node not in plan.quarantined

@@ -20,6 +20,7 @@ from node.access import FORWARDED_HEADER
 from node.audit.entries import NODE_DRAIN, NODE_LEAVE, NODE_UNDRAIN, record_audit
 from node.audit.routes import audit_lock_change
 from node.errors import BodyError, LockError
+from node.forwarding import forward_headers
 from node.locks.nodes import NodeOps, member_of
 from node.locks.service import LockService
 from node.locks.table import LOCK_ANSWER, LockFence, LockTable
@@ -68,9 +69,16 @@ async def forward_to_coordinator(
     locks: LockService, request: web.Request, body: Any
 ) -> web.Response | None:
     """None when this node serves `request` (it coordinates); otherwise the coordinator's
-    answer to it, with `body` (LockService.call_coordinator)."""
+    answer to it: the request's own bytes, path and query, with the operator's proof
+    (node.forwarding), so the coordinator acts and audits as the operator who asked."""
     forwarded = bool(request.headers.get(FORWARDED_HEADER))
-    answer = await locks.call_coordinator(request.method, request.path, body, forwarded=forwarded)
+    if locks.is_coordinator():
+        return None
+    proof = forward_headers(request, locks.runtime.node_id)
+    answer = await locks.call_coordinator(
+        request.method, request.raw_path, body, forwarded=forwarded, raw=await request.read(),
+        proof=proof,
+    )  # fmt: skip
     if answer is None:
         return None
     status, data = answer
@@ -145,6 +153,7 @@ class LockRoutes:
             locks=dict(table.locks),
             runs={run_id: dict(record) for run_id, record in table.runs.items()},
             drains={node: dict(record) for node, record in table.drains.items()},
+            quarantines=dict(table.quarantines),
         )
         return web.json_response(view.to_json())
 
@@ -193,7 +202,7 @@ class LockRoutes:
 
     async def _audited(self, op: str, request: web.Request) -> web.Response:
         response = await _operation(self.locks, op, request)
-        await audit_lock_change(op, request, response, self.locks.runtime, FORWARDED_HEADER)
+        await audit_lock_change(op, request, response, self.locks.runtime)
         return response
 
     @route(
@@ -311,7 +320,8 @@ class NodeRoutes:
         answer=DrainAnswer,
     )
     async def undrain(self, request: web.Request) -> web.Response:
-        """Undrain a node: it takes new work again from the next plan"""
+        """Undrain a node: it takes new work again from the next plan; also lifts its GPU
+        quarantine (held or not)"""
         ops = self.ops
         node = node_of(request)
         await empty_body(request)
@@ -346,12 +356,14 @@ class NodeRoutes:
         node = node_of(request)
         await empty_body(request)
         if node != runtime.node_id:
-            status, answer = await ops.ask_to_leave(node, request.path)
+            proof = forward_headers(request, runtime.node_id)
+            raw = await request.read()
+            status, answer = await ops.ask_to_leave(node, request.raw_path, proof, raw)
             response = web.json_response(answer, status=status)
         else:
             ops.leave()
             response = web.json_response(LeaveAnswer(node=node).to_json(), status=202)
-        if not request.headers.get(FORWARDED_HEADER) and response.status == 202:
+        if response.status == 202:  # where asked, and at the node that leaves (as the operator)
             await record_audit(runtime.wal, NODE_LEAVE, {"name": node}, runtime.node_id)
         return response
 
@@ -364,8 +376,9 @@ async def _audit_change(
     drain: Mapping[str, Any] | None,
 ) -> None:
     """Record a drain (`drain` holds its kill_after_s) or an undrain (None) that succeeded, in
-    the audit trail of the node the operator asked (not of the coordinator it forwarded to)."""
-    if response.status != 200 or request.headers.get(FORWARDED_HEADER):
+    the audit trail of the node the operator asked and of the coordinator it forwarded to
+    (which records the operator its proof names, and the node that forwarded it)."""
+    if response.status != 200:
         return
     answer = json.loads(response.body) if isinstance(response.body, bytes) else {}
     entry_type = NODE_DRAIN if drain is not None else NODE_UNDRAIN

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from health import LoopHealth
@@ -18,6 +18,7 @@ from node.access import FORWARDED_HEADER
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.errors import LockError
 from node.identity.peers import peer_tls
+from node.locks.quarantines import quarantine_map
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
     LockAnswer,
@@ -102,7 +103,8 @@ class LockService:
         self._ticker: asyncio.Task[None] | None = None
         self.loop_health = LoopHealth("locks")
         self.drain_listeners: list[Callable[[], None]] = []
-        """Called when the coordinator's drained nodes may have changed (read or written)."""
+        """Called when the coordinator's drained or quarantined nodes may have changed (read or
+        written)."""
 
     # lifecycle
 
@@ -173,6 +175,13 @@ class LockService:
             return None
         return drain_map(self.table)
 
+    def quarantines_for(self, term: int) -> dict[str, str] | None:
+        """The quarantined nodes (node id -> reason) of the table this node serves as the
+        coordinator of `term`; None until it has read the table of that term from a majority."""
+        if self._office_term != term:
+            return None
+        return quarantine_map(self.table)
+
     def _drains_changed(self) -> None:
         for listener in list(self.drain_listeners):
             try:
@@ -193,7 +202,7 @@ class LockService:
                     self._office_term = None  # re-read the majority before serving again
                     raise
                 self.table = changed
-                if changed.drains != table.drains:
+                if changed.drains != table.drains or changed.quarantines != table.quarantines:
                     self._drains_changed()
                 for step in run_steps(table.runs, changed.runs):
                     await record_audit(self.runtime.wal, RUN_STEP, step, self.runtime.node_id)
@@ -263,11 +272,20 @@ class LockService:
     # forwarding to the coordinator
 
     async def call_coordinator(
-        self, method: str, path: str, body: Any, *, forwarded: bool
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        *,
+        forwarded: bool,
+        raw: bytes | None = None,
+        proof: Mapping[str, str] | None = None,
     ) -> tuple[int, Any] | None:
         """None when this node is the coordinator and serves the call itself; otherwise the
-        coordinator's (status, JSON answer) to `method path` with `body`. A call `forwarded`
-        here already is not forwarded again: LockError 503 `not_coordinator` (retry)."""
+        coordinator's (status, JSON answer) to `method path` with `body` (or the bytes `raw`
+        of the request forwarded, with the headers `proof` of node.forwarding, so the
+        coordinator acts as the operator who asked). A call `forwarded` here already is not
+        forwarded again: LockError 503 `not_coordinator` (retry)."""
         if self.is_coordinator():
             return None
         coordinator = self.runtime.coordinator
@@ -277,12 +295,20 @@ class LockService:
         url = self.url_of(coordinator)
         if url is None or self._peers is None:
             raise LockError(503, "coordinator_unknown", f"coordinator {coordinator} not in view")
-        headers = {FORWARDED_HEADER: self.runtime.node_id}
+        headers = {FORWARDED_HEADER: self.runtime.node_id, **(proof or {})}
         wait_s = self.runtime.settings.timeouts.http_request_s + MAX_WAIT_S
         try:
-            return await self._peers.call_json(
-                method, url, path, body, headers=headers, timeout_s=wait_s
+            if raw is None:
+                return await self._peers.call_json(
+                    method, url, path, body, headers=headers, timeout_s=wait_s
+                )
+            headers["Content-Type"] = "application/json"
+            answer = await self._peers.request(
+                method, url, path, data=raw, headers=headers, timeout_s=wait_s, check=False
             )
+            return answer.status, answer.json() if answer.body else None
+        except ValueError as exc:
+            raise LockError(503, "coordinator_unreachable", f"{coordinator}: not JSON") from exc
         except PeerRequestError as exc:
             raise LockError(503, "coordinator_unreachable", f"{coordinator}: {exc.reason}") from exc
 

@@ -6,25 +6,35 @@ starts, stops or changes anything on the node.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import time
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs
 
 from aiohttp import web
 
 from config.declare import Caller, Param, Refusal, route
+from node.limits import (
+    LOGIN_MAX_BYTES,
+    LOGIN_READ_S,
+    MAX_LOGINS,
+    BodyRefused,
+    read_small_body,
+    refused_answer,
+)
 from node.security import bad_request
 from node.ui.access import (
     ASSETS_PREFIX,
-    COOKIE_NAME,
     EVENTS_PATH,
     LOGIN_PATH,
     SESSION_S,
     UI_PREFIX,
     UiAccess,
     certificate_reader,
+    cookie_name,
 )
 from node.ui.events import EventHub
 
@@ -35,7 +45,7 @@ NODE_REFUSED = Refusal(403, "forbidden", "a node's certificate (the dashboard is
 ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 HTML = "text/html"
 FORM = "application/x-www-form-urlencoded"
-MAX_TOKEN_CHARS = 4096
+MAX_TOKEN_CHARS = 1024
 
 MESSAGES = {
     "": "",
@@ -76,6 +86,7 @@ class DashboardRoutes:
         self._assets = load_assets()
         self._index = _page("index.html").encode()
         self._login = _page("login.html")
+        self._logins = asyncio.Semaphore(MAX_LOGINS)
 
     @route(
         "GET",
@@ -173,18 +184,29 @@ class DashboardRoutes:
         errors=[
             Refusal(400, "bad_request", "not a form, or no token in it"),
             Refusal(401, "unauthorized", "wrong token or no ui_token_file"),
+            Refusal(408, "body_timeout", "the body did not arrive within LOGIN_READ_S"),
+            Refusal(413, "too_large", "a body over LOGIN_MAX_BYTES"),
+            Refusal(415, "unsupported_encoding", "a Content-Encoding"),
+            Refusal(503, "busy", "MAX_LOGINS logins are being read: retry"),
         ],
         body=PAGE,
         body_types=(FORM,),
     )
-    async def _handle_login(self, request: web.Request) -> web.Response:
+    async def _handle_login(self, request: web.Request) -> web.StreamResponse:
         """Exchange the read token (form field `token`) for an HttpOnly, SameSite=Strict session
-        cookie"""
+        cookie named for the port (a plain form of at most 4 KiB, no Content-Encoding)"""
         if request.content_type != FORM:
             raise bad_request(f"the login takes a form ({FORM}) with the field token")
-        form = await request.post()
-        given = form.get("token")
-        if not isinstance(given, str) or not given or len(given) > MAX_TOKEN_CHARS:
+        try:
+            body = await read_small_body(request, self._logins, LOGIN_MAX_BYTES, LOGIN_READ_S)
+        except BodyRefused as exc:
+            return await refused_answer(request, exc)
+        try:
+            form = parse_qs(body.decode("ascii"), keep_blank_values=True, max_num_fields=8)
+        except (UnicodeDecodeError, ValueError):
+            form = {}
+        given = (form.get("token") or [""])[0]
+        if not given or len(given) > MAX_TOKEN_CHARS:
             raise bad_request(
                 f"form field token: the node's read token (1 to {MAX_TOKEN_CHARS} characters)",
                 param="token",
@@ -196,9 +218,10 @@ class DashboardRoutes:
         if not self.access.token_matches(given):
             return self._login_page("wrong", 401)
         response = web.HTTPSeeOther(UI_PREFIX)
+        name = cookie_name(request)
         response.set_cookie(
-            COOKIE_NAME,
-            self.access.session_cookie(time.time()),
+            name,
+            self.access.session_cookie(time.time(), name),
             max_age=int(SESSION_S),
             path="/",
             httponly=True,

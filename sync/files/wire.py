@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from config.declare import Refusal, unset
-from sync.files.catalog import FILE_CATEGORIES
+from sync.files.catalog import CHECKPOINTS, FILE_CATEGORIES
 
 PREFIX = "/v1/sync"
 HEX64 = r"^[0-9a-f]{64}$"
@@ -51,8 +51,9 @@ class PullBody(BaseModel):
 CATEGORY = (
     "category",
     "path",
-    "File category: models, training or configs",
-    {"type": "string", "enum": list(FILE_CATEGORIES)},
+    "File category: models, training, configs, or checkpoints (served to peers that copy or "
+    "restore a committed step; never synced by category)",
+    {"type": "string", "enum": [*FILE_CATEGORIES, CHECKPOINTS]},
 )
 FILE_PATH = (
     "path",
