@@ -25,9 +25,9 @@ from node.checkpoints.wire import (
     CheckpointsView,
     LogAnswer,
     NewsBody,
-    RestoreRecorded,
     RestoredBody,
     RestorePlan,
+    RestoreRecorded,
     RestoreStepBody,
     WrittenBody,
 )

@@ -26,12 +26,12 @@ from node.checkpoints.wire import (
     HeldCopy,
     LogAnswer,
     NewsBody,
-    RestoreRecorded,
     ReportedFile,
     ReportedRank,
     RestoredBody,
     RestoreNews,
     RestorePlan,
+    RestoreRecorded,
     WrittenBody,
 )
 from node.errors import AnsweredError, CheckpointsError
