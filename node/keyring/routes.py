@@ -35,6 +35,7 @@ from node.keyring.wire import (
     InstallBody,
     KeyIdBody,
     LocalAnswer,
+    summarize,
 )
 from node.membership.keyring import (
     GossipKeys,
@@ -117,19 +118,6 @@ def _change(
         body=body,
         answer=LocalAnswer if local else ChangeAnswer,
     )
-
-
-def summarize(members: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every key id the members hold: how many hold it, which members seal with it."""
-    ids = sorted({kid for state in members.values() for kid in state["keys"]})
-    return [
-        {
-            "id": kid,
-            "members": sum(1 for state in members.values() if kid in state["keys"]),
-            "in_use_by": sorted(n for n, state in members.items() if state["primary"] == kid),
-        }
-        for kid in ids
-    ]
 
 
 class KeyringRoutes:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -93,3 +93,16 @@ class ChangeAnswer(WireRecord):
     coordinator: str
     acked: list[str]
     failed: Failed
+
+
+def summarize(members: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every key id the members hold: how many hold it, which members seal with it."""
+    ids = sorted({kid for state in members.values() for kid in state["keys"]})
+    return [
+        {
+            "id": kid,
+            "members": sum(1 for state in members.values() if kid in state["keys"]),
+            "in_use_by": sorted(n for n, state in members.items() if state["primary"] == kid),
+        }
+        for kid in ids
+    ]
