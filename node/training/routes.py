@@ -134,7 +134,7 @@ class TrainingRoutes:
     @route(
         "POST",
         RESTART_PATH,
-        callers=[Caller.PEER],
+        callers=[Caller.PEER, Caller.OPERATOR],
         answers=((200, "accepted, or stale"),),
         errors=[BAD_BODY, Refusal(503, "unavailable", "this node does not coordinate")],
         body=RestartBody,
@@ -142,7 +142,7 @@ class TrainingRoutes:
     )
     async def post_restart(self, request: web.Request) -> web.Response:
         """Ask the coordinator to restart the training group of a generation (a worker exited
-        on the asking node)"""
+        on the asking node, or an operator asks)"""
         try:
             body = parse_body(RestartBody, await request.read())
         except BodyError as exc:
