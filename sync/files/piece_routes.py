@@ -20,7 +20,8 @@ from sync.files.download import HASH_HEADER, RateLimiter
 from sync.files.errors import FileSyncError, PathRefusedError, UnknownCategoryError
 from sync.files.manifest import ManifestEntry
 from sync.files.pieces import PieceBook, PieceMap
-from sync.files.routes import _FileSlice, _path_param
+from sync.files.routes import _path_param
+from sync.files.sending import FileSlice
 from sync.guards import open_inside
 
 __all__ = ["PIECE_HEADER", "piece_route_docs", "piece_routes"]
@@ -148,7 +149,7 @@ class _PieceHandlers:
         counted = functools.partial(self._book.count_served, category)
         self._book.uploads += 1
         try:
-            response = _FileSlice(fd, offset, length, 200, headers, self._limiter, counted)
+            response = FileSlice(fd, offset, length, 200, headers, self._limiter, counted)
             await response.prepare(request)
         finally:
             self._book.uploads -= 1

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from sync.files.errors import (
 )
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import StatKey
+from sync.files.sending import FileSlice
 from sync.files.tombstones import tombstone_etag
 from sync.guards import check_raw_query_value, open_inside, validate_rel_path
 from sync.transports.protocol import PeerRef, TransferResult
@@ -45,8 +45,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PAGE_LIMIT = 10_000
 MAX_PAGE_LIMIT = 50_000
-SENDFILE_FALLBACK_CHUNK = 1 << 20
-LIMITED_SEND_BYTES = 256 << 10
 BATCH_READ_FILES = 64
 BATCH_READ_BYTES = 4 << 20
 """Files read in one worker-thread call while serving a batch: at most this many, or bytes."""
@@ -105,76 +103,6 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     if start >= size or end <= start:
         raise ValueError(f"Range {header!r} outside a file of {size} bytes")
     return start, end
-
-
-class _FileSlice(web.StreamResponse):
-    """Sends `count` bytes of an open file from `offset` with sendfile; owns and closes `fd`."""
-
-    def __init__(
-        self,
-        fd: int,
-        offset: int,
-        count: int,
-        status: int,
-        headers: dict[str, str],
-        limiter: RateLimiter | None = None,
-        on_sent: Callable[[int], None] | None = None,
-    ):
-        super().__init__(status=status, headers=headers)
-        self._limiter = limiter
-        self._on_sent = on_sent
-        self.content_length = count
-        self._fd = fd
-        self._offset = offset
-        self._count = count
-        self._close_fd = weakref.finalize(self, os.close, fd)
-
-    async def prepare(self, request: web.BaseRequest) -> Any:
-        if self.prepared:
-            return await super().prepare(request)
-        try:
-            writer = await super().prepare(request)
-            if self._count and request.method != "HEAD":
-                await self._send(request, writer)
-            await super().write_eof()
-            return writer
-        finally:
-            self._close_fd()
-
-    async def _send(self, request: web.BaseRequest, writer: Any) -> None:
-        transport = request.transport
-        if transport is None:
-            raise ConnectionResetError("connection lost")
-        loop = asyncio.get_running_loop()
-        offset, end = self._offset, self._offset + self._count
-        step = end - offset if self._limiter is None else LIMITED_SEND_BYTES
-        # over TLS there is no sendfile, and asyncio's own fallback reads 16 KiB per thread
-        # hop, about ten times slower than the 1 MiB reads below
-        if transport.get_extra_info("sslcontext") is None:
-            with os.fdopen(self._fd, "rb", buffering=0, closefd=False) as file:
-                try:
-                    while offset < end:
-                        count = min(step, end - offset)
-                        if self._limiter is not None:
-                            await self._limiter.take(count)
-                        await loop.sendfile(transport, file, offset, count)
-                        offset += count
-                        if self._on_sent is not None:
-                            self._on_sent(count)
-                    return
-                except NotImplementedError:
-                    pass
-        while offset < end:
-            size = min(SENDFILE_FALLBACK_CHUNK, end - offset)
-            if self._limiter is not None:
-                await self._limiter.take(size)
-            chunk = await asyncio.to_thread(os.pread, self._fd, size, offset)
-            if not chunk:
-                raise ConnectionResetError("file shrank while being sent")
-            await writer.write(chunk)
-            offset += len(chunk)
-            if self._on_sent is not None:
-                self._on_sent(len(chunk))
 
 
 def file_routes(
@@ -323,10 +251,10 @@ class _FileHandlers:
         headers = {**hashes, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
         sent = None if self._on_served is None else functools.partial(self._on_served, category)
         if span is None:
-            return _FileSlice(fd, 0, entry.size, 200, headers, self._limiter, sent)
+            return FileSlice(fd, 0, entry.size, 200, headers, self._limiter, sent)
         start, end = span
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
-        return _FileSlice(fd, start, end - start, 206, headers, self._limiter, sent)
+        return FileSlice(fd, start, end - start, 206, headers, self._limiter, sent)
 
     async def files(self, request: web.Request) -> web.StreamResponse:
         try:
