@@ -1,11 +1,12 @@
-"""The bytes of a file route's answer: a slice of an open file, sent with sendfile over plain
-HTTP, and over TLS in chunks read ahead in a worker thread while the loop encrypts the last.
-"""
+"""A slice of an open file sent as an HTTP answer (sendfile on plain sockets; over TLS, chunks
+read ahead in a worker thread while the loop encrypts the last), under an upload rate limit,
+and the single `bytes=` range a request may ask for."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -15,13 +16,31 @@ from aiohttp import web
 from sync.files.download import RateLimiter
 from sync.transports.partial import settle_all
 
-__all__ = ["LIMITED_SEND_BYTES", "TLS_CHUNK_BYTES", "FileSlice"]
-
 LIMITED_SEND_BYTES = 256 << 10
-"""A sendfile slice under an upload cap (each waits for its tokens)."""
+"""A sendfile slice or chunk under an upload cap (each waits for its tokens)."""
 TLS_CHUNK_BYTES = 1 << 20
 """A chunk read for TLS, which has no sendfile (asyncio's fallback reads 16 KiB per thread
 hop, ten times slower). The next chunk is read while this one is encrypted and sent."""
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)\Z")
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(start, end exclusive) of a single `bytes=` range, None for the whole file; ValueError
+    when it is malformed or unsatisfiable."""
+    if header is None:
+        return None
+    match = _RANGE.match(header.strip())
+    if match is None or (not match.group(1) and not match.group(2)):
+        raise ValueError(f"unsupported Range {header!r}")
+    first, last = match.group(1), match.group(2)
+    if not first:
+        start, end = max(0, size - int(last)), size
+    else:
+        start = int(first)
+        end = min(size, int(last) + 1) if last else size
+    if start >= size or end <= start:
+        raise ValueError(f"Range {header!r} outside a file of {size} bytes")
+    return start, end
 
 
 class FileSlice(web.StreamResponse):

@@ -1,4 +1,4 @@
-"""A file route's bytes (sync.files.sending.FileSlice): the same slice over plain HTTP
+"""A file route's bytes (sync.files.slices.FileSlice): the same slice over plain HTTP
 (sendfile) and over TLS (chunks read ahead in a worker thread), under an upload cap too; a file
 that shrinks while it is sent cuts the answer short; the descriptor is closed either way."""
 
@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from sync.files import sending
+from sync.files import slices
 from sync.files.download import RateLimiter
-from sync.files.sending import FileSlice
+from sync.files.slices import FileSlice
 from tests.node.tls_pki import Pki, make_pki
 
 BLOB = bytes(range(256)) * 41 + b"tail"  # 10,500 bytes, no two chunks alike
@@ -55,8 +55,8 @@ Serve = Callable[..., Awaitable[tuple[Served, str, ssl.SSLContext | bool]]]
 
 @pytest.fixture
 async def serve(tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Serve]:
-    monkeypatch.setattr(sending, "TLS_CHUNK_BYTES", 1_000)
-    monkeypatch.setattr(sending, "LIMITED_SEND_BYTES", 700)
+    monkeypatch.setattr(slices, "TLS_CHUNK_BYTES", 1_000)
+    monkeypatch.setattr(slices, "LIMITED_SEND_BYTES", 700)
     path = tmp_path / "blob.bin"
     path.write_bytes(BLOB)
     servers: list[TestServer] = []
