@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sync.errors import FileChangedError, FileTransferError
+from sync.errors import FileChangedError, FileSyncError, FileTransferError
 from sync.files.batch import HEADER, frame, hash_bytes
 from sync.files.manifest import ManifestEntry
 from sync.transports.batch_receiver import BatchReceiver
@@ -127,3 +127,10 @@ async def test_a_stream_that_breaks_the_framing_is_refused(
         body = HEADER.pack(1 << 20) + b"{}"
     with pytest.raises(FileTransferError, match=message):
         await _receive(tmp_path, entries, Pieces(body + _body(entries, data), [3] * 1000))
+
+
+async def test_a_header_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    entries, data = _files(1)
+    body = HEADER.pack(5) + b"nope!" + _body(entries, data)
+    with pytest.raises(FileSyncError, match="batch frame header is not JSON"):
+        await _receive(tmp_path, entries, Pieces(body, [2] * 1000))
