@@ -3,6 +3,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
+TEST_INSTALL := '.[test,torch,ray]'
+RUN_INSTALL := '.'
 
 .PHONY: test check sysdeps lint types pytest docs clean run
 
@@ -10,11 +13,21 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # Installer output goes to $(VENV)/install.log; a failure prints its tail.
+# $(STAMP): everything `make test` runs (the test tools, torch, ray); $(RUN_STAMP): what running a
+# node needs (shoal and its dependencies only; no test tools, torch or ray), for `make run`.
 $(STAMP): pyproject.toml | $(PY)
-	@echo "shoal: installing shoal and its packages into $(VENV) (log: $(VENV)/install.log)"
-	@{ $(PY) -m pip install --upgrade pip && $(PY) -m pip install -e '.[test,torch,ray]'; } \
-		> $(VENV)/install.log 2>&1 || { tail -n 40 $(VENV)/install.log; exit 1; }
+	@$(call install,$(TEST_INSTALL),shoal and its test tools)
 	@touch $(STAMP)
+
+$(RUN_STAMP): pyproject.toml | $(PY)
+	@$(call install,$(RUN_INSTALL),shoal (what running a node needs))
+	@touch $(RUN_STAMP)
+
+define install
+echo "shoal: installing $(2) into $(VENV) (log: $(VENV)/install.log)"; \
+{ $(PY) -m pip install --upgrade pip && $(PY) -m pip install -e $(1); } \
+	> $(VENV)/install.log 2>&1 || { tail -n 40 $(VENV)/install.log; exit 1; }
+endef
 
 sysdeps:
 	@bash .ci/sysdeps.sh
@@ -39,7 +52,7 @@ docs: $(STAMP)
 test: sysdeps check docs pytest
 
 # Start one node with embedded defaults: SQLite and state in ./.shoal, API on 127.0.0.1:8770.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@port=$${SHOAL_P2P_PORT:-8770}; \
 	echo "shoal: a node at http://127.0.0.1:$$port with state in .shoal (Ctrl-C stops it)"; \
 	echo "  try, from another terminal:  .venv/bin/shoal status   .venv/bin/cluster_monitor"; \

@@ -1,9 +1,10 @@
 """The node daemon: start components in order, serve until told to stop, stop in reverse.
 
-Order: secrets -> WAL (recovery) -> health -> the served components (node.parts: record stores,
-sync, jobs, actors, locks, runs, weights, backup, audit, dashboard) -> HTTP -> membership ->
-election -> discovery -> auto-stop; then READY=1. Stop in reverse: auto-stop, discovery, election,
-membership, HTTP (the dashboard's event streams first), the served components, health, WAL.
+Order: a free port -> secrets -> WAL (recovery) -> health -> the served components (node.parts:
+record stores, sync, jobs, actors, locks, runs, weights, backup, audit, dashboard) -> HTTP ->
+membership -> election -> discovery -> auto-stop; then READY=1. Stop in reverse: auto-stop,
+discovery, election, membership, HTTP (the dashboard's event streams first), the served
+components, health, WAL.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from node.identity import (
     CrlSpread,
     open_tls,
 )
-from node.identity.api import api_identity, api_site
+from node.identity.component import api_identity, api_site
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
 from node.membership.checks import membership_check
@@ -78,7 +79,7 @@ from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy, node_bound
-from node.startup import prepare_data_dir
+from node.startup import check_port_free, prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
 from wal import WalConfig, WriteAheadLog
@@ -144,6 +145,7 @@ class NodeDaemon:
         await self.close()
 
     async def _start(self) -> None:
+        check_port_free(self.settings.bind, self.settings.port)  # before any store or log line
         runtime, inventory, secrets = self._resolve()
         settings = runtime.settings
         self._notifier.status("opening the WAL")
@@ -322,7 +324,6 @@ class NodeDaemon:
         if crl is not None:
             self.crl_spread = crl
             self._stack.push_async_callback(crl.close)
-        if crl is not None:
             self.components = (*self.components, Served(crl))
         app = build_app(
             runtime,

@@ -1,11 +1,13 @@
-"""Start-up: the data dir must exist, be a directory and take a durable write; and the table
-turning what stops a start (OSError, sqlite3, WAL and record store errors) into a StartupError."""
+"""Start-up: the API's port must be free, the data dir must exist, be a directory and take a
+durable write; and the table turning what stops a start (OSError, sqlite3, WAL and record store
+errors) into a StartupError."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -13,10 +15,46 @@ from node.errors import MembershipError, StartupError
 from sync import StoreFullError, StoreLockedError, StoreWriteError, free_bytes, is_disk_full
 from wal import WalError
 
-__all__ = ["data_dir_error", "prepare_data_dir", "startup_error"]
+__all__ = ["check_port_free", "data_dir_error", "prepare_data_dir", "startup_error"]
 
 PROBE_BYTES = 64 * 1024
 """What the probe writes: a data dir without room for this cannot hold a WAL page either."""
+
+
+def check_port_free(bind: str, port: int) -> None:
+    """Raise StartupError (one line: the address, why, what to do) when `bind`:`port` cannot
+    take the API's TCP listener or membership's UDP socket; nothing is opened before this, so a
+    busy port stops the start with no store, WAL or log line. Port 0 (any free port) passes.
+    The listeners are bound again later: a port taken in between is still reported then."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return  # an unresolvable address: the listener's own bind says so
+    for family, _, _, _, address in infos:
+        for kind, name in ((socket.SOCK_STREAM, "the API (TCP)"), (socket.SOCK_DGRAM, "UDP")):
+            try:
+                with socket.socket(family, kind) as probe:
+                    if kind == socket.SOCK_STREAM:  # as asyncio's listener binds it
+                        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                        if family == socket.AF_INET6:
+                            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    probe.bind(address)
+            except OSError as exc:
+                raise _port_error(exc, bind, port, name) from exc
+
+
+def _port_error(exc: OSError, bind: str, port: int, name: str) -> StartupError:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    if name == "UDP":
+        return StartupError(
+            f"cannot bind membership UDP on {bind}:{port}: {why}; membership uses UDP on the "
+            "API's port number: stop what holds that UDP port or choose another --port"
+        )
+    return StartupError(
+        f"cannot listen on {bind}:{port}: {why}; is another shoal running? choose another --port"
+    )
 
 
 def prepare_data_dir(data_dir: Path) -> None:

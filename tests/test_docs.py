@@ -1,16 +1,21 @@
 """The documentation stays true to the code: the README's links lead to files, the HTTP API page
 lists exactly the routes of the live OpenAPI document, the Layout page lists exactly the package
-folders, and the mkdocs nav lists every page (`make docs` builds the site with --strict)."""
+folders and node/'s floors, the Design page's layers are the packages', and the mkdocs nav lists
+every page (`make docs` builds the site with --strict)."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import yaml
+
+from tests.test_floors import FLOORS
+from tests.test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -72,6 +77,51 @@ def test_the_layout_page_lists_every_package_folder_and_only_those() -> None:
     for folder in sorted(listed):
         assert (ROOT / folder).is_dir(), f"docs/layout.md lists {folder}, which does not exist"
         assert (ROOT / folder / "__init__.py").is_file(), f"{folder} is not a package"
+
+
+def _pyproject_packages() -> tuple[str, ...]:
+    """The top-level packages pyproject.toml ships (`include = ["config*", ...]`)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    return tuple(pattern.rstrip("*") for pattern in patterns)
+
+
+def test_the_packages_are_the_layers_and_the_public_package() -> None:
+    """PACKAGES here, the layers of tests/test_layers.py and pyproject.toml's packages agree."""
+    assert _pyproject_packages() == PACKAGES
+    assert (*LAYERS, "shoal") == PACKAGES
+
+
+def layout_floors(page: str) -> list[set[str]]:
+    """The floors of the Layout page's numbered list, bottom to top: the backticked names of
+    each item, outside parentheses, without a trailing `/`."""
+    section = page.split("Bottom to top", 1)[1].split("\n\n", 2)[1]
+    items = re.split(r"^\d+\. ", section, flags=re.M)[1:]
+    return [
+        {name.rstrip("/") for name in re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", item))}
+        for item in items
+    ]
+
+
+def test_the_layout_page_lists_node_floors_as_the_floor_test_does() -> None:
+    floors = layout_floors((DOCS / "layout.md").read_text(encoding="utf-8"))
+    assert floors == [set(floor) for floor in FLOORS], (
+        "docs/layout.md's floors differ from tests/test_floors.py FLOORS"
+    )
+
+
+def test_the_floor_list_parser_sees_a_missing_floor() -> None:
+    page = "Bottom to top:\n\n1. `errors`, `plan` (the plan, `x`)\n2. `cli/`\n\nNames ..."
+    assert layout_floors(page) == [{"errors", "plan"}, {"cli"}]
+
+
+def test_the_design_page_draws_the_layers() -> None:
+    page = (DOCS / "design.md").read_text(encoding="utf-8")
+    chart = page.split("## Layers", 1)[1].split("```mermaid", 1)[1].split("```", 1)[0]
+    drawn = re.search(r"^\s*(\w+(?:\s*-->\s*\w+)+)\s*$", chart, re.M)
+    assert drawn is not None, "docs/design.md's Layers section has no chart"
+    assert tuple(re.split(r"\s*-->\s*", drawn.group(1).strip())) == tuple(LAYERS)
+    assert "`shoal`" in page.split("## Layers", 1)[1].split("## ", 1)[0]
 
 
 async def test_the_http_api_page_is_generated_from_the_live_document() -> None:

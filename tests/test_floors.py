@@ -110,3 +110,10 @@ def test_the_floor_check_sees_a_climbing_import(tmp_path: Path) -> None:
     [(line, imported)] = _imports(module)
     assert (line, imported) == (1, "node.daemon")
     assert FLOOR_OF[_unit(imported) or ""] > FLOOR_OF["plan"]
+
+
+def test_node_modules_follow_the_package_convention() -> None:
+    """A node/ package names its modules by role (`routes.py`, `service.py`, `component.py`,
+    `client.py`: docs/layout.md); a vague `api.py` says none of them."""
+    vague = sorted(str(path.relative_to(ROOT)) for path in NODE.rglob("api.py"))
+    assert not vague, f"name these by their role (routes, service, component, client): {vague}"

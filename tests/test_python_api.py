@@ -4,9 +4,7 @@ real daemons on loopback, real SQLite files, real breakers."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
-import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -372,36 +370,3 @@ async def test_cluster_monitor_status_and_watch(source: NodeDaemon) -> None:
         print(f"two watch updates 0.2 s apart took {waited:.2f} s")
         assert seen[1] > seen[0]
         assert waited >= 0.2
-
-
-# -- the reference page ---------------------------------------------------------------------
-
-
-def _resolve(dotted: str) -> None:
-    """Import the longest module prefix of `dotted`; the next part must be in its `__all__`
-    and any further parts attributes of that name."""
-    parts = dotted.split(".")
-    for split in range(len(parts) - 1, 0, -1):
-        try:
-            module = importlib.import_module(".".join(parts[:split]))
-        except ModuleNotFoundError:
-            continue
-        name, *attributes = parts[split:]
-        assert name in module.__all__, f"docs/python-api.md names {dotted}: {name} not exported"
-        target = getattr(module, name)
-        for attribute in attributes:
-            assert hasattr(target, attribute), f"docs/python-api.md names {dotted}: no {attribute}"
-            target = getattr(target, attribute)
-        return
-    raise AssertionError(f"docs/python-api.md names {dotted}, which is no importable package")
-
-
-def test_python_api_page_names_exist() -> None:
-    """Every name in the first column of docs/python-api.md is exported by its package."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text(
-        encoding="utf-8"
-    )
-    named = re.findall(r"^\| `((?:config|wal|health|sync|node)\.[A-Za-z_.]+)` \|", page, re.M)
-    assert len(named) >= 40
-    for dotted in named:
-        _resolve(dotted)

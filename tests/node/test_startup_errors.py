@@ -16,7 +16,7 @@ import pytest
 
 from config import NodeSettings
 from node.errors import StartupError
-from node.startup import prepare_data_dir
+from node.startup import check_port_free, prepare_data_dir
 from sync import RecordStores
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +116,20 @@ def fill_up(filler: Path) -> None:
             pass
 
 
+def assert_nothing_opened(result: subprocess.CompletedProcess[str], data_dir: Path) -> None:
+    """A busy port is found first: at most 3 lines on stderr, every one the error (no log
+    line), and no WAL, record store or database in the data dir."""
+    lines = result.stderr.splitlines()
+    assert len(lines) <= 3, result.stderr
+    assert all(line.startswith("shoal: error:") for line in lines), result.stderr
+    opened = [
+        path.name
+        for path in data_dir.rglob("*")
+        if path.name == "wal" or ".db" in path.name or ".sqlite" in path.name
+    ]
+    assert opened == [], f"opened before the port was checked: {opened}"
+
+
 def test_tcp_port_in_use(tmp_path: Path) -> None:
     port = free_port()
     with socket.socket() as holder:
@@ -123,6 +137,7 @@ def test_tcp_port_in_use(tmp_path: Path) -> None:
         holder.listen()
         result = serve(tmp_path / "data", port)
     assert_one_line(result, f"cannot listen on 127.0.0.1:{port}: Address already in use", "--port")
+    assert_nothing_opened(result, tmp_path / "data")
 
 
 def test_udp_membership_port_in_use(tmp_path: Path) -> None:
@@ -131,6 +146,29 @@ def test_udp_membership_port_in_use(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", port))
         result = serve(tmp_path / "data", port)
     assert_one_line(result, f"membership UDP on 127.0.0.1:{port}", "UDP port", "--port")
+    assert_nothing_opened(result, tmp_path / "data")
+
+
+def test_a_port_in_time_wait_is_free(tmp_path: Path) -> None:
+    """The probe binds as the listener does (SO_REUSEADDR): a port whose last connection is in
+    TIME_WAIT, as after a quick restart, is not reported busy."""
+    port = free_port()
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+            client.recv(1)
+    check_port_free("127.0.0.1", port)
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", 0)
 
 
 def test_data_dir_that_is_a_file(tmp_path: Path) -> None:
