@@ -111,9 +111,10 @@ TABLE_PREVIOUS = (
 TABLE = (
     TABLE_PREVIOUS[:-1] + ', "drains": {"n3": {"kill_after_s": null, "by": "op"}}, '
     '"quarantines": {"n2": {"reason": "gpu_fault: Xid 79 on GPU-0", "since": 1764000005.0, '
-    '"active": true, "times": [1764000005.0], "held": false}}}'
+    '"active": true, "times": [1764000005.0], "held": false}}, '
+    '"checkpoints": {"committed": [], "restores": {}}}'
 )
-"""This release's: the drained nodes (`shoal node drain`) and GPU quarantines too."""
+"""This release's: the drained nodes (`shoal node drain`), GPU quarantines and checkpoints too."""
 OFFER = (
     '{"run": "r1", "version": 3, "params": [{"name": "w", "shape": [2, 3], "dtype": "float32", '
     '"nbytes": 24}], "total_bytes": 24, "deadline_s": 30.0, "sent_at": 1764000000.5, '
@@ -159,7 +160,7 @@ CASES: list[tuple[type[BaseModel], str]] = [
     (RunRecord, DONE_RUN),
     (RunRecord, CANCELLED_RUN),
     (RunList, f'{{"runs": [{QUEUED_RUN}, {DONE_RUN}]}}'),
-    (LockView, '{"coordinator": "n1", ' + TABLE[1:]),
+    (LockView, '{"coordinator": "n1", ' + TABLE[1 : TABLE.index(', "checkpoints"')] + "}"),
     (Promise, f'{{"promised": 4, "table": {TABLE}}}'),
     (Released, '{"name": "a", "holder": "h", "released": true}'),
     (Stored, '{"stored": [3, 17]}'),
@@ -187,8 +188,10 @@ def test_lock_tables_and_answers_read_and_write_the_same_bytes() -> None:
     previous = LockTable.from_dict(json.loads(TABLE_PREVIOUS))
     assert previous.drains == {}, "a table of the previous release drains nobody"
     assert previous.quarantines == {}, "nor quarantines anybody"
+    assert previous.checkpoints.newest is None, "nor has committed a checkpoint"
     assert json.dumps(previous.to_dict()) == (
-        TABLE_PREVIOUS[:-1] + ', "drains": {}, "quarantines": {}}'
+        TABLE_PREVIOUS[:-1]
+        + ', "drains": {}, "quarantines": {}, "checkpoints": {"committed": [], "restores": {}}}'
     )
     table = LockTable.from_dict(json.loads(TABLE))
     assert table.drains == {"n3": {"kill_after_s": None, "by": "op"}}
