@@ -153,9 +153,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     quarantine = _gpu_quarantine(runtime, locks.service, election)
     training = TrainingComponent(runtime, election, secret)
     training.drain = lambda node, why: locks.nodes.drain(node, None, why)
-    stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
-    results = open_results_store(runtime.settings)
-    runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
+    runs = _run_api(inputs, locks.service)
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
@@ -166,6 +164,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         backlog,
         locks.service,
         secret,
+        training=training,
     )
     dashboard = Dashboard(UiAccess(inputs.secrets.ui_token, api_open=secret is None), sources)
     components: tuple[Component, ...] = (
@@ -187,6 +186,13 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         dashboard,
     )
     return ServedParts(components, sync, jobs, locks.service, dashboard, training)
+
+
+def _run_api(inputs: PartsInputs, locks: LockService) -> RunApi:
+    """The run queue's routes over the lock table, with the inventory's stacks."""
+    stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
+    results = open_results_store(inputs.runtime.settings)
+    return RunApi(RunService(locks, results, stacks, starter=inputs.run_nodes))
 
 
 def _gpu_quarantine(

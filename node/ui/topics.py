@@ -26,6 +26,7 @@ from node.routes import status_document
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
 from node.ui.peers import Applied, Known, Peer, PeerClient, PeerFanout, ask_status, ask_weights
+from node.ui.training import TrainingSource, training_topics
 
 MAX_JOBS_SHOWN = 200
 """The newest jobs the `jobs` topic lists (the page filters among them)."""
@@ -47,6 +48,8 @@ class UiSources:
     locks: LockService | None = None
     secret: bytes | None = None
     """The cluster secret: the dashboard's GETs to other members are signed with it."""
+    training: TrainingSource | None = None
+    """The training group's progress and history (node.training)."""
 
 
 class ClusterPeers:
@@ -326,6 +329,7 @@ def topic_functions(sources: UiSources, peers: ClusterPeers | None = None) -> di
     topics = {name: _bind(maker, sources) for name, maker in makers.items()}
     topics["members"] = lambda: members_topic(sources, peers)
     topics["rl"] = lambda: rl_topic(sources, peers)
+    topics.update(training_topics(sources.training))
     return topics
 
 
