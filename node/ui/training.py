@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from node.locks.table import Quarantine
 from node.training.models import MAX_SCALARS, GpuHistory, RankHistory, TrainingView
 from node.training.progress import HISTORY_S, SAMPLE_S
 from node.ui.events import Window, WindowFn
@@ -27,6 +28,8 @@ DIGITS = 4
 """Significant digits of a plotted value (a sparkline is a few dozen pixels high)."""
 MAX_RANKS = 1024
 MAX_GPUS_PER_NODE = 64
+MAX_QUARANTINES = 256
+"""Quarantine rows the page lists (the plan's first, then the table's re-admitted ones)."""
 
 Json = dict[str, Any]
 
@@ -45,8 +48,56 @@ def _short(value: float | None) -> float | None:
     return float(f"{value:.{DIGITS}g}")
 
 
-def now_document(view: TrainingView) -> Json:
-    """The `training` topic: what the page shows beside each plot and marks on it."""
+def quarantine_rows(
+    quarantined: Mapping[str, str], records: Mapping[str, Quarantine]
+) -> list[Json]:
+    """The GPU quarantine as the page lists it: every node the plan quarantines (`reason` as
+    the plan says it), then those re-admitted within the limit's window, from the lock table as
+    this node last held it (`since`, `times` quarantined within the window, `held`: out until
+    an undrain). `state`: quarantined, held or readmitted."""
+    rows = []
+    for node in sorted(set(quarantined) | set(records)):
+        record = records.get(node)
+        active = node in quarantined
+        held = bool(record is not None and record.held and active)
+        rows.append(
+            {
+                "node": node,
+                "state": "held" if held else "quarantined" if active else "readmitted",
+                "reason": quarantined.get(node) or (record.reason if record else ""),
+                "since": None if record is None else round(record.since, 1),
+                "times": 0 if record is None else len(record.times),
+                "held": held,
+            }
+        )
+    rows.sort(key=lambda row: (row["state"] == "readmitted", row["node"]))
+    return rows[:MAX_QUARANTINES]
+
+
+def node_rows(view: TrainingView) -> list[Json]:
+    """One row per training node: its ranks, its lowest and highest step, its summed rate,
+    whether its part was read in time and its stragglers."""
+    rows: dict[str, Json] = {
+        node: {"node": node, "reachable": part.reachable} for node, part in view.nodes.items()
+    }
+    rows.update({node: {"node": node, "reachable": False} for node in view.missing})
+    for rank in view.ranks:
+        row = rows.setdefault(rank.node, {"node": rank.node, "reachable": True})
+        row.setdefault("ranks", []).append(rank.rank)
+        row["step_min"] = min(row.get("step_min", rank.step), rank.step)
+        row["step_max"] = max(row.get("step_max", rank.step), rank.step)
+        row["steps_per_s"] = row.get("steps_per_s", 0.0) + rank.steps_per_s
+        if rank.straggler:
+            row.setdefault("stragglers", []).append(rank.rank)
+    for row in rows.values():
+        if "steps_per_s" in row:
+            row["steps_per_s"] = _short(row["steps_per_s"])
+    return [rows[node] for node in sorted(rows)][:MAX_RANKS]
+
+
+def now_document(view: TrainingView, quarantine: list[Json] | None = None) -> Json:
+    """The `training` topic: what the page shows beside each plot and marks on it, every
+    node's summary, and the GPU quarantine."""
     return {
         "answered_by": view.answered_by,
         "coordinator": view.coordinator,
@@ -72,6 +123,8 @@ def now_document(view: TrainingView) -> Json:
         ],
         "restarts": [restart.to_json() for restart in view.restarts],
         "stragglers": [event.to_json() for event in view.stragglers],
+        "nodes": node_rows(view),
+        "quarantine": quarantine or [],
     }
 
 
@@ -182,12 +235,16 @@ async def group_view(source: TrainingSource, history: bool) -> TrainingView:
     return await source.coordinator_view(history)
 
 
-def training_topics(source: TrainingSource | None) -> dict[str, Callable[[], Any]]:
+def training_topics(
+    source: TrainingSource | None, quarantine: Callable[[], list[Json]] = list
+) -> dict[str, Callable[[], Any]]:
     """The `training` topic over `source` (None: a daemon without training: an empty
-    document)."""
+    document), with the GPU quarantine's rows (`quarantine()`, quarantine_rows)."""
 
     async def training() -> Json:
-        return {} if source is None else now_document(await group_view(source, False))
+        if source is None:
+            return {}
+        return now_document(await group_view(source, False), quarantine())
 
     return {"training": training}
 

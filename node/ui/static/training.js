@@ -181,12 +181,56 @@ function banners(now) {
   return out;
 }
 
+const MAX_SCALAR_COLUMNS = 3;
+/* The ranks table shows this many scalars (loss first); the plots show every one. */
+
+function scalarNames(now) {
+  const names = new Set();
+  for (const r of now.ranks || []) for (const n of Object.keys(r.scalars || {})) names.add(n);
+  return [...names].sort((a, b) => (a === "loss" ? -1 : b === "loss" ? 1 : a.localeCompare(b))).slice(0, MAX_SCALAR_COLUMNS);
+}
+
+function nodesTable(now) {
+  const rows = (now.nodes || []).map((n) => ({
+    node: n.node,
+    cells: [n.node, n.reachable ? text((n.ranks || []).length) : badge("missing"),
+      n.step_min === undefined ? "–" : (n.step_min === n.step_max ? String(n.step_max) : `${n.step_min}–${n.step_max}`),
+      fmt(n.steps_per_s ?? null), (n.stragglers || []).length ? `rank ${n.stragglers.join(", ")}` : "none"],
+  }));
+  if (!rows.length) return el("p", { class: "muted" }, "No training node in the plan.");
+  return table("Every training node: its ranks, their steps and summed steps per second", ["Node", "Ranks", "Step", "Steps/s", "Stragglers"],
+    rows, (row) => ({ "data-node": row.node }));
+}
+
+const shortGpu = (uuid) => (uuid.length > 16 ? `${uuid.slice(0, 12)}…${uuid.slice(-3)}` : uuid);
+
+function ranksTable(now) {
+  const names = scalarNames(now);
+  const rows = (now.ranks || []).map((r) => ({
+    rank: r,
+    cells: [String(r.rank), r.node, r.gpu ? el("span", { title: r.gpu }, shortGpu(r.gpu)) : "–", el("span", { class: "num" }, String(r.step)), fmt(r.steps_per_s),
+      fmt(r.compute_s), ...names.map((n) => fmt((r.scalars || {})[n] ?? null)), `${text(r.last_advance_age_s)} s`,
+      r.straggler ? badge("straggler") : (now.hung ? badge("hung") : badge("advancing"))],
+  }));
+  if (!rows.length) return el("p", { class: "muted" }, "No rank reports.");
+  return table("Every rank of the group now", ["Rank", "Node", "GPU", "Step", "Steps/s", "Compute s", ...names, "Advanced", "State"], rows,
+    (row) => ({ "data-rank": String(row.rank.rank), "data-step": String(row.rank.step), "data-straggler": String(row.rank.straggler), class: row.rank.straggler ? "straggler" : null }));
+}
+
+function quarantineTable(now) {
+  const rows = (now.quarantine || []).map((q) => ({ q, cells: [q.node, badge(q.state), text(q.reason), q.since ? clock(q.since) : "–", String(q.times)] }));
+  if (!rows.length) return el("p", { class: "muted", id: "quarantine-none" }, "No node is quarantined for a GPU fault, and none was re-admitted in the last hour.");
+  return table("GPU quarantine: nodes kept out of training for a GPU fault, and those re-admitted within the hour",
+    ["Node", "State", "Reason", "Since", "Times (1 h)"], rows, (row) => ({ "data-quarantine": row.q.node, "data-state": row.q.state }));
+}
+
 export function renderTraining(data) {
   const now = data.training || {};
   const history = data.training_history;
   if (!history || now.generation === undefined) return [el("p", {}, "Loading the training group…")];
   const ctx = context(now, history);
   const stragglers = (now.ranks || []).filter((r) => r.straggler).map((r) => r.rank);
+  const quarantined = (now.quarantine || []).filter((q) => q.state !== "readmitted").map((q) => q.node);
   const recent = ctx.restarts.slice().reverse().map((r) => ({ cells: [clock(r.at), text(r.generation), badge(r.reason), text(r.detail)] }));
   const page = [
     ...banners(now),
@@ -194,12 +238,16 @@ export function renderTraining(data) {
       card("Generation", text(now.generation)), card("Ranks", `${(now.ranks || []).length} of ${text(now.world_size)}`),
       card("State", now.hung ? badge("hung") : badge((now.ranks || []).length ? "advancing" : "idle"), "training-state"),
       card("Stragglers", stragglers.length ? `rank ${stragglers.join(", ")}` : "none", "stragglers"),
-      card("Restarts (15 min)", String(ctx.restarts.length)), card("Coordinator", text(now.coordinator))),
+      card("Restarts (15 min)", String(ctx.restarts.length)), card("Coordinator", text(now.coordinator)),
+      card("GPU quarantine", quarantined.length ? quarantined.join(", ") : "none", "quarantined")),
+    el("h2", {}, "Nodes"), nodesTable(now),
+    el("h2", {}, "Ranks"), ranksTable(now),
     el("h2", {}, "Last 15 minutes"),
     el("div", { class: "axis-row" }, timeAxis(history.t0, history.bin_s, history.bins, ctx.restarts),
       el("p", { class: "muted" }, "Each plot spans this window; a dashed line is a restart (hover it for its reason). Hover a plot for its value then.")),
-    ctx.ranks.length ? seriesOf(history, now).map((s) => seriesSection(ctx, s)) : el("p", { class: "muted" }, "No rank has reported in the last 15 minutes."),
+    ...(ctx.ranks.length ? seriesOf(history, now).map((s) => seriesSection(ctx, s)) : [el("p", { class: "muted" }, "No rank has reported in the last 15 minutes.")]),
     ...gpuSection(ctx),
+    el("h2", {}, "GPU quarantine"), quarantineTable(now),
     el("h2", {}, "Restarts"),
     recent.length ? table("Restarts of the group in the last 15 minutes, newest first", ["At", "Generation", "Reason", "Detail"], recent)
       : el("p", { class: "muted" }, "No restart in the last 15 minutes."),

@@ -59,6 +59,8 @@ class FakeRanks:
     ranks: int
     gpus_file: Path
     slow: int | None = None
+    xids: tuple[int, ...] = ()
+    """The Xids GPU 0 reports from the next write of the readings (a GPU fault injected)."""
     seed: int = 7
     generation: int | None = None
     steps: int = 0
@@ -121,6 +123,7 @@ class FakeRanks:
             util = max(0.0, min(100.0, busy + 6 * math.sin(elapsed_s / 40 + rank) + rng.random()))
             memory = GPU_MEMORY_MB * (0.55 + 0.25 * min(1.0, elapsed_s / 200.0) + 0.01 * rank)
             gpus.append(fake_gpu(rank, util, memory))
+        gpus[0] = gpus[0].model_copy(update={"xids": self.xids})
         write_fake_gpus(self.gpus_file, gpus)
 
 

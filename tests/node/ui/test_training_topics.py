@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Any
 
+from node.locks.table import Quarantine
 from node.training.models import (
     MAX_SCALARS,
     GpuHistory,
@@ -25,6 +26,7 @@ from node.ui.training import (
     TAIL_BINS,
     history_document,
     now_document,
+    quarantine_rows,
     training_topics,
     training_windows,
     window_of,
@@ -86,6 +88,39 @@ def test_the_now_document_carries_what_the_page_marks_and_shows_beside_each_plot
     assert (first["straggler"], second["straggler"]) == (False, True)
     assert first["last_advance_age_s"] == 1, "whole seconds: the text changes once a second"
     assert document["restarts"][0]["reason"] == "hang"
+
+
+def test_the_now_document_sums_up_each_node_and_names_one_missing() -> None:
+    ranks = [rank(0, step=120), rank(1, step=118, straggler=True), rank(2, node="h2", step=121)]
+    nodes = now_document(view(ranks=ranks, missing=["h3"]))["nodes"]
+    assert [row["node"] for row in nodes] == ["gpu-host-1", "h2", "h3"]
+    first, second, third = nodes
+    assert (first["ranks"], first["step_min"], first["step_max"]) == ([0, 1], 118, 120)
+    assert first["steps_per_s"] == 7.975, "the node's ranks' rates summed"
+    assert first["stragglers"] == [1]
+    assert (second["ranks"], "stragglers" in second) == ([2], False)
+    assert (third["reachable"], "ranks" in third) == (False, False)
+
+
+def test_the_gpu_quarantine_lists_the_plans_nodes_then_the_readmitted() -> None:
+    records = {
+        "h1": Quarantine("gpu_fault: Xid 79 on GPU-1", NEWEST - 60, True, (NEWEST - 60,)),
+        "h2": Quarantine("gpu_fault: Xid 48 on GPU-2", NEWEST - 900, False, (NEWEST - 900,)),
+        "h4": Quarantine("gpu_fault: Xid 79 on GPU-4", NEWEST, True, (1.0, 2.0, 3.0), True),
+    }
+    plan = {"h1": "gpu_fault: Xid 79 on GPU-1", "h4": "held: undrain h4 to re-admit it"}
+    rows = quarantine_rows(plan, records)
+    assert [(r["node"], r["state"]) for r in rows] == [
+        ("h1", "quarantined"),
+        ("h4", "held"),
+        ("h2", "readmitted"),
+    ]
+    assert rows[0]["reason"] == "gpu_fault: Xid 79 on GPU-1"
+    assert (rows[1]["times"], rows[1]["held"], rows[1]["reason"]) == (3, True, plan["h4"])
+    assert rows[2]["since"] == NEWEST - 900
+    assert quarantine_rows({"h9": "gpu_fault: Xid 79"}, {})[0]["since"] is None, "plan only"
+    document = now_document(view(), rows)
+    assert document["quarantine"] == rows
 
 
 def test_history_lies_on_one_grid_of_15_minutes_ending_now() -> None:
