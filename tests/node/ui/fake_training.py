@@ -192,6 +192,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--restart-at-min", type=float, default=None)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/shoal-fake-training"))
+    parser.add_argument(
+        "--screenshot", type=Path, default=None, help="a PNG of the page at the end"
+    )
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     with training_daemon(args.dir, args.ranks) as (url, gpus_file):
@@ -207,7 +210,23 @@ def main() -> None:
                         "detail": "rank 3 exited with code 1"}  # fmt: skip
                 print(call(url, "/v1/training/restart", body), flush=True)
             time.sleep(1)
+        if args.screenshot is not None:
+            page_screenshot(f"{url}/ui/#training", args.screenshot)
         ranks.stop()
+
+
+def page_screenshot(url: str, path: Path, width: int = 1280) -> None:
+    """A PNG of the whole page at `url` once its plots are drawn (the docs' screenshot)."""
+    from tests.node.ui.browser import chromium, until
+
+    with chromium() as browser:
+        browser.get(url)
+        until(lambda: browser.execute_script("return document.querySelector('svg.plot');"), 30,
+              "the plots")  # fmt: skip
+        height = browser.execute_script("return document.documentElement.scrollHeight;")
+        browser.set_window_size(width, int(height) + 120)
+        time.sleep(1)
+        browser.save_screenshot(str(path))
 
 
 if __name__ == "__main__":
