@@ -18,7 +18,7 @@ from config.fields import Category, ListenPort, NodeId, Port, Role
 from config.gpus import GpuSelection, NprocSetting
 from config.sections import DEFAULT_DELETIONS as DEFAULT_DELETIONS
 from config.sections import DEFAULT_TOMBSTONE_TTL_S as DEFAULT_TOMBSTONE_TTL_S
-from config.sections import RECORD_CATEGORIES, TrainingWatchSettings
+from config.sections import RECORD_CATEGORIES, CheckpointSettings, TrainingWatchSettings
 from config.sections import AutostopSettings as AutostopSettings
 from config.sections import DeletionPolicy as DeletionPolicy
 from config.sections import JobSettings as JobSettings
@@ -84,9 +84,9 @@ class CategorySyncSettings(BaseModel):
     )
 
 
-class NodeSettings(TrainingWatchSettings):
-    """Everything one node is configured with (TrainingWatchSettings' fields too). Frozen: a
-    change means a new object."""
+class NodeSettings(TrainingWatchSettings, CheckpointSettings):
+    """Everything one node is configured with (TrainingWatchSettings' and CheckpointSettings'
+    fields too). Frozen: a change means a new object."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -337,6 +337,12 @@ class NodeSettings(TrainingWatchSettings):
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the training ranks of this node write their checkpoints (SHOAL_CHECKPOINT_DIR of
+        the training command), one directory per step, and where copies of peers' land."""
+        return self.data_dir / "checkpoints"
 
     def category_path(self, category: Category | str) -> Path:
         """The directory of a data category."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from shoal._daemon import DaemonClient
     from shoal.errors import (
+        CheckpointError,
         DaemonAnswerError,
         DaemonUnreachableError,
         GroupError,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from shoal.session import TrainingSession, training_session
 
 __all__ = [
+    "CheckpointError",
     "DaemonAnswerError",
     "DaemonClient",
     "DaemonUnreachableError",
@@ -44,6 +46,7 @@ __all__ = [
 
 _LAZY = {
     "DaemonClient": "shoal._daemon",
+    "CheckpointError": "shoal.errors",
     "DaemonAnswerError": "shoal.errors",
     "DaemonUnreachableError": "shoal.errors",
     "GroupError": "shoal.errors",

@@ -5,12 +5,14 @@ when it speaks to its local daemon or forms its training group.
     ├── DaemonUnreachableError    no answer from the daemon (not running, refused, timed out)
     ├── DaemonAnswerError         the daemon answered with an error (status, code, reason)
     ├── GroupError                the training group did not form in time, or was aborted
-    └── SessionError              a background thread of the session failed (the cause chained)
+    ├── SessionError              a background thread of the session failed (the cause chained)
+    └── CheckpointError           a checkpoint could not be saved or restored (which, and why)
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "DaemonAnswerError",
     "DaemonUnreachableError",
     "GroupError",
@@ -51,3 +53,8 @@ class GroupError(ShoalError):
 class SessionError(ShoalError):
     """A background thread of the training session failed (reporting, an async save): raised at
     the next `report()` or `save()` with the failure as its `__cause__`."""
+
+
+class CheckpointError(ShoalError):
+    """A checkpoint could not be saved or restored: the message names the step, the directory
+    and what failed."""

@@ -91,9 +91,34 @@ def _print(document: dict[str, Any]) -> None:
         )
     if document.get("restarts"):
         console.print(_restarts_table(document["restarts"]))
+    _print_checkpoints(document)
+
+
+def _print_checkpoints(document: dict[str, Any]) -> None:
+    """The committed step with the nodes holding each node's files, and each node's last
+    restore (where from, how much, how long)."""
+    console = common.console
     committed = document.get("committed")
     if committed:
-        console.print(f"committed: {committed}", highlight=False)
+        held = "; ".join(
+            f"{owner} on {', '.join(nodes) or 'nobody else'}"
+            for owner, nodes in sorted(committed.get("holders", {}).items())
+        )
+        console.print(
+            f"committed: step {committed['step']} at {_when(committed['at'])}, "
+            f"{committed['bytes']:,} bytes; copies: {held or '-'}",
+            highlight=False,
+        )
+    else:
+        console.print("committed: no checkpoint step yet", highlight=False)
+    for node, part in sorted(document.get("nodes", {}).items()):
+        restore = part.get("last_restore")
+        if restore:
+            console.print(
+                f"{node} last restore: step {restore['step']} from {restore['from']}, "
+                f"{restore['bytes']:,} bytes in {_seconds(restore['seconds'])} s",
+                highlight=False,
+            )
 
 
 def training(

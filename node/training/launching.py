@@ -93,6 +93,7 @@ class Launching:
             f"http://{runtime.address}:{runtime.port}",
             cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
             settings.timeouts,
+            checkpoint_dir=settings.checkpoint_dir,
         )
         self.launcher = TrainingLauncher(
             settings.training_command,

@@ -170,6 +170,11 @@ class NodePart(WireRecord):
     """What the group's document says of one training node beyond its ranks."""
 
     reachable: bool
+    last_restore: JsonValue = Field(
+        default=None,
+        description="the node's newest checkpoint restore: step, from (local | peers), bytes, "
+        "fetched_bytes, seconds, at (node.checkpoints); null before one",
+    )
     parts: dict[str, JsonValue] = Field(default_factory=dict)
 
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from config import Timeouts
 from node.errors import LauncherError
 from node.training.rendezvous import ENV_DAEMON_URL, Rendezvous
 
+ENV_CHECKPOINT_DIR = "SHOAL_CHECKPOINT_DIR"
+"""Where the training workers write their checkpoints (shoal.checkpoint reads it)."""
 ROLE_NAME = "default"
 """torchrun's role name when none is given (`--role`)."""
 
@@ -157,13 +160,16 @@ def training_base_env(
     daemon_url: str,
     gpu_env: Mapping[str, str],
     timeouts: Timeouts | None = None,
+    *,
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, str]:
     """What every training worker of the daemon starts from (the launcher adds the torchrun
     variables): the daemon's environment, then `gpu_env` (config.cuda_env of the GPUs the node
     owns, when `gpus` lists them), then SHOAL_COLLECTIVE_S and SHOAL_QUORUM_S (the node's
     `timeouts`, which shoal.training_session forms its group with), then the `training_env`
     setting (an operator's own CUDA_VISIBLE_DEVICES wins, as a job's does), then
-    SHOAL_DAEMON_URL."""
+    SHOAL_DAEMON_URL and, when given, SHOAL_CHECKPOINT_DIR (the node's checkpoint directory:
+    the daemon's, never overridden)."""
     timing = (
         {}
         if timeouts is None
@@ -172,4 +178,7 @@ def training_base_env(
             "SHOAL_QUORUM_S": f"{timeouts.quorum_s:g}",
         }
     )
-    return {**inherited, **gpu_env, **timing, **training_env, ENV_DAEMON_URL: daemon_url}
+    env = {**inherited, **gpu_env, **timing, **training_env, ENV_DAEMON_URL: daemon_url}
+    if checkpoint_dir is not None:
+        env[ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
+    return env

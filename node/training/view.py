@@ -94,7 +94,12 @@ def build_view(
         running=any(part.workers_running for part in parts.values()),
     )
     missed = sorted(missing)
-    nodes = {node: NodePart(reachable=True, parts=part.parts) for node, part in parts.items()}
+    nodes = {
+        node: NodePart(
+            reachable=True, last_restore=part.parts.get("last_restore"), parts=part.parts
+        )
+        for node, part in parts.items()
+    }
     nodes.update({node: NodePart(reachable=False) for node in missed})
     histories: dict[str, RankHistory] | None = None
     gpus: dict[str, list[GpuHistory]] | None = None

@@ -3,6 +3,7 @@ defaults torchrun applies, and the variables of `env_from: rendezvous` jobs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -184,3 +185,10 @@ def test_the_workers_base_env_carries_the_nodes_group_timeouts() -> None:
     timeouts = Timeouts(collective_s=25, quorum_s=90)
     env = training_base_env({}, {"SHOAL_QUORUM_S": "30"}, "http://d", {}, timeouts)
     assert (env["SHOAL_COLLECTIVE_S"], env["SHOAL_QUORUM_S"]) == ("25", "30")
+
+
+def test_the_workers_base_env_names_the_nodes_checkpoint_directory_over_the_setting() -> None:
+    setting = {"SHOAL_CHECKPOINT_DIR": "/elsewhere"}
+    env = training_base_env({}, setting, "http://d", {}, checkpoint_dir=Path("/data/checkpoints"))
+    assert env["SHOAL_CHECKPOINT_DIR"] == "/data/checkpoints"
+    assert "SHOAL_CHECKPOINT_DIR" not in training_base_env({}, {}, "http://d", {})
