@@ -54,11 +54,12 @@ def quarantine_rows(
     """The GPU quarantine as the page lists it: every node the plan quarantines (`reason` as
     the plan says it), then those re-admitted within the limit's window, from the lock table as
     this node last held it (`since`, `times` quarantined within the window, `held`: out until
-    an undrain). `state`: quarantined, held or readmitted."""
+    an undrain). `state`: quarantined (in the plan, or active in the table the plan follows),
+    held or readmitted."""
     rows = []
     for node in sorted(set(quarantined) | set(records)):
         record = records.get(node)
-        active = node in quarantined
+        active = node in quarantined or (record is not None and record.active)
         held = bool(record is not None and record.held and active)
         rows.append(
             {

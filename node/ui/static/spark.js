@@ -69,10 +69,19 @@ export function timeX(t, t0, binS, count) {
   return ((t - t0) / (binS * Math.max(1, count - 1))) * WIDTH;
 }
 
+function markX(t, t0, binS, count) {
+  /* A restart's x: the newest point stands for its whole bin, and the window is sent once a
+     bin, so a restart up to two bins newer than the newest point is drawn at the right edge
+     (the page shows it as soon as it learns of it); null outside the window. */
+  const x = timeX(t, t0, binS, count);
+  if (x < 0 || x > WIDTH + 2 * timeX(t0 + binS, t0, binS, count)) return null;
+  return Math.min(x, WIDTH);
+}
+
 function restartMarks(restarts, t0, binS, count) {
   return restarts.map((r) => {
-    const x = timeX(r.at, t0, binS, count);
-    if (x < 0 || x > WIDTH) return null;
+    const x = markX(r.at, t0, binS, count);
+    if (x === null) return null;
     return svg("line", { class: "restart", x1: x.toFixed(1), x2: x.toFixed(1), y1: 0, y2: HEIGHT, "data-reason": r.reason },
       svg("title", {}, document.createTextNode(`restart: ${r.reason} (generation ${r.generation}) at ${clock(r.at)}`)));
   });
@@ -154,8 +163,8 @@ export function timeAxis(t0, binS, count, restarts) {
         document.createTextNode(minutes === 0 ? "now" : `−${minutes} min`)));
   }
   for (const r of restarts) {
-    const x = timeX(r.at, t0, binS, count);
-    if (x < 0 || x > WIDTH) continue;
+    const x = markX(r.at, t0, binS, count);
+    if (x === null) continue;
     axis.append(svg("line", { class: "restart", x1: x.toFixed(1), x2: x.toFixed(1), y1: 0, y2: 20 }),
       svg("text", { class: "reason", x: x.toFixed(1), y: 30, "text-anchor": x > WIDTH / 2 ? "end" : "start" }, document.createTextNode(r.reason)));
   }

@@ -145,7 +145,7 @@ async def test_security_headers_on_every_dashboard_answer(tmp_path: Path) -> Non
         async with session.get(f"{base}/v1/openapi.json") as answer:
             paths = (await answer.json())["paths"]
         assert "text/event-stream" in str(paths["/v1/events"]["get"]["responses"]["200"])
-        assert {"/ui/", "/ui/login", "/ui/assets/{name}"} <= set(paths)
+        assert {"/ui/", "/ui/login", "/ui/assets/{name}", "/favicon.ico"} <= set(paths)
 
 
 async def test_the_favicon_is_served_to_anyone_and_takes_no_body(tmp_path: Path) -> None:

@@ -119,6 +119,8 @@ def test_the_gpu_quarantine_lists_the_plans_nodes_then_the_readmitted() -> None:
     assert (rows[1]["times"], rows[1]["held"], rows[1]["reason"]) == (3, True, plan["h4"])
     assert rows[2]["since"] == NEWEST - 900
     assert quarantine_rows({"h9": "gpu_fault: Xid 79"}, {})[0]["since"] is None, "plan only"
+    [pending] = quarantine_rows({}, {"h1": records["h1"]})
+    assert pending["state"] == "quarantined", "in the table: the next plan keeps it out"
     document = now_document(view(), rows)
     assert document["quarantine"] == rows
 
