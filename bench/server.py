@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -32,10 +33,21 @@ async def serve_until_sigterm(app: web.Application) -> None:
         await runner.cleanup()
 
 
+def cpu_seconds(pid: int, user_only: bool = False) -> float:
+    """User + system (or user only) CPU seconds process `pid` has used so far, its threads
+    included (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + (0 if user_only else int(fields[12]))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def server_process(argv: list[str]) -> Iterator[int]:
-    """Run `python argv...` (a benchmark in its serve mode); yield its port; SIGTERM it after."""
+def server_process(argv: list[str], pids: list[int] | None = None) -> Iterator[int]:
+    """Run `python argv...` (a benchmark in its serve mode); yield its port; SIGTERM it after.
+    Its process id is appended to `pids` when given (for cpu_seconds)."""
     process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    if pids is not None:
+        pids.append(process.pid)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()

@@ -9,7 +9,8 @@
    `rsync -a --fsync` of the same tree into an empty directory on the same disk. The
    server's manifest is hashed once before the timed pulls (`server_first_hash_s`). The same
    through the CLI as a user types it (`shoal_cli`): `shoal sync training --from src` against a
-   `shoal serve` node joined to a source node, timed from exec to exit.
+   `shoal serve` node joined to a source node, timed from exec to exit. CPU seconds of the
+   batched pull (client and server) beside rsync's (its processes), as a load-proof ratio.
 2. A no-op sync of a 100,000-file category (both nodes already hold the same tree) vs
    `rsync -a -n` of the same two trees: "strict", the server rescans its tree for every
    manifest request (like rsync); "default", the server's FileCatalog settings (a listing is
@@ -18,8 +19,8 @@
    --fanout-nodes loopback daemons, every node capped at --fanout-cap-mbps MB/s upload: the
    time until all hold a verified copy vs one capped transfer, and the origin's egress.
 Prints one JSON document. Usage: python bench/sync_bench.py [--small-files 2000]
-[--size-mib 1024] [--files 100000] [--trials 3] [--streams 2] [--fanout-mib 256]
-[--fanout-nodes 8] [--fanout-cap-mbps 50] [--dir DIR] [--time-limit-s 600]
+[--small-batched-only] [--size-mib 1024] [--files 100000] [--trials 3] [--streams 2]
+[--fanout-mib 256] [--fanout-nodes 8] [--fanout-cap-mbps 50] [--dir DIR] [--time-limit-s 600]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import socket
 import statistics
@@ -52,7 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.fanout_bench import fanout  # noqa: E402
-from bench.server import serve_until_sigterm, server_process  # noqa: E402
+from bench.server import cpu_seconds, serve_until_sigterm, server_process  # noqa: E402
 from config import Timeouts  # noqa: E402
 from sync import (  # noqa: E402
     FileCatalog,
@@ -85,9 +87,9 @@ async def serve(base: Path, strict: bool) -> None:
 
 
 @contextlib.contextmanager
-def server(base: Path, strict: bool = True) -> Iterator[PeerRef]:
+def server(base: Path, strict: bool = True, pids: list[int] | None = None) -> Iterator[PeerRef]:
     argv = [__file__, "--serve", str(base)] + ([] if strict else ["--default-catalog"])
-    with server_process(argv) as port:
+    with server_process(argv, pids) as port:
         yield PeerRef("server", f"http://127.0.0.1:{port}")
 
 
@@ -110,11 +112,21 @@ async def client(base: Path, streams: int, batch: bool = True) -> AsyncIterator[
         yield coordinator
 
 
-def run_timed(argv: list[str]) -> float:
-    """Seconds `argv` took to run (it must succeed)."""
+def run_timed(
+    argv: list[str], cpu: list[float] | None = None, user: list[float] | None = None
+) -> float:
+    """Seconds `argv` took to run (it must succeed); its CPU seconds (its children's too)
+    appended to `cpu`, and its user CPU seconds to `user`, when given."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(argv, check=True)
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    if cpu is not None:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        if user is not None:
+            user.append(after.ru_utime - before.ru_utime)
+    return elapsed
 
 
 def write_random(path: Path, size: int) -> None:
@@ -283,20 +295,26 @@ def _warm_manifest(url: str) -> None:
         answer.read()
 
 
-async def small_files(work: Path, count: int, trials: int) -> dict[str, Any]:
+async def small_files(work: Path, count: int, trials: int, batched_only: bool) -> dict[str, Any]:
+    """Each trial: rsync, the batched pull, then (unless `batched_only`) the pull of one file
+    per request and the CLI's sync, each into an empty directory."""
     server_dir, copies = work / "server", work / "copies"
     total = make_small_tree(server_dir / "training", count)
     copies.mkdir(parents=True, exist_ok=True)
-    samples: dict[str, list[float]] = {
-        "shoal_batched": [], "shoal_per_file": [], "rsync": [], "shoal_cli": []
-    }  # fmt: skip
-    shutil.copytree(server_dir / "training", work / "nodes" / "src" / "training")
+    modes = ("shoal_batched",) if batched_only else ("shoal_batched", "shoal_per_file")
+    samples: dict[str, list[float]] = {name: [] for name in ("rsync", *modes)}
+    if not batched_only:
+        samples["shoal_cli"] = []
+    cpu: dict[str, list[float]] = {name: [] for name in ("shoal_batched", "rsync")}
+    cpu.update({f"{name}_user": [] for name in ("shoal_batched", "rsync")})
     source_port = _free_port()
-    with (
-        server(server_dir) as peer,
-        shoal_node(work / "nodes" / "src", "src", source_port) as source_url,
-    ):
-        _warm_manifest(source_url)
+    pids: list[int] = []
+    with contextlib.ExitStack() as stack:
+        peer = stack.enter_context(server(server_dir, pids=pids))
+        if not batched_only:
+            shutil.copytree(server_dir / "training", work / "nodes" / "src" / "training")
+            source = work / "nodes" / "src"
+            _warm_manifest(stack.enter_context(shoal_node(source, "src", source_port)))
         async with HttpTransport(timeouts=TIMEOUTS) as http:
             started = time.perf_counter()
             await http.list_manifest(peer, "training")  # the server hashes its tree once
@@ -304,29 +322,74 @@ async def small_files(work: Path, count: int, trials: int) -> dict[str, Any]:
         for trial in range(trials):
             target = copies / f"rsync-{trial}"
             os.sync()
-            samples["rsync"].append(
-                run_timed(["rsync", "-a", "--fsync", f"{server_dir / 'training'}/", f"{target}/"])
-            )
+            rsync = ["rsync", "-a", "--fsync", f"{server_dir / 'training'}/", f"{target}/"]
+            samples["rsync"].append(run_timed(rsync, cpu["rsync"], cpu["rsync_user"]))
             shutil.rmtree(target)
-            for mode in ("shoal_batched", "shoal_per_file"):
+            for mode in modes:
                 client_dir = copies / f"{mode}-{trial}"
-                os.sync()
-                async with client(client_dir, 1, batch=mode == "shoal_batched") as coordinator:
-                    started = time.perf_counter()
-                    stats = await coordinator.sync("training", [peer])
-                    samples[mode].append(time.perf_counter() - started)
-                    assert stats.files_transferred == count, stats
-                    assert not stats.errors, stats
+                await _pull_small(client_dir, peer, count, mode, samples, cpu, pids[0])
                 shutil.rmtree(client_dir)
-            destination = work / "nodes" / f"dst-{trial}"
-            with shoal_node(destination, f"dst-{trial}", _free_port(), (source_port,)) as url:
-                os.sync()
-                samples["shoal_cli"].append(cli_sync_timed(url, "src"))
-            copied = sum(1 for p in (destination / "training").rglob("*") if p.is_file())
-            assert copied == count, f"shoal sync copied {copied} of {count} files"
-            shutil.rmtree(destination)
+            if not batched_only:
+                samples["shoal_cli"].append(_cli_small(work, trial, source_port, count))
+    return _small_result(count, total, trials, server_hash_s, samples, cpu)
+
+
+async def _pull_small(
+    client_dir: Path,
+    peer: PeerRef,
+    count: int,
+    mode: str,
+    samples: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    server_pid: int,
+) -> None:
+    """One pull of the small tree into `client_dir`, its seconds (and CPU seconds of client and
+    server where `cpu` has `mode`) appended."""
+    os.sync()
+    async with client(client_dir, 1, batch=mode == "shoal_batched") as coordinator:
+        started, cpu_before = time.perf_counter(), _cpu_both(server_pid)
+        stats = await coordinator.sync("training", [peer])
+        samples[mode].append(time.perf_counter() - started)
+        if mode in cpu:
+            (total, user), (total_before, user_before) = _cpu_both(server_pid), cpu_before
+            cpu[mode].append(total - total_before)
+            cpu[f"{mode}_user"].append(user - user_before)
+        assert stats.files_transferred == count, stats
+        assert not stats.errors, stats
+
+
+def _cpu_both(server_pid: int) -> tuple[float, float]:
+    """CPU seconds, all and user only, of this process (the pulling client, its threads
+    included) and the server together."""
+    own = os.times()
+    return (
+        own.user + own.system + cpu_seconds(server_pid),
+        own.user + cpu_seconds(server_pid, user_only=True),
+    )
+
+
+def _cli_small(work: Path, trial: int, source_port: int, count: int) -> float:
+    """`shoal sync training --from src` into a new node joined to the source, timed."""
+    destination = work / "nodes" / f"dst-{trial}"
+    with shoal_node(destination, f"dst-{trial}", _free_port(), (source_port,)) as url:
+        os.sync()
+        elapsed = cli_sync_timed(url, "src")
+    copied = sum(1 for p in (destination / "training").rglob("*") if p.is_file())
+    assert copied == count, f"shoal sync copied {copied} of {count} files"
+    shutil.rmtree(destination)
+    return elapsed
+
+
+def _small_result(
+    count: int,
+    total: int,
+    trials: int,
+    server_hash_s: float,
+    samples: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+) -> dict[str, Any]:
     best = {name: min(values) for name, values in samples.items()}
-    return {
+    result: dict[str, Any] = {
         "files": count,
         "bytes": total,
         "trials": trials,
@@ -337,13 +400,17 @@ async def small_files(work: Path, count: int, trials: int) -> dict[str, Any]:
         "ms_per_file": {name: round(value / count * 1000, 3) for name, value in best.items()},
         "batched_vs_rsync_time": round(best["shoal_batched"] / best["rsync"], 2),
         "median_batched_vs_rsync_time": _ratio(samples, "shoal_batched", "rsync"),
-        "cli_vs_rsync_time": round(best["shoal_cli"] / best["rsync"], 2),
-        "median_cli_vs_rsync_time": _ratio(samples, "shoal_cli", "rsync"),
-        "targets": {
-            "batched_faster_than_rsync": best["shoal_batched"] < best["rsync"],
-            "cli_faster_than_rsync": best["shoal_cli"] < best["rsync"],
-        },
+        "median_cpu_s": _medians(cpu),
+        "median_batched_vs_rsync_cpu": _ratio(cpu, "shoal_batched", "rsync"),
+        "median_batched_vs_rsync_user_cpu": _ratio(cpu, "shoal_batched_user", "rsync_user"),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
+        "targets": {"batched_faster_than_rsync": best["shoal_batched"] < best["rsync"]},
     }
+    if "shoal_cli" in best:
+        result["cli_vs_rsync_time"] = round(best["shoal_cli"] / best["rsync"], 2)
+        result["median_cli_vs_rsync_time"] = _ratio(samples, "shoal_cli", "rsync")
+        result["targets"]["cli_faster_than_rsync"] = best["shoal_cli"] < best["rsync"]
+    return result
 
 
 def make_tree(root: Path, count: int) -> None:
@@ -404,7 +471,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         result: dict[str, Any] = {"hash": {"algorithm": "sha256", **hash_speeds()}}
         if args.small_files > 0:
-            result["small_files"] = await small_files(base / "small", args.small_files, args.trials)
+            result["small_files"] = await small_files(
+                base / "small", args.small_files, args.trials, args.small_batched_only
+            )
         if args.size_mib > 0:
             result["checkpoint"] = await checkpoint(
                 base / "ckpt", args.size_mib << 20, args.trials, args.streams
@@ -425,6 +494,11 @@ def main() -> None:
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--default-catalog", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--small-files", type=int, default=2000)
+    parser.add_argument(
+        "--small-batched-only",
+        action="store_true",
+        help="small files: only rsync and the batched pull (no per-file pull, no CLI nodes)",
+    )
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--trials", type=int, default=3)

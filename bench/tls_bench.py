@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.server import server_process
+from bench.server import cpu_seconds, server_process
 from config import signing_middleware
 
 SECRET = b"tls-bench-secret-0123456789abcdef0123"
@@ -174,7 +174,9 @@ def _handshakes(port: int, context: ssl.SSLContext, count: int, resume: bool) ->
     }
 
 
-async def _measure(root: Path, port: int, files: int, size_bytes: int) -> dict[str, Any]:
+async def _measure(
+    root: Path, port: int, files: int, size_bytes: int, server_pid: int
+) -> dict[str, Any]:
     context = _client_context(root)
     plain, secure = f"http://127.0.0.1:{port}", f"https://127.0.0.1:{port}"
     hashed = await _wait_hashed(plain, context, files + 1)
@@ -182,7 +184,9 @@ async def _measure(root: Path, port: int, files: int, size_bytes: int) -> dict[s
     result: dict[str, Any] = {"large": {}, "small": {}}
     for tls, base in ((False, plain), (True, secure), (False, plain), (True, secure)):
         key = "tls" if tls else "plain"
+        cpu_before = time.process_time() + cpu_seconds(server_pid)
         received, elapsed = await _large(base, tls, context)
+        cpu = time.process_time() + cpu_seconds(server_pid) - cpu_before
         assert received == size_bytes, (received, size_bytes)
         best = result["large"].get(key)
         rate = received / elapsed / 2**20
@@ -191,6 +195,7 @@ async def _measure(root: Path, port: int, files: int, size_bytes: int) -> dict[s
                 "bytes": received,
                 "s": round(elapsed, 3),
                 "mib_s": round(rate, 1),
+                "cpu_s_client_and_server": round(cpu, 3),
             }
         received, elapsed = await _small(base, tls, context, small)
         best = result["small"].get(key)
@@ -228,8 +233,10 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="tls-bench-") as temp:
         root = Path(temp)
         _prepare(root, args.size_mib, args.small_files, args.small_bytes)
-        with server_process(["-m", "bench.tls_bench", "serve", str(root)]) as port:
-            result = asyncio.run(_measure(root, port, args.small_files, args.size_mib * 2**20))
+        pids: list[int] = []
+        with server_process(["-m", "bench.tls_bench", "serve", str(root)], pids) as port:
+            size = args.size_mib * 2**20
+            result = asyncio.run(_measure(root, port, args.small_files, size, pids[0]))
     result["setup"] = {
         "size_mib": args.size_mib,
         "small_files": args.small_files,

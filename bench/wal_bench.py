@@ -1,5 +1,6 @@
 """Durable appends/s and append latency of the WAL at 1, 16, 64 and 1,024 concurrent writers,
-against two aiosqlite baselines (one COMMIT per append; 64 tasks sharing one connection).
+against two aiosqlite baselines (one COMMIT per append; 64 tasks sharing one connection) and
+the ceiling of 64 writers: plain sqlite3 committing batches of 64 rows in one thread.
 Prints JSON. Usage: .venv/bin/python bench/wal_bench.py [--seconds 2.5] [--writers 1 16 64 1024]"""
 
 from __future__ import annotations
@@ -119,12 +120,48 @@ async def bench_baseline(path: Path, writers: int, seconds: float) -> dict[str, 
         await db.close()
 
 
+def bench_sqlite3_batches(path: Path, rows: int, seconds: float) -> dict[str, Any]:
+    """The ceiling of a group commit of `rows` writers: plain sqlite3 in one thread, no event
+    loop, one synchronous=FULL transaction of `rows` INSERTs after another."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")
+        for statement in BASELINE_SCHEMA:
+            db.execute(statement)
+        count = 0
+
+        def commit_batch() -> None:
+            nonlocal count
+            stamp = time.time()
+            batch = [
+                (GAME_RECORDED, json.dumps(payload(count + i)), stamp, stamp) for i in range(rows)
+            ]
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(BASELINE_INSERT, batch)
+            db.execute("COMMIT")
+            count += rows
+
+        warm_until = time.perf_counter() + WARMUP_S
+        while time.perf_counter() < warm_until:
+            commit_batch()
+        count = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            commit_batch()
+        elapsed = time.perf_counter() - started
+        return {"rows_per_commit": rows, "appends": count, "appends_per_s": round(count / elapsed)}
+    finally:
+        db.close()
+
+
 async def main(seconds: float, writer_counts: list[int]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wal-bench-") as tmp:
         directory = Path(tmp)
         wal_results = [await bench_wal(directory, n, seconds) for n in writer_counts]
         single = await bench_baseline(directory / "baseline-single.db", 1, seconds)
         shared = await bench_baseline(directory / "baseline-shared.db", 64, seconds)
+        ceiling = bench_sqlite3_batches(directory / "baseline-sqlite3.db", 64, seconds)
     by_writers = {r["writers"]: r for r in wal_results}
     report: dict[str, Any] = {
         "machine": {
@@ -138,6 +175,7 @@ async def main(seconds: float, writer_counts: list[int]) -> dict[str, Any]:
         "baselines": {
             "aiosqlite_commit_per_append_1_writer": single,
             "aiosqlite_shared_64": shared,
+            "sqlite3_batches_of_64_one_thread": ceiling,
         },
     }
     if 64 in by_writers:
@@ -148,6 +186,9 @@ async def main(seconds: float, writer_counts: list[int]) -> dict[str, Any]:
             ),
             "wal_64_vs_shared_connection_64": round(
                 wal64["appends_per_s"] / max(1, shared["appends_per_s"]), 2
+            ),
+            "wal_64_vs_sqlite3_batches_of_64": round(
+                wal64["appends_per_s"] / max(1, ceiling["appends_per_s"]), 2
             ),
         }
         report["targets"] = {
@@ -160,10 +201,36 @@ async def main(seconds: float, writer_counts: list[int]) -> dict[str, Any]:
     return report
 
 
+async def fixed_work(appends_per_writer: int, writers: int) -> dict[str, Any]:
+    """`writers` tasks append `appends_per_writer` entries each, untimed: run it under
+    `valgrind --tool=callgrind --separate-threads=yes` at two counts, and the difference of the
+    instructions per thread over the difference of appends is the cost of an append."""
+    with tempfile.TemporaryDirectory(prefix="wal-bench-") as tmp:
+        config = WalConfig(max_pending=1_000_000_000)
+        async with WriteAheadLog(Path(tmp) / "wal.db", config=config) as wal:
+            counter = 0
+
+            async def writer() -> None:
+                nonlocal counter
+                for _ in range(appends_per_writer):
+                    counter += 1
+                    await wal.append(GAME_RECORDED, payload(counter))
+
+            await asyncio.gather(*(writer() for _ in range(writers)))
+    return {"writers": writers, "appends": counter}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=2.5)
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 16, 64, 1024])
+    parser.add_argument(
+        "--fixed", type=int, metavar="N", help="append N entries per writer, untimed (callgrind)"
+    )
     args = parser.parse_args()
-    json.dump(asyncio.run(main(args.seconds, args.writers)), sys.stdout, indent=2)
+    if args.fixed is not None:
+        result = asyncio.run(fixed_work(args.fixed, args.writers[0]))
+    else:
+        result = asyncio.run(main(args.seconds, args.writers))
+    json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -149,7 +149,7 @@ else:
             "node.election.state": "ElectionConfig ElectionEvent ElectionEventKind ElectionStatus",
             "node.errors": (
                 "ActorDiedError ActorExistsError AnsweredError ArchiveError BackupError BodyError "
-                "CheckpointsError DeployError DiscoveryError DownloadHashError ElectionError "
+                "BodyRefused CheckpointsError DeployError DiscoveryError DownloadHashError ElectionError "
                 "FrameError "
                 "JobClientError JobEndedError JobError JobFailedError JobRequestError "
                 "JobUnreachableError JobWaitTimeoutError KeyringError KeyringRefused LauncherError "
@@ -159,7 +159,7 @@ else:
                 "RegistryError RemoteTaskError RemoteTraceback RendezvousError ResultsStoreError "
                 "RetryLater RLError RunError SkewError SshAuthError SSHConnectError SSHError "
                 "SshHostKeyError SSHTimeoutError StartupError TargetError TaskError TaskTimeout "
-                "WeightsError BodyRefused "
+                "WeightsError "
                 "WireError WorkerAuthError WorkerClosed WorkerDied WorkerError WorkerTimeout"
             ),
             "node.membership.service": (

@@ -23,6 +23,7 @@ PARTIAL_PREFIX = ".shoal-partial-"
 MAX_PATH_CHARS = 4096
 MAX_COMPONENT_CHARS = 255
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c|00)", re.IGNORECASE)
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def validate_rel_path(path: str) -> str:
         raise PathRefusedError(str(path), "empty path")
     if len(path) > MAX_PATH_CHARS:
         raise PathRefusedError(path[:64], f"longer than {MAX_PATH_CHARS} characters")
-    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in path):
+    if _CONTROL_CHARACTER.search(path):
         raise PathRefusedError(path, "contains NUL or a control character")
     if path.startswith("/"):
         raise PathRefusedError(path, "absolute path")

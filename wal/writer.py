@@ -67,11 +67,10 @@ class BatchWriter(GroupCommit[Request, BatchOutcome]):
         self.last_id = counters["last_id"]
         self.start()
 
-    def enqueue(self, request: Request) -> asyncio.Future[Result]:
-        """Queue `request`; the future resolves once its batch committed (or with a WalError)."""
-        future: asyncio.Future[Result] = super().enqueue(request)
-        if request.__class__ is AppendRequest:
-            self.appends_in_flight += 1
+    def enqueue_append(self, request: AppendRequest) -> asyncio.Future[Result]:
+        """Queue an append; the future resolves with its id once its batch committed."""
+        future: asyncio.Future[Result] = self.enqueue(request)
+        self.appends_in_flight += 1
         return future
 
     async def submit(self, request: Request) -> Result:

@@ -15,7 +15,6 @@ fsyncs each directory once per batch.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
 import time
@@ -23,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from config import fsync_directory
 from sync.files.errors import ContentMismatchError, FileSyncError, PathRefusedError
@@ -40,15 +41,15 @@ MAX_BATCH_FILE_BYTES = 16 << 20
 
 def frame(header: dict[str, Any], body: bytes = b"") -> bytes:
     """One frame: length, JSON header, bytes."""
-    text = json.dumps(header, separators=(",", ":")).encode()
+    text = orjson.dumps(header)
     return HEADER.pack(len(text)) + text + body
 
 
 def parse_header(raw: bytes) -> dict[str, Any]:
     """A frame header, checked; FileSyncError when it is not a JSON object with a path."""
     try:
-        header = json.loads(raw)
-    except ValueError as exc:
+        header = orjson.loads(raw)
+    except ValueError as exc:  # orjson.JSONDecodeError
         raise FileSyncError(f"batch frame header is not JSON: {exc}") from exc
     if not isinstance(header, dict) or not isinstance(header.get("path"), str):
         raise FileSyncError("batch frame header has no path")

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
+
 from sync.files.errors import ManifestError, PathRefusedError
 from sync.guards import validate_rel_path
 
@@ -84,8 +86,9 @@ class ManifestEntry:
         }
 
     def json_text(self) -> str:
-        """to_json() encoded compactly (pages are built from these)."""
-        return _ENCODER.encode(self.to_json())
+        """to_json() encoded compactly (pages are built from these; orjson writes what
+        json.dumps(separators=(",", ":"), ensure_ascii=False) does, four times faster)."""
+        return orjson.dumps(self.to_json()).decode()
 
 
 @dataclass(frozen=True)

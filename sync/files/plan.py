@@ -181,9 +181,13 @@ def plan_pulls(
     items: list[PullItem] = []
     for path in sorted(candidates):
         offers = candidates[path]
-        newest = max(version_key(entry) for entry, _ in offers)
-        winner = next(entry for entry, _ in offers if version_key(entry) == newest)
-        holders = tuple(peer for entry, peer in offers if entry.hash == winner.hash)
+        if len(offers) == 1:  # one peer has it (the sync of one source): nothing to choose
+            winner, holder = offers[0]
+            holders: tuple[PeerRef, ...] = (holder,)
+        else:
+            newest = max(version_key(entry) for entry, _ in offers)
+            winner = next(entry for entry, _ in offers if version_key(entry) == newest)
+            holders = tuple(peer for entry, peer in offers if entry.hash == winner.hash)
         mine = get(path)
         items.append(PullItem(winner, holders, mine.hash if mine is not None else None))
     return items

@@ -1,5 +1,6 @@
-"""A slice of an open file sent as an HTTP answer (sendfile on plain sockets, reads over TLS),
-under an upload rate limit, and the single `bytes=` range a request may ask for."""
+"""A slice of an open file sent as an HTTP answer (sendfile on plain sockets; over TLS, chunks
+read ahead in a worker thread while the loop encrypts the last), under an upload rate limit,
+and the single `bytes=` range a request may ask for."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from typing import Any
 from aiohttp import web
 
 from sync.files.download import RateLimiter
+from sync.transports.partial import settle_all
 
-SENDFILE_FALLBACK_CHUNK = 1 << 20
 LIMITED_SEND_BYTES = 256 << 10
+"""A sendfile slice or chunk under an upload cap (each waits for its tokens)."""
+TLS_CHUNK_BYTES = 1 << 20
+"""A chunk read for TLS, which has no sendfile (asyncio's fallback reads 16 KiB per thread
+hop, ten times slower). The next chunk is read while this one is encrypted and sent."""
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)\Z")
 
 
@@ -39,7 +44,7 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 
 class FileSlice(web.StreamResponse):
-    """Sends `count` bytes of an open file from `offset` with sendfile; owns and closes `fd`."""
+    """Sends `count` bytes of an open file from `offset`; owns and closes `fd`."""
 
     def __init__(
         self,
@@ -76,33 +81,50 @@ class FileSlice(web.StreamResponse):
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("connection lost")
-        loop = asyncio.get_running_loop()
-        offset, end = self._offset, self._offset + self._count
-        step = end - offset if self._limiter is None else LIMITED_SEND_BYTES
-        # over TLS there is no sendfile, and asyncio's own fallback reads 16 KiB per thread
-        # hop, about ten times slower than the 1 MiB reads below
         if transport.get_extra_info("sslcontext") is None:
             with os.fdopen(self._fd, "rb", buffering=0, closefd=False) as file:
                 try:
-                    while offset < end:
-                        count = min(step, end - offset)
-                        if self._limiter is not None:
-                            await self._limiter.take(count)
-                        await loop.sendfile(transport, file, offset, count)
-                        offset += count
-                        if self._on_sent is not None:
-                            self._on_sent(count)
+                    await self._sendfile(transport, file)
                     return
                 except NotImplementedError:
                     pass
+        await self._send_chunks(writer)
+
+    async def _sendfile(self, transport: asyncio.Transport, file: Any) -> None:
+        loop = asyncio.get_running_loop()
+        offset, end = self._offset, self._offset + self._count
+        step = end - offset if self._limiter is None else LIMITED_SEND_BYTES
         while offset < end:
-            size = min(SENDFILE_FALLBACK_CHUNK, end - offset)
+            count = min(step, end - offset)
             if self._limiter is not None:
-                await self._limiter.take(size)
-            chunk = await asyncio.to_thread(os.pread, self._fd, size, offset)
-            if not chunk:
-                raise ConnectionResetError("file shrank while being sent")
-            await writer.write(chunk)
-            offset += len(chunk)
+                await self._limiter.take(count)
+            await loop.sendfile(transport, file, offset, count)
+            offset += count
             if self._on_sent is not None:
-                self._on_sent(len(chunk))
+                self._on_sent(count)
+
+    async def _send_chunks(self, writer: Any) -> None:
+        """Chunks read in a worker thread, the next one while the loop encrypts and sends this
+        one; a read still running when sending fails is waited for (it uses the descriptor)."""
+        loop = asyncio.get_running_loop()
+        offset, end = self._offset, self._offset + self._count
+        step = TLS_CHUNK_BYTES if self._limiter is None else LIMITED_SEND_BYTES
+        reading = loop.run_in_executor(None, os.pread, self._fd, min(step, end - offset), offset)
+        try:
+            while True:
+                chunk = await reading
+                if not chunk:
+                    raise ConnectionResetError("file shrank while being sent")
+                offset += len(chunk)
+                if offset < end:
+                    size = min(step, end - offset)
+                    reading = loop.run_in_executor(None, os.pread, self._fd, size, offset)
+                if self._limiter is not None:
+                    await self._limiter.take(len(chunk))
+                await writer.write(chunk)
+                if self._on_sent is not None:
+                    self._on_sent(len(chunk))
+                if offset >= end:
+                    return
+        finally:
+            await settle_all([reading])

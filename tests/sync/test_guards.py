@@ -67,6 +67,14 @@ def test_validate_rel_path_refuses(path: str) -> None:
         validate_rel_path(path)
 
 
+def test_validate_rel_path_refuses_every_control_character_and_only_those() -> None:
+    for code in [*range(0x20), 0x7F]:
+        with pytest.raises(PathRefusedError, match="control character"):
+            validate_rel_path(f"a{chr(code)}b")
+    for code in (0x20, 0x7E, 0x80, 0xA0):
+        assert validate_rel_path(f"a{chr(code)}b") == f"a{chr(code)}b"
+
+
 @pytest.mark.parametrize("path", ["a", "a/b/c.bin", "with space/ü.txt", "a..b", "...x"])
 def test_validate_rel_path_accepts(path: str) -> None:
     assert validate_rel_path(path) == path

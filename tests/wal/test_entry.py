@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
 import sys
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -11,6 +15,12 @@ import pytest
 import wal.entry
 from wal import EntryState, WalError
 from wal.entry import as_payload, check_name, encode_json
+
+
+@dataclass(frozen=True)
+class Point:
+    x: int
+
 
 VALUES: list[Any] = [
     {"game_id": "g-1", "moves": 61},
@@ -25,10 +35,43 @@ VALUES: list[Any] = [
 
 
 @pytest.mark.parametrize("value", VALUES)
-def test_encoding_matches_compact_strict_json_dumps(value: Any) -> None:
+def test_encoding_is_compact_strict_json(value: Any) -> None:
     expected = json.dumps(value, separators=(",", ":"), allow_nan=False)
-    assert encode_json(value, "payload") == expected
-    assert json.loads(encode_json(value, "payload")) == json.loads(expected)
+    text = encode_json(value, "payload")
+    assert json.loads(text) == json.loads(expected)
+    if text.isascii():  # orjson's text is json.dumps' but for unescaped non-ASCII characters
+        assert text == expected
+
+
+def test_text_beyond_ascii_is_written_as_it_is() -> None:
+    assert encode_json({"s": "é\u2028"}, "payload") == '{"s":"é\u2028"}'
+
+
+@pytest.mark.parametrize("nan", [float("nan"), float("inf"), -float("inf")])
+def test_nan_is_refused_beside_a_null_and_alone(nan: float) -> None:
+    """orjson writes NaN as null: text with a null goes to the strict encoder."""
+    for value in ({"x": nan}, {"x": nan, "y": None}, [None, [nan]]):
+        with pytest.raises(WalError, match="payload is not JSON-serialisable"):
+            encode_json(value, "payload")
+
+
+def test_enums_and_uuids_are_written_alike_beside_a_null_or_not() -> None:
+    class Colour(enum.Enum):
+        RED = "red"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    ident = uuid.UUID(int=7)
+    for extra, null in ((None, "null"), (1, "1")):
+        value = {"c": Colour.RED, "l": Level.HIGH, "u": ident, "n": extra}
+        assert encode_json(value, "payload") == (f'{{"c":"red","l":3,"u":"{ident}","n":{null}}}')
+
+
+@pytest.mark.parametrize("value", [{"d": datetime.date(2026, 1, 1)}, {"o": Point(1)}])
+def test_dates_and_dataclasses_stay_refused(value: Any) -> None:
+    with pytest.raises(WalError, match="payload is not JSON-serialisable"):
+        encode_json(value, "payload")
 
 
 @pytest.mark.parametrize(
