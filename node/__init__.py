@@ -149,7 +149,8 @@ else:
             "node.election.state": "ElectionConfig ElectionEvent ElectionEventKind ElectionStatus",
             "node.errors": (
                 "ActorDiedError ActorExistsError AnsweredError ArchiveError BackupError BodyError "
-                "BodyRefused CheckpointsError DeployError DiscoveryError DownloadHashError ElectionError "
+                "BodyRefused CheckpointsError DeployError DiscoveryError DownloadHashError "
+                "ElectionError "
                 "FrameError "
                 "JobClientError JobEndedError JobError JobFailedError JobRequestError "
                 "JobUnreachableError JobWaitTimeoutError KeyringError KeyringRefused LauncherError "
