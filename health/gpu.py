@@ -356,6 +356,9 @@ def _fake(index: int, gpu: FakeGpu, with_readings: bool) -> GpuInfo:
         problems.insert(0, f"{gpu.ecc_uncorrected} uncorrected ECC errors")
     return dataclasses.replace(
         info,
+        util_pct=gpu.util_pct,
+        memory_used_mb=gpu.memory_used_mb,
+        memory_total_mb=gpu.memory_total_mb,
         ecc_uncorrected=gpu.ecc_uncorrected,
         xid_errors=len(gpu.xids),
         last_xid=gpu.xids[-1] if gpu.xids else None,

@@ -3,8 +3,9 @@ instead of asking NVML, so tests give nodes GPUs (and GPU faults) on any host.
 
 The variable holds either comma-separated GPU UUIDs (GPUs without readings), or the path of a
 JSON file `{"gpus": [{"uuid": "GPU-...", "xids": [79], "ecc_uncorrected": 0, "selftest": "pass"}]}`
-(every field but `uuid` optional) that is read again at every read, so a test injects and
-clears faults on a running node. Replace the file whole (write another, rename it over).
+(every field but `uuid` optional, as are the readings `util_pct`, `memory_used_mb` and
+`memory_total_mb`) that is read again at every read, so a test injects and clears faults on a
+running node. Replace the file whole (write another, rename it over).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class FakeGpu(BaseModel):
     xids: tuple[int, ...] = ()
     ecc_uncorrected: int = Field(0, ge=0)
     selftest: Literal["pass", "fail"] = "pass"
+    util_pct: float | None = Field(None, ge=0, le=100)
+    """Readings a dashboard plots (None: not read, as a bare fake GPU)."""
+    memory_used_mb: float | None = Field(None, ge=0)
+    memory_total_mb: float | None = Field(None, ge=0)
 
 
 class FakeGpuFile(BaseModel):

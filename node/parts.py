@@ -153,9 +153,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         inputs.request_stop or _no_stop,
     )
     quarantine = _gpu_quarantine(runtime, locks.service, election)
-    stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
-    results = open_results_store(runtime.settings)
-    runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
+    runs = _run_api(inputs, locks.service)
     checkpoints = checkpoint_api(runtime, locks.service, sync, inputs.inventory)
     training = _training(runtime, election, secret, locks, checkpoints)
     weights = weights_service(runtime, election)
@@ -168,6 +166,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         backlog,
         locks.service,
         secret,
+        training=training,
     )
     dashboard = Dashboard(UiAccess(inputs.secrets.ui_token, api_open=secret is None), sources)
     components: tuple[Component, ...] = (
@@ -189,6 +188,13 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         dashboard,
     )
     return ServedParts(components, sync, jobs, locks.service, dashboard, training)
+
+
+def _run_api(inputs: PartsInputs, locks: LockService) -> RunApi:
+    """The run queue's routes over the lock table, with the inventory's stacks."""
+    stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
+    results = open_results_store(inputs.runtime.settings)
+    return RunApi(RunService(locks, results, stacks, starter=inputs.run_nodes))
 
 
 def _training(

@@ -23,6 +23,7 @@ from node.election.state import ElectionEvent, ElectionEventKind, ElectionRole
 from node.identity.peers import peer_tls
 from node.plan import RolePlan
 from node.runtime import NodeRuntime
+from node.training.gpus import GpuRing, GpuSampler
 from node.training.launching import Launching
 from node.training.metrics import TrainingCollector
 from node.training.models import (
@@ -91,6 +92,9 @@ class TrainingComponent:
         """The coordinator's judgement of the group, each round (its health component)."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gpus: dict[int, str] = {}
+        self.gpu_ring = GpuRing()
+        """This node's owned GPUs' last 15 minutes (utilization, memory), served with the
+        history."""
         election.restarts = self.desk.pending
         election.plan_listeners.append(self._on_event)
 
@@ -114,6 +118,13 @@ class TrainingComponent:
             runtime.metrics.registry.register(self._collector)
         runtime.training = lambda: summary(self.store.ranks())
         self._watch = asyncio.create_task(self._watch_loop(), name="training-watch")
+        sampler = GpuSampler(
+            self.gpu_ring,
+            runtime.gpus,
+            lambda: runtime.owned_gpus,
+            runtime.settings.timeouts.gpu_read_s,
+        )
+        self._spawn(sampler.run())
 
     def routes(self) -> list[Endpoint]:
         return endpoints(TrainingRoutes(self))
@@ -168,6 +179,7 @@ class TrainingComponent:
             ranks=self.store.ranks(),
             parts=parts,
             history=self.store.history() if history else None,
+            gpu_history=self.gpu_ring.history() if history else None,
         )
 
     async def view(self, history: bool = False) -> TrainingView:

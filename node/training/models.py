@@ -110,6 +110,19 @@ class RankHistory(WireRecord):
     scalars: dict[str, list[float | None]] = Field(default_factory=dict)
 
 
+class GpuHistory(WireRecord):
+    """One GPU this node owns over the last 15 minutes, one NVML reading every few seconds:
+    `at` (unix s), utilization and memory used, aligned by index (None: not read)."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_mb: float | None = None
+    at: list[float] = Field(default_factory=list)
+    util_pct: list[float | None] = Field(default_factory=list)
+    memory_used_mb: list[float | None] = Field(default_factory=list)
+
+
 class NodeProgress(WireRecord):
     """GET /v1/training/node: this node's part of the group. `generation_age_s` is since the
     node adopted its plan's generation; `reporting`: its ranks have reported since the daemon
@@ -125,6 +138,9 @@ class NodeProgress(WireRecord):
     parts: dict[str, JsonValue] = Field(default_factory=dict)
     history: dict[str, RankHistory] | None = Field(
         default=None, description="with ?history=1: each rank's last 15 minutes, by rank"
+    )
+    gpu_history: list[GpuHistory] | None = Field(
+        default=None, description="with ?history=1: each owned GPU's last 15 minutes"
     )
 
 
@@ -181,6 +197,9 @@ class TrainingView(WireRecord):
     nodes: dict[str, NodePart] = Field(default_factory=dict)
     committed: JsonValue = None
     history: dict[str, RankHistory] | None = None
+    gpu_history: dict[str, list[GpuHistory]] | None = Field(
+        default=None, description="with ?history=1: each training node's GPUs, by node"
+    )
 
 
 class RestartBody(BaseModel):

@@ -4,20 +4,25 @@ rank's step, when it last advanced, its rate, its recent compute times and scala
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from node.training.models import RankHistory, RankProgress, ReportsBody
+from node.training.models import MAX_SCALARS, RankHistory, RankProgress, ReportsBody
 
 RATE_WINDOW_S = 30.0
 """Steps per second are counted over the reports of the last this many seconds."""
 HISTORY_S = 15 * 60.0
 SAMPLE_S = 5.0
-"""A history sample of every rank this often: 180 samples cover HISTORY_S."""
+"""A history sample of every rank this often, on the wall clock's grid (every node's samples
+share its points): 180 samples cover HISTORY_S."""
 MAX_RATE_SAMPLES = 256
+MAX_PAST_RANKS = 64
+"""Histories kept of ranks this node no longer runs (a smaller group after a restart, ranks
+moved to other nodes)."""
 
 
 @dataclass
@@ -46,6 +51,7 @@ class _Rank:
     dropped: int = 0
     history: deque[_Sample] = field(default_factory=deque)
     next_sample_at: float = 0.0
+    """Wall clock."""
 
     def steps_per_s(self, now: float) -> float:
         recent = [(t, step) for t, step in self.rate if t >= now - RATE_WINDOW_S]
@@ -74,6 +80,9 @@ class ProgressStore:
         self._clock = clock
         self._wall_clock = wall_clock
         self._ranks: dict[int, _Rank] = {}
+        self._past: dict[int, deque[_Sample]] = {}
+        """The samples of ranks an older generation had, by rank: a rank's plot goes on
+        across restarts."""
         self.generation: int | None = None
         self._generation_since = clock()
         self.reporting = False
@@ -85,7 +94,18 @@ class ProgressStore:
             self._generation_since = self._clock()
         self.generation = generation
         if generation is not None:
-            self._ranks = {r: s for r, s in self._ranks.items() if s.generation >= generation}
+            for rank, known in list(self._ranks.items()):
+                if known.generation < generation:
+                    self._keep_past(rank, self._ranks.pop(rank).history)
+
+    def _keep_past(self, rank: int, history: deque[_Sample]) -> None:
+        """Keep a dropped rank's samples (the newest MAX_PAST_RANKS ranks' of the window)."""
+        self._past[rank] = history
+        since = self._wall_clock() - HISTORY_S
+        newest = {r: kept[-1].at for r, kept in self._past.items() if kept and kept[-1].at >= since}
+        for gone in sorted(newest, key=newest.__getitem__, reverse=True)[MAX_PAST_RANKS:]:
+            del newest[gone]
+        self._past = {r: self._past[r] for r in newest}
 
     def accept(self, body: ReportsBody) -> int:
         """Keep a batch of reports; 0 when its generation is older than the node's (or than the
@@ -96,9 +116,12 @@ class ProgressStore:
         if known is not None and known.generation > body.generation:
             return 0
         if known is None or known.generation < body.generation or known.pid != body.pid:
+            past = self._past.pop(body.rank, None) if known is None else known.history
             known = self._ranks[body.rank] = _Rank(
                 body.rank, body.local_rank, body.generation, body.pid, self.window
             )
+            if past is not None:
+                known.history = past
         now, wall = self._clock(), self._wall_clock()
         known.dropped += body.dropped
         for report in body.reports:
@@ -111,7 +134,7 @@ class ProgressStore:
                 known.compute.append(report.compute_s)
                 while len(known.compute) > self.window:
                     known.compute.popleft()
-            known.scalars.update(report.scalars)
+            _update_scalars(known.scalars, report.scalars)
         if body.reports:
             self.reporting = True
             self._sample(known, now)
@@ -127,10 +150,15 @@ class ProgressStore:
         return [self._progress(self._ranks[rank], now) for rank in sorted(self._ranks)]
 
     def history(self) -> dict[str, RankHistory]:
-        """Each rank's samples of the last HISTORY_S, by rank (as a string: a JSON key)."""
+        """Each rank's samples of the last HISTORY_S, by rank (as a string: a JSON key): the
+        ranks of the group and those an older generation had here."""
         found: dict[str, RankHistory] = {}
-        for rank, known in sorted(self._ranks.items()):
-            samples = list(known.history)
+        since = self._wall_clock() - HISTORY_S
+        kept = {rank: known.history for rank, known in self._ranks.items()}
+        for rank, history in sorted({**self._past, **kept}.items()):
+            samples = [sample for sample in history if sample.at >= since]
+            if not samples:
+                continue
             names = sorted({name for sample in samples for name in sample.scalars})
             found[str(rank)] = RankHistory(
                 at=[round(s.at, 3) for s in samples],
@@ -141,11 +169,11 @@ class ProgressStore:
         return found
 
     def _sample(self, known: _Rank, now: float) -> None:
-        if now < known.next_sample_at:
-            return
-        known.next_sample_at = now + SAMPLE_S
-        compute = known.compute[-1] if known.compute else None
         wall = self._wall_clock()
+        if wall < known.next_sample_at:
+            return
+        known.next_sample_at = (math.floor(wall / SAMPLE_S) + 1) * SAMPLE_S
+        compute = known.compute[-1] if known.compute else None
         known.history.append(_Sample(wall, known.steps_per_s(now), compute, dict(known.scalars)))
         while known.history and known.history[0].at < wall - HISTORY_S:
             known.history.popleft()
@@ -169,6 +197,14 @@ class ProgressStore:
             scalars=dict(known.scalars),
             dropped=known.dropped,
         )
+
+
+def _update_scalars(kept: dict[str, float], reported: Mapping[str, float]) -> None:
+    """Take a report's scalars: at most MAX_SCALARS names per rank (a new name past them is
+    dropped), so a rank's samples stay bounded whatever its reports name."""
+    for name, value in reported.items():
+        if name in kept or len(kept) < MAX_SCALARS:
+            kept[name] = value
 
 
 def summary(ranks: list[RankProgress]) -> Mapping[str, object] | None:

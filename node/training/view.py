@@ -12,6 +12,7 @@ from pydantic import JsonValue
 
 from node.plan import RolePlan
 from node.training.models import (
+    GpuHistory,
     NodePart,
     NodeProgress,
     RankHistory,
@@ -101,8 +102,10 @@ def build_view(
     }
     nodes.update({node: NodePart(reachable=False) for node in missed})
     histories: dict[str, RankHistory] | None = None
+    gpus: dict[str, list[GpuHistory]] | None = None
     if history:
-        histories = {k: v for part in parts.values() for k, v in (part.history or {}).items()}
+        histories = merge_histories(part.history or {} for part in parts.values())
+        gpus = {node: part.gpu_history or [] for node, part in sorted(parts.items())}
     return TrainingView(
         answered_by=answered_by,
         coordinator=coordinator,
@@ -117,4 +120,37 @@ def build_view(
         nodes=nodes,
         committed=committed,
         history=histories,
+        gpu_history=gpus,
     )
+
+
+def merge_histories(parts: Iterable[Mapping[str, RankHistory]]) -> dict[str, RankHistory]:
+    """Each rank's history from every node that ran it in the window (a rank moves between
+    nodes across generations), its samples in time order."""
+    found: dict[str, list[RankHistory]] = {}
+    for part in parts:
+        for rank, one in part.items():
+            found.setdefault(rank, []).append(one)
+    merged: dict[str, RankHistory] = {}
+    for rank, kept in sorted(found.items(), key=lambda item: int(item[0])):
+        if len(kept) == 1:
+            merged[rank] = kept[0]
+            continue
+        names = sorted({name for history in kept for name in history.scalars})
+        rows = sorted(
+            (
+                history.at[i],
+                history.steps_per_s[i],
+                history.compute_s[i],
+                [history.scalars.get(name, [None] * len(history.at))[i] for name in names],
+            )
+            for history in kept
+            for i in range(len(history.at))
+        )
+        merged[rank] = RankHistory(
+            at=[row[0] for row in rows],
+            steps_per_s=[row[1] for row in rows],
+            compute_s=[row[2] for row in rows],
+            scalars={name: [row[3][n] for row in rows] for n, name in enumerate(names)},
+        )
+    return merged

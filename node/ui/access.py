@@ -27,6 +27,7 @@ UI_PREFIX = "/ui/"
 LOGIN_PATH = "/ui/login"
 EVENTS_PATH = "/v1/events"
 ASSETS_PREFIX = "/ui/assets/"
+FAVICON_PATH = "/favicon.ico"
 COOKIE_NAME = "shoal_ui"
 """The session cookie's name before its port: `shoal_ui_PORT`, `__Host-shoal_ui_PORT` over
 HTTPS (cookie_name)."""
@@ -116,12 +117,12 @@ def cookie_name(request: web.Request) -> str:
 
 
 def _public(request: web.Request) -> bool:
-    """The login page and the static assets: they hold no data."""
-    return request.path == LOGIN_PATH or request.path.startswith(ASSETS_PREFIX)
+    """The login page, the static assets and the icon: they hold no data."""
+    return request.path in (LOGIN_PATH, FAVICON_PATH) or request.path.startswith(ASSETS_PREFIX)
 
 
 def _ui_path(path: str) -> bool:
-    return path == "/ui" or path.startswith(UI_PREFIX) or path == EVENTS_PATH
+    return path == "/ui" or path.startswith(UI_PREFIX) or path in (EVENTS_PATH, FAVICON_PATH)
 
 
 def certificate_reader(request: web.Request) -> bool:

@@ -15,6 +15,7 @@ from node.ui.events import EventHub
 from node.ui.peers import PEER_INTERVAL_S
 from node.ui.routes import DashboardRoutes
 from node.ui.topics import ClusterPeers, NodeSampler, UiSources, topic_functions
+from node.ui.training import training_windows
 
 
 class Dashboard:
@@ -29,6 +30,7 @@ class Dashboard:
             topic_functions(sources, self.peers),
             lambda job_id: _log_paths(sources, job_id),
             NodeSampler(sources).sample,
+            windows=training_windows(sources.training),
         )
         self._routes = DashboardRoutes(access, self.hub)
         self.middleware: Middleware = ui_gate(access)

@@ -5,6 +5,8 @@ A topic's snapshot is computed at most once per `interval_s` however many pages 
 page is sent a topic only when its snapshot changed: at most one update per topic per second,
 nothing when nothing moves. `log:JOB` follows a job's stdout and stderr from where the page
 joined (the last LOG_TAIL_BYTES first). A sampler keeps the node's last minutes for sparklines.
+A window topic (a time series of many points) is sent whole to a page once, then as its newest
+points only, while the page's copy still reaches them.
 """
 
 from __future__ import annotations
@@ -47,12 +49,39 @@ LogPaths = Callable[[str], Mapping[str, Path] | None]
 Sampler = Callable[[], Awaitable[Mapping[str, float]]]
 
 
+@dataclass(frozen=True)
+class Window:
+    """What a window topic answers: its whole window (`full`), its newest points (`tail`, from
+    time `tail_from`; the page merges them), the window's `shape` (its series: a page whose
+    copy has another shape gets `full`) and the time of its newest point."""
+
+    full: Any
+    tail: Any
+    shape: str
+    tail_from: float
+    newest: float
+
+
+WindowFn = Callable[[], Awaitable[Window]]
+
+
 @dataclass
 class _Cached:
     computed_at: float = float("-inf")
     text: str = ""
     version: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    window: Window | None = None
+    tail_text: str = ""
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What a page holds of a window topic."""
+
+    version: int
+    shape: str
+    newest: float
 
 
 class EventHub:
@@ -65,10 +94,13 @@ class EventHub:
         log_paths: LogPaths,
         sampler: Sampler | None = None,
         *,
+        windows: Mapping[str, tuple[WindowFn, float]] | None = None,
         interval_s: float = INTERVAL_S,
         sample_s: float = SAMPLE_S,
     ) -> None:
-        self._topics = {**topics, "history": self._history_topic}
+        """`windows`: the window topics by name, each with the most often it is recomputed."""
+        self._windows = dict(windows or {})
+        self._topics = {**topics, "history": self._history_topic, **self._windows_as_topics()}
         self._log_paths = log_paths
         self._sampler = sampler
         self.interval_s = interval_s
@@ -79,6 +111,15 @@ class EventHub:
         self._task: asyncio.Task[None] | None = None
         self.streams = 0
         """Event streams open now."""
+
+    def _windows_as_topics(self) -> dict[str, TopicFn]:
+        return {name: self._window_fn(name) for name in self._windows}
+
+    def _window_fn(self, name: str) -> TopicFn:
+        async def compute() -> Window:
+            return await self._windows[name][0]()
+
+        return compute
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -112,15 +153,40 @@ class EventHub:
     async def snapshot(self, topic: str) -> tuple[int, str]:
         """(version, JSON text) of `topic`, recomputed when older than `interval_s`; the
         version changes only when the text does."""
+        cached = await self._fresh(topic)
+        return cached.version, cached.text
+
+    async def _fresh(self, topic: str) -> _Cached:
+        """The topic's cache, recomputed when older than its interval."""
         cached = self._cache[topic]
+        window = self._windows.get(topic)
+        interval_s = self.interval_s if window is None else window[1]
         async with cached.lock:
             now = time.monotonic()
-            if now - cached.computed_at >= self.interval_s:
-                text = json.dumps(await self._topics[topic](), separators=(",", ":"))
+            if now - cached.computed_at >= interval_s:
+                answer = await self._topics[topic]()
+                full = answer.full if isinstance(answer, Window) else answer
+                text = json.dumps(full, separators=(",", ":"))
                 if text != cached.text:
                     cached.text, cached.version = text, cached.version + 1
+                    if isinstance(answer, Window):
+                        cached.window = answer
+                        cached.tail_text = json.dumps(answer.tail, separators=(",", ":"))
                 cached.computed_at = now
-            return cached.version, cached.text
+            return cached
+
+    async def window_text(self, topic: str, held: _Held | None) -> tuple[_Held, str | None]:
+        """What a page holding `held` of window `topic` is sent now: None when its copy is
+        current, the tail when its copy has the window's shape and reaches the tail's first
+        point, else the whole window."""
+        cached = await self._fresh(topic)
+        window = cached.window
+        if window is None or (held is not None and held.version == cached.version):
+            return held or _Held(cached.version, "", float("-inf")), None
+        now = _Held(cached.version, window.shape, window.newest)
+        if held is not None and held.shape == window.shape and held.newest >= window.tail_from:
+            return now, cached.tail_text
+        return now, cached.text
 
     def parse_topics(self, raw: str) -> tuple[list[str], list[str]]:
         """(topics, job ids to follow) of a `topics` parameter; raises a 400 naming the bad
@@ -172,12 +238,18 @@ class EventHub:
         self, response: web.StreamResponse, topics: list[str], follows: list[_LogFollow]
     ) -> None:
         sent: dict[str, int] = {}
+        held: dict[str, _Held] = {}
         quiet_since = time.monotonic()
         wait_s = min(self.interval_s, LOG_POLL_S) if follows else self.interval_s
         await response.write(f"retry: 2000\nevent: hello\ndata: {json.dumps(topics)}\n\n".encode())
         while not self._closing.is_set():
             chunks = []
             for topic in topics:
+                if topic in self._windows:
+                    held[topic], update = await self.window_text(topic, held.get(topic))
+                    if update is not None:
+                        chunks.append(f"event: {topic}\ndata: {update}\n\n")
+                    continue
                 version, text = await self.snapshot(topic)
                 if sent.get(topic) != version:
                     sent[topic] = version

@@ -29,6 +29,7 @@ from node.security import bad_request
 from node.ui.access import (
     ASSETS_PREFIX,
     EVENTS_PATH,
+    FAVICON_PATH,
     LOGIN_PATH,
     SESSION_S,
     UI_PREFIX,
@@ -42,7 +43,15 @@ PAGE: dict[str, Any] = {"type": "string"}
 BROWSERS = (Caller.READER, Caller.OPERATOR)
 """Who reads the dashboard: a reader (its session, a reader certificate) or an operator."""
 NODE_REFUSED = Refusal(403, "forbidden", "a node's certificate (the dashboard is for readers)")
-ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+ASSET_TYPES = {
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+    ".ico": "image/x-icon",
+}
+FAVICON = "favicon.ico"
+FAVICON_CACHE = "public, max-age=86400"
+"""A browser asks for the icon again at most once a day."""
 HTML = "text/html"
 FORM = "application/x-www-form-urlencoded"
 MAX_TOKEN_CHARS = 1024
@@ -116,12 +125,37 @@ class DashboardRoutes:
         answer_type="text/plain",
     )
     async def _handle_asset(self, request: web.Request) -> web.Response:
-        """A static file of the dashboard (script, style sheet), shipped in the package"""
+        """A static file of the dashboard (script, style sheet, icon), shipped in the package"""
         asset = self._assets.get(request.match_info["name"])
         if asset is None:
             raise web.HTTPNotFound(reason=f"no dashboard asset {request.match_info['name']!r}")
         return web.Response(
             body=asset.body, content_type=asset.content_type, headers={"Cache-Control": "no-cache"}
+        )
+
+    @route(
+        "GET",
+        FAVICON_PATH,
+        callers=[Caller.PUBLIC],
+        answers=((200, "the icon"),),
+        errors=[Refusal(413, "too_large", "a body was sent")],
+        answer=PAGE,
+        answer_type="image/x-icon",
+    )
+    async def _handle_favicon(self, request: web.Request) -> web.Response:
+        """The dashboard's icon (a 32x32 ICO), which browsers ask for on every origin they
+        open"""
+        # public: holds nothing secret; no body is read (one announced is refused), no query is
+        # looked at, the answer is a constant from memory (778 bytes): nothing waits or grows
+        if request.content_length or request.headers.get("Transfer-Encoding"):
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=0,
+                actual_size=request.content_length or 0,
+                text="GET /favicon.ico takes no body",
+            )
+        icon = self._assets[FAVICON]
+        return web.Response(
+            body=icon.body, content_type=icon.content_type, headers={"Cache-Control": FAVICON_CACHE}
         )
 
     @route(

@@ -26,6 +26,7 @@ from node.routes import status_document
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
 from node.ui.peers import Applied, Known, Peer, PeerClient, PeerFanout, ask_status, ask_weights
+from node.ui.training import TrainingSource, quarantine_rows, training_topics
 
 MAX_JOBS_SHOWN = 200
 """The newest jobs the `jobs` topic lists (the page filters among them)."""
@@ -47,6 +48,8 @@ class UiSources:
     locks: LockService | None = None
     secret: bytes | None = None
     """The cluster secret: the dashboard's GETs to other members are signed with it."""
+    training: TrainingSource | None = None
+    """The training group's progress and history (node.training)."""
 
 
 class ClusterPeers:
@@ -197,6 +200,14 @@ async def members_topic(sources: UiSources, peers: ClusterPeers | None = None) -
     }
 
 
+def gpu_quarantine(sources: UiSources) -> list[dict[str, Any]]:
+    """The training page's GPU quarantine: the plan's quarantined nodes, with the lock table's
+    records as this node holds them (node.ui.training.quarantine_rows)."""
+    plan = sources.plan()
+    records = {} if sources.locks is None else sources.locks.table.quarantines
+    return quarantine_rows({} if plan is None else plan.quarantined, records)
+
+
 async def status_topic(sources: UiSources) -> dict[str, Any]:
     document = await status_document(sources.runtime)
     document.pop("uptime_s", None)  # changes every second; the page counts it from started_at
@@ -326,6 +337,7 @@ def topic_functions(sources: UiSources, peers: ClusterPeers | None = None) -> di
     topics = {name: _bind(maker, sources) for name, maker in makers.items()}
     topics["members"] = lambda: members_topic(sources, peers)
     topics["rl"] = lambda: rl_topic(sources, peers)
+    topics.update(training_topics(sources.training, lambda: gpu_quarantine(sources)))
     return topics
 
 

@@ -37,6 +37,7 @@ PUBLIC = {
     ("GET", "/ui/login"),
     ("POST", "/ui/login"),
     ("GET", "/ui/assets/{name}"),
+    ("GET", "/favicon.ico"),  # the dashboard's icon: every browser asks for it, before a login
 }
 UNSIGNED_OK = {*PUBLIC, ("GET", "/ui/")}
 """Answered without a signature: the public routes, and the dashboard's page (a redirect to the

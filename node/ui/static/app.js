@@ -1,10 +1,17 @@
 // shoal dashboard: one EventSource per page view, every value written with textContent.
+import { ago, badge, bytes, card, el, table, text } from "./dom.js";
+import { mergeWindow, renderTraining } from "./training.js";
+
 const main = document.getElementById("main");
 const live = document.getElementById("live");
 const state = { data: {}, page: "", job: null, logs: { stdout: "", stderr: "" }, source: null };
 
+const MERGES = { training_history: mergeWindow };
+/* A window topic sends its whole window once, then its newest points (training.js merges). */
+
 const PAGES = {
   cluster: { topics: ["status", "members"], render: renderCluster },
+  training: { topics: ["training", "training_history"], render: renderTraining },
   jobs: { topics: ["jobs"], render: renderJobs },
   job: { topics: ["jobs"], render: renderJob },
   runs: { topics: ["runs"], render: renderRuns },
@@ -12,48 +19,6 @@ const PAGES = {
   rl: { topics: ["rl"], render: renderRl },
   node: { topics: ["node", "status", "history"], render: renderNode },
 };
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === null || value === undefined) continue;
-    if (key === "class") node.className = value;
-    else node.setAttribute(key, value);
-  }
-  for (const child of children.flat()) {
-    if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : String(child));
-  }
-  return node;
-}
-
-const text = (value) => (value === null || value === undefined || value === "" ? "–" : String(value));
-const badge = (value) => el("span", { class: `state state-${value}` }, text(value));
-
-function bytes(n) {
-  if (n === null || n === undefined) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
-  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
-}
-
-function ago(epoch) {
-  if (!epoch) return "–";
-  const s = Math.max(0, Date.now() / 1000 - epoch);
-  return s < 120 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(0)} min ago`;
-}
-
-function table(caption, headers, rows, rowAttrs = () => ({})) {
-  const head = el("tr", {}, headers.map((h) => el("th", { scope: "col" }, h)));
-  const body = rows.map((row, i) => el("tr", rowAttrs(row, i), row.cells.map((c) => el("td", {}, c))));
-  return el("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": caption },
-    el("table", {}, el("caption", { class: "muted" }, caption), el("thead", {}, head), el("tbody", {}, body)));
-}
-
-function card(label, value, id) {
-  return el("div", { class: "card" }, el("span", { class: "k" }, label), el("span", { class: "v", id }, value));
-}
 
 function banners(status) {
   const out = [];
@@ -317,7 +282,8 @@ function open() {
   source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
   source.addEventListener("error", lost);
   for (const topic of PAGES[state.page].topics) {
-    source.addEventListener(topic, (event) => { state.data[topic] = JSON.parse(event.data); draw(); });
+    const merge = MERGES[topic] || ((held, next) => next);
+    source.addEventListener(topic, (event) => { state.data[topic] = merge(state.data[topic], JSON.parse(event.data)); draw(); });
   }
   source.addEventListener("log", (event) => {
     const chunk = JSON.parse(event.data);

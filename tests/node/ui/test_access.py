@@ -145,7 +145,30 @@ async def test_security_headers_on_every_dashboard_answer(tmp_path: Path) -> Non
         async with session.get(f"{base}/v1/openapi.json") as answer:
             paths = (await answer.json())["paths"]
         assert "text/event-stream" in str(paths["/v1/events"]["get"]["responses"]["200"])
-        assert {"/ui/", "/ui/login", "/ui/assets/{name}"} <= set(paths)
+        assert {"/ui/", "/ui/login", "/ui/assets/{name}", "/favicon.ico"} <= set(paths)
+
+
+async def test_the_favicon_is_served_to_anyone_and_takes_no_body(tmp_path: Path) -> None:
+    secret, token = _secret_files(tmp_path)
+    icon = Path(__file__).resolve().parents[3] / "node" / "ui" / "static" / "favicon.ico"
+    async with (
+        _node(tmp_path, secret_file=secret, ui_token_file=token) as base,
+        ClientSession(timeout=ClientTimeout(total=10)) as session,
+    ):
+        async with session.get(f"{base}/favicon.ico", allow_redirects=False) as answer:
+            assert answer.status == 200, "a browser asks before any login: no 404, no 401"
+            assert answer.headers["Content-Type"] == "image/x-icon"
+            assert "max-age" in answer.headers["Cache-Control"]
+            assert await answer.read() == icon.read_bytes()
+        async with session.get(f"{base}/ui/assets/favicon.svg") as answer:
+            assert answer.status == 200
+            assert answer.headers["Content-Type"] == "image/svg+xml"
+        async with session.get(f"{base}/favicon.ico", data=b"x" * 64) as answer:
+            assert answer.status == 413
+        async with session.post(f"{base}/favicon.ico") as answer:
+            assert answer.status in (401, 405), "only GET"
+    for page in ("index.html", "login.html"):
+        assert 'rel="icon"' in (icon.parent / page).read_text(), page
 
 
 async def test_with_a_secret_and_no_token_the_dashboard_is_off(tmp_path: Path) -> None:
@@ -169,6 +192,7 @@ def test_the_pages_hold_no_inline_script_or_handler() -> None:
         assert re.search(r"<script(?![^>]*\bsrc=)[^>]*>", text) is None, page
         assert re.search(r"\son[a-z]+=", text) is None, page
         assert "style=" not in text, page
-    script = (static / "app.js").read_text()
-    assert "innerHTML" not in script
-    assert "eval(" not in script
+    for module in static.glob("*.js"):
+        script = module.read_text()
+        assert "innerHTML" not in script, module
+        assert "eval(" not in script, module
