@@ -1,0 +1,155 @@
+"""Warm spare processes for a node's training command (setting `training_spares`): each is the
+command's Python with torch and shoal's training modules imported, waiting (shoal._spare). A
+worker the launcher (re)starts takes a ready spare and begins in the time its script needs, not
+the interpreter's and torch's; the pool then warms a new one. A command that is not a Python
+script or module (the spare says `unsupported`) runs without spares, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from config import AsyncClosing
+
+__all__ = ["SPARE_CODE", "Spare", "SparePool"]
+
+log = logging.getLogger(__name__)
+
+SPARE_CODE = "import shoal._spare as spare; spare.main()"
+ENV_COMMAND = "SHOAL_SPARE_COMMAND"
+"""shoal._spare.ENV_COMMAND: the worker's command, which the spare checks before it warms."""
+LINE_BYTES = 4096
+
+
+class Spare:
+    """One spare process; `ready` once it said so. `hand_over` makes it a worker."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.ready = asyncio.Event()
+        self.unsupported: str | None = None
+
+    async def hand_over(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path
+    ) -> asyncio.subprocess.Process:
+        """Send the worker's command; the spare runs it with `env` in `cwd`, writing to
+        `log_path`. Returns the process, now the worker. OSError when the spare is gone."""
+        stdin = self.proc.stdin
+        if stdin is None or self.proc.returncode is not None:
+            raise OSError(f"spare pid {self.proc.pid} is gone")
+        order = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "log": str(log_path)}
+        try:
+            stdin.write(json.dumps(order).encode() + b"\n")
+            await stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise OSError(f"spare pid {self.proc.pid} did not take its command: {exc}") from exc
+        finally:
+            stdin.close()
+        return self.proc
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class SparePool(AsyncClosing):
+    """Keeps `size` spares of `command` warm, started in `workdir` with `env` (the workers'
+    base environment), their own output before a hand-over going to `log_path`."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        workdir: Path,
+        env: Mapping[str, str],
+        size: int,
+        log_path: Path,
+    ) -> None:
+        self.command = tuple(command)
+        self.workdir = workdir
+        self.size = size
+        self.log_path = log_path
+        self._env = {**env, ENV_COMMAND: json.dumps(list(command))}
+        self._spares: list[Spare] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.unsupported: str | None = None if size > 0 else "training_spares is 0"
+        self._closed = False
+
+    @property
+    def ready_count(self) -> int:
+        return sum(1 for spare in self._spares if spare.ready.is_set())
+
+    def fill(self) -> None:
+        """Start spares until `size` are warm or warming (none once the command is found
+        unsupported, or after close)."""
+        if self._closed or self.unsupported is not None:
+            return
+        while len(self._spares) + len(self._tasks) < self.size:
+            task = asyncio.get_running_loop().create_task(self._start(), name="training-spare")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def take(self) -> Spare | None:
+        """A ready spare, no longer the pool's (a new one warms), or None."""
+        for spare in self._spares:
+            if spare.ready.is_set() and spare.proc.returncode is None:
+                self._spares.remove(spare)
+                self.fill()
+                return spare
+        return None
+
+    async def _start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as output:
+            proc = await asyncio.create_subprocess_exec(
+                self.command[0],
+                "-c",
+                SPARE_CODE,
+                cwd=self.workdir,
+                env=self._env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=output,
+                start_new_session=True,
+            )
+        spare = Spare(proc)
+        self._spares.append(spare)
+        try:
+            await self._listen(spare)
+        finally:
+            if not spare.ready.is_set():
+                if spare in self._spares:
+                    self._spares.remove(spare)
+                spare.kill()
+                await asyncio.shield(spare.proc.wait())
+
+    async def _listen(self, spare: Spare) -> None:
+        """Read the spare's word: `ready`, or `unsupported: why` (no more spares are made)."""
+        assert spare.proc.stdout is not None
+        line = (await spare.proc.stdout.readline())[:LINE_BYTES].decode(errors="replace")
+        if line.strip() == "ready":
+            spare.ready.set()
+            return
+        reason = line.strip().removeprefix("unsupported: ") or (
+            f"the spare exited {await spare.proc.wait()} before it was ready (see {self.log_path})"
+        )
+        if self.unsupported is None:
+            log.warning("training: no warm spares for %s: %s", self.command[0], reason)
+        self.unsupported = reason
+
+    async def close(self) -> None:
+        """Kill every spare not handed over; idempotent."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        spares, self._spares = self._spares, []
+        for spare in spares:
+            spare.kill()
+        await asyncio.gather(*(spare.proc.wait() for spare in spares), return_exceptions=True)

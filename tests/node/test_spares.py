@@ -1,0 +1,129 @@
+"""Warm spare training processes (node.training.spares, shoal._spare): a spare warms, takes a
+worker's command and runs it as the interpreter would (argv, environment, directory, output,
+__main__, sys.path), a new one warms in its place; a command a spare cannot run leaves the pool
+without spares; closing kills the spares not handed over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from node.training.spares import SparePool
+from shoal._spare import parse_command
+
+SCRIPT = """
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "x": os.environ.get("X"), "cwd": os.getcwd(),
+                  "name": __name__, "path0": sys.path[0], "spare": os.environ.get("SPARE")}))
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def base_env() -> dict[str, str]:
+    return {**os.environ, "SHOAL_SPARE_PRELOAD": "json", "SPARE": "warm"}
+
+
+async def ready(pool: SparePool, count: int, timeout_s: float = 60.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while pool.ready_count < count:
+            assert pool.unsupported is None, pool.unsupported
+            await asyncio.sleep(0.02)
+
+
+def test_commands_a_spare_can_run() -> None:
+    assert parse_command(["python3", "-u", "train.py", "--x"]) is not None
+    module = parse_command([sys.executable, "-m", "pkg.train", "a"])
+    assert module is not None
+    assert (module.module, module.args) == ("pkg.train", ("a",))
+    for argv in (["bash", "train.sh"], ["python3", "-c", "pass"], ["python3", "-I", "t.py"]):
+        assert parse_command(argv) is None, argv
+
+
+async def test_a_spare_runs_the_workers_command_as_the_interpreter_would(tmp_path: Path) -> None:
+    script = tmp_path / "scripts" / "train.py"
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+    command = [sys.executable, "-u", str(script), "--steps", "3"]
+    async with SparePool(command, tmp_path, base_env(), 1, tmp_path / "spare.log") as pool:
+        pool.fill()
+        await ready(pool, 1)
+        spare = pool.take()
+        assert spare is not None
+        assert pool.take() is None
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        log = tmp_path / "training.log"
+        env = {**os.environ, "X": "42", "EXIT": "3"}
+        proc = await spare.hand_over(command, env, workdir, log)
+        assert await asyncio.wait_for(proc.wait(), 30) == 3
+        seen = json.loads(log.read_text().strip().splitlines()[-1])
+        assert seen == {
+            "argv": [str(script), "--steps", "3"],
+            "x": "42",
+            "cwd": str(workdir),
+            "name": "__main__",
+            "path0": str(script.parent),
+            "spare": None,
+        }
+        await ready(pool, 1)  # another warmed in its place
+
+
+async def test_a_module_command_runs_with_the_directory_first_on_the_path(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(SCRIPT)
+    command = [sys.executable, "-m", "mine", "go"]
+    async with SparePool(command, tmp_path, base_env(), 1, tmp_path / "spare.log") as pool:
+        pool.fill()
+        await ready(pool, 1)
+        spare = pool.take()
+        assert spare is not None
+        log = tmp_path / "training.log"
+        proc = await spare.hand_over(command, dict(os.environ), tmp_path, log)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        seen = json.loads(log.read_text().strip().splitlines()[-1])
+        assert (seen["argv"], seen["name"], seen["path0"]) == (
+            [str(tmp_path / "mine.py"), "go"],
+            "__main__",
+            str(tmp_path),
+        )
+
+
+async def test_a_command_a_spare_cannot_run_leaves_the_pool_without_spares(
+    tmp_path: Path,
+) -> None:
+    command = [sys.executable, "-c", "print('hi')"]
+    async with SparePool(command, tmp_path, base_env(), 2, tmp_path / "spare.log") as pool:
+        pool.fill()
+        async with asyncio.timeout(60):
+            while pool.unsupported is None:
+                await asyncio.sleep(0.02)
+        assert "not a python script" in pool.unsupported
+        pool.fill()
+        assert pool.take() is None
+        assert pool.ready_count == 0
+
+
+async def test_closing_kills_the_spares(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    pool = SparePool([sys.executable, str(script)], tmp_path, base_env(), 2, tmp_path / "s.log")
+    pool.fill()
+    await ready(pool, 2)
+    procs = [spare.proc for spare in pool._spares]
+    await pool.close()
+    await pool.close()
+    assert [proc.returncode for proc in procs] == [-9, -9]
+    pool.fill()
+    assert pool.ready_count == 0
+
+
+@pytest.mark.parametrize("size", [0])
+async def test_no_spares_when_none_are_asked_for(tmp_path: Path, size: int) -> None:
+    async with SparePool([sys.executable, "t.py"], tmp_path, {}, size, tmp_path / "s.log") as pool:
+        pool.fill()
+        assert pool.unsupported == "training_spares is 0"
+        assert pool.take() is None
