@@ -31,12 +31,15 @@ ENV_COMMAND = "SHOAL_SPARE_COMMAND"
 PRELOAD = (
     "torch",
     "torch.distributed",
+    "torch._dynamo",
     "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
     "shoal.session",
     "shoal.checkpoint",
 )
 """What a spare imports before it says `ready` (SHOAL_SPARE_PRELOAD, comma-separated, replaces
-it); a module that is not installed is skipped."""
+it); a module that is not installed is skipped. torch._dynamo is what a torch optimizer imports
+when the first one is made (seconds)."""
 FLAGS = frozenset({"-u", "-B"})
 """The interpreter options a spare can take on after it started."""
 

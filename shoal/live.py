@@ -10,6 +10,7 @@ checkpoint instead (LiveStateError says so).
 
 from __future__ import annotations
 
+import ctypes
 import io
 import time
 from collections.abc import Callable, Mapping, MutableMapping
@@ -179,7 +180,7 @@ def share_state(
         buffer = torch.empty(length, dtype=torch.uint8)
     dist.broadcast(buffer, src=_global(source, group, dist), group=group)
     if rank in receivers:
-        _apply(state, _decode(bytes(buffer.untyped_storage())))
+        _apply(state, _decode(ctypes.string_at(buffer.data_ptr(), length)))
     return Transfer(newest, source, receivers, length, clock() - started)
 
 
