@@ -60,6 +60,15 @@ class PlanFence:
 FenceLike = PlanFence | tuple[int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class RestartRequest:
+    """Restart the training group of `generation` (a new generation, the same nodes) because
+    of `reason` (`hang`, `worker_exit`): what node.training asks of the coordinator."""
+
+    generation: int
+    reason: str
+
+
 def as_fence(value: FenceLike) -> PlanFence:
     return value if isinstance(value, PlanFence) else PlanFence(value[0], value[1])
 
@@ -119,7 +128,9 @@ class RolePlan:
     quarantined for a GPU fault (node.quarantine) to its reason (`gpu_fault: Xid 79 on GPU-...`,
     also its `cannot_train` while it is a member): it gets no training rank and no weights-group
     place; a plan dict without the field quarantines nobody. A node in the training ranks of one
-    plan and quarantined in the next left the group for a GPU fault.
+    plan and quarantined in the next left the group for a GPU fault. `restart` says why the
+    coordinator forced this generation (a RestartRequest's reason: hang, worker_exit), empty when
+    it did not (an older release's plan has none).
     """
 
     term: int
@@ -134,6 +145,7 @@ class RolePlan:
     local_world_sizes: tuple[int, ...] = ()
     draining: Mapping[str, float | None] = field(default_factory=dict)
     quarantined: Mapping[str, str] = field(default_factory=dict)
+    restart: str = ""
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -268,6 +280,7 @@ class RolePlan:
             "weights_generation": self.weights_generation,
             "draining": dict(self.draining),
             "quarantined": dict(self.quarantined),
+            **({"restart": self.restart} if self.restart else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -307,7 +320,7 @@ class RolePlan:
         quarantined = data.get("quarantined") or {}
         if not isinstance(quarantined, Mapping):
             raise PlanError("plan quarantined must map node ids to reasons")
-        note = data.get("note", "")
+        note, restart = data.get("note", ""), data.get("restart", "")
         return cls(
             term=term,
             version=version,
@@ -321,6 +334,7 @@ class RolePlan:
             local_world_sizes=tuple(sizes or ()),
             draining={str(node): after_s for node, after_s in draining.items()},
             quarantined={str(node): reason for node, reason in quarantined.items()},
+            restart=restart if isinstance(restart, str) else "",
         )
 
 

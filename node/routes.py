@@ -156,6 +156,17 @@ STATUS_SCHEMA: dict[str, Any] = {
         "health_problems": {"type": "array", "items": {"type": "string"}},
         "notes": {"type": "array", "items": {"type": "string"}},
         "autostop": AUTOSTOP_SCHEMA,
+        "training": {
+            "description": "this node's training ranks (node.training), or null while none "
+            "reports: generation, ranks, their highest step, their median steps/s",
+            "type": ["object", "null"],
+            "properties": {
+                "generation": {"type": "integer"},
+                "ranks": {"type": "integer"},
+                "step": {"type": "integer"},
+                "steps_per_s": {"type": "number"},
+            },
+        },
     },
 }
 
@@ -309,6 +320,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
             if runtime.autostop is not None
             else {"enabled": False, "state": "off"}
         ),
+        "training": runtime.training() if runtime.training is not None else None,
         "config_hash": runtime.settings.config_hash(),
         "notes": notes,
     }

@@ -72,6 +72,9 @@ class NodeRuntime:
     """Counts of this node's jobs by state (the status document's `jobs`)."""
     autostop: Callable[[], dict[str, Any]] | None = None
     """The `autostop` object of the status document (node.providers.own)."""
+    training: Callable[[], Mapping[str, Any] | None] | None = None
+    """The `training` object of the status document: this node's ranks' generation, count,
+    highest step and median steps/s (node.training), None while none reports."""
     notes: list[str] = field(default_factory=list)
     refreshers: list[Callable[[], None]] = field(default_factory=list)
     """Called before status is read, so live fields (term, coordinator) are never stale."""

@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("election", "training"),
     ("locks",),
     ("ssh", "providers", "jobs", "quarantine"),
-    ("runs", "rl", "workers", "sync_service", "sync_docs", "backup", "records"),
+    ("runs", "rl", "workers", "sync_service", "sync_docs", "backup", "records", "checkpoints"),
     ("tasks",),
     ("ui",),
     ("daemon", "boot", "parts"),

@@ -24,6 +24,7 @@ from bench.gpu_check import (
     run_sections,
     same_digest,
     split_gpus,
+    training_verdict,
 )
 from tests.conftest import cuda_missing
 
@@ -231,3 +232,22 @@ def test_the_faults_section_reads_and_self_tests_through_the_watchers_code(
     assert faulty["faults"] == ["gpu_fault: Xid 79 on GPU-5d8f0e11-2a"]
     assert "self-test failed: failed: " + uuids[1] in faulty["error"]
     assert json.loads(json.dumps(faulty))["samples"][1]["xids"] == [79]  # the document is JSON
+
+
+def test_the_training_section_wants_a_hang_restart_in_time_and_every_rank_back_on_nccl() -> None:
+    back = [{"rank": 0, "backend": "nccl"}, {"rank": 1, "backend": "nccl"}]
+    restart = {"at": 112.0, "reason": "hang", "generation": 3}
+    assert training_verdict(2, restart, 100.0, 10.0, back, True) == []
+    late = {**restart, "at": 115.5}
+    assert training_verdict(2, late, 100.0, 10.0, back, True) == [
+        "the restart came 15.5 s after the stop"
+    ]
+    assert training_verdict(2, None, 100.0, 10.0, back[:1], False) == [
+        "no restart with reason hang",
+        "the stopped worker was not ended",
+        "1 of 2 ranks stepped again",
+    ]
+    gloo = [{"rank": 0, "backend": "gloo"}]
+    assert training_verdict(1, restart, 100.0, 10.0, gloo, True) == [
+        "a rank of the new generation is not on nccl"
+    ]

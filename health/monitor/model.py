@@ -22,6 +22,7 @@ __all__ = [
     "NodeRow",
     "NodeStatusDoc",
     "Observation",
+    "TrainingInfo",
     "parse_peers",
     "parse_status",
 ]
@@ -108,6 +109,35 @@ class DrainInfo:
 
 
 @dataclass(frozen=True)
+class TrainingInfo:
+    """A node's training ranks as its /v1/status `training` object says: how many, their highest
+    step and median steps per second, in which generation."""
+
+    ranks: int
+    step: int
+    steps_per_s: float
+    generation: int | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> TrainingInfo | None:
+        """None for null, junk, or an older node that sends no `training`."""
+        if not isinstance(value, Mapping):
+            return None
+        step, rate = read_int(value.get("step")), read_float(value.get("steps_per_s"))
+        if step is None or rate is None:
+            return None
+        ranks = read_int(value.get("ranks")) or 0
+        return cls(ranks, step, rate, read_int(value.get("generation")))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        """`step 1234, 5.20/s`."""
+        return f"step {self.step}, {self.steps_per_s:.2f}/s"
+
+
+@dataclass(frozen=True)
 class NodeStatusDoc:
     """The parts of one node's /v1/status the monitor shows."""
 
@@ -134,6 +164,8 @@ class NodeStatusDoc:
     drain: DrainInfo | None = None
     """The node's drain in the plan it applies (`drain` of /v1/status) or its GPU quarantine
     (`quarantine`), None when neither."""
+    training: TrainingInfo | None = None
+    """Its training ranks' progress (`training` of /v1/status), None while none reports."""
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -164,6 +196,7 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         autostop=AutostopInfo.from_json(doc.get("autostop")),
         protocol=read_int(doc.get("protocol")),
         drain=DrainInfo.from_json(doc.get("drain"), doc.get("quarantine")),
+        training=TrainingInfo.from_json(doc.get("training")),
     )
 
 
@@ -264,6 +297,8 @@ class NodeRow:
     """Why its peers refuse it (a revoked certificate: it shows dead), else None."""
     drain: DrainInfo | None = None
     """Its drain (from its status), None when it is not draining."""
+    training: TrainingInfo | None = None
+    """Its training ranks' step and steps/s (from its status), None while none reports."""
 
     @property
     def failing(self) -> bool:
@@ -303,6 +338,7 @@ class NodeRow:
             "autostop": None if self.autostop is None else self.autostop.to_json(),
             "refused": self.refused,
             "drain": None if self.drain is None else self.drain.to_json(),
+            "training": None if self.training is None else self.training.to_json(),
         }
 
 

@@ -42,12 +42,13 @@ from node.election.state import (
     initial_state,
     lease_backers,
     lease_valid,
+    log_event,
     next_plan_version,
     next_wakeup,
     status_of,
     with_observers,
 )
-from node.plan import PlanError, RolePlan
+from node.plan import PlanError, RestartRequest, RolePlan
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ DrainSource = Callable[[int], Mapping[str, float | None] | None]
 their durable store, or None while it has not read them yet (the plan keeps its previous
 plan's)."""
 QuarantineSource = Callable[[int], Mapping[str, str] | None]  # as DrainSource: node -> reason
+RestartSource = Callable[[], RestartRequest | None]
+"""The restart of the training group a coordinator is asked for (node.training), or None."""
 
 
 class _Phase(enum.Enum):
@@ -88,6 +91,7 @@ class Elector:
         capabilities: CapabilitiesSource | None = None,
         drains: DrainSource | None = None,
         quarantines: QuarantineSource | None = None,
+        restarts: RestartSource | None = None,
         policy: RolePolicy | None = None,
         debounce: PlanDebouncer | None = None,
         adoption_log: AdoptionLog | None = None,
@@ -101,6 +105,7 @@ class Elector:
         self._capabilities = capabilities
         self._drains = drains
         self._quarantines = quarantines
+        self._restarts = restarts
         self._policy = policy
         self._debounce = debounce or PlanDebouncer()
         self._adoption_log = adoption_log
@@ -269,7 +274,7 @@ class Elector:
         async with self._dispatch_lock:
             while self._queue and self._queue[0][0] <= self._persisted_seq:
                 _, event, backers = self._queue.popleft()
-                _log_event(event)
+                log_event(event)
                 for listener in list(self._listeners):
                     try:
                         listener(event)
@@ -405,6 +410,7 @@ class Elector:
                 highest_generation=state.generation,
                 draining=None if self._drains is None else self._drains(state.term),
                 quarantined=None if self._quarantines is None else self._quarantines(state.term),
+                restart=None if self._restarts is None else self._restarts(),
             )
         except (PlanError, ValueError) as exc:
             log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)
@@ -430,19 +436,6 @@ class Elector:
 
     def _term(self) -> object:
         return self._state.term if self._state else "-"
-
-
-def _log_event(event: ElectionEvent) -> None:
-    status, plan = event.status, event.plan
-    what = {
-        ElectionEventKind.ELECTED: "elected coordinator",
-        ElectionEventKind.STEPPED_DOWN: "stepped down as coordinator",
-        ElectionEventKind.COORDINATOR_CHANGED: f"coordinator is {status.coordinator}",
-        ElectionEventKind.PLAN_ADOPTED: "adopted plan "
-        + ("-" if plan is None else f"{plan.fence.to_header()} ({plan.note})"),
-    }[event.kind]
-    level = logging.WARNING if event.kind is ElectionEventKind.STEPPED_DOWN else logging.INFO
-    log.log(level, "node %s term %s: %s", status.node_id, status.term, what)
 
 
 def _fence(plan: RolePlan | None) -> object:

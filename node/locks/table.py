@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from node.errors import LockError
+from node.locks.checkpoints import CheckpointLog
 
 WAITER_GRACE_S = 10.0
 """A waiter that has not asked again for this long (or its ttl_s, if longer) leaves the queue."""
@@ -132,6 +133,10 @@ class LockTable:
     quarantines: Mapping[str, Quarantine] = dataclasses.field(default_factory=dict)
     """The nodes quarantined for a GPU fault, and those re-admitted within the limit's window
     (node.locks.quarantines); a table without the field quarantines nobody."""
+    checkpoints: CheckpointLog = dataclasses.field(default_factory=CheckpointLog)
+    """The committed training checkpoints and the nodes' last restores (node.checkpoints), on
+    the same majority so a new coordinator knows the step to restore; a table without the field
+    (an older release's) has committed none."""
 
     def get(self, name: str) -> LockState:
         return self.locks.get(name, LockState())
@@ -363,6 +368,13 @@ def put_drain(
             return table
         drains[node] = dict(record)
     return dataclasses.replace(table, version=_bump(table, term), drains=drains)
+
+
+def put_checkpoints(table: LockTable, term: int, log: CheckpointLog) -> LockTable:
+    """The table with its checkpoint log replaced (one change), or the same table when equal."""
+    if log == table.checkpoints:
+        return table
+    return dataclasses.replace(table, version=_bump(table, term), checkpoints=log)
 
 
 def drain_map(table: LockTable) -> dict[str, float | None]:
