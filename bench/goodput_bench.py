@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.goodput_committed import committed_lost, wipe_restores  # noqa: E402
 from bench.goodput_faults import FaultKind, PlannedFault, schedule  # noqa: E402
 from bench.goodput_score import AppliedFault, read_progress, score  # noqa: E402
 from bench.goodput_systems import BenchSettings, System, systems  # noqa: E402
@@ -69,7 +70,7 @@ class Run:
         self.system = system
         self.cluster = cluster
         self.applied: list[AppliedFault] = []
-        self._undo: list[tuple[float, Callable[[], None]]] = []
+        self._undo: list[tuple[float, Callable[[], object]]] = []
         self._supervised_at = 0.0
 
     def wait_until(self, when: float) -> None:
@@ -117,37 +118,38 @@ def first_step(progress: Path, system: System, deadline: float) -> float | None:
     return None
 
 
-def transfers(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """The live state transfers the receivers logged: count, sizes, median throughput."""
-    rates = [
-        line["bytes"] / line["seconds"]
+def checkpoint_figures(
+    system: System, lines: list[dict[str, Any]], applied: list[AppliedFault]
+) -> dict[str, Any]:
+    """Committed steps lost (each group's restore beside the newest step committed before it
+    started), the wiped hosts' restores (from peers?), and the restores' sources and times."""
+    lost, restores = committed_lost(lines, system.committed)
+    wipes = [(fault.host, fault.at) for fault in applied if fault.kind == FaultKind.WIPE.value]
+    seconds = [
+        float(line["seconds"])
         for line in lines
-        if line.get("source") == "peer" and line.get("bytes") and line.get("seconds")
+        if line.get("event") == "restored" and line.get("rank") == 0 and line.get("step")
     ]
-    sources: dict[str, int] = {}
-    for line in lines:
-        if line.get("event") == "restored":
-            sources[str(line.get("source"))] = sources.get(str(line.get("source")), 0) + 1
     return {
-        "restores_by_source": sources,
-        "live_transfers": len(rates),
-        "live_transfer_mb_per_s_median": round(statistics.median(rates) / 1e6, 1)
-        if rates
-        else None,
+        "committed_steps_lost": lost,
+        "committed_final": system.committed[-1][1] if system.committed else None,
+        "group_restores": restores,
+        "restore_s_median": round(statistics.median(seconds), 2) if seconds else None,
+        "wiped_hosts": wipe_restores(system.restores, wipes) if system.restores else [],
     }
 
 
 def run_system(
     kind: type[System], args: argparse.Namespace, planned: list[PlannedFault]
 ) -> dict[str, Any]:
-    with NetnsCluster(args.hosts) as cluster:
+    with NetnsCluster(args.hosts + 1) as cluster:  # the last host: the probe's, no faults
         progress, shared = cluster.base_dir / "progress", cluster.base_dir / "shared"
         progress.mkdir()
         shared.mkdir()
         settings = BenchSettings(
             args.step_s, args.save_s, args.hang_s, args.collective_s, progress, shared
         )
-        system = kind(cluster, settings)
+        system = kind(cluster, settings, cluster.hosts[: args.hosts])
         try:
             system.start()
             t0 = first_step(progress, system, time.time() + args.start_s)
@@ -159,9 +161,10 @@ def run_system(
                 run.apply(fault)
             end = t0 + args.minutes * 60.0
             run.wait_until(end)
+            system.collect()
             lines = read_progress(progress)
             result = score(lines, run.applied, end).to_json()
-            result.update(transfers(lines))
+            result.update(checkpoint_figures(system, lines, run.applied))
             result["notes"] = system.notes[-20:]
             return result
         finally:

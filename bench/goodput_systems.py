@@ -18,10 +18,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from bench.goodput_committed import finished_checkpoint, probe_argv, read_probe
 from health import FakeGpu, write_fake_gpus
 from tests.cluster import ClusterProcess, Host, NetnsCluster
 
@@ -84,10 +87,16 @@ class System:
 
     name = "system"
 
-    def __init__(self, cluster: NetnsCluster, settings: BenchSettings) -> None:
+    def __init__(
+        self, cluster: NetnsCluster, settings: BenchSettings, hosts: Sequence[Host]
+    ) -> None:
         self.cluster = cluster
         self.settings = settings
-        self.hosts = cluster.hosts
+        self.hosts = tuple(hosts)
+        self.committed: list[tuple[float, int]] = []
+        """(unix time, step) each time the newest committed step changed, as the bench saw it."""
+        self.restores: list[dict[str, Any]] = []
+        """What the system says of its nodes' restores (shoal: the probe's answers)."""
         self.up = {host.name: True for host in self.hosts}
         self.procs: dict[str, ClusterProcess] = {}
         self.notes: list[str] = []
@@ -136,6 +145,13 @@ class System:
     def supervise(self) -> None:
         """Called every second: what an operator's process supervisor would do."""
 
+    def note_committed(self, step: int | None, at: float) -> None:
+        if step is not None and (not self.committed or step != self.committed[-1][1]):
+            self.committed.append((at, step))
+
+    def collect(self) -> None:
+        """Read what the run's end scores beside the progress lines (committed steps)."""
+
     def close(self) -> None:
         """Stop every process (the cluster's close removes the namespaces too)."""
         for host in self.hosts:
@@ -143,13 +159,17 @@ class System:
 
 
 class ShoalSystem(System):
-    """A shoal daemon per host (all voters, role training, gloo, one training process and one
-    warm spare, a fake GPU each through the JSON seam), the script re-forming in place."""
+    """A shoal daemon per host (all voters, role training, gloo, one training process, a fake
+    GPU each through the JSON seam); a probe on a host of its own reads /v1/training (the
+    committed step, each node's last restore)."""
 
     name = "shoal"
 
-    def __init__(self, cluster: NetnsCluster, settings: BenchSettings) -> None:
-        super().__init__(cluster, settings)
+    def __init__(
+        self, cluster: NetnsCluster, settings: BenchSettings, hosts: Sequence[Host]
+    ) -> None:
+        super().__init__(cluster, settings, hosts)
+        self.probe: ClusterProcess | None = None
         base = cluster.base_dir
         self.seam = base / "gpus.json"
         self.gpus = [
@@ -177,13 +197,13 @@ class ShoalSystem(System):
                 "backend": "gloo",
                 "gpus": [index],
                 "training_nproc": 1,
-                "training_spares": 1,
                 "training_command": [sys.executable, str(SCRIPT), *script_argv(settings, host)],
                 "training_env": {"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"},
                 "training_hang_s": settings.hang_s,
                 "gpu_fault_check_s": 0.5,
                 "gpu_readmit_settle_s": 2.0,
                 "gpu_quarantine_limit": 1000,
+                "checkpoint_copy_after_s": 5.0,
                 "timeouts": {"collective_s": settings.collective_s, "quorum_s": 60.0},
             }
             (self.configs / f"{host.name}.json").write_text(json.dumps(config), encoding="utf-8")
@@ -197,6 +217,20 @@ class ShoalSystem(System):
         }
         argv = [sys.executable, "-m", "node.cli", "serve"]
         self.procs[host.name] = host.spawn(argv, env=env, cwd=ROOT, name="shoal")
+
+    def start(self) -> None:
+        super().start()
+        probe_host = next(h for h in self.cluster.hosts if h not in self.hosts)
+        argv = probe_argv(self.secret, [host.endpoint for host in self.hosts])
+        self.probe = probe_host.spawn(argv, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, name="probe")
+
+    def collect(self) -> None:
+        if self.probe is None:
+            return
+        committed, self.restores = read_probe(self.probe.log_path)
+        for at, step in sorted(committed):
+            if not self.committed or step > self.committed[-1][1]:
+                self.committed.append((at, step))
 
     def xid(self, host: Host, fault: bool) -> bool:
         index = self.hosts.index(host)
@@ -240,6 +274,7 @@ class TorchrunSystem(System):
         )
 
     def supervise(self) -> None:
+        self.note_committed(finished_checkpoint(self.settings.shared), time.time())
         for host in self.hosts:
             proc = self.procs.get(host.name)
             if self.up[host.name] and proc is not None and not proc.running():

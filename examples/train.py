@@ -7,14 +7,14 @@ backward pass), then averages the gradients over the group with one all_reduce. 
 `--save-s` seconds of steps the state is saved; the cluster commits a step once every rank
 wrote it.
 
-The loop re-forms its group in place when the group changes (a node killed, hung, quarantined,
-partitioned away or back): the healthy processes keep their model in memory, only a new
-process restores (from a live peer holding the newest step, else from the committed
-checkpoint). Under plain torchrun the group is restarted instead, and restores from the
-checkpoint directory the ranks share (SHOAL_CHECKPOINT_DIR).
+When the group changes (a node killed, hung, quarantined, partitioned away or back, a worker
+exited) the daemons start a new generation: every process of the group starts again and
+`session.restore` loads the newest step the cluster committed (fetched from peers first on a
+host that lacks its files: a replaced disk). Under plain torchrun the agents restart the group
+instead, and restore from the checkpoint directory the ranks share (SHOAL_CHECKPOINT_DIR).
 
 With `--progress DIR` each process appends JSON lines to DIR/<node>-<pid>.jsonl: its start,
-its restores and re-forms, and (rank 0) every step; bench/goodput_bench.py reads them.
+its restore, and (rank 0) every step and every save; bench/goodput_bench.py reads them.
 """
 
 from __future__ import annotations
@@ -73,26 +73,16 @@ class Progress:
             out.write(json.dumps(line) + "\n")
 
 
-def restore_fields(
-    session: shoal.TrainingSession, step: int, seconds: float, kept: bool = False
-) -> dict[str, Any]:
-    """Where the state came from: a live peer (bytes and seconds of the transfer), this
-    process's memory (`kept`: a re-form), the committed checkpoint, or nowhere (a new run)."""
-    transfer = session.last_transfer
-    if transfer is not None and session.rank in transfer.receivers:
-        return {"source": "peer", "bytes": transfer.size_bytes, "seconds": transfer.seconds}
-    source = "memory" if kept else "checkpoint" if step else "none"
-    return {"source": source, "seconds": seconds}
-
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step_s: float) -> float:
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, width: int, step_s: float
+) -> float:
     """One step: forward and backward on a small batch, `step_s` of compute in all, gradients
     averaged over the group in one all_reduce, then the update."""
     started = time.perf_counter()
-    batch = torch.randn(32, model[0].in_features)
+    batch = torch.randn(32, width)
     loss = torch.nn.functional.mse_loss(model(batch), batch)
     optimizer.zero_grad()
-    loss.backward()
+    torch.autograd.backward(loss)
     time.sleep(max(0.0, step_s - (time.perf_counter() - started)))
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch.cat([g.flatten() for g in grads])
@@ -130,7 +120,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = {"train": TrainState(model, optimizer)}
     save_every = max(1, round(args.save_s / args.step_s))
-    with shoal.training_session(in_place=True) as session:
+    with shoal.training_session() as session:
         started = time.monotonic()
         step = session.restore(state) or 0
         progress.write(
@@ -138,22 +128,11 @@ def main() -> None:
             step=step,
             generation=session.generation,
             rank=session.rank,
-            **restore_fields(session, step, time.monotonic() - started),
+            world=session.world_size,
+            seconds=round(time.monotonic() - started, 3),
         )
         while not args.steps or step < args.steps:
-            try:
-                loss = train_step(model, optimizer, args.step_s)
-            except shoal.GroupChanged as change:
-                started = time.monotonic()
-                step = session.reform(state, step)
-                progress.write(
-                    "reformed",
-                    step=step,
-                    generation=session.generation,
-                    why=change.reason,
-                    **restore_fields(session, step, time.monotonic() - started, kept=True),
-                )
-                continue
+            loss = train_step(model, optimizer, args.width, args.step_s)
             step += 1
             session.report(step, loss=loss)
             if session.rank == 0:
@@ -162,6 +141,8 @@ def main() -> None:
                 )
             if step % save_every == 0:
                 session.save(state, step)
+                if session.rank == 0:
+                    progress.write("saved", step=step, generation=session.generation)
         if step % save_every:
             session.save(state, step, blocking=True)
     print(f"rank {session.rank}: done at step {step}", flush=True)

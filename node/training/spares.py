@@ -15,10 +15,11 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from config import AsyncClosing
 
-__all__ = ["SPARE_CODE", "Spare", "SparePool"]
+__all__ = ["SPARE_CODE", "Spare", "SparePool", "start_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -153,3 +154,34 @@ class SparePool(AsyncClosing):
         for spare in spares:
             spare.kill()
         await asyncio.gather(*(spare.proc.wait() for spare in spares), return_exceptions=True)
+
+
+async def start_worker(
+    pool: SparePool | None,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    log_file: BinaryIO,
+    log_path: Path,
+) -> asyncio.subprocess.Process:
+    """Start a worker running `command`: in a ready spare of `pool` when there is one (its
+    output appended to `log_path`), else as a new process writing to `log_file`. Either way in
+    a process group of its own (the launcher signals the group)."""
+    spare = None if pool is None else pool.take()
+    if spare is not None:
+        try:
+            return await spare.hand_over(command, env, cwd, log_path)
+        except OSError as exc:
+            log.warning("training: a spare could not take the worker's command: %s", exc)
+            spare.kill()
+    elif pool is not None:
+        pool.fill()
+    return await asyncio.create_subprocess_exec(
+        *command,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from node.training.launcher import TrainingLauncher
 from node.training.spares import SparePool
 from shoal._spare import parse_command
+from tests.node.test_launcher import CHILD, events, rdv, wait_until
 
 SCRIPT = """
 import json, os, sys
@@ -127,3 +129,49 @@ async def test_no_spares_when_none_are_asked_for(tmp_path: Path, size: int) -> N
         pool.fill()
         assert pool.unsupported == "training_spares is 0"
         assert pool.take() is None
+
+
+async def test_the_launcher_starts_each_generations_worker_in_a_warm_spare(tmp_path: Path) -> None:
+    """A restart takes the ready spare (the worker's pid is the spare's, its environment the
+    generation's), and another warms for the next; the spare's preloaded state is there."""
+    out = tmp_path / "events.jsonl"
+    env = {**base_env(), "CHILD_OUT": str(out), "CHILD_MODE": "run"}
+    command = [sys.executable, str(CHILD)]
+    async with SparePool(command, tmp_path, env, 1, tmp_path / "spare.log") as pool:
+        pool.fill()
+        await ready(pool, 1)
+        warm = [spare.proc.pid for spare in pool._spares]
+        async with TrainingLauncher(
+            command, tmp_path, tmp_path / "train.log", env, stop_timeout_s=5.0, spares=pool
+        ) as runner:
+            await runner.apply(rdv(generation=1))
+            await wait_until(lambda: len(events(out, "start")) == 1)
+            first = events(out, "start")[0]
+            assert first["pid"] == warm[0]
+            assert (first["env"]["SHOAL_GENERATION"], first["env"]["RANK"]) == ("1", "1")
+            assert "SPARE" not in first["env"]  # the generation's environment, not the spare's
+            await ready(pool, 1)
+            warm = [spare.proc.pid for spare in pool._spares]
+            await runner.apply(rdv(generation=2, rank=0))
+            await wait_until(lambda: len(events(out, "start")) == 2)
+            assert events(out, "start")[1]["pid"] == warm[0] != first["pid"]
+            assert "=== shoal: generation 2" in (tmp_path / "train.log").read_text()
+
+
+async def test_without_a_ready_spare_the_launcher_starts_a_process_and_warms_one(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "events.jsonl"
+    env = {**base_env(), "CHILD_OUT": str(out), "CHILD_MODE": "run"}
+    command = [sys.executable, str(CHILD)]
+    pool = SparePool(command, tmp_path, env, 1, tmp_path / "spare.log")
+    async with (
+        pool,
+        TrainingLauncher(
+            command, tmp_path, tmp_path / "train.log", env, stop_timeout_s=5.0, spares=pool
+        ) as runner,
+    ):
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) == 1)
+        await ready(pool, 1)
+        assert events(out, "start")[0]["pid"] not in [s.proc.pid for s in pool._spares]
