@@ -51,7 +51,7 @@ class BenchSettings:
 def script_argv(settings: BenchSettings, host: Host) -> list[str]:
     return [
         "--progress", str(settings.progress),
-        "--node", host.name,
+        "--name", host.name,
         "--step-s", f"{settings.step_s:g}",
         "--save-s", f"{settings.save_s:g}",
     ]  # fmt: skip
@@ -159,9 +159,10 @@ class System:
 
 
 class ShoalSystem(System):
-    """A shoal daemon per host (all voters, role training, gloo, one training process, a fake
-    GPU each through the JSON seam); a probe on a host of its own reads /v1/training (the
-    committed step, each node's last restore)."""
+    """A shoal daemon per host (all voters, role training, gloo, one training process and one
+    warm spare, a fake GPU each through the JSON seam, copies of checkpoints asked of nodes
+    alive 5 s); a probe on a host of its own reads /v1/training (the committed step, each
+    node's last restore)."""
 
     name = "shoal"
 
@@ -204,6 +205,7 @@ class ShoalSystem(System):
                 "gpu_readmit_settle_s": 2.0,
                 "gpu_quarantine_limit": 1000,
                 "checkpoint_copy_after_s": 5.0,
+                "training_spares": 1,
                 "timeouts": {"collective_s": settings.collective_s, "quorum_s": 60.0},
             }
             (self.configs / f"{host.name}.json").write_text(json.dumps(config), encoding="utf-8")
@@ -257,6 +259,9 @@ class TorchrunSystem(System):
             "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"{self.hosts[0].address}:{RDZV_PORT}",
             "--rdzv-id", "goodput",
+            # the first host holds the c10d store: torchrun guesses that from the hostname,
+            # which resolves to 127.0.x.1 on these hosts, so it is told
+            *(["--rdzv-conf", "is_host=true"] if host is self.hosts[0] else []),
             "--max-restarts", "1000",
             str(SCRIPT), *script_argv(self.settings, host),
         ]  # fmt: skip

@@ -103,13 +103,14 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--save-s", type=float, default=10.0, help="save about this often")
     parser.add_argument("--width", type=int, default=256, help="the model's width")
     parser.add_argument("--progress", default=None, help="a directory for JSON progress lines")
-    parser.add_argument("--node", default=None, help="the name in progress lines (hostname)")
+    # not --node: torchrun would take it for its --node-rank (argparse abbreviations)
+    parser.add_argument("--name", default=None, help="the name in progress lines (hostname)")
     return parser.parse_args()
 
 
 def main() -> None:
     args = arguments()
-    progress = Progress(args.progress, args.node)
+    progress = Progress(args.progress, args.name)
     progress.write("start")
     torch.manual_seed(0)
     model = torch.nn.Sequential(

@@ -94,11 +94,13 @@ def host_gpu_count() -> int:
 
 def train_settings(script: Path) -> dict[str, object]:
     """The settings `--train` gives every node: role training, gloo, one training process
-    running `script` (examples/train.py: a small model, a step of 0.2 s, a save every 10 s)."""
+    running `script` (examples/train.py: a small model, a step of 0.2 s, a save every 10 s)
+    and one warm spare for its restarts."""
     return {
         "role": "training",
         "backend": "gloo",
         "training_nproc": 1,
+        "training_spares": 1,
         "training_command": [sys.executable, str(script), "--step-s", "0.2", "--save-s", "10"],
         "training_env": {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"},
     }

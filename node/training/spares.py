@@ -36,6 +36,8 @@ class Spare:
         self.proc = proc
         self.ready = asyncio.Event()
         self.unsupported: str | None = None
+        self.taken = False
+        """Handed to the launcher: its process is a worker's now, ready or not."""
 
     async def hand_over(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path
@@ -79,6 +81,8 @@ class SparePool(AsyncClosing):
         self._env = {**env, ENV_COMMAND: json.dumps(list(command))}
         self._spares: list[Spare] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._starting = 0
+        """Spares whose process is being created (not yet in `_spares`)."""
         self.unsupported: str | None = None if size > 0 else "training_spares is 0"
         self._closed = False
 
@@ -91,40 +95,49 @@ class SparePool(AsyncClosing):
         unsupported, or after close)."""
         if self._closed or self.unsupported is not None:
             return
-        while len(self._spares) + len(self._tasks) < self.size:
+        while len(self._spares) + self._starting < self.size:
+            self._starting += 1
             task = asyncio.get_running_loop().create_task(self._start(), name="training-spare")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     def take(self) -> Spare | None:
-        """A ready spare, no longer the pool's (a new one warms), or None."""
-        for spare in self._spares:
-            if spare.ready.is_set() and spare.proc.returncode is None:
-                self._spares.remove(spare)
-                self.fill()
-                return spare
+        """A spare, no longer the pool's (a new one warms), or None: a ready one first, else
+        one still warming (it reads the worker's command once its imports are done: sooner
+        than a new process would be)."""
+        if self.unsupported is not None:
+            return None
+        alive = [spare for spare in self._spares if spare.proc.returncode is None]
+        for spare in sorted(alive, key=lambda spare: not spare.ready.is_set()):
+            self._spares.remove(spare)
+            spare.taken = True
+            self.fill()
+            return spare
         return None
 
     async def _start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as output:
-            proc = await asyncio.create_subprocess_exec(
-                self.command[0],
-                "-c",
-                SPARE_CODE,
-                cwd=self.workdir,
-                env=self._env,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=output,
-                start_new_session=True,
-            )
+        try:
+            with self.log_path.open("ab") as output:
+                proc = await asyncio.create_subprocess_exec(
+                    self.command[0],
+                    "-c",
+                    SPARE_CODE,
+                    cwd=self.workdir,
+                    env=self._env,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=output,
+                    start_new_session=True,
+                )
+        finally:
+            self._starting -= 1
         spare = Spare(proc)
         self._spares.append(spare)
         try:
             await self._listen(spare)
         finally:
-            if not spare.ready.is_set():
+            if not spare.ready.is_set() and not spare.taken:
                 if spare in self._spares:
                     self._spares.remove(spare)
                 spare.kill()
@@ -137,6 +150,8 @@ class SparePool(AsyncClosing):
         if line.strip() == "ready":
             spare.ready.set()
             return
+        if spare.taken:
+            return  # a worker now, stopped before its imports were done: the launcher's concern
         reason = line.strip().removeprefix("unsupported: ") or (
             f"the spare exited {await spare.proc.wait()} before it was ready (see {self.log_path})"
         )

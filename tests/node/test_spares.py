@@ -175,3 +175,34 @@ async def test_without_a_ready_spare_the_launcher_starts_a_process_and_warms_one
         await wait_until(lambda: len(events(out, "start")) == 1)
         await ready(pool, 1)
         assert events(out, "start")[0]["pid"] not in [s.proc.pid for s in pool._spares]
+
+
+async def test_a_warming_spare_is_taken_and_runs_the_command_once_its_imports_are_done(
+    tmp_path: Path,
+) -> None:
+    """With no ready spare, the launcher takes one still warming (sooner than a new process);
+    stopping it before it is ready leaves the pool able to warm others."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    command = [sys.executable, str(script)]
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(1.5)\n")  # found in its cwd
+    slow = {**base_env(), "SHOAL_SPARE_PRELOAD": "slowmod"}
+    async with SparePool(command, tmp_path, slow, 1, tmp_path / "spare.log") as pool:
+        pool.fill()
+        async with asyncio.timeout(30):
+            while not pool._spares:
+                await asyncio.sleep(0.01)
+        spare = pool.take()
+        assert spare is not None
+        assert not spare.ready.is_set()
+        log = tmp_path / "training.log"
+        proc = await spare.hand_over(command, {**os.environ, "X": "7"}, tmp_path, log)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        assert json.loads(log.read_text().strip().splitlines()[-1])["x"] == "7"
+        stopped = pool.take()  # the one warming in its place, stopped before it is ready
+        assert stopped is not None
+        stopped.kill()
+        await stopped.proc.wait()
+        await asyncio.sleep(0.2)
+        assert pool.unsupported is None
+        await ready(pool, 1)

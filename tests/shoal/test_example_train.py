@@ -39,7 +39,7 @@ def run_example(tmp_path: Path, steps: int) -> list[dict[str, Any]]:
     argv = [
         sys.executable, str(SCRIPT),
         "--steps", str(steps), "--step-s", "0.01", "--save-s", "0.05", "--width", "16",
-        "--progress", str(progress), "--node", "n1",
+        "--progress", str(progress), "--name", "n1",
     ]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
