@@ -262,6 +262,9 @@ class TorchrunSystem(System):
             # the first host holds the c10d store: torchrun guesses that from the hostname,
             # which resolves to 127.0.x.1 on these hosts, so it is told
             *(["--rdzv-conf", "is_host=true"] if host is self.hosts[0] else []),
+            # and every agent its address (the hostname, the same on every host, would be the
+            # workers' MASTER_ADDR)
+            "--local-addr", host.address,
             "--max-restarts", "1000",
             str(SCRIPT), *script_argv(self.settings, host),
         ]  # fmt: skip
