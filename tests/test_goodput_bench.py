@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.goodput_committed import committed_lost, wipe_restores
 from bench.goodput_faults import FaultKind, schedule
 from bench.goodput_score import AppliedFault, read_progress, score
 
@@ -72,3 +73,35 @@ def test_progress_files_are_read_in_time_order_skipping_a_torn_line(tmp_path: Pa
     )
     (tmp_path / "h1-2.jsonl").write_text(json.dumps({"event": "start", "t": 1.0}) + "\n")
     assert [line["t"] for line in read_progress(tmp_path)] == [1.0, 2.0]
+
+
+def test_a_group_that_resumes_below_the_step_committed_before_it_started_lost_steps() -> None:
+    lines = [
+        {"event": "start", "t": 100.0, "pid": 7},
+        {"event": "restored", "t": 103.0, "pid": 7, "rank": 0, "step": 40},
+        {"event": "restored", "t": 103.0, "pid": 8, "rank": 1, "step": 0},  # rank 1: not scored
+        {"event": "start", "t": 200.0, "pid": 9},
+        {"event": "restored", "t": 204.0, "pid": 9, "rank": 0, "step": 0},
+    ]
+    # 40 committed at 90 s, 60 at 150 s, 80 at 201 s (after pid 9 started: not owed to it)
+    lost, restores = committed_lost(lines, [(90.0, 40), (150.0, 60), (201.0, 80)])
+    assert lost == 60
+    assert restores == [
+        {"at": 103.0, "step": 40, "committed": 40},
+        {"at": 204.0, "step": 0, "committed": 60},
+    ]
+    assert committed_lost(lines[:2], []) == (0, [{"at": 103.0, "step": 40, "committed": None}])
+
+
+def test_a_wiped_hosts_restore_is_its_first_one_after_the_wipe() -> None:
+    before = {"step": 20, "from": "local", "bytes": 10, "seconds": 0.1, "at": 50.0}
+    after = {"step": 40, "from": "peers", "bytes": 10, "fetched_bytes": 10, "at": 70.0}
+    answers = [{"restores": {"h1": before}}, {"restores": {"h1": after, "h2": None}}]
+    assert wipe_restores(answers, [("h1", 60.0), ("h2", 60.0)]) == [
+        {
+            "host": "h1",
+            "restore": {"step": 40, "from": "peers", "bytes": 10, "fetched_bytes": 10,
+                        "seconds": None},
+        },
+        {"host": "h2", "restore": None},
+    ]  # fmt: skip
