@@ -9,6 +9,7 @@ them), with the medians per kind and the live state transfers seen.
 
 Usage: sudo .venv/bin/python bench/goodput_bench.py --minutes 3 --seed 7 [--json] [--hosts 4]
 [--systems shoal,torchrun] [--step-s 0.1] [--save-s 10] [--hang-s 6] [--keep DIR]
+[--kinds KIND,...] [--every-s 60] [--first-s S] [--settle-s S]
 
 Bounded in time (a system that does not start within --start-s is reported as such); every
 namespace, process and file is removed at the end, on an error and on SIGINT or SIGTERM
@@ -50,6 +51,13 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--systems", default="shoal,torchrun")
     parser.add_argument("--every-s", type=float, default=60.0, help="one fault this often")
+    parser.add_argument("--first-s", type=float, default=None, help="the first (every-s / 2)")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="after the run, wait up to this long for each wiped host's restore (not scored)",
+    )
     parser.add_argument("--kinds", default=",".join(FaultKind), help="fault kinds to draw from")
     parser.add_argument("--step-s", type=float, default=0.1)
     parser.add_argument("--save-s", type=float, default=10.0)
@@ -135,8 +143,22 @@ def checkpoint_figures(
         "committed_final": system.committed[-1][1] if system.committed else None,
         "group_restores": restores,
         "restore_s_median": round(statistics.median(seconds), 2) if seconds else None,
-        "wiped_hosts": wipe_restores(system.restores, wipes) if system.restores else [],
+        "wiped_hosts": wipe_restores(system.restores, wipes, system.committed)
+        if system.restores
+        else [],
     }
+
+
+def settle(system: System, run: Run, deadline: float) -> None:
+    """Collect what the system says; until `deadline`, again while a wiped host has not
+    restored since its wipe (a restore after the run is not scored, only seen)."""
+    wipes = [(fault.host, fault.at) for fault in run.applied if fault.kind == FaultKind.WIPE.value]
+    system.collect()
+    while time.time() < deadline and system.restores:
+        if all(entry["restore"] for entry in wipe_restores(system.restores, wipes)):
+            return
+        run.wait_until(min(deadline, time.time() + 2.0))
+        system.collect()
 
 
 def run_system(
@@ -161,7 +183,7 @@ def run_system(
                 run.apply(fault)
             end = t0 + args.minutes * 60.0
             run.wait_until(end)
-            system.collect()
+            settle(system, run, time.time() + args.settle_s)
             lines = read_progress(progress)
             result = score(lines, run.applied, end).to_json()
             result.update(checkpoint_figures(system, lines, run.applied))
@@ -181,7 +203,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if reason is not None:
         raise SystemExit(f"goodput_bench needs network namespaces: {reason}")
     kinds = tuple(FaultKind(kind) for kind in args.kinds.split(","))
-    planned = schedule(args.minutes, args.seed, args.hosts, every_s=args.every_s, kinds=kinds)
+    planned = schedule(
+        args.minutes, args.seed, args.hosts, every_s=args.every_s, kinds=kinds, first_s=args.first_s
+    )
     report: dict[str, Any] = {
         "seed": args.seed,
         "minutes": args.minutes,

@@ -101,21 +101,25 @@ def committed_lost(
 
 
 def wipe_restores(
-    answers: Sequence[Mapping[str, Any]], wipes: Sequence[tuple[str, float]]
+    answers: Sequence[Mapping[str, Any]],
+    wipes: Sequence[tuple[str, float]],
+    committed: Sequence[tuple[float, int]] = (),
 ) -> list[dict[str, Any]]:
-    """For each wiped host (name, unix time of the wipe): its first restore recorded after the
-    wipe (`from`: local or peers), or None when none was seen."""
+    """For each wiped host (name, unix time of the wipe): the step committed before the wipe
+    and the host's first restore recorded after it (`from`: `peers` when it fetched files for
+    the restore, `local` when copies from peers reached it first: its disk was empty), or
+    None when none was seen."""
     found: list[dict[str, Any]] = []
+    keys = ("step", "from", "bytes", "fetched_bytes", "seconds")
     for host, at in wipes:
         restore = None
         for answer in answers:
             seen = (answer.get("restores") or {}).get(host)
             if isinstance(seen, dict) and float(seen.get("at") or 0) > at:
-                restore = {
-                    k: seen.get(k) for k in ("step", "from", "bytes", "fetched_bytes", "seconds")
-                }
+                restore = {key: seen.get(key) for key in keys}
                 break
-        found.append({"host": host, "restore": restore})
+        before = max((step for when, step in committed if when < at), default=None)
+        found.append({"host": host, "committed_before": before, "restore": restore})
     return found
 
 

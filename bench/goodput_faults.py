@@ -64,8 +64,10 @@ def schedule(
     *,
     every_s: float = 60.0,
     kinds: tuple[FaultKind, ...] = tuple(FaultKind),
+    first_s: float | None = None,
 ) -> list[PlannedFault]:
-    """The faults of a run of `minutes`: one every `every_s` from `every_s / 2` on, while one
+    """The faults of a run of `minutes`: one every `every_s` from `first_s` (default
+    `every_s / 2`) on, while one
     fits before the end; kinds in a seeded shuffle of `kinds`, repeated; hosts drawn from the
     same generator (`seed` gives the same schedule to both systems and to a re-run)."""
     if hosts < 2:
@@ -73,7 +75,7 @@ def schedule(
     rng = random.Random(seed)
     planned: list[PlannedFault] = []
     order: list[FaultKind] = []
-    at_s = every_s / 2
+    at_s = every_s / 2 if first_s is None else first_s
     while at_s < minutes * 60.0:
         if not order:
             order = list(kinds)

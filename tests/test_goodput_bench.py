@@ -23,6 +23,7 @@ def test_the_schedule_is_seeded_and_holds_every_kind_once_per_six_faults() -> No
     assert {fault.kind for fault in planned} == set(FaultKind)
     assert all(0 <= fault.host < 4 for fault in planned)
     assert len(schedule(3, seed=7, hosts=4)) == 3
+    assert [f.at_s for f in schedule(0.75, seed=3, hosts=3, every_s=60, first_s=8)] == [8]
     with pytest.raises(ValueError, match="at least 2 hosts"):
         schedule(3, seed=7, hosts=1)
 
@@ -97,11 +98,12 @@ def test_a_wiped_hosts_restore_is_its_first_one_after_the_wipe() -> None:
     before = {"step": 20, "from": "local", "bytes": 10, "seconds": 0.1, "at": 50.0}
     after = {"step": 40, "from": "peers", "bytes": 10, "fetched_bytes": 10, "at": 70.0}
     answers = [{"restores": {"h1": before}}, {"restores": {"h1": after, "h2": None}}]
-    assert wipe_restores(answers, [("h1", 60.0), ("h2", 60.0)]) == [
+    assert wipe_restores(answers, [("h1", 60.0), ("h2", 60.0)], [(55.0, 30), (65.0, 40)]) == [
         {
             "host": "h1",
+            "committed_before": 30,
             "restore": {"step": 40, "from": "peers", "bytes": 10, "fetched_bytes": 10,
                         "seconds": None},
         },
-        {"host": "h2", "restore": None},
+        {"host": "h2", "committed_before": 30, "restore": None},
     ]  # fmt: skip
