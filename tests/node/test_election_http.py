@@ -15,16 +15,17 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from config import Role, signing_middleware
+from config.declare import Caller, route_defs
+from config.declare import declared as declared_handlers
 from node.election.elector import Elector
 from node.election.messages import Heartbeat, PlanAnnounce, VoteRequest
 from node.election.roles import NodeCapabilities, RolePolicy
 from node.election.routes import (
-    ELECTION_DOCS,
     HEARTBEAT_PATH,
     PLAN_PATH,
     VOTE_PATH,
+    ElectionRoutes,
     HttpElectionTransport,
-    election_routes,
 )
 from node.election.seams import InMemoryDurableState
 from node.election.state import ElectionConfig, ElectionRole
@@ -46,7 +47,7 @@ def make_app(
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, auth_middleware])
     app[AUTH_POLICY] = AuthPolicy(secret=SECRET)
-    app.router.add_routes(election_routes(elector))
+    app.router.add_routes(route_defs(ElectionRoutes(elector)))
     app.router.add_routes(list(extra))
     return app
 
@@ -172,7 +173,7 @@ async def test_transport_answers_none_for_unknown_down_or_refusing_peers() -> No
     # a server with another secret refuses the signature (401)
     app = web.Application(middlewares=[error_middleware, auth_middleware])
     app[AUTH_POLICY] = AuthPolicy(secret=b"another-secret-entirely-0123456789")
-    app.router.add_routes(election_routes(lambda: None))
+    app.router.add_routes(route_defs(ElectionRoutes(lambda: None)))
     async with TestServer(app, host="127.0.0.1") as server:
         port = server.port or 0
         async with HttpElectionTransport(
@@ -209,7 +210,14 @@ async def test_fence_refusal_in_a_role_dependent_handler(
         assert answers["three"][0] == 400
 
 
-def test_route_docs_cover_every_route() -> None:
-    documented = {(doc.method, doc.path) for doc in ELECTION_DOCS}
-    routes = {(route.method, route.path) for route in election_routes(lambda: None)}
-    assert documented == routes
+def test_the_election_routes_are_declared_for_peers() -> None:
+    declared = {
+        (found.method, found.path): found
+        for found, _ in declared_handlers(ElectionRoutes(lambda: None))
+    }
+    assert set(declared) == {
+        ("POST", "/v1/election/vote"),
+        ("POST", "/v1/election/heartbeat"),
+        ("GET", "/v1/plan"),
+    }
+    assert declared["POST", "/v1/election/vote"].callers == {Caller.PEER}
