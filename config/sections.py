@@ -99,8 +99,9 @@ class AutostopSettings(BaseModel):
 
 
 class TrainingWatchSettings(BaseModel):
-    """How the cluster judges its training group (docs/fault-tolerance.md): top-level settings
-    of a node (NodeSettings inherits them); the coordinator's apply."""
+    """How the cluster judges its training group and restarts its workers
+    (docs/fault-tolerance.md): top-level settings of a node (NodeSettings inherits them); the
+    coordinator's apply (training_spares: each node's)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -123,6 +124,14 @@ class TrainingWatchSettings(BaseModel):
         "report",
         description="`report`: flag it (/v1/training, a metric, an event); `drain`: also drain "
         "its node, so its rank moves to another node.",
+    )
+    training_spares: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="Warm spare processes of a Python training command (torch imported, "
+        "waiting): a restarted worker takes one and starts in its script's own time, not the "
+        "interpreter's and torch's.",
     )
 
 

@@ -43,6 +43,7 @@ from shoal._checkpoint_files import (
 )
 from shoal._daemon import DaemonClient
 from shoal.errors import CheckpointError, DaemonAnswerError, DaemonUnreachableError, ShoalError
+from shoal.group import gloo_bound_to_route
 from shoal.place import RankPlace
 
 __all__ = ["CHECKPOINTS_PATH", "Checkpointer"]
@@ -350,7 +351,10 @@ class Checkpointer:
             self._grouped = True
             if dist.is_available() and dist.is_initialized():
                 timeout = datetime.timedelta(seconds=self.timeout_s)
-                self._group = dist.new_group(backend="gloo", timeout=timeout)
+                # advertise the address that reaches the master (not the hostname's, often
+                # 127.0.x.1: peers on other hosts could not connect), as the training group does
+                with gloo_bound_to_route(os.environ.get("MASTER_ADDR")):
+                    self._group = dist.new_group(backend="gloo", timeout=timeout)
         return self._group
 
 

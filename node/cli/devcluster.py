@@ -45,6 +45,12 @@ class DevNode:
     log: str
     gpus: str | None = None
     """The node's `gpus` setting (None: the default, on a host without GPUs)."""
+    config: str | None = None
+    """The node's config file (`--train`), None without one."""
+
+
+def config_path(config: Path | None) -> str | None:
+    return None if config is None else str(config)
 
 
 def dev_cluster_name(data_dir: Path) -> str:
@@ -86,7 +92,39 @@ def host_gpu_count() -> int:
         reader.close()
 
 
-def _node_command(data_dir: Path, name: str, port: int, gpus: str | None) -> list[str]:
+def train_settings(script: Path) -> dict[str, object]:
+    """The settings `--train` gives every node: role training, gloo, one training process
+    running `script` (examples/train.py: a small model, a step of 0.2 s, a save every 10 s)
+    and one warm spare for its restarts."""
+    return {
+        "role": "training",
+        "backend": "gloo",
+        "training_nproc": 1,
+        "training_spares": 1,
+        "training_command": [sys.executable, str(script), "--step-s", "0.2", "--save-s", "10"],
+        "training_env": {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"},
+    }
+
+
+def train_script() -> Path:
+    """examples/train.py of this checkout; exits 1 where shoal runs from an installed wheel
+    (the examples live in the source tree)."""
+    script = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+    if not script.is_file():
+        fail(f"{script}: no example training script here (run --train from a shoal checkout)", 1)
+    return script
+
+
+def write_train_config(data_dir: Path, name: str, script: Path) -> Path:
+    """The config file of node `name` under `--train` (JSON, which YAML reads)."""
+    path = data_dir / f"{name}.train.json"
+    path.write_text(json.dumps(train_settings(script), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _node_command(
+    data_dir: Path, name: str, port: int, gpus: str | None, config: Path | None = None
+) -> list[str]:
     return [
         sys.executable, "-m", "node", "serve",
         "--node-id", name,
@@ -94,21 +132,22 @@ def _node_command(data_dir: Path, name: str, port: int, gpus: str | None) -> lis
         "--data-dir", str(data_dir / name),
         "--inventory", str(data_dir / "hosts.yaml"),
         *(["--gpus", gpus] if gpus is not None else []),
+        *(["--config", str(config)] if config is not None else []),
     ]  # fmt: skip
 
 
 def _spawn(
-    data_dir: Path, name: str, port: int, gpus: str | None
+    data_dir: Path, name: str, port: int, gpus: str | None, config: Path | None = None
 ) -> tuple[DevNode, subprocess.Popen[bytes]]:
     log_path = data_dir / f"{name}.log"
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
-            _node_command(data_dir, name, port, gpus),
+            _node_command(data_dir, name, port, gpus, config),
             stdout=log_file,
             stderr=log_file,
             start_new_session=True,  # Ctrl-C reaches the dev cluster, which stops the nodes
         )
-    return DevNode(name, port, process.pid, str(log_path), gpus), process
+    return DevNode(name, port, process.pid, str(log_path), gpus, config_path(config)), process
 
 
 def _write_state(data_dir: Path, nodes: dict[str, DevNode]) -> None:
@@ -152,8 +191,16 @@ def dev_cluster(
     nodes: Annotated[int, typer.Option("--nodes", min=1, max=64, help="How many nodes.")] = 3,
     base_port: Annotated[int, typer.Option("--base-port", help="Port of the first node.")] = 8770,
     data_dir: DataDirOption = DEFAULT_DIR,
+    train: Annotated[
+        bool,
+        typer.Option("--train", help="Every node trains examples/train.py (role training, gloo)."),
+    ] = False,
 ) -> None:
     """Start N nodes on 127.0.0.1 (own ports and data dirs); Ctrl-C stops them all.
+
+    With `--train` every node takes the training role and runs examples/train.py (gloo, one
+    process per node): `cluster_monitor` and `shoal training` show the group; kill a node and
+    the others re-form and resume from the step the cluster committed.
 
     A node that dies is reported and the others keep running; `shoal dev-cluster kill NODE` and
     `shoal dev-cluster restart NODE` (from another terminal) act on one node. On a host with G
@@ -172,10 +219,12 @@ def dev_cluster(
 
     signal.signal(signal.SIGTERM, interrupt)
     visible = host_gpu_count()
+    script = train_script() if train else None
     try:
         for index in range(1, nodes + 1):
-            gpus = dev_gpus(index - 1, nodes, visible)
-            node, process = _spawn(data_dir, f"dev-{index}", base_port + index - 1, gpus)
+            gpus, name = dev_gpus(index - 1, nodes, visible), f"dev-{index}"
+            config = None if script is None else write_train_config(data_dir, name, script)
+            node, process = _spawn(data_dir, name, base_port + index - 1, gpus, config)
             running[node.name] = node
             children.append(process)
         _write_state(data_dir, running)
@@ -192,6 +241,12 @@ def dev_cluster(
             f"--node http://127.0.0.1:{base_port + 1} --watch`",
             highlight=False,
         )
+        if script is not None:
+            console.print(
+                f"every node trains {script}: `shoal training --node http://127.0.0.1:"
+                f"{base_port}` shows the group, its committed step and each node's restore",
+                highlight=False,
+            )
         _watch(data_dir, children)
     except KeyboardInterrupt:
         console.print("stopping...", highlight=False)
@@ -278,7 +333,8 @@ def dev_restart(
             time.sleep(0.1)
         if _alive(target.pid):
             os.kill(target.pid, signal.SIGKILL)
-    fresh, _ = _spawn(data_dir, node, target.port, target.gpus)
+    config = None if target.config is None else Path(target.config)
+    fresh, _ = _spawn(data_dir, node, target.port, target.gpus, config)
     nodes[node] = fresh
     _write_state(data_dir, nodes)
     console.print(f"{node} restarted (pid {fresh.pid}) on http://127.0.0.1:{fresh.port}")

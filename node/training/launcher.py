@@ -23,6 +23,7 @@ from config import AsyncClosing
 from health import CheckFn, CheckResult, HealthStatus
 from node.errors import LauncherError as LauncherError
 from node.training.rendezvous import Rendezvous
+from node.training.spares import SparePool, start_worker
 from node.training.torchrun import node_place
 from node.training.torchrun import training_env as training_env
 
@@ -117,6 +118,7 @@ class TrainingLauncher(AsyncClosing):
         on_give_up: Callable[[str], None] | None = None,
         on_failure: Callable[[int, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spares: SparePool | None = None,
     ) -> None:
         if not command:
             raise LauncherError("the training command is empty")
@@ -138,6 +140,8 @@ class TrainingLauncher(AsyncClosing):
         self._failure_window_s = failure_window_s
         self._on_give_up = on_give_up
         self._on_failure = on_failure
+        self.spares = spares
+        """Warm processes a worker starts in (node.training.spares), None: none."""
         self._clock = clock
         self._failed_at: deque[float] = deque()
         self._lock = asyncio.Lock()
@@ -335,15 +339,7 @@ class TrainingLauncher(AsyncClosing):
         path = worker_log_path(self.log_path, local_rank)
         log_file = await asyncio.to_thread(_open_log, path, header)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command,
-                cwd=self.workdir,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = await start_worker(self.spares, self.command, env, self.workdir, log_file, path)
         finally:
             log_file.close()
         log.info(

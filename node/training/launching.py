@@ -18,6 +18,7 @@ from node.plan import RolePlan
 from node.runtime import NodeRuntime
 from node.training.launcher import LauncherState, TrainingLauncher, launcher_check
 from node.training.rendezvous import rendezvous_for
+from node.training.spares import SparePool
 from node.training.torchrun import training_base_env
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,16 @@ class Launching:
             settings.timeouts,
             checkpoint_dir=settings.checkpoint_dir,
         )
+        spares = None
+        if settings.training_spares:
+            spares = SparePool(
+                settings.training_command,
+                data_dir,
+                env,
+                settings.training_spares,
+                data_dir / "training-spares.log",
+            )
+            spares.fill()
         self.launcher = TrainingLauncher(
             settings.training_command,
             data_dir,
@@ -105,6 +116,7 @@ class Launching:
             failure_window_s=settings.training_failure_window_s,
             on_give_up=self._cannot_train,
             on_failure=self._failed,
+            spares=spares,
         )
         return self.launcher
 
@@ -161,3 +173,5 @@ class Launching:
         await asyncio.gather(*self._applies, return_exceptions=True)
         if self.launcher is not None:
             await self.launcher.close()
+            if self.launcher.spares is not None:
+                await self.launcher.spares.close()
