@@ -57,7 +57,7 @@ from node.component import Check, Component, Served, checks_of, enter
 from node.discovery.feed import Discovery
 from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
-from node.errors import StartupError
+from node.errors import KeyringError, StartupError
 from node.identity import (
     AUTH_META,
     CERT_META,
@@ -68,7 +68,7 @@ from node.identity.api import api_identity, api_site
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
 from node.membership.checks import membership_check
-from node.membership.keyring import GossipKeys, KeyringError
+from node.membership.keyring import GossipKeys
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
 from node.plan import PlanFence
@@ -77,7 +77,8 @@ from node.providers.own import open_autostop
 from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runtime import NodeRuntime
-from node.security import AuthPolicy, node_bound
+from node.security import AuthPolicy
+from node.signers import node_bound
 from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier

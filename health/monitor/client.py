@@ -19,16 +19,8 @@ from typing import TYPE_CHECKING, Any, Self
 from yarl import URL
 
 from config import Timeouts
-from health.errors import FetchError, fetch_error
-from health.errors import describe_fetch_error as describe_fetch_error
-from health.monitor.model import (
-    ClusterStatus,
-    MonitorError,
-    NodeReport,
-    Observation,
-    parse_peers,
-    parse_status,
-)
+from health.errors import FetchError, MonitorError, describe_fetch_error, fetch_error
+from health.monitor.model import ClusterStatus, NodeReport, Observation, parse_peers, parse_status
 from health.monitor.rules import build_cluster_status
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ from health import LoopHealth
 from node.election import core
 from node.election.adoption import AdoptionLog, adoption_record
 from node.election.messages import (
-    ElectionError,
     Heartbeat,
     HeartbeatAck,
     Message,
@@ -48,7 +47,8 @@ from node.election.state import (
     status_of,
     with_observers,
 )
-from node.plan import PlanError, RestartRequest, RolePlan
+from node.errors import ElectionError, PlanError
+from node.plan import RestartRequest, RolePlan
 
 log = logging.getLogger(__name__)
 

@@ -27,14 +27,8 @@ from health import (
 )
 from net import Identity, NetError, PeerClient, PeerTls, map_peer_errors
 from node.election.elector import Elector
-from node.election.messages import (
-    ElectionError,
-    Heartbeat,
-    HeartbeatAck,
-    VoteReply,
-    VoteRequest,
-)
-from node.errors import AnsweredError
+from node.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from node.errors import AnsweredError, ElectionError
 from node.openapi import WireRecord
 from node.security import PEER_ID
 

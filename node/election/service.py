@@ -29,6 +29,7 @@ from node.election.routes import (
 )
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent
+from node.errors import RendezvousError
 from node.identity.peers import peer_tls
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
 from node.runtime import NodeRuntime
@@ -37,7 +38,6 @@ from node.training.rendezvous import (
     RENDEZVOUS_PATH,
     RUN_NAME,
     RendezvousAnswer,
-    RendezvousError,
     RendezvousQuery,
     rendezvous_for,
 )

@@ -15,8 +15,8 @@ from typing import Any
 from node.errors import PeerRequestError, RendezvousError, WeightsError
 from node.plan import RolePlan
 from node.rl.client import call
-from node.training.groups import interface_towards
 from node.training.rendezvous import GENERATION_PORT_SPAN, DaemonEndpoint
+from shoal.group import interface_towards
 
 WEIGHTS_GROUP = "weights"
 RUN_PORT_SPAN = 1000

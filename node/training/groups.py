@@ -14,21 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from config import Timeouts
+from node.errors import GroupError, MasterUnreachable, RendezvousError
 from node.plan import Backend
 from node.training.rendezvous import (
     DaemonEndpoint,
-    GroupError,
-    MasterUnreachable,
     NoRank,
     Rendezvous,
-    RendezvousError,
     daemon_endpoint,
     fetch_rendezvous,
     store_prefix,
 )
 from shoal.errors import GroupError as ShoalGroupError
 from shoal.group import gloo_bound_to_route, torch_modules, wait_for_master
-from shoal.group import interface_towards as interface_towards
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from config import fsync_directory
-from sync.files.errors import ContentMismatchError, FileSyncError, PathRefusedError
+from sync.errors import ContentMismatchError, FileSyncError, PathRefusedError
 from sync.files.manifest import ManifestEntry, content_hash
 from sync.files.manifest_cache import StatKey, stat_key
 from sync.guards import dest_path, open_inside, temp_name

@@ -11,8 +11,8 @@ import time
 from collections.abc import Mapping
 
 from health import BreakerRegistry, CircuitOpenError
+from sync.errors import FileSyncError, FileTransferError
 from sync.files.catalog import FileCatalog
-from sync.files.errors import FileSyncError, FileTransferError
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import PullItem, SyncOptions, SyncProgress
 from sync.files.rounds import TransferLog, batch_payload

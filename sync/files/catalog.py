@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from config import Category, DeletionPolicy, NodeSettings
-from config.settings import DEFAULT_TOMBSTONE_TTL_S
-from sync.files.errors import FileSyncError, UnknownCategoryError
+from config.sections import DEFAULT_TOMBSTONE_TTL_S
+from sync.errors import FileSyncError, UnknownCategoryError
 from sync.files.manifest import (
     DEFAULT_PIECE_SIZE,
     ManifestEntry,

@@ -15,15 +15,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
-from sync.files.batches import BatchPulls
-from sync.files.catalog import FileCatalog
-from sync.files.deletions import DeletionRound, apply_deletions
-from sync.files.errors import (
+from sync.errors import (
     ContentMismatchError,
     FileChangedError,
     FileSyncError,
     FileTransferError,
 )
+from sync.files.batches import BatchPulls
+from sync.files.catalog import FileCatalog
+from sync.files.deletions import DeletionRound, apply_deletions
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import (
     ClusterSyncStats,

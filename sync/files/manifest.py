@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sync.files.errors import ManifestError, PathRefusedError
+from sync.errors import ManifestError, PathRefusedError
 from sync.guards import validate_rel_path
 
 HASH_ALGORITHM: Final = "sha256"

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from sync.errors import FileSyncError
 from sync.files.dirstamps import DirStamps, StampRecorder, unchanged_since
-from sync.files.errors import FileSyncError
 from sync.files.manifest import ManifestEntry, check_piece_size, digest_of_fd
 from sync.files.threaded_db import close_on_thread, run_on_thread
 from sync.guards import INTERNAL_PREFIX

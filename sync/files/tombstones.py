@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sync.files.errors import FileSyncError, ManifestError, PathRefusedError
+from sync.errors import FileSyncError, ManifestError, PathRefusedError
 from sync.files.manifest import ManifestEntry
 from sync.files.threaded_db import close_on_thread, run_on_thread
 from sync.guards import validate_rel_path

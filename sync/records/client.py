@@ -19,8 +19,7 @@ import orjson
 
 from config import Timeouts, read_error, read_secret_file
 from net import Identity, PeerClient, PeerRequestError
-from net.errors import MAX_RETRY_AFTER_S as MAX_RETRY_AFTER_S
-from net.errors import parse_retry_after as parse_retry_after
+from net.errors import parse_retry_after
 from sync.errors import (
     RecordRejectedError,
     RecordRequestError,

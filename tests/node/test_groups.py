@@ -17,15 +17,13 @@ from typing import Any
 import pytest
 
 from config import Role, Timeouts
+from node.errors import GroupError, MasterUnreachable, RendezvousError
 from node.plan import GroupSpec, RolePlan
 from node.training.groups import ElasticGroup, choose_backend
 from node.training.rendezvous import (
     DaemonEndpoint,
-    GroupError,
-    MasterUnreachable,
     NoRank,
     Rendezvous,
-    RendezvousError,
     daemon_endpoint,
     fetch_rendezvous,
     rendezvous_for,
