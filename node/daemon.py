@@ -29,6 +29,7 @@ from config import (
     shoal_version,
     training_nproc_for,
 )
+from config.closing import AsyncClosing
 from config.tls import serial_text
 from health import (
     BreakerRegistry,
@@ -96,7 +97,7 @@ DISCOVERY_REFEED_S = 3.0
 after us is found within this time; each offer costs at most a few datagrams per host)."""
 
 
-class NodeDaemon:
+class NodeDaemon(AsyncClosing):
     """One running node. `async with NodeDaemon(settings) as daemon:` starts it; exit stops it."""
 
     def __init__(self, settings: NodeSettings, *, rng: random.Random | None = None) -> None:
@@ -137,12 +138,8 @@ class NodeDaemon:
             await self.close()
             raise
 
-    async def __aenter__(self) -> NodeDaemon:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def _start(self) -> None:
         runtime, inventory, secrets = self._resolve()

@@ -9,12 +9,11 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Self
 
 import ifaddr
 
 from config import Inventory, Timeouts
+from config.closing import AsyncClosing
 from health import LoopHealth
 from node.addresses import local_addresses, local_networks, normalize_address
 from node.discovery.candidates import (
@@ -37,7 +36,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class Discovery:
+class Discovery(AsyncClosing):
     """Owns the zeroconf instance (when `mdns`) and the task that re-feeds inventory and seeds.
 
     `on_candidate` is called in the event loop for every candidate, repeatedly: mDNS peers of
@@ -93,7 +92,7 @@ class Discovery:
         """Peers of our cluster whose mDNS advert is current, by node id."""
         return self._mdns.peers if self._mdns is not None else {}
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"Discovery is {self._state.value}; it cannot be opened again")
         self._state = _State.OPENED
@@ -106,15 +105,6 @@ class Discovery:
         self._refeed_task = asyncio.get_running_loop().create_task(
             self._refeed_forever(), name=f"discovery-refeed-{self._advert.node_id}"
         )
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Say goodbye on mDNS first, then stop everything. Idempotent and irreversible."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
+from config.closing import AsyncClosing
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
 from sync.errors import (
     ContentMismatchError,
@@ -62,7 +63,7 @@ each request it makes because of the plan; empty while it applies none."""
 RETRYABLE = (ContentMismatchError, FileTransferError)
 
 
-class SyncCoordinator(BatchPulls):
+class SyncCoordinator(BatchPulls, AsyncClosing):
     """File sync of one node (async context manager; close() is idempotent).
 
     Owns no connection: the catalog, transports and WAL are opened and closed by the caller.
@@ -106,12 +107,8 @@ class SyncCoordinator(BatchPulls):
         self._settled: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
         self._closed = False
 
-    async def __aenter__(self) -> SyncCoordinator:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Remove stale temp files, and partial files no pending WAL entry will resume."""
