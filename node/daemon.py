@@ -54,7 +54,7 @@ from node.boot import (
     load_secrets,
     resolve_node_id,
 )
-from node.component import Check, Component, Served, checks_of, enter
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Served, checks_of, enter
 from node.discovery.feed import Discovery
 from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
@@ -71,7 +71,7 @@ from node.logs import QuietProtocolLog
 from node.membership.checks import membership_check
 from node.membership.keyring import GossipKeys
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
-from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
+from node.parts import PartsInputs, ServedParts, served_parts
 from node.plan import PlanFence
 from node.providers import StaticProvider
 from node.providers.own import open_autostop

@@ -14,7 +14,7 @@ from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
 from node.checkpoints.component import CheckpointApi, checkpoint_api
-from node.component import Check, Component, Endpoint, Served
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Endpoint, Served
 from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
@@ -68,11 +68,6 @@ class SyncComponent:
 
     async def close(self) -> None:
         await self.service.close()
-
-
-LOOP_CHECK_INTERVAL_S = 1.0
-"""How often the health of the background loops (sync, election, discovery, locks, runs) is
-read: a cheap read of what each loop last reported."""
 
 
 @dataclass(frozen=True)
