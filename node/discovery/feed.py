@@ -14,13 +14,13 @@ import ifaddr
 
 from config import Inventory, Timeouts
 from config.closing import AsyncClosing
+from config.quietlog import QuietLog
 from health import LoopHealth
 from node.addresses import local_addresses, local_networks, normalize_address
 from node.discovery.candidates import (
     Advert,
     Candidate,
     inventory_candidates,
-    log_repeated,
     parse_seed,
     resolve_host,
 )
@@ -71,7 +71,7 @@ class Discovery(AsyncClosing):
         self._refeed_interval_s = refeed_interval_s
         self._mdns: MdnsAgent | None = None
         self._refeed_task: asyncio.Task[None] | None = None
-        self._warned: set[str] = set()
+        self._quiet = QuietLog(log)
         self._round_errors: list[str] = []
         self._state = _State.UNOPENED
         self.loop_health = LoopHealth("discovery")
@@ -183,9 +183,7 @@ class Discovery(AsyncClosing):
                     self.loop_health.record_success(f"{len(self.mdns_peers())} mDNS peers")
             except Exception as exc:  # a bug in one round must not end discovery
                 self.loop_health.record_failure(exc)
-                log_repeated(
-                    log,
-                    self._warned,
+                self._quiet.failed(
                     "refeed",
                     "%s: discovery round failed: %r",
                     self._advert.node_id,
@@ -199,9 +197,9 @@ class Discovery(AsyncClosing):
             addresses = await resolve_host(host, port, self._timeouts.mdns_s)
         except DiscoveryError as exc:
             self._round_errors.append(f"{key}: {exc}")
-            log_repeated(log, self._warned, key, "%s: %s: %s", self._advert.node_id, key, exc)
+            self._quiet.failed(key, "%s: %s: %s", self._advert.node_id, key, exc)
             return
-        self._warned.discard(key)
+        self._quiet.clear(key)
         own = {normalize_address(address) for address in self._advert.addresses}
         for address in addresses:
             if not (normalize_address(address) in own and port == self._advert.port):

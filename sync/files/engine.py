@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from config.closing import AsyncClosing
+from config.quietlog import QuietLog
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
 from sync.errors import (
     ContentMismatchError,
@@ -98,7 +99,7 @@ class SyncCoordinator(BatchPulls, AsyncClosing):
         self._large = asyncio.Semaphore(self.options.max_large_transfers)
         self._small = asyncio.Semaphore(self.options.max_small_transfers)
         self._in_flight: set[tuple[str, str]] = set()
-        self._warned: set[str] = set()
+        self._quiet = QuietLog(logger)
         self._recovery = FileRecovery(
             catalog, http, wal, self._breakers, self.options, self.install
         )
@@ -189,7 +190,7 @@ class SyncCoordinator(BatchPulls, AsyncClosing):
                     self._metrics.record_request_error(peer.node_id)
                 tally.peer_failed(peer.node_id, f"manifest: {remote}")
                 continue
-            self._warned.discard(f"manifest:{peer.node_id}")
+            self._quiet.clear(f"manifest:{peer.node_id}")
             if local_id is not None and remote.shared_id == local_id:
                 logger.debug("%s shares %s with this node; nothing to copy", peer.node_id, category)
                 continue
