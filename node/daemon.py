@@ -72,7 +72,6 @@ from node.membership.checks import membership_check
 from node.membership.keyring import GossipKeys
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.parts import PartsInputs, ServedParts, served_parts
-from node.plan import PlanFence
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
 from node.routes import build_app
@@ -310,12 +309,7 @@ class NodeDaemon(AsyncClosing):
             cluster=runtime.settings.cluster_name,
             **node_bound(runtime),
         )
-        election = self._election
-
-        def fence() -> PlanFence | None:
-            elector = election.elector
-            return None if elector is None or elector.plan is None else elector.plan.fence
-
+        fence = self._election.plan_fence
         identity, crl = api_identity(runtime, self.tls, fence)
         if crl is not None:
             self.crl_spread = crl

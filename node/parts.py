@@ -23,7 +23,6 @@ from node.keyring.routes import KeyringRoutes
 from node.locks.component import LockApi, lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
-from node.plan import PlanFence, RolePlan
 from node.quarantine.component import GpuQuarantine
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
@@ -83,10 +82,6 @@ class ServedParts:
     training: TrainingComponent
 
 
-def _plan_of(election: ElectionService) -> RolePlan | None:
-    return election.elector.plan if election.elector is not None else None
-
-
 def sync_service(
     runtime: NodeRuntime,
     secrets: Secrets,
@@ -94,13 +89,12 @@ def sync_service(
     inventory: Inventory | None,
 ) -> SyncService:
     """The sync service, its pushes fenced by the plan this node holds."""
-
-    def fence() -> PlanFence | None:
-        plan = _plan_of(election)
-        return None if plan is None else plan.fence
-
     return SyncService(
-        runtime, secrets.cluster, runtime.settings.sync_interval_s, inventory, fence=fence
+        runtime,
+        secrets.cluster,
+        runtime.settings.sync_interval_s,
+        inventory,
+        fence=election.plan_fence,
     )
 
 
@@ -156,7 +150,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
-        lambda: _plan_of(election),
+        election.plan,
         jobs.service,
         sync,
         weights,
@@ -207,7 +201,7 @@ def _gpu_quarantine(
 ) -> GpuQuarantine:
     """The GPU quarantine of this node: its fault watcher, its reports to the coordinator."""
     assert runtime.gpu_reader is not None, "health (and its GPU reader) opens before the parts"
-    return GpuQuarantine(runtime, locks, lambda: _plan_of(election), runtime.gpu_reader)
+    return GpuQuarantine(runtime, locks, election.plan, runtime.gpu_reader)
 
 
 async def _no_leave() -> None:
