@@ -26,9 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from node.errors import JobEndedError  # noqa: E402
 from node.jobs.client import (  # noqa: E402
-    JobSpec,
-    make_job_state,
     poll_status_async,
     remove_job_async,
     start_job_async,
@@ -36,7 +35,8 @@ from node.jobs.client import (  # noqa: E402
     terminate_async,
     wait_for_completion_async,
 )
-from node.jobs.transport import ENDED_STATES, JobEndedError  # noqa: E402
+from node.jobs.specs import JobSpec, make_job_state  # noqa: E402
+from node.jobs.transport import ENDED_STATES  # noqa: E402
 from tests.node.jobs.client_daemon import ServedNode, served_node  # noqa: E402
 
 COMMAND = ("sleep", "30")

@@ -16,14 +16,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from config.errors import ConfigError
 from config.fields import Category, ListenPort, NodeId, Port, Role
 from config.gpus import GpuSelection, NprocSetting
-from config.sections import DEFAULT_DELETIONS as DEFAULT_DELETIONS
-from config.sections import DEFAULT_TOMBSTONE_TTL_S as DEFAULT_TOMBSTONE_TTL_S
-from config.sections import RECORD_CATEGORIES, CheckpointSettings, TrainingWatchSettings
-from config.sections import AutostopSettings as AutostopSettings
-from config.sections import DeletionPolicy as DeletionPolicy
-from config.sections import JobSettings as JobSettings
-from config.sections import LogFormat as LogFormat
-from config.sections import ResultsSettings as ResultsSettings
+from config.sections import (
+    DEFAULT_DELETIONS,
+    DEFAULT_TOMBSTONE_TTL_S,
+    RECORD_CATEGORIES,
+    AutostopSettings,
+    CheckpointSettings,
+    DeletionPolicy,
+    JobSettings,
+    LogFormat,
+    ResultsSettings,
+    TrainingWatchSettings,
+)
 from config.sources import flatten_settings, put_setting, source_of
 from config.timeouts import Timeouts
 from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping

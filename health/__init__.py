@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         FetchTimeoutError,
         HealthConfigError,
         HealthError,
+        MonitorError,
         UsageError,
     )
     from health.gpu import ENV_FAKE_GPUS, GpuInfo, GpuReader, fake_gpu_uuids, gpu_check, read_gpus
@@ -56,13 +57,7 @@ if TYPE_CHECKING:
     from health.loops import LoopHealth
     from health.metrics import NodeMetrics, package_version
     from health.monitor.client import ClusterMonitor
-    from health.monitor.model import (
-        ClusterStatus,
-        ClusterSummary,
-        FailureEvent,
-        MonitorError,
-        NodeRow,
-    )
+    from health.monitor.model import ClusterStatus, ClusterSummary, FailureEvent, NodeRow
     from health.monitor.options import MONITOR_FLAGS, MonitorFlag, MonitorOptions, options_from
     from health.monitor.render import render_dashboard, render_text
     from health.monitor.run import run_monitor
@@ -88,127 +83,4 @@ if TYPE_CHECKING:
     )
     from health.xids import XID_TABLE, XidAction, XidEntry, xid_action
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "health.breaker": "CircuitBreaker",
-            "health.breaker_config": (
-                "BreakerConfig BreakerSnapshot CircuitState Clock StateListener counts_as_failure"
-            ),
-            "health.checker": "HealthChecker",
-            "health.checks": (
-                "DiskWrites WalLike WalStatsLike WriteFailure disk_check disk_usage memory_check "
-                "read_rss_bytes wal_backlog_check wal_check"
-            ),
-            "health.errors": (
-                "CircuitOpenError FetchError FetchTimeoutError HealthConfigError HealthError "
-                "UsageError"
-            ),
-            "health.gpu": "ENV_FAKE_GPUS GpuInfo GpuReader fake_gpu_uuids gpu_check read_gpus",
-            "health.gpu_fake": "FakeGpu write_fake_gpus",
-            "health.gpu_faults": (
-                "GPU_ID_HEX_DIGITS FaultKind FaultSample FaultVerdict GpuFault RecoveryAction "
-                "judge short_gpu_id"
-            ),
-            "health.gpu_selftest": "SelfTestResult run_selftest",
-            "health.loops": "LoopHealth",
-            "health.metrics": "NodeMetrics package_version",
-            "health.monitor.client": "ClusterMonitor",
-            "health.monitor.model": (
-                "ClusterStatus ClusterSummary FailureEvent MonitorError NodeRow"
-            ),
-            "health.monitor.options": "MONITOR_FLAGS MonitorFlag MonitorOptions options_from",
-            "health.monitor.render": "render_dashboard render_text",
-            "health.monitor.run": "run_monitor",
-            "health.registry": (
-                "BreakerRegistry TransitionListener all_breakers breaker_for configure_breakers "
-                "default_registry format_breakers reset_all_breakers"
-            ),
-            "health.xids": "XID_TABLE XidAction XidEntry xid_action",
-            "health.status": (
-                "CheckFn CheckResult ComponentHealth HealthStatus HealthSummary SummaryListener "
-                "format_health_report summarize"
-            ),
-        },
-    )
-
-__all__ = [
-    "ENV_FAKE_GPUS",
-    "GPU_ID_HEX_DIGITS",
-    "MONITOR_FLAGS",
-    "XID_TABLE",
-    "BreakerConfig",
-    "BreakerRegistry",
-    "BreakerSnapshot",
-    "CheckFn",
-    "CheckResult",
-    "CircuitBreaker",
-    "CircuitOpenError",
-    "CircuitState",
-    "Clock",
-    "ClusterMonitor",
-    "ClusterStatus",
-    "ClusterSummary",
-    "ComponentHealth",
-    "DiskWrites",
-    "FailureEvent",
-    "FakeGpu",
-    "FaultKind",
-    "FaultSample",
-    "FaultVerdict",
-    "FetchError",
-    "FetchTimeoutError",
-    "GpuFault",
-    "GpuInfo",
-    "GpuReader",
-    "HealthChecker",
-    "HealthConfigError",
-    "HealthError",
-    "HealthStatus",
-    "HealthSummary",
-    "LoopHealth",
-    "MonitorError",
-    "MonitorFlag",
-    "MonitorOptions",
-    "NodeMetrics",
-    "NodeRow",
-    "RecoveryAction",
-    "SelfTestResult",
-    "StateListener",
-    "SummaryListener",
-    "TransitionListener",
-    "UsageError",
-    "WalLike",
-    "WalStatsLike",
-    "WriteFailure",
-    "XidAction",
-    "XidEntry",
-    "all_breakers",
-    "breaker_for",
-    "configure_breakers",
-    "counts_as_failure",
-    "default_registry",
-    "disk_check",
-    "disk_usage",
-    "fake_gpu_uuids",
-    "format_breakers",
-    "format_health_report",
-    "gpu_check",
-    "judge",
-    "memory_check",
-    "options_from",
-    "package_version",
-    "read_gpus",
-    "read_rss_bytes",
-    "render_dashboard",
-    "render_text",
-    "reset_all_breakers",
-    "run_monitor",
-    "run_selftest",
-    "short_gpu_id",
-    "summarize",
-    "wal_backlog_check",
-    "wal_check",
-    "write_fake_gpus",
-    "xid_action",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -9,8 +9,8 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from types import TracebackType
 
+from config.closing import AsyncClosing
 from config.timeouts import Timeouts
 from health.breaker_config import Clock
 from health.errors import HealthConfigError, HealthError
@@ -72,7 +72,7 @@ class _Check:
     recover_threshold: int
 
 
-class HealthChecker:
+class HealthChecker(AsyncClosing):
     """Runs named checks, each with its interval and timeout, and keeps their latest health.
 
     The background loop is `run_forever()` (for the caller's task group) or `async with checker:`
@@ -217,17 +217,8 @@ class HealthChecker:
             if not task.cancelled() and task.exception() is not None:
                 logger.error("health check loop failed", exc_info=task.exception())
 
-    async def __aenter__(self) -> HealthChecker:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def _loop(self, name: str) -> None:
         try:

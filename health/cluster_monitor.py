@@ -11,8 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from health.errors import UsageError
 from health.monitor.options import MONITOR_FLAGS, MonitorOptions, options_from
-from health.monitor.run import PROG, UsageError, report_problems, run_monitor
+from health.monitor.run import PROG, report_problems, run_monitor
 
 __all__ = ["main", "parse_args"]
 

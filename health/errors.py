@@ -11,10 +11,10 @@ HealthError -- base of every error the health package raises
 
 from __future__ import annotations
 
-import errno
+import sys
 
 from config import read_error
-from net.errors import PeerRequestError, PeerTimeoutError
+from net.errors import PeerRequestError, PeerTimeoutError, unreachable_reason
 
 __all__ = [
     "CircuitOpenError",
@@ -77,20 +77,9 @@ def describe_fetch_error(exc: BaseException, timeout_s: float) -> str:
     """The one-line reason a row shows for a failed request (never a traceback)."""
     if isinstance(exc, TimeoutError):
         return f"timeout after {float(timeout_s)} s"
-    import aiohttp  # here: `cluster_monitor --once` asks over urllib and never loads it
-
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return "unreachable: cannot resolve host"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        code = exc.os_error.errno
-        if code == errno.ECONNREFUSED:
-            return "unreachable: connection refused"
-        text = exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
-        return f"unreachable: {text.lower()}"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "unreachable: server disconnected"
-    if isinstance(exc, aiohttp.ClientError | OSError):
-        return f"unreachable: {exc or type(exc).__name__}"
+    aiohttp = sys.modules.get("aiohttp")  # `cluster_monitor --once` never loads it
+    if isinstance(exc, OSError) or (aiohttp is not None and isinstance(exc, aiohttp.ClientError)):
+        return unreachable_reason(exc)
     return f"error: {exc or type(exc).__name__}"
 
 

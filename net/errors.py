@@ -35,6 +35,7 @@ __all__ = [
     "map_peer_errors",
     "parse_retry_after",
     "peer_error",
+    "unreachable_reason",
 ]
 
 MAX_RETRY_AFTER_S = 60.0
@@ -139,7 +140,7 @@ def _loaded(name: str) -> Any:
     return sys.modules.get(name)
 
 
-def _unreachable(exc: BaseException) -> str:
+def unreachable_reason(exc: BaseException) -> str:
     """`unreachable: WHY` in words (never a traceback) for a connection that failed."""
     aiohttp = _loaded("aiohttp")
     if aiohttp is not None:
@@ -181,7 +182,9 @@ def peer_error(
         reason = exc.reason
         if isinstance(reason, TimeoutError):
             return PeerTimeoutError(url, f"no answer{in_s} (timed out)")
-        return PeerRequestError(url, _unreachable(reason if isinstance(reason, OSError) else exc))
+        return PeerRequestError(
+            url, unreachable_reason(reason if isinstance(reason, OSError) else exc)
+        )
     if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):
         return PeerRequestError(url, exc.message, exc.status)
     if aiohttp is not None and isinstance(exc, aiohttp.ClientPayloadError):
@@ -190,7 +193,7 @@ def peer_error(
         got, wanted = len(exc.partial), exc.expected
         return PeerRequestError(url, f"answer cut short: {got} of {wanted} bytes")
     if isinstance(exc, OSError) or (aiohttp is not None and isinstance(exc, aiohttp.ClientError)):
-        return PeerRequestError(url, _unreachable(exc))
+        return PeerRequestError(url, unreachable_reason(exc))
     if isinstance(exc, ValueError):  # json.JSONDecodeError, orjson.JSONDecodeError
         return PeerRequestError(url, f"not a JSON answer: {exc}")
     return exc

@@ -79,6 +79,11 @@ def endpoints(*owners: object) -> list[Endpoint]:
     ]
 
 
+LOOP_CHECK_INTERVAL_S = 1.0
+"""How often the health of the background loops (sync, election, discovery, locks, runs) is
+read: a cheap read of what each loop last reported."""
+
+
 @dataclass(frozen=True)
 class Check:
     """A health check a component contributes: run every `interval_s` by the node's checker."""

@@ -30,6 +30,7 @@ from config import (
     shoal_version,
     training_nproc_for,
 )
+from config.closing import AsyncClosing
 from config.tls import serial_text
 from health import (
     BreakerRegistry,
@@ -54,11 +55,11 @@ from node.boot import (
     load_secrets,
     resolve_node_id,
 )
-from node.component import Check, Component, Served, checks_of, enter
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Served, checks_of, enter
 from node.discovery.feed import Discovery
 from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
-from node.errors import StartupError
+from node.errors import KeyringError, StartupError
 from node.identity import (
     AUTH_META,
     CERT_META,
@@ -69,16 +70,16 @@ from node.identity.component import api_identity, api_site
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
 from node.membership.checks import membership_check
-from node.membership.keyring import GossipKeys, KeyringError
+from node.membership.keyring import GossipKeys
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
-from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
-from node.plan import PlanFence
+from node.parts import PartsInputs, ServedParts, served_parts
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
 from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runtime import NodeRuntime
-from node.security import AuthPolicy, node_bound
+from node.security import AuthPolicy
+from node.signers import node_bound
 from node.startup import check_port_free, prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
@@ -96,7 +97,7 @@ DISCOVERY_REFEED_S = 3.0
 after us is found within this time; each offer costs at most a few datagrams per host)."""
 
 
-class NodeDaemon:
+class NodeDaemon(AsyncClosing):
     """One running node. `async with NodeDaemon(settings) as daemon:` starts it; exit stops it."""
 
     def __init__(self, settings: NodeSettings, *, rng: random.Random | None = None) -> None:
@@ -137,12 +138,8 @@ class NodeDaemon:
             await self.close()
             raise
 
-    async def __aenter__(self) -> NodeDaemon:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def _start(self) -> None:
         check_port_free(self.settings.bind, self.settings.port)  # before any store or log line
@@ -314,12 +311,7 @@ class NodeDaemon:
             cluster=runtime.settings.cluster_name,
             **node_bound(runtime),
         )
-        election = self._election
-
-        def fence() -> PlanFence | None:
-            elector = election.elector
-            return None if elector is None or elector.plan is None else elector.plan.fence
-
+        fence = self._election.plan_fence
         identity, crl = api_identity(runtime, self.tls, fence)
         if crl is not None:
             self.crl_spread = crl

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from node.plan import FENCE_HEADER, FenceVerdict, PlanError, PlanFence, check_fence
+from node.errors import PlanError
+from node.plan import FENCE_HEADER, FenceVerdict, PlanFence, check_fence
 
 FenceSource = Callable[[], PlanFence | None]
 """The fence of the plan this node applies now, or None before it applies one."""

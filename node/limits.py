@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from config import error_response
-from node.errors import BodyRefused as BodyRefused
+from node.errors import BodyRefused
 
 log = logging.getLogger(__name__)
 

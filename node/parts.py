@@ -14,7 +14,7 @@ from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
 from node.checkpoints.component import CheckpointApi, checkpoint_api
-from node.component import Check, Component, Endpoint, Served
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Endpoint, Served
 from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
@@ -23,7 +23,6 @@ from node.keyring.routes import KeyringRoutes
 from node.locks.component import LockApi, lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
-from node.plan import PlanFence, RolePlan
 from node.quarantine.component import GpuQuarantine
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
@@ -70,11 +69,6 @@ class SyncComponent:
         await self.service.close()
 
 
-LOOP_CHECK_INTERVAL_S = 1.0
-"""How often the health of the background loops (sync, election, discovery, locks, runs) is
-read: a cheap read of what each loop last reported."""
-
-
 @dataclass(frozen=True)
 class ServedParts:
     """The served components in start order, and the handles the daemon keeps of some."""
@@ -88,10 +82,6 @@ class ServedParts:
     training: TrainingComponent
 
 
-def _plan_of(election: ElectionService) -> RolePlan | None:
-    return election.elector.plan if election.elector is not None else None
-
-
 def sync_service(
     runtime: NodeRuntime,
     secrets: Secrets,
@@ -99,13 +89,12 @@ def sync_service(
     inventory: Inventory | None,
 ) -> SyncService:
     """The sync service, its pushes fenced by the plan this node holds."""
-
-    def fence() -> PlanFence | None:
-        plan = _plan_of(election)
-        return None if plan is None else plan.fence
-
     return SyncService(
-        runtime, secrets.cluster, runtime.settings.sync_interval_s, inventory, fence=fence
+        runtime,
+        secrets.cluster,
+        runtime.settings.sync_interval_s,
+        inventory,
+        fence=election.plan_fence,
     )
 
 
@@ -159,7 +148,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
-        lambda: _plan_of(election),
+        election.plan,
         jobs.service,
         sync,
         weights,
@@ -218,7 +207,7 @@ def _gpu_quarantine(
 ) -> GpuQuarantine:
     """The GPU quarantine of this node: its fault watcher, its reports to the coordinator."""
     assert runtime.gpu_reader is not None, "health (and its GPU reader) opens before the parts"
-    return GpuQuarantine(runtime, locks, lambda: _plan_of(election), runtime.gpu_reader)
+    return GpuQuarantine(runtime, locks, election.plan, runtime.gpu_reader)
 
 
 async def _no_leave() -> None:

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeGuard
 
 from config import Role
-from node.errors import PlanError as PlanError
+from node.errors import PlanError
 
 Backend = Literal["nccl", "gloo"]
 FENCE_HEADER = "X-Shoal-Fence"

@@ -33,14 +33,10 @@ from config import (
     verify_request,
 )
 from node.access import is_public
-from node.errors import AnsweredError
-from node.errors import SkewError as SkewError
+from node.errors import AnsweredError, BodyRefused, SkewError, TargetError
 from node.forwarding import REQUEST_FORWARDER, proven_operator
-from node.limits import BodyBudget, BodyRefused, read_unverified_body, refused_answer
-from node.signers import TargetError, check_target
-from node.signers import local_or_previous as local_or_previous
-from node.signers import node_bound as node_bound
-from node.signers import unbound_check as unbound_check
+from node.limits import BodyBudget, read_unverified_body, refused_answer
+from node.signers import check_target
 
 if TYPE_CHECKING:
     from config.tls import PeerIdentity

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from config import HEADER_TARGET, protocol_of
-from node.errors import TargetError as TargetError
+from node.errors import TargetError
 
 __all__ = [
     "UNBOUND_SIGNER_PROTOCOL",

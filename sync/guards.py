@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sync.files.errors import InsufficientSpaceError, PathRefusedError
+from sync.errors import InsufficientSpaceError, PathRefusedError
 
 logger = logging.getLogger(__name__)
 

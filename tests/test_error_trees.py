@@ -81,13 +81,9 @@ def test_every_public_error_class_is_exported_from_the_package(package: str) -> 
 
 
 def test_old_import_places_still_work() -> None:
-    from node.election.messages import ElectionError
-    from node.membership.wire import WireError
-    from node.plan import PlanError
+    from node.errors import ElectionError, LauncherError, PlanError, WireError
     from node.training.groups import GroupError, MasterUnreachable, RendezvousError
-    from node.training.launcher import LauncherError
-    from sync.files.errors import FileSyncError, InsufficientSpaceError
-    from sync.transports.rsync import SshAuthError, SshHostKeyError
+    from sync.errors import FileSyncError, InsufficientSpaceError, SshAuthError, SshHostKeyError
 
     for cls in (ElectionError, PlanError, WireError, GroupError, LauncherError):
         assert cls.__module__ == "node.errors"

@@ -1,19 +1,21 @@
 """Light imports: a package's public names load lazily (PEP 562), so `import node.errors` (what a
 training process does) loads neither the daemon, nor zeroconf, nor aiohttp, nor pydantic; and
-every lazy table agrees with its package's `__all__` and `if TYPE_CHECKING:` imports."""
+a package's `if TYPE_CHECKING:` imports are its one export list."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from config.lazy import lazy_exports
+from config.lazy import lazy_exports, type_checking_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["config", "net", "wal", "health", "sync", "node"]
@@ -102,34 +104,44 @@ def test_the_packages_that_export_names_do_so_lazily() -> None:
     assert len(_lazy_packages()) >= 12
 
 
-def _tables(path: Path) -> tuple[dict[str, list[str]], dict[str, list[str]], list[str]]:
-    """(the `if TYPE_CHECKING:` imports, the lazy table, `__all__`) of a package `__init__`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _checked_imports(path: Path) -> dict[str, list[str]]:
+    """The `if TYPE_CHECKING:` imports of a package `__init__`, read by the ast."""
     checked: dict[str, list[str]] = {}
-    lazy: dict[str, list[str]] = {}
-    exported: list[str] = []
-    for statement in tree.body:
+    for statement in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(statement, ast.If) and ast.unparse(statement.test) == "TYPE_CHECKING":
             for imported in statement.body:
                 assert isinstance(imported, ast.ImportFrom)
                 assert imported.module is not None
+                assert all(a.asname is None for a in imported.names)
                 checked.setdefault(imported.module, []).extend(a.name for a in imported.names)
-            for call in ast.walk(ast.Module(body=statement.orelse, type_ignores=[])):
-                if isinstance(call, ast.Call) and ast.unparse(call.func) == "lazy_exports":
-                    table = ast.literal_eval(call.args[1])
-                    lazy = {module: names.split() for module, names in table.items()}
-        elif isinstance(statement, ast.Assign) and ast.unparse(statement.targets[0]) == "__all__":
-            exported = ast.literal_eval(statement.value)
-    return checked, lazy, exported
+    return checked
 
 
 @pytest.mark.parametrize("path", _lazy_packages(), ids=_package)
-def test_lazy_table_matches_type_checking_imports_and_all(path: Path) -> None:
-    checked, lazy, exported = _tables(path)
-    assert lazy == checked, "the lazy table and the `if TYPE_CHECKING:` imports differ"
-    names = [name for names in lazy.values() for name in names]
-    assert sorted(names) == sorted(exported), "the lazy table and __all__ differ"
+def test_one_export_list_per_package(path: Path) -> None:
+    """The `if TYPE_CHECKING:` imports are the one list: the lazy table and `__all__` are
+    derived from them, and nothing else in the `__init__` names the exports again."""
+    checked = _checked_imports(path)
+    assert type_checking_imports(str(path)) == checked
+    source = path.read_text(encoding="utf-8")
+    assert "__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)" in source
+    assert source.count("__all__") == 1
+    package = importlib.import_module(_package(path))
+    names = [name for names in checked.values() for name in names]
+    assert package.__all__ == sorted(names)
     assert len(set(names)) == len(names)
+
+
+def test_mypy_reexports_the_lazy_packages() -> None:
+    """mypy sees a lazy package's exports only with `implicit_reexport` (no `__all__` literal)."""
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    reexported = [
+        module
+        for override in settings["tool"]["mypy"]["overrides"]
+        if override.get("implicit_reexport")
+        for module in override["module"]
+    ]
+    assert sorted(reexported) == sorted(_package(path) for path in _lazy_packages())
 
 
 @pytest.mark.parametrize("path", _lazy_packages(), ids=_package)
@@ -149,15 +161,25 @@ def test_every_exported_name_imports_in_a_fresh_interpreter(path: Path) -> None:
     assert result.returncode == 0, f"from {package} import <__all__> failed:\n{result.stderr}"
 
 
-def test_lazy_exports_imports_on_first_access_and_refuses_unknown_names() -> None:
-    getattr_, dir_ = lazy_exports(__name__, {"json": "dumps loads", "ast": "parse"})
+def test_lazy_exports_imports_on_first_access_and_refuses_unknown_names(tmp_path: Path) -> None:
+    init = tmp_path / "__init__.py"
+    init.write_text(
+        "if TYPE_CHECKING:\n    from json import (\n        dumps,  # a comment\n        loads,\n"
+        "    )\n    from ast import parse\nelse:\n    pass\n"
+    )
+    getattr_, dir_, all_ = lazy_exports(__name__, str(init))
+    assert all_ == ["dumps", "loads", "parse"]
     assert getattr_("dumps") is json.dumps
     assert globals()["dumps"] is json.dumps  # kept on the module after the first access
     assert {"dumps", "loads", "parse"} <= set(dir_())
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         getattr_("nope")
+    init.write_text("if TYPE_CHECKING:\n    from ast import parse\n    from json import parse\n")
     with pytest.raises(ValueError, match="parse is exported from both ast and json"):
-        lazy_exports(__name__, {"ast": "parse", "json": "parse"})
+        lazy_exports(__name__, str(init))
+    init.write_text("if TYPE_CHECKING:\n    from json import dumps as dump\n")
+    with pytest.raises(ValueError, match="no `as`"):
+        lazy_exports(__name__, str(init))
     del globals()["dumps"]
 
 

@@ -26,39 +26,4 @@ if TYPE_CHECKING:
     from wal.log import WriteAheadLog
     from wal.schema import move_aside
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "wal.entry": (
-                "BUILTIN_ENTRY_TYPES SYNC_COMPLETED SYNC_STARTED EntryState RecoveryHandler "
-                "RecoveryResult WalConfig WalEntry WalObserver WalStats"
-            ),
-            "wal.errors": ("WalBusyError WalCorruptError WalDiskFullError WalError WalFullError"),
-            "wal.group_commit": "BatchResults GroupCommit GroupCommitConfig",
-            "wal.log": "WriteAheadLog",
-            "wal.schema": "move_aside",
-        },
-    )
-
-__all__ = [
-    "BUILTIN_ENTRY_TYPES",
-    "SYNC_COMPLETED",
-    "SYNC_STARTED",
-    "BatchResults",
-    "EntryState",
-    "GroupCommit",
-    "GroupCommitConfig",
-    "RecoveryHandler",
-    "RecoveryResult",
-    "WalBusyError",
-    "WalConfig",
-    "WalCorruptError",
-    "WalDiskFullError",
-    "WalEntry",
-    "WalError",
-    "WalFullError",
-    "WalObserver",
-    "WalStats",
-    "WriteAheadLog",
-    "move_aside",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

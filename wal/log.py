@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from config.closing import AsyncClosing
 from wal.batch import (
     CleanupRequest,
     StateSetRequest,
@@ -62,7 +63,7 @@ class _Lifecycle(enum.Enum):
     CLOSED = "closed"
 
 
-class WriteAheadLog:
+class WriteAheadLog(AsyncClosing):
     """The write-ahead log in one SQLite file, opened once and closed once.
 
     Every write returns only after its transaction committed with synchronous=FULL, so an
@@ -98,12 +99,8 @@ class WriteAheadLog:
     def config(self) -> WalConfig:
         return self._config
 
-    async def __aenter__(self) -> WriteAheadLog:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def open(self) -> None:
         """Open (creating when absent) and validate the file; log pending entries.

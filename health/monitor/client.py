@@ -13,22 +13,14 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
 from config import Timeouts
-from health.errors import FetchError, fetch_error
-from health.errors import describe_fetch_error as describe_fetch_error
-from health.monitor.model import (
-    ClusterStatus,
-    MonitorError,
-    NodeReport,
-    Observation,
-    parse_peers,
-    parse_status,
-)
+from config.closing import AsyncClosing
+from health.errors import FetchError, MonitorError, describe_fetch_error, fetch_error
+from health.monitor.model import ClusterStatus, NodeReport, Observation, parse_peers, parse_status
 from health.monitor.rules import build_cluster_status
 
 if TYPE_CHECKING:
@@ -115,7 +107,7 @@ def _remembered(
     ]
 
 
-class ClusterMonitor:
+class ClusterMonitor(AsyncClosing):
     """Reads /v1/peers and /v1/status of a cluster's nodes through one net.PeerClient (a
     kept-alive session per node).
 
@@ -168,17 +160,8 @@ class ClusterMonitor:
         self._limit = asyncio.Semaphore(self._max_concurrency)
         self._previous: ClusterStatus | None = None
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @property
     def timeout_s(self) -> float:

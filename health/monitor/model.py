@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from health.errors import MonitorError as MonitorError
+from health.errors import MonitorError
 from health.fields import read_float, read_int, read_list, read_mapping, read_str
 from health.gpu import GpuInfo
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from config import ConfigError, load_settings, read_secret_file
-from health.errors import MonitorError as MonitorError
-from health.errors import UsageError as UsageError
+from health.errors import MonitorError, UsageError
 from health.monitor.client import ClusterMonitor, normalize_node_url
 from health.monitor.model import ClusterStatus
 from health.monitor.options import MonitorOptions

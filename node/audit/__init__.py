@@ -24,33 +24,4 @@ if TYPE_CHECKING:
     )
     from node.audit.routes import AUDIT_PATH, DEPLOYS_PATH, AuditRoutes, DeployRecordBody
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.audit.entries": (
-                "DEPLOY_CERTIFICATE DEPLOY_HOST KIND_TYPES LOCK_GRANT LOCK_RELEASE NODE_DRAIN "
-                "NODE_LEAVE NODE_UNDRAIN RUN_STEP "
-                "AuditEntry read_audit record_audit"
-            ),
-            "node.audit.routes": "AUDIT_PATH DEPLOYS_PATH AuditRoutes DeployRecordBody",
-        },
-    )
-
-__all__ = [
-    "AUDIT_PATH",
-    "DEPLOYS_PATH",
-    "DEPLOY_CERTIFICATE",
-    "DEPLOY_HOST",
-    "KIND_TYPES",
-    "LOCK_GRANT",
-    "LOCK_RELEASE",
-    "NODE_DRAIN",
-    "NODE_LEAVE",
-    "NODE_UNDRAIN",
-    "RUN_STEP",
-    "AuditEntry",
-    "AuditRoutes",
-    "DeployRecordBody",
-    "read_audit",
-    "record_audit",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

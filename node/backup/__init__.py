@@ -19,26 +19,4 @@ if TYPE_CHECKING:
     from node.backup.restore import RestoreResult, restore_archive
     from node.backup.service import BACKUP_PATH, BackupService
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.backup.archive": (
-                "MANIFEST_NAME Manifest Member VerifiedArchive manifest_summary verify_archive"
-            ),
-            "node.backup.restore": "RestoreResult restore_archive",
-            "node.backup.service": "BACKUP_PATH BackupService",
-        },
-    )
-
-__all__ = [
-    "BACKUP_PATH",
-    "MANIFEST_NAME",
-    "BackupService",
-    "Manifest",
-    "Member",
-    "RestoreResult",
-    "VerifiedArchive",
-    "manifest_summary",
-    "restore_archive",
-    "verify_archive",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -16,28 +16,4 @@ if TYPE_CHECKING:
     from node.checkpoints.service import CheckpointService
     from node.checkpoints.view import checkpoints_view, committed_view, last_restore_view
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.checkpoints.commit": "RankReport decide_commit",
-            "node.checkpoints.component": "CheckpointApi checkpoint_api",
-            "node.checkpoints.office": "CheckpointOffice",
-            "node.checkpoints.replicas": "Domain plan_replicas",
-            "node.checkpoints.service": "CheckpointService",
-            "node.checkpoints.view": "checkpoints_view committed_view last_restore_view",
-        },
-    )
-
-__all__ = [
-    "CheckpointApi",
-    "CheckpointOffice",
-    "CheckpointService",
-    "Domain",
-    "RankReport",
-    "checkpoint_api",
-    "checkpoints_view",
-    "committed_view",
-    "decide_commit",
-    "last_restore_view",
-    "plan_replicas",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -14,13 +14,11 @@ from node.checkpoints.replicas import domains_of
 from node.checkpoints.routes import CheckpointRoutes
 from node.checkpoints.service import CheckpointService
 from node.checkpoints.view import committed_view, last_restore_view
-from node.component import Check, Endpoint, endpoints
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Endpoint, endpoints
 from node.locks.service import LockService
 from node.membership.service import MemberState
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
-
-LOOP_CHECK_INTERVAL_S = 1.0
 
 
 class CheckpointApi:

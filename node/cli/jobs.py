@@ -30,21 +30,18 @@ from node.cli.common import (
     fail,
     print_json,
 )
+from node.errors import JobClientError, JobWaitTimeoutError
 from node.jobs.client import (
-    DeploySpec,
-    JobSpec,
     attach_job_async,
     download_async,
     list_jobs_async,
-    make_job_state,
     remove_job_async,
     start_job_async,
     terminate_async,
 )
+from node.jobs.specs import DeploySpec, JobSpec, make_job_state
 from node.jobs.transport import (
-    JobClientError,
     JobClientState,
-    JobWaitTimeoutError,
     fetch_record,
     log_chunks_async,
     signal_number,

@@ -24,9 +24,8 @@ from node.cli.common import (
     print_json,
     request_json,
 )
-from node.errors import PeerRequestError
+from node.errors import KeyringError, PeerRequestError
 from node.membership.keyring import (
-    KeyringError,
     encode_key,
     key_id,
     new_key,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import logging
 import socket
 from dataclasses import dataclass
 from typing import Literal
@@ -78,12 +77,3 @@ async def resolve_host(host: str, port: int, timeout_s: float) -> list[str]:
     if not addresses:
         raise DiscoveryError(f"resolving {host}: no addresses")
     return [a for a in addresses if ":" not in a] + [a for a in addresses if ":" in a]
-
-
-def log_repeated(
-    logger: logging.Logger, warned: set[str], key: str, message: str, *args: object
-) -> None:
-    """Log a repeated failure of `key` at WARNING the first time, then at DEBUG."""
-    level = logging.DEBUG if key in warned else logging.WARNING
-    warned.add(key)
-    logger.log(level, message, *args)

@@ -9,19 +9,18 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Self
 
 import ifaddr
 
 from config import Inventory, Timeouts
+from config.closing import AsyncClosing
+from config.quietlog import QuietLog
 from health import LoopHealth
 from node.addresses import local_addresses, local_networks, normalize_address
 from node.discovery.candidates import (
     Advert,
     Candidate,
     inventory_candidates,
-    log_repeated,
     parse_seed,
     resolve_host,
 )
@@ -37,7 +36,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class Discovery:
+class Discovery(AsyncClosing):
     """Owns the zeroconf instance (when `mdns`) and the task that re-feeds inventory and seeds.
 
     `on_candidate` is called in the event loop for every candidate, repeatedly: mDNS peers of
@@ -72,7 +71,7 @@ class Discovery:
         self._refeed_interval_s = refeed_interval_s
         self._mdns: MdnsAgent | None = None
         self._refeed_task: asyncio.Task[None] | None = None
-        self._warned: set[str] = set()
+        self._quiet = QuietLog(log)
         self._round_errors: list[str] = []
         self._state = _State.UNOPENED
         self.loop_health = LoopHealth("discovery")
@@ -93,7 +92,7 @@ class Discovery:
         """Peers of our cluster whose mDNS advert is current, by node id."""
         return self._mdns.peers if self._mdns is not None else {}
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"Discovery is {self._state.value}; it cannot be opened again")
         self._state = _State.OPENED
@@ -106,15 +105,6 @@ class Discovery:
         self._refeed_task = asyncio.get_running_loop().create_task(
             self._refeed_forever(), name=f"discovery-refeed-{self._advert.node_id}"
         )
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Say goodbye on mDNS first, then stop everything. Idempotent and irreversible."""
@@ -193,9 +183,7 @@ class Discovery:
                     self.loop_health.record_success(f"{len(self.mdns_peers())} mDNS peers")
             except Exception as exc:  # a bug in one round must not end discovery
                 self.loop_health.record_failure(exc)
-                log_repeated(
-                    log,
-                    self._warned,
+                self._quiet.failed(
                     "refeed",
                     "%s: discovery round failed: %r",
                     self._advert.node_id,
@@ -209,9 +197,9 @@ class Discovery:
             addresses = await resolve_host(host, port, self._timeouts.mdns_s)
         except DiscoveryError as exc:
             self._round_errors.append(f"{key}: {exc}")
-            log_repeated(log, self._warned, key, "%s: %s: %s", self._advert.node_id, key, exc)
+            self._quiet.failed(key, "%s: %s: %s", self._advert.node_id, key, exc)
             return
-        self._warned.discard(key)
+        self._quiet.clear(key)
         own = {normalize_address(address) for address in self._advert.addresses}
         for address in addresses:
             if not (normalize_address(address) in own and port == self._advert.port):

@@ -15,8 +15,9 @@ from zeroconf import DNSQuestionType, ServiceStateChange, Zeroconf
 from zeroconf import Error as ZeroconfError
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
+from config.quietlog import QuietLog
 from node.addresses import IPNetwork, preferred_address
-from node.discovery.candidates import Advert, Candidate, log_repeated
+from node.discovery.candidates import Advert, Candidate
 from node.errors import DiscoveryError
 
 SERVICE_TYPE = "_shoal._tcp.local."
@@ -98,7 +99,7 @@ class MdnsAgent:
         self._info: AsyncServiceInfo | None = None
         self._resolving: dict[str, asyncio.Task[None]] = {}
         self._peers: dict[str, Candidate] = {}
-        self._warned: set[str] = set()
+        self._quiet = QuietLog(log)
         self._closed = False
 
     @property
@@ -225,14 +226,10 @@ class MdnsAgent:
                 aiozc.zeroconf, self._timeout_s * 1000, question_type=DNSQuestionType.QM
             )
         except (OSError, RuntimeError, ZeroconfError) as exc:
-            log_repeated(
-                log, self._warned, name, "%s: resolving %s: %s", self._advert.node_id, name, exc
-            )
+            self._quiet.failed(name, "%s: resolving %s: %s", self._advert.node_id, name, exc)
             return
         if not found:
-            log_repeated(
-                log,
-                self._warned,
+            self._quiet.failed(
                 name,
                 "%s: mDNS peer %s did not answer within %g s",
                 self._advert.node_id,
@@ -240,7 +237,7 @@ class MdnsAgent:
                 self._timeout_s,
             )
             return
-        self._warned.discard(name)
+        self._quiet.clear(name)
         self._handle_advert(name, info)
 
     def _handle_advert(self, name: str, info: AsyncServiceInfo) -> None:
@@ -255,9 +252,7 @@ class MdnsAgent:
             )
         if candidate is None:
             if peer.node_id == self._advert.node_id and peer.cluster == self._advert.cluster:
-                log_repeated(
-                    log,
-                    self._warned,
+                self._quiet.failed(
                     f"dup:{name}",
                     "%s: %s advertises our node id from %s; node ids must be unique",
                     self._advert.node_id,

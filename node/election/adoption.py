@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from config import AsyncClosing, fsync_directory
 from node.election.state import ElectionEvent, ElectionEventKind
-from node.plan import PlanError
+from node.errors import PlanError
 
 RecordKind = Literal["coordinator", "plan"]
 

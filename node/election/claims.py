@@ -8,9 +8,8 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 
-from health import GPU_ID_HEX_DIGITS as GPU_ID_HEX_DIGITS
 from health import short_gpu_id
-from node.plan import PlanError
+from node.errors import PlanError
 
 GPU_UUIDS_META = "gpu_uuids"
 """Membership meta key of the GPUs a node owns, comma-separated (see `gpu_uuids_meta`); a list

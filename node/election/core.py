@@ -9,7 +9,6 @@ import random
 from dataclasses import replace
 
 from node.election.messages import (
-    ElectionError,
     Heartbeat,
     HeartbeatAck,
     Message,
@@ -27,6 +26,7 @@ from node.election.state import (
     lease_valid,
     stepdown_at,
 )
+from node.errors import ElectionError
 from node.plan import RolePlan, should_apply
 
 Step = tuple[ElectionState, list[Outbound]]

@@ -14,11 +14,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from config.closing import AsyncClosing
 from health import LoopHealth
 from node.election import core
 from node.election.adoption import AdoptionLog, adoption_record
 from node.election.messages import (
-    ElectionError,
     Heartbeat,
     HeartbeatAck,
     Message,
@@ -48,7 +48,8 @@ from node.election.state import (
     status_of,
     with_observers,
 )
-from node.plan import PlanError, RestartRequest, RolePlan
+from node.errors import ElectionError, PlanError
+from node.plan import RestartRequest, RolePlan
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class _Phase(enum.Enum):
     CLOSED = "closed"
 
 
-class Elector:
+class Elector(AsyncClosing):
     """One node's elector. `async with Elector(...)` loads the durable vote and starts the timer
     loop; HTTP handlers call `handle_vote_request` and `handle_heartbeat`.
 
@@ -139,12 +140,8 @@ class Elector:
         self.loop_health = LoopHealth("election")
         """Each step of the timer loop, for the `election` health component."""
 
-    async def __aenter__(self) -> Elector:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Load the durable vote and plan, then start the timers. Only once."""

@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from node.errors import ElectionError as ElectionError
-from node.plan import PlanError, PlanFence, RolePlan
+from node.errors import ElectionError, PlanError
+from node.plan import PlanFence, RolePlan
 
 
 class VoteReason(enum.StrEnum):

@@ -10,7 +10,8 @@ from typing import Literal
 
 from config import HostEntry, Role
 from node.election.claims import gpu_conflicts, gpu_uuids_from_meta
-from node.plan import Backend, GroupSpec, PlanError, RestartRequest, RolePlan
+from node.errors import PlanError
+from node.plan import Backend, GroupSpec, RestartRequest, RolePlan
 
 BackendChoice = Literal["nccl", "gloo", "auto"]
 AUTO_FALLBACK_ROLE = Role.SELFPLAY

@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from config import Timeouts
+from config.closing import AsyncClosing
 from config.declare import READ, Caller, Refusal, route
 from config.wire import STATUS_CODES
 from health import (
@@ -27,14 +28,8 @@ from health import (
 )
 from net import Identity, NetError, PeerClient, PeerTls, map_peer_errors
 from node.election.elector import Elector
-from node.election.messages import (
-    ElectionError,
-    Heartbeat,
-    HeartbeatAck,
-    VoteReply,
-    VoteRequest,
-)
-from node.errors import AnsweredError
+from node.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from node.errors import AnsweredError, ElectionError
 from node.openapi import WireRecord
 from node.security import PEER_ID
 
@@ -257,7 +252,7 @@ class _Phase(enum.Enum):
     CLOSED = "closed"
 
 
-class HttpElectionTransport:
+class HttpElectionTransport(AsyncClosing):
     """ElectionTransport over HTTP: signed requests (when a secret is set) to the peer's API at
     `address_of(node_id)`, each through the peer's `election` breaker of `breakers` (configured
     with `breaker_config`), naming `cluster` (this node's cluster id) in X-Shoal-Cluster; any
@@ -289,12 +284,8 @@ class HttpElectionTransport:
         self._owns_client = peers is None
         self._phase = _Phase.UNOPENED
 
-    async def __aenter__(self) -> HttpElectionTransport:
+    async def _enter(self) -> None:
         self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     def open(self) -> None:
         """Create the peer client (unless one was given); a closed transport cannot reopen."""

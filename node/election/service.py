@@ -29,15 +29,16 @@ from node.election.routes import (
 )
 from node.election.seams import WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent
+from node.errors import RendezvousError
 from node.identity.peers import peer_tls
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
+from node.plan import PlanFence, RolePlan
 from node.runtime import NodeRuntime
 from node.security import json_error
 from node.training.rendezvous import (
     RENDEZVOUS_PATH,
     RUN_NAME,
     RendezvousAnswer,
-    RendezvousError,
     RendezvousQuery,
     rendezvous_for,
 )
@@ -106,6 +107,15 @@ class ElectionService:
         (node.training sets it before `start`)."""
         self.plan_listeners: list[Listener] = []
         """Told of every election event once the elector runs (node.training's launcher)."""
+
+    def plan(self) -> RolePlan | None:
+        """The plan this node holds (None until its elector runs and has one)."""
+        return None if self.elector is None else self.elector.plan
+
+    def plan_fence(self) -> PlanFence | None:
+        """The fence of the plan this node holds: what its fenced requests present."""
+        plan = self.plan()
+        return None if plan is None else plan.fence
 
     @route(
         "GET",

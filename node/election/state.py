@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from config import Timeouts
-from node.election.messages import ElectionError
+from node.errors import ElectionError
 from node.plan import PlanFence, RolePlan
 
 log = logging.getLogger("node.election.elector")  # log_event speaks for the elector

@@ -24,30 +24,4 @@ if TYPE_CHECKING:
         tls_files,
     )
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.identity.crl": "CRL_NUMBER_HEADER CRL_PATH CrlSpread",
-            "node.identity.listener": "IdentitySite",
-            "node.identity.peers": "AUTH_META peer_scheme peer_tls",
-            "node.identity.revoked": "CERT_META RevokedPeers",
-            "node.identity.roles": "AccessRules CertificateGate caller_of open_tls tls_files",
-        },
-    )
-
-__all__ = [
-    "AUTH_META",
-    "CERT_META",
-    "CRL_NUMBER_HEADER",
-    "CRL_PATH",
-    "AccessRules",
-    "CertificateGate",
-    "CrlSpread",
-    "IdentitySite",
-    "RevokedPeers",
-    "caller_of",
-    "open_tls",
-    "peer_scheme",
-    "peer_tls",
-    "tls_files",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from config.declare import READ, Refusal, route
+from config.quietlog import QuietLog
 from config.settings import AuthMode
 from config.tls.context import TlsContexts
 from net import Identity, NetError, PeerClient
@@ -64,7 +65,7 @@ class CrlSpread:
         self._interval_s = interval_s
         self._tasks: list[asyncio.Task[None]] = []
         self._client: PeerClient | None = None
-        self._warned: set[str] = set()
+        self._quiet = QuietLog(log)
         self._sighup = False
         self.fetches = 0
         """CRL fetches made (each peer once per round)."""
@@ -168,9 +169,7 @@ class CrlSpread:
         return self._contexts.material.crl_number
 
     def _note(self, peer: str, message: str, *args: object) -> None:
-        level = logging.WARNING if peer not in self._warned else logging.DEBUG
-        self._warned.add(peer)
-        log.log(level, message, *args)
+        self._quiet.failed(peer, message, *args)
 
     async def _fetch(self, member: Any) -> None:
         peers = self._client
@@ -189,7 +188,7 @@ class CrlSpread:
             self._note(member.node_id, "CRL of %s (%s) not fetched: %s", member.node_id, url, exc)
             return
         if answer.status == 204:
-            self._warned.discard(member.node_id)
+            self._quiet.clear(member.node_id)
             return
         if answer.status != 200:
             self._note(
@@ -201,5 +200,5 @@ class CrlSpread:
                 answer.body[:200].decode("utf-8", "replace"),
             )
             return
-        self._warned.discard(member.node_id)
+        self._quiet.clear(member.node_id)
         self._contexts.install_crl(answer.body, member.node_id)

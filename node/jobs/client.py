@@ -14,14 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from config import NodeSettings, load_inventory, load_settings, read_secret_file
-from node.jobs.specs import DeploySpec as DeploySpec
-from node.jobs.specs import JobSpec as JobSpec
-from node.jobs.specs import make_job_state as make_job_state
-from node.jobs.specs import new_job_id, start_body
+from node.errors import JobClientError
+from node.jobs.specs import DeploySpec, JobSpec, make_job_state, new_job_id, start_body
 from node.jobs.transport import (
     ENDED_STATES,
     Endpoint,
-    JobClientError,
     JobClientState,
     apply_record,
     base_url,
@@ -35,7 +32,6 @@ from node.jobs.transport import (
     run_sync,
     wait_record,
 )
-from node.providers import GPUQuery as GPUQuery
 from node.providers import StaticProvider, ready_node
 from node.ssh import DEFAULT_KNOWN_HOSTS
 

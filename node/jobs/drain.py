@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from node.jobs.records import JobError
+from node.errors import JobError
 from node.jobs.service import JobService
 from node.plan import RolePlan
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from config.declare import Caller, route
 from net import Identity, PeerClient, PeerRequestError, split_url
-from node.errors import BodyError
+from node.errors import BodyError, JobError
 from node.fence import fence_headers
 from node.identity.peers import peer_tls
 from node.jobs.drain import refuse_if_draining
@@ -36,7 +36,6 @@ from node.jobs.gang_start import (
 from node.jobs.records import (
     GangMember,
     GangRecord,
-    JobError,
     JobRecord,
     JobRequest,
     JobState,

@@ -13,10 +13,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from config.declare import Refusal
-from node.jobs.records import GangMember, JobError, JobState, PickAnswer, Role
+from node.errors import JobError, PlanError
+from node.jobs.records import GangMember, JobState, PickAnswer, Role
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_master_port, pick_members
 from node.openapi import BODY_CONFIG, WholeNumber
-from node.plan import FENCE_HEADER, FenceVerdict, PlanError, PlanFence, RolePlan, check_fence
+from node.plan import FENCE_HEADER, FenceVerdict, PlanFence, RolePlan, check_fence
 from node.runtime import NodeRuntime
 
 PICK_PATH = "/v1/jobs/gang/pick"

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from config import ConfigError, JobSettings
-from node.errors import LauncherError
-from node.jobs.records import JobError, JobRequest
-from node.training.rendezvous import Rendezvous, RendezvousError
+from node.errors import JobError, LauncherError, RendezvousError
+from node.jobs.records import JobRequest
+from node.training.rendezvous import Rendezvous
 from node.training.torchrun import node_place, torchrun_env
 
 

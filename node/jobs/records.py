@@ -26,8 +26,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from config.declare import unset
-from node.errors import BodyError
-from node.errors import JobError as JobError
+from node.errors import BodyError, JobError
 from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -6,7 +6,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from node.jobs.records import GangMember, JobError, JobState, PickedNode
+from node.errors import JobError
+from node.jobs.records import GangMember, JobState, PickedNode
 from node.plan import RolePlan
 
 GANG_PORT_BASE_OFFSET = 1500

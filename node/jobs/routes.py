@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from config.declare import READ, Caller, Refusal, route, unset
+from node.errors import JobError
 from node.jobs.records import (
-    JobError,
     JobRecord,
     JobStartBody,
     JobState,

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from config import JobSettings
+from node.errors import JobError
 from node.jobs.launcher import ForkServer, launch_document, spawn_supervisor
 from node.jobs.policy import RunAs, resolve_program, resolve_run_as
 from node.jobs.records import (
     GangRecord,
-    JobError,
     JobRecord,
     JobRequest,
     JobState,

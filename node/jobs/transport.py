@@ -26,12 +26,14 @@ from typing import Any, NotRequired, TypedDict, TypeVar
 from config import Timeouts, read_error, read_secret_file
 from config.tls.client import client_scheme, operator_context
 from net import Identity, PeerClient, PeerRequestError
-from node.errors import DownloadHashError as DownloadHashError
-from node.errors import JobClientError as JobClientError
-from node.errors import JobEndedError as JobEndedError
-from node.errors import JobRequestError as JobRequestError
-from node.errors import JobUnreachableError as JobUnreachableError
-from node.errors import JobWaitTimeoutError as JobWaitTimeoutError
+from node.errors import (
+    DownloadHashError,
+    JobClientError,
+    JobEndedError,
+    JobRequestError,
+    JobUnreachableError,
+    JobWaitTimeoutError,
+)
 from node.jobs.records import JobRecord, JobState
 
 T = TypeVar("T")

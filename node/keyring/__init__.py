@@ -9,15 +9,8 @@ from typing import TYPE_CHECKING
 from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from node.keyring.routes import KeyringRefused, KeyringRoutes
+    from node.errors import KeyringRefused
+    from node.keyring.routes import KeyringRoutes
     from node.keyring.wire import KEYRING_PATH, LOCAL_PATH
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.keyring.wire": "KEYRING_PATH LOCAL_PATH",
-            "node.keyring.routes": "KeyringRefused KeyringRoutes",
-        },
-    )
-
-__all__ = ["KEYRING_PATH", "LOCAL_PATH", "KeyringRefused", "KeyringRoutes"]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -22,8 +22,7 @@ from net import Identity, PeerClient, PeerRequestError
 from node.access import FORWARDED_HEADER
 from node.audit.entries import record_audit
 from node.component import Check, Endpoint, endpoints
-from node.errors import BodyError
-from node.errors import KeyringRefused as KeyringRefused
+from node.errors import BodyError, KeyringError, KeyringRefused
 from node.forwarding import forward_headers
 from node.identity.peers import peer_tls
 from node.keyring.wire import (
@@ -39,7 +38,6 @@ from node.keyring.wire import (
 )
 from node.membership.keyring import (
     GossipKeys,
-    KeyringError,
     decode_key,
     key_id,
     unwrap_key,

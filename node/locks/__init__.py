@@ -15,28 +15,4 @@ if TYPE_CHECKING:
     from node.locks.service import LockService
     from node.locks.table import LockAnswer, LockFence, LockState, LockTable
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.locks.client": "LockClient cluster_lock default_holder",
-            "node.locks.component": "LockApi lock_api",
-            "node.locks.quorum": "Acceptor QuorumTable",
-            "node.locks.service": "LockService",
-            "node.locks.table": "LockAnswer LockFence LockState LockTable",
-        },
-    )
-
-__all__ = [
-    "Acceptor",
-    "LockAnswer",
-    "LockApi",
-    "LockClient",
-    "LockFence",
-    "LockService",
-    "LockState",
-    "LockTable",
-    "QuorumTable",
-    "cluster_lock",
-    "default_holder",
-    "lock_api",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from config.closing import AsyncClosing
 from net import Identity, PeerClient, PeerRequestError
 from node.errors import LockError, LockLostError, LockUnavailableError
 from node.locks.table import LockAnswer, LockFence
@@ -33,7 +34,7 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class LockClient:
+class LockClient(AsyncClosing):
     """Lock requests to any of `urls` (each forwards to the coordinator); tries the next node
     when one does not answer, retries while there is no coordinator or quorum."""
 
@@ -52,11 +53,11 @@ class LockClient:
         self._peers: PeerClient | None = None
         self._next = 0
 
-    async def __aenter__(self) -> LockClient:
+    async def _enter(self) -> None:
         self._peers = PeerClient(Identity(self._secret, "cli-locks"))
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def close(self) -> None:
+        """Close the peer client; idempotent."""
         if self._peers is not None:
             await self._peers.close()
             self._peers = None

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from node.component import Check, Endpoint, endpoints
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Endpoint, endpoints
 from node.election.service import ElectionService
 from node.locks.nodes import LeaveFn, NodeOps, StopFn
 from node.locks.quorum import Durable
 from node.locks.routes import LockRoutes, NodeRoutes
 from node.locks.service import LockService
 from node.runtime import NodeRuntime
-
-LOOP_CHECK_INTERVAL_S = 1.0
 
 
 class LockApi:

@@ -36,9 +36,6 @@ from node.locks.wire import (
     MAX_WAIT_S,
     PREPARE_PATH,
 )
-from node.locks.wire import (
-    LOCKS_PATH as LOCKS_PATH,
-)
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from node.errors import KeyringError as KeyringError
+from node.errors import KeyringError
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from node.errors import WireError
 from node.membership.core import Phase, ProtocolCore
 from node.membership.merging import MergingProtocol
 from node.membership.rules import (
@@ -22,7 +23,7 @@ from node.membership.rules import (
 from node.membership.table import UP
 from node.membership.timers import RelayWait
 from node.membership.types import EMPTY_META, Address, EventKind, Member, MemberState
-from node.membership.wire import Message, MessageKind, WireError, decode_message
+from node.membership.wire import Message, MessageKind, decode_message
 
 __all__ = ["Phase", "ProtocolCore", "SwimProtocol"]
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from config.closing import AsyncClosing
 from config.timeouts import Timeouts
 from node.errors import MembershipError
 from node.membership.events import Listener
@@ -57,7 +58,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Membership(SwimProtocol):
+class Membership(SwimProtocol, AsyncClosing):
     """This node's membership: owns the probe task, its timers and (from start) the transport.
 
     `async with Membership(...)` starts it; `close()` is idempotent and irreversible; `leave()`
@@ -102,12 +103,8 @@ class Membership(SwimProtocol):
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Membership:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Start the transport, announce ourselves and run the probe loop."""

@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from config.quietlog import QuietLog
 from node.errors import MembershipError
 from node.membership.channel import SealedChannel
 from node.membership.envelope import MAX_DATAGRAM_BYTES, Envelope
@@ -105,7 +106,7 @@ class UdpMembershipTransport:
         self._handler: DatagramHandler | None = None
         self._counters = Counters()
         self._closed = False
-        self._warned: set[str] = set()
+        self._quiet = QuietLog(log)
         self._ipv6 = False
 
     @property
@@ -193,9 +194,7 @@ class UdpMembershipTransport:
         """Log a socket error once at WARNING per kind of operation, then at DEBUG."""
         self._counters.dropped["network_error"] += 1
         key = what.split(" ", 1)[0] + type(exc).__name__
-        level = logging.DEBUG if key in self._warned else logging.WARNING
-        self._warned.add(key)
-        log.log(level, "membership UDP %s failed: %s", what, exc)
+        self._quiet.failed(key, "membership UDP %s failed: %s", what, exc)
 
     def stats(self) -> TransportStats:
         return self._counters.snapshot()

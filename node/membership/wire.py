@@ -9,8 +9,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from node.errors import MembershipError
-from node.errors import WireError as WireError
+from node.errors import MembershipError, WireError
 from node.membership.types import (
     MAX_NODE_ID_CHARS,
     Member,

@@ -34,45 +34,4 @@ if TYPE_CHECKING:
     from node.providers.ready import ReadyNode, ready_node
     from node.providers.static import StaticProvider, host_matches
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.providers.acquire": "acquire_node",
-            "node.providers.autostop": (
-                "LAST_DECISION_KEY WAL_ENTRY_TYPE AutoStop AutostopPolicy IdleChecks IdleSample "
-                "nvml_utilization recover_interrupted should_act take_sample"
-            ),
-            "node.providers.base": (
-                "RELEASED RUNNING STOPPED ActionResult GPUQuery NodeHandle Provider"
-            ),
-            "node.providers.local": "LocalProvider",
-            "node.providers.ready": "ReadyNode ready_node",
-            "node.providers.static": "StaticProvider host_matches",
-        },
-    )
-
-__all__ = [
-    "LAST_DECISION_KEY",
-    "RELEASED",
-    "RUNNING",
-    "STOPPED",
-    "WAL_ENTRY_TYPE",
-    "ActionResult",
-    "AutoStop",
-    "AutostopPolicy",
-    "GPUQuery",
-    "IdleChecks",
-    "IdleSample",
-    "LocalProvider",
-    "NodeHandle",
-    "Provider",
-    "ReadyNode",
-    "StaticProvider",
-    "acquire_node",
-    "host_matches",
-    "nvml_utilization",
-    "ready_node",
-    "recover_interrupted",
-    "should_act",
-    "take_sample",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

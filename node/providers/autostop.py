@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Protocol
 
 from config import HostEntry
+from config.closing import AsyncClosing
 from health import LoopHealth
 from node.providers.base import ActionResult, NodeHandle, Provider
 from node.providers.static import NO_OP
@@ -185,7 +185,7 @@ async def recover_interrupted(wal: WriteAheadLog) -> list[dict[str, Any]]:
     return found
 
 
-class AutoStop:
+class AutoStop(AsyncClosing):
     """Checks idleness every `policy.check_interval_s` and, once idle for the window, runs the
     provider's stop or release on `handle` (with `dry_run`, only logs and audits that it would,
     then watches a new window). Owns its loop task (async context manager; close() idempotent).
@@ -219,17 +219,8 @@ class AutoStop:
         self._acting = False
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def load(self) -> None:
         """Read the last decision kept in the WAL (after a restart)."""

@@ -15,7 +15,8 @@ from prometheus_client import Gauge
 from config import HostEntry, Inventory
 from net import PeerRequestError
 from node.errors import ProviderError
-from node.locks.service import LOCKS_PATH, LockService
+from node.locks.service import LockService
+from node.locks.wire import LOCKS_PATH
 from node.providers.autostop import (
     AutoStop,
     AutostopPolicy,

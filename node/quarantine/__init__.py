@@ -14,24 +14,4 @@ if TYPE_CHECKING:
     from node.quarantine.state import Action, Phase, WatchState, step
     from node.quarantine.watcher import DeadlineReads, GpuFaultWatcher
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.quarantine.component": "GpuQuarantine",
-            "node.quarantine.service": "CoordinatorLink QuarantineService",
-            "node.quarantine.state": "Action Phase WatchState step",
-            "node.quarantine.watcher": "DeadlineReads GpuFaultWatcher",
-        },
-    )
-
-__all__ = [
-    "Action",
-    "CoordinatorLink",
-    "DeadlineReads",
-    "GpuFaultWatcher",
-    "GpuQuarantine",
-    "Phase",
-    "QuarantineService",
-    "WatchState",
-    "step",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -25,41 +25,4 @@ if TYPE_CHECKING:
     from node.rl.stream import RolloutStream, post_rollouts, rollout_record
     from node.rl.versions import check_staleness, make_version_state, stamp_sample
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.rl.backlog": "RolloutBacklog",
-            "node.rl.broadcast": "broadcast_weights receive_weights",
-            "node.rl.digest": (
-                "PWS_ALGO SHA256_ALGO Digest HostStaging WeightsDigest weights_digest"
-            ),
-            "node.rl.published": "PublishResult",
-            "node.rl.publisher": "WeightPublisher",
-            "node.rl.receiver": "WeightReceiver",
-            "node.rl.service": "WeightsService",
-            "node.rl.stream": "RolloutStream post_rollouts rollout_record",
-            "node.rl.versions": "check_staleness make_version_state stamp_sample",
-        },
-    )
-
-__all__ = [
-    "PWS_ALGO",
-    "SHA256_ALGO",
-    "Digest",
-    "HostStaging",
-    "PublishResult",
-    "RolloutBacklog",
-    "RolloutStream",
-    "WeightPublisher",
-    "WeightReceiver",
-    "WeightsDigest",
-    "WeightsService",
-    "broadcast_weights",
-    "check_staleness",
-    "make_version_state",
-    "post_rollouts",
-    "receive_weights",
-    "rollout_record",
-    "stamp_sample",
-    "weights_digest",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

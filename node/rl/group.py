@@ -3,11 +3,9 @@ and the receivers' daemon URLs; served at GET /v1/rendezvous?group=weights&run=R
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,8 +13,8 @@ from typing import Any
 from node.errors import PeerRequestError, RendezvousError, WeightsError
 from node.plan import RolePlan
 from node.rl.client import call
-from node.training.groups import interface_towards
 from node.training.rendezvous import GENERATION_PORT_SPAN, DaemonEndpoint
+from shoal.group import gloo_bound_to_route
 
 WEIGHTS_GROUP = "weights"
 RUN_PORT_SPAN = 1000
@@ -127,22 +125,6 @@ def weights_rendezvous_for(
     )
 
 
-@contextlib.contextmanager
-def gloo_bound_towards(master_addr: str) -> Iterator[None]:
-    """While a weights group forms, make gloo advertise the address that routes to the
-    publisher's store, not the hostname's (often 127.0.x.1 in /etc/hosts, which no other host
-    reaches). An operator's GLOO_SOCKET_IFNAME wins; the environment is restored afterwards."""
-    name = None if os.environ.get("GLOO_SOCKET_IFNAME") else interface_towards(master_addr)
-    if name is None:
-        yield
-        return
-    os.environ["GLOO_SOCKET_IFNAME"] = name
-    try:
-        yield
-    finally:
-        os.environ.pop("GLOO_SOCKET_IFNAME", None)
-
-
 @dataclass(frozen=True, slots=True)
 class TensorDevice:
     """Where one member's weights live: `kind` "cuda" (with the GPU's UUID when torch knows
@@ -213,7 +195,7 @@ def new_weights_group(
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
-    with gloo_bound_towards(master_addr):
+    with gloo_bound_to_route(master_addr):
         return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 

@@ -16,9 +16,9 @@ from aiohttp import web
 
 from config.declare import READ, Caller, Refusal, route
 from node.component import Endpoint, endpoints
-from node.errors import AnsweredError, BodyError, NodeError
+from node.errors import AnsweredError, BodyError, NodeError, PlanError
 from node.openapi import parse_body
-from node.plan import FENCE_HEADER, PlanError, PlanFence, check_fence
+from node.plan import FENCE_HEADER, PlanFence, check_fence
 from node.rl.backlog import RolloutBacklog, RunBacklog
 from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
 from node.rl.service import WeightsService

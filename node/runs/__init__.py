@@ -13,28 +13,4 @@ if TYPE_CHECKING:
     from node.runs.results import LocalResults, ResultsStore, open_results_store, result_key
     from node.runs.service import RunService
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.runs.nodes": "NodeStarter ProviderNodes StaticNodes",
-            "node.runs.queue": "RunRecord RunSpec RunState RunStep parse_run_spec",
-            "node.runs.results": "LocalResults ResultsStore open_results_store result_key",
-            "node.runs.service": "RunService",
-        },
-    )
-
-__all__ = [
-    "LocalResults",
-    "NodeStarter",
-    "ProviderNodes",
-    "ResultsStore",
-    "RunRecord",
-    "RunService",
-    "RunSpec",
-    "RunState",
-    "RunStep",
-    "StaticNodes",
-    "open_results_store",
-    "parse_run_spec",
-    "result_key",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

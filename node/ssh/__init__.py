@@ -21,36 +21,4 @@ if TYPE_CHECKING:
     from node.ssh.relay import pooled_connector, target_endpoint
     from node.ssh.trust import HostKeyInfo, add_host_key, fetch_host_key, key_status
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.ssh.check": "HostCheck HostMemory check_hosts detect_host_memory parse_probe",
-            "node.ssh.executor": (
-                "DEFAULT_KNOWN_HOSTS SSHEndpoint SSHExecutor SSHPool SSHResult endpoint_of "
-                "parse_ssh_spec"
-            ),
-            "node.ssh.relay": "pooled_connector target_endpoint",
-            "node.ssh.trust": "HostKeyInfo add_host_key fetch_host_key key_status",
-        },
-    )
-
-__all__ = [
-    "DEFAULT_KNOWN_HOSTS",
-    "HostCheck",
-    "HostKeyInfo",
-    "HostMemory",
-    "SSHEndpoint",
-    "SSHExecutor",
-    "SSHPool",
-    "SSHResult",
-    "add_host_key",
-    "check_hosts",
-    "detect_host_memory",
-    "endpoint_of",
-    "fetch_host_key",
-    "key_status",
-    "parse_probe",
-    "parse_ssh_spec",
-    "pooled_connector",
-    "target_endpoint",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -9,7 +9,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.tasks.context import JobContext, TaskError
+from node.errors import TaskError
+from node.tasks.context import JobContext
 
 BACKENDS = ("sync", "thread", "process", "shoal", "ray")
 DEFAULT_SPEC = "thread"

@@ -14,12 +14,11 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import cloudpickle
 
-from node.errors import ActorDiedError as ActorDiedError
-from node.errors import ActorExistsError as ActorExistsError
-from node.errors import RemoteTaskError as RemoteTaskError
-from node.errors import RemoteTraceback as RemoteTraceback
-from node.errors import TaskError as TaskError
-from node.errors import TaskTimeout as TaskTimeout
+from node.errors import (
+    RemoteTaskError,
+    RemoteTraceback,
+    TaskTimeout,
+)
 
 T = TypeVar("T")
 

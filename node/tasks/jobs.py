@@ -8,26 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.errors import JobFailedError as JobFailedError
-from node.jobs.client import (
-    DeploySpec,
-    JobSpec,
-    local_endpoint,
-    local_settings,
-    make_job_state,
-    poll_status,
-    start_job,
-    terminate,
-)
-from node.jobs.transport import (
-    ENDED_STATES,
-    JobClientError,
-    JobClientState,
-    request_json,
-    run_sync,
-    wait_record,
-)
-from node.tasks.context import TaskError
+from node.errors import JobClientError, JobFailedError, TaskError
+from node.jobs.client import local_endpoint, local_settings, poll_status, start_job, terminate
+from node.jobs.specs import DeploySpec, JobSpec, make_job_state
+from node.jobs.transport import ENDED_STATES, JobClientState, request_json, run_sync, wait_record
 
 
 @dataclass(frozen=True)

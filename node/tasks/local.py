@@ -13,13 +13,11 @@ from typing import Any
 
 import cloudpickle
 
+from node.errors import ActorDiedError, ActorExistsError, TaskError
 from node.tasks.context import (
-    ActorDiedError,
-    ActorExistsError,
     ActorHandle,
     Outcome,
     Ref,
-    TaskError,
     dump_outcome,
     new_id,
     result_of,

@@ -8,16 +8,8 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from node.tasks.context import (
-    ActorDiedError,
-    ActorExistsError,
-    ActorHandle,
-    Outcome,
-    TaskError,
-    TaskTimeout,
-    run_captured,
-    unwrap,
-)
+from node.errors import ActorDiedError, ActorExistsError, TaskError, TaskTimeout
+from node.tasks.context import ActorHandle, Outcome, run_captured, unwrap
 
 
 def _ray() -> Any:

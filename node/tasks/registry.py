@@ -16,8 +16,7 @@ from pydantic import BaseModel, Field
 from config.declare import READ, Caller, Refusal, Route, route
 from net import Identity, PeerClient, PeerRequestError
 from node.component import Check, Endpoint, endpoints
-from node.errors import BodyError
-from node.errors import RegistryError as RegistryError
+from node.errors import BodyError, RegistryError
 from node.identity.peers import peer_tls
 from node.openapi import BODY_CONFIG, WholeNumber, WireRecord, parse_body
 from node.runtime import NodeRuntime

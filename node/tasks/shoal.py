@@ -18,33 +18,11 @@ from typing import Any
 
 import cloudpickle
 
-from node.jobs.client import (
-    DeploySpec,
-    JobSpec,
-    local_endpoint,
-    local_settings,
-    make_job_state,
-    start_job,
-    terminate,
-)
-from node.jobs.transport import (
-    JobClientError,
-    JobClientState,
-    JobRequestError,
-    request_json,
-    run_sync,
-)
-from node.tasks.context import (
-    ActorDiedError,
-    ActorExistsError,
-    ActorHandle,
-    Ref,
-    TaskError,
-    new_id,
-    result_of,
-    settle,
-    wait_futures,
-)
+from node.errors import ActorDiedError, ActorExistsError, JobClientError, JobRequestError, TaskError
+from node.jobs.client import local_endpoint, local_settings, start_job, terminate
+from node.jobs.specs import DeploySpec, JobSpec, make_job_state
+from node.jobs.transport import JobClientState, request_json, run_sync
+from node.tasks.context import ActorHandle, Ref, new_id, result_of, settle, wait_futures
 from node.workers import (
     Cluster,
     NodeConfig,

@@ -14,21 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from config import Timeouts
+from config.quietlog import QuietLog
+from node.errors import GroupError, MasterUnreachable, RendezvousError
 from node.plan import Backend
 from node.training.rendezvous import (
     DaemonEndpoint,
-    GroupError,
-    MasterUnreachable,
     NoRank,
     Rendezvous,
-    RendezvousError,
     daemon_endpoint,
     fetch_rendezvous,
     store_prefix,
 )
 from shoal.errors import GroupError as ShoalGroupError
 from shoal.group import gloo_bound_to_route, torch_modules, wait_for_master
-from shoal.group import interface_towards as interface_towards
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +68,7 @@ class ElasticGroup:
         self._store: Any = None
         self._last_poll = -float("inf")
         self._changed = False
-        self._warned = False
+        self._quiet = QuietLog(log)
         self._closed = False
 
     @property
@@ -116,11 +114,11 @@ class ElasticGroup:
         try:
             answer = fetch_rendezvous(self.endpoint, self.timeouts.peer_status_s, self.local_rank)
         except RendezvousError as exc:
-            level = logging.DEBUG if self._warned else logging.WARNING
-            log.log(level, "generation %s: cannot check the rendezvous: %s", self._formed, exc)
-            self._warned = True
+            self._quiet.failed(
+                "rendezvous", "generation %s: cannot check the rendezvous: %s", self._formed, exc
+            )
             return False
-        self._warned = False
+        self._quiet.clear("rendezvous")
         current = answer if isinstance(answer, Rendezvous) and answer.rank is not None else None
         self._changed = self._rendezvous is None or not self._rendezvous.same_group(current)
         return self._changed

@@ -21,11 +21,10 @@ from typing import BinaryIO
 
 from config import AsyncClosing
 from health import CheckFn, CheckResult, HealthStatus
-from node.errors import LauncherError as LauncherError
+from node.errors import LauncherError
 from node.training.rendezvous import Rendezvous
 from node.training.spares import SparePool, start_worker
-from node.training.torchrun import node_place
-from node.training.torchrun import training_env as training_env
+from node.training.torchrun import node_place, training_env
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,7 @@ from pydantic.json_schema import SkipJsonSchema
 from config import Timeouts, read_secret_file
 from config.declare import unset
 from net import BlockingPeerClient, Identity, PeerRequestError
-from node.errors import GroupError as GroupError
-from node.errors import MasterUnreachable as MasterUnreachable
-from node.errors import RendezvousError as RendezvousError
+from node.errors import RendezvousError
 from node.openapi import WireRecord
 from node.plan import Backend, RolePlan
 

@@ -21,28 +21,4 @@ if TYPE_CHECKING:
     from node.ui.events import EventHub
     from node.ui.topics import UiSources
 else:
-    __getattr__, __dir__ = lazy_exports(
-        __name__,
-        {
-            "node.ui.access": (
-                "CONTENT_SECURITY_POLICY COOKIE_NAME EVENTS_PATH LOGIN_PATH UiAccess cookie_name "
-                "load_ui_token"
-            ),
-            "node.ui.component": "Dashboard",
-            "node.ui.events": "EventHub",
-            "node.ui.topics": "UiSources",
-        },
-    )
-
-__all__ = [
-    "CONTENT_SECURITY_POLICY",
-    "COOKIE_NAME",
-    "EVENTS_PATH",
-    "LOGIN_PATH",
-    "Dashboard",
-    "EventHub",
-    "UiAccess",
-    "UiSources",
-    "cookie_name",
-    "load_ui_token",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -17,14 +17,8 @@ from urllib.parse import parse_qs
 from aiohttp import web
 
 from config.declare import Caller, Param, Refusal, route
-from node.limits import (
-    LOGIN_MAX_BYTES,
-    LOGIN_READ_S,
-    MAX_LOGINS,
-    BodyRefused,
-    read_small_body,
-    refused_answer,
-)
+from node.errors import BodyRefused
+from node.limits import LOGIN_MAX_BYTES, LOGIN_READ_S, MAX_LOGINS, read_small_body, refused_answer
 from node.security import bad_request
 from node.ui.access import (
     ASSETS_PREFIX,

@@ -13,24 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.jobs.client import (
-    DeploySpec,
-    JobSpec,
-    local_endpoint,
-    local_settings,
-    make_job_state,
-    start_job,
-    stream_logs,
-    terminate,
-)
-from node.jobs.transport import (
-    ENDED_STATES,
-    JobClientError,
-    JobClientState,
-    request_json,
-    run_sync,
-)
-from node.workers.frames import WorkerError
+from node.errors import JobClientError, WorkerError
+from node.jobs.client import local_endpoint, local_settings, start_job, stream_logs, terminate
+from node.jobs.specs import DeploySpec, JobSpec, make_job_state
+from node.jobs.transport import ENDED_STATES, JobClientState, request_json, run_sync
 from node.workers.nccl import DEFAULT_MASTER_PORT, create_nccl_configs
 from node.workers.remote import RemoteWorker
 

@@ -14,12 +14,11 @@ from typing import Any
 
 import orjson
 
-from node.errors import FrameError as FrameError
-from node.errors import WorkerAuthError as WorkerAuthError
-from node.errors import WorkerClosed as WorkerClosed
-from node.errors import WorkerDied as WorkerDied
-from node.errors import WorkerError as WorkerError
-from node.errors import WorkerTimeout as WorkerTimeout
+from node.errors import (
+    FrameError,
+    WorkerClosed,
+    WorkerTimeout,
+)
 
 HEADER = struct.Struct(">BIQ")
 """kind (1 byte), JSON length (4 bytes), payload length (8 bytes), then both bodies."""

@@ -17,16 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from node.workers.frames import (
-    POLL_SLICE_S,
-    Channel,
-    Frame,
-    FrameKind,
-    WorkerClosed,
-    WorkerDied,
-    WorkerError,
-    WorkerTimeout,
-)
+from node.errors import WorkerClosed, WorkerDied, WorkerError, WorkerTimeout
+from node.workers.frames import POLL_SLICE_S, Channel, Frame, FrameKind
 
 STDERR_TAIL_LINES = 20
 READY_TIMEOUT_S = 30.0

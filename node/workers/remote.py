@@ -7,16 +7,9 @@ import socket
 import time
 from pathlib import Path
 
+from node.errors import WorkerAuthError, WorkerDied, WorkerError, WorkerTimeout
 from node.workers.auth import answer, load_secret
-from node.workers.frames import (
-    Channel,
-    Frame,
-    FrameKind,
-    WorkerAuthError,
-    WorkerDied,
-    WorkerError,
-    WorkerTimeout,
-)
+from node.workers.frames import Channel, Frame, FrameKind
 from node.workers.local import READY_TIMEOUT_S, WorkerBase
 
 CONNECT_TIMEOUT_S = 10.0

@@ -17,15 +17,9 @@ import time
 from types import FrameType
 from typing import Any
 
+from node.errors import WorkerError
 from node.workers.auth import is_loopback, new_nonce, verify
-from node.workers.frames import (
-    POLL_SLICE_S,
-    Channel,
-    FrameKind,
-    WorkerError,
-    encode_frame,
-    split_frames,
-)
+from node.workers.frames import POLL_SLICE_S, Channel, FrameKind, encode_frame, split_frames
 from node.workers.local import Worker, WorkFn
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from config import fsync_directory
-from sync.files.errors import ContentMismatchError, FileSyncError, PathRefusedError
+from sync.errors import ContentMismatchError, FileSyncError, PathRefusedError
 from sync.files.manifest import ManifestEntry, content_hash
 from sync.files.manifest_cache import StatKey, stat_key
 from sync.guards import dest_path, open_inside, temp_name

@@ -10,9 +10,10 @@ import os
 import time
 from collections.abc import Mapping
 
+from config.quietlog import QuietLog
 from health import BreakerRegistry, CircuitOpenError
+from sync.errors import FileSyncError, FileTransferError
 from sync.files.catalog import FileCatalog
-from sync.files.errors import FileSyncError, FileTransferError
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import PullItem, SyncOptions, SyncProgress
 from sync.files.rounds import TransferLog, batch_payload
@@ -36,13 +37,11 @@ class BatchPulls:
     _log: TransferLog
     _small: asyncio.Semaphore
     _in_flight: set[tuple[str, str]]
-    _warned: set[str]
+    _quiet: QuietLog
 
     def _warn(self, key: str, message: str, *args: object) -> None:
         """Log a repeated failure once at WARNING, then at DEBUG until it clears."""
-        level = logging.DEBUG if key in self._warned else logging.WARNING
-        self._warned.add(key)
-        logger.log(level, "node %s: %s", self.self_peer.node_id, message % args)
+        self._quiet.failed(key, "node %s: %s", self.self_peer.node_id, message % args)
 
     async def _pull_batch(
         self, category: str, peer: PeerRef, items: list[PullItem]

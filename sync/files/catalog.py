@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from config import Category, DeletionPolicy, NodeSettings
-from config.settings import DEFAULT_TOMBSTONE_TTL_S
-from sync.files.errors import FileSyncError, UnknownCategoryError
+from config.closing import AsyncClosing
+from config.sections import DEFAULT_TOMBSTONE_TTL_S
+from sync.errors import FileSyncError, UnknownCategoryError
 from sync.files.manifest import (
     DEFAULT_PIECE_SIZE,
     ManifestEntry,
@@ -62,7 +63,7 @@ def _really_gone(root: Path, entries: list[ManifestEntry]) -> list[ManifestEntry
     return gone
 
 
-class FileCatalog:
+class FileCatalog(AsyncClosing):
     """Owns the manifest cache of every file category (async context manager; close() is
     idempotent). Cache files live in `cache_dir`, never inside a category directory.
 
@@ -139,12 +140,8 @@ class FileCatalog:
         options.setdefault("tombstone_ttl_s", settings.tombstone_ttl_s)
         return cls(roots, settings.data_dir / "sync", **options)  # type: ignore[arg-type]
 
-    async def __aenter__(self) -> FileCatalog:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def open(self) -> None:
         """Open every cache, detect the storage of each category and mark shared storage."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config import fsync_directory
+from sync.errors import FileSyncError
 from sync.files.catalog import FileCatalog
-from sync.files.errors import FileSyncError
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import Listing, StatKey, stat_key
 from sync.files.tombstones import DeletionPlan, Tombstone, plan_deletions

@@ -14,16 +14,18 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
+from config.closing import AsyncClosing
+from config.quietlog import QuietLog
 from health import BreakerRegistry, CircuitOpenError, NodeMetrics
-from sync.files.batches import BatchPulls
-from sync.files.catalog import FileCatalog
-from sync.files.deletions import DeletionRound, apply_deletions
-from sync.files.errors import (
+from sync.errors import (
     ContentMismatchError,
     FileChangedError,
     FileSyncError,
     FileTransferError,
 )
+from sync.files.batches import BatchPulls
+from sync.files.catalog import FileCatalog
+from sync.files.deletions import DeletionRound, apply_deletions
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import (
     ClusterSyncStats,
@@ -62,7 +64,7 @@ each request it makes because of the plan; empty while it applies none."""
 RETRYABLE = (ContentMismatchError, FileTransferError)
 
 
-class SyncCoordinator(BatchPulls):
+class SyncCoordinator(BatchPulls, AsyncClosing):
     """File sync of one node (async context manager; close() is idempotent).
 
     Owns no connection: the catalog, transports and WAL are opened and closed by the caller.
@@ -97,7 +99,7 @@ class SyncCoordinator(BatchPulls):
         self._large = asyncio.Semaphore(self.options.max_large_transfers)
         self._small = asyncio.Semaphore(self.options.max_small_transfers)
         self._in_flight: set[tuple[str, str]] = set()
-        self._warned: set[str] = set()
+        self._quiet = QuietLog(logger)
         self._recovery = FileRecovery(
             catalog, http, wal, self._breakers, self.options, self.install
         )
@@ -106,12 +108,8 @@ class SyncCoordinator(BatchPulls):
         self._settled: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
         self._closed = False
 
-    async def __aenter__(self) -> SyncCoordinator:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Remove stale temp files, and partial files no pending WAL entry will resume."""
@@ -192,7 +190,7 @@ class SyncCoordinator(BatchPulls):
                     self._metrics.record_request_error(peer.node_id)
                 tally.peer_failed(peer.node_id, f"manifest: {remote}")
                 continue
-            self._warned.discard(f"manifest:{peer.node_id}")
+            self._quiet.clear(f"manifest:{peer.node_id}")
             if local_id is not None and remote.shared_id == local_id:
                 logger.debug("%s shares %s with this node; nothing to copy", peer.node_id, category)
                 continue

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import orjson
 
-from sync.files.errors import ManifestError, PathRefusedError
+from sync.errors import ManifestError, PathRefusedError
 from sync.guards import validate_rel_path
 
 HASH_ALGORITHM: Final = "sha256"

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from config.closing import AsyncClosing
+from sync.errors import FileSyncError
 from sync.files.dirstamps import DirStamps, StampRecorder, unchanged_since
-from sync.files.errors import FileSyncError
 from sync.files.manifest import ManifestEntry, check_piece_size, digest_of_fd
 from sync.files.threaded_db import close_on_thread, run_on_thread
 from sync.guards import INTERNAL_PREFIX
@@ -160,7 +161,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class ManifestCache:
+class ManifestCache(AsyncClosing):
     """The manifest of one category directory, backed by a SQLite cache file (async context
     manager; close() is idempotent). Hashing and SQLite run off the event loop. `on_removed`
     hears of files a scan finds gone before they leave the cache (a failure keeps them, so
@@ -190,12 +191,8 @@ class ManifestCache:
         self._executor: ThreadPoolExecutor | None = None
         self._state = _State.UNOPENED
 
-    async def __aenter__(self) -> ManifestCache:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def open(self) -> None:
         """Create the root and the cache file if absent, and load the cache."""

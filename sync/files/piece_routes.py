@@ -13,10 +13,9 @@ from aiohttp import web
 
 from config import error_response
 from config.declare import Caller, Refusal, route, route_defs
-from sync.errors import SyncError
+from sync.errors import FileSyncError, PathRefusedError, SyncError, UnknownCategoryError
 from sync.files.catalog import FileCatalog
 from sync.files.download import HASH_HEADER, RateLimiter
-from sync.files.errors import FileSyncError, PathRefusedError, UnknownCategoryError
 from sync.files.manifest import ManifestEntry
 from sync.files.pieces import PieceBook, PieceMap
 from sync.files.routes import _path_param

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sync.files.errors import ManifestError
+from sync.errors import ManifestError
 from sync.files.manifest import MAX_PIECE_SIZE, MIN_PIECE_SIZE, ManifestEntry, piece_count
 
 MAX_PIECES = 1 << 22

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from config import NodeSettings, Timeouts
 from health import CircuitOpenError
-from sync.files.errors import (
+from sync.errors import (
     AllSourcesFailedError,
     FileSyncError,
     InsufficientSpaceError,

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from health import BreakerRegistry, CircuitOpenError
+from sync.errors import FileSyncError, PathRefusedError, UnknownCategoryError
 from sync.files.catalog import FileCatalog
-from sync.files.errors import FileSyncError, PathRefusedError, UnknownCategoryError
 from sync.files.manifest import ManifestEntry, digest_of_fd
 from sync.files.plan import FallbackSources, SyncOptions
 from sync.guards import (

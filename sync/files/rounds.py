@@ -11,10 +11,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from sync.errors import AllSourcesFailedError, FileSyncError
 from sync.files.batch import MAX_BATCH_FILE_BYTES
 from sync.files.deletions import DeletionRound
 from sync.files.download import RECEIVED
-from sync.files.errors import AllSourcesFailedError, FileSyncError
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import Listing
 from sync.files.plan import NodeSyncStats, PullItem, SyncOptions, SyncProgress, SyncStats

@@ -20,10 +20,7 @@ from pydantic import ValidationError
 
 from config import error_response
 from config.declare import Caller, Refusal, route, route_defs
-from sync.files.batch import MAX_BATCH_FILES, read_served_file
-from sync.files.catalog import FileCatalog
-from sync.files.download import HASH_HEADER, RateLimiter
-from sync.files.errors import (
+from sync.errors import (
     AllSourcesFailedError,
     FileChangedError,
     FileSyncError,
@@ -32,6 +29,9 @@ from sync.files.errors import (
     TransferBusyError,
     UnknownCategoryError,
 )
+from sync.files.batch import MAX_BATCH_FILES, read_served_file
+from sync.files.catalog import FileCatalog
+from sync.files.download import HASH_HEADER, RateLimiter
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import StatKey
 from sync.files.slices import FileSlice, parse_range

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from sync.files.errors import FileSyncError
+from sync.errors import FileSyncError
 
 T = TypeVar("T")
 

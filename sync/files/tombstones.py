@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sync.files.errors import FileSyncError, ManifestError, PathRefusedError
+from config.closing import AsyncClosing
+from sync.errors import FileSyncError, ManifestError, PathRefusedError
 from sync.files.manifest import ManifestEntry
 from sync.files.threaded_db import close_on_thread, run_on_thread
 from sync.guards import validate_rel_path
@@ -180,7 +181,7 @@ def plan_deletions(
     return DeletionPlan(tuple(delete), tuple(adopt), tuple(clear), known)
 
 
-class TombstoneStore:
+class TombstoneStore(AsyncClosing):
     """The tombstones of every category of one node and when each category last synced, in
     one SQLite file (async context manager; close() is idempotent). Every change is committed
     with synchronous=FULL before the call returns. Tombstones are read from memory."""
@@ -198,12 +199,8 @@ class TombstoneStore:
         self._lock = asyncio.Lock()
         self._closed = False
 
-    async def __aenter__(self) -> TombstoneStore:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def open(self) -> None:
         """Create or open the database and load it."""

@@ -11,16 +11,15 @@ import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
 from config import Timeouts, read_error, read_secret_file
+from config.closing import AsyncClosing
 from net import Identity, PeerClient, PeerRequestError
-from net.errors import MAX_RETRY_AFTER_S as MAX_RETRY_AFTER_S
-from net.errors import parse_retry_after as parse_retry_after
+from net.errors import parse_retry_after
 from sync.errors import (
     RecordRejectedError,
     RecordRequestError,
@@ -76,7 +75,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class RecordClient:
+class RecordClient(AsyncClosing):
     """Posts records to `node_url` (async context manager; closing is idempotent).
 
     Signs requests when `secret_file` is given (a ConfigError if it is unreadable). A given
@@ -109,17 +108,8 @@ class RecordClient:
         self._owns_client = peers is None
         self._state = _State.UNOPENED
 
-    async def __aenter__(self) -> RecordClient:
+    async def _enter(self) -> None:
         self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def open(self) -> None:
         """Create the peer client (when none was given). A closed client cannot be reopened."""

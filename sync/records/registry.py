@@ -10,10 +10,10 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from config import Category, NodeSettings
+from config.closing import AsyncClosing
 from health import DiskWrites
 from sync.errors import RecordSchemaError, StoreClosedError
 from sync.records.schema import BUILTIN_SCHEMAS, RecordSchema
@@ -31,7 +31,7 @@ def store_path(data_dir: Path, name: str, category_dirs: Mapping[str, Path]) -> 
     return Path(directory) / f"{name}.db"
 
 
-class RecordStores(Mapping[str, RecordStore]):
+class RecordStores(Mapping[str, RecordStore], AsyncClosing):
     """Owns one RecordStore per schema; empty until opened, empty again after close()."""
 
     def __init__(
@@ -114,17 +114,8 @@ class RecordStores(Mapping[str, RecordStore]):
                 logger.exception("record store %s failed to close", name)
         self._stores.clear()
 
-    async def __aenter__(self) -> RecordStores:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def cleanup_ctx(self, app: Any) -> AsyncIterator[None]:
         """For `app.cleanup_ctx.append(stores.cleanup_ctx)`: open at startup, close at cleanup."""

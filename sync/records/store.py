@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from config.closing import AsyncClosing
 from health import DiskWrites
 from sync.errors import (
     SnapshotError,
@@ -124,7 +124,7 @@ class _RecordWriter(GroupCommit[_Rows, _Committed]):
         self._store.committed(requests, outcome)
 
 
-class RecordStore:
+class RecordStore(AsyncClosing):
     """Owns `path` (exclusively, by a lock file), its writer (the WAL package's group commit)
     and its reader connection."""
 
@@ -161,17 +161,8 @@ class RecordStore:
         """Records admitted and not yet committed."""
         return self._pending
 
-    async def __aenter__(self) -> RecordStore:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def open(self) -> None:
         """Lock and open the database (creating it), start the writer and the reader."""

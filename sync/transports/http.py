@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from config import Timeouts
+from config.closing import AsyncClosing
 from net import Identity, NetError, PeerClient, PeerTls
 from sync.errors import (
     ContentMismatchError,
@@ -73,7 +74,7 @@ def category_url(peer: PeerRef, category: str, leaf: str) -> str:
     return f"{peer.url.rstrip('/')}{category_path(category, leaf)}"
 
 
-class HttpTransport:
+class HttpTransport(AsyncClosing):
     """Fetches files from peers' `GET /v1/sync/{category}/file` (owns one net.PeerClient, a
     kept-alive session per peer; async context manager, close() idempotent and final).
 
@@ -111,17 +112,13 @@ class HttpTransport:
         self._state = _State.UNOPENED
         self._manifests: dict[tuple[str, str], RemoteManifest] = {}
 
-    async def __aenter__(self) -> HttpTransport:
+    async def _enter(self) -> None:
         self.peers()
-        return self
 
     @property
     def download_limiter(self) -> RateLimiter | None:
         """The cap of every download through this transport (None: unlimited)."""
         return self._limiter
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     def peers(self) -> PeerClient:
         """The transport's open peer client (for transports built on it); FileSyncError once

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from config import fsync_directory
-from sync.files.errors import (
+from sync.errors import (
     ContentMismatchError,
     FileSyncError,
     PathRefusedError,

@@ -21,16 +21,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from config import AsyncClosing, Timeouts
-from sync.errors import FileSyncError, FileTransferError
-from sync.errors import SshAuthError as SshAuthError
-from sync.errors import SshHostKeyError as SshHostKeyError
+from sync.errors import FileSyncError, FileTransferError, SshAuthError, SshHostKeyError
 from sync.files.manifest import ManifestEntry
 from sync.guards import TEMP_PREFIX, dest_path
 from sync.transports.partial import install_file, make_directories
 from sync.transports.protocol import PeerRef, TransferResult
 from sync.transports.ssh import KIND_AUTH, KIND_HOST_KEY, MARKER
 from sync.transports.ssh_relay import SshConnector, SshRelay
-from sync.transports.ssh_target import SshTarget as SshTarget
+from sync.transports.ssh_target import SshTarget
 
 logger = logging.getLogger(__name__)
 

@@ -22,11 +22,10 @@ import tempfile
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import asyncssh
 
+from config.closing import AsyncClosing
 from sync.errors import FileTransferError, SshAuthError, SshHostKeyError
 from sync.transports.ssh import (
     EXIT,
@@ -72,7 +71,7 @@ def parse_header(line: bytes) -> tuple[SshTarget, str]:
     return SshTarget(host, port, user, key, jump=jump), command
 
 
-class SshRelay:
+class SshRelay(AsyncClosing):
     """Serves rsync's remote shells from pooled connections (owns its socket and the streams
     it relays; async context manager, close() idempotent). `socket_path` exists once started;
     its directory is private to this user. `relayed` counts commands run."""
@@ -85,17 +84,8 @@ class SshRelay:
         self._lock = asyncio.Lock()
         self.relayed = 0
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @property
     def socket_path(self) -> Path:

@@ -7,14 +7,9 @@ from typing import Any
 import pytest
 
 from health import GpuInfo
-from health.monitor.client import describe_fetch_error, normalize_node_url
-from health.monitor.model import (
-    MonitorError,
-    NodeReport,
-    Observation,
-    parse_peers,
-    parse_status,
-)
+from health.errors import MonitorError, describe_fetch_error
+from health.monitor.client import normalize_node_url
+from health.monitor.model import NodeReport, Observation, parse_peers, parse_status
 from health.monitor.rules import build_cluster_status, freshest_observation, majority
 
 NODE_KEYS = {

@@ -17,8 +17,8 @@ import time
 import warnings
 
 from config import Timeouts
+from node.errors import GroupError
 from node.training.groups import ElasticGroup, join_group
-from node.training.rendezvous import GroupError
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)

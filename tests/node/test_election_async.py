@@ -16,10 +16,11 @@ import pytest
 from config import Role
 from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
 from node.election.elector import PLAN_KEY, VOTE_KEY, Elector
-from node.election.messages import ElectionError, Heartbeat, VoteReason, VoteRequest
+from node.election.messages import Heartbeat, VoteReason, VoteRequest
 from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy
 from node.election.seams import InMemoryDurableState, InMemoryElectionNetwork, WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionRole
+from node.errors import ElectionError
 from node.plan import PlanFence
 from wal import WriteAheadLog
 

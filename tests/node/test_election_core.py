@@ -12,7 +12,6 @@ import pytest
 from config import Role, Timeouts
 from node.election import core
 from node.election.messages import (
-    ElectionError,
     Heartbeat,
     HeartbeatAck,
     Outbound,
@@ -37,6 +36,7 @@ from node.election.state import (
     status_of,
     with_observers,
 )
+from node.errors import ElectionError
 from node.plan import PlanFence, RolePlan
 
 VOTERS = ("a", "b", "c", "d", "e")

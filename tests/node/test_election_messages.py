@@ -9,7 +9,6 @@ import pytest
 
 from config import Role
 from node.election.messages import (
-    ElectionError,
     Heartbeat,
     HeartbeatAck,
     PlanAnnounce,
@@ -17,6 +16,7 @@ from node.election.messages import (
     VoteRequest,
     message_from_dict,
 )
+from node.errors import ElectionError
 from node.plan import GroupSpec, PlanFence, RolePlan
 
 PLAN = RolePlan(

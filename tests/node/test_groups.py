@@ -17,15 +17,13 @@ from typing import Any
 import pytest
 
 from config import Role, Timeouts
+from node.errors import GroupError, MasterUnreachable, RendezvousError
 from node.plan import GroupSpec, RolePlan
 from node.training.groups import ElasticGroup, choose_backend
 from node.training.rendezvous import (
     DaemonEndpoint,
-    GroupError,
-    MasterUnreachable,
     NoRank,
     Rendezvous,
-    RendezvousError,
     daemon_endpoint,
     fetch_rendezvous,
     rendezvous_for,
@@ -361,7 +359,7 @@ def test_rank_zero_names_the_ranks_that_never_joined(daemon: FakeDaemon) -> None
 def test_gloo_interface_binding_is_scoped_and_yields_to_the_operator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from node.training import groups
+    from shoal import group as groups
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     with groups.gloo_bound_to_route("127.0.0.1"):

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from config import Role
+from node.errors import RendezvousError
 from node.plan import GroupSpec, RolePlan
 from node.training.groups import (
     ElasticGroup,
@@ -21,13 +22,7 @@ from node.training.groups import (
     join_group,
     local_rank_from_env,
 )
-from node.training.rendezvous import (
-    DaemonEndpoint,
-    Rendezvous,
-    RendezvousError,
-    fetch_rendezvous,
-    rendezvous_for,
-)
+from node.training.rendezvous import DaemonEndpoint, Rendezvous, fetch_rendezvous, rendezvous_for
 from tests.node.groups_fake_daemon import FakeDaemon, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

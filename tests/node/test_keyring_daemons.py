@@ -18,13 +18,8 @@ from typer.testing import CliRunner, Result
 
 from node import NodeDaemon
 from node.cli import app
-from node.membership.keyring import (
-    KEYRING_FILE,
-    KeyringError,
-    derived_key,
-    key_id,
-    read_key_file,
-)
+from node.errors import KeyringError
+from node.membership.keyring import KEYRING_FILE, derived_key, key_id, read_key_file
 from node.membership.types import EventKind, MemberEvent
 from tests.node.daemons import test_settings
 from tests.node.jobs.client_daemon import free_port

@@ -17,15 +17,10 @@ from typing import Any
 import pytest
 
 from health import HealthStatus
-from node.training.launcher import (
-    LauncherError,
-    LauncherState,
-    TrainingLauncher,
-    launcher_check,
-    restart_delay_s,
-    training_env,
-)
+from node.errors import LauncherError
+from node.training.launcher import LauncherState, TrainingLauncher, launcher_check, restart_delay_s
 from node.training.rendezvous import Rendezvous
+from node.training.torchrun import training_env
 
 GRANDCHILD = re.compile(r"^grandchild (\d+)$", re.MULTILINE)
 CHILD = str(Path(__file__).with_name("groups_launcher_child.py"))

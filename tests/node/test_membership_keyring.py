@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from node.errors import KeyringError
 from node.membership.channel import SealedChannel
 from node.membership.envelope import (
     ENVELOPE_VERSION,
@@ -25,7 +26,6 @@ from node.membership.keyring import (
     KEYRING_FILE,
     GossipKeys,
     Keyring,
-    KeyringError,
     derived_key,
     key_id,
     new_key,

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from config.timeouts import Timeouts
+from node.errors import WireError
 from node.membership.envelope import MAX_DATAGRAM_BYTES, Drop, Envelope
 from node.membership.events import EventHub
 from node.membership.service import Membership
@@ -25,7 +26,6 @@ from node.membership.types import (
 from node.membership.wire import (
     Message,
     MessageKind,
-    WireError,
     decode_message,
     encode_message,
     encode_update,

@@ -7,15 +7,8 @@ from typing import Any
 import pytest
 
 from config import Role
-from node.plan import (
-    FenceVerdict,
-    GroupSpec,
-    PlanError,
-    PlanFence,
-    RolePlan,
-    check_fence,
-    should_apply,
-)
+from node.errors import PlanError
+from node.plan import FenceVerdict, GroupSpec, PlanFence, RolePlan, check_fence, should_apply
 
 
 def plan(term: int = 2, version: int = 3) -> RolePlan:

@@ -12,11 +12,11 @@ import pytest
 
 from config import Role
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
+from node.errors import JobError, PlanError
 from node.jobs.drain import DrainKiller, refuse_if_draining
-from node.jobs.records import JobError
 from node.jobs.roster import pick_members
 from node.locks.table import LockTable, drain_map, put_drain
-from node.plan import PlanError, RolePlan
+from node.plan import RolePlan
 from node.workers.cluster import nodes_of_plan
 
 POLICY = RolePolicy(min_training=1, max_training=1, master_port=29500, backend="gloo")

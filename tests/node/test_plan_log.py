@@ -16,7 +16,8 @@ from node.election.adoption import (
     read_adoption_log,
 )
 from node.election.state import ElectionEvent, ElectionEventKind, ElectionRole, ElectionStatus
-from node.plan import GroupSpec, PlanError, PlanFence, RolePlan
+from node.errors import PlanError
+from node.plan import GroupSpec, PlanFence, RolePlan
 
 VOTERS = ("a", "b", "c")
 

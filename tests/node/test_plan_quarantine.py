@@ -8,10 +8,10 @@ import pytest
 
 from config import Role
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
-from node.errors import LockError
+from node.errors import LockError, PlanError
 from node.locks.quarantines import WINDOW_S, lift, quarantine, quarantine_map, readmit
 from node.locks.table import LockTable, put_drain
-from node.plan import PlanError, RolePlan
+from node.plan import RolePlan
 
 POLICY = RolePolicy(min_training=1, max_training=3, master_port=29500, backend="gloo")
 REASON = "gpu_fault: Xid 79 on GPU-5d8f0e1c-2a"

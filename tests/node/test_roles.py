@@ -15,7 +15,8 @@ from node.election.roles import (
     capabilities_from_meta,
     compute_plan,
 )
-from node.plan import PlanError, RolePlan
+from node.errors import PlanError
+from node.plan import RolePlan
 
 POLICY = RolePolicy(min_training=1, max_training=4, master_port=29500)
 

@@ -23,7 +23,8 @@ import pytest
 
 from config import AuthError, NonceCache, verify_request
 from node.daemon import NodeDaemon
-from node.security import AuthPolicy, check_headers, local_or_previous
+from node.security import AuthPolicy, check_headers
+from node.signers import local_or_previous
 from tests.node.daemons import test_settings
 from tests.node.jobs.helpers import SECRET, signed_session, write_secret
 

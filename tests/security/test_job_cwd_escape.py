@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from node.errors import JobError
 from node.jobs.launcher import make_cwd
-from node.jobs.records import JobError, parse_job_request
+from node.jobs.records import parse_job_request
 from node.jobs.store import JobStore
 from tests.node.jobs.helpers import job_daemon
 

@@ -17,8 +17,8 @@ import pytest
 
 import sync.files.batch as batch_module
 from health import BreakerConfig, BreakerRegistry, CircuitState
+from sync.errors import ContentMismatchError
 from sync.files.batch import BatchWriter, hash_bytes
-from sync.files.errors import ContentMismatchError
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import SyncOptions
 from sync.transports.protocol import PeerRef

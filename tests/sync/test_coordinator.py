@@ -389,12 +389,14 @@ async def test_transfers_are_bounded_per_size_class(tmp_path: Path) -> None:
 
 async def test_catalog_and_options_from_node_settings(tmp_path: Path) -> None:
     from config import load_settings
-    from sync.files.catalog import FILE_CATEGORIES, FileCatalog
+    from sync.files.catalog import CHECKPOINTS, FILE_CATEGORIES, FileCatalog
 
     settings = load_settings(env={"SHOAL_DATA_DIR": str(tmp_path), "SHOAL_SYNC_TIMEOUT": "42"})
     catalog = FileCatalog.for_settings(settings.settings, piece_size=PIECE, mounts=LOCAL_MOUNTS)
     async with catalog:
-        assert catalog.categories == FILE_CATEGORIES == ("models", "training", "configs")
+        assert FILE_CATEGORIES == ("models", "training", "configs")
+        assert catalog.categories == (*FILE_CATEGORIES, CHECKPOINTS)  # served, never synced
+        assert catalog.root(CHECKPOINTS) == settings.settings.checkpoint_dir
         assert catalog.root("models") == settings.settings.category_path("models")
         assert (tmp_path / "sync" / "manifest-models.db").exists()
     options = SyncOptions.from_settings(settings.settings, max_large_transfers=2)

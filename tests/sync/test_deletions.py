@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import sync.files.deletions as deletions_module
+from sync.errors import FileSyncError
 from sync.files.deletions import delete_copy
-from sync.files.errors import FileSyncError
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import ManifestCache, stat_key
 from sync.files.tombstones import Tombstone, TombstoneStore

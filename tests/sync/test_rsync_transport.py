@@ -12,18 +12,11 @@ from pathlib import Path
 import pytest
 
 from config import HostEntry, Timeouts
-from sync.files.errors import ContentMismatchError, FileTransferError
+from sync.errors import ContentMismatchError, FileTransferError, SshAuthError, SshHostKeyError
 from sync.files.manifest import ManifestEntry
 from sync.transports.protocol import PeerRef
-from sync.transports.rsync import (
-    RsyncTransport,
-    SshAuthError,
-    SshHostKeyError,
-    SshTarget,
-    classify_failure,
-    default_remote_root,
-    parse_stats,
-)
+from sync.transports.rsync import RsyncTransport, classify_failure, default_remote_root, parse_stats
+from sync.transports.ssh_target import SshTarget
 from tests.sync.files_fixtures import hash_file, internal_files
 from tests.sync.ssh_server import SshServer, generate_key, known_hosts_line, write_key
 

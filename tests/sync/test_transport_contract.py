@@ -18,7 +18,7 @@ from typing import Protocol
 import pytest
 
 from health import BreakerConfig, BreakerRegistry, CircuitState
-from sync.files.errors import ContentMismatchError
+from sync.errors import ContentMismatchError
 from sync.files.manifest import ManifestEntry
 from sync.files.plan import FallbackSources
 from sync.transports.http import HttpTransport

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.jobs.client import DeploySpec, attach_job, list_jobs, terminate
+from node.jobs.client import attach_job, list_jobs, terminate
+from node.jobs.specs import DeploySpec
 from tests.node.providers.fake_nvml import FakeGpus, write_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,15 +15,18 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from node.errors import (
+    DownloadHashError,
+    JobClientError,
+    JobEndedError,
+    JobRequestError,
+    JobWaitTimeoutError,
+)
 from node.jobs.client import (
-    DeploySpec,
-    GPUQuery,
-    JobSpec,
     attach_job,
     download,
     download_async,
     list_jobs,
-    make_job_state,
     poll_status,
     poll_status_async,
     remove_job,
@@ -40,17 +43,9 @@ from node.jobs.client import (
     wait_for_completion_async,
 )
 from node.jobs.records import JobRecord, JobState, StreamBytes, StreamFlags
-from node.jobs.transport import (
-    ContentHasher,
-    DownloadHashError,
-    JobClientError,
-    JobEndedError,
-    JobRequestError,
-    JobWaitTimeoutError,
-    job_exit_code,
-    signal_number,
-)
-from node.providers import LocalProvider
+from node.jobs.specs import DeploySpec, JobSpec, make_job_state
+from node.jobs.transport import ContentHasher, job_exit_code, signal_number
+from node.providers import GPUQuery, LocalProvider
 from tests.node.jobs.client_daemon import ServedNode, cutting_proxy, served_node
 from tests.sync.files_fixtures import hash_file
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from node.errors import RegistryError
 from node.tasks import (
     ActorRegistry,
     SyncContext,
@@ -13,7 +14,7 @@ from node.tasks import (
     parse_spec,
     place,
 )
-from node.tasks.registry import PENDING_TTL_S, RegistryError
+from node.tasks.registry import PENDING_TTL_S
 
 
 def test_claim_is_get_or_create_and_incarnations_only_grow() -> None:
