@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable, Iterator
 from itertools import chain
 
 from node.membership.rules import view_digest
@@ -23,8 +23,11 @@ class MemberTable:
         self._rng = rng
         self._members: dict[str, Member] = {}
         self._ids: list[str] = []
-        self._id_index: dict[str, int] = {}
-        self._by_endpoint: dict[Address, str] = {}
+        # Both indexes are built on first need: a warm start of a large view (and a simulation
+        # holding thousands of views) pays for neither until a member is removed or an address
+        # looked up. `_by_endpoint` stays None only while every member's endpoint is distinct.
+        self._id_index: dict[str, int] | None = {}
+        self._by_endpoint: dict[Address, str] | None = {}
         self.heard_at: dict[str, float] = {}
         self.down_since: dict[str, float] = {}
         self.synced_at: dict[str, float] = {}
@@ -60,8 +63,18 @@ class MemberTable:
         return self._members.get(node_id)
 
     def at(self, endpoint: Address) -> Member | None:
-        node_id = self._by_endpoint.get(endpoint)
+        node_id = self._endpoints().get(endpoint)
         return None if node_id is None else self._members.get(node_id)
+
+    def _endpoints(self) -> dict[Address, str]:
+        if self._by_endpoint is None:
+            self._by_endpoint = {m.endpoint: node_id for node_id, m in self._members.items()}
+        return self._by_endpoint
+
+    def _indexes(self) -> dict[str, int]:
+        if self._id_index is None:
+            self._id_index = {node_id: index for index, node_id in enumerate(self._ids)}
+        return self._id_index
 
     def store(self, previous: Member | None, member: Member) -> None:
         """Put `member` in place of `previous` (None: a new member)."""
@@ -69,32 +82,64 @@ class MemberTable:
         self._members[node_id] = member
         self._version += 1
         if previous is None:
-            self._id_index[node_id] = len(self._ids)
+            if self._id_index is not None:
+                self._id_index[node_id] = len(self._ids)
             self._ids.append(node_id)
             if self._probe_index < len(self._probe_order):
                 spot = self._rng.randint(self._probe_index, len(self._probe_order))
                 self._probe_order.insert(spot, node_id)
-        elif (
-            previous.endpoint != member.endpoint
-            and self._by_endpoint.get(previous.endpoint) == node_id
-        ):
-            del self._by_endpoint[previous.endpoint]
-        self._by_endpoint[member.endpoint] = node_id
+        if previous is None or previous.endpoint != member.endpoint:
+            by_endpoint = self._endpoints()
+            if previous is not None and by_endpoint.get(previous.endpoint) == node_id:
+                del by_endpoint[previous.endpoint]
+            by_endpoint[member.endpoint] = node_id
+        elif self._by_endpoint is not None:
+            self._by_endpoint[member.endpoint] = node_id
         if member.state in UP:
             self.down_since.pop(node_id, None)
         elif previous is None or previous.state != member.state:
             self.down_since[node_id] = member.state_since
 
+    def preload(self, members: Iterable[Member]) -> None:
+        """Add every member of `members` not known yet (this node excepted) at once: a warm
+        start, as if learned by push-pull, before the first probe round."""
+        me = self._me.node_id
+        known = self._members
+        fresh: dict[str, Member] = {}
+        for member in members:
+            if member.node_id != me and member.node_id not in known:
+                fresh.setdefault(member.node_id, member)
+        if not fresh:
+            return
+        distinct = self._by_endpoint is None or not self._by_endpoint
+        if distinct:
+            endpoints = {(m.address, m.port) for m in chain(known.values(), fresh.values())}
+            distinct = len(endpoints) == len(known) + len(fresh)
+        if not distinct or self._probe_order:
+            for member in fresh.values():
+                self.store(None, member)
+            return
+        known.update(fresh)
+        self._ids.extend(fresh)
+        self._id_index = None
+        self._by_endpoint = None
+        self._version += 1
+        for node_id, member in fresh.items():
+            if member.state not in UP:
+                self.down_since[node_id] = member.state_since
+
     def remove(self, node_id: str) -> Member:
+        indexes = self._indexes()
         member = self._members.pop(node_id)
         self._version += 1
-        index = self._id_index.pop(node_id)
+        index = indexes.pop(node_id)
         last = self._ids.pop()
         if last != node_id:
             self._ids[index] = last
-            self._id_index[last] = index
-        if self._by_endpoint.get(member.endpoint) == node_id:
-            del self._by_endpoint[member.endpoint]
+            indexes[last] = index
+        by_endpoint = self._by_endpoint
+        if by_endpoint is not None and by_endpoint.get(member.endpoint) == node_id:
+            del by_endpoint[member.endpoint]
         for table in (self.heard_at, self.down_since, self.synced_at):
             table.pop(node_id, None)
         return member
