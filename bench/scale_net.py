@@ -138,12 +138,15 @@ class SimNetwork:
         self.envelope = gossip_envelope()
         self.overhead_bytes = sealed_overhead_bytes(self.envelope)
         self.seal = seal
+        self._boots = random.Random(0)
         self.sent_bytes = 0
         self.sent_datagrams = 0
         self.endpoints: dict[str, SimEndpoint] = {}
 
     def endpoint(self, address: str, port: int) -> SimEndpoint:
-        channel = SealedChannel(self.envelope, boot=self.rng.getrandbits(62)) if self.seal else None
+        channel = None
+        if self.seal:  # boot ids from a generator of their own: sealing changes no other draw
+            channel = SealedChannel(self.envelope, boot=self._boots.getrandbits(62))
         endpoint = SimEndpoint(self, (address, port), channel)
         self.endpoints[address] = endpoint
         return endpoint

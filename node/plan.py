@@ -224,14 +224,7 @@ class RolePlan:
     def weights_members(self) -> tuple[str, ...]:
         """The weights group: training rank 0 (the publisher), then every inference and selfplay
         node by id that is not draining; empty when nobody trains."""
-        if not self.training_ranks:
-            return ()
-        receivers = sorted(
-            n
-            for n, r in self.roles.items()
-            if r in (Role.INFERENCE, Role.SELFPLAY) and n not in self.draining
-        )
-        return (self.training_ranks[0], *receivers)
+        return weights_members(self.roles, self.training_ranks, self.draining)
 
     def same_assignment(self, other: RolePlan | None) -> bool:
         """True when `other` assigns the same roles, ranks, local world sizes, group and
@@ -298,6 +291,18 @@ class RolePlan:
             local_world_sizes=tuple(sizes or ()),
             draining={str(node): after_s for node, after_s in draining.items()},
         )
+
+
+def weights_members(
+    roles: Mapping[str, Role], training_ranks: tuple[str, ...], draining: Mapping[str, object]
+) -> tuple[str, ...]:
+    """`RolePlan.weights_members` of a plan with these roles, ranks and drains."""
+    if not training_ranks:
+        return ()
+    receivers = sorted(
+        n for n, r in roles.items() if r in (Role.INFERENCE, Role.SELFPLAY) and n not in draining
+    )
+    return (training_ranks[0], *receivers)
 
 
 def should_apply(current: FenceLike | None, incoming: FenceLike) -> bool:

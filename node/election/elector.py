@@ -13,10 +13,11 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from health import LoopHealth
 from node.election import core
-from node.election.adoption import AdoptionLog, adoption_record
+from node.election.adoption import AdoptionLog, log_event, record_adoption
 from node.election.messages import (
     ElectionError,
     Heartbeat,
@@ -27,6 +28,7 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
+from node.election.pull import PlanFetcher, PlanPuller, PlanWaiters
 from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy, compute_plan
 from node.election.seams import DurableState, ElectionTransport
 from node.election.sender import Sender
@@ -47,7 +49,7 @@ from node.election.state import (
     status_of,
     with_observers,
 )
-from node.plan import PlanError, RolePlan
+from node.plan import PlanError, PlanFence, RolePlan
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,11 @@ class Elector:
             self._on_reply,
             self._term,
         )
+        self._puller: PlanPuller | None = None
+        if isinstance(transport, PlanFetcher):
+            self._puller = PlanPuller(config.node_id, transport, self._adopt_fetched)
+            self.config = replace(config, pulls_plans=True)
+        self._plan_waiters = PlanWaiters()
         self._persist_lock = asyncio.Lock()
         self._stored = DurableRecord()
         self._stored_plan: RolePlan | None = None
@@ -171,6 +178,8 @@ class Elector:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._sender.close()
+        if self._puller is not None:
+            await self._puller.close()
 
     @property
     def state(self) -> ElectionState:
@@ -221,7 +230,25 @@ class Elector:
         state = self._running_state()
         new, ack = core.handle_heartbeat(state, heartbeat, self._clock(), self._rng)
         await self._settle(self._commit(state, new))
+        if self._puller is not None and ack.success:
+            self._puller.consider(heartbeat, self._running_state().plan_fence)
         return ack
+
+    async def _adopt_fetched(self, plan: RolePlan, heartbeat: Heartbeat) -> bool:
+        """Adopt a plan fetched after `heartbeat` announced it; True once it is durable."""
+        state = self._running_state()
+        assert heartbeat.plan_fence is not None
+        assert heartbeat.plan_digest is not None
+        new = core.adopt_fetched_plan(state, plan, heartbeat.plan_fence, heartbeat.plan_digest)
+        if new is state:
+            return state.plan_fence is not None and state.plan_fence >= plan.fence
+        await self._settle(self._commit(state, new))
+        return True
+
+    async def plan_at(self, fence: PlanFence, wait_s: float) -> RolePlan | None:
+        """The plan of `fence` once this node applies it, waiting up to `wait_s` (None: it
+        applies another, or the wait ended): what `GET /v1/plan?fence=` serves."""
+        return await self._plan_waiters.plan_at(fence, wait_s, lambda: self.plan)
 
     def _running_state(self) -> ElectionState:
         if self._phase is not _Phase.RUNNING or self._state is None:
@@ -244,6 +271,8 @@ class Elector:
             self._queue.append((self._commit_seq, event, backers))
         if new is not old:
             self._wake.set()
+        if new.plan_fence != old.plan_fence:
+            self._plan_waiters.changed()
         return self._commit_seq
 
     async def _settle(self, seq: int | None = None) -> None:
@@ -266,13 +295,15 @@ class Elector:
         async with self._dispatch_lock:
             while self._queue and self._queue[0][0] <= self._persisted_seq:
                 _, event, backers = self._queue.popleft()
-                _log_event(event)
+                log_event(event)
                 for listener in list(self._listeners):
                     try:
                         listener(event)
                     except Exception:
                         log.exception("node %s: election listener failed", self.config.node_id)
-                await self._record(event, backers)
+                await record_adoption(
+                    self._adoption_log, event, self._wall_clock(), backers, self.config.node_id
+                )
 
     def _step_down_unstored(self, exc: BaseException) -> None:
         """A write of the election state failed: back to what is stored, as a follower."""
@@ -300,7 +331,9 @@ class Elector:
                 await self._durable.set(VOTE_KEY, state.durable.to_dict())
                 self._stored = state.durable
                 wrote = True
-            if state.plan is not None and state.plan_fence != _fence(self._stored_plan):
+            if state.plan is not None and (
+                self._stored_plan is None or state.plan_fence != self._stored_plan.fence
+            ):
                 await self._durable.set(PLAN_KEY, state.plan.to_dict())
                 self._stored_plan = state.plan
                 wrote = True
@@ -317,17 +350,6 @@ class Elector:
                 raise
         log.info("node %s: election state can be stored again", self.config.node_id)
         self.storage_problem = None
-
-    async def _record(self, event: ElectionEvent, backers: tuple[str, ...] | None) -> None:
-        if self._adoption_log is None:
-            return
-        record = adoption_record(event, self._wall_clock(), backers)
-        if record is None:
-            return
-        try:
-            await self._adoption_log.append(record)
-        except (OSError, PlanError) as exc:
-            log.warning("node %s: adoption log write failed: %s", self.config.node_id, exc)
 
     async def _run(self) -> None:
         failures = 0
@@ -426,20 +448,3 @@ class Elector:
 
     def _term(self) -> object:
         return self._state.term if self._state else "-"
-
-
-def _log_event(event: ElectionEvent) -> None:
-    status, plan = event.status, event.plan
-    what = {
-        ElectionEventKind.ELECTED: "elected coordinator",
-        ElectionEventKind.STEPPED_DOWN: "stepped down as coordinator",
-        ElectionEventKind.COORDINATOR_CHANGED: f"coordinator is {status.coordinator}",
-        ElectionEventKind.PLAN_ADOPTED: "adopted plan "
-        + ("-" if plan is None else f"{plan.fence.to_header()} ({plan.note})"),
-    }[event.kind]
-    level = logging.WARNING if event.kind is ElectionEventKind.STEPPED_DOWN else logging.INFO
-    log.log(level, "node %s term %s: %s", status.node_id, status.term, what)
-
-
-def _fence(plan: RolePlan | None) -> object:
-    return None if plan is None else plan.fence

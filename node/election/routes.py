@@ -26,14 +26,18 @@ from health import (
 from net import Identity, NetError, PeerClient, PeerTls, map_peer_errors
 from node.election.elector import Elector
 from node.election.messages import (
+    MAX_PLAN_SOURCES,
     ElectionError,
     Heartbeat,
     HeartbeatAck,
+    PlanAnnounce,
     VoteReply,
     VoteRequest,
 )
+from node.election.pull import serve_plan
 from node.errors import NodeError
 from node.openapi import RouteDoc
+from node.plan import PlanFence, RolePlan
 from node.security import PEER_ID, json_error
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,8 @@ class HeartbeatBody(BaseModel):
     seq: WholeNumber = _TERM
     plan_fence: Annotated[list[WholeNumber], Field(min_length=2, max_length=2)] | None = None
     plan: dict[str, Any] | None = None
+    plan_digest: str | None = Field(default=None, min_length=1, max_length=64)
+    plan_sources: list[str] | None = Field(default=None, max_length=MAX_PLAN_SOURCES)
 
 
 _FENCE = {"type": ["array", "null"], "items": {"type": "integer"}}
@@ -154,6 +160,8 @@ ELECTION_DOCS = (
 )
 
 ElectorSource = Callable[[], Elector | None]
+_Query = tuple[dict[str, str], float] | None
+"""Query parameters of a GET and its timeout."""
 AddressOf = Callable[[str], tuple[str, int] | None]
 
 
@@ -176,7 +184,11 @@ def election_routes(elector: ElectorSource) -> list[web.RouteDef]:
     )
 
     async def plan(request: web.Request) -> web.Response:
-        return web.json_response(_running(elector).plan_announce().to_dict())
+        # peer (any authenticated caller); `fence` asks for that plan only (node.election.pull)
+        running = _running(elector)
+        if "fence" not in request.query:
+            return web.json_response(running.plan_announce().to_dict())
+        return await serve_plan(running, request.query)
 
     def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
         async def run(request: web.Request) -> web.Response:
@@ -355,7 +367,15 @@ class HttpElectionTransport:
         data = await self._post(to, HEARTBEAT_PATH, heartbeat.to_dict())
         return None if data is None else _parse(HeartbeatAck.from_dict, data, to)
 
-    async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
+    async def fetch_plan(self, to: str, fence: PlanFence, wait_s: float) -> RolePlan | None:
+        query = {"fence": fence.to_header(), "wait_s": f"{wait_s:g}"}
+        data = await self._post(to, PLAN_PATH, None, (query, self._timeout_s + wait_s))
+        announce = None if data is None else _parse(PlanAnnounce.from_dict, data, to)
+        return None if announce is None else announce.plan
+
+    async def _post(
+        self, to: str, path: str, body: dict[str, Any] | None, query: _Query = None
+    ) -> Any:
         if self._phase is not _Phase.OPENED or self._peers is None:
             raise ElectionError(f"election transport is {self._phase.value}")
         endpoint = self._address_of(to)
@@ -366,9 +386,9 @@ class HttpElectionTransport:
         breaker = self._breaker(to)
         try:
             if breaker is None:
-                return await self._exchange(self._peers, to, address, path, body)
+                return await self._exchange(self._peers, to, address, path, body, query)
             async with breaker:
-                return await self._exchange(self._peers, to, address, path, body)
+                return await self._exchange(self._peers, to, address, path, body, query)
         except CircuitOpenError as exc:
             log.debug("node %s: %s %s skipped: %s", self.node_id, to, path, exc)
             return None
@@ -387,11 +407,22 @@ class HttpElectionTransport:
         return breaker
 
     async def _exchange(
-        self, peers: PeerClient, to: str, address: str, path: str, body: dict[str, Any]
+        self,
+        peers: PeerClient,
+        to: str,
+        address: str,
+        path: str,
+        body: dict[str, Any] | None,
+        query: _Query = None,
     ) -> Any:
-        """POST `body`; the JSON answer, None for a refusal (the peer answered: no failure).
-        Network errors, timeouts and malformed JSON raise (they count on the breaker)."""
-        answer = await peers.request("POST", address, path, json=body, check=False)
+        """POST `body` (GET without one); the JSON answer, None for a refusal (the peer
+        answered: no failure). Network errors, timeouts and malformed JSON raise (they count on
+        the breaker)."""
+        method = "GET" if body is None else "POST"
+        params, timeout_s = query or (None, None)
+        answer = await peers.request(
+            method, address, path, json=body, params=params, timeout_s=timeout_s, check=False
+        )
         if answer.status != 200:
             log.debug("node %s: %s %s answered %d", self.node_id, to, path, answer.status)
             return None
