@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node.election.messages import Heartbeat, PlanAnnounce
 from node.plan import PlanError, PlanFence, RolePlan
@@ -136,6 +136,17 @@ class PlanWaiters:
                 self._waiting -= 1
 
 
+class PlanQuery(BaseModel):
+    """Query of `GET /v1/plan` asking for one plan (without `fence`: whatever this node applies)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fence: str = Field(pattern=r"^[0-9]{1,19}\.[0-9]{1,19}$", description="TERM.VERSION")
+    wait_s: float = Field(
+        default=0.0, ge=0.0, le=MAX_PULL_WAIT_S, description="wait until this node applies it"
+    )
+
+
 class PlanHolder(Protocol):
     def plan_announce(self) -> PlanAnnounce: ...
     async def plan_at(self, fence: PlanFence, wait_s: float) -> RolePlan | None: ...
@@ -146,13 +157,12 @@ async def serve_plan(holder: PlanHolder, query: Mapping[str, str]) -> web.Respon
     that plan (waiting up to S seconds, at most MAX_PULL_WAIT_S), else 404 `plan_not_here`; a
     malformed query is 400."""
     try:
-        fence = PlanFence.from_header(query["fence"])
-        wait_s = float(query.get("wait_s", "0"))
-    except (PlanError, ValueError) as exc:
-        return json_error(400, f"query fence=TERM.VERSION&wait_s=SECONDS is malformed: {exc}")
-    if not math.isfinite(wait_s):
-        return json_error(400, "wait_s must be a number of seconds")
-    if await holder.plan_at(fence, wait_s) is None:
+        asked = PlanQuery.model_validate(dict(query))
+        fence = PlanFence.from_header(asked.fence)
+    except (ValidationError, PlanError) as exc:
+        reason = f"query fence=TERM.VERSION&wait_s=SECONDS (at most {MAX_PULL_WAIT_S:g}): {exc}"
+        return json_error(400, reason)
+    if await holder.plan_at(fence, asked.wait_s) is None:
         reason = f"this node does not apply plan {fence.to_header()}"
         return json_error(404, reason, code="plan_not_here")
     return web.json_response(holder.plan_announce().to_dict())

@@ -34,7 +34,7 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
-from node.election.pull import serve_plan
+from node.election.pull import PlanQuery, serve_plan
 from node.errors import NodeError
 from node.openapi import RouteDoc
 from node.plan import PlanFence, RolePlan
@@ -153,15 +153,20 @@ ELECTION_DOCS = (
     RouteDoc(
         "GET",
         PLAN_PATH,
-        "This node's term, coordinator, lease and the role plan it applies",
-        ((200, "the plan document"), (503, "election not running")),
+        "This node's term, coordinator, lease and role plan (with `fence`: that plan, once here)",
+        (
+            (200, "the plan document"),
+            (400, "malformed fence or wait_s"),
+            (404, "plan_not_here: this node does not apply that plan (yet)"),
+            (503, "election not running"),
+        ),
+        query=PlanQuery,
         response=PLAN_SCHEMA,
     ),
 )
 
 ElectorSource = Callable[[], Elector | None]
-_Query = tuple[dict[str, str], float] | None
-"""Query parameters of a GET and its timeout."""
+_Query = tuple[dict[str, str], float] | None  # a GET's query parameters and timeout
 AddressOf = Callable[[str], tuple[str, int] | None]
 
 

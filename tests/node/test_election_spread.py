@@ -14,6 +14,7 @@ from config import Role
 from node.election import core
 from node.election.elector import Elector
 from node.election.messages import Heartbeat, HeartbeatAck
+from node.election.pull import PlanWaiters
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.election.seams import InMemoryDurableState, InMemoryElectionNetwork
 from node.election.spread import PLAN_FANOUT, plan_deliveries, pull_sources
@@ -174,3 +175,18 @@ def test_the_fence_table_reads_as_a_dict_and_shares_what_did_not_change() -> Non
     assert len(after) == 301
     assert dict(table) == fences
     assert sum(a is b for a, b in zip(table._shards, after._shards, strict=True)) >= 62
+
+
+async def test_a_waiting_request_gets_the_plan_it_asked_for_and_never_another() -> None:
+    waiters = PlanWaiters()
+    plans = {v: compute_plan(3, v, _caps(("c", "o10")), POLICY) for v in (1, 2, 3)}
+    current = [plans[1]]
+    asked = asyncio.create_task(waiters.plan_at(PlanFence(3, 2), 2.0, lambda: current[0]))
+    await asyncio.sleep(0.01)
+    assert not asked.done()
+    current[0] = plans[2]
+    waiters.changed()
+    assert await asked is plans[2]
+    current[0] = plans[3]  # the asked plan is gone: a newer one is not served in its place
+    assert await waiters.plan_at(PlanFence(3, 2), 1.0, lambda: current[0]) is None
+    assert await waiters.plan_at(PlanFence(3, 4), 0.05, lambda: current[0]) is None
