@@ -83,7 +83,9 @@ def _coordinator() -> ElectionState:
 def test_a_published_plan_goes_whole_to_few_and_as_a_digest_with_sources_to_the_rest() -> None:
     state = _coordinator()
     plan = compute_plan(3, 1, _caps(("c", "v1", "v2", *OBSERVERS)), POLICY)
-    old = HeartbeatAck(3, "o29", 1, True, None, 0, pulls_plans=False)
+    old = HeartbeatAck.from_dict(  # the previous release's acknowledgement: no pulls_plans
+        {"type": "heartbeat_ack", "term": 3, "node": "o29", "seq": 1, "success": True}
+    )
     state, _ = core.handle_heartbeat_ack(state, old, 10.0, random.Random(1))
     state, outbound = core.publish_plan(state, plan, 10.5)
     beats = {item.to: item.message for item in outbound}
