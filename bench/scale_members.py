@@ -18,9 +18,10 @@ from config import PROTOCOL_META, PROTOCOL_VERSION, RELEASE_META
 from config.timeouts import Timeouts
 from node.election.claims import gpu_uuids_meta
 from node.election.roles import NPROC_META
-from node.membership.rules import suspicion_bounds_s
+from node.membership.rules import suspicion_bounds_s, sync_interval_s
 from node.membership.service import Membership, MetaValue
 from node.membership.types import EventKind, Member, MemberEvent, MemberState, SwimTuning
+from node.membership.wire import encode_update, member_record, state_chunks
 
 PORT = 8770
 GPUS_PER_NODE = 8
@@ -252,3 +253,21 @@ def percentile(values: Iterable[float], fraction: float) -> float:
     if (math.isinf(ordered[high]) and position > low) or math.isinf(ordered[low]):
         return math.inf
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def push_pull(size: int, timeouts: Timeouts, tuning: SwimTuning) -> tuple[int, float]:
+    """(bytes one member sends when a push-pull finds views differ: its whole view as `state`
+    datagrams, sealed; seconds between its push-pulls) at `size` members, from the wire code."""
+    records = [
+        encode_update(
+            member_record(
+                Member(node_id(i), address_of(i), PORT, MemberState.ALIVE, 0, node_meta(i))
+            )
+        )
+        for i in range(size)
+    ]
+    envelope = SimNetwork(VirtualLoop(), random.Random(0)).envelope
+    chunks = state_chunks(node_id(0), 1, True, records, envelope.body_budget)
+    overhead = len(envelope.seal(b"", 0.0, boot=1, seq=1))
+    interval = sync_interval_s(timeouts.probe_interval_s, tuning.sync_every_probes, size)
+    return sum(len(chunk) + overhead for chunk in chunks), interval

@@ -37,6 +37,7 @@ from bench.scale_members import (  # noqa: E402
     lossy_windows,
     partition_heal,
     percentile,
+    push_pull,
 )
 from bench.scale_net import VirtualLoop  # noqa: E402
 from bench.scale_plans import plan_compute, plan_travel  # noqa: E402
@@ -112,6 +113,8 @@ def _progress_line(what: str) -> None:
 
 
 _VERBOSE = False
+_EXTRA: dict[str, Any] = {}
+"""Figures of the table beside --json's, of the N being simulated."""
 
 
 async def _membership(options: Options) -> dict[str, Any]:
@@ -135,6 +138,9 @@ async def _membership(options: Options) -> dict[str, Any]:
     deaths = await lossy_windows(cluster, levels, options.loss_window_s)
     false_deaths = {f"{level:g}": count for level, count in deaths.items()}
     _progress(loop, f"false deaths {false_deaths}")
+    full, every = push_pull(options.nodes, cluster.timeouts, cluster.tuning)
+    _EXTRA["push_pull_bytes_per_s"] = round(2 * full / every)
+    _EXTRA["full_state_bytes"] = full
     converge = None
     if options.nodes <= options.partition_limit:
         cluster.network.loss = options.loss or 0.0
@@ -170,13 +176,17 @@ def _plans(options: Options) -> tuple[dict[str, Any], dict[str, Any]]:
         "coordinator_plan_egress_bytes": travel.egress_bytes,
     }
     extra: dict[str, Any] = {
+        **_EXTRA,
         "lease_lost_at_s": travel.stepped_down_at,
         "request_cpu_s": travel.costs.request_s,
         "ack_cpu_s": round(travel.ack_cpu_s, 3),
     }
     if options.baseline:
         whole = plan_travel(previous, plan, pulls=False)
-        extra["whole_apply_s"] = whole.run(until_s=BASELINE_LIMIT_S)
+        applied_whole = whole.run(until_s=BASELINE_LIMIT_S)
+        extra["whole_apply_s"] = (
+            f"> {BASELINE_LIMIT_S:g}" if applied_whole is None else round(applied_whole, 2)
+        )
         extra["whole_egress_bytes"] = whole.egress_bytes
     _progress_line(f"plans: {figures} {extra} ({time.process_time() - cpu:.1f} cpu s)")
     return figures, extra
@@ -199,6 +209,8 @@ ROWS = (
     ("false deaths at 1% loss", "false_deaths.0.01", "false_deaths_at_1pct"),
     ("false deaths at 5% loss", "false_deaths.0.05", None),
     ("membership bytes/s per node", "bytes_per_s_per_node", "bytes_per_s_per_node"),
+    ("a member's full state, sealed (bytes)", "+full_state_bytes", None),
+    ("push-pull bytes/s per node while views differ", "+push_pull_bytes_per_s", None),
     ("converged after a 10% partition healed (s)", "partition_converge_s", None),
     ("compute_plan, wall (s)", "plan_compute_s", "plan_compute_s"),
     ("plan on the wire (bytes)", "plan_bytes", None),

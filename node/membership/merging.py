@@ -24,7 +24,6 @@ from node.membership.rules import (
     overlaps_stall,
     scaled_s,
     suspicion_bounds_s,
-    suspicion_members,
 )
 from node.membership.table import UP
 from node.membership.timers import SuspicionTimers
@@ -137,7 +136,7 @@ class MergingProtocol(ProtocolCore):
         self._queue_update(self._self_update())
 
     def _start_suspicion(self, member: Member, origin: str, nacks: int = 0) -> None:
-        size = suspicion_members(m.state for m in self._table)
+        size = self._table.suspicion_size
         low, high = suspicion_bounds_s(
             self._timeouts.suspicion_s, size, self._tuning.suspicion_max_mult
         )

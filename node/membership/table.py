@@ -37,6 +37,7 @@ class MemberTable:
         self._probe_index = 0
         self._version = 0
         self._digest: tuple[int, str] = (-1, "")
+        self._left = 0
 
     @property
     def me(self) -> Member:
@@ -55,6 +56,12 @@ class MemberTable:
     def size(self) -> int:
         """N of the protocol's formulas: every member, this node included."""
         return len(self._members) + 1
+
+    @property
+    def suspicion_size(self) -> int:
+        """`rules.suspicion_members` of this view, kept as members change (not counted anew
+        for each suspicion: a view of thousands starts hundreds of them after a cut)."""
+        return self.size - self._left
 
     def __iter__(self) -> Iterator[Member]:
         return iter(self._members.values())
@@ -81,6 +88,9 @@ class MemberTable:
         node_id = member.node_id
         self._members[node_id] = member
         self._version += 1
+        self._left += (member.state is MemberState.LEFT) - (
+            previous is not None and previous.state is MemberState.LEFT
+        )
         if previous is None:
             if self._id_index is not None:
                 self._id_index[node_id] = len(self._ids)
@@ -105,10 +115,15 @@ class MemberTable:
         start, as if learned by push-pull, before the first probe round."""
         me = self._me.node_id
         known = self._members
-        fresh: dict[str, Member] = {}
-        for member in members:
-            if member.node_id != me and member.node_id not in known:
+        given = list(members)
+        fresh = dict(zip([m.node_id for m in given], given, strict=True))
+        if len(fresh) < len(given):  # an id twice: its first record counts
+            fresh = {}
+            for member in given:
                 fresh.setdefault(member.node_id, member)
+        fresh.pop(me, None)
+        if known:
+            fresh = {node_id: m for node_id, m in fresh.items() if node_id not in known}
         if not fresh:
             return
         distinct = self._by_endpoint is None or not self._by_endpoint
@@ -121,6 +136,7 @@ class MemberTable:
             return
         known.update(fresh)
         self._ids.extend(fresh)
+        self._left += sum(1 for m in fresh.values() if m.state is MemberState.LEFT)
         self._id_index = None
         self._by_endpoint = None
         self._version += 1
@@ -132,6 +148,7 @@ class MemberTable:
         indexes = self._indexes()
         member = self._members.pop(node_id)
         self._version += 1
+        self._left -= member.state is MemberState.LEFT
         index = indexes.pop(node_id)
         last = self._ids.pop()
         if last != node_id:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+from node.membership.rules import suspicion_members
 from node.membership.table import MemberTable
 from node.membership.types import Member, MemberState
 
@@ -64,3 +65,15 @@ def test_preload_with_shared_addresses_keeps_the_last_stored_owner() -> None:
     stored, preloaded = _tables(members)
     assert preloaded.at(("10.0.0.4", 7000)) is members[-1]
     _same(stored, preloaded, range(12))
+
+
+def test_the_suspicion_size_is_kept_as_members_leave_return_and_go() -> None:
+    members = [_member(i) for i in range(20)] + [_member(20, state=MemberState.LEFT)]
+    stored, preloaded = _tables(members)
+    for table in (stored, preloaded):
+        table.store(table.get("n003"), _member(3, state=MemberState.LEFT))
+        table.store(table.get("n020"), _member(20))  # back from a leave
+        table.store(table.get("n004"), _member(4, state=MemberState.LEFT))
+        table.remove("n004")
+        table.store(table.get("n005"), _member(5, state=MemberState.DEAD))
+        assert table.suspicion_size == suspicion_members(m.state for m in table) == 20
