@@ -3,8 +3,10 @@ and `cluster_monitor --json --once` against a local node this benchmark starts (
 127.0.0.1), and `import node.errors`; each interleaved run by run with `python -c pass` (median of
 N runs, ms and ratio), so a busy machine slows both alike. With `--baseline-tree DIR` (another
 checkout, e.g. `git archive REV | tar -x -C DIR`) each command of that tree runs interleaved too.
-Prints JSON. Usage: .venv/bin/python bench/cli_bench.py [--runs 15] [--only NAME ...]
-[--baseline-tree DIR]"""
+With `--instructions` each command runs once under valgrind's callgrind and its instruction
+count is reported instead (beside `python -c pass`'s): a figure a shared, loaded machine does
+not change. Prints JSON. Usage: .venv/bin/python bench/cli_bench.py [--runs 15]
+[--only NAME ...] [--baseline-tree DIR] [--instructions]"""
 
 from __future__ import annotations
 
@@ -185,6 +187,33 @@ def commands(url: str) -> dict[str, list[str]]:
     }
 
 
+CALLGRIND = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+
+
+def instructions(argv: list[str], env: dict[str, str]) -> int:
+    """Instructions one run of `argv` executes (valgrind's callgrind, no profile written): a
+    figure a busy machine does not change, unlike the wall time."""
+    result = subprocess.run(
+        [*CALLGRIND, *argv], env=env, cwd=env["HOME"], capture_output=True, text=True,
+        check=False, timeout=900,
+    )  # fmt: skip
+    for line in result.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.rsplit(":", 1)[1].strip())
+    raise RuntimeError(f"no instruction count from callgrind: {result.stderr[-500:]}")
+
+
+def count_instructions(argv: list[str], envs: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """One command's instructions in each tree of `envs`, beside `python -c pass`'s."""
+    python = instructions([sys.executable, "-c", "pass"], envs["this tree"])
+    result: dict[str, Any] = {"python_-c_pass_instructions": python}
+    for tree, env in envs.items():
+        run_once((argv, env))  # writes the bytecode, as an installed shoal has it
+        count = instructions(argv, env)
+        result[tree] = {"instructions": count, "ratio_to_python": round(count / python, 2)}
+    return result
+
+
 def measure(
     argv: list[str], envs: dict[str, dict[str, str]], runs: int, goal_ms: float | None
 ) -> dict[str, Any]:
@@ -211,6 +240,11 @@ def main() -> None:
     parser.add_argument(
         "--baseline-tree", type=Path, default=None, help="another checkout to time alongside"
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions (valgrind callgrind, one run each) instead of timing",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cli-bench-"))
     try:
@@ -221,7 +255,11 @@ def main() -> None:
         results: dict[str, Any] = {}
         with local_node(envs["this tree"], work / "node") as url:
             for name, argv in commands(url).items():
-                if args.only is None or name in args.only:
+                if args.only is not None and name not in args.only:
+                    continue
+                if args.instructions:
+                    results[name] = count_instructions(argv, envs)
+                else:
                     results[name] = measure(argv, envs, args.runs, GOALS_MS.get(name))
         modules = {tree: module_count(env) for tree, env in envs.items()}
         report = {

@@ -1,6 +1,8 @@
-"""The check a person runs on a GPU host: NVML beside nvidia-smi, one NCCL group of all the
-host's GPUs formed through a real daemon, two nodes splitting the GPUs, the weights broadcast
-and publish on the device, digest speed, and the suite's `gpu` tests. Prints ONE JSON document.
+"""The check a person runs on a GPU host: NVML beside nvidia-smi, the GPU fault sources and the
+self-test through the fault watcher's own code, one NCCL group of all the host's GPUs formed
+through a real daemon, two nodes splitting the GPUs, a training group that reports through
+shoal.training_session() restarted after a hang, the weights broadcast and publish on the
+device, digest speed, and the suite's `gpu` tests. Prints ONE JSON document.
 
 Each section runs in its own child process under its own time budget (the whole check under
 --timeout-s, 285 s by default) and reports {"ok": bool, ...figures..., "error": str | None};
@@ -42,8 +44,10 @@ if str(ROOT) not in sys.path:
 
 SECTION_BUDGETS_S: dict[str, float] = {
     "nvml": 30.0,
+    "faults": 90.0,
     "group": 60.0,
     "split": 75.0,
+    "training": 150.0,
     "digest": 60.0,
     "broadcast": 120.0,
     "tests": 150.0,
@@ -324,6 +328,52 @@ def section_nvml(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+# --- GPU faults: the quarantine's reads, rule and self-test on real NVML -------------------
+
+
+def section_faults(args: argparse.Namespace) -> dict[str, Any]:
+    """Every GPU's fault sources read twice (the second read judged against the first, as the
+    watcher does) through the watcher's deadline reads, and the self-test run once, timed: on a
+    healthy host no fault, every GPU readable, the self-test passing."""
+    import asyncio
+    import shutil
+
+    from health import GpuReader, judge, run_selftest
+    from node.quarantine.watcher import DeadlineReads
+
+    reader = GpuReader()
+
+    async def observe() -> dict[str, Any]:
+        indices = [gpu.index for gpu in reader.read()]
+        reads = DeadlineReads(reader.read_faults)
+        first = await reads.read(indices, 5.0)
+        started = time.monotonic()
+        second = await reads.read(indices, 5.0)
+        read_s = time.monotonic() - started
+        verdicts = [judge(now, then) for now, then in zip(second, first, strict=True)]
+        selftest = await run_selftest(second, max(MIN_SECTION_S, args.timeout_s - 20.0))
+        return {
+            "gpus": len(indices),
+            "read_s": round(read_s, 4),
+            "samples": [asdict(sample) for sample in second],
+            "faults": [fault.reason for verdict in verdicts for fault in verdict.faults],
+            "not_faults": [note for verdict in verdicts for note in verdict.ignored],
+            "selftest": selftest.to_json(),
+            "dcgmi": shutil.which("dcgmi"),
+        }
+
+    try:
+        found = asyncio.run(observe())
+    finally:
+        reader.close()
+    problems = [*found["faults"]]
+    if not found["selftest"]["passed"]:
+        problems.append(f"self-test failed: {found['selftest']['detail']}")
+    if not found["gpus"]:
+        problems.append("shoal's reader sees no GPU")
+    return section_result(not problems, "; ".join(problems) or None, **found)
+
+
 # --- (b) and (c): real daemons whose training command forms one NCCL group -----------------
 
 
@@ -339,6 +389,15 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no port of 127.0.0.1 is free for TCP and UDP")
+
+
+CHECK_TIMEOUTS = {
+    "heartbeat_interval_s": 0.1,
+    "lease_s": 0.8,
+    "election_min_s": 0.5,
+    "election_max_s": 1.0,
+}
+"""The election timeouts of the check's daemons (a coordinator within a second or two)."""
 
 
 @dataclass(frozen=True)
@@ -368,12 +427,7 @@ def node_config(spec: NodeSpec, data_dir: Path, out_dir: Path, voters: Sequence[
         "gpus": list(spec.gpus),
         "training_nproc": len(spec.gpus),
         "training_command": [sys.executable, __file__, "--worker", str(out_dir)],
-        "timeouts": {
-            "heartbeat_interval_s": 0.1,
-            "lease_s": 0.8,
-            "election_min_s": 0.5,
-            "election_max_s": 1.0,
-        },
+        "timeouts": dict(CHECK_TIMEOUTS),
     }
 
 
@@ -388,16 +442,19 @@ def _healthy(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def daemons(specs: Sequence[NodeSpec], workdir: Path, out_dir: Path,
-            timeout_s: float) -> Iterator[list[subprocess.Popen[bytes]]]:  # fmt: skip
-    """`python -m node serve --config FILE` for each spec, healthy within `timeout_s`; stopped
-    (SIGTERM, then SIGKILL) at the end. RuntimeError names a daemon that exited, with its log."""
+def daemons(specs: Sequence[NodeSpec], workdir: Path, out_dir: Path, timeout_s: float,
+            changes: Mapping[str, Any] | None = None,
+            ) -> Iterator[list[subprocess.Popen[bytes]]]:  # fmt: skip
+    """`python -m node serve --config FILE` for each spec (node_config with `changes` over it),
+    healthy within `timeout_s`; stopped (SIGTERM, then SIGKILL) at the end. RuntimeError names
+    a daemon that exited, with its log."""
     procs: list[subprocess.Popen[bytes]] = []
     voters = [spec.node_id for spec in specs]
     try:
         for spec in specs:
             seeds = [f"127.0.0.1:{specs[0].port}"] if spec is not specs[0] else []
             config = node_config(spec, workdir / spec.node_id, out_dir, voters, seeds)
+            config.update(changes or {})
             config_file = workdir / f"{spec.node_id}.json"
             config_file.write_text(json.dumps(config))  # JSON is YAML
             with (workdir / f"{spec.node_id}.log").open("ab") as log:
@@ -620,6 +677,176 @@ def worker_main(out_dir: Path) -> None:
         time.sleep(1)
 
 
+# --- (e) a training group watched by the cluster: a hang, a restart -------------------------
+
+TRAINING_HANG_S = 10.0
+"""training_hang_s of the section's daemon; the restart must come within this (or the hang
+timeout /v1/training shows, when 20 step times are longer) + 5 s."""
+TRAINING_SAMPLES = 50
+"""Steps a worker times (its CUDA step and its report() call) before it writes them."""
+TRAINING_SIZE = 4096
+
+
+def train_worker_main(out_dir: Path) -> None:
+    """The training command of section `training`: shoal.training_session() (NCCL, one rank per
+    GPU), a step of a matmul and an all_reduce on its GPU, a report after each. It writes its
+    first step's time, then the median CUDA step and report() cost of TRAINING_SAMPLES steps."""
+    import shoal
+
+    torch = import_torch()
+    dist = torch.distributed
+    with shoal.training_session() as session:
+        record: dict[str, Any] = {"pid": os.getpid(), "rank": session.rank}
+        record.update(generation=session.generation, backend=session.group.backend)
+        path = out_dir / f"train-{os.getpid()}.json"
+        weights = torch.randn(TRAINING_SIZE, TRAINING_SIZE, device="cuda")
+        steps_s: list[float] = []
+        reports_ns: list[int] = []
+        step = 0
+        while True:
+            started = time.perf_counter()
+            product = weights @ weights
+            dist.all_reduce(product[0])
+            torch.cuda.synchronize()
+            steps_s.append(time.perf_counter() - started)
+            before = time.thread_time_ns()
+            session.report(step, loss=float(step))
+            reports_ns.append(time.thread_time_ns() - before)
+            if step == 0 or step == TRAINING_SAMPLES:
+                record["first_step_at"] = record.get("first_step_at") or time.time()
+                if step:
+                    record["cuda_step_ms"] = round(statistics.median(steps_s[1:]) * 1e3, 3)
+                    record["report_cpu_ns"] = round(statistics.median(reports_ns[1:]))
+                temp = path.with_suffix(".tmp")
+                temp.write_text(json.dumps(record))
+                temp.replace(path)
+            step += 1
+
+
+def read_training(out_dir: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(out_dir.glob("train-*.json")):
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(path.read_text()))
+    return found
+
+
+def training_verdict(
+    world_size: int,
+    restart: Mapping[str, Any] | None,
+    stopped_at: float,
+    timeout_s: float,
+    next_generation: Sequence[Mapping[str, Any]],
+    victim_ended: bool,
+) -> list[str]:
+    """What is wrong with the group's recovery from a hang: a restart with reason `hang` within
+    `timeout_s` + 5 s of the stop, the stopped worker ended, every rank of the new generation
+    stepping on nccl."""
+    problems = []
+    if restart is None:
+        problems.append("no restart with reason hang")
+    elif restart["at"] - stopped_at > timeout_s + 5:
+        problems.append(f"the restart came {restart['at'] - stopped_at:.1f} s after the stop")
+    if not victim_ended:
+        problems.append("the stopped worker was not ended")
+    if len(next_generation) != world_size:
+        problems.append(f"{len(next_generation)} of {world_size} ranks stepped again")
+    if any(worker.get("backend") != "nccl" for worker in next_generation):
+        problems.append("a rank of the new generation is not on nccl")
+    return problems
+
+
+def _stepping(
+    out_dir: Path, count: int, field: str, after: int = -1
+) -> list[dict[str, Any]] | None:
+    """The workers of a generation above `after` once all `count` wrote `field`, else None."""
+    found = [w for w in read_training(out_dir) if w["generation"] > after and field in w]
+    return found if len(found) == count else None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _training_view(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/training", timeout=5) as answer:
+        document: dict[str, Any] = json.loads(answer.read())
+    return document
+
+
+def _until(found: Callable[[], Any], deadline: float, what: str) -> Any:
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            value = found()
+            if value:
+                return value
+        time.sleep(0.2)
+    raise RuntimeError(f"{what}: not within the section's budget")
+
+
+def section_training(args: argparse.Namespace) -> dict[str, Any]:
+    torch = import_torch()
+    count = torch.cuda.device_count()
+    spec = NodeSpec("gpu-1", free_port(), tuple(range(count)))
+    deadline = time.monotonic() + max(1.0, args.timeout_s - TERM_GRACE_S)
+    with tempfile.TemporaryDirectory(prefix="shoal-gpu-training-") as tmp:
+        out_dir = Path(tmp) / "results"
+        out_dir.mkdir()
+        changes = {
+            "training_command": [sys.executable, __file__, "--train-worker", str(out_dir)],
+            "training_hang_s": TRAINING_HANG_S,
+            "timeouts": {**CHECK_TIMEOUTS, "collective_s": 60.0},
+        }
+        try:
+            with daemons([spec], Path(tmp), out_dir, args.timeout_s, changes):
+                first = _until(
+                    lambda: _stepping(out_dir, count, "report_cpu_ns"), deadline, "every rank"
+                )
+                timeout_s = max(TRAINING_HANG_S, _training_view(spec.port)["hang_timeout_s"])
+                victim = max(first, key=lambda worker: worker["rank"])
+                os.kill(victim["pid"], signal.SIGSTOP)
+                stopped_at = time.time()
+                restart = _until(
+                    lambda: next(
+                        (r for r in _training_view(spec.port)["restarts"] if r["reason"] == "hang"),
+                        None,
+                    ),
+                    deadline,
+                    "a restart for the hang",
+                )
+                newer = _until(
+                    lambda: _stepping(out_dir, count, "first_step_at", victim["generation"]),
+                    deadline,
+                    "every rank stepping in the new generation",
+                )
+                ended = _gone(victim["pid"])
+        except RuntimeError as exc:
+            return section_result(False, str(exc), world_size=count)
+        finally:
+            for worker in read_training(out_dir):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(worker["pid"], signal.SIGKILL)
+    problems = training_verdict(count, restart, stopped_at, timeout_s, newer, ended)
+    report_ns = statistics.median(worker["report_cpu_ns"] for worker in first)
+    step_ms = statistics.median(worker["cuda_step_ms"] for worker in first)
+    return section_result(
+        not problems,
+        "; ".join(problems) or None,
+        world_size=count,
+        hang_timeout_s=timeout_s,
+        stop_to_restart_s=round(restart["at"] - stopped_at, 3),
+        stop_to_next_step_s=round(max(w["first_step_at"] for w in newer) - stopped_at, 3),
+        stopped_worker_ended=ended,
+        report_cpu_ns=report_ns,
+        cuda_step_ms=step_ms,
+        report_share_of_step=round(report_ns / (step_ms * 1e6), 6) if step_ms else None,
+    )
+
+
 # --- (d) broadcast and publish on the device ----------------------------------------------
 
 
@@ -808,8 +1035,10 @@ def section_tests(args: argparse.Namespace) -> dict[str, Any]:
 
 SECTION_FUNCTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "nvml": section_nvml,
+    "faults": section_faults,
     "group": section_group,
     "split": section_split,
+    "training": section_training,
     "digest": section_digest,
     "broadcast": section_broadcast,
     "tests": section_tests,
@@ -835,6 +1064,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device-digest", default=DEVICE_DIGEST, help="MODULE:NAME")
     parser.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--train-worker", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -866,6 +1096,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
         worker_main(args.worker)
+        return 0
+    if args.train_worker is not None:
+        train_worker_main(args.train_worker)
         return 0
     if args.child is not None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups

@@ -1,17 +1,25 @@
-"""Membership across real hosts: 8 `shoal serve` daemons in network namespaces (needs root),
-default timeouts, discovery by inventory and mDNS, the cluster secret set.
+"""Membership across real hosts: `shoal serve` daemons in network namespaces (needs root),
+default timeouts, discovery by inventory and mDNS, the cluster secret set; 8 daemons by
+default, `--nodes 3` for the 3-host figure of docs/benchmarks.md.
 
 (a) kill-to-dead: SIGKILL one daemon; time until each other daemon's /v1/peers shows it dead,
     10 kills, the killed daemon restarted (and all alive everywhere) before the next. Targets:
-    median <= 2.5 s, max <= 5 s over every (kill, peer) sample.
+    median <= 1.5 s, max <= 5 s over every (kill, peer) sample. With `--baseline-tree DIR`
+    (another checkout, e.g. `git archive REV | tar -x -C DIR`) a second cluster runs that
+    tree's daemons beside this one, and the kills alternate between the two, so load slows both
+    alike.
 (b) partition: cut 3 daemons (a different 3 each time) from the other 5, 5 times; time until
     every daemon of each side shows all of the other side dead, then heal. Target: the
     minority side decides within 5 s every time; no node is ever dead on its own side.
 (c) idle cost of one daemon among 8 members: VmRSS and CPU (utime + stime) over 10 s while
     nothing polls the daemons. Targets: <= 80 MB, <= 1 % of one CPU.
-Times come from one probe process on a ninth host polling every daemon every 0.1 s (resolution).
-Prints JSON. Usage: sudo .venv/bin/python bench/membership_netns.py [--kills 10]
-[--partitions 5] [--idle-s 10]
+(d) `--busy-s 60`: a node that is busy is not dead. 3 daemons, the first host's link limited
+    to 20 Mbit/s with `tc` and saturated both ways by the background sync for that long
+    (tests/node/netns_busy.py): membership events counted by every daemon (target: 0 deaths),
+    then the busy member SIGKILLed with its link still full and timed until dead at both peers.
+Times come from one probe process on a host of its own polling every daemon every 0.1 s
+(resolution). Prints JSON. Usage: sudo .venv/bin/python bench/membership_netns.py [--nodes 8]
+[--kills 10] [--partitions 5] [--idle-s 10] [--busy-s 0] [--baseline-tree DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,7 @@ from tests.cluster import (  # noqa: E402
     WaitTimeoutError,
     netns_unavailable_reason,
 )
+from tests.node.netns_busy import run_busy  # noqa: E402
 from tests.node.netns_swarm import (  # noqa: E402
     Observation,
     Split,
@@ -59,7 +68,7 @@ START_S = 60.0
 DEAD_WAIT_S = 15.0
 REJOIN_WAIT_S = 30.0
 TARGETS = {
-    "kill_to_dead_median_s": 2.5,
+    "kill_to_dead_median_s": 1.5,
     "kill_to_dead_max_s": 5.0,
     "minority_detect_max_s": 5.0,
     "idle_rss_mb": 80.0,
@@ -68,8 +77,9 @@ TARGETS = {
 
 
 @contextmanager
-def running_swarm(nodes: int = NODES) -> Iterator[Swarm]:
-    """`nodes` daemons (inventory + mDNS) plus the probe on a host of its own, all alive."""
+def running_swarm(nodes: int = NODES, tree: Path = ROOT) -> Iterator[Swarm]:
+    """`nodes` daemons of `tree` (inventory + mDNS) plus the probe on a host of its own, all
+    alive."""
     with NetnsCluster(nodes + 1) as cluster:
         hosts, probe_host = cluster.hosts[:nodes], cluster.hosts[nodes]
         inventory = cluster.base_dir / "hosts.yaml"
@@ -78,7 +88,7 @@ def running_swarm(nodes: int = NODES) -> Iterator[Swarm]:
         def serve_args(host: Host) -> list[str]:
             return ["--inventory", str(inventory)]
 
-        swarm = Swarm(cluster, hosts, probe_host, serve_args)
+        swarm = Swarm(cluster, hosts, probe_host, serve_args, tree=tree)
         swarm.start_probe(PROBE_INTERVAL_S)
         swarm.start_all()
         ready = swarm.wait_answering(START_S)
@@ -186,19 +196,24 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def kill_to_dead(swarm: Swarm, kills: int = KILLS) -> dict[str, Any]:
-    """SIGKILL a daemon `kills` times (a different one each time, round robin)."""
-    samples: list[float] = []
-    per_kill: list[dict[str, Any]] = []
-    missed = 0
-    for index in range(kills):
+@dataclass
+class KillLog:
+    """The kills of one swarm so far."""
+
+    samples: list[float] = field(default_factory=list)
+    per_kill: list[dict[str, Any]] = field(default_factory=list)
+    missed: int = 0
+    stopped: bool = False
+
+    def kill(self, swarm: Swarm, index: int) -> None:
+        """The `index`-th kill (round robin over the daemons); stops when one never rejoined."""
         victim = swarm.names[(index + 1) % len(swarm.names)]
         kill = _one_kill(swarm, victim)
         dead = kill.first_dead
         expected = len(swarm.names) - 1
-        missed += expected - len(dead)
-        samples.extend(dead.values())
-        per_kill.append(
+        self.missed += expected - len(dead)
+        self.samples.extend(dead.values())
+        self.per_kill.append(
             {
                 "victim": victim,
                 "first_suspect_s": _rounded(kill.first_suspect),
@@ -207,31 +222,47 @@ def kill_to_dead(swarm: Swarm, kills: int = KILLS) -> dict[str, Any]:
                 "restart_to_all_alive_s": _rounded(kill.rejoin_s),
             }
         )
-        if kill.rejoin_s is None:
-            break
-    median = statistics.median(samples) if samples else None
-    worst = max(samples) if samples else None
-    suspects = [k["first_suspect_s"] for k in per_kill if k["first_suspect_s"] is not None]
-    return {
-        "kills": len(per_kill),
-        "samples": len(samples),
-        "missed_samples": missed,
-        "median_s": _rounded(median),
-        "p90_s": round(statistics.quantiles(samples, n=10)[-1], 2) if len(samples) > 1 else None,
-        "max_s": _rounded(worst),
-        "first_suspect_median_s": statistics.median(suspects) if suspects else None,
-        "per_kill": per_kill,
-        "targets": {
-            "median_s": TARGETS["kill_to_dead_median_s"],
-            "max_s": TARGETS["kill_to_dead_max_s"],
-        },
-        "met": {
-            "median": median is not None
-            and missed == 0
-            and median <= TARGETS["kill_to_dead_median_s"],
-            "max": worst is not None and missed == 0 and worst <= TARGETS["kill_to_dead_max_s"],
-        },
-    }
+        self.stopped = kill.rejoin_s is None
+
+    def summary(self) -> dict[str, Any]:
+        samples, missed = self.samples, self.missed
+        median = statistics.median(samples) if samples else None
+        worst = max(samples) if samples else None
+        suspects = [k["first_suspect_s"] for k in self.per_kill if k["first_suspect_s"]]
+        return {
+            "kills": len(self.per_kill),
+            "samples": len(samples),
+            "missed_samples": missed,
+            "median_s": _rounded(median),
+            "p90_s": round(statistics.quantiles(samples, n=10)[-1], 2)
+            if len(samples) > 1
+            else None,
+            "max_s": _rounded(worst),
+            "first_suspect_median_s": _rounded(statistics.median(suspects)) if suspects else None,
+            "per_kill": self.per_kill,
+            "targets": {
+                "median_s": TARGETS["kill_to_dead_median_s"],
+                "max_s": TARGETS["kill_to_dead_max_s"],
+            },
+            "met": {
+                "median": median is not None
+                and missed == 0
+                and median <= TARGETS["kill_to_dead_median_s"],
+                "max": worst is not None and missed == 0 and worst <= TARGETS["kill_to_dead_max_s"],
+            },
+        }
+
+
+def kill_to_dead(swarms: dict[str, Swarm], kills: int = KILLS) -> dict[str, dict[str, Any]]:
+    """SIGKILL a daemon of each swarm `kills` times (a different one each time, round robin),
+    taking turns between the swarms kill by kill (the first swarm first on even kills)."""
+    logs = {label: KillLog() for label in swarms}
+    for index in range(kills):
+        order = list(swarms) if index % 2 == 0 else list(reversed(swarms))
+        for label in order:
+            if not logs[label].stopped:
+                logs[label].kill(swarms[label], index)
+    return {label: log.summary() for label, log in logs.items()}
 
 
 def partitions(swarm: Swarm, rounds: int = PARTITIONS, minority: int = MINORITY) -> dict[str, Any]:
@@ -291,29 +322,63 @@ def partitions(swarm: Swarm, rounds: int = PARTITIONS, minority: int = MINORITY)
     }
 
 
+def _busy_or_error(cluster: NetnsCluster, busy_s: float, tree: Path) -> dict[str, Any]:
+    """(d) with `tree`'s daemons; a baseline that does not survive the saturation says how."""
+    try:
+        return run_busy(cluster, busy_s, tree=tree).to_dict()
+    except (AssertionError, WaitTimeoutError) as exc:
+        return {"error": str(exc)[:600]}
+
+
 def run(
-    nodes: int = NODES, kills: int = KILLS, idle_s: float = IDLE_S, cuts: int = PARTITIONS
+    nodes: int = NODES,
+    kills: int = KILLS,
+    idle_s: float = IDLE_S,
+    cuts: int = PARTITIONS,
+    busy_s: float = 0.0,
+    baseline_tree: Path | None = None,
 ) -> dict[str, Any]:
-    """The measurements on one cluster: (c) idle cost first, then (a) kills, (b) partitions."""
+    """The measurements: (c) idle cost first, then (a) kills (beside the baseline tree's, when
+    given), (b) partitions on the same cluster; (d) a busy member on a cluster of its own."""
     reason = netns_unavailable_reason()
     if reason is not None:
         return {"bench": "membership_netns", "skipped": reason}
     started = time.monotonic()
-    with running_swarm(nodes) as swarm:
-        idle = idle_cost(swarm, idle_s)
-        kill = kill_to_dead(swarm, kills)
-        split = partitions(swarm, cuts) if cuts else None
-    return {
+    result: dict[str, Any] = {
         "bench": "membership_netns",
         "nodes": nodes,
         "setup": "netns hosts on one bridge; default timeouts; inventory + mDNS; secret set; "
         f"probe polls /v1/peers every {PROBE_INTERVAL_S} s",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "kill_to_dead": kill,
-        "partition": split,
-        "idle": idle,
-        "elapsed_s": round(time.monotonic() - started, 1),
+        "load_average": os.getloadavg(),
     }
+    with ExitStack() as stack:
+        swarms = {"this tree": stack.enter_context(running_swarm(nodes))}
+        if baseline_tree is not None:
+            swarms["baseline tree"] = stack.enter_context(running_swarm(nodes, baseline_tree))
+        if baseline_tree is not None:
+            result["baseline"] = {"tree": str(baseline_tree)}
+        if idle_s:
+            result["idle"] = idle_cost(swarms["this tree"], idle_s)
+            if baseline_tree is not None:
+                result["baseline"]["idle"] = idle_cost(swarms["baseline tree"], idle_s)
+        if kills:
+            killed = kill_to_dead(swarms, kills)
+            result["kill_to_dead"] = killed.pop("this tree")
+            if killed:
+                result["baseline"]["kill_to_dead"] = killed.popitem()[1]
+        if cuts:
+            result["partition"] = partitions(swarms["this tree"], cuts)
+    if busy_s:
+        with NetnsCluster(4) as cluster:
+            result["busy"] = run_busy(cluster, busy_s).to_dict()
+        if baseline_tree is not None:
+            with NetnsCluster(4) as cluster:
+                busy = _busy_or_error(cluster, busy_s, baseline_tree)
+                result.setdefault("baseline", {"tree": str(baseline_tree)})["busy"] = busy
+    result["elapsed_s"] = round(time.monotonic() - started, 1)
+    result["load_average_after"] = os.getloadavg()
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -322,8 +387,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kills", type=int, default=KILLS)
     parser.add_argument("--idle-s", type=float, default=IDLE_S)
     parser.add_argument("--partitions", type=int, default=PARTITIONS)
+    parser.add_argument("--busy-s", type=float, default=0.0, help="(d): saturate this long")
+    parser.add_argument("--baseline-tree", type=Path, default=None)
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.nodes, args.kills, args.idle_s, args.partitions), indent=2))
+    tree = args.baseline_tree.resolve() if args.baseline_tree else None
+    report = run(args.nodes, args.kills, args.idle_s, args.partitions, args.busy_s, tree)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -19,10 +19,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-
-from aiohttp import ClientHandlerType, ClientMiddlewareType, ClientRequest, ClientResponse
+from typing import TYPE_CHECKING
 
 from config.errors import AuthError, ConfigError
+
+if TYPE_CHECKING:  # aiohttp only for the middlewares' types: a blocking client never loads it
+    from aiohttp import ClientHandlerType, ClientMiddlewareType, ClientRequest, ClientResponse
 
 HEADER_NODE = "X-Shoal-Node"
 HEADER_TIMESTAMP = "X-Shoal-Timestamp"

@@ -1,7 +1,8 @@
-"""Reference tables of docs/configuration.md, generated from the models so they never drift.
+"""Reference tables of docs/configuration.md and docs/fault-tolerance.md, generated from the
+models so they never drift.
 
-`python -m config.docs` (or `python -m config.docs PAGE.md`) rewrites the tables between their
-markers.
+`python -m config.docs` (or `python -m config.docs PAGE.md ...`) rewrites the tables between
+their markers (a page holds the markers of the tables it shows).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from config.sections import TrainingWatchSettings
 from config.settings import ENV_VARS
 from config.timeouts import Timeouts
 
@@ -16,6 +18,9 @@ TIMEOUTS_BEGIN = "<!-- timeouts:begin -->"
 TIMEOUTS_END = "<!-- timeouts:end -->"
 ENV_BEGIN = "<!-- env:begin -->"
 ENV_END = "<!-- env:end -->"
+TRAINING_BEGIN = "<!-- training-settings:begin -->"
+TRAINING_END = "<!-- training-settings:end -->"
+PAGES = ("docs/configuration.md", "docs/fault-tolerance.md")
 
 
 def timeouts_table() -> str:
@@ -34,6 +39,16 @@ def env_table() -> str:
     return "\n".join(rows)
 
 
+def training_table() -> str:
+    """The settings of the training loop's fault handling as Markdown: name, default, meaning."""
+    rows = ["| setting | default | what it does |", "|---|---|---|"]
+    for name, field in TrainingWatchSettings.model_fields.items():
+        default = field.default
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        rows.append(f"| `{name}` | `{shown}` | {field.description} |")
+    return "\n".join(rows)
+
+
 def _replace(text: str, begin: str, end: str, body: str) -> str:
     head, sep, rest = text.partition(begin)
     if not sep:
@@ -45,14 +60,22 @@ def _replace(text: str, begin: str, end: str, body: str) -> str:
 
 
 def render_page(text: str) -> str:
-    """`text` with every generated table replaced by its current content."""
-    text = _replace(text, TIMEOUTS_BEGIN, TIMEOUTS_END, timeouts_table())
-    return _replace(text, ENV_BEGIN, ENV_END, env_table())
+    """`text` with every generated table it marks replaced by its current content."""
+    tables = (
+        (TIMEOUTS_BEGIN, TIMEOUTS_END, timeouts_table),
+        (ENV_BEGIN, ENV_END, env_table),
+        (TRAINING_BEGIN, TRAINING_END, training_table),
+    )
+    for begin, end, table in tables:
+        if begin in text:
+            text = _replace(text, begin, end, table())
+    return text
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[1] if len(argv) > 1 else "docs/configuration.md")
-    path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
+    for name in argv[1:] or PAGES:
+        path = Path(name)
+        path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
     return 0
 
 

@@ -1,5 +1,6 @@
 """The sections of a node's settings that stand alone: `results:`, `jobs:`, `autostop:`, the
-log format, and the deletion policies of the synced categories (config.settings uses them)."""
+log format, the deletion policies of the synced categories, and the top-level settings of the
+training loop's fault handling (config.settings uses them)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,34 @@ class AutostopSettings(BaseModel):
         None,
         gt=0,
         description="Seconds between idle checks (default: a tenth of the window, at most 30).",
+    )
+
+
+class TrainingWatchSettings(BaseModel):
+    """How the cluster judges its training group (docs/fault-tolerance.md): top-level settings
+    of a node (NodeSettings inherits them); the coordinator's apply."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    training_hang_s: float = Field(
+        60.0,
+        gt=0,
+        description="The group is hung when no rank advanced for this long, or for 20 median "
+        "step times when that is longer: every worker is stopped and the group restarts.",
+    )
+    straggler_factor: float = Field(
+        1.5,
+        gt=1,
+        description="A rank whose compute time stays above this times the group's median "
+        "straggles.",
+    )
+    straggler_window: int = Field(
+        20, ge=1, le=10_000, description="...for this many reported steps in a row."
+    )
+    straggler_action: Literal["report", "drain"] = Field(
+        "report",
+        description="`report`: flag it (/v1/training, a metric, an event); `drain`: also drain "
+        "its node, so its rank moves to another node.",
     )
 
 

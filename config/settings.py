@@ -18,7 +18,7 @@ from config.fields import Category, ListenPort, NodeId, Port, Role
 from config.gpus import GpuSelection, NprocSetting
 from config.sections import DEFAULT_DELETIONS as DEFAULT_DELETIONS
 from config.sections import DEFAULT_TOMBSTONE_TTL_S as DEFAULT_TOMBSTONE_TTL_S
-from config.sections import RECORD_CATEGORIES
+from config.sections import RECORD_CATEGORIES, TrainingWatchSettings
 from config.sections import AutostopSettings as AutostopSettings
 from config.sections import DeletionPolicy as DeletionPolicy
 from config.sections import JobSettings as JobSettings
@@ -84,8 +84,9 @@ class CategorySyncSettings(BaseModel):
     )
 
 
-class NodeSettings(BaseModel):
-    """Everything one node is configured with. Frozen: a change means a new object."""
+class NodeSettings(TrainingWatchSettings):
+    """Everything one node is configured with (TrainingWatchSettings' fields too). Frozen: a
+    change means a new object."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -160,6 +161,44 @@ class NodeSettings(BaseModel):
         gt=0,
         description="Window of training_max_failures; also how long the node stays unable to "
         "train before it offers itself again.",
+    )
+    gpu_fault_check_s: float = Field(
+        1.0,
+        ge=0.05,
+        le=2.0,
+        description="How often the owned GPUs' fault sources (Xid events, ECC, row remapping, "
+        "readability) are read; a fault takes the node out of training within about this plus "
+        "one plan (docs/fault-tolerance.md).",
+    )
+    gpu_readmit_settle_s: float = Field(
+        10.0,
+        ge=0,
+        description="How long a quarantined node's GPUs stay fault-free before their self-test "
+        "runs and the node asks to train again.",
+    )
+    gpu_quarantine_limit: int = Field(
+        3, ge=1, description="Quarantines within an hour after which only an undrain lifts one."
+    )
+    checkpoint_replicas: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Other nodes that keep a copy of each node's files of a committed training "
+        "checkpoint, chosen across the inventory's `zone` and `rack` labels (docs/checkpoints.md).",
+    )
+    checkpoint_keep: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Committed checkpoint steps every node keeps (the newest is never deleted); "
+        "older steps and steps some rank never finished are deleted.",
+    )
+    checkpoint_copy_after_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="A node is asked for copies of checkpoint files once it has been alive this "
+        "long (a node that just joined restores and fetches what it needs itself).",
     )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     tls: TlsSettings | None = Field(
@@ -319,6 +358,12 @@ class NodeSettings(BaseModel):
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the training ranks of this node write their checkpoints (SHOAL_CHECKPOINT_DIR of
+        the training command), one directory per step, and where copies of peers' land."""
+        return self.data_dir / "checkpoints"
 
     def category_path(self, category: Category | str) -> Path:
         """The directory of a data category."""

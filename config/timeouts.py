@@ -20,16 +20,16 @@ class Timeouts(BaseModel):
         3.0, gt=0, description="One /v1/status or /v1/peers read by the monitor or CLI."
     )
     probe_interval_s: float = Field(
-        0.5, gt=0, description="SWIM protocol period: one direct probe per period."
+        0.3, gt=0, description="SWIM protocol period: one direct probe per period."
     )
     probe_timeout_s: float = Field(
-        0.3, gt=0, description="Wait for a direct probe's ack before indirect probes."
+        0.15, gt=0, description="Wait for a direct probe's ack before indirect probes."
     )
     indirect_probe_timeout_s: float = Field(
-        0.6, gt=0, description="Wait for an indirect probe through k peers."
+        0.35, gt=0, description="Wait for an indirect probe through k peers."
     )
     suspicion_s: float = Field(
-        1.0, gt=0, description="Base time a suspect has to refute before dead (scaled by log N)."
+        0.6, gt=0, description="Base time a suspect has to refute before dead (scaled by log N)."
     )
     dead_reap_s: float = Field(
         300.0, gt=0, description="How long a dead or left member stays in the view."
@@ -56,21 +56,32 @@ class Timeouts(BaseModel):
     health_check_s: float = Field(
         5.0, gt=0, description="One health check before it counts as hung."
     )
+    gpu_read_s: float = Field(
+        2.0,
+        gt=0,
+        description="One read of the owned GPUs' fault sources (NVML); past it they count as "
+        "unreadable, a fault.",
+    )
+    gpu_selftest_s: float = Field(
+        120.0,
+        gt=0,
+        description="A quarantined node's GPU self-test (dcgmi diag -r 1, or the matmul).",
+    )
     breaker_recovery_s: float = Field(
         60.0, gt=0, description="Circuit breaker OPEN time before half-open probes."
     )
     breaker_probe_s: float = Field(
         30.0, gt=0, description="A half-open probe that never reports is failed after this."
     )
-    heartbeat_interval_s: float = Field(0.25, gt=0, description="Coordinator heartbeat period.")
+    heartbeat_interval_s: float = Field(0.15, gt=0, description="Coordinator heartbeat period.")
     lease_s: float = Field(
-        1.5, gt=0, description="Coordinator lease; held only while a majority acked within it."
+        0.75, gt=0, description="Coordinator lease; held only while a majority acked within it."
     )
     election_min_s: float = Field(
-        1.5, gt=0, description="Lower bound of the randomized election timeout."
+        0.75, gt=0, description="Lower bound of the randomized election timeout."
     )
     election_max_s: float = Field(
-        3.0, gt=0, description="Upper bound of the randomized election timeout."
+        1.25, gt=0, description="Upper bound of the randomized election timeout."
     )
     collective_s: float = Field(
         10.0,

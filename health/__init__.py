@@ -41,6 +41,18 @@ if TYPE_CHECKING:
         UsageError,
     )
     from health.gpu import ENV_FAKE_GPUS, GpuInfo, GpuReader, fake_gpu_uuids, gpu_check, read_gpus
+    from health.gpu_fake import FakeGpu, write_fake_gpus
+    from health.gpu_faults import (
+        GPU_ID_HEX_DIGITS,
+        FaultKind,
+        FaultSample,
+        FaultVerdict,
+        GpuFault,
+        RecoveryAction,
+        judge,
+        short_gpu_id,
+    )
+    from health.gpu_selftest import SelfTestResult, run_selftest
     from health.loops import LoopHealth
     from health.metrics import NodeMetrics, package_version
     from health.monitor.client import ClusterMonitor
@@ -74,6 +86,7 @@ if TYPE_CHECKING:
         format_health_report,
         summarize,
     )
+    from health.xids import XID_TABLE, XidAction, XidEntry, xid_action
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
@@ -92,6 +105,12 @@ else:
                 "UsageError"
             ),
             "health.gpu": "ENV_FAKE_GPUS GpuInfo GpuReader fake_gpu_uuids gpu_check read_gpus",
+            "health.gpu_fake": "FakeGpu write_fake_gpus",
+            "health.gpu_faults": (
+                "GPU_ID_HEX_DIGITS FaultKind FaultSample FaultVerdict GpuFault RecoveryAction "
+                "judge short_gpu_id"
+            ),
+            "health.gpu_selftest": "SelfTestResult run_selftest",
             "health.loops": "LoopHealth",
             "health.metrics": "NodeMetrics package_version",
             "health.monitor.client": "ClusterMonitor",
@@ -105,6 +124,7 @@ else:
                 "BreakerRegistry TransitionListener all_breakers breaker_for configure_breakers "
                 "default_registry format_breakers reset_all_breakers"
             ),
+            "health.xids": "XID_TABLE XidAction XidEntry xid_action",
             "health.status": (
                 "CheckFn CheckResult ComponentHealth HealthStatus HealthSummary SummaryListener "
                 "format_health_report summarize"
@@ -114,7 +134,9 @@ else:
 
 __all__ = [
     "ENV_FAKE_GPUS",
+    "GPU_ID_HEX_DIGITS",
     "MONITOR_FLAGS",
+    "XID_TABLE",
     "BreakerConfig",
     "BreakerRegistry",
     "BreakerSnapshot",
@@ -130,8 +152,13 @@ __all__ = [
     "ComponentHealth",
     "DiskWrites",
     "FailureEvent",
+    "FakeGpu",
+    "FaultKind",
+    "FaultSample",
+    "FaultVerdict",
     "FetchError",
     "FetchTimeoutError",
+    "GpuFault",
     "GpuInfo",
     "GpuReader",
     "HealthChecker",
@@ -145,6 +172,8 @@ __all__ = [
     "MonitorOptions",
     "NodeMetrics",
     "NodeRow",
+    "RecoveryAction",
+    "SelfTestResult",
     "StateListener",
     "SummaryListener",
     "TransitionListener",
@@ -152,6 +181,8 @@ __all__ = [
     "WalLike",
     "WalStatsLike",
     "WriteFailure",
+    "XidAction",
+    "XidEntry",
     "all_breakers",
     "breaker_for",
     "configure_breakers",
@@ -163,6 +194,7 @@ __all__ = [
     "format_breakers",
     "format_health_report",
     "gpu_check",
+    "judge",
     "memory_check",
     "options_from",
     "package_version",
@@ -172,7 +204,11 @@ __all__ = [
     "render_text",
     "reset_all_breakers",
     "run_monitor",
+    "run_selftest",
+    "short_gpu_id",
     "summarize",
     "wal_backlog_check",
     "wal_check",
+    "write_fake_gpus",
+    "xid_action",
 ]

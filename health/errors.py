@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import errno
 
-import aiohttp
-
 from config import read_error
 from net.errors import PeerRequestError, PeerTimeoutError
 
@@ -79,6 +77,8 @@ def describe_fetch_error(exc: BaseException, timeout_s: float) -> str:
     """The one-line reason a row shows for a failed request (never a traceback)."""
     if isinstance(exc, TimeoutError):
         return f"timeout after {float(timeout_s)} s"
+    import aiohttp  # here: `cluster_monitor --once` asks over urllib and never loads it
+
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return "unreachable: cannot resolve host"
     if isinstance(exc, aiohttp.ClientConnectorError):

@@ -6,9 +6,9 @@ failure. GpuInfo is also the GPU of another node as cluster_monitor reads it fro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 from health.errors import HealthError
 from health.fields import read_bool, read_float, read_int, read_list, read_str
+from health.gpu_fake import ENV_FAKE_GPUS, FakeGpu, FakeGpus, fake_gpus_from_env, fake_sample
+from health.gpu_faults import FaultSample, sample_nvml, unreadable_sample, with_xids
 from health.status import CheckFn, CheckResult, HealthStatus
 
 __all__ = ["ENV_FAKE_GPUS", "GpuInfo", "GpuReader", "fake_gpu_uuids", "gpu_check", "read_gpus"]
@@ -32,10 +34,6 @@ _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 _UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 _VOLATILE_ECC = 0  # NVML_VOLATILE_ECC: since the driver was loaded
 _TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
-ENV_FAKE_GPUS = "SHOAL_TEST_FAKE_GPUS"
-"""TEST SEAM, never for production: comma-separated GPU UUIDs that a GpuReader reports as this
-host's GPUs (index i: the i-th UUID, no readings) instead of asking NVML, so tests can make
-nodes own GPUs, or claim the same GPU, on any host. Read when the reader first reads."""
 
 
 @dataclass(frozen=True)
@@ -126,14 +124,16 @@ class GpuReader:
         fake_uuids: Sequence[str] | None = None,
     ) -> None:
         """`fake_uuids` (a test seam, like ENV_FAKE_GPUS, which it overrides): report GPUs with
-        these UUIDs and no readings instead of NVML's."""
+        these UUIDs and no readings instead of NVML's. ENV_FAKE_GPUS is looked at once, at the
+        first read; a JSON file it names is read again at every read."""
         self._clock = clock
-        self._fake = None if fake_uuids is None else tuple(fake_uuids)
+        self._fake = None if fake_uuids is None else FakeGpus(uuids=tuple(fake_uuids))
         self._fake_read = fake_uuids is not None
         self._lock = threading.Lock()
         self._nvml: ModuleType | None = None
         self._events: Any = None
         self._xids: dict[str, list[tuple[float, int]]] = {}  # uuid -> (seen at, Xid code)
+        self._xids_judged: dict[str, int] = {}  # uuid -> how many of its Xids read_faults saw
         self._closed = False
 
     def read(self) -> list[GpuInfo]:
@@ -146,28 +146,74 @@ class GpuReader:
     def read_with_reason(self) -> tuple[list[GpuInfo], str]:
         """The GPUs, and why the list is empty (or "" when it is not)."""
         with self._lock:
-            if self._closed:
-                raise HealthError("GPU reader is closed")
-            if not self._fake_read:
-                self._fake, self._fake_read = fake_gpu_uuids(), True
-            if self._fake is not None:
-                return [_fake(index, uuid) for index, uuid in enumerate(self._fake)], (
-                    "" if self._fake else f"{ENV_FAKE_GPUS} lists no GPU"
-                )
-            if self._nvml is None:
-                reason = self._init()
-                if reason:
-                    return [], reason
-            nvml = self._nvml
-            assert nvml is not None
-            try:
-                count = int(nvml.nvmlDeviceGetCount())
-            except nvml.NVMLError as exc:
-                raise HealthError(f"NVML is loaded but cannot count GPUs: {exc}") from exc
-            if count == 0:
-                return [], "no NVIDIA GPU found"
-            self._drain_events(nvml)
+            fake = self._fake_source()
+            if fake is not None:
+                gpus = fake.read()
+                infos = [_fake(index, gpu, fake.with_readings) for index, gpu in enumerate(gpus)]
+                return infos, "" if gpus else f"{ENV_FAKE_GPUS} lists no GPU"
+            nvml, count, reason = self._count()
+            if nvml is None:
+                return [], reason
             return [self._read_one(nvml, index) for index in range(count)], ""
+
+    def read_faults(self, indices: Sequence[int]) -> list[FaultSample]:
+        """The fault sources of the GPUs at NVML `indices` (health.gpu_faults judges them): the
+        Xid events since the previous call, the ECC count, the row-remapping failure flag and
+        the driver's recovery action. A GPU that is gone, or NVML that fails, is unreadable.
+        Blocks on the driver: call it from a thread with a deadline. HealthError once closed."""
+        with self._lock:
+            fake = self._fake_source()
+            if fake is not None:
+                try:
+                    gpus = fake.read()
+                except HealthError as exc:
+                    return [unreadable_sample(index, "", str(exc)) for index in indices]
+                return [fake_sample(index, gpus) for index in indices]
+            try:
+                nvml, count, reason = self._count()
+            except HealthError as exc:
+                reason, nvml = str(exc), None
+            if nvml is None:
+                return [unreadable_sample(index, "", reason) for index in indices]
+            return [self._sample_one(nvml, index, count) for index in indices]
+
+    def _fake_source(self) -> FakeGpus | None:
+        """The fake GPUs of the test seam, or None (NVML). HealthError once closed."""
+        if self._closed:
+            raise HealthError("GPU reader is closed")
+        if not self._fake_read:
+            self._fake, self._fake_read = fake_gpus_from_env(), True
+        return self._fake
+
+    def _count(self) -> tuple[ModuleType | None, int, str]:
+        """NVML (None: not usable, and why), how many GPUs it sees, with new events drained."""
+        if self._nvml is None:
+            reason = self._init()
+            if reason:
+                return None, 0, reason
+        nvml = self._nvml
+        assert nvml is not None
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as exc:
+            raise HealthError(f"NVML is loaded but cannot count GPUs: {exc}") from exc
+        if count == 0:
+            return None, 0, "no NVIDIA GPU found"
+        self._drain_events(nvml)
+        return nvml, count, ""
+
+    def _sample_one(self, nvml: ModuleType, index: int, count: int) -> FaultSample:
+        if index >= count:
+            return unreadable_sample(index, "", f"NVML sees {count} GPUs, not GPU {index}")
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except nvml.NVMLError as exc:
+            return unreadable_sample(index, "", f"NVML: {exc}")
+        seen = self._xids.get(uuid, [])
+        new = tuple(code for _, code in seen[self._xids_judged.get(uuid, 0) :])
+        self._xids_judged[uuid] = len(seen)
+        return with_xids(sample_nvml(nvml, handle, index, uuid), new)
 
     def close(self) -> None:
         """End the NVML session. Idempotent and irreversible."""
@@ -275,11 +321,10 @@ class GpuReader:
 
 
 def fake_gpu_uuids(env: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
-    """The UUIDs of ENV_FAKE_GPUS (the test seam), or None when it is unset."""
-    text = (os.environ if env is None else env).get(ENV_FAKE_GPUS)
-    if text is None:
-        return None
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    """The UUIDs of ENV_FAKE_GPUS (the test seam; those its JSON file lists now), or None when
+    it is unset."""
+    fake = fake_gpus_from_env(env)
+    return None if fake is None else tuple(gpu.uuid for gpu in fake.read())
 
 
 def _unread(index: int, name: str, uuid: str, problems: tuple[str, ...] = ()) -> GpuInfo:
@@ -301,8 +346,23 @@ def _unread(index: int, name: str, uuid: str, problems: tuple[str, ...] = ()) ->
     )
 
 
-def _fake(index: int, uuid: str) -> GpuInfo:
-    return _unread(index, f"fake GPU ({ENV_FAKE_GPUS})", uuid)
+def _fake(index: int, gpu: FakeGpu, with_readings: bool) -> GpuInfo:
+    """A fake GPU: bare (a UUID of the list), or with the Xids and ECC count of the JSON seam."""
+    info = _unread(index, f"fake GPU ({ENV_FAKE_GPUS})", gpu.uuid)
+    if not with_readings:
+        return info
+    problems = [f"{len(gpu.xids)} Xid errors, last Xid {gpu.xids[-1]}"] if gpu.xids else []
+    if gpu.ecc_uncorrected:
+        problems.insert(0, f"{gpu.ecc_uncorrected} uncorrected ECC errors")
+    return dataclasses.replace(
+        info,
+        ecc_uncorrected=gpu.ecc_uncorrected,
+        xid_errors=len(gpu.xids),
+        last_xid=gpu.xids[-1] if gpu.xids else None,
+        last_xid_age_s=0.0 if gpu.xids else None,
+        error=bool(problems),
+        problems=tuple(problems),
+    )
 
 
 def _unreadable(index: int, problem: str) -> GpuInfo:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         peer_error,
     )
     from net.mock import MockHandler, MockTransport
+    from net.threaded import BufferedStream, ThreadedTransport
     from net.transport import (
         AsyncTransport,
         BlockingTransport,
@@ -49,6 +50,7 @@ else:
                 "answer_error map_peer_errors parse_retry_after peer_error"
             ),
             "net.mock": "MockHandler MockTransport",
+            "net.threaded": "BufferedStream ThreadedTransport",
             "net.transport": (
                 "AsyncTransport BlockingTransport PeerRequest PeerResponse PeerStream PeerTls "
                 "SslContextProvider"
@@ -63,6 +65,7 @@ __all__ = [
     "BlockingPeerClient",
     "BlockingTransport",
     "BreakerHook",
+    "BufferedStream",
     "ClientClosedError",
     "Identity",
     "MockHandler",
@@ -77,6 +80,7 @@ __all__ = [
     "PeerTls",
     "RetryLater",
     "SslContextProvider",
+    "ThreadedTransport",
     "UrllibTransport",
     "answer_error",
     "base_url",

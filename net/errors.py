@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -131,16 +132,23 @@ def answer_error(
     return PeerRequestError.from_answer(url, answer)
 
 
+def _loaded(name: str) -> Any:
+    """Module `name` if something imported it, else None: an error of aiohttp (or asyncio) can
+    exist only once it is loaded, so telling errors apart never imports it (a training process
+    or a command on urllib stays light, even when a request fails)."""
+    return sys.modules.get(name)
+
+
 def _unreachable(exc: BaseException) -> str:
     """`unreachable: WHY` in words (never a traceback) for a connection that failed."""
-    import aiohttp  # here: a training process importing net.errors stays light
-
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return "unreachable: cannot resolve host"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        exc = exc.os_error
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "unreachable: server disconnected"
+    aiohttp = _loaded("aiohttp")
+    if aiohttp is not None:
+        if isinstance(exc, aiohttp.ClientConnectorDNSError):
+            return "unreachable: cannot resolve host"
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            exc = exc.os_error
+        if isinstance(exc, aiohttp.ServerDisconnectedError):
+            return "unreachable: server disconnected"
     if isinstance(exc, OSError):
         if exc.errno == errno.ECONNREFUSED:
             return "unreachable: connection refused"
@@ -154,16 +162,17 @@ def peer_error(
 ) -> NetError | BaseException:
     """The error a failure `exc` of a request to `url` becomes (the caller chains it): a
     NetError for what the table knows, `exc` itself for anything else (a bug stays a bug)."""
-    import asyncio  # here too: importing net.errors loads no event loop machinery
     import urllib.error
 
-    import aiohttp
     from multidict import CIMultiDict
 
+    aiohttp, asyncio = _loaded("aiohttp"), _loaded("asyncio")
     if isinstance(exc, NetError):
         return exc
     in_s = "" if timeout_s is None else f" in {timeout_s:g} s"
-    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, TimeoutError) or (
+        aiohttp is not None and isinstance(exc, aiohttp.ServerTimeoutError)
+    ):
         return PeerTimeoutError(url, f"no answer{in_s} (timed out)")
     if isinstance(exc, urllib.error.HTTPError):
         headers = CIMultiDict(exc.headers.items() if exc.headers else ())
@@ -173,14 +182,14 @@ def peer_error(
         if isinstance(reason, TimeoutError):
             return PeerTimeoutError(url, f"no answer{in_s} (timed out)")
         return PeerRequestError(url, _unreachable(reason if isinstance(reason, OSError) else exc))
-    if isinstance(exc, aiohttp.ClientResponseError):
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):
         return PeerRequestError(url, exc.message, exc.status)
-    if isinstance(exc, aiohttp.ClientPayloadError):
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientPayloadError):
         return PeerRequestError(url, f"answer cut short: {exc}")
-    if isinstance(exc, asyncio.IncompleteReadError):
+    if asyncio is not None and isinstance(exc, asyncio.IncompleteReadError):
         got, wanted = len(exc.partial), exc.expected
         return PeerRequestError(url, f"answer cut short: {got} of {wanted} bytes")
-    if isinstance(exc, aiohttp.ClientError | OSError):
+    if isinstance(exc, OSError) or (aiohttp is not None and isinstance(exc, aiohttp.ClientError)):
         return PeerRequestError(url, _unreachable(exc))
     if isinstance(exc, ValueError):  # json.JSONDecodeError, orjson.JSONDecodeError
         return PeerRequestError(url, f"not a JSON answer: {exc}")

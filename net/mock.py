@@ -3,54 +3,19 @@ server (httpx's MockTransport). Works for PeerClient and BlockingPeerClient alik
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from net.errors import ClientClosedError
-from net.transport import PeerRequest, PeerResponse, iter_pieces
+from net.threaded import BufferedStream
+from net.transport import PeerRequest, PeerResponse
 
 __all__ = ["MockHandler", "MockTransport"]
 
 MockHandler = Callable[[PeerRequest], PeerResponse | Awaitable[PeerResponse]]
 """Answers one request (signed and complete, as the real transport would send it), or raises
 what the network would (OSError, TimeoutError, an aiohttp ClientError) to fail it."""
-
-
-class _MockStream:
-    def __init__(self, answer: PeerResponse) -> None:
-        self._answer = answer
-        self._body = answer.body
-
-    @property
-    def status(self) -> int:
-        return self._answer.status
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._answer.headers
-
-    async def iter_chunks(self, size: int | None = None) -> AsyncIterator[bytes]:
-        body, self._body = self._body, b""
-        for piece in iter_pieces(body, size or len(body)):
-            yield piece
-
-    async def readexactly(self, size: int) -> bytes:
-        if len(self._body) < size:
-            partial, self._body = self._body, b""
-            raise asyncio.IncompleteReadError(partial, size)
-        piece, self._body = self._body[:size], self._body[size:]
-        return piece
-
-    async def iter_lines(self) -> AsyncIterator[bytes]:
-        body, self._body = self._body, b""
-        for line in body.splitlines(keepends=True):
-            yield line
-
-    async def read(self) -> bytes:
-        body, self._body = self._body, b""
-        return body
 
 
 class MockTransport:
@@ -67,13 +32,13 @@ class MockTransport:
             raise ClientClosedError("this peer client is closed; make a new one")
 
     @asynccontextmanager
-    async def stream(self, request: PeerRequest) -> AsyncIterator[_MockStream]:
+    async def stream(self, request: PeerRequest) -> AsyncIterator[BufferedStream]:
         self._check_open()
         self.calls.append(request)
         answer = self._handler(request)
         if inspect.isawaitable(answer):
             answer = await answer
-        yield _MockStream(answer)
+        yield BufferedStream(answer)
 
     def send(self, request: PeerRequest) -> PeerResponse:
         self._check_open()

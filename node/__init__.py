@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         ArchiveError,
         BackupError,
         BodyError,
+        CheckpointsError,
         DeployError,
         DiscoveryError,
         DownloadHashError,
@@ -146,7 +147,8 @@ else:
             "node.election.state": "ElectionConfig ElectionEvent ElectionEventKind ElectionStatus",
             "node.errors": (
                 "ActorDiedError ActorExistsError AnsweredError ArchiveError BackupError BodyError "
-                "DeployError DiscoveryError DownloadHashError ElectionError FrameError "
+                "CheckpointsError DeployError DiscoveryError DownloadHashError ElectionError "
+                "FrameError "
                 "JobClientError JobEndedError JobError JobFailedError JobRequestError "
                 "JobUnreachableError JobWaitTimeoutError KeyringError KeyringRefused LauncherError "
                 "LockError LockLostError "
@@ -200,6 +202,7 @@ __all__ = [
     "BodyError",
     "Candidate",
     "CandidateSource",
+    "CheckpointsError",
     "DeployError",
     "DeployResult",
     "Discovery",

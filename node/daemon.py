@@ -280,6 +280,7 @@ class NodeDaemon:
         checker.add_check("memory", memory_check(), interval_s=30.0)
         reader = GpuReader()
         self._stack.callback(reader.close)
+        runtime.gpu_reader = reader
         checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
         runtime.gpus = lambda: [gpu.to_json() for gpu in reader.read()]
         gpus = reader.read()

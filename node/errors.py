@@ -22,7 +22,8 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    |    +-- LockLostError -- a holder lost its lock (lease ran out, or a newer grant)
  |    |    +-- LockUnavailableError -- no node answered a lock request in time
  |    +-- RunError -- a run request refused, or a step of a run that failed
- |         +-- ResultsStoreError -- the results store refused or lost an upload
+ |    |    +-- ResultsStoreError -- the results store refused or lost an upload
+ |    +-- CheckpointsError -- a checkpoint report, restore or fetch refused or failed
  +-- JobClientError -- the job client's errors
  |    +-- JobRequestError -- the node answered a job request with an error (status, reason)
  |    +-- JobUnreachableError -- the node could not be reached or the connection broke
@@ -66,6 +67,7 @@ __all__ = [
     "ArchiveError",
     "BackupError",
     "BodyError",
+    "CheckpointsError",
     "DeployError",
     "DiscoveryError",
     "DownloadHashError",
@@ -308,6 +310,11 @@ class RunError(AnsweredError):
 
 class ResultsStoreError(RunError):
     """The results store refused an upload, or what it stored does not match its hash."""
+
+
+class CheckpointsError(AnsweredError):
+    """A checkpoint report refused, or a committed step that could not be had on this node
+    (node.checkpoints); `code` and `status` are what the API answers."""
 
 
 # --- pipeline RL ----------------------------------------------------------------------------------

@@ -74,6 +74,16 @@ class RuntimeCollector(Collector):
         if refused:  # from members this node refuses (node.identity.revoked)
             dropped.add_metric(["refused_sender"], float(refused))
         yield dropped
+        events = CounterMetricFamily(
+            "shoal_membership_events",
+            "Changes of this node's membership view by kind (suspect: a probe failed; dead: a "
+            "suspicion ran out; alive: a suspect or dead member refuted)",
+            labels=["kind"],
+        )
+        counted = getattr(runtime.membership, "event_counts", None)
+        for kind, count in sorted((counted() if callable(counted) else {}).items()):
+            events.add_metric([kind], float(count))
+        yield events
 
     @staticmethod
     def _election(runtime: NodeRuntime) -> Iterator[Metric]:

@@ -1,6 +1,7 @@
 """The components a daemon serves, in start order: the core routes, record stores, sync, jobs,
-actors, locks, runs, the weights plane and the rollout backlog, backup, audit, the election's
-routes and the dashboard. The HTTP app and its OpenAPI document are built from this one list."""
+actors, locks, GPU quarantine, runs, checkpoints, the weights plane and the rollout backlog,
+backup, audit, the election's routes, training (launcher, progress, restarts) and the dashboard.
+The HTTP app and its OpenAPI document are built from this one list."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from health import DiskWrites
 from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
+from node.checkpoints.component import checkpoint_api
 from node.component import Check, Component, Endpoint, Served
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
@@ -21,6 +23,7 @@ from node.locks.component import lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
 from node.plan import PlanFence, RolePlan
+from node.quarantine.component import GpuQuarantine
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
 from node.rl.component import weights_service
@@ -33,6 +36,7 @@ from node.runs.service import RunService
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
 from node.tasks.registry import open_actor_routes
+from node.training.component import TrainingComponent
 from node.ui import Dashboard, UiAccess, UiSources
 from sync import ROLLOUTS_SCHEMA, RecordStores
 from wal import WriteAheadLog
@@ -80,6 +84,7 @@ class ServedParts:
     jobs: JobApi
     locks: LockService
     dashboard: Dashboard
+    training: TrainingComponent
 
 
 def _plan_of(election: ElectionService) -> RolePlan | None:
@@ -146,9 +151,15 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         inputs.leave or _no_leave,
         inputs.request_stop or _no_stop,
     )
+    quarantine = _gpu_quarantine(runtime, locks.service, election)
+    training = TrainingComponent(runtime, election, secret)
+    training.drain = lambda node, why: locks.nodes.drain(node, None, why)
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
     runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
+    checkpoints = checkpoint_api(runtime, locks.service, sync, inputs.inventory)
+    training.committed = checkpoints.committed
+    training.node_parts["last_restore"] = checkpoints.last_restore
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
@@ -168,16 +179,27 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         jobs,
         open_actor_routes(runtime, election, secret),
         locks,
+        quarantine,
         runs,
+        checkpoints,
         Served(WeightsRoutes(weights).routes()),
         Served(BacklogRoutes(backlog).routes()),
         Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),
         Served(AuditRoutes(runtime).routes()),
         KeyringRoutes(runtime, inputs.gossip_keys, secret),
         Served(election.routes()),
+        training,
         dashboard,
     )
-    return ServedParts(components, sync, jobs, locks.service, dashboard)
+    return ServedParts(components, sync, jobs, locks.service, dashboard, training)
+
+
+def _gpu_quarantine(
+    runtime: NodeRuntime, locks: LockService, election: ElectionService
+) -> GpuQuarantine:
+    """The GPU quarantine of this node: its fault watcher, its reports to the coordinator."""
+    assert runtime.gpu_reader is not None, "health (and its GPU reader) opens before the parts"
+    return GpuQuarantine(runtime, locks, lambda: _plan_of(election), runtime.gpu_reader)
 
 
 async def _no_leave() -> None:

@@ -60,6 +60,15 @@ class PlanFence:
 FenceLike = PlanFence | tuple[int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class RestartRequest:
+    """Restart the training group of `generation` (a new generation, the same nodes) because
+    of `reason` (`hang`, `worker_exit`): what node.training asks of the coordinator."""
+
+    generation: int
+    reason: str
+
+
 def as_fence(value: FenceLike) -> PlanFence:
     return value if isinstance(value, PlanFence) else PlanFence(value[0], value[1])
 
@@ -115,7 +124,13 @@ class RolePlan:
     that set or its master changes. `draining` maps each node an operator drains (`shoal node
     drain`) to the seconds after which its running jobs are killed (None: they finish): such a
     node gets no training rank, no weights-group place, no new job, gang member or actor. A plan
-    dict without the field (an older release's) drains nobody.
+    dict without the field (an older release's) drains nobody. `quarantined` maps each node
+    quarantined for a GPU fault (node.quarantine) to its reason (`gpu_fault: Xid 79 on GPU-...`,
+    also its `cannot_train` while it is a member): it gets no training rank and no weights-group
+    place; a plan dict without the field quarantines nobody. A node in the training ranks of one
+    plan and quarantined in the next left the group for a GPU fault. `restart` says why the
+    coordinator forced this generation (a RestartRequest's reason: hang, worker_exit), empty when
+    it did not (an older release's plan has none).
     """
 
     term: int
@@ -129,6 +144,8 @@ class RolePlan:
     weights_generation: int = 0
     local_world_sizes: tuple[int, ...] = ()
     draining: Mapping[str, float | None] = field(default_factory=dict)
+    quarantined: Mapping[str, str] = field(default_factory=dict)
+    restart: str = ""
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +190,12 @@ class RolePlan:
                 raise PlanError(
                     f"draining {node!r}: kill_after_s {after_s!r} must be a number >= 0 or null"
                 )
+        quarantined = MappingProxyType(dict(sorted(self.quarantined.items())))
+        if set(quarantined) & training:
+            raise PlanError("a quarantined node has no training rank")
+        if not all(isinstance(reason, str) for reason in quarantined.values()):
+            raise PlanError("plan quarantined must map node ids to reasons")
+        object.__setattr__(self, "quarantined", quarantined)
         object.__setattr__(self, "draining", draining)
         object.__setattr__(self, "cannot_train", unable)
         object.__setattr__(self, "roles", roles)
@@ -187,7 +210,7 @@ class RolePlan:
     @property
     def digest(self) -> str:
         """Hash of the assignment (roles, ranks, local world sizes, group, generation, who
-        cannot train, who drains), independent of term and version."""
+        cannot train, who drains, who is quarantined), independent of term and version."""
         return self._digest
 
     def role_of(self, node_id: str) -> Role | None:
@@ -221,10 +244,16 @@ class RolePlan:
         """Whether an operator drains `node_id` (no new work goes there)."""
         return node_id in self.draining
 
+    def quarantined_trainers(self, previous: RolePlan | None) -> tuple[str, ...]:
+        """The training nodes of `previous` that this plan quarantines: when any, this plan's
+        new training group is a restart for a GPU fault (`gpu_fault`)."""
+        ranks = () if previous is None else previous.training_ranks
+        return tuple(node for node in ranks if node in self.quarantined)
+
     def weights_members(self) -> tuple[str, ...]:
         """The weights group: training rank 0 (the publisher), then every inference and selfplay
-        node by id that is not draining; empty when nobody trains."""
-        return weights_members(self.roles, self.training_ranks, self.draining)
+        node by id that is neither draining nor quarantined; empty when nobody trains."""
+        return weights_members(self.roles, self.training_ranks, self.draining, self.quarantined)
 
     def same_assignment(self, other: RolePlan | None) -> bool:
         """True when `other` assigns the same roles, ranks, local world sizes, group and
@@ -241,6 +270,8 @@ class RolePlan:
             "cannot_train": dict(self.cannot_train),
             "weights_generation": self.weights_generation,
             "draining": dict(self.draining),
+            "quarantined": dict(self.quarantined),
+            **({"restart": self.restart} if self.restart else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -277,7 +308,10 @@ class RolePlan:
         draining = data.get("draining") or {}
         if not isinstance(draining, Mapping):
             raise PlanError("plan draining must map node ids to kill_after_s (a number or null)")
-        note = data.get("note", "")
+        quarantined = data.get("quarantined") or {}
+        if not isinstance(quarantined, Mapping):
+            raise PlanError("plan quarantined must map node ids to reasons")
+        note, restart = data.get("note", ""), data.get("restart", "")
         return cls(
             term=term,
             version=version,
@@ -290,17 +324,24 @@ class RolePlan:
             weights_generation=data.get("weights_generation", 0),
             local_world_sizes=tuple(sizes or ()),
             draining={str(node): after_s for node, after_s in draining.items()},
+            quarantined={str(node): reason for node, reason in quarantined.items()},
+            restart=restart if isinstance(restart, str) else "",
         )
 
 
 def weights_members(
-    roles: Mapping[str, Role], training_ranks: tuple[str, ...], draining: Mapping[str, object]
+    roles: Mapping[str, Role],
+    training_ranks: tuple[str, ...],
+    draining: Mapping[str, object],
+    quarantined: Mapping[str, object],
 ) -> tuple[str, ...]:
-    """`RolePlan.weights_members` of a plan with these roles, ranks and drains."""
+    """`RolePlan.weights_members` of a plan with these roles, ranks, drains and quarantines."""
     if not training_ranks:
         return ()
     receivers = sorted(
-        n for n, r in roles.items() if r in (Role.INFERENCE, Role.SELFPLAY) and n not in draining
+        n
+        for n, r in roles.items()
+        if r in (Role.INFERENCE, Role.SELFPLAY) and n not in draining and n not in quarantined
     )
     return (training_ranks[0], *receivers)
 

@@ -143,6 +143,12 @@ STATUS_SCHEMA: dict[str, Any] = {
                 {"type": "null"},
             ],
         },
+        "quarantine": {
+            "description": "this node's GPU quarantine (docs/fault-tolerance.md#gpu-faults): "
+            "the reason (the plan's, or the fault read now), the state (faulty, settling, "
+            "selftest, selftest_failed, readmitting, held) and the last self-test, or null",
+            "type": ["object", "null"],
+        },
         "members": {"type": "object", "additionalProperties": {"type": "integer"}},
         "wal": {"type": "object"},
         "breakers": {"type": "object"},
@@ -150,6 +156,17 @@ STATUS_SCHEMA: dict[str, Any] = {
         "health_problems": {"type": "array", "items": {"type": "string"}},
         "notes": {"type": "array", "items": {"type": "string"}},
         "autostop": AUTOSTOP_SCHEMA,
+        "training": {
+            "description": "this node's training ranks (node.training), or null while none "
+            "reports: generation, ranks, their highest step, their median steps/s",
+            "type": ["object", "null"],
+            "properties": {
+                "generation": {"type": "integer"},
+                "ranks": {"type": "integer"},
+                "step": {"type": "integer"},
+                "steps_per_s": {"type": "number"},
+            },
+        },
     },
 }
 
@@ -290,6 +307,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "coordinator": runtime.coordinator,
         "plan_version": runtime.plan_version,
         "drain": runtime.drain,
+        "quarantine": runtime.quarantine,
         "members": counts,
         "wal": wal,
         "breakers": breakers,
@@ -302,6 +320,7 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
             if runtime.autostop is not None
             else {"enabled": False, "state": "off"}
         ),
+        "training": runtime.training() if runtime.training is not None else None,
         "config_hash": runtime.settings.config_hash(),
         "notes": notes,
     }

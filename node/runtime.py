@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from config import NodeSettings
 from config.tls.context import TlsContexts
-from health import BreakerRegistry, HealthChecker, NodeMetrics
+from health import BreakerRegistry, GpuReader, HealthChecker, NodeMetrics
 from wal import WriteAheadLog
 
 
@@ -64,10 +64,17 @@ class NodeRuntime:
     plan_version: int | None = None
     drain: dict[str, Any] | None = None
     """This node's drain in the plan it applies ({"kill_after_s": S or None}), else None."""
+    quarantine: dict[str, Any] | None = None
+    """This node's GPU quarantine ({"reason", "state", "selftest"}: node.quarantine), else None."""
+    gpu_reader: GpuReader | None = None
+    """The node's NVML reader (the GPU check, status and the fault watcher share it)."""
     jobs: Callable[[], dict[str, int]] | None = None
     """Counts of this node's jobs by state (the status document's `jobs`)."""
     autostop: Callable[[], dict[str, Any]] | None = None
     """The `autostop` object of the status document (node.providers.own)."""
+    training: Callable[[], Mapping[str, Any] | None] | None = None
+    """The `training` object of the status document: this node's ranks' generation, count,
+    highest step and median steps/s (node.training), None while none reports."""
     notes: list[str] = field(default_factory=list)
     refreshers: list[Callable[[], None]] = field(default_factory=list)
     """Called before status is read, so live fields (term, coordinator) are never stale."""

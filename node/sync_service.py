@@ -41,6 +41,7 @@ from node.sync_docs import (
     sync_status_doc,
 )
 from sync import (
+    CHECKPOINTS,
     FILE_CATEGORIES,
     FileCatalog,
     HttpTransport,
@@ -245,7 +246,7 @@ class SyncService:
             )
             if isinstance(route, web.RouteDef)
         ]
-        categories = tuple(FILE_CATEGORIES)
+        categories = (*FILE_CATEGORIES, CHECKPOINTS)
         return [
             *paired(files, (RouteDoc(**doc) for doc in file_route_docs(categories))),
             *paired(

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         UnknownCategoryError,
         UnknownStoreError,
     )
-    from sync.files.catalog import FILE_CATEGORIES, FileCatalog
+    from sync.files.catalog import CHECKPOINTS, FILE_CATEGORIES, FileCatalog
     from sync.files.download import RateLimiter
     from sync.files.engine import SyncCoordinator, SyncOptions
     from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
@@ -121,7 +121,7 @@ else:
                 "StoreClosedError StoreFullError StoreLockedError StoreWriteError SyncError "
                 "TransferBusyError UnknownCategoryError UnknownStoreError"
             ),
-            "sync.files.catalog": "FILE_CATEGORIES FileCatalog",
+            "sync.files.catalog": "CHECKPOINTS FILE_CATEGORIES FileCatalog",
             "sync.files.download": "RateLimiter",
             "sync.files.engine": "SyncCoordinator SyncOptions",
             "sync.files.manifest": "DEFAULT_PIECE_SIZE ManifestEntry ManifestPage",
@@ -168,6 +168,7 @@ else:
 
 __all__ = [
     "BUILTIN_SCHEMAS",
+    "CHECKPOINTS",
     "DEFAULT_PIECE_SIZE",
     "FILE_CATEGORIES",
     "GAMES_SCHEMA",

@@ -14,7 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PACKAGES = ("config", "net", "wal", "health", "sync", "node")
+PACKAGES = ("config", "net", "wal", "health", "sync", "node", "shoal")
 # [text](target) of Markdown, not images; the target up to a space or the closing parenthesis
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 

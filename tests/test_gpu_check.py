@@ -24,6 +24,7 @@ from bench.gpu_check import (
     run_sections,
     same_digest,
     split_gpus,
+    training_verdict,
 )
 from tests.conftest import cuda_missing
 
@@ -205,3 +206,48 @@ def test_a_failing_section_never_stops_the_others_and_each_keeps_to_its_budget()
         "ok": False,
         "error": "not run: 2 s left of --timeout-s 72",
     }
+
+
+def test_the_faults_section_reads_and_self_tests_through_the_watchers_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Here through the fake-GPU seam (on a GPU host, NVML): a healthy host is ok; an Xid 79
+    is the section's fault, named as plans name it, and a failing self-test its error."""
+    from health import ENV_FAKE_GPUS, FakeGpu, write_fake_gpus
+
+    seam = tmp_path / "gpus.json"
+    uuids = [f"GPU-5d8f0e1{i}-2a3b-4c5d-6e7f-0123456789ab" for i in range(2)]
+    write_fake_gpus(seam, [FakeGpu(uuid=uuid) for uuid in uuids])
+    monkeypatch.setenv(ENV_FAKE_GPUS, str(seam))
+    args = gpu_check.parse_args(["--child", "faults", "--timeout-s", "30"])
+    healthy = gpu_check.section_faults(args)
+    assert (healthy["ok"], healthy["gpus"], healthy["faults"]) == (True, 2, [])
+    assert (healthy["selftest"]["passed"], healthy["selftest"]["method"]) == (True, "fake")
+    assert healthy["read_s"] >= 0
+    write_fake_gpus(
+        seam, [FakeGpu(uuid=uuids[0]), FakeGpu(uuid=uuids[1], xids=(79,), selftest="fail")]
+    )
+    faulty = gpu_check.section_faults(args)
+    assert faulty["ok"] is False
+    assert faulty["faults"] == ["gpu_fault: Xid 79 on GPU-5d8f0e11-2a"]
+    assert "self-test failed: failed: " + uuids[1] in faulty["error"]
+    assert json.loads(json.dumps(faulty))["samples"][1]["xids"] == [79]  # the document is JSON
+
+
+def test_the_training_section_wants_a_hang_restart_in_time_and_every_rank_back_on_nccl() -> None:
+    back = [{"rank": 0, "backend": "nccl"}, {"rank": 1, "backend": "nccl"}]
+    restart = {"at": 112.0, "reason": "hang", "generation": 3}
+    assert training_verdict(2, restart, 100.0, 10.0, back, True) == []
+    late = {**restart, "at": 115.5}
+    assert training_verdict(2, late, 100.0, 10.0, back, True) == [
+        "the restart came 15.5 s after the stop"
+    ]
+    assert training_verdict(2, None, 100.0, 10.0, back[:1], False) == [
+        "no restart with reason hang",
+        "the stopped worker was not ended",
+        "1 of 2 ranks stepped again",
+    ]
+    gloo = [{"rank": 0, "backend": "gloo"}]
+    assert training_verdict(1, restart, 100.0, 10.0, gloo, True) == [
+        "a rank of the new generation is not on nccl"
+    ]

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "net", "wal", "health", "sync", "node")
+PACKAGES = ("config", "net", "wal", "health", "sync", "node", "shoal")
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
 

@@ -22,6 +22,7 @@ __all__ = [
     "NodeRow",
     "NodeStatusDoc",
     "Observation",
+    "TrainingInfo",
     "parse_peers",
     "parse_status",
 ]
@@ -69,26 +70,71 @@ class AutostopInfo:
 
 @dataclass(frozen=True)
 class DrainInfo:
-    """A node's drain (`shoal node drain`): `kill_after_s` is when its jobs are killed, None to
-    wait for them."""
+    """A node taken out: drained (`shoal node drain`; `kill_after_s` is when its jobs are
+    killed, None to wait for them), or quarantined for a GPU fault (`quarantine`: the reason)."""
 
     kill_after_s: float | None = None
+    quarantine: str | None = None
+    draining: bool = True
 
     @classmethod
-    def from_json(cls, value: Any) -> DrainInfo | None:
-        """The drain of a status document's `drain` (an object), None for null or junk."""
+    def from_json(cls, value: Any, quarantine: Any = None) -> DrainInfo | None:
+        """The drain of a status document's `drain` (an object) and its `quarantine` (an
+        object with a `reason`); None when both are null or junk."""
+        reason = read_str(quarantine.get("reason")) if isinstance(quarantine, Mapping) else None
         if not isinstance(value, Mapping):
-            return None
-        return cls(read_float(value.get("kill_after_s")))
+            return None if reason is None else cls(quarantine=reason, draining=False)
+        return cls(read_float(value.get("kill_after_s")), reason)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kill_after_s": self.kill_after_s}
+        """`{"kill_after_s"}` while draining, else `{"draining": false}`; with `quarantine`
+        while quarantined."""
+        data: dict[str, Any] = (
+            {"kill_after_s": self.kill_after_s} if self.draining else {"draining": False}
+        )
+        if self.quarantine is not None:
+            data["quarantine"] = self.quarantine
+        return data
 
     def text(self) -> str:
-        """`draining`, with `kill Ns` when its jobs are killed after that grace."""
-        if self.kill_after_s is None:
-            return "draining"
-        return f"draining, kill {self.kill_after_s:g}s"
+        """`draining`, with `kill Ns` when its jobs are killed after that grace; a quarantine's
+        reason without its `gpu_fault: ` prefix."""
+        parts = []
+        if self.draining:
+            after = self.kill_after_s
+            parts.append("draining" if after is None else f"draining, kill {after:g}s")
+        if self.quarantine is not None:
+            parts.append(f"quarantined: {self.quarantine.removeprefix('gpu_fault: ')}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class TrainingInfo:
+    """A node's training ranks as its /v1/status `training` object says: how many, their highest
+    step and median steps per second, in which generation."""
+
+    ranks: int
+    step: int
+    steps_per_s: float
+    generation: int | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> TrainingInfo | None:
+        """None for null, junk, or an older node that sends no `training`."""
+        if not isinstance(value, Mapping):
+            return None
+        step, rate = read_int(value.get("step")), read_float(value.get("steps_per_s"))
+        if step is None or rate is None:
+            return None
+        ranks = read_int(value.get("ranks")) or 0
+        return cls(ranks, step, rate, read_int(value.get("generation")))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        """`step 1234, 5.20/s`."""
+        return f"step {self.step}, {self.steps_per_s:.2f}/s"
 
 
 @dataclass(frozen=True)
@@ -116,7 +162,10 @@ class NodeStatusDoc:
     protocol: int | None = None
     """The node's wire protocol (`protocol` of /v1/status); None from a release before it."""
     drain: DrainInfo | None = None
-    """The node's drain in the plan it applies (`drain` of /v1/status), None when not draining."""
+    """The node's drain in the plan it applies (`drain` of /v1/status) or its GPU quarantine
+    (`quarantine`), None when neither."""
+    training: TrainingInfo | None = None
+    """Its training ranks' progress (`training` of /v1/status), None while none reports."""
 
 
 def parse_status(doc: Any) -> NodeStatusDoc:
@@ -146,7 +195,8 @@ def parse_status(doc: Any) -> NodeStatusDoc:
         jobs_running=read_int(read_mapping(doc.get("jobs")).get("running")),
         autostop=AutostopInfo.from_json(doc.get("autostop")),
         protocol=read_int(doc.get("protocol")),
-        drain=DrainInfo.from_json(doc.get("drain")),
+        drain=DrainInfo.from_json(doc.get("drain"), doc.get("quarantine")),
+        training=TrainingInfo.from_json(doc.get("training")),
     )
 
 
@@ -247,6 +297,8 @@ class NodeRow:
     """Why its peers refuse it (a revoked certificate: it shows dead), else None."""
     drain: DrainInfo | None = None
     """Its drain (from its status), None when it is not draining."""
+    training: TrainingInfo | None = None
+    """Its training ranks' step and steps/s (from its status), None while none reports."""
 
     @property
     def failing(self) -> bool:
@@ -286,6 +338,7 @@ class NodeRow:
             "autostop": None if self.autostop is None else self.autostop.to_json(),
             "refused": self.refused,
             "drain": None if self.drain is None else self.drain.to_json(),
+            "training": None if self.training is None else self.training.to_json(),
         }
 
 

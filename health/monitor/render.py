@@ -37,10 +37,10 @@ PROBE_INTERVAL_S = Timeouts().probe_interval_s
 NARROW_WIDTH = 110
 """Below this many columns the address, role, term, jobs, autostop and version columns are
 left out (autostop also while no node has auto-stop on; drain is shown only while a node
-drains)."""
+drains, training only while a node's ranks report)."""
 
 _COLUMNS = ("node", "address", "role", "state", "drain", "seen", "term", "health", "gpus",
-            "jobs", "autostop", "wal", "breakers", "version")  # fmt: skip
+            "training", "jobs", "autostop", "wal", "breakers", "version")  # fmt: skip
 _WIDE_ONLY = frozenset({"address", "role", "term", "version", "jobs", "autostop"})
 _WRAPPING = frozenset({"health", "gpus", "autostop", "breakers", "version"})
 _GAP = 2
@@ -202,6 +202,7 @@ def _table(status: ClusterStatus, probe_interval_s: float, width: int) -> Table:
     shown = {
         "autostop": any(row.autostop is not None and row.autostop.enabled for row in status.nodes),
         "drain": any(row.drain is not None for row in status.nodes),
+        "training": any(row.training is not None for row in status.nodes),
     }
     columns = [c for c in _COLUMNS if not (narrow and c in _WIDE_ONLY) and shown.get(c, True)]
     rows = [_cells(row, probe_interval_s, narrow) for row in status.nodes]
@@ -246,6 +247,7 @@ def _cells(row: NodeRow, probe_interval_s: float, narrow: bool) -> dict[str, Tex
         "term": Text("-" if row.term is None else str(row.term)),
         "health": _health_cell(row),
         "gpus": _gpu_cell(row),
+        "training": Text("-" if row.training is None else row.training.text()),
         "jobs": Text("-" if row.jobs_running is None else str(row.jobs_running)),
         "autostop": Text(autostop_text(row.autostop), style=_autostop_style(row.autostop)),
         "wal": _wal_cell(row),

@@ -189,6 +189,7 @@ def _make_row(
         protocol=(doc.protocol if doc is not None else None) or (seen.protocol if seen else None),
         refused=seen.refused if seen is not None else None,
         drain=doc.drain if doc is not None else None,
+        training=doc.training if doc is not None else None,
     )
 
 

@@ -37,6 +37,8 @@ EXIT_OK = 0
 EXIT_FAILING = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+ONCE_THREADS = 64
+"""One status (no --watch) asks over urllib in this many threads: no aiohttp to import."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def _local_url(bind: str, port: int) -> str:
 
 
 async def _once(plan: MonitorPlan, as_json: bool, out: TextIO) -> ClusterStatus:
-    async with _monitor(plan) as monitor:
+    async with _monitor(plan, threads=ONCE_THREADS) as monitor:
         status = await monitor.get_cluster_status()
     print_status(status, out, as_json=as_json, probe_interval_s=plan.probe_interval_s)
     return status
@@ -109,9 +111,13 @@ async def _watch(plan: MonitorPlan, options: MonitorOptions, out: TextIO, keys: 
         )
 
 
-def _monitor(plan: MonitorPlan) -> ClusterMonitor:
+def _monitor(plan: MonitorPlan, threads: int | None = None) -> ClusterMonitor:
     return ClusterMonitor(
-        nodes=plan.nodes, inventory=plan.inventory, secret=plan.secret, timeout_s=plan.timeout_s
+        nodes=plan.nodes,
+        inventory=plan.inventory,
+        secret=plan.secret,
+        timeout_s=plan.timeout_s,
+        threads=threads,
     )
 
 

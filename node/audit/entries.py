@@ -25,6 +25,9 @@ KEYRING_REMOVE = "keyring.remove"
 NODE_DRAIN = "node.drain"
 NODE_UNDRAIN = "node.undrain"
 NODE_LEAVE = "node.leave"
+GPU_QUARANTINE = "gpu.quarantine"
+GPU_READMIT = "gpu.readmit"
+TRAINING_RESTART = "training.restart"
 
 KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "job": ("job.start", "job.kill", "job.gang"),
@@ -33,14 +36,18 @@ KIND_TYPES: Mapping[str, tuple[str, ...]] = {
     "deploy": (DEPLOY_HOST, DEPLOY_CERTIFICATE),
     "drain": (NODE_DRAIN, NODE_UNDRAIN, NODE_LEAVE),
     "keyring": (KEYRING_INSTALL, KEYRING_USE, KEYRING_REMOVE),
+    "gpu": (GPU_QUARANTINE, GPU_READMIT),
+    "training": (TRAINING_RESTART,),
     "certificate": (),
 }
 """Audit kind -> the WAL entry types it lists. A deploy runs from the operator's machine over SSH;
 once a host answers, `shoal deploy` records it (and the node certificate it issued) in that
 host's WAL through POST /v1/audit/deploys. A keyring entry is one change of one node's gossip
 keyring. Drains, undrains and leaves are recorded by the node the operator asked (the subject is
-the node drained or leaving). Certificates do not exist yet: that kind is accepted and lists
-nothing."""
+the node drained or leaving). A GPU quarantine and re-admission are recorded by the node whose
+GPU it is, once the coordinator made the change. A training restart is recorded by the
+coordinator that adopted the plan of the new generation (the subject names the generation).
+Certificates do not exist yet: that kind is accepted and lists nothing."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -57,6 +64,9 @@ ACTIONS: Mapping[str, str] = {
     NODE_DRAIN: "drain",
     NODE_UNDRAIN: "undrain",
     NODE_LEAVE: "leave",
+    GPU_QUARANTINE: "quarantine",
+    GPU_READMIT: "readmit",
+    TRAINING_RESTART: "restart",
 }
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 

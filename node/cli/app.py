@@ -72,6 +72,12 @@ COMMANDS: tuple[CommandEntry, ...] = (
         "node cannot train.",
     ),
     CommandEntry(
+        "training", "node.cli.training", "register",
+        "Show the training group from any node: every rank's step, steps/s, compute time and\n"
+        "straggler flag, whether the group is hung, its restarts with their reasons, and the\n"
+        "training nodes that did not answer in time.",
+    ),
+    CommandEntry(
         "monitor", "node.cli.monitor", "register",
         "Every node of the cluster at a glance; exit 0 when all are alive and healthy, else 1.",
     ),
@@ -99,8 +105,9 @@ COMMANDS: tuple[CommandEntry, ...] = (
     CommandEntry(
         "audit", "node.cli.audit", "register",
         "List who did what, on which node and when: job starts and kills, gang starts, lock\n"
-        "grants and releases, run steps, deploys, gossip keyring changes, drains, undrains and\n"
-        "leaves (certificate lists nothing yet).",
+        "grants and releases, run steps, deploys, gossip keyring changes, drains, undrains,\n"
+        "leaves, GPU quarantines and re-admissions, restarts of the training group (certificate\n"
+        "lists nothing yet).",
     ),
     CommandEntry(
         "hosts", "node.cli.hosts", "hosts_app", "Check and list the YAML host inventory."

@@ -24,7 +24,7 @@ from node.cli.common import (
     settings_from,
 )
 
-KINDS = ("job", "deploy", "lock", "run", "keyring", "drain", "certificate")
+KINDS = ("job", "deploy", "lock", "run", "keyring", "drain", "gpu", "training", "certificate")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 
@@ -111,8 +111,9 @@ def audit(
     json_output: JsonOption = False,
 ) -> None:
     """List who did what, on which node and when: job starts and kills, gang starts, lock
-    grants and releases, run steps, deploys, gossip keyring changes, drains, undrains and
-    leaves (certificate lists nothing yet).
+    grants and releases, run steps, deploys, gossip keyring changes, drains, undrains,
+    leaves, GPU quarantines and re-admissions, restarts of the training group (certificate
+    lists nothing yet).
 
     Exit codes: 0 listed; 1 a node is unreachable or refused; 2 usage or config."""
     if kind is not None and kind not in KINDS:

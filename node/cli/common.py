@@ -128,6 +128,25 @@ def daemon_of(node: str | None, config_file: Path | None) -> tuple[NodeSettings,
     return settings, node_url(settings, node)
 
 
+def fetch_json(settings: NodeSettings, url: str, timeout_s: float | None = None) -> Any:
+    """`request_json` of one GET, blocking: the same signing, TLS and errors through
+    net.BlockingPeerClient, without aiohttp or an event loop (a command that reads one
+    document starts in about half the time)."""
+    from net import BlockingPeerClient, Identity, split_url
+
+    secret = None if settings.secret_file is None else read_secret_file(settings.secret_file)
+    context = guarded(operator_context)
+    client = BlockingPeerClient(
+        Identity.of_command(secret), timeouts=settings.timeouts, ssl_context=lambda: context
+    )
+    try:
+        base, path_qs = split_url(url)
+        with client:
+            return client.call_json("GET", base, path_qs, timeout_s=timeout_s)[1]
+    except PeerRequestError as exc:
+        fail(str(exc), EXIT_FAILURE)
+
+
 async def request_json(
     settings: NodeSettings,
     method: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import typer
@@ -13,17 +12,15 @@ from node.cli.common import (
     ConfigOption,
     JsonOption,
     NodeOption,
+    fetch_json,
     node_url,
     print_json,
-    request_json,
     settings_from,
 )
 
 
-async def _get_json(settings: NodeSettings, url: str, path: str) -> Any:
-    return await request_json(
-        settings, "GET", url + path, timeout_s=settings.timeouts.peer_status_s
-    )
+def _get_json(settings: NodeSettings, url: str, path: str) -> Any:
+    return fetch_json(settings, url + path, timeout_s=settings.timeouts.peer_status_s)
 
 
 def status(
@@ -32,7 +29,7 @@ def status(
     """Show the status of a node (default: the local one)."""
     settings = settings_from(config_file).settings
     url = node_url(settings, node)
-    document = asyncio.run(_get_json(settings, url, "/v1/status"))
+    document = _get_json(settings, url, "/v1/status")
     if as_json:
         print_json(document)
         return
@@ -59,7 +56,7 @@ def peers(
     """Show a node's membership view: every member, its state and incarnation."""
     settings = settings_from(config_file).settings
     url = node_url(settings, node)
-    document = asyncio.run(_get_json(settings, url, "/v1/peers"))
+    document = _get_json(settings, url, "/v1/peers")
     if as_json:
         print_json(document)
         return
@@ -89,7 +86,7 @@ def roles(
     node cannot train."""
     settings = settings_from(config_file).settings
     url = node_url(settings, node)
-    document = asyncio.run(_get_json(settings, url, "/v1/plan"))
+    document = _get_json(settings, url, "/v1/plan")
     if as_json:
         print_json(document)
         return

@@ -171,7 +171,8 @@ def undrain(
     config_file: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Undrain a node: it takes new work again from the next plan.
+    """Undrain a node: it takes new work again from the next plan. It also lifts the node's GPU
+    quarantine, held or not, with its count (docs/fault-tolerance.md#gpu-faults).
 
     Exit codes: 0 undrained; 1 unreachable or refused; 2 bad input."""
     _change(node_id, "undrain", node, config_file, as_json, _print_change)

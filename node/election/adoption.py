@@ -215,19 +215,6 @@ def adoption_record(
     )
 
 
-def log_event(event: ElectionEvent) -> None:
-    status, plan = event.status, event.plan
-    what = {
-        ElectionEventKind.ELECTED: "elected coordinator",
-        ElectionEventKind.STEPPED_DOWN: "stepped down as coordinator",
-        ElectionEventKind.COORDINATOR_CHANGED: f"coordinator is {status.coordinator}",
-        ElectionEventKind.PLAN_ADOPTED: "adopted plan "
-        + ("-" if plan is None else f"{plan.fence.to_header()} ({plan.note})"),
-    }[event.kind]
-    level = logging.WARNING if event.kind is ElectionEventKind.STEPPED_DOWN else logging.INFO
-    log.log(level, "node %s term %s: %s", status.node_id, status.term, what)
-
-
 async def record_adoption(
     adoptions: AdoptionLog | None,
     event: ElectionEvent,

@@ -8,17 +8,13 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 
+from health import GPU_ID_HEX_DIGITS as GPU_ID_HEX_DIGITS
+from health import short_gpu_id
 from node.plan import PlanError
 
 GPU_UUIDS_META = "gpu_uuids"
 """Membership meta key of the GPUs a node owns, comma-separated (see `gpu_uuids_meta`); a list
 longer than one meta value continues in `gpu_uuids_1`, `gpu_uuids_2`, ..."""
-GPU_ID_HEX_DIGITS = 10
-"""Hex digits of an NVML UUID that nodes advertise: 40 bits tell the GPUs of a large cluster
-apart, and keep a node's gossiped meta small (a membership update stays under 600 bytes)."""
-_NVML_UUID = re.compile(
-    r"^GPU-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-)
 _CLAIM_ID = re.compile(r"^GPU-([0-9a-f]{8})-([0-9a-f]{2})$")
 _WIRE_ID = re.compile(r"^[0-9a-f]{10}$")
 GPU_CLAIMED = " is also claimed by "
@@ -31,12 +27,9 @@ META_TEXT_CHARS = 256
 def gpu_claim_id(uuid: str) -> str:
     """How a node advertises a GPU: an NVML UUID cut to its first GPU_ID_HEX_DIGITS hex digits,
     written as the start of the UUID (`GPU-5d8f0e1c-2a` for `GPU-5d8f0e1c-2a3b-...`, so it
-    matches what `nvidia-smi -L` prints); any other text as it is."""
-    match = _NVML_UUID.match(uuid)
-    if match is None:
-        return uuid
-    first, second = match.group(1).lower(), match.group(2).lower()
-    return f"GPU-{first}-{second[: GPU_ID_HEX_DIGITS - len(first)]}"
+    matches what `nvidia-smi -L` prints, and how GPU fault reasons name it); any other text as
+    it is."""
+    return short_gpu_id(uuid)
 
 
 def gpu_uuids_meta(uuids: Sequence[str]) -> dict[str, str]:

@@ -161,8 +161,10 @@ def handle_vote_reply(
     config = state.config
     if reply.term > state.term and not reply.granted:
         return _become_follower(state, reply.term, None, now, rng), []
-    if state.role is not ElectionRole.CANDIDATE or not reply.granted:
+    if state.role is not ElectionRole.CANDIDATE:
         return state, []
+    if not reply.granted:
+        return _retry_soon_after_lease_denial(state, reply, now), []
     if reply.voter not in config.voters or reply.pre_vote != state.pre_vote:
         return state, []
     if reply.term != (state.term + 1 if state.pre_vote else state.term):
@@ -173,6 +175,27 @@ def handle_vote_reply(
     if state.pre_vote:
         return _start_candidacy(state, now, rng)
     return _become_coordinator(state, now)
+
+
+def _retry_soon_after_lease_denial(
+    state: ElectionState, reply: VoteReply, now: float
+) -> ElectionState:
+    """A pre-vote denied because the voter heard the old coordinator within its lease, right
+    after we stopped hearing it: that voter's window ends about when ours did (the last
+    heartbeat reached it a little later), so ask again one heartbeat interval from now, not a
+    whole election timeout. A pre-vote changes no state, so asking again is harmless, and only
+    for two heartbeat intervals past our own lease: a node cut off from a live coordinator for
+    longer does not ask every interval."""
+    config = state.config
+    if not (state.pre_vote and reply.pre_vote and reply.reason == VoteReason.LEASE.value):
+        return state
+    seen = state.leader_seen_at
+    if seen is None or now - seen > config.lease_s + 2 * config.heartbeat_interval_s:
+        return state
+    retry_at = now + config.heartbeat_interval_s
+    if retry_at >= state.election_deadline:
+        return state
+    return replace(state, election_deadline=retry_at)
 
 
 def handle_heartbeat_ack(

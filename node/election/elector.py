@@ -12,12 +12,12 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from health import LoopHealth
-from node.election import core
-from node.election.adoption import AdoptionLog, log_event, record_adoption
+from node.election import core, seams
+from node.election.adoption import AdoptionLog, record_adoption
 from node.election.messages import (
     ElectionError,
     Heartbeat,
@@ -29,7 +29,7 @@ from node.election.messages import (
     VoteRequest,
 )
 from node.election.pull import PlanFetcher, PlanPuller, PlanWaiters
-from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy, compute_plan
+from node.election.roles import PlanDebouncer, RolePolicy, compute_plan
 from node.election.seams import DurableState, ElectionTransport
 from node.election.sender import Sender
 from node.election.state import (
@@ -44,6 +44,7 @@ from node.election.state import (
     initial_state,
     lease_backers,
     lease_valid,
+    log_event,
     next_plan_version,
     next_wakeup,
     status_of,
@@ -59,11 +60,6 @@ PLAN_KEY = "election.plan"
 """DurableState key of the newest plan this node adopted (RolePlan.to_dict), or null."""
 
 Listener = Callable[[ElectionEvent], None]
-CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
-DrainSource = Callable[[int], Mapping[str, float | None] | None]
-"""The drained nodes (node id -> kill_after_s) a coordinator of the given term has read from
-their durable store, or None while it has not read them yet (the plan keeps its previous
-plan's)."""
 
 
 class _Phase(enum.Enum):
@@ -86,8 +82,10 @@ class Elector:
         transport: ElectionTransport,
         durable: DurableState,
         *,
-        capabilities: CapabilitiesSource | None = None,
-        drains: DrainSource | None = None,
+        capabilities: seams.CapabilitiesSource | None = None,
+        drains: seams.DrainSource | None = None,
+        quarantines: seams.QuarantineSource | None = None,
+        restarts: seams.RestartSource | None = None,
         policy: RolePolicy | None = None,
         debounce: PlanDebouncer | None = None,
         adoption_log: AdoptionLog | None = None,
@@ -100,6 +98,8 @@ class Elector:
         self._durable = durable
         self._capabilities = capabilities
         self._drains = drains
+        self._quarantines = quarantines
+        self._restarts = restarts
         self._policy = policy
         self._debounce = debounce or PlanDebouncer()
         self._adoption_log = adoption_log
@@ -246,8 +246,7 @@ class Elector:
         return True
 
     async def plan_at(self, fence: PlanFence, wait_s: float) -> RolePlan | None:
-        """The plan of `fence` once this node applies it, waiting up to `wait_s` (None: it
-        applies another, or the wait ended): what `GET /v1/plan?fence=` serves."""
+        """`GET /v1/plan?fence=`: the plan of `fence` once applied here (None: not in `wait_s`)."""
         return await self._plan_waiters.plan_at(fence, wait_s, lambda: self.plan)
 
     def _running_state(self) -> ElectionState:
@@ -256,8 +255,7 @@ class Elector:
         return self._state
 
     def _commit(self, old: ElectionState, new: ElectionState) -> int:
-        """Make `new` current and queue its events; never awaits. Returns its sequence number
-        (what `_settle` must see stored)."""
+        """Make `new` current, queue its events (never awaits); its sequence for `_settle`."""
         now = self._clock()
         self._state = new
         self._commit_seq += 1
@@ -423,6 +421,8 @@ class Elector:
                 previous=state.plan,
                 highest_generation=state.generation,
                 draining=None if self._drains is None else self._drains(state.term),
+                quarantined=None if self._quarantines is None else self._quarantines(state.term),
+                restart=None if self._restarts is None else self._restarts(),
             )
         except (PlanError, ValueError) as exc:
             log.warning("node %s term %s: no plan: %s", self.config.node_id, state.term, exc)

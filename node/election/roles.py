@@ -10,7 +10,7 @@ from typing import Literal
 
 from config import HostEntry, Role
 from node.election.claims import gpu_conflicts, gpu_uuids_from_meta
-from node.plan import Backend, GroupSpec, PlanError, RolePlan, weights_members
+from node.plan import Backend, GroupSpec, PlanError, RestartRequest, RolePlan, weights_members
 
 BackendChoice = Literal["nccl", "gloo", "auto"]
 AUTO_FALLBACK_ROLE = Role.SELFPLAY
@@ -80,6 +80,8 @@ def compute_plan(
     previous: RolePlan | None = None,
     highest_generation: int = 0,
     draining: Mapping[str, float | None] | None = None,
+    quarantined: Mapping[str, str] | None = None,
+    restart: RestartRequest | None = None,
 ) -> RolePlan:
     """The plan (term, version) for `members` under `policy`.
 
@@ -100,9 +102,18 @@ def compute_plan(
     empty mapping: nobody) is copied into the plan; a draining member keeps its non-training
     role but takes no training rank, so its rank moves to another node in this plan; its GPUs
     do not count as claimed (another node of its host may train on them).
+
+    `quarantined` (node id -> reason, GPU faults kept in the lock table; None: the previous
+    plan's) is copied into the plan; a quarantined member takes no training rank and its reason
+    is its `cannot_train`.
+
+    `restart` (node.training: the group hung, a worker exited) forces a generation above the
+    previous plan's when it names the previous plan's generation, and the plan's `restart` says
+    why; a generation that stays keeps its reason; a stale request changes nothing.
     """
     drains = dict(draining if draining is not None else previous.draining if previous else {})
-    by_id = _with_gpu_conflicts(_by_id(members), drains)
+    held = quarantined if quarantined is not None else previous.quarantined if previous else {}
+    by_id = _with_gpu_conflicts(_by_id(members), drains, held)
     chosen = _choose_trainers([cap for cap in by_id.values() if cap.node_id not in drains], policy)
     eligible = len(chosen)
     if eligible < policy.min_training:
@@ -111,39 +122,77 @@ def compute_plan(
     roles = {node_id: _non_training_role(cap) for node_id, cap in by_id.items()}
     roles.update(dict.fromkeys(ranks, Role.TRAINING))
     sizes = tuple(by_id[node].nproc for node in ranks)
-    group = GroupSpec(
-        master_addr=by_id[ranks[0]].address if ranks else "",
-        master_port=policy.master_port,
-        world_size=sum(sizes),
-        backend=_resolve_backend(policy.backend, [by_id[node] for node in ranks]),
-    )
-    receivers = weights_members(roles, tuple(ranks), drains)
+    group = _group_of(ranks, sizes, by_id, policy)
+    generation = next_generation(tuple(ranks), group, previous, highest_generation, sizes)
+    generation, reason = _restarted(generation, previous, highest_generation, restart)
+    receivers = weights_members(roles, tuple(ranks), drains, held)
     return RolePlan(
         term=term,
         version=version,
         roles=roles,
         training_ranks=tuple(ranks),
         group=group,
-        note=_note(eligible, len(ranks), by_id, policy)
-        + (f"; draining: {', '.join(sorted(drains))}" if drains else ""),
-        generation=next_generation(tuple(ranks), group, previous, highest_generation, sizes),
+        note=_note(eligible, len(ranks), by_id, policy) + _out_note(drains, held),
+        generation=generation,
+        restart=reason,
         cannot_train={
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
         },
         weights_generation=_weights_generation(receivers, group.master_addr, previous),
         local_world_sizes=sizes,
         draining=drains,
+        quarantined=held,
     )
+
+
+def _group_of(
+    ranks: Sequence[str],
+    sizes: tuple[int, ...],
+    by_id: Mapping[str, NodeCapabilities],
+    policy: RolePolicy,
+) -> GroupSpec:
+    """The training group of `ranks` (node-major, `sizes` processes each): its master is node
+    rank 0."""
+    return GroupSpec(
+        master_addr=by_id[ranks[0]].address if ranks else "",
+        master_port=policy.master_port,
+        world_size=sum(sizes),
+        backend=_resolve_backend(policy.backend, [by_id[node] for node in ranks]),
+    )
+
+
+def _out_note(drains: Mapping[str, float | None], held: Mapping[str, str]) -> str:
+    """What the plan's note adds for the drained and the quarantined nodes."""
+    drained = f"; draining: {', '.join(sorted(drains))}" if drains else ""
+    return drained + (f"; quarantined: {', '.join(sorted(held))}" if held else "")
+
+
+def _restarted(
+    generation: int,
+    previous: RolePlan | None,
+    highest_generation: int,
+    restart: RestartRequest | None,
+) -> tuple[int, str]:
+    """The generation and its `restart` reason: above every one seen when `restart` names the
+    previous plan's generation; else the previous plan's reason while its generation stays."""
+    if restart is not None and previous is not None and restart.generation == previous.generation:
+        return max(generation, highest_generation + 1, previous.generation + 1), restart.reason
+    kept = previous is not None and previous.generation == generation
+    return generation, previous.restart if kept and previous is not None else ""
 
 
 def _with_gpu_conflicts(
-    by_id: Mapping[str, NodeCapabilities], drains: Mapping[str, float | None]
+    by_id: Mapping[str, NodeCapabilities],
+    drains: Mapping[str, float | None],
+    held: Mapping[str, str],
 ) -> dict[str, NodeCapabilities]:
     """The members, each that claims a GPU an earlier member (by id) claims marked
-    `cannot_train`; a draining member's GPUs count as unclaimed."""
+    `cannot_train`, and each quarantined one (`held`) with its reason; a draining member's
+    GPUs count as unclaimed."""
     conflicts = gpu_conflicts(
         {node_id: cap.gpu_uuids for node_id, cap in by_id.items() if node_id not in drains}
     )
+    conflicts.update({node_id: held[node_id] for node_id in by_id if node_id in held})
     return {
         node_id: replace(cap, cannot_train=conflicts[node_id]) if node_id in conflicts else cap
         for node_id, cap in by_id.items()

@@ -8,11 +8,21 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from node.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
-from node.plan import PlanFence, RolePlan
+from node.election.roles import NodeCapabilities
+from node.plan import PlanFence, RestartRequest, RolePlan
+
+CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
+DrainSource = Callable[[int], Mapping[str, float | None] | None]
+"""The drained nodes (node id -> kill_after_s) a coordinator of the given term has read from
+their durable store, or None while it has not read them yet (the plan keeps its previous
+plan's)."""
+QuarantineSource = Callable[[int], Mapping[str, str] | None]  # as DrainSource: node -> reason
+RestartSource = Callable[[], RestartRequest | None]
+"""The restart of the training group a coordinator is asked for (node.training), or None."""
 
 
 class DurableState(Protocol):

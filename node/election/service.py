@@ -1,13 +1,11 @@
 """Wires the election into a running node: voters, the elector over HTTP, plans into status,
-membership changes into re-plans, the /v1/rendezvous endpoint for training processes, and the
-training launcher (its health, and this node's `cannot_train` meta when it keeps failing)."""
+membership changes into re-plans, and the /v1/rendezvous endpoint for training processes. The
+training launcher is node.training's: it listens to the plans through `plan_listeners`."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import os
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -18,30 +16,27 @@ from typing import Any
 
 from aiohttp import web
 
-from config import ConfigError, Inventory, NodeSettings, cuda_env, restricts_gpus
+from config import ConfigError, Inventory, NodeSettings
 from health import CheckResult, HealthStatus
 from node.component import Endpoint, endpoint, paired
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
-from node.election.elector import DrainSource, Elector
-from node.election.roles import CANNOT_TRAIN_META, RolePolicy, capabilities_from_meta
+from node.election.elector import Elector, Listener
+from node.election.roles import RolePolicy, capabilities_from_meta
 from node.election.routes import (
     ELECTION_DOCS,
     HttpElectionTransport,
     election_breaker_config,
     election_routes,
 )
-from node.election.seams import WalDurableState
-from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind
-from node.errors import MembershipError
+from node.election.seams import DrainSource, QuarantineSource, RestartSource, WalDurableState
+from node.election.state import ElectionConfig, ElectionEvent
 from node.identity.peers import peer_tls
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
 from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import json_error
-from node.training.launcher import TrainingLauncher, launcher_check
 from node.training.rendezvous import RENDEZVOUS_PATH, RendezvousError, rendezvous_for
-from node.training.torchrun import training_base_env
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -73,10 +68,6 @@ RENDEZVOUS_SCHEMA = {
 }
 
 TRAINING_CHECK_INTERVAL_S = 2.0
-CANNOT_TRAIN_REASON_CHARS = 200
-"""The reason a node gossips for `cannot_train` is cut to this length (meta values stay short)."""
-CANNOT_TRAIN_MIN_CHARS = 40
-"""...and further, down to this, while the whole meta is too large to gossip."""
 REPLAN_EVENTS = frozenset(
     {
         EventKind.JOINED,
@@ -112,8 +103,7 @@ def resolve_voters(settings: NodeSettings, inventory: Inventory | None, node_id:
 
 
 class ElectionService:
-    """Owns the elector, its transport and the training launcher for one node; `routes()` serve
-    them over HTTP."""
+    """Owns the elector and its transport for one node; `routes()` serve them over HTTP."""
 
     def __init__(self, runtime: NodeRuntime, voter_set: VoterSet) -> None:
         self._runtime = runtime
@@ -121,15 +111,18 @@ class ElectionService:
         self.elector: Elector | None = None
         self._warned_unconfigured = False
         self._stack = AsyncExitStack()
-        self._launcher: TrainingLauncher | None = None
-        self._launches: set[asyncio.Task[None]] = set()
-        self._membership: Membership | None = None
-        self._able_again: asyncio.TimerHandle | None = None
+        self.membership: Membership | None = None
         self.group_handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
         """Other groups served at GET /v1/rendezvous?group=NAME (node.rl adds `weights`)."""
         self.drains: DrainSource | None = None
-        """Where the coordinator reads the drained nodes (node.locks.nodes sets it before
-        `start`); None: plans keep the previous plan's drains."""
+        self.quarantines: QuarantineSource | None = None
+        """Where the coordinator reads the drained and the quarantined nodes (node.locks.nodes
+        sets both before `start`); None: plans keep the previous plan's."""
+        self.restarts: RestartSource | None = None
+        """The restart of the training group asked of this node as coordinator
+        (node.training sets it before `start`)."""
+        self.plan_listeners: list[Listener] = []
+        """Told of every election event once the elector runs (node.training's launcher)."""
 
     def routes(self) -> list[Endpoint]:
         """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous, with their docs."""
@@ -197,37 +190,9 @@ class ElectionService:
             return json_error(409, "no role plan yet: no coordinator has published one")
         return web.json_response(rendezvous.to_dict())
 
-    def _start_training_launcher(self) -> None:
-        """The training launcher when `training_command` is set (with its `training` check),
-        and the `gpu_claims` check."""
-        runtime = self._runtime
-        settings = runtime.settings
-        if settings.training_command:
-            data_dir = settings.data_dir
-            launcher = TrainingLauncher(
-                settings.training_command,
-                data_dir,
-                data_dir / "training.log",
-                training_base_env(
-                    os.environ,
-                    settings.training_env,
-                    f"http://{runtime.address}:{runtime.port}",
-                    cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
-                ),
-                stop_timeout_s=min(5.0, settings.timeouts.shutdown_s / 2),
-                max_failures=settings.training_max_failures,
-                failure_window_s=settings.training_failure_window_s,
-                on_give_up=self._cannot_train,
-            )
-            self._stack.push_async_callback(launcher.close)
-            self._stack.callback(self._cancel_able_again)
-            self._launcher = launcher
-            if runtime.health is not None:
-                runtime.health.add_check(
-                    "training", launcher_check(launcher), interval_s=TRAINING_CHECK_INTERVAL_S
-                )
-        if runtime.health is not None:
-            runtime.health.add_check(
+    def _add_gpu_claims_check(self) -> None:
+        if self._runtime.health is not None:
+            self._runtime.health.add_check(
                 "gpu_claims", self._gpu_claims_check, interval_s=TRAINING_CHECK_INTERVAL_S
             )
 
@@ -273,6 +238,8 @@ class ElectionService:
             WalDurableState(wal),
             capabilities=capabilities,
             drains=self.drains,
+            quarantines=self.quarantines,
+            restarts=self.restarts,
             policy=RolePolicy(
                 min_training=settings.min_training,
                 max_training=settings.max_training,
@@ -282,9 +249,11 @@ class ElectionService:
             adoption_log=adoption_log,
             rng=rng,
         )
-        self._start_training_launcher()
-        self._membership = membership
+        self._add_gpu_claims_check()
+        self.membership = membership
         elector.add_listener(self._on_election_event)
+        for listener in self.plan_listeners:
+            elector.add_listener(listener)
         await self._stack.enter_async_context(elector)
         self.elector = elector
         self._apply_status(elector)
@@ -345,15 +314,6 @@ class ElectionService:
     def _on_election_event(self, event: ElectionEvent) -> None:
         if self.elector is not None:
             self._apply_status(self.elector)
-            if self._launcher is not None and event.kind is ElectionEventKind.PLAN_ADOPTED:
-                rendezvous = rendezvous_for(
-                    self.elector.plan,
-                    self._runtime.node_id,
-                    owns_gpus=bool(self._runtime.owned_gpus),
-                )
-                task = asyncio.create_task(self._launcher.apply(rendezvous))
-                self._launches.add(task)
-                task.add_done_callback(self._launched)
         log.info(
             "election: %s (term %d, coordinator %s, plan %s)",
             event.kind.value,
@@ -361,44 +321,6 @@ class ElectionService:
             event.status.coordinator,
             event.status.plan_version,
         )
-
-    def _cannot_train(self, reason: str) -> None:
-        """The launcher gave up: tell the coordinator (through membership meta) that this node
-        cannot train, for one failure window, then offer this node again."""
-        self._set_cannot_train(reason)
-        self._cancel_able_again()
-        window_s = self._runtime.settings.training_failure_window_s
-        loop = asyncio.get_running_loop()
-        self._able_again = loop.call_later(window_s, self._set_cannot_train, "")
-
-    def _set_cannot_train(self, reason: str) -> None:
-        membership = self._membership
-        if membership is None:
-            return
-        reason = reason[:CANNOT_TRAIN_REASON_CHARS]
-        while True:
-            try:
-                membership.update_meta({CANNOT_TRAIN_META: reason})
-                break
-            except MembershipError as exc:
-                if len(reason) <= CANNOT_TRAIN_MIN_CHARS:
-                    log.error("cannot tell the cluster that this node cannot train: %s", exc)
-                    return
-                # the rest of the meta (many GPUs) leaves less room: say less
-                reason = reason[: max(CANNOT_TRAIN_MIN_CHARS, len(reason) * 2 // 3)]
-        if reason:
-            log.warning("this node cannot train and gives up its rank: %s", reason)
-        else:
-            log.info("this node offers itself for training again")
-            if self._launcher is not None:
-                self._launcher.forgive()
-        if self.elector is not None:
-            self.elector.notify_membership_changed()
-
-    def _cancel_able_again(self) -> None:
-        if self._able_again is not None:
-            self._able_again.cancel()
-            self._able_again = None
 
     def _refresh(self) -> None:
         if self.elector is not None:
@@ -422,29 +344,17 @@ class ElectionService:
             notes.append(f"{STORAGE_NOTE}{elector.storage_problem}")
         runtime.notes[:] = notes
 
-    def _launched(self, task: asyncio.Task[None]) -> None:
-        self._launches.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("training launcher: %s", task.exception())
-
     async def close(self) -> None:
-        """Stop the training program, the elector, then its transport. Idempotent."""
+        """Stop the elector, then its transport. Idempotent."""
         self.elector = None
-        for task in list(self._launches):
-            task.cancel()
-        await asyncio.gather(*self._launches, return_exceptions=True)
         await self._stack.aclose()
 
 
 def _alive_capabilities(membership: Membership, inventory: Inventory | None) -> list[Any]:
     """What each alive member can do (its meta, and its inventory entry when there is one)."""
+    hosts = inventory.hosts if inventory is not None else {}
     return [
-        capabilities_from_meta(
-            m.node_id,
-            m.address,
-            m.meta,
-            inventory.hosts.get(m.node_id) if inventory is not None else None,
-        )
+        capabilities_from_meta(m.node_id, m.address, m.meta, hosts.get(m.node_id))
         for m in membership.members()
         if m.state is MemberState.ALIVE
     ]

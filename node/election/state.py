@@ -5,6 +5,7 @@ queries on it (lease, vote denial, next wake-up). Transitions live in `node.elec
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import random
 from collections.abc import Iterable, Iterator, Mapping
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from config import Timeouts
 from node.election.messages import ElectionError
 from node.plan import PlanFence, RolePlan
+
+log = logging.getLogger("node.election.elector")  # log_event speaks for the elector
 
 
 class ElectionRole(enum.StrEnum):
@@ -36,11 +39,11 @@ class ElectionConfig:
 
     node_id: str
     voters: tuple[str, ...]
-    heartbeat_interval_s: float = 0.25
-    lease_s: float = 1.5
-    election_min_s: float = 1.5
-    election_max_s: float = 3.0
-    observer_interval_s: float = 1.0
+    heartbeat_interval_s: float = 0.15
+    lease_s: float = 0.75
+    election_min_s: float = 0.75
+    election_max_s: float = 1.25
+    observer_interval_s: float = 0.6
     clock_drift: float = 0.01
     plan_pull_grace_s: float = 3.0
     pulls_plans: bool = False
@@ -368,3 +371,17 @@ def events_between(old: ElectionState, new: ElectionState, now: float) -> list[E
     if new.plan is not None and new.plan_fence != old.plan_fence:
         events.append(ElectionEvent(ElectionEventKind.PLAN_ADOPTED, status, new.plan))
     return events
+
+
+def log_event(event: ElectionEvent) -> None:
+    """Log an election event: a step down at WARNING, the others at INFO."""
+    status, plan = event.status, event.plan
+    what = {
+        ElectionEventKind.ELECTED: "elected coordinator",
+        ElectionEventKind.STEPPED_DOWN: "stepped down as coordinator",
+        ElectionEventKind.COORDINATOR_CHANGED: f"coordinator is {status.coordinator}",
+        ElectionEventKind.PLAN_ADOPTED: "adopted plan "
+        + ("-" if plan is None else f"{plan.fence.to_header()} ({plan.note})"),
+    }[event.kind]
+    level = logging.WARNING if event.kind is ElectionEventKind.STEPPED_DOWN else logging.INFO
+    log.log(level, "node %s term %s: %s", status.node_id, status.term, what)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from annotated_types import Len
 from pydantic import BaseModel, Field, JsonValue
 
-from node.locks.table import LOCK_ANSWER, LockState, LockTable, WireFence
+from node.locks.table import LOCK_ANSWER, LockState, LockTable, Quarantine, WireFence
 from node.openapi import BODY_CONFIG, Count, RouteDoc, WholeNumber, WireRecord
 
 LOCKS_PATH = "/v1/locks"
@@ -87,6 +87,11 @@ class LockView(WireRecord):
     drains: dict[str, dict[str, JsonValue]] = Field(
         default_factory=dict,
         description="the drained nodes (`shoal node drain`): node id -> kill_after_s, since, by",
+    )
+    quarantines: dict[str, Quarantine] = Field(
+        default_factory=dict,
+        description="the nodes quarantined for a GPU fault, and those re-admitted within the "
+        "hour (docs/fault-tolerance.md#gpu-faults)",
     )
 
 
@@ -261,7 +266,8 @@ def node_route_docs() -> list[RouteDoc]:
         RouteDoc(
             "POST",
             f"{NODES_PATH}/{{node}}/undrain",
-            "Undrain a node: it takes new work again from the next plan",
+            "Undrain a node: it takes new work again from the next plan; also lifts its GPU "
+            "quarantine (held or not)",
             (
                 (200, "undrained (or was not drained)"),
                 (400, "bad request"),

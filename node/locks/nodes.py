@@ -16,6 +16,7 @@ from net import PeerRequestError
 from node.election.elector import Elector
 from node.election.service import ElectionService
 from node.errors import LockError
+from node.locks.quarantines import lift
 from node.locks.service import FORWARDED_HEADER, LockService
 from node.locks.table import LockTable, put_drain
 from node.plan import RolePlan
@@ -59,9 +60,11 @@ class NodeOps:
         self._leaving: asyncio.Task[None] | None = None
 
     def attach(self, election: ElectionService) -> None:
-        """Plan with the lock table's drains: the coordinator reads them from the table it
-        serves, and re-plans whenever they change. Call before the election starts."""
+        """Plan with the lock table's drains and GPU quarantines: the coordinator reads them
+        from the table it serves, and re-plans whenever they change. Call before the election
+        starts."""
         election.drains = self.locks.drains_for
+        election.quarantines = self.locks.quarantines_for
 
         def replan() -> None:
             elector = self._elector()
@@ -82,7 +85,8 @@ class NodeOps:
         return await self._apply(node, record)
 
     async def undrain(self, node: str) -> dict[str, Any]:
-        """At the coordinator: undrain `node`; the answer names the first plan without it."""
+        """At the coordinator: undrain `node`, and lift its GPU quarantine (held or not) with
+        its history; the answer names the first plan without either."""
         return await self._apply(node, None)
 
     async def _apply(self, node: str, record: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -97,7 +101,7 @@ class NodeOps:
         else:
 
             def change(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
-                return put_drain(table, term, node, None), None
+                return lift(put_drain(table, term, node, None), term, node), None
 
         await self.locks.apply(change)
         draining = record is not None
@@ -115,9 +119,9 @@ class NodeOps:
         }
 
     async def _planned(self, node: str, draining: bool) -> tuple[RolePlan | None, bool]:
-        """The first plan of this coordinator that says `node` drains (or not), and whether
-        `node` acknowledged it, within a few plan rounds (at once when `node` has no role in
-        it: it is not an alive member)."""
+        """The first plan of this coordinator that says `node` drains (or neither drains nor
+        quarantines it), and whether `node` acknowledged it, within a few plan rounds (at once
+        when `node` has no role in it: it is not an alive member)."""
         elector = self._elector()
         if elector is None:
             return None, False
@@ -127,7 +131,7 @@ class NodeOps:
         plan: RolePlan | None = None
         while time.monotonic() < deadline:
             current = elector.plan
-            if current is not None and current.is_draining(node) == draining:
+            if current is not None and _settled(current, node, draining):
                 plan = current
                 if node == self.runtime.node_id:
                     return plan, True
@@ -166,3 +170,10 @@ class NodeOps:
             return await peers.call_json("POST", url, path, {}, headers=headers)
         except PeerRequestError as exc:
             raise LockError(503, "node_unreachable", f"{node}: {exc.reason}") from exc
+
+
+def _settled(plan: RolePlan, node: str, draining: bool) -> bool:
+    """Whether `plan` drains `node` (`draining`), or neither drains nor quarantines it."""
+    if draining:
+        return plan.is_draining(node)
+    return not plan.is_draining(node) and node not in plan.quarantined

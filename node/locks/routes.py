@@ -132,6 +132,7 @@ def lock_routes(locks: LockService) -> list[web.RouteDef]:
             locks=dict(table.locks),
             runs={run_id: dict(record) for run_id, record in table.runs.items()},
             drains={node: dict(record) for node, record in table.drains.items()},
+            quarantines=dict(table.quarantines),
         )
         return web.json_response(view.to_json())
 

@@ -25,6 +25,7 @@ from node.locks.docs import (
 from node.locks.docs import (
     LOCKS_PATH as LOCKS_PATH,
 )
+from node.locks.quarantines import quarantine_map
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
     LockAnswer,
@@ -102,7 +103,8 @@ class LockService:
         self._ticker: asyncio.Task[None] | None = None
         self.loop_health = LoopHealth("locks")
         self.drain_listeners: list[Callable[[], None]] = []
-        """Called when the coordinator's drained nodes may have changed (read or written)."""
+        """Called when the coordinator's drained or quarantined nodes may have changed (read or
+        written)."""
 
     # lifecycle
 
@@ -173,6 +175,13 @@ class LockService:
             return None
         return drain_map(self.table)
 
+    def quarantines_for(self, term: int) -> dict[str, str] | None:
+        """The quarantined nodes (node id -> reason) of the table this node serves as the
+        coordinator of `term`; None until it has read the table of that term from a majority."""
+        if self._office_term != term:
+            return None
+        return quarantine_map(self.table)
+
     def _drains_changed(self) -> None:
         for listener in list(self.drain_listeners):
             try:
@@ -193,7 +202,7 @@ class LockService:
                     self._office_term = None  # re-read the majority before serving again
                     raise
                 self.table = changed
-                if changed.drains != table.drains:
+                if changed.drains != table.drains or changed.quarantines != table.quarantines:
                     self._drains_changed()
                 for step in run_steps(table.runs, changed.runs):
                     await record_audit(self.runtime.wal, RUN_STEP, step, self.runtime.node_id)

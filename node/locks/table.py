@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from node.errors import LockError
+from node.locks.checkpoints import CheckpointLog
 
 WAITER_GRACE_S = 10.0
 """A waiter that has not asked again for this long (or its ttl_s, if longer) leaves the queue."""
@@ -95,6 +96,20 @@ class LockState:
         return None
 
 
+@dataclass(frozen=True)
+class Quarantine:
+    """A node quarantined for a GPU fault (node.quarantine): `reason` names the GPU and the
+    fault (`gpu_fault: Xid 79 on GPU-...`); `active` until it is re-admitted; `times` when it
+    was quarantined within the limit's window (wall clock, oldest first); `held` once that
+    reached the limit: only an undrain lifts it."""
+
+    reason: str
+    since: float
+    active: bool = True
+    times: tuple[float, ...] = ()
+    held: bool = False
+
+
 def _version_default_as_json(schema: dict[str, Any]) -> None:
     """JSON Schema writes a default as plain JSON, not through the field's serializer."""
     schema["properties"]["version"]["default"] = LockFence(0, 0).to_list()
@@ -115,18 +130,26 @@ class LockTable:
     """The drained nodes (`shoal node drain`): node id -> {"kill_after_s", "since", "by"}, kept
     on the same majority so a new coordinator plans with them; a table without the field (an
     older release's) drains nobody."""
+    quarantines: Mapping[str, Quarantine] = dataclasses.field(default_factory=dict)
+    """The nodes quarantined for a GPU fault, and those re-admitted within the limit's window
+    (node.locks.quarantines); a table without the field quarantines nobody."""
+    checkpoints: CheckpointLog = dataclasses.field(default_factory=CheckpointLog)
+    """The committed training checkpoints and the nodes' last restores (node.checkpoints), on
+    the same majority so a new coordinator knows the step to restore; a table without the field
+    (an older release's) has committed none."""
 
     def get(self, name: str) -> LockState:
         return self.locks.get(name, LockState())
 
     def ordered(self) -> LockTable:
-        """The same table with its locks, runs and drains sorted by name (how its JSON lists
-        them)."""
-        return LockTable(
-            self.version,
-            dict(sorted(self.locks.items())),
-            dict(sorted(self.runs.items())),
-            dict(sorted(self.drains.items())),
+        """The same table with its locks, runs, drains and quarantines sorted by name (how its
+        JSON lists them)."""
+        return dataclasses.replace(
+            self,
+            locks=dict(sorted(self.locks.items())),
+            runs=dict(sorted(self.runs.items())),
+            drains=dict(sorted(self.drains.items())),
+            quarantines=dict(sorted(self.quarantines.items())),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,13 +210,19 @@ def _bump(table: LockTable, term: int) -> LockFence:
     return LockFence(term, seq)
 
 
+def next_version(table: LockTable, term: int) -> LockFence:
+    """The version of the next change of `table` under `term`; LockError 409 for a term older
+    than the table's."""
+    return _bump(table, term)
+
+
 def _with(table: LockTable, version: LockFence, name: str, state: LockState) -> LockTable:
     locks = dict(table.locks)
     if state.holder is None and not state.waiters:
         locks.pop(name, None)
     else:
         locks[name] = state
-    return LockTable(version, locks, table.runs, table.drains)
+    return dataclasses.replace(table, version=version, locks=locks)
 
 
 def _grant_next(state: LockState, fence: LockFence, now: float) -> LockState:
@@ -314,14 +343,14 @@ def take_over(table: LockTable, term: int, now: float) -> LockTable:
         )
         for name, state in table.locks.items()
     }
-    return LockTable(version, locks, table.runs, table.drains)
+    return dataclasses.replace(table, version=version, locks=locks)
 
 
 def put_run(table: LockTable, term: int, run_id: str, record: Mapping[str, Any]) -> LockTable:
     """The table with run `run_id`'s record replaced (one change: a new version)."""
     runs = dict(table.runs)
     runs[run_id] = dict(record)
-    return LockTable(_bump(table, term), table.locks, runs, table.drains)
+    return dataclasses.replace(table, version=_bump(table, term), runs=runs)
 
 
 def put_drain(
@@ -338,7 +367,14 @@ def put_drain(
         if drains.get(node) == dict(record):
             return table
         drains[node] = dict(record)
-    return LockTable(_bump(table, term), table.locks, table.runs, drains)
+    return dataclasses.replace(table, version=_bump(table, term), drains=drains)
+
+
+def put_checkpoints(table: LockTable, term: int, log: CheckpointLog) -> LockTable:
+    """The table with its checkpoint log replaced (one change), or the same table when equal."""
+    if log == table.checkpoints:
+        return table
+    return dataclasses.replace(table, version=_bump(table, term), checkpoints=log)
 
 
 def drain_map(table: LockTable) -> dict[str, float | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable
 
 from node.membership.types import Address, EventKind, MemberEvent, MemberState, MemberView
@@ -27,6 +28,9 @@ class EventHub:
         self._listeners: list[Listener] = []
         self._warned_at: dict[str, float] = {}
         self._conflicts: set[tuple[str, Address]] = set()
+        self.counts: Counter[EventKind] = Counter()
+        """Events emitted since start, by kind (a `dead` of a member that comes back alive was
+        a false death, or a crash and restart)."""
 
     def add(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -49,6 +53,7 @@ class EventHub:
     ) -> None:
         """Log the event and call every listener; a failing listener is logged, not raised."""
         self._log(kind, member, conflict_with)
+        self.counts[kind] += 1
         event = MemberEvent(kind, member, previous, conflict_with)
         for listener in list(self._listeners):
             try:

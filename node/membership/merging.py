@@ -24,6 +24,7 @@ from node.membership.rules import (
     overlaps_stall,
     scaled_s,
     suspicion_bounds_s,
+    suspicion_longest,
 )
 from node.membership.table import UP
 from node.membership.timers import SuspicionTimers
@@ -152,6 +153,11 @@ class MergingProtocol(ProtocolCore):
             high,
         )
         self._suspicions.start(suspicion)
+        if origin == self._id:
+            # Lifeguard's buddy system at once: the suspect hears it from us, not by chance
+            # gossip, and refutes before the (short) confirmed timeout if it is alive.
+            notice = Message(MessageKind.GOSSIP, self._id, 0)
+            self._send(notice, member.endpoint, [self._as_update(member, origin)])
 
     def _suspicion_expired(self, suspicion: Suspicion, due: float, checked_from: float) -> None:
         self._note_wake(due)
@@ -167,6 +173,10 @@ class MergingProtocol(ProtocolCore):
         if overlaps_stall(self._stalls, checked_from, now):
             grace = scaled_s(self._timeouts.probe_interval_s, self._health)
             self._suspicions.extend(suspicion, grace, now)
+            return
+        longest = suspicion_longest(suspicion, self._table.heard_at.get(member.node_id), now)
+        if longest > 0:
+            self._suspicions.extend(suspicion, longest, checked_from)
             return
         dead = Update(suspicion.node_id, MemberState.DEAD, suspicion.incarnation, by=self._id)
         self._merge(dead)

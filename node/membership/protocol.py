@@ -86,10 +86,14 @@ class SwimProtocol(MergingProtocol):
             self._send_state(source, reply=False)
 
     def _heard(self, sender: str, source: Address) -> None:
-        """Note a message from `sender`; a first contact adds it and syncs views with it."""
+        """Note a message from `sender`: proof it is alive, so our probes of it (and probes we
+        relay to it) end acked, however late its ack; a first contact adds it and syncs views
+        with it."""
         now = self._clock()
         member = self._table.get(sender)
         self._table.heard_at[sender] = now
+        for relay in self._acks.heard(sender):
+            self._send(Message(MessageKind.ACK, self._id, relay.origin_seq), relay.requester)
         if member is None:
             member = Member(sender, source[0], source[1], MemberState.ALIVE, 0, EMPTY_META, now)
             self._apply(None, MergeOutcome(member, EventKind.JOINED), None)

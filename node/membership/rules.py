@@ -278,6 +278,18 @@ class Suspicion:
         )
 
 
+def suspicion_longest(suspicion: Suspicion, heard_at: float | None, now: float) -> float:
+    """How much longer an expired suspicion runs (0: the member is dead now).
+
+    A suspect we heard from after suspecting it is alive but slow to refute: its refutation
+    may wait behind its own bulk traffic, or it has not heard of the suspicion yet. It gets the
+    unconfirmed (longest) timeout, however many confirmed, instead of the confirmed one; a
+    member that stays silent is dead at the usual time."""
+    if heard_at is None or heard_at <= suspicion.started_at:
+        return 0.0
+    return max(0.0, suspicion.started_at + suspicion.high_s - now)
+
+
 # --- local health (Lifeguard) and stalls ----------------------------------------------------
 
 

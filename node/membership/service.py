@@ -192,6 +192,10 @@ class Membership(SwimProtocol):
         """Recent stalls of our own event loop (timers that fired too late)."""
         return len(self._stalls)
 
+    def event_counts(self) -> dict[str, int]:
+        """Changes of the view since start, by event kind (joined, suspect, dead, alive, ...)."""
+        return {kind.value: count for kind, count in self._events.counts.items()}
+
     def transport_stats(self) -> TransportStats:
         return self._transport.stats()
 

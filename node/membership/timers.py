@@ -90,6 +90,24 @@ class AckTable:
             return wait
         return None
 
+    def heard(self, sender: str) -> list[RelayWait]:
+        """`sender` sent us something: it is alive, whatever became of its ack (which may wait
+        behind its bulk traffic). Resolves our probes of it; returns the relays whose requester
+        is told so (their waits end here)."""
+        relays = []
+        for seq, wait in list(self._waits.items()):
+            if wait.target != sender:
+                continue
+            if isinstance(wait, ProbeWait):
+                if not wait.future.done():
+                    wait.future.set_result(sender)
+            else:
+                del self._waits[seq]
+                if wait.handle is not None:
+                    wait.handle.cancel()
+                relays.append(wait)
+        return relays
+
     def on_nack(self, seq: int, sender: str) -> None:
         wait = self._waits.get(seq)
         if isinstance(wait, ProbeWait) and sender in wait.relays:

@@ -88,7 +88,7 @@ class InMemoryNetwork:
 
     Every random choice (loss, jitter) comes from the injected `rng`, so a seeded run repeats.
     Faults act on host addresses: `partition`, `cut` (one way), `isolate` (a crash seen from the
-    network). `close` cancels every delivery still in flight.
+    network), `saturate` (a busy uplink). `close` cancels every delivery still in flight.
     """
 
     def __init__(
@@ -109,6 +109,7 @@ class InMemoryNetwork:
         self._groups: dict[str, int] = {}
         self._cuts: set[tuple[str, str]] = set()
         self._isolated: set[str] = set()
+        self._egress_delay_s: dict[str, float] = {}
         self._bytes_sent: Counter[str] = Counter()
         self._in_flight: dict[int, asyncio.TimerHandle] = {}
         self._next_key = 0
@@ -142,6 +143,11 @@ class InMemoryNetwork:
     def isolate(self, host: str) -> None:
         """Drop everything to and from `host`, as if it had crashed."""
         self._isolated.add(host)
+
+    def saturate(self, host: str, queue_s: float) -> None:
+        """Everything `host` sends waits `queue_s` longer, in order, as behind a saturated
+        uplink's queue (0 lifts it); a crash (`isolate`) still drops what is queued."""
+        self._egress_delay_s[host] = queue_s
 
     def rejoin(self, host: str) -> None:
         self._isolated.discard(host)
@@ -177,7 +183,8 @@ class InMemoryNetwork:
             return
         if self.drop_rate and self._rng.random() < self.drop_rate:
             return
-        delay = self.delay_s + (self._rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)
+        delay = self.delay_s + self._egress_delay_s.get(source[0], 0.0)
+        delay += self._rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0
         key = self._next_key
         self._next_key += 1
         loop = asyncio.get_running_loop()

@@ -5,13 +5,10 @@ torch is imported lazily, on the first join: importing this module never needs t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,9 @@ from node.training.rendezvous import (
     fetch_rendezvous,
     store_prefix,
 )
+from shoal.errors import GroupError as ShoalGroupError
+from shoal.group import gloo_bound_to_route, torch_modules, wait_for_master
+from shoal.group import interface_towards as interface_towards
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def _form(
     store.set_timeout(collective)
     prefixed = dist.PrefixStore(store_prefix(generation), store)
     try:
-        with _gloo_bound_to_route(address if backend == "gloo" else None):
+        with gloo_bound_to_route(address if backend == "gloo" else None):
             dist.init_process_group(
                 backend,
                 store=prefixed,
@@ -283,65 +283,18 @@ def _use_cuda_device(torch: Any, rendezvous: Rendezvous) -> Any:
     return torch.device("cuda", index)
 
 
-def interface_towards(address: str) -> str | None:
-    """The name of the local interface whose address routes to `address`, or None."""
-    import ifaddr  # zeroconf's dependency; imported here to keep `node.training.groups` light
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((address, 9))  # no packet is sent: this only asks the routing table
-            local = str(probe.getsockname()[0])
-    except OSError:
-        return None
-    for adapter in ifaddr.get_adapters():
-        if any(ip.ip == local for ip in adapter.ips):
-            return str(adapter.nice_name)
-    return None
-
-
-@contextlib.contextmanager
-def _gloo_bound_to_route(master_addr: str | None) -> Iterator[None]:
-    """While a gloo group forms, make it advertise the address that reaches the master, not
-    the hostname's (often 127.0.x.1 in /etc/hosts). An operator's GLOO_SOCKET_IFNAME wins; the
-    environment is restored afterwards so nothing leaks into child processes."""
-    name = None
-    if master_addr is not None and not os.environ.get("GLOO_SOCKET_IFNAME"):
-        name = interface_towards(master_addr)
-    if name is None:
-        yield
-        return
-    os.environ["GLOO_SOCKET_IFNAME"] = name
-    try:
-        yield
-    finally:
-        os.environ.pop("GLOO_SOCKET_IFNAME", None)
-
-
 def _wait_for_master(rendezvous: Rendezvous, deadline: float, clock: Callable[[], float]) -> None:
     """Probe rank 0's port until it accepts, so the error names it and the deadline holds."""
-    address, started = (rendezvous.master_addr, rendezvous.master_port), clock()
-    while True:
-        try:
-            with socket.create_connection(address, timeout=max(0.05, min(1.0, deadline - clock()))):
-                return
-        except OSError as exc:
-            if clock() + 0.1 >= deadline:
-                raise MasterUnreachable(
-                    f"generation {rendezvous.generation}: master {address[0]}:{address[1]} "
-                    f"unreachable for {clock() - started:.1f} s ({exc})"
-                ) from exc
-        time.sleep(0.1)
+    address, port = rendezvous.master_addr, rendezvous.master_port
+    try:
+        wait_for_master(address, port, rendezvous.generation, deadline, clock)
+    except ShoalGroupError as exc:
+        raise MasterUnreachable(str(exc)) from exc.__cause__
 
 
 def _torch() -> tuple[Any, Any]:
-    """torch and torch.distributed, imported on first use without NumPy's import warning."""
+    """torch and torch.distributed (shoal.group's import), GroupError without them."""
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
-            import torch
-            import torch.distributed as dist
-    except ImportError as exc:
-        raise GroupError(f"torch is not installed ({exc}); install shoal[torch]") from exc
-    if not dist.is_available():
-        raise GroupError("this torch build has no torch.distributed")
-    return torch, dist
+        return torch_modules()
+    except ShoalGroupError as exc:
+        raise GroupError(str(exc)) from exc.__cause__

@@ -92,9 +92,11 @@ class TrainingLauncher(AsyncClosing):
     failure. The backoff resets once the workers ran `healthy_after_s`. After `max_failures`
     failures within `failure_window_s` it gives up (state GAVE_UP) and calls
     `on_give_up(reason)`, and stays given up (also without a rank) until a new generation
-    starts or `forgive()`. Workers that all exit 0 finished their work and are restarted only
-    by a new generation (unless `restart_on_success`). Stopping sends SIGTERM to every worker's
-    process group, then SIGKILL after `stop_timeout_s`. Worker i logs to
+    starts or `forgive()`. Each failure is told to `on_failure(generation, error)` first (the
+    node asks the coordinator to restart the whole group). Workers that all exit 0 finished
+    their work and are restarted only by a new generation (unless `restart_on_success`).
+    Stopping sends SIGTERM to every worker's process group, then SIGKILL after
+    `stop_timeout_s`. Worker i logs to
     `worker_log_path(log_path, i)`.
     """
 
@@ -113,6 +115,7 @@ class TrainingLauncher(AsyncClosing):
         max_failures: int = 5,
         failure_window_s: float = 300.0,
         on_give_up: Callable[[str], None] | None = None,
+        on_failure: Callable[[int, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not command:
@@ -134,6 +137,7 @@ class TrainingLauncher(AsyncClosing):
         self._max_failures = max_failures
         self._failure_window_s = failure_window_s
         self._on_give_up = on_give_up
+        self._on_failure = on_failure
         self._clock = clock
         self._failed_at: deque[float] = deque()
         self._lock = asyncio.Lock()
@@ -171,9 +175,10 @@ class TrainingLauncher(AsyncClosing):
             workers=workers,
         )
 
-    async def apply(self, rendezvous: Rendezvous | None) -> None:
+    async def apply(self, rendezvous: Rendezvous | None, *, keep_failures: bool = False) -> None:
         """Run the workers for `rendezvous`: the same group leaves them alone, a new group with
-        a rank restarts them, no rank (or None) stops them."""
+        a rank restarts them, no rank (or None) stops them. `keep_failures`: the new group is a
+        restart of this one (its failures keep counting toward giving up)."""
         async with self._lock:
             if self._state is LauncherState.CLOSED:
                 raise LauncherError("the launcher is closed")
@@ -187,7 +192,8 @@ class TrainingLauncher(AsyncClosing):
                 return
             self._starts, self._restarts = 0, 0
             self._last_exit_code, self._last_error = None, None
-            self._failed_at.clear()
+            if not keep_failures:
+                self._failed_at.clear()
             self._stopping = asyncio.Event()
             self._task = asyncio.create_task(
                 self._supervise(wanted, self._stopping), name=f"training-gen{wanted.generation}"
@@ -231,6 +237,8 @@ class TrainingLauncher(AsyncClosing):
                 log.info("generation %s: training command finished (exit 0)", generation)
                 self._state = LauncherState.DONE
                 return
+            if self._on_failure is not None:
+                self._on_failure(generation, self._last_error or f"exit {exit_code}")
             if self._count_failure():
                 reason = (
                     f"training command failed {len(self._failed_at)} times in "
@@ -349,9 +357,11 @@ class TrainingLauncher(AsyncClosing):
         return proc
 
     async def _terminate(self, procs: Sequence[asyncio.subprocess.Process]) -> None:
-        """SIGTERM every worker's process group; SIGKILL them after stop_timeout_s."""
+        """SIGTERM every worker's process group (and SIGCONT: a stopped worker, a hang, takes
+        the SIGTERM at once); SIGKILL them after stop_timeout_s."""
         for proc in procs:
             _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, signal.SIGCONT)
         try:
             async with asyncio.timeout(self._stop_timeout_s):
                 await asyncio.gather(*(proc.wait() for proc in procs))

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from config import Timeouts
 from node.errors import LauncherError
 from node.training.rendezvous import ENV_DAEMON_URL, Rendezvous
 
+ENV_CHECKPOINT_DIR = "SHOAL_CHECKPOINT_DIR"
+"""Where the training workers write their checkpoints (shoal.checkpoint reads it)."""
 ROLE_NAME = "default"
 """torchrun's role name when none is given (`--role`)."""
 
@@ -32,6 +36,7 @@ TORCHRUN_VARIABLES = (
     "TORCHELASTIC_USE_AGENT_STORE",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "SHOAL_GENERATION",
+    "SHOAL_BACKEND",
 )
 """Every variable `torchrun_env` sets (OMP_NUM_THREADS aside, which it only defaults)."""
 
@@ -91,7 +96,8 @@ def torchrun_env(
     max_restarts: int = 0,
     inherited: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The variables torchrun sets for worker `local_rank` of this node, plus SHOAL_GENERATION.
+    """The variables torchrun sets for worker `local_rank` of this node, plus SHOAL_GENERATION
+    and SHOAL_BACKEND (the plan's backend, which shoal.training_session uses).
 
     As torchrun does, TORCH_NCCL_ASYNC_ERROR_HANDLING keeps its `inherited` value (else "1"),
     and OMP_NUM_THREADS is set to "1" when the node runs more than one worker and `inherited`
@@ -120,6 +126,7 @@ def torchrun_env(
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": inherited.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "SHOAL_GENERATION": str(rendezvous.generation),
+        "SHOAL_BACKEND": rendezvous.backend,
     }
     if place.local_world_size > 1 and "OMP_NUM_THREADS" not in inherited:
         env["OMP_NUM_THREADS"] = "1"
@@ -152,9 +159,26 @@ def training_base_env(
     training_env: Mapping[str, str],
     daemon_url: str,
     gpu_env: Mapping[str, str],
+    timeouts: Timeouts | None = None,
+    *,
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, str]:
     """What every training worker of the daemon starts from (the launcher adds the torchrun
     variables): the daemon's environment, then `gpu_env` (config.cuda_env of the GPUs the node
-    owns, when `gpus` lists them), then the `training_env` setting (an operator's own
-    CUDA_VISIBLE_DEVICES wins, as a job's does), then SHOAL_DAEMON_URL."""
-    return {**inherited, **gpu_env, **training_env, ENV_DAEMON_URL: daemon_url}
+    owns, when `gpus` lists them), then SHOAL_COLLECTIVE_S and SHOAL_QUORUM_S (the node's
+    `timeouts`, which shoal.training_session forms its group with), then the `training_env`
+    setting (an operator's own CUDA_VISIBLE_DEVICES wins, as a job's does), then
+    SHOAL_DAEMON_URL and, when given, SHOAL_CHECKPOINT_DIR (the node's checkpoint directory:
+    the daemon's, never overridden)."""
+    timing = (
+        {}
+        if timeouts is None
+        else {
+            "SHOAL_COLLECTIVE_S": f"{timeouts.collective_s:g}",
+            "SHOAL_QUORUM_S": f"{timeouts.quorum_s:g}",
+        }
+    )
+    env = {**inherited, **gpu_env, **timing, **training_env, ENV_DAEMON_URL: daemon_url}
+    if checkpoint_dir is not None:
+        env[ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
+    return env

@@ -122,6 +122,7 @@ def member_rows(
     """One row per member of the view: state, role and training rank from the plan, and from
     the member's own /v1/status (`statuses`, by node id) its release, role, GPUs with health
     and health problems; `drain` ({"kill_after_s"}) while the plan drains it, else None;
+    `quarantine` the reason while the plan quarantines it for a GPU fault, else None;
     `stale` when its last status is older than its last ask (the ask failed, or it is not alive
     so not asked), with `status_error` saying why; `refused` why this node refuses it (a
     revoked certificate), else None."""
@@ -155,6 +156,7 @@ def member_rows(
                 "drain": None
                 if plan is None or not plan.is_draining(member.node_id)
                 else {"kill_after_s": plan.draining[member.node_id]},
+                "quarantine": None if plan is None else plan.quarantined.get(member.node_id),
                 "version": doc.version if doc is not None and doc.version else meta.get("version"),
                 "gpus": len(gpus) if gpus is not None else meta.get("gpu_count", 0),
                 "gpu": gpus[0]["name"] if gpus else meta.get("gpu"),
@@ -190,6 +192,7 @@ async def members_topic(sources: UiSources, peers: ClusterPeers | None = None) -
             "version": plan.version,
             "note": plan.note,
             "draining": dict(plan.draining),
+            "quarantined": dict(plan.quarantined),
         },
     }
 

@@ -40,6 +40,11 @@ FILE_CATEGORIES: tuple[str, ...] = (
     Category.CONFIGS.value,
 )
 
+CHECKPOINTS = "checkpoints"
+"""The training checkpoints (settings.checkpoint_dir): in every node's catalog, so the file and
+piece routes serve them and the coordinator fetches them verified, but never pulled by the
+background sync: node.checkpoints decides which node copies which files."""
+
 
 def _really_gone(root: Path, entries: list[ManifestEntry]) -> list[ManifestEntry]:
     """The entries whose file is absent (not merely unlistable: a directory without read
@@ -124,12 +129,13 @@ class FileCatalog:
 
     @classmethod
     def for_settings(cls, settings: NodeSettings, **options: object) -> FileCatalog:
-        """The catalog of a node: its three file categories, caches in data_dir/sync, each
-        category's deletion policy and the tombstone TTL."""
+        """The catalog of a node: its three file categories and its checkpoints, caches in
+        data_dir/sync, each file category's deletion policy and the tombstone TTL."""
         roots = {category: settings.category_path(category) for category in FILE_CATEGORIES}
         options.setdefault(
             "deletions", {category: settings.deletion_policy(category) for category in roots}
         )
+        roots[CHECKPOINTS] = settings.checkpoint_dir
         options.setdefault("tombstone_ttl_s", settings.tombstone_ttl_s)
         return cls(roots, settings.data_dir / "sync", **options)  # type: ignore[arg-type]
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from sync.files.dirstamps import DirStamps, StampRecorder, unchanged_since
 from sync.files.errors import FileSyncError
 from sync.files.manifest import ManifestEntry, check_piece_size, digest_of_fd
 from sync.files.threaded_db import close_on_thread, run_on_thread
@@ -89,9 +90,10 @@ def _plain_name(name: str, directory: str) -> bool:
 
 
 def _compare(
-    root: Path, files: Mapping[str, CachedFile]
+    root: Path, files: Mapping[str, CachedFile], stamps: StampRecorder
 ) -> tuple[list[CachedFile], list[str], list[str]]:
-    """(unchanged cached files, changed or new paths, removed paths) of a scan. Blocking.
+    """(unchanged cached files, changed or new paths, removed paths) of a scan, each directory's
+    stamp recorded in `stamps`. Blocking.
 
     The walk of _walk, inlined: this loop runs once per file on every listing."""
     unchanged: list[CachedFile] = []
@@ -101,6 +103,7 @@ def _compare(
     stack = [(os.fspath(root), "")]
     while stack:
         directory, prefix = stack.pop()
+        stamps.record(directory)
         try:
             with os.scandir(directory) as it:
                 for item in it:
@@ -179,6 +182,7 @@ class ManifestCache:
         self._on_removed = on_removed
         self._files: dict[str, CachedFile] = {}
         self._listing: Listing | None = None
+        self._stamps: DirStamps | None = None  # of the scan that made _listing
         self._generation = 0  # bumped by every change of _files outside a scan
         self._listed_generation = -1
         self._lock = asyncio.Lock()
@@ -288,17 +292,26 @@ class ManifestCache:
         return self._listing
 
     async def listing(self, max_age_s: float = 0.0) -> Listing:
-        """A listing of the whole tree: the last one if younger than `max_age_s`, else a new
-        scan (callers arriving during a scan share its result)."""
+        """A listing of the whole tree: the last one if younger than `max_age_s` and no file was
+        created, deleted or renamed since (directory stamps), else a new scan (callers arriving
+        during a scan share its result)."""
         requested_at = time.monotonic()
         async with self._lock:
             current = self._listing
-            if current is not None and (
-                current.taken_at >= requested_at or requested_at - current.taken_at < max_age_s
+            if (
+                current is not None
+                and (
+                    current.taken_at >= requested_at or requested_at - current.taken_at < max_age_s
+                )
+                and await unchanged_since(self._stamps)
             ):
                 return current
             started = time.monotonic()
-            unchanged, changed, removed = await asyncio.to_thread(_compare, self.root, self._files)
+            recorder = StampRecorder(time.time_ns())
+            unchanged, changed, removed = await asyncio.to_thread(
+                _compare, self.root, self._files, recorder
+            )
+            self._stamps = recorder.done()
             fresh = await self._hash_paths(changed)
             if removed and self._on_removed is not None:
                 await self._on_removed([self._files[path].entry for path in removed])

@@ -261,6 +261,33 @@ class NetnsCluster(Cluster):
             )
             _run(self._nft(host), input_text=script)
 
+    def limit_rate(self, host: Host, rate_mbit: float, *, queue_ms: int = 1000) -> None:
+        """Limit `host`'s link to `rate_mbit` each way (tbf on both ends of its veth).
+
+        What it sends queues in its own qdisc, a pfifo_fast under the shaper as on a real host
+        (TCP keeps that queue short, and a socket's SO_PRIORITY picks its band); what it
+        receives queues at the switch's port in one FIFO of `queue_ms` at that rate (a bloated
+        bottleneck buffer: forwarded packets carry no priority, and TCP senders fill it).
+        Lifted by `unlimit_rate`, and with the namespaces when the cluster closes."""
+        (host,) = self._check_hosts([host])
+        assert host.ns is not None
+        rate = ["rate", f"{rate_mbit:g}mbit", "burst", "32kb"]
+        uplink = ["tc", "-n", host.ns, "qdisc", "replace", "dev", "eth0", "root", "handle", "1:"]
+        _run([*uplink, "tbf", *rate, "latency", "50ms"])
+        _run(["tc", "-n", host.ns, "qdisc", "add", "dev", "eth0", "parent", "1:1",
+              "handle", "10:", "pfifo_fast"])  # fmt: skip
+        port = f"h{self.hosts.index(host)}"
+        _run(["tc", "-n", self.switch_ns, "qdisc", "replace", "dev", port, "root", "handle", "1:",
+              "tbf", *rate, "latency", f"{queue_ms}ms"])  # fmt: skip
+
+    def unlimit_rate(self, host: Host) -> None:
+        """Remove `limit_rate` of `host` (nothing if it has none)."""
+        (host,) = self._check_hosts([host])
+        assert host.ns is not None
+        index = self.hosts.index(host)
+        for ns, dev in ((host.ns, "eth0"), (self.switch_ns, f"h{index}")):
+            _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+
     def _teardown(self) -> None:
         for ns in reversed(self.namespaces):
             _remove_namespace(ns)

@@ -177,6 +177,32 @@ def test_one_way_partition_blocks_one_direction_only(netns_cluster: NetnsCluster
 
 
 @pytest.mark.netns
+def test_a_rate_limit_shapes_both_ends_of_a_link_and_lifts(
+    netns_cluster: NetnsClusterFactory,
+) -> None:
+    cluster = netns_cluster(2)
+    h0, h1 = cluster.hosts
+    start_probe(h1)
+
+    def qdiscs() -> tuple[str, str]:
+        up = h0.run(["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        port = ["tc", "-n", cluster.switch_ns, "qdisc", "show", "dev", "h0"]
+        return up, subprocess.run(port, capture_output=True, text=True, check=True).stdout
+
+    cluster.limit_rate(h0, 20, queue_ms=500)
+    up, down = qdiscs()
+    for shaped in (up, down):
+        assert "tbf 1: root" in shaped
+        assert "rate 20Mbit" in shaped
+    assert "pfifo_fast 10: parent 1:1" in up
+    assert "lat 500ms" in down
+    assert tcp_echo(h0, h1)
+    cluster.unlimit_rate(h0)
+    assert "tbf" not in "".join(qdiscs())
+    cluster.unlimit_rate(h0)  # nothing to lift: no error
+
+
+@pytest.mark.netns
 def test_partition_rules_accumulate_and_reject_bad_groups(
     netns_cluster: NetnsClusterFactory,
 ) -> None:

@@ -97,3 +97,31 @@ def test_dev_cluster_shares_are_round_robin_and_disjoint() -> None:
     assert sorted(index for share in shares for index in share) == list(range(16))
     with pytest.raises(ConfigError):
         gpu_share(3, 3, 8)
+
+
+def test_gpu_fault_settings_have_defaults_and_bounds() -> None:
+    settings = _settings()
+    assert (
+        settings.gpu_fault_check_s,
+        settings.gpu_readmit_settle_s,
+        settings.gpu_quarantine_limit,
+        settings.timeouts.gpu_read_s,
+        settings.timeouts.gpu_selftest_s,
+    ) == (1.0, 10.0, 3, 2.0, 120.0)
+    tuned = _settings(gpu_fault_check_s=0.2, gpu_readmit_settle_s=0, gpu_quarantine_limit=1)
+    assert (tuned.gpu_fault_check_s, tuned.gpu_quarantine_limit) == (0.2, 1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        ({"gpu_fault_check_s": 5}, "gpu_fault_check_s"),
+        ({"gpu_fault_check_s": 0}, "gpu_fault_check_s"),
+        ({"gpu_readmit_settle_s": -1}, "gpu_readmit_settle_s"),
+        ({"gpu_quarantine_limit": 0}, "gpu_quarantine_limit"),
+        ({"timeouts.gpu_read_s": 0}, "timeouts.gpu_read_s"),
+    ],
+)
+def test_a_bad_gpu_fault_setting_names_the_field(flags: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        _settings(**flags)

@@ -119,7 +119,7 @@ async def test_learns_the_cluster_from_one_node_and_exits_0_when_all_are_well(
         assert all(row.health == "healthy" and row.error is None for row in status.nodes)
         assert status.summary.nodes_alive == 3
         code, out, err = await _run_cli("--node", _url(daemons[1]), "--json")
-        assert code == 0, err
+        assert code == 0, out + err
         document = json.loads(out)
         assert set(document) == {"time", "coordinator", "term", "nodes", "summary"}
         assert [node["node_id"] for node in document["nodes"]] == ["n0", "n1", "n2"]

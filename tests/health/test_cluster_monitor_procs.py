@@ -76,6 +76,16 @@ def _row_state(status: ClusterStatus, node_id: str) -> str | None:
     return None if row is None else row.state
 
 
+MONITOR_REPORTING_MODULES = (
+    "import json, sys\n"
+    "from health.cluster_monitor import main\n"
+    "code = main(sys.argv[1:])\n"
+    "sys.stderr.write('\\nMODULES ' + json.dumps(sorted(sys.modules)) + '\\n')\n"
+    "sys.exit(code)\n"
+)
+"""`cluster_monitor ARGS...`, then the modules it loaded on stderr after `MODULES `."""
+
+
 def test_a_killed_node_is_dead_in_the_json_and_exit_is_1(
     loopback_cluster: LoopbackClusterFactory,
 ) -> None:
@@ -90,11 +100,14 @@ def test_a_killed_node_is_dead_in_the_json_and_exit_is_1(
         message="h2 dead in the views",
     )
     result = subprocess.run(
-        [sys.executable, "-m", "health.cluster_monitor", "--node", url, "--json"],
+        [sys.executable, "-c", MONITOR_REPORTING_MODULES, "--node", url, "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=30,
         env={**os.environ, "SHOAL_CONFIG": ""},
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
+    # one status asks over urllib in threads: aiohttp (~1 G instructions to import) stays out
+    modules = json.loads(result.stderr[result.stderr.rindex("\nMODULES ") + 9 :])
+    assert [m for m in modules if m == "aiohttp" or m.startswith("aiohttp.")] == []
     nodes = {node["node_id"]: node for node in json.loads(result.stdout)["nodes"]}
     assert sorted(nodes) == ["h0", "h1", "h2"]
     assert nodes["h2"]["state"] == "dead"

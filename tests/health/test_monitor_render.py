@@ -211,6 +211,42 @@ def test_a_draining_node_shows_in_a_drain_column_only_while_one_drains() -> None
         assert "draining" not in cells["gpu-c"]
 
 
+def test_a_quarantined_node_shows_its_gpu_fault_in_the_drain_column() -> None:
+    fault = {"reason": "gpu_fault: Xid 79 on GPU-5d8f0e1c-2a", "state": "settling"}
+    reports = [ok(0, quarantine=fault), ok(1, drain={"kill_after_s": None}, quarantine=fault)]
+    status = build_cluster_status([*reports, ok(2)], [seen(i) for i in range(3)], 1000.0)
+    rows = {row.node_id: row for row in status.nodes}
+    assert rows["gpu-a"].to_dict()["drain"] == {"draining": False, "quarantine": fault["reason"]}
+    assert rows["gpu-b"].to_dict()["drain"] == {
+        "kill_after_s": None,
+        "quarantine": fault["reason"],
+    }
+    assert parse_status(status_doc("gpu-x", quarantine={"state": "x"})).drain is None
+    lines = recorded(status, 160).splitlines()
+    cells = {line.split()[0]: line for line in lines if line.startswith("gpu-")}
+    assert "quarantined: Xid 79 on GPU-5d8f0e1c-2a" in cells["gpu-a"]
+    assert "draining" not in cells["gpu-a"]
+    assert "draining; quarantined: Xid 79" in cells["gpu-b"]
+
+
+def test_each_training_node_shows_its_step_and_rate_only_while_one_trains() -> None:
+    assert "training" not in recorded(healthy_cluster(), 160).splitlines()[1]
+    progress = {"generation": 4, "ranks": 2, "step": 1234, "steps_per_s": 5.2}
+    reports = [ok(0, training=progress), ok(1, training=None), ok(2, training={"step": "x"})]
+    status = build_cluster_status(reports, [seen(i) for i in range(3)], 1000.0)
+    rows = {row.node_id: row for row in status.nodes}
+    assert rows["gpu-a"].to_dict()["training"] == progress
+    assert rows["gpu-b"].to_dict()["training"] is None
+    assert rows["gpu-c"].training is None, "junk reads as nothing"
+    for width in (160, 80):
+        lines = recorded(status, width).splitlines()
+        assert " training " in lines[1]
+        assert max(len(line) for line in lines) <= width
+        cells = {line.split()[0]: line for line in lines if line.startswith("gpu-")}
+        assert "step 1234, 5.20/s" in cells["gpu-a"]
+        assert "step" not in cells["gpu-b"]
+
+
 def test_a_node_its_peers_refuse_shows_dead_refused() -> None:
     why = "revoked: the certificate of 'gpu-c' (serial 5F) was revoked at ... (CRL number 2)"
     views = [seen(0), seen(1), replace(seen(2, "dead", 4.0), refused=why)]

@@ -16,11 +16,13 @@ from aiohttp.test_utils import TestServer
 from config import error_response
 from net import (
     BlockingPeerClient,
+    ClientClosedError,
     Identity,
     PeerClient,
     PeerRequestError,
     PeerTimeoutError,
     RetryLater,
+    ThreadedTransport,
 )
 from net.aio import AiohttpTransport
 from node.security import (
@@ -72,6 +74,14 @@ def _address(server: TestServer) -> str:
     return f"127.0.0.1:{server.port}"
 
 
+def _closed_port() -> int:
+    """A port nothing listens on (bound a moment, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
 async def test_the_real_middleware_verifies_the_signature_and_the_cluster(
     server: TestServer,
 ) -> None:
@@ -114,11 +124,8 @@ async def test_real_failures_map_to_net_errors(server: TestServer) -> None:
         assert (busy.value.retry_after_s, busy.value.code) == (4.0, "busy")
         with pytest.raises(PeerTimeoutError, match=r"no answer in 0\.2 s"):
             await client.get_json(_address(server), "/v1/slow", timeout_s=0.2)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            closed = sock.getsockname()[1]
         with pytest.raises(PeerRequestError, match="unreachable: connection refused"):
-            await client.get_json(f"127.0.0.1:{closed}", "/v1/echo")
+            await client.get_json(f"127.0.0.1:{_closed_port()}", "/v1/echo")
 
 
 async def test_the_blocking_twin_against_the_real_middleware(server: TestServer) -> None:
@@ -233,3 +240,21 @@ def _sessions(peers: PeerClient) -> Mapping[str, object]:
     transport = peers.transport
     assert isinstance(transport, AiohttpTransport)
     return transport.sessions
+
+
+async def test_the_threaded_transport_is_a_peer_client_without_aiohttp(server: TestServer) -> None:
+    transport = ThreadedTransport(max_threads=4)
+    async with PeerClient(Identity(SECRET, "monitor-a", "prod"), transport=transport) as client:
+        answers = await asyncio.gather(
+            *(client.get_json(_address(server), "/v1/echo", params={"i": str(i)}) for i in range(8))
+        )
+        assert sorted(int(a["query"]["i"]) for a in answers) == list(range(8))
+        assert {a["sender"] for a in answers} == {"monitor-a"}  # signed, verified there
+        with pytest.raises(RetryLater):
+            await client.get_json(_address(server), "/v1/busy")
+        with pytest.raises(PeerTimeoutError):
+            await client.get_json(_address(server), "/v1/slow", timeout_s=0.2)
+        with pytest.raises(PeerRequestError, match="unreachable: connection refused"):
+            await client.get_json(f"127.0.0.1:{_closed_port()}", "/v1/echo")
+    with pytest.raises(ClientClosedError):
+        await client.get_json(_address(server), "/v1/echo")

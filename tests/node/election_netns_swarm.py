@@ -180,11 +180,13 @@ def start_voters(
     timeouts: Mapping[str, float] | None = None,
     settings: Mapping[str, object] | None = None,
     probe_interval_s: float = 0.05,
+    tree: Path = ROOT,
 ) -> tuple[Swarm, ElectionWatch]:
     """Start `daemons` voters on the first hosts of `cluster` and the probe on the next host.
 
     Each daemon gets `--inventory` (all of them voters), `--no-mdns`, `--node-id` and a config
-    file with `timeouts`, `settings` and its `adoption_log`. Returns at once: wait on the watch.
+    file with `timeouts`, `settings` and its `adoption_log`; the daemons run `tree`'s code.
+    Returns at once: wait on the watch.
     """
     hosts, probe_host = cluster.hosts[:daemons], cluster.hosts[daemons]
     inventory = cluster.base_dir / "hosts.yaml"
@@ -207,7 +209,7 @@ def start_voters(
             "--config", str(config_path(host)),
         ]  # fmt: skip
 
-    swarm = Swarm(cluster, hosts, probe_host, serve_args)
+    swarm = Swarm(cluster, hosts, probe_host, serve_args, tree=tree)
     argv = [
         sys.executable, str(PROBE),
         "--secret-file", str(swarm.secret_file),

@@ -342,8 +342,12 @@ class Swarm:
         hosts: Sequence[Host],
         probe_host: Host,
         serve_args: Callable[[Host], Sequence[str]],
+        *,
+        tree: Path = ROOT,
     ) -> None:
         self.cluster = cluster
+        self.tree = tree
+        """The checkout whose code the daemons run (another one for a before/after bench)."""
         self.hosts = tuple(hosts)
         self.probe_host = probe_host
         self._serve_args = serve_args
@@ -380,7 +384,8 @@ class Swarm:
 
     def start(self, host: Host) -> ClusterProcess:
         """Start (or restart) the daemon of `host`; returns at once."""
-        proc = host.spawn(self.argv(host), cwd=ROOT, name="shoal")
+        env = None if self.tree == ROOT else {"PYTHONPATH": str(self.tree)}
+        proc = host.spawn(self.argv(host), cwd=self.tree, env=env, name="shoal")
         self.daemons[host.name] = proc
         self.down.discard(host.name)
         return proc

@@ -61,7 +61,6 @@ async def test_configs_deletions_propagate_and_models_are_kept(tmp_path: Path) -
             copy = dest.settings.category_path("configs") / "train.yaml"
             deadline = time.monotonic() + 10
             while copy.exists() and time.monotonic() < deadline:
-                # the source re-lists its directory at most once a second (listing_fresh_s)
                 again = await _cli("sync", "models", "configs", "--node", node, "--from", "src")
                 for category in deleted:
                     deleted[category] += again["files"][category]["deleted"]
@@ -73,6 +72,34 @@ async def test_configs_deletions_propagate_and_models_are_kept(tmp_path: Path) -
             assert status["deletions"]["configs"] == {"policy": "propagate", "tombstones": 1}
             assert status["deletions"]["models"] == {"policy": "keep", "tombstones": 0}
             assert status["last_run"]["files"]["configs"]["stale_beyond_tombstone_ttl"] is False
+    finally:
+        await source.close()
+
+
+async def test_a_deletion_is_seen_by_the_very_next_sync(tmp_path: Path) -> None:
+    """`rm` then `shoal sync configs --from src` at once deletes the copy: the source notices
+    the deletion when it serves its next manifest, although it listed the category moments ago
+    (the listing it would reuse is younger than listing_fresh_s)."""
+    source = NodeDaemon(test_settings(tmp_path, "src", sync_interval_s=0))
+    await source.start()
+    try:
+        config = source.settings.category_path("configs") / "train.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_bytes(b"lr: 1")
+        seed = (f"127.0.0.1:{source.port}",)
+        settings = test_settings(tmp_path, "dst", sync_interval_s=0, seeds=seed)
+        async with NodeDaemon(settings) as dest:
+            await _wait_for_peer(dest.port, "src")
+            node = f"http://127.0.0.1:{dest.port}"
+            first = await _cli("sync", "configs", "--node", node, "--from", "src")
+            assert first["files"]["configs"]["files_transferred"] == 1
+            manifest = f"http://127.0.0.1:{source.port}/v1/sync/configs/manifest"
+            async with ClientSession() as session, session.get(manifest) as response:
+                assert [e["path"] for e in (await response.json())["entries"]] == ["train.yaml"]
+            config.unlink()  # right after the source listed it, then sync at once
+            again = await _cli("sync", "configs", "--node", node, "--from", "src")
+            assert again["files"]["configs"]["deleted"] == 1
+            assert not (dest.settings.category_path("configs") / "train.yaml").exists()
     finally:
         await source.close()
 

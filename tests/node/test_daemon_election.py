@@ -261,11 +261,16 @@ async def test_a_node_whose_training_keeps_dying_gives_its_rank_away(tmp_path: P
         assert plan["roles"]["t1"] == "selfplay"
 
         async def degraded() -> bool:
+            # a backoff between the failures is degraded too: wait for the give-up's reason
             _, health = await _get(daemons["t1"].port, "/v1/health")
             training = [c for c in health["components"] if c["name"] == "training"]
-            return bool(training) and training[0]["status"] == "degraded"
+            return (
+                bool(training)
+                and training[0]["status"] == "degraded"
+                and (reason in training[0]["message"])
+            )
 
-        await _until(degraded, 30, "t1's training component to show degraded")
+        await _until(degraded, 30, "t1's training component to show degraded with its reason")
         _, health = await _get(daemons["t1"].port, "/v1/health")
         training = next(c for c in health["components"] if c["name"] == "training")
         assert reason in training["message"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,9 @@ from health import ENV_FAKE_GPUS, BreakerRegistry
 from node import NodeDaemon
 from node.cli import app
 from node.election.roles import CANNOT_TRAIN_META
-from node.election.service import ElectionService, VoterSet
 from node.errors import MembershipError
 from node.runtime import NodeRuntime
+from node.training.launching import Launching
 from tests.node.daemons import FAST_ELECTION, test_settings
 
 
@@ -203,7 +203,7 @@ class TightMembership:
         self.room = room
         self.meta: dict[str, object] = {}
 
-    def update_meta(self, changes: dict[str, object]) -> None:
+    def update_meta(self, changes: Mapping[str, str]) -> None:
         if len(str(changes[CANNOT_TRAIN_META])) > self.room:
             raise MembershipError("meta is too large to gossip; keep it under 600 bytes of JSON")
         self.meta.update(changes)
@@ -214,10 +214,9 @@ def test_a_cannot_train_reason_is_cut_to_what_the_meta_has_room_for(
     tmp_path: Path, room: int, told: int | None
 ) -> None:
     runtime = NodeRuntime(_settings(tmp_path, "n"), "n", "127.0.0.1", "0", BreakerRegistry())
-    service = ElectionService(runtime, VoterSet(("n",), True))
     membership = TightMembership(room)
-    service._membership = membership  # type: ignore[assignment]
-    service._set_cannot_train("the training command failed: " + "x" * 300)
+    launching = Launching(runtime, lambda: membership, lambda g, e: None, lambda: None)
+    launching.set_cannot_train("the training command failed: " + "x" * 300)
     reason = membership.meta.get(CANNOT_TRAIN_META)
     assert (None if reason is None else len(str(reason))) == told
     assert reason is None or str(reason).startswith("the training command failed")

@@ -1,7 +1,7 @@
 """The training launcher in real daemons on 127.0.0.1: two training nodes with
 `training_nproc: 2` run a plain torchrun-style script as 4 gloo workers with torchrun's
-environment; SIGKILL of one worker restarts both workers of its node and the group all-reduces
-again."""
+environment; SIGKILL of one worker restarts the whole group in a new generation (reason
+`worker_exit`) and it all-reduces again."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import ClientSession
 
 from config import NodeSettings
 from health import ENV_FAKE_GPUS
@@ -62,7 +63,7 @@ def settings_for(tmp_path: Path, name: str, out: Path, seeds: tuple[str, ...]) -
 
 
 @pytest.mark.timeout(300)
-async def test_two_nodes_of_two_workers_form_one_group_and_a_killed_worker_restarts_its_node(
+async def test_two_nodes_of_two_workers_form_one_group_and_a_killed_worker_restarts_the_group(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "workers.jsonl"
@@ -129,16 +130,19 @@ async def test_two_nodes_of_two_workers_form_one_group_and_a_killed_worker_resta
         assert sorted(e["rank"] for e in again) == [0, 1, 2, 3]
         assert {e["value"] for e in again} == {10.0}
         starts = started()
-        generation = envs[0]["SHOAL_GENERATION"]
-        for event in again:
-            env = starts[event["pid"]]["env"]
-            assert env["SHOAL_GENERATION"] == generation, "the same group, restarted in place"
-            if urls[env["SHOAL_DAEMON_URL"]] == victim_node:
-                assert event["restart"] == "1", "both workers of the victim's node restarted once"
-            else:
-                assert int(event["restart"]) >= 1, "its workers crashed on the lost peer"
+        generation = int(envs[0]["SHOAL_GENERATION"])
+        newer = {int(starts[event["pid"]]["env"]["SHOAL_GENERATION"]) for event in again}
+        assert len(newer) == 1, "one group"
+        assert newer.pop() > generation, "the whole group moved to a new generation"
         for pid in old:
             assert pid not in {e["pid"] for e in again}
+        async with ClientSession() as session:
+            url = next(url for url, name in urls.items() if name != victim_node)
+            async with session.get(f"{url}/v1/training") as answer:
+                restarts = (await answer.json())["restarts"]
+        assert [r["reason"] for r in restarts if r["generation"] > generation][:1] == [
+            "worker_exit"
+        ], restarts
     finally:
         for daemon in daemons.values():
             await daemon.close()

@@ -40,11 +40,14 @@ from node.election.state import (
 from node.plan import PlanFence, RolePlan
 
 VOTERS = ("a", "b", "c", "d", "e")
-LEASE = 1.5
+TIMEOUTS = Timeouts(heartbeat_interval_s=0.25, lease_s=1.5, election_min_s=1.5, election_max_s=3.0)
+"""The timing these pure-function tests are written in (round numbers, not the defaults)."""
+LEASE = TIMEOUTS.lease_s
+ELECTION_MAX = TIMEOUTS.election_max_s
 
 
 def config(node_id: str, voters: tuple[str, ...] = VOTERS) -> ElectionConfig:
-    return ElectionConfig.from_timeouts(node_id, voters, Timeouts())
+    return ElectionConfig.from_timeouts(node_id, voters, TIMEOUTS)
 
 
 class Net:
@@ -106,7 +109,7 @@ def settled_net(nodes: Iterable[str] = VOTERS, voters: tuple[str, ...] = VOTERS)
 def test_single_voter_elects_itself() -> None:
     rng = random.Random(0)
     state = initial_state(config("solo", ("solo",)), DurableRecord(), None, 0.0, rng)
-    assert next_wakeup(state) >= 1.5
+    assert next_wakeup(state) >= TIMEOUTS.election_min_s
     state, out = core.on_tick(state, next_wakeup(state), rng)
     assert state.role is ElectionRole.COORDINATOR
     assert state.term == 1
@@ -196,10 +199,10 @@ def test_disruptive_returning_node_cannot_unseat_the_coordinator() -> None:
     net = settled_net()
     net.isolate("e")
     for _ in range(5):
-        net.advance(3.0)
+        net.advance(ELECTION_MAX)
     assert net.states["e"].term == 1  # pre-votes fail: it never even raises its term
     net.cut.clear()
-    net.advance(3.0)
+    net.advance(ELECTION_MAX)
     assert net.coordinators() == ["a"]
     assert net.states["a"].term == 1
     assert net.states["e"].coordinator == "a"
@@ -211,7 +214,7 @@ def test_minority_never_elects() -> None:
         (x, y) for x in VOTERS for y in VOTERS if {x, y} & {"a", "b"} and {x, y} - {"a", "b"}
     }
     for _ in range(10):
-        net.advance(3.0)
+        net.advance(ELECTION_MAX)
     assert set(net.coordinators()) <= {"c", "d", "e"}
     assert len(net.coordinators()) == 1
     assert all(net.states[n].role is not ElectionRole.COORDINATOR for n in "ab")
@@ -294,7 +297,7 @@ def test_non_voter_never_stands_never_votes_but_follows() -> None:
     assert reply.reason == VoteReason.NOT_VOTER
     net.states["a"] = with_observers(net.states["a"], ["x", "b"])
     assert net.states["a"].observers == {"x"}
-    net.advance(1.5)
+    net.advance(LEASE)
     assert net.states["x"].coordinator == "a"
     assert net.states["x"].term == 1
     # acks of a non-voter never count toward the lease
@@ -457,3 +460,28 @@ def test_the_highest_generation_seen_travels_in_plans_acks_and_durable_state() -
     assert restarted.generation == 9
     with_plan = initial_state(config("b"), DurableRecord(1, "a", 3), plan, 0.0, net.rng)
     assert with_plan.generation == 7
+
+
+def test_a_pre_vote_denied_for_the_lease_just_after_the_coordinator_fell_silent_retries_soon() -> (
+    None
+):
+    rng = random.Random(0)
+    heartbeat = Heartbeat(4, "a", 1, None, None)
+    follower = initial_state(config("b"), DurableRecord(4), None, 0.0, rng)
+    follower, _ = core.handle_heartbeat(follower, heartbeat, 100.0, rng)
+    assert follower.coordinator == "a"
+    # b's timer fires one lease after a's last heartbeat; c heard that heartbeat a little later
+    candidate, _ = core.on_timeout(follower, 100.0 + LEASE, rng)
+    assert candidate.election_deadline >= 100.0 + LEASE + TIMEOUTS.election_min_s
+    denied = VoteReply(4, "c", False, True, VoteReason.LEASE.value)
+    now = 100.0 + LEASE + 0.01
+    soon, _ = core.handle_vote_reply(candidate, denied, now, rng)
+    assert soon.election_deadline == pytest.approx(now + TIMEOUTS.heartbeat_interval_s)
+    assert soon.role is ElectionRole.CANDIDATE
+    assert soon.term == 4  # a pre-vote: nothing else changes
+    # another reason, or a coordinator silent for long (we are the one cut off): no hurry
+    voted = VoteReply(4, "c", False, True, VoteReason.ALREADY_VOTED.value)
+    assert core.handle_vote_reply(candidate, voted, now, rng)[0] == candidate
+    late = 100.0 + LEASE + 3 * TIMEOUTS.heartbeat_interval_s
+    stale, _ = core.on_timeout(follower, late, rng)
+    assert core.handle_vote_reply(stale, denied, late, rng)[0] == stale

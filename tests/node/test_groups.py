@@ -364,11 +364,11 @@ def test_gloo_interface_binding_is_scoped_and_yields_to_the_operator(
     from node.training import groups
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    with groups._gloo_bound_to_route("127.0.0.1"):
+    with groups.gloo_bound_to_route("127.0.0.1"):
         assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
     assert "GLOO_SOCKET_IFNAME" not in os.environ
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
-    with groups._gloo_bound_to_route("127.0.0.1"):
+    with groups.gloo_bound_to_route("127.0.0.1"):
         assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
     assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
 

@@ -114,6 +114,7 @@ def test_training_env_sets_the_rendezvous_and_keeps_the_base() -> None:
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "SHOAL_GENERATION": "7",
+        "SHOAL_BACKEND": "gloo",
     }
 
 
@@ -263,6 +264,18 @@ async def test_child_ignoring_sigterm_is_killed_after_stop_timeout(
         assert runner.status.last_exit_code == -9
 
 
+async def test_a_stopped_child_takes_its_sigterm_without_waiting_for_the_kill(
+    tmp_path: Path, out: Path
+) -> None:
+    """A hung worker (SIGSTOP) is stopped by the SIGTERM of a restart, not its SIGKILL."""
+    async with launcher(tmp_path, out, stop_timeout_s=5.0) as runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: len(events(out, "start")) == 1)
+        os.kill(events(out, "start")[0]["pid"], signal.SIGSTOP)
+        await runner.apply(None)
+        assert runner.status.last_exit_code == 0, "its SIGTERM handler ran: not killed"
+
+
 async def test_stop_reaches_the_childs_own_children(tmp_path: Path, out: Path) -> None:
     script = (
         "import subprocess, sys, time\n"
@@ -358,6 +371,35 @@ async def test_a_child_that_keeps_failing_gives_up_and_reports_it(
         await wait_until(lambda: len(events(out, "start")) >= 4)
         assert runner.status.generation == 2
         assert runner.status.state is not LauncherState.GAVE_UP
+
+
+async def test_a_restart_of_the_group_keeps_counting_the_failures(
+    tmp_path: Path, out: Path
+) -> None:
+    """Each failure restarts the whole group in a new generation (worker_exit): that new
+    generation keeps the failures, so a command that keeps failing still gives up."""
+    failed: list[tuple[int, str]] = []
+    runner = launcher(
+        tmp_path,
+        out,
+        mode="crash",
+        backoff_s=30.0,
+        max_failures=3,
+        failure_window_s=60.0,
+        on_failure=lambda generation, error: failed.append((generation, error)),
+    )
+    async with runner:
+        await runner.apply(rdv(generation=1))
+        await wait_until(lambda: runner.status.failures == 1)
+        await runner.apply(rdv(generation=2), keep_failures=True)
+        await wait_until(lambda: runner.status.failures == 2)
+        await runner.apply(rdv(generation=3), keep_failures=True)
+        await wait_until(lambda: runner.status.state is LauncherState.GAVE_UP)
+        assert [generation for generation, _ in failed] == [1, 2, 3]
+        assert failed[0][1] == "generation 1: training command exited 3"
+        await runner.apply(rdv(generation=4))  # a new group that is no restart starts afresh
+        await wait_until(lambda: runner.status.state is LauncherState.BACKOFF)
+        assert runner.status.failures == 1
 
 
 async def test_failures_outside_the_window_do_not_add_up(tmp_path: Path, out: Path) -> None:

@@ -106,6 +106,7 @@ def test_plan_dict_form() -> None:
         "cannot_train": {},
         "weights_generation": 0,
         "draining": {},
+        "quarantined": {},
         "note": "1 of 2 members train",
     }
     assert RolePlan.from_dict(document) == plan()

@@ -25,10 +25,10 @@ from node.election.roles import (
     compute_plan,
     next_generation,
 )
-from node.election.service import CANNOT_TRAIN_REASON_CHARS
 from node.membership.types import MAX_META_TEXT_CHARS, MemberState, Update
 from node.membership.wire import encode_update
 from node.plan import GroupSpec, PlanError, RolePlan
+from node.training.launching import CANNOT_TRAIN_REASON_CHARS
 
 POLICY = RolePolicy(min_training=1, max_training=8, master_port=29500)
 

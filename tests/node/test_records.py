@@ -108,8 +108,12 @@ TABLE_PREVIOUS = (
     f'"expires_at": 1764000040.0}}]}}}}, "runs": {{"run-1": {QUEUED_RUN}}}}}'
 )
 """A lock table as the previous release wrote it (no drains)."""
-TABLE = TABLE_PREVIOUS[:-1] + ', "drains": {"n3": {"kill_after_s": null, "by": "op"}}}'
-"""This release's: the drained nodes too (`shoal node drain`)."""
+TABLE = (
+    TABLE_PREVIOUS[:-1] + ', "drains": {"n3": {"kill_after_s": null, "by": "op"}}, '
+    '"quarantines": {"n2": {"reason": "gpu_fault: Xid 79 on GPU-0", "since": 1764000005.0, '
+    '"active": true, "times": [1764000005.0], "held": false}}}'
+)
+"""This release's: the drained nodes (`shoal node drain`) and GPU quarantines too."""
 OFFER = (
     '{"run": "r1", "version": 3, "params": [{"name": "w", "shape": [2, 3], "dtype": "float32", '
     '"nbytes": 24}], "total_bytes": 24, "deadline_s": 30.0, "sent_at": 1764000000.5, '
@@ -182,9 +186,14 @@ def test_a_record_reads_the_json_written_before_and_writes_the_same_bytes(
 def test_lock_tables_and_answers_read_and_write_the_same_bytes() -> None:
     previous = LockTable.from_dict(json.loads(TABLE_PREVIOUS))
     assert previous.drains == {}, "a table of the previous release drains nobody"
-    assert json.dumps(previous.to_dict()) == TABLE_PREVIOUS[:-1] + ', "drains": {}}'
+    assert previous.quarantines == {}, "nor quarantines anybody"
+    assert json.dumps(previous.to_dict()) == (
+        TABLE_PREVIOUS[:-1] + ', "drains": {}, "quarantines": {}}'
+    )
     table = LockTable.from_dict(json.loads(TABLE))
     assert table.drains == {"n3": {"kill_after_s": None, "by": "op"}}
+    assert table.quarantines["n2"].active
+    assert table.quarantines["n2"].times == (1764000005.0,)
     assert table.version == LockFence(3, 17)
     assert table.get("runs.training").fence == LockFence(3, 17)
     assert json.dumps(table.to_dict()) == TABLE

@@ -3,10 +3,12 @@ defaults torchrun applies, and the variables of `env_from: rendezvous` jobs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from config import Timeouts
 from node.errors import JobError, LauncherError
 from node.jobs.policy import rendezvous_env
 from node.training.rendezvous import Rendezvous
@@ -54,6 +56,7 @@ def test_every_torchrun_variable_of_a_one_worker_node() -> None:
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "SHOAL_GENERATION": "5",
+        "SHOAL_BACKEND": "gloo",
     }
     assert set(env) == set(TORCHRUN_VARIABLES)
 
@@ -134,6 +137,7 @@ def test_every_torchrun_variable_of_local_rank_1_of_a_two_worker_node(answered_f
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "OMP_NUM_THREADS": "1",
         "SHOAL_GENERATION": "5",
+        "SHOAL_BACKEND": "gloo",
     }
     assert torchrun_env(node_1_of_2(answered_for))["RANK"] == "2"
 
@@ -175,3 +179,16 @@ def test_the_workers_base_env_layers_gpus_under_the_setting_and_the_daemon_url_o
     own = training_base_env(inherited, {"CUDA_VISIBLE_DEVICES": "3"}, "http://d", gpus)
     assert own["CUDA_VISIBLE_DEVICES"] == "3", "the operator's training_env wins"
     assert training_base_env(inherited, {}, "http://d", {})["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_the_workers_base_env_carries_the_nodes_group_timeouts() -> None:
+    timeouts = Timeouts(collective_s=25, quorum_s=90)
+    env = training_base_env({}, {"SHOAL_QUORUM_S": "30"}, "http://d", {}, timeouts)
+    assert (env["SHOAL_COLLECTIVE_S"], env["SHOAL_QUORUM_S"]) == ("25", "30")
+
+
+def test_the_workers_base_env_names_the_nodes_checkpoint_directory_over_the_setting() -> None:
+    setting = {"SHOAL_CHECKPOINT_DIR": "/elsewhere"}
+    env = training_base_env({}, setting, "http://d", {}, checkpoint_dir=Path("/data/checkpoints"))
+    assert env["SHOAL_CHECKPOINT_DIR"] == "/data/checkpoints"
+    assert "SHOAL_CHECKPOINT_DIR" not in training_base_env({}, {}, "http://d", {})

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from sync.files import dirstamps
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import ManifestCache
 from tests.sync.files_fixtures import PIECE, CountingHasher, hash_file, write_file
@@ -132,3 +135,37 @@ async def test_files_recorded_after_a_listing_appear_in_the_next(tmp_path: Path)
         assert second.etag != first.etag
         assert hasher.calls == 1
         assert (await cache.listing()).etag == second.etag
+
+
+async def test_a_recent_listing_is_reused_only_while_no_directory_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dirstamps, "RACY_NS", 0)  # the tree was just written: not racy here
+    root = tmp_path / "configs"
+    _tree(root, 20)
+    async with ManifestCache(root, tmp_path / "m.db", PIECE) as cache:
+        first = await cache.listing()
+        assert await cache.listing(max_age_s=60) is first  # nothing changed: one stat per dir
+        (root / "d3" / "f003.bin").unlink()
+        after_delete = await cache.listing(max_age_s=60)
+        assert "d3/f003.bin" not in after_delete.paths
+        write_file(root / "d9" / "new.bin", b"new")  # a new directory, a new file
+        after_create = await cache.listing(max_age_s=60)
+        assert "d9/new.bin" in after_create.paths
+        (root / "d4" / "f004.bin").rename(root / "d5" / "moved.bin")
+        after_rename = await cache.listing(max_age_s=60)
+        assert "d4/f004.bin" not in after_rename.paths
+        assert "d5/moved.bin" in after_rename.paths
+        assert await cache.listing(max_age_s=60) is after_rename
+
+
+async def test_a_directory_changed_during_the_scan_tick_forces_the_next_scan(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "configs"
+    _tree(root, 5)  # written just now: within RACY_NS of the scan
+    async with ManifestCache(root, tmp_path / "m.db", PIECE) as cache:
+        first = await cache.listing()
+        again = await cache.listing(max_age_s=60)
+        assert again is not first
+        assert again.entries == first.entries

@@ -83,9 +83,11 @@ function stateCell(m) {
 }
 
 function drainCell(m) {
-  if (!m.drain) return "–";
-  const after = m.drain.kill_after_s;
-  return el("span", {}, badge("draining"), after === null || after === undefined ? "" : ` (jobs killed after ${after} s)`);
+  if (!m.drain && !m.quarantine) return "–";
+  const after = m.drain ? m.drain.kill_after_s : null;
+  const quarantine = m.quarantine ? el("span", { "data-quarantine": m.quarantine }, badge("quarantined"), ` ${m.quarantine}`) : null;
+  return el("span", {}, m.drain ? badge("draining") : null,
+    after === null || after === undefined ? "" : ` (jobs killed after ${after} s)`, quarantine);
 }
 
 function renderCluster(data) {

@@ -1,0 +1,280 @@
+"""The training group of one process, in torchft's shape: one long-lived object configured per
+generation (`configure(rendezvous)`: a new process group under the generation's store prefix),
+`abort()` for a hung communicator, and errors of background threads recorded (`report_error`)
+and read with `errored()`, never only logged.
+
+torch is imported on the first `configure`, so `import shoal` never needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+from shoal.errors import GroupError
+from shoal.rendezvous import Backend, Rendezvous
+
+__all__ = ["TrainingGroup", "choose_backend", "interface_towards", "torch_modules"]
+
+log = logging.getLogger(__name__)
+
+
+def torch_modules() -> tuple[Any, Any]:
+    """torch and torch.distributed, imported on first use without NumPy's import warning;
+    GroupError when torch or torch.distributed is missing."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+            import torch
+            import torch.distributed as dist
+    except ImportError as exc:
+        raise GroupError(f"torch is not installed ({exc}); install shoal[torch]") from exc
+    if not dist.is_available():
+        raise GroupError("this torch build has no torch.distributed")
+    return torch, dist
+
+
+def choose_backend(requested: Backend | None, cuda_available: bool) -> Backend:
+    """NCCL when asked for (or nothing was asked) and CUDA is available; gloo otherwise."""
+    return "nccl" if requested in ("nccl", None) and cuda_available else "gloo"
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of the local interface whose address routes to `address`, or None."""
+    try:
+        import ifaddr  # zeroconf's dependency; absent in a bare training environment
+    except ImportError:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # no packet is sent: this only asks the routing table
+            local = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    for adapter in ifaddr.get_adapters():
+        if any(ip.ip == local for ip in adapter.ips):
+            return str(adapter.nice_name)
+    return None
+
+
+@contextlib.contextmanager
+def gloo_bound_to_route(master_addr: str | None) -> Iterator[None]:
+    """While a gloo group forms, make it advertise the address that reaches the master, not
+    the hostname's (often 127.0.x.1 in /etc/hosts). An operator's GLOO_SOCKET_IFNAME wins; the
+    environment is restored afterwards so nothing leaks into child processes."""
+    name = None
+    if master_addr is not None and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        name = interface_towards(master_addr)
+    if name is None:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+
+
+def wait_for_master(
+    address: str, port: int, generation: int, deadline: float, clock: Callable[[], float]
+) -> None:
+    """Probe rank 0's store port until it accepts, so the error names it and the deadline
+    holds; MasterUnreachable-like GroupError when it never does."""
+    started = clock()
+    while True:
+        try:
+            wait_s = max(0.05, min(1.0, deadline - clock()))
+            with socket.create_connection((address, port), timeout=wait_s):
+                return
+        except OSError as exc:
+            if clock() + 0.1 >= deadline:
+                raise GroupError(
+                    f"generation {generation}: master {address}:{port} unreachable for "
+                    f"{clock() - started:.1f} s ({exc})"
+                ) from exc
+        time.sleep(0.1)
+
+
+def _cuda_device(torch: Any, rendezvous: Rendezvous) -> Any:
+    """Make the rendezvous's CUDA device (else the local rank's) this process's device."""
+    local_rank = rendezvous.place.local_rank
+    index = local_rank if rendezvous.cuda_device is None else rendezvous.cuda_device
+    count = int(torch.cuda.device_count())
+    if index >= count:
+        raise GroupError(
+            f"generation {rendezvous.generation}: local rank {local_rank} needs CUDA device "
+            f"{index} but this process sees {count} (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
+        )
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def form_group(
+    rendezvous: Rendezvous,
+    collective_s: float,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Any, Backend]:
+    """Connect to the generation's store (rank 0 hosts it, unless torchrun's agent does) and
+    init the default process group on it under the generation's prefix: (the prefixed store,
+    the backend used). GroupError names the generation, the master and why."""
+    torch, dist = torch_modules()
+    place, address, port = rendezvous.place, rendezvous.master_addr, rendezvous.master_port
+    generation, rank, size = place.generation, place.rank, place.world_size
+    backend = choose_backend(rendezvous.backend, bool(torch.cuda.is_available()))
+    if rendezvous.backend == "nccl" and backend != "nccl":
+        log.warning("generation %s: CUDA is unavailable; using gloo, not nccl", generation)
+    device_id = _cuda_device(torch, rendezvous) if backend == "nccl" else None
+    hosts = rendezvous.host_store and rank == 0
+    if not hosts:
+        wait_for_master(address, port, generation, deadline, clock)
+    join_s = max(1.0, deadline - clock())
+    try:
+        store = dist.TCPStore(address, port, size, hosts, timeout=timedelta(seconds=join_s))
+    except RuntimeError as exc:
+        what = "host the store on" if hosts else "join the store at"
+        raise GroupError(
+            f"generation {generation}: rank {rank} could not {what} {address}:{port} "
+            f"within {join_s:.1f} s: {exc}"
+        ) from exc
+    collective = timedelta(seconds=collective_s)
+    store.set_timeout(collective)
+    prefixed = dist.PrefixStore(rendezvous.store_prefix, store)
+    try:
+        with gloo_bound_to_route(address if backend == "gloo" else None):
+            dist.init_process_group(
+                backend,
+                store=prefixed,
+                rank=rank,
+                world_size=size,
+                timeout=collective,
+                **({} if device_id is None else {"device_id": device_id}),
+            )
+    except (RuntimeError, ValueError) as exc:
+        raise GroupError(
+            f"generation {generation}: {backend} group of {size} at {address}:{port} "
+            f"did not form: {exc}"
+        ) from exc
+    return prefixed, backend
+
+
+class TrainingGroup:
+    """This process's torch.distributed default group, re-formed per generation (torchft's
+    ProcessGroup shape). Thread-safe for `abort`, `report_error` and `errored`; `configure`
+    and `close` belong to the training thread."""
+
+    def __init__(
+        self,
+        *,
+        collective_timeout_s: float,
+        join_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.collective_timeout_s = collective_timeout_s
+        self.join_timeout_s = join_timeout_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._rendezvous: Rendezvous | None = None
+        self._store: Any = None
+        self._backend: Backend | None = None
+        self._error: BaseException | None = None
+        self._owned = False
+        self._closed = False
+
+    @property
+    def rendezvous(self) -> Rendezvous | None:
+        """The generation's rendezvous this group was configured with, or None."""
+        return self._rendezvous
+
+    @property
+    def backend(self) -> Backend | None:
+        return self._backend
+
+    @property
+    def store(self) -> Any:
+        """The generation's PrefixStore (None before `configure`, or for an adopted group)."""
+        return self._store
+
+    def configure(self, rendezvous: Rendezvous) -> None:
+        """Leave the current group (its communicator aborted: a survivor of a failed generation
+        must not wait on it) and form `rendezvous`'s within join_timeout_s; GroupError if it
+        does not form. Clears the recorded error: a new generation starts clean."""
+        if self._closed:
+            raise GroupError("the training group is closed")
+        if self._rendezvous is not None:
+            self.abort()
+            self._leave()
+        deadline = self._clock() + self.join_timeout_s
+        store, backend = form_group(rendezvous, self.collective_timeout_s, deadline, self._clock)
+        with self._lock:
+            self._rendezvous, self._store, self._backend = rendezvous, store, backend
+            self._owned, self._error = True, None
+        log.info(
+            "generation %s: rank %s of %s formed a %s group",
+            rendezvous.generation,
+            rendezvous.place.rank,
+            rendezvous.place.world_size,
+            backend,
+        )
+
+    def adopt(self, rendezvous: Rendezvous) -> None:
+        """Use the default group the script formed itself (it stays the script's to destroy)."""
+        _, dist = torch_modules()
+        with self._lock:
+            self._rendezvous, self._owned = rendezvous, False
+            self._backend = dist.get_backend()
+
+    def abort(self) -> None:
+        """Abort the communicator of a group this object formed, from any thread: with NCCL a
+        collective blocked on a dead or stopped peer fails at once (gloo has nothing to abort;
+        its collectives end at their timeout). The group itself is left by `configure` or
+        `close`, in the training thread. Idempotent."""
+        if not self._owned or self._backend != "nccl":
+            return
+        _, dist = torch_modules()
+        with contextlib.suppress(RuntimeError, AttributeError, ValueError):
+            dist.distributed_c10d._get_default_group().abort()
+
+    def _leave(self) -> None:
+        """Destroy the default group, if this object formed it."""
+        with self._lock:
+            owned, self._owned, self._store = self._owned, False, None
+        if not owned:
+            return
+        _, dist = torch_modules()
+        if not dist.is_initialized():
+            return
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, ValueError) as exc:
+            log.warning("destroying the process group failed: %s", exc)
+
+    def report_error(self, exc: BaseException) -> None:
+        """Record a background thread's failure (the first one stays until taken)."""
+        with self._lock:
+            if self._error is None:
+                self._error = exc
+
+    def errored(self) -> BaseException | None:
+        """The recorded failure, if any (it stays recorded)."""
+        return self._error
+
+    def take_error(self) -> BaseException | None:
+        """The recorded failure, cleared: each failure is raised once."""
+        with self._lock:
+            error, self._error = self._error, None
+        return error
+
+    def close(self) -> None:
+        """Destroy the group this object formed; idempotent and final."""
+        self._closed = True
+        self._leave()
