@@ -68,6 +68,7 @@ class Observations:
     live: set[str] = field(default_factory=set)
     false_deaths: dict[tuple[str, int], float] = field(default_factory=dict)
     first_suspect: dict[tuple[str, int], float] = field(default_factory=dict)
+    suspecting: set[tuple[str, str]] = field(default_factory=set)
     unseen: dict[str, set[str]] | None = None
 
     def on_event(self, observer: str, event: MemberEvent, now: float) -> None:
@@ -80,6 +81,10 @@ class Observations:
                 self.false_deaths.setdefault((target, event.member.incarnation), now)
         elif kind is EventKind.SUSPECT:
             self.first_suspect.setdefault((target, event.member.incarnation), now)
+        if event.member.state is MemberState.SUSPECT:
+            self.suspecting.add((observer, target))
+        else:
+            self.suspecting.discard((observer, target))
         unseen = self.unseen
         if unseen is not None and target in self.live:
             if event.member.state is MemberState.ALIVE:
@@ -203,8 +208,9 @@ async def lossy_windows(
     cluster: SimCluster, levels: Iterable[float], window_s: float
 ) -> dict[float, int]:
     """Drop each level's share of every datagram for `window_s`, one level after the other,
-    then run loss-free for the longest suspicion; per level, the live members declared dead
-    for suspicions that began in its window."""
+    then run loss-free until no member suspects a live one (each suspicion refuted or ended in
+    a death; at most the longest suspicion); per level, the live members declared dead for
+    suspicions that began in its window."""
     loop, seen = cluster.loop, cluster.seen
     windows: dict[float, tuple[float, float]] = {}
     for level in levels:
@@ -213,7 +219,9 @@ async def lossy_windows(
         await cluster.run_for(window_s)
         windows[level] = (start, loop.time())
     cluster.network.loss = 0.0
-    await cluster.run_for(cluster.suspicion_max_s() + 1.0)
+    deadline = loop.time() + cluster.suspicion_max_s() + 1.0
+    while loop.time() < deadline and any(t in seen.live for _, t in seen.suspecting):
+        await cluster.run_for(0.25)
     return {
         level: sum(
             1 for key in seen.false_deaths if start <= seen.first_suspect.get(key, start) < end

@@ -86,6 +86,8 @@ class Costs:
     parse_whole_s: float
     encode_document_s: float
     request_s: float
+    """One end of one HTTP exchange: the server's all at once; a client's half when it sends
+    the request and half when it reads the answer."""
 
     @classmethod
     def measure(cls, plan: RolePlan, hint: Heartbeat) -> Costs:
@@ -189,7 +191,7 @@ class PlanTravel:
                 continue  # it stepped down: a candidate's vote requests are not the plan's
             whole = beat.plan is not None
             cost = self.costs.encode_whole_s if whole else self.costs.encode_hint_s
-            ready = self.cpu(coordinator, self.costs.request_s + cost)
+            ready = self.cpu(coordinator, self.costs.request_s / 2 + cost)
             size = self.plan_bytes + 200 if whole else wire_bytes(beat)
             self.send(coordinator, size, ready, self.on_heartbeat, self.hosts[item.to], beat)
 
@@ -211,7 +213,7 @@ class PlanTravel:
         coordinator.state, _ = core.handle_heartbeat_ack(coordinator.state, ack, self.now, self.rng)
         spent = time.process_time() - started
         self.ack_cpu_s += spent
-        self.cpu(coordinator, self.costs.request_s + spent)
+        self.cpu(coordinator, self.costs.request_s / 2 + spent)
 
     def applied(self, host: Host) -> None:
         if host.applied_at is not None or host.state.plan_fence != self.plan.fence:
@@ -232,7 +234,7 @@ class PlanTravel:
         self.send(
             puller,
             0,
-            self.cpu(puller, self.costs.request_s),
+            self.cpu(puller, self.costs.request_s / 2),
             self.on_fetch,
             source,
             puller,
@@ -257,7 +259,7 @@ class PlanTravel:
         self.send(source, self.plan_bytes + 150, ready, self.on_plan, puller, beat)
 
     def on_plan(self, puller: Host, beat: Heartbeat) -> None:
-        cost = self.costs.request_s + self.costs.parse_whole_s
+        cost = self.costs.request_s / 2 + self.costs.parse_whole_s
         self.at(self.cpu(puller, cost), self.adopt, puller, beat)
 
     def adopt(self, puller: Host, beat: Heartbeat) -> None:

@@ -7,11 +7,15 @@ import math
 import random
 from collections.abc import Container, Iterable, Iterator
 from itertools import chain
+from operator import attrgetter
 
 from node.membership.rules import view_digest
 from node.membership.types import Address, Member, MemberState, MemberView, Refusal
 
 UP = (MemberState.ALIVE, MemberState.SUSPECT)
+_NODE_ID = attrgetter("node_id")
+_ENDPOINT = attrgetter("address", "port")
+_STATE = attrgetter("state")
 
 
 class MemberTable:
@@ -96,8 +100,7 @@ class MemberTable:
                 self._id_index[node_id] = len(self._ids)
             self._ids.append(node_id)
             if self._probe_index < len(self._probe_order):
-                spot = self._rng.randint(self._probe_index, len(self._probe_order))
-                self._probe_order.insert(spot, node_id)
+                self._probe_order.append(node_id)  # among those not drawn yet this round
         if previous is None or previous.endpoint != member.endpoint:
             by_endpoint = self._endpoints()
             if previous is not None and by_endpoint.get(previous.endpoint) == node_id:
@@ -116,7 +119,7 @@ class MemberTable:
         me = self._me.node_id
         known = self._members
         given = list(members)
-        fresh = dict(zip([m.node_id for m in given], given, strict=True))
+        fresh = dict(zip(map(_NODE_ID, given), given, strict=True))
         if len(fresh) < len(given):  # an id twice: its first record counts
             fresh = {}
             for member in given:
@@ -128,7 +131,7 @@ class MemberTable:
             return
         distinct = self._by_endpoint is None or not self._by_endpoint
         if distinct:
-            endpoints = {(m.address, m.port) for m in chain(known.values(), fresh.values())}
+            endpoints = set(map(_ENDPOINT, chain(known.values(), fresh.values())))
             distinct = len(endpoints) == len(known) + len(fresh)
         if not distinct or self._probe_order:
             for member in fresh.values():
@@ -136,13 +139,15 @@ class MemberTable:
             return
         known.update(fresh)
         self._ids.extend(fresh)
-        self._left += sum(1 for m in fresh.values() if m.state is MemberState.LEFT)
+        states = list(map(_STATE, fresh.values()))
+        self._left += states.count(MemberState.LEFT)
         self._id_index = None
         self._by_endpoint = None
         self._version += 1
-        for node_id, member in fresh.items():
-            if member.state not in UP:
-                self.down_since[node_id] = member.state_since
+        if states.count(MemberState.ALIVE) + states.count(MemberState.SUSPECT) < len(states):
+            for node_id, member in fresh.items():
+                if member.state not in UP:
+                    self.down_since[node_id] = member.state_since
 
     def remove(self, node_id: str) -> Member:
         indexes = self._indexes()
@@ -197,32 +202,40 @@ class MemberTable:
         return pool[:count]
 
     def next_probe_target(self) -> Member | None:
-        """Round-robin over a shuffled list of every member, reshuffled each round, so each live
-        member is probed once per round; members added mid-round land at a random later spot.
+        """Round-robin over every member in an order drawn at random as the round goes (a lazy
+        Fisher-Yates shuffle: O(1) a probe however large the view, and no N-long shuffle when
+        thousands of views start at once), so each live member is probed once per round;
+        members added mid-round join those not drawn yet.
 
-        A suspect's turn goes to the next alive member of the round and the suspect takes that
-        member's later place: its suspicion already runs on a timer, so the probes go first to
-        members nobody suspects yet (across a partition, the far side is covered sooner)."""
+        A suspect drawn gives its turn to an alive member not drawn yet and goes back among
+        those: its suspicion already runs on a timer, so the probes go first to members nobody
+        suspects yet (across a partition, the far side is covered sooner)."""
         for _ in range(len(self._probe_order) + 1):
             if self._probe_index >= len(self._probe_order):
                 self._probe_order = list(self._ids)
-                self._rng.shuffle(self._probe_order)
                 self._probe_index = 0
                 if not self._probe_order:
                     return None
-            self._defer_suspect()
+            self._draw()
             member = self._members.get(self._probe_order[self._probe_index])
             self._probe_index += 1
             if member is not None and member.state in UP:
                 return member
         return None
 
-    def _defer_suspect(self) -> None:
-        order, index = self._probe_order, self._probe_index
+    def _draw(self) -> None:
+        """Put a random member not drawn yet at the probe index, an alive one rather than a
+        suspect while one is left (looked for from a random place among the rest)."""
+        order, index, rng = self._probe_order, self._probe_index, self._rng
+        spot = rng.randrange(index, len(order))
+        order[index], order[spot] = order[spot], order[index]
         current = self._members.get(order[index])
         if current is None or current.state != MemberState.SUSPECT:
             return
-        for later in range(index + 1, len(order)):
+        rest = len(order) - index - 1
+        start = rng.randrange(rest) if rest else 0
+        for step in range(rest):
+            later = index + 1 + (start + step) % rest
             member = self._members.get(order[later])
             if member is not None and member.state == MemberState.ALIVE:
                 order[index], order[later] = order[later], order[index]

@@ -1,10 +1,12 @@
 """bench/scale_sim.py at 1,000 members: the daemon's real membership and planning code over a
-simulated network meets issue 37's goals scaled to 1,000 (bench/scale_sim.py `goals_for`), and
-docs/scale.md's goals table says what the code asserts.
+simulated network meets issue 37's goals (bench/scale_sim.py `goals_for`: the death's p99, false
+deaths, traffic and the plan's apply time as at 10,000 members; the coordinator's egress in
+proportion to N), and docs/scale.md's goals table says what the code asserts.
 
 The figures are simulated seconds and bytes, the same for a seed on any machine (the run is
 repeated under PYTHONHASHSEED=0); compute_plan's wall time is not asserted (tests never assert
-speed)."""
+speed). The run is one process of about a minute of CPU; its timeout only bounds a hang on a
+loaded machine."""
 
 from __future__ import annotations
 
@@ -22,53 +24,67 @@ from bench.scale_members import SimCluster
 from bench.scale_net import VirtualLoop
 from bench.scale_sim import GOALS_AT, Goals, goals_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZE = 1000
+RUN_LIMIT_S = 600
 
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, Any]:
-    """One run of 1,000 members (no partition: it has no goal, and it is most of a run)."""
+    """One run of 1,000 members (three kills; no partition: it has no goal, and it is most of
+    a run)."""
     command = [
         sys.executable,
         str(ROOT / "bench" / "scale_sim.py"),
         f"--nodes={SIZE}",
         "--json",
+        "--kills=3",
         "--partition-limit=0",
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=900, env=env, check=False
+        command, capture_output=True, text=True, timeout=RUN_LIMIT_S, env=env, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-@pytest.mark.timeout(960)
-def test_a_thousand_members_meet_the_goals_scaled_to_a_thousand(figures: dict[str, Any]) -> None:
-    goals = goals_for(SIZE)
-    assert set(figures) == {
-        "nodes",
-        "death_known_p50_s",
-        "death_known_p99_s",
-        "false_deaths",
-        "bytes_per_s_per_node",
-        "partition_converge_s",
-        "plan_compute_s",
-        "plan_bytes",
-        "plan_apply_s",
-        "coordinator_plan_egress_bytes",
-    }
-    assert figures["nodes"] == SIZE
+KEYS = {
+    "nodes",
+    "death_known_p50_s",
+    "death_known_p99_s",
+    "false_deaths",
+    "bytes_per_s_per_node",
+    "partition_converge_s",
+    "plan_compute_s",
+    "plan_bytes",
+    "plan_apply_s",
+    "coordinator_plan_egress_bytes",
+}
+
+
+def check_goals(figures: dict[str, Any], size: int = SIZE) -> None:
+    """Assert one `--json` object of `size` members against `goals_for(size)`."""
+    goals = goals_for(size)
+    assert set(figures) == KEYS
+    assert figures["nodes"] == size
     assert 0 < figures["death_known_p50_s"] <= figures["death_known_p99_s"]
     assert figures["death_known_p99_s"] <= goals.death_known_p99_s
     assert set(figures["false_deaths"]) == {"0.01", "0.05"}
     assert figures["false_deaths"]["0.01"] == goals.false_deaths_at_1pct
     assert 0 < figures["bytes_per_s_per_node"] <= goals.bytes_per_s_per_node
+    assert figures["plan_apply_s"] is not None, "some node never applied the plan"
     assert 0 < figures["plan_apply_s"] <= goals.plan_apply_s
-    assert 0 < figures["coordinator_plan_egress_bytes"] <= goals.coordinator_plan_egress_bytes
-    assert figures["plan_bytes"] > 1000 * 30  # every member's role and rank travel
+    egress = figures["coordinator_plan_egress_bytes"]
+    assert 0 < egress <= goals.coordinator_plan_egress_bytes
+    assert figures["plan_bytes"] > size * 30  # every member's role and rank travel
+    assert egress < size * figures["plan_bytes"] / 10  # not the plan whole to each
+
+
+@pytest.mark.timeout(RUN_LIMIT_S + 60)
+def test_a_thousand_members_meet_the_goals(figures: dict[str, Any]) -> None:
+    check_goals(figures)
     assert figures["partition_converge_s"] is None  # not asked for
 
 
