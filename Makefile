@@ -20,8 +20,8 @@ sysdeps:
 	@bash .ci/sysdeps.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check config net wal health sync node shoal tests bench docs/gen_api.py
-	$(VENV)/bin/ruff format --check config net wal health sync node shoal tests bench docs/gen_api.py
+	$(VENV)/bin/ruff check config net wal health sync node shoal tests bench docs/gen_api.py docs/gen_config.py
+	$(VENV)/bin/ruff format --check config net wal health sync node shoal tests bench docs/gen_api.py docs/gen_config.py
 
 types: $(STAMP)
 	$(VENV)/bin/mypy

@@ -8,16 +8,22 @@ from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from config.auth import (
+        BOUND_HEADERS,
         CLOCK_SKEWS,
         HEADER_CLOCK_SKEW,
         HEADER_CLUSTER,
+        HEADER_FENCE,
+        HEADER_FORWARDED,
         HEADER_NODE,
         HEADER_NONCE,
+        HEADER_RECEIVER,
         HEADER_SIGNATURE,
+        HEADER_TARGET,
         HEADER_TIMESTAMP,
         MIN_NONCE_CHARS,
         ClockSkews,
         NonceCache,
+        SigningTargets,
         cluster_middleware,
         peer_middlewares,
         read_secret_file,
@@ -97,8 +103,10 @@ else:
         __name__,
         {
             "config.auth": (
-                "CLOCK_SKEWS HEADER_CLOCK_SKEW HEADER_CLUSTER HEADER_NODE HEADER_NONCE "
-                "HEADER_SIGNATURE HEADER_TIMESTAMP MIN_NONCE_CHARS ClockSkews NonceCache "
+                "BOUND_HEADERS CLOCK_SKEWS HEADER_CLOCK_SKEW HEADER_CLUSTER HEADER_FENCE "
+                "HEADER_FORWARDED "
+                "HEADER_NODE HEADER_NONCE HEADER_RECEIVER HEADER_SIGNATURE HEADER_TARGET "
+                "HEADER_TIMESTAMP MIN_NONCE_CHARS ClockSkews NonceCache SigningTargets "
                 "cluster_middleware peer_middlewares read_secret_file sign_request signed_headers "
                 "signing_middleware verify_request"
             ),
@@ -135,6 +143,7 @@ else:
     )
 
 __all__ = [
+    "BOUND_HEADERS",
     "CLOCK_SKEWS",
     "DEFAULT_DELETIONS",
     "ENV_CUDA_DEVICE_ORDER",
@@ -142,9 +151,13 @@ __all__ = [
     "ENV_VARS",
     "HEADER_CLOCK_SKEW",
     "HEADER_CLUSTER",
+    "HEADER_FENCE",
+    "HEADER_FORWARDED",
     "HEADER_NODE",
     "HEADER_NONCE",
+    "HEADER_RECEIVER",
     "HEADER_SIGNATURE",
+    "HEADER_TARGET",
     "HEADER_TIMESTAMP",
     "HEADER_VERSION",
     "MIN_NONCE_CHARS",
@@ -181,6 +194,7 @@ __all__ = [
     "NprocSetting",
     "ResultsSettings",
     "Role",
+    "SigningTargets",
     "StackEntry",
     "SyncSection",
     "Timeouts",

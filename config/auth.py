@@ -1,9 +1,14 @@
 """The cluster secret and request signing: sign, verify, and an aiohttp client middleware.
 
-Signature = lowercase hex HMAC-SHA256(secret, METHOD \\n path_with_query \\n timestamp \\n nonce
-\\n sha256_hex(body)), sent as X-Shoal-Node, X-Shoal-Timestamp, X-Shoal-Nonce, X-Shoal-Signature.
-A node also names its cluster id in X-Shoal-Cluster (outside the signature, so a receiver of a
-release before cluster ids still verifies it; a receiver refuses another cluster's requests).
+Signature = lowercase hex HMAC-SHA256(secret, message), sent as X-Shoal-Node, X-Shoal-Timestamp,
+X-Shoal-Nonce, X-Shoal-Signature. The message binds the request to the node it is sent to: a
+first line `shoal-request-v2`, then METHOD, path with query, timestamp, nonce, sha256_hex(body),
+and the values of X-Shoal-Node, X-Shoal-Target (the receiver's node id), X-Shoal-Cluster,
+X-Shoal-Fence and X-Shoal-Forwarded (empty when absent), joined by \\n. A request without
+X-Shoal-Target is of the previous release (v1: the five lines from METHOD to the body's hash),
+which a node accepts only from its own host or from a member of the previous release
+(docs/signing.md). A client learns a peer's node id from its 401 (X-Shoal-Receiver), and that a
+peer is of the previous release from an answer without X-Shoal-Version (SigningTargets).
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import hmac
 import logging
 import math
 import secrets
-import stat
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from config.errors import AuthError, ConfigError
+from config.private import shared_file_problem
 
 if TYPE_CHECKING:  # aiohttp only for the middlewares' types: a blocking client never loads it
     from aiohttp import ClientHandlerType, ClientMiddlewareType, ClientRequest, ClientResponse
@@ -34,6 +39,19 @@ HEADER_CLUSTER = "X-Shoal-Cluster"
 """The sender's cluster id; a node refuses a request naming another cluster (403)."""
 HEADER_CLOCK_SKEW = "X-Shoal-Clock-Skew"
 """On a 401 for a timestamp outside the window: the sender's clock minus the receiver's, in s."""
+HEADER_TARGET = "X-Shoal-Target"
+"""The node id a request is signed for; a node refuses a request signed for another (401)."""
+HEADER_RECEIVER = "X-Shoal-Receiver"
+"""On a 401 for a request signed for another node (or for none): the receiver's node id."""
+HEADER_FENCE = "X-Shoal-Fence"
+"""The plan's fence a node's work-plane call carries (node.plan)."""
+HEADER_FORWARDED = "X-Shoal-Forwarded"
+"""The node that forwarded an operator's call (to the coordinator, or to the node it names)."""
+HEADER_VERSION_ANSWER = "X-Shoal-Version"
+"""Sent on every answer of a node of this release (config.version.HEADER_VERSION)."""
+BOUND_HEADERS = (HEADER_NODE, HEADER_TARGET, HEADER_CLUSTER, HEADER_FENCE, HEADER_FORWARDED)
+"""The headers a v2 signature covers, in the order of its message."""
+SIGNATURE_V2 = "shoal-request-v2"
 MIN_NONCE_CHARS = 16
 MIN_SECRET_BYTES = 16
 SKEW_SHOWN_S = 600.0
@@ -88,11 +106,9 @@ def read_secret_file(path: Path, what: str = "secret file") -> bytes:
         raise ConfigError(f"{path}: {what} not found") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read {what}: {exc}") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(
-            f"{path}: {what} is readable by group or others (mode {stat.S_IMODE(mode):o}); "
-            f"run: chmod 600 {path}"
-        )
+    shared = shared_file_problem(path, mode, what)
+    if shared is not None:
+        raise ConfigError(shared)
     if len(data) < MIN_SECRET_BYTES:
         raise ConfigError(
             f"{path}: {what} is too short ({len(data)} bytes, need {MIN_SECRET_BYTES}); "
@@ -105,11 +121,31 @@ def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+def _header(headers: Mapping[str, str], name: str) -> str:
+    """The value of header `name` in `headers` whatever its case ("" when absent)."""
+    value = headers.get(name)
+    if value is None:
+        lowered = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lowered), "")
+    return value
+
+
 def sign_request(
-    secret: bytes, method: str, path_qs: str, timestamp: str, nonce: str, body: bytes
+    secret: bytes,
+    method: str,
+    path_qs: str,
+    timestamp: str,
+    nonce: str,
+    body: bytes,
+    bound: Mapping[str, str] | None = None,
 ) -> str:
-    """The signature of one request (lowercase hex)."""
-    message = "\n".join([method.upper(), path_qs, timestamp, nonce, body_digest(body)])
+    """The signature of one request (lowercase hex): over the v2 message binding the values of
+    BOUND_HEADERS in `bound` (the request's headers), or the previous release's v1 message
+    when `bound` is None."""
+    lines = [method.upper(), path_qs, timestamp, nonce, body_digest(body)]
+    if bound is not None:
+        lines = [SIGNATURE_V2, *lines, *(_header(bound, name) for name in BOUND_HEADERS)]
+    message = "\n".join(lines)
     return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
 
 
@@ -121,19 +157,25 @@ def signed_headers(
     body: bytes = b"",
     now: float | None = None,
     cluster: str | None = None,
+    *,
+    target: str | None = "",
+    headers: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The four authentication headers for a request, and X-Shoal-Cluster when `cluster`."""
+    """The authentication headers of a request signed for node `target` ("": for no node yet,
+    which a node answers 401 naming itself; None: the previous release's v1 signature, bound
+    to no node), X-Shoal-Cluster when `cluster`; the signature also covers the X-Shoal-Fence
+    and X-Shoal-Forwarded of `headers`, the request's other headers."""
     timestamp = str(int(time.time() if now is None else now))
     nonce = secrets.token_hex(16)
-    headers = {
-        HEADER_NODE: node_id,
-        HEADER_TIMESTAMP: timestamp,
-        HEADER_NONCE: nonce,
-        HEADER_SIGNATURE: sign_request(secret, method, path_qs, timestamp, nonce, body),
-    }
+    signed = {HEADER_NODE: node_id, HEADER_TIMESTAMP: timestamp, HEADER_NONCE: nonce}
     if cluster:
-        headers[HEADER_CLUSTER] = cluster
-    return headers
+        signed[HEADER_CLUSTER] = cluster
+    bound = None
+    if target is not None:
+        signed[HEADER_TARGET] = target
+        bound = {**(headers or {}), **signed}
+    signed[HEADER_SIGNATURE] = sign_request(secret, method, path_qs, timestamp, nonce, body, bound)
+    return signed
 
 
 class NonceCache:
@@ -187,12 +229,57 @@ def verify_request(
         raise AuthError("timestamp is not unix seconds") from exc
     if abs(now - sent_at) > skew_s:
         raise AuthError(f"timestamp is {now - sent_at:+.0f} s off (limit {skew_s:.0f} s)")
-    expected = sign_request(secret, method, path_qs, timestamp, nonce, body)
+    bound = headers if HEADER_TARGET in headers else None
+    expected = sign_request(secret, method, path_qs, timestamp, nonce, body, bound)
     if not hmac.compare_digest(expected, signature.lower()):
         raise AuthError("bad signature")
     if not nonces.check_and_add(nonce, now):
         raise AuthError("nonce seen before (replayed request)")
     return node
+
+
+MAX_PEERS_REMEMBERED = 4096
+"""Peers a SigningTargets remembers; beyond, the first learnt is forgotten (and learnt again)."""
+
+
+class SigningTargets:
+    """What a signer knows of each peer (a base URL or host:port): the node id it answered, to
+    sign for, or that it is of the previous release (sign v1, bound to no node). A peer not met
+    yet is signed for "" and answers 401 naming itself; `learn` says when to sign again."""
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[str, str | None] = OrderedDict()
+
+    def target_for(self, peer: str) -> str | None:
+        """The target to sign a request to `peer` for: its node id, "" when not known yet,
+        None for a peer of the previous release (a v1 signature)."""
+        return self._known.get(peer, "")
+
+    def learn(
+        self, peer: str, signed_for: str | None, status: int, headers: Mapping[str, str]
+    ) -> bool:
+        """Note what `peer`'s answer to a request signed for `signed_for` (None: v1) says of
+        it; True when that request should be signed again: a 401 naming the receiver
+        (X-Shoal-Receiver) another than the one signed for, or a 401 without X-Shoal-Version
+        (nor a clock skew) to a v2 signature (a peer of the previous release, which checks
+        the v1 message)."""
+        if status != 401:
+            return False
+        receiver = headers.get(HEADER_RECEIVER)
+        if receiver and receiver != signed_for:
+            self._remember(peer, receiver)
+            return True
+        legacy = HEADER_VERSION_ANSWER not in headers and HEADER_CLOCK_SKEW not in headers
+        if not receiver and signed_for is not None and legacy:
+            self._remember(peer, None)
+            return True
+        return False
+
+    def _remember(self, peer: str, target: str | None) -> None:
+        self._known[peer] = target
+        self._known.move_to_end(peer)
+        while len(self._known) > MAX_PEERS_REMEMBERED:
+            self._known.popitem(last=False)
 
 
 def signing_middleware(
@@ -202,18 +289,27 @@ def signing_middleware(
     *,
     cluster: str | None = None,
 ) -> ClientMiddlewareType:
-    """An aiohttp client middleware that signs every request of a ClientSession and names
-    `cluster` (this node's cluster id) in X-Shoal-Cluster when given."""
+    """An aiohttp client middleware that signs every request of a ClientSession for the node it
+    goes to (learnt from its first answer: SigningTargets, a request signed again once) and
+    names `cluster` (this node's cluster id) in X-Shoal-Cluster when given."""
+    targets = SigningTargets()
 
     async def middleware(request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         payload = request.body
         body = payload if isinstance(payload, bytes) else await payload.as_bytes()
-        headers = signed_headers(
-            secret, node_id, request.method, request.url.raw_path_qs, body, clock(), cluster
-        )
-        request.headers.update(headers)
-        response = await handler(request)
         peer = f"{request.url.host}:{request.url.port}"
+        for attempt in range(2):
+            request.headers.pop(HEADER_TARGET, None)
+            target = targets.target_for(peer)
+            headers = signed_headers(
+                secret, node_id, request.method, request.url.raw_path_qs, body, clock(),
+                cluster, target=target, headers=request.headers,
+            )  # fmt: skip
+            request.headers.update(headers)
+            response = await handler(request)
+            if attempt or not targets.learn(peer, target, response.status, response.headers):
+                break
+            response.release()
         skew = response.headers.get(HEADER_CLOCK_SKEW)
         if response.status == 401 and skew is not None:
             with contextlib.suppress(ValueError):  # the sender's (our) clock minus the peer's

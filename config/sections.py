@@ -137,3 +137,32 @@ DEFAULT_DELETIONS: dict[Category, DeletionPolicy] = {
 """The deletion policy of each category when `sync_categories` does not name it."""
 RECORD_CATEGORIES = (Category.GAMES, Category.ROLLOUTS)
 DEFAULT_TOMBSTONE_TTL_S = 7 * 86400.0
+
+
+class CheckpointSettings(BaseModel):
+    """Where committed training checkpoints are kept (docs/checkpoints.md): top-level settings
+    of a node (NodeSettings inherits them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint_replicas: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Other nodes that keep a copy of each node's files of a committed training "
+        "checkpoint, chosen across the inventory's `zone` and `rack` labels (docs/checkpoints.md).",
+    )
+    checkpoint_keep: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Committed checkpoint steps every node keeps (the newest is never deleted); "
+        "older steps and steps some rank never finished are deleted.",
+    )
+    checkpoint_copy_after_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="A node is asked for copies of checkpoint files once it has been alive this "
+        "long (a node that just joined restores and fetches what it needs itself).",
+    )

@@ -18,7 +18,7 @@ from config.fields import Category, ListenPort, NodeId, Port, Role
 from config.gpus import GpuSelection, NprocSetting
 from config.sections import DEFAULT_DELETIONS as DEFAULT_DELETIONS
 from config.sections import DEFAULT_TOMBSTONE_TTL_S as DEFAULT_TOMBSTONE_TTL_S
-from config.sections import RECORD_CATEGORIES, TrainingWatchSettings
+from config.sections import RECORD_CATEGORIES, CheckpointSettings, TrainingWatchSettings
 from config.sections import AutostopSettings as AutostopSettings
 from config.sections import DeletionPolicy as DeletionPolicy
 from config.sections import JobSettings as JobSettings
@@ -84,9 +84,9 @@ class CategorySyncSettings(BaseModel):
     )
 
 
-class NodeSettings(TrainingWatchSettings):
-    """Everything one node is configured with (TrainingWatchSettings' fields too). Frozen: a
-    change means a new object."""
+class NodeSettings(TrainingWatchSettings, CheckpointSettings):
+    """Everything one node is configured with (TrainingWatchSettings' and CheckpointSettings'
+    fields too). Frozen: a change means a new object."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -178,27 +178,6 @@ class NodeSettings(TrainingWatchSettings):
     )
     gpu_quarantine_limit: int = Field(
         3, ge=1, description="Quarantines within an hour after which only an undrain lifts one."
-    )
-    checkpoint_replicas: int = Field(
-        2,
-        ge=0,
-        le=16,
-        description="Other nodes that keep a copy of each node's files of a committed training "
-        "checkpoint, chosen across the inventory's `zone` and `rack` labels (docs/checkpoints.md).",
-    )
-    checkpoint_keep: int = Field(
-        3,
-        ge=1,
-        le=1000,
-        description="Committed checkpoint steps every node keeps (the newest is never deleted); "
-        "older steps and steps some rank never finished are deleted.",
-    )
-    checkpoint_copy_after_s: float = Field(
-        60.0,
-        ge=0,
-        le=86400,
-        description="A node is asked for copies of checkpoint files once it has been alive this "
-        "long (a node that just joined restores and fetches what it needs itself).",
     )
     insecure: bool = Field(False, description="Allow a non-loopback bind without a secret.")
     tls: TlsSettings | None = Field(

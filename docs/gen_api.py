@@ -53,13 +53,15 @@ def _cell(text: str) -> str:
 
 
 def route_table(document: dict[str, Any]) -> str:
-    """One row per operation: method, path, summary, signature required, answers."""
-    rows = ["| method | path | what it does | signed | answers |", "|---|---|---|---|---|"]
+    """One row per operation: method, path, summary, who may call it, answers."""
+    rows = ["| method | path | what it does | callers | answers |", "|---|---|---|---|---|"]
     for method, path, operation in operations(document):
-        signed = "no" if operation.get("security") == [{}] else "yes"
+        callers = ", ".join(operation.get("x-shoal-callers", ()))
+        if operation.get("x-shoal-forwarded"):
+            callers += " (relayed by a node)"
         answers = ", ".join(sorted(operation.get("responses", {})))
         summary = _cell(operation.get("summary", ""))
-        rows.append(f"| `{method}` | `{path}` | {summary} | {signed} | {answers} |")
+        rows.append(f"| `{method}` | `{path}` | {summary} | {callers} | {answers} |")
     return "\n".join(rows)
 
 

@@ -5,11 +5,13 @@ errors, over urllib (no aiohttp session, no thread)."""
 from __future__ import annotations
 
 import contextlib
+import socket
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 from multidict import CIMultiDict
 
@@ -22,6 +24,7 @@ from net.exchange import (
     answer_json,
     call_request,
     seam_base_url,
+    sign_again,
 )
 from net.transport import BlockingTransport, PeerRequest, PeerResponse, SslContextProvider
 
@@ -29,6 +32,22 @@ __all__ = ["BlockingBreakerHook", "BlockingPeerClient", "UrllibTransport"]
 
 BlockingBreakerHook = Callable[[str], AbstractContextManager[Any]]
 """The breaker of a peer by key, as a plain context manager (see net.client.BreakerHook)."""
+
+
+class _NamedContext:
+    """An SSL context that checks the name the request gives (net.transport.PeerRequest.tls),
+    not the URL's host: urllib wraps its socket with the URL's host as the server name."""
+
+    def __init__(self, context: ssl.SSLContext, server_hostname: str) -> None:
+        self._context = context
+        self._server_hostname = server_hostname
+
+    def wrap_socket(self, sock: socket.socket, **kwargs: Any) -> ssl.SSLSocket:
+        kwargs["server_hostname"] = self._server_hostname
+        return self._context.wrap_socket(sock, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
 
 
 class UrllibTransport:
@@ -47,6 +66,8 @@ class UrllibTransport:
             method=request.method,
         )
         context = self._ssl_context() if self._ssl_context is not None else None
+        if request.tls is not None:  # the request's own context, and the name its peer proves
+            context = cast(ssl.SSLContext, _NamedContext(*request.tls))
         try:
             with urllib.request.urlopen(  # noqa: S310
                 sent, timeout=request.timeout_s, context=context
@@ -111,6 +132,13 @@ class BlockingPeerClient:
         with guard:
             with map_peer_errors(request.url, request.timeout_s):
                 answer = self.transport.send(request)
+                if sign_again(self.identity, request, answer.status, answer.headers):
+                    request = call_request(
+                        self.identity, self.timeouts, method, self.base_url(peer), path,
+                        json=json, data=data, params=params, headers=headers,
+                        timeout_s=timeout_s, min_timeout_s=0.05,
+                    )  # fmt: skip
+                    answer = self.transport.send(request)
             failure = answer_failure(request, answer, check=check)
             if failure is not None and answer.status >= FAILURE_STATUS:
                 raise failure  # the peer's fault: its breaker counts it

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json as jsonlib
 import socket
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from yarl import URL
 
-from config.auth import HEADER_CLUSTER, signed_headers
+from config.auth import HEADER_CLUSTER, SigningTargets, signed_headers
 from net.errors import PeerRequestError
 from net.transport import PeerRequest
 
@@ -60,6 +60,14 @@ class Identity:
     secret: bytes | None = None
     node_id: str = ""
     cluster: str | None = None
+    targets: SigningTargets = field(default_factory=SigningTargets, compare=False, repr=False)
+    """The node id of each peer signed for, as learnt from its answers (config.auth)."""
+    prover: Callable[[str, str, bytes, str], dict[str, str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """An operator's certificate proof of each request that is not a GET (method, path with
+    query, body, the node asked) -> its headers (config.tls.proof), which a node that forwards
+    the request passes on."""
 
     @classmethod
     def of_command(cls, secret: bytes | None, cluster: str | None = None) -> Identity:
@@ -100,8 +108,9 @@ def build_request(
 
         def resign() -> dict[str, str]:
             return signed_headers(
-                secret, identity.node_id, method, path_qs, body, cluster=identity.cluster
-            )
+                secret, identity.node_id, method, path_qs, body, cluster=identity.cluster,
+                target=identity.targets.target_for(base), headers=sent,
+            )  # fmt: skip
 
         sent.update(resign())
     elif identity.cluster:

@@ -22,6 +22,7 @@ from net.exchange import (
     call_request,
     note_clock_skew,
     seam_base_url,
+    sign_again,
 )
 from net.transport import (
     AsyncTransport,
@@ -160,21 +161,31 @@ class PeerClient(AsyncClosing):
         PeerTimeoutError after `timeout_s`. Failures and answers >= 500 count against the
         breaker of `breaker_key` (default: the base URL)."""
         base, tls = self._route(peer)
-        request = call_request(
-            self.identity, self.timeouts, method, base, path, json=json, data=data,
-            params=params, headers=headers, timeout_s=timeout_s, tls=tls,
-        )  # fmt: skip
+
+        def signed() -> PeerRequest:
+            return call_request(
+                self.identity, self.timeouts, method, base, path, json=json, data=data,
+                params=params, headers=headers, timeout_s=timeout_s, tls=tls,
+            )  # fmt: skip
+
+        request = signed()
         async with self._guard(request, breaker_key):
-            with map_peer_errors(request.url, request.timeout_s):
-                async with asyncio.timeout(request.timeout_s):
-                    async with self.transport.stream(request) as stream:
-                        answer = PeerResponse(stream.status, stream.headers, await stream.read())
+            answer = await self._send(request)
+            if sign_again(self.identity, request, answer.status, answer.headers):
+                request = signed()
+                answer = await self._send(request)
             failure = answer_failure(request, answer, check=check)
             if failure is not None and answer.status >= FAILURE_STATUS:
                 raise failure  # the peer's fault: its breaker counts it
         if failure is not None:
             raise failure  # a refused request: the caller's
         return answer
+
+    async def _send(self, request: PeerRequest) -> PeerResponse:
+        with map_peer_errors(request.url, request.timeout_s):
+            async with asyncio.timeout(request.timeout_s):
+                async with self.transport.stream(request) as stream:
+                    return PeerResponse(stream.status, stream.headers, await stream.read())
 
     async def request_json(
         self,
@@ -274,16 +285,20 @@ class PeerClient(AsyncClosing):
         in `request`. Reads raise net's errors; the caller's own errors inside the block (a
         full disk) pass unchanged."""
         base, tls = self._route(peer)
-        request = call_request(
-            self.identity, self.timeouts, method, base, path, json=json, data=data,
-            params=params, headers=headers, timeout_s=timeout_s, tls=tls,
-        )  # fmt: skip
-        if unbounded_reads:
-            request = dataclasses.replace(request, unbounded_reads=True)
-        opened = self.transport.stream(request)
-        with map_peer_errors(request.url, request.timeout_s):
-            async with asyncio.timeout(request.timeout_s):
-                inner = await opened.__aenter__()
+        for attempt in range(2):
+            request = call_request(
+                self.identity, self.timeouts, method, base, path, json=json, data=data,
+                params=params, headers=headers, timeout_s=timeout_s, tls=tls,
+            )  # fmt: skip
+            if unbounded_reads:
+                request = dataclasses.replace(request, unbounded_reads=True)
+            opened = self.transport.stream(request)
+            with map_peer_errors(request.url, request.timeout_s):
+                async with asyncio.timeout(request.timeout_s):
+                    inner = await opened.__aenter__()
+            if attempt or not sign_again(self.identity, request, inner.status, inner.headers):
+                break
+            await opened.__aexit__(None, None, None)
         try:
             note_clock_skew(request, inner.status, inner.headers)
             stream = _MappedStream(inner, request.url, request.timeout_s)

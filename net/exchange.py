@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW, HEADER_SIGNATURE
+from config.auth import CLOCK_SKEWS, HEADER_CLOCK_SKEW, HEADER_SIGNATURE, HEADER_TARGET
 from config.timeouts import Timeouts
 from net.build import Identity, Params, base_url, build_request
 from net.errors import PeerRequestError, answer_error, map_peer_errors
@@ -24,6 +24,7 @@ __all__ = [
     "call_request",
     "note_clock_skew",
     "seam_base_url",
+    "sign_again",
 ]
 
 FAILURE_STATUS = 500
@@ -41,6 +42,17 @@ def note_clock_skew(request: PeerRequest, status: int, headers: Mapping[str, str
             CLOCK_SKEWS.record(request.base.split("://", 1)[-1], -float(skew), time.time())
     elif status != 401:
         CLOCK_SKEWS.clear(request.base.split("://", 1)[-1])
+
+
+def sign_again(
+    identity: Identity, request: PeerRequest, status: int, headers: Mapping[str, str]
+) -> bool:
+    """Whether the peer's answer to a signed `request` asks for it to be signed again (for
+    the node it named, or as the previous release signs: config.auth.SigningTargets)."""
+    if identity.secret is None or HEADER_SIGNATURE not in request.headers:
+        return False
+    signed_for = request.headers.get(HEADER_TARGET)
+    return identity.targets.learn(request.base, signed_for, status, headers)
 
 
 def seam_base_url(address: str, ssl_context: SslContextProvider | None) -> str:
@@ -75,6 +87,10 @@ def call_request(
         identity, method, base, path, json=json, data=data, params=params, headers=headers,
         timeout_s=wait_s,
     )  # fmt: skip
+    if identity.prover is not None and request.method not in ("GET", "HEAD"):
+        name = tls[1] if tls is not None else base.split("://", 1)[-1].rsplit(":", 1)[0]
+        proof = identity.prover(request.method, request.path_qs, request.body, name)
+        request = dataclasses.replace(request, headers={**request.headers, **proof})
     return request if tls is None else dataclasses.replace(request, tls=tls)
 
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
     from node.election.elector import Elector
     from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
-    from node.election.routes import ELECTION_DOCS, HttpElectionTransport, election_routes
+    from node.election.routes import ElectionRoutes, HttpElectionTransport
     from node.election.seams import WalDurableState
     from node.election.service import ElectionService, VoterSet, resolve_voters
     from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         ArchiveError,
         BackupError,
         BodyError,
+        BodyRefused,
         CheckpointsError,
         DeployError,
         DiscoveryError,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
         SshHostKeyError,
         SSHTimeoutError,
         StartupError,
+        TargetError,
         TaskError,
         TaskTimeout,
         WeightsError,
@@ -95,7 +97,7 @@ if TYPE_CHECKING:
         TransportStats,
         UdpMembershipTransport,
     )
-    from node.openapi import RouteDoc, openapi_document
+    from node.openapi import openapi_document
     from node.plan import FENCE_HEADER, PlanFence, RolePlan, check_fence, should_apply
     from node.providers import (
         AutoStop,
@@ -139,7 +141,7 @@ else:
             "node.discovery.feed": "Discovery",
             "node.election.adoption": "AdoptionLog check_adoption_logs read_adoption_log",
             "node.election.elector": "Elector",
-            "node.election.routes": "ELECTION_DOCS HttpElectionTransport election_routes",
+            "node.election.routes": "ElectionRoutes HttpElectionTransport",
             "node.plan": "FENCE_HEADER PlanFence RolePlan check_fence should_apply",
             "node.election.roles": "NodeCapabilities RolePolicy compute_plan",
             "node.election.seams": "WalDurableState",
@@ -156,7 +158,8 @@ else:
                 "PeerRequestError PeerTimeoutError PlanError ProviderError PublishTimeout "
                 "RegistryError RemoteTaskError RemoteTraceback RendezvousError ResultsStoreError "
                 "RetryLater RLError RunError SkewError SshAuthError SSHConnectError SSHError "
-                "SshHostKeyError SSHTimeoutError StartupError TaskError TaskTimeout WeightsError "
+                "SshHostKeyError SSHTimeoutError StartupError TargetError TaskError TaskTimeout "
+                "WeightsError BodyRefused "
                 "WireError WorkerAuthError WorkerClosed WorkerDied WorkerError WorkerTimeout"
             ),
             "node.membership.service": (
@@ -164,7 +167,7 @@ else:
                 "MembershipTransport MemberState MemberView MetaValue SwimTuning TransportStats "
                 "UdpMembershipTransport"
             ),
-            "node.openapi": "RouteDoc openapi_document",
+            "node.openapi": "openapi_document",
             "node.providers": (
                 "AutoStop LocalProvider NodeHandle Provider StaticProvider acquire_node ready_node"
             ),
@@ -188,7 +191,6 @@ else:
     )
 
 __all__ = [
-    "ELECTION_DOCS",
     "FENCE_HEADER",
     "ActorDiedError",
     "ActorExistsError",
@@ -200,6 +202,7 @@ __all__ = [
     "AutoStop",
     "BackupError",
     "BodyError",
+    "BodyRefused",
     "Candidate",
     "CandidateSource",
     "CheckpointsError",
@@ -213,6 +216,7 @@ __all__ = [
     "ElectionError",
     "ElectionEvent",
     "ElectionEventKind",
+    "ElectionRoutes",
     "ElectionService",
     "ElectionStatus",
     "Elector",
@@ -270,7 +274,6 @@ __all__ = [
     "RolePlan",
     "RolePolicy",
     "RolloutStream",
-    "RouteDoc",
     "RunError",
     "SSHConnectError",
     "SSHError",
@@ -285,6 +288,7 @@ __all__ = [
     "SwimTuning",
     "SyncService",
     "SystemdNotifier",
+    "TargetError",
     "TaskError",
     "TaskTimeout",
     "TrainingLauncher",
@@ -313,7 +317,6 @@ __all__ = [
     "compute_plan",
     "deploy",
     "detect_host_memory",
-    "election_routes",
     "error_middleware",
     "find_self_in_inventory",
     "join_group",

@@ -1,53 +1,56 @@
 """Components: the parts of a daemon, each opened in order and closed in reverse, each handing
-the daemon its routes with their docs and its health checks from one place.
+the daemon its declared routes and its health checks from one place.
 
-A route and the operations it serves in the OpenAPI document travel together as one Endpoint,
-so the router and the document are built from the same list and cannot differ.
+A route is its declaration (config.declare's Route: method, path, callers, models, errors) and
+its handler together, as one Endpoint: the router, the OpenAPI document and the access rules
+are all built from the same Endpoints and cannot differ.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
+from config.declare import Route, declared
 from health import CheckFn
-from node.openapi import RouteDoc
+
+Handler = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True)
 class Endpoint(web.AbstractRouteDef):
-    """One route of the router and the operations it serves in the OpenAPI document: one doc
-    for a route of a fixed path; for a template route (`/v1/records/{store}`) one doc per value
-    the document spells out (one per record store), or one doc of the template itself.
+    """A declared route and its handler: `docs` are the operations the OpenAPI document shows
+    for it, the route itself, or for a template route (`/v1/records/{store}`) one per value it
+    spells out (one per record store).
 
     An Endpoint is an aiohttp route definition (`app.add_routes([...])` registers its route).
     """
 
-    route: web.RouteDef
-    docs: tuple[RouteDoc, ...]
+    route: Route
+    handler: Handler
+    docs: tuple[Route, ...]
 
     def __post_init__(self) -> None:
         if not self.docs:
-            raise ValueError(f"{self.route.method} {self.route.path}: a route needs a RouteDoc")
+            raise ValueError(f"{self.route.operation}: a route documents at least one operation")
         for doc in self.docs:
             if not _serves(self.route, doc):
                 raise ValueError(
-                    f"{doc.method} {doc.path} is documented on the route "
-                    f"{self.route.method} {self.route.path}, which does not serve it"
+                    f"{doc.operation} is documented on the route {self.route.operation}, "
+                    "which does not serve it"
                 )
+            if doc.callers != self.route.callers or doc.forwarded != self.route.forwarded:
+                raise ValueError(f"{doc.operation}: its callers differ from its route's")
 
     def register(self, router: web.UrlDispatcher) -> list[web.AbstractRoute]:
-        return self.route.register(router)
-
-
-def endpoint(route: web.RouteDef, *docs: RouteDoc) -> Endpoint:
-    """`route` with the operations it serves (at least one)."""
-    return Endpoint(route, docs)
+        kwargs = {"allow_head": self.route.head} if self.route.method == "GET" else {}
+        definition = web.RouteDef(self.route.method, self.route.path, self.handler, kwargs)
+        return definition.register(router)
 
 
 def _template(path: str) -> re.Pattern[str]:
@@ -55,32 +58,25 @@ def _template(path: str) -> re.Pattern[str]:
     return re.compile(placeholder.sub("[^/]+", re.escape(path)))
 
 
-def _serves(route: web.RouteDef, doc: RouteDoc) -> bool:
-    if doc.method.upper() != route.method.upper():
+def _serves(route: Route, doc: Route) -> bool:
+    if doc.method != route.method:
         return False
     return doc.path == route.path or _template(route.path).fullmatch(doc.path) is not None
 
 
-def paired(routes: Iterable[web.RouteDef], docs: Iterable[RouteDoc]) -> list[Endpoint]:
-    """Every route of `routes` with the docs of `docs` it serves, in the order of `routes`: a
-    doc of the route's own path, else the one template route its concrete path fits. Raises
-    ValueError naming a route without a doc, a doc without a route, or a doc two routes fit."""
-    routes = list(routes)
-    found: dict[int, list[RouteDoc]] = {index: [] for index in range(len(routes))}
-    for doc in docs:
-        exact = [i for i, r in enumerate(routes) if _serves(r, doc) and r.path == doc.path]
-        serving = exact or [i for i, route in enumerate(routes) if _serves(route, doc)]
-        if len(serving) != 1:
-            named = [f"{routes[i].method} {routes[i].path}" for i in serving]
-            raise ValueError(
-                f"{doc.method} {doc.path} is served by {len(serving)} routes {named}; give each "
-                "documented operation exactly one route"
-            )
-        found[serving[0]].append(doc)
-    bare = [f"{routes[i].method} {routes[i].path}" for i, docs in found.items() if not docs]
-    if bare:
-        raise ValueError(f"routes without a RouteDoc: {', '.join(bare)}; document each route")
-    return [Endpoint(route, tuple(found[index])) for index, route in enumerate(routes)]
+def endpoint(route: Route, handler: Handler, owner: object = None) -> Endpoint:
+    """`handler` served as `route`, documented as the operations `route.each(owner, route)`
+    gives (the route alone without `each`)."""
+    docs = (route,) if route.each is None else tuple(route.each(owner, route))
+    return Endpoint(route, handler, docs)
+
+
+def endpoints(*owners: object) -> list[Endpoint]:
+    """Every declared handler of `owners` (objects or modules; config.declare.declared) as an
+    Endpoint, in order."""
+    return [
+        endpoint(found, handler, owner) for owner in owners for found, handler in declared(owner)
+    ]
 
 
 @dataclass(frozen=True)
@@ -95,9 +91,9 @@ class Check:
 class Component(Protocol):
     """A part of the daemon. The daemon opens its components in order on its exit stack (a
     component whose `open` raised is not closed: it cleans up after itself), builds the HTTP
-    app and the OpenAPI document from their `routes()`, registers their `checks()`, and closes
-    them in reverse order. `routes()` and `checks()` are read after `open()`; `close()` is
-    idempotent."""
+    app, its access rules and the OpenAPI document from their `routes()`, registers their
+    `checks()`, and closes them in reverse order. `routes()` and `checks()` are read after
+    `open()`; `close()` is idempotent."""
 
     async def open(self) -> None: ...
 
@@ -109,12 +105,11 @@ class Component(Protocol):
 
 
 class Served:
-    """A component of routes (and checks) only: nothing to open or close."""
+    """A component of routes (and checks) only: nothing to open or close. `owners` are objects
+    (or modules) whose declared handlers it serves."""
 
-    def __init__(
-        self, endpoints: Iterable[Endpoint], checks: Mapping[str, Check] | None = None
-    ) -> None:
-        self._endpoints = tuple(endpoints)
+    def __init__(self, *owners: object, checks: Mapping[str, Check] | None = None) -> None:
+        self._endpoints = tuple(endpoints(*owners))
         self._checks = dict(checks or {})
 
     async def open(self) -> None:
@@ -149,10 +144,25 @@ def checks_of(components: Iterable[Component]) -> dict[str, Check]:
 
 
 def endpoints_of(components: Iterable[Component]) -> list[Endpoint]:
-    """Every route of `components`, in their order: what the router serves."""
-    return [found for component in components for found in component.routes()]
+    """Every route of `components`, in their order: what the router serves. Raises ValueError
+    naming a route a component hands over without a declaration."""
+    found: list[Endpoint] = []
+    for component in components:
+        for served in component.routes():
+            if not isinstance(served, Endpoint):
+                raise ValueError(
+                    f"{type(component).__name__} serves {_named(served)} without a declaration:"
+                    " declare it with config.declare.route (method, path, callers, models)"
+                )
+            found.append(served)
+    return found
 
 
-def route_docs(endpoints: Iterable[Endpoint]) -> tuple[RouteDoc, ...]:
-    """Every doc of `endpoints`: what the OpenAPI document publishes."""
-    return tuple(doc for found in endpoints for doc in found.docs)
+def _named(served: object) -> str:
+    method, path = getattr(served, "method", "?"), getattr(served, "path", repr(served))
+    return f"{method} {path}"
+
+
+def route_docs(served: Iterable[Endpoint]) -> tuple[Route, ...]:
+    """Every documented operation of `served`: what the OpenAPI document publishes."""
+    return tuple(doc for found in served for doc in found.docs)

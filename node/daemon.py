@@ -53,7 +53,7 @@ from node.boot import (
     load_secrets,
     resolve_node_id,
 )
-from node.component import Check, Component, Served, checks_of, enter, paired
+from node.component import Check, Component, Served, checks_of, enter
 from node.discovery.feed import Discovery
 from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
@@ -62,7 +62,6 @@ from node.identity import (
     AUTH_META,
     CERT_META,
     CrlSpread,
-    crl_route_docs,
     open_tls,
 )
 from node.identity.api import api_identity, api_site
@@ -72,12 +71,13 @@ from node.membership.checks import membership_check
 from node.membership.keyring import GossipKeys, KeyringError
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
 from node.parts import LOOP_CHECK_INTERVAL_S, PartsInputs, ServedParts, served_parts
+from node.plan import PlanFence
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
 from node.routes import build_app
 from node.runs.nodes import ProviderNodes, StaticNodes
 from node.runtime import NodeRuntime
-from node.security import AuthPolicy
+from node.security import AuthPolicy, node_bound
 from node.startup import prepare_data_dir
 from node.sync_service import SyncService
 from node.systemd import SystemdNotifier
@@ -310,28 +310,27 @@ class NodeDaemon:
             skew_s=runtime.settings.timeouts.auth_skew_s,
             known_node=self._known_node,
             cluster=runtime.settings.cluster_name,
+            **node_bound(runtime),
         )
         election = self._election
-        identity, crl = api_identity(
-            runtime,
-            self.tls,
-            lambda: (
-                election.elector.plan.fence
-                if election.elector is not None and election.elector.plan is not None
-                else None
-            ),
-        )
+
+        def fence() -> PlanFence | None:
+            elector = election.elector
+            return None if elector is None or elector.plan is None else elector.plan.fence
+
+        identity, crl = api_identity(runtime, self.tls, fence)
         if crl is not None:
             self.crl_spread = crl
             self._stack.push_async_callback(crl.close)
         if crl is not None:
-            self.components = (*self.components, Served(paired(crl.routes(), crl_route_docs())))
+            self.components = (*self.components, Served(crl))
         app = build_app(
             runtime,
             policy,
             self.components,
             gates=[parts.dashboard.middleware],
             identity=identity,
+            fence=fence,
         )
         self.http_app = app
         runner = web.AppRunner(

@@ -9,6 +9,9 @@ NodeError -- base of every error the node package raises; exit code 1 from a com
  |    +-- WireError -- a body that is not a valid membership message
  |    +-- KeyringError -- a gossip keyring or key file that cannot be used, or a refused change
  +-- BodyError -- a request body its route's model (the OpenAPI document's schema) refuses
+ +-- BodyRefused -- a body not read (too slow, too large, encoded, no permit): carries the answer
+ +-- TargetError (also config's AuthError) -- a request signed for another node, for none, or
+ |                  by the previous release where that is not served (node.signers)
  +-- ElectionError -- a malformed election message, or an elector used outside its lifecycle
  +-- PlanError -- a plan, fence or policy is malformed
  +-- GroupError -- a training process group could not be formed or re-formed
@@ -55,10 +58,13 @@ stays light.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from config import AuthError
 from net.errors import PeerRequestError, PeerTimeoutError, RetryLater, peer_error
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "ActorDiedError",
@@ -220,7 +226,11 @@ class ProviderError(NodeError):
 
 
 class AnsweredError(NodeError):
-    """An API refusal that knows its answer: HTTP `status`, error `code` and `reason`."""
+    """An API refusal that knows its answer: HTTP `status`, error `code` and `reason`; the
+    node's error middleware answers it in the one error shape, a 503 with `Retry-After:
+    retry_after_s` when the kind sets one."""
+
+    retry_after_s: float | None = None
 
     def __init__(self, status: int, code: str, reason: str) -> None:
         super().__init__(reason)
@@ -290,9 +300,13 @@ class KeyringRefused(AnsweredError):
     """A keyring request refused: 400 bad_key, 404 unknown_key, 409 key_in_use, key_missing
     or no_keyring, 503 when there is no coordinator to ask."""
 
+    retry_after_s = 1.0
+
 
 class LockError(AnsweredError):
     """A lock request or operation refused; `code` and `status` are what the API answers."""
+
+    retry_after_s = 1.0
 
 
 class LockLostError(LockError):
@@ -339,6 +353,21 @@ class PublishTimeout(RLError, TimeoutError):
 
 
 # --- tasks and workers -------------------------------------------------------------------------
+
+
+class TargetError(NodeError, AuthError):
+    """A request signed for another node than this one, for none, or for no node at all (the
+    previous release's signature) where that is not served: 401 naming this node."""
+
+
+class BodyRefused(NodeError):
+    """A body not read: `answer` says why (408, 413, 415, 503); `close`: the connection is
+    closed once the answer is sent, the rest of the body unread (node.limits)."""
+
+    def __init__(self, answer: web.Response, *, close: bool) -> None:
+        super().__init__(answer.text or "")
+        self.answer = answer
+        self.close = close
 
 
 class SkewError(NodeError, AuthError):

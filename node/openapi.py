@@ -1,19 +1,15 @@
-"""The OpenAPI 3.1 document of the HTTP API, built from the routes each package registers.
+"""The OpenAPI 3.1 document of the HTTP API, built from the routes' declarations
+(config.declare): their callers, models, answers and errors; and the models of the wire.
 
-A route's body, query and answer schemas are the pydantic models (or JSON Schemas) its handler
-validates with, so the document and the handler cannot disagree: a RouteDoc names them in
-`body`, `query` and `response`, and `openapi_document` turns models into JSON Schema under
-`components/schemas`. Everything is optional: a RouteDoc with only method, path and summary still
-documents (string parameters, no body, any JSON answer), so a new route can start there.
-`parse_body` is how a handler checks a body against the model its RouteDoc names.
+`parse_body` is how a handler checks a body against the model its declaration names.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from pydantic import (
@@ -26,42 +22,39 @@ from pydantic import (
 )
 
 from config import HEADER_NODE, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, shoal_version
+from config.declare import Caller, Param, Route, Schema
 from node.errors import BodyError
 
 M = TypeVar("M", bound=BaseModel)
 
-Schema = type[BaseModel] | Mapping[str, Any]
-"""A pydantic model (its JSON Schema is taken) or a JSON Schema (draft 2020-12) as a mapping."""
-
-Parameter = tuple[str, str, str] | tuple[str, str, str, Mapping[str, Any]]
-"""(name, in: query|path|header, description[, JSON Schema]); the schema defaults to a string;
-`"x-required": true` in it makes a query parameter required (path parameters always are)."""
-
 JSON = "application/json"
-ANY_JSON: Mapping[str, Any] = {}
 BINARY: Mapping[str, Any] = {"type": "string", "format": "binary"}
 TEXT: Mapping[str, Any] = {"type": "string"}
 
-ERROR_SCHEMA: Mapping[str, Any] = {
-    "type": "object",
-    "description": "Every error answer: a machine code, a human reason, the HTTP status, and "
-    "for some errors the parameter, record index, field, path, free bytes, fence or retry delay",
-    "required": ["error", "reason", "status"],
-    "properties": {
-        "error": {"type": "string", "pattern": "^[a-z_]+$"},
-        "reason": {"type": "string", "minLength": 1},
-        "status": {"type": "integer", "minimum": 400, "maximum": 599},
-        "param": {"type": ["string", "null"]},
-        "index": {"type": ["integer", "null"]},
-        "field": {"type": ["string", "null"]},
-        "path": {"type": ["string", "null"]},
-        "free_bytes": {"type": ["integer", "null"]},
-        "fence": {},
-        "retry_after_s": {"type": ["number", "null"]},
-    },
-    "additionalProperties": False,
-}
-"""The one error shape of config.wire (error_body), as JSON Schema."""
+
+class ErrorShape(BaseModel):
+    """Every error answer: a machine code, a human reason, the HTTP status, and for some errors
+    the parameter, record index, field, path, free bytes, fence, retry delay, or the identity
+    and role a refusal names (config.wire's error_body)."""
+
+    model_config = ConfigDict(extra="forbid", title="Error")
+
+    error: str = Field(pattern="^[a-z_]+$")
+    reason: str = Field(min_length=1)
+    status: int = Field(ge=400, le=599)
+    param: str | None = None
+    index: int | None = None
+    field: str | None = None
+    path: str | None = None
+    free_bytes: int | None = None
+    fence: Any = None
+    retry_after_s: float | None = None
+    identity: str | None = None
+    role: str | None = None
+    refusal: str | None = None
+    cluster: str | None = None
+    sender_cluster: str | None = None
+
 
 BODY_CONFIG = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 """The model config of a request body: JSON types exactly (no "3" for 3, no true for 1), no
@@ -151,54 +144,42 @@ _SCHEME_TEXT = {
     "whitespace, over METHOD\\npath?query\\ntimestamp\\nnonce\\nsha256_hex(body); see "
     "docs/signing.md",
 }
-
-
-@dataclass(frozen=True)
-class RouteDoc:
-    """One documented operation.
-
-    `responses` lists (status, description); 2xx answers carry `response` (JSON Schema or model,
-    any JSON when None) as `response_type`, 204 and 3xx carry nothing, 4xx/5xx the error shape.
-    `parameters` are (name, in, description[, schema]) tuples; `query` is a model whose fields are
-    the query parameters; `body` is the request body's schema (a model or JSON Schema), offered as
-    each of `body_types`, required unless `body_optional`.
-    """
-
-    method: str
-    path: str
-    summary: str
-    responses: tuple[tuple[int, str], ...] = ((200, "OK"),)
-    authenticated: bool = True
-    parameters: tuple[Parameter, ...] = field(default=())
-    body: Schema | None = None
-    body_types: tuple[str, ...] = (JSON,)
-    body_optional: bool = False
-    query: type[BaseModel] | None = None
-    response: Schema | None = None
-    response_type: str = JSON
-    bearer: bool = False
-    """Also accepts `Authorization: Bearer <metrics token>` instead of a signature."""
+CERTIFICATE_SCHEME = "clientCertificate"
+CERTIFICATE_ROLES = {Caller.READER: "reader", Caller.PEER: "node", Caller.FENCED: "node"}
+"""The client certificate role of each caller class (an operator's is `operator`)."""
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
 
 
 class _Components:
     """The named schemas of the document: pydantic models and their nested definitions."""
 
     def __init__(self) -> None:
-        self.schemas: dict[str, Any] = {"Error": dict(ERROR_SCHEMA)}
+        self.schemas: dict[str, Any] = {"Error": ErrorShape.model_json_schema()}
+        self._models: dict[str, type[BaseModel]] = {"Error": ErrorShape}
 
     def schema(self, schema: Schema) -> dict[str, Any]:
-        """A JSON Schema for `schema`: a $ref for a model (added to the components)."""
+        """A JSON Schema for `schema`: a $ref for a model (added to the components). Raises
+        ValueError when two models of one name would share a component."""
         if isinstance(schema, Mapping):
             hoisted = self._hoist(schema)
             assert isinstance(hoisted, dict)
             return hoisted
         name = schema.__name__
+        known = self._models.setdefault(name, schema)
+        if known is not schema:
+            raise ValueError(
+                f"two models are named {name} ({known.__module__}, {schema.__module__}): "
+                "rename one, the OpenAPI document names each schema once"
+            )
         if name not in self.schemas:
-            generated = schema.model_json_schema(ref_template="#/components/schemas/{model}")
-            for def_name, definition in generated.pop("$defs", {}).items():
-                self.schemas.setdefault(def_name, definition)
-            self.schemas[name] = generated
+            self.schemas[name] = self._generated(schema)
         return {"$ref": f"#/components/schemas/{name}"}
+
+    def _generated(self, model: type[BaseModel]) -> dict[str, Any]:
+        generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for def_name, definition in generated.pop("$defs", {}).items():
+            self.schemas.setdefault(def_name, definition)
+        return generated
 
     def _hoist(self, value: Any) -> Any:
         """`value` with every `$defs` moved to the components and its refs pointed there (a
@@ -219,9 +200,7 @@ class _Components:
         return value
 
     def query_parameters(self, model: type[BaseModel]) -> list[dict[str, Any]]:
-        generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        for def_name, definition in generated.pop("$defs", {}).items():
-            self.schemas.setdefault(def_name, definition)
+        generated = self._generated(model)
         required = set(generated.get("required", ()))
         parameters = []
         for name, prop in generated.get("properties", {}).items():
@@ -239,82 +218,116 @@ class _Components:
         return parameters
 
 
-def _parameter(parameter: Parameter, components: _Components) -> dict[str, Any]:
+def _parameter(parameter: Param, components: _Components) -> dict[str, Any]:
     name, where, text = parameter[0], parameter[1], parameter[2]
     schema = components.schema(parameter[3]) if len(parameter) == 4 else {"type": "string"}
     required = where == "path" or bool(schema.pop("x-required", False))
     return {"name": name, "in": where, "description": text, "required": required, "schema": schema}
 
 
-def _operation(doc: RouteDoc, components: _Components, signed: bool) -> dict[str, Any]:
+def _path_parameters(declared: Route, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A string parameter for each placeholder of the path that `given` does not describe."""
+    named = {p["name"] for p in given if p["in"] == "path"}
+    found = re.findall(r"\{([^}/]+)\}", declared.path)
+    return [
+        {"name": name, "in": "path", "description": name, "required": True, "schema": TEXT}
+        for name in found
+        if name not in named
+    ]
+
+
+def _responses(declared: Route, components: _Components, signed: bool) -> dict[str, Any]:
     responses: dict[str, Any] = {}
-    for code, text in doc.responses:
+    for code, text in declared.answers:
         answer: dict[str, Any] = {"description": text}
-        if code == 204:
-            pass  # no content: the one answer of a JSON route without a body
-        elif 200 <= code < 300:
-            schema = ANY_JSON if doc.response is None else doc.response
-            answer["content"] = {doc.response_type: {"schema": components.schema(schema)}}
-        elif code >= 400:
-            answer["content"] = {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}
+        if 200 <= code < 300 and code != 204:
+            schema = components.schema({} if declared.answer is None else declared.answer)
+            answer["content"] = {declared.answer_type: {"schema": schema}}
         responses[str(code)] = answer
-    if doc.authenticated and signed:
+    refusals: dict[int, list[str]] = {}
+    for refusal in declared.errors:
+        refusals.setdefault(refusal.status, []).append(f"{refusal.when} (`{refusal.code}`)")
+    for code, texts in sorted(refusals.items()):
+        responses[str(code)] = {
+            "description": "; ".join(texts),
+            "content": {JSON: {"schema": ERROR_REF}},
+        }
+    if Caller.PUBLIC not in declared.callers and signed:
         responses.setdefault(
             "401",
-            {
-                "description": "missing or bad signature",
-                "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
-            },
+            {"description": "missing or bad signature", "content": {JSON: {"schema": ERROR_REF}}},
         )
     responses["default"] = {
-        "description": "any other refusal (bad method, malformed or too large a body, ...)",
-        "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "description": "any other refusal (bad method, malformed or too large a body, a caller "
+        "this route does not admit, ...)",
+        "content": {JSON: {"schema": ERROR_REF}},
     }
+    return responses
+
+
+def _security(declared: Route, signed: bool, tls: bool) -> list[dict[str, list[str]]]:
+    """Who may call: nobody needs a credential on a public route; else the signature (optional
+    without a secret), the metrics bearer token, or a client certificate of a role admitted."""
+    if Caller.PUBLIC in declared.callers:
+        return [{}]
+    security: list[dict[str, list[str]]] = [{_SCHEME_NAMES[h]: [] for h in SIGNATURE_HEADERS}]
+    if declared.bearer:
+        security.append({"metricsBearer": []})
+    if declared.session:
+        security.append({"dashboardSession": []})
+    if tls:
+        roles = sorted({CERTIFICATE_ROLES.get(caller, "operator") for caller in declared.callers})
+        security.append({CERTIFICATE_SCHEME: roles})
+    if not signed:
+        security.append({})  # a dev node without a secret: the headers are not needed
+    return security
+
+
+def _operation(declared: Route, components: _Components, signed: bool, tls: bool) -> dict[str, Any]:
     operation: dict[str, Any] = {
-        "operationId": f"{doc.method.lower()} {doc.path}",
-        "summary": doc.summary,
-        "responses": responses,
+        "operationId": f"{declared.method.lower()} {declared.path}",
+        "summary": declared.summary,
+        "x-shoal-callers": [caller.value for caller in Caller if caller in declared.callers],
+        "responses": _responses(declared, components, signed),
+        "security": _security(declared, signed, tls),
     }
-    if doc.authenticated:
-        requirement: dict[str, list[str]] = {
-            _SCHEME_NAMES[header]: [] for header in SIGNATURE_HEADERS
-        }
-        # Without a secret (a dev node on loopback) the signature headers are not needed.
-        operation["security"] = [requirement] if signed else [requirement, {}]
-        if doc.bearer:
-            operation["security"].insert(1, {"metricsBearer": []})
-    else:
-        operation["security"] = [{}]
-    parameters = [_parameter(parameter, components) for parameter in doc.parameters]
-    if doc.query is not None:
-        parameters += components.query_parameters(doc.query)
+    if declared.forwarded:
+        operation["x-shoal-forwarded"] = True
+    parameters = [_parameter(parameter, components) for parameter in declared.params]
+    if declared.query is not None:
+        parameters += components.query_parameters(declared.query)
+    parameters = _path_parameters(declared, parameters) + parameters
     if parameters:
         operation["parameters"] = parameters
-    if doc.body is not None:
-        body_schema = components.schema(doc.body)
+    if declared.body is not None:
+        body_schema = components.schema(declared.body)
         operation["requestBody"] = {
-            "required": not doc.body_optional,
+            "required": not declared.body_optional,
             "content": {
                 kind: {"schema": body_schema if kind == JSON else dict(TEXT)}
-                for kind in doc.body_types
+                for kind in declared.body_types
             },
         }
     return operation
 
 
-def documented_twice(docs: Iterable[RouteDoc]) -> list[str]:
-    """`METHOD path` of every operation that more than one of `docs` documents, sorted."""
-    counts = Counter((doc.method.upper(), doc.path) for doc in docs)
-    return sorted(f"{method} {path}" for (method, path), count in counts.items() if count > 1)
+def documented_twice(routes: Iterable[Route]) -> list[str]:
+    """`METHOD path` of every operation more than one of `routes` documents, sorted."""
+    counts = Counter(declared.operation for declared in routes)
+    return sorted(operation for operation, count in counts.items() if count > 1)
 
 
-def openapi_document(docs: Iterable[RouteDoc], *, signed: bool = True) -> dict[str, Any]:
-    """An OpenAPI 3.1 document for `docs`; `signed`: the node has a secret, so the signature
-    headers are required (without one they are optional)."""
+def openapi_document(
+    routes: Iterable[Route], *, signed: bool = True, tls: bool = False
+) -> dict[str, Any]:
+    """An OpenAPI 3.1 document of the declared `routes`; `signed`: the node has a secret, so
+    the signature headers are required (without one they are optional); `tls`: it takes client
+    certificates, whose roles each operation admits are listed."""
     components = _Components()
     paths: dict[str, dict[str, Any]] = {}
-    for doc in sorted(docs, key=lambda d: (d.path, d.method)):
-        paths.setdefault(doc.path, {})[doc.method.lower()] = _operation(doc, components, signed)
+    for declared in sorted(routes, key=lambda r: (r.path, r.method)):
+        operation = _operation(declared, components, signed, tls)
+        paths.setdefault(declared.path, {})[declared.method.lower()] = operation
     schemes: dict[str, Any] = {
         _SCHEME_NAMES[header]: {
             "type": "apiKey",
@@ -325,13 +338,27 @@ def openapi_document(docs: Iterable[RouteDoc], *, signed: bool = True) -> dict[s
         for header in SIGNATURE_HEADERS
     }
     schemes["metricsBearer"] = {"type": "http", "scheme": "bearer"}
+    schemes["dashboardSession"] = {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "shoal_ui",
+        "description": "the dashboard's session, from POST /ui/login",
+    }
+    if tls:
+        schemes[CERTIFICATE_SCHEME] = {
+            "type": "mutualTLS",
+            "description": "a certificate of the cluster CA; its role (node, operator, reader) "
+            "decides the routes it may call",
+        }
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "shoal node API",
             "version": shoal_version(),
             "description": "Requests are signed with the four X-Shoal-* headers together "
-            "(HMAC-SHA256, see each scheme), unless the node runs without a secret.",
+            "(HMAC-SHA256, see each scheme), unless the node runs without a secret. Each "
+            "operation lists who may call it in x-shoal-callers (public, reader, peer, fenced: "
+            "a node with the current plan's fence, operator); any other caller is refused.",
         },
         "paths": paths,
         "components": {"schemas": components.schemas, "securitySchemes": schemes},

@@ -13,13 +13,14 @@ from health import DiskWrites
 from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
-from node.checkpoints.component import checkpoint_api
+from node.checkpoints.component import CheckpointApi, checkpoint_api
 from node.component import Check, Component, Endpoint, Served
+from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
 from node.jobs.component import JobApi, job_api
 from node.keyring.routes import KeyringRoutes
-from node.locks.component import lock_api
+from node.locks.component import LockApi, lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
 from node.plan import PlanFence, RolePlan
@@ -152,14 +153,11 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         inputs.request_stop or _no_stop,
     )
     quarantine = _gpu_quarantine(runtime, locks.service, election)
-    training = TrainingComponent(runtime, election, secret)
-    training.drain = lambda node, why: locks.nodes.drain(node, None, why)
     stacks = {name: entry.model_dump() for name, entry in inputs.stacks.items()}
     results = open_results_store(runtime.settings)
     runs = RunApi(RunService(locks.service, results, stacks, starter=inputs.run_nodes))
     checkpoints = checkpoint_api(runtime, locks.service, sync, inputs.inventory)
-    training.committed = checkpoints.committed
-    training.node_parts["last_restore"] = checkpoints.last_restore
+    training = _training(runtime, election, secret, locks, checkpoints)
     weights = weights_service(runtime, election)
     sources = UiSources(
         runtime,
@@ -182,16 +180,31 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         quarantine,
         runs,
         checkpoints,
-        Served(WeightsRoutes(weights).routes()),
-        Served(BacklogRoutes(backlog).routes()),
-        Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog).routes()),
-        Served(AuditRoutes(runtime).routes()),
+        Served(WeightsRoutes(weights), BacklogRoutes(backlog)),
+        Served(BackupService(runtime, records.stores.paths, lambda: sync.catalog)),
+        Served(AuditRoutes(runtime)),
         KeyringRoutes(runtime, inputs.gossip_keys, secret),
-        Served(election.routes()),
+        Served(ElectionRoutes(lambda: election.elector), election),
         training,
         dashboard,
     )
     return ServedParts(components, sync, jobs, locks.service, dashboard, training)
+
+
+def _training(
+    runtime: NodeRuntime,
+    election: ElectionService,
+    secret: bytes | None,
+    locks: LockApi,
+    checkpoints: CheckpointApi,
+) -> TrainingComponent:
+    """The training component: it drains a straggler's node through the locks, and shows the
+    committed checkpoint and each node's last restore."""
+    training = TrainingComponent(runtime, election, secret)
+    training.drain = lambda node, why: locks.nodes.drain(node, None, why)
+    training.committed = checkpoints.committed
+    training.node_parts["last_restore"] = checkpoints.last_restore
+    return training
 
 
 def _gpu_quarantine(

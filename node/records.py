@@ -1,22 +1,20 @@
 """The record stores of a node as a component: the stores it opens (games, rollouts and those the
-config declares) and the /v1/records routes with one set of docs per store."""
+config declares) and the /v1/records routes, documented once per store."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from health import DiskWrites
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.metrics import ingest_counter
-from node.openapi import RouteDoc
 from node.rl.backlog import RolloutBacklog
 from node.runtime import NodeRuntime
 from sync import (
     ROLLOUTS_SCHEMA,
+    RecordHandlers,
     RecordSchema,
     RecordStores,
-    record_route_docs,
-    record_routes,
 )
 
 
@@ -42,12 +40,14 @@ class RecordsComponent:
 
     def routes(self) -> list[Endpoint]:
         runtime = self._runtime
-        served = record_routes(
-            self.stores, runtime.node_id, on_ingest=ingest_counter(runtime), gate=self._backlog
+        handlers = RecordHandlers(
+            self.stores,
+            runtime.node_id,
+            on_ingest=ingest_counter(runtime),
+            gate=self._backlog,
+            gated=(ROLLOUTS_SCHEMA.name,),
         )
-        schemas = [self.stores[name].schema for name in self.stores]
-        docs = record_route_docs(schemas, gated=(ROLLOUTS_SCHEMA.name,))
-        return paired(served, (RouteDoc(**doc) for doc in docs))
+        return endpoints(handlers)
 
     def checks(self) -> Mapping[str, Check]:
         return {}

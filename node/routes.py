@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
+from pydantic import Field
 
 from config import (
     CLOCK_SKEWS,
@@ -16,11 +17,16 @@ from config import (
     protocol_of,
     version_header,
 )
+from config.declare import READ, Caller, Refusal, Route, route
 from health import CircuitState, HealthStatus
-from node.component import Check, Component, Endpoint, endpoints_of, paired, route_docs
-from node.identity.roles import CertificateGate
+from node.access import DECLARED
+from node.component import Check, Component, Endpoint, endpoints, endpoints_of, route_docs
+from node.connections import head_deadline_middleware
+from node.fence import FenceSource
+from node.identity.roles import AccessRules, CertificateGate
+from node.limits import MAX_BODY_BYTES
 from node.metrics import install_node_metrics
-from node.openapi import TEXT, RouteDoc, documented_twice, openapi_document
+from node.openapi import TEXT, WireRecord, documented_twice, openapi_document
 from node.runtime import NodeRuntime
 from node.security import (
     AUTH_POLICY,
@@ -32,206 +38,143 @@ from node.security import (
 )
 
 RUNTIME = web.AppKey("runtime", NodeRuntime)
-ROUTE_DOCS: web.AppKey[tuple[RouteDoc, ...]] = web.AppKey("route_docs", tuple)
-MAX_BODY_BYTES = 64 * 1024 * 1024
-
-_HEALTH_STATES = [status.value for status in HealthStatus]
-HEALTH_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["status", "components"],
-    "properties": {
-        "status": {"enum": _HEALTH_STATES},
-        "components": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["name", "status", "message"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "status": {"enum": _HEALTH_STATES},
-                    "message": {"type": "string"},
-                },
-            },
-        },
-    },
-}
-_MEMBER_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["node_id", "address", "port", "state", "incarnation", "is_self", "meta"],
-    "properties": {
-        "node_id": {"type": "string"},
-        "address": {"type": "string"},
-        "port": {"type": "integer"},
-        "state": {"type": "string"},
-        "incarnation": {"type": "integer"},
-        "last_seen_s": {"type": "number"},
-        "role": {"type": ["string", "null"]},
-        "version": {"type": ["string", "null"]},
-        "protocol": {
-            "type": "integer",
-            "description": "the member's announced protocol; 1 when it announces none",
-        },
-        "is_self": {"type": "boolean"},
-        "refused": {
-            "type": ["string", "null"],
-            "description": "why this node refuses the member (its certificate was revoked: it"
-            " shows dead and is not heard), else null",
-        },
-        "meta": {"type": "object"},
-    },
-}
-PEERS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["members"],
-    "properties": {"members": {"type": "array", "items": _MEMBER_SCHEMA}},
-}
-AUTOSTOP_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["enabled", "state"],
-    "properties": {
-        "enabled": {"type": "boolean"},
-        "state": {"enum": ["off", "starting", "idle", "busy", "acting", "acted"]},
-        "provider": {"type": "string"},
-        "action": {"enum": ["stop", "release"]},
-        "dry_run": {"type": "boolean"},
-        "window_s": {"type": "number"},
-        "check_interval_s": {"type": "number"},
-        "gpu_util_threshold": {"type": "number"},
-        "idle_since": {"type": ["number", "null"]},
-        "idle_for_s": {"type": "number"},
-        "busy_reasons": {"type": "array", "items": {"type": "string"}},
-        "last_decision": {"type": ["object", "null"]},
-        "last_error": {"type": ["string", "null"]},
-    },
-}
-STATUS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "node_id",
-        "cluster",
-        "version",
-        "release",
-        "protocol",
-        "role",
-        "term",
-        "members",
-        "wal",
-        "health",
-    ],
-    "properties": {
-        "node_id": {"type": "string"},
-        "cluster": {"type": "string"},
-        "version": {"type": "string", "description": "the release (same as `release`)"},
-        "release": {"type": "string", "description": "this node's shoal release"},
-        "protocol": {
-            "type": "integer",
-            "description": "this node's wire protocol version (config.PROTOCOL_VERSION)",
-        },
-        "port": {"type": "integer"},
-        "uptime_s": {"type": "number"},
-        "role": {"type": ["string", "null"]},
-        "term": {"type": ["integer", "null"]},
-        "coordinator": {"type": ["string", "null"]},
-        "drain": {
-            "description": "this node's drain in the plan it applies (shoal node drain), or null",
-            "anyOf": [
-                {
-                    "type": "object",
-                    "required": ["kill_after_s"],
-                    "properties": {"kill_after_s": {"type": ["number", "null"]}},
-                },
-                {"type": "null"},
-            ],
-        },
-        "quarantine": {
-            "description": "this node's GPU quarantine (docs/fault-tolerance.md#gpu-faults): "
-            "the reason (the plan's, or the fault read now), the state (faulty, settling, "
-            "selftest, selftest_failed, readmitting, held) and the last self-test, or null",
-            "type": ["object", "null"],
-        },
-        "members": {"type": "object", "additionalProperties": {"type": "integer"}},
-        "wal": {"type": "object"},
-        "breakers": {"type": "object"},
-        "health": {"enum": _HEALTH_STATES},
-        "health_problems": {"type": "array", "items": {"type": "string"}},
-        "notes": {"type": "array", "items": {"type": "string"}},
-        "autostop": AUTOSTOP_SCHEMA,
-        "training": {
-            "description": "this node's training ranks (node.training), or null while none "
-            "reports: generation, ranks, their highest step, their median steps/s",
-            "type": ["object", "null"],
-            "properties": {
-                "generation": {"type": "integer"},
-                "ranks": {"type": "integer"},
-                "step": {"type": "integer"},
-                "steps_per_s": {"type": "number"},
-            },
-        },
-    },
-}
-
-CORE_DOCS = (
-    RouteDoc(
-        "GET",
-        "/v1/health",
-        "Health of this node: healthy, degraded or unhealthy, with every component",
-        ((200, "healthy or degraded"), (503, "unhealthy")),
-        authenticated=False,
-        response=HEALTH_SCHEMA,
-    ),
-    RouteDoc(
-        "GET",
-        "/v1/status",
-        "This node: identity, role, term, members, WAL, breakers, GPUs",
-        response=STATUS_SCHEMA,
-    ),
-    RouteDoc(
-        "GET", "/v1/peers", "The membership view: one object per member", response=PEERS_SCHEMA
-    ),
-    RouteDoc(
-        "GET",
-        "/metrics",
-        "Prometheus metrics (signature or Authorization: Bearer token)",
-        ((200, "the text exposition format"), (503, "metrics not initialised yet")),
-        response=TEXT,
-        response_type="text/plain",
-        bearer=True,
-    ),
-    RouteDoc(
-        "GET",
-        OPENAPI_PATH,
-        "This document (served without a signature: it holds no secret)",
-        authenticated=False,
-        response={"type": "object", "required": ["openapi", "paths"]},
-    ),
-)
+ROUTE_DOCS: web.AppKey[tuple[Route, ...]] = web.AppKey("route_docs", tuple)
 
 
-async def handle_health(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    if runtime.health is None:
-        return web.json_response({"status": HealthStatus.HEALTHY.value, "components": []})
-    summary = runtime.health.summary()
-    status = 503 if summary.status is HealthStatus.UNHEALTHY else 200
-    return web.json_response(summary.to_dict(), status=status)
+class ComponentView(WireRecord):
+    """One health check's component: its status and message."""
+
+    name: str
+    status: HealthStatus
+    message: str
+    last_check: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
-def _member_dict(member: Any) -> dict[str, Any]:
+class HealthAnswer(WireRecord):
+    """The answer of `GET /v1/health`: the worst status and every component."""
+
+    status: HealthStatus
+    components: list[ComponentView]
+
+
+class MemberView(WireRecord):
+    """One member of the membership view, as `GET /v1/peers` answers it."""
+
+    node_id: str
+    address: str
+    port: int
+    state: str
+    incarnation: int
+    last_seen_s: float | None = None
+    role: str | None = None
+    version: str | None = None
+    protocol: int = Field(default=1, description="the member's announced protocol; 1 when none")
+    is_self: bool
+    refused: str | None = Field(
+        default=None,
+        description="why this node refuses the member (its certificate was revoked: it shows "
+        "dead and is not heard), else null",
+    )
+    meta: dict[str, Any]
+
+
+class PeersAnswer(WireRecord):
+    """The answer of `GET /v1/peers`: one object per member."""
+
+    members: list[MemberView]
+
+
+class AutostopView(WireRecord):
+    """The auto-stop of this node (node.providers.autostop)."""
+
+    enabled: bool
+    state: Literal["off", "starting", "idle", "busy", "acting", "acted"]
+    provider: str | None = None
+    action: Literal["stop", "release"] | None = None
+    dry_run: bool | None = None
+    window_s: float | None = None
+    check_interval_s: float | None = None
+    gpu_util_threshold: float | None = None
+    idle_since: float | None = None
+    idle_for_s: float | None = None
+    busy_reasons: list[str] = Field(default_factory=list)
+    last_decision: dict[str, Any] | None = None
+    last_error: str | None = None
+
+
+class DrainView(WireRecord):
+    """This node's drain in the plan it applies (`shoal node drain`)."""
+
+    kill_after_s: float | None
+
+
+class TrainingStatus(WireRecord):
+    """This node's training ranks in `GET /v1/status`."""
+
+    generation: int | None = None
+    ranks: int | None = None
+    step: int | None = None
+    steps_per_s: float | None = None
+
+
+class StatusAnswer(WireRecord):
+    """The answer of `GET /v1/status` (what `shoal status` prints)."""
+
+    node_id: str
+    cluster: str
+    version: str = Field(description="the release (same as `release`)")
+    release: str = Field(description="this node's shoal release")
+    protocol: int = Field(description="this node's wire protocol version (PROTOCOL_VERSION)")
+    port: int | None = None
+    uptime_s: float | None = None
+    role: str | None
+    term: int | None
+    coordinator: str | None = None
+    drain: DrainView | None = Field(default=None, description="this node's drain, or null")
+    quarantine: dict[str, Any] | None = Field(
+        default=None,
+        description="this node's GPU quarantine (docs/fault-tolerance.md#gpu-faults): the "
+        "reason (the plan's, or the fault read now), the state (faulty, settling, selftest, "
+        "selftest_failed, readmitting, held) and the last self-test, or null",
+    )
+    members: dict[str, int]
+    wal: dict[str, Any]
+    breakers: dict[str, Any] = Field(default_factory=dict)
+    health: HealthStatus
+    health_problems: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    autostop: AutostopView | None = None
+    training: TrainingStatus | None = Field(
+        default=None,
+        description="this node's training ranks (node.training), or null while none reports",
+    )
+
+
+class OpenApiAnswer(WireRecord):
+    """An OpenAPI 3.1 document."""
+
+    openapi: str
+    paths: dict[str, Any]
+
+
+def _member_view(member: Any) -> MemberView:
     meta = dict(member.meta)
-    return {
-        "node_id": member.node_id,
-        "address": member.address,
-        "port": member.port,
-        "state": str(member.state),
-        "incarnation": member.incarnation,
-        "last_seen_s": round(member.last_seen_s, 3),
-        "role": meta.get("role"),
-        "version": meta.get("version"),
-        "protocol": protocol_of(meta),
-        "is_self": bool(getattr(member, "is_self", False)),
-        "refused": getattr(member, "refused", None),
-        "meta": meta,
-    }
+    role, version = meta.get("role"), meta.get("version")
+    return MemberView(
+        node_id=member.node_id,
+        address=member.address,
+        port=member.port,
+        state=str(member.state),
+        incarnation=member.incarnation,
+        last_seen_s=round(member.last_seen_s, 3),
+        role=None if role is None else str(role),
+        version=None if version is None else str(version),
+        protocol=protocol_of(meta),
+        is_self=bool(getattr(member, "is_self", False)),
+        refused=getattr(member, "refused", None),
+        meta=meta,
+    )
 
 
 def _protocol_gaps(runtime: NodeRuntime) -> list[str]:
@@ -326,32 +269,6 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
     }
 
 
-async def handle_status(request: web.Request) -> web.Response:
-    return web.json_response(await status_document(request.app[RUNTIME]))
-
-
-async def handle_peers(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    members: Sequence[Any] = runtime.membership.members() if runtime.membership else []
-    return web.json_response({"members": [_member_dict(m) for m in members]})
-
-
-async def handle_metrics(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    if runtime.metrics is None:
-        raise web.HTTPServiceUnavailable(reason="metrics are not initialised yet")
-    body, content_type = runtime.metrics.render()
-    response = web.Response(body=body)
-    response.headers["Content-Type"] = content_type
-    return response
-
-
-async def handle_openapi(request: web.Request) -> web.Response:
-    docs: tuple[RouteDoc, ...] = request.app[ROUTE_DOCS]
-    signed = request.app[AUTH_POLICY].secret is not None
-    return web.json_response(openapi_document(docs, signed=signed))
-
-
 def _version_header(
     release: str,
 ) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
@@ -373,20 +290,90 @@ class CoreRoutes:
         return None
 
     def routes(self) -> Sequence[Endpoint]:
-        served = [
-            web.get("/v1/health", handle_health),
-            web.get("/v1/status", handle_status),
-            web.get("/v1/peers", handle_peers),
-            web.get("/metrics", handle_metrics),
-            web.get(OPENAPI_PATH, handle_openapi),
-        ]
-        return paired(served, CORE_DOCS)
+        return endpoints(self)
 
     def checks(self) -> Mapping[str, Check]:
         return {}
 
     async def close(self) -> None:
         return None
+
+    @route(
+        "GET",
+        "/v1/health",
+        callers=[Caller.PUBLIC],
+        answers=((200, "healthy or degraded"),),
+        errors=[Refusal(503, "unavailable", "unhealthy")],
+        answer=HealthAnswer,
+    )
+    async def health(self, request: web.Request) -> web.Response:
+        """Health of this node: healthy, degraded or unhealthy, with every component"""
+        runtime = request.app[RUNTIME]
+        if runtime.health is None:
+            return web.json_response({"status": HealthStatus.HEALTHY.value, "components": []})
+        summary = runtime.health.summary()
+        status = 503 if summary.status is HealthStatus.UNHEALTHY else 200
+        return web.json_response(summary.to_dict(), status=status)
+
+    @route("GET", "/v1/status", callers=READ, answer=StatusAnswer)
+    async def status(self, request: web.Request) -> web.Response:
+        """This node: identity, role, term, members, WAL, breakers, GPUs"""
+        return web.json_response(await status_document(request.app[RUNTIME]))
+
+    @route("GET", "/v1/peers", callers=READ, answer=PeersAnswer)
+    async def peers(self, request: web.Request) -> web.Response:
+        """The membership view: one object per member"""
+        runtime = request.app[RUNTIME]
+        members: Sequence[Any] = runtime.membership.members() if runtime.membership else []
+        return web.json_response({"members": [_member_view(m).to_json() for m in members]})
+
+    @route(
+        "GET",
+        "/metrics",
+        callers=READ,
+        answers=((200, "the text exposition format"),),
+        errors=[Refusal(503, "unavailable", "metrics not initialised yet")],
+        answer=TEXT,
+        answer_type="text/plain",
+        bearer=True,
+    )
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus metrics (signature or Authorization: Bearer token)"""
+        runtime = request.app[RUNTIME]
+        if runtime.metrics is None:
+            raise web.HTTPServiceUnavailable(reason="metrics are not initialised yet")
+        body, content_type = runtime.metrics.render()
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    @route("GET", OPENAPI_PATH, callers=[Caller.PUBLIC], answer=OpenApiAnswer)
+    async def openapi(self, request: web.Request) -> web.Response:
+        """This document (served without a signature: it holds no secret)"""
+        routes = request.app[ROUTE_DOCS]
+        signed = request.app[AUTH_POLICY].secret is not None
+        tls = request.app[TLS_CLIENTS]
+        return web.json_response(openapi_document(routes, signed=signed, tls=tls))
+
+
+TLS_CLIENTS = web.AppKey("tls_clients", bool)
+"""Whether the app takes client certificates (its OpenAPI document lists their roles)."""
+
+
+def _declarations(served: Sequence[Endpoint]) -> dict[tuple[str, str], Route]:
+    """Every route's declaration by (method, template)."""
+    return {(found.route.method, found.route.path): found.route for found in served}
+
+
+def _undeclared(app: web.Application, declared: Mapping[tuple[str, str], Route]) -> list[str]:
+    """`METHOD path` of every route of `app` without a declaration (HEAD of a GET has its)."""
+    bare = []
+    for found in app.router.routes():
+        method = "GET" if found.method == "HEAD" else found.method
+        path = found.resource.canonical if found.resource is not None else "?"
+        if (method, path) not in declared:
+            bare.append(f"{found.method} {path}")
+    return bare
 
 
 def build_app(
@@ -395,34 +382,50 @@ def build_app(
     components: Iterable[Component] = (CoreRoutes(),),
     gates: Iterable[Any] = (),
     identity: CertificateGate | None = None,
+    fence: FenceSource | None = None,
 ) -> web.Application:
-    """The node's aiohttp application serving the routes of `components` (the core routes by
-    default), whose docs are the OpenAPI document it serves; `gates` are middlewares that run
-    before the signature check (the dashboard's cookie), after the refusal of requests that
-    name another cluster. With `identity` (auth tls or hmac+tls) the client certificate is
-    checked before the signature and the role after it. Raises ValueError when two routes
-    document one operation."""
-    middlewares: list[Any] = [error_middleware, foreign_cluster_middleware]
+    """The node's aiohttp application serving the declared routes of `components` (the core
+    routes by default); its router, its OpenAPI document and its access rules (node.identity's
+    AccessRules: deny by default) are all built from their declarations. `gates` are
+    middlewares that run before the signature check (the dashboard's cookie), after the
+    refusal of requests that name another cluster. With `identity` (auth tls or hmac+tls) the
+    client certificate is checked before the signature. `fence` is the plan this node applies
+    (a `fenced` route's check; default the identity's). Raises ValueError naming a route
+    without a declaration, or documented twice."""
+    fence = fence if fence is not None or identity is None else identity.fence
+    registry = runtime.metrics.registry if runtime.metrics is not None else None
+    rules = AccessRules(fence, registry, open_api=policy.secret is None and identity is None)
+    middlewares: list[Any] = [
+        head_deadline_middleware,
+        error_middleware,
+        foreign_cluster_middleware,
+    ]
     if identity is not None:
         middlewares.append(identity.certificate_middleware)
-    middlewares += [*gates, auth_middleware]
-    if identity is not None:
-        middlewares.append(identity.role_middleware)
+    middlewares += [*gates, auth_middleware, rules.middleware]
     http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
         middlewares.insert(0, http_metrics.middleware())
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     app[AUTH_POLICY] = policy
-    endpoints = endpoints_of(components)
-    docs = route_docs(endpoints)
-    twice = documented_twice(docs)
+    app[TLS_CLIENTS] = identity is not None
+    served = endpoints_of(components)
+    docs = route_docs(served)
+    routed = documented_twice(found.route for found in served)
+    twice = sorted({*routed, *documented_twice(docs)})
     if twice:
         raise ValueError(
-            f"routes documented more than once: {', '.join(twice)}; the OpenAPI document keeps "
-            "one operation per method and path, so give each route one RouteDoc"
+            f"routes declared more than once: {', '.join(twice)}; the router and the OpenAPI "
+            "document keep one operation per method and path"
         )
     app[ROUTE_DOCS] = docs
+    openapi_document(docs)  # a declaration the document cannot show stops the start here
+    declared = _declarations(served)
+    app[DECLARED] = declared
     app.on_response_prepare.append(_version_header(runtime.version))
-    app.router.add_routes(endpoints)
+    app.router.add_routes(served)
+    bare = _undeclared(app, declared)
+    if bare:
+        raise ValueError(f"routes without a declaration: {', '.join(bare)}; declare each")
     return app

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
+import functools
 import hmac
 import json
 import logging
@@ -19,8 +19,10 @@ from config import (
     CLOCK_SKEWS,
     HEADER_CLOCK_SKEW,
     HEADER_CLUSTER,
+    HEADER_FORWARDED,
     HEADER_NODE,
     HEADER_NONCE,
+    HEADER_RECEIVER,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
     MIN_NONCE_CHARS,
@@ -30,7 +32,15 @@ from config import (
     error_response,
     verify_request,
 )
+from node.access import is_public
+from node.errors import AnsweredError
 from node.errors import SkewError as SkewError
+from node.forwarding import REQUEST_FORWARDER, proven_operator
+from node.limits import BodyBudget, BodyRefused, read_unverified_body, refused_answer
+from node.signers import TargetError, check_target
+from node.signers import local_or_previous as local_or_previous
+from node.signers import node_bound as node_bound
+from node.signers import unbound_check as unbound_check
 
 if TYPE_CHECKING:
     from config.tls import PeerIdentity
@@ -38,15 +48,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OPENAPI_PATH = "/v1/openapi.json"
-UNAUTHENTICATED = frozenset({("GET", "/v1/health"), ("GET", OPENAPI_PATH)})
-"""(method, path) pairs served without a signature (neither holds a secret)."""
 
 
 SKEW_PROBE_MAX_BYTES = 1024 * 1024
 """A request refused for its timestamp is checked for a valid signature (is it a peer whose
 clock is off?) only when its body is at most this large."""
-MAX_CONCURRENT_BODY_READS = 4
-"""Signed requests whose bodies are read at once; more wait (a flood cannot fill memory)."""
 
 
 CLIENT_ID_PREFIXES = ("cli-", "monitor-", "api-")
@@ -82,18 +88,22 @@ class AuthPolicy:
     """The node's secret (None: dev mode, loopback only), the /metrics bearer token,
     `known_node`: whether a sender id names a node this node knows (itself, its inventory, its
     membership view; None checks no sender, as in API tests), and `cluster`: this node's
-    cluster id, whose requests alone are served (None checks no cluster)."""
+    cluster id, whose requests alone are served (None checks no cluster). `node_id`: the id a
+    request must be signed for (X-Shoal-Target; None checks no target), and `unbound_ok`:
+    whether a request signed as the previous release signs (no target) is served, given its
+    sender and the client's address (None: always)."""
 
     secret: bytes | None
     metrics_token: bytes | None = None
     skew_s: float = 300.0
     known_node: Callable[[str], bool] | None = None
     cluster: str | None = None
+    node_id: str | None = None
+    unbound_ok: Callable[[str, str | None], bool] | None = None
     noted_clusters: set[str] = field(default_factory=set)
     nonces: NonceCache = field(default_factory=NonceCache)
-    body_reads: asyncio.Semaphore = field(
-        default_factory=lambda: asyncio.Semaphore(MAX_CONCURRENT_BODY_READS)
-    )
+    bodies: BodyBudget = field(default_factory=BodyBudget)
+    """The permits of body reads before a signature is checked (node.limits)."""
 
 
 AUTH_POLICY = web.AppKey("auth_policy", AuthPolicy)
@@ -123,11 +133,13 @@ async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) 
     """The sender of a request refused for its timestamp, when its signature is otherwise valid
     (only a holder of the cluster secret can make one): a peer whose clock is off."""
     assert policy.secret is not None
-    size = request.content_length or 0
-    if size > SKEW_PROBE_MAX_BYTES:
+    size = request.content_length
+    if request.body_exists and (size is None or size > SKEW_PROBE_MAX_BYTES):
         return None
-    async with policy.body_reads:
-        body = await request.read()
+    try:
+        body = await read_unverified_body(request, policy.bodies)
+    except BodyRefused:
+        return None
     try:
         return verify_request(
             policy.secret,
@@ -143,11 +155,14 @@ async def _skewed_peer(request: web.Request, policy: AuthPolicy, skew_s: float) 
         return None
 
 
-def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) -> str:
+def check_headers(
+    policy: AuthPolicy, headers: Mapping[str, str], now: float, remote: str | None = None
+) -> str:
     """The sender named by a request's signature headers, checked before its body is read:
     all four present, the nonce well-formed, the timestamp within the clock window, the sender
-    known (a node of `policy.known_node`, or a client id), the nonce unseen. Raises AuthError;
-    the signature itself needs the body (verify_request)."""
+    known (a node of `policy.known_node`, or a client id), signed for this node (TargetError),
+    the nonce unseen. Raises AuthError; the signature itself needs the body
+    (verify_request)."""
     node = headers.get(HEADER_NODE, "")
     timestamp = headers.get(HEADER_TIMESTAMP, "")
     nonce = headers.get(HEADER_NONCE, "")
@@ -168,6 +183,7 @@ def check_headers(policy: AuthPolicy, headers: Mapping[str, str], now: float) ->
             f"unknown sender {shown!r}: no node of this node's inventory or membership view; "
             f"a client that is not a node signs as {CLIENT_ID_PREFIXES[0]}NAME"
         )
+    check_target(policy.node_id, policy.unbound_ok, headers, node, remote)
     if policy.nonces.seen(nonce):
         raise AuthError("nonce seen before (replayed request)")
     return node
@@ -259,10 +275,56 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """Refuse unsigned or badly signed requests with 401 and a JSON reason.
 
     The headers are checked before a byte of the body is read, so an unsigned flood costs no
-    memory; only then is the body read (within the app's client_max_size, at most
-    MAX_CONCURRENT_BODY_READS at once) and the signature over it checked."""
+    memory; only then is the body read (within the app's client_max_size, with a permit of
+    the client's and a deadline: node.limits) and the signature over it checked. A call a
+    node forwarded (X-Shoal-Forwarded) is then served as the operator whose proof it carries
+    (node.forwarding), or as the forwarding node's own without one."""
+    if HEADER_FORWARDED in request.headers:
+        handler = functools.partial(_as_forwarded, handler=handler)
+    return await _authenticated(request, handler)
+
+
+async def _as_forwarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Serve a forwarded `request` (authenticated) as the operator its proof names."""
     policy = request.app[AUTH_POLICY]
-    if policy.secret is None or (request.method, request.path) in UNAUTHENTICATED:
+    identity = request.get(PEER_IDENTITY)
+    forwarder = identity.name if identity is not None else request.get(PEER_ID)
+    is_node = (
+        identity.role.value == "node"
+        if identity is not None
+        else forwarder is not None and not is_client_id(forwarder)
+    )
+    if not is_node or forwarder is None:
+        return await handler(request)  # only a node forwards; a client's header means nothing
+    try:
+        operator = await proven_operator(
+            request,
+            secret=policy.secret,
+            seen=lambda nonce: not policy.nonces.check_and_add(f"proof:{nonce}", time.time()),
+            skew_s=policy.skew_s,
+            nonces=policy.nonces,
+        )
+    except AuthError as exc:
+        log.warning("refused a call %s forwarded (%s %s): %s", forwarder, request.method,
+                    request.path, exc)  # fmt: skip
+        return json_error(403, f"forwarded call refused: {exc.reason}", code="forwarded_refused")
+    if operator is None:
+        return await handler(request)
+    name = operator if isinstance(operator, str) else operator.name
+    if not isinstance(operator, str):
+        request[PEER_IDENTITY] = operator  # the role checks see the operator
+    request[PEER_ID] = name
+    tokens = (REQUEST_SENDER.set(name), REQUEST_FORWARDER.set(forwarder))
+    try:
+        return await handler(request)
+    finally:
+        REQUEST_FORWARDER.reset(tokens[1])
+        REQUEST_SENDER.reset(tokens[0])
+
+
+async def _authenticated(request: web.Request, handler: Handler) -> web.StreamResponse:
+    policy = request.app[AUTH_POLICY]
+    if policy.secret is None or is_public(request):
         return await handler(request)
     if request.get(BROWSER_READER, False) or PEER_IDENTITY in request:
         return await handler(request)
@@ -276,9 +338,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         refused = _bearer_refusal(request, policy)
         return refused if refused is not None else await handler(request)
     try:
-        check_headers(policy, request.headers, time.time())
-        async with policy.body_reads:
-            body = await request.read()
+        check_headers(policy, request.headers, time.time(), request.remote)
+        body = await read_unverified_body(request, policy.bodies)
         peer = verify_request(
             policy.secret,
             request.headers,
@@ -289,8 +350,16 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             now=time.time(),
             skew_s=policy.skew_s,
         )
+    except BodyRefused as exc:
+        return await refused_answer(request, exc)
     except SkewError as exc:
         return await _skew_refusal(request, policy, exc)
+    except TargetError as exc:
+        log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
+        response = json_error(401, exc.reason, code="wrong_target", node=policy.node_id)
+        if policy.node_id is not None:
+            response.headers[HEADER_RECEIVER] = policy.node_id
+        return response
     except AuthError as exc:
         log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
         return json_error(401, exc.reason, code="unauthorized")
@@ -305,9 +374,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error answer is JSON in the one shape; client mistakes are 4xx, never 500."""
+    """Every error answer is JSON in the one shape; client mistakes are 4xx, never 500. An
+    AnsweredError is answered with its status, code and reason (a 503 with its Retry-After)."""
     try:
         return await handler(request)
+    except AnsweredError as exc:
+        retry_after_s = exc.retry_after_s if exc.status == 503 else None
+        return error_response(exc.status, exc.reason, exc.code, retry_after_s=retry_after_s)
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
             raise

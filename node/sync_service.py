@@ -15,38 +15,27 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from config import ConfigError, Inventory, error_body
 from health import LoopHealth
 from net import Identity, PeerClient
-from node.component import Endpoint, endpoint, paired
+from node.component import Endpoint, endpoints
 from node.fence import FenceSource, fence_headers, fenced
 from node.identity.peers import peer_tls
 from node.membership.service import Membership, MemberState
 from node.metrics import FanoutCollector, sync_metrics
-from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
-from node.security import bad_request, json_error
 from node.ssh.executor import DEFAULT_KNOWN_HOSTS, SSHPool, endpoint_of
 from node.ssh.relay import pooled_connector
-from node.sync_docs import (
-    RUN_PATH,
-    STATUS_PATH,
-    SyncRunBody,
-    run_errors,
-    run_moved,
-    stats_dict,
-    sync_run_doc,
-    sync_status_doc,
-)
+from node.sync_routes import SyncRoutes, run_errors, run_moved, stats_dict
 from sync import (
-    CHECKPOINTS,
     FILE_CATEGORIES,
     FileCatalog,
+    FileHandlers,
     HttpTransport,
     PeerRef,
     PieceBook,
+    PieceHandlers,
     RateLimiter,
     RecordPullError,
     RecordStores,
@@ -56,10 +45,6 @@ from sync import (
     SyncCoordinator,
     SyncStats,
     Transport,
-    file_route_docs,
-    file_routes,
-    piece_route_docs,
-    piece_routes,
     pull_records,
 )
 from wal import SYNC_COMPLETED, WalError, WriteAheadLog
@@ -222,10 +207,14 @@ class SyncService:
             "pulls only from its members (see GET /v1/peers)"
         )
 
+    def categories(self) -> list[str]:
+        """What this node syncs: the file categories, then its record stores."""
+        return [*FILE_CATEGORIES, *(self._stores or {})]
+
     def routes(self) -> list[Endpoint]:
-        """File and piece endpoints plus run/status, with their docs. Built after open();
-        handlers read state lazily. A push (`POST .../pull`) under another plan than this
-        node's is refused with 409."""
+        """The declared file and piece routes plus run/status. Built after open(); handlers
+        read state lazily. A push (`POST .../pull`) under another plan than this node's is
+        refused with 409."""
 
         async def pull(category: str, path: str, content_hash: str, source: PeerRef) -> Any:
             if self.coordinator is None:
@@ -237,47 +226,14 @@ class SyncService:
         assert self.catalog is not None, "open() before routes()"
         cap = self._runtime.settings.sync_upload_limit_bytes_s
         limiter = RateLimiter(cap) if cap else None  # one cap for every file route
-        files = [
-            web.route(route.method, route.path, fenced(route.handler, self._fence), **route.kwargs)
-            if route.method == "POST" and route.path.endswith(PULL_SUFFIX)
-            else route
-            for route in file_routes(
-                self.catalog, pull, limiter=limiter, on_served=self.pieces.count_served
-            )
-            if isinstance(route, web.RouteDef)
-        ]
-        categories = (*FILE_CATEGORIES, CHECKPOINTS)
+        files = FileHandlers(self.catalog, pull, limiter, self.pieces.count_served)
+        pieces = PieceHandlers(self.catalog, self.pieces, limiter)
         return [
-            *paired(files, (RouteDoc(**doc) for doc in file_route_docs(categories))),
-            *paired(
-                piece_routes(self.catalog, self.pieces, limiter),
-                (RouteDoc(**doc) for doc in piece_route_docs(categories)),
-            ),
-            endpoint(web.post(RUN_PATH, self._handle_run), sync_run_doc(list(self._stores or {}))),
-            endpoint(
-                web.get(STATUS_PATH, self._handle_status),
-                sync_status_doc(),
-            ),
+            dataclasses.replace(found, handler=fenced(found.handler, self._fence))
+            if found.route.method == "POST" and found.route.path.endswith(PULL_SUFFIX)
+            else found
+            for found in endpoints(files, pieces, SyncRoutes(self))
         ]
-
-    async def _handle_run(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        try:
-            body = SyncRunBody.model_validate_json(raw) if raw else SyncRunBody()
-        except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in error["loc"]) or "body"
-            raise bad_request(f"{where}: {error['msg']}") from None
-        categories = body.categories
-        source = body.source
-        stores = list(self._stores or {})
-        known = [*FILE_CATEGORIES, *stores]
-        if any(c not in known for c in categories):
-            raise bad_request(f"categories: each must be one of {', '.join(known)}")
-        peers = [p for p in self.alive_peers() if source is None or p.node_id == source]
-        if source is not None and not peers:
-            return json_error(404, f"from: {source} is not an alive peer of this node")
-        return web.json_response(await self.run_once(categories or known, peers, body.timeout_s))
 
     def status(self) -> dict[str, Any]:
         """The GET /v1/sync/status document (also the dashboard's `sync` topic)."""
@@ -290,9 +246,6 @@ class SyncService:
             "deletions": self._deletions(),
             "fanout": self.pieces.tallies(),
         }
-
-    async def _handle_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status())
 
     def _deletions(self) -> dict[str, Any] | None:
         """Per file category: its deletion policy and how many live tombstones it serves."""

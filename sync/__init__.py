@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from sync.files.engine import SyncCoordinator, SyncOptions
     from sync.files.manifest import DEFAULT_PIECE_SIZE, ManifestEntry, ManifestPage
     from sync.files.manifest_cache import Listing, ManifestCache
-    from sync.files.piece_routes import piece_route_docs, piece_routes
+    from sync.files.piece_routes import PieceHandlers, piece_routes
     from sync.files.pieces import Limits, PieceBook, PieceMap, choose_pieces
     from sync.files.plan import (
         ClusterSyncStats,
@@ -55,14 +55,14 @@ if TYPE_CHECKING:
         SyncStats,
         plan_pulls,
     )
-    from sync.files.routes import file_route_docs, file_routes
+    from sync.files.routes import FileHandlers, file_routes
     from sync.files.tombstones import Tombstone, TombstoneStore, plan_deletions
     from sync.guards import SpaceReserve, check_raw_query_value, open_inside, validate_rel_path
     from sync.records.client import RecordClient, parse_retry_after, retry_delay_s
     from sync.records.fallback import GamesPull, P2PFallbackSync
     from sync.records.pull import P2PSyncClient, fetch_page, pull_records
     from sync.records.registry import RecordStores
-    from sync.records.routes import record_route_docs, record_routes
+    from sync.records.routes import RecordHandlers, record_routes
     from sync.records.schema import (
         BUILTIN_SCHEMAS,
         GAMES_SCHEMA,
@@ -126,20 +126,20 @@ else:
             "sync.files.engine": "SyncCoordinator SyncOptions",
             "sync.files.manifest": "DEFAULT_PIECE_SIZE ManifestEntry ManifestPage",
             "sync.files.manifest_cache": "Listing ManifestCache",
-            "sync.files.piece_routes": "piece_route_docs piece_routes",
+            "sync.files.piece_routes": "PieceHandlers piece_routes",
             "sync.files.pieces": "Limits PieceBook PieceMap choose_pieces",
             "sync.files.plan": (
                 "ClusterSyncStats FallbackSources NodeSyncStats PullItem RecordSyncStats SyncStats "
                 "plan_pulls"
             ),
-            "sync.files.routes": "file_route_docs file_routes",
+            "sync.files.routes": "FileHandlers file_routes",
             "sync.files.tombstones": "Tombstone TombstoneStore plan_deletions",
             "sync.guards": "SpaceReserve check_raw_query_value open_inside validate_rel_path",
             "sync.records.client": "RecordClient parse_retry_after retry_delay_s",
             "sync.records.fallback": "GamesPull P2PFallbackSync",
             "sync.records.pull": "P2PSyncClient fetch_page pull_records",
             "sync.records.registry": "RecordStores",
-            "sync.records.routes": "record_route_docs record_routes",
+            "sync.records.routes": "RecordHandlers record_routes",
             "sync.records.schema": (
                 "BUILTIN_SCHEMAS GAMES_SCHEMA ROLLOUTS_SCHEMA FieldKind FieldSpec RecordSchema "
                 "schema_from_mapping"
@@ -183,6 +183,7 @@ __all__ = [
     "FieldSpec",
     "FileCatalog",
     "FileChangedError",
+    "FileHandlers",
     "FileSyncError",
     "FileTransferError",
     "FileTransferTimeoutError",
@@ -204,11 +205,13 @@ __all__ = [
     "PathRefusedError",
     "PeerRef",
     "PieceBook",
+    "PieceHandlers",
     "PieceMap",
     "PullItem",
     "PullResult",
     "RateLimiter",
     "RecordClient",
+    "RecordHandlers",
     "RecordPage",
     "RecordPullError",
     "RecordQueryError",
@@ -260,7 +263,6 @@ __all__ = [
     "cluster_stats_from_json",
     "detect_storage",
     "fetch_page",
-    "file_route_docs",
     "file_routes",
     "free_bytes",
     "full_cluster_sync",
@@ -271,13 +273,11 @@ __all__ = [
     "open_partial",
     "parse_retry_after",
     "parse_since_query",
-    "piece_route_docs",
     "piece_routes",
     "plan_deletions",
     "plan_pulls",
     "provider_of",
     "pull_records",
-    "record_route_docs",
     "record_routes",
     "retry_delay_s",
     "row_to_record",

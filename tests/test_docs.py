@@ -88,10 +88,11 @@ async def test_the_http_api_page_is_generated_from_the_live_document() -> None:
 
 def test_the_route_table_changes_with_the_document() -> None:
     gen_api: Any = _gen_api()
-    document = {"paths": {"/v1/x": {"post": {"summary": "a | b", "responses": {"200": {}}}}}}
+    operation = {"summary": "a | b", "responses": {"200": {}}, "x-shoal-callers": ["peer"]}
+    document = {"paths": {"/v1/x": {"post": operation}}}
     page = f"head\n{gen_api.BEGIN}\nold\n{gen_api.END}\ntail\n"
     rendered = gen_api.render_page(page, document)
-    assert "| `POST` | `/v1/x` | a \\| b | yes | 200 |" in rendered
+    assert "| `POST` | `/v1/x` | a \\| b | peer | 200 |" in rendered
     assert "old" not in rendered
     assert rendered.endswith(f"{gen_api.END}\ntail\n")
 

@@ -25,7 +25,13 @@ if TYPE_CHECKING:
         parse_san,
         revoke,
     )
-    from config.tls.client import TLS_ENV, client_scheme, operator_context
+    from config.tls.client import (
+        TLS_CRL_ENV,
+        TLS_ENV,
+        client_scheme,
+        operator_context,
+        server_name,
+    )
     from config.tls.context import (
         DEFAULT_CRL_NAME,
         NO_CHECK_TIME,
@@ -58,7 +64,7 @@ else:
                 "CA_CERT CA_KEY CRL_DAYS CRL_FILE DEFAULT_CA_DAYS DEFAULT_DAYS MAX_DAYS ClusterCa "
                 "IssuedFiles init_ca issue_certificate load_ca parse_san revoke"
             ),
-            "config.tls.client": "TLS_ENV client_scheme operator_context",
+            "config.tls.client": "TLS_CRL_ENV TLS_ENV client_scheme operator_context server_name",
             "config.tls.context": (
                 "DEFAULT_CRL_NAME NO_CHECK_TIME TlsContexts TlsFiles TlsMaterial crl_number "
                 "handshake_refusal load_material"
@@ -85,6 +91,7 @@ __all__ = [
     "MAX_DAYS",
     "NO_CHECK_TIME",
     "ROLE_ATTRIBUTE",
+    "TLS_CRL_ENV",
     "TLS_ENV",
     "CaIndex",
     "CertRole",
@@ -112,5 +119,6 @@ __all__ = [
     "revoke",
     "role_of",
     "serial_text",
+    "server_name",
     "verify_peer_certificate",
 ]

@@ -232,10 +232,11 @@ def issue_certificate(
     """Issue an EC P-256 key and a certificate for identity `name` (CN, and a DNS SAN) with
     `role` (the OU), valid `days`; extended key usage serverAuth+clientAuth for a node (whose
     `sans`, addresses or DNS names, are added so its HTTPS server can be verified), clientAuth
-    for an operator or reader. Writes `name.key` (600), `name.crt` and `ca.crt` into `out`
-    and records the certificate in the index. Refuses (CaError) a bad name, days beyond
-    MAX_DAYS or the CA's own expiry, SANs for a non-node role, or an existing `name.key` in
-    `out` unless `force`."""
+    for an operator or reader. Writes `name.key` (600), `name.crt`, `ca.crt` (and for an
+    operator or reader the CA's current `crl.pem`) into `out` and records the certificate in
+    the index. Refuses (CaError)
+    a bad name, days beyond MAX_DAYS or the CA's own expiry, SANs for a non-node role, or an
+    existing `name.key` in `out` unless `force`."""
     alt_names = _leaf_names(name, role, sans, days)
     ca = load_ca(directory)
     moment = now or datetime.now(UTC)
@@ -265,6 +266,9 @@ def issue_certificate(
     write_atomic(key_path, _key_pem(key), 0o600)
     write_atomic(cert_path, _cert_pem(cert))
     write_atomic(out / CA_CERT, _cert_pem(ca.cert))
+    if role is not CertRole.NODE and (directory / CRL_FILE).exists():
+        # a command's default CRL: crl.pem beside its ca.crt (a node learns CRLs by itself)
+        write_atomic(out / CRL_FILE, (directory / CRL_FILE).read_bytes())
     return IssuedFiles(key_path=key_path, cert_path=cert_path, ca_path=out / CA_CERT, issued=issued)
 
 

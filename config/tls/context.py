@@ -16,6 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from config.errors import CaError, CertificateError, ConfigError
+from config.private import shared_file_problem
 from config.tls.identity import (
     CertRole,
     PeerIdentity,
@@ -132,6 +133,18 @@ def _base_context(purpose: int) -> ssl.SSLContext:
     return context
 
 
+def _check_key_private(files: TlsFiles) -> None:
+    """Refuse a key file readable by group or others, as the secret file is (a missing one is
+    named when the certificate is loaded with it)."""
+    try:
+        mode = files.key.stat().st_mode
+    except OSError:
+        return
+    shared = shared_file_problem(files.key, mode, "the node's TLS key")
+    if shared is not None:
+        raise ConfigError(f"{files.setting}.key: {shared}")
+
+
 def load_material(
     files: TlsFiles, *, generation: int = 0, now: datetime | None = None
 ) -> TlsMaterial:
@@ -140,6 +153,7 @@ def load_material(
     missing, unreadable, not what it should be, or when the node's own certificate is not a
     valid `node` certificate of that CA (other CA, expired, revoked, another role)."""
     stamps = _stamps(files)
+    _check_key_private(files)
     try:
         ca_cert = load_certificate(files.ca)
     except CaError as exc:

@@ -32,6 +32,8 @@ from health.monitor.model import (
 from health.monitor.rules import build_cluster_status
 
 if TYPE_CHECKING:
+    import ssl
+
     from config import Inventory
     from net import PeerClient
 
@@ -160,6 +162,8 @@ class ClusterMonitor:
         self._client_id = client_id or f"monitor-{socket.gethostname()}"
         self._state = _State.UNOPENED
         self._client: PeerClient | None = None
+        self._names: dict[str, str] = {}
+        """HOST:PORT -> the node id its server certificate must name (learnt from the views)."""
         self._threads = threads
         self._limit = asyncio.Semaphore(self._max_concurrency)
         self._previous: ClusterStatus | None = None
@@ -187,13 +191,19 @@ class ClusterMonitor:
         if self._state is _State.OPENED:
             return
         from config import ConfigError
-        from config.tls.client import operator_context
+        from config.tls.client import operator_context, server_name
         from net import Identity, PeerClient  # here: `cluster_monitor --help` loads no aiohttp
 
         try:
             context = operator_context()  # SHOAL_TLS_CERT/_KEY/_CA: https to auth tls nodes
         except ConfigError as exc:
             raise MonitorError("; ".join(exc.problems)) from exc
+        names = self._names
+
+        def tls(address: str) -> tuple[ssl.SSLContext, str] | None:
+            # each node's certificate must name the node the view says is at that address
+            return None if context is None else (context, server_name(address, names))
+
         transport = None
         if self._threads is not None:
             from net import ThreadedTransport
@@ -202,7 +212,7 @@ class ClusterMonitor:
         self._client = PeerClient(
             Identity(self._secret, self._client_id),
             limit_per_peer=4,
-            ssl_context=lambda: context,
+            tls=tls,
             transport=transport,
         )
         self._state = _State.OPENED
@@ -281,6 +291,10 @@ class ClusterMonitor:
         client = self._client
         if client is None:
             raise MonitorError("this ClusterMonitor is closed")
+        for target in (*status_of, *views_of):
+            if target.node_id:
+                host = f"[{target.address}]" if ":" in target.address else target.address
+                self._names[f"{host}:{target.port}"] = target.node_id
         async with asyncio.TaskGroup() as group:
             status_tasks = [group.create_task(self._report(client, t)) for t in status_of]
             view_tasks = [group.create_task(self._view(client, t)) for t in views_of]

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node.forwarding import REQUEST_FORWARDER
 from node.security import request_sender
 from wal import WalEntry, WalError, WriteAheadLog
 
@@ -43,11 +44,13 @@ KIND_TYPES: Mapping[str, tuple[str, ...]] = {
 """Audit kind -> the WAL entry types it lists. A deploy runs from the operator's machine over SSH;
 once a host answers, `shoal deploy` records it (and the node certificate it issued) in that
 host's WAL through POST /v1/audit/deploys. A keyring entry is one change of one node's gossip
-keyring. Drains, undrains and leaves are recorded by the node the operator asked (the subject is
-the node drained or leaving). A GPU quarantine and re-admission are recorded by the node whose
-GPU it is, once the coordinator made the change. A training restart is recorded by the
-coordinator that adopted the plan of the new generation (the subject names the generation).
-Certificates do not exist yet: that kind is accepted and lists nothing."""
+keyring. Drains, undrains and leaves are recorded by the node the operator asked and by the node
+that acts on a forwarded call (the coordinator, the node leaving), as the operator the call's
+proof names, with `forwarded_by` (node.forwarding); the subject is the node drained or
+leaving. A GPU quarantine and re-admission are recorded by the node whose GPU it is, once the
+coordinator made the change. A training restart is recorded by the coordinator that adopted the
+plan of the new generation (the subject names the generation). Certificates do not exist yet:
+that kind is accepted and lists nothing."""
 
 ACTIONS: Mapping[str, str] = {
     "job.start": "start",
@@ -158,6 +161,9 @@ async def record_audit(
     if wal is None:
         return
     body = {**payload, "sender": request_sender() or node_id, "node": node_id}
+    forwarder = REQUEST_FORWARDER.get()
+    if forwarder is not None:  # acting for an operator whose proof a node forwarded
+        body["forwarded_by"] = forwarder
     try:
         await wal.commit(await wal.append(entry_type, body))
     except WalError as exc:

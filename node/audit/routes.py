@@ -5,12 +5,13 @@ method is answered 405)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
+from pydantic.json_schema import SkipJsonSchema
 
+from config.declare import READ, Caller, Refusal, route, unset
 from node.audit.entries import (
     DEPLOY_CERTIFICATE,
     DEPLOY_HOST,
@@ -20,9 +21,8 @@ from node.audit.entries import (
     read_audit,
     record_audit,
 )
-from node.component import Endpoint, paired
 from node.errors import BodyError
-from node.openapi import BODY_CONFIG, RouteDoc, parse_body
+from node.openapi import BODY_CONFIG, WireRecord, parse_body
 from node.runtime import NodeRuntime
 from node.security import bad_request
 
@@ -32,36 +32,49 @@ DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 MAX_SINCE = 1e12
 MAX_ID = 2**63 - 1
-SINCE_SCHEMA: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": MAX_SINCE}
-AFTER_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_ID}
-LIMIT_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
 
-AUDIT_ANSWER: dict[str, Any] = {
-    "type": "object",
-    "required": ["node", "entries", "next_after"],
-    "properties": {
-        "node": {"type": "string"},
-        "next_after": {"type": ["integer", "null"]},
-        "entries": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["id", "at", "node", "kind", "action", "subject", "sender"],
-                "properties": {
-                    "id": {"type": "integer"},
-                    "at": {"type": "number"},
-                    "node": {"type": "string"},
-                    "kind": {"enum": sorted(KIND_TYPES)},
-                    "action": {"type": "string"},
-                    "subject": {"type": "string"},
-                    "sender": {"type": ["string", "null"]},
-                    "outcome": {"type": "string"},
-                    "detail": {"type": "object"},
-                },
-            },
-        },
-    },
-}
+Kind = Annotated[str, WithJsonSchema({"enum": sorted(KIND_TYPES)})]
+
+
+class AuditEntryView(WireRecord):
+    """One audit entry: who (the signed sender), what, on which node, when."""
+
+    id: int
+    at: float
+    node: str
+    kind: Kind
+    action: str
+    subject: str
+    sender: str | None
+    outcome: str | None = None
+    detail: dict[str, Any] | None = None
+
+
+class AuditAnswer(WireRecord):
+    """The answer of `GET /v1/audit`: a page of entries; next_after pages on."""
+
+    node: str
+    entries: list[AuditEntryView]
+    next_after: int | None
+
+
+class AuditQuery(BaseModel):
+    since: Annotated[float, Field(ge=0, le=MAX_SINCE)] | SkipJsonSchema[None] = unset(
+        "unix seconds: entries at or after"
+    )
+    kind: Kind | SkipJsonSchema[None] = unset("one kind only")
+    after: Annotated[int, Field(ge=0, le=MAX_ID)] | SkipJsonSchema[None] = unset(
+        "entries with a larger id (paging)"
+    )
+    limit: Annotated[int, Field(ge=1, le=MAX_LIMIT)] | SkipJsonSchema[None] = unset(
+        f"at most this many (1 to {MAX_LIMIT})"
+    )
+
+
+class Recorded(WireRecord):
+    """The answer of `POST /v1/audit/deploys`: how many entries were appended."""
+
+    recorded: int
 
 
 class DeployedCertificate(BaseModel):
@@ -109,56 +122,27 @@ def _number(
 
 
 class AuditRoutes:
-    """The audit route of one node."""
+    """The audit routes of one node."""
 
     def __init__(self, runtime: NodeRuntime) -> None:
         self._runtime = runtime
 
-    def routes(self) -> list[Endpoint]:
-        return paired(
-            [
-                web.get(AUDIT_PATH, self._handle_audit),
-                web.post(DEPLOYS_PATH, self._handle_deploy),
-            ],
-            self.docs(),
-        )
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        kinds = sorted(KIND_TYPES)
-        return [
-            RouteDoc(
-                "GET",
-                AUDIT_PATH,
-                "This node's audit trail from its WAL, oldest first: who (the signed sender), "
-                "what, on which node, when. Kinds drain and certificate list "
-                "nothing yet. Read-only: other methods answer 405",
-                ((200, "a page of entries; next_after pages on"), (400, "bad parameter")),
-                parameters=(
-                    ("since", "query", "unix seconds: entries at or after", SINCE_SCHEMA),
-                    ("kind", "query", "one kind only", {"enum": kinds}),
-                    ("after", "query", "entries with a larger id (paging)", AFTER_SCHEMA),
-                    ("limit", "query", f"at most this many (1 to {MAX_LIMIT})", LIMIT_SCHEMA),
-                ),
-                response=AUDIT_ANSWER,
-            ),
-            RouteDoc(
-                "POST",
-                DEPLOYS_PATH,
-                "Append the deploy of this host (and the node certificate it issued) to the "
-                "audit trail, with the signed sender; `shoal deploy` calls it once the host "
-                "answers. Nothing is changed or deleted",
-                ((201, "recorded"), (400, "malformed body"), (503, "the WAL is not open yet")),
-                body=DeployRecordBody,
-                response={
-                    "type": "object",
-                    "required": ["recorded"],
-                    "properties": {"recorded": {"type": "integer"}},
-                },
-            ),
-        ]
-
+    @route(
+        "POST",
+        DEPLOYS_PATH,
+        callers=[Caller.OPERATOR],
+        answers=((201, "recorded"),),
+        errors=[
+            Refusal(400, "bad_request", "malformed body"),
+            Refusal(503, "unavailable", "the WAL is not open yet"),
+        ],
+        body=DeployRecordBody,
+        answer=Recorded,
+    )
     async def _handle_deploy(self, request: web.Request) -> web.Response:
+        """Append the deploy of this host (and the node certificate it issued) to the audit
+        trail, with the signed sender; `shoal deploy` calls it once the host answers. Nothing
+        is changed or deleted"""
         try:
             body = parse_body(DeployRecordBody, await request.read())
         except BodyError as exc:
@@ -174,9 +158,21 @@ class AuditRoutes:
             issued = {"name": body.host, **body.certificate.model_dump()}
             await record_audit(wal, DEPLOY_CERTIFICATE, issued, node_id)
             recorded += 1
-        return web.json_response({"recorded": recorded}, status=201)
+        return web.json_response(Recorded(recorded=recorded).to_json(), status=201)
 
+    @route(
+        "GET",
+        AUDIT_PATH,
+        callers=READ,
+        answers=((200, "a page of entries; next_after pages on"),),
+        errors=[Refusal(400, "bad_request", "bad parameter")],
+        query=AuditQuery,
+        answer=AuditAnswer,
+    )
     async def _handle_audit(self, request: web.Request) -> web.Response:
+        """This node's audit trail from its WAL, oldest first: who (the signed sender), what,
+        on which node, when. Kinds drain and certificate list nothing yet. Read-only: other
+        methods answer 405"""
         kind = request.query.get("kind") or None
         if kind is not None and kind not in KIND_TYPES:
             raise bad_request(f"kind must be one of {', '.join(sorted(KIND_TYPES))}", param="kind")
@@ -200,25 +196,18 @@ class AuditRoutes:
         )
 
 
-Handler = Callable[[web.Request], Awaitable[web.Response]]
-
-
-def audited_lock_route(op: str, handler: Handler, runtime: NodeRuntime, relayed: str) -> Handler:
-    """`handler` of POST /v1/locks/{name}/{op}, recording each grant and release in the WAL of
-    the node the client asked (a request relayed to the coordinator, with the `relayed`
-    header, is recorded by the node that relayed it, with the client as sender)."""
-
-    async def handle(request: web.Request) -> web.Response:
-        response = await handler(request)
-        if op == "renew" or response.status != 200 or request.headers.get(relayed):
-            return response
-        answer = json.loads(response.body) if isinstance(response.body, bytes) else {}
-        if op == "acquire" and answer.get("granted"):
-            payload = {"name": answer["name"], "holder": answer["holder"], "fence": answer["fence"]}
-            await record_audit(runtime.wal, LOCK_GRANT, payload, runtime.node_id)
-        elif op == "release":
-            payload = {"name": answer["name"], "holder": answer["holder"]}
-            await record_audit(runtime.wal, LOCK_RELEASE, payload, runtime.node_id)
-        return response
-
-    return handle
+async def audit_lock_change(
+    op: str, request: web.Request, response: web.Response, runtime: NodeRuntime
+) -> None:
+    """Record the grant or release `response` answered to POST /v1/locks/{name}/{op} in the WAL
+    of the node the client asked and of the coordinator a request relayed there acts on (as the
+    sender the operator's proof names, with the node that relayed it: node.forwarding)."""
+    if op == "renew" or response.status != 200:
+        return
+    answer = json.loads(response.body) if isinstance(response.body, bytes) else {}
+    if op == "acquire" and answer.get("granted"):
+        payload = {"name": answer["name"], "holder": answer["holder"], "fence": answer["fence"]}
+        await record_audit(runtime.wal, LOCK_GRANT, payload, runtime.node_id)
+    elif op == "release":
+        payload = {"name": answer["name"], "holder": answer["holder"]}
+        await record_audit(runtime.wal, LOCK_RELEASE, payload, runtime.node_id)

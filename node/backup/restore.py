@@ -75,10 +75,9 @@ def restore_archive(path: Path, data_dir: Path, progress: Progress | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
         with tarfile.open(path, mode="r:") as tar:
             for info in tar:
-                digest = _write_member(tar, info, target_of(data_dir, info.name), progress)
                 member = expected.get(info.name)
-                if member is not None and member.sha256 != digest:
-                    raise ArchiveError(info.name, "changed on disk while it was restored")
+                wanted = None if member is None else member.sha256
+                _write_member(tar, info, target_of(data_dir, info.name), progress, wanted)
                 written.append(info.name)
         fsync_directory(data_dir)
     except (OSError, tarfile.TarError) as exc:
@@ -87,9 +86,15 @@ def restore_archive(path: Path, data_dir: Path, progress: Progress | None = None
 
 
 def _write_member(
-    tar: tarfile.TarFile, info: tarfile.TarInfo, target: Path, progress: Progress | None
-) -> str:
-    """Copy one member to `target` durably; its sha256 as written."""
+    tar: tarfile.TarFile,
+    info: tarfile.TarInfo,
+    target: Path,
+    progress: Progress | None,
+    sha256: str | None,
+) -> None:
+    """Copy one member to `target` durably, once its bytes as read now have the `sha256` the
+    verified manifest gives (ArchiveError, nothing put in place, when the archive changed on
+    disk since it was verified)."""
     source = tar.extractfile(info)
     assert source is not None
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +110,8 @@ def _write_member(
                 progress(info.name, done)
         out.flush()
         os.fsync(out.fileno())
+    if sha256 is not None and digest.hexdigest() != sha256:
+        temp.unlink()
+        raise ArchiveError(info.name, "changed on disk while it was restored")
     os.replace(temp, target)
     fsync_directory(target.parent)
-    return digest.hexdigest()

@@ -14,11 +14,11 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from config.declare import Caller, Refusal, route
 from node.backup.archive import Progress
 from node.backup.snapshot import STAGING_PREFIX, BackupSources, write_backup
-from node.component import Endpoint, endpoint
 from node.errors import BackupError, BodyError
-from node.openapi import BINARY, BODY_CONFIG, RouteDoc, parse_body
+from node.openapi import BINARY, BODY_CONFIG, parse_body
 from node.runtime import NodeRuntime
 from node.security import bad_request, json_error
 from sync import FileCatalog
@@ -53,26 +53,6 @@ class BackupService:
         self._store_paths = dict(store_paths)
         self._catalog = catalog
         self._lock = asyncio.Lock()
-
-    def routes(self) -> list[Endpoint]:
-        doc = RouteDoc(
-            "POST",
-            BACKUP_PATH,
-            "A consistent snapshot of this node while it serves (SQLite online backup of "
-            "every database, job records, node id, config, synced file list), as one tar "
-            "archive whose last member MANIFEST.json lists every member's sha256",
-            (
-                (200, "the archive"),
-                (400, "malformed body"),
-                (409, "another backup of this node is running"),
-                (500, "the snapshot failed (a full disk, a damaged database): the reason"),
-            ),
-            body=BackupBody,
-            body_optional=True,
-            response=BINARY,
-            response_type=ARCHIVE_TYPE,
-        )
-        return [endpoint(web.post(BACKUP_PATH, self._handle_backup), doc)]
 
     async def sources(self, with_files: bool) -> BackupSources:
         """What this node's backup reads, with the synced files listed now."""
@@ -118,7 +98,25 @@ class BackupService:
         )
         return {"members": len(manifest.members)}
 
+    @route(
+        "POST",
+        BACKUP_PATH,
+        callers=[Caller.OPERATOR],
+        answers=((200, "the archive"),),
+        errors=[
+            Refusal(400, "bad_request", "malformed body"),
+            Refusal(409, "conflict", "another backup of this node is running"),
+            Refusal(500, "internal_error", "the snapshot failed (a full disk, a damaged database)"),
+        ],
+        body=BackupBody,
+        body_optional=True,
+        answer=BINARY,
+        answer_type=ARCHIVE_TYPE,
+    )
     async def _handle_backup(self, request: web.Request) -> web.StreamResponse:
+        """A consistent snapshot of this node while it serves (SQLite online backup of every
+        database, job records, node id, config, synced file list), as one tar archive whose
+        last member MANIFEST.json lists every member's sha256"""
         try:
             body = parse_body(BackupBody, await request.read(), optional=True)
         except BodyError as exc:

@@ -1,5 +1,5 @@
 """The checkpoints of a running daemon: the node's service, the coordinator's office, their
-routes with their docs and the loop's health check, made in one place so the daemon enters
+declared routes and the loop's health check, made in one place so the daemon enters
 them as one component."""
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ from collections.abc import Mapping
 from pydantic import JsonValue
 
 from config import Inventory
-from node.checkpoints.docs import checkpoint_route_docs
 from node.checkpoints.office import CheckpointOffice
 from node.checkpoints.replicas import domains_of
-from node.checkpoints.routes import checkpoint_routes
+from node.checkpoints.routes import CheckpointRoutes
 from node.checkpoints.service import CheckpointService
 from node.checkpoints.view import committed_view, last_restore_view
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.locks.service import LockService
 from node.membership.service import MemberState
 from node.runtime import NodeRuntime
@@ -35,7 +34,7 @@ class CheckpointApi:
         await self.service.open()
 
     def routes(self) -> list[Endpoint]:
-        return paired(checkpoint_routes(self.service), checkpoint_route_docs())
+        return endpoints(CheckpointRoutes(self.service))
 
     def checks(self) -> Mapping[str, Check]:
         loop = self.service.loop_health

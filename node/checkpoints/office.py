@@ -23,8 +23,8 @@ from node.checkpoints.commit import (
     with_restore,
     with_targets,
 )
-from node.checkpoints.docs import NewsBody
 from node.checkpoints.replicas import Domain, plan_replicas, repairs
+from node.checkpoints.wire import NewsBody
 from node.locks.checkpoints import CheckpointFile, CheckpointLog, RestoreRecord
 from node.locks.service import LockService
 from node.locks.table import LockTable, put_checkpoints

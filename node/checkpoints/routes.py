@@ -1,58 +1,46 @@
-"""The checkpoint routes: they read the request with its model, call CheckpointService (and the
-coordinator's CheckpointOffice), and answer JSON; their docs are node.checkpoints.docs.
-
-Who may call each (until the route declarations carry it):
-- GET /v1/checkpoints: reader (any authenticated caller); forwarded to the coordinator.
-- POST /v1/checkpoints/written, /prepare, /restored: operator (the node's own training
-  processes, which sign as `cli-trainer` or present an operator certificate).
-- POST /v1/checkpoints/news: peer (another node, sending its own news; forwarded to the
-  coordinator by any node).
-
-Every refusal answers `{"error": CODE, "reason": TEXT, "status": N}` (503 with Retry-After: 1).
-"""
+"""The checkpoint routes, declared on their handlers: they read the request with its model, call
+CheckpointService (and the coordinator's CheckpointOffice), and answer JSON. The training
+processes of a node (which sign as `cli-trainer` or present an operator certificate) report
+what they wrote, prepare and record restores; nodes send their news to the coordinator; anyone
+authenticated reads GET /v1/checkpoints. A CheckpointsError or LockError is answered by the
+node's error middleware (503 with Retry-After: 1)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
 
-from node.checkpoints.docs import (
+from config.declare import READ, Caller, Refusal, route
+from node.checkpoints.service import CheckpointService
+from node.checkpoints.view import checkpoints_view
+from node.checkpoints.wire import (
     CHECKPOINTS_PATH,
     NEWS_PATH,
     PREPARE_PATH,
     RESTORED_PATH,
     WRITTEN_PATH,
+    Accepted,
+    CheckpointsView,
     LogAnswer,
     NewsBody,
     RestoredBody,
+    RestorePlan,
+    RestoreRecorded,
     RestoreStepBody,
     WrittenBody,
 )
-from node.checkpoints.service import CheckpointService
-from node.checkpoints.view import checkpoints_view
-from node.errors import AnsweredError, BodyError, CheckpointsError
-from node.locks.routes import forward_to_coordinator
+from node.errors import BodyError, CheckpointsError
+from node.locks.routes import NO_QUORUM, forward_to_coordinator
 from node.openapi import parse_body
 from node.security import is_client_id, request_sender
 
-Handler = Callable[[web.Request], Awaitable[web.Response]]
 B = TypeVar("B", bound=BaseModel)
-
-
-def answers_refusals(handler: Handler) -> Handler:
-    """An AnsweredError (CheckpointsError, LockError) as its JSON answer."""
-
-    async def wrapped(request: web.Request) -> web.Response:
-        try:
-            return await handler(request)
-        except AnsweredError as exc:
-            headers = {"Retry-After": "1"} if exc.status == 503 else None
-            return web.json_response(exc.to_dict(), status=exc.status, headers=headers)
-
-    return wrapped
+BAD_BODY = Refusal(400, "invalid_body", "bad request")
+TRAINERS = (Caller.OPERATOR,)
+"""The node's own training processes: they sign as `cli-trainer` (or use an operator
+certificate)."""
 
 
 async def body_of(model: type[B], request: web.Request) -> B:
@@ -62,11 +50,24 @@ async def body_of(model: type[B], request: web.Request) -> B:
         raise CheckpointsError(400, "invalid_body", exc.reason) from None
 
 
-def checkpoint_routes(service: CheckpointService) -> list[web.RouteDef]:
+class CheckpointRoutes:
     """The routes of the module docstring, served by `service`."""
-    settings = service.runtime.settings
 
-    async def listing(request: web.Request) -> web.Response:
+    def __init__(self, service: CheckpointService) -> None:
+        self.service = service
+
+    @route(
+        "GET",
+        CHECKPOINTS_PATH,
+        callers=READ,
+        answers=((200, "the checkpoints"),),
+        errors=[NO_QUORUM],
+        answer=CheckpointsView,
+    )
+    async def listing(self, request: web.Request) -> web.Response:
+        """The committed training checkpoints (from the coordinator): the newest step to
+        restore, the nodes holding each node's files, every node's last restore"""
+        service = self.service
         forwarded = await forward_to_coordinator(service.locks, request, None)
         if forwarded is not None:
             return forwarded
@@ -76,26 +77,82 @@ def checkpoint_routes(service: CheckpointService) -> list[web.RouteDef]:
         view = checkpoints_view(
             book,
             service.node_id,
-            settings.checkpoint_replicas,
+            service.runtime.settings.checkpoint_replicas,
             service.office.keep,
             [service.node_id, *nodes],
         )
         return web.json_response(view.to_json())
 
-    async def written(request: web.Request) -> web.Response:
-        accepted = await service.written(await body_of(WrittenBody, request))
+    @route(
+        "POST",
+        WRITTEN_PATH,
+        callers=TRAINERS,
+        answers=((202, "taken"),),
+        errors=[
+            BAD_BODY,
+            Refusal(409, "wrong_directory", "the report does not fit its step"),
+            Refusal(409, "file_changed", "a file differs from the report"),
+        ],
+        body=WrittenBody,
+        answer=Accepted,
+    )
+    async def written(self, request: web.Request) -> web.Response:
+        """A training process of this node wrote its files of a step (sizes and hashes); the
+        coordinator commits the step once every rank of the generation reported it"""
+        accepted = await self.service.written(await body_of(WrittenBody, request))
         return web.json_response(accepted.to_json(), status=202)
 
-    async def prepare(request: web.Request) -> web.Response:
+    @route(
+        "POST",
+        PREPARE_PATH,
+        callers=TRAINERS,
+        answers=((200, "every file is here"),),
+        errors=[
+            BAD_BODY,
+            Refusal(404, "not_committed", "the step is not committed"),
+            Refusal(503, "fetch_failed", "the files could not be fetched; retry"),
+        ],
+        body=RestoreStepBody,
+        answer=RestorePlan,
+    )
+    async def prepare(self, request: web.Request) -> web.Response:
+        """Have every file of a committed step on this node, fetched from the peers that hold
+        what this node lacks (verified), before the ranks load it"""
         body = await body_of(RestoreStepBody, request)
-        plan = await service.prepare(body.step, body.generation)
+        plan = await self.service.prepare(body.step, body.generation)
         return web.json_response(plan.to_json())
 
-    async def restored(request: web.Request) -> web.Response:
-        recorded = service.restored(await body_of(RestoredBody, request))
+    @route(
+        "POST",
+        RESTORED_PATH,
+        callers=TRAINERS,
+        answers=((200, "recorded"),),
+        errors=[BAD_BODY, Refusal(404, "not_prepared", "no such prepared step")],
+        body=RestoredBody,
+        answer=RestoreRecorded,
+    )
+    async def restored(self, request: web.Request) -> web.Response:
+        """A training process of this node loaded a committed step: the node's last restore"""
+        recorded = self.service.restored(await body_of(RestoredBody, request))
         return web.json_response(recorded.to_json())
 
-    async def news(request: web.Request) -> web.Response:
+    @route(
+        "POST",
+        NEWS_PATH,
+        callers=[Caller.PEER],
+        answers=((200, "the log"),),
+        errors=[
+            BAD_BODY,
+            Refusal(403, "not_the_sender", "a node may only send its own news"),
+            NO_QUORUM,
+        ],
+        body=NewsBody,
+        answer=LogAnswer,
+    )
+    async def news(self, request: web.Request) -> web.Response:
+        """Nodes only, to the coordinator (forwarded by any node): written reports, copies held,
+        the last restore; answers the checkpoint log"""
+        service = self.service
         body = await body_of(NewsBody, request)
         sender = request_sender()
         if sender is not None and not is_client_id(sender) and sender != body.node:
@@ -107,11 +164,3 @@ def checkpoint_routes(service: CheckpointService) -> list[web.RouteDef]:
             return forwarded
         book = await service.office.receive(body)
         return web.json_response(LogAnswer(coordinator=service.node_id, log=book).to_json())
-
-    return [
-        web.get(CHECKPOINTS_PATH, answers_refusals(listing)),
-        web.post(WRITTEN_PATH, answers_refusals(written)),
-        web.post(PREPARE_PATH, answers_refusals(prepare)),
-        web.post(RESTORED_PATH, answers_refusals(restored)),
-        web.post(NEWS_PATH, answers_refusals(news)),
-    ]

@@ -17,23 +17,23 @@ from collections.abc import Sequence
 from health import LoopHealth
 from net import PeerRequestError
 from node.checkpoints.commit import RankReport
-from node.checkpoints.docs import (
+from node.checkpoints.fetch import Fetched, StepFiles
+from node.checkpoints.office import CheckpointOffice
+from node.checkpoints.retention import sweep
+from node.checkpoints.wire import (
     NEWS_PATH,
     Accepted,
     HeldCopy,
     LogAnswer,
     NewsBody,
-    Recorded,
     ReportedFile,
     ReportedRank,
     RestoredBody,
     RestoreNews,
     RestorePlan,
+    RestoreRecorded,
     WrittenBody,
 )
-from node.checkpoints.fetch import Fetched, StepFiles
-from node.checkpoints.office import CheckpointOffice
-from node.checkpoints.retention import sweep
 from node.errors import AnsweredError, CheckpointsError
 from node.locks.checkpoints import (
     CheckpointFile,
@@ -359,7 +359,7 @@ class CheckpointService:
         """This node's newest restore (the longest any of its ranks took), None before one."""
         return self._restore
 
-    def restored(self, body: RestoredBody) -> Recorded:
+    def restored(self, body: RestoredBody) -> RestoreRecorded:
         """A local rank loaded `body.step`: the node's last restore takes the longest time any
         of its ranks took. CheckpointsError 404 when this node did not prepare that step."""
         plan = self._prepared.get(body.step)
@@ -372,7 +372,7 @@ class CheckpointService:
         if current is not None and current.step == body.step:
             seconds = max(seconds, current.seconds)
         self._record_restore(plan, seconds)
-        return Recorded(step=body.step, seconds=seconds)
+        return RestoreRecorded(step=body.step, seconds=seconds)
 
     def _record_restore(self, plan: RestorePlan, seconds: float) -> None:
         self._restore = RestoreRecord(

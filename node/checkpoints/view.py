@@ -3,7 +3,7 @@ restore (`last_restore`), as /v1/checkpoints serves them and /v1/training carrie
 
 from __future__ import annotations
 
-from node.checkpoints.docs import CheckpointsView, CommittedView, LastRestoreView, NodeCheckpoints
+from node.checkpoints.wire import CheckpointsView, CommittedView, LastRestoreView, NodeCheckpoints
 from node.locks.checkpoints import CheckpointLog, CommittedStep, RestoreRecord
 
 

@@ -5,7 +5,10 @@ never imports rich."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import ssl
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +24,8 @@ from config import (
     load_settings,
     read_secret_file,
 )
-from config.tls.client import client_scheme, operator_context
+from config.nodeid import NODE_ID_FILE
+from config.tls.client import client_scheme, operator_context, server_name
 from node.errors import PeerRequestError
 
 if TYPE_CHECKING:
@@ -118,7 +122,41 @@ def peer_client(settings: NodeSettings, timeout_s: float | None = None) -> PeerC
     if timeout_s is not None:
         timeouts = timeouts.model_copy(update={"http_request_s": timeout_s})
     context = guarded(operator_context)
-    return PeerClient(Identity.of_command(secret), timeouts=timeouts, ssl_context=lambda: context)
+    identity = Identity.of_command(secret)
+    if context is None:
+        return PeerClient(identity, timeouts=timeouts)
+    identity = dataclasses.replace(identity, prover=guarded(_operator_prover))
+    known = _local_node(settings)
+
+    def tls(address: str) -> tuple[ssl.SSLContext, str]:
+        return context, server_name(address, known)  # the local daemon: its node id
+
+    return PeerClient(identity, timeouts=timeouts, tls=tls)
+
+
+def _operator_prover() -> Callable[[str, str, bytes, str], dict[str, str]]:
+    """The proof each request of an operator's command carries (SHOAL_TLS_CERT's key signs
+    it), which a node that forwards the request passes on (node.forwarding)."""
+    import os
+
+    from config.tls.proof import operator_prover
+
+    return operator_prover(
+        Path(os.environ["SHOAL_TLS_CERT"]).expanduser(),
+        Path(os.environ["SHOAL_TLS_KEY"]).expanduser(),
+    )
+
+
+def _local_node(settings: NodeSettings) -> dict[str, str]:
+    """{HOST:PORT of the local daemon: its node id} when the settings or the data dir name it
+    (a server certificate names its node id; the local address is often not among its SANs)."""
+    node_id = settings.node_id
+    if node_id is None:
+        with contextlib.suppress(OSError):
+            node_id = (settings.data_dir / NODE_ID_FILE).read_text(encoding="utf-8").strip()
+    if not node_id:
+        return {}
+    return {settings.local_url.split("://", 1)[-1].rstrip("/"): node_id}
 
 
 def daemon_of(node: str | None, config_file: Path | None) -> tuple[NodeSettings, str]:

@@ -27,6 +27,7 @@ from node.cli.common import (
 from node.errors import PeerRequestError
 from node.membership.keyring import (
     KeyringError,
+    encode_key,
     key_id,
     new_key,
     read_key_file,
@@ -188,7 +189,9 @@ def install(
 ) -> None:
     """Install a key on every alive member: from then on each accepts datagrams sealed with
     it. Exit 0 when every alive member acknowledged, 1 naming those that did not, 2 for a bad
-    key file. The key travels sealed with a key derived from the cluster secret."""
+    key file or when neither the cluster secret nor an operator certificate is at hand. The
+    key travels sealed with a key derived from the cluster secret, or, without the secret,
+    inside the TLS connection of the operator's certificate (SHOAL_TLS_*)."""
     settings, url = daemon_of(node, config_file)
     try:
         key = read_key_file(keyfile)
@@ -196,7 +199,16 @@ def install(
         fail(str(exc))
     with config_errors():
         secret = read_secret_file(settings.secret_file) if settings.secret_file else None
-    body = {"key": wrap_key(key, secret, settings.cluster_name)}
+    if secret is not None:
+        body = {"key": wrap_key(key, secret, settings.cluster_name), "sealed": "secret"}
+    elif url.startswith("https://"):  # an operator certificate: the channel protects the key
+        body = {"key": encode_key(key), "sealed": "tls"}
+    else:
+        fail(
+            "shoal keyring install needs the cluster secret (secret_file in the config) or an "
+            "operator certificate (SHOAL_TLS_CERT, SHOAL_TLS_KEY, SHOAL_TLS_CA): the key must "
+            "not cross the network readable"
+        )
     _change(settings, url, "install", key_id(key), body, local=local, as_json=as_json)
 
 

@@ -141,7 +141,11 @@ class PlanQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    fence: str = Field(pattern=r"^[0-9]{1,19}\.[0-9]{1,19}$", description="TERM.VERSION")
+    fence: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]{1,19}\.[0-9]{1,19}$",
+        description="TERM.VERSION: that plan only (peers)",
+    )
     wait_s: float = Field(
         default=0.0, ge=0.0, le=MAX_PULL_WAIT_S, description="wait until this node applies it"
     )
@@ -158,7 +162,7 @@ async def serve_plan(holder: PlanHolder, query: Mapping[str, str]) -> web.Respon
     malformed query is 400."""
     try:
         asked = PlanQuery.model_validate(dict(query))
-        fence = PlanFence.from_header(asked.fence)
+        fence = PlanFence.from_header(asked.fence or "")
     except (ValidationError, PlanError) as exc:
         reason = f"query fence=TERM.VERSION&wait_s=SECONDS (at most {MAX_PULL_WAIT_S:g}): {exc}"
         return json_error(400, reason)

@@ -10,12 +10,14 @@ import enum
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from config import Timeouts
+from config.declare import READ, Caller, Refusal, route
+from config.wire import STATUS_CODES
 from health import (
     BreakerConfig,
     BreakerRegistry,
@@ -35,10 +37,11 @@ from node.election.messages import (
     VoteRequest,
 )
 from node.election.pull import PlanQuery, serve_plan
-from node.errors import NodeError
-from node.openapi import RouteDoc
+from node.errors import AnsweredError
+from node.identity.roles import caller_of
+from node.openapi import WireRecord
 from node.plan import PlanFence, RolePlan
-from node.security import PEER_ID, json_error
+from node.security import PEER_ID
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,81 +91,45 @@ class HeartbeatBody(BaseModel):
     plan_sources: list[str] | None = Field(default=None, max_length=MAX_PLAN_SOURCES)
 
 
-_FENCE = {"type": ["array", "null"], "items": {"type": "integer"}}
-VOTE_REPLY_SCHEMA = {
-    "type": "object",
-    "required": ["type", "term", "voter", "granted", "pre_vote", "reason"],
-    "properties": {
-        "type": {"const": "vote_reply"},
-        "term": {"type": "integer"},
-        "voter": {"type": "string"},
-        "granted": {"type": "boolean"},
-        "pre_vote": {"type": "boolean"},
-        "reason": {"type": "string"},
-    },
-}
-ACK_SCHEMA = {
-    "type": "object",
-    "required": ["type", "term", "node", "seq", "success"],
-    "properties": {
-        "type": {"const": "heartbeat_ack"},
-        "term": {"type": "integer"},
-        "node": {"type": "string"},
-        "seq": {"type": "integer"},
-        "success": {"type": "boolean"},
-        "plan_fence": _FENCE,
-        "generation": {"type": "integer"},
-    },
-}
-PLAN_SCHEMA = {
-    "type": "object",
-    "required": ["type", "node", "term", "coordinator", "lease_valid", "plan"],
-    "properties": {
-        "type": {"const": "plan_announce"},
-        "node": {"type": "string"},
-        "term": {"type": "integer"},
-        "coordinator": {"type": ["string", "null"]},
-        "lease_valid": {"type": "boolean"},
-        "plan": {"type": ["object", "null"]},
-    },
-}
-_MESSAGE_REFUSALS = (
-    (400, "malformed request"),
-    (403, "signer is not the sender"),
-    (413, "message too large"),
-    (503, "election not running, or its state cannot be stored"),
-)
+class VoteReplyAnswer(WireRecord):
+    """A voter's reply: granted or not, and why."""
 
-ELECTION_DOCS = (
-    RouteDoc(
-        "POST",
-        VOTE_PATH,
-        "A candidate asks for a (pre-)vote; the answer is durable before it is sent",
-        ((200, "the vote reply"), *_MESSAGE_REFUSALS),
-        body=VoteRequestBody,
-        response=VOTE_REPLY_SCHEMA,
-    ),
-    RouteDoc(
-        "POST",
-        HEARTBEAT_PATH,
-        "The coordinator's heartbeat, carrying its plan; answered with an acknowledgement",
-        ((200, "the acknowledgement"), *_MESSAGE_REFUSALS),
-        body=HeartbeatBody,
-        response=ACK_SCHEMA,
-    ),
-    RouteDoc(
-        "GET",
-        PLAN_PATH,
-        "This node's term, coordinator, lease and role plan (with `fence`: that plan, once here)",
-        (
-            (200, "the plan document"),
-            (400, "malformed fence or wait_s"),
-            (404, "plan_not_here: this node does not apply that plan (yet)"),
-            (503, "election not running"),
-        ),
-        query=PlanQuery,
-        response=PLAN_SCHEMA,
-    ),
+    type: Literal["vote_reply"]
+    term: int
+    voter: str
+    granted: bool
+    pre_vote: bool
+    reason: str
+
+
+class AckAnswer(WireRecord):
+    """A node's acknowledgement of a heartbeat, with the plan it applies."""
+
+    type: Literal["heartbeat_ack"]
+    term: int
+    node: str
+    seq: int
+    success: bool
+    plan_fence: list[int] | None = None
+    generation: int | None = None
+
+
+class PlanAnswer(WireRecord):
+    """This node's term, coordinator, lease and the role plan it applies."""
+
+    type: Literal["plan_announce"]
+    node: str
+    term: int
+    coordinator: str | None
+    lease_valid: bool
+    plan: dict[str, Any] | None
+
+
+MESSAGE_ERRORS = (
+    Refusal(400, "bad_request", "malformed request"),
+    Refusal(403, "forbidden", "signer is not the sender"),
+    Refusal(413, "too_large", "message too large"),
+    Refusal(503, "unavailable", "election not running, or its state cannot be stored"),
 )
 
 ElectorSource = Callable[[], Elector | None]
@@ -170,79 +137,86 @@ _Query = tuple[dict[str, str], float] | None  # a GET's query parameters and tim
 AddressOf = Callable[[str], tuple[str, int] | None]
 
 
-def election_routes(elector: ElectorSource) -> list[web.RouteDef]:
+class ElectionRoutes:
     """The election routes; `elector()` is the running Elector, or None (answered 503)."""
 
-    vote = _message_handler(
-        elector,
-        VoteRequestBody,
-        VoteRequest.from_dict,
-        lambda message: message.candidate,
-        lambda running, message: running.handle_vote_request(message),
-    )
-    heartbeat = _message_handler(
-        elector,
-        HeartbeatBody,
-        Heartbeat.from_dict,
-        lambda message: message.coordinator,
-        lambda running, message: running.handle_heartbeat(message),
-    )
+    def __init__(self, elector: ElectorSource) -> None:
+        self._elector = elector
 
-    async def plan(request: web.Request) -> web.Response:
-        # peer (any authenticated caller); `fence` asks for that plan only (node.election.pull)
-        running = _running(elector)
+    @route(
+        "POST",
+        VOTE_PATH,
+        callers=[Caller.PEER],
+        answers=((200, "the vote reply"),),
+        errors=MESSAGE_ERRORS,
+        body=VoteRequestBody,
+        answer=VoteReplyAnswer,
+    )
+    async def vote(self, request: web.Request) -> web.Response:
+        """A candidate asks for a (pre-)vote; the answer is durable before it is sent"""
+        running = _running(self._elector)
+        message = await _message(request, VoteRequestBody, VoteRequest.from_dict)
+        _check_sender(request, message.candidate)
+        return web.json_response((await _answer(running.handle_vote_request(message))).to_dict())
+
+    @route(
+        "POST",
+        HEARTBEAT_PATH,
+        callers=[Caller.PEER],
+        answers=((200, "the acknowledgement"),),
+        errors=MESSAGE_ERRORS,
+        body=HeartbeatBody,
+        answer=AckAnswer,
+    )
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        """The coordinator's heartbeat, carrying its plan; answered with an acknowledgement"""
+        running = _running(self._elector)
+        message = await _message(request, HeartbeatBody, Heartbeat.from_dict)
+        _check_sender(request, message.coordinator)
+        return web.json_response((await _answer(running.handle_heartbeat(message))).to_dict())
+
+    @route(
+        "GET",
+        PLAN_PATH,
+        callers=READ,
+        answers=((200, "the plan document"),),
+        errors=[
+            Refusal(400, "bad_request", "malformed fence or wait_s"),
+            Refusal(403, "forbidden", "fence given by a caller that is not a node"),
+            Refusal(404, "plan_not_here", "this node does not apply that plan (yet)"),
+            Refusal(503, "unavailable", "election not running"),
+        ],
+        query=PlanQuery,
+        answer=PlanAnswer,
+    )
+    async def plan(self, request: web.Request) -> web.Response:
+        """This node's term, coordinator, lease and the role plan it applies; with `fence`
+        (peers only: a node fetching the plan a heartbeat announced, node.election.pull) that
+        plan once this node applies it, waiting up to `wait_s`"""
+        running = _running(self._elector)
         if "fence" not in request.query:
             return web.json_response(running.plan_announce().to_dict())
+        caller = caller_of(request)
+        if caller is not None and caller is not Caller.PEER:
+            raise _Refusal(403, f"only nodes fetch a plan by fence, not a {caller.value} caller")
         return await serve_plan(running, request.query)
 
-    def guarded(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
-        async def run(request: web.Request) -> web.Response:
-            try:
-                response: web.Response = await handler(request)
-                return response
-            except _Refusal as refusal:
-                return json_error(refusal.status, refusal.reason)
-            except ElectionError as exc:
-                return json_error(400, str(exc))
 
-        return run
-
-    return [
-        web.post(VOTE_PATH, guarded(vote)),
-        web.post(HEARTBEAT_PATH, guarded(heartbeat)),
-        web.get(PLAN_PATH, guarded(plan)),
-    ]
+async def _message(
+    request: web.Request, model: type[BaseModel], parse: Callable[[dict[str, Any]], M]
+) -> M:
+    """The request's election message: checked against `model`, then `parse`d (400 when
+    either refuses it)."""
+    data = await _read_message(request, model)
+    try:
+        return parse(data)
+    except ElectionError as exc:
+        raise _Refusal(400, str(exc)) from exc
 
 
-class _Answer(Protocol):
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-def _message_handler(
-    elector: ElectorSource,
-    body: type[BaseModel],
-    parse: Callable[[dict[str, Any]], M],
-    sender: Callable[[M], str],
-    handle: Callable[[Elector, M], Awaitable[_Answer]],
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """The handler of one election message: read it (checked against `body`, then `parse`d),
-    refuse it unless its signer is its `sender`, and answer the running elector's `handle`."""
-
-    async def handler(request: web.Request) -> web.Response:
-        running = _running(elector)
-        message = parse(await _read_message(request, body))
-        _check_sender(request, sender(message))
-        answer = await _answer(handle(running, message))
-        return web.json_response(answer.to_dict())
-
-    return handler
-
-
-class _Refusal(NodeError):
+class _Refusal(AnsweredError):
     def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+        super().__init__(status, STATUS_CODES[status], reason)
 
 
 def _running(elector: ElectorSource) -> Elector:

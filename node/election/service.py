@@ -17,26 +17,30 @@ from typing import Any
 from aiohttp import web
 
 from config import ConfigError, Inventory, NodeSettings
+from config.declare import READ, Refusal, route
 from health import CheckResult, HealthStatus
-from node.component import Endpoint, endpoint, paired
 from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector, Listener
 from node.election.roles import RolePolicy, capabilities_from_meta
 from node.election.routes import (
-    ELECTION_DOCS,
     HttpElectionTransport,
     election_breaker_config,
-    election_routes,
 )
 from node.election.seams import DrainSource, QuarantineSource, RestartSource, WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent
 from node.identity.peers import peer_tls
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
-from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 from node.security import json_error
-from node.training.rendezvous import RENDEZVOUS_PATH, RendezvousError, rendezvous_for
+from node.training.rendezvous import (
+    RENDEZVOUS_PATH,
+    RUN_NAME,
+    RendezvousAnswer,
+    RendezvousError,
+    RendezvousQuery,
+    rendezvous_for,
+)
 from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -44,28 +48,6 @@ log = logging.getLogger(__name__)
 STORAGE_NOTE = "election: "
 """Prefix of the /v1/status note saying why the election state cannot be stored."""
 
-RUN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""A run's name (node.rl.docs.RUN_PATTERN, which checks it)."""
-
-RENDEZVOUS_SCHEMA = {
-    "type": "object",
-    "required": ["rank", "world_size", "master_addr", "master_port", "backend", "generation"],
-    "properties": {
-        "rank": {"type": ["integer", "null"]},
-        "world_size": {"type": "integer"},
-        "master_addr": {"type": "string"},
-        "master_port": {"type": "integer"},
-        "backend": {"enum": ["nccl", "gloo"]},
-        "generation": {"type": "integer"},
-        "term": {"type": "integer"},
-        "plan_version": {"type": "integer"},
-        "local_rank": {"type": "integer"},
-        "local_world_size": {"type": "integer"},
-        "node_rank": {"type": ["integer", "null"]},
-        "nnodes": {"type": "integer"},
-        "cuda_device": {"type": ["integer", "null"]},
-    },
-}
 
 TRAINING_CHECK_INTERVAL_S = 2.0
 REPLAN_EVENTS = frozenset(
@@ -103,7 +85,8 @@ def resolve_voters(settings: NodeSettings, inventory: Inventory | None, node_id:
 
 
 class ElectionService:
-    """Owns the elector and its transport for one node; `routes()` serve them over HTTP."""
+    """Owns the elector and its transport for one node, and serves GET /v1/rendezvous (its
+    declared handler; node.election.routes serves the elector)."""
 
     def __init__(self, runtime: NodeRuntime, voter_set: VoterSet) -> None:
         self._runtime = runtime
@@ -124,58 +107,42 @@ class ElectionService:
         self.plan_listeners: list[Listener] = []
         """Told of every election event once the elector runs (node.training's launcher)."""
 
-    def routes(self) -> list[Endpoint]:
-        """Election endpoints (vote, heartbeat, plan) and GET /v1/rendezvous, with their docs."""
-        rendezvous = RouteDoc(
-            "GET",
-            RENDEZVOUS_PATH,
-            "The training rendezvous of this node's local rank I (default 0): rank (global), "
-            "local_rank, local_world_size, node_rank, nnodes, world_size, master_addr, "
-            "master_port, backend, generation, cuda_device; ?group=weights&run=R the run's "
-            "weights group",
-            (
-                (200, "rendezvous"),
-                (400, "a bad query: local_rank outside this node's local ranks"),
-                (404, "no such group"),
-                (409, "this node has no plan yet"),
-            ),
-            parameters=(
-                (
-                    "local_rank",
-                    "query",
-                    "the local rank (training group; default 0)",
-                    {"type": "integer", "minimum": 0},
-                ),
-                ("group", "query", "training or weights", {"enum": ["training", "weights"]}),
-                ("run", "query", "the run, with group=weights", {"type": "string", "pattern": RUN}),
-            ),
-            response=RENDEZVOUS_SCHEMA,
-        )
-        return [
-            *paired(election_routes(lambda: self.elector), ELECTION_DOCS),
-            endpoint(web.get(RENDEZVOUS_PATH, self._rendezvous), rendezvous),
-        ]
-
+    @route(
+        "GET",
+        RENDEZVOUS_PATH,
+        callers=READ,
+        answers=((200, "rendezvous"),),
+        errors=[
+            Refusal(400, "bad_request", "a bad query: local_rank outside this node's local ranks"),
+            Refusal(404, "not_found", "no such group"),
+            Refusal(409, "conflict", "this node has no plan yet"),
+        ],
+        query=RendezvousQuery,
+        answer=RendezvousAnswer,
+    )
     async def _rendezvous(self, request: web.Request) -> web.Response:
+        """The training rendezvous of this node's local rank I (default 0): rank (global),
+        local_rank, local_world_size, node_rank, nnodes, world_size, master_addr, master_port,
+        backend, generation, cuda_device; ?group=weights&run=R the run's weights group"""
         group = request.query.get("group", "training")
         unknown = sorted(set(request.query) - {"group", "run", "local_rank"})
         if unknown:
             return json_error(
                 400, f"unknown query parameter(s) {', '.join(unknown)}", param=unknown[0]
             )
-        if "run" in request.query and not re.match(RUN, request.query["run"]):
+        if "run" in request.query and not re.match(RUN_NAME, request.query["run"]):
             return json_error(400, f"run {request.query['run']!r} is not a run name", param="run")
+        text = request.query.get("local_rank", "0")
+        if not text.isdigit():  # whatever the group: the document says what it takes
+            return json_error(
+                400, f"local_rank {text!r} must be an integer >= 0", param="local_rank"
+            )
         if group != "training":
             handler = self.group_handlers.get(group)
             if handler is None:
                 known = ", ".join(["training", *sorted(self.group_handlers)])
                 return json_error(404, f"no group {group!r}; groups are {known}", param="group")
             return await handler(request)
-        text = request.query.get("local_rank", "0")
-        if not text.isdigit():
-            return json_error(
-                400, f"local_rank {text!r} must be an integer >= 0", param="local_rank"
-            )
         plan = self.elector.plan if self.elector is not None else None
         try:
             rendezvous = rendezvous_for(

@@ -1,5 +1,5 @@
 """Identities over TLS: the HTTP API's TLS listener, the client certificate as the caller's
-identity, what each role (node, operator, reader) may call, and the CRL spread between nodes."""
+identity, the access rules of every route (deny by default), and the CRL spread between nodes."""
 
 from __future__ import annotations
 
@@ -12,33 +12,26 @@ if TYPE_CHECKING:
         CRL_NUMBER_HEADER,
         CRL_PATH,
         CrlSpread,
-        crl_route_docs,
     )
     from node.identity.listener import IdentitySite
     from node.identity.peers import AUTH_META, peer_scheme, peer_tls
     from node.identity.revoked import CERT_META, RevokedPeers
     from node.identity.roles import (
-        NODE_FENCED,
-        NODE_FORBIDDEN,
-        PUBLIC_ROUTES,
+        AccessRules,
         CertificateGate,
-        RoleVerdict,
+        caller_of,
         open_tls,
-        role_verdict,
         tls_files,
     )
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            "node.identity.crl": "CRL_NUMBER_HEADER CRL_PATH CrlSpread crl_route_docs",
+            "node.identity.crl": "CRL_NUMBER_HEADER CRL_PATH CrlSpread",
             "node.identity.listener": "IdentitySite",
             "node.identity.peers": "AUTH_META peer_scheme peer_tls",
             "node.identity.revoked": "CERT_META RevokedPeers",
-            "node.identity.roles": (
-                "NODE_FENCED NODE_FORBIDDEN PUBLIC_ROUTES CertificateGate RoleVerdict open_tls "
-                "role_verdict tls_files"
-            ),
+            "node.identity.roles": "AccessRules CertificateGate caller_of open_tls tls_files",
         },
     )
 
@@ -47,18 +40,14 @@ __all__ = [
     "CERT_META",
     "CRL_NUMBER_HEADER",
     "CRL_PATH",
-    "NODE_FENCED",
-    "NODE_FORBIDDEN",
-    "PUBLIC_ROUTES",
+    "AccessRules",
     "CertificateGate",
     "CrlSpread",
     "IdentitySite",
     "RevokedPeers",
-    "RoleVerdict",
-    "crl_route_docs",
+    "caller_of",
     "open_tls",
     "peer_scheme",
     "peer_tls",
-    "role_verdict",
     "tls_files",
 ]

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from config import NodeSettings
 from config.tls import TlsContexts
+from node.connections import ConnectionBudget, GuardedSite
 from node.identity.crl import CrlSpread
 from node.identity.listener import IdentitySite
 from node.identity.revoked import RevokedPeers
@@ -35,9 +36,10 @@ def api_identity(
 def api_site(
     runner: web.AppRunner, settings: NodeSettings, identity: CertificateGate | None
 ) -> web.BaseSite:
-    """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it."""
+    """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it; either
+    way each connection within the budgets of node.connections."""
     if identity is None:
-        return web.TCPSite(runner, settings.bind, settings.port)
+        return GuardedSite(runner, settings.bind, settings.port, ConnectionBudget())
     return IdentitySite(
         runner,
         settings.bind,

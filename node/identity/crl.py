@@ -17,12 +17,13 @@ from typing import Any
 
 from aiohttp import web
 
+from config.declare import READ, Refusal, route
 from config.settings import AuthMode
 from config.tls.context import TlsContexts
 from net import Identity, NetError, PeerClient
 from node.identity.peers import AUTH_META, peer_scheme, peer_tls
 from node.identity.revoked import RevokedPeers
-from node.openapi import TEXT, RouteDoc
+from node.openapi import TEXT
 from node.runtime import NodeRuntime
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "CRL_PATH",
     "FILE_CHECK_S",
     "CrlSpread",
-    "crl_route_docs",
     "peer_scheme",
 ]
 
@@ -41,20 +41,10 @@ CRL_PATH = "/v1/tls/crl"
 CRL_NUMBER_HEADER = "X-Shoal-Crl-Number"
 FILE_CHECK_S = 1.0
 """How often the TLS files' mtimes are compared with those in use."""
-
-
-def crl_route_docs() -> list[RouteDoc]:
-    return [
-        RouteDoc(
-            "GET",
-            CRL_PATH,
-            "The CRL this node uses (PEM) and its number in X-Shoal-Crl-Number; ?after=N answers"
-            " 204 unless it is newer than N (nodes with auth tls or hmac+tls only)",
-            ((200, "the CRL"), (204, "no CRL newer than `after`")),
-            response=TEXT,
-            response_type="application/pkix-crl",
-        )
-    ]
+SPREAD_STATES = frozenset({"alive", "suspect", "dead"})
+"""Members whose CRL is fetched each round: dead ones too (not those that left), so a node
+every peer refused, given a new certificate, calls them and so presents it in a handshake
+(the only thing that lifts its refusal: node.identity.revoked)."""
 
 
 class CrlSpread:
@@ -79,10 +69,19 @@ class CrlSpread:
         self.fetches = 0
         """CRL fetches made (each peer once per round)."""
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.get(CRL_PATH, self._handle_crl)]
-
+    @route(
+        "GET",
+        CRL_PATH,
+        callers=READ,
+        answers=((200, "the CRL"), (204, "no CRL newer than `after`")),
+        errors=[Refusal(400, "bad_request", "after is not an integer")],
+        params=(("after", "query", "the CRL number held (default -1)", {"type": "integer"}),),
+        answer=TEXT,
+        answer_type="application/pkix-crl",
+    )
     async def _handle_crl(self, request: web.Request) -> web.Response:
+        """The CRL this node uses (PEM) and its number in X-Shoal-Crl-Number; ?after=N answers
+        204 unless it is newer than N (nodes with auth tls or hmac+tls only)"""
         after_text = request.query.get("after", "-1")
         try:
             after = int(after_text)
@@ -157,13 +156,13 @@ class CrlSpread:
             for member in membership.members()
             if not getattr(member, "is_self", False)
             and member.node_id != self._runtime.node_id
-            and str(getattr(member, "state", "alive")) == "alive"
+            and str(getattr(member, "state", "alive")) in SPREAD_STATES
             and member.meta.get(AUTH_META) in (AuthMode.TLS.value, AuthMode.HMAC_TLS.value)
         ]
 
     async def refresh_once(self) -> int:
-        """Fetch every alive TLS peer's CRL once and install the newest; the CRL number in use
-        afterwards."""
+        """Fetch the CRL of every TLS member that has not left (alive, suspect or dead) once
+        and install the newest; the CRL number in use afterwards."""
         peers = list(self._peers())
         await asyncio.gather(*(self._fetch(peer) for peer in peers))
         return self._contexts.material.crl_number

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import socket
@@ -18,8 +19,16 @@ from aiohttp import web
 
 from config.settings import AuthMode
 from config.tls.context import TlsContexts, handshake_refusal
+from node.connections import ConnectionBudget, guarded
 
-__all__ = ["PEEK_TIMEOUT_S", "PLAIN_REFUSAL", "TLS_RECORD_HANDSHAKE", "IdentitySite"]
+__all__ = [
+    "MAX_HANDSHAKES",
+    "MAX_HANDSHAKES_PER_CLIENT",
+    "PEEK_TIMEOUT_S",
+    "PLAIN_REFUSAL",
+    "TLS_RECORD_HANDSHAKE",
+    "IdentitySite",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +36,12 @@ TLS_RECORD_HANDSHAKE = 0x16
 """The first byte of every TLS ClientHello (a handshake record); an HTTP request starts with a
 letter."""
 PEEK_TIMEOUT_S = 10.0
-"""A connection that sends nothing within this time is closed (as a slow handshake is)."""
+"""A connection that sends nothing within this time is closed, and so is one whose TLS
+handshake takes longer (then its request head has HEAD_DEADLINE_S, node.connections)."""
+MAX_HANDSHAKES = 1024
+MAX_HANDSHAKES_PER_CLIENT = 16
+"""Accepted connections not yet past their first byte and TLS handshake, in all and from one
+client address; more are closed as they come."""
 
 _PLAIN_BODY = b"this node serves HTTPS only (auth tls): call https://\n"
 PLAIN_REFUSAL = (
@@ -88,6 +102,7 @@ class IdentitySite(web.BaseSite):
         mode: AuthMode,
         plain_ok: bool,
         refused: Refused,
+        budget: ConnectionBudget | None = None,
         handshake_timeout_s: float = PEEK_TIMEOUT_S,
         backlog: int = 128,
     ) -> None:
@@ -101,6 +116,8 @@ class IdentitySite(web.BaseSite):
         self._timeout_s = handshake_timeout_s
         self._accepting: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self.budget = budget if budget is not None else ConnectionBudget()
+        self._handshaking: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -141,9 +158,25 @@ class IdentitySite(web.BaseSite):
                 log.warning("accept on %s failed: %s", self.name, exc)
                 await asyncio.sleep(0.1)
                 continue
+            client = str(address[0])
+            held = self._handshaking.get(client, 0)
+            if held >= MAX_HANDSHAKES_PER_CLIENT or len(self._connections) >= MAX_HANDSHAKES:
+                log.debug("closed a connection of %s: %d of its handshakes pending", client, held)
+                self.budget.refused += 1
+                conn.close()
+                continue
+            self._handshaking[client] = held + 1
             task = asyncio.create_task(self._serve(conn, address))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
+            task.add_done_callback(functools.partial(self._handshaken, client))
+
+    def _handshaken(self, client: str, _: object = None) -> None:
+        held = self._handshaking.get(client, 0) - 1
+        if held > 0:
+            self._handshaking[client] = held
+        else:
+            self._handshaking.pop(client, None)
 
     async def _first_byte(self, conn: socket.socket) -> bytes:
         loop = asyncio.get_running_loop()
@@ -163,8 +196,8 @@ class IdentitySite(web.BaseSite):
     async def _serve(self, conn: socket.socket, address: Any) -> None:
         peer = f"{address[0]}:{address[1]}"
         loop = asyncio.get_running_loop()
-        server = self._runner.server
-        assert server is not None
+        assert self._runner.server is not None
+        server = guarded(self._runner.server, self.budget)
         handed = False
         try:
             conn.setblocking(False)

@@ -3,8 +3,11 @@ still holds the gossip key; so each node keeps the certificate serial of every n
 (what the member advertises in its meta, `cert_serial`, and what its calls to this node present
 in their handshakes, whichever this node saw last) and refuses in SWIM every member whose serial
 is on the CRL in use: its datagrams are dropped, it shows dead with `refused` in the view, and
-news of it alive is ignored until it advertises another certificate. `RevokedPeers.apply` runs
-with the TLS files' watch (each second) and so follows every new CRL."""
+news of it alive is ignored. An advertised serial may add a refusal, never lift one (it is a
+claim: a thief of the gossip key can advertise any serial); only a verified handshake of the
+node with a certificate that is not revoked, made after the refusal, lifts it.
+`RevokedPeers.apply` runs with the TLS files' watch (each second) and so follows every new CRL.
+"""
 
 from __future__ import annotations
 
@@ -53,12 +56,18 @@ class RevokedPeers:
         self._self_id = self_id
         self._serials: dict[str, int] = {}
         self._advertised: dict[str, int] = {}
+        self._proven: dict[str, int] = {}
+        """The serial of each node's latest verified handshake since it was last refused."""
         self._refused: dict[str, str] = {}
 
-    def saw(self, name: str, serial: int) -> None:
-        """A call of node `name` presented the certificate with `serial` (verified or refused)."""
-        if name != self._self_id:
-            self._serials[name] = serial
+    def saw(self, name: str, serial: int, *, verified: bool) -> None:
+        """A call of node `name` presented the certificate with `serial`: `verified` (chained
+        to the CA, valid now, not revoked) or refused."""
+        if name == self._self_id:
+            return
+        self._serials[name] = serial
+        if verified:
+            self._proven[name] = serial
 
     def _learn_meta(self, members: Sequence[Any]) -> None:
         """A member advertising a serial it did not advertise before: that is its latest."""
@@ -72,7 +81,9 @@ class RevokedPeers:
                 self._serials[node_id] = serial
 
     def verdicts(self, members: Sequence[Any]) -> dict[str, str]:
-        """The node ids to refuse, each with the sentence that says why."""
+        """The node ids to refuse, each with the sentence that says why: a member whose latest
+        serial is revoked, and one refused before that has not since presented, in a verified
+        handshake, a certificate that is not revoked (whatever serial it advertises now)."""
         self._learn_meta(members)
         known = {member.node_id for member in members} | set(self._refused)
         material = self._contexts.material
@@ -86,7 +97,15 @@ class RevokedPeers:
                     f"{REVOKED}: the certificate of {node_id!r} (serial {serial_text(serial)}) "
                     f"was revoked at {when.isoformat()} (CRL number {material.crl_number})"
                 )
+            elif node_id in self._refused and not self._proven_good(node_id):
+                found[node_id] = self._refused[node_id]  # a claim lifts nothing
+        for node_id in set(found) - set(self._refused):
+            self._proven.pop(node_id, None)  # a proof must come after the refusal
         return found
+
+    def _proven_good(self, node_id: str) -> bool:
+        serial = self._proven.get(node_id)
+        return serial is not None and self._contexts.material.revoked_at(serial) is None
 
     def apply(self, membership: object) -> dict[str, str]:
         """Refuse in `membership` every member whose certificate is revoked, let back those
@@ -103,10 +122,11 @@ class RevokedPeers:
                 log.warning("cannot advertise certificate serial %s: %s", own, exc)
         verdicts = self.verdicts(members)
         for node_id, reason in verdicts.items():  # (the membership logs each new refusal)
-            mark = (CERT_META, serial_text(self._serials[node_id]))
-            membership.refuse(node_id, reason, mark)
+            membership.refuse(node_id, reason)  # no mark: what it advertises lifts nothing
         for node_id in set(self._refused) - set(verdicts):
-            log.warning("%s is no longer refused: its certificate is not revoked", node_id)
+            log.warning(
+                "%s is no longer refused: it presented a certificate that is not revoked", node_id
+            )
             membership.allow(node_id)
         self._refused = verdicts
         return dict(verdicts)

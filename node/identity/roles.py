@@ -1,11 +1,10 @@
-"""Who a TLS caller is and what it may call: the identity and role come from the client
-certificate (never from a header), each request is checked against the CA and the CRL in use,
-and the role decides the routes (`node`: peer calls, work-plane calls only with the current
-plan's fence; `operator`: everything; `reader`: GET only). Every refusal is logged and counted."""
+"""Who a caller is and what it may call: under TLS the identity and role come from the client
+certificate (never from a header), checked against the CA and the CRL in use; under HMAC the
+signer's id names its class. Each route's declaration lists the classes it admits (AccessRules):
+deny by default. Every refusal is logged and counted."""
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import logging
 
@@ -14,112 +13,55 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter
 
 from config import HEADER_NODE, CertificateError, ConfigError
+from config.declare import Caller, Route
 from config.settings import AuthMode, NodeSettings
 from config.tls import CertRole, PeerIdentity, RefusalReason
 from config.tls.context import DEFAULT_CRL_NAME, TlsContexts, TlsFiles
+from node.access import (
+    ROLE_NAMES,
+    Verdict,
+    declaration_of,
+    relayed,
+    signer_class,
+    verdict,
+)
 from node.fence import FenceSource, fence_refusal
+from node.forwarding import TLS_VERIFIER
 from node.identity.revoked import RevokedPeers
 from node.plan import FENCE_HEADER
 from node.security import (
     AUTH_POLICY,
+    BROWSER_READER,
     PEER_ID,
     PEER_IDENTITY,
     REQUEST_SENDER,
-    UNAUTHENTICATED,
     json_error,
 )
 
 __all__ = [
-    "NODE_FENCED",
-    "NODE_FORBIDDEN",
     "NO_CERTIFICATE",
-    "PUBLIC_ROUTES",
-    "READ_METHODS",
+    "AccessRules",
     "CertificateGate",
-    "RoleVerdict",
     "TlsCounters",
+    "caller_of",
     "open_tls",
-    "role_verdict",
     "tls_files",
 ]
 
 log = logging.getLogger(__name__)
 
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-PUBLIC_ROUTES = frozenset({*UNAUTHENTICATED, ("GET", "/metrics")})
-"""Served without a client certificate: health and the OpenAPI document (no secret in them),
-and /metrics, which keeps its bearer token (or a signature, or a certificate)."""
 NO_CERTIFICATE = "no_certificate"
 """The `reason` label of a TLS request without a client certificate on a route that needs one."""
-
-NODE_FENCED = frozenset(
-    {
-        ("POST", "/v1/jobs"),
-        ("POST", "/v1/jobs/{job_id}/kill"),
-        ("POST", "/v1/weights/update"),
-        ("POST", "/v1/results/fetch"),
-    }
-)
-"""Work-plane routes a `node` identity may call only with the fence of the plan this node
-applies (gang member starts and kills, a run's job, weights offers, result fetches): what a node
-does because of the coordinator, never on its own."""
-NODE_FORBIDDEN = frozenset(
-    {
-        ("DELETE", "/v1/jobs/{job_id}"),
-        ("POST", "/v1/runs"),
-        ("POST", "/v1/runs/{run_id}/cancel"),
-        ("POST", "/v1/backup"),
-        ("POST", "/v1/sync/run"),
-        ("POST", "/ui/login"),
-    }
-)
-"""Operator routes no node ever calls on a peer: a `node` identity gets 403 whatever it sends."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RoleVerdict:
-    """What a role may do with one route: allowed, allowed only with the current plan's fence,
-    or refused with the reason sent back."""
-
-    allowed: bool
-    needs_fence: bool = False
-    reason: str = ""
-
-
-def role_verdict(role: CertRole, method: str, route: str) -> RoleVerdict:
-    """The decision for `role` calling `method` on the route pattern `route`
-    (`/v1/jobs/{job_id}/kill`, not the path)."""
-    method = method.upper()
-    if role is CertRole.OPERATOR:
-        return RoleVerdict(True)
-    if role is CertRole.READER:
-        if method in READ_METHODS:
-            return RoleVerdict(True)
-        return RoleVerdict(
-            False,
-            reason=f"role reader may only read (GET); {method} {route} needs an operator",
-        )
-    if method in READ_METHODS:
-        return RoleVerdict(True)
-    if (method, route) in NODE_FORBIDDEN:
-        return RoleVerdict(
-            False,
-            reason=f"role node may not {method} {route}: an operator certificate is needed",
-        )
-    if (method, route) in NODE_FENCED:
-        return RoleVerdict(
-            True,
-            needs_fence=True,
-            reason=f"role node may {method} {route} only with the current plan's fence"
-            f" ({FENCE_HEADER}), as the coordinator's work; an operator certificate is needed"
-            " otherwise",
-        )
-    return RoleVerdict(True)
+CERTIFICATE_CLASSES = {
+    CertRole.NODE: Caller.PEER,
+    CertRole.OPERATOR: Caller.OPERATOR,
+    CertRole.READER: Caller.READER,
+}
+"""The caller class of each certificate role."""
 
 
 class TlsCounters:
-    """`shoal_tls_refused_total{reason}` (certificates refused, handshakes included) and
-    `shoal_role_refused_total{role}` (calls a role may not make)."""
+    """`shoal_tls_refused_total{reason}`: certificates refused, handshakes included."""
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.refused = Counter(
@@ -127,12 +69,6 @@ class TlsCounters:
             "Peer certificates refused (expired, not_yet_valid, other_ca, revoked, bad_identity,"
             " no_certificate), by reason",
             ["reason"],
-            registry=registry,
-        )
-        self.forbidden = Counter(
-            "shoal_role_refused",
-            "Calls refused because of the caller's role, by role",
-            ["role"],
             registry=registry,
         )
 
@@ -146,17 +82,30 @@ def _bearer_ok(request: web.Request) -> bool:
     return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token)
 
 
-def _route_of(request: web.Request) -> str:
-    info = request.match_info
-    route = info.route if info.http_exception is None else None
-    resource = None if route is None else route.resource
-    return resource.canonical if resource is not None else request.path
+def _served_without_certificate(request: web.Request) -> bool:
+    """A public route, or one that takes the metrics bearer token and was given it."""
+    route = declaration_of(request)
+    if route is None:
+        return False
+    return Caller.PUBLIC in route.callers or (route.bearer and _bearer_ok(request))
+
+
+def caller_of(request: web.Request) -> Caller | None:
+    """The class of `request`'s caller: its certificate's role, the dashboard's reader, or its
+    signer (node.access.signer_class); None without a credential."""
+    identity = request.get(PEER_IDENTITY)
+    if identity is not None:
+        return CERTIFICATE_CLASSES[identity.role]
+    if request.get(BROWSER_READER, False):
+        return Caller.READER
+    sender = request.get(PEER_ID)
+    return None if sender is None else signer_class(sender)
 
 
 class CertificateGate:
     """The server side of TLS identities for one node: its contexts, the auth mode, the fence
     of the plan it applies, and the counters. `certificate_middleware` runs before the HMAC
-    check, `role_middleware` after it."""
+    check; what a role may call is AccessRules'."""
 
     def __init__(
         self,
@@ -201,9 +150,9 @@ class CertificateGate:
             return
         if isinstance(found, CertificateError):
             if found.reason == RefusalReason.REVOKED and found.serial is not None:
-                book.saw(found.identity, found.serial)
+                book.saw(found.identity, found.serial, verified=False)
         elif found.role == CertRole.NODE:
-            book.saw(found.name, found.serial)
+            book.saw(found.name, found.serial, verified=True)
 
     @web.middleware
     async def certificate_middleware(
@@ -219,9 +168,7 @@ class CertificateGate:
             request.transport is not None
             and request.transport.get_extra_info("ssl_object") is not None
         )
-        public = (request.method, request.path) in PUBLIC_ROUTES
-        if public and request.path == "/metrics" and found is None and not self.mode.accepts_hmac:
-            public = _bearer_ok(request)
+        public = _served_without_certificate(request)
         self._note_serial(found)
         if isinstance(found, CertificateError):
             self.refused(str(request.remote), found.identity, found.reason, found.detail)
@@ -262,45 +209,74 @@ class CertificateGate:
             )
         request[PEER_IDENTITY] = found
         request[PEER_ID] = found.name
+        request[TLS_VERIFIER] = self.contexts.verify_peer  # (a forwarded operator's proof)
         token = REQUEST_SENDER.set(found.name)
         try:
             return await handler(request)
         finally:
             REQUEST_SENDER.reset(token)
 
+
+class AccessRules:
+    """Deny by default: every request is checked against the declaration of the route it
+    matched (config.declare's callers). A class the route does not list gets 403 `forbidden`
+    naming the role; a node calling a `fenced` route needs the current plan's fence (409 when
+    it sends another plan's); a node relaying an operator's call passes a `forwarded` route.
+    Without a secret and without TLS (a loopback dev node) every caller may call every route.
+    Refusals are logged and counted (`shoal_role_refused_total{role}`)."""
+
+    def __init__(
+        self, fence: FenceSource | None, registry: CollectorRegistry | None, open_api: bool
+    ) -> None:
+        self.fence = fence
+        self.open_api = open_api
+        self.refused = Counter(
+            "shoal_role_refused",
+            "Calls refused because of the caller's role, by role",
+            ["role"],
+            registry=registry,
+        )
+
     @web.middleware
-    async def role_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Refuse (403 `forbidden`, naming the role) what the certificate's role may not call;
-        a `node` calling a fenced work-plane route needs the current plan's fence (409 when it
-        sends another plan's). Requests without a certificate (HMAC-signed, public) pass."""
-        identity = request.get(PEER_IDENTITY)
-        if identity is None or request.match_info.http_exception is not None:
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = declaration_of(request)
+        if route is None or Caller.PUBLIC in route.callers:
             return await handler(request)
-        route = _route_of(request)
-        verdict = role_verdict(identity.role, request.method, route)
-        if verdict.allowed and verdict.needs_fence:
+        caller = caller_of(request)
+        if caller is None:
+            if self.open_api or route.bearer:
+                return await handler(request)
+            return json_error(401, f"{route.operation} needs a credential", code="unauthorized")
+        decided = verdict(route, caller, relayed(request))
+        if decided.allowed and decided.needs_fence:
             if FENCE_HEADER not in request.headers:
-                verdict = RoleVerdict(False, reason=verdict.reason)
+                decided = Verdict(False, reason=decided.reason)
             else:
-                refusal = fence_refusal(request, self.fence(), required=True)
+                current = None if self.fence is None else self.fence()
+                refusal = fence_refusal(request, current, required=True)
                 if refusal is not None:
                     return refusal
-        if verdict.allowed:
+        if decided.allowed:
             return await handler(request)
-        self.counters.forbidden.labels(role=identity.role.value).inc()
+        return self._refuse(request, route, caller, decided.reason)
+
+    def _refuse(
+        self, request: web.Request, route: Route, caller: Caller, reason: str
+    ) -> web.Response:
+        role = ROLE_NAMES[caller]
+        name = str(request.get(PEER_ID, "the dashboard's reader"))
+        self.refused.labels(role=role).inc()
         log.warning(
             "refused %s %s (%s) from %s, identity %r role %s: %s",
             request.method,
             request.path,
-            route,
+            route.path,
             request.remote,
-            identity.name,
-            identity.role.value,
-            verdict.reason,
+            name,
+            role,
+            reason,
         )
-        return json_error(
-            403, verdict.reason, code="forbidden", identity=identity.name, role=identity.role.value
-        )
+        return json_error(403, reason, code="forbidden", identity=name, role=role)
 
 
 def tls_files(settings: NodeSettings) -> TlsFiles | None:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         parse_job_request,
     )
     from node.jobs.roster import gang_master_port, gang_outcome, pick_members
-    from node.jobs.routes import JobRoutes, job_route_docs
+    from node.jobs.routes import JobRoutes
     from node.jobs.service import JobService
     from node.jobs.specs import DeploySpec, JobSpec, make_job_state
     from node.jobs.store import JobEntry, JobStore
@@ -60,7 +60,7 @@ else:
                 "wait_for_completion_async"
             ),
             "node.jobs.gang": "GangService",
-            "node.jobs.routes": "JobRoutes job_route_docs",
+            "node.jobs.routes": "JobRoutes",
             "node.jobs.records": (
                 "GangMember GangRecord JobError JobRecord JobRequest JobState parse_job_request"
             ),
@@ -94,7 +94,6 @@ __all__ = [
     "download_async",
     "gang_master_port",
     "gang_outcome",
-    "job_route_docs",
     "list_jobs",
     "list_jobs_async",
     "make_job_state",

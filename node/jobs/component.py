@@ -9,14 +9,13 @@ from pathlib import Path
 
 from config import cuda_env, restricts_gpus
 from health import CheckFn, CheckResult, HealthStatus
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.election.service import ElectionService
 from node.jobs.drain import DrainKiller
 from node.jobs.gang import GangService
 from node.jobs.policy import rendezvous_env
-from node.jobs.routes import JobRoutes, job_route_docs
+from node.jobs.routes import JobRoutes
 from node.jobs.service import JobService
-from node.openapi import RouteDoc
 from node.plan import RolePlan
 from node.runtime import NodeRuntime, local_daemon_url
 from node.training.rendezvous import rendezvous_for
@@ -73,11 +72,7 @@ class JobApi:
             self.killer.start()
 
     def routes(self) -> list[Endpoint]:
-        return paired([*self.gangs.routes(), *self._routes.routes()], self.docs())
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return [*GangService.docs(), *job_route_docs()]
+        return endpoints(self.gangs, self._routes)
 
     def checks(self) -> Mapping[str, Check]:
         return {"jobs": Check(jobs_check(self.service), interval_s=5.0)}

@@ -17,18 +17,19 @@ from typing import Any
 
 from aiohttp import web
 
+from config.declare import Caller, route
 from net import Identity, PeerClient, PeerRequestError, split_url
 from node.errors import BodyError
 from node.fence import fence_headers
 from node.identity.peers import peer_tls
 from node.jobs.drain import refuse_if_draining
 from node.jobs.gang_start import (
+    PICK_ERRORS,
     PICK_PATH,
     MemberStarts,
     PickBody,
     check_member_fence,
     coordinator_pick,
-    gang_route_docs,
     member_url,
     port_is_free,
 )
@@ -49,7 +50,7 @@ from node.jobs.roster import (
 )
 from node.jobs.service import JobService, ended_result
 from node.jobs.store import JobEntry
-from node.openapi import RouteDoc, parse_body
+from node.openapi import parse_body
 from node.plan import (
     FENCE_HEADER,
     RolePlan,
@@ -109,22 +110,25 @@ class GangService:
 
     # HTTP
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post(PICK_PATH, self._handle_pick)]
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return gang_route_docs()
-
+    @route(
+        "POST",
+        PICK_PATH,
+        callers=[Caller.PEER],
+        answers=((200, "fence and members"),),
+        errors=PICK_ERRORS,
+        body=PickBody,
+        answer=PickAnswer,
+    )
     async def _handle_pick(self, request: web.Request) -> web.Response:
+        """Coordinator only: pick {"nodes": K, "role": R} alive nodes for a gang job; answers
+        the plan fence and the members in rank order"""
         try:
             body = parse_body(PickBody, await request.read())
-            return web.json_response(self.pick(body.nodes, body.role).to_json())
-        except JobError as exc:
-            return web.json_response(exc.to_dict(), status=exc.status)
         except BodyError as exc:
-            error = JobError(400, "invalid_pick", f'expected {{"nodes": K, "role": R}}: {exc}')
-            return web.json_response(error.to_dict(), status=400)
+            raise JobError(
+                400, "invalid_pick", f'expected {{"nodes": K, "role": R}}: {exc}'
+            ) from None
+        return web.json_response(self.pick(body.nodes, body.role).to_json())
 
     def pick(self, nodes: int, role: str) -> PickAnswer:
         """The coordinator's choice of members; JobError 409 on any other node."""

@@ -12,9 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from config.declare import Refusal
 from node.jobs.records import GangMember, JobError, JobState, PickAnswer, Role
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_master_port, pick_members
-from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber
+from node.openapi import BODY_CONFIG, WholeNumber
 from node.plan import FENCE_HEADER, FenceVerdict, PlanError, PlanFence, RolePlan, check_fence
 from node.runtime import NodeRuntime
 
@@ -46,6 +47,17 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+PICK_ERRORS = (
+    Refusal(400, "invalid_pick", "malformed request"),
+    Refusal(409, "not_coordinator", "not the coordinator"),
+    Refusal(503, "not_enough_nodes", "too few nodes"),
+)
+"""What the coordinator's pick (POST /v1/jobs/gang/pick) refuses."""
+RETRIED_FENCES = frozenset({"fence_refused", "fence_ahead"})
+"""A member's refusal of the gang's fence that a retry may lift: it has not applied the plan yet
+(its start route's own check, or node.identity's check of a `fenced` route)."""
+
+
 class PickBody(BaseModel):
     """Body of `POST /v1/jobs/gang/pick`: how many alive nodes of which role."""
 
@@ -53,26 +65,6 @@ class PickBody(BaseModel):
 
     nodes: WholeNumber = Field(ge=1, le=1024, description="the gang's size, 1 to 1024")
     role: Role = Field(default="any", description="the members' role, or any")
-
-
-def gang_route_docs() -> list[RouteDoc]:
-    """The documentation of the gang routes (the coordinator's pick)."""
-    return [
-        RouteDoc(
-            "POST",
-            PICK_PATH,
-            'Coordinator only: pick {"nodes": K, "role": R} alive nodes for a gang job; '
-            "answers the plan fence and the members in rank order",
-            (
-                (200, "fence and members"),
-                (400, "malformed request"),
-                (409, "not the coordinator"),
-                (503, "too few nodes"),
-            ),
-            body=PickBody,
-            response=PickAnswer,
-        )
-    ]
 
 
 def coordinator_pick(
@@ -167,7 +159,7 @@ class MemberStarts:
                 self.rows[rank] = row.model_copy(update={"state": JobState(state)})
                 return None, None
             code = answer.get("error") if isinstance(answer, dict) else None
-            if code == "fence_refused" and time.monotonic() < deadline:
+            if code in RETRIED_FENCES and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)  # the member has not applied the plan yet
                 continue
             reason = answer.get("reason", answer) if isinstance(answer, dict) else answer

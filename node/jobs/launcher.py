@@ -45,6 +45,31 @@ def spawn_supervisor(directory: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def make_cwd(entry: JobEntry) -> tuple[Path, list[Path]]:
+    """The working directory of `entry` and the directories made for it (to give the job's
+    user): `work/` and a relative cwd inside it, made one segment at a time, never through a
+    symlink nor above `work/`; an absolute cwd is neither made nor given. PermissionError
+    naming the path otherwise (the start fails; the request check refuses `..` already)."""
+    work = entry.work_dir
+    work.mkdir(exist_ok=True)
+    given = entry.request.cwd
+    if given is not None and Path(given).is_absolute():
+        return Path(given), []
+    current = work
+    for part in Path(given or ".").parts:
+        if part == "..":
+            raise PermissionError(f"cwd {given!r} of job {entry.job_id} leaves its work directory")
+        current = current / part
+        with contextlib.suppress(FileExistsError):
+            current.mkdir()  # (refuses a name that exists, a symlink included: checked below)
+        if current.is_symlink() or not current.is_dir():
+            raise PermissionError(
+                f"cwd {given!r} of job {entry.job_id}: {current} is not a directory of its own "
+                "(a symlink or a file)"
+            )
+    return current, [work] if current == work else [work, current]
+
+
 def launch_document(
     entry: JobEntry,
     executable: str | None,
@@ -57,16 +82,12 @@ def launch_document(
 ) -> dict[str, Any]:
     """What the supervisor needs to run `entry` (launch.json); makes the job's private tmp
     directory and its working directory (owned by `run_as` when given)."""
-    cwd = entry.cwd()
     tmp = entry.directory / "tmp"
     tmp.mkdir(mode=0o700, exist_ok=True)
-    owned = [tmp]
-    if entry.request.cwd is None or not Path(entry.request.cwd).is_absolute():
-        cwd.mkdir(parents=True, exist_ok=True)
-        owned += [entry.work_dir, cwd]
+    cwd, made = make_cwd(entry)
     if run_as is not None:
-        for path in owned:
-            os.chown(path, run_as.uid, run_as.gid)
+        for path in [tmp, *made]:
+            os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
     shoal = {
         "SHOAL_JOB_ID": entry.job_id,
         "SHOAL_DAEMON_URL": daemon_url,

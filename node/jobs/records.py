@@ -23,7 +23,9 @@ from pydantic import (
     WithJsonSchema,
     model_serializer,
 )
+from pydantic.json_schema import SkipJsonSchema
 
+from config.declare import unset
 from node.errors import BodyError
 from node.errors import JobError as JobError
 from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
@@ -123,34 +125,33 @@ def new_job_id(now: float | None = None) -> str:
 
 
 _NO_NUL = "^[^\\u0000]*$"
-JOB_REQUEST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "A job start; parse_job_request applies the same rules (and the gang field "
-    "of a member start, which only nodes send)",
-    "additionalProperties": False,
-    "required": ["argv"],
-    "properties": {
-        "job_id": {"type": "string", "pattern": JOB_ID_PATTERN.pattern},
-        "name": {"type": "string", "minLength": 1, "maxLength": 256},
-        "argv": {
-            "type": "array",
-            "minItems": 1,
-            "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
-            "items": {"type": "string", "pattern": _NO_NUL},
-        },
-        "env": {
-            "type": "object",
-            "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
-            "additionalProperties": {"type": "string", "pattern": _NO_NUL},
-        },
-        "cwd": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
-        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
-        "nodes": {"type": "integer", "minimum": 1, "maximum": 1024},
-        "role": {"enum": list(ROLES)},
-        "env_from": {"enum": ["rendezvous"]},
-    },
+_SEGMENT = "(?:[^./\\u0000][^/\\u0000]*|\\.(?:[^./\\u0000][^/\\u0000]*)?|\\.\\.[^/\\u0000]+)?"
+CWD_PATTERN = f"^(?:{_SEGMENT}/)*{_SEGMENT}$"
+"""A cwd: no NUL, and no `..` segment (a relative cwd stays inside the job's work directory)."""
+_ARGV = {
+    "type": "array",
+    "minItems": 1,
+    "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
+    "items": {"type": "string", "pattern": _NO_NUL},
 }
-"""The OpenAPI schema of a start request (POST /v1/jobs)."""
+EnvName = Annotated[str, Field(min_length=1, pattern="^[^=\\u0000]*$")]
+
+
+class JobStartBody(BaseModel):
+    """A job start; parse_job_request applies the same rules (and the gang field of a member
+    start, which only nodes send)."""
+
+    model_config = BODY_CONFIG
+
+    job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN.pattern)] | SkipJsonSchema[None] = unset()
+    name: Annotated[str, Field(min_length=1, max_length=256)] | SkipJsonSchema[None] = unset()
+    argv: Annotated[list[str], WithJsonSchema(_ARGV)]
+    env: dict[EnvName, Annotated[str, Field(pattern=_NO_NUL)]] = Field(default_factory=dict)
+    cwd: Annotated[str, Field(min_length=1, pattern=CWD_PATTERN)] | SkipJsonSchema[None] = unset()
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | SkipJsonSchema[None] = unset()
+    nodes: Annotated[int, Field(ge=1, le=1024)] | SkipJsonSchema[None] = unset()
+    role: Role | SkipJsonSchema[None] = unset()
+    env_from: Literal["rendezvous"] | SkipJsonSchema[None] = unset()
 
 
 def _parse_argv(argv: object) -> list[str]:
@@ -175,6 +176,23 @@ def _parse_timeout(timeout_s: object) -> float | None:
     return float(timeout_s)
 
 
+def _parse_cwd(cwd: object) -> str | None:
+    """A start request's cwd: absent, or a path without NUL and without a `..` segment (a
+    relative cwd is made inside the job's work directory and given to its user: `..` would
+    reach any directory of the host)."""
+    if cwd is None:
+        return None
+    if not isinstance(cwd, str) or not cwd or "\x00" in cwd:
+        raise invalid("cwd must be a path string")
+    if ".." in cwd.split("/"):
+        raise invalid(
+            f"cwd {cwd[:200]!r} has a '..' segment: a relative cwd stays inside the job's work "
+            "directory; name another directory by its absolute path (it is neither made nor "
+            "given to the job's user)"
+        )
+    return cwd
+
+
 def parse_job_request(body: object) -> JobRequest:
     """Validate a start request; JobError(400) names the field and what is expected."""
     if not isinstance(body, Mapping):
@@ -197,9 +215,7 @@ def parse_job_request(body: object) -> JobRequest:
         for k, v in env.items()
     ):
         raise invalid("env must be an object of string names (no '=') to string values")
-    cwd = body.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or not cwd or "\x00" in cwd):
-        raise invalid("cwd must be a path string")
+    cwd = _parse_cwd(body.get("cwd"))
     timeout_s = _parse_timeout(body.get("timeout_s"))
     nodes = body.get("nodes", 1)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 1024:

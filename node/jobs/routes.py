@@ -1,6 +1,6 @@
-"""The job HTTP API: start, list, get, wait, logs, kill, files and delete under /v1/jobs.
-
-Every error answers `{"error": CODE, "reason": TEXT, "status": N}`.
+"""The job HTTP API: start, list, get, wait, logs, kill, files and delete under /v1/jobs, each
+declared on its handler. A JobError is answered by the node's error middleware in the one shape
+`{"error": CODE, "reason": TEXT, "status": N}`.
 """
 
 from __future__ import annotations
@@ -9,14 +9,17 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, Field
+from pydantic.json_schema import SkipJsonSchema
 
+from config.declare import READ, Caller, Refusal, route, unset
 from node.jobs.records import (
-    JOB_REQUEST_SCHEMA,
     JobError,
     JobRecord,
+    JobStartBody,
     JobState,
     KillBody,
     parse_job_request,
@@ -24,7 +27,7 @@ from node.jobs.records import (
 )
 from node.jobs.service import JobService
 from node.jobs.store import STREAMS, JobEntry
-from node.openapi import RouteDoc, WireRecord
+from node.openapi import BINARY, WireRecord
 from sync import DEFAULT_PIECE_SIZE, PathRefusedError, check_raw_query_value, open_inside
 from sync.files.manifest import digest_of_fd
 
@@ -45,32 +48,53 @@ class JobList(WireRecord):
     jobs: tuple[JobRecord, ...]
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+class Deleted(WireRecord):
+    """The answer of `DELETE /v1/jobs/{job_id}`."""
+
+    job_id: str
+    deleted: Literal[True] = True
+
+
+class ListQuery(BaseModel):
+    state: JobState | None = Field(default=None, description="only jobs in this state")
+
+
+class WaitQuery(BaseModel):
+    timeout_s: float = Field(
+        default=DEFAULT_WAIT_S, ge=0, description="seconds to wait (default 30, max 600)"
+    )
+
+
+class LogsQuery(BaseModel):
+    stream: Literal["stdout", "stderr"] = Field(
+        default="stdout", description="stdout (default) or stderr"
+    )
+    offset: Annotated[float, Field(ge=0)] | SkipJsonSchema[None] = unset("first byte to send")
+    tail: Annotated[float, Field(ge=0)] | SkipJsonSchema[None] = unset(
+        "send the last N lines (without offset)"
+    )
+    follow: Literal["0", "1"] = Field(default="0", description="1: keep streaming until it ends")
+
+
+class FilesQuery(BaseModel):
+    path: str = Field(default="", description="relative path in the working directory")
+
+
 StartFn = Callable[[dict[str, Any], Mapping[str, str]], Awaitable[tuple[JobRecord, bool]]]
-
-
-def job_error_response(error: JobError) -> web.Response:
-    return web.json_response(error.to_dict(), status=error.status)
-
-
-def answers_errors(handler: Handler) -> Handler:
-    """Turn JobError and malformed JSON into the one JSON error shape."""
-
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except JobError as exc:
-            return job_error_response(exc)
-        except ValueError as exc:  # malformed JSON, or bytes that are not UTF-8
-            return job_error_response(JobError(400, "invalid_json", f"malformed JSON: {exc}"))
-
-    return wrapped
+WORK = (Caller.FENCED, Caller.OPERATOR)
+"""A node starts and kills jobs only as the coordinator's work (gang members, a run's job)."""
+NO_JOB = Refusal(404, "job_not_found", "no such job")
+BAD_QUERY = Refusal(400, "invalid_query", "a bad query parameter")
 
 
 async def json_body(request: web.Request) -> Any:
-    """The request's JSON body, or None when it is empty (read even after the auth check)."""
+    """The request's JSON body, or None when it is empty (read even after the auth check);
+    JobError 400 invalid_json when it is not JSON."""
     raw = await request.read()
-    return json.loads(raw) if raw.strip() else None
+    try:
+        return json.loads(raw) if raw.strip() else None
+    except ValueError as exc:  # malformed JSON, or bytes that are not UTF-8
+        raise JobError(400, "invalid_json", f"malformed JSON: {exc}") from None
 
 
 def query_number(request: web.Request, name: str, default: float | None) -> float | None:
@@ -124,18 +148,6 @@ class JobRoutes:
         self.service = service
         self.start: StartFn = start or self.start_single
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post(JOBS_PATH, answers_errors(self.handle_start)),
-            web.get(JOBS_PATH, answers_errors(self.handle_list)),
-            web.get(JOB_PATH, answers_errors(self.handle_get)),
-            web.delete(JOB_PATH, answers_errors(self.handle_delete)),
-            web.get(f"{JOB_PATH}/wait", answers_errors(self.handle_wait)),
-            web.get(f"{JOB_PATH}/logs", answers_errors(self.handle_logs)),
-            web.post(f"{JOB_PATH}/kill", answers_errors(self.handle_kill)),
-            web.get(f"{JOB_PATH}/files", answers_errors(self.handle_files)),
-        ]
-
     async def start_single(
         self, body: dict[str, Any], headers: Mapping[str, str]
     ) -> tuple[JobRecord, bool]:
@@ -147,14 +159,46 @@ class JobRoutes:
         entry, created = await self.service.start(request)
         return self.service.record(entry), created
 
+    @route(
+        "POST",
+        JOBS_PATH,
+        callers=WORK,
+        answers=(
+            (201, "the job, started"),
+            (200, "the existing job with this job_id and the same spec"),
+        ),
+        errors=[
+            Refusal(400, "invalid_job", "invalid request (argv a string, unknown field, ...)"),
+            Refusal(400, "bad_local_rank", "env_from rendezvous with a LOCAL_RANK not run here"),
+            Refusal(403, "program_not_allowed", "program not in jobs.allowed_programs"),
+            Refusal(409, "job_id_conflict", "job_id exists with a different spec"),
+            Refusal(409, "stale_fence", "a stale plan fence"),
+            Refusal(409, "no_rendezvous", "env_from rendezvous without a rendezvous"),
+            Refusal(409, "master_port_busy", "a gang's member 0 whose MASTER_PORT is in use"),
+        ],
+        body=JobStartBody,
+        answer=JobRecord,
+    )
     async def handle_start(self, request: web.Request) -> web.Response:
+        """Start a job: {"job_id"?, "name", "argv": [...], "env"?, "cwd"?, "timeout_s"?,
+        "nodes"?, "role"?, "env_from"?: "rendezvous"}; argv is a list, never a string"""
         body = await json_body(request)
         if not isinstance(body, dict):
             raise JobError(400, "invalid_job", "expected a JSON object with argv (a list)")
         record, created = await self.start(body, request.headers)
         return web.json_response(record.to_json(), status=201 if created else 200)
 
+    @route(
+        "GET",
+        JOBS_PATH,
+        callers=READ,
+        answers=((200, '{"jobs": [record, ...]}'),),
+        errors=[Refusal(400, "invalid_query", "unknown state")],
+        query=ListQuery,
+        answer=JobList,
+    )
     async def handle_list(self, request: web.Request) -> web.Response:
+        """This node's jobs, newest first"""
         state = request.query.get("state")
         if state is not None and state not in {s.value for s in JobState}:
             states = ", ".join(s.value for s in JobState)
@@ -165,27 +209,70 @@ class JobRoutes:
     def _entry(self, request: web.Request) -> JobEntry:
         return self.service.get(request.match_info["job_id"])
 
+    @route("GET", JOB_PATH, callers=READ, errors=[NO_JOB], answer=JobRecord)
     async def handle_get(self, request: web.Request) -> web.Response:
+        """One job's record"""
         return web.json_response(self.service.record(self._entry(request)).to_json())
 
+    @route(
+        "GET",
+        f"{JOB_PATH}/wait",
+        callers=READ,
+        errors=[BAD_QUERY, NO_JOB],
+        query=WaitQuery,
+        answer=JobRecord,
+    )
     async def handle_wait(self, request: web.Request) -> web.Response:
+        """Long-poll until the job ends or timeout_s passes; answers the record"""
         timeout_s = query_number(request, "timeout_s", DEFAULT_WAIT_S)
         assert timeout_s is not None
         entry = await self.service.wait(request.match_info["job_id"], timeout_s)
         return web.json_response(self.service.record(entry).to_json())
 
+    @route(
+        "POST",
+        f"{JOB_PATH}/kill",
+        callers=WORK,
+        errors=[Refusal(400, "invalid_job", "unknown signal"), NO_JOB],
+        body=KillBody,
+        body_optional=True,
+        answer=JobRecord,
+    )
     async def handle_kill(self, request: web.Request) -> web.Response:
+        """Signal the job's process group ({"signal"?: "TERM", "grace_s"?: 10}), SIGKILL after
+        the grace; the job ends killed"""
         body = await json_body(request)
         signal_name, grace_s = parse_kill(body, self.service.settings.kill_grace_s)
         entry = await self.service.kill(request.match_info["job_id"], signal_name, grace_s)
         return web.json_response(self.service.record(entry).to_json())
 
+    @route(
+        "DELETE",
+        JOB_PATH,
+        callers=[Caller.OPERATOR],
+        answers=((200, "deleted"),),
+        errors=[NO_JOB, Refusal(409, "job_running", "the job still runs")],
+        answer=Deleted,
+    )
     async def handle_delete(self, request: web.Request) -> web.Response:
+        """Remove an ended job's record, logs and working directory"""
         job_id = request.match_info["job_id"]
         await self.service.delete(job_id)
-        return web.json_response({"job_id": job_id, "deleted": True})
+        return web.json_response(Deleted(job_id=job_id).to_json())
 
+    @route(
+        "GET",
+        f"{JOB_PATH}/logs",
+        callers=READ,
+        answers=((200, "log bytes"),),
+        errors=[Refusal(400, "invalid_query", "bad stream or number"), NO_JOB],
+        query=LogsQuery,
+        answer=BINARY,
+        answer_type="application/octet-stream",
+    )
     async def handle_logs(self, request: web.Request) -> web.StreamResponse:
+        """Log bytes from offset (or the last tail lines); X-Start-Offset is the first byte's
+        offset, X-Next-Offset where to continue (following: add the bytes received)"""
         entry = self._entry(request)
         stream = request.query.get("stream", "stdout")
         if stream not in STREAMS:
@@ -246,7 +333,22 @@ class JobRoutes:
             await response.write(data)
             position += len(data)
 
+    @route(
+        "GET",
+        f"{JOB_PATH}/files",
+        callers=[Caller.PEER, Caller.OPERATOR],
+        answers=((200, "the bytes"),),
+        errors=[
+            Refusal(400, "bad_path", "path escapes or is malformed"),
+            Refusal(404, "file_not_found", "no such file"),
+            NO_JOB,
+        ],
+        query=FilesQuery,
+        answer=BINARY,
+        answer_type="application/octet-stream",
+    )
     async def handle_files(self, request: web.Request) -> web.StreamResponse:
+        """A file of the job's working directory, with X-Shoal-Content-Hash"""
         entry = self._entry(request)
         rel = request.query.get("path", "")
         raw = request.rel_url.raw_query_string
@@ -278,132 +380,3 @@ class JobRoutes:
             return response
         finally:
             os.close(fd)
-
-
-JOB_PARAMETER = (("job_id", "path", "The job's id", {"type": "string"}),)
-NUMBER_SCHEMA = {"type": "number", "minimum": 0}
-
-
-def job_route_docs() -> list[RouteDoc]:
-    """OpenAPI entries of every job route."""
-    return [*_collection_docs(), *_record_docs(), *_output_docs()]
-
-
-def _collection_docs() -> list[RouteDoc]:
-    """POST and GET /v1/jobs: start a job, list the jobs."""
-    states = {"enum": [state.value for state in JobState]}
-    return [
-        RouteDoc(
-            "POST",
-            JOBS_PATH,
-            'Start a job: {"job_id"?, "name", "argv": [...], "env"?, "cwd"?, "timeout_s"?, '
-            '"nodes"?, "role"?, "env_from"?: "rendezvous"}; argv is a list, never a string',
-            (
-                (201, "the job, started"),
-                (200, "the existing job with this job_id and the same spec"),
-                (
-                    400,
-                    "invalid request (argv a string, unknown field, ...), or env_from rendezvous "
-                    "with a LOCAL_RANK this node does not run (bad_local_rank)",
-                ),
-                (403, "program not in jobs.allowed_programs"),
-                (
-                    409,
-                    "job_id exists with a different spec, a stale plan fence, no rendezvous, or "
-                    "a gang's member 0 whose MASTER_PORT is in use here (master_port_busy)",
-                ),
-            ),
-            body=JOB_REQUEST_SCHEMA,
-            response=JobRecord,
-        ),
-        RouteDoc(
-            "GET",
-            JOBS_PATH,
-            "This node's jobs, newest first",
-            ((200, '{"jobs": [record, ...]}'), (400, "unknown state")),
-            response=JobList,
-            parameters=(
-                (
-                    "state",
-                    "query",
-                    "only jobs in this state",
-                    states,
-                ),
-            ),
-        ),
-    ]
-
-
-def _record_docs() -> list[RouteDoc]:
-    """One job's record: read, delete, wait for its end."""
-    job, number = JOB_PARAMETER, NUMBER_SCHEMA
-    return [
-        RouteDoc(
-            "GET",
-            JOB_PATH,
-            "One job's record",
-            ((200, "the record"), (404, "no such job")),
-            parameters=job,
-            response=JobRecord,
-        ),
-        RouteDoc(
-            "DELETE",
-            JOB_PATH,
-            "Remove an ended job's record, logs and working directory",
-            ((200, "deleted"), (404, "no such job"), (409, "the job still runs")),
-            parameters=job,
-        ),
-        RouteDoc(
-            "GET",
-            f"{JOB_PATH}/wait",
-            "Long-poll until the job ends or timeout_s passes; answers the record",
-            ((200, "the record"), (404, "no such job")),
-            parameters=(
-                *job,
-                ("timeout_s", "query", "seconds to wait (default 30, max 600)", number),
-            ),
-            response=JobRecord,
-        ),
-    ]
-
-
-def _output_docs() -> list[RouteDoc]:
-    """One job's logs, kill and files."""
-    job, number = JOB_PARAMETER, NUMBER_SCHEMA
-    return [
-        RouteDoc(
-            "GET",
-            f"{JOB_PATH}/logs",
-            "Log bytes from offset (or the last tail lines); X-Start-Offset is the first byte's "
-            "offset, X-Next-Offset where to continue (following: add the bytes received)",
-            ((200, "log bytes"), (400, "bad stream or number"), (404, "no such job")),
-            parameters=(
-                *job,
-                ("stream", "query", "stdout (default) or stderr", {"enum": list(STREAMS)}),
-                ("offset", "query", "first byte to send", number),
-                ("tail", "query", "send the last N lines (without offset)", number),
-                ("follow", "query", "1: keep streaming until the job ends", {"enum": ["0", "1"]}),
-            ),
-        ),
-        RouteDoc(
-            "POST",
-            f"{JOB_PATH}/kill",
-            'Signal the job\'s process group ({"signal"?: "TERM", "grace_s"?: 10}), SIGKILL '
-            "after the grace; the job ends killed",
-            ((200, "the record"), (400, "unknown signal"), (404, "no such job")),
-            parameters=job,
-            body=KillBody,
-            body_optional=True,
-            response=JobRecord,
-        ),
-        RouteDoc(
-            "GET",
-            f"{JOB_PATH}/files",
-            "A file of the job's working directory, with X-Shoal-Content-Hash",
-            ((200, "the bytes"), (400, "path escapes or is malformed"), (404, "no such file")),
-            parameters=(
-                *job,
-                ("path", "query", "relative path in the working directory", {"type": "string"}),
-            ),
-        ),
-    ]

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 from config.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from node.keyring.docs import KEYRING_PATH, LOCAL_PATH
     from node.keyring.routes import KeyringRefused, KeyringRoutes
+    from node.keyring.wire import KEYRING_PATH, LOCAL_PATH
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            "node.keyring.docs": "KEYRING_PATH LOCAL_PATH",
+            "node.keyring.wire": "KEYRING_PATH LOCAL_PATH",
             "node.keyring.routes": "KeyringRefused KeyringRoutes",
         },
     )

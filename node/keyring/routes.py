@@ -3,47 +3,56 @@
 HTTP; any other node forwards to it.
 
 Routes: GET /v1/keyring, POST /v1/keyring/install|use|remove, and the same under
-/v1/keyring/local for this node alone.
+/v1/keyring/local for this node alone, each declared on its handler. Changes are an operator's;
+a node relays them (to the coordinator, and from it to every member).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
 
+from config.declare import READ, Caller, Refusal, route
 from net import Identity, PeerClient, PeerRequestError
+from node.access import FORWARDED_HEADER
 from node.audit.entries import record_audit
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.errors import BodyError
 from node.errors import KeyringRefused as KeyringRefused
+from node.forwarding import forward_headers
 from node.identity.peers import peer_tls
-from node.keyring.docs import (
+from node.keyring.wire import (
     KEYRING_PATH,
     LOCAL_PATH,
     OPERATIONS,
+    ChangeAnswer,
+    ClusterAnswer,
     InstallBody,
     KeyIdBody,
-    keyring_route_docs,
+    LocalAnswer,
+    summarize,
 )
 from node.membership.keyring import (
     GossipKeys,
     KeyringError,
+    decode_key,
     key_id,
     unwrap_key,
     valid_key_id,
     wrap_key,
 )
-from node.openapi import RouteDoc, parse_body
+from node.openapi import parse_body
 from node.runtime import NodeRuntime
 from node.security import request_sender
 
 log = logging.getLogger(__name__)
 
-FORWARDED_HEADER = "X-Shoal-Forwarded"
+JSON = "application/json"
 AUDIT_TYPES = {op: f"keyring.{op}" for op in OPERATIONS}
 """The WAL entry type each change of a node's keyring is recorded under (audit kind keyring)."""
 _UP = ("alive", "suspect")
@@ -60,33 +69,55 @@ def _checked(model: type[InstallBody] | type[KeyIdBody], raw: bytes) -> InstallB
     return body
 
 
-def _answers(
-    handler: Callable[[web.Request], Awaitable[web.Response]],
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def wrapped(request: web.Request) -> web.Response:
-        try:
-            return await handler(request)
-        except KeyringError as exc:
-            refused = KeyringRefused(_STATUS.get(exc.code, 500), exc.code, str(exc))
-            return web.json_response(refused.to_dict(), status=refused.status)
-        except KeyringRefused as exc:
-            headers = {"Retry-After": "1"} if exc.status == 503 else None
-            return web.json_response(exc.to_dict(), status=exc.status, headers=headers)
-
-    return wrapped
+@contextlib.contextmanager
+def keyring_errors() -> Iterator[None]:
+    """A KeyringError of the keyring underneath, raised as the answer it gets."""
+    try:
+        yield
+    except KeyringError as exc:
+        raise KeyringRefused(_STATUS.get(exc.code, 500), exc.code, str(exc)) from exc
 
 
-def summarize(members: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every key id the members hold: how many hold it, which members seal with it."""
-    ids = sorted({kid for state in members.values() for kid in state["keys"]})
-    return [
-        {
-            "id": kid,
-            "members": sum(1 for state in members.values() if kid in state["keys"]),
-            "in_use_by": sorted(n for n, state in members.items() if state["primary"] == kid),
-        }
-        for kid in ids
-    ]
+def _over_tls(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and transport.get_extra_info("ssl_object") is not None
+
+
+CLUSTER_ERRORS = (
+    Refusal(400, "bad_key", "bad request"),
+    Refusal(404, "unknown_key", "no member holds the key"),
+    Refusal(409, "key_in_use", "refused: key_in_use or key_missing, nothing changed"),
+    Refusal(503, "not_coordinator", "no coordinator, or the coordinator is unreachable"),
+)
+LOCAL_ERRORS = (
+    Refusal(400, "bad_key", "bad request"),
+    Refusal(404, "unknown_key", "the key is not installed here"),
+    Refusal(409, "key_in_use", "the key is in use, or this node has no keyring"),
+)
+
+
+Handler = Callable[["KeyringRoutes", web.Request], Awaitable[web.Response]]
+
+
+def _change(
+    path: str, body: type[InstallBody] | type[KeyIdBody], *, local: bool
+) -> Callable[[Handler], Handler]:
+    """The declaration of a change: of this node's keyring (`local`), or on every alive
+    member."""
+    return route(
+        "POST",
+        path,
+        callers=[Caller.OPERATOR],
+        forwarded=True,
+        answers=(
+            (200, "this node's keyring after the change")
+            if local
+            else (200, "done on the members in acked; failed names the others"),
+        ),
+        errors=LOCAL_ERRORS if local else CLUSTER_ERRORS,
+        body=body,
+        answer=LocalAnswer if local else ChangeAnswer,
+    )
 
 
 class KeyringRoutes:
@@ -111,20 +142,10 @@ class KeyringRoutes:
             self._client = None
 
     def routes(self) -> list[Endpoint]:
-        served = [
-            web.get(KEYRING_PATH, _answers(self._handle_list)),
-            web.get(LOCAL_PATH, _answers(self._handle_local_list)),
-            *(web.post(f"{KEYRING_PATH}/{op}", _answers(self._change(op))) for op in OPERATIONS),
-            *(web.post(f"{LOCAL_PATH}/{op}", _answers(self._local(op))) for op in OPERATIONS),
-        ]
-        return paired(served, self.docs())
+        return endpoints(self)
 
     def checks(self) -> Mapping[str, Check]:
         return {}
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return keyring_route_docs()
 
     # this node
 
@@ -148,15 +169,58 @@ class KeyringRoutes:
             "file": str(keys.path),
         }
 
+    @route(
+        "GET",
+        LOCAL_PATH,
+        callers=READ,
+        answers=((200, "this node's keyring"),),
+        errors=[Refusal(409, "no_keyring", "this node has no keyring")],
+        answer=LocalAnswer,
+    )
     async def _handle_local_list(self, request: web.Request) -> web.Response:
+        """This node's gossip keyring: its key ids and the one it seals with"""
         return web.json_response(self.local_state())
 
-    async def apply_local(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
-        """Change this node's keyring (written before the answer), recorded in the WAL."""
+    @_change(f"{LOCAL_PATH}/install", InstallBody, local=True)
+    async def _local_install(self, request: web.Request) -> web.Response:
+        """This node only: install a key {"key"}; recorded in the WAL (audit kind keyring)"""
+        return await self._local("install", request)
+
+    @_change(f"{LOCAL_PATH}/use", KeyIdBody, local=True)
+    async def _local_use(self, request: web.Request) -> web.Response:
+        """This node only: seal with key {"key_id"} (404 when not installed); recorded in the
+        WAL (audit kind keyring)"""
+        return await self._local("use", request)
+
+    @_change(f"{LOCAL_PATH}/remove", KeyIdBody, local=True)
+    async def _local_remove(self, request: web.Request) -> web.Response:
+        """This node only: remove key {"key_id"} (409 when in use); recorded in the WAL (audit
+        kind keyring)"""
+        return await self._local("remove", request)
+
+    def _open_key(self, body: InstallBody, over_tls: bool) -> bytes:
+        """The key of an install: unsealed with the cluster secret, or taken plain when it came
+        inside TLS (or this node has no secret: dev mode); KeyringRefused 400 `bad_key` for a
+        plain key over plain HTTP (it crossed the network readable)."""
+        if body.sealed == "secret":
+            return unwrap_key(body.key, self._secret, self.runtime.settings.cluster_name)
+        if not over_tls and self._secret is not None:
+            raise KeyringRefused(
+                400,
+                "bad_key",
+                "a key not sealed with the cluster secret is taken only over TLS: call https "
+                "with an operator certificate (SHOAL_TLS_*), or seal it with the secret",
+            )
+        return decode_key(body.key, "the request's key")
+
+    async def apply_local(
+        self, op: str, body: InstallBody | KeyIdBody, key: bytes | None = None
+    ) -> dict[str, Any]:
+        """Change this node's keyring (written before the answer), recorded in the WAL; `key`
+        is an install's key when already opened (else opened from `body`, sealed)."""
         keys = self._ring()
-        cluster = self.runtime.settings.cluster_name
         if isinstance(body, InstallBody):
-            kid = keys.install(unwrap_key(body.key, self._secret, cluster))
+            kid = keys.install(key if key is not None else self._open_key(body, over_tls=False))
         elif op == "use":
             kid = body.key_id
             keys.use(kid)
@@ -170,14 +234,13 @@ class KeyringRoutes:
         await record_audit(self.runtime.wal, AUDIT_TYPES[op], payload, self.runtime.node_id)
         return self.local_state()
 
-    def _local(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        model = InstallBody if op == "install" else KeyIdBody
-
-        async def handle(request: web.Request) -> web.Response:
-            body = _checked(model, await request.read())
-            return web.json_response(await self.apply_local(op, body))
-
-        return handle
+    async def _local(self, op: str, request: web.Request) -> web.Response:
+        body = _checked(InstallBody if op == "install" else KeyIdBody, await request.read())
+        with keyring_errors():
+            key = None
+            if isinstance(body, InstallBody):
+                key = self._open_key(body, _over_tls(request))
+            return web.json_response(await self.apply_local(op, body, key))
 
     # the cluster, from the coordinator
 
@@ -195,8 +258,10 @@ class KeyringRoutes:
     ) -> dict[str, Any]:
         if self._client is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
+        # a change is the operator's, relayed by the coordinator to each member
+        headers = {FORWARDED_HEADER: self.runtime.node_id} if method == "POST" else None
         try:
-            status, answer = await self._client.call_json(method, url, path, body)
+            status, answer = await self._client.call_json(method, url, path, body, headers=headers)
         except PeerRequestError as exc:
             raise KeyringRefused(503, "unreachable", f"unreachable: {exc.reason}") from exc
         if status != 200 or not isinstance(answer, dict):
@@ -248,26 +313,40 @@ class KeyringRoutes:
             )
         if self._client is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
-        headers = {FORWARDED_HEADER: runtime.node_id}
-        try:
-            status, answer = await self._client.call_json(
+        headers = {**forward_headers(request, runtime.node_id), "Content-Type": JSON}
+        try:  # the operator's request as it came, with its proof (node.forwarding)
+            answer = await self._client.request(
                 request.method,
                 url,
-                request.path,
-                body,
+                request.raw_path,
+                data=await request.read(),
                 headers=headers,
                 timeout_s=3 * runtime.settings.timeouts.http_request_s,
+                check=False,
             )
-        except PeerRequestError as exc:
+            data = answer.json() if answer.body else None
+        except (PeerRequestError, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, PeerRequestError) else "not JSON"
             raise KeyringRefused(
-                503, "coordinator_unreachable", f"{coordinator}: {exc.reason}"
+                503, "coordinator_unreachable", f"{coordinator}: {reason}"
             ) from exc
-        return web.json_response(answer, status=status)
+        return web.json_response(data, status=answer.status)
 
     async def _local_answer(self) -> dict[str, Any]:
         return self.local_state()
 
+    @route(
+        "GET",
+        KEYRING_PATH,
+        callers=READ,
+        answers=((200, "the keys of every member"),),
+        errors=[CLUSTER_ERRORS[-1]],
+        answer=ClusterAnswer,
+    )
     async def _handle_list(self, request: web.Request) -> web.Response:
+        """The cluster's gossip keys (from the coordinator, which asks every alive member):
+        each key id, how many members hold it, which members seal with it; never a key's
+        bytes"""
         forwarded = await self._forward(request)
         if forwarded is not None:
             return forwarded
@@ -281,30 +360,50 @@ class KeyringRoutes:
             }
         )
 
-    def _change(self, op: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        model = InstallBody if op == "install" else KeyIdBody
+    @_change(f"{KEYRING_PATH}/install", InstallBody, local=False)
+    async def _install(self, request: web.Request) -> web.Response:
+        """Install a key {"key"} on every alive member: accepted on receipt there; answers which
+        members acknowledged and which did not"""
+        return await self._changed("install", request)
 
-        async def handle(request: web.Request) -> web.Response:
-            body = _checked(model, await request.read())
-            if body.requested_by is None:  # who asked, kept across the forward (audit)
-                body = body.model_copy(update={"requested_by": request_sender()})
-            forwarded = await self._forward(request, body.model_dump())
-            if forwarded is not None:
-                return forwarded
-            return web.json_response(await self.change(op, body))
+    @_change(f"{KEYRING_PATH}/use", KeyIdBody, local=False)
+    async def _use(self, request: web.Request) -> web.Response:
+        """Seal with key {"key_id"} on every alive member (each must hold it: else 409
+        key_missing naming them); answers which members acknowledged and which did not"""
+        return await self._changed("use", request)
 
-        return handle
+    @_change(f"{KEYRING_PATH}/remove", KeyIdBody, local=False)
+    async def _remove(self, request: web.Request) -> web.Response:
+        """Remove key {"key_id"} from every alive member; 409 key_in_use while any member seals
+        with it; answers which members acknowledged and which did not"""
+        return await self._changed("remove", request)
 
-    async def change(self, op: str, body: InstallBody | KeyIdBody) -> dict[str, Any]:
+    async def _changed(self, op: str, request: web.Request) -> web.Response:
+        body = _checked(InstallBody if op == "install" else KeyIdBody, await request.read())
+        if body.requested_by is None:  # who asked, kept across the forward (audit)
+            body = body.model_copy(update={"requested_by": request_sender()})
+        forwarded = await self._forward(request, body.model_dump())
+        if forwarded is not None:
+            return forwarded
+        with keyring_errors():
+            return web.json_response(await self.change(op, body, _over_tls(request)))
+
+    async def change(
+        self, op: str, body: InstallBody | KeyIdBody, over_tls: bool = False
+    ) -> dict[str, Any]:
         """On the coordinator: check the change against every member's keyring, then make it
-        on each (this node too); KeyringRefused when it would strand a member."""
+        on each (this node too); KeyringRefused when it would strand a member. An install's
+        key goes on sealed with the secret, or plain (`tls`) from a node without one, which
+        calls its peers over TLS."""
         requested_by = body.requested_by
         cluster = self.runtime.settings.cluster_name
+        key = None
         if isinstance(body, InstallBody):
-            key = unwrap_key(body.key, self._secret, cluster)
+            key = self._open_key(body, over_tls)
             kid = key_id(key)
             sent: dict[str, Any] = {
                 "key": wrap_key(key, self._secret, cluster),
+                "sealed": "secret" if self._secret is not None else "tls",
                 "requested_by": requested_by,
             }
         else:
@@ -314,7 +413,7 @@ class KeyringRoutes:
             self._precheck(op, kid, members)
         local_body = (InstallBody if op == "install" else KeyIdBody).model_validate(sent)
         answers, failed = await self._everyone(
-            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body)
+            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body, key)
         )
         if failed:
             log.warning("gossip keyring %s %s: not acknowledged by %s", op, kid, failed)

@@ -1,19 +1,17 @@
 """The lock API of a running daemon: the lock service, the node operations (drain, undrain,
-leave) and their routes with their docs, made in one place so the daemon enters them as one
+leave) and their declared routes, made in one place so the daemon enters them as one
 component."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.election.service import ElectionService
-from node.locks.docs import lock_route_docs, node_route_docs
 from node.locks.nodes import LeaveFn, NodeOps, StopFn
 from node.locks.quorum import Durable
-from node.locks.routes import lock_routes, node_routes
+from node.locks.routes import LockRoutes, NodeRoutes
 from node.locks.service import LockService
-from node.openapi import RouteDoc
 from node.runtime import NodeRuntime
 
 LOOP_CHECK_INTERVAL_S = 1.0
@@ -32,12 +30,7 @@ class LockApi:
         await self.service.open()
 
     def routes(self) -> list[Endpoint]:
-        served = [*lock_routes(self.service), *node_routes(self.nodes)]
-        return paired(served, self.docs())
-
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return [*lock_route_docs(), *node_route_docs()]
+        return endpoints(LockRoutes(self.service), NodeRoutes(self.nodes))
 
     def checks(self) -> Mapping[str, Check]:
         loop = self.service.loop_health

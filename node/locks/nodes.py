@@ -13,11 +13,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from net import PeerRequestError
+from node.access import FORWARDED_HEADER
 from node.election.elector import Elector
 from node.election.service import ElectionService
 from node.errors import LockError
 from node.locks.quarantines import lift
-from node.locks.service import FORWARDED_HEADER, LockService
+from node.locks.service import LockService
 from node.locks.table import LockTable, put_drain
 from node.plan import RolePlan
 from node.runtime import NodeRuntime
@@ -155,19 +156,23 @@ class NodeOps:
             log.warning("node %s: announcing the leave failed: %s", self.runtime.node_id, exc)
         self._stop("an operator asked this node to leave the cluster (shoal node leave)")
 
-    async def ask_to_leave(self, node: str, path: str) -> tuple[int, Any]:
-        """Ask the alive member `node` to leave (POST `path` there, marked as forwarded): its
-        (status, JSON answer). LockError 404 when it is not alive in this node's view, 503
-        when it cannot be reached."""
+    async def ask_to_leave(
+        self, node: str, path: str, proof: Mapping[str, str] | None = None, raw: bytes = b"{}"
+    ) -> tuple[int, Any]:
+        """Ask the alive member `node` to leave (POST `path` there, marked as forwarded, with
+        the operator's `proof` of node.forwarding): its (status, JSON answer). LockError 404
+        when it is not alive in this node's view, 503 when it cannot be reached."""
         member = member_of(self.runtime, node)
         if member is None or str(member.state) != "alive":
             state = "not in this node's view" if member is None else str(member.state)
             raise LockError(404, "unknown_node", f"node {node} is {state}; it cannot leave")
         peers = self.locks.peers
         url = peers.base_url(f"{member.address}:{member.port}")
-        headers = {FORWARDED_HEADER: self.runtime.node_id}
+        headers = {FORWARDED_HEADER: self.runtime.node_id, **(proof or {})}
+        headers["Content-Type"] = "application/json"
         try:
-            return await peers.call_json("POST", url, path, {}, headers=headers)
+            answer = await peers.request("POST", url, path, data=raw, headers=headers, check=False)
+            return answer.status, answer.json() if answer.body else None
         except PeerRequestError as exc:
             raise LockError(503, "node_unreachable", f"{node}: {exc.reason}") from exc
 

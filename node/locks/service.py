@@ -9,22 +9,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from health import LoopHealth
 from net import Identity, PeerClient, PeerRequestError
+from node.access import FORWARDED_HEADER
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.errors import LockError
 from node.identity.peers import peer_tls
-from node.locks.docs import (
-    ACCEPT_PATH,
-    MAX_WAIT_S,
-    PREPARE_PATH,
-)
-from node.locks.docs import (
-    LOCKS_PATH as LOCKS_PATH,
-)
 from node.locks.quarantines import quarantine_map
 from node.locks.quorum import Acceptor, Durable, QuorumTable
 from node.locks.table import (
@@ -38,11 +31,18 @@ from node.locks.table import (
     renew,
     take_over,
 )
+from node.locks.wire import (
+    ACCEPT_PATH,
+    MAX_WAIT_S,
+    PREPARE_PATH,
+)
+from node.locks.wire import (
+    LOCKS_PATH as LOCKS_PATH,
+)
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
 
-FORWARDED_HEADER = "X-Shoal-Forwarded"
 EXPIRY_TICK_S = 0.2
 
 Operation = Callable[[LockTable, int, float], tuple[LockTable, LockAnswer | None]]
@@ -272,11 +272,20 @@ class LockService:
     # forwarding to the coordinator
 
     async def call_coordinator(
-        self, method: str, path: str, body: Any, *, forwarded: bool
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        *,
+        forwarded: bool,
+        raw: bytes | None = None,
+        proof: Mapping[str, str] | None = None,
     ) -> tuple[int, Any] | None:
         """None when this node is the coordinator and serves the call itself; otherwise the
-        coordinator's (status, JSON answer) to `method path` with `body`. A call `forwarded`
-        here already is not forwarded again: LockError 503 `not_coordinator` (retry)."""
+        coordinator's (status, JSON answer) to `method path` with `body` (or the bytes `raw`
+        of the request forwarded, with the headers `proof` of node.forwarding, so the
+        coordinator acts as the operator who asked). A call `forwarded` here already is not
+        forwarded again: LockError 503 `not_coordinator` (retry)."""
         if self.is_coordinator():
             return None
         coordinator = self.runtime.coordinator
@@ -286,12 +295,20 @@ class LockService:
         url = self.url_of(coordinator)
         if url is None or self._peers is None:
             raise LockError(503, "coordinator_unknown", f"coordinator {coordinator} not in view")
-        headers = {FORWARDED_HEADER: self.runtime.node_id}
+        headers = {FORWARDED_HEADER: self.runtime.node_id, **(proof or {})}
         wait_s = self.runtime.settings.timeouts.http_request_s + MAX_WAIT_S
         try:
-            return await self._peers.call_json(
-                method, url, path, body, headers=headers, timeout_s=wait_s
+            if raw is None:
+                return await self._peers.call_json(
+                    method, url, path, body, headers=headers, timeout_s=wait_s
+                )
+            headers["Content-Type"] = "application/json"
+            answer = await self._peers.request(
+                method, url, path, data=raw, headers=headers, timeout_s=wait_s, check=False
             )
+            return answer.status, answer.json() if answer.body else None
+        except ValueError as exc:
+            raise LockError(503, "coordinator_unreachable", f"{coordinator}: not JSON") from exc
         except PeerRequestError as exc:
             raise LockError(503, "coordinator_unreachable", f"{coordinator}: {exc.reason}") from exc
 

@@ -174,9 +174,7 @@ class SealedChannel:
         once per cluster id (naming both ids), then at DEBUG; a sender that named no cluster at
         DEBUG once per source; any other drop at DEBUG."""
         if opened.drop == Drop.CLUSTER:
-            key = f"cluster:{opened.cluster}"
-            first = key not in self._noted and len(self._noted) < MAX_NOTED
-            self._noted.add(key)
+            first = self._first(f"cluster:{opened.cluster}")
             log.log(
                 logging.WARNING if first else logging.DEBUG,
                 "dropped membership datagrams from %s of cluster %r: this node is of cluster %r "
@@ -186,9 +184,7 @@ class SealedChannel:
                 self.cluster,
             )
         elif opened.drop == Drop.UNKNOWN_KEY:
-            key = f"key:{opened.key_id}"
-            first = key not in self._noted and len(self._noted) < MAX_NOTED
-            self._noted.add(key)
+            first = self._first(f"key:{opened.key_id}")
             keys = self.envelope.keys
             where = "no gossip keyring" if keys is None else f"keyring {keys.path}"
             log.log(
@@ -204,7 +200,13 @@ class SealedChannel:
             )
         elif opened.drop is not None:
             log.debug("dropped a membership datagram from %s: %s", source, opened.drop)
-        elif opened.cluster is None and f"none:{source}" not in self._noted:
-            if len(self._noted) < MAX_NOTED:
-                self._noted.add(f"none:{source}")
+        elif opened.cluster is None and self._first(f"none:{source}"):
             log.debug("membership datagrams from %s name no cluster id; taken as ours", source)
+
+    def _first(self, key: str) -> bool:
+        """Whether `key` is noted for the first time; at most MAX_NOTED keys are remembered
+        (beyond, every one is "not first": logged at DEBUG only, memory bounded)."""
+        if key in self._noted or len(self._noted) >= MAX_NOTED:
+            return False
+        self._noted.add(key)
+        return True

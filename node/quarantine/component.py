@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from health import GpuReader
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.locks.service import LockService
 from node.plan import RolePlan
-from node.quarantine.docs import quarantine_route_docs
-from node.quarantine.routes import quarantine_routes
+from node.quarantine.routes import QuarantineRoutes
 from node.quarantine.service import CoordinatorLink, QuarantineService
 from node.quarantine.watcher import GpuFaultWatcher
 from node.runtime import NodeRuntime
@@ -42,7 +41,7 @@ class GpuQuarantine:
         self.runtime.quarantine = self.watcher.status()
 
     def routes(self) -> list[Endpoint]:
-        return paired(quarantine_routes(self.service), quarantine_route_docs())
+        return endpoints(QuarantineRoutes(self.service))
 
     def checks(self) -> Mapping[str, Check]:
         return {"gpu_faults": Check(self.watcher.check, interval_s=CHECK_INTERVAL_S)}

@@ -1,27 +1,31 @@
-"""The GPU quarantine routes (POST /v1/gpu/quarantine|readmit): read the body, check that a node
-speaks for its own GPUs, forward to the coordinator like drains, answer its QuarantineAnswer.
-Their docs are node.quarantine.docs. Every error answers LockError's shape (503 with
+"""The GPU quarantine routes (POST /v1/gpu/quarantine|readmit), declared on their handlers: read
+the body, check that a node speaks for its own GPUs, forward to the coordinator like drains,
+answer its QuarantineAnswer. A LockError is answered by the node's error middleware (503 with
 `Retry-After: 1`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from aiohttp import web
-from pydantic import BaseModel
 
+from config.declare import Caller, Refusal, route
+from node.access import FORWARDED_HEADER
 from node.errors import LockError
-from node.locks.routes import answers_lock_errors, checked_body, forward_to_coordinator
-from node.locks.service import FORWARDED_HEADER
-from node.quarantine.docs import (
+from node.locks.routes import NO_QUORUM, checked_body, forward_to_coordinator
+from node.quarantine.service import QuarantineService
+from node.quarantine.wire import (
     QUARANTINE_PATH,
     READMIT_PATH,
     QuarantineAnswer,
     QuarantineBody,
     ReadmitBody,
 )
-from node.quarantine.service import QuarantineService
 from node.security import is_client_id, request_sender
+
+ERRORS = (
+    Refusal(400, "invalid_lock_request", "bad request"),
+    Refusal(403, "not_your_gpu", "a node reports only its own GPUs; clients may not report"),
+    NO_QUORUM,
+)
 
 
 def check_own(request: web.Request, node: str) -> None:
@@ -38,34 +42,54 @@ def check_own(request: web.Request, node: str) -> None:
         )
 
 
-def quarantine_routes(service: QuarantineService) -> list[web.RouteDef]:
+class QuarantineRoutes:
     """POST /v1/gpu/quarantine and POST /v1/gpu/readmit, at the coordinator or forwarded to
-    it. Who may call them: peer (a node, about its own GPUs)."""
+    it; only nodes call them, each about its own GPUs."""
 
-    def route(
-        model: type[QuarantineBody] | type[ReadmitBody],
-        serve: Callable[[BaseModel], Awaitable[QuarantineAnswer]],
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
-            body = checked_body(model, await request.read())
-            check_own(request, body.node)
-            forwarded = await forward_to_coordinator(service.locks, request, body.model_dump())
-            if forwarded is not None:
-                return forwarded
-            answer = await serve(body)
-            return web.json_response(answer.to_json())
+    def __init__(self, service: QuarantineService) -> None:
+        self.service = service
 
-        return answers_lock_errors(handle)
+    async def _read(
+        self, request: web.Request, model: type[QuarantineBody] | type[ReadmitBody]
+    ) -> tuple[QuarantineBody | ReadmitBody, web.Response | None]:
+        body = checked_body(model, await request.read())
+        check_own(request, body.node)
+        return body, await forward_to_coordinator(self.service.locks, request, body.model_dump())
 
-    async def report(body: BaseModel) -> QuarantineAnswer:
+    @route(
+        "POST",
+        QUARANTINE_PATH,
+        callers=[Caller.PEER],
+        answers=((200, "quarantined (or already was)"),),
+        errors=ERRORS,
+        body=QuarantineBody,
+        answer=QuarantineAnswer,
+    )
+    async def report(self, request: web.Request) -> web.Response:
+        """The calling node reports a fault of its own GPU {"node", "gpu", "fault", "reason"};
+        the coordinator quarantines it (kept on a majority of the voters): it leaves the
+        training group in the next plan, with the reason in cannot_train. Repeating it changes
+        nothing"""
+        body, forwarded = await self._read(request, QuarantineBody)
+        if forwarded is not None:
+            return forwarded
         assert isinstance(body, QuarantineBody)
-        return await service.report(body)
+        return web.json_response((await self.service.report(body)).to_json())
 
-    async def readmit(body: BaseModel) -> QuarantineAnswer:
+    @route(
+        "POST",
+        READMIT_PATH,
+        callers=[Caller.PEER],
+        answers=((200, "re-admitted (or was not quarantined)"),),
+        errors=[*ERRORS, Refusal(409, "quarantine_held", "held: shoal node undrain lifts it")],
+        body=ReadmitBody,
+        answer=QuarantineAnswer,
+    )
+    async def readmit(self, request: web.Request) -> web.Response:
+        """The calling node, whose GPUs passed a self-test {"node", "selftest"}, asks to be
+        re-admitted; it trains again from the next plan"""
+        body, forwarded = await self._read(request, ReadmitBody)
+        if forwarded is not None:
+            return forwarded
         assert isinstance(body, ReadmitBody)
-        return await service.readmit(body)
-
-    return [
-        web.post(QUARANTINE_PATH, route(QuarantineBody, report)),  # peer
-        web.post(READMIT_PATH, route(ReadmitBody, readmit)),  # peer
-    ]
+        return web.json_response((await self.service.readmit(body)).to_json())

@@ -13,7 +13,7 @@ from node.errors import LockError
 from node.locks.quarantines import WINDOW_S, held_reason, quarantine, readmit
 from node.locks.service import LockService
 from node.locks.table import LockTable, Quarantine
-from node.quarantine.docs import (
+from node.quarantine.wire import (
     QUARANTINE_PATH,
     READMIT_PATH,
     QuarantineAnswer,

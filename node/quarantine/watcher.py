@@ -31,9 +31,9 @@ from health import (
 from node.audit.entries import GPU_QUARANTINE, GPU_READMIT, record_audit
 from node.errors import LockError
 from node.plan import RolePlan
-from node.quarantine.docs import MAX_REASON_CHARS, QuarantineBody, ReadmitBody
 from node.quarantine.service import CoordinatorLink
 from node.quarantine.state import Action, Phase, WatchState, after_selftest, held, step
+from node.quarantine.wire import MAX_REASON_CHARS, QuarantineBody, ReadmitBody
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """The rl package over HTTP: the weights plane's routes (POST /v1/weights/update, GET
 /v1/weights/next, POST /v1/weights/applied, GET /v1/weights/status, GET /v1/weights/runs and the
 weights group of GET /v1/rendezvous) and the rollouts backlog's (POST /v1/rollouts/consumed,
-GET /v1/rollouts/pending). Requests are parsed here; the services hold the state.
+GET /v1/rollouts/pending), each declared on its handler. Requests are parsed here; the
+services hold the state.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from node.component import Endpoint, paired
+from config.declare import READ, Caller, Refusal, route
+from node.component import Endpoint, endpoints
 from node.errors import AnsweredError, BodyError, NodeError
 from node.openapi import parse_body
 from node.plan import FENCE_HEADER, PlanError, PlanFence, check_fence
 from node.rl.backlog import RolloutBacklog, RunBacklog
-from node.rl.docs import (
+from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
+from node.rl.service import WeightsService
+from node.rl.wire import (
     CONSUMED_PATH,
     DEFAULT_POLL_S,
     MAX_POLL_S,
@@ -26,13 +30,15 @@ from node.rl.docs import (
     RUN_PATTERN,
     TS_BOUND,
     AppliedBody,
+    BacklogAnswer,
+    ConsumedBody,
+    NextQuery,
     OfferBody,
-    backlog_route_docs,
-    weights_route_docs,
+    RunQuery,
 )
-from node.rl.offers import WeightsOffer
-from node.rl.service import WeightsService
 from node.security import json_error
+
+MALFORMED = Refusal(400, "bad_request", "malformed")
 
 
 class _BadRequest(NodeError):
@@ -49,14 +55,7 @@ class WeightsRoutes:
         self._service = service
 
     def routes(self) -> list[Endpoint]:
-        served = [
-            web.post("/v1/weights/update", self._update),
-            web.get("/v1/weights/next", self._next),
-            web.post("/v1/weights/applied", self._applied),
-            web.get("/v1/weights/status", self._status),
-            web.get("/v1/weights/runs", self._runs_status),
-        ]
-        return paired(served, weights_route_docs())
+        return endpoints(self)
 
     async def rendezvous(self, request: web.Request) -> web.Response:
         """GET /v1/rendezvous?group=weights&run=R: this node's view of the run's weights group."""
@@ -69,7 +68,21 @@ class WeightsRoutes:
             return json_error(409, "no role plan yet: no coordinator has published one")
         return web.json_response(found.to_dict())
 
+    @route(
+        "POST",
+        "/v1/weights/update",
+        callers=[Caller.FENCED, Caller.OPERATOR],
+        answers=((200, "offered"),),
+        errors=[
+            Refusal(400, "bad_request", "malformed"),
+            Refusal(409, "stale_fence", "version not newer, or stale fence"),
+        ],
+        body=OfferBody,
+        answer=OfferTaken,
+    )
     async def _update(self, request: web.Request) -> web.Response:
+        """Offer weights of a new version to this node's receiver (trainer's daemon or
+        publisher -> receiver node); carries the plan fence"""
         plan = self._service.plan()
         try:
             presented = request.headers.get(FENCE_HEADER)
@@ -89,7 +102,17 @@ class WeightsRoutes:
             return json_error(exc.status, exc.reason, code=exc.code)
         return web.json_response(taken.to_json())
 
+    @route(
+        "GET",
+        "/v1/weights/next",
+        callers=READ,
+        answers=((200, "the offer"), (204, "no offer within timeout_s")),
+        errors=[MALFORMED],
+        query=NextQuery,
+        answer=WeightsOffer,
+    )
     async def _next(self, request: web.Request) -> web.Response:
+        """Long poll for the next weights offer after version `after`"""
         query = request.query
         try:
             _known_query(query, ("run", "after", "timeout_s"))
@@ -107,7 +130,17 @@ class WeightsRoutes:
             return web.Response(status=204)
         return web.json_response(offer.to_json())
 
+    @route(
+        "POST",
+        "/v1/weights/applied",
+        callers=[Caller.PEER, Caller.OPERATOR],
+        answers=((200, "status"),),
+        errors=[MALFORMED, Refusal(409, "conflict", "older than the applied version")],
+        body=AppliedBody,
+        answer=WeightsStatus,
+    )
     async def _applied(self, request: web.Request) -> web.Response:
+        """A local process reports the weights it applied (receiver) or published"""
         try:
             report = parse_body(AppliedBody, await request.read()).normalized()
         except BodyError as exc:
@@ -118,10 +151,25 @@ class WeightsRoutes:
             return json_error(exc.status, exc.reason, code=exc.code)
         return web.json_response(status.to_json())
 
+    @route(
+        "GET", "/v1/weights/runs", callers=READ, answers=((200, "the runs"),), answer=WeightsRuns
+    )
     async def _runs_status(self, request: web.Request) -> web.Response:
+        """Every run this node knows weights of (offered or applied), each with its applied
+        weights' status or null; the dashboard asks each member once for all"""
         return web.json_response(self._service.applied_runs().to_json())
 
+    @route(
+        "GET",
+        "/v1/weights/status",
+        callers=READ,
+        answers=((200, "status"),),
+        errors=[MALFORMED, Refusal(404, "no_weights", "no weights for this run")],
+        query=RunQuery,
+        answer=WeightsStatus,
+    )
     async def _status(self, request: web.Request) -> web.Response:
+        """The weights applied for a run: version, digest, applied_at, source, bytes"""
         try:
             _known_query(request.query, ("run",))
             run = _run(request.query.get("run", ""))
@@ -142,8 +190,7 @@ class BacklogRoutes:
         self._backlog = backlog
 
     def routes(self) -> list[Endpoint]:
-        served = [web.post(CONSUMED_PATH, self._consumed), web.get(PENDING_PATH, self._pending)]
-        return paired(served, backlog_route_docs())
+        return endpoints(self)
 
     def _answer(self, run: str, state: RunBacklog) -> web.Response:
         consumed = state.consumed
@@ -156,7 +203,18 @@ class BacklogRoutes:
             }
         )
 
+    @route(
+        "POST",
+        CONSUMED_PATH,
+        callers=[Caller.PEER, Caller.OPERATOR],
+        answers=((200, "the run's backlog"),),
+        errors=[MALFORMED],
+        body=ConsumedBody,
+        answer=BacklogAnswer,
+    )
     async def _consumed(self, request: web.Request) -> web.Response:
+        """The trainer's RolloutStream consumed this node's rollouts of `run` through (ts,
+        after) in (created_at, sample_id) order: producers may add that many more"""
         try:
             body = json.loads(await request.read())
         except ValueError as exc:
@@ -167,7 +225,17 @@ class BacklogRoutes:
         state = await self._backlog.consumed(body["run"], (float(body["ts"]), body["after"]))
         return self._answer(body["run"], state)
 
+    @route(
+        "GET",
+        PENDING_PATH,
+        callers=READ,
+        answers=((200, "the run's backlog"),),
+        errors=[MALFORMED, Refusal(503, "unavailable", "store not open")],
+        query=RunQuery,
+        answer=BacklogAnswer,
+    )
     async def _pending(self, request: web.Request) -> web.Response:
+        """Unconsumed rollouts of `run` in this node's store (counted now) and the cap"""
         extra = set(request.query) - {"run"}
         if extra:
             return json_error(400, "unknown parameter", param=sorted(extra)[0])

@@ -8,17 +8,18 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from config.declare import READ, Caller, Refusal, Route, route
 from net import Identity, PeerClient, PeerRequestError
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.errors import BodyError
 from node.errors import RegistryError as RegistryError
 from node.identity.peers import peer_tls
-from node.openapi import BODY_CONFIG, RouteDoc, WholeNumber, parse_body
+from node.openapi import BODY_CONFIG, WholeNumber, WireRecord, parse_body
 from node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
@@ -87,21 +88,48 @@ ACTION_BODIES: dict[str, type[BaseModel]] = {
 }
 """What each actor action's body must hold (the document shows one operation per action)."""
 
-ACTOR_RECORD_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "incarnation", "state", "term"],
-    "properties": {
-        "name": {"type": "string"},
-        "incarnation": {"type": "integer"},
-        "state": {"enum": ["pending", "ready", "dead"]},
-        "term": {"type": "integer"},
-        "address": {"type": "string"},
-        "job": {"type": "string"},
-        "claimed_at": {"type": "number"},
-        "created": {"type": "boolean", "description": "claim only: a new incarnation"},
-    },
-}
-"""An actor's record (ActorRecord), as the actor routes answer it."""
+
+class ActorAnswer(WireRecord):
+    """An actor's record (ActorRecord), as the actor routes answer it."""
+
+    name: str
+    incarnation: int
+    state: Literal["pending", "ready", "dead"]
+    term: int
+    address: str | None = None
+    job: str | None = None
+    claimed_at: float | None = None
+    created: bool | None = Field(default=None, description="claim only: a new incarnation")
+
+
+ACTIONS = (
+    ("claim", "Claim a named actor (atomic get-or-create)", "a live actor exists"),
+    ("ready", "The claimed incarnation serves at address", "stale or not pending"),
+    ("dead", "The incarnation has ended", "not the current incarnation"),
+)
+"""Each action: what it does, and when it is refused (409)."""
+NAME = ("name", "path", "the actor's name")
+NO_COORDINATOR = Refusal(503, "no_coordinator", "no coordinator")
+
+
+def _action_docs(routes: object, found: Route) -> list[Route]:
+    """One operation per actor action, each with its body."""
+    return [
+        replace(
+            found,
+            path=f"{ACTORS_PATH}/{{name}}/{action}",
+            summary=text,
+            params=(NAME,),
+            errors=(
+                Refusal(400, "invalid_actor_request", "malformed request"),
+                Refusal(409, "conflict", conflict),
+                NO_COORDINATOR,
+            ),
+            body=ACTION_BODIES[action],
+            body_optional=action == "claim",
+        )
+        for action, text, conflict in ACTIONS
+    ]
 
 
 class ActorRegistry:
@@ -181,46 +209,32 @@ class ActorRoutes:
         return {}
 
     def routes(self) -> list[Endpoint]:
-        served = [
-            web.get(ACTORS_PATH + "/{name}", self._handle),
-            web.post(ACTORS_PATH + "/{name}/{action}", self._handle),
-        ]
-        return paired(served, self.docs())
+        return endpoints(self)
 
-    @staticmethod
-    def docs() -> list[RouteDoc]:
-        return [
-            RouteDoc(
-                "GET",
-                ACTORS_PATH + "/{name}",
-                "The named actor's current incarnation, state and address (from the coordinator)",
-                ((200, "record"), (404, "no such actor"), (503, "no coordinator")),
-                parameters=(("name", "path", "the actor's name"),),
-                response=ACTOR_RECORD_SCHEMA,
-            ),
-            *(
-                RouteDoc(
-                    "POST",
-                    f"{ACTORS_PATH}/{{name}}/{action}",
-                    text,
-                    (
-                        (200, "the record (claim: and whether it was created)"),
-                        (400, "malformed request"),
-                        (409, conflict),
-                        (503, "no coordinator"),
-                    ),
-                    parameters=(("name", "path", "the actor's name"),),
-                    body=ACTION_BODIES[action],
-                    body_optional=action == "claim",
-                    response=ACTOR_RECORD_SCHEMA,
-                )
-                for action, text, conflict in (
-                    ("claim", "Claim a named actor (atomic get-or-create)", "a live actor exists"),
-                    ("ready", "The claimed incarnation serves at address", "stale or not pending"),
-                    ("dead", "The incarnation has ended", "not the current incarnation"),
-                )
-            ),
-        ]
+    @route(
+        "GET",
+        ACTORS_PATH + "/{name}",
+        callers=READ,
+        answers=((200, "record"),),
+        errors=[Refusal(404, "no_such_actor", "no such actor"), NO_COORDINATOR],
+        params=(NAME,),
+        answer=ActorAnswer,
+    )
+    async def _get(self, request: web.Request) -> web.Response:
+        """The named actor's current incarnation, state and address (from the coordinator)"""
+        return await self._handle(request)
+
+    @route(
+        "POST",
+        ACTORS_PATH + "/{name}/{action}",
+        callers=[Caller.PEER, Caller.OPERATOR],
+        summary="An actor action: claim, ready or dead",
+        answers=((200, "the record (claim: and whether it was created)"),),
+        answer=ActorAnswer,
+        each=_action_docs,
+    )
+    async def _post(self, request: web.Request) -> web.Response:
+        return await self._handle(request)
 
     async def close(self) -> None:
         if self._peers is not None:
@@ -253,11 +267,8 @@ class ActorRoutes:
                 return await self._forward(request, coordinator, body)
             self.registry.fence(term)
             return web.json_response(self._answer(name, action, body))
-        except RegistryError as exc:
-            return web.json_response(exc.to_dict(), status=exc.status)
         except BodyError as exc:
-            error = RegistryError(400, "invalid_actor_request", f"{request.path}: {exc}")
-            return web.json_response(error.to_dict(), status=400)
+            raise RegistryError(400, "invalid_actor_request", f"{request.path}: {exc}") from None
 
     def _answer(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         registry = self.registry

@@ -17,7 +17,7 @@ from pydantic import JsonValue
 
 from health import LoopHealth
 from net import Identity, PeerClient, PeerRequestError
-from node.component import Check, Endpoint
+from node.component import Check, Endpoint, endpoints
 from node.election.service import ElectionService
 from node.election.state import ElectionEvent, ElectionEventKind, ElectionRole
 from node.identity.peers import peer_tls
@@ -40,7 +40,7 @@ from node.training.models import (
 )
 from node.training.progress import ProgressStore, summary
 from node.training.restarts import RestartDesk, RestartLog
-from node.training.routes import training_routes
+from node.training.routes import TrainingRoutes
 from node.training.view import Judging, build_view, gather
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class TrainingComponent:
         self._watch = asyncio.create_task(self._watch_loop(), name="training-watch")
 
     def routes(self) -> list[Endpoint]:
-        return training_routes(self)
+        return endpoints(TrainingRoutes(self))
 
     def checks(self) -> Mapping[str, Check]:
         return {

@@ -12,19 +12,56 @@ import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Annotated, Any, Literal, TypeGuard
+
+from pydantic import BaseModel, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from config import Timeouts, read_secret_file
+from config.declare import unset
 from net import BlockingPeerClient, Identity, PeerRequestError
 from node.errors import GroupError as GroupError
 from node.errors import MasterUnreachable as MasterUnreachable
 from node.errors import RendezvousError as RendezvousError
+from node.openapi import WireRecord
 from node.plan import Backend, RolePlan
 
 RENDEZVOUS_PATH = "/v1/rendezvous"
 ENV_DAEMON_URL = "SHOAL_DAEMON_URL"
 GENERATION_PORT_SPAN = 1000
 """The master port of generation g is the plan's base port + g mod this span."""
+RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""A run's name (node.rl.wire.RUN_PATTERN, which checks it)."""
+
+
+class RendezvousAnswer(WireRecord):
+    """A training rendezvous of one local rank (node.training.rendezvous)."""
+
+    rank: int | None
+    world_size: int
+    master_addr: str
+    master_port: int
+    backend: Literal["nccl", "gloo"]
+    generation: int
+    term: int | None = None
+    plan_version: int | None = None
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    nnodes: int | None = None
+    cuda_device: int | None = None
+
+
+class RendezvousQuery(BaseModel):
+    local_rank: int = Field(
+        default=0, ge=0, description="the local rank (training group; default 0)"
+    )
+    group: Literal["training", "weights"] = Field(
+        default="training", description="training or weights"
+    )
+    run: Annotated[str, Field(pattern=RUN_NAME)] | SkipJsonSchema[None] = unset(
+        "the run, with group=weights"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,18 @@
-"""The training routes: a training process posts its reports (POST /v1/training/reports), a node
-serves its part of the group (GET /v1/training/node), any node answers for the whole group
-(GET /v1/training), and the coordinator takes a node's request to restart the group
-(POST /v1/training/restart). Who may call each is said beside it."""
+"""The training routes, declared on their handlers: a training process posts its reports (POST
+/v1/training/reports), a node serves its part of the group (GET /v1/training/node), any node
+answers for the whole group (GET /v1/training), and the coordinator takes a node's request to
+restart the group (POST /v1/training/restart)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
-from node.component import Endpoint, paired
+from config.declare import READ, Caller, Refusal, route
 from node.errors import BodyError
-from node.openapi import RouteDoc, parse_body
+from node.openapi import parse_body
 from node.runtime import NodeRuntime
 from node.security import json_error
 from node.training.models import (
@@ -29,12 +30,17 @@ from node.training.models import (
 
 MAX_REPORTS_BYTES = 1024 * 1024
 """A batch of reports larger than this is refused (413) before it is parsed."""
-HISTORY = (
-    "history",
-    "query",
-    "1: add each rank's last 15 minutes of steps/s, compute and scalars",
-    {"enum": ["0", "1"]},
-)
+BAD_QUERY = Refusal(400, "bad_request", "history is not 0 or 1")
+BAD_BODY = Refusal(400, "bad_request", "a body its model refuses")
+
+
+class HistoryQuery(BaseModel):
+    """The query of GET /v1/training and /v1/training/node."""
+
+    history: Literal["0", "1"] = Field(
+        default="0",
+        description="1: add each rank's last 15 minutes of steps/s, compute and scalars",
+    )
 
 
 def _history(request: web.Request) -> bool | web.Response:
@@ -42,48 +48,6 @@ def _history(request: web.Request) -> bool | web.Response:
     if value not in ("0", "1"):
         return json_error(400, f"history must be 0 or 1, not {value[:20]!r}", param="history")
     return value == "1"
-
-
-def training_route_docs() -> list[RouteDoc]:
-    return [
-        RouteDoc(
-            "POST",
-            REPORTS_PATH,
-            "A training process's batch of progress reports (shoal.training_session): its "
-            "steps, compute seconds and scalars; answers the node's generation",
-            ((200, "kept (accepted 0: an older generation)"), (400, "bad body"), (413, "too big")),
-            body=ReportsBody,
-            response=ReportsAnswer,
-        ),
-        RouteDoc(
-            "GET",
-            NODE_PATH,
-            "This node's part of the training group: its ranks' progress, whether its workers "
-            "run, and what other packages add",
-            ((200, "this node's part"), (400, "bad query")),
-            parameters=(HISTORY,),
-            response=NodeProgress,
-        ),
-        RouteDoc(
-            "GET",
-            TRAINING_PATH,
-            "The whole training group from any node: generation, every rank's step, steps/s, "
-            "compute and straggler flag, the hang verdict, restarts with their reasons, the "
-            "nodes that did not answer in time",
-            ((200, "the group"), (400, "bad query")),
-            parameters=(HISTORY,),
-            response=TrainingView,
-        ),
-        RouteDoc(
-            "POST",
-            RESTART_PATH,
-            "Ask the coordinator to restart the training group of a generation (a worker "
-            "exited on the asking node)",
-            ((200, "accepted, or stale"), (400, "bad body"), (503, "not the coordinator")),
-            body=RestartBody,
-            response=RestartAnswer,
-        ),
-    ]
 
 
 class TrainingApi(Protocol):
@@ -99,53 +63,93 @@ class TrainingApi(Protocol):
     async def ask_restart(self, body: RestartBody) -> RestartAnswer: ...
 
 
-def training_routes(training: TrainingApi) -> list[Endpoint]:
-    """The routes over `training`, paired with their docs."""
+class TrainingRoutes:
+    """The routes over `training` (node.training.component's TrainingComponent)."""
 
-    # operator: the training process signs as a `cli-` client (shoal._daemon)
-    async def post_reports(request: web.Request) -> web.Response:
+    def __init__(self, training: TrainingApi) -> None:
+        self.training = training
+
+    @route(
+        "POST",
+        REPORTS_PATH,
+        callers=[Caller.OPERATOR],
+        answers=((200, "kept (accepted 0: an older generation)"),),
+        errors=[BAD_BODY, Refusal(413, "too_large", "a batch over 1 MiB")],
+        body=ReportsBody,
+        answer=ReportsAnswer,
+    )
+    async def post_reports(self, request: web.Request) -> web.Response:
+        """A training process's batch of progress reports (shoal.training_session; it signs as
+        a `cli-` client): its steps, compute seconds and scalars; answers the node's
+        generation"""
         if (request.content_length or 0) > MAX_REPORTS_BYTES:
             return json_error(413, f"a batch of reports is at most {MAX_REPORTS_BYTES} bytes")
         try:
             body = parse_body(ReportsBody, await request.read())
         except BodyError as exc:
             return json_error(400, exc.reason, field=exc.field)
-        return web.json_response(training.accept(body).to_json())
+        return web.json_response(self.training.accept(body).to_json())
 
-    # reader: any authenticated caller (the other nodes gather it)
-    async def get_node(request: web.Request) -> web.Response:
+    @route(
+        "GET",
+        NODE_PATH,
+        callers=READ,
+        answers=((200, "this node's part"),),
+        errors=[BAD_QUERY],
+        query=HistoryQuery,
+        answer=NodeProgress,
+    )
+    async def get_node(self, request: web.Request) -> web.Response:
+        """This node's part of the training group: its ranks' progress, whether its workers
+        run, and what other packages add (the other nodes gather it)"""
         history = _history(request)
         if isinstance(history, web.Response):
             return history
-        return web.json_response(training.node_progress(history).to_json())
+        return web.json_response(self.training.node_progress(history).to_json())
 
-    # reader: any authenticated caller
-    async def get_training(request: web.Request) -> web.Response:
+    @route(
+        "GET",
+        TRAINING_PATH,
+        callers=READ,
+        answers=((200, "the group"),),
+        errors=[BAD_QUERY],
+        query=HistoryQuery,
+        answer=TrainingView,
+    )
+    async def get_training(self, request: web.Request) -> web.Response:
+        """The whole training group from any node: generation, every rank's step, steps/s,
+        compute and straggler flag, the hang verdict, restarts with their reasons, the
+        committed checkpoint and each node's last restore, the nodes that did not answer in
+        time"""
         history = _history(request)
         if isinstance(history, web.Response):
             return history
+        training = self.training
         if training.is_coordinator():
             view = await training.view(history)
         else:
             view = await training.coordinator_view(history)
         return web.json_response(view.to_json())
 
-    # peer: another node of the cluster asks the coordinator
-    async def post_restart(request: web.Request) -> web.Response:
+    @route(
+        "POST",
+        RESTART_PATH,
+        callers=[Caller.PEER, Caller.OPERATOR],
+        answers=((200, "accepted, or stale"),),
+        errors=[BAD_BODY, Refusal(503, "unavailable", "this node does not coordinate")],
+        body=RestartBody,
+        answer=RestartAnswer,
+    )
+    async def post_restart(self, request: web.Request) -> web.Response:
+        """Ask the coordinator to restart the training group of a generation (a worker exited
+        on the asking node, or an operator asks)"""
         try:
             body = parse_body(RestartBody, await request.read())
         except BodyError as exc:
             return json_error(400, exc.reason, field=exc.field)
+        training = self.training
         if not training.is_coordinator():
             who = training.runtime.coordinator or "nobody yet"
             return json_error(503, f"{training.runtime.node_id} does not coordinate ({who} does)")
         answer = await training.ask_restart(body)
         return web.json_response(answer.to_json())
-
-    served = [
-        web.post(REPORTS_PATH, post_reports),
-        web.get(NODE_PATH, get_node),
-        web.get(TRAINING_PATH, get_training),
-        web.post(RESTART_PATH, post_restart),
-    ]
-    return paired(served, training_route_docs())

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
         EVENTS_PATH,
         LOGIN_PATH,
         UiAccess,
+        cookie_name,
         load_ui_token,
     )
     from node.ui.component import Dashboard
@@ -24,7 +25,8 @@ else:
         __name__,
         {
             "node.ui.access": (
-                "CONTENT_SECURITY_POLICY COOKIE_NAME EVENTS_PATH LOGIN_PATH UiAccess load_ui_token"
+                "CONTENT_SECURITY_POLICY COOKIE_NAME EVENTS_PATH LOGIN_PATH UiAccess cookie_name "
+                "load_ui_token"
             ),
             "node.ui.component": "Dashboard",
             "node.ui.events": "EventHub",
@@ -41,5 +43,6 @@ __all__ = [
     "EventHub",
     "UiAccess",
     "UiSources",
+    "cookie_name",
     "load_ui_token",
 ]

@@ -28,6 +28,8 @@ LOGIN_PATH = "/ui/login"
 EVENTS_PATH = "/v1/events"
 ASSETS_PREFIX = "/ui/assets/"
 COOKIE_NAME = "shoal_ui"
+"""The session cookie's name before its port: `shoal_ui_PORT`, `__Host-shoal_ui_PORT` over
+HTTPS (cookie_name)."""
 SESSION_S = 12 * 3600.0
 """How long one login lasts."""
 READER_ROLES = frozenset({CertRole.READER, CertRole.OPERATOR})
@@ -80,24 +82,37 @@ class UiAccess:
             return False
         return hmac.compare_digest(given.strip().encode(), self.token)
 
-    def session_cookie(self, now: float) -> str:
-        """A session value valid until now + SESSION_S."""
+    def session_cookie(self, now: float, name: str) -> str:
+        """A session value for the cookie `name` (cookie_name), valid until now + SESSION_S."""
         assert self.token is not None
         expires = str(int(now + SESSION_S))
-        return f"{expires}.{_mac(self.token, expires)}"
+        return f"{expires}.{_mac(self.token, name, expires)}"
 
-    def session_valid(self, value: str | None, now: float) -> bool:
-        """Whether `value` is a session this token made that has not expired."""
+    def session_valid(self, value: str | None, now: float, name: str) -> bool:
+        """Whether `value` is a session this token made for the cookie `name` that has not
+        expired (a value made for another port's cookie is not)."""
         if self.token is None or not value or "." not in value:
             return False
         expires, mac = value.split(".", 1)
         if not expires.isdigit() or int(expires) < now:
             return False
-        return hmac.compare_digest(mac, _mac(self.token, expires))
+        return hmac.compare_digest(mac, _mac(self.token, name, expires))
 
 
-def _mac(token: bytes, expires: str) -> str:
-    return hmac.new(token, f"shoal-ui-session:{expires}".encode(), hashlib.sha256).hexdigest()
+def _mac(token: bytes, name: str, expires: str) -> str:
+    message = f"shoal-ui-session:{name}:{expires}".encode()
+    return hmac.new(token, message, hashlib.sha256).hexdigest()
+
+
+def cookie_name(request: web.Request) -> str:
+    """The session cookie's name for the port the browser called (its Host header's, which a
+    tunnel's local port is): `shoal_ui_PORT`, with the `__Host-` prefix over HTTPS (then the
+    browser keeps it only as sent: Secure, Path=/, no Domain). Browsers send a host's cookies
+    to every port of it; the name keeps each port's session apart, and its MAC covers the
+    name, so a session of one port opens no other."""
+    port = request.url.port or (443 if request.secure else 80)
+    prefix = "__Host-" if request.secure else ""
+    return f"{prefix}{COOKIE_NAME}_{port}"
 
 
 def _public(request: web.Request) -> bool:
@@ -152,8 +167,8 @@ def ui_gate(access: UiAccess) -> Middleware:
                 return _secured(_role_refusal(identity.role))
             request[BROWSER_READER] = True
             return _secured(await handler(request))
-        cookie = request.cookies.get(COOKIE_NAME)
-        if access.open or access.session_valid(cookie, time.time()):
+        name = cookie_name(request)
+        if access.open or access.session_valid(request.cookies.get(name), time.time(), name):
             request[BROWSER_READER] = True
             return _secured(await handler(request))
         if request.path == EVENTS_PATH:

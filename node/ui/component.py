@@ -1,4 +1,4 @@
-"""The dashboard as the daemon wires it: its access rule, event hub, routes, docs and gate."""
+"""The dashboard as the daemon wires it: its access rule, event hub, declared routes and gate."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 from aiohttp.typedefs import Middleware
 
-from node.component import Check, Endpoint, paired
+from node.component import Check, Endpoint, endpoints
 from node.errors import JobError
 from node.jobs.store import STREAMS
 from node.ui.access import UiAccess, ui_gate
 from node.ui.events import EventHub
 from node.ui.peers import PEER_INTERVAL_S
-from node.ui.routes import DashboardRoutes, dashboard_docs
+from node.ui.routes import DashboardRoutes
 from node.ui.topics import ClusterPeers, NodeSampler, UiSources, topic_functions
 
 
@@ -41,7 +41,7 @@ class Dashboard:
         await self.peers.close()
 
     def routes(self) -> list[Endpoint]:
-        return paired(self._routes.routes(), dashboard_docs((*self.hub.topics,)))
+        return endpoints(self._routes)
 
     def checks(self) -> Mapping[str, Check]:
         return {}

@@ -8,22 +8,23 @@ import asyncio
 import functools
 import os
 import re
-from typing import Any
 
 from aiohttp import web
 
 from config import error_response
+from config.declare import Caller, Refusal, route, route_defs
 from sync.errors import SyncError
 from sync.files.catalog import FileCatalog
-from sync.files.docs import HEX64, PREFIX, SAFE_NAME
 from sync.files.download import HASH_HEADER, RateLimiter
 from sync.files.errors import FileSyncError, PathRefusedError, UnknownCategoryError
 from sync.files.manifest import ManifestEntry
 from sync.files.pieces import PieceBook, PieceMap
-from sync.files.routes import _FileSlice, _path_param
+from sync.files.routes import _path_param
+from sync.files.slices import FileSlice
+from sync.files.wire import BINARY, CATEGORY, CONTENT_HASH, FILE_PATH, PREFIX, PieceMapAnswer
 from sync.guards import open_inside
 
-__all__ = ["PIECE_HEADER", "piece_route_docs", "piece_routes"]
+__all__ = ["PIECE_HEADER", "PieceHandlers", "piece_routes"]
 
 PIECE_HEADER = "X-Shoal-Piece-Hash"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -49,15 +50,24 @@ def piece_routes(
     """The piece routes over `catalog` and the downloads in `book`: only pieces verified
     against the manifest are ever announced or served. `limiter` is the node's upload cap
     (shared with the file routes). Mount behind the node's auth middleware."""
-    handlers = _PieceHandlers(catalog, book, limiter)
-    return [
-        web.get(PREFIX + "/{category}/pieces", handlers.pieces, allow_head=False),
-        web.get(PREFIX + "/{category}/piece", handlers.piece, allow_head=False),
-    ]
+    return route_defs(PieceHandlers(catalog, book, limiter))
 
 
-class _PieceHandlers:
-    """The handlers of piece_routes; one method per route."""
+PIECE_ERRORS = (
+    Refusal(400, "bad_path", "path, hash or index refused"),
+    Refusal(404, "not_held", "unknown category, or no verified piece of that version here"),
+)
+INDEX = (
+    "index",
+    "query",
+    "Piece number, from 0",
+    {"type": "integer", "minimum": 0, "x-required": True},
+)
+
+
+class PieceHandlers:
+    """The piece routes, each declared on its handler, over `catalog` and the downloads in
+    `book`: only pieces verified against the manifest are ever announced or served."""
 
     def __init__(self, catalog: FileCatalog, book: PieceBook, limiter: RateLimiter | None) -> None:
         self._catalog = catalog
@@ -96,7 +106,20 @@ class _PieceHandlers:
             raise _Refused(404, "not_held", reason)
         return category, holding.entry, set(holding.have), -1
 
+    @route(
+        "GET",
+        PREFIX + "/{category}/pieces",
+        callers=[Caller.PEER, Caller.OPERATOR],
+        answers=((200, "the piece map"),),
+        errors=PIECE_ERRORS,
+        params=(CATEGORY, FILE_PATH, CONTENT_HASH),
+        answer=PieceMapAnswer,
+        head=False,
+    )
     async def pieces(self, request: web.Request) -> web.Response:
+        """The verified pieces of one file version this node can serve, complete or still
+        downloading: `have` and `pending` are hex bitfields (piece 0 is the high bit of the
+        first byte), `uploads` the pieces it is serving now"""
         try:
             category, entry, have, fd = await self.held(request)
         except _Refused as exc:
@@ -118,7 +141,21 @@ class _PieceHandlers:
         )
         return web.json_response(answer.to_json(), headers={"Cache-Control": "no-store"})
 
+    @route(
+        "GET",
+        PREFIX + "/{category}/piece",
+        callers=[Caller.PEER, Caller.OPERATOR],
+        answers=((200, "the piece's bytes"),),
+        errors=[*PIECE_ERRORS, Refusal(416, "bad_range", "index past the file's last piece")],
+        params=(CATEGORY, FILE_PATH, CONTENT_HASH, INDEX),
+        answer=BINARY,
+        answer_type="application/octet-stream",
+        head=False,
+    )
     async def piece(self, request: web.Request) -> web.StreamResponse:
+        """One verified piece of a file version (X-Shoal-Piece-Hash names its sha256), from the
+        complete file or the partial one being downloaded; served under the node's upload
+        cap"""
         try:
             category, entry, have, fd = await self.held(request)
             try:
@@ -148,7 +185,7 @@ class _PieceHandlers:
         counted = functools.partial(self._book.count_served, category)
         self._book.uploads += 1
         try:
-            response = _FileSlice(fd, offset, length, 200, headers, self._limiter, counted)
+            response = FileSlice(fd, offset, length, 200, headers, self._limiter, counted)
             await response.prepare(request)
         finally:
             self._book.uploads -= 1
@@ -186,81 +223,3 @@ def _open_partial(
         os.close(fd)
         raise _Refused(404, "not_held", f"{entry.path} changed while being served")
     return fd
-
-
-_CONTENT_HASH = (
-    "hash",
-    "query",
-    "The file version (sha256 hex content hash of the manifest)",
-    {"type": "string", "pattern": HEX64, "x-required": True},
-)
-_PIECE_MAP = {
-    "type": "object",
-    "required": ["path", "hash", "size", "piece_size", "piece_count", "complete", "have"],
-    "properties": {
-        "path": {"type": "string"},
-        "hash": {"type": "string", "pattern": HEX64},
-        "size": {"type": "integer", "minimum": 0},
-        "piece_size": {"type": "integer"},
-        "piece_count": {"type": "integer", "minimum": 1},
-        "complete": {"type": "boolean"},
-        "have": {"type": "string", "pattern": "^([0-9a-f]{2})*$"},
-        "pending": {"type": "string", "pattern": "^([0-9a-f]{2})*$"},
-        "uploads": {"type": "integer", "minimum": 0},
-    },
-}
-_REFUSALS = (
-    (400, "path, hash or index refused"),
-    (404, "unknown category, or no verified piece of that version here (not_held)"),
-)
-
-
-def piece_route_docs(categories: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The routes' OpenAPI notes (RouteDoc keyword arguments), as file_route_docs."""
-    names: dict[str, Any] = {"type": "string"}
-    if categories:
-        names["enum"] = list(categories)
-    category = ("category", "path", "File category: models, training or configs", names)
-    path = (
-        "path",
-        "query",
-        "File path relative to the category directory (a/b.bin)",
-        {"type": "string", "pattern": SAFE_NAME, "x-required": True},
-    )
-    return [
-        {
-            "method": "GET",
-            "path": PREFIX + "/{category}/pieces",
-            "summary": "The verified pieces of one file version this node can serve, complete "
-            "or still downloading: `have` and `pending` are hex bitfields (piece 0 is the high "
-            "bit of the first byte), `uploads` the pieces it is serving now",
-            "responses": ((200, "the piece map"), *_REFUSALS),
-            "parameters": (category, path, _CONTENT_HASH),
-            "response": _PIECE_MAP,
-        },
-        {
-            "method": "GET",
-            "path": PREFIX + "/{category}/piece",
-            "summary": "One verified piece of a file version (X-Shoal-Piece-Hash names its "
-            "sha256), from the complete file or the partial one being downloaded; served "
-            "under the node's upload cap",
-            "responses": (
-                (200, "the piece's bytes"),
-                *_REFUSALS,
-                (416, "index past the file's last piece"),
-            ),
-            "parameters": (
-                category,
-                path,
-                _CONTENT_HASH,
-                (
-                    "index",
-                    "query",
-                    "Piece number, from 0",
-                    {"type": "integer", "minimum": 0, "x-required": True},
-                ),
-            ),
-            "response": {"type": "string", "format": "binary"},
-            "response_type": "application/octet-stream",
-        },
-    ]

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from config import error_response
+from config.declare import Caller, Refusal, route, route_defs
 from sync.files.batch import MAX_BATCH_FILES, read_served_file
 from sync.files.catalog import FileCatalog
-from sync.files.docs import PREFIX, PullBody, file_route_docs
 from sync.files.download import HASH_HEADER, RateLimiter
 from sync.files.errors import (
     AllSourcesFailedError,
@@ -35,24 +34,38 @@ from sync.files.errors import (
 )
 from sync.files.manifest import ManifestEntry
 from sync.files.manifest_cache import StatKey
+from sync.files.slices import FileSlice, parse_range
 from sync.files.tombstones import tombstone_etag
+from sync.files.wire import (
+    BAD_REQUEST,
+    BINARY,
+    CATEGORY,
+    FILE_ERRORS,
+    FILE_HASH,
+    FILE_PATH,
+    MANIFEST_PARAMS,
+    MAX_PAGE_LIMIT,
+    PREFIX,
+    PULL_ERRORS,
+    UNKNOWN_CATEGORY,
+    BatchBody,
+    ManifestPage,
+    PullAnswer,
+    PullBody,
+)
 from sync.guards import check_raw_query_value, open_inside, validate_rel_path
 from sync.transports.protocol import PeerRef, TransferResult
 
-__all__ = ["PREFIX", "PullHandler", "file_route_docs", "file_routes"]
+__all__ = ["PREFIX", "FileHandlers", "PullHandler", "file_routes"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PAGE_LIMIT = 10_000
-MAX_PAGE_LIMIT = 50_000
-SENDFILE_FALLBACK_CHUNK = 1 << 20
-LIMITED_SEND_BYTES = 256 << 10
 BATCH_READ_FILES = 64
 BATCH_READ_BYTES = 4 << 20
 """Files read in one worker-thread call while serving a batch: at most this many, or bytes."""
 BATCH_CONTENT_TYPE = "application/x-shoal-files"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)\Z")
 
 PullHandler = Callable[[str, str, str, PeerRef], Awaitable[TransferResult | None]]
 """pull(category, path, hash, source) -> the transfer, or None when the file was already here."""
@@ -88,95 +101,6 @@ def _expected_hash(request: web.Request) -> str | None:
     return wanted.lower()
 
 
-def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """(start, end exclusive) of a single `bytes=` range, None for the whole file; ValueError
-    when it is malformed or unsatisfiable."""
-    if header is None:
-        return None
-    match = _RANGE.match(header.strip())
-    if match is None or (not match.group(1) and not match.group(2)):
-        raise ValueError(f"unsupported Range {header!r}")
-    first, last = match.group(1), match.group(2)
-    if not first:
-        start, end = max(0, size - int(last)), size
-    else:
-        start = int(first)
-        end = min(size, int(last) + 1) if last else size
-    if start >= size or end <= start:
-        raise ValueError(f"Range {header!r} outside a file of {size} bytes")
-    return start, end
-
-
-class _FileSlice(web.StreamResponse):
-    """Sends `count` bytes of an open file from `offset` with sendfile; owns and closes `fd`."""
-
-    def __init__(
-        self,
-        fd: int,
-        offset: int,
-        count: int,
-        status: int,
-        headers: dict[str, str],
-        limiter: RateLimiter | None = None,
-        on_sent: Callable[[int], None] | None = None,
-    ):
-        super().__init__(status=status, headers=headers)
-        self._limiter = limiter
-        self._on_sent = on_sent
-        self.content_length = count
-        self._fd = fd
-        self._offset = offset
-        self._count = count
-        self._close_fd = weakref.finalize(self, os.close, fd)
-
-    async def prepare(self, request: web.BaseRequest) -> Any:
-        if self.prepared:
-            return await super().prepare(request)
-        try:
-            writer = await super().prepare(request)
-            if self._count and request.method != "HEAD":
-                await self._send(request, writer)
-            await super().write_eof()
-            return writer
-        finally:
-            self._close_fd()
-
-    async def _send(self, request: web.BaseRequest, writer: Any) -> None:
-        transport = request.transport
-        if transport is None:
-            raise ConnectionResetError("connection lost")
-        loop = asyncio.get_running_loop()
-        offset, end = self._offset, self._offset + self._count
-        step = end - offset if self._limiter is None else LIMITED_SEND_BYTES
-        # over TLS there is no sendfile, and asyncio's own fallback reads 16 KiB per thread
-        # hop, about ten times slower than the 1 MiB reads below
-        if transport.get_extra_info("sslcontext") is None:
-            with os.fdopen(self._fd, "rb", buffering=0, closefd=False) as file:
-                try:
-                    while offset < end:
-                        count = min(step, end - offset)
-                        if self._limiter is not None:
-                            await self._limiter.take(count)
-                        await loop.sendfile(transport, file, offset, count)
-                        offset += count
-                        if self._on_sent is not None:
-                            self._on_sent(count)
-                    return
-                except NotImplementedError:
-                    pass
-        while offset < end:
-            size = min(SENDFILE_FALLBACK_CHUNK, end - offset)
-            if self._limiter is not None:
-                await self._limiter.take(size)
-            chunk = await asyncio.to_thread(os.pread, self._fd, size, offset)
-            if not chunk:
-                raise ConnectionResetError("file shrank while being sent")
-            await writer.write(chunk)
-            offset += len(chunk)
-            if self._on_sent is not None:
-                self._on_sent(len(chunk))
-
-
 def file_routes(
     catalog: FileCatalog,
     pull: PullHandler | None = None,
@@ -185,31 +109,29 @@ def file_routes(
     limiter: RateLimiter | None = None,
     on_served: Callable[[str, int], None] | None = None,
 ) -> list[web.RouteDef]:
-    """The file sync routes over `catalog`; `pull` (SyncCoordinator.pull_file) serves
-    `POST .../pull`, which answers 503 without it. `upload_limit_bytes_s` caps the bytes of
-    files served, all requests together (none: unlimited), unless a `limiter` shared with
-    other routes is given. `on_served(category, n)` is told every n file bytes sent. Mount
-    behind the node's auth middleware."""
+    """The file sync routes over `catalog` as plain aiohttp routes (FileHandlers'); a node
+    serves FileHandlers' declarations behind its auth and access rules."""
     if limiter is None and upload_limit_bytes_s:
         limiter = RateLimiter(upload_limit_bytes_s)
-    handlers = _FileHandlers(catalog, pull, limiter, on_served)
-    return [
-        web.get(PREFIX + "/{category}/manifest", handlers.manifest, allow_head=False),
-        web.get(PREFIX + "/{category}/file", handlers.file, allow_head=False),
-        web.post(PREFIX + "/{category}/pull", handlers.pull_request),
-        web.post(PREFIX + "/{category}/files", handlers.files),
-    ]
+    return route_defs(FileHandlers(catalog, pull, limiter, on_served))
 
 
-class _FileHandlers:
-    """The handlers of file_routes over one catalog; one method per route."""
+PEERS = (Caller.PEER, Caller.OPERATOR)
+"""Who reads and pushes files: other nodes, and operators (`shoal sync`)."""
+
+
+class FileHandlers:
+    """The file sync routes over one catalog, each declared on its handler: `pull`
+    (SyncCoordinator.pull_file) serves `POST .../pull`, which answers 503 without it;
+    `limiter` caps the bytes of files served, all requests together (none: unlimited);
+    `on_served(category, n)` is told every n file bytes sent."""
 
     def __init__(
         self,
         catalog: FileCatalog,
         pull: PullHandler | None,
-        limiter: RateLimiter | None,
-        on_served: Callable[[str, int], None] | None,
+        limiter: RateLimiter | None = None,
+        on_served: Callable[[str, int], None] | None = None,
     ) -> None:
         self._catalog = catalog
         self._pull = pull
@@ -221,7 +143,27 @@ class _FileHandlers:
         self._catalog.root(category)
         return category
 
+    @route(
+        "GET",
+        PREFIX + "/{category}/manifest",
+        callers=PEERS,
+        answers=(
+            (
+                200,
+                "a page: category, algorithm, piece_size, etag, shared_id, next, entries (and "
+                "tombstones)",
+            ),
+            (304, "unchanged since If-None-Match (first page only)"),
+        ),
+        errors=[Refusal(400, "bad_request", "bad limit or path"), UNKNOWN_CATEGORY],
+        params=MANIFEST_PARAMS,
+        answer=ManifestPage,
+        head=False,
+    )
     async def manifest(self, request: web.Request) -> web.StreamResponse:
+        """Paged manifest: {path, size, mtime_ns, hash, pieces} sorted by path; `next` is the
+        cursor of the following page; the first page of a category whose deletions propagate
+        also lists its tombstones {path, hash, node, deleted_at_ns}"""
         try:
             category = self.category_of(request)
             limit = _limit(request.query.get("limit"))
@@ -280,7 +222,20 @@ class _FileHandlers:
         }
         return web.json_response(body)
 
+    @route(
+        "GET",
+        PREFIX + "/{category}/file",
+        callers=PEERS,
+        answers=((200, "the whole file"), (206, "the requested range")),
+        errors=FILE_ERRORS,
+        params=(CATEGORY, FILE_PATH, FILE_HASH),
+        answer=BINARY,
+        answer_type="application/octet-stream",
+        head=False,
+    )
     async def file(self, request: web.Request) -> web.StreamResponse:
+        """The bytes of one file (Range supported); X-Shoal-Content-Hash and ETag carry its
+        hash; hash=H or If-Match names the version wanted"""
         try:
             category = self.category_of(request)
             path = _path_param(request)
@@ -323,12 +278,28 @@ class _FileHandlers:
         headers = {**hashes, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
         sent = None if self._on_served is None else functools.partial(self._on_served, category)
         if span is None:
-            return _FileSlice(fd, 0, entry.size, 200, headers, self._limiter, sent)
+            return FileSlice(fd, 0, entry.size, 200, headers, self._limiter, sent)
         start, end = span
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
-        return _FileSlice(fd, start, end - start, 206, headers, self._limiter, sent)
+        return FileSlice(fd, start, end - start, 206, headers, self._limiter, sent)
 
+    @route(
+        "POST",
+        PREFIX + "/{category}/files",
+        callers=PEERS,
+        answers=((200, "the framed stream"),),
+        errors=[BAD_REQUEST, UNKNOWN_CATEGORY],
+        params=(CATEGORY,),
+        body=BatchBody,
+        answer=BINARY,
+        answer_type=BATCH_CONTENT_TYPE,
+    )
     async def files(self, request: web.Request) -> web.StreamResponse:
+        """Many small files in one answer: body {"files": [{"path", "hash"}]} (1..2000); the
+        answer (application/x-shoal-files) is one frame per file in that order: 4-byte
+        big-endian length, a JSON header {"path", "size", "hash"} then size bytes, or {"path",
+        "error", "status", "reason"} (404 missing, 409 not hashed yet, 412 another hash now,
+        413 too large) without bytes"""
         try:
             category = self.category_of(request)
             wanted = _batch_body(await request.json())
@@ -360,7 +331,19 @@ class _FileHandlers:
         await response.write_eof()
         return response
 
+    @route(
+        "POST",
+        PREFIX + "/{category}/pull",
+        callers=PEERS,
+        answers=((200, '{"installed": bool, "result": transfer or null}'),),
+        errors=PULL_ERRORS,
+        params=(CATEGORY,),
+        body=PullBody,
+        answer=PullAnswer,
+    )
     async def pull_request(self, request: web.Request) -> web.Response:
+        """Pull a file from the given peer now (how a node pushes); answered once installed.
+        The peer must be a member of this node's view, at its own address"""
         if self._pull is None:
             return _refusal(503, "unavailable", "this node does not take pull requests")
         try:

@@ -236,6 +236,7 @@ _NUMBER = {"type": "number", "minimum": -_FLOAT_MAX, "maximum": _FLOAT_MAX}
 _INTEGER = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
 _SHAPE_SCHEMAS: dict[str, dict[str, Any]] = {
     "array": {"type": "array", "items": _JSON_REF},
+    # schema literal: a json field's shape, declared per field in a store's config (no model)
     "object": {"type": "object", "additionalProperties": _JSON_REF},
     "string": {"type": "string"},
     # a JSON number the stores keep: a 64-bit integer or a finite float
@@ -278,6 +279,8 @@ def record_json_schema(schema: RecordSchema) -> dict[str, Any]:
     required = [spec.name for spec in schema.fields if spec.required and not spec.fill_node_id]
     return {
         "title": f"{schema.name} record",
+        # schema literal: a record store is declared in config, not by a model; this is built
+        # from that declaration, field by field, exactly as validate_records checks it
         "type": "object",
         "properties": {spec.name: _field_json_schema(schema, spec) for spec in schema.fields},
         "required": required,

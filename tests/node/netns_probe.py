@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from config import read_secret_file, signed_headers
+from config import read_secret_file, signing_middleware
 
 PEERS_PATH = "/v1/peers"
 PROBE_NODE_ID = "cli-netns-probe"
@@ -41,7 +41,6 @@ def _members(document: Any) -> dict[str, object]:
 
 async def _watch(
     session: aiohttp.ClientSession,
-    secret: bytes,
     target: str,
     interval_s: float,
     path: str,
@@ -51,9 +50,8 @@ async def _watch(
     loop = asyncio.get_running_loop()
     while True:
         started = loop.time()
-        headers = signed_headers(secret, PROBE_NODE_ID, "GET", path)
         try:
-            async with session.get(url, headers=headers) as response:
+            async with session.get(url) as response:
                 document = await response.json(content_type=None)
                 if response.status != 200:
                     raise ValueError(f"HTTP {response.status}: {document}")
@@ -68,11 +66,15 @@ async def _main(args: argparse.Namespace, path: str, fields: Fields) -> None:
     timeout = aiohttp.ClientTimeout(total=args.timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
     async with (
-        aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+        aiohttp.ClientSession(
+            timeout=timeout,
+            connector=connector,
+            middlewares=(signing_middleware(secret, PROBE_NODE_ID),),
+        ) as session,
         asyncio.TaskGroup() as group,
     ):
         for target in args.targets:
-            group.create_task(_watch(session, secret, target, args.interval_s, path, fields))
+            group.create_task(_watch(session, target, args.interval_s, path, fields))
 
 
 def run_probe(

@@ -14,9 +14,10 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from config import load_settings, signed_headers, signing_middleware
+from config.declare import Caller, route
 from health import BreakerConfig, BreakerRegistry, NodeMetrics
-from node import AuthPolicy, NodeRuntime, RouteDoc, build_app
-from node.component import Served, endpoint
+from node import AuthPolicy, NodeRuntime, build_app
+from node.component import Served
 from node.routes import CoreRoutes
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -70,16 +71,17 @@ def _runtime(tmp_path: Path) -> NodeRuntime:
     )
 
 
-async def _echo(request: web.Request) -> web.Response:
-    return web.json_response(await request.json())
+class Echo:
+    @route("POST", "/v1/echo", callers=[Caller.PEER, Caller.OPERATOR])
+    async def echo(self, request: web.Request) -> web.Response:
+        """Echo a JSON body (test route)"""
+        return web.json_response(await request.json())
 
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
     runtime = _runtime(tmp_path)
-    doc = RouteDoc("POST", "/v1/echo", "Echo a JSON body (test route)")
-    echo = endpoint(web.post("/v1/echo", _echo), doc)
-    components = [CoreRoutes(), Served([echo])]
+    components = [CoreRoutes(), Served(Echo())]
     app = build_app(runtime, AuthPolicy(secret=SECRET, metrics_token=TOKEN), components)
     async with TestServer(app, host="127.0.0.1") as test_server:
         yield test_server

@@ -12,9 +12,9 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from config import signed_headers
+from node.limits import MAX_SMALL_BODY_READS_PER_CLIENT
 from node.security import (
     AUTH_POLICY,
-    MAX_CONCURRENT_BODY_READS,
     AuthPolicy,
     auth_middleware,
     error_middleware,
@@ -142,7 +142,7 @@ async def test_at_most_a_few_bodies_are_read_at_once() -> None:
     finally:
         web.Request.read = original  # type: ignore[method-assign]
     assert statuses == [200] * 12
-    assert 1 < most <= MAX_CONCURRENT_BODY_READS, most
+    assert 1 < most <= MAX_SMALL_BODY_READS_PER_CLIENT, most
 
 
 async def _flood(port: int) -> list[int]:

@@ -58,7 +58,7 @@ async def test_a_component_that_fails_to_open_stops_the_rest_and_is_not_closed()
 
 def test_checks_of_names_every_check_once() -> None:
     log: list[str] = []
-    checks = checks_of([_Part("locks", log), Served((), {"runs": Check(_healthy, 1.0)})])
+    checks = checks_of([_Part("locks", log), Served(checks={"runs": Check(_healthy, 1.0)})])
     assert sorted(checks) == ["locks", "runs"]
     assert checks["runs"].interval_s == 1.0
     with pytest.raises(ValueError, match="two components contribute a health check named 'locks'"):

@@ -15,16 +15,18 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from config import Role, signing_middleware
+from config.declare import Caller, route_defs
+from config.declare import declared as declared_handlers
 from node.election.elector import Elector
 from node.election.messages import Heartbeat, PlanAnnounce, VoteRequest
+from node.election.pull import PlanQuery
 from node.election.roles import NodeCapabilities, RolePolicy
 from node.election.routes import (
-    ELECTION_DOCS,
     HEARTBEAT_PATH,
     PLAN_PATH,
     VOTE_PATH,
+    ElectionRoutes,
     HttpElectionTransport,
-    election_routes,
 )
 from node.election.seams import InMemoryDurableState
 from node.election.state import ElectionConfig, ElectionRole
@@ -46,7 +48,7 @@ def make_app(
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware, auth_middleware])
     app[AUTH_POLICY] = AuthPolicy(secret=SECRET)
-    app.router.add_routes(election_routes(elector))
+    app.router.add_routes(route_defs(ElectionRoutes(elector)))
     app.router.add_routes(list(extra))
     return app
 
@@ -172,7 +174,7 @@ async def test_transport_answers_none_for_unknown_down_or_refusing_peers() -> No
     # a server with another secret refuses the signature (401)
     app = web.Application(middlewares=[error_middleware, auth_middleware])
     app[AUTH_POLICY] = AuthPolicy(secret=b"another-secret-entirely-0123456789")
-    app.router.add_routes(election_routes(lambda: None))
+    app.router.add_routes(route_defs(ElectionRoutes(lambda: None)))
     async with TestServer(app, host="127.0.0.1") as server:
         port = server.port or 0
         async with HttpElectionTransport(
@@ -209,10 +211,20 @@ async def test_fence_refusal_in_a_role_dependent_handler(
         assert answers["three"][0] == 400
 
 
-def test_route_docs_cover_every_route() -> None:
-    documented = {(doc.method, doc.path) for doc in ELECTION_DOCS}
-    routes = {(route.method, route.path) for route in election_routes(lambda: None)}
-    assert documented == routes
+def test_the_election_routes_are_declared_for_peers() -> None:
+    declared = {
+        (found.method, found.path): found
+        for found, _ in declared_handlers(ElectionRoutes(lambda: None))
+    }
+    assert set(declared) == {
+        ("POST", "/v1/election/vote"),
+        ("POST", "/v1/election/heartbeat"),
+        ("GET", "/v1/plan"),
+    }
+    assert declared["POST", "/v1/election/vote"].callers == {Caller.PEER}
+    plan = declared["GET", "/v1/plan"]
+    assert plan.query is PlanQuery
+    assert {(refusal.status, refusal.code) for refusal in plan.errors} >= {(404, "plan_not_here")}
 
 
 async def test_a_plan_is_fetched_by_fence_waiting_until_the_source_applies_it() -> None:
@@ -274,3 +286,11 @@ async def test_a_plan_is_fetched_by_fence_waiting_until_the_source_applies_it() 
             session.get(f"http://{host}:{port}{PLAN_PATH}?fence=1.x") as response,
         ):
             assert response.status == 400
+        fenced = f"http://{host}:{port}{PLAN_PATH}?fence={plan.fence.to_header()}"
+        async with (
+            ClientSession(middlewares=(signing_middleware(SECRET, "cli-op"),)) as session,
+            session.get(fenced) as refused,
+            session.get(f"http://{host}:{port}{PLAN_PATH}") as read,
+        ):
+            assert refused.status == 403  # an operator reads the plan, only nodes wait on one
+            assert read.status == 200

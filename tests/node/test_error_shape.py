@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from config import error_body, error_exception, error_response, load_settings, read_error
 from node.cli.common import request_json
 from node.daemon import NodeDaemon
+from node.errors import JobError, KeyringRefused, LockError
 from node.security import error_middleware
 from sync import FILE_CATEGORIES
 from tests.node.daemons import test_settings
@@ -153,3 +154,27 @@ async def test_cli_prints_the_nodes_reason(capsys: pytest.CaptureFixture[str]) -
     assert exit_info.value.exit_code == 1
     err = capsys.readouterr().err
     assert f"{url}: HTTP 409: no role plan yet: no coordinator has published one (no_plan)" in err
+
+
+async def test_the_middleware_answers_every_answered_error_with_its_status_and_code() -> None:
+    refusals = {
+        "/v1/lock": LockError(503, "no_lock_quorum", "no quorum of voters"),
+        "/v1/job": JobError(404, "job_not_found", "no job 'x' on this node"),
+        "/v1/keyring": KeyringRefused(409, "key_in_use", "key k is in use"),
+        "/v1/keyring/busy": KeyringRefused(503, "not_coordinator", "no coordinator yet; retry"),
+    }
+
+    async def refuse(request: web.Request) -> web.Response:
+        raise refusals[request.path]
+
+    app = web.Application(middlewares=[error_middleware])
+    for path in refusals:
+        app.router.add_get(path, refuse)
+    async with TestServer(app, host="127.0.0.1") as server, ClientSession() as session:
+        for path, refusal in refusals.items():
+            async with session.get(server.make_url(path)) as response:
+                body = await response.json()
+                retry_after = response.headers.get("Retry-After")
+            assert_shape(refusal.status, body, path)
+            assert (body["error"], body["reason"]) == (refusal.code, refusal.reason)
+            assert retry_after == ("1" if refusal.status == 503 else None), path

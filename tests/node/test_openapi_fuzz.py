@@ -30,15 +30,17 @@ from tests.node.daemons import test_settings
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
-UNSIGNED_OK = {
+PUBLIC = {
     ("GET", "/v1/health"),
     ("GET", "/v1/openapi.json"),
-    # the dashboard's page, login and assets hold no data (node/ui); its data is /v1/events
-    ("GET", "/ui/"),
+    # the dashboard's login and assets hold no data (node/ui); its data is /v1/events
     ("GET", "/ui/login"),
     ("POST", "/ui/login"),
     ("GET", "/ui/assets/{name}"),
 }
+UNSIGNED_OK = {*PUBLIC, ("GET", "/ui/")}
+"""Answered without a signature: the public routes, and the dashboard's page (a redirect to the
+login page without its session)."""
 HEADERS = {"X-Shoal-Node", "X-Shoal-Timestamp", "X-Shoal-Nonce", "X-Shoal-Signature"}
 START_LIVENESS_S = 60.0
 FUZZ_LIVENESS_S = 900.0
@@ -93,9 +95,13 @@ async def test_the_document_is_valid_openapi_31_with_a_schema_everywhere(
                 continue
             (content,) = answer["content"].values()
             assert "schema" in content, f"{where} {status}"
-        if (method, path) in UNSIGNED_OK:
+        callers = operation["x-shoal-callers"]
+        assert callers, where
+        if (method, path) in PUBLIC:
+            assert callers == ["public"], where
             assert operation["security"] == [{}], where
             continue
+        assert "public" not in callers, where
         requirement = operation["security"][0]
         schemes = document["components"]["securitySchemes"]
         assert {schemes[name]["name"] for name in requirement} == HEADERS, where

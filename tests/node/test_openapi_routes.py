@@ -4,6 +4,7 @@ from the one list of components, and the published sync body names every record 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -13,11 +14,12 @@ import pytest
 from aiohttp import ClientSession, web
 
 from config import load_settings
+from config.declare import READ, Caller, route
 from health import BreakerConfig, BreakerRegistry
 from node.boot import record_schemas
-from node.component import Endpoint, Served, endpoint, endpoints_of, paired
+from node.component import Endpoint, Served, endpoints, endpoints_of
 from node.daemon import NodeDaemon
-from node.openapi import RouteDoc, documented_twice
+from node.openapi import documented_twice
 from node.routes import ROUTE_DOCS, CoreRoutes, build_app
 from node.runtime import NodeRuntime
 from node.security import AuthPolicy
@@ -111,18 +113,54 @@ async def test_sync_run_lists_every_record_store_among_its_categories(tmp_path: 
     assert sorted(categories) == sorted([*FILE_CATEGORIES, *stores])
 
 
-def test_build_app_refuses_a_route_documented_twice(tmp_path: Path) -> None:
+def _runtime(tmp_path: Path) -> NodeRuntime:
     settings = load_settings(env={"SHOAL_DATA_DIR": str(tmp_path)}).settings
     breakers = BreakerRegistry(BreakerConfig())
-    runtime = NodeRuntime(
-        settings, node_id="n", address="127.0.0.1", version="1", breakers=breakers
-    )
-    first = endpoint(web.post("/v1/echo", _echo), RouteDoc("POST", "/v1/echo", "first"))
-    again = endpoint(web.post("/v1/echo", _echo), RouteDoc("post", "/v1/echo", "again"))
-    with pytest.raises(ValueError, match=r"documented more than once: POST /v1/echo"):
+    return NodeRuntime(settings, node_id="n", address="127.0.0.1", version="1", breakers=breakers)
+
+
+class Echo:
+    @route("POST", "/v1/echo", callers=[Caller.OPERATOR])
+    async def echo(self, request: web.Request) -> web.Response:
+        """Echo (test route)"""
+        return await _echo(request)
+
+
+def test_build_app_refuses_a_route_declared_twice(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"declared more than once: POST /v1/echo"):
         build_app(
-            runtime, AuthPolicy(secret=None), [CoreRoutes(), Served([first]), Served([again])]
+            _runtime(tmp_path),
+            AuthPolicy(secret=None),
+            [CoreRoutes(), Served(Echo()), Served(Echo())],
         )
+
+
+def test_a_route_without_callers_or_without_a_declaration_is_refused_at_startup(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match=r"POST /v1/nobody: declare who may call it"):
+
+        @route("POST", "/v1/nobody", callers=[])
+        async def nobody(request: web.Request) -> web.Response:
+            """Nobody may call it"""
+            return web.json_response({})
+
+    class Bare:
+        async def open(self) -> None:
+            return None
+
+        def routes(self) -> list[web.RouteDef]:
+            return [web.post("/v1/bare", _echo)]
+
+        def checks(self) -> dict[str, Any]:
+            return {}
+
+        async def close(self) -> None:
+            return None
+
+    bare: Any = Bare()
+    with pytest.raises(ValueError, match=r"Bare serves POST /v1/bare without a declaration"):
+        build_app(_runtime(tmp_path), AuthPolicy(secret=None), [CoreRoutes(), bare])
 
 
 async def _echo(request: web.Request) -> web.Response:
@@ -137,7 +175,7 @@ async def test_the_app_and_the_health_checks_are_the_components_routes_and_check
         assert app is not None
         document = await _document(daemon)
         components = daemon.components
-        endpoints = endpoints_of(components)
+        served_endpoints = endpoints_of(components)
         assert daemon.runtime is not None
         assert daemon.runtime.health is not None
         health = {c.name: c.message for c in daemon.runtime.health.summary().components}
@@ -148,15 +186,15 @@ async def test_the_app_and_the_health_checks_are_the_components_routes_and_check
     names = {type(component).__name__ for component in components}
     assert {"CoreRoutes", "RecordsComponent", "SyncComponent", "JobApi", "Dashboard"} <= names
     assert {"LockApi", "RunApi", "ActorRoutes"} <= names
-    served = [(found.route.method, found.route.path) for found in endpoints]
+    served = [(found.route.method, found.route.path) for found in served_endpoints]
     assert len(served) == len(set(served)), "a route served by two components"
     assert set(served) == _routed(app)
-    docs = [doc for found in endpoints for doc in found.docs]
+    docs = [doc for found in served_endpoints for doc in found.docs]
     assert tuple(docs) == app[ROUTE_DOCS]
     published = {(m.upper(), path) for path, item in document["paths"].items() for m in item}
     assert published == {(doc.method, doc.path) for doc in docs}
     assert len(docs) == len(published), "an operation documented twice"
-    records = [found for found in endpoints if found.route.path == "/v1/records/{store}"]
+    records = [found for found in served_endpoints if found.route.path == "/v1/records/{store}"]
     assert sorted(doc.path for found in records for doc in found.docs) == [
         "/v1/records/evals",
         "/v1/records/games",
@@ -164,22 +202,46 @@ async def test_the_app_and_the_health_checks_are_the_components_routes_and_check
     ]
 
 
-def test_paired_gives_each_route_its_docs_and_refuses_a_route_or_doc_alone() -> None:
-    routes = [web.get("/v1/things", _echo), web.post("/v1/things/{name}", _echo)]
-    listing = RouteDoc("GET", "/v1/things", "list")
-    one = RouteDoc("POST", "/v1/things/a", "thing a")
-    other = RouteDoc("POST", "/v1/things/b", "thing b")
-    endpoints = paired(routes, [one, listing, other])
-    assert [found.docs for found in endpoints] == [(listing,), (one, other)]
-    assert all(isinstance(found, Endpoint) for found in endpoints)
+class Things:
+    @route("GET", "/v1/things", callers=READ)
+    async def listing(self, request: web.Request) -> web.Response:
+        """list"""
+        return web.json_response([])
+
+    @route(
+        "POST",
+        "/v1/things/{name}",
+        callers=[Caller.OPERATOR],
+        summary="a thing",
+        each=lambda things, found: [
+            dataclasses.replace(found, path=f"/v1/things/{name}", summary=f"thing {name}")
+            for name in things.names
+        ],
+    )
+    async def change(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+
+def test_declarations_give_each_route_its_operations_in_definition_order() -> None:
+    found = endpoints(Things(("a", "b")))
+    assert all(isinstance(one, Endpoint) for one in found)
+    assert [(one.route.method, one.route.path) for one in found] == [
+        ("GET", "/v1/things"),
+        ("POST", "/v1/things/{name}"),
+    ]
+    assert [doc.path for doc in found[1].docs] == ["/v1/things/a", "/v1/things/b"]
+    assert found[1].docs[0].summary == "thing a"
+    assert found[0].route.summary == "list"  # the docstring's first paragraph
     app = web.Application()
-    app.add_routes(endpoints)
+    app.add_routes(found)
     assert _routed(app) == {("GET", "/v1/things"), ("POST", "/v1/things/{name}")}
-    with pytest.raises(ValueError, match=r"routes without a RouteDoc: POST /v1/things/\{name\}"):
-        paired(routes, [listing])
-    with pytest.raises(ValueError, match=r"DELETE /v1/things is served by 0 routes"):
-        paired(routes, [listing, one, RouteDoc("DELETE", "/v1/things", "gone")])
+    other = dataclasses.replace(found[0].route, path="/v1/other")
     with pytest.raises(ValueError, match=r"GET /v1/other .* does not serve it"):
-        endpoint(routes[0], RouteDoc("GET", "/v1/other", "elsewhere"))
-    with pytest.raises(ValueError, match=r"needs a RouteDoc"):
-        endpoint(routes[0])
+        Endpoint(found[0].route, found[0].handler, (other,))
+    with pytest.raises(ValueError, match=r"a reader only reads"):
+        route("POST", "/v1/x", callers=[Caller.READER], summary="x")(_echo)
+    with pytest.raises(ValueError, match=r"list public alone"):
+        route("GET", "/v1/x", callers=[Caller.PUBLIC, Caller.PEER], summary="x")(_echo)

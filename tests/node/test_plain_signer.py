@@ -20,17 +20,25 @@ KEY_TEXT = "  plain-signer-test-secret-0123456789  \n"
 
 
 def plain_request(
-    port: int, method: str, target: str, body: bytes = b"", key_text: str = KEY_TEXT
+    port: int,
+    method: str,
+    target: str,
+    body: bytes = b"",
+    key_text: str = KEY_TEXT,
+    node: str = "signed",
 ) -> tuple[int, Any]:
-    """One request signed exactly as docs/signing.md says, with no code of shoal's."""
+    """One request signed for node `node` exactly as docs/signing.md says, with no code of
+    shoal's."""
     key = key_text.strip().encode()
     timestamp = str(int(time.time()))
     nonce = secrets.token_hex(16)
-    message = "\n".join(
-        [method.upper(), target, timestamp, nonce, hashlib.sha256(body).hexdigest()]
-    )
+    digest = hashlib.sha256(body).hexdigest()
+    lines = ["shoal-request-v2", method.upper(), target, timestamp, nonce, digest]
+    lines += ["cli-plain", node, "", "", ""]  # sender, target node, cluster, fence, forwarded
+    message = "\n".join(lines)
     headers = {
         "X-Shoal-Node": "cli-plain",
+        "X-Shoal-Target": node,
         "X-Shoal-Timestamp": timestamp,
         "X-Shoal-Nonce": nonce,
         "X-Shoal-Signature": hmac.new(key, message.encode(), hashlib.sha256).hexdigest(),
@@ -71,3 +79,7 @@ async def test_a_plain_hmac_signer_from_the_readme_is_accepted(tmp_path: Path) -
             plain_request, port, "GET", "/v1/status", b"", "wrong-key-wrong-key-wrong-key"
         )
         assert status == 401, document
+        status, document = await asyncio.to_thread(
+            plain_request, port, "GET", "/v1/status", b"", KEY_TEXT, "another"
+        )
+        assert (status, document["error"]) == (401, "wrong_target"), document

@@ -14,8 +14,8 @@ from config import load_settings
 from health import BreakerRegistry
 from node.errors import LockError
 from node.locks.service import LockService
-from node.quarantine.docs import QuarantineBody, ReadmitBody
 from node.quarantine.service import CoordinatorLink, QuarantineService
+from node.quarantine.wire import QuarantineBody, ReadmitBody
 from node.runtime import NodeRuntime
 
 REASON = "gpu_fault: Xid 79 on GPU-5d8f0e1c-2a"

@@ -15,10 +15,10 @@ import pytest
 from config import load_settings
 from health import BreakerRegistry, FaultKind, FaultSample, GpuFault, SelfTestResult
 from node.errors import LockError
-from node.quarantine.docs import FaultName, QuarantineAnswer, QuarantineBody, ReadmitBody
 from node.quarantine.routes import check_own
 from node.quarantine.state import Action, Phase, WatchState, after_selftest, held, step
 from node.quarantine.watcher import DeadlineReads, GpuFaultWatcher
+from node.quarantine.wire import FaultName, QuarantineAnswer, QuarantineBody, ReadmitBody
 from node.runtime import NodeRuntime
 from node.security import REQUEST_SENDER
 

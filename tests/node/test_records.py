@@ -17,8 +17,8 @@ from config import load_settings
 from node.daemon import NodeDaemon
 from node.jobs.records import GangRecord, GangSpec, JobRecord, JobState, PickAnswer
 from node.jobs.routes import JobList
-from node.locks.docs import LockView, Promise, Released, Stored
 from node.locks.table import LOCK_ANSWER, LOCK_TABLE, LockAnswer, LockFence, LockTable
+from node.locks.wire import LockView, Promise, Released, Stored
 from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
 from node.runs.queue import RunList, RunRecord, RunState, RunStep
 

@@ -1,6 +1,7 @@
 """RevokedPeers: the serial of each member comes from what it advertises and from what its calls
 present, whichever was seen last; a member whose serial is on the CRL is refused, one that
-advertises a new certificate is let back, and certificates of non-members are not refused."""
+advertises a new certificate stays refused until its call presents it (verified), and
+certificates of non-members are not refused."""
 
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def test_members_with_revoked_serials_are_refused_and_let_back(tmp_path: Path) -
     book = RevokedPeers(contexts, "a")
     assert book.apply(membership) == {}
     assert membership.views[0].meta[CERT_META] == serial_text(serial["a"])  # advertised
-    book.saw("c", serial["c"])  # c's call presented its certificate
-    book.saw("alice", serial["alice"])
+    book.saw("c", serial["c"], verified=True)  # c's call presented its certificate
+    book.saw("alice", serial["alice"], verified=True)
     for name in ("b", "c", "alice"):
         revoke(pki.ca_dir, name)
     assert contexts.install_crl(pki.ca_crl.read_bytes(), "test")
@@ -73,13 +74,15 @@ def test_members_with_revoked_serials_are_refused_and_let_back(tmp_path: Path) -
     assert sorted(refused) == ["b", "c"]  # not alice (no member), not d (no serial)
     assert serial_text(serial["c"]) in refused["c"]
     assert refused["c"].startswith("revoked")
-    assert membership.refused["b"][1] == (CERT_META, serial_text(serial["b"]))
+    assert membership.refused["b"][1] is None  # no mark: an advertised serial lifts nothing
     pki.issue("b", CertRole.NODE)
     fresh = load_certificate(pki.cert("b")).serial_number
     membership.views[1].meta = {CERT_META: serial_text(fresh)}  # b's new certificate
+    assert sorted(book.apply(membership)) == ["b", "c"]  # advertised: a claim lifts nothing
+    book.saw("b", fresh, verified=True)  # b's call presented it
     assert sorted(book.apply(membership)) == ["c"]
     assert sorted(membership.refused) == ["c"]
-    book.saw("b", serial["b"])  # ... but its calls still present the revoked one
+    book.saw("b", serial["b"], verified=False)  # ... but its calls present the revoked one
     assert sorted(book.apply(membership)) == ["b", "c"]
 
 
@@ -97,7 +100,7 @@ def test_a_serial_that_does_not_fit_the_meta_still_lets_revocations_apply(
     contexts = TlsContexts(files)
     book = RevokedPeers(contexts, "a")
     membership = FullMembership([View("a", {}, is_self=True), View("b", {})])
-    book.saw("b", load_certificate(pki.cert("b")).serial_number)
+    book.saw("b", load_certificate(pki.cert("b")).serial_number, verified=True)
     revoke(pki.ca_dir, "b")
     assert contexts.install_crl(pki.ca_crl.read_bytes(), "test")
     assert sorted(book.apply(membership)) == ["b"]

@@ -26,8 +26,9 @@ from config import (
     signing_middleware,
     version_header,
 )
-from node import AuthPolicy, NodeDaemon, RouteDoc, build_app
-from node.component import Served, paired
+from config.declare import READ, route
+from node import AuthPolicy, NodeDaemon, build_app
+from node.component import Served
 from node.routes import CoreRoutes
 from tests.node.daemons import test_settings
 from tests.node.test_api import SECRET, FakeMember, FakeMembership, _runtime
@@ -44,6 +45,18 @@ async def _stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
+class TestRoutes:
+    __test__ = False
+
+    @route("GET", "/v1/boom", callers=READ, summary="Fails (test route)")
+    async def boom(self, request: web.Request) -> web.Response:
+        return await _boom(request)
+
+    @route("GET", "/v1/stream", callers=READ, summary="Streams (test route)")
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        return await _stream(request)
+
+
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
     runtime = _runtime(tmp_path)
@@ -56,14 +69,7 @@ async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
                        {RELEASE_META: "9.0", PROTOCOL_META: PROTOCOL_VERSION + 2}),
         ]
     )  # fmt: skip
-    routes = [web.get("/v1/boom", _boom), web.get("/v1/stream", _stream)]
-    docs = [
-        RouteDoc("GET", "/v1/boom", "Fails (test route)"),
-        RouteDoc("GET", "/v1/stream", "Streams (test route)"),
-    ]
-    app = build_app(
-        runtime, AuthPolicy(secret=SECRET), [CoreRoutes(), Served(paired(routes, docs))]
-    )
+    app = build_app(runtime, AuthPolicy(secret=SECRET), [CoreRoutes(), Served(TestRoutes())])
     test_server = TestServer(app, host="127.0.0.1")
     async with test_server:
         yield test_server

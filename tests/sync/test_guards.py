@@ -15,16 +15,16 @@ from yarl import URL
 
 from config import load_settings, signing_middleware
 from health import BreakerConfig, BreakerRegistry
-from node import AuthPolicy, NodeRuntime, RouteDoc, build_app
-from node.component import Served, paired
+from node import AuthPolicy, NodeRuntime, build_app
+from node.component import Served
 from node.routes import CoreRoutes
 from sync import (
     FileCatalog,
+    FileHandlers,
     HttpTransport,
     InsufficientSpaceError,
     PathRefusedError,
     PeerRef,
-    file_route_docs,
     file_routes,
 )
 from sync.guards import (
@@ -191,11 +191,10 @@ async def test_file_routes_behind_auth_refuse_unsigned_requests(tmp_path: Path) 
         {"models": root}, tmp_path / "cache", piece_size=PIECE, mounts=LOCAL_MOUNTS
     )
     async with catalog:
-        docs = [RouteDoc(**doc) for doc in file_route_docs()]
         app = build_app(
             _runtime(tmp_path),
             AuthPolicy(secret=SECRET),
-            [CoreRoutes(), Served(paired(file_routes(catalog), docs))],
+            [CoreRoutes(), Served(FileHandlers(catalog, None))],
         )
         async with TestServer(app, host="127.0.0.1") as server:
             base = str(server.make_url("")).rstrip("/")

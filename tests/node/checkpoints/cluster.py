@@ -97,6 +97,16 @@ class Cluster:
         async with self.session.request(method, self.url(name, path), json=body) as response:
             return response.status, await response.json()
 
+    async def prepare(self, name: str, body: Any, within_s: float = 30.0) -> tuple[int, Any]:
+        """POST /v1/checkpoints/prepare, asked again while it answers 503 (no coordinator for
+        a moment: an election under load), as shoal.checkpoint's restore does."""
+        deadline = asyncio.get_running_loop().time() + within_s
+        while True:
+            status, answer = await self.call(name, "POST", "/v1/checkpoints/prepare", body)
+            if status != 503 or asyncio.get_running_loop().time() > deadline:
+                return status, answer
+            await asyncio.sleep(0.2)
+
     async def checkpoints(self, name: str = "c1") -> dict[str, Any]:
         status, answer = await self.call(name, "GET", "/v1/checkpoints")
         return answer if status == 200 else {}

@@ -104,9 +104,7 @@ async def test_a_step_commits_once_every_rank_reported_and_every_node_holds_it(
     files = {**body, "directory": step_directory(40, 1), "files": [changed]}
     status, answer = await cluster.call("c1", "POST", "/v1/checkpoints/written", files)
     assert (status, answer["error"]) == (409, "file_changed")
-    status, plan = await cluster.call(
-        "c2", "POST", "/v1/checkpoints/prepare", {"step": 20, "generation": 1}
-    )
+    status, plan = await cluster.prepare("c2", {"step": 20, "generation": 1})
     assert status == 200, plan
     assert (plan["from"], plan["fetched_bytes"]) == ("local", 0)
     assert Path(plan["directory"]) == cluster.root("c2") / directory
@@ -133,7 +131,7 @@ async def test_a_restore_fetches_a_wiped_or_corrupted_copy_from_its_holders(
         handle.seek(BIG // 2)
         handle.write(bytes([byte[0] ^ 0xFF]))
     body = {"step": 20, "generation": 1}
-    status, plan = await cluster.call("c3", "POST", "/v1/checkpoints/prepare", body)
+    status, plan = await cluster.prepare("c3", body)
     assert status == 200, plan
     assert (plan["from"], plan["fetched_bytes"]) == ("peers", BIG)
     assert sha(big) == digest
@@ -141,7 +139,7 @@ async def test_a_restore_fetches_a_wiped_or_corrupted_copy_from_its_holders(
     wiped = cluster.root("c2")
     for path in sorted(wiped.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
-    status, plan = await cluster.call("c2", "POST", "/v1/checkpoints/prepare", body)
+    status, plan = await cluster.prepare("c2", body)
     assert status == 200, plan
     assert plan["from"] == "peers"
     assert plan["fetched_bytes"] == plan["bytes"]
@@ -179,7 +177,7 @@ async def test_a_holder_that_dies_mid_copy_is_replaced_by_another(cluster: Clust
     survivor = next(name for name in ("c1", "c2") if name != cluster.coordinator())
     victim = "c2" if survivor == "c1" else "c1"
     body = {"step": 20, "generation": 1}
-    preparing = asyncio.create_task(cluster.call("c3", "POST", "/v1/checkpoints/prepare", body))
+    preparing = asyncio.create_task(cluster.prepare("c3", body))
     await asyncio.sleep(1.0)  # a few MiB of the big file came from both holders
     assert not preparing.done()
     await cluster.daemons[victim].close()

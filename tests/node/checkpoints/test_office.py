@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from node.checkpoints.docs import HeldCopy, NewsBody, ReportedFile, ReportedRank, RestoreNews
 from node.checkpoints.office import CheckpointOffice
+from node.checkpoints.wire import HeldCopy, NewsBody, ReportedFile, ReportedRank, RestoreNews
 from node.locks.table import LockTable
 
 

@@ -28,7 +28,7 @@ from node.providers import (
     LocalProvider,
 )
 from node.providers.static import NO_OP
-from node.routes import STATUS_SCHEMA
+from node.routes import StatusAnswer
 from tests.node.daemons import FAST_ELECTION, test_settings
 from tests.node.jobs.helpers import JobClient, signed_session, write_secret
 from tests.node.providers.fake_nvml import FakeGpus, install_fake_nvml
@@ -141,7 +141,8 @@ async def test_a_local_node_stops_itself_after_the_idle_window(
         assert entry.payload["idle_s"] >= WINDOW_S
         assert decision["entry"] == entry.id
         _, status = await client.call("GET", "/v1/status")
-        Draft202012Validator(STATUS_SCHEMA).validate(status)  # the OpenAPI response schema
+        # the OpenAPI response schema
+        Draft202012Validator(StatusAnswer.model_json_schema()).validate(status)
         state = status["autostop"]
         assert state["enabled"] is True
         assert state["window_s"] == pytest.approx(WINDOW_S)

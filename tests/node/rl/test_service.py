@@ -289,6 +289,10 @@ async def test_the_daemon_serves_the_weights_plane(tmp_path: Path) -> None:
         assert body["rank"] == 0
         async with session.get(f"{base}/v1/rendezvous?group=nope") as response:
             assert response.status == 404
+        # found by the fuzz: the weights group took a local_rank the document refuses
+        bad = f"{base}/v1/rendezvous?group=weights&run=r1&local_rank=null"
+        async with session.get(bad) as response:
+            assert (response.status, (await response.json())["param"]) == (400, "local_rank")
         async with session.get(f"{base}/v1/rendezvous") as response:
             assert "members" not in await response.json()  # the training group is unchanged
         async with session.get(f"{base}/v1/weights/status?run=r1") as response:

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from node.locks import LockTable
 from node.runs import LocalResults, RunService
 from node.runs.routes import run_endpoints
+from node.security import error_middleware
 
 FETCH = {"key": "runs/r1/v1/out.txt", "node": "v1", "job_id": "r1.0", "path": "out.txt"}
 
@@ -51,7 +52,7 @@ class TableLocks:
 
 async def _client(locks: TableLocks, tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
     service = RunService(locks, LocalResults(tmp_path), {})  # type: ignore[arg-type]
-    app = web.Application()
+    app = web.Application(middlewares=[error_middleware])
     app.add_routes(run_endpoints(service))
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         yield client

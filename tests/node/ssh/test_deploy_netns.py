@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml
 
-from config import load_inventory, signed_headers
+from config import load_inventory, signing_middleware
 from node.providers import ReadyNode, ready_node
 from node.ssh import SSHExecutor
 from node.ssh.cluster import HttpClusterProbe
@@ -126,11 +126,13 @@ def test_deploy_three_hosts_then_unchanged_then_rolling_then_undeploy(
     def views() -> dict[str, set[str]]:
         async def go() -> dict[str, set[str]]:
             seen: dict[str, set[str]] = {}
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=5),
+                middlewares=(signing_middleware(secret, "cli-deploy-test"),),
+            ) as session:
                 for host in targets:
-                    headers = signed_headers(secret, "cli-deploy-test", "GET", "/v1/peers")
                     url = f"http://{host.endpoint}/v1/peers"
-                    async with session.get(url, headers=headers) as response:
+                    async with session.get(url) as response:
                         document = await response.json()
                     seen[host.name] = {
                         m["node_id"] for m in document["members"] if m["state"] == "alive"
@@ -207,11 +209,13 @@ def test_deploy_three_hosts_then_unchanged_then_rolling_then_undeploy(
     def deploys_recorded(host_index: int) -> list[dict[str, object]]:
         async def go() -> list[dict[str, object]]:
             path = "/v1/audit?kind=deploy"
-            headers = signed_headers(secret, "cli-deploy-test", "GET", path)
             url = f"http://{targets[host_index].endpoint}{path}"
+            signer = signing_middleware(secret, "cli-deploy-test")
             async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
-                session.get(url, headers=headers) as response,
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=5), middlewares=(signer,)
+                ) as session,
+                session.get(url) as response,
             ):
                 entries: list[dict[str, object]] = (await response.json())["entries"]
                 return entries

@@ -10,6 +10,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from node.security import error_middleware
 from node.tasks import ActorRoutes
 from node.tasks.registry import FORWARDED_HEADER
 
@@ -25,7 +26,7 @@ def runtime(node_id: str, coordinator: str | None) -> Any:
 
 
 async def serve(routes: ActorRoutes) -> TestServer:
-    app = web.Application()
+    app = web.Application(middlewares=[error_middleware])
     app.add_routes(routes.routes())
     server = TestServer(app, port=0)
     await server.start_server()

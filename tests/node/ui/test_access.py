@@ -48,16 +48,18 @@ async def test_a_token_file_readable_by_group_or_others_stops_the_node_naming_it
 
 def test_a_session_is_the_tokens_own_and_expires() -> None:
     access = UiAccess(TOKEN.encode(), api_open=False)
-    cookie = access.session_cookie(1000.0)
+    name = "shoal_ui_8770"
+    cookie = access.session_cookie(1000.0, name)
     assert TOKEN not in cookie
-    assert access.session_valid(cookie, 1000.0 + SESSION_S - 1)
-    assert not access.session_valid(cookie, 1000.0 + SESSION_S + 1)  # expired
+    assert access.session_valid(cookie, 1000.0 + SESSION_S - 1, name)
+    assert not access.session_valid(cookie, 1000.0 + SESSION_S + 1, name)  # expired
     expires, mac = cookie.split(".")
-    assert not access.session_valid(f"{int(expires) + 3600}.{mac}", 1000.0)  # extended by hand
+    assert not access.session_valid(f"{int(expires) + 3600}.{mac}", 1000.0, name)  # by hand
     other = UiAccess(b"another-token-entirely-0123456", api_open=False)
-    assert not other.session_valid(cookie, 1000.0)  # a new token ends every session
-    assert not access.session_valid(None, 1000.0)
-    assert not access.session_valid("garbage", 1000.0)
+    assert not other.session_valid(cookie, 1000.0, name)  # a new token ends every session
+    assert not access.session_valid(cookie, 1000.0, "shoal_ui_8771")  # another port's
+    assert not access.session_valid(None, 1000.0, name)
+    assert not access.session_valid("garbage", 1000.0, name)
     assert not UiAccess(None, api_open=True).token_matches("")
 
 
@@ -93,7 +95,7 @@ async def test_login_cookie_and_401_without_it(tmp_path: Path) -> None:
             status, cookie, page = await _login(session, base, TOKEN)
             assert status == 303
             assert TOKEN not in page
-            assert cookie.startswith(f"{COOKIE_NAME}=")
+            assert cookie.startswith(f"{COOKIE_NAME}_{base.rsplit(':', 1)[1]}=")
             attributes = {part.strip().lower() for part in cookie.split(";")}
             assert {"httponly", "samesite=strict", "path=/"} <= attributes
             value = cookie.split(";")[0]

@@ -129,8 +129,9 @@ async def test_reader_and_operator_certificates_read_the_dashboard_a_node_certif
             ) as answer,
         ):
             assert answer.status == 303
-            cookie = answer.cookies[COOKIE_NAME].value
-        status, _, text = await _get(port, anonymous, "/ui/", {COOKIE_NAME: cookie})
+            name = f"__Host-{COOKIE_NAME}_{port}"
+            cookie = answer.cookies[name].value
+        status, _, text = await _get(port, anonymous, "/ui/", {name: cookie})
         assert status == 200, text
         # the reader only reads: the login is no way to write, and other writes need an operator
         status, _, text = await _get(port, pki.client("rita"), "/v1/status")

@@ -1,4 +1,4 @@
-"""The GPU quarantine routes' paths, bodies, answer and documentation: a node reports its own GPU
+"""The GPU quarantine routes' paths, bodies and answer: a node reports its own GPU
 fault (POST /v1/gpu/quarantine) and asks to be re-admitted once its GPUs passed a self-test
 (POST /v1/gpu/readmit), both at the coordinator (forwarded to it like drains)."""
 
@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from node.openapi import BODY_CONFIG, RouteDoc, WireRecord
+from node.openapi import BODY_CONFIG, WireRecord
 
 QUARANTINE_PATH = "/v1/gpu/quarantine"
 READMIT_PATH = "/v1/gpu/readmit"
@@ -59,40 +59,3 @@ class QuarantineAnswer(WireRecord):
     held: bool = False
     count: int = 0
     reason: str | None = None
-
-
-_ANSWERS = (
-    (400, "bad request"),
-    (403, "a node reports only its own GPUs; clients may not report"),
-    (503, "no coordinator or no quorum of voters: report again"),
-)
-
-
-def quarantine_route_docs() -> list[RouteDoc]:
-    """The documentation of the quarantine and re-admission routes."""
-    return [
-        RouteDoc(
-            "POST",
-            QUARANTINE_PATH,
-            "Peers only: the calling node reports a fault of its own GPU "
-            '{"node", "gpu", "fault", "reason"}; the coordinator quarantines it (kept on a '
-            "majority of the voters): it leaves the training group in the next plan, with "
-            "the reason in cannot_train. Repeating it changes nothing",
-            ((200, "quarantined (or already was)"), *_ANSWERS),
-            body=QuarantineBody,
-            response=QuarantineAnswer,
-        ),
-        RouteDoc(
-            "POST",
-            READMIT_PATH,
-            'Peers only: the calling node, whose GPUs passed a self-test {"node", "selftest"}, '
-            "asks to be re-admitted; it trains again from the next plan",
-            (
-                (200, "re-admitted (or was not quarantined)"),
-                *_ANSWERS,
-                (409, "the quarantine is held: shoal node undrain NODE lifts it"),
-            ),
-            body=ReadmitBody,
-            response=QuarantineAnswer,
-        ),
-    ]

@@ -1,8 +1,9 @@
 """Reference tables of docs/configuration.md and docs/fault-tolerance.md, generated from the
 models so they never drift.
 
-`python -m config.docs` (or `python -m config.docs PAGE.md ...`) rewrites the tables between
-their markers (a page holds the markers of the tables it shows).
+`python docs/gen_config.py` (or `python docs/gen_config.py PAGE.md ...`) rewrites the tables
+between their markers (a page holds the markers of the tables it shows); tests/config/test_docs.py
+fails when a page differs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ ENV_BEGIN = "<!-- env:begin -->"
 ENV_END = "<!-- env:end -->"
 TRAINING_BEGIN = "<!-- training-settings:begin -->"
 TRAINING_END = "<!-- training-settings:end -->"
-PAGES = ("docs/configuration.md", "docs/fault-tolerance.md")
+PAGES = ("configuration.md", "fault-tolerance.md")
 
 
 def timeouts_table() -> str:
@@ -73,8 +74,8 @@ def render_page(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    for name in argv[1:] or PAGES:
-        path = Path(name)
+    docs = Path(__file__).resolve().parent
+    for path in [Path(name) for name in argv[1:]] or [docs / name for name in PAGES]:
         path.write_text(render_page(path.read_text(encoding="utf-8")), encoding="utf-8")
     return 0
 

@@ -1,4 +1,4 @@
-"""The checkpoint routes' paths, bodies, answers and documentation: the training processes'
+"""The checkpoint routes' paths, bodies and answers: the training processes'
 POST /v1/checkpoints/written|prepare|restored, the nodes' POST /v1/checkpoints/news to the
 coordinator, and GET /v1/checkpoints."""
 
@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 from node.locks.checkpoints import CheckpointLog
-from node.openapi import BODY_CONFIG, RECORD_CONFIG, Count, RouteDoc, WireRecord
+from node.openapi import BODY_CONFIG, RECORD_CONFIG, Count, WireRecord
 
 CHECKPOINTS_PATH = "/v1/checkpoints"
 WRITTEN_PATH = "/v1/checkpoints/written"
@@ -210,7 +210,7 @@ class RestoredBody(BaseModel):
     seconds: Seconds
 
 
-class Recorded(WireRecord):
+class RestoreRecorded(WireRecord):
     """The answer of a restored report: the node's last restore as recorded."""
 
     step: int
@@ -253,62 +253,3 @@ class CheckpointsView(WireRecord):
     committed: CommittedView | None
     steps: list[CommittedView]
     nodes: dict[str, NodeCheckpoints]
-
-
-def checkpoint_route_docs() -> list[RouteDoc]:
-    """The documentation of the checkpoint routes."""
-    refusals = ((400, "bad request"), (503, "no coordinator or no quorum; retry"))
-    return [
-        RouteDoc(
-            "GET",
-            CHECKPOINTS_PATH,
-            "The committed training checkpoints (from the coordinator): the newest step to "
-            "restore, the nodes holding each node's files, every node's last restore",
-            ((200, "the checkpoints"), (503, "no coordinator or no quorum; retry")),
-            response=CheckpointsView,
-        ),
-        RouteDoc(
-            "POST",
-            WRITTEN_PATH,
-            "A training process of this node wrote its files of a step (sizes and hashes); the "
-            "coordinator commits the step once every rank of the generation reported it",
-            (
-                (202, "taken"),
-                (400, "bad request"),
-                (409, "the report does not fit its step, or a file differs from it"),
-            ),
-            body=WrittenBody,
-            response=Accepted,
-        ),
-        RouteDoc(
-            "POST",
-            PREPARE_PATH,
-            "Have every file of a committed step on this node, fetched from the peers that hold "
-            "what this node lacks (verified), before the ranks load it",
-            (
-                (200, "every file is here"),
-                (400, "bad request"),
-                (404, "the step is not committed"),
-                (503, "the files could not be fetched; retry"),
-            ),
-            body=RestoreStepBody,
-            response=RestorePlan,
-        ),
-        RouteDoc(
-            "POST",
-            RESTORED_PATH,
-            "A training process of this node loaded a committed step: the node's last restore",
-            ((200, "recorded"), (400, "bad request"), (404, "no such prepared step")),
-            body=RestoredBody,
-            response=Recorded,
-        ),
-        RouteDoc(
-            "POST",
-            NEWS_PATH,
-            "Nodes only, to the coordinator (forwarded by any node): written reports, copies "
-            "held, the last restore; answers the checkpoint log",
-            ((200, "the log"), (403, "a node may only send its own news"), *refusals),
-            body=NewsBody,
-            response=LogAnswer,
-        ),
-    ]

@@ -1,4 +1,4 @@
-"""The rl routes' bodies and documentation: the weights routes (POST /v1/weights/update, GET
+"""The rl routes' bodies, queries and answers: the weights routes (POST /v1/weights/update, GET
 /v1/weights/next, POST /v1/weights/applied, GET /v1/weights/status, GET /v1/weights/runs) and the
 rollouts backlog's (POST /v1/rollouts/consumed, GET /v1/rollouts/pending)."""
 
@@ -9,9 +9,8 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from node.openapi import BODY_CONFIG, Count, RouteDoc
+from node.openapi import BODY_CONFIG, Count, WireRecord
 from node.rl.digest import ALGOS, SHA256_ALGO, Digest
-from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
 
 RUN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_POLL_S = 60.0
@@ -124,118 +123,42 @@ class AppliedBody(DigestedBody):
     sent_at: float | None = Field(default=None, ge=0, description="unix seconds it was sent")
 
 
-_RUN_PARAMETER = (
-    "run",
-    "query",
-    "the run's name",
-    {"type": "string", "pattern": RUN_PATTERN.pattern, "x-required": True},
-)
-"""The `run` query parameter of the weights routes."""
+class RunQuery(BaseModel):
+    run: str = Field(pattern=RUN_PATTERN.pattern, description="the run's name")
 
 
-def weights_route_docs() -> list[RouteDoc]:
-    """The documentation of the weights routes."""
-    run = _RUN_PARAMETER
-    return [
-        RouteDoc(
-            "POST",
-            "/v1/weights/update",
-            "Offer weights of a new version to this node's receiver (trainer's daemon or "
-            "publisher -> receiver node); carries the plan fence",
-            ((200, "offered"), (400, "malformed"), (409, "version not newer, or stale fence")),
-            body=OfferBody,
-            response=OfferTaken,
-        ),
-        RouteDoc(
-            "GET",
-            "/v1/weights/next",
-            "Long poll for the next weights offer after version `after`",
-            ((200, "the offer"), (204, "no offer within timeout_s"), (400, "malformed")),
-            parameters=(
-                run,
-                (
-                    "after",
-                    "query",
-                    "last version held (default -1)",
-                    {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
-                ),
-                (
-                    "timeout_s",
-                    "query",
-                    f"seconds to wait, 0 to {MAX_POLL_S:g} (default {DEFAULT_POLL_S:g})",
-                    {"type": "number", "minimum": 0, "maximum": MAX_POLL_S},
-                ),
-            ),
-            response=WeightsOffer,
-        ),
-        RouteDoc(
-            "POST",
-            "/v1/weights/applied",
-            "A local process reports the weights it applied (receiver) or published",
-            ((200, "status"), (400, "malformed"), (409, "older than the applied version")),
-            body=AppliedBody,
-            response=WeightsStatus,
-        ),
-        RouteDoc(
-            "GET",
-            "/v1/weights/status",
-            "The weights applied for a run: version, digest, applied_at, source, bytes",
-            ((200, "status"), (400, "malformed"), (404, "no weights for this run")),
-            parameters=(run,),
-            response=WeightsStatus,
-        ),
-        RouteDoc(
-            "GET",
-            "/v1/weights/runs",
-            "Every run this node knows weights of (offered or applied), each with its "
-            "applied weights' status or null; the dashboard asks each member once for all",
-            ((200, "the runs"),),
-            response=WeightsRuns,
-        ),
-    ]
+class NextQuery(RunQuery):
+    after: int = Field(default=-1, ge=-1, le=2**63 - 1, description="last version held")
+    timeout_s: float = Field(
+        default=DEFAULT_POLL_S,
+        ge=0,
+        le=MAX_POLL_S,
+        description=f"seconds to wait, 0 to {MAX_POLL_S:g} (default {DEFAULT_POLL_S:g})",
+    )
 
 
-def backlog_route_docs() -> list[RouteDoc]:
-    """The documentation of the rollouts backlog's routes (consumed, pending)."""
-    run = {"type": "string", "pattern": RUN_PATTERN.pattern}
-    answer = {
-        "type": "object",
-        "required": ["run", "pending", "max_pending", "consumed"],
-        "properties": {
-            "run": {"type": "string"},
-            "pending": {"type": "integer", "minimum": 0},
-            "max_pending": {"type": "integer", "minimum": 1},
-            "consumed": {
-                "type": ["object", "null"],
-                "properties": {"ts": {"type": "number"}, "after": {"type": "string"}},
-            },
-        },
-    }
-    return [
-        RouteDoc(
-            "POST",
-            CONSUMED_PATH,
-            "The trainer's RolloutStream consumed this node's rollouts of `run` through "
-            "(ts, after) in (created_at, sample_id) order: producers may add that many more",
-            ((200, "the run's backlog"), (400, "malformed")),
-            body={
-                "type": "object",
-                "required": ["run", "ts", "after"],
-                "properties": {
-                    "run": run,
-                    "ts": {"type": "number", "minimum": -TS_BOUND, "maximum": TS_BOUND},
-                    "after": {"type": "string"},
-                },
-                "additionalProperties": False,
-            },
-            response=answer,
-        ),
-        RouteDoc(
-            "GET",
-            PENDING_PATH,
-            "Unconsumed rollouts of `run` in this node's store (counted now) and the cap",
-            ((200, "the run's backlog"), (400, "malformed"), (503, "store not open")),
-            parameters=(("run", "query", "the run's name", {**run, "x-required": True}),),
-            response=answer,
-        ),
-    ]
+class ConsumedBody(BaseModel):
+    """Body of `POST /v1/rollouts/consumed`: the last sample consumed, in (created_at,
+    sample_id) order (the handler checks it the same way)."""
+
+    model_config = BODY_CONFIG
+
+    run: str = Field(pattern=RUN_PATTERN.pattern)
+    ts: float = Field(ge=-TS_BOUND, le=TS_BOUND)
+    after: str
+
+
+class Consumed(WireRecord):
+    """The last sample a run's trainer consumed."""
+
+    ts: float
+    after: str
+
+
+class BacklogAnswer(WireRecord):
+    """A run's backlog on this node: unconsumed rollouts, the cap, what was consumed."""
+
+    run: str
+    pending: int = Field(ge=0)
+    max_pending: int = Field(ge=1)
+    consumed: Consumed | None
