@@ -253,16 +253,7 @@ class RolePlan:
     def weights_members(self) -> tuple[str, ...]:
         """The weights group: training rank 0 (the publisher), then every inference and selfplay
         node by id that is neither draining nor quarantined; empty when nobody trains."""
-        if not self.training_ranks:
-            return ()
-        receivers = sorted(
-            n
-            for n, r in self.roles.items()
-            if r in (Role.INFERENCE, Role.SELFPLAY)
-            and n not in self.draining
-            and n not in self.quarantined
-        )
-        return (self.training_ranks[0], *receivers)
+        return weights_members(self.roles, self.training_ranks, self.draining, self.quarantined)
 
     def same_assignment(self, other: RolePlan | None) -> bool:
         """True when `other` assigns the same roles, ranks, local world sizes, group and
@@ -336,6 +327,23 @@ class RolePlan:
             quarantined={str(node): reason for node, reason in quarantined.items()},
             restart=restart if isinstance(restart, str) else "",
         )
+
+
+def weights_members(
+    roles: Mapping[str, Role],
+    training_ranks: tuple[str, ...],
+    draining: Mapping[str, object],
+    quarantined: Mapping[str, object],
+) -> tuple[str, ...]:
+    """`RolePlan.weights_members` of a plan with these roles, ranks, drains and quarantines."""
+    if not training_ranks:
+        return ()
+    receivers = sorted(
+        n
+        for n, r in roles.items()
+        if r in (Role.INFERENCE, Role.SELFPLAY) and n not in draining and n not in quarantined
+    )
+    return (training_ranks[0], *receivers)
 
 
 def should_apply(current: FenceLike | None, incoming: FenceLike) -> bool:

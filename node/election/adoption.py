@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,8 @@ from typing import Any, Literal
 from config import AsyncClosing, fsync_directory
 from node.election.state import ElectionEvent, ElectionEventKind
 from node.errors import PlanError
+
+log = logging.getLogger("node.election.elector")
 
 RecordKind = Literal["coordinator", "plan"]
 
@@ -210,3 +213,22 @@ def adoption_record(
         plan_digest=plan.digest,
         backers=backers,
     )
+
+
+async def record_adoption(
+    adoptions: AdoptionLog | None,
+    event: ElectionEvent,
+    now: float,
+    backers: tuple[str, ...] | None,
+    node_id: str,
+) -> None:
+    """Append `event` to the adoption log when it is an adoption; a failed write is logged."""
+    if adoptions is None:
+        return
+    record = adoption_record(event, now, backers)
+    if record is None:
+        return
+    try:
+        await adoptions.append(record)
+    except (OSError, PlanError) as exc:
+        log.warning("node %s: adoption log write failed: %s", node_id, exc)

@@ -17,17 +17,19 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
+from node.election.spread import plan_deliveries
 from node.election.state import (
     ElectionConfig,
     ElectionRole,
     ElectionState,
+    PeerFences,
     election_timeout,
     follows_live_coordinator,
     lease_valid,
     stepdown_at,
 )
 from node.errors import ElectionError
-from node.plan import RolePlan, should_apply
+from node.plan import PlanFence, RolePlan, should_apply
 
 Step = tuple[ElectionState, list[Outbound]]
 """The next state and the messages to send, in order. The driver stores `state.durable` (and
@@ -123,7 +125,13 @@ def handle_heartbeat(
     def ack(current: ElectionState, success: bool) -> HeartbeatAck:
         fence = current.plan_fence
         return HeartbeatAck(
-            current.term, config.node_id, heartbeat.seq, success, fence, current.generation
+            current.term,
+            config.node_id,
+            heartbeat.seq,
+            success,
+            fence,
+            current.generation,
+            config.pulls_plans,
         )
 
     stale = heartbeat.term < state.term
@@ -200,13 +208,43 @@ def handle_heartbeat_ack(
         return _become_follower(state, ack.term, None, now, rng), []
     if state.role is not ElectionRole.COORDINATOR or ack.term != state.term or not ack.success:
         return state, []
-    state = replace(state, peer_fences={**state.peer_fences, ack.node: ack.plan_fence})
+    state = _note_follower(state, ack)
     sent = dict(state.rounds).get(ack.seq)
     if sent is None or ack.node not in state.config.voters or ack.node == state.config.node_id:
         return state, []
     if sent <= state.acked.get(ack.node, -math.inf):
         return state, []
     return replace(state, acked={**state.acked, ack.node: sent}), []
+
+
+def _note_follower(state: ElectionState, ack: HeartbeatAck) -> ElectionState:
+    """Record the plan a follower applies and whether it pulls plans; the mappings are copied
+    only when they change (a coordinator of thousands hears thousands of acks a second)."""
+    node, fences = ack.node, state.peer_fences
+    if node not in fences or fences[node] != ack.plan_fence:
+        table = fences if isinstance(fences, PeerFences) else PeerFences(fences)
+        state = replace(state, peer_fences=table.with_fence(node, ack.plan_fence))
+    if ack.pulls_plans == (node in state.whole_plans):
+        whole = state.whole_plans - {node} if ack.pulls_plans else state.whole_plans | {node}
+        state = replace(state, whole_plans=whole)
+    return state
+
+
+def adopt_fetched_plan(
+    state: ElectionState, plan: RolePlan, fence: PlanFence, digest: str
+) -> ElectionState:
+    """Adopt `plan`, fetched from a member after a heartbeat of this node's coordinator named
+    `fence` and `digest`: only that very plan (fence and digest), of this node's term, and
+    newer than the one it applies."""
+    if (
+        plan.fence != fence
+        or plan.digest != digest
+        or plan.term != state.term
+        or state.role is ElectionRole.COORDINATOR
+        or not should_apply(state.plan_fence, plan.fence)
+    ):
+        return state
+    return replace(state, plan=plan, generation=max(state.generation, plan.generation))
 
 
 def publish_plan(state: ElectionState, plan: RolePlan, now: float) -> Step:
@@ -223,7 +261,12 @@ def publish_plan(state: ElectionState, plan: RolePlan, now: float) -> Step:
         raise ElectionError(
             f"plan generation {plan.generation} is below the highest seen, {state.generation}"
         )
-    state = replace(state, plan=plan, generation=max(state.generation, plan.generation))
+    state = replace(
+        state,
+        plan=plan,
+        generation=max(state.generation, plan.generation),
+        plan_published_at=now,
+    )
     return _heartbeat_round(state, now, observers=True)
 
 
@@ -291,19 +334,24 @@ def _heartbeat_round(state: ElectionState, now: float, observers: bool) -> Step:
     if not lease_valid(state, now):
         plan = None
     fence = state.plan_fence
-    messages = [
-        Outbound(
-            target,
-            Heartbeat(
-                state.term,
-                config.node_id,
-                seq,
-                fence,
-                plan if plan is not None and state.peer_fences.get(target) != fence else None,
-            ),
-        )
-        for target in targets
-    ]
+    behind = [] if plan is None else [t for t in targets if state.peer_fences.get(t) != fence]
+    deliveries = plan_deliveries(
+        behind,
+        state.observers - state.whole_plans,
+        frozenset(config.voters),
+        now - state.plan_published_at >= config.plan_pull_grace_s,
+    )
+    messages = []
+    for target in targets:
+        delivery = deliveries.get(target)
+        if plan is None or delivery is None or delivery.whole:
+            whole = plan if delivery is not None else None
+            heartbeat = Heartbeat(state.term, config.node_id, seq, fence, whole)
+        else:
+            heartbeat = Heartbeat(
+                state.term, config.node_id, seq, fence, None, plan.digest, delivery.sources
+            )
+        messages.append(Outbound(target, heartbeat))
     state = replace(
         state,
         seq=seq,

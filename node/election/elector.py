@@ -12,12 +12,13 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from config.closing import AsyncClosing
 from health import LoopHealth
-from node.election import core
-from node.election.adoption import AdoptionLog, adoption_record
+from node.election import core, seams
+from node.election.adoption import AdoptionLog, record_adoption
 from node.election.messages import (
     Heartbeat,
     HeartbeatAck,
@@ -27,7 +28,8 @@ from node.election.messages import (
     VoteReply,
     VoteRequest,
 )
-from node.election.roles import NodeCapabilities, PlanDebouncer, RolePolicy, compute_plan
+from node.election.pull import PlanFetcher, PlanPuller, PlanWaiters
+from node.election.roles import PlanDebouncer, RolePolicy, compute_plan
 from node.election.seams import DurableState, ElectionTransport
 from node.election.sender import Sender
 from node.election.state import (
@@ -49,7 +51,7 @@ from node.election.state import (
     with_observers,
 )
 from node.errors import ElectionError, PlanError
-from node.plan import RestartRequest, RolePlan
+from node.plan import PlanFence, RolePlan
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +61,6 @@ PLAN_KEY = "election.plan"
 """DurableState key of the newest plan this node adopted (RolePlan.to_dict), or null."""
 
 Listener = Callable[[ElectionEvent], None]
-CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
-DrainSource = Callable[[int], Mapping[str, float | None] | None]
-"""The drained nodes (node id -> kill_after_s) a coordinator of the given term has read from
-their durable store, or None while it has not read them yet (the plan keeps its previous
-plan's)."""
-QuarantineSource = Callable[[int], Mapping[str, str] | None]  # as DrainSource: node -> reason
-RestartSource = Callable[[], RestartRequest | None]
-"""The restart of the training group a coordinator is asked for (node.training), or None."""
 
 
 class _Phase(enum.Enum):
@@ -89,10 +83,10 @@ class Elector(AsyncClosing):
         transport: ElectionTransport,
         durable: DurableState,
         *,
-        capabilities: CapabilitiesSource | None = None,
-        drains: DrainSource | None = None,
-        quarantines: QuarantineSource | None = None,
-        restarts: RestartSource | None = None,
+        capabilities: seams.CapabilitiesSource | None = None,
+        drains: seams.DrainSource | None = None,
+        quarantines: seams.QuarantineSource | None = None,
+        restarts: seams.RestartSource | None = None,
         policy: RolePolicy | None = None,
         debounce: PlanDebouncer | None = None,
         adoption_log: AdoptionLog | None = None,
@@ -126,6 +120,11 @@ class Elector(AsyncClosing):
             self._on_reply,
             self._term,
         )
+        self._puller: PlanPuller | None = None
+        if isinstance(transport, PlanFetcher):
+            self._puller = PlanPuller(config.node_id, transport, self._adopt_fetched)
+            self.config = replace(config, pulls_plans=True)
+        self._plan_waiters = PlanWaiters()
         self._persist_lock = asyncio.Lock()
         self._stored = DurableRecord()
         self._stored_plan: RolePlan | None = None
@@ -176,6 +175,8 @@ class Elector(AsyncClosing):
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._sender.close()
+        if self._puller is not None:
+            await self._puller.close()
 
     @property
     def state(self) -> ElectionState:
@@ -226,7 +227,24 @@ class Elector(AsyncClosing):
         state = self._running_state()
         new, ack = core.handle_heartbeat(state, heartbeat, self._clock(), self._rng)
         await self._settle(self._commit(state, new))
+        if self._puller is not None and ack.success:
+            self._puller.consider(heartbeat, self._running_state().plan_fence)
         return ack
+
+    async def _adopt_fetched(self, plan: RolePlan, heartbeat: Heartbeat) -> bool:
+        """Adopt a plan fetched after `heartbeat` announced it; True once it is durable."""
+        state = self._running_state()
+        assert heartbeat.plan_fence is not None
+        assert heartbeat.plan_digest is not None
+        new = core.adopt_fetched_plan(state, plan, heartbeat.plan_fence, heartbeat.plan_digest)
+        if new is state:
+            return state.plan_fence is not None and state.plan_fence >= plan.fence
+        await self._settle(self._commit(state, new))
+        return True
+
+    async def plan_at(self, fence: PlanFence, wait_s: float) -> RolePlan | None:
+        """`GET /v1/plan?fence=`: the plan of `fence` once applied here (None: not in `wait_s`)."""
+        return await self._plan_waiters.plan_at(fence, wait_s, lambda: self.plan)
 
     def _running_state(self) -> ElectionState:
         if self._phase is not _Phase.RUNNING or self._state is None:
@@ -234,8 +252,7 @@ class Elector(AsyncClosing):
         return self._state
 
     def _commit(self, old: ElectionState, new: ElectionState) -> int:
-        """Make `new` current and queue its events; never awaits. Returns its sequence number
-        (what `_settle` must see stored)."""
+        """Make `new` current, queue its events (never awaits); its sequence for `_settle`."""
         now = self._clock()
         self._state = new
         self._commit_seq += 1
@@ -249,6 +266,8 @@ class Elector(AsyncClosing):
             self._queue.append((self._commit_seq, event, backers))
         if new is not old:
             self._wake.set()
+        if new.plan_fence != old.plan_fence:
+            self._plan_waiters.changed()
         return self._commit_seq
 
     async def _settle(self, seq: int | None = None) -> None:
@@ -277,7 +296,9 @@ class Elector(AsyncClosing):
                         listener(event)
                     except Exception:
                         log.exception("node %s: election listener failed", self.config.node_id)
-                await self._record(event, backers)
+                await record_adoption(
+                    self._adoption_log, event, self._wall_clock(), backers, self.config.node_id
+                )
 
     def _step_down_unstored(self, exc: BaseException) -> None:
         """A write of the election state failed: back to what is stored, as a follower."""
@@ -305,7 +326,9 @@ class Elector(AsyncClosing):
                 await self._durable.set(VOTE_KEY, state.durable.to_dict())
                 self._stored = state.durable
                 wrote = True
-            if state.plan is not None and state.plan_fence != _fence(self._stored_plan):
+            if state.plan is not None and (
+                self._stored_plan is None or state.plan_fence != self._stored_plan.fence
+            ):
                 await self._durable.set(PLAN_KEY, state.plan.to_dict())
                 self._stored_plan = state.plan
                 wrote = True
@@ -322,17 +345,6 @@ class Elector(AsyncClosing):
                 raise
         log.info("node %s: election state can be stored again", self.config.node_id)
         self.storage_problem = None
-
-    async def _record(self, event: ElectionEvent, backers: tuple[str, ...] | None) -> None:
-        if self._adoption_log is None:
-            return
-        record = adoption_record(event, self._wall_clock(), backers)
-        if record is None:
-            return
-        try:
-            await self._adoption_log.append(record)
-        except (OSError, PlanError) as exc:
-            log.warning("node %s: adoption log write failed: %s", self.config.node_id, exc)
 
     async def _run(self) -> None:
         failures = 0
@@ -433,7 +445,3 @@ class Elector(AsyncClosing):
 
     def _term(self) -> object:
         return self._state.term if self._state else "-"
-
-
-def _fence(plan: RolePlan | None) -> object:
-    return None if plan is None else plan.fence

@@ -12,6 +12,9 @@ from typing import Any, TypeGuard
 from node.errors import ElectionError, PlanError
 from node.plan import PlanFence, RolePlan
 
+MAX_PLAN_SOURCES = 16
+"""The most members a heartbeat names to fetch its plan from."""
+
 
 class VoteReason(enum.StrEnum):
     """Why a vote was granted or denied (carried in VoteReply.reason)."""
@@ -84,16 +87,23 @@ class VoteReply:
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """The coordinator of `term` is alive. `seq` numbers its rounds; `plan_fence` is its current
-    plan's fence and `plan` the whole plan when the receiver has not acknowledged that fence."""
+    plan's fence and `plan` the whole plan when the receiver has not acknowledged that fence.
+
+    Instead of the plan, a receiver that pulls plans (its acknowledgements say `pulls_plans`)
+    gets `plan_digest` (the plan's `RolePlan.digest`) and `plan_sources`, the members to fetch
+    it from in order (`GET /v1/plan?fence=`, node.election.pull); both keys are absent
+    otherwise, so a heartbeat reads as the previous release's."""
 
     term: int
     coordinator: str
     seq: int
     plan_fence: PlanFence | None = None
     plan: RolePlan | None = None
+    plan_digest: str | None = None
+    plan_sources: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "type": "heartbeat",
             "term": self.term,
             "coordinator": self.coordinator,
@@ -101,6 +111,10 @@ class Heartbeat:
             "plan_fence": None if self.plan_fence is None else self.plan_fence.to_list(),
             "plan": None if self.plan is None else self.plan.to_dict(),
         }
+        if self.plan_digest is not None:
+            data["plan_digest"] = self.plan_digest
+            data["plan_sources"] = list(self.plan_sources)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Heartbeat:
@@ -113,14 +127,29 @@ class Heartbeat:
             raise ElectionError(f"heartbeat carries a bad plan: {exc}") from exc
         if plan is not None and plan.fence != fence:
             raise ElectionError("heartbeat plan_fence does not match its plan")
-        return cls(_int(data, "term"), _text(data, "coordinator"), _int(data, "seq"), fence, plan)
+        digest, sources = data.get("plan_digest"), data.get("plan_sources") or []
+        if digest is not None and (not isinstance(digest, str) or not 0 < len(digest) <= 64):
+            raise ElectionError("heartbeat plan_digest must be a short string")
+        if not isinstance(sources, list) or len(sources) > MAX_PLAN_SOURCES:
+            raise ElectionError(f"heartbeat plan_sources must list at most {MAX_PLAN_SOURCES}")
+        named = tuple(_text({"source": source}, "source") for source in sources)
+        return cls(
+            _int(data, "term"),
+            _text(data, "coordinator"),
+            _int(data, "seq"),
+            fence,
+            plan,
+            digest if fence is not None else None,
+            named if digest is not None and fence is not None else (),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatAck:
     """`node` answers heartbeat `seq`: `success` when it follows that coordinator in `term`
     (its own term, higher when the heartbeat was stale); `plan_fence` is the plan it applies,
-    `generation` the highest training generation it has seen."""
+    `generation` the highest training generation it has seen; `pulls_plans` that it fetches a
+    new plan from the members a heartbeat names (the previous release never says so)."""
 
     term: int
     node: str
@@ -128,9 +157,10 @@ class HeartbeatAck:
     success: bool
     plan_fence: PlanFence | None = None
     generation: int = 0
+    pulls_plans: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "type": "heartbeat_ack",
             "term": self.term,
             "node": self.node,
@@ -139,6 +169,9 @@ class HeartbeatAck:
             "plan_fence": None if self.plan_fence is None else self.plan_fence.to_list(),
             "generation": self.generation,
         }
+        if self.pulls_plans:
+            data["pulls_plans"] = True
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HeartbeatAck:
@@ -154,6 +187,7 @@ class HeartbeatAck:
             _bool(data, "success", required=True),
             fence,
             _int(data, "generation") if "generation" in data else 0,
+            data.get("pulls_plans") is True,
         )
 
 

@@ -11,7 +11,7 @@ from typing import Literal
 from config import HostEntry, Role
 from node.election.claims import gpu_conflicts, gpu_uuids_from_meta
 from node.errors import PlanError
-from node.plan import Backend, GroupSpec, RestartRequest, RolePlan
+from node.plan import Backend, GroupSpec, RestartRequest, RolePlan, weights_members
 
 BackendChoice = Literal["nccl", "gloo", "auto"]
 AUTO_FALLBACK_ROLE = Role.SELFPLAY
@@ -126,7 +126,8 @@ def compute_plan(
     group = _group_of(ranks, sizes, by_id, policy)
     generation = next_generation(tuple(ranks), group, previous, highest_generation, sizes)
     generation, reason = _restarted(generation, previous, highest_generation, restart)
-    plan = RolePlan(
+    receivers = weights_members(roles, tuple(ranks), drains, held)
+    return RolePlan(
         term=term,
         version=version,
         roles=roles,
@@ -138,11 +139,11 @@ def compute_plan(
         cannot_train={
             node_id: cap.cannot_train for node_id, cap in by_id.items() if cap.cannot_train
         },
+        weights_generation=_weights_generation(receivers, group.master_addr, previous),
         local_world_sizes=sizes,
         draining=drains,
         quarantined=held,
     )
-    return replace(plan, weights_generation=next_weights_generation(plan, previous))
 
 
 def _group_of(
@@ -202,12 +203,15 @@ def _with_gpu_conflicts(
 def next_weights_generation(plan: RolePlan, previous: RolePlan | None) -> int:
     """The previous plan's weights generation while its weights group (members and master
     address) is the same as `plan`'s, else one above it."""
+    return _weights_generation(plan.weights_members(), plan.group.master_addr, previous)
+
+
+def _weights_generation(
+    receivers: tuple[str, ...], master_addr: str, previous: RolePlan | None
+) -> int:
     if previous is None:
-        return 1 if plan.weights_members() else 0
-    same = (
-        previous.weights_members() == plan.weights_members()
-        and previous.group.master_addr == plan.group.master_addr
-    )
+        return 1 if receivers else 0
+    same = previous.weights_members() == receivers and previous.group.master_addr == master_addr
     return previous.weights_generation if same else previous.weights_generation + 1
 
 

@@ -28,9 +28,19 @@ from health import (
 )
 from net import Identity, NetError, PeerClient, PeerTls, map_peer_errors
 from node.election.elector import Elector
-from node.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from node.election.messages import (
+    MAX_PLAN_SOURCES,
+    Heartbeat,
+    HeartbeatAck,
+    PlanAnnounce,
+    VoteReply,
+    VoteRequest,
+)
+from node.election.pull import PlanQuery, serve_plan
 from node.errors import AnsweredError, ElectionError
+from node.identity.roles import caller_of
 from node.openapi import WireRecord
+from node.plan import PlanFence, RolePlan
 from node.security import PEER_ID
 
 log = logging.getLogger(__name__)
@@ -77,6 +87,8 @@ class HeartbeatBody(BaseModel):
     seq: WholeNumber = _TERM
     plan_fence: Annotated[list[WholeNumber], Field(min_length=2, max_length=2)] | None = None
     plan: dict[str, Any] | None = None
+    plan_digest: str | None = Field(default=None, min_length=1, max_length=64)
+    plan_sources: list[str] | None = Field(default=None, max_length=MAX_PLAN_SOURCES)
 
 
 class VoteReplyAnswer(WireRecord):
@@ -121,6 +133,7 @@ MESSAGE_ERRORS = (
 )
 
 ElectorSource = Callable[[], Elector | None]
+_Query = tuple[dict[str, str], float] | None  # a GET's query parameters and timeout
 AddressOf = Callable[[str], tuple[str, int] | None]
 
 
@@ -167,12 +180,26 @@ class ElectionRoutes:
         PLAN_PATH,
         callers=READ,
         answers=((200, "the plan document"),),
-        errors=[Refusal(503, "unavailable", "election not running")],
+        errors=[
+            Refusal(400, "bad_request", "malformed fence or wait_s"),
+            Refusal(403, "forbidden", "fence given by a caller that is not a node"),
+            Refusal(404, "plan_not_here", "this node does not apply that plan (yet)"),
+            Refusal(503, "unavailable", "election not running"),
+        ],
+        query=PlanQuery,
         answer=PlanAnswer,
     )
     async def plan(self, request: web.Request) -> web.Response:
-        """This node's term, coordinator, lease and the role plan it applies"""
-        return web.json_response(_running(self._elector).plan_announce().to_dict())
+        """This node's term, coordinator, lease and the role plan it applies; with `fence`
+        (peers only: a node fetching the plan a heartbeat announced, node.election.pull) that
+        plan once this node applies it, waiting up to `wait_s`"""
+        running = _running(self._elector)
+        if "fence" not in request.query:
+            return web.json_response(running.plan_announce().to_dict())
+        caller = caller_of(request)
+        if caller is not None and caller is not Caller.PEER:
+            raise _Refusal(403, f"only nodes fetch a plan by fence, not a {caller.value} caller")
+        return await serve_plan(running, request.query)
 
 
 async def _message(
@@ -315,7 +342,15 @@ class HttpElectionTransport(AsyncClosing):
         data = await self._post(to, HEARTBEAT_PATH, heartbeat.to_dict())
         return None if data is None else _parse(HeartbeatAck.from_dict, data, to)
 
-    async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
+    async def fetch_plan(self, to: str, fence: PlanFence, wait_s: float) -> RolePlan | None:
+        query = {"fence": fence.to_header(), "wait_s": f"{wait_s:g}"}
+        data = await self._post(to, PLAN_PATH, None, (query, self._timeout_s + wait_s))
+        announce = None if data is None else _parse(PlanAnnounce.from_dict, data, to)
+        return None if announce is None else announce.plan
+
+    async def _post(
+        self, to: str, path: str, body: dict[str, Any] | None, query: _Query = None
+    ) -> Any:
         if self._phase is not _Phase.OPENED or self._peers is None:
             raise ElectionError(f"election transport is {self._phase.value}")
         endpoint = self._address_of(to)
@@ -326,9 +361,9 @@ class HttpElectionTransport(AsyncClosing):
         breaker = self._breaker(to)
         try:
             if breaker is None:
-                return await self._exchange(self._peers, to, address, path, body)
+                return await self._exchange(self._peers, to, address, path, body, query)
             async with breaker:
-                return await self._exchange(self._peers, to, address, path, body)
+                return await self._exchange(self._peers, to, address, path, body, query)
         except CircuitOpenError as exc:
             log.debug("node %s: %s %s skipped: %s", self.node_id, to, path, exc)
             return None
@@ -347,11 +382,22 @@ class HttpElectionTransport(AsyncClosing):
         return breaker
 
     async def _exchange(
-        self, peers: PeerClient, to: str, address: str, path: str, body: dict[str, Any]
+        self,
+        peers: PeerClient,
+        to: str,
+        address: str,
+        path: str,
+        body: dict[str, Any] | None,
+        query: _Query = None,
     ) -> Any:
-        """POST `body`; the JSON answer, None for a refusal (the peer answered: no failure).
-        Network errors, timeouts and malformed JSON raise (they count on the breaker)."""
-        answer = await peers.request("POST", address, path, json=body, check=False)
+        """POST `body` (GET without one); the JSON answer, None for a refusal (the peer
+        answered: no failure). Network errors, timeouts and malformed JSON raise (they count on
+        the breaker)."""
+        method = "GET" if body is None else "POST"
+        params, timeout_s = query or (None, None)
+        answer = await peers.request(
+            method, address, path, json=body, params=params, timeout_s=timeout_s, check=False
+        )
         if answer.status != 200:
             log.debug("node %s: %s %s answered %d", self.node_id, to, path, answer.status)
             return None

@@ -8,10 +8,21 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from node.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from node.election.roles import NodeCapabilities
+from node.plan import PlanFence, RestartRequest, RolePlan
+
+CapabilitiesSource = Callable[[], Sequence[NodeCapabilities]]
+DrainSource = Callable[[int], Mapping[str, float | None] | None]
+"""The drained nodes (node id -> kill_after_s) a coordinator of the given term has read from
+their durable store, or None while it has not read them yet (the plan keeps its previous
+plan's)."""
+QuarantineSource = Callable[[int], Mapping[str, str] | None]  # as DrainSource: node -> reason
+RestartSource = Callable[[], RestartRequest | None]
+"""The restart of the training group a coordinator is asked for (node.training), or None."""
 
 
 class DurableState(Protocol):
@@ -33,6 +44,7 @@ class ElectionEndpoint(Protocol):
 
     async def handle_vote_request(self, request: VoteRequest) -> VoteReply: ...
     async def handle_heartbeat(self, heartbeat: Heartbeat) -> HeartbeatAck: ...
+    async def plan_at(self, fence: PlanFence, wait_s: float) -> RolePlan | None: ...
 
 
 class StateStore(Protocol):
@@ -96,6 +108,10 @@ class InMemoryElectionNetwork:
         self._blocked: set[tuple[str, str]] = set()
         self.delivered = 0
         self.lost = 0
+        self.whole_plans_sent = 0
+        """Heartbeats that carried a whole plan."""
+        self.plans_fetched = 0
+        """Plans fetched from a member (node.election.pull)."""
 
     def register(self, node_id: str, endpoint: ElectionEndpoint) -> None:
         self._endpoints[node_id] = endpoint
@@ -163,6 +179,18 @@ class InMemoryElectionNetwork:
         self.delivered += 1
         return ack
 
+    async def call_plan(
+        self, source: str, target: str, fence: PlanFence, wait_s: float
+    ) -> RolePlan | None:
+        endpoint = self._endpoints.get(target)
+        if endpoint is None or not await self._leg(source, target):
+            return None
+        plan = await endpoint.plan_at(fence, wait_s)
+        if plan is None or not await self._leg(target, source):
+            return None
+        self.plans_fetched += 1
+        return plan
+
 
 class InMemoryElectionTransport:
     """One node's ElectionTransport on an InMemoryElectionNetwork."""
@@ -175,4 +203,9 @@ class InMemoryElectionTransport:
         return await self._network.call_vote(self.node_id, to, request)
 
     async def send_heartbeat(self, to: str, heartbeat: Heartbeat) -> HeartbeatAck | None:
+        if heartbeat.plan is not None:
+            self._network.whole_plans_sent += 1
         return await self._network.call_heartbeat(self.node_id, to, heartbeat)
+
+    async def fetch_plan(self, to: str, fence: PlanFence, wait_s: float) -> RolePlan | None:
+        return await self._network.call_plan(self.node_id, to, fence, wait_s)

@@ -8,7 +8,7 @@ import enum
 import logging
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from config import Timeouts
@@ -28,6 +28,10 @@ class ElectionRole(enum.StrEnum):
 class ElectionConfig:
     """One node's view of the election: its id, the fixed voters, and the timing.
 
+    `pulls_plans`: this node fetches a plan a heartbeat announces from the members it names
+    (its acknowledgements say so); a member still behind `plan_pull_grace_s` after a plan was
+    published gets it whole from the coordinator (node.election.spread).
+
     A coordinator's lease counts `lease_s * (1 - clock_drift)` from the send time of the round a
     majority acknowledged; voters deny votes for `lease_s` from receiving it, so the two
     windows cannot overlap while clock rates differ by less than `clock_drift`.
@@ -41,6 +45,8 @@ class ElectionConfig:
     election_max_s: float = 1.25
     observer_interval_s: float = 0.6
     clock_drift: float = 0.01
+    plan_pull_grace_s: float = 3.0
+    pulls_plans: bool = False
 
     def __post_init__(self) -> None:
         if not self.voters or len(set(self.voters)) != len(self.voters):
@@ -51,6 +57,8 @@ class ElectionConfig:
             raise ElectionError("election timeouts need 0 < election_min_s <= election_max_s")
         if not 0 <= self.clock_drift < 0.5 or self.observer_interval_s <= 0:
             raise ElectionError("clock_drift must be in [0, 0.5), observer_interval_s positive")
+        if self.plan_pull_grace_s <= 0:
+            raise ElectionError("plan_pull_grace_s must be positive")
 
     @classmethod
     def from_timeouts(
@@ -84,6 +92,39 @@ class ElectionConfig:
     @property
     def coordinator_lease_s(self) -> float:
         return self.lease_s * (1.0 - self.clock_drift)
+
+
+class PeerFences(Mapping[str, "PlanFence | None"]):
+    """The plan fence each follower reported, immutable. `with_fence` returns a table that
+    shares all but one of its SHARDS dicts with this one: a coordinator of N followers records
+    an acknowledgement in O(N / SHARDS) instead of copying all N."""
+
+    SHARDS = 64
+    __slots__ = ("_count", "_shards")
+
+    def __init__(self, fences: Mapping[str, PlanFence | None] | None = None) -> None:
+        shards: list[dict[str, PlanFence | None]] = [{} for _ in range(self.SHARDS)]
+        for node, fence in (fences or {}).items():
+            shards[hash(node) % self.SHARDS][node] = fence
+        self._shards = tuple(shards)
+        self._count = sum(len(shard) for shard in shards)
+
+    def __getitem__(self, node: str) -> PlanFence | None:
+        return self._shards[hash(node) % self.SHARDS][node]
+
+    def __iter__(self) -> Iterator[str]:
+        return (node for shard in self._shards for node in shard)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def with_fence(self, node: str, fence: PlanFence | None) -> PeerFences:
+        index = hash(node) % self.SHARDS
+        shard = {**self._shards[index], node: fence}
+        table = PeerFences.__new__(PeerFences)
+        table._shards = (*self._shards[:index], shard, *self._shards[index + 1 :])
+        table._count = self._count + len(shard) - len(self._shards[index])
+        return table
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +167,9 @@ class ElectionState:
     `rounds` (seq, sent time) of recent heartbeat rounds, `acked` voter -> send time of the
     newest round it acknowledged, `peer_fences` the plan fence each follower reported.
     `generation` is the highest training generation seen: in any plan applied, or reported in
-    a follower's acknowledgement.
+    a follower's acknowledgement. Coordinator only: `whole_plans` are the followers whose
+    acknowledgements do not say `pulls_plans` (a new plan goes to them whole), and
+    `plan_published_at` when it published its current plan.
     """
 
     config: ElectionConfig
@@ -148,6 +191,8 @@ class ElectionState:
     next_observer_heartbeat_at: float = 0.0
     observers: frozenset[str] = frozenset()
     generation: int = 0
+    whole_plans: frozenset[str] = frozenset()
+    plan_published_at: float = -math.inf
 
     @property
     def durable(self) -> DurableRecord:

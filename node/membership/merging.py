@@ -25,7 +25,6 @@ from node.membership.rules import (
     scaled_s,
     suspicion_bounds_s,
     suspicion_longest,
-    suspicion_members,
 )
 from node.membership.table import UP
 from node.membership.timers import SuspicionTimers
@@ -138,7 +137,7 @@ class MergingProtocol(ProtocolCore):
         self._queue_update(self._self_update())
 
     def _start_suspicion(self, member: Member, origin: str, nacks: int = 0) -> None:
-        size = suspicion_members(m.state for m in self._table)
+        size = self._table.suspicion_size
         low, high = suspicion_bounds_s(
             self._timeouts.suspicion_s, size, self._tuning.suspicion_max_mult
         )

@@ -251,9 +251,7 @@ class Membership(SwimProtocol, AsyncClosing):
         """Know `members` before start, as if learned by push-pull (a warm start)."""
         if self._phase is not Phase.NEW:
             raise MembershipError("preload() only before start()")
-        for member in members:
-            if member.node_id != self.self_id and self._table.get(member.node_id) is None:
-                self._table.store(None, member)
+        self._table.preload(members)
 
     def members(self) -> list[MemberView]:
         """Every member this node knows, itself first (is_self=True), then by node id."""

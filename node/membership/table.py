@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable, Iterator
 from itertools import chain
+from operator import attrgetter
 
 from node.membership.rules import view_digest
 from node.membership.types import Address, Member, MemberState, MemberView, Refusal
 
 UP = (MemberState.ALIVE, MemberState.SUSPECT)
+_NODE_ID = attrgetter("node_id")
+_ENDPOINT = attrgetter("address", "port")
+_STATE = attrgetter("state")
 
 
 class MemberTable:
@@ -23,8 +27,11 @@ class MemberTable:
         self._rng = rng
         self._members: dict[str, Member] = {}
         self._ids: list[str] = []
-        self._id_index: dict[str, int] = {}
-        self._by_endpoint: dict[Address, str] = {}
+        # Both indexes are built on first need: a warm start of a large view (and a simulation
+        # holding thousands of views) pays for neither until a member is removed or an address
+        # looked up. `_by_endpoint` stays None only while every member's endpoint is distinct.
+        self._id_index: dict[str, int] | None = {}
+        self._by_endpoint: dict[Address, str] | None = {}
         self.heard_at: dict[str, float] = {}
         self.down_since: dict[str, float] = {}
         self.synced_at: dict[str, float] = {}
@@ -34,6 +41,7 @@ class MemberTable:
         self._probe_index = 0
         self._version = 0
         self._digest: tuple[int, str] = (-1, "")
+        self._left = 0
 
     @property
     def me(self) -> Member:
@@ -53,6 +61,12 @@ class MemberTable:
         """N of the protocol's formulas: every member, this node included."""
         return len(self._members) + 1
 
+    @property
+    def suspicion_size(self) -> int:
+        """`rules.suspicion_members` of this view, kept as members change (not counted anew
+        for each suspicion: a view of thousands starts hundreds of them after a cut)."""
+        return self.size - self._left
+
     def __iter__(self) -> Iterator[Member]:
         return iter(self._members.values())
 
@@ -60,41 +74,94 @@ class MemberTable:
         return self._members.get(node_id)
 
     def at(self, endpoint: Address) -> Member | None:
-        node_id = self._by_endpoint.get(endpoint)
+        node_id = self._endpoints().get(endpoint)
         return None if node_id is None else self._members.get(node_id)
+
+    def _endpoints(self) -> dict[Address, str]:
+        if self._by_endpoint is None:
+            self._by_endpoint = {m.endpoint: node_id for node_id, m in self._members.items()}
+        return self._by_endpoint
+
+    def _indexes(self) -> dict[str, int]:
+        if self._id_index is None:
+            self._id_index = {node_id: index for index, node_id in enumerate(self._ids)}
+        return self._id_index
 
     def store(self, previous: Member | None, member: Member) -> None:
         """Put `member` in place of `previous` (None: a new member)."""
         node_id = member.node_id
         self._members[node_id] = member
         self._version += 1
+        self._left += (member.state is MemberState.LEFT) - (
+            previous is not None and previous.state is MemberState.LEFT
+        )
         if previous is None:
-            self._id_index[node_id] = len(self._ids)
+            if self._id_index is not None:
+                self._id_index[node_id] = len(self._ids)
             self._ids.append(node_id)
             if self._probe_index < len(self._probe_order):
-                spot = self._rng.randint(self._probe_index, len(self._probe_order))
-                self._probe_order.insert(spot, node_id)
-        elif (
-            previous.endpoint != member.endpoint
-            and self._by_endpoint.get(previous.endpoint) == node_id
-        ):
-            del self._by_endpoint[previous.endpoint]
-        self._by_endpoint[member.endpoint] = node_id
+                self._probe_order.append(node_id)  # among those not drawn yet this round
+        if previous is None or previous.endpoint != member.endpoint:
+            by_endpoint = self._endpoints()
+            if previous is not None and by_endpoint.get(previous.endpoint) == node_id:
+                del by_endpoint[previous.endpoint]
+            by_endpoint[member.endpoint] = node_id
+        elif self._by_endpoint is not None:
+            self._by_endpoint[member.endpoint] = node_id
         if member.state in UP:
             self.down_since.pop(node_id, None)
         elif previous is None or previous.state != member.state:
             self.down_since[node_id] = member.state_since
 
+    def preload(self, members: Iterable[Member]) -> None:
+        """Add every member of `members` not known yet (this node excepted) at once: a warm
+        start, as if learned by push-pull, before the first probe round."""
+        me = self._me.node_id
+        known = self._members
+        given = list(members)
+        fresh = dict(zip(map(_NODE_ID, given), given, strict=True))
+        if len(fresh) < len(given):  # an id twice: its first record counts
+            fresh = {}
+            for member in given:
+                fresh.setdefault(member.node_id, member)
+        fresh.pop(me, None)
+        if known:
+            fresh = {node_id: m for node_id, m in fresh.items() if node_id not in known}
+        if not fresh:
+            return
+        distinct = self._by_endpoint is None or not self._by_endpoint
+        if distinct:
+            endpoints = set(map(_ENDPOINT, chain(known.values(), fresh.values())))
+            distinct = len(endpoints) == len(known) + len(fresh)
+        if not distinct or self._probe_order:
+            for member in fresh.values():
+                self.store(None, member)
+            return
+        known.update(fresh)
+        self._ids.extend(fresh)
+        states = list(map(_STATE, fresh.values()))
+        self._left += states.count(MemberState.LEFT)
+        self._id_index = None
+        self._by_endpoint = None
+        self._version += 1
+        if states.count(MemberState.ALIVE) + states.count(MemberState.SUSPECT) < len(states):
+            for node_id, member in fresh.items():
+                if member.state not in UP:
+                    self.down_since[node_id] = member.state_since
+
     def remove(self, node_id: str) -> Member:
+        indexes = self._indexes()
         member = self._members.pop(node_id)
         self._version += 1
-        index = self._id_index.pop(node_id)
+        self._left -= member.state is MemberState.LEFT
+        index = indexes.pop(node_id)
         last = self._ids.pop()
         if last != node_id:
             self._ids[index] = last
-            self._id_index[last] = index
-        if self._by_endpoint.get(member.endpoint) == node_id:
-            del self._by_endpoint[member.endpoint]
+            indexes[last] = index
+        by_endpoint = self._by_endpoint
+        if by_endpoint is not None and by_endpoint.get(member.endpoint) == node_id:
+            del by_endpoint[member.endpoint]
         for table in (self.heard_at, self.down_since, self.synced_at):
             table.pop(node_id, None)
         return member
@@ -135,32 +202,40 @@ class MemberTable:
         return pool[:count]
 
     def next_probe_target(self) -> Member | None:
-        """Round-robin over a shuffled list of every member, reshuffled each round, so each live
-        member is probed once per round; members added mid-round land at a random later spot.
+        """Round-robin over every member in an order drawn at random as the round goes (a lazy
+        Fisher-Yates shuffle: O(1) a probe however large the view, and no N-long shuffle when
+        thousands of views start at once), so each live member is probed once per round;
+        members added mid-round join those not drawn yet.
 
-        A suspect's turn goes to the next alive member of the round and the suspect takes that
-        member's later place: its suspicion already runs on a timer, so the probes go first to
-        members nobody suspects yet (across a partition, the far side is covered sooner)."""
+        A suspect drawn gives its turn to an alive member not drawn yet and goes back among
+        those: its suspicion already runs on a timer, so the probes go first to members nobody
+        suspects yet (across a partition, the far side is covered sooner)."""
         for _ in range(len(self._probe_order) + 1):
             if self._probe_index >= len(self._probe_order):
                 self._probe_order = list(self._ids)
-                self._rng.shuffle(self._probe_order)
                 self._probe_index = 0
                 if not self._probe_order:
                     return None
-            self._defer_suspect()
+            self._draw()
             member = self._members.get(self._probe_order[self._probe_index])
             self._probe_index += 1
             if member is not None and member.state in UP:
                 return member
         return None
 
-    def _defer_suspect(self) -> None:
-        order, index = self._probe_order, self._probe_index
+    def _draw(self) -> None:
+        """Put a random member not drawn yet at the probe index, an alive one rather than a
+        suspect while one is left (looked for from a random place among the rest)."""
+        order, index, rng = self._probe_order, self._probe_index, self._rng
+        spot = rng.randrange(index, len(order))
+        order[index], order[spot] = order[spot], order[index]
         current = self._members.get(order[index])
         if current is None or current.state != MemberState.SUSPECT:
             return
-        for later in range(index + 1, len(order)):
+        rest = len(order) - index - 1
+        start = rng.randrange(rest) if rest else 0
+        for step in range(rest):
+            later = index + 1 + (start + step) % rest
             member = self._members.get(order[later])
             if member is not None and member.state == MemberState.ALIVE:
                 order[index], order[later] = order[later], order[index]

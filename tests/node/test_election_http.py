@@ -19,6 +19,7 @@ from config.declare import Caller, route_defs
 from config.declare import declared as declared_handlers
 from node.election.elector import Elector
 from node.election.messages import Heartbeat, PlanAnnounce, VoteRequest
+from node.election.pull import PlanQuery
 from node.election.roles import NodeCapabilities, RolePolicy
 from node.election.routes import (
     HEARTBEAT_PATH,
@@ -221,3 +222,75 @@ def test_the_election_routes_are_declared_for_peers() -> None:
         ("GET", "/v1/plan"),
     }
     assert declared["POST", "/v1/election/vote"].callers == {Caller.PEER}
+    plan = declared["GET", "/v1/plan"]
+    assert plan.query is PlanQuery
+    assert {(refusal.status, refusal.code) for refusal in plan.errors} >= {(404, "plan_not_here")}
+
+
+async def test_a_plan_is_fetched_by_fence_waiting_until_the_source_applies_it() -> None:
+    nodes = ("a", "b", "c")
+    electors: dict[str, Elector] = {}
+    addresses: dict[str, tuple[str, int]] = {}
+    policy = RolePolicy(min_training=1, max_training=1)
+    members = [NodeCapabilities(n, "127.0.0.1", 1, "L4", 24, Role.AUTO) for n in nodes]
+    async with AsyncExitStack() as stack:
+        for node in nodes:
+            server = await stack.enter_async_context(
+                TestServer(make_app(partial(electors.get, node)), host="127.0.0.1")
+            )
+            addresses[node] = ("127.0.0.1", server.port or 0)
+        transports = {}
+        for seed, node in enumerate(nodes):
+            transports[node] = await stack.enter_async_context(
+                HttpElectionTransport(node, addresses.get, secret=SECRET, timeout_s=0.5)
+            )
+            elector = Elector(
+                ElectionConfig(node, nodes, **FAST),
+                transports[node],
+                InMemoryDurableState(),
+                capabilities=lambda: members,
+                policy=policy,
+                rng=random.Random(seed),
+            )
+            await stack.enter_async_context(elector)
+            electors[node] = elector
+        leaders: list[str] = []
+
+        def settled() -> bool:
+            leaders[:] = [
+                n for n, e in electors.items() if e.status.role is ElectionRole.COORDINATOR
+            ]
+            fences = {None if e.plan is None else e.plan.fence for e in electors.values()}
+            return len(leaders) == 1 and len(fences) == 1 and None not in fences
+
+        await eventually(settled)
+        source = next(n for n in nodes if n not in leaders)
+        asker = next(n for n in nodes if n not in (source, leaders[0]))
+        plan = electors[source].plan
+        assert plan is not None
+        fetch = transports[asker].fetch_plan
+        assert await fetch(source, plan.fence, 0.0) == plan
+        later = PlanFence(plan.term, plan.version + 1)
+        assert await fetch(source, later, 0.1) is None  # 404: not applied there (yet)
+        waiting = asyncio.create_task(fetch(source, later, 4.0))
+        await asyncio.sleep(0.05)
+        members[2] = NodeCapabilities("c", "127.0.0.1", 2, "L4", 80, Role.AUTO)  # c trains
+        electors[leaders[0]].notify_membership_changed()
+        fetched = await waiting
+        assert fetched is not None
+        assert fetched.fence == later
+        assert fetched == electors[source].plan
+        host, port = addresses[source]
+        async with (
+            ClientSession(middlewares=(signing_middleware(SECRET, asker),)) as session,
+            session.get(f"http://{host}:{port}{PLAN_PATH}?fence=1.x") as response,
+        ):
+            assert response.status == 400
+        fenced = f"http://{host}:{port}{PLAN_PATH}?fence={plan.fence.to_header()}"
+        async with (
+            ClientSession(middlewares=(signing_middleware(SECRET, "cli-op"),)) as session,
+            session.get(fenced) as refused,
+            session.get(f"http://{host}:{port}{PLAN_PATH}") as read,
+        ):
+            assert refused.status == 403  # an operator reads the plan, only nodes wait on one
+            assert read.status == 200
