@@ -13,7 +13,7 @@ from config.lazy import lazy_exports
 if TYPE_CHECKING:
     from net.aio import AiohttpTransport
     from net.blocking import BlockingBreakerHook, BlockingPeerClient, UrllibTransport
-    from net.build import Identity, base_url, build_request, split_url
+    from net.build import Identity, base_url, build_request, local_url, peer_url, split_url
     from net.client import BreakerHook, PeerClient
     from net.errors import (
         ClientClosedError,
@@ -43,7 +43,7 @@ else:
         {
             "net.aio": "AiohttpTransport",
             "net.blocking": "BlockingBreakerHook BlockingPeerClient UrllibTransport",
-            "net.build": "Identity base_url build_request split_url",
+            "net.build": "Identity base_url build_request local_url peer_url split_url",
             "net.client": "BreakerHook PeerClient",
             "net.errors": (
                 "ClientClosedError NetError PeerRequestError PeerTimeoutError RetryLater "
@@ -85,8 +85,10 @@ __all__ = [
     "answer_error",
     "base_url",
     "build_request",
+    "local_url",
     "map_peer_errors",
     "parse_retry_after",
     "peer_error",
+    "peer_url",
     "split_url",
 ]
