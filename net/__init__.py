@@ -13,7 +13,7 @@ from config.lazy import lazy_exports
 if TYPE_CHECKING:
     from net.aio import AiohttpTransport
     from net.blocking import BlockingBreakerHook, BlockingPeerClient, UrllibTransport
-    from net.build import Identity, base_url, build_request, split_url
+    from net.build import Identity, base_url, build_request, local_url, peer_url, split_url
     from net.client import BreakerHook, PeerClient
     from net.errors import (
         ClientClosedError,

@@ -3,6 +3,7 @@ only here), and a call into a signed PeerRequest (config.auth's signature, X-Sho
 
 from __future__ import annotations
 
+import ipaddress
 import json as jsonlib
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -16,7 +17,7 @@ from config.auth import HEADER_CLUSTER, SigningTargets, signed_headers
 from net.errors import PeerRequestError
 from net.transport import PeerRequest
 
-__all__ = ["Identity", "base_url", "build_request", "split_url"]
+__all__ = ["Identity", "base_url", "build_request", "local_url", "peer_url", "split_url"]
 
 Params = Mapping[str, str | int | float] | Sequence[tuple[str, str]] | None
 """Query parameters: a mapping, or pairs (a name may repeat)."""
@@ -40,8 +41,33 @@ def base_url(address: str, *, tls: bool = False) -> str:
         port = int(port_text) if port_text.isdigit() else None
     if not host or port is None:
         raise PeerRequestError(address, "not a peer address (HOST:PORT or http://HOST:PORT)")
-    shown = f"[{host}]" if ":" in host else host
-    return f"{'https' if tls else 'http'}://{shown}:{port}"
+    return peer_url(host, port, tls=tls)
+
+
+def peer_url(host: str, port: int | str, *, tls: bool = False) -> str:
+    """`scheme://host:port` of a peer: an IPv6 literal in brackets (`::1` ->
+    `http://[::1]:8770`; given bracketed, kept so), an IPv4 address or a hostname as it is;
+    https when `tls`. Every URL a node or a command makes for a peer comes from here."""
+    bare = host.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    try:
+        literal = ipaddress.ip_address(bare)
+    except ValueError:
+        literal = None
+    shown = f"[{bare}]" if literal is not None and literal.version == 6 else bare
+    return f"{'https' if tls else 'http'}://{shown}:{int(port)}"
+
+
+def local_url(bind: str, port: int | str, *, tls: bool = False) -> str:
+    """The URL a process on this host reaches a node bound to `bind` at: a wildcard bind
+    (`0.0.0.0`, `*`, empty) on 127.0.0.1, `::` on `::1`, any other address as it is."""
+    host = bind.strip()
+    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "::1"
+    return peer_url(host, port, tls=tls)
 
 
 def split_url(url: str) -> tuple[str, str]:

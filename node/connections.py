@@ -21,6 +21,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from net import peer_url
+
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 16384
@@ -217,7 +219,7 @@ class GuardedSite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        return peer_url(self._host, self._port)
 
     async def start(self) -> None:
         await super().start()

@@ -46,6 +46,7 @@ from health import (
     wal_backlog_check,
     wal_check,
 )
+from net import peer_url
 from node.boot import (
     Secrets,
     advertise_address,
@@ -178,8 +179,8 @@ class NodeDaemon(AsyncClosing):
         self._spawn(parts.sync.run_forever(), "background-sync")
         self._spawn(self._notifier.watchdog_loop(), "systemd-watchdog")
         self._notifier.ready(f"serving {runtime.node_id} on {settings.bind}:{self.port}")
-        scheme = "http" if self.tls is None else "https"
-        log.info("node %s serving on %s://%s:%d", runtime.node_id, scheme, settings.bind, self.port)
+        where = peer_url(settings.bind, self.port, tls=self.tls is not None)
+        log.info("node %s serving on %s", runtime.node_id, where)
 
     def _resolve(self) -> tuple[NodeRuntime, Inventory | None, Secrets]:
         """The settings, secrets, inventory, identity and voters of this node, before anything

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from config import NodeSettings
 from config.tls.context import TlsContexts
 from health import BreakerRegistry, GpuReader, HealthChecker, NodeMetrics
+from net import local_url
 from wal import WriteAheadLog
 
 
@@ -96,7 +97,4 @@ class NodeRuntime:
 def local_daemon_url(runtime: NodeRuntime) -> str:
     """The URL a job on this host reaches its daemon at (SHOAL_DAEMON_URL)."""
     settings = runtime.settings
-    wildcard = settings.bind in ("0.0.0.0", "::", "")  # noqa: S104 - comparing, not binding
-    host = "127.0.0.1" if wildcard else settings.bind
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{runtime.port or settings.port}"
+    return local_url(settings.bind, runtime.port or settings.port)

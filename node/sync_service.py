@@ -18,7 +18,7 @@ from aiohttp import web
 
 from config import ConfigError, Inventory, error_body
 from health import LoopHealth
-from net import Identity, PeerClient
+from net import Identity, PeerClient, peer_url
 from node.component import Endpoint, endpoints
 from node.fence import FenceSource, fence_headers, fenced
 from node.identity.peers import peer_tls
@@ -173,7 +173,7 @@ class SyncService:
         return rsync
 
     def _self_url(self) -> str:
-        return f"http://{self._runtime.address}:{self._runtime.port or self._runtime.settings.port}"
+        return peer_url(self._runtime.address, self._runtime.port or self._runtime.settings.port)
 
     def attach(self, membership: Membership) -> None:
         self._membership = membership
@@ -184,7 +184,7 @@ class SyncService:
         return [
             PeerRef(
                 m.node_id,
-                f"http://{m.address}:{m.port}",
+                peer_url(m.address, m.port),
                 transports=tuple(self._runtime.settings.sync_transports),
             )
             for m in self._membership.members()

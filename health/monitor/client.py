@@ -22,6 +22,7 @@ from config.closing import AsyncClosing
 from health.errors import FetchError, MonitorError, describe_fetch_error, fetch_error
 from health.monitor.model import ClusterStatus, NodeReport, Observation, parse_peers, parse_status
 from health.monitor.rules import build_cluster_status
+from net import PeerRequestError, base_url, peer_url
 
 if TYPE_CHECKING:
     import ssl
@@ -62,18 +63,16 @@ class _Target:
 
 def node_url(address: str, port: int, scheme: str = "http") -> str:
     """The API base URL of a node at address:port (IPv6 addresses in brackets)."""
-    host = f"[{address}]" if ":" in address else address
-    return f"{scheme}://{host}:{port}"
+    return peer_url(address, port, tls=scheme == "https")
 
 
 def normalize_node_url(text: str) -> str:
     """`http://HOST:PORT` from a URL or a bare `HOST:PORT`; MonitorError when it is neither."""
     text = text.strip()
-    candidate = text if "://" in text else f"http://{text}"
     try:
-        parsed = URL(candidate)
+        parsed = URL(text if "://" in text else base_url(text))
         host, port = parsed.host, parsed.port
-    except ValueError as exc:
+    except (ValueError, PeerRequestError) as exc:
         raise MonitorError(f"not a node URL (http://HOST:PORT): {text!r}") from exc
     if parsed.scheme not in ("http", "https") or not host or parsed.path not in ("", "/"):
         raise MonitorError(f"not a node URL (http://HOST:PORT): {text!r}")

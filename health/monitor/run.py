@@ -16,6 +16,7 @@ from health.monitor.client import ClusterMonitor, normalize_node_url
 from health.monitor.model import ClusterStatus
 from health.monitor.options import MonitorOptions
 from health.monitor.terminal import print_status, watch_statuses
+from net import local_url
 
 if TYPE_CHECKING:
     from config import Inventory
@@ -83,12 +84,7 @@ def plan_monitor(options: MonitorOptions) -> MonitorPlan:
 
 
 def _local_url(bind: str, port: int) -> str:
-    host = bind
-    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return local_url(bind, port)
 
 
 async def _once(plan: MonitorPlan, as_json: bool, out: TextIO) -> ClusterStatus:

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from net import peer_url
 from node.cli.common import (
     ConfigOption,
     JsonOption,
@@ -63,7 +64,7 @@ async def _fetch(settings: Any, url: str, query: str) -> list[dict[str, Any]]:
 async def _members(settings: Any, url: str) -> list[str]:
     answer = await request_json(settings, "GET", f"{url}/v1/peers")
     return [
-        f"http://{member['address']}:{member['port']}"
+        peer_url(member["address"], member["port"])
         for member in answer["members"]
         if member["state"] == "alive" and not member.get("is_self")
     ]

@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from config import gpu_share
+from net import peer_url
 from node.cli.common import EXIT_FAILURE, console, fail
 
 STATE_FILE = "dev-cluster.json"
@@ -232,13 +233,13 @@ def dev_cluster(
         for node in running.values():
             owned = "" if node.gpus is None else f", GPUs {node.gpus}"
             console.print(
-                f"{node.name}: http://127.0.0.1:{node.port}  (log {node.log}{owned})",
+                f"{node.name}: {peer_url('127.0.0.1', node.port)}  (log {node.log}{owned})",
                 highlight=False,
             )
         console.print(
             "press Ctrl-C to stop every node; from another terminal try "
             f"`shoal dev-cluster kill dev-1 --data-dir {data_dir}` and watch `cluster_monitor "
-            f"--node http://127.0.0.1:{base_port + 1} --watch`",
+            f"--node {peer_url('127.0.0.1', base_port + 1)} --watch`",
             highlight=False,
         )
         if script is not None:
@@ -337,7 +338,7 @@ def dev_restart(
     fresh, _ = _spawn(data_dir, node, target.port, target.gpus, config)
     nodes[node] = fresh
     _write_state(data_dir, nodes)
-    console.print(f"{node} restarted (pid {fresh.pid}) on http://127.0.0.1:{fresh.port}")
+    console.print(f"{node} restarted (pid {fresh.pid}) on {peer_url('127.0.0.1', fresh.port)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -17,6 +17,7 @@ import typer
 
 from config import NodeSettings
 from config.fields import is_valid_node_id
+from net import peer_url
 from node.cli.common import (
     EXIT_FAILURE,
     ConfigOption,
@@ -90,7 +91,7 @@ async def _node_address(settings: NodeSettings, url: str, node: str) -> str:
         if member.get("node_id") == node:
             if member.get("is_self"):
                 return url
-            return f"http://{member['address']}:{member['port']}"
+            return peer_url(member["address"], member["port"])
     fail(f"node {node} is not in the membership view of {url}", EXIT_FAILURE)
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from net import BlockingPeerClient, PeerRequestError, split_url
+from net import BlockingPeerClient, PeerRequestError, peer_url, split_url
 from node.cli.common import fail
 from node.cli.devcluster import dev_gpus, host_gpu_count
 
@@ -71,7 +71,7 @@ def start_local_cluster(
     their processes (the caller stops them)."""
     (root / "hosts.yaml").write_text(_inventory(nodes, base_port))
     names = [f"rl-{i}" for i in range(1, nodes + 1)]
-    urls = {name: f"http://127.0.0.1:{base_port + i}" for i, name in enumerate(names)}
+    urls = {name: peer_url("127.0.0.1", base_port + i) for i, name in enumerate(names)}
     daemons: list[subprocess.Popen[bytes]] = []
     visible = host_gpu_count()
     for index, name in enumerate(names):

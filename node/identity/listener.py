@@ -19,6 +19,7 @@ from aiohttp import web
 
 from config.settings import AuthMode
 from config.tls.context import TlsContexts, handshake_refusal
+from net import peer_url
 from node.connections import ConnectionBudget, guarded
 
 __all__ = [
@@ -121,7 +122,7 @@ class IdentitySite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return f"https://{self._host}:{self._port}"
+        return peer_url(self._host, self._port, tls=True)
 
     async def start(self) -> None:
         await super().start()

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from config.declare import Refusal
+from net import peer_url
 from node.errors import JobError, PlanError
 from node.jobs.records import GangMember, JobState, PickAnswer, Role
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_master_port, pick_members
@@ -103,7 +104,7 @@ def member_url(runtime: NodeRuntime, node_id: str) -> str:
     members = runtime.membership.members() if runtime.membership is not None else []
     for member in members:
         if member.node_id == node_id:
-            return f"http://{member.address}:{member.port}"
+            return peer_url(member.address, member.port)
     raise JobError(
         503,
         "unknown_node",

@@ -25,7 +25,7 @@ from typing import Any, NotRequired, TypedDict, TypeVar
 
 from config import Timeouts, read_error, read_secret_file
 from config.tls.client import client_scheme, operator_context
-from net import Identity, PeerClient, PeerRequestError
+from net import Identity, PeerClient, PeerRequestError, local_url
 from node.errors import (
     DownloadHashError,
     JobClientError,
@@ -119,11 +119,7 @@ class Endpoint:
 
 def base_url(host: str, port: int) -> str:
     """The API URL of `host:port` (a wildcard bind is reached on loopback)."""
-    if host in ("0.0.0.0", "", "*"):  # noqa: S104 - a wildcard bind is reached on loopback
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return local_url(host, port)
 
 
 def endpoint_of(state: JobClientState) -> Endpoint:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from health import LoopHealth
-from net import Identity, PeerClient, PeerRequestError
+from net import Identity, PeerClient, PeerRequestError, peer_url
 from node.access import FORWARDED_HEADER
 from node.audit.entries import RUN_STEP, record_audit, run_steps
 from node.errors import LockError
@@ -133,7 +133,7 @@ class LockService:
         membership = self.runtime.membership
         for member in membership.members() if membership is not None else []:
             if member.node_id == node_id:
-                return f"http://{member.address}:{member.port}"
+                return peer_url(member.address, member.port)
         return None
 
     @property

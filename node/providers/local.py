@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from config import AsyncClosing
-from net import PeerClient, PeerRequestError
+from net import PeerClient, PeerRequestError, peer_url
 from node.errors import ProviderError
 from node.providers.base import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle
 
@@ -52,7 +52,7 @@ class _Node:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return peer_url("127.0.0.1", self.port)
 
     @property
     def running(self) -> bool:

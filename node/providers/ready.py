@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from config import HostEntry, Inventory
+from net import peer_url
 from node.errors import DeployError, ProviderError
 from node.providers.acquire import acquire_node
 from node.providers.base import GPUQuery, NodeHandle, Provider
@@ -98,4 +99,4 @@ async def ready_node(
             await provider.release(handle)
         raise
     entry = full.hosts[name]
-    return ReadyNode(f"http://{entry.address}:{entry.p2p_port}", handle, result)
+    return ReadyNode(peer_url(entry.address, entry.p2p_port), handle, result)

@@ -4,6 +4,7 @@ start and stop are no-ops (shoal does not power hosts it did not create) and say
 from __future__ import annotations
 
 from config import HostEntry, HostStatus, Inventory
+from net import peer_url
 from node.errors import ProviderError
 from node.providers.base import RELEASED, RUNNING, ActionResult, GPUQuery, NodeHandle
 
@@ -43,7 +44,7 @@ class StaticProvider:
             ssh=host,
             state=state,
             labels=labels,
-            url=f"http://{entry.address}:{entry.p2p_port}",
+            url=peer_url(entry.address, entry.p2p_port),
         )
 
     async def acquire(self, query: GPUQuery) -> NodeHandle:

@@ -4,6 +4,7 @@ daemon adds it with one call."""
 
 from __future__ import annotations
 
+from net import peer_url
 from node.election.service import ElectionService
 from node.membership.service import Membership
 from node.rl.routes import WeightsRoutes
@@ -17,10 +18,10 @@ def weights_service(runtime: NodeRuntime, election: ElectionService) -> WeightsS
 
     def url_of(node_id: str) -> str | None:
         if node_id == runtime.node_id:
-            return f"http://{runtime.address}:{runtime.port}"
+            return peer_url(runtime.address, runtime.port)
         membership = runtime.membership
         member = membership.member(node_id) if isinstance(membership, Membership) else None
-        return None if member is None else f"http://{member.address}:{member.port}"
+        return None if member is None else peer_url(member.address, member.port)
 
     weights = WeightsService(
         runtime.node_id,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from health import LoopHealth
-from net import PeerRequestError, split_url
+from net import PeerRequestError, peer_url, split_url
 from node.component import Check
 from node.errors import LockError, RunError
 from node.fence import fence_headers
@@ -143,7 +143,7 @@ class RunService:
             started_nodes = [str(node_id) for node_id in chosen]
             note = await self.starter.start(run, started_nodes)
             runtime = self._runtime
-            job_url = f"http://{runtime.address}:{runtime.port}"
+            job_url = peer_url(runtime.address, runtime.port)
             started = with_step(
                 run,
                 RunStep.STARTING,

@@ -9,7 +9,7 @@ import socket
 from typing import Any
 
 from config import AsyncClosing, HostEntry, Inventory
-from net import Identity, PeerClient, PeerRequestError
+from net import Identity, PeerClient, PeerRequestError, peer_url
 from node.ssh.deploy import DeployResult
 from node.ssh.rolling import MemberStatus
 
@@ -20,7 +20,7 @@ _RECORDED = ("installed", "upgraded")
 
 def base_url(entry: HostEntry) -> str:
     """The daemon of a host, through its inventory address."""
-    return f"http://{entry.address}:{entry.p2p_port}"
+    return peer_url(entry.address, entry.p2p_port)
 
 
 def operator_name() -> str:

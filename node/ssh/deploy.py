@@ -23,7 +23,7 @@ from typing import Protocol
 import asyncssh
 
 from config import HostEntry, Inventory
-from net import PeerClient, PeerRequestError, split_url
+from net import PeerClient, PeerRequestError, peer_url, split_url
 from node.errors import DeployError, SSHError
 from node.ssh.certs import NodeTls, node_tls
 from node.ssh.executor import SSHExecutor
@@ -164,7 +164,7 @@ async def wait_healthy(url: str, timeout_s: float) -> None:
 
 def health_url(entry: HostEntry) -> str:
     """The /v1/health URL of a host's daemon, through its inventory address."""
-    return f"http://{entry.address}:{entry.p2p_port}/v1/health"
+    return peer_url(entry.address, entry.p2p_port) + "/v1/health"
 
 
 async def host_facts(executor: SSHExecutor, host: str, entry: HostEntry) -> HostFacts:

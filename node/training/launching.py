@@ -12,6 +12,7 @@ from typing import Protocol
 
 from config import cuda_env, restricts_gpus
 from health import CheckResult, HealthStatus
+from net import peer_url
 from node.election.roles import CANNOT_TRAIN_META
 from node.errors import MembershipError
 from node.plan import RolePlan
@@ -91,7 +92,7 @@ class Launching:
         env = training_base_env(
             os.environ,
             settings.training_env,
-            f"http://{runtime.address}:{runtime.port}",
+            peer_url(runtime.address, runtime.port),
             cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
             settings.timeouts,
             checkpoint_dir=settings.checkpoint_dir,

@@ -19,7 +19,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from config import Timeouts, read_secret_file
 from config.declare import unset
-from net import BlockingPeerClient, Identity, PeerRequestError
+from net import BlockingPeerClient, Identity, PeerRequestError, peer_url
 from node.errors import RendezvousError
 from node.openapi import WireRecord
 from node.plan import Backend, RolePlan
@@ -194,7 +194,7 @@ def daemon_endpoint(
     env = os.environ if env is None else env
     if daemon_url is None:
         port = env.get("SHOAL_P2P_PORT") or "8770"
-        daemon_url = env.get(ENV_DAEMON_URL) or f"http://127.0.0.1:{port}"
+        daemon_url = env.get(ENV_DAEMON_URL) or peer_url("127.0.0.1", port)
     if not daemon_url.startswith(("http://", "https://")):
         raise RendezvousError(f"daemon URL {daemon_url!r} must start with http:// or https://")
     secret_path = secret_file if secret_file is not None else env.get("SHOAL_SECRET_FILE")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from net import peer_url
 from node.errors import JobClientError, WorkerError
 from node.jobs.client import local_endpoint, local_settings, start_job, stream_logs, terminate
 from node.jobs.specs import DeploySpec, JobSpec, make_job_state
@@ -37,7 +38,7 @@ class NodeConfig:
 
     @property
     def url(self) -> str:
-        return self.daemon_url or f"http://{self.host}:{DEFAULT_DAEMON_PORT}"
+        return self.daemon_url or peer_url(self.host, DEFAULT_DAEMON_PORT)
 
 
 @dataclass
@@ -243,7 +244,7 @@ def nodes_of_plan(
         if member is None or member.get("state") != "alive":
             raise WorkerError(f"node {node_id} of role {role} is not an alive member")
         host, port = str(member["address"]), int(member["port"])
-        url = f"http://{host}:{port}"
+        url = peer_url(host, port)
         nodes.append(NodeConfig(host, num_workers, 0, url, node_id))
     if not nodes:
         with_gpus = f" with {gpus} GPUs" if gpus else ""

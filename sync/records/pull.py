@@ -16,7 +16,7 @@ from urllib.parse import quote
 import orjson
 
 from config import AsyncClosing, Timeouts
-from net import Identity, PeerClient
+from net import Identity, PeerClient, peer_url
 from sync.errors import (
     RecordPullError,
     RecordRequestError,
@@ -326,8 +326,7 @@ class P2PSyncClient(AsyncClosing):
         timeout_s: float = Timeouts().http_request_s,
         scheme: str = "http",
     ) -> None:
-        host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-        self.base_url = f"{scheme}://{host}:{port}"
+        self.base_url = peer_url(address, port, tls=scheme == "https")
         self._owns_client = peers is None
         if peers is None:
             timeouts = Timeouts(http_request_s=timeout_s)

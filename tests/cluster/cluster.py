@@ -38,12 +38,14 @@ class PartitionUnsupportedError(HarnessError):
 
 
 def free_port(address: str = "127.0.0.1") -> int:
-    """A port free for both TCP and UDP on `address` right now (shoal uses both on one port)."""
+    """A port free for both TCP and UDP on `address` (IPv4 or IPv6) right now (shoal uses both
+    on one port)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+        with socket.socket(family, socket.SOCK_STREAM) as tcp:
             tcp.bind((address, 0))
             port: int = tcp.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            with socket.socket(family, socket.SOCK_DGRAM) as udp:
                 try:
                     udp.bind((address, port))
                 except OSError:
@@ -69,8 +71,9 @@ class Host:
 
     @property
     def endpoint(self) -> str:
-        """`address:port` of this host's daemon, as peers and seeds name it."""
-        return f"{self.address}:{self.port}"
+        """`address:port` of this host's daemon, as peers and seeds name it (`[v6]:port`)."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """`argv` wrapped to run on this host (inside its namespace in netns mode)."""
@@ -245,7 +248,8 @@ class Cluster:
 
 
 class LoopbackCluster(Cluster):
-    """N hosts that all live on 127.0.0.1, each with its own free port and data directory.
+    """N hosts that all live on one loopback address (`host`: 127.0.0.1, or `::1` for an IPv6
+    cluster), each with its own free port and data directory.
 
     For runs without root: spawn, signals and logs work as in `NetnsCluster`; partitions raise
     `PartitionUnsupportedError`.
@@ -253,19 +257,17 @@ class LoopbackCluster(Cluster):
 
     mode: ClassVar[str] = "loopback"
 
-    def __init__(self, n: int, base_dir: Path | None = None) -> None:
+    def __init__(self, n: int, base_dir: Path | None = None, *, host: str = "127.0.0.1") -> None:
         if n < 1:
             raise ValueError(f"a cluster needs at least one host, got n={n}")
         super().__init__(base_dir)
         ports: list[int] = []
         try:
             while len(ports) < n:
-                port = free_port()
+                port = free_port(host)
                 if port not in ports:
                     ports.append(port)
         except BaseException:
             self.close()
             raise
-        self.hosts = tuple(
-            self._make_host(i, "127.0.0.1", port, None) for i, port in enumerate(ports)
-        )
+        self.hosts = tuple(self._make_host(i, host, port, None) for i, port in enumerate(ports))

@@ -36,7 +36,7 @@ class NetnsClusterFactory(Protocol):
 
 
 class LoopbackClusterFactory(Protocol):
-    def __call__(self, n: int = 3) -> LoopbackCluster: ...
+    def __call__(self, n: int = 3, *, host: str = "127.0.0.1") -> LoopbackCluster: ...
 
 
 def require_netns() -> None:
@@ -88,11 +88,12 @@ def netns_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ne
 def loopback_cluster(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[LoopbackClusterFactory]:
-    """Factory: `loopback_cluster(n)` makes a `LoopbackCluster` of n hosts, closed after it."""
+    """Factory: `loopback_cluster(n)` makes a `LoopbackCluster` of n hosts, closed after it
+    (`host="::1"`: on IPv6 loopback)."""
     made: list[Cluster] = []
 
-    def make(n: int = 3) -> LoopbackCluster:
-        cluster = LoopbackCluster(n, tmp_path / f"loopback{len(made)}")
+    def make(n: int = 3, *, host: str = "127.0.0.1") -> LoopbackCluster:
+        cluster = LoopbackCluster(n, tmp_path / f"loopback{len(made)}", host=host)
         made.append(cluster)
         _track(request.node, cluster)
         return cluster
