@@ -244,8 +244,9 @@ def dev_cluster(
         )
         if script is not None:
             console.print(
-                f"every node trains {script}: `shoal training --node http://127.0.0.1:"
-                f"{base_port}` shows the group, its committed step and each node's restore",
+                f"every node trains {script}: `shoal training --node "
+                f"{peer_url('127.0.0.1', base_port)}` shows the group, its committed step and "
+                "each node's restore",
                 highlight=False,
             )
         _watch(data_dir, children)
