@@ -15,10 +15,11 @@ if TYPE_CHECKING:
     from node.election.adoption import AdoptionLog, check_adoption_logs, read_adoption_log
     from node.election.elector import Elector
     from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
-    from node.election.routes import ElectionRoutes, HttpElectionTransport
+    from node.election.routes import ElectionRoutes
     from node.election.seams import WalDurableState
     from node.election.service import ElectionService, VoterSet, resolve_voters
     from node.election.state import ElectionConfig, ElectionEvent, ElectionEventKind, ElectionStatus
+    from node.election.transport import HttpElectionTransport
     from node.errors import (
         ActorDiedError,
         ActorExistsError,

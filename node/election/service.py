@@ -23,12 +23,9 @@ from node.election.adoption import AdoptionLog
 from node.election.claims import GPU_CLAIMED
 from node.election.elector import Elector, Listener
 from node.election.roles import RolePolicy, capabilities_from_meta
-from node.election.routes import (
-    HttpElectionTransport,
-    election_breaker_config,
-)
 from node.election.seams import DrainSource, QuarantineSource, RestartSource, WalDurableState
 from node.election.state import ElectionConfig, ElectionEvent
+from node.election.transport import HttpElectionTransport, election_breaker_config
 from node.errors import RendezvousError
 from node.identity.peers import peer_tls
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState

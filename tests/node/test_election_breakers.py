@@ -9,11 +9,8 @@ from aiohttp.test_utils import TestServer
 from config import Timeouts
 from health import BreakerConfig, BreakerRegistry, CircuitState
 from node.election.messages import VoteRequest
-from node.election.routes import (
-    VOTE_PATH,
-    HttpElectionTransport,
-    election_breaker_config,
-)
+from node.election.routes import VOTE_PATH
+from node.election.transport import HttpElectionTransport, election_breaker_config
 
 
 async def test_election_calls_go_through_the_peers_breaker() -> None:

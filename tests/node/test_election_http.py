@@ -26,10 +26,10 @@ from node.election.routes import (
     PLAN_PATH,
     VOTE_PATH,
     ElectionRoutes,
-    HttpElectionTransport,
 )
 from node.election.seams import InMemoryDurableState
 from node.election.state import ElectionConfig, ElectionRole
+from node.election.transport import HttpElectionTransport
 from node.fence import fence_refusal
 from node.plan import FENCE_HEADER, PlanFence
 from node.security import AUTH_POLICY, AuthPolicy, auth_middleware, error_middleware

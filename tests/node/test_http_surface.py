@@ -27,10 +27,9 @@ ROUTE_MODULES = (
 MACHINERY = ("config/declare.py", "node/openapi.py", "node/component.py", "node/access.py")
 """Declarations, the document built from them, endpoints, and the access rules."""
 WIRE_MODULES = (
-    "node/locks/wire.py",
-    "node/keyring/wire.py",
-    "node/rl/wire.py",
-    "sync/files/wire.py",
+    "node/*/wire.py",
+    "sync/*/wire.py",
+    "node/training/models.py",
     "sync/records/operations.py",
 )
 """The routes' paths, bodies, queries and answers as models (what the docs modules held)."""
