@@ -39,8 +39,11 @@ class TableLocks:
         self.table, answer = operation(self.table, 1, time.time())
         return answer
 
+    def is_coordinator(self) -> bool:
+        return self.forward_to is None
+
     async def call_coordinator(
-        self, method: str, path: str, body: Any, *, forwarded: bool = False
+        self, method: str, path: str, body: Any, *, forwarded: bool = False, **sent: Any
     ) -> tuple[int, Any] | None:
         if self.forward_to is None:
             return None
