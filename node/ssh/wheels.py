@@ -19,7 +19,19 @@ from node.errors import DeployError
 
 PROJECT = "shoal"
 PACKAGES = ("config", "net", "wal", "health", "sync", "node", "shoal")
-_SOURCE_SUFFIXES = (".py", ".typed", ".yaml", ".service", ".json", ".html", ".js", ".css")
+_SOURCE_SUFFIXES = (
+    ".py",
+    ".typed",
+    ".yaml",
+    ".service",
+    ".json",
+    ".html",
+    ".js",
+    ".css",
+    ".ico",
+    ".svg",
+    ".png",
+)
 _ZIP_TIME = (2020, 1, 1, 0, 0, 0)  # fixed, so the same files make the same bytes
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
