@@ -41,8 +41,10 @@ types: $(STAMP)
 
 check: lint types
 
+# Two workers, each test file on one of them: most tests wait on daemons, timeouts and
+# subprocesses rather than compute, so two halve the suite's time on a 2-core machine.
 pytest: $(STAMP)
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile
 
 # The docs site (mkdocs.yml): --strict fails on a broken link or anchor; the site goes to site/.
 # No --quiet: it hides the warnings that --strict counts, and the build would pass.
