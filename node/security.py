@@ -30,6 +30,7 @@ from config import (
     NonceCache,
     error_exception,
     error_response,
+    is_valid_node_id,
     verify_request,
 )
 from node.access import is_public
@@ -276,8 +277,25 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     node forwarded (X-Shoal-Forwarded) is then served as the operator whose proof it carries
     (node.forwarding), or as the forwarding node's own without one."""
     if HEADER_FORWARDED in request.headers:
-        handler = functools.partial(_as_forwarded, handler=handler)
+        if request.app[AUTH_POLICY].secret is None:
+            handler = functools.partial(_forwarded_unchecked, handler=handler)
+        else:
+            handler = functools.partial(_as_forwarded, handler=handler)
     return await _authenticated(request, handler)
+
+
+async def _forwarded_unchecked(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Serve a forwarded `request` on a node without authentication (`--insecure`): nothing
+    is proven there, but the audit says which node the call came through (`forwarded_by`)
+    instead of passing it off as this node's own."""
+    forwarder = request.headers[HEADER_FORWARDED]
+    if not is_valid_node_id(forwarder):
+        return await handler(request)
+    token = REQUEST_FORWARDER.set(forwarder)
+    try:
+        return await handler(request)
+    finally:
+        REQUEST_FORWARDER.reset(token)
 
 
 async def _as_forwarded(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from aiohttp import web
+from multidict import MultiMapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node.election.messages import Heartbeat, PlanAnnounce
-from node.errors import PlanError
+from node.errors import AnsweredError, PlanError
 from node.plan import PlanFence, RolePlan
 from node.security import json_error
 
@@ -157,16 +158,27 @@ class PlanHolder(Protocol):
     async def plan_at(self, fence: PlanFence, wait_s: float) -> RolePlan | None: ...
 
 
-async def serve_plan(holder: PlanHolder, query: Mapping[str, str]) -> web.Response:
-    """`GET /v1/plan?fence=TERM.VERSION[&wait_s=S]`: the plan document once `holder` applies
-    that plan (waiting up to S seconds, at most MAX_PULL_WAIT_S), else 404 `plan_not_here`; a
-    malformed query is 400."""
+def plan_query(query: MultiMapping[str]) -> PlanQuery:
+    """The query of `GET /v1/plan`, checked: a repeated or unknown key, a malformed fence or a
+    wait_s out of [0, MAX_PULL_WAIT_S] is a 400 naming the query's form."""
+    form = f"query [fence=TERM.VERSION[&wait_s=SECONDS (at most {MAX_PULL_WAIT_S:g})]]"
+    repeated = sorted({key for key in query if len(query.getall(key)) > 1})
+    if repeated:
+        raise AnsweredError(400, "bad_request", f"{form}: {', '.join(repeated)} given twice")
     try:
         asked = PlanQuery.model_validate(dict(query))
-        fence = PlanFence.from_header(asked.fence or "")
+        if asked.fence is not None:
+            PlanFence.from_header(asked.fence)
     except (ValidationError, PlanError) as exc:
-        reason = f"query fence=TERM.VERSION&wait_s=SECONDS (at most {MAX_PULL_WAIT_S:g}): {exc}"
-        return json_error(400, reason)
+        raise AnsweredError(400, "bad_request", f"{form}: {exc}") from None
+    return asked
+
+
+async def serve_plan(holder: PlanHolder, asked: PlanQuery) -> web.Response:
+    """`GET /v1/plan?fence=TERM.VERSION[&wait_s=S]` (a `plan_query` with a fence): the plan
+    document once `holder` applies that plan (waiting up to S seconds), else 404
+    `plan_not_here`."""
+    fence = PlanFence.from_header(asked.fence or "")
     if await holder.plan_at(fence, asked.wait_s) is None:
         reason = f"this node does not apply plan {fence.to_header()}"
         return json_error(404, reason, code="plan_not_here")

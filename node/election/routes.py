@@ -21,7 +21,7 @@ from node.election.messages import (
     Heartbeat,
     VoteRequest,
 )
-from node.election.pull import PlanQuery, serve_plan
+from node.election.pull import PlanQuery, plan_query, serve_plan
 from node.errors import AnsweredError, ElectionError
 from node.identity.roles import caller_of
 from node.openapi import WireRecord
@@ -176,12 +176,13 @@ class ElectionRoutes:
         (peers only: a node fetching the plan a heartbeat announced, node.election.pull) that
         plan once this node applies it, waiting up to `wait_s`"""
         running = _running(self._elector)
-        if "fence" not in request.query:
+        asked = plan_query(request.query)
+        if asked.fence is None:
             return web.json_response(running.plan_announce().to_dict())
         caller = caller_of(request)
         if caller is not None and caller is not Caller.PEER:
             raise _Refusal(403, f"only nodes fetch a plan by fence, not a {caller.value} caller")
-        return await serve_plan(running, request.query)
+        return await serve_plan(running, asked)
 
 
 async def _message(

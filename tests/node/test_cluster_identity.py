@@ -18,7 +18,7 @@ from config import HEADER_CLUSTER, load_inventory, load_settings, peer_middlewar
 from node.boot import inventory_cluster_name
 from node.daemon import NodeDaemon
 from node.election.messages import VoteRequest
-from node.election.routes import HttpElectionTransport
+from node.election.transport import HttpElectionTransport
 from node.runtime import NodeRuntime
 from tests.node.daemons import test_settings
 

@@ -284,8 +284,13 @@ async def test_a_plan_is_fetched_by_fence_waiting_until_the_source_applies_it() 
         async with (
             ClientSession(middlewares=(signing_middleware(SECRET, asker),)) as session,
             session.get(f"http://{host}:{port}{PLAN_PATH}?fence=1.x") as response,
+            session.get(f"http://{host}:{port}{PLAN_PATH}?wait_s=null") as no_number,
+            session.get(f"http://{host}:{port}{PLAN_PATH}?wait_s=1&wait_s=1") as twice,
         ):
             assert response.status == 400
+            assert no_number.status == 400  # checked even without a fence
+            assert twice.status == 400
+            assert "wait_s given twice" in (await twice.json())["reason"]
         fenced = f"http://{host}:{port}{PLAN_PATH}?fence={plan.fence.to_header()}"
         async with (
             ClientSession(middlewares=(signing_middleware(SECRET, "cli-op"),)) as session,
