@@ -103,14 +103,15 @@ def wait_for_master(
         time.sleep(0.1)
 
 
-def _cuda_device(torch: Any, rendezvous: Rendezvous) -> Any:
-    """Make the rendezvous's CUDA device (else the local rank's) this process's device."""
-    local_rank = rendezvous.place.local_rank
-    index = local_rank if rendezvous.cuda_device is None else rendezvous.cuda_device
+def use_cuda_device(torch: Any, generation: int, local_rank: int, cuda_device: int | None) -> Any:
+    """Make `cuda_device` (None: the local rank's) this process's CUDA device and return it as
+    the `device_id` of an NCCL group; GroupError naming CUDA_VISIBLE_DEVICES when this process
+    does not see it (node.training.groups forms its groups with it too)."""
+    index = local_rank if cuda_device is None else cuda_device
     count = int(torch.cuda.device_count())
     if index >= count:
         raise GroupError(
-            f"generation {rendezvous.generation}: local rank {local_rank} needs CUDA device "
+            f"generation {generation}: local rank {local_rank} needs CUDA device "
             f"{index} but this process sees {count} (CUDA_VISIBLE_DEVICES="
             f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
         )
@@ -133,7 +134,11 @@ def form_group(
     backend = choose_backend(rendezvous.backend, bool(torch.cuda.is_available()))
     if rendezvous.backend == "nccl" and backend != "nccl":
         log.warning("generation %s: CUDA is unavailable; using gloo, not nccl", generation)
-    device_id = _cuda_device(torch, rendezvous) if backend == "nccl" else None
+    device_id = (
+        use_cuda_device(torch, generation, rendezvous.place.local_rank, rendezvous.cuda_device)
+        if backend == "nccl"
+        else None
+    )
     hosts = rendezvous.host_store and rank == 0
     if not hosts:
         wait_for_master(address, port, generation, deadline, clock)

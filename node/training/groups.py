@@ -26,7 +26,7 @@ from node.training.rendezvous import (
     store_prefix,
 )
 from shoal.errors import GroupError as ShoalGroupError
-from shoal.group import gloo_bound_to_route, torch_modules, wait_for_master
+from shoal.group import gloo_bound_to_route, torch_modules, use_cuda_device, wait_for_master
 
 log = logging.getLogger(__name__)
 
@@ -267,18 +267,14 @@ def _form(
 
 
 def _use_cuda_device(torch: Any, rendezvous: Rendezvous) -> Any:
-    """Make the rendezvous's CUDA device (its local rank's, else the local rank) this process's
-    current device, and return it as the `device_id` of the NCCL group."""
-    index = rendezvous.local_rank if rendezvous.cuda_device is None else rendezvous.cuda_device
-    count = int(torch.cuda.device_count())
-    if index >= count:
-        raise GroupError(
-            f"generation {rendezvous.generation}: local rank {rendezvous.local_rank} needs CUDA "
-            f"device {index} but this process sees {count} (CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
+    """The rendezvous's CUDA device (its local rank's, else the local rank), made this
+    process's current device: the `device_id` of the NCCL group (GroupError if not seen)."""
+    try:
+        return use_cuda_device(
+            torch, rendezvous.generation, rendezvous.local_rank, rendezvous.cuda_device
         )
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
+    except ShoalGroupError as exc:
+        raise GroupError(str(exc)) from None
 
 
 def _wait_for_master(rendezvous: Rendezvous, deadline: float, clock: Callable[[], float]) -> None:
