@@ -63,6 +63,10 @@ DCP_ERRORS = (Exception, CheckpointException)
 BaseException)."""
 RETRY_S = 60.0
 """How long a restore asks its daemon again while it answers 503 (no coordinator yet)."""
+FALLBACK_AFTER_S = 15.0
+"""How long a restore waits for the files of a committed step that some node cannot have (its
+only holders are down, for example in the second between a commit and its copies) before every
+rank falls back to the next older kept step (the oldest one waits RETRY_S)."""
 RETRY_PAUSE_S = 1.0
 REPORT_TRIES = 3
 REPORT_RETRY_S = 1.0
@@ -220,19 +224,45 @@ class Checkpointer:
 
     def restore(self, state: MutableMapping[str, Any]) -> int | None:
         """Load the newest committed step into `state` (every rank calls it); its step, or None
-        when there is none. The daemon first fetches the files this node lacks from peers."""
+        when there is none. The daemon first fetches the files this node lacks from peers;
+        when some node cannot have them within FALLBACK_AFTER_S (their only holders are down),
+        every rank falls back to the next older kept committed step."""
         self._check_open()
         self._wait_writing()
         self._raise_failure()
         group = self._checkpoint_group()
-        choice = broadcast_choice(self._choose() if self.place.rank == 0 else None, group)
-        if choice is None:
-            return None
-        step, generation, through_daemon = choice
+        candidates = broadcast_candidates(self._candidates() if self.place.rank == 0 else [], group)
+        for index, (step, generation, through_daemon) in enumerate(candidates):
+            older = candidates[index + 1 :]
+            directory = self.root / step_directory(step, generation)
+            failure: CheckpointError | None = None
+            if through_daemon:
+                wait_s = FALLBACK_AFTER_S if older else RETRY_S
+                try:
+                    directory = self._prepare(step, generation, directory, wait_s)
+                except CheckpointError as exc:
+                    failure = exc
+            if every_rank_ready(failure is None, group):
+                return self._load(state, step, directory, through_daemon)
+            if not older:
+                raise failure or CheckpointError(
+                    f"step {step}: another node cannot have its files; no older kept step"
+                )
+            log.warning(
+                "checkpoint: rank %d: step %d cannot be had on every node (%s); falling back "
+                "to step %d",
+                self.place.rank,
+                step,
+                failure or "another node's files are missing",
+                older[0][0],
+            )
+        return None
+
+    def _load(
+        self, state: MutableMapping[str, Any], step: int, directory: Path, through_daemon: bool
+    ) -> int:
         started = time.monotonic()
-        directory = self.root / step_directory(step, generation)
-        if through_daemon:
-            directory = self._prepare(step, generation, directory)
+        group = self._checkpoint_group()
         try:
             dcp_load(state, checkpoint_id=directory, process_group=group, no_dist=group is None)
         except DCP_ERRORS as exc:
@@ -247,33 +277,32 @@ class Checkpointer:
         log.info("checkpoint: rank %d restored step %d from %s", self.place.rank, step, directory)
         return step
 
-    def _choose(self) -> Choice | None:
-        """Rank 0: the daemon's newest committed step, else the newest step DCP finished in the
-        shared directory (no daemon answers)."""
+    def _candidates(self) -> list[Choice]:
+        """Rank 0: the daemon's kept committed steps, newest first (the newest committed one
+        leads), else the newest step DCP finished in the shared directory (no daemon
+        answers); empty when there is none."""
         if self._client is not None:
             try:
-                answer = self._ask("GET", CHECKPOINTS_PATH, None)
+                answer = self._ask("GET", CHECKPOINTS_PATH, None, RETRY_S)
             except DaemonUnreachableError as exc:
                 log.warning("checkpoint: no daemon (%s); restoring from %s", exc, self.root)
             except DaemonAnswerError as exc:
                 raise CheckpointError(f"cannot read the committed checkpoint: {exc}") from exc
             else:
-                committed = answer.get("committed") if isinstance(answer, dict) else None
-                if not committed:
-                    return None
-                return int(committed["step"]), int(committed["generation"]), True
+                return committed_candidates(answer)
         finished = finished_steps(self.root)
         if not finished:
-            return None
+            return []
         step, generation = finished[-1]
-        return step, generation, False
+        return [(step, generation, False)]
 
-    def _prepare(self, step: int, generation: int, directory: Path) -> Path:
-        """Ask the daemon to have every file of the step here; the directory to load."""
+    def _prepare(self, step: int, generation: int, directory: Path, wait_s: float) -> Path:
+        """Ask the daemon to have every file of the step here (asking again for `wait_s` while
+        it cannot); the directory to load."""
         assert self._client is not None
         body = {"step": step, "generation": generation}
         try:
-            answer = self._ask("POST", PREPARE_PATH, body)
+            answer = self._ask("POST", PREPARE_PATH, body, wait_s)
         except DaemonUnreachableError as exc:
             log.warning(
                 "checkpoint: no daemon to fetch step %d (%s); loading %s", step, exc, directory
@@ -283,11 +312,11 @@ class Checkpointer:
             raise CheckpointError(f"step {step}: the daemon cannot restore it: {exc}") from exc
         return Path(answer["directory"])
 
-    def _ask(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _ask(self, method: str, path: str, body: dict[str, Any] | None, wait_s: float) -> Any:
         """The daemon's answer, asked again while it answers 503 (no coordinator yet, a
-        failover, holders not reachable) for up to RETRY_S."""
+        failover, holders not reachable) for up to `wait_s`."""
         assert self._client is not None
-        deadline = time.monotonic() + RETRY_S
+        deadline = time.monotonic() + wait_s
         while True:
             try:
                 return self._client.request(method, path, body, timeout_s=self.timeout_s)
@@ -367,11 +396,31 @@ def own_files(metadata: Any, rank: int) -> list[str]:
     return sorted(name for name in names if name.startswith(prefix))
 
 
-def broadcast_choice(choice: Choice | None, group: Any) -> Choice | None:
-    """Rank 0's choice, on every rank of `group` (itself without torch.distributed)."""
+def committed_candidates(answer: Any) -> list[Choice]:
+    """The steps of a `GET /v1/checkpoints` answer a restore may load, newest first: the
+    committed one, then the older kept ones."""
+    if not isinstance(answer, dict) or not answer.get("committed"):
+        return []
+    committed = answer["committed"]
+    newest = (int(committed["step"]), int(committed["generation"]))
+    kept = [(int(item["step"]), int(item["generation"])) for item in answer.get("steps") or []]
+    older = sorted((item for item in kept if item < newest), reverse=True)
+    return [(step, generation, True) for step, generation in [newest, *older]]
+
+
+def broadcast_candidates(candidates: list[Choice], group: Any) -> list[Choice]:
+    """Rank 0's candidates, on every rank of `group` (itself without torch.distributed)."""
     if group is None:
-        return choice
-    box: list[Any] = [choice]
+        return candidates
+    box: list[Any] = [candidates]
     dist.broadcast_object_list(box, src=0, group=group)
-    value = box[0]
-    return None if value is None else (int(value[0]), int(value[1]), bool(value[2]))
+    return [(int(step), int(gen), bool(daemon)) for step, gen, daemon in box[0]]
+
+
+def every_rank_ready(ready: bool, group: Any) -> bool:
+    """Whether every rank of `group` is `ready` (this rank's answer without one)."""
+    if group is None:
+        return ready
+    answers: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(answers, ready, group=group)
+    return all(bool(answer) for answer in answers)

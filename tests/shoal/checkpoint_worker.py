@@ -1,7 +1,8 @@
 """One rank of the resharding test: `save` writes a state of one sharded (DTensor, Shard(0)) and
 one replicated tensor at steps 20 (async) and 40 (blocking); `restore` loads the newest into a
 state of this world size and prints what it found as one JSON line. No daemon: the ranks share
-SHOAL_CHECKPOINT_DIR."""
+SHOAL_CHECKPOINT_DIR; `fallback` restores through a stand-in daemon that commits both steps but
+cannot have step 40's files on rank 1's node, so every rank must load step 20."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ with warnings.catch_warnings():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+import shoal.checkpoint
+from shoal._checkpoint_files import step_directory
 from shoal.checkpoint import Checkpointer
-from shoal.place import place_from_env
+from shoal.errors import DaemonAnswerError
+from shoal.place import RankPlace, place_from_env
 
 ROWS = 24
 
@@ -33,12 +37,41 @@ def state_at(step: int, mesh: object) -> dict[str, object]:
     return {"model": {"sharded": sharded, "replicated": torch.full((5,), float(step))}}
 
 
+class StandInDaemon:
+    """Answers a restore's questions as a daemon whose newest committed step (40) this node
+    cannot have when `lacking` (its only holders down); step 20 it can."""
+
+    def __init__(self, place: RankPlace, lacking: bool) -> None:
+        self.root = os.environ["SHOAL_CHECKPOINT_DIR"]
+        self.generation = place.generation
+        self.lacking = lacking
+
+    def request(
+        self, method: str, path: str, body: dict[str, int] | None = None, **_: object
+    ) -> object:
+        if path == shoal.checkpoint.CHECKPOINTS_PATH:
+            steps = [{"step": step, "generation": self.generation} for step in (20, 40)]
+            return {"committed": steps[-1], "steps": steps}
+        assert body is not None
+        if path == shoal.checkpoint.PREPARE_PATH:
+            if body["step"] == 40 and self.lacking:
+                raise DaemonAnswerError("stand-in", 503, "unavailable", "no holder answers")
+            directory = step_directory(body["step"], body["generation"])
+            return {"directory": os.path.join(self.root, directory)}
+        return {"step": body["step"], "seconds": 0.0}
+
+
 def main() -> None:
     mode = sys.argv[1]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     place = place_from_env(os.environ)
     mesh = init_device_mesh("cpu", (place.world_size,))
     checkpointer = Checkpointer(place, None)
+    if mode == "fallback":
+        shoal.checkpoint.FALLBACK_AFTER_S = 0.5
+        shoal.checkpoint.RETRY_PAUSE_S = 0.1
+        daemon = StandInDaemon(place, lacking=place.rank == 1)
+        checkpointer = Checkpointer(place, daemon)  # type: ignore[arg-type]
     if mode == "save":
         checkpointer.save(state_at(20, mesh), 20)
         checkpointer.save(state_at(40, mesh), 40, blocking=True)

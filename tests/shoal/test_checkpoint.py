@@ -26,7 +26,7 @@ from shoal._checkpoint_files import (
     step_directory,
 )
 from shoal._daemon import DaemonClient
-from shoal.checkpoint import Checkpointer
+from shoal.checkpoint import Checkpointer, committed_candidates
 from shoal.errors import CheckpointError
 from shoal.place import RankPlace
 from sync.files.manifest import hash_fd
@@ -152,6 +152,32 @@ def test_a_failed_background_write_is_raised_by_the_next_save(
     checkpointer.close()
     with pytest.raises(CheckpointError, match="closed"):
         checkpointer.save(state, 3)
+
+
+@pytest.mark.timeout(600)
+def test_when_one_node_cannot_have_the_newest_step_every_rank_loads_the_older_one(
+    tmp_path: Path,
+) -> None:
+    # the second between a commit and its copies: a node whose files' only holder died
+    saved = run_ranks(2, "save", tmp_path)
+    assert [line["failure"] for line in saved] == [None, None]
+    for line in run_ranks(2, "fallback", tmp_path):
+        assert line["step"] == 20, line  # rank 0 could have step 40 here, but rank 1 not
+        assert line["shard_matches"] is True
+        assert line["replicated"] == [20.0] * 5
+
+
+def test_the_candidates_are_the_committed_step_then_older_kept_ones() -> None:
+    answer = {
+        "committed": {"step": 40, "generation": 2},
+        "steps": [
+            {"step": 20, "generation": 1},
+            {"step": 30, "generation": 2},
+            {"step": 40, "generation": 2},
+        ],
+    }
+    assert committed_candidates(answer) == [(40, 2, True), (30, 2, True), (20, 1, True)]
+    assert committed_candidates({"committed": None, "steps": []}) == []
 
 
 @SINGLE
