@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from health.errors import MonitorError
 from health.fields import read_float, read_int, read_list, read_mapping, read_str
@@ -30,6 +30,45 @@ __all__ = [
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 UNKNOWN_STATE = "unknown"
 """State of a node no fetched membership view mentions."""
+
+
+class AutostopJson(TypedDict):
+    """AutostopInfo as the monitor's JSON writes it."""
+
+    enabled: bool
+    state: str
+    action: str | None
+    dry_run: bool
+    idle_for_s: float | None
+    window_s: float | None
+    busy_reasons: list[str]
+
+
+class DrainJson(TypedDict, total=False):
+    """DrainInfo as the monitor's JSON writes it: `kill_after_s` while draining, else
+    `draining` (false); `quarantine` while quarantined."""
+
+    kill_after_s: float | None
+    draining: bool
+    quarantine: str
+
+
+class TrainingJson(TypedDict):
+    """TrainingInfo as the monitor's JSON writes it."""
+
+    ranks: int
+    step: int
+    steps_per_s: float
+    generation: int | None
+
+
+class FailureEventJson(TypedDict):
+    """FailureEvent as the monitor's JSON writes it."""
+
+    node_id: str
+    kind: str
+    at: float
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -62,10 +101,16 @@ class AutostopInfo:
             busy_reasons=tuple(str(r) for r in read_list(data.get("busy_reasons"))),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["busy_reasons"] = list(self.busy_reasons)
-        return data
+    def to_json(self) -> AutostopJson:
+        return AutostopJson(
+            enabled=self.enabled,
+            state=self.state,
+            action=self.action,
+            dry_run=self.dry_run,
+            idle_for_s=self.idle_for_s,
+            window_s=self.window_s,
+            busy_reasons=list(self.busy_reasons),
+        )
 
 
 @dataclass(frozen=True)
@@ -86,11 +131,13 @@ class DrainInfo:
             return None if reason is None else cls(quarantine=reason, draining=False)
         return cls(read_float(value.get("kill_after_s")), reason)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DrainJson:
         """`{"kill_after_s"}` while draining, else `{"draining": false}`; with `quarantine`
         while quarantined."""
-        data: dict[str, Any] = (
-            {"kill_after_s": self.kill_after_s} if self.draining else {"draining": False}
+        data = (
+            DrainJson(kill_after_s=self.kill_after_s)
+            if self.draining
+            else DrainJson(draining=False)
         )
         if self.quarantine is not None:
             data["quarantine"] = self.quarantine
@@ -129,8 +176,13 @@ class TrainingInfo:
         ranks = read_int(value.get("ranks")) or 0
         return cls(ranks, step, rate, read_int(value.get("generation")))
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> TrainingJson:
+        return TrainingJson(
+            ranks=self.ranks,
+            step=self.step,
+            steps_per_s=self.steps_per_s,
+            generation=self.generation,
+        )
 
     def text(self) -> str:
         """`step 1234, 5.20/s`."""
@@ -351,8 +403,10 @@ class FailureEvent:
     at: float
     detail: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> FailureEventJson:
+        return FailureEventJson(
+            node_id=self.node_id, kind=self.kind, at=self.at, detail=self.detail
+        )
 
 
 @dataclass(frozen=True)
