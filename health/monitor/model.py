@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 from health.errors import MonitorError
 from health.fields import read_float, read_int, read_list, read_mapping, read_str
 from health.gpu import GpuInfo
+from health.monitor.documents import AutostopJson, DrainJson, FailureEventJson, TrainingJson
 
 __all__ = [
     "AutostopInfo",
@@ -30,45 +31,6 @@ __all__ = [
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 UNKNOWN_STATE = "unknown"
 """State of a node no fetched membership view mentions."""
-
-
-class AutostopJson(TypedDict):
-    """AutostopInfo as the monitor's JSON writes it."""
-
-    enabled: bool
-    state: str
-    action: str | None
-    dry_run: bool
-    idle_for_s: float | None
-    window_s: float | None
-    busy_reasons: list[str]
-
-
-class DrainJson(TypedDict, total=False):
-    """DrainInfo as the monitor's JSON writes it: `kill_after_s` while draining, else
-    `draining` (false); `quarantine` while quarantined."""
-
-    kill_after_s: float | None
-    draining: bool
-    quarantine: str
-
-
-class TrainingJson(TypedDict):
-    """TrainingInfo as the monitor's JSON writes it."""
-
-    ranks: int
-    step: int
-    steps_per_s: float
-    generation: int | None
-
-
-class FailureEventJson(TypedDict):
-    """FailureEvent as the monitor's JSON writes it."""
-
-    node_id: str
-    kind: str
-    at: float
-    detail: str
 
 
 @dataclass(frozen=True)
