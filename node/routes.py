@@ -27,7 +27,7 @@ from node.identity.roles import AccessRules, CertificateGate
 from node.limits import MAX_BODY_BYTES
 from node.metrics import install_node_metrics
 from node.openapi import TEXT, WireRecord, documented_twice, openapi_document
-from node.runtime import NodeRuntime
+from node.runtime import DrainView, NodeRuntime, QuarantineView
 from node.security import (
     AUTH_POLICY,
     OPENAPI_PATH,
@@ -103,12 +103,6 @@ class AutostopView(WireRecord):
     last_error: str | None = None
 
 
-class DrainView(WireRecord):
-    """This node's drain in the plan it applies (`shoal node drain`)."""
-
-    kill_after_s: float | None
-
-
 class TrainingStatus(WireRecord):
     """This node's training ranks in `GET /v1/status`."""
 
@@ -132,7 +126,7 @@ class StatusAnswer(WireRecord):
     term: int | None
     coordinator: str | None = None
     drain: DrainView | None = Field(default=None, description="this node's drain, or null")
-    quarantine: dict[str, Any] | None = Field(
+    quarantine: QuarantineView | None = Field(
         default=None,
         description="this node's GPU quarantine (docs/fault-tolerance.md#gpu-faults): the "
         "reason (the plan's, or the fault read now), the state (faulty, settling, selftest, "
@@ -249,8 +243,8 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "term": runtime.term,
         "coordinator": runtime.coordinator,
         "plan_version": runtime.plan_version,
-        "drain": runtime.drain,
-        "quarantine": runtime.quarantine,
+        "drain": None if runtime.drain is None else runtime.drain.to_json(),
+        "quarantine": None if runtime.quarantine is None else runtime.quarantine.to_json(),
         "members": counts,
         "wal": wal,
         "breakers": breakers,

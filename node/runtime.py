@@ -11,6 +11,7 @@ from config import NodeSettings
 from config.tls.context import TlsContexts
 from health import BreakerRegistry, GpuReader, HealthChecker, NodeMetrics
 from net import local_url
+from node.openapi import WireRecord
 from wal import WriteAheadLog
 
 
@@ -38,6 +39,22 @@ class MembershipLike(Protocol):
     def counts(self) -> Mapping[str, int]: ...
 
 
+class DrainView(WireRecord):
+    """This node's drain in the plan it applies (`shoal node drain`)."""
+
+    kill_after_s: float | None
+
+
+class QuarantineView(WireRecord):
+    """This node's GPU quarantine (docs/fault-tolerance.md#gpu-faults): the reason (the plan's,
+    or the fault read now), the state (faulty, settling, selftest, selftest_failed,
+    readmitting, held) and the last self-test, or null."""
+
+    reason: str | None
+    state: str
+    selftest: str | None
+
+
 @dataclass
 class NodeRuntime:
     """The live state of one node. Components are None until started (and in API tests)."""
@@ -63,10 +80,10 @@ class NodeRuntime:
     term: int | None = None
     coordinator: str | None = None
     plan_version: int | None = None
-    drain: dict[str, Any] | None = None
-    """This node's drain in the plan it applies ({"kill_after_s": S or None}), else None."""
-    quarantine: dict[str, Any] | None = None
-    """This node's GPU quarantine ({"reason", "state", "selftest"}: node.quarantine), else None."""
+    drain: DrainView | None = None
+    """This node's drain in the plan it applies, else None."""
+    quarantine: QuarantineView | None = None
+    """This node's GPU quarantine (node.quarantine), else None."""
     gpu_reader: GpuReader | None = None
     """The node's NVML reader (the GPU check, status and the fault watcher share it)."""
     jobs: Callable[[], dict[str, int]] | None = None

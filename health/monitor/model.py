@@ -11,6 +11,7 @@ from typing import Any
 from health.errors import MonitorError
 from health.fields import read_float, read_int, read_list, read_mapping, read_str
 from health.gpu import GpuInfo
+from health.monitor.documents import AutostopJson, DrainJson, FailureEventJson, TrainingJson
 
 __all__ = [
     "AutostopInfo",
@@ -62,10 +63,16 @@ class AutostopInfo:
             busy_reasons=tuple(str(r) for r in read_list(data.get("busy_reasons"))),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["busy_reasons"] = list(self.busy_reasons)
-        return data
+    def to_json(self) -> AutostopJson:
+        return AutostopJson(
+            enabled=self.enabled,
+            state=self.state,
+            action=self.action,
+            dry_run=self.dry_run,
+            idle_for_s=self.idle_for_s,
+            window_s=self.window_s,
+            busy_reasons=list(self.busy_reasons),
+        )
 
 
 @dataclass(frozen=True)
@@ -86,11 +93,13 @@ class DrainInfo:
             return None if reason is None else cls(quarantine=reason, draining=False)
         return cls(read_float(value.get("kill_after_s")), reason)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DrainJson:
         """`{"kill_after_s"}` while draining, else `{"draining": false}`; with `quarantine`
         while quarantined."""
-        data: dict[str, Any] = (
-            {"kill_after_s": self.kill_after_s} if self.draining else {"draining": False}
+        data = (
+            DrainJson(kill_after_s=self.kill_after_s)
+            if self.draining
+            else DrainJson(draining=False)
         )
         if self.quarantine is not None:
             data["quarantine"] = self.quarantine
@@ -129,8 +138,13 @@ class TrainingInfo:
         ranks = read_int(value.get("ranks")) or 0
         return cls(ranks, step, rate, read_int(value.get("generation")))
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> TrainingJson:
+        return TrainingJson(
+            ranks=self.ranks,
+            step=self.step,
+            steps_per_s=self.steps_per_s,
+            generation=self.generation,
+        )
 
     def text(self) -> str:
         """`step 1234, 5.20/s`."""
@@ -351,8 +365,10 @@ class FailureEvent:
     at: float
     detail: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> FailureEventJson:
+        return FailureEventJson(
+            node_id=self.node_id, kind=self.kind, at=self.at, detail=self.detail
+        )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import JsonValue
+
 from node.forwarding import REQUEST_FORWARDER
 from node.security import request_sender
 from wal import WalEntry, WalError, WriteAheadLog
@@ -171,8 +173,8 @@ async def record_audit(
 
 
 def run_steps(
-    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+    before: Mapping[str, Mapping[str, JsonValue]], after: Mapping[str, Mapping[str, JsonValue]]
+) -> list[dict[str, JsonValue]]:
     """The RUN_STEP payloads of every run whose step or state differs from `before` to
     `after` (a new run included), by run id."""
     steps = []

@@ -30,7 +30,7 @@ from node.errors import RendezvousError
 from node.identity.peers import peer_tls
 from node.membership.service import EventKind, MemberEvent, Membership, MemberState
 from node.plan import PlanFence, RolePlan
-from node.runtime import NodeRuntime
+from node.runtime import DrainView, NodeRuntime
 from node.security import json_error
 from node.training.rendezvous import (
     RENDEZVOUS_PATH,
@@ -309,7 +309,7 @@ class ElectionService:
         runtime.plan_version = plan.version if plan is not None else None
         drain = plan.draining if plan is not None else {}
         runtime.drain = (
-            {"kill_after_s": drain[runtime.node_id]} if runtime.node_id in drain else None
+            DrainView(kill_after_s=drain[runtime.node_id]) if runtime.node_id in drain else None
         )
         role = plan.role_of(runtime.node_id) if plan is not None else None
         runtime.role = role.value if role is not None else runtime.settings.role.value

@@ -19,7 +19,8 @@ from node.election.service import ElectionService
 from node.errors import LockError
 from node.locks.quarantines import lift
 from node.locks.service import LockService
-from node.locks.table import LockTable, put_drain
+from node.locks.table import Drain, LockTable, put_drain
+from node.locks.wire import DrainAnswer
 from node.plan import RolePlan
 from node.runtime import NodeRuntime
 
@@ -79,24 +80,23 @@ class NodeOps:
         if self._leaving is not None:
             await asyncio.gather(self._leaving, return_exceptions=True)
 
-    async def drain(self, node: str, kill_after_s: float | None, by: str) -> dict[str, Any]:
+    async def drain(self, node: str, kill_after_s: float | None, by: str) -> DrainAnswer:
         """At the coordinator: drain `node` (its jobs are killed after `kill_after_s`; None: they
         finish), asked `by` a sender; the answer names the first plan that carries it."""
-        record = {"kill_after_s": kill_after_s, "since": time.time(), "by": by}
-        return await self._apply(node, record)
+        return await self._apply(node, Drain(kill_after_s, time.time(), by))
 
-    async def undrain(self, node: str) -> dict[str, Any]:
+    async def undrain(self, node: str) -> DrainAnswer:
         """At the coordinator: undrain `node`, and lift its GPU quarantine (held or not) with
         its history; the answer names the first plan without either."""
         return await self._apply(node, None)
 
-    async def _apply(self, node: str, record: Mapping[str, Any] | None) -> dict[str, Any]:
+    async def _apply(self, node: str, record: Drain | None) -> DrainAnswer:
         """At the coordinator: the table with the change on a majority, then the plan."""
         if record is not None:
             # a repeated drain keeps its first `since` and `by` unless kill_after_s changes
             def change(table: LockTable, term: int, now: float) -> tuple[LockTable, None]:
                 old = table.drains.get(node)
-                if old is not None and old.get("kill_after_s") == record["kill_after_s"]:
+                if old is not None and old.kill_after_s == record.kill_after_s:
                     return table, None
                 return put_drain(table, term, node, record), None
         else:
@@ -110,14 +110,14 @@ class NodeOps:
             "node %s: %s %s", self.runtime.node_id, "drained" if draining else "undrained", node
         )
         plan, applied = await self._planned(node, draining)
-        return {
-            "node": node,
-            "draining": draining,
-            "kill_after_s": None if record is None else record["kill_after_s"],
-            "coordinator": self.runtime.node_id,
-            "plan": None if plan is None else plan.fence.to_list(),
-            "applied": applied,
-        }
+        return DrainAnswer(
+            node=node,
+            draining=draining,
+            kill_after_s=None if record is None else record.kill_after_s,
+            coordinator=self.runtime.node_id,
+            plan=None if plan is None else plan.fence.to_list(),
+            applied=applied,
+        )
 
     async def _planned(self, node: str, draining: bool) -> tuple[RolePlan | None, bool]:
         """The first plan of this coordinator that says `node` drains (or neither drains nor

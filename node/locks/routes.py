@@ -8,7 +8,6 @@ A LockError is answered by the node's error middleware (503 with `Retry-After: 1
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -151,8 +150,8 @@ class LockRoutes:
             coordinator=locks.runtime.node_id,
             version=table.version,
             locks=dict(table.locks),
-            runs={run_id: dict(record) for run_id, record in table.runs.items()},
-            drains={node: dict(record) for node, record in table.drains.items()},
+            runs=dict(table.runs),
+            drains=dict(table.drains),
             quarantines=dict(table.quarantines),
         )
         return web.json_response(view.to_json())
@@ -303,8 +302,8 @@ class NodeRoutes:
         if forwarded is not None:
             response = forwarded
         else:
-            response = web.json_response(await ops.drain(node, body.kill_after_s, by))
-        await _audit_change(ops, request, response, node, {"kill_after_s": body.kill_after_s})
+            response = web.json_response((await ops.drain(node, body.kill_after_s, by)).to_json())
+        await _audit_change(ops, request, response, node, (body.kill_after_s,))
         return response
 
     @route(
@@ -329,7 +328,7 @@ class NodeRoutes:
         if forwarded is not None:
             response = forwarded
         else:
-            response = web.json_response(await ops.undrain(node))
+            response = web.json_response((await ops.undrain(node)).to_json())
         await _audit_change(ops, request, response, node, None)
         return response
 
@@ -373,7 +372,7 @@ async def _audit_change(
     request: web.Request,
     response: web.Response,
     node: str,
-    drain: Mapping[str, Any] | None,
+    drain: tuple[float | None] | None,
 ) -> None:
     """Record a drain (`drain` holds its kill_after_s) or an undrain (None) that succeeded, in
     the audit trail of the node the operator asked and of the coordinator it forwarded to
@@ -384,5 +383,5 @@ async def _audit_change(
     entry_type = NODE_DRAIN if drain is not None else NODE_UNDRAIN
     payload = {"name": node, "plan": answer.get("plan"), "applied": answer.get("applied")}
     if drain is not None:
-        payload["kill_after_s"] = drain["kill_after_s"]
+        payload["kill_after_s"] = drain[0]
     await record_audit(ops.runtime.wal, entry_type, payload, ops.runtime.node_id)

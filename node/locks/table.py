@@ -14,6 +14,8 @@ from typing import Annotated, Any
 from annotated_types import Len
 from pydantic import (
     ConfigDict,
+    Field,
+    JsonValue,
     NonNegativeInt,
     PlainSerializer,
     PlainValidator,
@@ -24,6 +26,7 @@ from pydantic import (
 
 from node.errors import LockError
 from node.locks.checkpoints import CheckpointLog
+from node.openapi import Number
 
 WAITER_GRACE_S = 10.0
 """A waiter that has not asked again for this long (or its ttl_s, if longer) leaves the queue."""
@@ -110,6 +113,26 @@ class Quarantine:
     held: bool = False
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A drained node (`shoal node drain`): its running jobs are killed after `kill_after_s`
+    seconds (None: they finish); `since` (wall clock) and `by` (the sender who asked) are left
+    out of the JSON when unknown."""
+
+    kill_after_s: Number | None
+    since: Annotated[Number | None, Field(exclude_if=_absent)] = None
+    by: Annotated[str | None, Field(exclude_if=_absent)] = None
+
+
+StoredRun = dict[str, JsonValue]
+"""A queued run's record as the lock table stores it: the JSON of node.runs' RunRecord, which
+sits above the locks (its job is a node.jobs JobRecord), so it is read as RunRecord there."""
+
+
 def _version_default_as_json(schema: dict[str, Any]) -> None:
     """JSON Schema writes a default as plain JSON, not through the field's serializer."""
     schema["properties"]["version"]["default"] = LockFence(0, 0).to_list()
@@ -123,13 +146,12 @@ class LockTable:
 
     version: WireFence = LockFence(0, 0)
     locks: Mapping[str, LockState] = dataclasses.field(default_factory=dict)
-    runs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    runs: Mapping[str, StoredRun] = dataclasses.field(default_factory=dict)
     """The queued runs' records as JSON (node.runs reads them as RunRecord), stored with the
     locks on the same majority."""
-    drains: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    """The drained nodes (`shoal node drain`): node id -> {"kill_after_s", "since", "by"}, kept
-    on the same majority so a new coordinator plans with them; a table without the field (an
-    older release's) drains nobody."""
+    drains: Mapping[str, Drain] = dataclasses.field(default_factory=dict)
+    """The drained nodes (`shoal node drain`), kept on the same majority so a new coordinator
+    plans with them; a table without the field (an older release's) drains nobody."""
     quarantines: Mapping[str, Quarantine] = dataclasses.field(default_factory=dict)
     """The nodes quarantined for a GPU fault, and those re-admitted within the limit's window
     (node.locks.quarantines); a table without the field quarantines nobody."""
@@ -346,27 +368,25 @@ def take_over(table: LockTable, term: int, now: float) -> LockTable:
     return dataclasses.replace(table, version=version, locks=locks)
 
 
-def put_run(table: LockTable, term: int, run_id: str, record: Mapping[str, Any]) -> LockTable:
+def put_run(table: LockTable, term: int, run_id: str, record: StoredRun) -> LockTable:
     """The table with run `run_id`'s record replaced (one change: a new version)."""
     runs = dict(table.runs)
     runs[run_id] = dict(record)
     return dataclasses.replace(table, version=_bump(table, term), runs=runs)
 
 
-def put_drain(
-    table: LockTable, term: int, node: str, record: Mapping[str, Any] | None
-) -> LockTable:
-    """The table with `node` drained (`record`: kill_after_s, since, by) or undrained (None);
-    the same table when nothing changes."""
+def put_drain(table: LockTable, term: int, node: str, record: Drain | None) -> LockTable:
+    """The table with `node` drained (`record`) or undrained (None); the same table when
+    nothing changes."""
     drains = dict(table.drains)
     if record is None:
         if node not in drains:
             return table
         del drains[node]
     else:
-        if drains.get(node) == dict(record):
+        if drains.get(node) == record:
             return table
-        drains[node] = dict(record)
+        drains[node] = record
     return dataclasses.replace(table, version=_bump(table, term), drains=drains)
 
 
@@ -379,8 +399,7 @@ def put_checkpoints(table: LockTable, term: int, log: CheckpointLog) -> LockTabl
 
 def drain_map(table: LockTable) -> dict[str, float | None]:
     """node id -> kill_after_s of every drained node (the plan's `draining`)."""
-    out: dict[str, float | None] = {}
-    for node, record in table.drains.items():
-        after = record.get("kill_after_s")
-        out[node] = float(after) if isinstance(after, int | float) else None
-    return out
+    return {
+        node: None if drain.kill_after_s is None else float(drain.kill_after_s)
+        for node, drain in table.drains.items()
+    }

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from annotated_types import Len
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, Field
 
-from node.locks.table import LockState, LockTable, Quarantine, WireFence
+from node.locks.table import Drain, LockState, LockTable, Quarantine, StoredRun, WireFence
 from node.openapi import BODY_CONFIG, Count, WholeNumber, WireRecord
 
 LOCKS_PATH = "/v1/locks"
@@ -83,8 +83,8 @@ class LockView(WireRecord):
     coordinator: str
     version: WireFence
     locks: dict[str, LockState]
-    runs: dict[str, dict[str, JsonValue]] = Field(description="the runs' records (RunRecord)")
-    drains: dict[str, dict[str, JsonValue]] = Field(
+    runs: dict[str, StoredRun] = Field(description="the runs' records (RunRecord)")
+    drains: dict[str, Drain] = Field(
         default_factory=dict,
         description="the drained nodes (`shoal node drain`): node id -> kill_after_s, since, by",
     )

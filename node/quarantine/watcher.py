@@ -34,7 +34,7 @@ from node.plan import RolePlan
 from node.quarantine.service import CoordinatorLink
 from node.quarantine.state import Action, Phase, WatchState, after_selftest, held, step
 from node.quarantine.wire import MAX_REASON_CHARS, QuarantineBody, ReadmitBody
-from node.runtime import NodeRuntime
+from node.runtime import NodeRuntime, QuarantineView
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class GpuFaultWatcher:
             runtime.wal, entry_type, {"name": runtime.node_id, **detail}, runtime.node_id
         )
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> QuarantineView | None:
         """This node's quarantine for /v1/status: the reason (the plan's, or the fault read
         now), the phase and the last self-test's outcome; None while it has neither."""
         plan = self._plan()
@@ -263,7 +263,9 @@ class GpuFaultWatcher:
             return None
         if reason is None and state.fault is not None:
             reason = state.fault.reason
-        return {"reason": reason, "state": state.phase.value, "selftest": state.selftest or None}
+        return QuarantineView(
+            reason=reason, state=state.phase.value, selftest=state.selftest or None
+        )
 
     async def check(self) -> CheckResult:
         """Not applicable without owned GPUs; degraded while a fault is read or the node is
@@ -273,7 +275,7 @@ class GpuFaultWatcher:
         metrics = {"rounds": float(self.rounds)}
         shown = self.status()
         if shown is not None:
-            message = f"{shown['reason']}: {shown['state']}"
+            message = f"{shown.reason}: {shown.state}"
             if self.state.selftest:
                 message += f" (self-test: {self.state.selftest})"
             return CheckResult(HealthStatus.DEGRADED, message, metrics)

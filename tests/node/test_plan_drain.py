@@ -15,7 +15,7 @@ from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.errors import JobError, PlanError
 from node.jobs.drain import DrainKiller, refuse_if_draining
 from node.jobs.roster import pick_members
-from node.locks.table import LockTable, drain_map, put_drain
+from node.locks.table import Drain, LockTable, drain_map, put_drain
 from node.plan import RolePlan
 from node.workers.cluster import nodes_of_plan
 
@@ -149,9 +149,9 @@ def test_a_job_start_on_a_draining_node_is_refused_naming_the_drain() -> None:
 
 def test_the_lock_table_keeps_drains_and_an_older_table_drains_nobody() -> None:
     table = LockTable()
-    drained = put_drain(table, 3, "b", {"kill_after_s": 10, "since": 1.0, "by": "op"})
+    drained = put_drain(table, 3, "b", Drain(10, 1.0, "op"))
     assert drained.version.to_list() == [3, 1]
-    assert put_drain(drained, 3, "b", {"kill_after_s": 10, "since": 1.0, "by": "op"}) is drained
+    assert put_drain(drained, 3, "b", Drain(10, 1.0, "op")) is drained
     assert drain_map(LockTable.from_dict(drained.to_dict())) == {"b": 10.0}
     old = drained.to_dict()
     del old["drains"]

@@ -10,7 +10,7 @@ from config import Role
 from node.election.roles import NodeCapabilities, RolePolicy, compute_plan
 from node.errors import LockError, PlanError
 from node.locks.quarantines import WINDOW_S, lift, quarantine, quarantine_map, readmit
-from node.locks.table import LockTable, put_drain
+from node.locks.table import Drain, LockTable, put_drain
 from node.plan import RolePlan
 
 POLICY = RolePolicy(min_training=1, max_training=3, master_port=29500, backend="gloo")
@@ -115,7 +115,7 @@ def test_a_quarantine_is_kept_and_a_repeated_report_changes_nothing() -> None:
     del older["quarantines"]
     assert LockTable.from_dict(older).quarantines == {}
     # the other changes of the table keep it
-    assert quarantine_map(put_drain(out, 3, "c", {"kill_after_s": None})) == {"b": REASON}
+    assert quarantine_map(put_drain(out, 3, "c", Drain(None))) == {"b": REASON}
 
 
 def test_readmission_and_the_limit_within_the_window() -> None:

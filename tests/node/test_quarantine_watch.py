@@ -19,7 +19,7 @@ from node.quarantine.routes import check_own
 from node.quarantine.state import Action, Phase, WatchState, after_selftest, held, step
 from node.quarantine.watcher import DeadlineReads, GpuFaultWatcher
 from node.quarantine.wire import FaultName, QuarantineAnswer, QuarantineBody, ReadmitBody
-from node.runtime import NodeRuntime
+from node.runtime import NodeRuntime, QuarantineView
 from node.security import REQUEST_SENDER
 
 FAULT = GpuFault("GPU-a", FaultKind.XID, "Xid 79")
@@ -219,11 +219,9 @@ async def test_a_node_that_cannot_reach_the_coordinator_keeps_reporting(tmp_path
     assert watcher.problem is None
     assert [body.reason for body in link.reports] == ["gpu_fault: Xid 79 on GPU-0"] * 4
     assert watcher.quarantines.labels(fault="xid")._value.get() == 1
-    assert watcher.status() == {
-        "reason": "gpu_fault: Xid 79 on GPU-0",
-        "state": "faulty",
-        "selftest": None,
-    }
+    assert watcher.status() == QuarantineView(
+        reason="gpu_fault: Xid 79 on GPU-0", state="faulty", selftest=None
+    )
 
 
 class Quarantined:

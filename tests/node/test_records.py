@@ -17,7 +17,7 @@ from config import load_settings
 from node.daemon import NodeDaemon
 from node.jobs.records import GangRecord, GangSpec, JobRecord, JobState, PickAnswer
 from node.jobs.routes import JobList
-from node.locks.table import LOCK_ANSWER, LOCK_TABLE, LockAnswer, LockFence, LockTable
+from node.locks.table import LOCK_ANSWER, LOCK_TABLE, Drain, LockAnswer, LockFence, LockTable
 from node.locks.wire import LockView, Promise, Released, Stored
 from node.rl.offers import OfferTaken, WeightsOffer, WeightsRuns, WeightsStatus
 from node.runs.queue import RunList, RunRecord, RunState, RunStep
@@ -194,7 +194,7 @@ def test_lock_tables_and_answers_read_and_write_the_same_bytes() -> None:
         + ', "drains": {}, "quarantines": {}, "checkpoints": {"committed": [], "restores": {}}}'
     )
     table = LockTable.from_dict(json.loads(TABLE))
-    assert table.drains == {"n3": {"kill_after_s": None, "by": "op"}}
+    assert table.drains == {"n3": Drain(kill_after_s=None, by="op")}
     assert table.quarantines["n2"].active
     assert table.quarantines["n2"].times == (1764000005.0,)
     assert table.version == LockFence(3, 17)

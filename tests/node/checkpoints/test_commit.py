@@ -22,7 +22,7 @@ from node.checkpoints.commit import (
     with_targets,
 )
 from node.locks.checkpoints import CheckpointFile, CheckpointLog, RestoreRecord, step_directory
-from node.locks.table import LockTable, put_checkpoints
+from node.locks.table import Drain, LockTable, put_checkpoints
 from shoal._checkpoint_files import parse_step_directory
 from shoal._checkpoint_files import step_directory as training_step_directory
 
@@ -157,7 +157,7 @@ def test_the_lock_table_keeps_the_log_and_reads_a_table_without_it() -> None:
     older = table.to_dict()
     del older["checkpoints"]
     assert LockTable.from_dict(older).checkpoints == CheckpointLog()
-    changed = dataclasses.replace(table, drains={"n9": {"kill_after_s": None}})
+    changed = dataclasses.replace(table, drains={"n9": Drain(None)})
     assert changed.ordered().checkpoints == book, "other changes keep the log"
 
 
