@@ -73,6 +73,7 @@ from node.logs import QuietProtocolLog
 from node.membership.checks import membership_check
 from node.membership.keyring import GossipKeys
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
+from node.metrics import ServedMetrics, served_metrics
 from node.parts import PartsInputs, ServedParts, served_parts
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
@@ -122,6 +123,7 @@ class NodeDaemon(AsyncClosing):
         self.gossip_keys: GossipKeys | None = None
         """The gossip keyring sealing membership datagrams (None: no secret and no keyring)."""
         self._disk_writes = DiskWrites()
+        self._series: ServedMetrics | None = None
         self._closed = False
         self.stop_requested = asyncio.Event()
         """Set when the node stops itself (auto-stop of a `local` node); `shoal serve` exits."""
@@ -166,9 +168,10 @@ class NodeDaemon(AsyncClosing):
                 {} if inventory is None else inventory.stacks,
                 self._run_nodes,
                 self._disk_writes,
-                self.gossip_keys,
-                self._leave_cluster,
-                self._request_stop,
+                metrics=self._series,
+                gossip_keys=self.gossip_keys,
+                leave=self._leave_cluster,
+                request_stop=self._request_stop,
             )
         )
         self.sync_service, self.components = parts.sync, parts.components
@@ -211,6 +214,7 @@ class NodeDaemon(AsyncClosing):
             tls=self.tls,
         )
         self.runtime = runtime
+        self._series = served_metrics(runtime)
         self._voters = resolve_voters(settings, inventory, node_id)
         self._known_nodes = frozenset(
             {node_id, *self._voters.voters, *(() if inventory is None else inventory.hosts)}
@@ -325,6 +329,7 @@ class NodeDaemon(AsyncClosing):
             gates=[parts.dashboard.middleware],
             identity=identity,
             fence=fence,
+            http_metrics=None if self._series is None else self._series.http,
         )
         self.http_app = app
         runner = web.AppRunner(

@@ -23,6 +23,7 @@ from node.keyring.routes import KeyringRoutes
 from node.locks.component import LockApi, lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
+from node.metrics import ServedMetrics, SyncMetrics
 from node.quarantine.component import GpuQuarantine
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
@@ -87,6 +88,7 @@ def sync_service(
     secrets: Secrets,
     election: ElectionService,
     inventory: Inventory | None,
+    metrics: SyncMetrics | None = None,
 ) -> SyncService:
     """The sync service, its pushes fenced by the plan this node holds."""
     return SyncService(
@@ -95,6 +97,7 @@ def sync_service(
         runtime.settings.sync_interval_s,
         inventory,
         fence=election.plan_fence,
+        metrics=metrics,
     )
 
 
@@ -110,6 +113,8 @@ class PartsInputs:
     stacks: Mapping[str, StackEntry]
     run_nodes: NodeStarter
     writes: DiskWrites
+    metrics: ServedMetrics | None = None
+    """The node's HTTP and sync series (node.metrics.served_metrics); None: not counted."""
     gossip_keys: GossipKeys | None = None
     leave: Callable[[], Awaitable[None]] | None = None
     """Gossip this node's leave (`shoal node leave`); None: the route answers 503."""
@@ -127,10 +132,17 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         lambda: records.stores.get(ROLLOUTS_SCHEMA.name),
         registry=runtime.metrics.registry if runtime.metrics is not None else None,
     )
+    series = inputs.metrics
     records = RecordsComponent(
-        runtime, extra_record_schemas(runtime.settings), backlog, inputs.writes
+        runtime,
+        extra_record_schemas(runtime.settings),
+        backlog,
+        inputs.writes,
+        on_ingest=None if series is None else series.ingest_counter(),
     )
-    sync = sync_service(runtime, inputs.secrets, election, inputs.inventory)
+    sync = sync_service(
+        runtime, inputs.secrets, election, inputs.inventory, None if series is None else series.sync
+    )
     jobs = job_api(runtime, election, wal, secret)
     locks = lock_api(
         runtime,
