@@ -13,8 +13,9 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -56,7 +57,7 @@ from node.boot import (
     load_secrets,
     resolve_node_id,
 )
-from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Served, checks_of, enter
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, checks_of, enter
 from node.discovery.feed import Discovery
 from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
@@ -67,7 +68,7 @@ from node.identity import (
     CrlSpread,
     open_tls,
 )
-from node.identity.component import api_identity, api_site
+from node.identity.component import api_site
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
 from node.membership.checks import membership_check
@@ -97,6 +98,18 @@ MAX_REQUEST_LINE_BYTES = 256 * 1024
 DISCOVERY_REFEED_S = 3.0
 """How often inventory hosts and seeds are offered to membership again (a seed that started
 after us is found within this time; each offer costs at most a few datagrams per host)."""
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    """The node's health checker and GPU reader, open, and the GPUs it owns: what the runtime
+    is built with."""
+
+    checker: HealthChecker
+    reader: GpuReader
+    gpus: Callable[[], list[dict[str, Any]]]
+    owned: tuple[int, ...]
+    training_nproc: int
 
 
 class NodeDaemon(AsyncClosing):
@@ -146,17 +159,34 @@ class NodeDaemon(AsyncClosing):
 
     async def _start(self) -> None:
         check_port_free(self.settings.bind, self.settings.port)  # before any store or log line
-        runtime, inventory, secrets = self._resolve()
-        settings = runtime.settings
+        inventory, secrets, node_id, breakers, metrics = self._resolve()
+        settings = self.settings
         self._notifier.status("opening the WAL")
         wal_config = WalConfig.from_timeouts(settings.timeouts)
-        wal = WriteAheadLog(settings.wal_path, config=wal_config, observer=runtime.metrics)
+        wal = WriteAheadLog(settings.wal_path, config=wal_config, observer=metrics)
         await self._stack.enter_async_context(wal)
-        runtime.wal = wal
         pending = await wal.pending()
         if pending:
             log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
-        await self._start_health(runtime, wal)
+        host = await self._open_health(settings, wal, metrics)
+        runtime = NodeRuntime(
+            settings=settings,
+            node_id=node_id,
+            address=advertise_address(settings),
+            version=shoal_version(),
+            breakers=breakers,
+            wal=wal,
+            health=host.checker,
+            metrics=metrics,
+            gpus=host.gpus,
+            owned_gpus=host.owned,
+            training_nproc=host.training_nproc,
+            gpu_reader=host.reader,
+            tls=self.tls,
+        )
+        self.runtime = runtime
+        self._series = served_metrics(runtime)
+        self._election = ElectionService(runtime, self._voters)
         self._notifier.status("resuming interrupted transfers")
         parts = served_parts(
             PartsInputs(
@@ -175,6 +205,7 @@ class NodeDaemon(AsyncClosing):
             )
         )
         self.sync_service, self.components = parts.sync, parts.components
+        self.crl_spread = parts.crl
         await enter(self._stack, parts.components)
         self._add_checks(runtime, checks_of(parts.components))
         await self._serve(runtime, secrets, parts)
@@ -185,9 +216,11 @@ class NodeDaemon(AsyncClosing):
         where = peer_url(settings.bind, self.port, tls=self.tls is not None)
         log.info("node %s serving on %s", runtime.node_id, where)
 
-    def _resolve(self) -> tuple[NodeRuntime, Inventory | None, Secrets]:
-        """The settings, secrets, inventory, identity and voters of this node, before anything
-        opens: the runtime handle every component shares."""
+    def _resolve(
+        self,
+    ) -> tuple[Inventory | None, Secrets, str, BreakerRegistry, NodeMetrics]:
+        """The settings, secrets, inventory, identity, breakers, metrics and voters of this
+        node, before anything opens."""
         settings = self.settings
         secrets = load_secrets(settings)
         inventory = load_inventory(settings.inventory) if settings.inventory else None
@@ -204,17 +237,6 @@ class NodeDaemon(AsyncClosing):
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
         metrics.bind_breakers(breakers)
-        runtime = NodeRuntime(
-            settings=settings,
-            node_id=node_id,
-            address=advertise_address(settings),
-            version=shoal_version(),
-            breakers=breakers,
-            metrics=metrics,
-            tls=self.tls,
-        )
-        self.runtime = runtime
-        self._series = served_metrics(runtime)
         self._voters = resolve_voters(settings, inventory, node_id)
         self._known_nodes = frozenset(
             {node_id, *self._voters.voters, *(() if inventory is None else inventory.hosts)}
@@ -222,8 +244,7 @@ class NodeDaemon(AsyncClosing):
         self._run_nodes = (
             StaticNodes() if inventory is None else ProviderNodes(StaticProvider(inventory))
         )
-        self._election = ElectionService(runtime, self._voters)
-        return runtime, inventory, secrets
+        return inventory, secrets, node_id, breakers, metrics
 
     async def _start_cluster(
         self,
@@ -266,11 +287,12 @@ class NodeDaemon(AsyncClosing):
             runtime.health.add_check(name, check.fn, interval_s=check.interval_s)
             self._checks.append(name)
 
-    async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
+    async def _open_health(
+        self, settings: NodeSettings, wal: WriteAheadLog, metrics: NodeMetrics
+    ) -> HostHealth:
         """Health checks and metrics; resolves the GPUs this node owns (`gpus`,
-        `training_nproc`: ConfigError when they do not fit the host) into the runtime and the
+        `training_nproc`: ConfigError when they do not fit the host) for the runtime and the
         membership meta."""
-        settings = runtime.settings
         checker = HealthChecker(timeouts=settings.timeouts)
         writes = self._disk_writes
         checker.add_check("disk", disk_check(settings.data_dir, writes=writes), interval_s=30.0)
@@ -284,18 +306,16 @@ class NodeDaemon(AsyncClosing):
         checker.add_check("memory", memory_check(), interval_s=30.0)
         reader = GpuReader()
         self._stack.callback(reader.close)
-        runtime.gpu_reader = reader
         checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
-        runtime.gpus = lambda: [gpu.to_json() for gpu in reader.read()]
         gpus = reader.read()
         owned = owned_gpus(settings.gpus, len(gpus))
-        runtime.owned_gpus = owned
-        runtime.training_nproc = training_nproc_for(settings.training_nproc, owned)
-        self._gpu_meta = gpu_meta([gpus[index] for index in owned], runtime.training_nproc)
-        assert runtime.metrics is not None
-        checker.add_listener(runtime.metrics.record_health)
+        nproc = training_nproc_for(settings.training_nproc, owned)
+        self._gpu_meta = gpu_meta([gpus[index] for index in owned], nproc)
+        checker.add_listener(metrics.record_health)
         await self._stack.enter_async_context(checker)
-        runtime.health = checker
+        return HostHealth(
+            checker, reader, lambda: [gpu.to_json() for gpu in reader.read()], owned, nproc
+        )
 
     def _known_node(self, sender: str) -> bool:
         """Whether `sender` is this node, a voter or inventory host, or in the membership view
@@ -316,19 +336,14 @@ class NodeDaemon(AsyncClosing):
             cluster=runtime.settings.cluster_name,
             **node_bound(runtime),
         )
-        fence = self._election.plan_fence
-        identity, crl = api_identity(runtime, self.tls, fence)
-        if crl is not None:
-            self.crl_spread = crl
-            self._stack.push_async_callback(crl.close)
-            self.components = (*self.components, Served(crl))
+        identity, crl = parts.identity, parts.crl
         app = build_app(
             runtime,
             policy,
             self.components,
             gates=[parts.dashboard.middleware],
             identity=identity,
-            fence=fence,
+            fence=self._election.plan_fence,
             http_metrics=None if self._series is None else self._series.http,
         )
         self.http_app = app

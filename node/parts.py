@@ -18,6 +18,8 @@ from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Endpoint, Se
 from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
+from node.identity import CertificateGate, CrlSpread
+from node.identity.component import CrlComponent, api_identity
 from node.jobs.component import JobApi, job_api
 from node.keyring.routes import KeyringRoutes
 from node.locks.component import LockApi, lock_api
@@ -81,6 +83,10 @@ class ServedParts:
     locks: LockService
     dashboard: Dashboard
     training: TrainingComponent
+    identity: CertificateGate | None = None
+    """The API's certificate and role checks (auth tls or hmac+tls), else None."""
+    crl: CrlSpread | None = None
+    """The CRL spread (with TLS), the last component: its loops start once the API listens."""
 
 
 def sync_service(
@@ -188,7 +194,12 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         training,
         dashboard,
     )
-    return ServedParts(components, sync, jobs, locks.service, dashboard, training)
+    identity, crl = api_identity(runtime, runtime.tls, election.plan_fence)
+    if crl is not None:
+        components = (*components, CrlComponent(crl))
+    return ServedParts(
+        components, sync, jobs, locks.service, dashboard, training, identity=identity, crl=crl
+    )
 
 
 def _run_api(inputs: PartsInputs, locks: LockService) -> RunApi:
