@@ -2,10 +2,9 @@
 
 Order: a free port -> secrets -> WAL (recovery) -> health -> the served components (node.parts:
 record stores, sync, jobs, actors, locks, runs, weights, backup, audit, dashboard, the CRL
-spread) -> HTTP ->
-membership -> election -> discovery -> auto-stop; then READY=1. Stop in reverse: auto-stop,
-discovery, election, membership, HTTP (the dashboard's event streams first), the served
-components, health, WAL.
+spread) -> HTTP -> membership -> election -> discovery -> auto-stop; then READY=1. Stop in
+reverse: auto-stop, discovery, election, membership, HTTP (the dashboard's event streams
+first), the served components, health, WAL.
 """
 
 from __future__ import annotations
