@@ -13,9 +13,8 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -27,34 +26,23 @@ from config import (
     Inventory,
     NodeSettings,
     load_inventory,
-    owned_gpus,
     shoal_version,
-    training_nproc_for,
 )
 from config.closing import AsyncClosing
 from config.tls import serial_text
 from health import (
     BreakerRegistry,
-    CheckResult,
     DiskWrites,
-    GpuReader,
-    HealthChecker,
-    HealthStatus,
     NodeMetrics,
-    disk_check,
-    gpu_check,
-    memory_check,
-    wal_backlog_check,
-    wal_check,
 )
 from net import peer_url
 from node.boot import (
     Secrets,
     advertise_address,
     breaker_config,
-    gpu_meta,
     inventory_cluster_name,
     load_secrets,
+    open_health,
     resolve_node_id,
 )
 from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, checks_of, enter
@@ -98,18 +86,6 @@ MAX_REQUEST_LINE_BYTES = 256 * 1024
 DISCOVERY_REFEED_S = 3.0
 """How often inventory hosts and seeds are offered to membership again (a seed that started
 after us is found within this time; each offer costs at most a few datagrams per host)."""
-
-
-@dataclass(frozen=True)
-class HostHealth:
-    """The node's health checker and GPU reader, open, and the GPUs it owns: what the runtime
-    is built with."""
-
-    checker: HealthChecker
-    reader: GpuReader
-    gpus: Callable[[], list[dict[str, Any]]]
-    owned: tuple[int, ...]
-    training_nproc: int
 
 
 class NodeDaemon(AsyncClosing):
@@ -168,7 +144,8 @@ class NodeDaemon(AsyncClosing):
         pending = await wal.pending()
         if pending:
             log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
-        host = await self._open_health(settings, wal, metrics)
+        host = await open_health(self._stack, settings, wal, metrics, self._disk_writes)
+        self._gpu_meta = host.gpu_meta
         runtime = NodeRuntime(
             settings=settings,
             node_id=node_id,
@@ -286,36 +263,6 @@ class NodeDaemon(AsyncClosing):
         for name, check in checks.items():
             runtime.health.add_check(name, check.fn, interval_s=check.interval_s)
             self._checks.append(name)
-
-    async def _open_health(
-        self, settings: NodeSettings, wal: WriteAheadLog, metrics: NodeMetrics
-    ) -> HostHealth:
-        """Health checks and metrics; resolves the GPUs this node owns (`gpus`,
-        `training_nproc`: ConfigError when they do not fit the host) for the runtime and the
-        membership meta."""
-        checker = HealthChecker(timeouts=settings.timeouts)
-        writes = self._disk_writes
-        checker.add_check("disk", disk_check(settings.data_dir, writes=writes), interval_s=30.0)
-        writes.add_listener(
-            lambda failure: checker.report(
-                "disk", CheckResult(HealthStatus.UNHEALTHY, failure.describe())
-            )
-        )
-        checker.add_check("wal", wal_check(wal), interval_s=15.0)
-        checker.add_check("wal_backlog", wal_backlog_check(wal), interval_s=15.0)
-        checker.add_check("memory", memory_check(), interval_s=30.0)
-        reader = GpuReader()
-        self._stack.callback(reader.close)
-        checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
-        gpus = reader.read()
-        owned = owned_gpus(settings.gpus, len(gpus))
-        nproc = training_nproc_for(settings.training_nproc, owned)
-        self._gpu_meta = gpu_meta([gpus[index] for index in owned], nproc)
-        checker.add_listener(metrics.record_health)
-        await self._stack.enter_async_context(checker)
-        return HostHealth(
-            checker, reader, lambda: [gpu.to_json() for gpu in reader.read()], owned, nproc
-        )
 
     def _known_node(self, sender: str) -> bool:
         """Whether `sender` is this node, a voter or inventory host, or in the membership view

@@ -133,22 +133,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     runtime, secret, election = inputs.runtime, inputs.secrets.cluster, inputs.election
     wal = runtime.wal
     assert wal is not None, "the WAL opens before the served components"
-    backlog = RolloutBacklog(
-        runtime.settings.rollouts_max_pending,
-        lambda: records.stores.get(ROLLOUTS_SCHEMA.name),
-        registry=runtime.metrics.registry if runtime.metrics is not None else None,
-    )
-    series = inputs.metrics
-    records = RecordsComponent(
-        runtime,
-        extra_record_schemas(runtime.settings),
-        backlog,
-        inputs.writes,
-        on_ingest=None if series is None else series.ingest_counter(),
-    )
-    sync = sync_service(
-        runtime, inputs.secrets, election, inputs.inventory, None if series is None else series.sync
-    )
+    records, sync, backlog = _records_and_sync(inputs)
     jobs = job_api(runtime, election, wal, secret)
     locks = lock_api(
         runtime,
@@ -195,11 +180,38 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         dashboard,
     )
     identity, crl = api_identity(runtime, runtime.tls, election.plan_fence)
-    if crl is not None:
-        components = (*components, CrlComponent(crl))
+    last = () if crl is None else (CrlComponent(crl),)
     return ServedParts(
-        components, sync, jobs, locks.service, dashboard, training, identity=identity, crl=crl
+        (*components, *last), sync, jobs, locks.service, dashboard, training, identity, crl
     )
+
+
+def _records_and_sync(
+    inputs: PartsInputs,
+) -> tuple[RecordsComponent, SyncService, RolloutBacklog]:
+    """The record stores (each ingest counted in the node's series), the sync service, and the
+    rollouts' backlog that admits their POSTs."""
+    runtime, series = inputs.runtime, inputs.metrics
+    backlog = RolloutBacklog(
+        runtime.settings.rollouts_max_pending,
+        lambda: records.stores.get(ROLLOUTS_SCHEMA.name),
+        registry=runtime.metrics.registry if runtime.metrics is not None else None,
+    )
+    records = RecordsComponent(
+        runtime,
+        extra_record_schemas(runtime.settings),
+        backlog,
+        inputs.writes,
+        on_ingest=None if series is None else series.ingest_counter(),
+    )
+    sync = sync_service(
+        runtime,
+        inputs.secrets,
+        inputs.election,
+        inputs.inventory,
+        None if series is None else series.sync,
+    )
+    return records, sync, backlog
 
 
 def _run_api(inputs: PartsInputs, locks: LockService) -> RunApi:

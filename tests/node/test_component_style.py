@@ -30,8 +30,7 @@ each time status is read: state, not a handle."""
 
 OPENED_BY_DAEMON = {
     "WriteAheadLog": "the WAL, first: everything durable writes to it",
-    "HealthChecker": "health, before the runtime it is given to",
-    "GpuReader": "the GPU reader health and the runtime share",
+    "open_health": "health and the GPU reader (node.boot), before the runtime they are given to",
     "AppRunner": "the HTTP server of the served components' routes",
     "UdpMembershipTransport": "membership's transport, on the API's bound port",
     "Membership": "membership, once the API serves",
@@ -40,10 +39,10 @@ OPENED_BY_DAEMON = {
 }
 """What node/daemon.py constructs or opens itself rather than from the served list."""
 
-MAX_HAND_ENTERED = 9
+MAX_HAND_ENTERED = 8
 """Places node/daemon.py puts something on its exit stack itself, beside `enter(stack, the
-served list)`: the WAL, the GPU reader, health, the HTTP runner, the dashboard's streams (closed
-before the runner), membership, the election, discovery and auto-stop."""
+served list)`: the WAL, health (with the GPU reader), the HTTP runner, the dashboard's streams
+(closed before the runner), membership, the election, discovery and auto-stop."""
 
 STACK_CALLS = frozenset({"enter_async_context", "push_async_callback", "callback"})
 
