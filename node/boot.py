@@ -6,23 +6,42 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import Any
 
 from config import (
     ConfigError,
     Inventory,
     NodeSettings,
     load_or_create_node_id,
+    owned_gpus,
     read_secret_file,
+    training_nproc_for,
 )
-from health import BreakerConfig, GpuInfo
+from health import (
+    BreakerConfig,
+    CheckResult,
+    DiskWrites,
+    GpuInfo,
+    GpuReader,
+    HealthChecker,
+    HealthStatus,
+    NodeMetrics,
+    disk_check,
+    gpu_check,
+    memory_check,
+    wal_backlog_check,
+    wal_check,
+)
 from node.addresses import find_self_in_inventory, local_addresses
 from node.election.claims import gpu_uuids_meta
 from node.election.roles import NPROC_META
 from node.membership.service import MetaValue
 from node.ui import load_ui_token
 from sync import BUILTIN_SCHEMAS, RecordSchema, RecordSchemaError, schema_from_mapping
+from wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -157,3 +176,49 @@ def gpu_meta(owned: Sequence[GpuInfo], nproc: int) -> dict[str, MetaValue]:
             **gpu_uuids_meta([gpu.uuid for gpu in owned if gpu.uuid]),
         }
     return meta
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    """The node's health checker and GPU reader, open, and the GPUs it owns: what the runtime
+    is built with, and the GPU part of the membership meta."""
+
+    checker: HealthChecker
+    reader: GpuReader
+    gpus: Callable[[], list[dict[str, Any]]]
+    owned: tuple[int, ...]
+    training_nproc: int
+    gpu_meta: dict[str, MetaValue]
+
+
+async def open_health(
+    stack: AsyncExitStack,
+    settings: NodeSettings,
+    wal: WriteAheadLog,
+    metrics: NodeMetrics,
+    writes: DiskWrites,
+) -> HostHealth:
+    """Health checks (disk, WAL, memory, GPU) and their metrics, open on `stack`; resolves the
+    GPUs this node owns (`gpus`, `training_nproc`: ConfigError when they do not fit the host)."""
+    checker = HealthChecker(timeouts=settings.timeouts)
+    checker.add_check("disk", disk_check(settings.data_dir, writes=writes), interval_s=30.0)
+    writes.add_listener(
+        lambda failure: checker.report(
+            "disk", CheckResult(HealthStatus.UNHEALTHY, failure.describe())
+        )
+    )
+    checker.add_check("wal", wal_check(wal), interval_s=15.0)
+    checker.add_check("wal_backlog", wal_backlog_check(wal), interval_s=15.0)
+    checker.add_check("memory", memory_check(), interval_s=30.0)
+    reader = GpuReader()
+    stack.callback(reader.close)
+    checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
+    gpus = reader.read()
+    owned = owned_gpus(settings.gpus, len(gpus))
+    nproc = training_nproc_for(settings.training_nproc, owned)
+    meta = gpu_meta([gpus[index] for index in owned], nproc)
+    checker.add_listener(metrics.record_health)
+    await stack.enter_async_context(checker)
+    return HostHealth(
+        checker, reader, lambda: [gpu.to_json() for gpu in reader.read()], owned, nproc, meta
+    )

@@ -1,10 +1,10 @@
 """The node daemon: start components in order, serve until told to stop, stop in reverse.
 
 Order: a free port -> secrets -> WAL (recovery) -> health -> the served components (node.parts:
-record stores, sync, jobs, actors, locks, runs, weights, backup, audit, dashboard) -> HTTP ->
-membership -> election -> discovery -> auto-stop; then READY=1. Stop in reverse: auto-stop,
-discovery, election, membership, HTTP (the dashboard's event streams first), the served
-components, health, WAL.
+record stores, sync, jobs, actors, locks, runs, weights, backup, audit, dashboard, the CRL
+spread) -> HTTP -> membership -> election -> discovery -> auto-stop; then READY=1. Stop in
+reverse: auto-stop, discovery, election, membership, HTTP (the dashboard's event streams
+first), the served components, health, WAL.
 """
 
 from __future__ import annotations
@@ -26,37 +26,26 @@ from config import (
     Inventory,
     NodeSettings,
     load_inventory,
-    owned_gpus,
     shoal_version,
-    training_nproc_for,
 )
 from config.closing import AsyncClosing
 from config.tls import serial_text
 from health import (
     BreakerRegistry,
-    CheckResult,
     DiskWrites,
-    GpuReader,
-    HealthChecker,
-    HealthStatus,
     NodeMetrics,
-    disk_check,
-    gpu_check,
-    memory_check,
-    wal_backlog_check,
-    wal_check,
 )
 from net import peer_url
 from node.boot import (
     Secrets,
     advertise_address,
     breaker_config,
-    gpu_meta,
     inventory_cluster_name,
     load_secrets,
+    open_health,
     resolve_node_id,
 )
-from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Served, checks_of, enter
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, checks_of, enter
 from node.discovery.feed import Discovery
 from node.discovery.start import open_discovery
 from node.election.service import ElectionService, resolve_voters
@@ -67,12 +56,13 @@ from node.identity import (
     CrlSpread,
     open_tls,
 )
-from node.identity.component import api_identity, api_site
+from node.identity.component import api_site
 from node.jobs.component import JobApi
 from node.logs import QuietProtocolLog
 from node.membership.checks import membership_check
 from node.membership.keyring import GossipKeys
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
+from node.metrics import ServedMetrics, served_metrics
 from node.parts import PartsInputs, ServedParts, served_parts
 from node.providers import StaticProvider
 from node.providers.own import open_autostop
@@ -122,6 +112,7 @@ class NodeDaemon(AsyncClosing):
         self.gossip_keys: GossipKeys | None = None
         """The gossip keyring sealing membership datagrams (None: no secret and no keyring)."""
         self._disk_writes = DiskWrites()
+        self._series: ServedMetrics | None = None
         self._closed = False
         self.stop_requested = asyncio.Event()
         """Set when the node stops itself (auto-stop of a `local` node); `shoal serve` exits."""
@@ -144,17 +135,35 @@ class NodeDaemon(AsyncClosing):
 
     async def _start(self) -> None:
         check_port_free(self.settings.bind, self.settings.port)  # before any store or log line
-        runtime, inventory, secrets = self._resolve()
-        settings = runtime.settings
+        inventory, secrets, node_id, breakers, metrics = self._resolve()
+        settings = self.settings
         self._notifier.status("opening the WAL")
         wal_config = WalConfig.from_timeouts(settings.timeouts)
-        wal = WriteAheadLog(settings.wal_path, config=wal_config, observer=runtime.metrics)
+        wal = WriteAheadLog(settings.wal_path, config=wal_config, observer=metrics)
         await self._stack.enter_async_context(wal)
-        runtime.wal = wal
         pending = await wal.pending()
         if pending:
             log.warning("WAL %s holds %d pending operations", settings.wal_path, len(pending))
-        await self._start_health(runtime, wal)
+        host = await open_health(self._stack, settings, wal, metrics, self._disk_writes)
+        self._gpu_meta = host.gpu_meta
+        runtime = NodeRuntime(
+            settings=settings,
+            node_id=node_id,
+            address=advertise_address(settings),
+            version=shoal_version(),
+            breakers=breakers,
+            wal=wal,
+            health=host.checker,
+            metrics=metrics,
+            gpus=host.gpus,
+            owned_gpus=host.owned,
+            training_nproc=host.training_nproc,
+            gpu_reader=host.reader,
+            tls=self.tls,
+        )
+        self.runtime = runtime
+        self._series = served_metrics(runtime)
+        self._election = ElectionService(runtime, self._voters)
         self._notifier.status("resuming interrupted transfers")
         parts = served_parts(
             PartsInputs(
@@ -166,12 +175,14 @@ class NodeDaemon(AsyncClosing):
                 {} if inventory is None else inventory.stacks,
                 self._run_nodes,
                 self._disk_writes,
-                self.gossip_keys,
-                self._leave_cluster,
-                self._request_stop,
+                metrics=self._series,
+                gossip_keys=self.gossip_keys,
+                leave=self._leave_cluster,
+                request_stop=self._request_stop,
             )
         )
         self.sync_service, self.components = parts.sync, parts.components
+        self.crl_spread = parts.crl
         await enter(self._stack, parts.components)
         self._add_checks(runtime, checks_of(parts.components))
         await self._serve(runtime, secrets, parts)
@@ -182,9 +193,11 @@ class NodeDaemon(AsyncClosing):
         where = peer_url(settings.bind, self.port, tls=self.tls is not None)
         log.info("node %s serving on %s", runtime.node_id, where)
 
-    def _resolve(self) -> tuple[NodeRuntime, Inventory | None, Secrets]:
-        """The settings, secrets, inventory, identity and voters of this node, before anything
-        opens: the runtime handle every component shares."""
+    def _resolve(
+        self,
+    ) -> tuple[Inventory | None, Secrets, str, BreakerRegistry, NodeMetrics]:
+        """The settings, secrets, inventory, identity, breakers, metrics and voters of this
+        node, before anything opens."""
         settings = self.settings
         secrets = load_secrets(settings)
         inventory = load_inventory(settings.inventory) if settings.inventory else None
@@ -201,16 +214,6 @@ class NodeDaemon(AsyncClosing):
         breakers = BreakerRegistry(breaker_config(settings, inventory))
         metrics = NodeMetrics(node_id, shoal_version())
         metrics.bind_breakers(breakers)
-        runtime = NodeRuntime(
-            settings=settings,
-            node_id=node_id,
-            address=advertise_address(settings),
-            version=shoal_version(),
-            breakers=breakers,
-            metrics=metrics,
-            tls=self.tls,
-        )
-        self.runtime = runtime
         self._voters = resolve_voters(settings, inventory, node_id)
         self._known_nodes = frozenset(
             {node_id, *self._voters.voters, *(() if inventory is None else inventory.hosts)}
@@ -218,8 +221,7 @@ class NodeDaemon(AsyncClosing):
         self._run_nodes = (
             StaticNodes() if inventory is None else ProviderNodes(StaticProvider(inventory))
         )
-        self._election = ElectionService(runtime, self._voters)
-        return runtime, inventory, secrets
+        return inventory, secrets, node_id, breakers, metrics
 
     async def _start_cluster(
         self,
@@ -262,37 +264,6 @@ class NodeDaemon(AsyncClosing):
             runtime.health.add_check(name, check.fn, interval_s=check.interval_s)
             self._checks.append(name)
 
-    async def _start_health(self, runtime: NodeRuntime, wal: WriteAheadLog) -> None:
-        """Health checks and metrics; resolves the GPUs this node owns (`gpus`,
-        `training_nproc`: ConfigError when they do not fit the host) into the runtime and the
-        membership meta."""
-        settings = runtime.settings
-        checker = HealthChecker(timeouts=settings.timeouts)
-        writes = self._disk_writes
-        checker.add_check("disk", disk_check(settings.data_dir, writes=writes), interval_s=30.0)
-        writes.add_listener(
-            lambda failure: checker.report(
-                "disk", CheckResult(HealthStatus.UNHEALTHY, failure.describe())
-            )
-        )
-        checker.add_check("wal", wal_check(wal), interval_s=15.0)
-        checker.add_check("wal_backlog", wal_backlog_check(wal), interval_s=15.0)
-        checker.add_check("memory", memory_check(), interval_s=30.0)
-        reader = GpuReader()
-        self._stack.callback(reader.close)
-        runtime.gpu_reader = reader
-        checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
-        runtime.gpus = lambda: [gpu.to_json() for gpu in reader.read()]
-        gpus = reader.read()
-        owned = owned_gpus(settings.gpus, len(gpus))
-        runtime.owned_gpus = owned
-        runtime.training_nproc = training_nproc_for(settings.training_nproc, owned)
-        self._gpu_meta = gpu_meta([gpus[index] for index in owned], runtime.training_nproc)
-        assert runtime.metrics is not None
-        checker.add_listener(runtime.metrics.record_health)
-        await self._stack.enter_async_context(checker)
-        runtime.health = checker
-
     def _known_node(self, sender: str) -> bool:
         """Whether `sender` is this node, a voter or inventory host, or in the membership view
         (any state: a peer marked dead that is back must be heard)."""
@@ -312,19 +283,15 @@ class NodeDaemon(AsyncClosing):
             cluster=runtime.settings.cluster_name,
             **node_bound(runtime),
         )
-        fence = self._election.plan_fence
-        identity, crl = api_identity(runtime, self.tls, fence)
-        if crl is not None:
-            self.crl_spread = crl
-            self._stack.push_async_callback(crl.close)
-            self.components = (*self.components, Served(crl))
+        identity, crl = parts.identity, parts.crl
         app = build_app(
             runtime,
             policy,
             self.components,
             gates=[parts.dashboard.middleware],
             identity=identity,
-            fence=fence,
+            fence=self._election.plan_fence,
+            http_metrics=None if self._series is None else self._series.http,
         )
         self.http_app = app
         runner = web.AppRunner(

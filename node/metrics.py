@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -24,11 +25,10 @@ __all__ = [
     "FanoutCollector",
     "HttpMetrics",
     "RuntimeCollector",
+    "ServedMetrics",
     "SyncMetrics",
     "failure_reason",
-    "ingest_counter",
-    "install_node_metrics",
-    "sync_metrics",
+    "served_metrics",
 ]
 
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
@@ -325,39 +325,25 @@ class SyncMetrics:
         self.sync_failures.labels(category=category, reason=failure_reason(error)).inc()
 
 
-def sync_metrics(runtime: NodeRuntime) -> SyncMetrics | None:
-    """The runtime's SyncMetrics (made once), or None before metrics are initialised."""
-    existing = runtime.extensions.get(SyncMetrics)
-    if isinstance(existing, SyncMetrics):
-        return existing
+@dataclass(frozen=True)
+class ServedMetrics:
+    """The series a node's served parts observe, made once per node in its registry: every HTTP
+    request (the app's middleware), records ingested and pulled, files synced (the record
+    stores and the sync service)."""
+
+    http: HttpMetrics
+    sync: SyncMetrics
+
+    def ingest_counter(self) -> Callable[[str, int, int], None]:
+        """record_routes' on_ingest: counts ingested records and duplicates per store."""
+        return self.sync.ingested
+
+
+def served_metrics(runtime: NodeRuntime) -> ServedMetrics | None:
+    """Register the runtime collector and the HTTP and sync series in the node's registry (call
+    once per node: a second call finds the names taken); None for a runtime without metrics."""
     if runtime.metrics is None:
         return None
-    made = SyncMetrics(runtime.metrics.registry)
-    runtime.extensions[SyncMetrics] = made
-    return made
-
-
-def ingest_counter(runtime: NodeRuntime) -> Callable[[str, int, int], None]:
-    """record_routes' on_ingest: counts ingested records and duplicates per store."""
-
-    def count(store: str, accepted: int, duplicates: int) -> None:
-        metrics = sync_metrics(runtime)
-        if metrics is not None:
-            metrics.ingested(store, accepted, duplicates)
-
-    return count
-
-
-def install_node_metrics(runtime: NodeRuntime) -> HttpMetrics | None:
-    """Register the runtime collector in the node's registry; the HTTP metrics to observe with."""
-    if runtime.metrics is None:
-        return None
-    existing = runtime.extensions.get(HttpMetrics)
-    if isinstance(existing, HttpMetrics):
-        return existing
     registry = runtime.metrics.registry
     registry.register(RuntimeCollector(runtime))
-    http = HttpMetrics(registry)
-    runtime.extensions[HttpMetrics] = http
-    sync_metrics(runtime)  # its series are exported from the first scrape, before any sync
-    return http
+    return ServedMetrics(HttpMetrics(registry), SyncMetrics(registry))

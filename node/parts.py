@@ -18,11 +18,14 @@ from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Endpoint, Se
 from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
+from node.identity import CertificateGate, CrlSpread
+from node.identity.component import CrlComponent, api_identity
 from node.jobs.component import JobApi, job_api
 from node.keyring.routes import KeyringRoutes
 from node.locks.component import LockApi, lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
+from node.metrics import ServedMetrics, SyncMetrics
 from node.quarantine.component import GpuQuarantine
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
@@ -80,6 +83,10 @@ class ServedParts:
     locks: LockService
     dashboard: Dashboard
     training: TrainingComponent
+    identity: CertificateGate | None = None
+    """The API's certificate and role checks (auth tls or hmac+tls), else None."""
+    crl: CrlSpread | None = None
+    """The CRL spread (with TLS), the last component: its loops start once the API listens."""
 
 
 def sync_service(
@@ -87,6 +94,7 @@ def sync_service(
     secrets: Secrets,
     election: ElectionService,
     inventory: Inventory | None,
+    metrics: SyncMetrics | None = None,
 ) -> SyncService:
     """The sync service, its pushes fenced by the plan this node holds."""
     return SyncService(
@@ -95,6 +103,7 @@ def sync_service(
         runtime.settings.sync_interval_s,
         inventory,
         fence=election.plan_fence,
+        metrics=metrics,
     )
 
 
@@ -110,6 +119,8 @@ class PartsInputs:
     stacks: Mapping[str, StackEntry]
     run_nodes: NodeStarter
     writes: DiskWrites
+    metrics: ServedMetrics | None = None
+    """The node's HTTP and sync series (node.metrics.served_metrics); None: not counted."""
     gossip_keys: GossipKeys | None = None
     leave: Callable[[], Awaitable[None]] | None = None
     """Gossip this node's leave (`shoal node leave`); None: the route answers 503."""
@@ -122,15 +133,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     runtime, secret, election = inputs.runtime, inputs.secrets.cluster, inputs.election
     wal = runtime.wal
     assert wal is not None, "the WAL opens before the served components"
-    backlog = RolloutBacklog(
-        runtime.settings.rollouts_max_pending,
-        lambda: records.stores.get(ROLLOUTS_SCHEMA.name),
-        registry=runtime.metrics.registry if runtime.metrics is not None else None,
-    )
-    records = RecordsComponent(
-        runtime, extra_record_schemas(runtime.settings), backlog, inputs.writes
-    )
-    sync = sync_service(runtime, inputs.secrets, election, inputs.inventory)
+    records, sync, backlog = _records_and_sync(inputs)
     jobs = job_api(runtime, election, wal, secret)
     locks = lock_api(
         runtime,
@@ -176,7 +179,39 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         training,
         dashboard,
     )
-    return ServedParts(components, sync, jobs, locks.service, dashboard, training)
+    identity, crl = api_identity(runtime, runtime.tls, election.plan_fence)
+    last = () if crl is None else (CrlComponent(crl),)
+    return ServedParts(
+        (*components, *last), sync, jobs, locks.service, dashboard, training, identity, crl
+    )
+
+
+def _records_and_sync(
+    inputs: PartsInputs,
+) -> tuple[RecordsComponent, SyncService, RolloutBacklog]:
+    """The record stores (each ingest counted in the node's series), the sync service, and the
+    rollouts' backlog that admits their POSTs."""
+    runtime, series = inputs.runtime, inputs.metrics
+    backlog = RolloutBacklog(
+        runtime.settings.rollouts_max_pending,
+        lambda: records.stores.get(ROLLOUTS_SCHEMA.name),
+        registry=runtime.metrics.registry if runtime.metrics is not None else None,
+    )
+    records = RecordsComponent(
+        runtime,
+        extra_record_schemas(runtime.settings),
+        backlog,
+        inputs.writes,
+        on_ingest=None if series is None else series.ingest_counter(),
+    )
+    sync = sync_service(
+        runtime,
+        inputs.secrets,
+        inputs.election,
+        inputs.inventory,
+        None if series is None else series.sync,
+    )
+    return records, sync, backlog
 
 
 def _run_api(inputs: PartsInputs, locks: LockService) -> RunApi:

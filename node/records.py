@@ -3,11 +3,10 @@ config declares) and the /v1/records routes, documented once per store."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from health import DiskWrites
 from node.component import Check, Endpoint, endpoints
-from node.metrics import ingest_counter
 from node.rl.backlog import RolloutBacklog
 from node.runtime import NodeRuntime
 from sync import (
@@ -20,7 +19,8 @@ from sync import (
 
 class RecordsComponent:
     """Opens the record stores of `schemas` beside the built-in ones; serves their routes,
-    the rollouts' POST admitted by `backlog` (429 while a run's backlog is full)."""
+    the rollouts' POST admitted by `backlog` (429 while a run's backlog is full), each ingest
+    counted by `on_ingest(store, accepted, duplicates)`."""
 
     def __init__(
         self,
@@ -28,8 +28,10 @@ class RecordsComponent:
         extra_schemas: Sequence[RecordSchema],
         backlog: RolloutBacklog,
         writes: DiskWrites | None = None,
+        on_ingest: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self._runtime = runtime
+        self._on_ingest = on_ingest
         self._backlog = backlog
         self.stores = RecordStores.for_settings(
             runtime.settings, extra_schemas=extra_schemas, writes=writes
@@ -43,7 +45,7 @@ class RecordsComponent:
         handlers = RecordHandlers(
             self.stores,
             runtime.node_id,
-            on_ingest=ingest_counter(runtime),
+            on_ingest=self._on_ingest,
             gate=self._backlog,
             gated=(ROLLOUTS_SCHEMA.name,),
         )

@@ -25,7 +25,7 @@ from node.connections import head_deadline_middleware
 from node.fence import FenceSource
 from node.identity.roles import AccessRules, CertificateGate
 from node.limits import MAX_BODY_BYTES
-from node.metrics import install_node_metrics
+from node.metrics import HttpMetrics
 from node.openapi import TEXT, WireRecord, documented_twice, openapi_document
 from node.runtime import DrainView, NodeRuntime, QuarantineView
 from node.security import (
@@ -377,6 +377,7 @@ def build_app(
     gates: Iterable[Any] = (),
     identity: CertificateGate | None = None,
     fence: FenceSource | None = None,
+    http_metrics: HttpMetrics | None = None,
 ) -> web.Application:
     """The node's aiohttp application serving the declared routes of `components` (the core
     routes by default); its router, its OpenAPI document and its access rules (node.identity's
@@ -384,7 +385,8 @@ def build_app(
     middlewares that run before the signature check (the dashboard's cookie), after the
     refusal of requests that name another cluster. With `identity` (auth tls or hmac+tls) the
     client certificate is checked before the signature. `fence` is the plan this node applies
-    (a `fenced` route's check; default the identity's). Raises ValueError naming a route
+    (a `fenced` route's check; default the identity's). `http_metrics` observe every request
+    (node.metrics.served_metrics). Raises ValueError naming a route
     without a declaration, or documented twice."""
     fence = fence if fence is not None or identity is None else identity.fence
     registry = runtime.metrics.registry if runtime.metrics is not None else None
@@ -397,7 +399,6 @@ def build_app(
     if identity is not None:
         middlewares.append(identity.certificate_middleware)
     middlewares += [*gates, auth_middleware, rules.middleware]
-    http_metrics = install_node_metrics(runtime)
     if http_metrics is not None:
         middlewares.insert(0, http_metrics.middleware())
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)

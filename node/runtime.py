@@ -96,8 +96,6 @@ class NodeRuntime:
     notes: list[str] = field(default_factory=list)
     refreshers: list[Callable[[], None]] = field(default_factory=list)
     """Called before status is read, so live fields (term, coordinator) are never stale."""
-    extensions: dict[type, object] = field(default_factory=dict)
-    """Objects installed once per runtime (the HTTP metrics), keyed by their type."""
     tls: TlsContexts | None = None
     """The node's TLS contexts (auth tls or hmac+tls), else None: what its peer calls present
     (node.identity.peer_tls)."""

@@ -23,7 +23,7 @@ from node.component import Endpoint, endpoints
 from node.fence import FenceSource, fence_headers, fenced
 from node.identity.peers import peer_tls
 from node.membership.service import Membership, MemberState
-from node.metrics import FanoutCollector, sync_metrics
+from node.metrics import FanoutCollector, SyncMetrics
 from node.runtime import NodeRuntime
 from node.ssh.executor import DEFAULT_KNOWN_HOSTS, SSHPool, endpoint_of
 from node.ssh.relay import pooled_connector
@@ -69,8 +69,10 @@ class SyncService:
         interval_s: float,
         inventory: Inventory | None = None,
         fence: FenceSource | None = None,
+        metrics: SyncMetrics | None = None,
     ) -> None:
         self._runtime = runtime
+        self._metrics = metrics
         self._fence: FenceSource = fence if fence is not None else lambda: None
         self.loop_health = LoopHealth("sync")
         if interval_s <= 0:
@@ -130,10 +132,11 @@ class SyncService:
             fence=lambda: fence_headers(self._fence()),
         )
         self._stack.push_async_callback(coordinator.close)
-        if runtime.metrics is not None and FanoutCollector not in runtime.extensions:
+        if runtime.metrics is not None:
+            registry = runtime.metrics.registry
             collector = FanoutCollector(self.pieces.tallies, tuple(FILE_CATEGORIES))
-            runtime.metrics.registry.register(collector)
-            runtime.extensions[FanoutCollector] = collector
+            registry.register(collector)
+            self._stack.callback(registry.unregister, collector)
         await coordinator.start()
         result = await wal.recover(coordinator.recovery_handlers())
         log.info("sync: WAL recovery of transfers: %s", result)
@@ -294,7 +297,7 @@ class SyncService:
 
     def _count_files(self, category: str, stats: SyncStats) -> None:
         """Files and bytes installed per peer, and every failure by its reason."""
-        metrics = sync_metrics(self._runtime)
+        metrics = self._metrics
         if metrics is None:
             return
         for peer, node in stats.nodes.items():
@@ -334,7 +337,7 @@ class SyncService:
                 continue
             if pulled.cursor is not None:
                 await self._wal.state_set(key, list(pulled.cursor))
-            metrics = sync_metrics(self._runtime)
+            metrics = self._metrics
             if metrics is not None:
                 metrics.pulled(store, peer.node_id, pulled.inserted, pulled.duplicates)
             for field in counts:

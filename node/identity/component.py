@@ -1,5 +1,6 @@
 """The API's TLS side as the daemon wires it: the certificate and role checks of its routes and
-the CRL spread (`api_identity`), and the listening site (`api_site`)."""
+the CRL spread (`api_identity`), the spread as a component (`CrlComponent`), and the listening
+site (`api_site`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from aiohttp import web
 
 from config import NodeSettings
 from config.tls import TlsContexts
+from node.component import Served
 from node.connections import ConnectionBudget, GuardedSite
 from node.identity.crl import CrlSpread
 from node.identity.listener import IdentitySite
@@ -31,6 +33,18 @@ def api_identity(
     revoked = RevokedPeers(tls, runtime.node_id)
     gate = CertificateGate(tls, settings.auth_mode, fence, registry, revoked)
     return gate, CrlSpread(runtime, tls, settings.tls.crl_refresh_s, revoked)
+
+
+class CrlComponent(Served):
+    """The CRL spread as a component: it serves `GET /v1/tls/crl` from the start; its loops
+    start once the API listens (`spread.start()`, by the daemon) and end on `close()`."""
+
+    def __init__(self, spread: CrlSpread) -> None:
+        super().__init__(spread)
+        self.spread = spread
+
+    async def close(self) -> None:
+        await self.spread.close()
 
 
 def api_site(
