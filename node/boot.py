@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
 
 from config import (
     ConfigError,
@@ -39,6 +38,7 @@ from node.addresses import find_self_in_inventory, local_addresses
 from node.election.claims import gpu_uuids_meta
 from node.election.roles import NPROC_META
 from node.membership.service import MetaValue
+from node.runtime import GpuList
 from node.ui import load_ui_token
 from sync import BUILTIN_SCHEMAS, RecordSchema, RecordSchemaError, schema_from_mapping
 from wal import WriteAheadLog
@@ -185,7 +185,7 @@ class HostHealth:
 
     checker: HealthChecker
     reader: GpuReader
-    gpus: Callable[[], list[dict[str, Any]]]
+    gpus: GpuList
     owned: tuple[int, ...]
     training_nproc: int
     gpu_meta: dict[str, MetaValue]

@@ -55,6 +55,10 @@ class QuarantineView(WireRecord):
     selftest: str | None
 
 
+GpuList = Callable[[], list[dict[str, Any]]]
+"""What reads the GPUs of the host as /v1/status shows them (one JSON object per GPU)."""
+
+
 @dataclass
 class NodeRuntime:
     """The live state of one node. Components are None until started (and in API tests)."""
@@ -71,7 +75,7 @@ class NodeRuntime:
     health: HealthChecker | None = None
     metrics: NodeMetrics | None = None
     membership: MembershipLike | None = None
-    gpus: Callable[[], list[dict[str, Any]]] = list
+    gpus: GpuList = list
     owned_gpus: tuple[int, ...] = ()
     """NVML indices of the host's GPUs this node owns (`gpus` resolved at startup)."""
     training_nproc: int = 1
