@@ -7,7 +7,7 @@ import pytest
 
 from sync import Limits, ManifestError, PieceMap, choose_pieces
 from sync.files.manifest import ManifestEntry
-from sync.files.pieces import decode_bitfield, encode_bitfield, spread_start
+from sync.files.pieces import decode_bitfield, encode_bitfield, spread_start, stripe_of
 
 PIECE = 16 << 10
 HASH = "ab" * 32
@@ -115,3 +115,23 @@ def test_few_pieces_at_a_time_come_from_the_origin_to_the_whole_swarm() -> None:
         [3, 4, 5], maps, {}, origin=ORIGIN, count=10, limits=limits, use_pending=True
     )
     assert late == [(3, ORIGIN), (4, ORIGIN)]
+
+
+def test_pullers_blind_to_each_other_never_ask_the_origin_for_the_same_piece() -> None:
+    """Each puller takes its own stripe of the pieces nobody holds first: before their piece
+    maps reach each other, 4 pullers of 8 pieces ask the origin for 8 different pieces."""
+    pullers = ["p1", "p2", "p3", "p4"]
+    members = [ORIGIN, *pullers]
+    asked: list[int] = []
+    for node in pullers:
+        start = spread_start(node, members, 8)
+        stripe = stripe_of(node, [p for p in pullers if p != node])
+        wanted = set(range(8))
+        for _ in range(2):  # one piece at a time, its own map of the others still empty
+            (index, peer), *_ = choose_pieces(
+                wanted, {}, {}, origin=ORIGIN, count=8, start=start, stripe=stripe
+            )
+            assert peer == ORIGIN
+            wanted.discard(index)
+            asked.append(index)
+    assert sorted(asked) == list(range(8))
