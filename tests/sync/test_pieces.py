@@ -135,3 +135,16 @@ def test_pullers_blind_to_each_other_never_ask_the_origin_for_the_same_piece() -
             wanted.discard(index)
             asked.append(index)
     assert sorted(asked) == list(range(8))
+
+
+def test_a_piece_of_a_pulling_members_stripe_is_left_to_it() -> None:
+    """A puller done with its own stripe leaves the origin's pieces of another puller's stripe
+    to that puller while its map shows it pulling (its request may not show yet), and takes
+    them when that member holds and fetches nothing of the file, or after waiting."""
+    stripe = stripe_of("p1", ["p2"])  # p1: even pieces, p2: odd ones
+    pulling = {"p2": _map(set(), pending={1})}
+    picks = choose_pieces([3], pulling, {}, origin=ORIGIN, count=10, stripe=stripe)
+    assert picks == []
+    assert choose_pieces([3], {}, {}, origin=ORIGIN, count=10, stripe=stripe) == [(3, ORIGIN)]
+    late = choose_pieces([3], pulling, {}, origin=ORIGIN, count=10, stripe=stripe, use_pending=True)
+    assert late == [(3, ORIGIN)]
