@@ -213,6 +213,30 @@ def spread_start(node_id: str, members: Iterable[str], count: int) -> int:
     return ranked.index(node_id) * count // len(ranked)
 
 
+@dataclass(frozen=True)
+class Stripe:
+    """Which puller asks the origin for a piece: piece i falls to `ranked[i % len(ranked)]`,
+    and this puller is `ranked[rank]`. Pullers of one file rank themselves among the same
+    members, so none asks the origin for a piece another one is fetching from it, even
+    before their piece maps reach each other."""
+
+    rank: int
+    ranked: tuple[str, ...]
+
+    def owns(self, index: int) -> bool:
+        return index % len(self.ranked) == self.rank
+
+    def owner(self, index: int) -> str:
+        return self.ranked[index % len(self.ranked)]
+
+
+def stripe_of(node_id: str, pullers: Iterable[str]) -> Stripe:
+    """This node's stripe among `pullers` (the members that may pull the file, the origin
+    left out), by the rank of its id."""
+    ranked = tuple(sorted({node_id, *pullers}))
+    return Stripe(ranked.index(node_id), ranked)
+
+
 def choose_pieces(
     wanted: Iterable[int],
     maps: Mapping[str, PieceMap],
@@ -223,13 +247,15 @@ def choose_pieces(
     start: int = 0,
     limits: Limits = Limits(),
     use_pending: bool = False,
+    stripe: Stripe | None = None,
 ) -> list[tuple[int, str]]:
     """Which of the `wanted` pieces to request now, and from whom: rarest first (fewest peers
-    holding it, then fewest fetching it, then nearest after `start`), each from the least
-    loaded peer holding it (`loads`: this puller's requests in flight per peer, then the
-    peer's own uploads) within `limits`. A piece no peer holds comes from `origin`, unless a
-    peer is fetching it already, or `limits.origin_shared` such pieces are on their way, and
-    not `use_pending` (the peers will hold them soon)."""
+    holding it, then fewest fetching it, then those of this puller's `stripe`, then nearest
+    after `start`), each from the least loaded peer holding it (`loads`: this puller's
+    requests in flight per peer, then the peer's own uploads) within `limits`. A piece no
+    peer holds comes from `origin`, unless a peer is fetching it already, or it is of the
+    stripe of a puller whose map shows it pulling the file, or `limits.origin_shared` such
+    pieces are on their way, and not `use_pending` (the peers will hold them soon)."""
     in_flight = dict(loads)
     budget = limits.total - sum(in_flight.values())
     if budget <= 0:
@@ -244,17 +270,29 @@ def choose_pieces(
     held_anywhere = {i for peer, held in maps.items() if peer != origin for i in held.have}
     coming = {i for peer, held in maps.items() if peer != origin for i in held.pending}
     from_origin = len(coming - held_anywhere) + in_flight.get(origin, 0)
+
+    def foreign(index: int) -> bool:
+        return stripe is not None and not stripe.owns(index)
+
+    def owner_pulls(index: int) -> bool:
+        """Another puller whose map shows it pulling the file asks the origin for it."""
+        if stripe is None or stripe.owns(index):
+            return False
+        held = maps.get(stripe.owner(index))
+        return held is not None and bool(held.have or held.pending)
+
     order = sorted(
-        ((len(holders(i)), pending(i), (i - start) % max(1, count), i) for i in set(wanted)),
+        (len(holders(i)), pending(i), foreign(i), (i - start) % max(1, count), i)
+        for i in set(wanted)
     )
     picks: list[tuple[int, str]] = []
-    for _, fetching, _, index in order:
+    for _, fetching, _, _, index in order:
         if len(picks) >= budget:
             break
         free = [p for p in holders(index) if in_flight.get(p, 0) < limits.per_peer]
         if free:
             peer = min(free, key=lambda p: (in_flight.get(p, 0), maps[p].uploads, p))
-        elif holders(index) or (fetching and not use_pending):
+        elif holders(index) or ((fetching or owner_pulls(index)) and not use_pending):
             continue
         elif in_flight.get(origin, 0) < limits.origin and (
             use_pending or from_origin < limits.origin_shared

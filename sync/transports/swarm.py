@@ -27,7 +27,15 @@ from sync.errors import (
 )
 from sync.files.download import RECEIVED, PieceRun, download_run
 from sync.files.manifest import ManifestEntry
-from sync.files.pieces import Holding, Limits, PieceBook, PieceMap, choose_pieces, spread_start
+from sync.files.pieces import (
+    Holding,
+    Limits,
+    PieceBook,
+    PieceMap,
+    choose_pieces,
+    spread_start,
+    stripe_of,
+)
 from sync.guards import dest_path
 from sync.translate import sync_error
 from sync.transports.http import HttpTransport, category_path, category_url
@@ -54,8 +62,10 @@ class SwarmOptions:
     asks the origin for it too; `alone_after_s`: how long no peer may hold or fetch the file
     before a puller takes `limits.origin` requests at the origin instead of one (pullers that
     start together then ask the origin for different pieces); `quiet_poll_s`: how often a
-    member that holds nothing of the file (or failed) is asked again; `min_pieces`: smaller
-    files go the plain HTTP way."""
+    member that holds nothing of the file (or failed) is asked again, once the download is
+    `alone_after_s` old (before, one holding nothing is asked at every poll, so pullers that
+    start together find each other at once); `min_pieces`: smaller files go the plain HTTP
+    way."""
 
     limits: Limits = field(default_factory=Limits)
     poll_s: float = 0.2
@@ -187,6 +197,8 @@ class _Run:
         self.others_seen_at = time.monotonic()
         self.quiet_until: dict[str, float] = {}
         self.start = spread_start(swarm._node_id, [origin.node_id, *self.peers], entry.piece_count)
+        self.stripe = stripe_of(swarm._node_id, self.peers)
+        self.began = time.monotonic()
 
     @property
     def missing(self) -> set[int]:
@@ -238,6 +250,7 @@ class _Run:
             start=self.start,
             limits=limits,
             use_pending=use_pending,
+            stripe=self.stripe,
         )
         for index, node in picks:
             peer = self.origin if node == self.origin.node_id else self.peers[node]
@@ -293,7 +306,8 @@ class _Run:
         answers = await asyncio.gather(
             *(self._piece_map(self.peers[node]) for node in nodes), return_exceptions=True
         )
-        quiet_s = self.swarm.options.quiet_poll_s
+        options = self.swarm.options
+        early = now - self.began < options.alone_after_s
         for node, answer in zip(nodes, answers, strict=True):
             if isinstance(answer, PieceMap):
                 self.maps[node] = answer
@@ -301,11 +315,12 @@ class _Run:
                 raise answer
             else:
                 self.maps.pop(node, None)
+                quiet_s = options.poll_s if early and answer is None else options.quiet_poll_s
                 self.quiet_until[node] = now + quiet_s
         now = time.monotonic()
         if any(held.have or held.pending for held in self.maps.values()):
             self.others_seen_at = now
-        self.alone = now - self.others_seen_at >= self.swarm.options.alone_after_s
+        self.alone = now - self.others_seen_at >= options.alone_after_s
 
     async def _piece_map(self, peer: PeerRef) -> PieceMap | None:
         entry = self.entry

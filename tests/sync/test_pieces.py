@@ -7,7 +7,7 @@ import pytest
 
 from sync import Limits, ManifestError, PieceMap, choose_pieces
 from sync.files.manifest import ManifestEntry
-from sync.files.pieces import decode_bitfield, encode_bitfield, spread_start
+from sync.files.pieces import decode_bitfield, encode_bitfield, spread_start, stripe_of
 
 PIECE = 16 << 10
 HASH = "ab" * 32
@@ -115,3 +115,36 @@ def test_few_pieces_at_a_time_come_from_the_origin_to_the_whole_swarm() -> None:
         [3, 4, 5], maps, {}, origin=ORIGIN, count=10, limits=limits, use_pending=True
     )
     assert late == [(3, ORIGIN), (4, ORIGIN)]
+
+
+def test_pullers_blind_to_each_other_never_ask_the_origin_for_the_same_piece() -> None:
+    """Each puller takes its own stripe of the pieces nobody holds first: before their piece
+    maps reach each other, 4 pullers of 8 pieces ask the origin for 8 different pieces."""
+    pullers = ["p1", "p2", "p3", "p4"]
+    members = [ORIGIN, *pullers]
+    asked: list[int] = []
+    for node in pullers:
+        start = spread_start(node, members, 8)
+        stripe = stripe_of(node, [p for p in pullers if p != node])
+        wanted = set(range(8))
+        for _ in range(2):  # one piece at a time, its own map of the others still empty
+            (index, peer), *_ = choose_pieces(
+                wanted, {}, {}, origin=ORIGIN, count=8, start=start, stripe=stripe
+            )
+            assert peer == ORIGIN
+            wanted.discard(index)
+            asked.append(index)
+    assert sorted(asked) == list(range(8))
+
+
+def test_a_piece_of_a_pulling_members_stripe_is_left_to_it() -> None:
+    """A puller done with its own stripe leaves the origin's pieces of another puller's stripe
+    to that puller while its map shows it pulling (its request may not show yet), and takes
+    them when that member holds and fetches nothing of the file, or after waiting."""
+    stripe = stripe_of("p1", ["p2"])  # p1: even pieces, p2: odd ones
+    pulling = {"p2": _map(set(), pending={1})}
+    picks = choose_pieces([3], pulling, {}, origin=ORIGIN, count=10, stripe=stripe)
+    assert picks == []
+    assert choose_pieces([3], {}, {}, origin=ORIGIN, count=10, stripe=stripe) == [(3, ORIGIN)]
+    late = choose_pieces([3], pulling, {}, origin=ORIGIN, count=10, stripe=stripe, use_pending=True)
+    assert late == [(3, ORIGIN)]

@@ -220,7 +220,7 @@ async def test_a_member_holding_nothing_is_asked_again_only_after_the_quiet_inte
         ):
             write_file(origin.root() / "m.bin", data)
             entry = await origin.entry("m.bin")
-            options = SwarmOptions(poll_s=0.02, quiet_poll_s=0.3)
+            options = SwarmOptions(poll_s=0.02, quiet_poll_s=0.3, alone_after_s=0.0)
             swarm = SwarmTransport(http, puller.book, lambda: [idle], node_id="p", options=options)
             started = asyncio.get_running_loop().time()
             await swarm.fetch(origin.peer, "models", entry, puller.root())
@@ -228,5 +228,44 @@ async def test_a_member_holding_nothing_is_asked_again_only_after_the_quiet_inte
         assert (puller.root() / "m.bin").read_bytes() == data
         assert took_s > 0.3  # the download cap makes it last several quiet intervals
         assert 1 <= len(asked) <= took_s / 0.3 + 1, (len(asked), took_s)
+    finally:
+        await idle_server.close()
+
+
+async def test_a_member_holding_nothing_is_asked_at_every_poll_at_the_start(
+    tmp_path: Path,
+) -> None:
+    """Pullers started together find each other at once: during the first alone_after_s of a
+    download, a member that holds nothing yet is not left quiet for quiet_poll_s."""
+    data = os.urandom(16 * PIECE)
+    asked: list[float] = []
+
+    async def pieces(request: web.Request) -> web.Response:
+        asked.append(asyncio.get_running_loop().time())
+        return web.json_response({"error": "not_held"}, status=404)
+
+    idle_app = web.Application()
+    idle_app.router.add_get("/v1/sync/models/pieces", pieces)
+    idle_server = TestServer(idle_app, host="127.0.0.1", port=0)
+    await idle_server.start_server()
+    try:
+        idle = PeerRef("idle", str(idle_server.make_url("")).rstrip("/"))
+        async with (
+            piece_node(tmp_path / "o", "o") as origin,
+            piece_node(tmp_path / "p", "p") as puller,
+            HttpTransport(
+                node_id="p", timeouts=FAST_TIMEOUTS, bandwidth_bytes_per_s=128 << 10
+            ) as http,
+        ):
+            write_file(origin.root() / "m.bin", data)
+            entry = await origin.entry("m.bin")
+            options = SwarmOptions(poll_s=0.02, quiet_poll_s=60.0, alone_after_s=0.4)
+            swarm = SwarmTransport(http, puller.book, lambda: [idle], node_id="p", options=options)
+            started = asyncio.get_running_loop().time()
+            await swarm.fetch(origin.peer, "models", entry, puller.root())
+        assert (puller.root() / "m.bin").read_bytes() == data
+        early = [at for at in asked if at - started < 0.4]
+        assert len(early) >= 3, asked  # polled again and again while the download was young
+        assert len(asked) - len(early) <= 1, asked  # then quiet for quiet_poll_s
     finally:
         await idle_server.close()
