@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from config import Timeouts
-from node.errors import PublishTimeout, WeightsError
+from node.errors import PeerRequestError, PublishTimeout, WeightsError
 from node.plan import FENCE_HEADER
 from node.rl.broadcast import (
     DEFAULT_BUCKET_BYTES,
@@ -28,14 +28,14 @@ from node.rl.broadcast import (
     describe_params,
     torch_distributed,
 )
-from node.rl.client import post_digested
+from node.rl.client import call, post_digested
 from node.rl.digest import (
     ALGOS,
     PWS_ALGO,
     SHA256_ALGO,
     Digest,
     HostStaging,
-    WeightsDigest,
+    digest_named,
     hash_pool,
 )
 from node.rl.files import write_weights_file
@@ -48,13 +48,13 @@ from node.rl.group import (
     store_key_prefix,
     weights_backend,
 )
-from node.rl.handshake import ACK_POLL_S, offer_update, wait_acknowledged
 from node.rl.published import PublishResult, phases_of, published_report
 from node.training.rendezvous import daemon_endpoint
 
 log = logging.getLogger(__name__)
 
 FILE_GRACE_S = 0.5  # the weights file may finish this long after the deadline
+ACK_POLL_S = 0.005
 AUTO_ALGO = "auto"
 """The publisher's default digest algo: shoal-pws64-v1 when the weights are on CUDA (summed on
 the device), sha256 on the CPU (what receivers of the previous release verify)."""
@@ -63,8 +63,7 @@ the device), sha256 on the CPU (what receivers of the previous release verify)."
 class WeightPublisher:
     """Publishes a model's weights for `run` from the trainer (weights rank 0). Owns the run's
     TCPStore server, the weights process group, the digest's thread pool and its pinned host
-    buffer, and a pool for its calls to the receivers' daemons; `close()` releases them.
-    `digest_algo` is "auto" (AUTO_ALGO) or one of ALGOS."""
+    buffer; `close()` releases them. `digest_algo` is "auto" (AUTO_ALGO) or one of ALGOS."""
 
     def __init__(
         self,
@@ -102,7 +101,6 @@ class WeightPublisher:
         self._backend = "gloo"
         self._epoch = 0
         self._pool: ThreadPoolExecutor | None = None
-        self._calls: ThreadPoolExecutor | None = None
         self._staging = HostStaging()
         self.version = -1
 
@@ -112,7 +110,8 @@ class WeightPublisher:
         acknowledge; the WAL records success only when every one that joined acknowledged."""
         started = self._clock()
         deadline = started + self.deadline_s
-        rendezvous, digest = self._prepare(model, version, deadline)
+        rendezvous = self._rendezvous(version, deadline)
+        digest = self._digest(model)
         params = describe_params(model)
         sent_at = time.time()
         # the file is written while the update is offered, broadcast, verified and acknowledged
@@ -167,19 +166,11 @@ class WeightPublisher:
             phases,
         )
 
-    def _prepare(
-        self, model: Any, version: int, deadline: float
-    ) -> tuple[WeightsRendezvous, Digest]:
-        """The rendezvous and the digest of `model`, hashed in the pool while the rendezvous
-        is asked; WeightsError when `version` is not above the last published."""
+    def _rendezvous(self, version: int, deadline: float) -> WeightsRendezvous:
+        """The run's weights group, this node its publisher (rank 0); WeightsError when
+        `version` is not above the last published or another node publishes."""
         if version <= self.version:
             raise WeightsError(f"version {version} is not above the last published {self.version}")
-        hashing = self._start_digest(model)
-        return self._rendezvous(deadline), hashing.result()
-
-    def _rendezvous(self, deadline: float) -> WeightsRendezvous:
-        """The run's weights group, this node its publisher (rank 0); WeightsError when
-        another node publishes."""
         rendezvous = fetch_weights_rendezvous(self.endpoint, self.run, self._left(deadline))
         if rendezvous.rank != 0:
             raise WeightsError(
@@ -205,12 +196,11 @@ class WeightPublisher:
             ) from exc
 
     def close(self) -> None:
-        """Drop the process group, the store server and the pools; idempotent."""
+        """Drop the process group, the store server and the digest's pool; idempotent."""
         self._drop_group()
-        for pool in (self._pool, self._calls):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._pool = self._calls = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _drop_group(self) -> None:
         self._group, self._members, self._store, self._store_at = None, (), None, None
@@ -223,20 +213,12 @@ class WeightPublisher:
         on_cuda = any(p.device.type == "cuda" for p in model.parameters())
         return PWS_ALGO if on_cuda else SHA256_ALGO
 
-    def _start_digest(self, model: Any) -> WeightsDigest:
-        """The digest of `model` with every parameter added: CPU tensors are hashed (or
-        summed) in the pool, CUDA ones queued on the device; `result()` waits for it."""
+    def _digest(self, model: Any) -> Digest:
         if self._pool is None:
             self._pool = hash_pool()
-        digest = WeightsDigest(self.algo_for(model), pool=self._pool, staging=self._staging)
-        for name, param in model.named_parameters():
-            digest.add(name, param)
-        return digest
-
-    def _calls_pool(self) -> ThreadPoolExecutor:
-        if self._calls is None:
-            self._calls = ThreadPoolExecutor(8, thread_name_prefix=f"publish-{self.run}")
-        return self._calls
+        return digest_named(
+            model.named_parameters(), self.algo_for(model), pool=self._pool, staging=self._staging
+        )
 
     def __enter__(self) -> WeightPublisher:
         return self
@@ -291,9 +273,25 @@ class WeightPublisher:
             },
         }
         fence = {FENCE_HEADER: f"{rendezvous.term}.{rendezvous.plan_version}"}
-        urls = {node: rendezvous.urls[node] for node in rendezvous.receivers}
-        timeout_s = min(self.endpoint.timeout_s, self._left(deadline))
-        return offer_update(self.endpoint, urls, body, digest, fence, timeout_s, self._calls_pool())
+        accepted = []
+        for node in rendezvous.receivers:
+            try:
+                post_digested(
+                    self.endpoint,
+                    "/v1/weights/update",
+                    body,
+                    digest,
+                    url=rendezvous.urls[node],
+                    timeout_s=min(self.endpoint.timeout_s, self._left(deadline)),
+                    headers=fence,
+                )
+            except PeerRequestError as exc:
+                log.warning(
+                    "run %s version %s: %s refused the offer: %s", self.run, version, node, exc
+                )
+                continue
+            accepted.append(node)
+        return accepted
 
     def _store_for(self, rendezvous: WeightsRendezvous) -> Any:
         dist = torch_distributed()
@@ -396,14 +394,26 @@ class WeightPublisher:
     ) -> tuple[str, ...]:
         """The ready receivers whose daemon shows `version` with `digest` applied (or a newer
         version) by the deadline."""
-        urls = {node: rendezvous.urls[node] for node in ready}
-        return wait_acknowledged(
-            self.endpoint,
-            urls,
-            self.run,
-            version,
-            digest,
-            ready,
-            lambda: deadline - self._clock(),
-            self._calls_pool(),
-        )
+        acked: set[str] = set()
+        path = f"/v1/weights/status?run={self.run}"
+        while True:
+            for node in ready:
+                if node in acked:
+                    continue
+                try:
+                    _, status = call(
+                        self.endpoint,
+                        "GET",
+                        path,
+                        url=rendezvous.urls[node],
+                        timeout_s=min(1.0, self._left(deadline)),
+                    )
+                except PeerRequestError:
+                    continue
+                if status.get("version", -1) >= version and (
+                    status.get("version") != version or Digest.of_message(status) == digest
+                ):
+                    acked.add(node)
+            if len(acked) == len(ready) or self._clock() >= deadline:
+                return tuple(sorted(acked))
+            time.sleep(ACK_POLL_S)
