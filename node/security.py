@@ -277,7 +277,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     node forwarded (X-Shoal-Forwarded) is then served as the operator whose proof it carries
     (node.forwarding), or as the forwarding node's own without one."""
     if HEADER_FORWARDED in request.headers:
-        if request.app[AUTH_POLICY].secret is None:
+        if request.app[AUTH_POLICY].secret is None and not request.secure:
+            # no secret and no TLS: nothing authenticates here (`--insecure`)
             handler = functools.partial(_forwarded_unchecked, handler=handler)
         else:
             handler = functools.partial(_as_forwarded, handler=handler)
