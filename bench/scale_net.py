@@ -15,19 +15,16 @@ import asyncio
 import itertools
 import random
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from heapq import heappop, heappush
 from pathlib import Path
 from typing import Any
 
-from node.membership import protocol
 from node.membership.channel import SealedChannel
 from node.membership.envelope import Envelope
 from node.membership.keyring import GossipKeys, Keyring, new_key
 from node.membership.transport import Counters, DatagramHandler, TransportStats
 from node.membership.types import Address
-from node.membership.wire import Message, decode_message
 
 CLUSTER = "scale"
 
@@ -104,37 +101,6 @@ class VirtualLoop(asyncio.BaseEventLoop):
 
     def _write_to_self(self) -> None:
         return None
-
-
-@contextmanager
-def shared_decoding(limit: int = 1 << 16) -> Iterator[dict[bytes, Message]]:
-    """Decode each distinct datagram body once for all the members of the process that receive
-    it, with the daemon's own `decode_message`, and hand every one of them the same `Message`.
-
-    Eager gossip sends one body to several members, so most datagrams of a death or a loss
-    window arrive many times byte for byte (62 % of them while 1,000 members learn of five
-    deaths); a cluster decodes each copy on its receiver's CPU, one process simulating all of
-    them need not. `decode_message` is a pure function of the bytes and its `Message` is
-    immutable (frozen, its updates and their meta read-only), so no member can tell, and no
-    simulated figure changes (tests/bench/test_scale_sim.py runs a cluster both ways). A body
-    that is not a message is decoded, and refused, each time. Yields the cache (emptied when it
-    holds `limit` bodies); the daemon's function is back in place afterwards."""
-    cache: dict[bytes, Message] = {}
-    names = vars(protocol)  # where the members' `_on_datagram` looks decode_message up
-
-    def decode_once(body: bytes) -> Message:
-        message = cache.get(body)
-        if message is None:
-            if len(cache) >= limit:
-                cache.clear()
-            message = cache[body] = decode_message(body)
-        return message
-
-    names["decode_message"] = decode_once
-    try:
-        yield cache
-    finally:
-        names["decode_message"] = decode_message
 
 
 def gossip_envelope() -> Envelope:

@@ -39,7 +39,7 @@ from bench.scale_members import (  # noqa: E402
     percentile,
     push_pull,
 )
-from bench.scale_net import VirtualLoop, shared_decoding  # noqa: E402
+from bench.scale_net import VirtualLoop  # noqa: E402
 from bench.scale_plans import plan_compute, plan_travel  # noqa: E402
 from config.timeouts import Timeouts  # noqa: E402
 
@@ -124,11 +124,6 @@ _EXTRA: dict[str, Any] = {}
 
 
 async def _membership(options: Options) -> dict[str, Any]:
-    with shared_decoding():
-        return await _members(options)
-
-
-async def _members(options: Options) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualLoop)
     cluster = SimCluster(loop, options.nodes, options.seed)
