@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from bench.scale_net import CLUSTER, SimNetwork, VirtualLoop
@@ -134,7 +134,7 @@ class SimCluster:
         for member in self.nodes.values():
             await member.start()
 
-    def _listener(self, observer: str) -> object:
+    def _listener(self, observer: str) -> Callable[[MemberEvent], None]:
         seen, clock = self.seen, self.loop.time
 
         def on_event(event: MemberEvent) -> None:

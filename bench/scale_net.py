@@ -60,12 +60,14 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def time(self) -> float:
         return self._now
 
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any, **_: Any) -> Any:
+    def call_at(  # type: ignore[override]  # any timer that has cancel() and when() will do
+        self, when: float, callback: Callable[..., object], *args: Any, **_: Any
+    ) -> Any:
         timer = _Timer(when)
         heappush(self._timers, (when, next(self._seq), callback, args, timer))
         return timer
 
-    def call_later(
+    def call_later(  # type: ignore[override]
         self, delay: float, callback: Callable[..., object], *args: Any, **_: Any
     ) -> Any:
         return self.call_at(self._now + max(0.0, delay), callback, *args)
@@ -75,7 +77,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         heappush(self._timers, (when, next(self._seq), callback, args, None))
 
     def _run_once(self) -> None:
-        ready = self._ready
+        ready = self._ready  # type: ignore[attr-defined]  # BaseEventLoop's, not in its stubs
         if not ready:
             timers = self._timers
             while timers:

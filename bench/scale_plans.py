@@ -162,6 +162,9 @@ class PlanTravel:
     egress_bytes: int = 0
     ack_cpu_s: float = 0.0
     stepped_down_at: float | None = None
+    unapplied: int = 0
+    """Followers that have not applied the plan yet (counted, not looked for after each event:
+    that look was O(N) per event, most of the plan phase's CPU at 10,000 nodes)."""
     _events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = field(
         default_factory=list
     )
@@ -219,6 +222,8 @@ class PlanTravel:
         if host.applied_at is not None or host.state.plan_fence != self.plan.fence:
             return
         host.applied_at = self.cpu(host, PERSIST_S)
+        if host.name != self.coordinator:
+            self.unapplied -= 1
         self.at(host.applied_at, self.serve_waiters, host)
 
     def serve_waiters(self, host: Host) -> None:
@@ -280,11 +285,12 @@ class PlanTravel:
         interval = coordinator.state.config.heartbeat_interval_s
         self.at(interval, self.tick)
         followers = [h for h in self.hosts.values() if h.name != self.coordinator]
+        self.unapplied = sum(1 for h in followers if h.applied_at is None)
         while self._events and self.now <= until_s:
             when, _, action, args = heappop(self._events)
             self.now = max(self.now, when)
             action(*args)
-            if all(h.applied_at is not None for h in followers):
+            if not self.unapplied:
                 return max(h.applied_at or 0.0 for h in followers)
         return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from bisect import bisect_right
 from dataclasses import replace
 
 from node.election.messages import (
@@ -266,6 +267,7 @@ def publish_plan(state: ElectionState, plan: RolePlan, now: float) -> Step:
         plan=plan,
         generation=max(state.generation, plan.generation),
         plan_published_at=now,
+        plan_tree_start=state.observer_cursor,
     )
     return _heartbeat_round(state, now, observers=True)
 
@@ -299,6 +301,8 @@ def _become_coordinator(state: ElectionState, now: float) -> Step:
         acked={},
         peer_fences={},
         leader_seen_at=None,
+        observer_cursor=None,
+        plan_tree_start=None,
     )
     return _heartbeat_round(state, now, observers=True)
 
@@ -328,18 +332,22 @@ def _heartbeat_round(state: ElectionState, now: float, observers: bool) -> Step:
     horizon = now - config.lease_s
     rounds = (*(r for r in state.rounds if r[1] > horizon), (seq, now))
     targets = [voter for voter in config.voters if voter != config.node_id]
+    cursor = state.observer_cursor
     if observers:
-        targets += sorted(state.observers)
+        due, cursor = observers_due(state)
+        targets += due
     plan = state.plan if state.plan is not None and state.plan.term == state.term else None
     if not lease_valid(state, now):
         plan = None
     fence = state.plan_fence
     behind = [] if plan is None else [t for t in targets if state.peer_fences.get(t) != fence]
+    grace_s = config.plan_pull_grace_s + config.observer_rotation_s(len(state.observers))
     deliveries = plan_deliveries(
         behind,
         state.observers - state.whole_plans,
         frozenset(config.voters),
-        now - state.plan_published_at >= config.plan_pull_grace_s,
+        now - state.plan_published_at >= grace_s,
+        start=state.plan_tree_start,
     )
     messages = []
     for target in targets:
@@ -356,12 +364,27 @@ def _heartbeat_round(state: ElectionState, now: float, observers: bool) -> Step:
         state,
         seq=seq,
         rounds=rounds,
+        observer_cursor=cursor,
         next_heartbeat_at=now + config.heartbeat_interval_s,
         next_observer_heartbeat_at=(
             now + config.observer_interval_s if observers else state.next_observer_heartbeat_at
         ),
     )
     return state, messages
+
+
+def observers_due(state: ElectionState) -> tuple[list[str], str | None]:
+    """The observers of the next observer round, in node id order, and the cursor after it:
+    every observer while they fit in `max_observer_heartbeats` (cursor None), else that many,
+    from the first after `observer_cursor` on, round to the first again."""
+    ordered = sorted(state.observers)
+    limit = state.config.max_observer_heartbeats
+    if len(ordered) <= limit:
+        return ordered, None
+    cursor = state.observer_cursor
+    start = 0 if cursor is None else bisect_right(ordered, cursor)
+    due = (ordered[start:] + ordered[:start])[:limit]
+    return due, due[-1]
 
 
 def _to_other_voters(config: ElectionConfig, message: VoteRequest) -> list[Outbound]:

@@ -12,6 +12,7 @@ of the previous release.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,13 +49,18 @@ def plan_deliveries(
     voters: frozenset[str],
     overdue: bool,
     fanout: int = PLAN_FANOUT,
+    start: str | None = None,
 ) -> dict[str, PlanDelivery]:
     """For each of `targets` (members behind the current plan): the plan whole, or where to
     fetch it. Voters, members that do not pull, seeds and everyone once `overdue` (the plan is
-    older than the pull grace) get it whole."""
+    older than the pull grace) get it whole. The tree lists the pullers in node id order, from
+    the first after `start` on and round to those up to it (None: from the first)."""
     if overdue or not targets:
         return dict.fromkeys(targets, WHOLE)
     order = sorted(pullers - voters)
+    if start is not None:
+        cut = bisect_right(order, start)
+        order = order[cut:] + order[:cut]
     position = {node: index for index, node in enumerate(order)}
     out: dict[str, PlanDelivery] = {}
     for target in targets:

@@ -32,6 +32,12 @@ class ElectionConfig:
     (its acknowledgements say so); a member still behind `plan_pull_grace_s` after a plan was
     published gets it whole from the coordinator (node.election.spread).
 
+    `max_observer_heartbeats`: the most non-voters one observer round heartbeats. Past it the
+    rounds take turns (node id order, each round going on after the last), so the coordinator's
+    heartbeat work stays bounded however many members there are, and the voters' heartbeats,
+    which hold the lease, never queue behind thousands of others (docs/scale.md); each observer
+    then hears the coordinator once per turn of the rotation.
+
     A coordinator's lease counts `lease_s * (1 - clock_drift)` from the send time of the round a
     majority acknowledged; voters deny votes for `lease_s` from receiving it, so the two
     windows cannot overlap while clock rates differ by less than `clock_drift`.
@@ -47,6 +53,7 @@ class ElectionConfig:
     clock_drift: float = 0.01
     plan_pull_grace_s: float = 3.0
     pulls_plans: bool = False
+    max_observer_heartbeats: int = 1500
 
     def __post_init__(self) -> None:
         if not self.voters or len(set(self.voters)) != len(self.voters):
@@ -59,6 +66,8 @@ class ElectionConfig:
             raise ElectionError("clock_drift must be in [0, 0.5), observer_interval_s positive")
         if self.plan_pull_grace_s <= 0:
             raise ElectionError("plan_pull_grace_s must be positive")
+        if self.max_observer_heartbeats < 1:
+            raise ElectionError("max_observer_heartbeats must be at least 1")
 
     @classmethod
     def from_timeouts(
@@ -92,6 +101,12 @@ class ElectionConfig:
     @property
     def coordinator_lease_s(self) -> float:
         return self.lease_s * (1.0 - self.clock_drift)
+
+    def observer_rotation_s(self, observers: int) -> float:
+        """How much longer than one observer round it takes to heartbeat `observers` once: 0
+        while they fit in one round (`max_observer_heartbeats`)."""
+        rounds = math.ceil(observers / self.max_observer_heartbeats)
+        return max(0, rounds - 1) * self.observer_interval_s
 
 
 class PeerFences(Mapping[str, "PlanFence | None"]):
@@ -168,8 +183,11 @@ class ElectionState:
     newest round it acknowledged, `peer_fences` the plan fence each follower reported.
     `generation` is the highest training generation seen: in any plan applied, or reported in
     a follower's acknowledgement. Coordinator only: `whole_plans` are the followers whose
-    acknowledgements do not say `pulls_plans` (a new plan goes to them whole), and
-    `plan_published_at` when it published its current plan.
+    acknowledgements do not say `pulls_plans` (a new plan goes to them whole),
+    `plan_published_at` when it published its current plan, `observer_cursor` the last observer
+    heartbeated while they take turns (None: the next observer round starts from the first), and
+    `plan_tree_start` the cursor when the current plan was published: its pull tree lists the
+    pullers in the order the rotation reaches them from there, so parents hear before children.
     """
 
     config: ElectionConfig
@@ -193,6 +211,8 @@ class ElectionState:
     generation: int = 0
     whole_plans: frozenset[str] = frozenset()
     plan_published_at: float = -math.inf
+    observer_cursor: str | None = None
+    plan_tree_start: str | None = None
 
     @property
     def durable(self) -> DurableRecord:
