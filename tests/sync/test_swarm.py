@@ -195,9 +195,11 @@ async def test_a_peer_serving_a_corrupted_piece_is_tripped_and_the_piece_comes_e
         await liar_server.close()
 
 
-async def test_a_member_holding_nothing_is_asked_again_only_after_the_quiet_interval(
-    tmp_path: Path,
-) -> None:
+async def _pull_beside_an_idle_member(
+    tmp_path: Path, options: SwarmOptions
+) -> tuple[list[float], float, float]:
+    """Pull 16 pieces from an origin at 128 KiB/s while a member that holds nothing is asked
+    too: when it was asked, when the download started and how long it took."""
     data = os.urandom(16 * PIECE)
     asked: list[float] = []
 
@@ -220,16 +222,23 @@ async def test_a_member_holding_nothing_is_asked_again_only_after_the_quiet_inte
         ):
             write_file(origin.root() / "m.bin", data)
             entry = await origin.entry("m.bin")
-            options = SwarmOptions(poll_s=0.02, quiet_poll_s=0.3, alone_after_s=0.0)
             swarm = SwarmTransport(http, puller.book, lambda: [idle], node_id="p", options=options)
             started = asyncio.get_running_loop().time()
             await swarm.fetch(origin.peer, "models", entry, puller.root())
             took_s = asyncio.get_running_loop().time() - started
         assert (puller.root() / "m.bin").read_bytes() == data
-        assert took_s > 0.3  # the download cap makes it last several quiet intervals
-        assert 1 <= len(asked) <= took_s / 0.3 + 1, (len(asked), took_s)
     finally:
         await idle_server.close()
+    return asked, started, took_s
+
+
+async def test_a_member_holding_nothing_is_asked_again_only_after_the_quiet_interval(
+    tmp_path: Path,
+) -> None:
+    options = SwarmOptions(poll_s=0.02, quiet_poll_s=0.3, alone_after_s=0.0)
+    asked, _, took_s = await _pull_beside_an_idle_member(tmp_path, options)
+    assert took_s > 0.3  # the download cap makes it last several quiet intervals
+    assert 1 <= len(asked) <= took_s / 0.3 + 1, (len(asked), took_s)
 
 
 async def test_a_member_holding_nothing_is_asked_at_every_poll_at_the_start(
@@ -237,35 +246,8 @@ async def test_a_member_holding_nothing_is_asked_at_every_poll_at_the_start(
 ) -> None:
     """Pullers started together find each other at once: during the first alone_after_s of a
     download, a member that holds nothing yet is not left quiet for quiet_poll_s."""
-    data = os.urandom(16 * PIECE)
-    asked: list[float] = []
-
-    async def pieces(request: web.Request) -> web.Response:
-        asked.append(asyncio.get_running_loop().time())
-        return web.json_response({"error": "not_held"}, status=404)
-
-    idle_app = web.Application()
-    idle_app.router.add_get("/v1/sync/models/pieces", pieces)
-    idle_server = TestServer(idle_app, host="127.0.0.1", port=0)
-    await idle_server.start_server()
-    try:
-        idle = PeerRef("idle", str(idle_server.make_url("")).rstrip("/"))
-        async with (
-            piece_node(tmp_path / "o", "o") as origin,
-            piece_node(tmp_path / "p", "p") as puller,
-            HttpTransport(
-                node_id="p", timeouts=FAST_TIMEOUTS, bandwidth_bytes_per_s=128 << 10
-            ) as http,
-        ):
-            write_file(origin.root() / "m.bin", data)
-            entry = await origin.entry("m.bin")
-            options = SwarmOptions(poll_s=0.02, quiet_poll_s=60.0, alone_after_s=0.4)
-            swarm = SwarmTransport(http, puller.book, lambda: [idle], node_id="p", options=options)
-            started = asyncio.get_running_loop().time()
-            await swarm.fetch(origin.peer, "models", entry, puller.root())
-        assert (puller.root() / "m.bin").read_bytes() == data
-        early = [at for at in asked if at - started < 0.4]
-        assert len(early) >= 3, asked  # polled again and again while the download was young
-        assert len(asked) - len(early) <= 1, asked  # then quiet for quiet_poll_s
-    finally:
-        await idle_server.close()
+    options = SwarmOptions(poll_s=0.02, quiet_poll_s=60.0, alone_after_s=0.4)
+    asked, started, _ = await _pull_beside_an_idle_member(tmp_path, options)
+    early = [at for at in asked if at - started < 0.4]
+    assert len(early) >= 3, asked  # polled again and again while the download was young
+    assert len(asked) - len(early) <= 1, asked  # then quiet for quiet_poll_s
