@@ -66,9 +66,13 @@ async def test_a_partition_neither_slows_a_side_down_nor_waits_on_the_far_side(
     await wait_for(split, timeout_s=10.0, what="each side to declare the other dead")
     assert health == dict.fromkeys(cluster.nodes, 0), health
     # A suspicion we start waits only for the relays that nacked: 1 at the minority (the other
-    # relays are beyond the cut), 2 at the majority.
-    assert set().union(*(expected[name] for name in minority)) == {1}, expected
-    assert set().union(*(expected[name] for name in majority)) == {2}, expected
+    # relays are beyond the cut), 2 at the majority. A probe whose nacks all came late (a loop
+    # stalled on a loaded host) has none to go by and waits for k = 3, as the rule says; never
+    # for any other count.
+    at_minority = set().union(*(expected[name] for name in minority))
+    at_majority = set().union(*(expected[name] for name in majority))
+    assert 1 in at_minority and at_minority <= {1, 3}, expected
+    assert 2 in at_majority and at_majority <= {2, 3}, expected
 
 
 async def test_relays_of_a_failed_probe_are_members_that_can_still_answer(
