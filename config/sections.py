@@ -133,6 +133,15 @@ class TrainingWatchSettings(BaseModel):
         "waiting): a restarted worker takes one and starts in its script's own time, not the "
         "interpreter's and torch's.",
     )
+    training_reform: Literal["restart", "in_place"] = Field(
+        "restart",
+        description="`restart`: every change of the group starts every worker again, which "
+        "restores the newest committed checkpoint. `in_place`: workers that are still running "
+        "stay; the script catches `shoal.GroupChanged` and calls `session.reform(state, step)`, "
+        "which joins the next generation and takes the newest state a live rank holds "
+        "(docs/fault-tolerance.md); only a worker that exited, or one stopped (a hang), starts "
+        "again.",
+    )
 
 
 DeletionPolicy = Literal["keep", "propagate"]

@@ -8,10 +8,14 @@ backward pass), then averages the gradients over the group with one all_reduce. 
 wrote it.
 
 When the group changes (a node killed, hung, quarantined, partitioned away or back, a worker
-exited) the daemons start a new generation: every process of the group starts again and
-`session.restore` loads the newest step the cluster committed (fetched from peers first on a
-host that lacks its files: a replaced disk). Under plain torchrun the agents restart the group
-instead, and restore from the checkpoint directory the ranks share (SHOAL_CHECKPOINT_DIR).
+exited) the daemons start a new generation. By default every process of the group starts again
+and `session.restore` loads the newest step the cluster committed (fetched from peers first on
+a host that lacks its files: a replaced disk). With `training_reform: in_place` the processes
+that still run stay: their all_reduce raises `shoal.GroupChanged`, `session.reform` joins the
+next generation, and the newest step any of them holds in memory is sent to the ranks that lack
+it (a restarted worker, a host back), so no step is redone. Under plain torchrun the agents
+restart the group instead, and restore from the checkpoint directory the ranks share
+(SHOAL_CHECKPOINT_DIR).
 
 With `--progress DIR` each process appends JSON lines to DIR/<node>-<pid>.jsonl: its start,
 its restore, and (rank 0) every step and every save; bench/goodput_bench.py reads them.
@@ -133,7 +137,25 @@ def main() -> None:
             seconds=round(time.monotonic() - started, 3),
         )
         while not args.steps or step < args.steps:
-            loss = train_step(model, optimizer, args.width, args.step_s)
+            try:
+                loss = train_step(model, optimizer, args.width, args.step_s)
+            except shoal.GroupChanged as change:
+                # training_reform: in_place (never under plain torchrun): the group changed
+                # under the all_reduce; join the next one with the state of the newest step
+                # any live rank holds, and redo the step
+                progress.write("group_changed", step=step, reason=change.reason)
+                started = time.monotonic()
+                step = session.reform(state, step) or 0
+                progress.write(
+                    "reformed",
+                    step=step,
+                    generation=session.generation,
+                    rank=session.rank,
+                    world=session.world_size,
+                    source=session.last_reform.source if session.last_reform else None,
+                    seconds=round(time.monotonic() - started, 3),
+                )
+                continue
             step += 1
             session.report(step, loss=loss)
             if session.rank == 0:

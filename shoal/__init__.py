@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         ShoalError,
     )
     from shoal.group import TrainingGroup
+    from shoal.guard import GroupChanged
     from shoal.place import RankPlace
     from shoal.session import TrainingSession, training_session
 
@@ -35,6 +36,7 @@ __all__ = [
     "DaemonAnswerError",
     "DaemonClient",
     "DaemonUnreachableError",
+    "GroupChanged",
     "GroupError",
     "RankPlace",
     "SessionError",
@@ -52,6 +54,7 @@ _LAZY = {
     "GroupError": "shoal.errors",
     "SessionError": "shoal.errors",
     "ShoalError": "shoal.errors",
+    "GroupChanged": "shoal.guard",
     "RankPlace": "shoal.place",
     "TrainingGroup": "shoal.group",
     "TrainingSession": "shoal.session",

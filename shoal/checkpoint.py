@@ -92,8 +92,13 @@ class Checkpointer:
     thread-safe: call it from the training loop. A background write's failure is recorded and
     raised by the next `save` (or taken by `failure()`), never only logged."""
 
-    def __init__(self, place: RankPlace, client: DaemonClient | None) -> None:
+    def __init__(
+        self, place: RankPlace, client: DaemonClient | None, *, master_addr: str | None = None
+    ) -> None:
         self.place = place
+        self.master_addr = master_addr or os.environ.get("MASTER_ADDR")
+        """The training group's master: the checkpoint group advertises the address that
+        reaches it (a process that joined through the daemon has no MASTER_ADDR)."""
         self.root = checkpoint_root(os.environ)
         self.timeout_s = float(os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
         self._client = client
@@ -347,6 +352,16 @@ class Checkpointer:
             if self._stager is not None:
                 self._stager.close()
 
+    def abandon(self) -> None:
+        """Close without waiting: the group re-formed in place and a save in flight may wait on
+        a rank that is gone. Its step was written by a generation that did not finish it, so it
+        is never committed; its failure is only logged. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writing = None
+        self._reports.shutdown(wait=False)
+
     def _record(self, failure: BaseException) -> None:
         log.error("checkpoint: %s", failure)
         with self._lock:
@@ -382,7 +397,7 @@ class Checkpointer:
                 timeout = datetime.timedelta(seconds=self.timeout_s)
                 # advertise the address that reaches the master (not the hostname's, often
                 # 127.0.x.1: peers on other hosts could not connect), as the training group does
-                with gloo_bound_to_route(os.environ.get("MASTER_ADDR")):
+                with gloo_bound_to_route(self.master_addr):
                     self._group = dist.new_group(backend="gloo", timeout=timeout)
         return self._group
 

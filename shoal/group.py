@@ -209,16 +209,17 @@ class TrainingGroup:
         """The generation's PrefixStore (None before `configure`, or for an adopted group)."""
         return self._store
 
-    def configure(self, rendezvous: Rendezvous) -> None:
+    def configure(self, rendezvous: Rendezvous, *, join_s: float | None = None) -> None:
         """Leave the current group (its communicator aborted: a survivor of a failed generation
-        must not wait on it) and form `rendezvous`'s within join_timeout_s; GroupError if it
-        does not form. Clears the recorded error: a new generation starts clean."""
+        must not wait on it) and form `rendezvous`'s within `join_s` (default join_timeout_s);
+        GroupError if it does not form. Clears the recorded error: a new generation starts
+        clean."""
         if self._closed:
             raise GroupError("the training group is closed")
         if self._rendezvous is not None:
             self.abort()
             self._leave()
-        deadline = self._clock() + self.join_timeout_s
+        deadline = self._clock() + (self.join_timeout_s if join_s is None else join_s)
         store, backend = form_group(rendezvous, self.collective_timeout_s, deadline, self._clock)
         with self._lock:
             self._rendezvous, self._store, self._backend = rendezvous, store, backend

@@ -85,6 +85,12 @@ class Reporter:
             self.dropped += 1
         pending.append((step, time.time(), compute_s, scalars))
 
+    def move(self, place: RankPlace) -> None:
+        """Report as `place` from now on (the session re-formed in place): what is queued was
+        reported in the old place and is sent as such first."""
+        self._post_pending()
+        self._place = place
+
     def flush(self) -> None:
         """Post what is queued now (from the calling thread)."""
         self._post_pending()

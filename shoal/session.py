@@ -6,14 +6,25 @@ progress without blocking the loop, and saves and restores checkpoints through
     with shoal.training_session() as session:
         step = session.restore(state) or 0
         while training:
-            ...
+            try:
+                ...                                   # the step, its collectives
+            except shoal.GroupChanged:                # only with training_reform: in_place
+                step = session.reform(state, step)    # re-form in place, state from a live peer
+                continue
+            step += 1
             session.report(step, loss=loss.item())
             if step % 100 == 0:
                 session.save(state, step)
+
+With the node's `training_reform: in_place` (SHOAL_REFORM=in_place in the worker's environment)
+a change of the group does not end this process: its collectives give way (shoal.guard), and
+`reform` joins the next generation, where the ranks that hold the newest step in memory send it
+to those that lack it (shoal.live) and only a group with no live state reads a checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -27,11 +38,12 @@ from shoal._daemon import DaemonClient
 from shoal.compute import CollectiveClock
 from shoal.errors import DaemonUnreachableError, GroupError, SessionError, ShoalError
 from shoal.group import TrainingGroup, torch_modules
+from shoal.guard import CollectiveGuard, GroupChanged
 from shoal.place import RankPlace
 from shoal.rendezvous import Rendezvous, fetch_rendezvous, rendezvous_from_env
 from shoal.report import Reporter
 
-__all__ = ["TrainingSession", "training_session"]
+__all__ = ["GroupChanged", "Reform", "TrainingSession", "training_session"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +53,17 @@ passes its node's value as SHOAL_COLLECTIVE_S."""
 DEFAULT_QUORUM_S = 60.0
 """config.Timeouts.quorum_s's default: how long joining a group may take (SHOAL_QUORUM_S)."""
 POLL_S = 0.2
+ENV_REFORM = "SHOAL_REFORM"
+"""`in_place` (the node's training_reform): a change of the group is met by `reform`, not by a
+new process."""
+ENV_AFTER_GENERATION = "SHOAL_AFTER_GENERATION"
+"""A replacement the launcher starts before the next generation exists waits for a rendezvous of
+a newer generation than this one."""
+WATCH_S = 0.5
+"""How often an in-place session asks its daemon whether a newer generation is ready."""
+REFORM_ATTEMPT_S = 20.0
+"""How long one attempt of `reform` to form a generation's group may take before it looks for a
+newer generation (the whole of `reform` is bounded by the join timeout)."""
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
@@ -54,9 +77,11 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _wait_for_rank(client: DaemonClient, local_rank: int, timeout_s: float) -> Rendezvous:
-    """Ask the daemon for `local_rank`'s rendezvous until it gives one; GroupError after
-    `timeout_s` naming the last answer."""
+def _wait_for_rank(
+    client: DaemonClient, local_rank: int, timeout_s: float, after: int = -1
+) -> Rendezvous:
+    """Ask the daemon for `local_rank`'s rendezvous of a generation above `after` until it
+    gives one; GroupError after `timeout_s` naming the last answer."""
     deadline = time.monotonic() + timeout_s
     problem = "no answer yet"
     while True:
@@ -66,12 +91,31 @@ def _wait_for_rank(client: DaemonClient, local_rank: int, timeout_s: float) -> R
         except DaemonUnreachableError as exc:
             found, problem = None, str(exc)
         else:
-            problem = "this node has no training rank (yet)" if found is None else problem
+            if found is None:
+                problem = "this node has no training rank (yet)"
+            elif found.generation <= after:
+                problem = f"generation {found.generation} is not above {after} yet"
+                found = None
         if found is not None:
             return found
         if left_s <= 0:
             raise GroupError(f"no rank from {client.url} in {timeout_s:.0f} s: {problem}")
         time.sleep(min(POLL_S, max(0.0, left_s)))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reform:
+    """How an in-place session came to its state in `generation`: `step` from `source` --
+    "memory" (this rank held the newest step), "peer" (rank `from_rank` sent `bytes`), or
+    "checkpoint" (no rank held live state; the newest committed step, None: none) -- in
+    `seconds` (the agreement, the transfer or the restore; forming the group not counted)."""
+
+    generation: int
+    step: int | None
+    source: str
+    from_rank: int | None
+    bytes: int
+    seconds: float
 
 
 class TrainingSession:
@@ -88,13 +132,23 @@ class TrainingSession:
         join_s: float = DEFAULT_QUORUM_S,
         report_interval_s: float = 0.5,
         measure_compute: bool = True,
+        in_place: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if in_place and client is None:
+            raise ShoalError(
+                f"{ENV_REFORM}=in_place needs the local daemon (SHOAL_DAEMON_URL is unset)"
+            )
         self.group = TrainingGroup(collective_timeout_s=collective_s, join_timeout_s=join_s)
         self._client = client
         self._place = rendezvous.place
+        self._master_addr = rendezvous.master_addr
         self._checkpointer: Any = None
         self._superseded = threading.Event()
+        self.in_place = in_place
+        """The group re-forms in place (`reform`) rather than in new processes."""
+        self.last_reform: Reform | None = None
+        """How the last `reform` (or in-place `restore`) brought this rank's state."""
         self._clock: CollectiveClock | None = None
         _, dist = torch_modules()
         if dist.is_initialized():
@@ -114,6 +168,15 @@ class TrainingSession:
             on_generation=self._daemon_generation,
         )
         self._closed = False
+        self._guard: CollectiveGuard | None = None
+        self._watcher: threading.Thread | None = None
+        if in_place:
+            self._guard = CollectiveGuard(collective_s, self._give_way)
+            self._guard.install(dist)
+            self._watcher = threading.Thread(
+                target=self._watch, name=f"shoal-watch-rank{self.rank}", daemon=True
+            )
+            self._watcher.start()
 
     @property
     def place(self) -> RankPlace:
@@ -169,10 +232,52 @@ class TrainingSession:
         self._checkpoints().save(state, step, blocking=blocking)
 
     def restore(self, state: MutableMapping[str, Any]) -> int | None:
-        """Load the newest committed step into `state`: its step, or None when there is none."""
+        """Load the newest committed step into `state`: its step, or None when there is none.
+        In place (`in_place`), a process joining a group whose other ranks hold newer state in
+        memory takes theirs instead (as `reform` does, holding nothing itself)."""
         self._raise_recorded()
+        if self.in_place:
+            return self._bring_state(state, None)
         step: int | None = self._checkpoints().restore(state)
         return step
+
+    def reform(self, state: MutableMapping[str, Any], step: int | None) -> int | None:
+        """After GroupChanged: leave this generation's group, join the next one the daemon
+        gives this rank, and bring `state` to the newest step any rank holds in memory (`step`
+        is the last step this rank's `state` completed; None: nothing trustworthy). Returns the
+        step to go on from: the newest live step, else the newest committed one (None: none).
+        Every rank of the new group calls `reform` or, in a new process, `restore`. Raises
+        GroupError when no newer group forms within the join timeout (the process should
+        exit; its launcher starts it again)."""
+        if not self.in_place:
+            raise SessionError(
+                f"reform needs {ENV_REFORM}=in_place (the node's training_reform: in_place)"
+            )
+        self._raise_recorded()
+        self._join_next()
+        return self._bring_state(state, step)
+
+    def _join_next(self) -> None:
+        """Leave this generation's group and form the next one the daemon gives this rank."""
+        deadline = time.monotonic() + self.group.join_timeout_s
+        leaving = self._place.generation
+        self._drop_checkpointer()
+        client = self._client
+        assert client is not None  # in_place needs one
+        while True:
+            left_s = max(0.1, deadline - time.monotonic())
+            rendezvous = _wait_for_rank(client, self._place.local_rank, left_s, leaving)
+            try:
+                self.group.configure(rendezvous, join_s=min(left_s, REFORM_ATTEMPT_S))
+                break
+            except GroupError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                # a rank never came (it moved on to a newer generation, or died): wait for the
+                # daemon's next generation rather than form this one again
+                log.warning("shoal: %s; waiting for a newer generation", exc)
+                leaving = rendezvous.generation
+        self._moved_to(rendezvous)
 
     def watch_ddp(self, model: Any) -> None:
         """Measure a DistributedDataParallel model's exposed gradient all-reduce too (its
@@ -192,6 +297,8 @@ class TrainingSession:
         finally:
             if self._clock is not None:
                 self._clock.uninstall()
+            if self._guard is not None:
+                self._guard.uninstall()
             self.group.close()
             if self._client is not None:
                 self._client.close()
@@ -206,6 +313,85 @@ class TrainingSession:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+    def _moved_to(self, rendezvous: Rendezvous) -> None:
+        """This session now stands in `rendezvous`'s group: its place, its reports."""
+        place = rendezvous.place
+        if place.node_id is None and self._place.node_id is not None:
+            place = dataclasses.replace(place, node_id=self._place.node_id)
+        self._place = place
+        self._master_addr = rendezvous.master_addr
+        self._reporter.move(place)
+        self._superseded.clear()
+
+    def _bring_state(self, state: MutableMapping[str, Any], step: int | None) -> int | None:
+        """Every rank of the (new) group: agree on the newest live step; its lowest holder sends
+        its state to the ranks lacking it; with no live state anywhere, restore the newest
+        committed checkpoint. The step to go on from."""
+        from shoal import live  # torch is loaded by now
+
+        while True:
+            started = time.monotonic()
+            try:
+                holding = live.agree(step)
+                if holding.newest is None:
+                    restored: int | None = self._checkpoints().restore(state)
+                    self.last_reform = Reform(
+                        self.generation, restored, "checkpoint", None, 0, time.monotonic() - started
+                    )
+                    return restored
+                transfer = live.share_state(state, holding, self.rank)
+                break
+            except GroupChanged as exc:
+                # the group changed again while it agreed: the next one, with what we held
+                log.warning("shoal: %s; re-forming again", exc)
+                self._join_next()
+        received = transfer is not None and self.rank in transfer.receivers
+        self.last_reform = Reform(
+            self.generation,
+            holding.newest,
+            "peer" if received else "memory",
+            holding.source,
+            transfer.size_bytes if transfer is not None else 0,
+            time.monotonic() - started,
+        )
+        if received:
+            log.info(
+                "shoal: rank %s took step %s from rank %s (%d bytes)",
+                self.rank,
+                holding.newest,
+                holding.source,
+                transfer.size_bytes if transfer is not None else 0,
+            )
+        return holding.newest
+
+    def _drop_checkpointer(self) -> None:
+        """Leave the old generation's checkpointer without waiting on it: a save in flight
+        there may wait on a dead peer. Its step, written by a generation that did not finish
+        it, is never committed; the next save makes a checkpointer for the new group."""
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.abandon()
+
+    def _give_way(self) -> str | None:
+        """The guard's question before and during each collective: a newer generation?"""
+        if self._superseded.is_set():
+            return f"generation {self._place.generation} is superseded"
+        return None
+
+    def _watch(self) -> None:
+        """Ask the daemon every WATCH_S for this rank's rendezvous: a newer generation means
+        this group is over (a collective blocked on a stopped or cut-off peer gives way)."""
+        client = self._client
+        assert client is not None
+        while not self._closed:
+            time.sleep(WATCH_S)
+            try:
+                found = fetch_rendezvous(client, self._place.local_rank, 2.0)
+            except ShoalError:
+                continue  # the daemon is away for a moment; the collective timeout still holds
+            if found is not None:
+                self._daemon_generation(found.generation)
 
     def _raise_recorded(self) -> None:
         failure = self.group.take_error()
@@ -223,7 +409,9 @@ class TrainingSession:
                 module = importlib.import_module("shoal.checkpoint")
             except ImportError as exc:
                 raise ShoalError(f"checkpoints need shoal.checkpoint: {exc}") from exc
-            self._checkpointer = module.Checkpointer(self._place, self._client)
+            self._checkpointer = module.Checkpointer(
+                self._place, self._client, master_addr=self._master_addr
+            )
         return self._checkpointer
 
     def _daemon_generation(self, generation: int) -> None:
@@ -254,14 +442,20 @@ def training_session(
     env = os.environ if env is None else env
     join_s = join_timeout_s or _seconds(env, "SHOAL_QUORUM_S", DEFAULT_QUORUM_S)
     collective_s = _seconds(env, "SHOAL_COLLECTIVE_S", DEFAULT_COLLECTIVE_S)
-    rendezvous = rendezvous_from_env(env)
+    reform = env.get(ENV_REFORM, "")
+    if reform not in ("", "restart", "in_place"):
+        raise ShoalError(f"{ENV_REFORM}={reform!r} must be in_place or restart")
+    after = env.get(ENV_AFTER_GENERATION, "")
+    if after and not after.isdigit():
+        raise ShoalError(f"{ENV_AFTER_GENERATION}={after!r} is not an integer >= 0")
+    rendezvous = None if after else rendezvous_from_env(env)
     client = DaemonClient.from_env(env) if env.get("SHOAL_DAEMON_URL") else None
     if rendezvous is None:
         client = client or DaemonClient.from_env(env)
         local_rank = env.get("LOCAL_RANK", "0")
         if not local_rank.isdigit():
             raise ShoalError(f"LOCAL_RANK={local_rank!r} is not an integer >= 0")
-        rendezvous = _wait_for_rank(client, int(local_rank), join_s)
+        rendezvous = _wait_for_rank(client, int(local_rank), join_s, int(after or -1))
     return TrainingSession(
         rendezvous,
         client,
@@ -269,4 +463,5 @@ def training_session(
         join_s=join_s,
         report_interval_s=report_interval_s,
         measure_compute=measure_compute,
+        in_place=reform == "in_place",
     )

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -24,7 +24,7 @@ from health import CheckFn, CheckResult, HealthStatus
 from node.errors import LauncherError
 from node.training.rendezvous import Rendezvous
 from node.training.spares import SparePool, start_worker
-from node.training.torchrun import node_place, training_env
+from node.training.torchrun import ENV_AFTER_GENERATION, node_place, training_env
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class TrainingLauncher(AsyncClosing):
         on_failure: Callable[[int, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         spares: SparePool | None = None,
+        in_place: bool = False,
     ) -> None:
         if not command:
             raise LauncherError("the training command is empty")
@@ -141,6 +142,11 @@ class TrainingLauncher(AsyncClosing):
         self._on_failure = on_failure
         self.spares = spares
         """Warm processes a worker starts in (node.training.spares), None: none."""
+        self.in_place = in_place
+        """training_reform: in_place: a new generation keeps the running workers (they re-form
+        their group themselves, shoal.session.reform); a worker that exits starts again alone."""
+        self._handed_over = asyncio.Event()
+        """Set by `apply` when a new generation was handed to running workers (in place)."""
         self._clock = clock
         self._failed_at: deque[float] = deque()
         self._lock = asyncio.Lock()
@@ -189,6 +195,14 @@ class TrainingLauncher(AsyncClosing):
             if wanted is not None and wanted.same_group(self._current):
                 self._current = wanted
                 return
+            if wanted is not None and self._hands_over(wanted):
+                log.info(
+                    "generation %s: handed to the running workers (in place)", wanted.generation
+                )
+                self._current = wanted
+                self._show([proc for _, proc in self._workers])
+                self._handed_over.set()
+                return
             await self._stop()
             self._current = wanted
             if wanted is None:
@@ -198,9 +212,20 @@ class TrainingLauncher(AsyncClosing):
             if not keep_failures:
                 self._failed_at.clear()
             self._stopping = asyncio.Event()
+            self._handed_over = asyncio.Event()
+            supervise = self._supervise_in_place if self.in_place else self._supervise
             self._task = asyncio.create_task(
-                self._supervise(wanted, self._stopping), name=f"training-gen{wanted.generation}"
+                supervise(wanted, self._stopping), name=f"training-gen{wanted.generation}"
             )
+
+    def _hands_over(self, wanted: Rendezvous) -> bool:
+        """In place: the workers running now take `wanted`'s generation themselves (this node
+        keeps its number of local ranks, and its supervisor is running)."""
+        if not self.in_place or self._task is None or self._task.done():
+            return False
+        if self._state not in (LauncherState.RUNNING, LauncherState.BACKOFF):
+            return False
+        return node_place(wanted).local_world_size == len(self._workers)
 
     def forgive(self) -> None:
         """Leave GAVE_UP for IDLE (the node offers itself for training again)."""
@@ -269,6 +294,123 @@ class TrainingLauncher(AsyncClosing):
             if not stopping.is_set():
                 self._restarts += 1
 
+    async def _supervise_in_place(self, rendezvous: Rendezvous, stopping: asyncio.Event) -> None:
+        """In place: start every local rank; then a worker that fails is told to the node
+        (`on_failure`, which asks for a new generation) and started again alone, waiting for a
+        generation above the one it failed in (SHOAL_AFTER_GENERATION); a new generation handed
+        over (`apply`) leaves the running workers alone, and kills those stopped (a hang: they
+        cannot re-form) to start them in it. Giving up stops them all, as `_supervise` does."""
+        loop = asyncio.get_running_loop()
+        size = node_place(rendezvous).local_world_size
+        procs: list[asyncio.subprocess.Process] = []
+        try:
+            for local_rank in range(size):
+                procs.append(await self._spawn(rendezvous, local_rank))
+        except OSError as exc:
+            self._last_error = f"cannot start {self.command[0]}: {exc}"
+            log.warning("generation %s: %s", rendezvous.generation, self._last_error)
+            await self._terminate(procs)
+            self._state = LauncherState.BACKOFF
+            return
+        finally:
+            self._show(procs)
+        self._state = LauncherState.RUNNING
+        self._starts += 1
+        started_at = [loop.time()] * size
+        failures = [0] * size
+        finished: set[int] = set()
+        retired: set[int] = set()
+        """pids this supervisor killed itself (stopped workers): their exit is no failure."""
+        try:
+            while True:
+                running = {i: p for i, p in enumerate(procs) if i not in finished}
+                exited = await _next_exit(running, stopping, self._handed_over)
+                if stopping.is_set():
+                    await self._terminate(list(running.values()))
+                    return
+                current = self._current or rendezvous
+                if self._handed_over.is_set():
+                    self._handed_over.clear()
+                    retired |= _kill_stopped(running.values(), current.generation)
+                for index in exited:
+                    proc, after = procs[index], None
+                    code = proc.returncode
+                    if proc.pid in retired:
+                        retired.discard(proc.pid)
+                    elif code == 0 and not self._restart_on_success:
+                        finished.add(index)
+                        if len(finished) == size:
+                            log.info(
+                                "generation %s: training command finished (exit 0)",
+                                current.generation,
+                            )
+                            self._last_exit_code, self._state = 0, LauncherState.DONE
+                            return
+                        continue
+                    else:
+                        self._last_exit_code = code
+                        self._last_error = (
+                            f"generation {current.generation}: training command exited "
+                            f"{code} (local rank {index}, pid {proc.pid})"
+                        )
+                        if code and self._on_failure is not None:
+                            self._on_failure(current.generation, self._last_error)
+                        if code and self._count_failure():
+                            await self._give_up(current.generation, procs)
+                            return
+                        healthy = loop.time() - started_at[index] >= self._healthy_after_s
+                        failures[index] = 1 if healthy else failures[index] + 1
+                        after = current.generation
+                        delay_s = (
+                            0.0
+                            if failures[index] == 1
+                            else restart_delay_s(
+                                failures[index] - 1, self._backoff_s, self._max_backoff_s
+                            )
+                        )
+                        log.warning(
+                            "%s; starting it again in %.1f s for the next generation",
+                            self._last_error,
+                            delay_s,
+                        )
+                        if delay_s:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(delay_s):
+                                    await stopping.wait()
+                            if stopping.is_set():
+                                await self._terminate([p for p in procs if p.returncode is None])
+                                return
+                        self._restarts += 1
+                    procs[index] = await self._spawn(
+                        self._current or current, index, after_generation=after
+                    )
+                    started_at[index] = loop.time()
+                    self._show(procs)
+        except asyncio.CancelledError:
+            for proc in procs:
+                _signal_group(proc, signal.SIGKILL)
+            raise
+
+    def _show(self, procs: Sequence[asyncio.subprocess.Process]) -> None:
+        """The workers `status` shows: each local rank's latest process, with its rank in the
+        current generation."""
+        current = self._current
+        if current is None or current.rank is None:
+            return
+        place = node_place(current)
+        self._workers = tuple((place.rank_of(i), proc) for i, proc in enumerate(procs))
+
+    async def _give_up(self, generation: int, procs: Sequence[asyncio.subprocess.Process]) -> None:
+        reason = (
+            f"training command failed {len(self._failed_at)} times in "
+            f"{self._failure_window_s:.0f} s; last: {self._last_error}"
+        )
+        log.error("generation %s: giving up: %s", generation, reason)
+        await self._terminate([proc for proc in procs if proc.returncode is None])
+        self._state, self._last_error = LauncherState.GAVE_UP, reason
+        if self._on_give_up is not None:
+            self._on_give_up(reason)
+
     def _count_failure(self) -> bool:
         """Record a failure now; True when `max_failures` fell within the window."""
         now = self._clock()
@@ -321,7 +463,12 @@ class TrainingLauncher(AsyncClosing):
             self._last_error += f" (local rank {local_rank}, rank {workers[local_rank][0]})"
         return exit_code
 
-    async def _spawn(self, rendezvous: Rendezvous, local_rank: int) -> asyncio.subprocess.Process:
+    async def _spawn(
+        self, rendezvous: Rendezvous, local_rank: int, *, after_generation: int | None = None
+    ) -> asyncio.subprocess.Process:
+        """Start worker `local_rank` of `rendezvous`; with `after_generation` (in place, a
+        worker started again before the next generation exists) it asks the daemon for its
+        rendezvous of a newer generation than that instead."""
         env = training_env(
             rendezvous,
             os.environ if self._env is None else self._env,
@@ -329,6 +476,8 @@ class TrainingLauncher(AsyncClosing):
             restart_count=self._restarts,
             max_restarts=self._max_failures - 1,
         )
+        if after_generation is not None:
+            env[ENV_AFTER_GENERATION] = str(after_generation)
         header = (
             f"=== shoal: generation {rendezvous.generation} rank {env['RANK']}/"
             f"{rendezvous.world_size} local rank {local_rank}/{env['LOCAL_WORLD_SIZE']} "
@@ -403,6 +552,47 @@ async def _first_failure(
         for future in exits:
             future.cancel()
     return failed
+
+
+async def _next_exit(
+    running: Mapping[int, asyncio.subprocess.Process],
+    stopping: asyncio.Event,
+    handed_over: asyncio.Event,
+) -> list[int]:
+    """Wait until a worker of `running` (by local rank) exits, `stopping` or `handed_over` is
+    set: the local ranks that exited (possibly none)."""
+    exits = {asyncio.ensure_future(proc.wait()): index for index, proc in running.items()}
+    events = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(handed_over.wait())]
+    try:
+        await asyncio.wait({*exits, *events}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in (*exits, *events):
+            future.cancel()
+    return sorted(index for index, proc in running.items() if proc.returncode is not None)
+
+
+def _is_stopped(pid: int) -> bool:
+    """True when process `pid` is stopped (SIGSTOP: state T in /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["T"]
+
+
+def _kill_stopped(procs: Iterable[asyncio.subprocess.Process], generation: int) -> set[int]:
+    """SIGKILL every worker that is stopped (a hang: it cannot re-form); their pids."""
+    killed: set[int] = set()
+    for proc in procs:
+        if proc.returncode is None and _is_stopped(proc.pid):
+            log.warning(
+                "generation %s: worker pid %s is stopped (hung); starting it again",
+                generation,
+                proc.pid,
+            )
+            _signal_group(proc, signal.SIGKILL)
+            killed.add(proc.pid)
+    return killed
 
 
 def _signal_group(proc: asyncio.subprocess.Process, signum: signal.Signals) -> None:

@@ -96,6 +96,7 @@ class Launching:
             cuda_env(runtime.owned_gpus) if restricts_gpus(settings.gpus) else {},
             settings.timeouts,
             checkpoint_dir=settings.checkpoint_dir,
+            reform=settings.training_reform,
         )
         spares = None
         if settings.training_spares:
@@ -118,6 +119,7 @@ class Launching:
             on_give_up=self._cannot_train,
             on_failure=self._failed,
             spares=spares,
+            in_place=settings.training_reform == "in_place",
         )
         return self.launcher
 

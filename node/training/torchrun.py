@@ -15,6 +15,11 @@ from node.training.rendezvous import ENV_DAEMON_URL, Rendezvous
 
 ENV_CHECKPOINT_DIR = "SHOAL_CHECKPOINT_DIR"
 """Where the training workers write their checkpoints (shoal.checkpoint reads it)."""
+ENV_REFORM = "SHOAL_REFORM"
+"""The node's `training_reform` (shoal.session reads it: `in_place` re-forms in place)."""
+ENV_AFTER_GENERATION = "SHOAL_AFTER_GENERATION"
+"""In place, a worker started again before the next generation exists: shoal.session asks the
+daemon for a rendezvous of a generation above this one instead of reading RANK."""
 ROLE_NAME = "default"
 """torchrun's role name when none is given (`--role`)."""
 
@@ -162,6 +167,7 @@ def training_base_env(
     timeouts: Timeouts | None = None,
     *,
     checkpoint_dir: Path | None = None,
+    reform: str = "restart",
 ) -> dict[str, str]:
     """What every training worker of the daemon starts from (the launcher adds the torchrun
     variables): the daemon's environment, then `gpu_env` (config.cuda_env of the GPUs the node
@@ -169,7 +175,7 @@ def training_base_env(
     `timeouts`, which shoal.training_session forms its group with), then the `training_env`
     setting (an operator's own CUDA_VISIBLE_DEVICES wins, as a job's does), then
     SHOAL_DAEMON_URL and, when given, SHOAL_CHECKPOINT_DIR (the node's checkpoint directory:
-    the daemon's, never overridden)."""
+    the daemon's, never overridden), and SHOAL_REFORM (the node's `training_reform`)."""
     timing = (
         {}
         if timeouts is None
@@ -179,6 +185,7 @@ def training_base_env(
         }
     )
     env = {**inherited, **gpu_env, **timing, **training_env, ENV_DAEMON_URL: daemon_url}
+    env[ENV_REFORM] = reform
     if checkpoint_dir is not None:
         env[ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
     return env

@@ -44,6 +44,7 @@ def record(event: str) -> None:
         "t": time.monotonic(),
         "cwd": os.getcwd(),
         "extra": os.environ.get("CHILD_EXTRA"),
+        "after": os.environ.get("SHOAL_AFTER_GENERATION"),
         "env": {key: os.environ.get(key) for key in KEYS},
     }
     with open(os.environ["CHILD_OUT"], "a", encoding="utf-8") as out:

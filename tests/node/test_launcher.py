@@ -540,3 +540,94 @@ async def test_a_worker_that_finishes_waits_for_the_others(tmp_path: Path, out: 
         os.kill(status.workers[1].pid, signal.SIGTERM)
         await wait_until(lambda: runner.status.state is LauncherState.DONE)
         assert len(events(out, "start")) == 2
+
+
+def starts_of(out: Path, local_rank: str) -> list[dict[str, Any]]:
+    return [event for event in events(out, "start") if event["env"]["LOCAL_RANK"] == local_rank]
+
+
+async def test_in_place_a_new_generation_is_handed_to_the_running_workers(
+    tmp_path: Path, out: Path
+) -> None:
+    async with launcher(tmp_path, out, in_place=True) as runner:
+        await runner.apply(node_rdv(generation=1, node_rank=0))
+        await wait_until(lambda: len(events(out, "start")) == 2)
+        pids = [w.pid for w in runner.status.workers]
+        await runner.apply(node_rdv(generation=2, node_rank=1))  # its ranks move: 2 and 3
+        await asyncio.sleep(0.5)
+        assert len(events(out, "start")) == 2 and not events(out, "term")
+        status = runner.status
+        assert status.generation == 2
+        assert [(w.rank, w.pid) for w in status.workers] == [(2, pids[0]), (3, pids[1])]
+        # a different number of local ranks cannot be handed over: they start again
+        await runner.apply(node_rdv(generation=3, node_rank=0, local_world_size=1, rank=0))
+        await wait_until(lambda: len(events(out, "start")) == 3)
+        assert sorted(event["pid"] for event in events(out, "term")) == sorted(pids)
+
+
+async def test_in_place_a_failed_worker_starts_again_alone_for_the_next_generation(
+    tmp_path: Path, out: Path
+) -> None:
+    failed: list[tuple[int, str]] = []
+    async with launcher(
+        tmp_path,
+        out,
+        in_place=True,
+        child_env={"CHILD_MODE_1": "crash-once"},
+        on_failure=lambda generation, error: failed.append((generation, error)),
+    ) as runner:
+        await runner.apply(node_rdv(generation=4, node_rank=0))
+        await wait_until(lambda: len(starts_of(out, "1")) == 2)
+        first, again = starts_of(out, "1")
+        assert (first["after"], again["after"]) == (None, "4")
+        assert again["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+        assert len(starts_of(out, "0")) == 1 and not events(out, "term")
+        assert failed == [
+            (4, f"generation 4: training command exited 3 (local rank 1, pid {first['pid']})")
+        ]
+        status = runner.status
+        assert (status.failures, status.restarts, status.state) == (1, 1, LauncherState.RUNNING)
+        assert [w.pid for w in status.workers] == [starts_of(out, "0")[0]["pid"], again["pid"]]
+
+
+async def test_in_place_a_stopped_worker_is_killed_and_started_in_the_handed_generation(
+    tmp_path: Path, out: Path
+) -> None:
+    failed: list[tuple[int, str]] = []
+    async with launcher(
+        tmp_path,
+        out,
+        in_place=True,
+        on_failure=lambda generation, error: failed.append((generation, error)),
+    ) as runner:
+        await runner.apply(node_rdv(generation=1, node_rank=0))
+        await wait_until(lambda: len(events(out, "start")) == 2)
+        hung = starts_of(out, "1")[0]["pid"]
+        os.kill(hung, signal.SIGSTOP)
+        stat = Path(f"/proc/{hung}/stat")
+        await wait_until(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T")
+        await runner.apply(node_rdv(generation=2, node_rank=0))
+        await wait_until(lambda: len(starts_of(out, "1")) == 2)
+        assert gone(hung)
+        again = starts_of(out, "1")[1]
+        assert (again["after"], again["env"]["SHOAL_GENERATION"]) == (None, "2")
+        assert len(starts_of(out, "0")) == 1
+        assert failed == [] and runner.status.failures == 0
+
+
+async def test_in_place_giving_up_stops_every_worker(tmp_path: Path, out: Path) -> None:
+    reasons: list[str] = []
+    async with launcher(
+        tmp_path,
+        out,
+        in_place=True,
+        child_env={"CHILD_MODE_1": "crash"},
+        max_failures=2,
+        on_give_up=reasons.append,
+    ) as runner:
+        await runner.apply(node_rdv(generation=1, node_rank=0))
+        await wait_until(lambda: runner.status.state is LauncherState.GAVE_UP)
+        survivor = starts_of(out, "0")[0]["pid"]
+        await wait_until(lambda: gone(survivor))
+        assert len(starts_of(out, "1")) == 2 and len(starts_of(out, "0")) == 1
+        assert reasons and "failed 2 times" in reasons[0]
