@@ -100,6 +100,12 @@ def train_step(
     return float(loss.item())
 
 
+def digest(model: torch.nn.Module) -> float:
+    """The sum of the model's weights: equal on every rank of a group that holds one state."""
+    with torch.no_grad():
+        return round(float(sum(p.double().sum() for p in model.parameters())), 9)
+
+
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=0, help="stop after this step (0: never)")
@@ -135,6 +141,7 @@ def main() -> None:
             rank=session.rank,
             world=session.world_size,
             seconds=round(time.monotonic() - started, 3),
+            digest=digest(model),
         )
         while not args.steps or step < args.steps:
             try:
@@ -154,6 +161,7 @@ def main() -> None:
                     world=session.world_size,
                     source=session.last_reform.source if session.last_reform else None,
                     seconds=round(time.monotonic() - started, 3),
+                    digest=digest(model),
                 )
                 continue
             step += 1

@@ -27,6 +27,23 @@ __all__ = ["TrainingGroup", "choose_backend", "interface_towards", "torch_module
 log = logging.getLogger(__name__)
 
 
+RELEASE_MARGIN_S = 5.0
+"""A left group is released this long after its collective timeout (shoal.group.release_later)."""
+
+
+def release_later(objects: list[Any], after_s: float) -> threading.Thread:
+    """Drop the last references to `objects` (left process groups) after `after_s`, in a daemon
+    thread: their destructors then run there, never in the training thread."""
+
+    def hold() -> None:
+        time.sleep(after_s)
+        objects.clear()
+
+    thread = threading.Thread(target=hold, name="shoal-release-groups", daemon=True)
+    thread.start()
+    return thread
+
+
 def torch_modules() -> tuple[Any, Any]:
     """torch and torch.distributed, imported on first use without NumPy's import warning;
     GroupError when torch or torch.distributed is missing."""
@@ -259,10 +276,17 @@ class TrainingGroup:
         _, dist = torch_modules()
         if not dist.is_initialized():
             return
+        # A gloo group's destructor joins its worker thread, which waits out an operation given
+        # up on (a peer stopped) until the collective timeout: keep every group alive past it,
+        # off the training thread, so leaving is immediate.
+        world = getattr(dist.distributed_c10d, "_world", None)
+        groups = list(getattr(world, "pg_map", {}) or {})
         try:
             dist.destroy_process_group()
         except (RuntimeError, ValueError) as exc:
             log.warning("destroying the process group failed: %s", exc)
+        if groups:
+            release_later(groups, self.collective_timeout_s + RELEASE_MARGIN_S)
 
     def report_error(self, exc: BaseException) -> None:
         """Record a background thread's failure (the first one stays until taken)."""

@@ -65,6 +65,9 @@ class TrainingCluster:
         base: Path,
         slow: dict[str, float],
         hang_s: float = HANG_S,
+        *,
+        command: list[str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.cluster = cluster
         self.out = base / "workers.jsonl"
@@ -90,7 +93,7 @@ class TrainingCluster:
                 "backend": "gloo",
                 "gpus": "none",
                 "training_nproc": 2,
-                "training_command": [sys.executable, str(script)],
+                "training_command": command or [sys.executable, str(script)],
                 "training_env": {
                     "WORKER_OUT": str(self.out),
                     "TRAIN_SLOW": str(slow.get(host.name, 1)),
@@ -100,6 +103,7 @@ class TrainingCluster:
                 "training_hang_s": hang_s,
                 "straggler_window": WINDOW,
                 "timeouts": TIMEOUTS,
+                **(extra or {}),
             }
             config = host.data_dir / "shoal.yaml"
             config.write_text(yaml.safe_dump(settings))
