@@ -63,6 +63,12 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-s", type=float, default=10.0)
     parser.add_argument("--hang-s", type=float, default=6.0, help="shoal's training_hang_s")
     parser.add_argument("--collective-s", type=float, default=10.0)
+    parser.add_argument(
+        "--reform",
+        choices=("in_place", "restart"),
+        default="in_place",
+        help="shoal's training_reform: keep running workers (in_place) or start all again",
+    )
     parser.add_argument("--start-s", type=float, default=300.0, help="bound on the first step")
     parser.add_argument("--keep", type=Path, default=None, help="keep progress and logs here")
     args = parser.parse_args(argv)
@@ -169,7 +175,7 @@ def run_system(
         progress.mkdir()
         shared.mkdir()
         settings = BenchSettings(
-            args.step_s, args.save_s, args.hang_s, args.collective_s, progress, shared
+            args.step_s, args.save_s, args.hang_s, args.collective_s, progress, shared, args.reform
         )
         system = kind(cluster, settings, cluster.hosts[: args.hosts])
         try:
@@ -214,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "save_s": args.save_s,
         "hang_s": args.hang_s,
         "collective_s": args.collective_s,
+        "reform": args.reform,
         "fault_every_s": args.every_s,
         "planned": [{"kind": f.kind.value, "host": f"h{f.host}", "at": f.at_s} for f in planned],
         "machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()},

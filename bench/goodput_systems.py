@@ -46,6 +46,8 @@ class BenchSettings:
     collective_s: float
     progress: Path
     shared: Path
+    reform: str = "in_place"
+    """shoal's training_reform."""
 
 
 def script_argv(settings: BenchSettings, host: Host) -> list[str]:
@@ -206,6 +208,7 @@ class ShoalSystem(System):
                 "gpu_quarantine_limit": 1000,
                 "checkpoint_copy_after_s": 5.0,
                 "training_spares": 1,
+                "training_reform": settings.reform,
                 "timeouts": {"collective_s": settings.collective_s, "quorum_s": 60.0},
             }
             (self.configs / f"{host.name}.json").write_text(json.dumps(config), encoding="utf-8")

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from shoal.group import TrainingGroup
     from shoal.guard import GroupChanged
     from shoal.place import RankPlace
-    from shoal.session import TrainingSession, training_session
+    from shoal.session import Reform, TrainingSession, training_session
 
 __all__ = [
     "CheckpointError",
@@ -39,6 +39,7 @@ __all__ = [
     "GroupChanged",
     "GroupError",
     "RankPlace",
+    "Reform",
     "SessionError",
     "ShoalError",
     "TrainingGroup",
@@ -57,6 +58,7 @@ _LAZY = {
     "GroupChanged": "shoal.guard",
     "RankPlace": "shoal.place",
     "TrainingGroup": "shoal.group",
+    "Reform": "shoal.session",
     "TrainingSession": "shoal.session",
     "training_session": "shoal.session",
 }
