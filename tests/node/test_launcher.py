@@ -555,7 +555,8 @@ async def test_in_place_a_new_generation_is_handed_to_the_running_workers(
         pids = [w.pid for w in runner.status.workers]
         await runner.apply(node_rdv(generation=2, node_rank=1))  # its ranks move: 2 and 3
         await asyncio.sleep(0.5)
-        assert len(events(out, "start")) == 2 and not events(out, "term")
+        assert len(events(out, "start")) == 2
+        assert not events(out, "term")
         status = runner.status
         assert status.generation == 2
         assert [(w.rank, w.pid) for w in status.workers] == [(2, pids[0]), (3, pids[1])]
@@ -581,7 +582,8 @@ async def test_in_place_a_failed_worker_starts_again_alone_for_the_next_generati
         first, again = starts_of(out, "1")
         assert (first["after"], again["after"]) == (None, "4")
         assert again["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
-        assert len(starts_of(out, "0")) == 1 and not events(out, "term")
+        assert len(starts_of(out, "0")) == 1
+        assert not events(out, "term")
         assert failed == [
             (4, f"generation 4: training command exited 3 (local rank 1, pid {first['pid']})")
         ]
@@ -612,7 +614,8 @@ async def test_in_place_a_stopped_worker_is_killed_and_started_in_the_handed_gen
         again = starts_of(out, "1")[1]
         assert (again["after"], again["env"]["SHOAL_GENERATION"]) == (None, "2")
         assert len(starts_of(out, "0")) == 1
-        assert failed == [] and runner.status.failures == 0
+        assert failed == []
+        assert runner.status.failures == 0
 
 
 async def test_in_place_giving_up_stops_every_worker(tmp_path: Path, out: Path) -> None:
@@ -629,5 +632,7 @@ async def test_in_place_giving_up_stops_every_worker(tmp_path: Path, out: Path) 
         await wait_until(lambda: runner.status.state is LauncherState.GAVE_UP)
         survivor = starts_of(out, "0")[0]["pid"]
         await wait_until(lambda: gone(survivor))
-        assert len(starts_of(out, "1")) == 2 and len(starts_of(out, "0")) == 1
-        assert reasons and "failed 2 times" in reasons[0]
+        assert len(starts_of(out, "1")) == 2
+        assert len(starts_of(out, "0")) == 1
+        assert reasons
+        assert "failed 2 times" in reasons[0]

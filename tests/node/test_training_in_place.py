@@ -12,6 +12,7 @@ redone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -68,10 +69,8 @@ def in_place(loopback_cluster: LoopbackClusterFactory, tmp_path: Path) -> Iterat
     finally:
         cluster.close()
         for line in cluster.lines("start"):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(line["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def check_reformed_in_place(
@@ -101,12 +100,14 @@ def check_reformed_in_place(
     restored = [line for line in cluster.lines("restored") if line["generation"] == new_generation]
     # the survivors re-formed in their own processes; only the victim's place started again
     assert {line["pid"] for line in reformed} == survivors, (reformed, survivors)
-    assert len(restored) == 1 and restored[0]["pid"] not in survivors | {victim}, restored
+    assert len(restored) == 1, restored
+    assert restored[0]["pid"] not in survivors | {victim}, restored
     joined = reformed + restored
     assert sorted(line["rank"] for line in joined) == list(range(6)), joined
     # every rank went on from one live step, the newest any held, with the same weights
     steps = {line["step"] for line in joined}
-    assert len(steps) == 1 and steps.pop() >= before, (joined, before)
+    assert len(steps) == 1, (joined, before)
+    assert steps.pop() >= before, (joined, before)
     assert len({line["digest"] for line in joined}) == 1, joined
     assert restored[0]["seconds"] < 30
     assert {line["source"] for line in reformed} <= {"memory", "peer"}

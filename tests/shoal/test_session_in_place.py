@@ -83,22 +83,30 @@ def env_of(daemon: StandInDaemon, **more: str) -> dict[str, str]:
     }
 
 
+def all_reduce_for(seconds: float) -> None:
+    """All-reduce again and again for `seconds` (until a collective raises)."""
+    torch, dist = torch_modules()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.05)
+
+
 def test_a_newer_generation_makes_the_collective_give_way_and_reform_keeps_the_state(
     daemon: StandInDaemon,
 ) -> None:
     torch, dist = torch_modules()
     state: dict[str, Any] = {"weights": torch.full((3,), 5.0)}
     with training_session(env=env_of(daemon)) as session:
-        assert isinstance(session, TrainingSession) and session.in_place
+        assert isinstance(session, TrainingSession)
+        assert session.in_place
         assert session.restore(state) is None  # nothing live, nothing committed
-        assert session.last_reform is not None and session.last_reform.source == "checkpoint"
+        assert session.last_reform is not None
+        assert session.last_reform.source == "checkpoint"
         dist.all_reduce(torch.ones(1))  # the group works
         daemon.generation = 4
-        deadline = time.monotonic() + 10
         with pytest.raises(GroupChanged, match="generation 3 is superseded"):
-            while time.monotonic() < deadline:
-                dist.all_reduce(torch.ones(1))
-                time.sleep(0.05)
+            all_reduce_for(10.0)
         assert session.reform(state, 41) == 41
         assert session.generation == 4
         reform = session.last_reform
@@ -107,7 +115,8 @@ def test_a_newer_generation_makes_the_collective_give_way_and_reform_keeps_the_s
         assert torch.equal(state["weights"], torch.full((3,), 5.0))
         value = torch.ones(1)
         dist.all_reduce(value)  # the new group works, and does not give way
-        assert value.item() == 1.0 and not session.superseded()
+        assert value.item() == 1.0
+        assert not session.superseded()
 
 
 def test_a_replacement_waits_for_a_generation_above_the_one_it_failed_in(
