@@ -8,6 +8,7 @@ import errno
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -58,6 +59,25 @@ PICK_ERRORS = (
 RETRIED_FENCES = frozenset({"fence_refused", "fence_ahead"})
 """A member's refusal of the gang's fence that a retry may lift: it has not applied the plan yet
 (its start route's own check, or node.identity's check of a `fenced` route)."""
+STALE_FENCE = "stale_fence"
+"""A member's refusal of the gang's fence as older than its plan: only a new pick lifts it."""
+FENCE_REFUSALS = RETRIED_FENCES | {STALE_FENCE}
+"""Every refusal of a request's fence (409) by a node that applies another plan."""
+
+
+@dataclass(frozen=True)
+class MemberFailure:
+    """A member that could not start: its row, why, and the member's error code (None when it
+    did not answer with one)."""
+
+    row: GangMember
+    reason: str
+    code: str | None
+
+    @property
+    def stale_fence(self) -> bool:
+        """Whether the member refused the pick's fence as stale (the plan moved on)."""
+        return self.code == STALE_FENCE
 
 
 class PickBody(BaseModel):
@@ -99,6 +119,15 @@ def check_member_fence(plan: RolePlan | None, header: str | None) -> None:
         raise JobError(409, code, f"gang member start refused: {result.reason}")
 
 
+def fence_is_newer(fence: str, than: str) -> bool:
+    """Whether plan fence `fence` (term.version) is newer than `than`; False when either is
+    malformed."""
+    try:
+        return PlanFence.from_header(fence) > PlanFence.from_header(than)
+    except PlanError:
+        return False
+
+
 def member_url(runtime: NodeRuntime, node_id: str) -> str:
     """The base URL of `node_id` in this node's membership view; JobError 503 when absent."""
     members = runtime.membership.members() if runtime.membership is not None else []
@@ -136,7 +165,7 @@ class MemberStarts:
             for key in ("name", "argv", "env", "cwd", "timeout_s", "role", "env_from")
         }
 
-    async def start_one(self, rank: int, master_port: int) -> tuple[str | None, Any]:
+    async def start_one(self, rank: int, master_port: int) -> tuple[str | None, str | None]:
         """(None, None) once member `rank` started, else (the reason, the member's error code)."""
         row = self.rows[rank]
         gang = {
@@ -160,19 +189,20 @@ class MemberStarts:
                 state = answer.get("state", JobState.RUNNING.value)
                 self.rows[rank] = row.model_copy(update={"state": JobState(state)})
                 return None, None
-            code = answer.get("error") if isinstance(answer, dict) else None
+            error = answer.get("error") if isinstance(answer, dict) else None
+            code = error if isinstance(error, str) else None
             if code in RETRIED_FENCES and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)  # the member has not applied the plan yet
                 continue
             reason = answer.get("reason", answer) if isinstance(answer, dict) else answer
             return f"HTTP {status}: {reason}", code
 
-    async def start_master(self, base_port: int) -> tuple[int, str | None]:
+    async def start_master(self, base_port: int) -> tuple[int, MemberFailure | None]:
         """Start member 0 on the first candidate port free on its host: (the master port, None)
-        once started, else (the last port tried, why it failed)."""
+        once started, else (the last port tried, member 0's failure)."""
         tried: list[int] = []
         error: str | None = None
-        code: Any = None
+        code: str | None = None
         master_port = gang_master_port(base_port, self._gang_id)
         for attempt in range(GANG_PORT_ATTEMPTS):
             master_port = gang_master_port(base_port, self._gang_id, attempt)
@@ -182,15 +212,17 @@ class MemberStarts:
             tried.append(master_port)
         if code == "master_port_busy":
             ports = ", ".join(map(str, tried))
-            return master_port, f"gang master ports {ports} are all in use there"
-        return master_port, error
+            error = f"gang master ports {ports} are all in use there"
+        if error is None:
+            return master_port, None
+        return master_port, MemberFailure(self.rows[0], error, code)
 
-    async def start_rest(self, master_port: int) -> list[tuple[GangMember, str]]:
+    async def start_rest(self, master_port: int) -> list[MemberFailure]:
         """Start the members after 0 with `master_port`: the failed ones, with why."""
         rest = self.rows[1:]
         results = await asyncio.gather(*(self.start_one(row.rank, master_port) for row in rest))
         return [
-            (row, reason)
-            for row, (reason, _) in zip(rest, results, strict=True)
+            MemberFailure(row, reason, code)
+            for row, (reason, code) in zip(rest, results, strict=True)
             if reason is not None
         ]

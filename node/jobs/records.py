@@ -372,13 +372,15 @@ class GangMember(WireRecord):
 class GangRecord(WireRecord):
     """A gang job's own record on the node that received it (`gang.json`, and the job
     record's `gang`): its members in rank order, the plan fence they were started under, when
-    every member ran, and member 0's MASTER_PORT. A field not yet given is left out of the JSON
-    (a gang reserved but not yet picked has only `members` and `started_at`)."""
+    every member ran, member 0's MASTER_PORT, and the start attempt the members belong to (0, or
+    later ones after a member refused a stale fence). A field not yet given is left out of the
+    JSON (a gang reserved but not yet picked has only `members` and `started_at`)."""
 
     members: tuple[GangMember, ...] = ()
     fence: str | None = None
     started_at: Number | None = None
     master_port: int | None = None
+    attempt: int | None = None
 
     @model_serializer(mode="wrap")
     def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

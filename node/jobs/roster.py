@@ -14,6 +14,12 @@ GANG_PORT_BASE_OFFSET = 1500
 GANG_PORT_SPAN = 1000
 GANG_PORT_ATTEMPTS = 8
 """Candidate MASTER_PORTs a gang tries on member 0's host before it gives up."""
+GANG_START_ATTEMPTS = 3
+"""Picks a gang start makes when a member refuses the pick's fence as stale (the plan moved on
+between the coordinator's pick and the member's start), each with member job ids of its own."""
+GANG_RESTART_S = 5.0
+"""No new start attempt of a gang begins this long after its first pick (the start answers the
+caller within its HTTP request timeout)."""
 
 
 def gang_master_port(base_port: int, gang_id: str, attempt: int = 0) -> int:
@@ -64,8 +70,11 @@ def pick_members(
     ]
 
 
-def member_job_id(gang_id: str, rank: int) -> str:
-    return f"{gang_id}.{rank}"
+def member_job_id(gang_id: str, rank: int, attempt: int = 0) -> str:
+    """The job id of member `rank` in start attempt `attempt` (0, 1, ...) of gang `gang_id`:
+    `<gang>.<rank>` in the first, `<gang>.<rank>.a<attempt>` in a later one, so a member of a
+    stopped attempt is never taken for a member of the next."""
+    return f"{gang_id}.{rank}" if attempt == 0 else f"{gang_id}.{rank}.a{attempt}"
 
 
 def gang_outcome(
