@@ -71,6 +71,8 @@ class CollectiveGuard:
         self._clock = clock
         self._thread: int | None = None
         self._installed: list[tuple[Any, str, Any]] = []
+        self.last_change: GroupChanged | None = None
+        """The last GroupChanged this guard raised."""
 
     def install(self, dist: Any) -> None:
         """Guard the GUARDED collectives of `dist` (torch.distributed) and its distributed_c10d
@@ -104,7 +106,7 @@ class CollectiveGuard:
             try:
                 work = fn(*args, **{**kwargs, "async_op": True})
             except RuntimeError as exc:  # DistBackendError is one: the group is broken
-                raise GroupChanged(f"{name} failed: {_first_line(exc)}") from exc
+                raise self._changed(f"{name} failed: {_first_line(exc)}") from exc
             if work is not None:  # None: this rank is not in the group it was called on
                 self.wait(work, name)
             return None
@@ -116,7 +118,7 @@ class CollectiveGuard:
         """Raise GroupChanged when `give_way` says so."""
         reason = self._give_way()
         if reason is not None:
-            raise GroupChanged(reason)
+            raise self._changed(reason)
 
     def wait(self, work: Any, name: str) -> None:
         """Wait for `work` (a torch.distributed Work): return when it succeeded; GroupChanged
@@ -127,11 +129,15 @@ class CollectiveGuard:
         while not done.wait(self._poll_s):
             self.check()
             if self._clock() >= deadline:
-                raise GroupChanged(f"{name} did not finish within {self.timeout_s:g} s")
+                raise self._changed(f"{name} did not finish within {self.timeout_s:g} s")
         try:
             work.wait()
         except RuntimeError as exc:
-            raise GroupChanged(f"{name} failed: {_first_line(exc)}") from exc
+            raise self._changed(f"{name} failed: {_first_line(exc)}") from exc
+
+    def _changed(self, reason: str) -> GroupChanged:
+        self.last_change = GroupChanged(reason)
+        return self.last_change
 
 
 def _first_line(exc: BaseException) -> str:

@@ -29,6 +29,8 @@ MAX_PENDING = 1024
 MAX_BATCH = 512
 """Reports per POST (the daemon's body model allows as many)."""
 POST_TIMEOUT_S = 2.0
+BROKEN_CHARS = 300
+"""A `broken` reason is cut to this (node.training.models.MAX_DETAIL_CHARS)."""
 
 Report = tuple[int, float, float | None, Mapping[str, float]]
 """(step, unix time, compute_s, scalars)."""
@@ -90,6 +92,20 @@ class Reporter:
         reported in the old place and is sent as such first."""
         self._post_pending()
         self._place = place
+
+    def broken(self, reason: str) -> None:
+        """Tell the daemon now that this rank's group broke under it (what is queued goes
+        first); never raises."""
+        self._post_pending()
+        client = self._client
+        if client is None:
+            return
+        body = self._body([])
+        body["broken"] = reason[:BROKEN_CHARS]
+        try:
+            client.request("POST", REPORTS_PATH, body, timeout_s=POST_TIMEOUT_S)
+        except (DaemonUnreachableError, DaemonAnswerError) as exc:
+            log.warning("shoal: cannot tell the daemon that the group broke: %s", exc)
 
     def flush(self) -> None:
         """Post what is queued now (from the calling thread)."""

@@ -259,6 +259,11 @@ class TrainingSession:
 
     def _join_next(self) -> None:
         """Leave this generation's group and form the next one the daemon gives this rank."""
+        if not self._superseded.is_set():
+            # the group broke here first (a peer's process or host died): the daemon may not
+            # know yet, when nothing of that peer's node is left to tell it
+            change = self._guard.last_change if self._guard is not None else None
+            self._reporter.broken(change.reason if change is not None else "reform asked")
         deadline = time.monotonic() + self.group.join_timeout_s
         leaving = self._place.generation
         self._drop_checkpointer()

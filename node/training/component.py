@@ -91,6 +91,8 @@ class TrainingComponent:
         self.watch_health = LoopHealth("training_watch")
         """The coordinator's judgement of the group, each round (its health component)."""
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._broken: int | None = None
+        """The generation a rank last reported broken (one restart asked per generation)."""
         self._gpus: dict[int, str] = {}
         self.gpu_ring = GpuRing()
         """This node's owned GPUs' last 15 minutes (utilization, memory), served with the
@@ -157,7 +159,13 @@ class TrainingComponent:
         """Keep a process's reports (POST /v1/training/reports)."""
         self._follow_plan()
         accepted = self.store.accept(body)
-        return ReportsAnswer(accepted=accepted, generation=self.store.generation)
+        current = self.store.generation
+        if body.broken and body.generation == current and self._broken != current:
+            # an in-place rank's group broke (a peer's worker died with its host, say): ask for
+            # the next generation once, as the launcher does for an exited worker
+            self._broken = current
+            self._worker_failed(current, f"rank {body.rank}: {body.broken}")
+        return ReportsAnswer(accepted=accepted, generation=current)
 
     def _follow_plan(self) -> None:
         """The store follows the plan this node holds (its listener hears of a plan only once

@@ -67,6 +67,13 @@ class ReportsBody(BaseModel):
     pid: Count
     dropped: Count = Field(default=0, description="reports the process dropped since its last")
     reports: list[Report] = Field(max_length=MAX_REPORTS)
+    broken: str = Field(
+        default="",
+        max_length=MAX_DETAIL_CHARS,
+        description="the process's group of `generation` broke under it (a collective failed; "
+        "training_reform: in_place): why. The node asks the coordinator for a new generation, "
+        "as for a worker that exited",
+    )
 
 
 class ReportsAnswer(WireRecord):

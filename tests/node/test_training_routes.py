@@ -172,3 +172,39 @@ def test_shoal_training_exits_1_when_the_node_is_unreachable() -> None:
     result = CliRunner().invoke(app, ["training", "--node", f"http://127.0.0.1:{port}"], env=env)
     assert result.exit_code == 1, result.output
     assert f"127.0.0.1:{port}" in result.output
+
+
+async def test_a_rank_reporting_its_group_broken_moves_the_group_on_once(tmp_path: Path) -> None:
+    settings = test_settings(tmp_path, "solo", **FAST_ELECTION, role="training", backend="gloo")
+    async with NodeDaemon(settings) as daemon:
+        client = DaemonClient(f"http://127.0.0.1:{daemon.port}")
+
+        def call(method: str, path: str, body: Any = None) -> Any:
+            return asyncio.to_thread(client.request, method, path, body)
+
+        async def generation() -> int | None:
+            answer = await call("GET", "/v1/rendezvous")
+            return None if answer.get("rank") is None else answer.get("generation")
+
+        first = await async_wait_until(
+            generation, 20, message="a plan with a rank", retry_on=(DaemonAnswerError,)
+        )
+        broken = reports(first, 0, broken="all_reduce failed: Connection reset by peer")
+        assert (await call("POST", "/v1/training/reports", broken))["generation"] == first
+        await call("POST", "/v1/training/reports", broken)  # the next rank's: one restart still
+
+        async def moved() -> int | None:
+            now = await generation()
+            return now if now is not None and now > first else None
+
+        second = await async_wait_until(moved, 20, message="a new generation")
+        await asyncio.sleep(1.0)
+        assert await generation() == second, "one restart for one broken generation"
+        [restart] = (await call("GET", "/v1/training"))["restarts"]
+        assert restart["reason"] == "worker_exit"
+        assert "rank 0: all_reduce failed: Connection reset by peer" in restart["detail"]
+        stale = await call("POST", "/v1/training/reports", broken)  # an older generation
+        assert stale["generation"] == second
+        await asyncio.sleep(1.0)
+        assert await generation() == second
+        client.close()

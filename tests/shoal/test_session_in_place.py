@@ -30,6 +30,7 @@ class StandInDaemon:
         self.generation = generation
         self.ports: dict[int, int] = {}
         self.asked: list[str] = []
+        self.broken: list[str] = []
         self.lock = threading.Lock()
 
     def answer(self) -> dict[str, Any]:
@@ -51,6 +52,9 @@ class StandInDaemon:
         self.asked.append(f"{method} {path}")
         if method == "GET" and path.startswith("/v1/rendezvous"):
             return self.answer()
+        if (body or {}).get("broken"):  # as a coordinator does: the next generation
+            self.broken.append(body["broken"])
+            self.generation = body["generation"] + 1
         return {"accepted": len((body or {}).get("reports", [])), "generation": self.generation}
 
     def close(self) -> None:
@@ -117,6 +121,20 @@ def test_a_newer_generation_makes_the_collective_give_way_and_reform_keeps_the_s
         dist.all_reduce(value)  # the new group works, and does not give way
         assert value.item() == 1.0
         assert not session.superseded()
+
+
+def test_a_group_that_broke_here_first_asks_the_daemon_for_the_next_generation(
+    daemon: StandInDaemon,
+) -> None:
+    torch, _ = torch_modules()
+    state: dict[str, Any] = {"weights": torch.zeros(2)}
+    with training_session(env=env_of(daemon)) as session:
+        session.restore(state)
+        assert session._guard is not None  # the test fails a collective as a dead peer would
+        session._guard._changed("all_reduce failed: Connection reset by peer")
+        assert session.reform(state, 12) == 12
+        assert daemon.broken == ["all_reduce failed: Connection reset by peer"]
+        assert session.generation == 4
 
 
 def test_a_replacement_waits_for_a_generation_above_the_one_it_failed_in(
