@@ -303,17 +303,12 @@ class TrainingLauncher(AsyncClosing):
         loop = asyncio.get_running_loop()
         size = node_place(rendezvous).local_world_size
         procs: list[asyncio.subprocess.Process] = []
-        try:
-            for local_rank in range(size):
-                procs.append(await self._spawn(rendezvous, local_rank))
-        except OSError as exc:
-            self._last_error = f"cannot start {self.command[0]}: {exc}"
-            log.warning("generation %s: %s", rendezvous.generation, self._last_error)
-            await self._terminate(procs)
-            self._state = LauncherState.BACKOFF
-            return
-        finally:
-            self._show(procs)
+        for local_rank in range(size):
+            proc = await self._start_slot(rendezvous, local_rank, None, procs, stopping)
+            if proc is None:
+                return
+            procs.append(proc)
+        self._show(procs)
         self._state = LauncherState.RUNNING
         self._starts += 1
         started_at = [loop.time()] * size
@@ -381,15 +376,50 @@ class TrainingLauncher(AsyncClosing):
                                 await self._terminate([p for p in procs if p.returncode is None])
                                 return
                         self._restarts += 1
-                    procs[index] = await self._spawn(
-                        self._current or current, index, after_generation=after
+                    others = [p for i, p in enumerate(procs) if i != index]
+                    proc = await self._start_slot(
+                        self._current or current, index, after, others, stopping
                     )
+                    if proc is None:
+                        return
+                    procs[index] = proc
                     started_at[index] = loop.time()
                     self._show(procs)
         except asyncio.CancelledError:
             for proc in procs:
                 _signal_group(proc, signal.SIGKILL)
             raise
+
+    async def _start_slot(
+        self,
+        rendezvous: Rendezvous,
+        local_rank: int,
+        after: int | None,
+        others: Sequence[asyncio.subprocess.Process],
+        stopping: asyncio.Event,
+    ) -> asyncio.subprocess.Process | None:
+        """Start worker `local_rank` (in place), again after a backoff while it cannot start
+        (each attempt a failure toward giving up); None once `stopping` is set or the launcher
+        gave up (the `others` running are stopped then)."""
+        attempts = 0
+        while True:
+            try:
+                return await self._spawn(rendezvous, local_rank, after_generation=after)
+            except OSError as exc:
+                attempts += 1
+                self._last_error = f"cannot start {self.command[0]}: {exc}"
+                log.warning("generation %s: %s", rendezvous.generation, self._last_error)
+                if self._count_failure():
+                    await self._give_up(rendezvous.generation, others)
+                    return None
+                self._state = LauncherState.BACKOFF
+                delay_s = restart_delay_s(attempts, self._backoff_s, self._max_backoff_s)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay_s):
+                        await stopping.wait()
+                if stopping.is_set():
+                    await self._terminate([p for p in others if p.returncode is None])
+                    return None
 
     def _show(self, procs: Sequence[asyncio.subprocess.Process]) -> None:
         """The workers `status` shows: each local rank's latest process, with its rank in the

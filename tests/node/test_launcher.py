@@ -306,10 +306,19 @@ async def test_close_stops_the_child_and_is_final(tmp_path: Path, out: Path) -> 
         await runner.apply(rdv(generation=2))
 
 
-async def test_a_command_that_cannot_start_is_retried_and_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_place", [False, True])
+async def test_a_command_that_cannot_start_is_retried_and_reported(
+    tmp_path: Path, in_place: bool
+) -> None:
     missing = tmp_path / "no-such-trainer"
     runner = TrainingLauncher(
-        [str(missing)], tmp_path, tmp_path / "log", stop_timeout_s=1.0, backoff_s=0.05
+        [str(missing)],
+        tmp_path,
+        tmp_path / "log",
+        stop_timeout_s=1.0,
+        backoff_s=0.05,
+        max_failures=3,
+        in_place=in_place,
     )
     async with runner:
         await runner.apply(rdv(generation=1))
@@ -318,6 +327,8 @@ async def test_a_command_that_cannot_start_is_retried_and_reported(tmp_path: Pat
         assert error is not None
         assert str(missing) in error
         assert runner.status.state is LauncherState.BACKOFF
+        await wait_until(lambda: runner.status.state is LauncherState.GAVE_UP)
+        assert runner.status.failures == 3
 
 
 async def test_a_child_that_keeps_failing_gives_up_and_reports_it(
