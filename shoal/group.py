@@ -136,15 +136,53 @@ def use_cuda_device(torch: Any, generation: int, local_rank: int, cuda_device: i
     return torch.device("cuda", index)
 
 
+JOINED_KEY = "shoal/joined"
+"""The store key each rank adds 1 to when it joined (form_group's barrier with `give_way`)."""
+JOIN_POLL_S = 0.05
+
+
+def join_barrier(
+    store: Any,
+    size: int,
+    generation: int,
+    deadline: float,
+    give_way: Callable[[], str | None],
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Wait until all `size` ranks joined `store` (each adds 1 to JOINED_KEY), asking
+    `give_way` every JOIN_POLL_S: GroupError when it names a reason (a newer generation) or at
+    `deadline`, naming how many joined."""
+    try:
+        joined = int(store.add(JOINED_KEY, 1))
+        while joined < size:
+            reason = give_way()
+            if reason is not None:
+                raise GroupError(
+                    f"generation {generation}: {reason} ({joined}/{size} ranks joined)"
+                )
+            if clock() >= deadline:
+                raise GroupError(
+                    f"generation {generation}: {joined} of {size} ranks joined before the deadline"
+                )
+            time.sleep(JOIN_POLL_S)
+            joined = int(store.add(JOINED_KEY, 0))
+    except RuntimeError as exc:  # DistNetworkError: rank 0 left (its store is gone)
+        raise GroupError(f"generation {generation}: the store went away: {exc}") from exc
+
+
 def form_group(
     rendezvous: Rendezvous,
     collective_s: float,
     deadline: float,
     clock: Callable[[], float] = time.monotonic,
+    give_way: Callable[[], str | None] | None = None,
 ) -> tuple[Any, Backend]:
     """Connect to the generation's store (rank 0 hosts it, unless torchrun's agent does) and
     init the default process group on it under the generation's prefix: (the prefixed store,
-    the backend used). GroupError names the generation, the master and why."""
+    the backend used). GroupError names the generation, the master and why. With `give_way`
+    (a session re-forming in place) the ranks meet at a barrier of their own that gives up as
+    soon as `give_way` names a reason (a newer generation), instead of rank 0's store waiting
+    for every rank until the deadline."""
     torch, dist = torch_modules()
     place, address, port = rendezvous.place, rendezvous.master_addr, rendezvous.master_port
     generation, rank, size = place.generation, place.rank, place.world_size
@@ -161,7 +199,14 @@ def form_group(
         wait_for_master(address, port, generation, deadline, clock)
     join_s = max(1.0, deadline - clock())
     try:
-        store = dist.TCPStore(address, port, size, hosts, timeout=timedelta(seconds=join_s))
+        store = dist.TCPStore(
+            address,
+            port,
+            size,
+            hosts,
+            timeout=timedelta(seconds=join_s),
+            wait_for_workers=give_way is None,
+        )
     except RuntimeError as exc:
         what = "host the store on" if hosts else "join the store at"
         raise GroupError(
@@ -171,6 +216,8 @@ def form_group(
     collective = timedelta(seconds=collective_s)
     store.set_timeout(collective)
     prefixed = dist.PrefixStore(rendezvous.store_prefix, store)
+    if give_way is not None:
+        join_barrier(prefixed, size, generation, deadline, give_way, clock)
     try:
         with gloo_bound_to_route(address if backend == "gloo" else None):
             dist.init_process_group(
@@ -226,18 +273,26 @@ class TrainingGroup:
         """The generation's PrefixStore (None before `configure`, or for an adopted group)."""
         return self._store
 
-    def configure(self, rendezvous: Rendezvous, *, join_s: float | None = None) -> None:
+    def configure(
+        self,
+        rendezvous: Rendezvous,
+        *,
+        join_s: float | None = None,
+        give_way: Callable[[], str | None] | None = None,
+    ) -> None:
         """Leave the current group (its communicator aborted: a survivor of a failed generation
-        must not wait on it) and form `rendezvous`'s within `join_s` (default join_timeout_s);
-        GroupError if it does not form. Clears the recorded error: a new generation starts
-        clean."""
+        must not wait on it) and form `rendezvous`'s within `join_s` (default join_timeout_s),
+        giving up early when `give_way` names a reason (form_group); GroupError if it does not
+        form. Clears the recorded error: a new generation starts clean."""
         if self._closed:
             raise GroupError("the training group is closed")
         if self._rendezvous is not None:
             self.abort()
             self._leave()
         deadline = self._clock() + (self.join_timeout_s if join_s is None else join_s)
-        store, backend = form_group(rendezvous, self.collective_timeout_s, deadline, self._clock)
+        store, backend = form_group(
+            rendezvous, self.collective_timeout_s, deadline, self._clock, give_way
+        )
         with self._lock:
             self._rendezvous, self._store, self._backend = rendezvous, store, backend
             self._owned, self._error = True, None

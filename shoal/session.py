@@ -61,9 +61,6 @@ ENV_AFTER_GENERATION = "SHOAL_AFTER_GENERATION"
 a newer generation than this one."""
 WATCH_S = 0.5
 """How often an in-place session asks its daemon whether a newer generation is ready."""
-REFORM_ATTEMPT_S = 20.0
-"""How long one attempt of `reform` to form a generation's group may take before it looks for a
-newer generation (the whole of `reform` is bounded by the join timeout)."""
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
@@ -75,6 +72,13 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ShoalError(f"{name}={text!r} must be above 0")
     return value
+
+
+def _with_node(place: RankPlace, node_id: str | None) -> RankPlace:
+    """`place` naming `node_id` where it names no node (the daemon's answer does not)."""
+    if place.node_id is None and node_id is not None:
+        return dataclasses.replace(place, node_id=node_id)
+    return place
 
 
 def _wait_for_rank(
@@ -145,14 +149,26 @@ class TrainingSession:
         self._master_addr = rendezvous.master_addr
         self._checkpointer: Any = None
         self._superseded = threading.Event()
+        self._seen = rendezvous.generation
+        """The newest generation the daemon named (reports' answers, the watcher)."""
         self.in_place = in_place
         """The group re-forms in place (`reform`) rather than in new processes."""
         self.last_reform: Reform | None = None
         """How the last `reform` (or in-place `restore`) brought this rank's state."""
         self._clock: CollectiveClock | None = None
+        self._closed = False
+        self._watcher: threading.Thread | None = None
         _, dist = torch_modules()
         if dist.is_initialized():
             self.group.adopt(rendezvous)
+        elif in_place:
+            self._watcher = threading.Thread(
+                target=self._watch, name=f"shoal-watch-rank{self.rank}", daemon=True
+            )
+            self._watcher.start()
+            rendezvous = self._form(rendezvous, time.monotonic() + join_s)
+            self._place = _with_node(rendezvous.place, self._place.node_id)
+            self._master_addr = rendezvous.master_addr
         else:
             self.group.configure(rendezvous)
         self._now = clock
@@ -162,21 +178,15 @@ class TrainingSession:
         self._last_report_at: float | None = None
         self._reporter = Reporter(
             client,
-            rendezvous.place,
+            self._place,
             interval_s=report_interval_s,
             on_failure=self.group.report_error,
             on_generation=self._daemon_generation,
         )
-        self._closed = False
         self._guard: CollectiveGuard | None = None
-        self._watcher: threading.Thread | None = None
         if in_place:
             self._guard = CollectiveGuard(collective_s, self._give_way)
             self._guard.install(dist)
-            self._watcher = threading.Thread(
-                target=self._watch, name=f"shoal-watch-rank{self.rank}", daemon=True
-            )
-            self._watcher.start()
 
     @property
     def place(self) -> RankPlace:
@@ -269,20 +279,33 @@ class TrainingSession:
         self._drop_checkpointer()
         client = self._client
         assert client is not None  # in_place needs one
+        left_s = max(0.1, deadline - time.monotonic())
+        rendezvous = _wait_for_rank(client, self._place.local_rank, left_s, leaving)
+        self._moved_to(self._form(rendezvous, deadline))
+
+    def _form(self, rendezvous: Rendezvous, deadline: float) -> Rendezvous:
+        """Form `rendezvous`'s group in place: every rank meets at a barrier (each rank of an
+        in-place group, a new process too) that waits for all of them, however late a process
+        starts, until `deadline`, and gives way at once to a newer generation, which is formed
+        next. The rendezvous formed; GroupError at the deadline."""
+        client = self._client
+        assert client is not None  # in_place needs one
         while True:
-            left_s = max(0.1, deadline - time.monotonic())
-            rendezvous = _wait_for_rank(client, self._place.local_rank, left_s, leaving)
+            forming = rendezvous.generation
+            self._seen = max(self._seen, forming)
             try:
-                self.group.configure(rendezvous, join_s=min(left_s, REFORM_ATTEMPT_S))
-                break
+                self.group.configure(
+                    rendezvous,
+                    join_s=max(0.1, deadline - time.monotonic()),
+                    give_way=self._newer_than(forming),
+                )
+                return rendezvous
             except GroupError as exc:
                 if time.monotonic() >= deadline:
                     raise
-                # a rank never came (it moved on to a newer generation, or died): wait for the
-                # daemon's next generation rather than form this one again
-                log.warning("shoal: %s; waiting for a newer generation", exc)
-                leaving = rendezvous.generation
-        self._moved_to(rendezvous)
+                log.warning("shoal: %s; joining the newest generation", exc)
+            left_s = max(0.1, deadline - time.monotonic())
+            rendezvous = _wait_for_rank(client, self._place.local_rank, left_s, forming)
 
     def watch_ddp(self, model: Any) -> None:
         """Measure a DistributedDataParallel model's exposed gradient all-reduce too (its
@@ -319,15 +342,25 @@ class TrainingSession:
     ) -> None:
         self.close()
 
+    def _newer_than(self, generation: int) -> Callable[[], str | None]:
+        """What a group of `generation` forming gives way to: a newer generation the daemon
+        named (the reports' answers and the watcher keep `_seen`)."""
+
+        def newer() -> str | None:
+            seen = self._seen
+            return f"generation {seen} is ready" if seen > generation else None
+
+        return newer
+
     def _moved_to(self, rendezvous: Rendezvous) -> None:
         """This session now stands in `rendezvous`'s group: its place, its reports."""
-        place = rendezvous.place
-        if place.node_id is None and self._place.node_id is not None:
-            place = dataclasses.replace(place, node_id=self._place.node_id)
+        place = _with_node(rendezvous.place, self._place.node_id)
         self._place = place
         self._master_addr = rendezvous.master_addr
         self._reporter.move(place)
         self._superseded.clear()
+        if self._seen > place.generation:
+            self._superseded.set()  # a newer one came while this one formed
 
     def _bring_state(self, state: MutableMapping[str, Any], step: int | None) -> int | None:
         """Every rank of the (new) group: agree on the newest live step; its lowest holder sends
@@ -422,6 +455,7 @@ class TrainingSession:
     def _daemon_generation(self, generation: int) -> None:
         """The daemon's current generation (after each post): a newer one supersedes ours, and
         with NCCL the communicator is aborted so a collective blocked on the old group ends."""
+        self._seen = max(self._seen, generation)
         if generation <= self._place.generation or self._superseded.is_set():
             return
         self._superseded.set()

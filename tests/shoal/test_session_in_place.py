@@ -165,3 +165,30 @@ def test_the_launcher_and_the_session_name_the_same_variables() -> None:
 
     assert torchrun.ENV_REFORM == session_module.ENV_REFORM
     assert torchrun.ENV_AFTER_GENERATION == session_module.ENV_AFTER_GENERATION
+
+
+class CountingStore:
+    """A store's `add` for the join barrier: `others` ranks joined before us."""
+
+    def __init__(self, others: int) -> None:
+        self.count = others
+
+    def add(self, key: str, amount: int) -> int:
+        assert key == "shoal/joined"
+        self.count += amount
+        return self.count
+
+
+def test_the_join_barrier_waits_for_every_rank_and_gives_way_to_a_newer_generation() -> None:
+    from shoal.group import join_barrier
+
+    store = CountingStore(others=2)
+    join_barrier(store, 3, 5, time.monotonic() + 5, lambda: None)  # we are the third
+    assert store.count == 3
+    reasons = iter([None, None, "generation 6 is ready"])
+    started = time.monotonic()
+    with pytest.raises(ShoalError, match=r"generation 5: generation 6 is ready \(1/3 ranks"):
+        join_barrier(CountingStore(others=0), 3, 5, started + 30, lambda: next(reasons))
+    assert time.monotonic() - started < 5
+    with pytest.raises(ShoalError, match="generation 5: 2 of 3 ranks joined before the deadline"):
+        join_barrier(CountingStore(others=1), 3, 5, time.monotonic() + 0.2, lambda: None)
