@@ -311,11 +311,8 @@ class GangService:
             for task in watchers:
                 task.cancel()
         state, exit_code, reason = gang_outcome(self._members(entry), entry.job_id in self._killed)
-        result = {
-            **ended_result(JobState(state), reason or ""),
-            "exit_code": exit_code,
-            "reason": reason,
-        }
+        result = ended_result(JobState(state), reason or "")
+        result["exit_code"], result["reason"] = exit_code, reason
         result["started_at"] = entry.gang.started_at
         self.service.store.record_end(entry, result)
         log.info("gang %s ended %s: %s", entry.job_id, state, reason)
