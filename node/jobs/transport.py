@@ -160,7 +160,7 @@ async def request_json(
     endpoint: Endpoint,
     method: str,
     path: str,
-    body: dict[str, Any] | None = None,
+    body: Mapping[str, object] | None = None,
     params: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
 ) -> Any:
@@ -198,7 +198,7 @@ async def fetch_record(state: JobClientState) -> dict[str, Any]:
     return apply_record(state, record)
 
 
-async def post_job(state: JobClientState, body: dict[str, Any]) -> dict[str, Any]:
+async def post_job(state: JobClientState, body: Mapping[str, object]) -> dict[str, Any]:
     """POST /v1/jobs, retried with the same job id (harmless) when the answer was lost."""
     endpoint = endpoint_of(state)
     for attempt in range(3):
