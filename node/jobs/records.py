@@ -13,13 +13,12 @@ import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, cast, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast, get_args
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     Field,
-    JsonValue,
     SerializerFunctionWrapHandler,
     WithJsonSchema,
     model_serializer,
@@ -31,6 +30,7 @@ from node.errors import BodyError, JobError
 from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
 
 if TYPE_CHECKING:
+    from node.jobs.documents import JobRequestJson, JobSpecJson
     from node.jobs.files import JobResultJson, StartedJson
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -71,26 +71,6 @@ class GangSpec(WireRecord):
     master_addr: str
     master_port: int
     owner: str | None
-
-
-class JobSpecJson(TypedDict):
-    """A start request but its id, as JobRequest.spec writes it (env sorted by name)."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str | None
-    timeout_s: float | None
-    nodes: int
-    role: Role
-    env_from: str | None
-    gang: dict[str, JsonValue] | None
-
-
-class JobRequestJson(JobSpecJson):
-    """A start request as the job's spec.json and its WAL entry keep it (`job_id` first)."""
-
-    job_id: str | None
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,19 @@ import typing
 
 import pytest
 
-from node.errors import JobError
+from node.errors import JobClientError, JobError
+from node.jobs.documents import JobRecordJson, JobRequestJson, JobSpecJson
 from node.jobs.records import (
-    JobRequestJson,
-    JobSpecJson,
+    JobRecord,
     JobState,
+    StreamBytes,
+    StreamFlags,
     parse_job_request,
     request_from_dict,
     state_of,
 )
-from node.jobs.specs import DeploySpec, JobSpec, JobStartBody, start_body
+from node.jobs.specs import DeploySpec, JobSpec, JobStartBody, make_job_state, start_body
+from node.jobs.transport import apply_record
 
 REQUEST = parse_job_request(
     {"argv": ["python", "train.py"], "env": {"B": "2", "A": "1"}, "timeout_s": 60}
@@ -66,3 +69,23 @@ def test_a_result_of_an_unknown_state_is_a_lost_job() -> None:
     assert state_of(result, None) is JobState.LOST  # type: ignore[arg-type]
     assert state_of(None, {"started_at": 1.0, "pid": 3}) is JobState.RUNNING
     assert state_of(None, None) is JobState.PENDING
+
+
+RECORD = JobRecord(
+    job_id="j-1", name="t", node="n1", argv=("t",), state=JobState.FAILED, exit_code=3,
+    signal=None, reason="exited with code 3", created_at=1.0, started_at=1.5, ended_at=2.0,
+    pid=42, log_bytes=StreamBytes(stdout=1, stderr=0),
+    log_capped=StreamFlags(stdout=False, stderr=False), max_log_bytes=1024, cwd=None,
+    timeout_s=None, nodes=1, role="any",
+)  # fmt: skip
+
+
+def test_the_clients_record_is_a_job_records_json() -> None:
+    assert set(typing.get_type_hints(JobRecordJson)) == set(JobRecord.model_fields)
+    state = make_job_state()
+    copied = apply_record(state, json.loads(json.dumps(RECORD.to_json())))
+    assert copied == RECORD.to_json()
+    assert set(copied) == set(typing.get_type_hints(JobRecordJson)) - {"gang"}
+    assert (state["status"], state["exit_code"], state["node"]) == ("failed", 3, "n1")
+    with pytest.raises(JobClientError, match="exit_code"):
+        apply_record(make_job_state(), {**RECORD.to_json(), "exit_code": "three"})
