@@ -11,9 +11,13 @@ import pytest
 
 from node.errors import JobClientError, JobError
 from node.jobs.documents import JobRecordJson, JobRequestJson, JobSpecJson
+from node.jobs.gang_start import MemberStarts
 from node.jobs.records import (
+    GangMember,
     JobRecord,
     JobState,
+    PickAnswer,
+    PickedNode,
     StreamBytes,
     StreamFlags,
     parse_job_request,
@@ -89,3 +93,26 @@ def test_the_clients_record_is_a_job_records_json() -> None:
     assert (state["status"], state["exit_code"], state["node"]) == ("failed", 3, "n1")
     with pytest.raises(JobClientError, match="exit_code"):
         apply_record(make_job_state(), {**RECORD.to_json(), "exit_code": "three"})
+
+
+async def test_a_gang_members_start_body_carries_the_gangs_spec() -> None:
+    sent: list[object] = []
+
+    async def call(
+        method: str, url: str, body: object, headers: dict[str, str]
+    ) -> tuple[int, object]:
+        sent.append(body)
+        return 201, {"state": "running"}
+
+    pick = PickAnswer(fence="3:2", members=(PickedNode(node_id="a", address="10.0.0.1", port=1),))
+    row = GangMember(rank=0, node="a", url="http://a", job_id="g-1-0", state=JobState.PENDING,
+                     exit_code=None, signal=None, reason=None, ended_at=None)  # fmt: skip
+    spec = REQUEST.spec()
+    starts = MemberStarts(call, "g-1", "owner", spec, pick, [row])
+    assert await starts.start_one(0, 29500) == (None, None)
+    assert json.dumps(sent[0]) == json.dumps({
+        "name": "python", "argv": ["python", "train.py"], "env": {"A": "1", "B": "2"},
+        "cwd": None, "timeout_s": 60.0, "role": "any", "env_from": None, "job_id": "g-1-0",
+        "nodes": 1, "gang": {"job_id": "g-1", "rank": 0, "nodes": 1, "master_addr": "10.0.0.1",
+                             "master_port": 29500, "owner": "owner"},
+    })  # fmt: skip
