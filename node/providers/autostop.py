@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from config import HostEntry
 from config.closing import AsyncClosing
@@ -23,6 +23,7 @@ from health import LoopHealth
 from node.providers.base import ActionResult, NodeHandle, Provider
 from node.providers.decision import AutostopDecision
 from node.providers.static import NO_OP
+from node.runtime import AutostopStatusJson
 from wal import WriteAheadLog
 
 logger = logging.getLogger(__name__)
@@ -356,7 +357,7 @@ class AutoStop(AsyncClosing):
             return "starting"
         return "idle" if self.samples[-1].idle else "busy"
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> AutostopStatusJson:
         """The `autostop` object of /v1/status (the monitor reads it)."""
         idle_for = self.idle_for_s()
         start = idle_streak_start(self.samples)
@@ -378,7 +379,7 @@ class AutoStop(AsyncClosing):
         }
 
 
-def disabled_status(last_decision: AutostopDecision | None = None) -> dict[str, Any]:
+def disabled_status(last_decision: AutostopDecision | None = None) -> AutostopStatusJson:
     """The `autostop` object of a node without an `autostop:` section."""
     shown = None if last_decision is None else last_decision.to_json()
     return {"enabled": False, "state": "off", "last_decision": shown}

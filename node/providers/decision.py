@@ -5,26 +5,12 @@ how it ended; its JSON is the `node.autostop` WAL payload, the kept last decisio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NotRequired, TypedDict, TypeVar
+from typing import Literal, TypeVar
+
+from node.runtime import AutostopDecisionJson
 
 Action = Literal["stop", "release"]
 T = TypeVar("T")
-
-
-class AutostopDecisionJson(TypedDict):
-    """A decision as JSON. A field of the record that is unknown (a decision recovered from a
-    payload without it) is left out; `recovered` only when true."""
-
-    provider: NotRequired[str]
-    node: NotRequired[str]
-    action: NotRequired[Action]
-    idle_s: NotRequired[float]
-    window_s: NotRequired[float]
-    dry_run: NotRequired[bool]
-    decided_at: NotRequired[float]
-    entry: NotRequired[int | None]
-    recovered: NotRequired[bool]
-    outcome: NotRequired[str]
 
 
 @dataclass(frozen=True)

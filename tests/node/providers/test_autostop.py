@@ -4,6 +4,7 @@ idle window, never while a job runs, a run lock is held, a GPU is busy, or a che
 from __future__ import annotations
 
 import asyncio
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +29,9 @@ from node.providers import (
     should_act,
     take_sample,
 )
-from node.providers.decision import AutostopDecisionJson
+from node.providers.autostop import disabled_status
 from node.providers.own import locks_held_here
+from node.runtime import AutostopDecisionJson, AutostopStatusJson
 from wal import EntryState, WriteAheadLog
 
 
@@ -311,3 +313,18 @@ async def test_an_unreadable_kept_decision_is_not_shown(tmp_path: Path) -> None:
         await auto.load()
         assert auto.last_decision is None
         assert auto.status()["last_decision"] is None
+
+
+async def test_the_status_objects_are_autostop_status_json() -> None:
+    every = set(typing.get_type_hints(AutostopStatusJson))
+    node = FakeNode()
+    auto = AutoStop(
+        Recorder(),
+        NodeHandle("recorder", "n1", None),
+        POLICY,
+        node.checks(),
+        clock=lambda: node.now,
+    )
+    await tick(auto, node, 3)
+    assert set(auto.status()) == every
+    assert set(disabled_status()) == {"enabled", "state", "last_decision"}
