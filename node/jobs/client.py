@@ -236,7 +236,7 @@ async def _kill_async(state: JobClientState, signal: str, grace_s: float | None)
     known = state["record"]
     if state["status"] in ENDED_STATES and known:
         return known.copy()
-    body: dict[str, Any] = {"signal": signal}
+    body: dict[str, str | float] = {"signal": signal}
     if grace_s is not None:
         body["grace_s"] = grace_s
     endpoint = endpoint_of(state)
