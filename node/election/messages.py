@@ -7,10 +7,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, TypedDict, TypeGuard
+from typing import Literal, NotRequired, TypedDict, TypeGuard
 
 from node.errors import ElectionError, PlanError
-from node.plan import PlanFence, RolePlan
+from node.plan import PlanFence, RolePlan, RolePlanJson
 
 MAX_PLAN_SOURCES = 16
 """The most members a heartbeat names to fetch its plan from."""
@@ -40,7 +40,7 @@ class HeartbeatJson(TypedDict):
     coordinator: str
     seq: int
     plan_fence: list[int] | None
-    plan: dict[str, Any] | None
+    plan: RolePlanJson | None
     plan_digest: NotRequired[str]
     plan_sources: NotRequired[list[str]]
 
@@ -64,7 +64,7 @@ class PlanAnnounceJson(TypedDict):
     term: int
     coordinator: str | None
     lease_valid: bool
-    plan: dict[str, Any] | None
+    plan: RolePlanJson | None
 
 
 class VoteReason(enum.StrEnum):
