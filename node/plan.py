@@ -1,6 +1,5 @@
 """Role plans as data: the plan a coordinator publishes, its (term, version) fence, and the rules
-that say which plan a node applies and which requests it refuses as stale.
-"""
+that say which plan a node applies and which requests it refuses as stale."""
 
 from __future__ import annotations
 
@@ -10,12 +9,44 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal, NotRequired, TypedDict, TypeGuard
 
 from config import Role
 from node.errors import PlanError
 
 Backend = Literal["nccl", "gloo"]
+
+
+class GroupJson(TypedDict):
+    master_addr: str
+    master_port: int
+    world_size: int
+    backend: Backend
+
+
+class AssignmentJson(TypedDict):
+    """What a plan assigns (its digest is of this); `restart` only when set."""
+
+    roles: dict[str, str]
+    training_ranks: list[str]
+    local_world_sizes: list[int]
+    group: GroupJson
+    generation: int
+    cannot_train: dict[str, str]
+    weights_generation: int
+    draining: dict[str, float | None]
+    quarantined: dict[str, str]
+    restart: NotRequired[str]
+
+
+class RolePlanJson(AssignmentJson):
+    """A plan as JSON: `term` and `version` first, the assignment, then `note`."""
+
+    term: int
+    version: int
+    note: str
+
+
 FENCE_HEADER = "X-Shoal-Fence"
 """HTTP header carrying the fence of a role-dependent request, as `term.version`."""
 
@@ -86,7 +117,7 @@ class GroupSpec:
     world_size: int
     backend: Backend
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GroupJson:
         return {
             "master_addr": self.master_addr,
             "master_port": self.master_port,
@@ -260,8 +291,8 @@ class RolePlan:
         generation (any fence)."""
         return other is not None and other.digest == self.digest
 
-    def _assignment(self) -> dict[str, Any]:
-        return {
+    def _assignment(self) -> AssignmentJson:
+        assignment: AssignmentJson = {
             "roles": {node: role.value for node, role in self.roles.items()},
             "training_ranks": list(self.training_ranks),
             "local_world_sizes": list(self.local_world_sizes),
@@ -271,10 +302,12 @@ class RolePlan:
             "weights_generation": self.weights_generation,
             "draining": dict(self.draining),
             "quarantined": dict(self.quarantined),
-            **({"restart": self.restart} if self.restart else {}),
         }
+        if self.restart:
+            assignment["restart"] = self.restart
+        return assignment
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RolePlanJson:
         return {"term": self.term, "version": self.version, **self._assignment(), "note": self.note}
 
     @classmethod
@@ -408,7 +441,7 @@ def check_fence(current: FenceLike | None, presented: FenceLike | None) -> Fence
     return FenceResult(FenceVerdict.CURRENT, now, shown, "current")
 
 
-def _hash_assignment(assignment: Mapping[str, Any]) -> str:
+def _hash_assignment(assignment: AssignmentJson) -> str:
     text = json.dumps(assignment, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from config import NodeSettings
 from config.tls.context import TlsContexts
@@ -13,6 +13,42 @@ from health import BreakerRegistry, GpuReader, HealthChecker, NodeMetrics
 from net import local_url
 from node.openapi import WireRecord
 from wal import WriteAheadLog
+
+
+class AutostopDecisionJson(TypedDict):
+    """An auto-stop decision (node.providers.decision.AutostopDecision) as JSON: the WAL
+    payload's fields (one unknown is left out), then `entry`, `recovered` (only when true) and
+    `outcome`."""
+
+    provider: NotRequired[str]
+    node: NotRequired[str]
+    action: NotRequired[Literal["stop", "release"]]
+    idle_s: NotRequired[float]
+    window_s: NotRequired[float]
+    dry_run: NotRequired[bool]
+    decided_at: NotRequired[float]
+    entry: NotRequired[int | None]
+    recovered: NotRequired[bool]
+    outcome: NotRequired[str]
+
+
+class AutostopStatusJson(TypedDict):
+    """The `autostop` object of the status document (node.providers.autostop): `enabled`,
+    `state` and `last_decision` always, the rest only while auto-stop is on."""
+
+    enabled: bool
+    state: str
+    provider: NotRequired[str]
+    action: NotRequired[str]
+    dry_run: NotRequired[bool]
+    window_s: NotRequired[float]
+    check_interval_s: NotRequired[float]
+    gpu_util_threshold: NotRequired[float]
+    idle_since: NotRequired[float | None]
+    idle_for_s: NotRequired[float]
+    busy_reasons: NotRequired[list[str]]
+    last_decision: AutostopDecisionJson | None
+    last_error: NotRequired[str | None]
 
 
 class MemberLike(Protocol):
@@ -92,7 +128,7 @@ class NodeRuntime:
     """The node's NVML reader (the GPU check, status and the fault watcher share it)."""
     jobs: Callable[[], dict[str, int]] | None = None
     """Counts of this node's jobs by state (the status document's `jobs`)."""
-    autostop: Callable[[], dict[str, Any]] | None = None
+    autostop: Callable[[], AutostopStatusJson] | None = None
     """The `autostop` object of the status document (node.providers.own)."""
     training: Callable[[], Mapping[str, Any] | None] | None = None
     """The `training` object of the status document: this node's ranks' generation, count,

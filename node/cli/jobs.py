@@ -39,6 +39,7 @@ from node.jobs.client import (
     start_job_async,
     terminate_async,
 )
+from node.jobs.documents import JobRecordJson
 from node.jobs.specs import DeploySpec, JobSpec, make_job_state
 from node.jobs.transport import (
     JobClientState,
@@ -126,9 +127,10 @@ async def _copy(chunks: AsyncIterator[bytes], out: IO[bytes]) -> None:
         out.flush()
 
 
-async def _follow_and_wait(state: JobClientState) -> dict[str, Any]:
+async def _follow_and_wait(state: JobClientState) -> JobRecordJson:
     """Copy the job's stdout and stderr to ours until it ends; its final record."""
-    if (state.get("record") or {}).get("gang") is None:
+    known = state.get("record")
+    if known is None or known.get("gang") is None:
         await asyncio.gather(
             _copy(log_chunks_async(state, "stdout"), sys.stdout.buffer),
             _copy(log_chunks_async(state, "stderr"), sys.stderr.buffer),
@@ -199,7 +201,7 @@ def jobs_run(
     )
     state = make_job_state()
 
-    async def start() -> dict[str, Any]:
+    async def start() -> JobRecordJson:
         record = await start_job_async(deploy, spec, state)
         if wait and not as_json:
             return await _follow_and_wait(state)
@@ -263,7 +265,7 @@ def jobs_status(
 ) -> None:
     """One job's record: state, exit code, signal, reason, times, log sizes."""
 
-    async def get() -> dict[str, Any]:
+    async def get() -> JobRecordJson:
         return await fetch_record(await attach_job_async(_deploy(node, config_file), job_id))
 
     record = _call(get())
@@ -325,7 +327,7 @@ def jobs_wait(
     state = make_job_state()
     state["job_id"], state["node_url"] = job_id, node
 
-    async def wait() -> dict[str, Any]:
+    async def wait() -> JobRecordJson:
         state.update(await attach_job_async(_deploy(node, config_file), job_id))
         return await wait_record(state, min(WAIT_POLL_S, timeout or WAIT_POLL_S), timeout)
 
@@ -351,7 +353,7 @@ def jobs_kill(
 ) -> None:
     """Signal the job's whole process group, SIGKILL after the grace; it ends `killed`."""
 
-    async def kill() -> dict[str, Any]:
+    async def kill() -> JobRecordJson:
         state = await attach_job_async(_deploy(node, config_file), job_id)
         return await terminate_async(state, signal.upper().removeprefix("SIG"), grace)
 

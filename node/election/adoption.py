@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from config import AsyncClosing, fsync_directory
 from node.election.state import ElectionEvent, ElectionEventKind
@@ -21,6 +21,20 @@ from node.errors import PlanError
 log = logging.getLogger("node.election.elector")
 
 RecordKind = Literal["coordinator", "plan"]
+
+
+class AdoptionJson(TypedDict):
+    """An AdoptionRecord as one line of the log."""
+
+    time: float
+    node: str
+    kind: RecordKind
+    term: int
+    coordinator: str | None
+    plan_term: int | None
+    plan_version: int | None
+    plan_digest: str | None
+    backers: list[str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +56,7 @@ class AdoptionRecord:
     plan_digest: str | None = None
     backers: tuple[str, ...] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AdoptionJson:
         return {
             "time": self.time,
             "node": self.node,
@@ -56,24 +70,33 @@ class AdoptionRecord:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AdoptionRecord:
+    def from_dict(cls, data: Mapping[str, object]) -> AdoptionRecord:
+        """The record of a log line; PlanError naming the field that is missing or malformed."""
         try:
             kind = data["kind"]
-            if kind not in ("coordinator", "plan"):
+            if kind != "coordinator" and kind != "plan":
                 raise PlanError(f"adoption record kind {kind!r} is unknown")
-            backers = data.get("backers")
+            time, term, backers = data["time"], data["term"], data.get("backers")
+            if isinstance(time, bool) or not isinstance(time, int | float | str):
+                raise ValueError(f"time {time!r} is not a number")
+            if isinstance(term, bool) or not isinstance(term, int | str):
+                raise ValueError(f"term {term!r} is not an integer")
+            if backers is not None and not isinstance(backers, list):
+                raise ValueError(f"backers {backers!r} is not a list")
             return cls(
-                time=float(data["time"]),
+                time=float(time),
                 node=str(data["node"]),
                 kind=kind,
-                term=int(data["term"]),
+                term=int(term),
                 coordinator=_optional_str(data.get("coordinator")),
-                plan_term=_optional_int(data.get("plan_term")),
-                plan_version=_optional_int(data.get("plan_version")),
+                plan_term=_optional_int("plan_term", data.get("plan_term")),
+                plan_version=_optional_int("plan_version", data.get("plan_version")),
                 plan_digest=_optional_str(data.get("plan_digest")),
                 backers=None if backers is None else tuple(str(b) for b in backers),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
+            raise PlanError(f"adoption record {dict(data)!r} lacks {exc}") from exc
+        except ValueError as exc:
             raise PlanError(f"adoption record {dict(data)!r} is malformed: {exc}") from exc
 
 
@@ -180,11 +203,11 @@ def _fence(fence: tuple[int, int]) -> str:
     return f"{fence[0]}.{fence[1]}"
 
 
-def _optional_int(value: object) -> int | None:
+def _optional_int(field: str, value: object) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{value!r} is not an integer")
+        raise ValueError(f"{field} {value!r} is not an integer")
     return value
 
 

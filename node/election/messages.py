@@ -7,13 +7,64 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Literal, NotRequired, TypedDict, TypeGuard
 
 from node.errors import ElectionError, PlanError
-from node.plan import PlanFence, RolePlan
+from node.plan import PlanFence, RolePlan, RolePlanJson
 
 MAX_PLAN_SOURCES = 16
 """The most members a heartbeat names to fetch its plan from."""
+
+
+class VoteRequestJson(TypedDict):
+    type: Literal["vote_request"]
+    term: int
+    candidate: str
+    pre_vote: bool
+
+
+class VoteReplyJson(TypedDict):
+    type: Literal["vote_reply"]
+    term: int
+    voter: str
+    granted: bool
+    pre_vote: bool
+    reason: str
+
+
+class HeartbeatJson(TypedDict):
+    """`plan_digest` and `plan_sources` only to a receiver that pulls plans."""
+
+    type: Literal["heartbeat"]
+    term: int
+    coordinator: str
+    seq: int
+    plan_fence: list[int] | None
+    plan: RolePlanJson | None
+    plan_digest: NotRequired[str]
+    plan_sources: NotRequired[list[str]]
+
+
+class HeartbeatAckJson(TypedDict):
+    """`pulls_plans` only when true (the previous release never sends it)."""
+
+    type: Literal["heartbeat_ack"]
+    term: int
+    node: str
+    seq: int
+    success: bool
+    plan_fence: list[int] | None
+    generation: int
+    pulls_plans: NotRequired[Literal[True]]
+
+
+class PlanAnnounceJson(TypedDict):
+    type: Literal["plan_announce"]
+    node: str
+    term: int
+    coordinator: str | None
+    lease_valid: bool
+    plan: RolePlanJson | None
 
 
 class VoteReason(enum.StrEnum):
@@ -36,7 +87,7 @@ class VoteRequest:
     candidate: str
     pre_vote: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VoteRequestJson:
         return {
             "type": "vote_request",
             "term": self.term,
@@ -45,7 +96,7 @@ class VoteRequest:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> VoteRequest:
+    def from_dict(cls, data: Mapping[str, object]) -> VoteRequest:
         _expect_type(data, "vote_request")
         return cls(_int(data, "term"), _text(data, "candidate"), _bool(data, "pre_vote"))
 
@@ -61,7 +112,7 @@ class VoteReply:
     pre_vote: bool = False
     reason: str = VoteReason.GRANTED.value
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VoteReplyJson:
         return {
             "type": "vote_reply",
             "term": self.term,
@@ -72,7 +123,7 @@ class VoteReply:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> VoteReply:
+    def from_dict(cls, data: Mapping[str, object]) -> VoteReply:
         _expect_type(data, "vote_reply")
         reason = data.get("reason", "")
         return cls(
@@ -102,8 +153,8 @@ class Heartbeat:
     plan_digest: str | None = None
     plan_sources: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_dict(self) -> HeartbeatJson:
+        data: HeartbeatJson = {
             "type": "heartbeat",
             "term": self.term,
             "coordinator": self.coordinator,
@@ -117,19 +168,16 @@ class Heartbeat:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Heartbeat:
+    def from_dict(cls, data: Mapping[str, object]) -> Heartbeat:
         _expect_type(data, "heartbeat")
-        plan_data = data.get("plan")
         try:
             fence = PlanFence.from_value(data.get("plan_fence"))
-            plan = None if plan_data is None else RolePlan.from_dict(plan_data)
+            plan = _plan(data.get("plan"))
         except PlanError as exc:
             raise ElectionError(f"heartbeat carries a bad plan: {exc}") from exc
         if plan is not None and plan.fence != fence:
             raise ElectionError("heartbeat plan_fence does not match its plan")
-        digest, sources = data.get("plan_digest"), data.get("plan_sources") or []
-        if digest is not None and (not isinstance(digest, str) or not 0 < len(digest) <= 64):
-            raise ElectionError("heartbeat plan_digest must be a short string")
+        digest, sources = _digest(data.get("plan_digest")), data.get("plan_sources") or []
         if not isinstance(sources, list) or len(sources) > MAX_PLAN_SOURCES:
             raise ElectionError(f"heartbeat plan_sources must list at most {MAX_PLAN_SOURCES}")
         named = tuple(_text({"source": source}, "source") for source in sources)
@@ -159,8 +207,8 @@ class HeartbeatAck:
     generation: int = 0
     pulls_plans: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_dict(self) -> HeartbeatAckJson:
+        data: HeartbeatAckJson = {
             "type": "heartbeat_ack",
             "term": self.term,
             "node": self.node,
@@ -174,7 +222,7 @@ class HeartbeatAck:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HeartbeatAck:
+    def from_dict(cls, data: Mapping[str, object]) -> HeartbeatAck:
         _expect_type(data, "heartbeat_ack")
         try:
             fence = PlanFence.from_value(data.get("plan_fence"))
@@ -201,7 +249,7 @@ class PlanAnnounce:
     lease_valid: bool
     plan: RolePlan | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PlanAnnounceJson:
         return {
             "type": "plan_announce",
             "node": self.node,
@@ -212,12 +260,11 @@ class PlanAnnounce:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PlanAnnounce:
+    def from_dict(cls, data: Mapping[str, object]) -> PlanAnnounce:
         _expect_type(data, "plan_announce")
         coordinator = data.get("coordinator")
-        plan_data = data.get("plan")
         try:
-            plan = None if plan_data is None else RolePlan.from_dict(plan_data)
+            plan = _plan(data.get("plan"))
         except PlanError as exc:
             raise ElectionError(f"plan document is malformed: {exc}") from exc
         return cls(
@@ -242,7 +289,7 @@ class Outbound:
     message: Message
 
 
-_PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
+_PARSERS: dict[str, Callable[[Mapping[str, object]], Message]] = {
     "vote_request": VoteRequest.from_dict,
     "vote_reply": VoteReply.from_dict,
     "heartbeat": Heartbeat.from_dict,
@@ -260,28 +307,43 @@ def message_from_dict(data: object) -> Message:
     return parser(data)
 
 
-def _expect_type(data: Mapping[str, Any], expected: str) -> None:
+def _digest(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 64):
+        raise ElectionError("heartbeat plan_digest must be a short string")
+    return value
+
+
+def _plan(data: object) -> RolePlan | None:
+    """The plan of a message's `plan` (None: none); PlanError when it is not a plan."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise PlanError(f"plan must be an object, not {type(data).__name__}")
+    return RolePlan.from_dict(data)
+
+
+def _expect_type(data: Mapping[str, object], expected: str) -> None:
     if not isinstance(data, Mapping):
         raise ElectionError(f"{expected} must be an object, not {type(data).__name__}")
     if data.get("type", expected) != expected:
         raise ElectionError(f"expected a {expected}, got type {data.get('type')!r}")
 
 
-def _int(data: Mapping[str, Any], key: str) -> int:
+def _int(data: Mapping[str, object], key: str) -> int:
     value = data.get(key)
     if not _is_int(value) or value < 0:
         raise ElectionError(f"election message field {key!r} must be an integer >= 0")
     return value
 
 
-def _text(data: Mapping[str, Any], key: str) -> str:
+def _text(data: Mapping[str, object], key: str) -> str:
     value = data.get(key)
     if not isinstance(value, str) or not value or len(value) > 128:
         raise ElectionError(f"election message field {key!r} must be a node id (1-128 chars)")
     return value
 
 
-def _bool(data: Mapping[str, Any], key: str, required: bool = False) -> bool:
+def _bool(data: Mapping[str, object], key: str, required: bool = False) -> bool:
     value = data.get(key) if required else data.get(key, False)
     if not isinstance(value, bool):
         raise ElectionError(f"election message field {key!r} must be true or false")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
@@ -186,7 +186,7 @@ class ElectionRoutes:
 
 
 async def _message(
-    request: web.Request, model: type[BaseModel], parse: Callable[[dict[str, Any]], M]
+    request: web.Request, model: type[BaseModel], parse: Callable[[Mapping[str, object]], M]
 ) -> M:
     """The request's election message: checked against `model`, then `parse`d (400 when
     either refuses it)."""
@@ -209,7 +209,7 @@ def _running(elector: ElectorSource) -> Elector:
     return running
 
 
-async def _read_message(request: web.Request, model: type[BaseModel]) -> dict[str, Any]:
+async def _read_message(request: web.Request, model: type[BaseModel]) -> dict[str, object]:
     """The message's JSON object, checked against `model` (the document's schema of it)."""
     if request.content_length is not None and request.content_length > MAX_ELECTION_BODY_BYTES:
         raise _Refusal(413, f"election messages are at most {MAX_ELECTION_BODY_BYTES} bytes")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from config import Timeouts
@@ -125,7 +125,7 @@ class HttpElectionTransport(AsyncClosing):
         return None if announce is None else announce.plan
 
     async def _post(
-        self, to: str, path: str, body: dict[str, Any] | None, query: _Query = None
+        self, to: str, path: str, body: Mapping[str, object] | None, query: _Query = None
     ) -> Any:
         if self._phase is not _Phase.OPENED or self._peers is None:
             raise ElectionError(f"election transport is {self._phase.value}")
@@ -163,7 +163,7 @@ class HttpElectionTransport(AsyncClosing):
         to: str,
         address: str,
         path: str,
-        body: dict[str, Any] | None,
+        body: Mapping[str, object] | None,
         query: _Query = None,
     ) -> Any:
         """POST `body` (GET without one); the JSON answer, None for a refusal (the peer
@@ -181,7 +181,7 @@ class HttpElectionTransport(AsyncClosing):
             return answer.json()
 
 
-def _parse(parser: Callable[[dict[str, Any]], T], data: object, peer: str) -> T | None:
+def _parse(parser: Callable[[Mapping[str, object]], T], data: object, peer: str) -> T | None:
     if not isinstance(data, dict):
         return None
     try:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         wait_for_completion_async,
     )
     from node.jobs.component import JobApi, open_job_service
+    from node.jobs.documents import JobRecordJson, JobRequestJson, JobSpecJson
     from node.jobs.gang import GangService
     from node.jobs.records import (
         GangMember,

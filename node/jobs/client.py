@@ -11,10 +11,11 @@ import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from config import NodeSettings, load_inventory, load_settings, read_secret_file
 from node.errors import JobClientError
+from node.jobs.documents import JobRecordJson
 from node.jobs.specs import DeploySpec, JobSpec, make_job_state, new_job_id, start_body
 from node.jobs.transport import (
     ENDED_STATES,
@@ -137,9 +138,7 @@ async def attach_job_async(deploy: DeploySpec, job_id: str) -> JobClientState:
     return state
 
 
-async def start_job_async(
-    deploy: DeploySpec, job: JobSpec, state: JobClientState
-) -> dict[str, Any]:
+async def start_job_async(deploy: DeploySpec, job: JobSpec, state: JobClientState) -> JobRecordJson:
     """Start `job` where `deploy` says (after its bootstrap exits 0); fills `state` and
     returns the job's record. A start whose answer was lost is retried with the same id."""
     job_id = job.job_id or new_job_id()
@@ -215,7 +214,7 @@ async def download_async(state: JobClientState, remote: str, local: str) -> Path
 
 async def terminate_async(
     state: JobClientState, signal: str = "TERM", grace_s: float | None = None
-) -> dict[str, Any]:
+) -> JobRecordJson:
     """Send `signal` to the job's whole process group (SIGKILL after the grace, default the
     node's) and wait until it has ended; returns the final record. A job that already ended is
     left as it is."""
@@ -233,18 +232,18 @@ async def release_acquired_async(state: JobClientState) -> None:
         await provider.release(handle)
 
 
-async def _kill_async(state: JobClientState, signal: str, grace_s: float | None) -> dict[str, Any]:
+async def _kill_async(state: JobClientState, signal: str, grace_s: float | None) -> JobRecordJson:
     known = state["record"]
     if state["status"] in ENDED_STATES and known:
-        return dict(known)
-    body: dict[str, Any] = {"signal": signal}
+        return known.copy()
+    body: dict[str, str | float] = {"signal": signal}
     if grace_s is not None:
         body["grace_s"] = grace_s
     endpoint = endpoint_of(state)
     record = await request_json(endpoint, "POST", f"/v1/jobs/{state['job_id']}/kill", body)
     answered = apply_record(state, record)
     if answered["state"] in ENDED_STATES:
-        return dict(answered)
+        return answered.copy()
     bound_s = (KILL_GRACE_S if grace_s is None else grace_s) + KILL_SETTLE_S
     return await wait_record(state, min(2.0, bound_s), bound_s)
 
@@ -255,13 +254,13 @@ async def remove_job_async(state: JobClientState) -> None:
     state["status"] = "removed"
 
 
-async def list_jobs_async(deploy: DeploySpec, state: str | None = None) -> list[dict[str, Any]]:
+async def list_jobs_async(deploy: DeploySpec, state: str | None = None) -> list[JobRecordJson]:
     """The jobs of the node `deploy` names, newest first (only those in `state` if given)."""
     url, settings = await resolve_node_async(deploy)
     params = {"state": state} if state else None
     document = await request_json(local_endpoint(settings, url), "GET", "/v1/jobs", params=params)
     jobs = document.get("jobs", []) if isinstance(document, dict) else document
-    return [dict(job) for job in jobs]
+    return [cast(JobRecordJson, dict(job)) for job in jobs]  # each the node's JobRecord JSON
 
 
 @contextlib.asynccontextmanager
@@ -276,7 +275,7 @@ async def run_job_async(deploy: DeploySpec, job: JobSpec) -> AsyncIterator[JobCl
             await terminate_async(state)  # also releases a node a provider acquired
 
 
-def start_job(deploy: DeploySpec, job: JobSpec, state: JobClientState) -> dict[str, Any]:
+def start_job(deploy: DeploySpec, job: JobSpec, state: JobClientState) -> JobRecordJson:
     """Plain twin of `start_job_async`."""
     return run_sync(start_job_async(deploy, job, state))
 
@@ -324,7 +323,7 @@ def download(state: JobClientState, remote: str, local: str) -> Path:
 
 def terminate(
     state: JobClientState, signal: str = "TERM", grace_s: float | None = None
-) -> dict[str, Any]:
+) -> JobRecordJson:
     """Plain twin of `terminate_async`."""
     return run_sync(terminate_async(state, signal, grace_s))
 
@@ -334,7 +333,7 @@ def remove_job(state: JobClientState) -> None:
     run_sync(remove_job_async(state))
 
 
-def list_jobs(deploy: DeploySpec, state: str | None = None) -> list[dict[str, Any]]:
+def list_jobs(deploy: DeploySpec, state: str | None = None) -> list[JobRecordJson]:
     """Plain twin of `list_jobs_async`."""
     return run_sync(list_jobs_async(deploy, state))
 

@@ -63,7 +63,7 @@ from node.plan import (
 )
 from node.runtime import NodeRuntime
 from node.security import request_sender
-from wal import WalEntry
+from wal import RecoveryHandler, WalEntry
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class GangService:
         self._killed: set[str] = set()
         service.gang_kill = self.kill
 
-    def recovery(self) -> dict[str, Any]:
+    def recovery(self) -> dict[str, RecoveryHandler]:
         """WAL handlers: a gang start cut off by a crash ends the started members."""
         return {JOB_GANG: self._recover_gang}
 
@@ -143,9 +143,7 @@ class GangService:
         """The coordinator's choice of members; JobError 409 on any other node."""
         return coordinator_pick(self.runtime, self._plan(), nodes, role)
 
-    async def start(
-        self, body: dict[str, Any], headers: Mapping[str, str]
-    ) -> tuple[JobRecord, bool]:
+    async def start(self, body: object, headers: Mapping[str, str]) -> tuple[JobRecord, bool]:
         """The StartFn of the job routes: members (fenced), single jobs, and gangs."""
         request = parse_job_request(body)
         if not self._exists(request.job_id):
@@ -387,11 +385,8 @@ class GangService:
             for task in watchers:
                 task.cancel()
         state, exit_code, reason = gang_outcome(self._members(entry), entry.job_id in self._killed)
-        result = {
-            **ended_result(JobState(state), reason or ""),
-            "exit_code": exit_code,
-            "reason": reason,
-        }
+        result = ended_result(JobState(state), reason or "")
+        result["exit_code"], result["reason"] = exit_code, reason
         result["started_at"] = entry.gang.started_at
         self.service.store.record_end(entry, result)
         log.info("gang %s ended %s: %s", entry.job_id, state, reason)

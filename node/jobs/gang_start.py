@@ -7,7 +7,7 @@ import asyncio
 import errno
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from config.declare import Refusal
 from net import peer_url
 from node.errors import JobError, PlanError
+from node.jobs.documents import JobSpecJson
 from node.jobs.records import GangMember, JobState, PickAnswer, Role
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_master_port, pick_members
 from node.openapi import BODY_CONFIG, WholeNumber
@@ -151,7 +152,7 @@ class MemberStarts:
         call: CallFn,
         gang_id: str,
         owner: str,
-        spec: Mapping[str, Any],
+        spec: JobSpecJson,
         pick: PickAnswer,
         rows: list[GangMember],
     ) -> None:
@@ -161,8 +162,13 @@ class MemberStarts:
         self._pick = pick
         self.rows = rows
         self._base = {
-            key: spec[key]
-            for key in ("name", "argv", "env", "cwd", "timeout_s", "role", "env_from")
+            "name": spec["name"],
+            "argv": spec["argv"],
+            "env": spec["env"],
+            "cwd": spec["cwd"],
+            "timeout_s": spec["timeout_s"],
+            "role": spec["role"],
+            "env_from": spec["env_from"],
         }
 
     async def start_one(self, rank: int, master_port: int) -> tuple[str | None, str | None]:

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from config import JobSettings
+from node.jobs.files import LaunchJson
 from node.jobs.policy import RunAs, job_env
 from node.jobs.records import gang_env
 from node.jobs.store import JobEntry
@@ -79,7 +79,7 @@ def launch_document(
     run_as: RunAs | None,
     daemon_url: str,
     base_env: Mapping[str, str],
-) -> dict[str, Any]:
+) -> LaunchJson:
     """What the supervisor needs to run `entry` (launch.json); makes the job's private tmp
     directory and its working directory (owned by `run_as` when given)."""
     tmp = entry.directory / "tmp"

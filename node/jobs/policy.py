@@ -11,6 +11,7 @@ from typing import Any
 
 from config import ConfigError, JobSettings
 from node.errors import JobError, LauncherError, RendezvousError
+from node.jobs.files import RunAsJson
 from node.jobs.records import JobRequest
 from node.training.rendezvous import Rendezvous
 from node.training.torchrun import node_place, torchrun_env
@@ -26,7 +27,7 @@ class RunAs:
     groups: tuple[int, ...]
     home: str
 
-    def to_launch(self) -> dict[str, Any]:
+    def to_launch(self) -> RunAsJson:
         return {"uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
 
 

@@ -12,8 +12,8 @@ import secrets
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, cast, get_args
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast, get_args
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,10 @@ from pydantic.json_schema import SkipJsonSchema
 from config.declare import unset
 from node.errors import BodyError, JobError
 from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
+
+if TYPE_CHECKING:
+    from node.jobs.documents import JobRequestJson, JobSpecJson
+    from node.jobs.files import JobResultJson, StartedJson
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 Role = Literal["training", "inference", "selfplay", "any"]
@@ -85,7 +89,7 @@ class JobRequest:
     gang: GangSpec | None = None
     """Set on a member of a gang job (by the node that started the gang)."""
 
-    def spec(self) -> dict[str, Any]:
+    def spec(self) -> JobSpecJson:
         """Everything but the id: two requests with one id must have equal specs."""
         return {
             "name": self.name,
@@ -99,16 +103,12 @@ class JobRequest:
             "gang": None if self.gang is None else self.gang.to_json(),
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JobRequestJson:
         return {"job_id": self.job_id, **self.spec()}
 
     def with_id(self, job_id: str) -> JobRequest:
-        return JobRequest(job_id, **_spec_kwargs(self.spec()))
-
-
-def _spec_kwargs(spec: Mapping[str, Any]) -> dict[str, Any]:
-    gang = None if spec["gang"] is None else GangSpec.model_validate(spec["gang"])
-    return {**spec, "argv": tuple(spec["argv"]), "env": dict(spec["env"]), "gang": gang}
+        """The same request under `job_id` (its env sorted by name, as its spec)."""
+        return replace(self, job_id=job_id, env=dict(sorted(self.env.items())))
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -279,7 +279,7 @@ def gang_env(gang: GangSpec | None) -> dict[str, str]:
     }
 
 
-def request_from_dict(data: Mapping[str, Any]) -> JobRequest:
+def request_from_dict(data: Mapping[str, object]) -> JobRequest:
     """A request stored by `JobRequest.to_dict` (trusted: it was validated before storing)."""
     return parse_job_request(dict(data))
 
@@ -331,11 +331,11 @@ def parse_kill(body: object, default_grace_s: float) -> tuple[str, float]:
     return kill.signal, default_grace_s if kill.grace_s is None else kill.grace_s
 
 
-def state_of(result: Mapping[str, Any] | None, started: Mapping[str, Any] | None) -> JobState:
+def state_of(result: JobResultJson | None, started: StartedJson | None) -> JobState:
     """The state a job's files say: result.json decides; else running once it has a pid."""
     if result is not None:
         try:
-            return JobState(str(result.get("state")))
+            return JobState(result["state"])
         except ValueError:
             return JobState.LOST
     return JobState.RUNNING if started is not None else JobState.PENDING

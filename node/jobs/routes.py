@@ -80,7 +80,9 @@ class FilesQuery(BaseModel):
     path: str = Field(default="", description="relative path in the working directory")
 
 
-StartFn = Callable[[dict[str, Any], Mapping[str, str]], Awaitable[tuple[JobRecord, bool]]]
+StartFn = Callable[[object, Mapping[str, str]], Awaitable[tuple[JobRecord, bool]]]
+"""Start a job from its request body (not yet parsed) and headers: its record, and whether it
+was created (False: the same request again)."""
 WORK = (Caller.FENCED, Caller.OPERATOR)
 """A node starts and kills jobs only as the coordinator's work (gang members, a run's job)."""
 NO_JOB = Refusal(404, "job_not_found", "no such job")
@@ -149,7 +151,7 @@ class JobRoutes:
         self.start: StartFn = start or self.start_single
 
     async def start_single(
-        self, body: dict[str, Any], headers: Mapping[str, str]
+        self, body: object, headers: Mapping[str, str]
     ) -> tuple[JobRecord, bool]:
         request = parse_job_request(body)
         if request.nodes != 1 or request.gang is not None:

@@ -15,10 +15,10 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from config import JobSettings
 from node.errors import JobError
+from node.jobs.files import JobResultJson, LaunchJson
 from node.jobs.launcher import ForkServer, launch_document, spawn_supervisor
 from node.jobs.policy import RunAs, resolve_program, resolve_run_as
 from node.jobs.records import (
@@ -53,7 +53,7 @@ def reap_detached() -> None:
     _DETACHED[:] = [p for p in _DETACHED if p.poll() is None]
 
 
-def ended_result(state: JobState, reason: str) -> dict[str, Any]:
+def ended_result(state: JobState, reason: str) -> JobResultJson:
     """A result the daemon records itself (no exit status was observed)."""
     return {
         "state": state.value,
@@ -218,9 +218,8 @@ class JobService:
         finally:
             self._starting.discard(job_id)
         await wal.commit(entry_id)
-        log.info(
-            "job %s started: %s (pid %s)", job_id, request.argv[0], (entry.started or {}).get("pid")
-        )
+        pid = None if entry.started is None else entry.started["pid"]
+        log.info("job %s started: %s (pid %s)", job_id, request.argv[0], pid)
         return entry, True
 
     def _existing(self, request: JobRequest) -> JobEntry:
@@ -251,7 +250,7 @@ class JobService:
 
     def _launch(
         self, entry: JobEntry, executable: str | None, extra_env: Mapping[str, str]
-    ) -> dict[str, Any]:
+    ) -> LaunchJson:
         """What the supervisor needs to run `entry` (launch.json)."""
         return launch_document(
             entry,

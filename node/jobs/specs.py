@@ -7,7 +7,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from node.jobs.transport import JobClientState
 from node.providers import GPUQuery, Provider
@@ -118,9 +118,23 @@ def new_job_id() -> str:
     return f"j-{secrets.token_hex(8)}"
 
 
-def start_body(job: JobSpec, deploy: DeploySpec, job_id: str) -> dict[str, Any]:
+class JobStartBody(TypedDict):
+    """A POST /v1/jobs body as the client sends it: a field at its default is left out."""
+
+    job_id: str
+    name: str
+    argv: list[str]
+    env: NotRequired[dict[str, str]]
+    cwd: NotRequired[str]
+    timeout_s: NotRequired[float]
+    nodes: NotRequired[int]
+    role: NotRequired[str]
+    env_from: NotRequired[str]
+
+
+def start_body(job: JobSpec, deploy: DeploySpec, job_id: str) -> JobStartBody:
     """The POST /v1/jobs body for `job` placed by `deploy`."""
-    body: dict[str, Any] = {
+    body: JobStartBody = {
         "job_id": job_id,
         "name": job.name or os.path.basename(job.command[0]),
         "argv": list(job.command),

@@ -17,8 +17,8 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from node.jobs.files import JobResultJson, LaunchJson, StartedJson, read_result, read_started
 from node.jobs.records import (
     GangRecord,
     JobRecord,
@@ -59,9 +59,9 @@ class JobEntry:
     request: JobRequest
     node: str
     created_at: float
-    started: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
-    caps: dict[str, Any] | None = None
+    started: StartedJson | None = None
+    result: JobResultJson | None = None
+    caps: dict[str, bool] | None = None
     supervisor: subprocess.Popen[bytes] | None = None
     """The subprocess.Popen of a supervisor this daemon started (reaped by the watcher)."""
     gang: GangRecord | None = None
@@ -90,9 +90,9 @@ class JobEntry:
     def refresh(self) -> None:
         """Re-read the supervisor's files; sets `ended` once a result is there."""
         if self.started is None:
-            self.started = read_json(self.directory / "supervisor.json")
+            self.started = read_started(self.directory / "supervisor.json")
         if self.result is None:
-            self.result = read_json(self.directory / "result.json")
+            self.result = read_result(self.directory / "result.json")
         self.caps = read_json(self.directory / "caps.json")
         if self.result is not None:
             self.ended.set()
@@ -106,22 +106,22 @@ class JobEntry:
 
     def record(self, max_log_bytes: int) -> JobRecord:
         """The job record of the HTTP API."""
-        started = self.started or {}
-        result = self.result or {}
-        capped = dict(result.get("log_capped") or self.caps or {})
+        started, result = self.started, self.result
+        capped = (None if result is None else result.get("log_capped")) or self.caps or {}
         return JobRecord(
             job_id=self.job_id,
             name=self.request.name,
             node=self.node,
             argv=self.request.argv,
             state=self.state,
-            exit_code=result.get("exit_code"),
-            signal=result.get("signal"),
-            reason=result.get("reason"),
+            exit_code=None if result is None else result["exit_code"],
+            signal=None if result is None else result["signal"],
+            reason=None if result is None else result["reason"],
             created_at=self.created_at,
-            started_at=started.get("started_at") or result.get("started_at"),
-            ended_at=result.get("ended_at"),
-            pid=started.get("pid"),
+            started_at=(None if started is None else started["started_at"])
+            or (None if result is None else result["started_at"]),
+            ended_at=None if result is None else result["ended_at"],
+            pid=None if started is None else started["pid"],
             log_bytes=StreamBytes(**self.log_bytes()),
             log_capped=StreamFlags(**{s: bool(capped.get(s)) for s in STREAMS}),
             max_log_bytes=max_log_bytes,
@@ -133,7 +133,7 @@ class JobEntry:
         )
 
 
-def _gang_of(data: dict[str, Any] | None) -> GangRecord | None:
+def _gang_of(data: object) -> GangRecord | None:
     return None if data is None else GangRecord.model_validate(data)
 
 
@@ -193,7 +193,7 @@ class JobStore:
         return JobEntry(request.job_id, directory, request, self.node, created_at)
 
     @staticmethod
-    def write_launch(entry: JobEntry, launch: dict[str, Any]) -> None:
+    def write_launch(entry: JobEntry, launch: LaunchJson) -> None:
         write_json_atomic(entry.directory / "launch.json", launch)
 
     @staticmethod
@@ -208,7 +208,7 @@ class JobStore:
         write_json_atomic(entry.directory / "gang.json", entry.gang.to_json())
 
     @staticmethod
-    def record_end(entry: JobEntry, result: dict[str, Any]) -> None:
+    def record_end(entry: JobEntry, result: JobResultJson) -> None:
         """Record an end the daemon decided (lost, refused): never over a supervisor's result."""
         if (entry.directory / "result.json").exists():
             entry.refresh()
@@ -220,9 +220,9 @@ class JobStore:
     @staticmethod
     def kill_orphans(entry: JobEntry) -> None:
         """SIGKILL the group of a job whose supervisor died, if its leader is still that process."""
-        started = entry.started or {}
-        pid = started.get("pid")
-        ticks = started.get("start_ticks")
+        started = entry.started
+        pid = None if started is None else started["pid"]
+        ticks = None if started is None else started.get("start_ticks")
         if not isinstance(pid, int) or ticks is None or process_start_ticks(pid) != ticks:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):

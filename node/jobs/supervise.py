@@ -8,6 +8,7 @@ max_log_bytes, user), `kill.json` (a kill request: signal, grace_s). Files it wr
 `stdout.log`, `stderr.log`, `caps.json` (which stream hit the cap), `supervisor.json` (pids,
 once the job runs), `result.json` (the end: state, exit_code, signal, reason), `supervisor.log`.
 It holds an exclusive flock on `lock` for its whole life: a free lock means no supervisor.
+The JSON files' shapes are node.jobs.files' TypedDicts.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # the script imports nothing of shoal: these are for mypy only
+    from node.jobs.files import JobResultJson, LaunchJson
 
 POLL_S = 0.02
 LOCK_TRIES = 100
@@ -35,7 +40,7 @@ PR_SET_CHILD_SUBREAPER = 36
 STREAMS = ("stdout", "stderr")
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, object], *, durable: bool = True) -> None:
     """Write `data` to `path` so a reader sees the old file or the whole new one; `durable`
     also survives a power loss (fsync of the file and its directory)."""
     temp = path.with_name(f".{path.name}.tmp")
@@ -129,7 +134,7 @@ class CappedLog:
 class Supervisor:
     """Runs the job of one directory from start to recorded end."""
 
-    def __init__(self, job_dir: Path, launch: dict[str, Any]) -> None:
+    def __init__(self, job_dir: Path, launch: LaunchJson) -> None:
         self.job_dir = job_dir
         self.launch = launch
         cap = int(launch.get("max_log_bytes", 0)) or (1 << 62)
@@ -142,7 +147,7 @@ class Supervisor:
         self.kill_deadline: float | None = None
         self.kill_grace_s = float(launch.get("kill_grace_s", 10.0))
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> JobResultJson:
         """Start the job and supervise it to the end; returns the result to record."""
         started_at = time.time()
         try:
@@ -299,7 +304,7 @@ class Supervisor:
         for log in self.logs.values():
             log.close()
 
-    def result(self, started_at: float) -> dict[str, Any]:
+    def result(self, started_at: float) -> JobResultJson:
         assert self.status is not None
         code = os.waitstatus_to_exitcode(self.status)
         exit_code = code if code >= 0 else None
@@ -339,7 +344,7 @@ def supervise(job_dir: Path) -> int:
         print(f"{job_dir}/launch.json is missing", file=sys.stderr)
         return 2
     become_subreaper()
-    supervisor = Supervisor(job_dir, launch)
+    supervisor = Supervisor(job_dir, cast("LaunchJson", launch))
     result = supervisor.run()
     result["log_capped"] = {s: log.capped for s, log in supervisor.logs.items()}
     write_json_atomic(job_dir / "result.json", result)

@@ -21,7 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, TypeVar
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 from config import Timeouts, read_error, read_secret_file
 from config.tls.client import client_scheme, operator_context
@@ -34,6 +34,7 @@ from node.errors import (
     JobUnreachableError,
     JobWaitTimeoutError,
 )
+from node.jobs.documents import JobRecordJson
 from node.jobs.records import JobRecord, JobState
 
 T = TypeVar("T")
@@ -67,7 +68,7 @@ def signal_number(value: object) -> int | None:
         return None
 
 
-def job_exit_code(record: Mapping[str, Any]) -> int:
+def job_exit_code(record: JobRecordJson) -> int:
     """The exit code of an ended job, as `subprocess.Popen.returncode` says it (a death by
     signal N is -N); JobEndedError for killed, timed_out and lost, which have none to report."""
     state = record.get("state")
@@ -101,10 +102,10 @@ class JobClientState(TypedDict):
     signal: str | None
     reason: str | None
     node: str | None
-    record: dict[str, Any] | None
+    record: JobRecordJson | None
     acquired: NotRequired[tuple[Any, Any] | None]
     """(provider, handle) of a node a provider acquired for the job; released on terminate."""
-    bootstrap: NotRequired[dict[str, Any]]
+    bootstrap: NotRequired[JobRecordJson]
     """The bootstrap job's final record."""
 
 
@@ -160,7 +161,7 @@ async def request_json(
     endpoint: Endpoint,
     method: str,
     path: str,
-    body: dict[str, Any] | None = None,
+    body: Mapping[str, object] | None = None,
     params: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
 ) -> Any:
@@ -175,11 +176,11 @@ async def request_json(
         raise job_error(exc) from exc
 
 
-def apply_record(state: JobClientState, record: object) -> dict[str, Any]:
+def apply_record(state: JobClientState, record: object) -> JobRecordJson:
     """Copy a job record the node answered into `state` (read as a JobRecord: JobClientError
     naming the field when it is not one); returns the record's JSON."""
     try:
-        copied = JobRecord.model_validate(record).to_json()
+        copied = cast(JobRecordJson, JobRecord.model_validate(record).to_json())
     except ValueError as exc:
         raise JobClientError(
             f"{state.get('node_url')} answered something that is not a job record: {exc}"
@@ -187,18 +188,18 @@ def apply_record(state: JobClientState, record: object) -> dict[str, Any]:
     state["record"] = copied
     state["job_id"] = copied.get("job_id", state["job_id"])
     state["status"] = copied.get("state", state["status"])
-    for key in ("exit_code", "signal", "reason", "node"):
-        state[key] = copied.get(key)
+    state["exit_code"], state["signal"] = copied["exit_code"], copied["signal"]
+    state["reason"], state["node"] = copied["reason"], copied["node"]
     return copied
 
 
-async def fetch_record(state: JobClientState) -> dict[str, Any]:
+async def fetch_record(state: JobClientState) -> JobRecordJson:
     """GET the job's record into `state`."""
     record = await request_json(endpoint_of(state), "GET", f"/v1/jobs/{state['job_id']}")
     return apply_record(state, record)
 
 
-async def post_job(state: JobClientState, body: dict[str, Any]) -> dict[str, Any]:
+async def post_job(state: JobClientState, body: Mapping[str, object]) -> JobRecordJson:
     """POST /v1/jobs, retried with the same job id (harmless) when the answer was lost."""
     endpoint = endpoint_of(state)
     for attempt in range(3):
@@ -213,7 +214,7 @@ async def post_job(state: JobClientState, body: dict[str, Any]) -> dict[str, Any
 
 async def wait_record(
     state: JobClientState, poll_interval: float, timeout_s: float | None
-) -> dict[str, Any]:
+) -> JobRecordJson:
     """Long-poll the wait route until the job ends; its final record (also put in `state`)."""
     endpoint = endpoint_of(state)
     loop = asyncio.get_running_loop()

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         NodeHandle,
         Provider,
     )
+    from node.providers.decision import AutostopDecision
     from node.providers.local import LocalProvider
     from node.providers.ready import ReadyNode, ready_node
     from node.providers.static import StaticProvider, host_matches

@@ -14,14 +14,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
 
 from config import HostEntry
 from config.closing import AsyncClosing
 from health import LoopHealth
 from node.providers.base import ActionResult, NodeHandle, Provider
+from node.providers.decision import AutostopDecision
 from node.providers.static import NO_OP
+from node.runtime import AutostopStatusJson
 from wal import WriteAheadLog
 
 logger = logging.getLogger(__name__)
@@ -160,27 +162,33 @@ def nvml_utilization() -> list[float]:
         pynvml.nvmlShutdown()
 
 
-async def recover_interrupted(wal: WriteAheadLog) -> list[dict[str, Any]]:
+async def recover_interrupted(wal: WriteAheadLog) -> list[AutostopDecision]:
     """Resolve the `node.autostop` entries still pending: decisions whose action was never
     confirmed because the daemon went down during it (as stopping this very node does). Each
     is committed without acting again, kept as the last decision and returned, so a restarted
-    node reports it and needs a whole new idle window before it decides again."""
+    node reports it and needs a whole new idle window before it decides again. A payload that
+    is not a decision is committed and left out (logged, naming the field)."""
     found = []
     for entry in await wal.pending(WAL_ENTRY_TYPE):
-        action = entry.payload.get("action", "stop")
-        decision = {
-            **entry.payload,
-            "entry": entry.id,
-            "decided_at": entry.payload.get("decided_at", entry.created_at),
-            "recovered": True,
-            "outcome": (
-                f"interrupted: the daemon went down during this {action} and restarted; "
-                "not repeated (a new decision needs a whole idle window)"
+        try:
+            record = AutostopDecision.from_json(entry.payload)
+        except ValueError as exc:
+            await wal.commit(entry.id)
+            logger.error("autostop: WAL entry %d is not a decision: %s", entry.id, exc)
+            continue
+        decision = replace(
+            record,
+            entry=entry.id,
+            decided_at=entry.created_at if record.decided_at is None else record.decided_at,
+            recovered=True,
+            outcome=(
+                f"interrupted: the daemon went down during this {record.action or 'stop'} and "
+                "restarted; not repeated (a new decision needs a whole idle window)"
             ),
-        }
-        await wal.state_set(LAST_DECISION_KEY, decision)
+        )
+        await wal.state_set(LAST_DECISION_KEY, decision.to_json())
         await wal.commit(entry.id)
-        logger.warning("autostop: WAL entry %d: %s", entry.id, decision["outcome"])
+        logger.warning("autostop: WAL entry %d: %s", entry.id, decision.outcome)
         found.append(decision)
     return found
 
@@ -212,8 +220,8 @@ class AutoStop(AsyncClosing):
         self.clock = clock
         self.wall_clock = wall_clock
         self.samples: list[IdleSample] = []
-        self.acted: dict[str, Any] | None = None
-        self.last_decision: dict[str, Any] | None = None
+        self.acted: AutostopDecision | None = None
+        self.last_decision: AutostopDecision | None = None
         self.last_error: str | None = None
         self.loop_health = LoopHealth("autostop")
         self._acting = False
@@ -226,8 +234,11 @@ class AutoStop(AsyncClosing):
         """Read the last decision kept in the WAL (after a restart)."""
         if self.wal is not None:
             stored = await self.wal.state_get(LAST_DECISION_KEY)
-            if isinstance(stored, dict):
-                self.last_decision = stored
+            if stored is not None:
+                try:
+                    self.last_decision = AutostopDecision.from_json(stored)
+                except ValueError as exc:
+                    logger.warning("autostop: the kept last decision is unreadable: %s", exc)
 
     def start(self) -> None:
         """Start the check loop (once)."""
@@ -261,7 +272,7 @@ class AutoStop(AsyncClosing):
     def _note(self) -> str:
         latest = self.samples[-1] if self.samples else None
         if self.acted is not None:
-            return f"acted: {self.acted['outcome']}"
+            return f"acted: {self.acted.outcome}"
         if latest is None or latest.idle:
             return f"idle {self.idle_for_s():.0f} s of {self.policy.idle_s:g} s"
         return "busy: " + "; ".join(latest.reasons)
@@ -271,7 +282,7 @@ class AutoStop(AsyncClosing):
         start = idle_streak_start(self.samples)
         return 0.0 if start is None else max(0.0, self.clock() - start)
 
-    async def check_once(self) -> dict[str, Any] | None:
+    async def check_once(self) -> AutostopDecision | None:
         """Take one sample and act when the window is idle; the decision, else None."""
         if self.acted is not None:
             return None
@@ -284,31 +295,31 @@ class AutoStop(AsyncClosing):
             return None
         return await self._act(now)
 
-    async def _act(self, now: float) -> dict[str, Any]:
+    async def _act(self, now: float) -> AutostopDecision:
         start = idle_streak_start(self.samples) or now
         action = self.policy.action
-        record: dict[str, Any] = {
-            "provider": self.handle.provider,
-            "node": self.handle.id,
-            "action": action,
-            "idle_s": round(now - start, 3),
-            "window_s": self.policy.idle_s,
-            "dry_run": self.dry_run,
-            "decided_at": round(self.wall_clock(), 3),
-        }
+        record = AutostopDecision(
+            provider=self.handle.provider,
+            node=self.handle.id,
+            action=action,
+            idle_s=round(now - start, 3),
+            window_s=self.policy.idle_s,
+            dry_run=self.dry_run,
+            decided_at=round(self.wall_clock(), 3),
+        )
         self._acting = True
         try:
-            entry = await self.wal.append(WAL_ENTRY_TYPE, record) if self.wal else None
-            self.last_decision = {**record, "entry": entry, "outcome": "in progress"}
+            entry = await self.wal.append(WAL_ENTRY_TYPE, record.payload()) if self.wal else None
+            self.last_decision = replace(record, entry=entry)
             try:
                 outcome = await self._run_action()
             except Exception as exc:
                 self.samples = []  # the next attempt needs a whole new window
-                await self._decided({**record, "entry": entry, "outcome": f"failed: {exc}"})
+                await self._decided(replace(record, entry=entry, outcome=f"failed: {exc}"))
                 if self.wal is not None and entry is not None:
                     await self.wal.rollback(entry, reason=f"{action} failed: {exc}")
                 raise
-            decision = {**record, "entry": entry, "outcome": outcome}
+            decision = replace(record, entry=entry, outcome=outcome)
             await self._decided(decision)
             if self.wal is not None and entry is not None:
                 await self.wal.commit(entry)
@@ -331,10 +342,10 @@ class AutoStop(AsyncClosing):
         result: ActionResult = await self.provider.stop(self.handle)
         return result.message or ("stopped" if result.changed else "no change")
 
-    async def _decided(self, decision: dict[str, Any]) -> None:
+    async def _decided(self, decision: AutostopDecision) -> None:
         self.last_decision = decision
         if self.wal is not None:
-            await self.wal.state_set(LAST_DECISION_KEY, decision)
+            await self.wal.state_set(LAST_DECISION_KEY, decision.to_json())
 
     def state(self) -> str:
         """`acted`, `acting`, `idle`, `busy`, or `starting` before the first check."""
@@ -346,7 +357,7 @@ class AutoStop(AsyncClosing):
             return "starting"
         return "idle" if self.samples[-1].idle else "busy"
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> AutostopStatusJson:
         """The `autostop` object of /v1/status (the monitor reads it)."""
         idle_for = self.idle_for_s()
         start = idle_streak_start(self.samples)
@@ -363,14 +374,15 @@ class AutoStop(AsyncClosing):
             "idle_since": None if start is None else round(self.wall_clock() - idle_for, 3),
             "idle_for_s": round(idle_for, 3),
             "busy_reasons": [] if latest is None else list(latest.reasons),
-            "last_decision": self.last_decision,
+            "last_decision": None if self.last_decision is None else self.last_decision.to_json(),
             "last_error": self.last_error,
         }
 
 
-def disabled_status(last_decision: dict[str, Any] | None = None) -> dict[str, Any]:
+def disabled_status(last_decision: AutostopDecision | None = None) -> AutostopStatusJson:
     """The `autostop` object of a node without an `autostop:` section."""
-    return {"enabled": False, "state": "off", "last_decision": last_decision}
+    shown = None if last_decision is None else last_decision.to_json()
+    return {"enabled": False, "state": "off", "last_decision": shown}
 
 
 __all__ = [

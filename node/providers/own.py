@@ -172,7 +172,7 @@ async def open_autostop(
     assert wal is not None
     recovered = await recover_interrupted(wal)
     for decision in recovered:
-        runtime.notes.append(f"autostop: {decision['outcome']} (WAL entry {decision['entry']})")
+        runtime.notes.append(f"autostop: {decision.outcome} (WAL entry {decision.entry})")
     section = autostop_section(runtime, inventory)
     if section is None:
         last = recovered[-1] if recovered else None

@@ -22,7 +22,13 @@ if TYPE_CHECKING:
     from node.rl.publisher import WeightPublisher
     from node.rl.receiver import WeightReceiver
     from node.rl.service import WeightsService
-    from node.rl.stream import RolloutStream, post_rollouts, rollout_record
+    from node.rl.stream import (
+        RolloutRecord,
+        RolloutStream,
+        post_rollouts,
+        rollout_from_json,
+        rollout_record,
+    )
     from node.rl.versions import check_staleness, make_version_state, stamp_sample
 else:
     __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

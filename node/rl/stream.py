@@ -12,9 +12,10 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import JsonValue
 
 from config import Timeouts
 from node.errors import PeerRequestError, RetryLater, WeightsError
@@ -31,18 +32,53 @@ CONSUMED_PATH = "/v1/rollouts/consumed"
 log = logging.getLogger(__name__)
 
 
+class RolloutRecord(TypedDict):
+    """A record of the `rollouts` store (sync.records.schema.ROLLOUTS_SCHEMA) as JSON."""
+
+    sample_id: str
+    created_at: float
+    model_version: int
+    run: str | None
+    payload: Any
+    """The sample's own JSON, whatever the producer put in it (rollout_record: an object)."""
+
+
+_ROLLOUT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "sample_id": str,
+    "created_at": (int, float),
+    "model_version": int,
+    "run": (str, type(None)),
+}
+"""The fields a rollout record is read by, and their JSON types (payload is any JSON)."""
+
+
+def rollout_from_json(record: object) -> RolloutRecord:
+    """A record of a daemon's `rollouts` page, checked field by field (WeightsError naming the
+    field otherwise); the record itself is returned, as the daemon sent it."""
+    if not isinstance(record, dict):
+        raise WeightsError(f"a rollout record is a JSON object, not {type(record).__name__}")
+    for name, kinds in _ROLLOUT_FIELDS.items():
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise WeightsError(f"a rollout record's {name} is {value!r}")
+    return cast(RolloutRecord, record)
+
+
 def rollout_record(
-    sample: Mapping[str, Any], run: str, sample_id: str | None = None
-) -> dict[str, Any]:
+    sample: Mapping[str, JsonValue], run: str, sample_id: str | None = None
+) -> RolloutRecord:
     """The `rollouts` record of a stamped sample (see versions.stamp_sample): its version and
     time as fields, everything else (with `generated_at`) in `payload`. A daemon's store
     replaces `created_at` by its own time of admission (node.rl.backlog)."""
     version = sample.get("model_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise WeightsError("a rollout needs an integer model_version: stamp it first")
+    generated_at = sample.get("generated_at")
+    if isinstance(generated_at, bool) or not isinstance(generated_at, int | float):
+        raise WeightsError("a rollout needs a numeric generated_at: stamp it first")
     return {
         "sample_id": sample_id or uuid.uuid4().hex,
-        "created_at": float(sample["generated_at"]),
+        "created_at": float(generated_at),
         "model_version": version,
         "run": run,
         "payload": {k: v for k, v in sample.items() if k != "model_version"},
@@ -51,7 +87,7 @@ def rollout_record(
 
 def post_rollouts(
     endpoint: DaemonEndpoint,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[Mapping[str, object]],
     *,
     stop: threading.Event | None = None,
     sleep: Callable[[float], object] = time.sleep,
@@ -106,7 +142,7 @@ class RolloutStream:
         self._cursors: dict[str, tuple[float, str] | None] = dict.fromkeys(self.nodes)
         self._acked: dict[str, tuple[float, str] | None] = dict.fromkeys(self.nodes)
         self._seen: set[str] = set()
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[RolloutRecord] = []
         self._clock = clock
         self.consumed = 0
         self.dropped_stale = 0
@@ -131,11 +167,11 @@ class RolloutStream:
             registry=self.registry,
         ).labels(run=run)
 
-    def next_batch(self, current_version: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    def next_batch(self, current_version: int, timeout_s: float = 10.0) -> list[RolloutRecord]:
         """Up to `batch_size` rollouts at most `max_lag` versions behind `current_version`, in
         (created_at, sample_id) order; fewer when `timeout_s` passes first."""
         deadline = self._clock() + timeout_s
-        batch: list[dict[str, Any]] = []
+        batch: list[RolloutRecord] = []
         while len(batch) < self.batch_size:
             if not self._buffer and not self._fill():
                 if self._clock() >= deadline:
@@ -147,7 +183,7 @@ class RolloutStream:
                 self.dropped_stale += 1
                 self._dropped_total.inc()
                 continue
-            lag = max(0, current_version - int(record["model_version"]))
+            lag = max(0, current_version - record["model_version"])
             self.max_lag_seen = max(self.max_lag_seen, lag)
             self._lag.set(self.max_lag_seen)
             batch.append(record)
@@ -162,11 +198,11 @@ class RolloutStream:
         """Pull one page from every node; True when something new arrived. Runs only with an
         empty buffer: every record before a node's cursor is consumed, which the node hears
         first (its rollouts store then admits that many more)."""
-        fresh: list[dict[str, Any]] = []
+        fresh: list[RolloutRecord] = []
         for node in self.nodes:
             self._ack(node)
             fresh += self._pull(node)
-        fresh.sort(key=lambda r: (float(r["created_at"]), str(r["sample_id"])))
+        fresh.sort(key=lambda r: (float(r["created_at"]), r["sample_id"]))
         self._buffer.extend(fresh)
         return bool(fresh)
 
@@ -182,8 +218,8 @@ class RolloutStream:
             return
         self._acked[node] = cursor
 
-    def _pull(self, node: str) -> list[dict[str, Any]]:
-        query: dict[str, Any] = {"run": self.run, "limit": PAGE_LIMIT}
+    def _pull(self, node: str) -> list[RolloutRecord]:
+        query: dict[str, str | int] = {"run": self.run, "limit": PAGE_LIMIT}
         cursor = self._cursors[node]
         if cursor is not None:
             query.update(ts=repr(cursor[0]), after=cursor[1])
@@ -192,16 +228,16 @@ class RolloutStream:
             _, page = call(self.endpoint, "GET", path, url=node)
         except PeerRequestError:
             return []
-        records = page.get("records") or []
+        records = [rollout_from_json(record) for record in page.get("records") or []]
         following = page.get("next")
         if following:
             self._cursors[node] = (float(following["ts"]), str(following["after"]))
         elif records:
             last = records[-1]
-            self._cursors[node] = (float(last["created_at"]), str(last["sample_id"]))
+            self._cursors[node] = (float(last["created_at"]), last["sample_id"])
         new = []
         for record in records:
-            key = str(record["sample_id"])
+            key = record["sample_id"]
             if key not in self._seen:
                 self._seen.add(key)
                 new.append(record)

@@ -26,6 +26,7 @@ from health.monitor.client import node_url
 from health.monitor.model import NodeStatusDoc, parse_status
 from net import Identity, PeerRequestError, PeerTls
 from net import PeerClient as NetClient
+from node.ui.documents import AppliedWeights
 
 log = logging.getLogger(__name__)
 
@@ -214,21 +215,25 @@ async def ask_status(client: PeerClient, peer: Peer) -> NodeStatusDoc:
     return parse_status(await client.get_json(peer, "/v1/status"))
 
 
-Applied = dict[str, Any] | None
+Applied = AppliedWeights | None
 """A member's weights of one run as the RL page shows them: version, applied_at and source
 (None: the run is known there, nothing applied yet)."""
 
 
 def _applied(run: str, status: object) -> Applied:
+    """AppliedWeights from a member's weights status of `run` (None: nothing applied); a
+    ValueError names the field that is missing or of the wrong type."""
     if status is None:
         return None
     if not isinstance(status, Mapping) or not isinstance(status.get("version"), int):
         raise ValueError(f"weights status of run {run!r} has no integer version")
-    return {
-        "version": status["version"],
-        "applied_at": status.get("applied_at"),
-        "source": status.get("source"),
-    }
+    applied_at = status.get("applied_at")
+    if applied_at is not None and not isinstance(applied_at, int | float):
+        raise ValueError(f"weights status of run {run!r}: applied_at is not a number")
+    source = status.get("source")
+    if source is not None and not isinstance(source, str):
+        raise ValueError(f"weights status of run {run!r}: source is not a string")
+    return {"version": status["version"], "applied_at": applied_at, "source": source}
 
 
 async def ask_weights(client: PeerClient, peer: Peer, runs: Sequence[str]) -> dict[str, Applied]:

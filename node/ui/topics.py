@@ -25,6 +25,18 @@ from node.rl.service import WeightsService
 from node.routes import status_document
 from node.runtime import NodeRuntime
 from node.sync_service import SyncService
+from node.ui.documents import (
+    AppliedWeights,
+    GpuRow,
+    JobsTopic,
+    MemberRow,
+    MembersTopic,
+    NodeTopic,
+    NodeWeights,
+    RlTopic,
+    RunsTopic,
+    RunWeightsRow,
+)
 from node.ui.peers import Applied, Known, Peer, PeerClient, PeerFanout, ask_status, ask_weights
 from node.ui.training import TrainingSource, quarantine_rows, training_topics
 
@@ -105,7 +117,7 @@ class ClusterPeers:
         await self._client.close()
 
 
-def _gpu_row(gpu: GpuInfo) -> dict[str, Any]:
+def _gpu_row(gpu: GpuInfo) -> GpuRow:
     problems = list(gpu.problems) or list(gpu.faults)
     return {
         "index": gpu.index,
@@ -121,7 +133,7 @@ def _gpu_row(gpu: GpuInfo) -> dict[str, Any]:
 
 def member_rows(
     sources: UiSources, statuses: Mapping[str, Known[NodeStatusDoc]] | None = None
-) -> list[dict[str, Any]]:
+) -> list[MemberRow]:
     """One row per member of the view: state, role and training rank from the plan, and from
     the member's own /v1/status (`statuses`, by node id) its release, role, GPUs with health
     and health problems; `drain` ({"kill_after_s"}) while the plan drains it, else None;
@@ -133,7 +145,7 @@ def member_rows(
     plan = sources.plan()
     ranks = {} if plan is None else {node: i for i, node in enumerate(plan.training_ranks)}
     statuses = statuses or {}
-    rows = []
+    rows: list[MemberRow] = []
     for member in [] if membership is None else membership.members():
         meta = dict(member.meta)
         planned = None if plan is None else plan.roles.get(member.node_id)
@@ -176,7 +188,7 @@ def member_rows(
     return sorted(rows, key=lambda row: row["node_id"])
 
 
-async def members_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dict[str, Any]:
+async def members_topic(sources: UiSources, peers: ClusterPeers | None = None) -> MembersTopic:
     """Every member's row; starts a round of asking the other members when one is due."""
     plan = sources.plan()
     statuses: dict[str, Known[NodeStatusDoc]] = {}
@@ -214,7 +226,7 @@ async def status_topic(sources: UiSources) -> dict[str, Any]:
     return document
 
 
-async def jobs_topic(sources: UiSources) -> dict[str, Any]:
+async def jobs_topic(sources: UiSources) -> JobsTopic:
     service = sources.jobs
     if service is None:
         return {"summary": {}, "jobs": []}
@@ -231,12 +243,12 @@ def _stale_drops(runtime: NodeRuntime) -> float | None:
     return None if registry is None else registry.get_sample_value(STALE_DROPS_METRIC)
 
 
-async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dict[str, Any]:
+async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> RlTopic:
     """This node's runs (offered and applied versions, rollouts pending), staleness drops,
     `cluster_runs`: every run this node or an alive member knows (each member answers its own,
     asked once per interval), and per node the weights applied of each of them (`nodes`)."""
-    runs: dict[str, dict[str, Any]] = {}
-    here: dict[str, dict[str, Any] | None] = {}
+    runs: dict[str, RunWeightsRow] = {}
+    here: dict[str, AppliedWeights | None] = {}
     if sources.weights is not None:
         for run, state in sorted(sources.weights.runs().items()):
             runs[run] = {
@@ -252,11 +264,10 @@ async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dic
             }  # fmt: skip
     if sources.backlog is not None:
         for run, backlog in sorted(sources.backlog.runs().items()):
-            runs.setdefault(run, {}).update(
-                pending=backlog.pending + backlog.inflight,
-                max_pending=sources.backlog.max_pending,
-                refusing=backlog.refusing,
-            )
+            row = runs.setdefault(run, {})
+            row["pending"] = backlog.pending + backlog.inflight
+            row["max_pending"] = sources.backlog.max_pending
+            row["refusing"] = backlog.refusing
     names = set(runs)
     answers: dict[str, Known[dict[str, Applied]]] = {}
     if peers is not None:
@@ -264,7 +275,7 @@ async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dic
         for entry in answers.values():
             names |= set(entry.value or {})
     cluster_runs = sorted(names)
-    nodes: dict[str, dict[str, Any]] = {
+    nodes: dict[str, NodeWeights] = {
         sources.runtime.node_id: {
             "runs": {run: here.get(run) for run in cluster_runs},
             "answered_at": None,
@@ -288,7 +299,7 @@ async def rl_topic(sources: UiSources, peers: ClusterPeers | None = None) -> dic
     }
 
 
-async def runs_topic(sources: UiSources) -> dict[str, Any]:
+async def runs_topic(sources: UiSources) -> RunsTopic:
     if sources.locks is None:
         return {"locks": {}, "runs": {}}
     table = sources.locks.table.to_dict()
@@ -301,7 +312,7 @@ async def runs_topic(sources: UiSources) -> dict[str, Any]:
     }
 
 
-async def node_topic(sources: UiSources) -> dict[str, Any]:
+async def node_topic(sources: UiSources) -> NodeTopic:
     runtime = sources.runtime
     summary = None if runtime.health is None else runtime.health.summary()
     wal = None if runtime.wal is None else await runtime.wal.stats()

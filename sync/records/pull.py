@@ -10,7 +10,7 @@ import asyncio
 import functools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import orjson
@@ -27,7 +27,15 @@ from sync.records.client import rejection
 from sync.records.raw import loads_cut
 from sync.records.schema import RecordSchema
 from sync.records.store import RecordStore
-from sync.records.types import DEFAULT_PAGE_LIMIT, Cursor, IngestResult, PullResult, RecordKey
+from sync.records.types import (
+    DEFAULT_PAGE_LIMIT,
+    Cursor,
+    IngestResult,
+    PullResult,
+    RecordKey,
+    StoreStatus,
+    StoreStatusJson,
+)
 from sync.records.validate import validate_records
 from sync.translate import translated
 
@@ -36,9 +44,9 @@ GET_KEYS_PER_REQUEST = 100
 
 
 def since_params(
-    cursor: Cursor | None, limit: int, filters: Mapping[str, Any] | None
+    cursor: Cursor | None, limit: int, filters: Mapping[str, object] | None
 ) -> dict[str, str]:
-    """Query parameters of one `/since` request."""
+    """Query parameters of one `/since` request (a filter's value as text; a float's repr)."""
     params = {"limit": str(limit)}
     if cursor is not None:
         params["ts"] = repr(float(cursor[0]))
@@ -87,7 +95,7 @@ async def fetch_page(
     store: str,
     cursor: Cursor | None,
     limit: int = DEFAULT_PAGE_LIMIT,
-    filters: Mapping[str, Any] | None = None,
+    filters: Mapping[str, object] | None = None,
     schema: RecordSchema | None = None,
 ) -> Page:
     """One page of a peer's `/since`: (records, next cursor or None).
@@ -204,7 +212,7 @@ async def pull_records(
     local_store: RecordStore,
     since: Cursor | None = None,
     limit: int = DEFAULT_PAGE_LIMIT,
-    filters: Mapping[str, Any] | None = None,
+    filters: Mapping[str, object] | None = None,
     max_records: int | None = None,
     source_node: str = "unknown",
     store_wait_s: float = Timeouts().sync_s,
@@ -344,12 +352,15 @@ class P2PSyncClient(AsyncClosing):
             raise StoreClosedError(f"sync client for {self.base_url} is closed")
         return self._peers
 
-    async def get_status(self, store: str = "games") -> dict[str, Any]:
-        """The peer's `/v1/records/{store}/status`."""
+    async def get_status(self, store: str = "games") -> StoreStatusJson:
+        """The peer's `/v1/records/{store}/status` as it answered (RecordRequestError naming
+        the field that is missing or malformed)."""
         data = await _get_json(self.peers, self.base_url, f"/v1/records/{store}/status")
-        if not isinstance(data, dict):
-            raise RecordRequestError(f"{self.base_url}: status is not a JSON object", 200)
-        return data
+        try:
+            StoreStatus.from_json(data)
+        except ValueError as exc:
+            raise RecordRequestError(f"{self.base_url}: {exc}", 200) from None
+        return cast(StoreStatusJson, data)
 
     async def get_records(self, store: str, keys: Sequence[RecordKey]) -> list[dict[str, Any]]:
         """The peer's records with these keys (absent ones left out), via `/get?key=..`."""
@@ -369,7 +380,7 @@ class P2PSyncClient(AsyncClosing):
         return await self.get_records("games", game_ids)
 
     async def pull_games_since(
-        self, timestamp: float, filters: Mapping[str, Any] | None = None
+        self, timestamp: float, filters: Mapping[str, object] | None = None
     ) -> list[dict[str, Any]]:
         """Every game of the peer with created_at >= timestamp, in (created_at, game_id) order."""
         games: list[dict[str, Any]] = []

@@ -140,7 +140,7 @@ BUILTIN_SCHEMAS: Mapping[str, RecordSchema] = {
 }
 
 
-def schema_from_mapping(name: str, data: Mapping[str, Any]) -> RecordSchema:
+def schema_from_mapping(name: str, data: Mapping[str, object]) -> RecordSchema:
     """A schema from configuration: {key, time_column, fields: {name: kind | {kind, ...}}}."""
     where = f"record store {name!r}"
     fields_data = data.get("fields")

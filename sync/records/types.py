@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from sync.errors import RecordQueryError
 from sync.records.cursor import Cursor, PullResult, RecordKey
@@ -19,14 +19,17 @@ __all__ = [
     "MAX_GET_KEYS",
     "MAX_PAGE_LIMIT",
     "Cursor",
+    "CursorJson",
     "IngestResult",
     "PullResult",
     "RecordKey",
     "RecordPage",
+    "RecordPageJson",
     "SinceQuery",
     "SnapshotInfo",
     "StoreOptions",
     "StoreStatus",
+    "StoreStatusJson",
     "parse_get_keys",
     "parse_key",
     "parse_since_query",
@@ -70,6 +73,13 @@ class IngestResult:
         return {"accepted": self.accepted, "duplicates": self.duplicates}
 
 
+class StoreStatusJson(TypedDict):
+    store: str
+    count: int
+    newest_created_at: float | None
+    size_bytes: int
+
+
 @dataclass(frozen=True)
 class StoreStatus:
     """What `/v1/records/{store}/status` answers."""
@@ -79,13 +89,38 @@ class StoreStatus:
     newest_created_at: float | None
     size_bytes: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StoreStatusJson:
         return {
             "store": self.store,
             "count": self.count,
             "newest_created_at": self.newest_created_at,
             "size_bytes": self.size_bytes,
         }
+
+    @classmethod
+    def from_json(cls, data: object) -> StoreStatus:
+        """The status a node answered; ValueError naming the field that is missing or of the
+        wrong type."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a store status is a JSON object, not {type(data).__name__}")
+        store, newest = data.get("store"), data.get("newest_created_at")
+        if not isinstance(store, str):
+            raise ValueError(f"store status field 'store' is {store!r}, not a name")
+        if newest is not None and (isinstance(newest, bool) or not isinstance(newest, int | float)):
+            raise ValueError(f"store status field 'newest_created_at' is {newest!r}")
+        return cls(
+            store,
+            _count(data, "count"),
+            None if newest is None else float(newest),
+            _count(data, "size_bytes"),
+        )
+
+
+def _count(data: Mapping[str, object], field: str) -> int:
+    value = data.get(field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"store status field {field!r} is {value!r}, not an integer >= 0")
+    return value
 
 
 @dataclass(frozen=True)
@@ -97,6 +132,19 @@ class SnapshotInfo:
     size_bytes: int
 
 
+class CursorJson(TypedDict):
+    """A Cursor on the wire: the next page's (time, key)."""
+
+    ts: float
+    after: RecordKey | None
+
+
+class RecordPageJson(TypedDict):
+    records: list[dict[str, Any]]
+    """The records, each as its store's schema says (sync.records.schema.record_json_schema)."""
+    next: CursorJson | None
+
+
 @dataclass(frozen=True)
 class RecordPage:
     """One page of a since-query; `next` is the cursor of the following page, or None at the end."""
@@ -104,8 +152,10 @@ class RecordPage:
     records: list[dict[str, Any]]
     next: Cursor | None
 
-    def to_json(self) -> dict[str, Any]:
-        cursor = None if self.next is None else {"ts": self.next[0], "after": self.next[1]}
+    def to_json(self) -> RecordPageJson:
+        cursor: CursorJson | None = (
+            None if self.next is None else {"ts": self.next[0], "after": self.next[1]}
+        )
         return {"records": self.records, "next": cursor}
 
 

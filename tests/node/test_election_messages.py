@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import pytest
@@ -11,9 +12,14 @@ from config import Role
 from node.election.messages import (
     Heartbeat,
     HeartbeatAck,
+    HeartbeatAckJson,
+    HeartbeatJson,
     PlanAnnounce,
+    PlanAnnounceJson,
     VoteReply,
+    VoteReplyJson,
     VoteRequest,
+    VoteRequestJson,
     message_from_dict,
 )
 from node.errors import ElectionError
@@ -84,6 +90,22 @@ def test_round_trip_through_json(
     assert type(message).from_dict(json.loads(text)) == message
 
 
+def test_the_wire_forms_have_the_keys_their_typed_dicts_declare() -> None:
+    pulled = Heartbeat(3, "a", 4, PLAN.fence, None, "d" * 64, ("b", "c"))
+    forms = [
+        (VoteRequest(1, "a").to_dict(), VoteRequestJson),
+        (VoteReply(1, "b", True).to_dict(), VoteReplyJson),
+        (pulled.to_dict(), HeartbeatJson),
+        (HeartbeatAck(3, "b", 3, True, pulls_plans=True).to_dict(), HeartbeatAckJson),
+        (PlanAnnounce("b", 3, "a", True, PLAN).to_dict(), PlanAnnounceJson),
+    ]
+    for data, typed in forms:
+        assert set(data) == set(typing.get_type_hints(typed)), typed.__name__
+    assert pulled.to_dict()["plan_sources"] == ["b", "c"]
+    assert "pulls_plans" not in HeartbeatAck(3, "b", 3, True).to_dict()
+    assert "plan_digest" not in Heartbeat(3, "a", 4, PLAN.fence).to_dict()
+
+
 def test_plan_announce_round_trip() -> None:
     announce = PlanAnnounce("b", 3, "a", True, PLAN)
     assert PlanAnnounce.from_dict(json.loads(json.dumps(announce.to_dict()))) == announce
@@ -125,6 +147,29 @@ def test_plan_announce_round_trip() -> None:
             },
             "bad plan",
         ),
+        (
+            {
+                "type": "heartbeat",
+                "term": 3,
+                "coordinator": "a",
+                "seq": 1,
+                "plan_fence": [3, 2],
+                "plan": ["a"],
+            },
+            "bad plan: plan must be an object, not list",
+        ),
+        (
+            {
+                "type": "heartbeat",
+                "term": 3,
+                "coordinator": "a",
+                "seq": 1,
+                "plan_fence": [3, 2],
+                "plan_digest": 7,
+                "plan_sources": ["b"],
+            },
+            "plan_digest",
+        ),
         ({"type": "heartbeat_ack", "term": 1, "node": "b", "seq": 1, "success": 1}, "success"),
         (
             {
@@ -149,3 +194,8 @@ def test_from_dict_checks_the_type_field() -> None:
         Heartbeat.from_dict(VoteRequest(1, "a").to_dict())
     # the type field may be left out when the endpoint already says what it is
     assert VoteRequest.from_dict({"term": 2, "candidate": "a"}) == VoteRequest(2, "a")
+
+
+def test_a_malformed_plan_announce_is_refused() -> None:
+    with pytest.raises(ElectionError, match="plan must be an object"):
+        PlanAnnounce.from_dict({"node": "b", "term": 3, "lease_valid": True, "plan": "x"})

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any
 
 import pytest
 
 from config import Role
 from node.errors import PlanError
-from node.plan import FenceVerdict, GroupSpec, PlanFence, RolePlan, check_fence, should_apply
+from node.plan import (
+    FenceVerdict,
+    GroupJson,
+    GroupSpec,
+    PlanFence,
+    RolePlan,
+    RolePlanJson,
+    check_fence,
+    should_apply,
+)
 
 
 def plan(term: int = 2, version: int = 3) -> RolePlan:
@@ -154,3 +165,16 @@ def test_missing_plan_field_is_named() -> None:
     del document["group"]
     with pytest.raises(PlanError, match="group"):
         RolePlan.from_dict(document)
+
+
+def test_a_plans_json_has_the_keys_of_role_plan_json_in_its_order() -> None:
+    hints = typing.get_type_hints(RolePlanJson)
+    quiet = plan().to_dict()
+    assert list(quiet) == ["term", "version", *[k for k in hints if k not in
+                           ("term", "version", "note", "restart")], "note"]  # fmt: skip
+    assert set(quiet["group"]) == set(typing.get_type_hints(GroupJson))
+    restarted = dataclasses.replace(plan(), restart="hung").to_dict()
+    assert list(restarted)[-2:] == ["restart", "note"]
+    assert RolePlan.from_dict(restarted) == dataclasses.replace(plan(), restart="hung")
+    with pytest.raises(PlanError, match="generation"):
+        RolePlan.from_dict({**quiet, "generation": "4"})

@@ -127,3 +127,40 @@ def test_records_from_election_events() -> None:
     changed = adoption_record(ElectionEvent(ElectionEventKind.COORDINATOR_CHANGED, status), 6.0)
     assert changed == AdoptionRecord(6.0, "a", "coordinator", 2, "a")
     assert adoption_record(ElectionEvent(ElectionEventKind.ELECTED, status), 7.0) is None
+
+
+GOOD_LINE = AdoptionRecord(1.5, "a", "plan", 3, "a", 3, 2, "d" * 8, ("a", "b")).to_dict()
+
+
+def test_an_adoption_record_reads_back_from_its_line() -> None:
+    line = json.loads(json.dumps(GOOD_LINE))
+    assert line == {"time": 1.5, "node": "a", "kind": "plan", "term": 3, "coordinator": "a",
+                    "plan_term": 3, "plan_version": 2, "plan_digest": "dddddddd",
+                    "backers": ["a", "b"]}  # fmt: skip
+    assert AdoptionRecord.from_dict(line).to_dict() == GOOD_LINE
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("time", "soon", "malformed"),
+        ("time", None, "time None is not a number"),
+        ("term", True, "term True is not an integer"),
+        ("term", [3], "term"),
+        ("plan_term", "3", "plan_term '3' is not an integer"),
+        ("plan_version", 2.5, "plan_version"),
+        ("backers", "ab", "backers 'ab' is not a list"),
+        ("kind", "king", "kind 'king' is unknown"),
+    ],
+)
+def test_a_malformed_adoption_record_is_refused_naming_its_field(
+    field: str, value: object, match: str
+) -> None:
+    with pytest.raises(PlanError, match=match):
+        AdoptionRecord.from_dict({**GOOD_LINE, field: value})
+
+
+def test_an_adoption_record_without_a_node_is_refused_naming_it() -> None:
+    line = {key: value for key, value in GOOD_LINE.items() if key != "node"}
+    with pytest.raises(PlanError, match="lacks 'node'"):
+        AdoptionRecord.from_dict(line)

@@ -4,6 +4,7 @@ idle window, never while a job runs, a run lock is held, a GPU is busy, or a che
 from __future__ import annotations
 
 import asyncio
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,9 @@ from node.providers import (
     should_act,
     take_sample,
 )
+from node.providers.autostop import disabled_status
 from node.providers.own import locks_held_here
+from node.runtime import AutostopDecisionJson, AutostopStatusJson
 from wal import EntryState, WriteAheadLog
 
 
@@ -97,14 +100,15 @@ class Recorder:
 POLICY = AutostopPolicy(idle_s=10.0, action="stop", gpu_util_threshold=5.0, check_interval_s=1.0)
 
 
-async def tick(auto: AutoStop, node: FakeNode, seconds: int) -> list[dict[str, object]]:
-    """Advance the fake clock one second at a time, checking each time; the actions taken."""
-    acted: list[dict[str, object]] = []
+async def tick(auto: AutoStop, node: FakeNode, seconds: int) -> list[AutostopDecisionJson]:
+    """Advance the fake clock one second at a time, checking each time; the actions taken, as
+    JSON."""
+    acted: list[AutostopDecisionJson] = []
     for _ in range(seconds):
         node.now += 1.0
         result = await auto.check_once()
         if result is not None:
-            acted.append(result)
+            acted.append(result.to_json())
     return acted
 
 
@@ -242,7 +246,7 @@ async def test_a_refused_stop_is_rolled_back_and_needs_a_new_window(tmp_path: Pa
         assert "said no" in str(entry.error)
         assert auto.acted is None
         assert auto.last_decision is not None
-        assert "failed" in auto.last_decision["outcome"]
+        assert "failed" in str(auto.last_decision.outcome)
         recorder.refuse = False
         assert await tick(auto, node, 9) == []  # not retried at every check: a new window
         assert len(await tick(auto, node, 3)) == 1
@@ -268,7 +272,7 @@ async def test_an_interrupted_decision_is_reported_not_repeated(tmp_path: Path) 
     async with WriteAheadLog(tmp_path / "wal.db") as wal:
         entry = await wal.append(WAL_ENTRY_TYPE, {"node": "n1", "action": "stop", "dry_run": False})
     async with WriteAheadLog(tmp_path / "wal.db") as wal:
-        found = await recover_interrupted(wal)
+        found = [decision.to_json() for decision in await recover_interrupted(wal)]
         assert [d["entry"] for d in found] == [entry]
         assert found[0]["recovered"] is True
         assert "not repeated" in found[0]["outcome"]
@@ -299,3 +303,28 @@ def test_which_locks_of_the_table_are_held_for_this_node() -> None:
     }
     assert locks_held_here(table, "n1", "box7") == ["host", "mine", "run:a"]
     assert locks_held_here({"locks": "garbled"}, "n1", "box7") == []
+
+
+async def test_an_unreadable_kept_decision_is_not_shown(tmp_path: Path) -> None:
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        await wal.state_set(LAST_DECISION_KEY, {"node": "n1", "outcome": 5})
+        auto = AutoStop(Recorder(), NodeHandle("recorder", "n1", None), POLICY, FakeNode().checks())
+        auto.wal = wal
+        await auto.load()
+        assert auto.last_decision is None
+        assert auto.status()["last_decision"] is None
+
+
+async def test_the_status_objects_are_autostop_status_json() -> None:
+    every = set(typing.get_type_hints(AutostopStatusJson))
+    node = FakeNode()
+    auto = AutoStop(
+        Recorder(),
+        NodeHandle("recorder", "n1", None),
+        POLICY,
+        node.checks(),
+        clock=lambda: node.now,
+    )
+    await tick(auto, node, 3)
+    assert set(auto.status()) == every
+    assert set(disabled_status()) == {"enabled", "state", "last_decision"}

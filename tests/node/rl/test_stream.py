@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 
 from node.daemon import NodeDaemon
 from node.errors import WeightsError
-from node.rl.stream import RolloutStream, rollout_record
+from node.rl.stream import RolloutStream, rollout_from_json, rollout_record
 from node.rl.versions import make_version_state, set_version, stamp_sample
 from tests.node.daemons import test_settings
 
@@ -116,3 +116,24 @@ def test_records_need_a_stamped_integer_version() -> None:
         rollout_record({"x": 1, "generated_at": 1.0}, "r1")
     with pytest.raises(WeightsError, match="max_lag"):
         RolloutStream("r1", max_lag=-1, batch_size=1)
+
+
+def test_a_rollout_record_reads_back_as_itself() -> None:
+    state = make_version_state("g", version=3)
+    record = rollout_record(stamp_sample({"x": 1}, state, clock=lambda: 5.0), "r1", "k")
+    assert rollout_from_json(record) is record
+    with pytest.raises(WeightsError, match="generated_at"):
+        rollout_record({"x": 1, "model_version": 1, "generated_at": "soon"}, "r1")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("sample_id", 7), ("created_at", "5.0"), ("created_at", True), ("model_version", 1.5),
+     ("model_version", None), ("run", 3)],
+)  # fmt: skip
+def test_a_malformed_rollout_record_is_refused_naming_its_field(field: str, value: object) -> None:
+    record = {"sample_id": "k", "created_at": 5.0, "model_version": 3, "run": "r1", "payload": {}}
+    with pytest.raises(WeightsError, match=f"rollout record's {field} is"):
+        rollout_from_json({**record, field: value})
+    with pytest.raises(WeightsError, match="JSON object"):
+        rollout_from_json([record])
