@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,23 @@ def reports(generation: int, rank: int, *steps: int, **fields: Any) -> dict[str,
     } | fields
 
 
+Call = Callable[..., Awaitable[Any]]
+
+
+def caller(client: DaemonClient) -> tuple[Call, Callable[[], Awaitable[int | None]]]:
+    """`call(method, path, body=None)` through `client` off the loop, and `generation()`: the
+    generation of this node's rank, None while it has none."""
+
+    def call(method: str, path: str, body: Any = None) -> Awaitable[Any]:
+        return asyncio.to_thread(client.request, method, path, body)
+
+    async def generation() -> int | None:
+        answer = await call("GET", "/v1/rendezvous")
+        return None if answer.get("rank") is None else answer.get("generation")
+
+    return call, generation
+
+
 @pytest.fixture
 def secret(tmp_path: Path) -> Path:
     path = tmp_path / "secret"
@@ -59,13 +77,7 @@ async def test_reports_show_everywhere_and_a_restart_request_restarts_the_group(
             }
         )
 
-        def call(method: str, path: str, body: Any = None) -> Any:
-            return asyncio.to_thread(client.request, method, path, body)
-
-        async def generation() -> int | None:
-            answer = await call("GET", "/v1/rendezvous")
-            return None if answer.get("rank") is None else answer.get("generation")
-
+        call, generation = caller(client)
         first = await async_wait_until(
             generation, 20, message="a plan with a rank", retry_on=(DaemonAnswerError,)
         )
@@ -179,13 +191,7 @@ async def test_a_rank_reporting_its_group_broken_moves_the_group_on_once(tmp_pat
     async with NodeDaemon(settings) as daemon:
         client = DaemonClient(f"http://127.0.0.1:{daemon.port}")
 
-        def call(method: str, path: str, body: Any = None) -> Any:
-            return asyncio.to_thread(client.request, method, path, body)
-
-        async def generation() -> int | None:
-            answer = await call("GET", "/v1/rendezvous")
-            return None if answer.get("rank") is None else answer.get("generation")
-
+        call, generation = caller(client)
         first = await async_wait_until(
             generation, 20, message="a plan with a rank", retry_on=(DaemonAnswerError,)
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
@@ -20,33 +20,9 @@ from node.runtime import NodeRuntime
 from node.ui.documents import AppliedWeights, MemberRow, RlTopic
 from node.ui.peers import Known, Peer, PeerClient, ask_weights
 from node.ui.topics import UiSources, member_rows, rl_topic
-
-
-@dataclass
-class Member:
-    node_id: str
-    state: str = "alive"
-    address: str = "127.0.0.1"
-    port: int = 9
-    incarnation: int = 3
-    last_seen_s: float = 0.25
-    meta: dict[str, Any] = field(default_factory=lambda: {"version": "old", "gpu_count": 2})
-    is_self: bool = False
-
-
-@dataclass
-class View:
-    items: list[Member]
-
-    def members(self) -> list[Member]:
-        return list(self.items)
-
-
-@dataclass
-class Runtime:
-    node_id: str
-    membership: View
-    metrics: None = None
+from tests.node.ui.test_peers import FakeMember as Member
+from tests.node.ui.test_peers import FakeRuntime as Runtime
+from tests.node.ui.test_peers import FakeView as View
 
 
 @dataclass

@@ -65,6 +65,7 @@ class FakeView:
 class FakeRuntime:
     node_id: str
     membership: FakeView
+    metrics: None = None
 
 
 def sources_of(*members: FakeMember) -> UiSources:
