@@ -136,7 +136,9 @@ def checkpoint_figures(
     system: System, lines: list[dict[str, Any]], applied: list[AppliedFault]
 ) -> dict[str, Any]:
     """Committed steps lost (each group's restore beside the newest step committed before it
-    started), the wiped hosts' restores (from peers?), and the restores' sources and times."""
+    started), the wiped hosts' restores (from peers?), the restores' sources and times, and
+    (in place) the state ranks took from a live peer: how many times, bytes, seconds (the
+    agreement and transfer, not the forming of the group)."""
     lost, restores = committed_lost(lines, system.committed)
     wipes = [(fault.host, fault.at) for fault in applied if fault.kind == FaultKind.WIPE.value]
     seconds = [
@@ -144,7 +146,21 @@ def checkpoint_figures(
         for line in lines
         if line.get("event") == "restored" and line.get("rank") == 0 and line.get("step")
     ]
+    live = [
+        line
+        for line in lines
+        if line.get("event") in ("restored", "reformed") and line.get("source") == "peer"
+    ]
     return {
+        "live_transfers": {
+            "count": len(live),
+            "bytes_median": statistics.median(int(line["bytes"]) for line in live)
+            if live
+            else None,
+            "seconds_median": round(statistics.median(float(line["seconds"]) for line in live), 3)
+            if live
+            else None,
+        },
         "committed_steps_lost": lost,
         "committed_final": system.committed[-1][1] if system.committed else None,
         "group_restores": restores,

@@ -106,6 +106,14 @@ def digest(model: torch.nn.Module) -> float:
         return round(float(sum(p.double().sum() for p in model.parameters())), 9)
 
 
+def reform_fields(session: shoal.TrainingSession) -> dict[str, Any]:
+    """In place: where this rank's state came from (memory, peer, checkpoint), its bytes."""
+    reform = session.last_reform
+    if reform is None:
+        return {}
+    return {"source": reform.source, "bytes": reform.bytes, "from_rank": reform.from_rank}
+
+
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=0, help="stop after this step (0: never)")
@@ -142,6 +150,7 @@ def main() -> None:
             world=session.world_size,
             seconds=round(time.monotonic() - started, 3),
             digest=digest(model),
+            **reform_fields(session),
         )
         while not args.steps or step < args.steps:
             try:
@@ -159,9 +168,9 @@ def main() -> None:
                     generation=session.generation,
                     rank=session.rank,
                     world=session.world_size,
-                    source=session.last_reform.source if session.last_reform else None,
                     seconds=round(time.monotonic() - started, 3),
                     digest=digest(model),
+                    **reform_fields(session),
                 )
                 continue
             step += 1

@@ -25,7 +25,7 @@ ARGV = [
 ]  # fmt: skip
 RESTART = [*ARGV, "--reform", "restart"]
 """Every group change starts every process, which restores the committed checkpoint."""
-IN_PLACE = [*ARGV, "--reform", "in_place", "--systems", "shoal"]
+IN_PLACE = [*ARGV, "--reform", "in_place", "--systems", "shoal", "--settle-s", "5"]
 
 
 def test_a_short_goodput_run_loses_no_committed_step_and_a_wiped_host_restores_from_peers() -> None:
@@ -63,3 +63,6 @@ def test_in_place_the_group_steps_on_after_a_wipe_and_redoes_nothing() -> None:
     assert shoal["steps_lost"] == 0, described
     assert shoal["committed_steps_lost"] == 0, described
     assert shoal["goodput"] > 0, described
+    # the wiped host's new worker took the live state from a peer
+    assert shoal["live_transfers"]["count"] >= 1, described
+    assert shoal["live_transfers"]["bytes_median"] > 0, described
