@@ -3,11 +3,12 @@ and a job's record as the Python client reads it (JobRecord's JSON)."""
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from pydantic import JsonValue
 
-from node.jobs.records import Role
+Role = Literal["training", "inference", "selfplay", "any"]
+"""The role a job asks for (node.jobs.records checks it)."""
 
 
 class JobSpecJson(TypedDict):

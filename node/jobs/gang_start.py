@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from config.declare import Refusal
 from net import peer_url
 from node.errors import JobError, PlanError
-from node.jobs.documents import JobSpecJson
-from node.jobs.records import GangMember, JobState, PickAnswer, Role
+from node.jobs.documents import JobSpecJson, Role
+from node.jobs.records import GangMember, JobState, PickAnswer
 from node.jobs.roster import GANG_PORT_ATTEMPTS, gang_master_port, pick_members
 from node.openapi import BODY_CONFIG, WholeNumber
 from node.plan import FENCE_HEADER, FenceVerdict, PlanFence, RolePlan, check_fence

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from config import JobSettings
-from node.jobs.files import LaunchJson
+from node.jobs.filetypes import LaunchJson
 from node.jobs.policy import RunAs, job_env
 from node.jobs.records import gang_env
 from node.jobs.store import JobEntry

@@ -11,7 +11,7 @@ from typing import Any
 
 from config import ConfigError, JobSettings
 from node.errors import JobError, LauncherError, RendezvousError
-from node.jobs.files import RunAsJson
+from node.jobs.filetypes import RunAsJson
 from node.jobs.records import JobRequest
 from node.training.rendezvous import Rendezvous
 from node.training.torchrun import node_place, torchrun_env

@@ -27,14 +27,13 @@ from pydantic.json_schema import SkipJsonSchema
 
 from config.declare import unset
 from node.errors import BodyError, JobError
+from node.jobs.documents import JobRequestJson, JobSpecJson, Role
 from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
 
 if TYPE_CHECKING:
-    from node.jobs.documents import JobRequestJson, JobSpecJson
-    from node.jobs.files import JobResultJson, StartedJson
+    from node.jobs.filetypes import JobResultJson, StartedJson
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-Role = Literal["training", "inference", "selfplay", "any"]
 ROLES: tuple[str, ...] = get_args(Role)
 MAX_TIMEOUT_S = 365 * 86400.0
 SIGNALS = frozenset(s.name for s in signal.Signals if not s.name.startswith("SIGRT"))

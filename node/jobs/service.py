@@ -18,7 +18,7 @@ from pathlib import Path
 
 from config import JobSettings
 from node.errors import JobError
-from node.jobs.files import JobResultJson, LaunchJson
+from node.jobs.filetypes import JobResultJson, LaunchJson
 from node.jobs.launcher import ForkServer, launch_document, spawn_supervisor
 from node.jobs.policy import RunAs, resolve_program, resolve_run_as
 from node.jobs.records import (

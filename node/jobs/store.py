@@ -18,7 +18,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.jobs.files import JobResultJson, LaunchJson, StartedJson, read_result, read_started
+from node.jobs.files import read_result, read_started
+from node.jobs.filetypes import JobResultJson, LaunchJson, StartedJson
 from node.jobs.records import (
     GangRecord,
     JobRecord,

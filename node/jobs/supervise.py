@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # the script imports nothing of shoal: these are for mypy only
-    from node.jobs.files import JobResultJson, LaunchJson
+    from node.jobs.filetypes import JobResultJson, LaunchJson
 
 POLL_S = 0.02
 LOCK_TRIES = 100

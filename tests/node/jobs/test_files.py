@@ -11,15 +11,8 @@ import pytest
 
 from config import JobSettings
 from node.jobs import JobService, parse_job_request
-from node.jobs.files import (
-    JobResultJson,
-    LaunchJson,
-    StartedJson,
-    read_result,
-    read_started,
-    result_from_json,
-    started_from_json,
-)
+from node.jobs.files import read_result, read_started, result_from_json, started_from_json
+from node.jobs.filetypes import JobResultJson, LaunchJson, StartedJson
 from node.jobs.records import JobState
 from wal import WriteAheadLog
 
