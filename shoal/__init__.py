@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     )
     from shoal.group import TrainingGroup
     from shoal.guard import GroupChanged
+    from shoal.joining import Reform
     from shoal.place import RankPlace
-    from shoal.session import Reform, TrainingSession, training_session
+    from shoal.session import TrainingSession, training_session
 
 __all__ = [
     "CheckpointError",
@@ -58,7 +59,7 @@ _LAZY = {
     "GroupChanged": "shoal.guard",
     "RankPlace": "shoal.place",
     "TrainingGroup": "shoal.group",
-    "Reform": "shoal.session",
+    "Reform": "shoal.joining",
     "TrainingSession": "shoal.session",
     "training_session": "shoal.session",
 }

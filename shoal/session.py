@@ -24,7 +24,6 @@ to those that lack it (shoal.live) and only a group with no live state reads a c
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import os
@@ -36,14 +35,23 @@ from typing import Any
 
 from shoal._daemon import DaemonClient
 from shoal.compute import CollectiveClock
-from shoal.errors import DaemonUnreachableError, GroupError, SessionError, ShoalError
+from shoal.errors import GroupError, SessionError, ShoalError
 from shoal.group import TrainingGroup, torch_modules
 from shoal.guard import CollectiveGuard, GroupChanged
+from shoal.joining import (
+    ENV_AFTER_GENERATION,
+    ENV_REFORM,
+    WATCH_S,
+    Reform,
+    seconds_from,
+    wait_for_rank,
+    with_node,
+)
 from shoal.place import RankPlace
 from shoal.rendezvous import Rendezvous, fetch_rendezvous, rendezvous_from_env
 from shoal.report import Reporter
 
-__all__ = ["GroupChanged", "Reform", "TrainingSession", "training_session"]
+__all__ = ["TrainingSession", "training_session"]
 
 log = logging.getLogger(__name__)
 
@@ -52,74 +60,6 @@ DEFAULT_COLLECTIVE_S = 10.0
 passes its node's value as SHOAL_COLLECTIVE_S."""
 DEFAULT_QUORUM_S = 60.0
 """config.Timeouts.quorum_s's default: how long joining a group may take (SHOAL_QUORUM_S)."""
-POLL_S = 0.2
-ENV_REFORM = "SHOAL_REFORM"
-"""`in_place` (the node's training_reform): a change of the group is met by `reform`, not by a
-new process."""
-ENV_AFTER_GENERATION = "SHOAL_AFTER_GENERATION"
-"""A replacement the launcher starts before the next generation exists waits for a rendezvous of
-a newer generation than this one."""
-WATCH_S = 0.5
-"""How often an in-place session asks its daemon whether a newer generation is ready."""
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    text = env.get(name, "")
-    try:
-        value = float(text) if text else default
-    except ValueError:
-        raise ShoalError(f"{name}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ShoalError(f"{name}={text!r} must be above 0")
-    return value
-
-
-def _with_node(place: RankPlace, node_id: str | None) -> RankPlace:
-    """`place` naming `node_id` where it names no node (the daemon's answer does not)."""
-    if place.node_id is None and node_id is not None:
-        return dataclasses.replace(place, node_id=node_id)
-    return place
-
-
-def _wait_for_rank(
-    client: DaemonClient, local_rank: int, timeout_s: float, after: int = -1
-) -> Rendezvous:
-    """Ask the daemon for `local_rank`'s rendezvous of a generation above `after` until it
-    gives one; GroupError after `timeout_s` naming the last answer."""
-    deadline = time.monotonic() + timeout_s
-    problem = "no answer yet"
-    while True:
-        left_s = deadline - time.monotonic()
-        try:
-            found = fetch_rendezvous(client, local_rank, max(0.1, min(left_s, 5.0)))
-        except DaemonUnreachableError as exc:
-            found, problem = None, str(exc)
-        else:
-            if found is None:
-                problem = "this node has no training rank (yet)"
-            elif found.generation <= after:
-                problem = f"generation {found.generation} is not above {after} yet"
-                found = None
-        if found is not None:
-            return found
-        if left_s <= 0:
-            raise GroupError(f"no rank from {client.url} in {timeout_s:.0f} s: {problem}")
-        time.sleep(min(POLL_S, max(0.0, left_s)))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Reform:
-    """How an in-place session came to its state in `generation`: `step` from `source` --
-    "memory" (this rank held the newest step), "peer" (rank `from_rank` sent `bytes`), or
-    "checkpoint" (no rank held live state; the newest committed step, None: none) -- in
-    `seconds` (the agreement, the transfer or the restore; forming the group not counted)."""
-
-    generation: int
-    step: int | None
-    source: str
-    from_rank: int | None
-    bytes: int
-    seconds: float
 
 
 class TrainingSession:
@@ -167,7 +107,7 @@ class TrainingSession:
             )
             self._watcher.start()
             rendezvous = self._form(rendezvous, time.monotonic() + join_s)
-            self._place = _with_node(rendezvous.place, self._place.node_id)
+            self._place = with_node(rendezvous.place, self._place.node_id)
             self._master_addr = rendezvous.master_addr
         else:
             self.group.configure(rendezvous)
@@ -280,7 +220,7 @@ class TrainingSession:
         client = self._client
         assert client is not None  # in_place needs one
         left_s = max(0.1, deadline - time.monotonic())
-        rendezvous = _wait_for_rank(client, self._place.local_rank, left_s, leaving)
+        rendezvous = wait_for_rank(client, self._place.local_rank, left_s, leaving)
         self._moved_to(self._form(rendezvous, deadline))
 
     def _form(self, rendezvous: Rendezvous, deadline: float) -> Rendezvous:
@@ -305,7 +245,7 @@ class TrainingSession:
                     raise
                 log.warning("shoal: %s; joining the newest generation", exc)
             left_s = max(0.1, deadline - time.monotonic())
-            rendezvous = _wait_for_rank(client, self._place.local_rank, left_s, forming)
+            rendezvous = wait_for_rank(client, self._place.local_rank, left_s, forming)
 
     def watch_ddp(self, model: Any) -> None:
         """Measure a DistributedDataParallel model's exposed gradient all-reduce too (its
@@ -354,7 +294,7 @@ class TrainingSession:
 
     def _moved_to(self, rendezvous: Rendezvous) -> None:
         """This session now stands in `rendezvous`'s group: its place, its reports."""
-        place = _with_node(rendezvous.place, self._place.node_id)
+        place = with_node(rendezvous.place, self._place.node_id)
         self._place = place
         self._master_addr = rendezvous.master_addr
         self._reporter.move(place)
@@ -479,8 +419,8 @@ def training_session(
     warning. GroupError when no group forms in time.
     """
     env = os.environ if env is None else env
-    join_s = join_timeout_s or _seconds(env, "SHOAL_QUORUM_S", DEFAULT_QUORUM_S)
-    collective_s = _seconds(env, "SHOAL_COLLECTIVE_S", DEFAULT_COLLECTIVE_S)
+    join_s = join_timeout_s or seconds_from(env, "SHOAL_QUORUM_S", DEFAULT_QUORUM_S)
+    collective_s = seconds_from(env, "SHOAL_COLLECTIVE_S", DEFAULT_COLLECTIVE_S)
     reform = env.get(ENV_REFORM, "")
     if reform not in ("", "restart", "in_place"):
         raise ShoalError(f"{ENV_REFORM}={reform!r} must be in_place or restart")
@@ -494,7 +434,7 @@ def training_session(
         local_rank = env.get("LOCAL_RANK", "0")
         if not local_rank.isdigit():
             raise ShoalError(f"LOCAL_RANK={local_rank!r} is not an integer >= 0")
-        rendezvous = _wait_for_rank(client, int(local_rank), join_s, int(after or -1))
+        rendezvous = wait_for_rank(client, int(local_rank), join_s, int(after or -1))
     return TrainingSession(
         rendezvous,
         client,

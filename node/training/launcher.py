@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -22,22 +21,13 @@ from typing import BinaryIO
 from config import AsyncClosing
 from health import CheckFn, CheckResult, HealthStatus
 from node.errors import LauncherError
+from node.training.in_place import InPlaceSupervision
 from node.training.rendezvous import Rendezvous
 from node.training.spares import SparePool, start_worker
 from node.training.torchrun import ENV_AFTER_GENERATION, node_place, training_env
+from node.training.workers import LauncherState, restart_delay_s, signal_group
 
 log = logging.getLogger(__name__)
-
-
-class LauncherState(enum.StrEnum):
-    """What the launcher's workers are doing."""
-
-    IDLE = "idle"
-    RUNNING = "running"
-    BACKOFF = "backoff"
-    DONE = "done"
-    GAVE_UP = "gave_up"
-    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +67,7 @@ def worker_log_path(log_path: Path, local_rank: int) -> Path:
     return log_path.with_name(f"{log_path.stem}.{local_rank}{log_path.suffix}")
 
 
-def restart_delay_s(failures: int, backoff_s: float, max_backoff_s: float) -> float:
-    """The wait before restart number `failures` (1, 2, ...): doubling from `backoff_s`."""
-    return min(max_backoff_s, backoff_s * 2.0 ** max(0, failures - 1))
-
-
-class TrainingLauncher(AsyncClosing):
+class TrainingLauncher(AsyncClosing, InPlaceSupervision):
     """Owns the node's training workers: one generation at a time, `local_world_size` workers
     (one per local rank, each in its own process group), with torchrun's environment.
 
@@ -218,15 +203,6 @@ class TrainingLauncher(AsyncClosing):
                 supervise(wanted, self._stopping), name=f"training-gen{wanted.generation}"
             )
 
-    def _hands_over(self, wanted: Rendezvous) -> bool:
-        """In place: the workers running now take `wanted`'s generation themselves (this node
-        keeps its number of local ranks, and its supervisor is running)."""
-        if not self.in_place or self._task is None or self._task.done():
-            return False
-        if self._state not in (LauncherState.RUNNING, LauncherState.BACKOFF):
-            return False
-        return node_place(wanted).local_world_size == len(self._workers)
-
     def forgive(self) -> None:
         """Leave GAVE_UP for IDLE (the node offers itself for training again)."""
         if self._state is LauncherState.GAVE_UP:
@@ -294,142 +270,6 @@ class TrainingLauncher(AsyncClosing):
             if not stopping.is_set():
                 self._restarts += 1
 
-    async def _supervise_in_place(self, rendezvous: Rendezvous, stopping: asyncio.Event) -> None:
-        """In place: start every local rank; then a worker that fails is told to the node
-        (`on_failure`, which asks for a new generation) and started again alone, waiting for a
-        generation above the one it failed in (SHOAL_AFTER_GENERATION); a new generation handed
-        over (`apply`) leaves the running workers alone, and kills those stopped (a hang: they
-        cannot re-form) to start them in it. Giving up stops them all, as `_supervise` does."""
-        loop = asyncio.get_running_loop()
-        size = node_place(rendezvous).local_world_size
-        procs: list[asyncio.subprocess.Process] = []
-        for local_rank in range(size):
-            proc = await self._start_slot(rendezvous, local_rank, None, procs, stopping)
-            if proc is None:
-                return
-            procs.append(proc)
-        self._show(procs)
-        self._state = LauncherState.RUNNING
-        self._starts += 1
-        started_at = [loop.time()] * size
-        failures = [0] * size
-        finished: set[int] = set()
-        retired: set[int] = set()
-        """pids this supervisor killed itself (stopped workers): their exit is no failure."""
-        try:
-            while True:
-                running = {i: p for i, p in enumerate(procs) if i not in finished}
-                exited = await _next_exit(running, stopping, self._handed_over)
-                if stopping.is_set():
-                    await self._terminate(list(running.values()))
-                    return
-                current = self._current or rendezvous
-                if self._handed_over.is_set():
-                    self._handed_over.clear()
-                    retired |= _kill_stopped(running.values(), current.generation)
-                for index in exited:
-                    proc, after = procs[index], None
-                    code = proc.returncode
-                    if proc.pid in retired:
-                        retired.discard(proc.pid)
-                    elif code == 0 and not self._restart_on_success:
-                        finished.add(index)
-                        if len(finished) == size:
-                            log.info(
-                                "generation %s: training command finished (exit 0)",
-                                current.generation,
-                            )
-                            self._last_exit_code, self._state = 0, LauncherState.DONE
-                            return
-                        continue
-                    else:
-                        self._last_exit_code = code
-                        self._last_error = (
-                            f"generation {current.generation}: training command exited "
-                            f"{code} (local rank {index}, pid {proc.pid})"
-                        )
-                        if code and self._on_failure is not None:
-                            self._on_failure(current.generation, self._last_error)
-                        if code and self._count_failure():
-                            await self._give_up(current.generation, procs)
-                            return
-                        healthy = loop.time() - started_at[index] >= self._healthy_after_s
-                        failures[index] = 1 if healthy else failures[index] + 1
-                        after = current.generation
-                        delay_s = (
-                            0.0
-                            if failures[index] == 1
-                            else restart_delay_s(
-                                failures[index] - 1, self._backoff_s, self._max_backoff_s
-                            )
-                        )
-                        log.warning(
-                            "%s; starting it again in %.1f s for the next generation",
-                            self._last_error,
-                            delay_s,
-                        )
-                        if delay_s:
-                            with contextlib.suppress(TimeoutError):
-                                async with asyncio.timeout(delay_s):
-                                    await stopping.wait()
-                            if stopping.is_set():
-                                await self._terminate([p for p in procs if p.returncode is None])
-                                return
-                        self._restarts += 1
-                    others = [p for i, p in enumerate(procs) if i != index]
-                    proc = await self._start_slot(
-                        self._current or current, index, after, others, stopping
-                    )
-                    if proc is None:
-                        return
-                    procs[index] = proc
-                    started_at[index] = loop.time()
-                    self._show(procs)
-        except asyncio.CancelledError:
-            for proc in procs:
-                _signal_group(proc, signal.SIGKILL)
-            raise
-
-    async def _start_slot(
-        self,
-        rendezvous: Rendezvous,
-        local_rank: int,
-        after: int | None,
-        others: Sequence[asyncio.subprocess.Process],
-        stopping: asyncio.Event,
-    ) -> asyncio.subprocess.Process | None:
-        """Start worker `local_rank` (in place), again after a backoff while it cannot start
-        (each attempt a failure toward giving up); None once `stopping` is set or the launcher
-        gave up (the `others` running are stopped then)."""
-        attempts = 0
-        while True:
-            try:
-                return await self._spawn(rendezvous, local_rank, after_generation=after)
-            except OSError as exc:
-                attempts += 1
-                self._last_error = f"cannot start {self.command[0]}: {exc}"
-                log.warning("generation %s: %s", rendezvous.generation, self._last_error)
-                if self._count_failure():
-                    await self._give_up(rendezvous.generation, others)
-                    return None
-                self._state = LauncherState.BACKOFF
-                delay_s = restart_delay_s(attempts, self._backoff_s, self._max_backoff_s)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay_s):
-                        await stopping.wait()
-                if stopping.is_set():
-                    await self._terminate([p for p in others if p.returncode is None])
-                    return None
-
-    def _show(self, procs: Sequence[asyncio.subprocess.Process]) -> None:
-        """The workers `status` shows: each local rank's latest process, with its rank in the
-        current generation."""
-        current = self._current
-        if current is None or current.rank is None:
-            return
-        place = node_place(current)
-        self._workers = tuple((place.rank_of(i), proc) for i, proc in enumerate(procs))
-
     async def _give_up(self, generation: int, procs: Sequence[asyncio.subprocess.Process]) -> None:
         reason = (
             f"training command failed {len(self._failed_at)} times in "
@@ -466,7 +306,7 @@ class TrainingLauncher(AsyncClosing):
             return -1
         except asyncio.CancelledError:
             for _, proc in workers:
-                _signal_group(proc, signal.SIGKILL)
+                signal_group(proc, signal.SIGKILL)
             raise
         finally:
             self._workers = tuple(workers)
@@ -480,7 +320,7 @@ class TrainingLauncher(AsyncClosing):
         if failed is None:
             # Every worker exited by itself: kill what they may have left in their groups.
             for proc in procs:
-                _signal_group(proc, signal.SIGKILL)
+                signal_group(proc, signal.SIGKILL)
             self._last_exit_code = 0
             return 0
         local_rank, exit_code = failed
@@ -534,8 +374,8 @@ class TrainingLauncher(AsyncClosing):
         """SIGTERM every worker's process group (and SIGCONT: a stopped worker, a hang, takes
         the SIGTERM at once); SIGKILL them after stop_timeout_s."""
         for proc in procs:
-            _signal_group(proc, signal.SIGTERM)
-            _signal_group(proc, signal.SIGCONT)
+            signal_group(proc, signal.SIGTERM)
+            signal_group(proc, signal.SIGCONT)
         try:
             async with asyncio.timeout(self._stop_timeout_s):
                 await asyncio.gather(*(proc.wait() for proc in procs))
@@ -547,12 +387,12 @@ class TrainingLauncher(AsyncClosing):
                 self._stop_timeout_s,
             )
             for proc in procs:
-                _signal_group(proc, signal.SIGKILL)
+                signal_group(proc, signal.SIGKILL)
             await asyncio.gather(*(proc.wait() for proc in procs))
         if procs:
             self._last_exit_code = procs[0].returncode
         for proc in procs:
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
 
 
 async def _first_failure(
@@ -575,60 +415,13 @@ async def _first_failure(
             failed = min(failures) if failures else None
     except asyncio.CancelledError:
         for proc in procs:
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
         raise
     finally:
         stopped.cancel()
         for future in exits:
             future.cancel()
     return failed
-
-
-async def _next_exit(
-    running: Mapping[int, asyncio.subprocess.Process],
-    stopping: asyncio.Event,
-    handed_over: asyncio.Event,
-) -> list[int]:
-    """Wait until a worker of `running` (by local rank) exits, `stopping` or `handed_over` is
-    set: the local ranks that exited (possibly none)."""
-    exits = {asyncio.ensure_future(proc.wait()): index for index, proc in running.items()}
-    events = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(handed_over.wait())]
-    try:
-        await asyncio.wait({*exits, *events}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for future in (*exits, *events):
-            future.cancel()
-    return sorted(index for index, proc in running.items() if proc.returncode is not None)
-
-
-def _is_stopped(pid: int) -> bool:
-    """True when process `pid` is stopped (SIGSTOP: state T in /proc/PID/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] == ["T"]
-
-
-def _kill_stopped(procs: Iterable[asyncio.subprocess.Process], generation: int) -> set[int]:
-    """SIGKILL every worker that is stopped (a hang: it cannot re-form); their pids."""
-    killed: set[int] = set()
-    for proc in procs:
-        if proc.returncode is None and _is_stopped(proc.pid):
-            log.warning(
-                "generation %s: worker pid %s is stopped (hung); starting it again",
-                generation,
-                proc.pid,
-            )
-            _signal_group(proc, signal.SIGKILL)
-            killed.add(proc.pid)
-    return killed
-
-
-def _signal_group(proc: asyncio.subprocess.Process, signum: signal.Signals) -> None:
-    """Signal the worker's process group (it leads its own session); gone already is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signum)
 
 
 def _open_log(path: Path, header: str) -> BinaryIO:

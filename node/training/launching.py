@@ -17,10 +17,11 @@ from node.election.roles import CANNOT_TRAIN_META
 from node.errors import MembershipError
 from node.plan import RolePlan
 from node.runtime import NodeRuntime
-from node.training.launcher import LauncherState, TrainingLauncher, launcher_check
+from node.training.launcher import TrainingLauncher, launcher_check
 from node.training.rendezvous import rendezvous_for
 from node.training.spares import SparePool
 from node.training.torchrun import training_base_env
+from node.training.workers import LauncherState
 
 log = logging.getLogger(__name__)
 

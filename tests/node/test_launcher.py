@@ -18,9 +18,10 @@ import pytest
 
 from health import HealthStatus
 from node.errors import LauncherError
-from node.training.launcher import LauncherState, TrainingLauncher, launcher_check, restart_delay_s
+from node.training.launcher import TrainingLauncher, launcher_check
 from node.training.rendezvous import Rendezvous
 from node.training.torchrun import training_env
+from node.training.workers import LauncherState, restart_delay_s
 
 GRANDCHILD = re.compile(r"^grandchild (\d+)$", re.MULTILINE)
 CHILD = str(Path(__file__).with_name("groups_launcher_child.py"))

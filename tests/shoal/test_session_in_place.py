@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from shoal import joining
 from shoal import session as session_module
 from shoal.errors import SessionError, ShoalError
 from shoal.group import torch_modules
@@ -163,8 +164,8 @@ def test_reform_needs_in_place_and_the_setting_is_checked(daemon: StandInDaemon)
 def test_the_launcher_and_the_session_name_the_same_variables() -> None:
     from node.training import torchrun
 
-    assert torchrun.ENV_REFORM == session_module.ENV_REFORM
-    assert torchrun.ENV_AFTER_GENERATION == session_module.ENV_AFTER_GENERATION
+    assert torchrun.ENV_REFORM == joining.ENV_REFORM
+    assert torchrun.ENV_AFTER_GENERATION == joining.ENV_AFTER_GENERATION
 
 
 class CountingStore:
