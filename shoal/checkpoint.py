@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +44,7 @@ from shoal._checkpoint_files import (
 from shoal._daemon import DaemonClient
 from shoal.errors import CheckpointError, DaemonAnswerError, DaemonUnreachableError, ShoalError
 from shoal.group import gloo_bound_to_route
+from shoal.live import TrainingState
 from shoal.place import RankPlace
 
 __all__ = ["CHECKPOINTS_PATH", "Checkpointer"]
@@ -227,7 +228,7 @@ class Checkpointer:
 
     # restoring
 
-    def restore(self, state: MutableMapping[str, Any]) -> int | None:
+    def restore(self, state: TrainingState) -> int | None:
         """Load the newest committed step into `state` (every rank calls it); its step, or None
         when there is none. The daemon first fetches the files this node lacks from peers;
         when some node cannot have them within FALLBACK_AFTER_S (their only holders are down),
@@ -263,9 +264,7 @@ class Checkpointer:
             )
         return None
 
-    def _load(
-        self, state: MutableMapping[str, Any], step: int, directory: Path, through_daemon: bool
-    ) -> int:
+    def _load(self, state: TrainingState, step: int, directory: Path, through_daemon: bool) -> int:
         started = time.monotonic()
         group = self._checkpoint_group()
         try:

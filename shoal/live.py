@@ -19,7 +19,11 @@ from typing import Any
 
 from shoal.errors import ShoalError
 
-__all__ = ["Holding", "LiveStateError", "Transfer", "agree", "share_state"]
+__all__ = ["Holding", "LiveStateError", "TrainingState", "Transfer", "agree", "share_state"]
+
+TrainingState = MutableMapping[str, Any]
+"""A training script's state, by name: modules, optimizers, tensors, anything DCP's Stateful
+protocol or torch.save takes (the user's own objects, so its values are Any)."""
 
 NO_STEP = -1
 """What a rank that holds no live state contributes to `agree`."""
@@ -110,7 +114,7 @@ def _payload(state: Mapping[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def _apply(state: MutableMapping[str, Any], payload: Mapping[str, Any]) -> None:
+def _apply(state: TrainingState, payload: Mapping[str, Any]) -> None:
     """Load `payload` into `state` as `_payload` made it: load_state_dict where the entry has
     one, a tensor of the same shape copied in place, anything else replaced."""
     torch, _ = _torch()
@@ -153,7 +157,7 @@ def _decode(data: bytes) -> Any:
 
 
 def share_state(
-    state: MutableMapping[str, Any],
+    state: TrainingState,
     holding: Holding,
     rank: int,
     group: Any = None,

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -47,6 +47,7 @@ from shoal.joining import (
     wait_for_rank,
     with_node,
 )
+from shoal.live import TrainingState
 from shoal.place import RankPlace
 from shoal.rendezvous import Rendezvous, fetch_rendezvous, rendezvous_from_env
 from shoal.report import Reporter
@@ -181,7 +182,7 @@ class TrainingSession:
         self._raise_recorded()
         self._checkpoints().save(state, step, blocking=blocking)
 
-    def restore(self, state: MutableMapping[str, Any]) -> int | None:
+    def restore(self, state: TrainingState) -> int | None:
         """Load the newest committed step into `state`: its step, or None when there is none.
         In place (`in_place`), a process joining a group whose other ranks hold newer state in
         memory takes theirs instead (as `reform` does, holding nothing itself)."""
@@ -191,7 +192,7 @@ class TrainingSession:
         step: int | None = self._checkpoints().restore(state)
         return step
 
-    def reform(self, state: MutableMapping[str, Any], step: int | None) -> int | None:
+    def reform(self, state: TrainingState, step: int | None) -> int | None:
         """After GroupChanged: leave this generation's group, join the next one the daemon
         gives this rank, and bring `state` to the newest step any rank holds in memory (`step`
         is the last step this rank's `state` completed; None: nothing trustworthy). Returns the
@@ -302,7 +303,7 @@ class TrainingSession:
         if self._seen > place.generation:
             self._superseded.set()  # a newer one came while this one formed
 
-    def _bring_state(self, state: MutableMapping[str, Any], step: int | None) -> int | None:
+    def _bring_state(self, state: TrainingState, step: int | None) -> int | None:
         """Every rank of the (new) group: agree on the newest live step; its lowest holder sends
         its state to the ranks lacking it; with no live state anywhere, restore the newest
         committed checkpoint. The step to go on from."""

@@ -175,6 +175,7 @@ def test_the_workers_base_env_layers_gpus_under_the_setting_and_the_daemon_url_o
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "X": "setting",
         "SHOAL_DAEMON_URL": "http://10.0.0.2:8770",
+        "SHOAL_REFORM": "restart",
     }
     own = training_base_env(inherited, {"CUDA_VISIBLE_DEVICES": "3"}, "http://d", gpus)
     assert own["CUDA_VISIBLE_DEVICES"] == "3", "the operator's training_env wins"
@@ -192,3 +193,9 @@ def test_the_workers_base_env_names_the_nodes_checkpoint_directory_over_the_sett
     env = training_base_env({}, setting, "http://d", {}, checkpoint_dir=Path("/data/checkpoints"))
     assert env["SHOAL_CHECKPOINT_DIR"] == "/data/checkpoints"
     assert "SHOAL_CHECKPOINT_DIR" not in training_base_env({}, {}, "http://d", {})
+
+
+def test_the_workers_base_env_names_the_nodes_training_reform_over_the_setting() -> None:
+    setting = {"SHOAL_REFORM": "restart"}
+    env = training_base_env({}, setting, "http://d", {}, reform="in_place")
+    assert env["SHOAL_REFORM"] == "in_place"
