@@ -80,7 +80,12 @@ class GangService:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._killed: set[str] = set()
         self._attempts = GangAttempts(
-            runtime, service.store, plan, self._call, self._ask_pick, self._url_of
+            runtime,
+            lambda entry: service.store.write_gang(entry),
+            plan,
+            self._call,
+            self._ask_pick,
+            self._url_of,
         )
         service.gang_kill = self.kill
 

@@ -21,7 +21,7 @@ from node.jobs.gang_start import (
 )
 from node.jobs.records import GangMember, GangRecord, JobRequest, JobState, PickAnswer
 from node.jobs.roster import GANG_RESTART_S, GANG_START_ATTEMPTS, member_job_id
-from node.jobs.store import JobEntry, JobStore
+from node.jobs.store import JobEntry
 from node.plan import FENCE_HEADER, RolePlan
 from node.runtime import NodeRuntime
 
@@ -46,14 +46,15 @@ class GangAttempts:
     def __init__(
         self,
         runtime: NodeRuntime,
-        store: JobStore,
+        write_gang: Callable[[JobEntry], None],
         plan: Callable[[], RolePlan | None],
         call: Call,
         ask_pick: Callable[[int, str], Awaitable[PickAnswer]],
         url_of: Callable[[str], str],
     ) -> None:
         self._runtime = runtime
-        self._store = store
+        self._write_gang = write_gang
+        """The job store's write of a gang's record (a blocking file write)."""
         self._plan = plan
         self._call = call
         self._ask_pick = ask_pick
@@ -153,7 +154,7 @@ class GangAttempts:
             master_port=None,
             attempt=attempt,
         )
-        await asyncio.to_thread(self._store.write_gang, entry)
+        await asyncio.to_thread(self._write_gang, entry)
         starts = MemberStarts(
             self._call, entry.job_id, self._runtime.node_id, request.spec(), pick, rows
         )
@@ -169,7 +170,7 @@ class GangAttempts:
         started_at = time.time()
         entry.gang = entry.gang.model_copy(update={"started_at": started_at})
         entry.started = {"started_at": started_at, "pid": None}
-        await asyncio.to_thread(self._store.write_gang, entry)
+        await asyncio.to_thread(self._write_gang, entry)
         return []
 
     async def stop_members(self, rows: Sequence[GangMember], picked: Sequence[str]) -> None:

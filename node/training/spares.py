@@ -119,17 +119,28 @@ class SparePool(AsyncClosing):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self.log_path.open("ab") as output:
-                proc = await asyncio.create_subprocess_exec(
-                    self.command[0],
-                    "-c",
-                    SPARE_CODE,
-                    cwd=self.workdir,
-                    env=self._env,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=output,
-                    start_new_session=True,
+                creating = asyncio.ensure_future(
+                    asyncio.create_subprocess_exec(
+                        self.command[0],
+                        "-c",
+                        SPARE_CODE,
+                        cwd=self.workdir,
+                        env=self._env,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=output,
+                        start_new_session=True,
+                    )
                 )
+                try:
+                    proc = await asyncio.shield(creating)
+                except asyncio.CancelledError:
+                    # closed while the process was being made: it exists once this returns,
+                    # so it is killed and reaped here, never left running
+                    made = await creating
+                    Spare(made).kill()
+                    await made.wait()
+                    raise
         finally:
             self._starting -= 1
         spare = Spare(proc)
