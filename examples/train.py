@@ -69,6 +69,27 @@ class Progress:
         self.node = node
         self.path = None if directory is None else Path(directory) / f"{node}-{os.getpid()}.jsonl"
 
+    def joined(
+        self,
+        event: str,
+        session: shoal.TrainingSession,
+        step: int,
+        started: float,
+        model: torch.nn.Module,
+    ) -> None:
+        """`event` (restored, reformed): where this rank joined, the step it goes on from, how
+        long it took since `started`, its weights' digest and where its state came from."""
+        self.write(
+            event,
+            step=step,
+            generation=session.generation,
+            rank=session.rank,
+            world=session.world_size,
+            seconds=round(time.monotonic() - started, 3),
+            digest=digest(model),
+            **reform_fields(session),
+        )
+
     def write(self, event: str, **fields: Any) -> None:
         if self.path is None:
             return
@@ -142,16 +163,7 @@ def main() -> None:
     with shoal.training_session() as session:
         started = time.monotonic()
         step = session.restore(state) or 0
-        progress.write(
-            "restored",
-            step=step,
-            generation=session.generation,
-            rank=session.rank,
-            world=session.world_size,
-            seconds=round(time.monotonic() - started, 3),
-            digest=digest(model),
-            **reform_fields(session),
-        )
+        progress.joined("restored", session, step, started, model)
         while not args.steps or step < args.steps:
             try:
                 loss = train_step(model, optimizer, args.width, args.step_s)
@@ -162,16 +174,7 @@ def main() -> None:
                 progress.write("group_changed", step=step, reason=change.reason)
                 started = time.monotonic()
                 step = session.reform(state, step) or 0
-                progress.write(
-                    "reformed",
-                    step=step,
-                    generation=session.generation,
-                    rank=session.rank,
-                    world=session.world_size,
-                    seconds=round(time.monotonic() - started, 3),
-                    digest=digest(model),
-                    **reform_fields(session),
-                )
+                progress.joined("reformed", session, step, started, model)
                 continue
             step += 1
             session.report(step, loss=loss)
