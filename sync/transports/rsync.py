@@ -76,7 +76,7 @@ def classify_failure(where: str, status: int, stderr: str) -> FileTransferError:
             if kind == KIND_AUTH:
                 return SshAuthError(message)
             return FileTransferError(f"{where}: ssh: {message}")
-    tail = " | ".join(stderr.strip().splitlines()[-3:])
+    tail = " | ".join(stderr.strip().splitlines()[-5:])
     return FileTransferError(f"{where}: rsync exited {status}: {tail}")
 
 

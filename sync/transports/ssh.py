@@ -139,9 +139,14 @@ def relayed(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _report(KIND_CONNECT, f"relay {args.relay}: {exc.strerror or exc}")
     with sock:
-        sock.sendall(request_line(args))
-        threading.Thread(target=_feed, args=(sock,), daemon=True).start()
-        return _drain(sock.makefile("rb"))
+        try:
+            sock.sendall(request_line(args))
+            threading.Thread(target=_feed, args=(sock,), daemon=True).start()
+            return _drain(sock.makefile("rb"))
+        except OSError as exc:
+            # The relay's socket failed, or rsync closed the pipes this helper writes to:
+            # say which, so that rsync's "connection unexpectedly closed" has a cause.
+            return _report(KIND_CONNECT, f"relay {args.relay}: {type(exc).__name__}: {exc}")
 
 
 def _feed(sock: socket.socket) -> None:
