@@ -43,7 +43,7 @@ from node.jobs.records import (
     new_job_id,
     parse_job_request,
 )
-from node.jobs.roster import gang_outcome
+from node.jobs.roster import check_gang_id, gang_outcome
 from node.jobs.service import JobService, ended_result
 from node.jobs.store import JobEntry
 from node.openapi import parse_body
@@ -187,6 +187,7 @@ class GangService:
         """Pick, start every member, or none; answers the gang's record."""
         self.service.check_program(request)
         gang_id = request.job_id or new_job_id()
+        check_gang_id(gang_id, request.nodes)
         request = request.with_id(gang_id)
         entry, created = await self.service.reserve(request)
         if not created:

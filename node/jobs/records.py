@@ -33,6 +33,7 @@ from node.openapi import BODY_CONFIG, Number, WireRecord, check_body
 if TYPE_CHECKING:
     from node.jobs.filetypes import JobResultJson, StartedJson
 
+MAX_JOB_ID_CHARS = 128
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ROLES: tuple[str, ...] = get_args(Role)
 MAX_TIMEOUT_S = 365 * 86400.0

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from node.errors import JobError
-from node.jobs.records import GangMember, JobState, PickedNode
+from node.jobs.records import MAX_JOB_ID_CHARS, GangMember, JobState, PickedNode, invalid
 from node.plan import RolePlan
 
 GANG_PORT_BASE_OFFSET = 1500
@@ -68,6 +68,19 @@ def pick_members(
     return [
         PickedNode(node_id=m.node_id, address=m.address, port=int(m.port)) for m in chosen[:nodes]
     ]
+
+
+def check_gang_id(gang_id: str, nodes: int) -> None:
+    """JobError (400) when a member job id of gang `gang_id` on `nodes` nodes, in any start
+    attempt, would be longer than a job id may be (128 characters)."""
+    longest = member_job_id(gang_id, nodes - 1, GANG_START_ATTEMPTS - 1)
+    if len(longest) > MAX_JOB_ID_CHARS:
+        room = MAX_JOB_ID_CHARS - (len(longest) - len(gang_id))
+        raise invalid(
+            f"job_id of a gang of {nodes} nodes must be at most {room} characters: its members "
+            f"are the jobs <job_id>.<rank>[.a<attempt>] (up to {longest[len(gang_id) :]!r}), "
+            f"and a job id is at most {MAX_JOB_ID_CHARS}; this one is {len(gang_id)}"
+        )
 
 
 def member_job_id(gang_id: str, rank: int, attempt: int = 0) -> str:

@@ -23,6 +23,7 @@ from node.jobs.records import GangMember, GangSpec, JobRecord, JobState, PickedN
 from node.jobs.roster import (
     GANG_PORT_ATTEMPTS,
     GANG_START_ATTEMPTS,
+    check_gang_id,
     gang_outcome,
     pick_members,
 )
@@ -162,6 +163,38 @@ async def test_a_member_answering_nonsense_makes_the_gang_lost(tmp_path: Path) -
             finally:
                 await gangs.close()
                 await service.close()
+
+
+def test_a_gang_id_leaves_room_for_every_member_job_id() -> None:
+    """Member ids are `<gang>.<rank>[.a<attempt>]` and a job id is at most 128 characters:
+    a gang id that leaves no room is refused when asked for, naming the room it has."""
+    room = 128 - len(f".{15}.a{GANG_START_ATTEMPTS - 1}")
+    check_gang_id("g" * room, 16)
+    with pytest.raises(JobError, match=f"at most {room} characters") as refused:
+        check_gang_id("g" * (room + 1), 16)
+    assert (refused.value.status, refused.value.code) == (400, "invalid_job")
+    check_gang_id("g" * (room + 1), 10)  # one digit fewer in the last rank
+
+
+async def test_a_gang_whose_id_leaves_no_room_for_its_members_is_refused_unreserved(
+    tmp_path: Path,
+) -> None:
+    settings = test_settings(tmp_path, "n")
+    runtime = NodeRuntime(settings, "n", "127.0.0.1", "0", BreakerRegistry(BreakerConfig()))
+    runtime.coordinator = "n"
+    service = JobService("n", settings.jobs, tmp_path / "jobs", daemon_url=lambda: "x")
+    gangs = GangService(runtime, service, lambda: PLAN, None)
+    async with WriteAheadLog(tmp_path / "wal.db") as wal:
+        await service.open(wal, gangs.recovery())
+        await gangs.open()
+        try:
+            request = parse_job_request({"job_id": "g" * 128, "argv": ["true"], "nodes": 2})
+            with pytest.raises(JobError, match="job_id of a gang of 2 nodes"):
+                await gangs.start_gang(request)
+            assert service.entries() == []
+        finally:
+            await gangs.close()
+            await service.close()
 
 
 async def test_a_gang_whose_member_0_finds_every_port_busy_fails_naming_them(
