@@ -62,7 +62,7 @@ def _bad_input(exc: PeerRequestError) -> bool:
 
 
 async def _request(
-    settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
+    settings: NodeSettings, method: str, url: str, body: dict[str, str] | None = None
 ) -> Any:
     """One signed request; a refusal whose code means bad input exits 2, any other error 1."""
     timeout_s = KEYRING_TIMEOUT_FACTOR * settings.timeouts.http_request_s
@@ -104,7 +104,7 @@ def _change(
     url: str,
     op: str,
     kid: str,
-    body: dict[str, Any],
+    body: dict[str, str],
     *,
     local: bool,
     as_json: bool,
