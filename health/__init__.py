@@ -75,6 +75,8 @@ if TYPE_CHECKING:
         CheckFn,
         CheckResult,
         ComponentHealth,
+        ComponentJson,
+        HealthJson,
         HealthStatus,
         HealthSummary,
         SummaryListener,

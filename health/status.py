@@ -9,7 +9,7 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 __all__ = [
     "CheckFn",
@@ -57,6 +57,23 @@ class CheckResult:
 CheckFn = Callable[[], Awaitable[CheckResult]]
 
 
+class ComponentJson(TypedDict):
+    """A component's health as JSON (ComponentHealth.to_dict)."""
+
+    name: str
+    status: str
+    message: str
+    last_check: float | None
+    metrics: dict[str, float]
+
+
+class HealthJson(TypedDict):
+    """The health summary as JSON (HealthSummary.to_dict)."""
+
+    status: str
+    components: list[ComponentJson]
+
+
 @dataclass(frozen=True)
 class ComponentHealth:
     """A component's reported health; `last_check` is Unix time, None before the first run."""
@@ -67,14 +84,14 @@ class ComponentHealth:
     last_check: float | None
     metrics: Mapping[str, float]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status.value,
-            "message": self.message,
-            "last_check": self.last_check,
-            "metrics": dict(self.metrics),
-        }
+    def to_dict(self) -> ComponentJson:
+        return ComponentJson(
+            name=self.name,
+            status=self.status.value,
+            message=self.message,
+            last_check=self.last_check,
+            metrics=dict(self.metrics),
+        )
 
 
 @dataclass(frozen=True)
@@ -87,12 +104,12 @@ class HealthSummary:
     def component(self, name: str) -> ComponentHealth | None:
         return next((c for c in self.components if c.name == name), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> HealthJson:
         """JSON: {"status": ..., "components": [{name, status, message, last_check, metrics}]}."""
-        return {
-            "status": self.status.value,
-            "components": [component.to_dict() for component in self.components],
-        }
+        return HealthJson(
+            status=self.status.value,
+            components=[component.to_dict() for component in self.components],
+        )
 
 
 SummaryListener = Callable[[HealthSummary], None]

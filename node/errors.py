@@ -238,7 +238,7 @@ class AnsweredError(NodeError):
         self.code = code
         self.reason = reason
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int]:
         return {"error": self.code, "reason": self.reason, "status": self.status}
 
 

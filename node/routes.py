@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import Field
+from typing_extensions import TypedDict
 
 from config import (
     CLOCK_SKEWS,
@@ -51,6 +52,29 @@ class ComponentView(WireRecord):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
+class WalJson(TypedDict):
+    """The status document's `wal`: pending operations, the oldest one's age (None: no WAL)."""
+
+    pending: int | None
+    oldest_pending_age_s: float | None
+
+
+class BreakerJson(TypedDict):
+    """One breaker not closed, in the status document's `breakers`."""
+
+    peer: str
+    transport: str
+    state: str
+    retry_after_s: float | None
+
+
+class BreakersJson(TypedDict):
+    """The status document's `breakers`: every breaker not closed, by name and in detail."""
+
+    open: list[str]
+    details: list[BreakerJson]
+
+
 class HealthAnswer(WireRecord):
     """The answer of `GET /v1/health`: the worst status and every component."""
 
@@ -76,7 +100,7 @@ class MemberView(WireRecord):
         description="why this node refuses the member (its certificate was revoked: it shows "
         "dead and is not heard), else null",
     )
-    meta: dict[str, Any]
+    meta: dict[str, str | int | float | bool | None]
 
 
 class PeersAnswer(WireRecord):
@@ -133,8 +157,8 @@ class StatusAnswer(WireRecord):
         "selftest_failed, readmitting, held) and the last self-test, or null",
     )
     members: dict[str, int]
-    wal: dict[str, Any]
-    breakers: dict[str, Any] = Field(default_factory=dict)
+    wal: WalJson
+    breakers: BreakersJson
     health: HealthStatus
     health_problems: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -178,24 +202,24 @@ def _protocol_gaps(runtime: NodeRuntime) -> list[str]:
     return [gap for gap in gaps if gap is not None]
 
 
-def _breakers_document(runtime: NodeRuntime) -> dict[str, Any]:
+def _breakers_document(runtime: NodeRuntime) -> BreakersJson:
     """The status document's `breakers`: every breaker not closed, as `peer/transport` and in
     detail."""
     snapshots = [
         snap for snap in runtime.breakers.all_breakers() if snap.state is not CircuitState.CLOSED
     ]
-    return {
-        "open": [f"{snap.peer}/{snap.transport}" for snap in snapshots],
-        "details": [
-            {
-                "peer": snap.peer,
-                "transport": snap.transport,
-                "state": snap.state.value,
-                "retry_after_s": snap.retry_after_s,
-            }
+    return BreakersJson(
+        open=[f"{snap.peer}/{snap.transport}" for snap in snapshots],
+        details=[
+            BreakerJson(
+                peer=snap.peer,
+                transport=snap.transport,
+                state=snap.state.value,
+                retry_after_s=snap.retry_after_s,
+            )
             for snap in snapshots
         ],
-    }
+    )
 
 
 def _health_of(runtime: NodeRuntime) -> tuple[str, list[str]]:
@@ -214,10 +238,10 @@ def _health_of(runtime: NodeRuntime) -> tuple[str, list[str]]:
 async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
     """The /v1/status document (also what `shoal status` prints)."""
     runtime.refresh()
-    wal: dict[str, Any] = {"pending": None, "oldest_pending_age_s": None}
+    wal = WalJson(pending=None, oldest_pending_age_s=None)
     if runtime.wal is not None:
         stats = await runtime.wal.stats()
-        wal = {"pending": stats.pending, "oldest_pending_age_s": stats.oldest_pending_age_s}
+        wal = WalJson(pending=stats.pending, oldest_pending_age_s=stats.oldest_pending_age_s)
     breakers = _breakers_document(runtime)
     counts = {"alive": 0, "suspect": 0, "dead": 0, "left": 0}
     if runtime.membership is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from config import HEADER_TARGET, protocol_of
 from node.errors import TargetError
@@ -53,10 +53,17 @@ def local_or_previous(
     )
 
 
-def node_bound(runtime: Any) -> dict[str, Any]:
+class NodeBound(TypedDict):
+    """The AuthPolicy fields node_bound gives."""
+
+    node_id: str
+    unbound_ok: Callable[[str, str | None], bool]
+
+
+def node_bound(runtime: Any) -> NodeBound:
     """The AuthPolicy fields that bind requests to a node's `runtime`: its node id (the target
     a request must be signed for) and `unbound_ok` (unbound_check)."""
-    return {"node_id": runtime.node_id, "unbound_ok": unbound_check(runtime)}
+    return NodeBound(node_id=runtime.node_id, unbound_ok=unbound_check(runtime))
 
 
 def unbound_check(runtime: Any) -> Callable[[str, str | None], bool]:

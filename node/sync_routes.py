@@ -3,13 +3,13 @@ handler, the run's body and answers, and the reading of a run's summary."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import TypedDict
 
 from config.declare import READ, Caller, Refusal, Route, route
 from node.openapi import WireRecord
@@ -31,11 +31,66 @@ class SyncRunBody(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
 
 
+class NodeFilesJson(TypedDict):
+    """What came from one peer (NodeSyncStats) in a run's answer."""
+
+    files_transferred: int
+    bytes_transferred: int
+    errors: tuple[str, ...]
+
+
+class FileStatsJson(TypedDict):
+    """One file category's entry of a run's answer (SyncStats)."""
+
+    files_transferred: int
+    bytes_transferred: int
+    duration_seconds: float
+    errors: list[str]
+    nodes: dict[str, NodeFilesJson]
+    deleted: int
+    stale_beyond_tombstone_ttl: bool
+    resurrected: int
+
+
+class StorePullJson(TypedDict):
+    """One record store's entry of a run's answer: its pulls from every peer."""
+
+    pulled: int
+    inserted: int
+    duplicates: int
+    errors: list[str]
+    failed_nodes: dict[str, str]
+
+
+class RunSummaryJson(TypedDict):
+    """A sync run's answer (SyncRunSummary's JSON), also the status' `last_run`."""
+
+    files: dict[str, FileStatsJson]
+    records: dict[str, StorePullJson]
+    peers: list[str]
+    failed_nodes: list[str]
+    nodes_synced: int
+    duration_seconds: float
+    finished_at: float
+
+
+class SyncStatusJson(TypedDict):
+    """The GET /v1/sync/status document (SyncStatus's JSON)."""
+
+    running: bool
+    progress: dict[str, int] | None
+    last_run: RunSummaryJson | None
+    interval_s: float | None
+    peers: list[str]
+    deletions: dict[str, dict[str, str | int]] | None
+    fanout: dict[str, dict[str, int]]
+
+
 class SyncRunSummary(WireRecord):
     """A sync run's summary: per-category SyncStats and record pulls, who failed."""
 
-    files: dict[str, Any]
-    records: dict[str, Any]
+    files: dict[str, FileStatsJson]
+    records: dict[str, StorePullJson]
     peers: list[str]
     failed_nodes: list[str] = Field(default_factory=list)
     nodes_synced: int | None = None
@@ -60,8 +115,8 @@ class SyncStatus(WireRecord):
     """The last sync run, whether one is running, the peers."""
 
     running: bool
-    progress: dict[str, Any] | None
-    last_run: dict[str, Any] | None
+    progress: dict[str, int] | None
+    last_run: RunSummaryJson | None
     interval_s: float | None
     peers: list[str]
     deletions: dict[str, Deletions] | None = Field(
@@ -70,24 +125,41 @@ class SyncStatus(WireRecord):
     fanout: dict[str, Fanout] = Field(default_factory=dict)
 
 
-def stats_dict(stats: SyncStats) -> dict[str, Any]:
+def stats_dict(stats: SyncStats) -> FileStatsJson:
     """One file category's entry of a run's answer."""
-    return {**dataclasses.asdict(stats), "errors": list(stats.errors)}
+    nodes = {
+        peer: NodeFilesJson(
+            files_transferred=node.files_transferred,
+            bytes_transferred=node.bytes_transferred,
+            errors=node.errors,
+        )
+        for peer, node in stats.nodes.items()
+    }
+    return FileStatsJson(
+        files_transferred=stats.files_transferred,
+        bytes_transferred=stats.bytes_transferred,
+        duration_seconds=stats.duration_seconds,
+        errors=list(stats.errors),
+        nodes=nodes,
+        deleted=stats.deleted,
+        stale_beyond_tombstone_ttl=stats.stale_beyond_tombstone_ttl,
+        resurrected=stats.resurrected,
+    )
 
 
-def run_errors(result: dict[str, Any]) -> list[str]:
+def run_errors(result: RunSummaryJson) -> list[str]:
     """Every error line of a run summary (files, then records)."""
     errors: list[str] = []
-    for section in ("files", "records"):
-        for name, stats in result.get(section, {}).items():
-            errors.extend(f"{name}: {line}" for line in stats.get("errors", ()))
+    for section in (result["files"], result["records"]):
+        for name, stats in section.items():
+            errors.extend(f"{name}: {line}" for line in stats["errors"])
     return errors
 
 
-def run_moved(result: dict[str, Any]) -> tuple[int, int]:
+def run_moved(result: RunSummaryJson) -> tuple[int, int]:
     """(files installed, records inserted) by a run summary."""
-    files = sum(s["files_transferred"] for s in result.get("files", {}).values())
-    records = sum(s["inserted"] for s in result.get("records", {}).values())
+    files = sum(s["files_transferred"] for s in result["files"].values())
+    records = sum(s["inserted"] for s in result["records"].values())
     return files, records
 
 
@@ -100,9 +172,9 @@ class SyncRunner(Protocol):
 
     async def run_once(
         self, categories: Sequence[str], peers: Sequence[PeerRef], timeout_s: float | None = None
-    ) -> dict[str, Any]: ...
+    ) -> RunSummaryJson: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> SyncStatusJson: ...
 
 
 def _run_docs(routes: SyncRoutes, found: Route) -> list[Route]:

@@ -27,7 +27,16 @@ from node.metrics import FanoutCollector, SyncMetrics
 from node.runtime import NodeRuntime
 from node.ssh.executor import DEFAULT_KNOWN_HOSTS, SSHPool, endpoint_of
 from node.ssh.relay import pooled_connector
-from node.sync_routes import SyncRoutes, run_errors, run_moved, stats_dict
+from node.sync_routes import (
+    FileStatsJson,
+    RunSummaryJson,
+    StorePullJson,
+    SyncRoutes,
+    SyncStatusJson,
+    run_errors,
+    run_moved,
+    stats_dict,
+)
 from sync import (
     FILE_CATEGORIES,
     FileCatalog,
@@ -89,7 +98,7 @@ class SyncService:
         self.catalog: FileCatalog | None = None
         self.coordinator: SyncCoordinator | None = None
         self.pieces = PieceBook()
-        self.last_run: dict[str, Any] | None = None
+        self.last_run: RunSummaryJson | None = None
         self.running = False
 
     async def open(self, wal: WriteAheadLog, stores: RecordStores) -> None:
@@ -238,25 +247,25 @@ class SyncService:
             for found in endpoints(files, pieces, SyncRoutes(self))
         ]
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> SyncStatusJson:
         """The GET /v1/sync/status document (also the dashboard's `sync` topic)."""
-        return {
-            "running": self.running,
-            "progress": self.coordinator.progress.to_dict() if self.coordinator else None,
-            "last_run": self.last_run,
-            "interval_s": self._interval_s,
-            "peers": [p.node_id for p in self.alive_peers()],
-            "deletions": self._deletions(),
-            "fanout": self.pieces.tallies(),
-        }
+        return SyncStatusJson(
+            running=self.running,
+            progress=self.coordinator.progress.to_dict() if self.coordinator else None,
+            last_run=self.last_run,
+            interval_s=self._interval_s,
+            peers=[p.node_id for p in self.alive_peers()],
+            deletions=self._deletions(),
+            fanout=self.pieces.tallies(),
+        )
 
-    def _deletions(self) -> dict[str, Any] | None:
+    def _deletions(self) -> dict[str, dict[str, str | int]] | None:
         """Per file category: its deletion policy and how many live tombstones it serves."""
         return None if self.catalog is None else self.catalog.deletion_summary()
 
     async def run_once(
         self, categories: Sequence[str], peers: Sequence[PeerRef], timeout_s: float | None = None
-    ) -> dict[str, Any]:
+    ) -> RunSummaryJson:
         """Sync `categories` from `peers` now (one run at a time), the file categories within
         `timeout_s` (default sync_s per file category); returns a JSON summary with the peers
         that failed (`failed_nodes`) and how many did not (`nodes_synced`)."""
@@ -266,29 +275,31 @@ class SyncService:
                 self.coordinator.progress.reset()
             started = time.monotonic()
             try:
-                result: dict[str, Any] = {
-                    "files": {},
-                    "records": {},
-                    "peers": [p.node_id for p in peers],
-                }
+                files_stats: dict[str, FileStatsJson] = {}
+                records: dict[str, StorePullJson] = {}
                 failed: set[str] = set()
                 files = [c for c in categories if c in FILE_CATEGORIES]
                 if files and self.coordinator is not None:
                     budget = timeout_s or self._runtime.settings.timeouts.sync_s * len(files)
                     cluster = await self.coordinator.full_cluster_sync(files, budget, peers)
                     for category, stats in cluster.category_stats.items():
-                        result["files"][category] = stats_dict(stats)
+                        files_stats[category] = stats_dict(stats)
                         self._count_files(category, stats)
                     failed.update(cluster.failed_nodes)
                 for category in categories:
                     if self._stores is not None and category in self._stores:
                         pulled = await self._pull_store(category, peers)
-                        result["records"][category] = pulled
+                        records[category] = pulled
                         failed.update(pulled["failed_nodes"])
-                result["failed_nodes"] = sorted(failed)
-                result["nodes_synced"] = len({p.node_id for p in peers} - failed)
-                result["duration_seconds"] = round(time.monotonic() - started, 3)
-                result["finished_at"] = time.time()
+                result = RunSummaryJson(
+                    files=files_stats,
+                    records=records,
+                    peers=[p.node_id for p in peers],
+                    failed_nodes=sorted(failed),
+                    nodes_synced=len({p.node_id for p in peers} - failed),
+                    duration_seconds=round(time.monotonic() - started, 3),
+                    finished_at=time.time(),
+                )
                 self.last_run = result
                 await self._log_completed(result)
                 return result
@@ -305,7 +316,7 @@ class SyncService:
         for error in stats.errors:
             metrics.failed(category, error)
 
-    async def _pull_store(self, store: str, peers: Sequence[PeerRef]) -> dict[str, Any]:
+    async def _pull_store(self, store: str, peers: Sequence[PeerRef]) -> StorePullJson:
         assert self._stores is not None
         assert self._wal is not None
         assert self._peers is not None
@@ -342,9 +353,15 @@ class SyncService:
                 metrics.pulled(store, peer.node_id, pulled.inserted, pulled.duplicates)
             for field in counts:
                 counts[field] += getattr(pulled, field)
-        return {**counts, "errors": errors, "failed_nodes": failed}
+        return StorePullJson(
+            pulled=counts["pulled"],
+            inserted=counts["inserted"],
+            duplicates=counts["duplicates"],
+            errors=errors,
+            failed_nodes=failed,
+        )
 
-    async def _log_completed(self, result: dict[str, Any]) -> None:
+    async def _log_completed(self, result: RunSummaryJson) -> None:
         """A run that moved files or records is a committed `sync_completed` WAL entry (what
         came from whom, when), so `shoal wal` shows the node's sync history."""
         files, records = run_moved(result)

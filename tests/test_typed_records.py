@@ -17,9 +17,9 @@ PACKAGES = ["config", "net", "wal", "health", "sync", "node", "shoal"]
 
 TARGET_UNTYPED_DICT_LINES = 150
 """Issue 35's goal for the lines with `dict[str, Any]`: plain JSON at the edges only."""
-MAX_UNTYPED_DICT_LINES = 250
+MAX_UNTYPED_DICT_LINES = 131
 """The bound today (a ratchet: lower it with each conversion, down to the target)."""
-MAX_UNTYPED_MAPPING_LINES = 59
+MAX_UNTYPED_MAPPING_LINES = 56
 """(MutableMapping counts too: a training state handed to DCP is any mapping.)"""
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import JsonValue
 
@@ -76,6 +76,20 @@ ACTIONS: Mapping[str, str] = {
 KIND_OF = {entry_type: kind for kind, types in KIND_TYPES.items() for entry_type in types}
 
 
+class AuditEntryJson(TypedDict):
+    """One audit entry as GET /v1/audit lists it (AuditEntry.to_json)."""
+
+    id: int
+    at: float
+    node: str
+    kind: str
+    action: str
+    subject: str
+    sender: str | None
+    outcome: str
+    detail: dict[str, object]
+
+
 @dataclass(frozen=True)
 class AuditEntry:
     """One thing done: `sender` (the signed identity that asked; the node itself when it acted
@@ -89,9 +103,9 @@ class AuditEntry:
     subject: str
     sender: str | None
     outcome: str
-    detail: Mapping[str, Any]
+    detail: Mapping[str, object]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AuditEntryJson:
         return {
             "id": self.id,
             "at": self.at,
@@ -105,7 +119,7 @@ class AuditEntry:
         }
 
 
-def _detail(entry: WalEntry) -> dict[str, Any]:
+def _detail(entry: WalEntry) -> dict[str, object]:
     """What the entry says beyond its subject, without a job's environment (it may hold
     secrets): the argv and node count of a start, the signal of a kill, a lock's holder."""
     payload = entry.payload if isinstance(entry.payload, dict) else {}

@@ -13,7 +13,7 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, TypedDict
 
 from node.errors import ArchiveError
 
@@ -294,13 +294,24 @@ def verify_archive(path: Path, progress: Progress | None = None) -> VerifiedArch
     return VerifiedArchive(path, manifest, small)
 
 
-def manifest_summary(manifest: Manifest) -> dict[str, Any]:
+class ManifestSummary(TypedDict):
+    """A manifest as the commands print it with --json: whose, when, how many members."""
+
+    node_id: str
+    cluster: str
+    created_at: float
+    version: str
+    members: int
+    bytes: int
+
+
+def manifest_summary(manifest: Manifest) -> ManifestSummary:
     """The manifest as the commands print it with --json."""
-    return {
-        "node_id": manifest.node_id,
-        "cluster": manifest.cluster,
-        "created_at": manifest.created_at,
-        "version": manifest.version,
-        "members": len(manifest.members),
-        "bytes": sum(member.size for member in manifest.members),
-    }
+    return ManifestSummary(
+        node_id=manifest.node_id,
+        cluster=manifest.cluster,
+        created_at=manifest.created_at,
+        version=manifest.version,
+        members=len(manifest.members),
+        bytes=sum(member.size for member in manifest.members),
+    )

@@ -9,7 +9,6 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, Field
@@ -82,7 +81,7 @@ class BackupService:
             with_files=with_files,
         )
 
-    async def take(self, out: Path, staging: Path, with_files: bool) -> dict[str, Any]:
+    async def take(self, out: Path, staging: Path, with_files: bool) -> dict[str, int]:
         """Write this node's backup archive to `out`; its manifest summary."""
         sources = await self.sources(with_files)
         busy_s = self._runtime.settings.timeouts.sqlite_busy_s
@@ -138,7 +137,7 @@ class BackupService:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
 
 
-async def _stream(request: web.Request, out: Path, summary: dict[str, Any]) -> web.StreamResponse:
+async def _stream(request: web.Request, out: Path, summary: dict[str, int]) -> web.StreamResponse:
     response = web.StreamResponse()
     response.content_type = ARCHIVE_TYPE
     response.content_length = (await asyncio.to_thread(out.stat)).st_size

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import ssl
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -95,7 +95,7 @@ def print_json(data: Any) -> None:
 
 
 def settings_from(
-    config_file: Path | None = None, flags: dict[str, Any] | None = None
+    config_file: Path | None = None, flags: Mapping[str, object] | None = None
 ) -> LoadedSettings:
     """Effective settings for a command: defaults < file < environment < the flags given."""
     with config_errors():
@@ -189,7 +189,7 @@ async def request_json(
     settings: NodeSettings,
     method: str,
     url: str,
-    body: dict[str, Any] | None = None,
+    body: object = None,
     timeout_s: float | None = None,
     *,
     usage_error: Callable[[PeerRequestError], bool] | None = None,

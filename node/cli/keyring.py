@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
@@ -24,7 +24,8 @@ from node.cli.common import (
     print_json,
     request_json,
 )
-from node.errors import KeyringError, PeerRequestError
+from node.errors import BodyError, KeyringError, PeerRequestError
+from node.keyring.wire import ChangeAnswer, LocalAnswer
 from node.membership.keyring import (
     encode_key,
     key_id,
@@ -34,6 +35,9 @@ from node.membership.keyring import (
     wrap_key,
     write_key_file,
 )
+from node.openapi import check_body
+
+Answer = TypeVar("Answer", ChangeAnswer, LocalAnswer)
 
 keyring_app = typer.Typer(
     help="The gossip keyring: keys that encrypt membership datagrams, rotated live.",
@@ -62,25 +66,32 @@ def _bad_input(exc: PeerRequestError) -> bool:
 
 
 async def _request(
-    settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
+    settings: NodeSettings, method: str, url: str, body: dict[str, str] | None = None
 ) -> Any:
     """One signed request; a refusal whose code means bad input exits 2, any other error 1."""
     timeout_s = KEYRING_TIMEOUT_FACTOR * settings.timeouts.http_request_s
     return await request_json(settings, method, url, body, timeout_s, usage_error=_bad_input)
 
 
-def _report(answer: dict[str, Any], as_json: bool) -> None:
+def _read(model: type[Answer], answer: object, url: str) -> Answer:
+    """The daemon's answer checked by `model`; exit 1 naming the field it cannot read."""
+    try:
+        return check_body(model, answer)
+    except BodyError as exc:
+        fail(f"{url}: an answer that cannot be read: {exc.reason}", EXIT_FAILURE)
+
+
+def _report(answer: ChangeAnswer, as_json: bool) -> None:
     """Print a cluster-wide change; exit 1 naming every member that did not acknowledge."""
     if as_json:
-        print_json(answer)
+        print_json(answer.to_json())
     else:
-        acked = ", ".join(answer["acked"]) or "none"
+        acked = ", ".join(answer.acked) or "none"
         console.print(
-            f"{answer['op']} {answer['key_id']}: acknowledged by {len(answer['acked'])} "
-            f"member(s) ({acked})",
+            f"{answer.op} {answer.key_id}: acknowledged by {len(answer.acked)} member(s) ({acked})",
             highlight=False,
         )
-    failed = answer["failed"]
+    failed = answer.failed
     if failed:
         fail(
             [f"{node} did not acknowledge: {reason}" for node, reason in sorted(failed.items())],
@@ -88,13 +99,12 @@ def _report(answer: dict[str, Any], as_json: bool) -> None:
         )
 
 
-def _local_report(answer: dict[str, Any], op: str, kid: str, as_json: bool) -> None:
+def _local_report(answer: LocalAnswer, op: str, kid: str, as_json: bool) -> None:
     if as_json:
-        print_json(answer)
+        print_json(answer.to_json())
     else:
         console.print(
-            f"{op} {kid} on {answer['node']}: keys {', '.join(answer['keys'])}; "
-            f"in use {answer['primary']}",
+            f"{op} {kid} on {answer.node}: keys {', '.join(answer.keys)}; in use {answer.primary}",
             highlight=False,
         )
 
@@ -104,7 +114,7 @@ def _change(
     url: str,
     op: str,
     kid: str,
-    body: dict[str, Any],
+    body: dict[str, str],
     *,
     local: bool,
     as_json: bool,
@@ -114,9 +124,9 @@ def _change(
     path = f"/v1/keyring/local/{op}" if local else f"/v1/keyring/{op}"
     answer = asyncio.run(_request(settings, "POST", f"{url}{path}", body))
     if local:
-        _local_report(answer, op, kid, as_json)
+        _local_report(_read(LocalAnswer, answer, url), op, kid, as_json)
     else:
-        _report(answer, as_json)
+        _report(_read(ChangeAnswer, answer, url), as_json)
 
 
 def _check_key_id(kid: str) -> None:

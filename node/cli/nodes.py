@@ -52,7 +52,7 @@ def _bad_input(exc: PeerRequestError) -> bool:
 
 
 async def _request(
-    settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
+    settings: NodeSettings, method: str, url: str, body: dict[str, float | None] | None = None
 ) -> Any:
     """One signed request; a 400 or 404 answer exits 2 (bad input), any other error 1."""
     return await request_json(settings, method, url, body, usage_error=_bad_input)

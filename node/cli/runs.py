@@ -7,7 +7,7 @@ import asyncio
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -89,7 +89,7 @@ def submit(
     argv = list(ctx.args)
     if not argv:
         fail("give the command after `--`: shoal runs submit [OPTIONS] -- ARGV...")
-    body: dict[str, Any] = {"argv": argv, "group": group, "keep_alive": keep_alive}
+    body: dict[str, object] = {"argv": argv, "group": group, "keep_alive": keep_alive}
     for key, value in (("stack", stack), ("nodes", nodes), ("role", role), ("name", name)):
         if value is not None:
             body[key] = value

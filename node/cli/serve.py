@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -97,7 +97,7 @@ def serve(
     # What the daemon creates (databases, node id, WAL, logs) is not world-readable, under
     # systemd (UMask=0027) or not.
     os.umask(DAEMON_UMASK)
-    flags: dict[str, Any] = {
+    flags: dict[str, object] = {
         "inventory": inventory,
         "data_dir": data_dir,
         "node_id": node_id,

@@ -35,9 +35,7 @@ from node.cli.common import (
 log = logging.getLogger(__name__)
 
 
-async def _request(
-    settings: NodeSettings, method: str, url: str, body: dict[str, Any] | None = None
-) -> Any:
+async def _request(settings: NodeSettings, method: str, url: str, body: object = None) -> Any:
     return await request_json(settings, method, url, body, timeout_s=settings.timeouts.sync_s * 2)
 
 

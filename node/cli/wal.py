@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 from rich.table import Table
@@ -73,7 +73,7 @@ def wal_status(
     """Counts of pending, committed and failed operations, the oldest pending, file sizes."""
     path = _wal_path(config_file, data_dir)
     stats = _with_wal(path, lambda wal: wal.stats())
-    document: dict[str, Any] = {"path": str(path), **dataclasses.asdict(stats)}
+    document: dict[str, object] = {"path": str(path), **dataclasses.asdict(stats)}
     if as_json:
         print_json(document)
         return

@@ -26,7 +26,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 if TYPE_CHECKING:  # the script imports nothing of shoal: these are for mypy only
     from node.jobs.filetypes import JobResultJson, LaunchJson
@@ -100,6 +100,14 @@ def become_subreaper() -> None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: the process group kill still ends the job's processes
+
+
+class RunAs(TypedDict, total=False):
+    """The user, group and supplementary groups a job's command runs as (Popen's)."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
 
 
 class CappedLog:
@@ -200,9 +208,9 @@ class Supervisor:
     def spawn(self) -> subprocess.Popen[bytes]:
         launch = self.launch
         user = launch.get("user")
-        extra: dict[str, Any] = {}
+        extra: RunAs = {}
         if user is not None:
-            extra = {"user": user["uid"], "group": user["gid"], "extra_groups": user["groups"]}
+            extra = RunAs(user=user["uid"], group=user["gid"], extra_groups=user["groups"])
         child = subprocess.Popen(  # noqa: S603 - an argv list, checked by the daemon
             list(launch["argv"]),
             executable=launch.get("executable"),

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any
 
 from aiohttp import web
 
@@ -44,7 +43,7 @@ from node.membership.keyring import (
     valid_key_id,
     wrap_key,
 )
-from node.openapi import parse_body
+from node.openapi import check_body, parse_body
 from node.runtime import NodeRuntime
 from node.security import request_sender
 
@@ -157,15 +156,12 @@ class KeyringRoutes:
             )
         return self.keys
 
-    def local_state(self) -> dict[str, Any]:
+    def local_state(self) -> LocalAnswer:
         keys = self._ring()
         ring = keys.ring
-        return {
-            "node": self.runtime.node_id,
-            "primary": ring.primary,
-            "keys": ring.ids,
-            "file": str(keys.path),
-        }
+        return LocalAnswer(
+            node=self.runtime.node_id, primary=ring.primary, keys=ring.ids, file=str(keys.path)
+        )
 
     @route(
         "GET",
@@ -177,7 +173,7 @@ class KeyringRoutes:
     )
     async def _handle_local_list(self, request: web.Request) -> web.Response:
         """This node's gossip keyring: its key ids and the one it seals with"""
-        return web.json_response(self.local_state())
+        return web.json_response(self.local_state().to_json())
 
     @_change(f"{LOCAL_PATH}/install", InstallBody, local=True)
     async def _local_install(self, request: web.Request) -> web.Response:
@@ -213,7 +209,7 @@ class KeyringRoutes:
 
     async def apply_local(
         self, op: str, body: InstallBody | KeyIdBody, key: bytes | None = None
-    ) -> dict[str, Any]:
+    ) -> LocalAnswer:
         """Change this node's keyring (written before the answer), recorded in the WAL; `key`
         is an install's key when already opened (else opened from `body`, sealed)."""
         keys = self._ring()
@@ -226,7 +222,7 @@ class KeyringRoutes:
             kid = body.key_id
             keys.remove(kid)
         log.warning("gossip keyring: %s key %s (now in use: %s)", op, kid, keys.ring.primary)
-        payload: dict[str, Any] = {"name": kid, "in_use": keys.ring.primary}
+        payload = {"name": kid, "in_use": keys.ring.primary}
         if body.requested_by:
             payload["requested_by"] = body.requested_by
         await record_audit(self.runtime.wal, AUDIT_TYPES[op], payload, self.runtime.node_id)
@@ -238,7 +234,7 @@ class KeyringRoutes:
             key = None
             if isinstance(body, InstallBody):
                 key = self._open_key(body, _over_tls(request))
-            return web.json_response(await self.apply_local(op, body, key))
+            return web.json_response((await self.apply_local(op, body, key)).to_json())
 
     # the cluster, from the coordinator
 
@@ -252,32 +248,38 @@ class KeyringRoutes:
         return found
 
     async def _call(
-        self, node: str, url: str, method: str, path: str, body: dict[str, Any] | None
-    ) -> dict[str, Any]:
+        self, node: str, url: str, method: str, path: str, body: InstallBody | KeyIdBody | None
+    ) -> LocalAnswer:
+        """A member's keyring as its local route answers (KeyringRefused naming the field of
+        an answer that is not one)."""
         if self._client is None:
             raise KeyringRefused(503, "keyring_closed", "the keyring service is not running")
         # a change is the operator's, relayed by the coordinator to each member
         headers = {FORWARDED_HEADER: self.runtime.node_id} if method == "POST" else None
         try:
-            status, answer = await self._client.call_json(method, url, path, body, headers=headers)
+            sent = None if body is None else body.model_dump()
+            status, answer = await self._client.call_json(method, url, path, sent, headers=headers)
         except PeerRequestError as exc:
             raise KeyringRefused(503, "unreachable", f"unreachable: {exc.reason}") from exc
         if status != 200 or not isinstance(answer, dict):
             reason = answer.get("reason") if isinstance(answer, dict) else answer
             raise KeyringRefused(status, "refused", f"{status}: {reason}")
-        return answer
+        try:
+            return check_body(LocalAnswer, answer)
+        except BodyError as exc:
+            raise KeyringRefused(502, "malformed_answer", f"malformed answer: {exc}") from None
 
     async def _everyone(
         self,
         method: str,
         path: str,
-        body: dict[str, Any] | None,
-        local: Callable[[], Awaitable[dict[str, Any]]],
-    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        body: InstallBody | KeyIdBody | None,
+        local: Callable[[], Awaitable[LocalAnswer]],
+    ) -> tuple[dict[str, LocalAnswer], dict[str, str]]:
         """Ask this node (`local`) and every other member that is up; (answers, failures)."""
         peers = self._peers()
 
-        async def one(node: str, url: str | None) -> tuple[str, dict[str, Any] | str]:
+        async def one(node: str, url: str | None) -> tuple[str, LocalAnswer | str]:
             try:
                 return node, await (
                     local() if url is None else self._call(node, url, method, path, body)
@@ -288,14 +290,12 @@ class KeyringRoutes:
         results = await asyncio.gather(
             one(self.runtime.node_id, None), *(one(node, url) for node, url in peers.items())
         )
-        answers = {node: r for node, r in results if isinstance(r, dict)}
+        answers = {node: r for node, r in results if isinstance(r, LocalAnswer)}
         failed = {node: r for node, r in results if isinstance(r, str)}
         return answers, failed
 
-    async def _forward(
-        self, request: web.Request, body: dict[str, Any] | None = None
-    ) -> web.Response | None:
-        """None when this node coordinates; otherwise the coordinator's answer to `body`."""
+    async def _forward(self, request: web.Request) -> web.Response | None:
+        """None when this node coordinates; otherwise the coordinator's answer to the request."""
         runtime = self.runtime
         runtime.refresh()
         coordinator = runtime.coordinator
@@ -330,7 +330,7 @@ class KeyringRoutes:
             ) from exc
         return web.json_response(data, status=answer.status)
 
-    async def _local_answer(self) -> dict[str, Any]:
+    async def _local_answer(self) -> LocalAnswer:
         return self.local_state()
 
     @route(
@@ -349,14 +349,13 @@ class KeyringRoutes:
         if forwarded is not None:
             return forwarded
         members, failed = await self._everyone("GET", LOCAL_PATH, None, self._local_answer)
-        return web.json_response(
-            {
-                "coordinator": self.runtime.node_id,
-                "members": members,
-                "keys": summarize(members),
-                "failed": failed,
-            }
+        answer = ClusterAnswer(
+            coordinator=self.runtime.node_id,
+            members=members,
+            keys=summarize(members),
+            failed=failed,
         )
+        return web.json_response(answer.to_json())
 
     @_change(f"{KEYRING_PATH}/install", InstallBody, local=False)
     async def _install(self, request: web.Request) -> web.Response:
@@ -380,15 +379,16 @@ class KeyringRoutes:
         body = _checked(InstallBody if op == "install" else KeyIdBody, await request.read())
         if body.requested_by is None:  # who asked, kept across the forward (audit)
             body = body.model_copy(update={"requested_by": request_sender()})
-        forwarded = await self._forward(request, body.model_dump())
+        forwarded = await self._forward(request)
         if forwarded is not None:
             return forwarded
         with keyring_errors():
-            return web.json_response(await self.change(op, body, _over_tls(request)))
+            answer = await self.change(op, body, _over_tls(request))
+            return web.json_response(answer.to_json())
 
     async def change(
         self, op: str, body: InstallBody | KeyIdBody, over_tls: bool = False
-    ) -> dict[str, Any]:
+    ) -> ChangeAnswer:
         """On the coordinator: check the change against every member's keyring, then make it
         on each (this node too); KeyringRefused when it would strand a member. An install's
         key goes on sealed with the secret, or plain (`tls`) from a node without one, which
@@ -396,36 +396,36 @@ class KeyringRoutes:
         requested_by = body.requested_by
         cluster = self.runtime.settings.cluster_name
         key = None
+        sent: InstallBody | KeyIdBody
         if isinstance(body, InstallBody):
             key = self._open_key(body, over_tls)
             kid = key_id(key)
-            sent: dict[str, Any] = {
-                "key": wrap_key(key, self._secret, cluster),
-                "sealed": "secret" if self._secret is not None else "tls",
-                "requested_by": requested_by,
-            }
+            sent = InstallBody(
+                key=wrap_key(key, self._secret, cluster),
+                sealed="secret" if self._secret is not None else "tls",
+                requested_by=requested_by,
+            )
         else:
             kid = body.key_id
-            sent = {"key_id": kid, "requested_by": requested_by}
+            sent = KeyIdBody(key_id=kid, requested_by=requested_by)
             members, _ = await self._everyone("GET", LOCAL_PATH, None, self._local_answer)
             self._precheck(op, kid, members)
-        local_body = (InstallBody if op == "install" else KeyIdBody).model_validate(sent)
         answers, failed = await self._everyone(
-            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, local_body, key)
+            "POST", f"{LOCAL_PATH}/{op}", sent, lambda: self.apply_local(op, sent, key)
         )
         if failed:
             log.warning("gossip keyring %s %s: not acknowledged by %s", op, kid, failed)
-        return {
-            "op": op,
-            "key_id": kid,
-            "coordinator": self.runtime.node_id,
-            "acked": sorted(answers),
-            "failed": failed,
-        }
+        return ChangeAnswer(
+            op=op,
+            key_id=kid,
+            coordinator=self.runtime.node_id,
+            acked=sorted(answers),
+            failed=failed,
+        )
 
     @staticmethod
-    def _precheck(op: str, kid: str, members: dict[str, dict[str, Any]]) -> None:
-        holders = sorted(n for n, state in members.items() if kid in state["keys"])
+    def _precheck(op: str, kid: str, members: dict[str, LocalAnswer]) -> None:
+        holders = sorted(n for n, state in members.items() if kid in state.keys)
         if not holders:
             raise KeyringRefused(404, "unknown_key", f"no member holds key {kid}")
         if op == "use":
@@ -438,7 +438,7 @@ class KeyringRoutes:
                     "datagram sealed with it; install it there first (nothing changed)",
                 )
         elif op == "remove":
-            users = sorted(n for n, state in members.items() if state["primary"] == kid)
+            users = sorted(n for n, state in members.items() if state.primary == kid)
             if users:
                 raise KeyringRefused(
                     409,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -95,14 +95,14 @@ class ChangeAnswer(WireRecord):
     failed: Failed
 
 
-def summarize(members: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(members: dict[str, LocalAnswer]) -> list[KeyHolders]:
     """Every key id the members hold: how many hold it, which members seal with it."""
-    ids = sorted({kid for state in members.values() for kid in state["keys"]})
+    ids = sorted({kid for state in members.values() for kid in state.keys})
     return [
-        {
-            "id": kid,
-            "members": sum(1 for state in members.values() if kid in state["keys"]),
-            "in_use_by": sorted(n for n, state in members.items() if state["primary"] == kid),
-        }
+        KeyHolders(
+            id=kid,
+            members=sum(1 for state in members.values() if kid in state.keys),
+            in_use_by=sorted(n for n, state in members.items() if state.primary == kid),
+        )
         for kid in ids
     ]

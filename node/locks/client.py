@@ -15,12 +15,29 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from config.closing import AsyncClosing
 from net import Identity, PeerClient, PeerRequestError
 from node.errors import LockError, LockLostError, LockUnavailableError
 from node.locks.table import LockAnswer, LockFence
+
+
+class AcquireJson(TypedDict):
+    """The body of an acquire (node.locks.wire.AcquireBody) this client sends."""
+
+    holder: str
+    ttl_s: float
+    wait: bool
+    wait_s: float
+
+
+class HolderJson(TypedDict):
+    """The body of a renew or a release (node.locks.wire.HolderBody): the grant's fence."""
+
+    holder: str
+    fence: list[int]
+
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +80,25 @@ class LockClient(AsyncClosing):
             self._peers = None
 
     async def call(
-        self, name: str, op: str, body: dict[str, Any], deadline: float, extra_s: float = 0.0
-    ) -> dict[str, Any]:
+        self,
+        name: str,
+        op: str,
+        body: AcquireJson | HolderJson,
+        deadline: float,
+        extra_s: float = 0.0,
+    ) -> dict[str, object]:
         """POST /v1/locks/{name}/{op} until an answer other than 503 or `deadline` passes."""
         answer, _ = await self.call_timed(name, op, body, deadline, extra_s)
         return answer
 
     async def call_timed(
-        self, name: str, op: str, body: dict[str, Any], deadline: float, extra_s: float = 0.0
-    ) -> tuple[dict[str, Any], float]:
+        self,
+        name: str,
+        op: str,
+        body: AcquireJson | HolderJson,
+        deadline: float,
+        extra_s: float = 0.0,
+    ) -> tuple[dict[str, object], float]:
         """`call`, with the monotonic time the answered attempt was sent: the coordinator
         changed the lock no earlier than that, so a lease it granted runs at least ttl_s from it.
 
@@ -101,7 +128,7 @@ class LockClient(AsyncClosing):
 async def _acquire(
     client: LockClient,
     name: str,
-    body: dict[str, Any],
+    body: AcquireJson,
     ttl_s: float,
     timeout_s: float | None,
     ask_s: float,
@@ -133,7 +160,7 @@ async def _acquire(
 async def _keep(
     client: LockClient,
     name: str,
-    renew: dict[str, Any],
+    renew: HolderJson,
     lease_end: float,
     ttl_s: float,
     leaving: asyncio.Event,
@@ -192,12 +219,12 @@ async def cluster_lock(
     holder = holder or default_holder()
     ask_s = min(wait_s, ttl_s / 3)
     async with LockClient(urls, secret=secret, request_timeout_s=request_timeout_s) as client:
-        body = {"holder": holder, "ttl_s": ttl_s, "wait": True, "wait_s": ask_s}
+        body = AcquireJson(holder=holder, ttl_s=ttl_s, wait=True, wait_s=ask_s)
         fence, sent_at = await _acquire(client, name, body, ttl_s, timeout_s, ask_s, on_position)
         body_task = asyncio.current_task()
         lost: list[str] = []
         leaving = asyncio.Event()
-        renew = {"holder": holder, "fence": fence.to_list()}
+        renew = HolderJson(holder=holder, fence=fence.to_list())
         keep = _keep(client, name, renew, sent_at + ttl_s, ttl_s, leaving, lost, body_task)
         keeper = asyncio.create_task(keep, name=f"lock-{name}-renew")
         try:
@@ -215,5 +242,5 @@ async def cluster_lock(
         if lost:
             raise LockLostError(409, "lock_lost", f"lock {name!r} lost: {lost[0]}")
         with contextlib.suppress(LockError):
-            release = {"holder": holder, "fence": fence.to_list()}
+            release = HolderJson(holder=holder, fence=fence.to_list())
             await client.call(name, "release", release, time.monotonic() + ttl_s)

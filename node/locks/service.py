@@ -52,7 +52,7 @@ class HttpPeers:
         self.url_of = url_of
         self._peers = peers
 
-    async def _post(self, to: str, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, to: str, path: str, body: dict[str, object]) -> Any:
         url = self.url_of(to)
         if url is None:
             raise LockError(503, "voter_unknown", f"voter {to} is not in the membership view")

@@ -7,7 +7,6 @@ while it coordinates.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from node.errors import LockError
 from node.locks.quarantines import WINDOW_S, held_reason, quarantine, readmit
@@ -103,17 +102,17 @@ class CoordinatorLink:
     async def report(self, body: QuarantineBody) -> QuarantineAnswer:
         """Report this node's GPU fault. LockError when the coordinator cannot be reached or
         refuses."""
-        answer = await self._call(QUARANTINE_PATH, body.model_dump())
+        answer = await self._call(QUARANTINE_PATH, body)
         return answer if answer is not None else await self.service.report(body)
 
     async def readmit(self, body: ReadmitBody) -> QuarantineAnswer:
         """Ask to be re-admitted. LockError 409 `quarantine_held` when only an undrain can."""
-        answer = await self._call(READMIT_PATH, body.model_dump())
+        answer = await self._call(READMIT_PATH, body)
         return answer if answer is not None else await self.service.readmit(body)
 
-    async def _call(self, path: str, body: dict[str, Any]) -> QuarantineAnswer | None:
+    async def _call(self, path: str, body: QuarantineBody | ReadmitBody) -> QuarantineAnswer | None:
         locks = self.service.locks
-        answered = await locks.call_coordinator("POST", path, body, forwarded=False)
+        answered = await locks.call_coordinator("POST", path, body.model_dump(), forwarded=False)
         if answered is None:
             return None
         status, data = answered

@@ -13,8 +13,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prometheus_client import Counter
 
@@ -247,7 +246,7 @@ class GpuFaultWatcher:
         log.log(level, "%s; trying again next round", problem)
         self.problem = problem
 
-    async def _audit(self, entry_type: str, detail: dict[str, Any]) -> None:
+    async def _audit(self, entry_type: str, detail: Mapping[str, object]) -> None:
         runtime = self.runtime
         await record_audit(
             runtime.wal, entry_type, {"name": runtime.node_id, **detail}, runtime.node_id

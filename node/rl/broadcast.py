@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from node.errors import WeightsError
 from node.rl.digest import WeightsDigest
@@ -21,6 +21,15 @@ DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 """Bucket size of a broadcast: large enough that per-collective latency stops mattering."""
 ALONE_BYTES = 1024 * 1024
 """A tensor this large is its own bucket, sent and received without a copy."""
+
+
+class ParamJson(TypedDict):
+    """One parameter in an offer's `params` (ParamInfo.to_dict)."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +41,10 @@ class ParamInfo:
     dtype: str
     nbytes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "nbytes": self.nbytes,
-        }
+    def to_dict(self) -> ParamJson:
+        return ParamJson(
+            name=self.name, shape=list(self.shape), dtype=self.dtype, nbytes=self.nbytes
+        )
 
 
 def describe_params(model: Any) -> list[ParamInfo]:

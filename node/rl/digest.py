@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from node.errors import WeightsError
 
@@ -41,6 +41,13 @@ _MIX_1 = 0xBF58476D1CE4E5B9
 _MIX_2 = 0x94D049BB133111EB
 
 
+class DigestFieldsJson(TypedDict):
+    """A message's digest fields (Digest.fields): `digest`, and `sha256` beside algo sha256."""
+
+    digest: dict[str, str]
+    sha256: NotRequired[str]
+
+
 @dataclass(frozen=True, slots=True)
 class Digest:
     """A weights digest as messages carry it: `{"algo": NAME, "value": HEX}`."""
@@ -51,10 +58,10 @@ class Digest:
     def to_dict(self) -> dict[str, str]:
         return {"algo": self.algo, "value": self.value}
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> DigestFieldsJson:
         """The message fields: `digest`, and the previous release's `sha256` when the algo is
         sha256 (so an older receiver or publisher still reads it)."""
-        found: dict[str, Any] = {"digest": self.to_dict()}
+        found = DigestFieldsJson(digest=self.to_dict())
         if self.algo == SHA256_ALGO:
             found["sha256"] = self.value
         return found

@@ -8,7 +8,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from node.errors import PeerRequestError, RendezvousError, WeightsError
 from node.plan import RolePlan
@@ -20,6 +20,23 @@ WEIGHTS_GROUP = "weights"
 RUN_PORT_SPAN = 1000
 """The publisher of run R hosts its store at the plan's base port + GENERATION_PORT_SPAN +
 crc32(R) mod this span: above every training generation's port, one port per run."""
+
+
+class RendezvousJson(TypedDict):
+    """A run's weights group as GET /v1/rendezvous answers it (WeightsRendezvous.to_dict)."""
+
+    group: str
+    run: str
+    rank: int | None
+    world_size: int
+    members: list[str]
+    urls: dict[str, str]
+    master_addr: str
+    master_port: int
+    backend: str
+    generation: int
+    term: int
+    plan_version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,21 +67,21 @@ class WeightsRendezvous:
     def receivers(self) -> tuple[str, ...]:
         return self.members[1:]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "group": WEIGHTS_GROUP,
-            "run": self.run,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "members": list(self.members),
-            "urls": dict(self.urls),
-            "master_addr": self.master_addr,
-            "master_port": self.master_port,
-            "backend": self.backend,
-            "generation": self.generation,
-            "term": self.term,
-            "plan_version": self.plan_version,
-        }
+    def to_dict(self) -> RendezvousJson:
+        return RendezvousJson(
+            group=WEIGHTS_GROUP,
+            run=self.run,
+            rank=self.rank,
+            world_size=self.world_size,
+            members=list(self.members),
+            urls=dict(self.urls),
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            backend=self.backend,
+            generation=self.generation,
+            term=self.term,
+            plan_version=self.plan_version,
+        )
 
     @classmethod
     def from_dict(cls, data: object) -> WeightsRendezvous:

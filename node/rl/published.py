@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from node.rl.broadcast import ParamInfo
 from node.rl.digest import Digest
@@ -41,19 +41,30 @@ def phases_of(started: float, marks: Sequence[float]) -> dict[str, float]:
     return phases | {name: marks[i + 1] - marks[i] for i, name in enumerate(PHASES)}
 
 
+class PublishedReportJson(TypedDict):
+    """The body of POST /v1/weights/applied (without the digest) for a broadcast publish."""
+
+    run: str
+    version: int
+    bytes: int
+    source: str
+    receivers: list[str]
+    sent_at: float
+
+
 def published_report(
     run: str,
     version: int,
     params: Sequence[ParamInfo],
     acknowledged: tuple[str, ...],
     sent_at: float,
-) -> dict[str, Any]:
+) -> PublishedReportJson:
     """The body of POST /v1/weights/applied (without the digest) for a broadcast publish."""
-    return {
-        "run": run,
-        "version": version,
-        "bytes": sum(p.nbytes for p in params),
-        "source": "broadcast",
-        "receivers": list(acknowledged),
-        "sent_at": sent_at,
-    }
+    return PublishedReportJson(
+        run=run,
+        version=version,
+        bytes=sum(p.nbytes for p in params),
+        source="broadcast",
+        receivers=list(acknowledged),
+        sent_at=sent_at,
+    )

@@ -347,7 +347,7 @@ class WeightPublisher:
         epoch = self._epoch
         announced = {"epoch": epoch, "members": list(members), "backend": backend}
         store.set(f"{prefix}/v{version}/members", json.dumps(announced))
-        outcome: dict[str, Any] = {}
+        outcome: dict[str, object] = {}
         group = self._group
         master_addr = self._store_at[0] if self._store_at is not None else "127.0.0.1"
 

@@ -9,23 +9,30 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from node.errors import WeightsError
 
 
-def make_version_state(node: str | None = None, version: int = 0) -> dict[str, Any]:
+class VersionState(TypedDict):
+    """A generator's version state: its weights' version, its node id, and when the version
+    last changed (None: never)."""
+
+    version: int
+    node: str
+    updated_at: float | None
+
+
+def make_version_state(node: str | None = None, version: int = 0) -> VersionState:
     """The state a generator threads through stamping: its weights' version and its node id."""
-    return {
-        "version": _check_version(version),
-        "node": node or socket.gethostname(),
-        "updated_at": None,
-    }
+    return VersionState(
+        version=_check_version(version), node=node or socket.gethostname(), updated_at=None
+    )
 
 
 def set_version(
-    version_state: dict[str, Any], version: int, now: float | None = None
-) -> dict[str, Any]:
+    version_state: VersionState, version: int, now: float | None = None
+) -> VersionState:
     """Record that the generator now runs weights of `version` (never lower); returns the state."""
     version = _check_version(version)
     if version < version_state["version"]:
@@ -39,7 +46,7 @@ def set_version(
 
 def stamp_sample(
     sample: Mapping[str, Any],
-    version_state: Mapping[str, Any],
+    version_state: VersionState,
     clock: Callable[[], float] = time.time,
 ) -> dict[str, Any]:
     """A copy of `sample` with `model_version`, `generated_at` (seconds since the epoch) and

@@ -95,7 +95,7 @@ class DigestedBody(BaseModel):
         """The body as a dict with `digest` always, `sha256` (equal to its value) only beside
         digest algo sha256."""
         dumped = self.model_dump(exclude={"digest", "sha256"})
-        return dumped | self.weights_digest().fields()
+        return {**dumped, **self.weights_digest().fields()}
 
 
 class OfferBody(DigestedBody):

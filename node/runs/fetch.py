@@ -12,7 +12,14 @@ from pydantic import BaseModel, Field
 from net import PeerClient, PeerRequestError
 from node.errors import BodyError, RunError
 from node.openapi import BODY_CONFIG, check_body
-from node.runs.results import LocalResults, NodeResults, ResultsStore, check_key, result_key
+from node.runs.results import (
+    LocalResults,
+    NodeResults,
+    ResultsStore,
+    StoredResultJson,
+    check_key,
+    result_key,
+)
 
 CHUNK_BYTES = 1 << 20
 JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
@@ -76,7 +83,7 @@ async def download_result(
     member_url: str,
     job_id: str,
     path: str,
-) -> dict[str, Any]:
+) -> StoredResultJson:
     """Download `path` of the job `job_id` from `member_url` into `store` at `key`; the
     stored record, or {"missing": true} when the member has no such file."""
     files = f"/v1/jobs/{job_id}/files"
@@ -86,7 +93,7 @@ async def download_result(
             "GET", member_url, files, params={"path": path}, check=False
         ) as response:
             if response.status == 404:
-                return {"key": key, "missing": True}
+                return StoredResultJson(key=key, missing=True)
             if response.status != 200:
                 raise RunError(
                     502, "result_download_failed", f"{url}?path={path}: {response.status}"

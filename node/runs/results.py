@@ -10,7 +10,10 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import NotRequired, Protocol
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from config import NodeSettings
 from net import PeerClient, PeerRequestError
@@ -33,6 +36,34 @@ def result_key(run_id: str, node: str, path: str) -> str:
     return str(PurePosixPath("runs", run_id, node, *parts))
 
 
+class FetchJson(TypedDict):
+    """The body of `POST /v1/results/fetch` (node.runs.fetch.FetchBody) a run sends."""
+
+    key: str
+    node: str
+    job_id: str
+    path: str
+
+
+class StoredResultJson(TypedDict):
+    """A result file as a store answers it: key, size, hash and where it is (`store`; s3 adds
+    sha256 and etag), or {key, missing: true}; a run's `uploaded` adds node and path."""
+
+    key: str
+    size: NotRequired[int]
+    hash: NotRequired[str]
+    sha256: NotRequired[str]
+    etag: NotRequired[str]
+    store: NotRequired[str]
+    missing: NotRequired[bool]
+    node: NotRequired[str]
+    path: NotRequired[str]
+
+
+STORED_RESULT: TypeAdapter[StoredResultJson] = TypeAdapter(StoredResultJson)
+"""Validation of a results node's answer (StoredResultJson)."""
+
+
 def check_key(key: object) -> str:
     """A key shaped `runs/<run_id>/<node>/<path>`; ResultsStoreError 400 otherwise (the caller
     compares it with result_key of its parts, which refuses '..' and odd spellings)."""
@@ -43,7 +74,7 @@ def check_key(key: object) -> str:
     return key
 
 
-def _write_verified(root: Path, key: str, temp: Path, expected: str | None) -> dict[str, Any]:
+def _write_verified(root: Path, key: str, temp: Path, expected: str | None) -> StoredResultJson:
     fd = os.open(temp, os.O_RDONLY)
     try:
         size, digest, _ = digest_of_fd(fd, DEFAULT_PIECE_SIZE)
@@ -64,7 +95,7 @@ def _write_verified(root: Path, key: str, temp: Path, expected: str | None) -> d
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return {"key": key, "size": size, "hash": digest, "store": "local"}
+    return StoredResultJson(key=key, size=size, hash=digest, store="local")
 
 
 class LocalResults:
@@ -75,7 +106,7 @@ class LocalResults:
 
     async def put(
         self, key: str, chunks: AsyncIterator[bytes], expected_hash: str | None
-    ) -> dict[str, Any]:
+    ) -> StoredResultJson:
         """Store the bytes of `chunks` at `key`, verified against `expected_hash`."""
         temp = self.root / ".incoming" / key.replace("/", "__")
         await asyncio.to_thread(temp.parent.mkdir, parents=True, exist_ok=True)
@@ -103,9 +134,9 @@ class NodeResults:
         self,
         peers: PeerClient,
         url: str | None,
-        fetch: Mapping[str, Any],
+        fetch: FetchJson,
         headers: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> StoredResultJson:
         """Have the results node (at `url`) fetch `fetch` = {key, node, job_id, path};
         `headers` carry the coordinator's plan fence."""
         if url is None:
@@ -130,7 +161,17 @@ class NodeResults:
                 "results_node_refused",
                 f"results node {self.node} did not store {fetch['key']}: {status} {reason}",
             )
-        return dict(answer)
+        try:
+            return STORED_RESULT.validate_python(answer)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in error["loc"]) or "answer"
+            raise ResultsStoreError(
+                502,
+                "results_node_refused",
+                f"results node {self.node} answered for {fetch['key']} a record that cannot "
+                f"be read: {where}: {error['msg']}",
+            ) from None
 
 
 class ResultsStore(Protocol):
@@ -139,7 +180,7 @@ class ResultsStore(Protocol):
 
     async def put(
         self, key: str, chunks: AsyncIterator[bytes], expected_hash: str | None
-    ) -> dict[str, Any]: ...
+    ) -> StoredResultJson: ...
 
 
 def open_results_store(settings: NodeSettings) -> ResultsStore | NodeResults:

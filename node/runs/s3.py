@@ -19,6 +19,7 @@ from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
 from node.errors import ResultsStoreError
+from node.runs.results import StoredResultJson
 from sync import DEFAULT_PIECE_SIZE
 from sync.files.manifest import digest_of_fd
 
@@ -95,7 +96,7 @@ class S3Results:
 
     async def put(
         self, key: str, chunks: AsyncIterator[bytes], expected_hash: str | None
-    ) -> dict[str, Any]:
+    ) -> StoredResultJson:
         """Stage, verify against `expected_hash`, upload, and check what the store holds."""
         temp = self.staging / key.replace("/", "__")
         await asyncio.to_thread(temp.parent.mkdir, parents=True, exist_ok=True)
@@ -119,14 +120,14 @@ class S3Results:
             raise ResultsStoreError(500, "results_store_failed", f"{key}: {exc}") from exc
         finally:
             temp.unlink(missing_ok=True)
-        return {
-            "key": key,
-            "size": size,
-            "hash": content_hash,
-            "sha256": sha256,
-            "etag": etag,
-            "store": f"s3://{self.bucket}/{object_key}",
-        }
+        return StoredResultJson(
+            key=key,
+            size=size,
+            hash=content_hash,
+            sha256=sha256,
+            etag=etag,
+            store=f"s3://{self.bucket}/{object_key}",
+        )
 
     async def _upload(self, path: Path, object_key: str, size: int, sha256: str, etag: str) -> None:
         access_key, secret_key = read_credentials(self.credentials_file)

@@ -41,7 +41,14 @@ from node.runs.queue import (
     run_lock,
     with_step,
 )
-from node.runs.results import LocalResults, NodeResults, ResultsStore, result_key
+from node.runs.results import (
+    FetchJson,
+    LocalResults,
+    NodeResults,
+    ResultsStore,
+    StoredResultJson,
+    result_key,
+)
 from node.runtime import local_daemon_url
 
 log = logging.getLogger(__name__)
@@ -303,10 +310,10 @@ class RunService:
         done = with_step(run, RunStep.STOPPING, uploaded=uploaded, note="results collected")
         await self._put(done)
 
-    async def _upload(self, run: RunRecord, member: Member, path: str) -> dict[str, Any]:
+    async def _upload(self, run: RunRecord, member: Member, path: str) -> StoredResultJson:
         key = result_key(run.run_id, member.node, path)
         if isinstance(self.results, NodeResults):
-            fetch = {"key": key, "node": member.node, "job_id": member.job_id, "path": path}
+            fetch = FetchJson(key=key, node=member.node, job_id=member.job_id, path=path)
             node = self.results.node
             url = local_daemon_url(self._runtime) if node == self._runtime.node_id else None
             url = url or self.locks.url_of(node)
@@ -374,7 +381,7 @@ class RunService:
         """This node's results store, when it is the results node; RunError 409 otherwise."""
         return check_results_node(self._runtime, self.results)
 
-    async def fetch_result(self, fetch: FetchBody) -> dict[str, Any]:
+    async def fetch_result(self, fetch: FetchBody) -> StoredResultJson:
         """Download the file `fetch` names from its member node into this results node's
         store; the stored record, or {"missing": true}. RunError 409 on another node, 503 when
         the member is not in the view, 502 when it cannot be read."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import getpass
 import socket
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from config import AsyncClosing, HostEntry, Inventory
 from net import Identity, PeerClient, PeerRequestError, peer_url
@@ -33,20 +33,34 @@ def operator_name() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def deploy_record(result: DeployResult, *, rolling: bool) -> dict[str, Any] | None:
+class DeployRecordJson(TypedDict):
+    """The body of POST /v1/audit/deploys: one deploy to a host; `certificate` (serial and
+    expiry) only when it issued the host a certificate."""
+
+    host: str
+    status: str
+    version: str
+    fingerprint: str
+    rolling: bool
+    duration_s: float
+    operator: str
+    certificate: NotRequired[dict[str, object]]
+
+
+def deploy_record(result: DeployResult, *, rolling: bool) -> DeployRecordJson | None:
     """The body of POST /v1/audit/deploys for `result`; None when there is nothing to record
     (unchanged, failed or a dry run)."""
     if result.dry_run or result.status not in _RECORDED:
         return None
-    body: dict[str, Any] = {
-        "host": result.host,
-        "status": result.status,
-        "version": result.version or "unknown",
-        "fingerprint": result.fingerprint or "",
-        "rolling": rolling,
-        "duration_s": round(result.duration_s, 3),
-        "operator": operator_name(),
-    }
+    body = DeployRecordJson(
+        host=result.host,
+        status=result.status,
+        version=result.version or "unknown",
+        fingerprint=result.fingerprint or "",
+        rolling=rolling,
+        duration_s=round(result.duration_s, 3),
+        operator=operator_name(),
+    )
     certificate = result.certificate
     if certificate is not None and certificate.get("issued"):
         body["certificate"] = {

@@ -11,7 +11,6 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from node.tasks.executor import TaskLoop
 from node.workers import WorkerClosed, WorkerHandle, authenticate, load_secret
@@ -29,7 +28,7 @@ class ActorHost:
         self.listener.listen(128)
         self.port: int = self.listener.getsockname()[1]
         self.secret = secret
-        self.actors: dict[str, Any] = {}
+        self.actors: dict[str, object] = {}
         self.lock = threading.Lock()
 
     def serve_forever(self) -> None:

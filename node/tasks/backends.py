@@ -80,7 +80,7 @@ def make_context(spec: ContextSpec) -> Any:
     return RayContext(options.get("address"))
 
 
-_current: dict[str, Any] = {}
+_current: dict[str, JobContext] = {}
 _lock = threading.Lock()
 
 
@@ -94,5 +94,4 @@ def current_context(spec: str | None = None) -> JobContext:
         if context is None:
             context = make_context(parsed)
             _current[text] = context
-    result: JobContext = context
-    return result
+    return context

@@ -46,7 +46,7 @@ class Outcome:
     error_type: str = ""
 
 
-def run_captured(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Outcome:
+def run_captured(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, object]) -> Outcome:
     """Call fn and capture its result or its exception (with the traceback text)."""
     try:
         return Outcome(True, fn(*args, **kwargs))
@@ -131,7 +131,7 @@ class ActorHandle:
     name: str | None = None
     incarnation: int = 0
 
-    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
         raise NotImplementedError
 
     def __getattr__(self, method: str) -> ActorMethod:

@@ -46,7 +46,7 @@ class TaskLoop:
         self.handle = handle
         self.cache = ObjectCache()
         self.backlog: collections.deque[Frame] = collections.deque()
-        self.actors: dict[str, Any] = {}
+        self.actors: dict[str, object] = {}
 
     def next_frame(self) -> Frame:
         return self.backlog.popleft() if self.backlog else self.handle.recv_frame()
@@ -69,7 +69,7 @@ class TaskLoop:
                 return obj
             self.backlog.append(frame)
 
-    def resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def resolve(self, args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
         return (
             tuple(self.fetch(a) if isinstance(a, Ref) else a for a in args),
             {k: self.fetch(v) if isinstance(v, Ref) else v for k, v in kwargs.items()},
@@ -82,7 +82,7 @@ class TaskLoop:
         outcome = run_captured(self._perform, (message, frame.payload), {})
         self.handle.send({"op": "done", "id": message["id"]}, dump_outcome(outcome))
 
-    def _perform(self, message: dict[str, Any], payload: bytes) -> Any:
+    def _perform(self, message: dict[str, object], payload: bytes) -> Any:
         op = message.get("op")
         if op == "task":
             fn, args, kwargs = cloudpickle.loads(payload)

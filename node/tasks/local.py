@@ -28,7 +28,9 @@ from node.tasks.context import (
 from node.workers import Worker, WorkerDied, WorkerHandle
 
 
-def resolve_refs(args: Sequence[Any], kwargs: dict[str, Any], lookup: Callable[[Ref], Any]) -> Any:
+def resolve_refs(
+    args: Sequence[Any], kwargs: dict[str, object], lookup: Callable[[Ref], Any]
+) -> Any:
     """(args, kwargs) with every top-level Ref replaced by its object."""
     return (
         tuple(lookup(a) if isinstance(a, Ref) else a for a in args),
@@ -42,7 +44,7 @@ class LocalContext:
     owner = "local"
 
     def __init__(self) -> None:
-        self._objects: dict[str, Any] = {}
+        self._objects: dict[str, object] = {}
         self._actors: dict[str, ActorHandle] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -80,7 +82,7 @@ class LocalContext:
         return self._submit(fn, args, kwargs)
 
     def _submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, object]
     ) -> cf.Future[Any]:
         raise NotImplementedError
 
@@ -106,7 +108,7 @@ class LocalContext:
             return handle
 
     def _new_actor(
-        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None
+        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, object], name: str | None
     ) -> ActorHandle:
         raise NotImplementedError
 
@@ -137,7 +139,7 @@ class _InlineActor(ActorHandle):
         self.incarnation = 1
         self._executor = executor
 
-    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
         bound = getattr(self._instance, method)
         if self._executor is None:
             future: cf.Future[Any] = cf.Future()
@@ -154,14 +156,14 @@ class SyncContext(LocalContext):
     """Runs every task inline at `run`; for tests and debugging."""
 
     def _submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, object]
     ) -> cf.Future[Any]:
         future: cf.Future[Any] = cf.Future()
         settle(future, run_captured(fn, args, kwargs))
         return future
 
     def _new_actor(
-        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None
+        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, object], name: str | None
     ) -> ActorHandle:
         return _InlineActor(cls(*args, **kwargs), name, None)
 
@@ -174,12 +176,12 @@ class ThreadContext(LocalContext):
         self._pool = cf.ThreadPoolExecutor(max_workers or min(32, (os.cpu_count() or 1) + 4))
 
     def _submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, object]
     ) -> cf.Future[Any]:
         return self._pool.submit(run_captured, fn, args, kwargs)
 
     def _new_actor(
-        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None
+        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, object], name: str | None
     ) -> ActorHandle:
         executor = cf.ThreadPoolExecutor(1, thread_name_prefix=f"actor-{name or 'anon'}")
         instance = executor.submit(cls, *args, **kwargs).result()
@@ -213,7 +215,7 @@ class _ProcessActor(ActorHandle):
     """An actor in a forked worker process; calls are sent in order and answered in order."""
 
     def __init__(
-        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None
+        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, object], name: str | None
     ) -> None:
         self.name = name
         self.incarnation = 1
@@ -225,7 +227,7 @@ class _ProcessActor(ActorHandle):
             self._worker.close()
             result_of(_done(built), None)
 
-    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
         with self._lock:
             try:
                 self._worker.send({"op": "call"}, bytes(cloudpickle.dumps((method, args, kwargs))))
@@ -254,7 +256,7 @@ class ProcessContext(LocalContext):
         )
 
     def _submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, object]
     ) -> cf.Future[Any]:
         blob = bytes(cloudpickle.dumps((fn, args, kwargs)))
         outer: cf.Future[Any] = cf.Future()
@@ -269,7 +271,7 @@ class ProcessContext(LocalContext):
         return outer
 
     def _new_actor(
-        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None
+        self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, object], name: str | None
     ) -> ActorHandle:
         return _ProcessActor(cls, args, kwargs, name)
 

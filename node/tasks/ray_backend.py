@@ -29,10 +29,10 @@ def _call_captured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome
 class _Hosted:
     """The Ray actor class: it builds the user's instance and calls its methods captured."""
 
-    def __init__(self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, object]) -> None:
         self.instance = cls(*args, **kwargs)
 
-    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> Outcome:
         return run_captured(getattr(self.instance, method), args, kwargs)
 
 
@@ -42,7 +42,7 @@ class RayActor(ActorHandle):
         self.name = name
         self.incarnation = 1
 
-    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
         return self._actor.call.remote(method, args, kwargs)
 
 
@@ -50,7 +50,7 @@ class RayContext:
     """put/get/run/wait/create_actor through Ray. `address` joins a running Ray cluster
     ("auto", "ray://host:10001"); without it a local Ray is started with `init_kwargs`."""
 
-    def __init__(self, address: str | None = None, init_kwargs: dict[str, Any] | None = None):
+    def __init__(self, address: str | None = None, init_kwargs: dict[str, object] | None = None):
         self.ray = _ray()
         self._started = False
         if not self.ray.is_initialized():
@@ -98,7 +98,7 @@ class RayContext:
         get_if_exists: bool = False,
         **kwargs: Any,
     ) -> RayActor:
-        options: dict[str, Any] = {"max_concurrency": 1}
+        options: dict[str, object] = {"max_concurrency": 1}
         if name is not None:
             options.update(name=name, get_if_exists=get_if_exists)
         try:

@@ -244,12 +244,12 @@ class ActorRoutes:
         try:
             name = request.match_info["name"]
             action = request.match_info.get("action", "get")
-            body: dict[str, Any] = {}
+            body: BaseModel | None = None
             if request.method == "POST":
                 model = ACTION_BODIES.get(action)
                 if model is None:
                     raise RegistryError(404, "no_such_action", f"unknown actor action {action!r}")
-                body = parse_body(model, await request.read(), optional=True).model_dump()
+                body = parse_body(model, await request.read(), optional=True)
             coordinator = self.runtime.coordinator
             term = self._term()
             if coordinator is None or term is None:
@@ -269,12 +269,12 @@ class ActorRoutes:
         except BodyError as exc:
             raise RegistryError(400, "invalid_actor_request", f"{request.path}: {exc}") from None
 
-    def _answer(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _answer(self, name: str, action: str, body: BaseModel | None) -> dict[str, object]:
         registry = self.registry
         if action == "get":
             return asdict(registry.lookup(name))
-        if action == "claim":
-            record, created = registry.claim(name, bool(body.get("get_if_exists")), time.time())
+        if isinstance(body, ClaimBody):
+            record, created = registry.claim(name, body.get_if_exists, time.time())
             if created:
                 log.info(
                     "node %s term %d: actor %s incarnation %d claimed",
@@ -284,23 +284,21 @@ class ActorRoutes:
                     record.incarnation,
                 )
             return {**asdict(record), "created": created}
-        incarnation = int(body["incarnation"])
-        if action == "ready":
-            record = registry.ready(name, incarnation, body["address"], body["job"])
-            return asdict(record)
-        if action == "dead":
+        if isinstance(body, ReadyBody):
+            return asdict(registry.ready(name, body.incarnation, body.address, body.job))
+        if isinstance(body, DeadBody):
             log.info(
                 "node %s term %d: actor %s incarnation %d reported dead",
                 self.runtime.node_id,
                 registry.term,
                 name,
-                incarnation,
+                body.incarnation,
             )
-            return asdict(registry.dead(name, incarnation))
+            return asdict(registry.dead(name, body.incarnation))
         raise RegistryError(404, "no_such_action", f"unknown actor action {action!r}")
 
     async def _forward(
-        self, request: web.Request, coordinator: str, body: dict[str, Any]
+        self, request: web.Request, coordinator: str, body: BaseModel | None
     ) -> web.Response:
         members = self.runtime.membership.members() if self.runtime.membership else []
         target = next((m for m in members if m.node_id == coordinator), None)
@@ -317,7 +315,7 @@ class ActorRoutes:
                 request.method,
                 f"{target.address}:{target.port}",
                 request.path,
-                body if request.method == "POST" else None,
+                None if body is None else body.model_dump(),
                 headers={FORWARDED_HEADER: self.runtime.node_id},
             )
         except PeerRequestError as exc:

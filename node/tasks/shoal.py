@@ -160,7 +160,7 @@ class ShoalActor(ActorHandle):
                 raise self._died(exc) from exc
             return self._connection
 
-    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
         connection = self._connect()
         if connection.lost is not None:
             raise connection.lost

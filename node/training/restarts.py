@@ -10,7 +10,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -87,7 +86,7 @@ class RestartLog:
             task.add_done_callback(self._audits.discard)
         return restart
 
-    async def _audit(self, payload: dict[str, Any]) -> None:
+    async def _audit(self, payload: dict[str, object]) -> None:
         await record_audit(self._runtime.wal, TRAINING_RESTART, payload, self._runtime.node_id)
 
     async def close(self) -> None:

@@ -7,6 +7,8 @@ from typing import TypedDict
 
 from pydantic import JsonValue
 
+from health import HealthJson
+
 
 class GpuRow(TypedDict):
     """One GPU of a member, as its own /v1/status reports it."""
@@ -138,6 +140,6 @@ class WalSummary(TypedDict):
 
 class NodeTopic(TypedDict):
     node_id: str
-    health: dict[str, JsonValue] | None
+    health: HealthJson | None
     breakers: list[BreakerRow]
     wal: WalSummary | None

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from aiohttp import web
 
@@ -47,6 +47,13 @@ TopicFn = Callable[[], Awaitable[Any]]
 LogPaths = Callable[[str], Mapping[str, Path] | None]
 """A job id -> its log files by stream, None for an unknown job."""
 Sampler = Callable[[], Awaitable[Mapping[str, float]]]
+
+
+class HistoryTopic(TypedDict):
+    """The `history` topic: the node's recent samples (oldest first) and their interval."""
+
+    samples: list[Mapping[str, float]]
+    sample_s: float
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,7 @@ class EventHub:
                 log.debug("dashboard sample failed: %s", exc)
             await asyncio.sleep(self._sample_s)
 
-    async def _history_topic(self) -> dict[str, Any]:
+    async def _history_topic(self) -> HistoryTopic:
         return {"samples": list(self.history), "sample_s": self._sample_s}
 
     async def snapshot(self, topic: str) -> tuple[int, str]:

@@ -24,6 +24,7 @@ from node.rl.backlog import RolloutBacklog
 from node.rl.service import WeightsService
 from node.routes import status_document
 from node.runtime import NodeRuntime
+from node.sync_routes import SyncStatusJson
 from node.sync_service import SyncService
 from node.ui.documents import (
     AppliedWeights,
@@ -234,7 +235,7 @@ async def jobs_topic(sources: UiSources) -> JobsTopic:
     return {"summary": service.summary(), "jobs": [service.record(e).to_json() for e in entries]}
 
 
-async def sync_topic(sources: UiSources) -> dict[str, Any]:
+async def sync_topic(sources: UiSources) -> SyncStatusJson | dict[str, object]:
     return {} if sources.sync is None else sources.sync.status()
 
 

@@ -6,9 +6,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 DEFAULT_MASTER_PORT = 29500
+
+
+class NCCLMessage(TypedDict):
+    """An NCCLConfig as the JSON message its worker is sent."""
+
+    master_addr: str
+    master_port: int
+    world_size: int
+    rank: int
+    local_rank: int
 
 
 @dataclass(frozen=True)
@@ -19,15 +29,15 @@ class NCCLConfig:
     rank: int
     local_rank: int
 
-    def to_message(self) -> dict[str, Any]:
+    def to_message(self) -> NCCLMessage:
         """The config as a JSON message, to send to its worker."""
-        return {
-            "master_addr": self.master_addr,
-            "master_port": self.master_port,
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-        }
+        return NCCLMessage(
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            world_size=self.world_size,
+            rank=self.rank,
+            local_rank=self.local_rank,
+        )
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> NCCLConfig:

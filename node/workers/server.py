@@ -15,7 +15,6 @@ import socket
 import sys
 import time
 from types import FrameType
-from typing import Any
 
 from node.errors import WorkerError
 from node.workers.auth import is_loopback, new_nonce, verify
@@ -260,6 +259,9 @@ def _recv(sock: socket.socket) -> bytes:
 
 def _report_death(conn: socket.socket, worker: Worker) -> None:
     died = worker.death()
-    message: dict[str, Any] = {"exit_code": died.exit_code, "stderr": died.stderr_tail}
+    message: dict[str, int | str | None] = {
+        "exit_code": died.exit_code,
+        "stderr": died.stderr_tail,
+    }
     with contextlib.suppress(OSError):
         conn.sendall(encode_frame(FrameKind.DIED, message))

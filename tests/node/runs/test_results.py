@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from net import MockTransport, PeerClient
+from net.transport import PeerResponse
 from node.errors import ResultsStoreError
-from node.runs.results import LocalResults, result_key
+from node.runs.results import FetchJson, LocalResults, NodeResults, result_key
 
 
 async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
@@ -41,3 +43,24 @@ async def test_a_file_that_does_not_match_its_hash_never_appears(tmp_path: Path)
 def test_result_paths_stay_inside_the_run(path: str) -> None:
     with pytest.raises(ResultsStoreError):
         result_key("run-1", "n1", path)
+
+
+def _results_node(answer: object) -> MockTransport:
+    return MockTransport(lambda request: PeerResponse.of_json(answer))
+
+
+FETCH = FetchJson(key="runs/r1/n1/out.txt", node="n1", job_id="j1", path="out.txt")
+
+
+async def test_a_results_nodes_stored_record_is_read() -> None:
+    stored = {"key": FETCH["key"], "size": 3, "hash": "abc", "store": "local"}
+    async with PeerClient(transport=_results_node(stored)) as peers:
+        answer = await NodeResults("r", 5.0).collect(peers, "http://127.0.0.1:1", FETCH)
+    assert answer == stored
+
+
+async def test_a_results_nodes_malformed_record_is_refused_naming_the_field() -> None:
+    stored = {"key": FETCH["key"], "size": "three", "hash": "abc", "store": "local"}
+    async with PeerClient(transport=_results_node(stored)) as peers:
+        with pytest.raises(ResultsStoreError, match="cannot be read: size:"):
+            await NodeResults("r", 5.0).collect(peers, "http://127.0.0.1:1", FETCH)
