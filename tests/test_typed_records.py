@@ -17,7 +17,7 @@ PACKAGES = ["config", "net", "wal", "health", "sync", "node", "shoal"]
 
 TARGET_UNTYPED_DICT_LINES = 150
 """Issue 35's goal for the lines with `dict[str, Any]`: plain JSON at the edges only."""
-MAX_UNTYPED_DICT_LINES = 131
+MAX_UNTYPED_DICT_LINES = 141
 """The bound today (a ratchet: lower it with each conversion, down to the target)."""
 MAX_UNTYPED_MAPPING_LINES = 56
 """(MutableMapping counts too: a training state handed to DCP is any mapping.)"""
@@ -43,6 +43,12 @@ def test_untyped_dicts_are_counted_and_bounded() -> None:
     print(f"Mapping[str, Any]: {len(mappings)} lines")
     assert len(dicts) <= MAX_UNTYPED_DICT_LINES, "\n".join(dicts)
     assert len(mappings) <= MAX_UNTYPED_MAPPING_LINES, "\n".join(mappings)
+
+
+def test_no_alias_hides_an_untyped_dict_from_the_count() -> None:
+    aliases = lines_with(r"^\s*\w+(\s*:\s*TypeAlias)?\s*=\s*(dict|Mapping)\[str, Any\]\s*$")
+    aliases += lines_with(r"^\s*type\s+\w+\s*=\s*(dict|Mapping)\[str, Any\]")
+    assert not aliases, "spell the type out where it is used (or type it):\n" + "\n".join(aliases)
 
 
 def test_the_lock_tables_runs_and_drains_are_typed() -> None:

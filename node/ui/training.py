@@ -31,8 +31,6 @@ MAX_GPUS_PER_NODE = 64
 MAX_QUARANTINES = 256
 """Quarantine rows the page lists (the plan's first, then the table's re-admitted ones)."""
 
-Json = dict[str, Any]
-
 
 class TrainingSource(Protocol):
     """What the page reads of node.training's TrainingComponent."""
@@ -50,7 +48,7 @@ def _short(value: float | None) -> float | None:
 
 def quarantine_rows(
     quarantined: Mapping[str, str], records: Mapping[str, Quarantine]
-) -> list[Json]:
+) -> list[dict[str, Any]]:
     """The GPU quarantine as the page lists it: every node the plan quarantines (`reason` as
     the plan says it), then those re-admitted within the limit's window, from the lock table as
     this node last held it (`since`, `times` quarantined within the window, `held`: out until
@@ -75,10 +73,10 @@ def quarantine_rows(
     return rows[:MAX_QUARANTINES]
 
 
-def node_rows(view: TrainingView) -> list[Json]:
+def node_rows(view: TrainingView) -> list[dict[str, Any]]:
     """One row per training node: its ranks, its lowest and highest step, its summed rate,
     whether its part was read in time and its stragglers."""
-    rows: dict[str, Json] = {
+    rows: dict[str, dict[str, Any]] = {
         node: {"node": node, "reachable": part.reachable} for node, part in view.nodes.items()
     }
     rows.update({node: {"node": node, "reachable": False} for node in view.missing})
@@ -96,7 +94,9 @@ def node_rows(view: TrainingView) -> list[Json]:
     return [rows[node] for node in sorted(rows)][:MAX_RANKS]
 
 
-def now_document(view: TrainingView, quarantine: list[Json] | None = None) -> Json:
+def now_document(
+    view: TrainingView, quarantine: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The `training` topic: what the page shows beside each plot and marks on it, every
     node's summary, and the GPU quarantine."""
     return {
@@ -147,7 +147,7 @@ class Grid:
         return found
 
 
-def _rank_series(grid: Grid, history: RankHistory) -> Json:
+def _rank_series(grid: Grid, history: RankHistory) -> dict[str, Any]:
     scalars = sorted(history.scalars.items())[:MAX_SCALARS]
     return {
         "steps_per_s": grid.place(history.at, history.steps_per_s),
@@ -156,7 +156,7 @@ def _rank_series(grid: Grid, history: RankHistory) -> Json:
     }
 
 
-def _gpu_series(grid: Grid, gpu: GpuHistory) -> Json:
+def _gpu_series(grid: Grid, gpu: GpuHistory) -> dict[str, Any]:
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -167,7 +167,7 @@ def _gpu_series(grid: Grid, gpu: GpuHistory) -> Json:
     }
 
 
-def history_document(view: TrainingView, now: float) -> Json:
+def history_document(view: TrainingView, now: float) -> dict[str, Any]:
     """The whole window of the `training_history` topic: per rank (by rank) its steps/s,
     compute seconds and scalars, per training node (by node) its GPUs' utilization and memory
     used, each a list of BINS points from `t0` (unix s), BIN_S apart."""
@@ -211,7 +211,7 @@ def _shape(value: Any) -> Iterable[str]:
             yield "."
 
 
-def window_of(full: Json, tail_bins: int = TAIL_BINS) -> Window:
+def window_of(full: dict[str, Any], tail_bins: int = TAIL_BINS) -> Window:
     """The full document, its newest `tail_bins` points (`tail`: true, `t0` moved), and its
     shape (the series it holds, the grid's size)."""
     keep = min(tail_bins, int(full["bins"]))
@@ -237,12 +237,12 @@ async def group_view(source: TrainingSource, history: bool) -> TrainingView:
 
 
 def training_topics(
-    source: TrainingSource | None, quarantine: Callable[[], list[Json]] = list
+    source: TrainingSource | None, quarantine: Callable[[], list[dict[str, Any]]] = list
 ) -> dict[str, Callable[[], Any]]:
     """The `training` topic over `source` (None: a daemon without training: an empty
     document), with the GPU quarantine's rows (`quarantine()`, quarantine_rows)."""
 
-    async def training() -> Json:
+    async def training() -> dict[str, Any]:
         if source is None:
             return {}
         return now_document(await group_view(source, False), quarantine())
