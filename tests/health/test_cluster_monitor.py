@@ -118,9 +118,14 @@ async def test_learns_the_cluster_from_one_node_and_exits_0_when_all_are_well(
         assert {row.port for row in status.nodes} == {d.port for d in daemons}
         assert all(row.health == "healthy" and row.error is None for row in status.nodes)
         assert status.summary.nodes_alive == 3
-        code, out, err = await _run_cli("--node", _url(daemons[1]), "--json")
+        for _ in range(5):  # a node starved of CPU (a loaded test machine) is rightly degraded
+            code, out, err = await _run_cli("--node", _url(daemons[1]), "--json")
+            document = json.loads(out)
+            assert code == (0 if document["summary"]["ok"] else 1), out + err
+            if code == 0:
+                break
+            await asyncio.sleep(2.0)
         assert code == 0, out + err
-        document = json.loads(out)
         assert set(document) == {"time", "coordinator", "term", "nodes", "summary"}
         assert [node["node_id"] for node in document["nodes"]] == ["n0", "n1", "n2"]
         assert {node["state"] for node in document["nodes"]} == {"alive"}

@@ -58,7 +58,9 @@ async def three_nodes(tmp_path: Path) -> AsyncIterator[dict[str, JobClient]]:
 
 
 async def agreed(clients: dict[str, JobClient]) -> None:
-    """Until every node has the same coordinator and plan and sees 3 alive members."""
+    """Until every node has the same coordinator and plan, sees 3 alive members, and that
+    plan ranks all three for training (a first plan made before the last node joined may
+    rank two)."""
     deadline = time.monotonic() + 60
     seen: list[Any] = []
     while time.monotonic() < deadline:
@@ -66,6 +68,8 @@ async def agreed(clients: dict[str, JobClient]) -> None:
         fences = {(s["coordinator"], s["term"], s["plan_version"]) for s in seen}
         alive = {s["members"]["alive"] for s in seen}
         if len(fences) == 1 and None not in next(iter(fences)) and alive == {3}:
-            return
+            _, plan = await next(iter(clients.values())).call("GET", "/v1/plan")
+            if len(plan["plan"]["training_ranks"]) == len(NAMES):
+                return
         await asyncio.sleep(0.1)
     raise AssertionError(f"the cluster did not agree on a plan: {seen}")
