@@ -9,6 +9,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from node.membership.types import (
     EMPTY_META,
@@ -27,6 +28,7 @@ _RANK = {
 }
 _DOWN = (MemberState.DEAD, MemberState.LEFT)
 _UP = (MemberState.ALIVE, MemberState.SUSPECT)
+_NODE_ID = attrgetter("node_id")
 
 
 def supersedes(
@@ -361,7 +363,8 @@ def reap_due(down_since: Mapping[str, float], now: float, dead_reap_s: float) ->
 
 def view_digest(members: Iterable[Member]) -> str:
     """A short hash of (id, incarnation, state) of every member: equal views skip push-pull."""
-    digest = hashlib.blake2b(digest_size=8)
-    for member in sorted(members, key=lambda m: m.node_id):
-        digest.update(f"{member.node_id}\x1f{member.incarnation}\x1f{member.state}\x1e".encode())
-    return digest.hexdigest()
+    lines = [
+        f"{member.node_id}\x1f{member.incarnation}\x1f{member.state}\x1e"
+        for member in sorted(members, key=_NODE_ID)
+    ]
+    return hashlib.blake2b("".join(lines).encode(), digest_size=8).hexdigest()

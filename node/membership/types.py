@@ -190,7 +190,13 @@ def freeze_meta(meta: Mapping[str, object]) -> Meta:
     for key, value in meta.items():
         if not isinstance(key, str) or not 0 < len(key) <= MAX_META_KEY_CHARS:
             raise MembershipError(f"meta key {key!r} must be a string of 1..{MAX_META_KEY_CHARS}")
-        checked[key] = _meta_value(key, value)
+        # The plain types a JSON body decodes to are passed inline (every state record and
+        # alive update carries meta); anything else is checked by _meta_value.
+        plain = value is None or type(value) is int or type(value) is bool
+        if plain or (type(value) is str and len(value) <= MAX_META_TEXT_CHARS):
+            checked[key] = value  # type: ignore[assignment]  # narrowed by the checks above
+        else:
+            checked[key] = _meta_value(key, value)
     return MappingProxyType(checked)
 
 

@@ -70,8 +70,12 @@ class Message:
     updates: tuple[Update, ...] = ()
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""What json.dumps(obj, separators=(",", ":"), ensure_ascii=False) builds anew at every call."""
+
+
 def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODER.encode(obj).encode()
 
 
 def encode_update(update: Update) -> bytes:
