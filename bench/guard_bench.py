@@ -76,13 +76,13 @@ def _rank_main(rank: int, ranks: int, port: int, sizes: list[int], calls: int, o
 def _summary(figures: list[dict[str, Any]]) -> list[dict[str, float]]:
     rows = []
     for row in figures:
-        bare = statistics.median(row["bare"]) * 1e6
-        guarded = statistics.median(row["guarded"]) * 1e6
+        bare = round(statistics.median(row["bare"]) * 1e6, 1)
+        guarded = round(statistics.median(row["guarded"]) * 1e6, 1)
         rows.append(
             {
                 "bytes": row["bytes"],
-                "bare_us": round(bare, 1),
-                "guarded_us": round(guarded, 1),
+                "bare_us": bare,
+                "guarded_us": guarded,
                 "overhead_us": round(guarded - bare, 1),
                 "ratio": round(guarded / bare, 3),
             }
