@@ -209,6 +209,11 @@ async def head_deadline_middleware(request: web.Request, handler: Handler) -> we
 class GuardedSite(web.BaseSite):
     """Plain HTTP on HOST:PORT whose connections go through ConnectionGuards of `budget`."""
 
+    settle_turns = 2
+    """Loop turns a stopping site waits, once it stops accepting, for the connections accepted
+    in its last turn to reach aiohttp (one turn attaches the transport, one runs
+    connection_made)."""
+
     def __init__(
         self, runner: web.BaseRunner, host: str, port: int, budget: ConnectionBudget
     ) -> None:
@@ -230,3 +235,17 @@ class GuardedSite(web.BaseSite):
             guarded(server, self.budget), self._host, self._port, backlog=self._backlog
         )
         self._server = listening
+
+    async def stop(self) -> None:
+        """Stop accepting, let the connections already accepted reach aiohttp (so its shutdown
+        closes them), then close the listener. Closing it at once would strand a connection
+        whose accept ran in the same loop turn: Python 3.11 then fails to attach its transport
+        to the closed server and leaks the socket."""
+        listening = self._server
+        if isinstance(listening, asyncio.Server):
+            loop = asyncio.get_running_loop()
+            for sock in listening.sockets:
+                loop.remove_reader(sock.fileno())
+            for _ in range(self.settle_turns):
+                await asyncio.sleep(0)
+        await super().stop()

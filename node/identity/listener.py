@@ -78,6 +78,22 @@ def _is_local(conn: socket.socket, address: Any) -> bool:
     return _is_loopback(host) or host == own
 
 
+async def _readable(sock: socket.socket, timeout_s: float | None) -> None:
+    """Wait until `sock` is readable (TimeoutError after `timeout_s`, None: no limit)."""
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(sock.fileno(), ready)
+    try:
+        await asyncio.wait_for(readable, timeout_s)
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
 class _Listening:
     """What `site._server` is to the daemon: the listening sockets, and `close()`."""
 
@@ -116,7 +132,8 @@ class IdentitySite(web.BaseSite):
         self._refused = refused
         self._timeout_s = handshake_timeout_s
         self._accepting: asyncio.Task[None] | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], socket.socket] = {}
+        """Connections before their first byte and handshake, by the task that serves each."""
         self.budget = budget if budget is not None else ConnectionBudget()
         self._handshaking: dict[str, int] = {}
 
@@ -145,32 +162,44 @@ class IdentitySite(web.BaseSite):
             accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await accepting
-        for task in list(self._connections):
+        pending = dict(self._connections)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
+        for conn in pending.values():
+            conn.close()  # a task cancelled before its first step never closed its socket
         await super().stop()
 
     async def _accept(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
+        """Accept while the site runs. Each connection is accepted here, not in a future that
+        `stop` could cancel after it holds the socket: cancelling the wait for readability
+        leaves nothing behind."""
         while True:
-            try:
-                conn, address = await loop.sock_accept(sock)
-            except OSError as exc:  # out of descriptors: wait a little rather than spin
-                log.warning("accept on %s failed: %s", self.name, exc)
-                await asyncio.sleep(0.1)
-                continue
-            client = str(address[0])
-            held = self._handshaking.get(client, 0)
-            if held >= MAX_HANDSHAKES_PER_CLIENT or len(self._connections) >= MAX_HANDSHAKES:
-                log.debug("closed a connection of %s: %d of its handshakes pending", client, held)
-                self.budget.refused += 1
-                conn.close()
-                continue
-            self._handshaking[client] = held + 1
-            task = asyncio.create_task(self._serve(conn, address))
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
-            task.add_done_callback(functools.partial(self._handshaken, client))
+            await _readable(sock, None)
+            for _ in range(self._backlog):
+                try:
+                    conn, address = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:  # out of descriptors: wait a little rather than spin
+                    log.warning("accept on %s failed: %s", self.name, exc)
+                    await asyncio.sleep(0.1)
+                    break
+                self._admit(conn, address)
+
+    def _admit(self, conn: socket.socket, address: Any) -> None:
+        client = str(address[0])
+        held = self._handshaking.get(client, 0)
+        if held >= MAX_HANDSHAKES_PER_CLIENT or len(self._connections) >= MAX_HANDSHAKES:
+            log.debug("closed a connection of %s: %d of its handshakes pending", client, held)
+            self.budget.refused += 1
+            conn.close()
+            return
+        self._handshaking[client] = held + 1
+        task = asyncio.create_task(self._serve(conn, address))
+        self._connections[task] = conn
+        task.add_done_callback(self._connections.pop)
+        task.add_done_callback(functools.partial(self._handshaken, client))
 
     def _handshaken(self, client: str, _: object = None) -> None:
         held = self._handshaking.get(client, 0) - 1
@@ -180,18 +209,7 @@ class IdentitySite(web.BaseSite):
             self._handshaking.pop(client, None)
 
     async def _first_byte(self, conn: socket.socket) -> bytes:
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-
-        def ready() -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        loop.add_reader(conn.fileno(), ready)
-        try:
-            await asyncio.wait_for(readable, self._timeout_s)
-        finally:
-            loop.remove_reader(conn.fileno())
+        await _readable(conn, self._timeout_s)
         return conn.recv(1, socket.MSG_PEEK)
 
     async def _serve(self, conn: socket.socket, address: Any) -> None:

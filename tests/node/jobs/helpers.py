@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +145,21 @@ def process_group_members(pgid: int) -> list[int]:
 def kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+async def agreed(clients: dict[str, JobClient], timeout_s: float = 60.0) -> None:
+    """Until every node of `clients` has the same coordinator and plan, sees them all alive,
+    and that plan ranks all of them for training (a first plan made before the last node
+    joined ranks fewer)."""
+    deadline = time.monotonic() + timeout_s
+    seen: list[Any] = []
+    while time.monotonic() < deadline:
+        seen = [(await c.call("GET", "/v1/status"))[1] for c in clients.values()]
+        fences = {(s["coordinator"], s["term"], s["plan_version"]) for s in seen}
+        alive = {s["members"]["alive"] for s in seen}
+        if len(fences) == 1 and None not in next(iter(fences)) and alive == {len(clients)}:
+            _, plan = await next(iter(clients.values())).call("GET", "/v1/plan")
+            if len(plan["plan"]["training_ranks"]) == len(clients):
+                return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the cluster did not agree on a plan that ranks every node: {seen}")

@@ -20,7 +20,7 @@ from config import NodeSettings
 from node.daemon import NodeDaemon
 from node.jobs import gang_master_port
 from tests.node.daemons import FAST_ELECTION, test_settings
-from tests.node.jobs.helpers import JobClient, job_daemon, signed_session, write_secret
+from tests.node.jobs.helpers import JobClient, agreed, job_daemon, signed_session, write_secret
 
 NAMES = ("n1", "n2", "n3")
 REPORT = (
@@ -90,19 +90,6 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                 _, listing = await client.call("GET", "/v1/jobs")
                 for job in listing["jobs"]:
                     await client.wait(job["job_id"])
-
-
-async def agreed(clients: dict[str, JobClient]) -> None:
-    """Until every node has the same coordinator and plan and sees 3 alive members."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        seen = [(await c.call("GET", "/v1/status"))[1] for c in clients.values()]
-        fences = {(s["coordinator"], s["term"], s["plan_version"]) for s in seen}
-        alive = {s["members"]["alive"] for s in seen}
-        if len(fences) == 1 and None not in next(iter(fences)) and alive == {3}:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the cluster did not agree on a plan: {seen}")
 
 
 async def coordinator_and_other(clients: dict[str, JobClient]) -> tuple[str, str]:
