@@ -141,6 +141,16 @@ class NodeParts:
     election: ElectionService
     membership: Membership
     api: ApiServer
+    sockets: list[socket.socket]
+    host: HostHealth
+
+    def release(self) -> None:
+        """Close what the parts hold from the moment they are built (the API's sockets, the
+        GPU reader), for a start that stopped before their part opened. Call it once every
+        opened part is closed; closing twice is harmless."""
+        for sock in self.sockets:
+            sock.close()
+        self.host.reader.close()
 
 
 def build_node(resolved: Resolved, sockets: list[socket.socket], hooks: Hooks) -> NodeParts:
@@ -246,7 +256,7 @@ def build_node(resolved: Resolved, sockets: list[socket.socket], hooks: Hooks) -
         components.append(served.autostop)
     if served.crl is not None:
         components.append(CrlLoops(served.crl))
-    return NodeParts(runtime, tuple(components), served, election, membership, api)
+    return NodeParts(runtime, tuple(components), served, election, membership, api, sockets, host)
 
 
 def _membership(resolved: Resolved, port: int, host: HostHealth, rng: random.Random) -> Membership:

@@ -21,7 +21,7 @@ from aiohttp import web
 from config import NodeSettings
 from config.closing import AsyncClosing
 from net import peer_url
-from node.assembly import Hooks, build_node, resolve_node
+from node.assembly import Hooks, NodeParts, build_node, resolve_node
 from node.component import Component, checks_of, enter
 from node.election.service import ElectionService
 from node.identity import CrlSpread
@@ -68,6 +68,7 @@ class NodeDaemon(AsyncClosing):
         self.tls: TlsContexts | None = None
         """The TLS contexts (auth tls or hmac+tls): `client_context()` for peer calls."""
         self.crl_spread: CrlSpread | None = None
+        self._parts: NodeParts | None = None
 
     async def start(self) -> None:
         """Start every component in order; on failure, stop what started and re-raise."""
@@ -107,6 +108,7 @@ class NodeDaemon(AsyncClosing):
         self._membership, self.election = parts.membership, parts.election
         self.sync_service, self.components = parts.served.sync, parts.served.components
         self.crl_spread = parts.served.crl
+        self._parts = parts
         self._notifier.status("opening the WAL and the components")
         await enter(self._stack, parts.components)
         self.http_app = parts.api.app
@@ -164,4 +166,8 @@ class NodeDaemon(AsyncClosing):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._stack.aclose()
+        try:
+            await self._stack.aclose()
+        finally:
+            if self._parts is not None:
+                self._parts.release()
