@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from config import (
@@ -35,6 +34,7 @@ from health import (
     wal_check,
 )
 from node.addresses import find_self_in_inventory, local_addresses
+from node.component import Check, Endpoint
 from node.election.claims import gpu_uuids_meta
 from node.election.roles import NPROC_META
 from node.membership.service import MetaValue
@@ -180,8 +180,9 @@ def gpu_meta(owned: Sequence[GpuInfo], nproc: int) -> dict[str, MetaValue]:
 
 @dataclass(frozen=True)
 class HostHealth:
-    """The node's health checker and GPU reader, open, and the GPUs it owns: what the runtime
-    is built with, and the GPU part of the membership meta."""
+    """The node's health checker and GPU reader, and the GPUs it owns: what the runtime is
+    built with, and the GPU part of the membership meta. As a component it runs the checker's
+    loop from `open()` to `close()`, then closes the GPU reader."""
 
     checker: HealthChecker
     reader: GpuReader
@@ -190,16 +191,30 @@ class HostHealth:
     training_nproc: int
     gpu_meta: dict[str, MetaValue]
 
+    async def open(self) -> None:
+        await self.checker.start()
 
-async def open_health(
-    stack: AsyncExitStack,
+    def routes(self) -> Sequence[Endpoint]:
+        return ()
+
+    def checks(self) -> Mapping[str, Check]:
+        return {}  # its own (disk, WAL, memory, GPU) are on the checker already
+
+    async def close(self) -> None:
+        try:
+            await self.checker.close()
+        finally:
+            self.reader.close()
+
+
+def host_health(
     settings: NodeSettings,
     wal: WriteAheadLog,
     metrics: NodeMetrics,
     writes: DiskWrites,
 ) -> HostHealth:
-    """Health checks (disk, WAL, memory, GPU) and their metrics, open on `stack`; resolves the
-    GPUs this node owns (`gpus`, `training_nproc`: ConfigError when they do not fit the host)."""
+    """Health checks (disk, WAL, memory, GPU) and their metrics, not started; resolves the GPUs
+    this node owns (`gpus`, `training_nproc`: ConfigError when they do not fit the host)."""
     checker = HealthChecker(timeouts=settings.timeouts)
     checker.add_check("disk", disk_check(settings.data_dir, writes=writes), interval_s=30.0)
     writes.add_listener(
@@ -211,14 +226,16 @@ async def open_health(
     checker.add_check("wal_backlog", wal_backlog_check(wal), interval_s=15.0)
     checker.add_check("memory", memory_check(), interval_s=30.0)
     reader = GpuReader()
-    stack.callback(reader.close)
-    checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
-    gpus = reader.read()
-    owned = owned_gpus(settings.gpus, len(gpus))
-    nproc = training_nproc_for(settings.training_nproc, owned)
+    try:
+        checker.add_check("gpu", gpu_check(reader), interval_s=30.0)
+        gpus = reader.read()
+        owned = owned_gpus(settings.gpus, len(gpus))
+        nproc = training_nproc_for(settings.training_nproc, owned)
+    except BaseException:
+        reader.close()
+        raise
     meta = gpu_meta([gpus[index] for index in owned], nproc)
     checker.add_listener(metrics.record_health)
-    await stack.enter_async_context(checker)
     return HostHealth(
         checker, reader, lambda: [gpu.to_json() for gpu in reader.read()], owned, nproc, meta
     )

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -206,8 +206,33 @@ async def head_deadline_middleware(request: web.Request, handler: Handler) -> we
         guard.request_finished()
 
 
+class Listening:
+    """What a site's `_server` is to aiohttp and the daemon: its listening sockets, and
+    `close()` (of the asyncio servers accepting on them, or else of the sockets)."""
+
+    def __init__(
+        self, sockets: list[socket.socket], servers: list[asyncio.Server] | None = None
+    ) -> None:
+        self.sockets = sockets
+        self.servers = servers or []
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        if not self.servers:
+            for sock in self.sockets:
+                sock.close()
+
+
+def listening_name(sockets: list[socket.socket], tls: bool = False) -> str:
+    """The URL of the first of `sockets` (a site's name)."""
+    host, port = sockets[0].getsockname()[:2]
+    return peer_url(str(host), int(port), tls=tls)
+
+
 class GuardedSite(web.BaseSite):
-    """Plain HTTP on HOST:PORT whose connections go through ConnectionGuards of `budget`."""
+    """Plain HTTP on the bound `sockets` (node.startup.listen_sockets) whose connections go
+    through ConnectionGuards of `budget`."""
 
     settle_turns = 2
     """Loop turns a stopping site waits, once it stops accepting, for the connections accepted
@@ -215,36 +240,35 @@ class GuardedSite(web.BaseSite):
     connection_made)."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, budget: ConnectionBudget
+        self, runner: web.BaseRunner, sockets: list[socket.socket], budget: ConnectionBudget
     ) -> None:
         super().__init__(runner)
-        self._host = host
-        self._port = port
+        self._sockets = sockets
         self.budget = budget
 
     @property
     def name(self) -> str:
-        return peer_url(self._host, self._port)
+        return listening_name(self._sockets)
 
     async def start(self) -> None:
         await super().start()
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        listening: Any = await loop.create_server(
-            guarded(server, self.budget), self._host, self._port, backlog=self._backlog
-        )
-        self._server = listening
+        servers = [
+            await loop.create_server(guarded(server, self.budget), sock=sock)
+            for sock in self._sockets
+        ]
+        self._server = Listening(self._sockets, servers)  # type: ignore[assignment]
 
     async def stop(self) -> None:
         """Stop accepting, let the connections already accepted reach aiohttp (so its shutdown
         closes them), then close the listener. Closing it at once would strand a connection
         whose accept ran in the same loop turn: Python 3.11 then fails to attach its transport
         to the closed server and leaks the socket."""
-        listening = self._server
-        if isinstance(listening, asyncio.Server):
+        if self._server is not None:
             loop = asyncio.get_running_loop()
-            for sock in listening.sockets:
+            for sock in self._sockets:
                 loop.remove_reader(sock.fileno())
             for _ in range(self.settle_turns):
                 await asyncio.sleep(0)

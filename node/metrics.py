@@ -49,7 +49,6 @@ class RuntimeCollector(Collector):
         yield from self._membership(runtime)
         yield from self._election(runtime)
         yield from self._gpus(runtime.gpus())
-        yield from self._jobs(runtime)
 
     @staticmethod
     def _membership(runtime: NodeRuntime) -> Iterator[Metric]:
@@ -107,15 +106,6 @@ class RuntimeCollector(Collector):
             "Version of the role plan this node applies (0 before any)",
             value=float(runtime.plan_version or 0),
         )
-
-    @staticmethod
-    def _jobs(runtime: NodeRuntime) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily(
-            "shoal_jobs", "This node's jobs by state (the job API)", labels=["state"]
-        )
-        for state, count in (runtime.jobs() if runtime.jobs is not None else {}).items():
-            jobs.add_metric([state], float(count))
-        yield jobs
 
     @staticmethod
     def _gpus(readings: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -337,6 +327,21 @@ class ServedMetrics:
     def ingest_counter(self) -> Callable[[str, int, int], None]:
         """record_routes' on_ingest: counts ingested records and duplicates per store."""
         return self.sync.ingested
+
+
+class JobsCollector(Collector):
+    """This node's jobs by state (`shoal_jobs`), read from `counts` on every scrape."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily(
+            "shoal_jobs", "This node's jobs by state (the job API)", labels=["state"]
+        )
+        for state, count in self._counts().items():
+            jobs.add_metric([state], float(count))
+        yield jobs
 
 
 def served_metrics(runtime: NodeRuntime) -> ServedMetrics | None:

@@ -19,24 +19,25 @@ from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
 from node.identity import CertificateGate, CrlSpread
-from node.identity.component import CrlComponent, api_identity
+from node.identity.component import api_identity
 from node.jobs.component import JobApi, job_api
 from node.keyring.routes import KeyringRoutes
 from node.locks.component import LockApi, lock_api
 from node.locks.service import LockService
 from node.membership.keyring import GossipKeys
 from node.metrics import ServedMetrics, SyncMetrics
+from node.providers.own import AutostopPart
 from node.quarantine.component import GpuQuarantine
 from node.records import RecordsComponent
 from node.rl.backlog import RolloutBacklog
 from node.rl.component import weights_service
 from node.rl.routes import BacklogRoutes, WeightsRoutes
-from node.routes import CoreRoutes
+from node.routes import NO_STATUS_PARTS, CoreRoutes
 from node.runs.component import RunApi
 from node.runs.nodes import NodeStarter
 from node.runs.results import open_results_store
 from node.runs.service import RunService
-from node.runtime import NodeRuntime
+from node.runtime import NodeRuntime, StatusParts
 from node.sync_service import SyncService
 from node.tasks.registry import open_actor_routes
 from node.training.component import TrainingComponent
@@ -86,7 +87,12 @@ class ServedParts:
     identity: CertificateGate | None = None
     """The API's certificate and role checks (auth tls or hmac+tls), else None."""
     crl: CrlSpread | None = None
-    """The CRL spread (with TLS), the last component: its loops start once the API listens."""
+    """The CRL spread (with TLS): its route is served, its loops start once the API listens
+    (node.lifecycle.CrlLoops)."""
+    autostop: AutostopPart | None = None
+    """Auto-stop over the jobs and locks, opened once membership runs (node.assembly)."""
+    status: StatusParts = NO_STATUS_PARTS
+    """The status document's parts of the jobs, auto-stop and training."""
 
 
 def sync_service(
@@ -107,7 +113,7 @@ def sync_service(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PartsInputs:
     """What the served components are made of, resolved by the daemon before they start."""
 
@@ -149,6 +155,14 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     checkpoints = checkpoint_api(runtime, locks.service, sync, inputs.inventory)
     training = _training(runtime, election, secret, locks, checkpoints)
     weights = weights_service(runtime, election)
+    autostop = AutostopPart(
+        runtime,
+        inputs.inventory,
+        lambda: _busy(jobs),
+        locks.service,
+        inputs.request_stop or _no_stop,
+    )
+    status = StatusParts(jobs.service.summary, autostop.status, training.status)
     sources = UiSources(
         runtime,
         election.plan,
@@ -159,10 +173,11 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         locks.service,
         secret,
         training=training,
+        status=status,
     )
     dashboard = Dashboard(UiAccess(inputs.secrets.ui_token, api_open=secret is None), sources)
     components: tuple[Component, ...] = (
-        CoreRoutes(),
+        CoreRoutes(status),
         records,
         SyncComponent(sync, wal, records.stores),
         jobs,
@@ -180,10 +195,25 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         dashboard,
     )
     identity, crl = api_identity(runtime, runtime.tls, election.plan_fence)
-    last = () if crl is None else (CrlComponent(crl),)
+    last = () if crl is None else (Served(crl),)
     return ServedParts(
-        (*components, *last), sync, jobs, locks.service, dashboard, training, identity, crl
+        (*components, *last),
+        sync,
+        jobs,
+        locks.service,
+        dashboard,
+        training,
+        identity,
+        crl,
+        autostop,
+        status,
     )
+
+
+def _busy(jobs: JobApi) -> int:
+    """Jobs running or about to (auto-stop's idle check)."""
+    counts = jobs.service.summary()
+    return counts["running"] + counts["pending"]
 
 
 def _records_and_sync(

@@ -28,7 +28,7 @@ from node.identity.roles import AccessRules, CertificateGate
 from node.limits import MAX_BODY_BYTES
 from node.metrics import HttpMetrics
 from node.openapi import TEXT, WireRecord, documented_twice, openapi_document
-from node.runtime import DrainView, NodeRuntime, QuarantineView
+from node.runtime import DrainView, NodeRuntime, QuarantineView, StatusParts
 from node.security import (
     AUTH_POLICY,
     OPENAPI_PATH,
@@ -222,6 +222,10 @@ def _breakers_document(runtime: NodeRuntime) -> BreakersJson:
     )
 
 
+NO_STATUS_PARTS = StatusParts()
+"""A status document without the parts of jobs, auto-stop and training."""
+
+
 def _health_of(runtime: NodeRuntime) -> tuple[str, list[str]]:
     """The status document's `health` and `health_problems` (the degraded and unhealthy
     components)."""
@@ -235,7 +239,9 @@ def _health_of(runtime: NodeRuntime) -> tuple[str, list[str]]:
     return health, problems
 
 
-async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
+async def status_document(
+    runtime: NodeRuntime, parts: StatusParts = NO_STATUS_PARTS
+) -> dict[str, Any]:
     """The /v1/status document (also what `shoal status` prints)."""
     runtime.refresh()
     wal = WalJson(pending=None, oldest_pending_age_s=None)
@@ -275,13 +281,11 @@ async def status_document(runtime: NodeRuntime) -> dict[str, Any]:
         "health": health,
         "health_problems": problems,
         "gpus": gpus,
-        "jobs": runtime.jobs() if runtime.jobs is not None else None,
+        "jobs": parts.jobs() if parts.jobs is not None else None,
         "autostop": (
-            runtime.autostop()
-            if runtime.autostop is not None
-            else {"enabled": False, "state": "off"}
+            parts.autostop() if parts.autostop is not None else {"enabled": False, "state": "off"}
         ),
-        "training": runtime.training() if runtime.training is not None else None,
+        "training": parts.training() if parts.training is not None else None,
         "config_hash": runtime.settings.config_hash(),
         "notes": notes,
     }
@@ -302,7 +306,11 @@ def _version_header(
 
 class CoreRoutes:
     """The core routes as a component: health, status, peers, metrics and the OpenAPI
-    document (of every route of the app it is served by)."""
+    document (of every route of the app it is served by). `parts`: the status document's parts
+    other components own."""
+
+    def __init__(self, parts: StatusParts = NO_STATUS_PARTS) -> None:
+        self.parts = parts
 
     async def open(self) -> None:
         return None
@@ -336,7 +344,7 @@ class CoreRoutes:
     @route("GET", "/v1/status", callers=READ, answer=StatusAnswer)
     async def status(self, request: web.Request) -> web.Response:
         """This node: identity, role, term, members, WAL, breakers, GPUs"""
-        return web.json_response(await status_document(request.app[RUNTIME]))
+        return web.json_response(await status_document(request.app[RUNTIME], self.parts))
 
     @route("GET", "/v1/peers", callers=READ, answer=PeersAnswer)
     async def peers(self, request: web.Request) -> web.Response:

@@ -95,9 +95,24 @@ GpuList = Callable[[], list[dict[str, Any]]]
 """What reads the GPUs of the host as /v1/status shows them (one JSON object per GPU)."""
 
 
+@dataclass(frozen=True)
+class StatusParts:
+    """The parts of the status document that components own, given to what builds the document
+    (the core routes, the dashboard) when it is built; None: the part is absent."""
+
+    jobs: Callable[[], dict[str, int]] | None = None
+    """Counts of this node's jobs by state (the status document's `jobs`)."""
+    autostop: Callable[[], AutostopStatusJson] | None = None
+    """The `autostop` object of the status document (node.providers.own)."""
+    training: Callable[[], Mapping[str, Any] | None] | None = None
+    """The `training` object of the status document: this node's ranks' generation, count,
+    highest step and median steps/s (node.training), None while none reports."""
+
+
 @dataclass
 class NodeRuntime:
-    """The live state of one node. Components are None until started (and in API tests)."""
+    """The live state of one node and the handles its parts share, all given when it is built
+    (an API test may leave a handle None)."""
 
     settings: NodeSettings
     node_id: str
@@ -126,13 +141,6 @@ class NodeRuntime:
     """This node's GPU quarantine (node.quarantine), else None."""
     gpu_reader: GpuReader | None = None
     """The node's NVML reader (the GPU check, status and the fault watcher share it)."""
-    jobs: Callable[[], dict[str, int]] | None = None
-    """Counts of this node's jobs by state (the status document's `jobs`)."""
-    autostop: Callable[[], AutostopStatusJson] | None = None
-    """The `autostop` object of the status document (node.providers.own)."""
-    training: Callable[[], Mapping[str, Any] | None] | None = None
-    """The `training` object of the status document: this node's ranks' generation, count,
-    highest step and median steps/s (node.training), None while none reports."""
     notes: list[str] = field(default_factory=list)
     refreshers: list[Callable[[], None]] = field(default_factory=list)
     """Called before status is read, so live fields (term, coordinator) are never stale."""

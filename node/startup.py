@@ -15,7 +15,13 @@ from node.errors import MembershipError, StartupError
 from sync import StoreFullError, StoreLockedError, StoreWriteError, free_bytes, is_disk_full
 from wal import WalError
 
-__all__ = ["check_port_free", "data_dir_error", "prepare_data_dir", "startup_error"]
+__all__ = [
+    "check_port_free",
+    "data_dir_error",
+    "listen_sockets",
+    "prepare_data_dir",
+    "startup_error",
+]
 
 PROBE_BYTES = 64 * 1024
 """What the probe writes: a data dir without room for this cannot hold a WAL page either."""
@@ -43,6 +49,37 @@ def check_port_free(bind: str, port: int) -> None:
                     probe.bind(address)
             except OSError as exc:
                 raise _port_error(exc, bind, port, name) from exc
+
+
+def listen_sockets(bind: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """The API's listening TCP sockets on `bind`:`port`, bound before anything else is built
+    (membership's UDP socket takes the same number): one per address `bind` resolves to, all
+    on one port (port 0: the first address's free port). StartupError (one line) when one
+    cannot be bound; none is left open then."""
+    try:
+        infos = socket.getaddrinfo(
+            bind or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise _port_error(exc, bind, port, "the API (TCP)") from exc
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if bound[1:]:  # the same port on every address
+                address = (address[0], bound[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in bound:
+            sock.close()
+        raise _port_error(exc, bind, port, "the API (TCP)") from exc
+    return bound
 
 
 def _port_error(exc: OSError, bind: str, port: int, name: str) -> StartupError:

@@ -43,7 +43,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("runs", "rl", "workers", "sync_service", "sync_routes", "backup", "records", "checkpoints"),
     ("tasks",),
     ("ui",),
-    ("daemon", "boot", "parts"),
+    ("daemon", "boot", "parts", "assembly", "lifecycle"),
     ("cli", "__main__"),
 ]
 """Bottom to top. `node/__init__.py` (lazy re-exports of every floor) stands outside them."""

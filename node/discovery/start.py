@@ -1,16 +1,16 @@
-"""Discovery as a node starts it: its advert, the interfaces mDNS uses, and mDNS switched off
+"""Discovery as a node runs it: its advert, the interfaces mDNS uses, and mDNS switched off
 (with a note) when it cannot start, so the inventory and seeds still work."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Mapping, Sequence
 
 import ifaddr
 
 from config import Inventory
 from node.addresses import choose_interfaces
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Endpoint
 from node.discovery.candidates import Advert, Candidate
 from node.discovery.feed import Discovery
 from node.errors import DiscoveryError
@@ -19,41 +19,64 @@ from node.runtime import NodeRuntime
 log = logging.getLogger("node.daemon")
 
 
-async def open_discovery(
-    stack: AsyncExitStack,
-    runtime: NodeRuntime,
-    port: int,
-    add_candidate: Callable[[Candidate], None],
-    inventory: Inventory | None,
-    refeed_interval_s: float,
-) -> Discovery:
-    """Enter discovery on `stack`: mDNS (when on), the inventory and seeds feed `add_candidate`;
-    when mDNS cannot start it is logged, noted on the node, and discovery runs without it."""
-    settings = runtime.settings
-    advert = Advert(
-        node_id=runtime.node_id,
-        cluster=settings.cluster_name,
-        version=runtime.version,
-        port=port,
-        addresses=(runtime.address,),
-    )
-    interfaces = choose_interfaces(ifaddr.get_adapters(), None, settings.bind)
+class DiscoveryPart:
+    """Discovery as a component: mDNS (when on), the inventory and seeds feed `add_candidate`
+    from `open()` to `close()`; when mDNS cannot start it is logged, noted on the node, and
+    discovery runs without it. Its loop's health is the `discovery` check."""
 
-    def make_discovery(mdns: bool) -> Discovery:
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        port: int,
+        add_candidate: Callable[[Candidate], None],
+        inventory: Inventory | None,
+        refeed_interval_s: float,
+    ) -> None:
+        self._runtime = runtime
+        self._port = port
+        self._add_candidate = add_candidate
+        self._inventory = inventory
+        self._refeed_interval_s = refeed_interval_s
+        self.discovery: Discovery | None = None
+
+    def _make(self, mdns: bool) -> Discovery:
+        runtime = self._runtime
+        settings = runtime.settings
+        advert = Advert(
+            node_id=runtime.node_id,
+            cluster=settings.cluster_name,
+            version=runtime.version,
+            port=self._port,
+            addresses=(runtime.address,),
+        )
         return Discovery(
             advert,
-            add_candidate,
+            self._add_candidate,
             mdns=mdns,
-            inventory=inventory,
+            inventory=self._inventory,
             seeds=settings.seeds,
             timeouts=settings.timeouts,
-            interfaces=interfaces,
-            refeed_interval_s=refeed_interval_s,
+            interfaces=choose_interfaces(ifaddr.get_adapters(), None, settings.bind),
+            refeed_interval_s=self._refeed_interval_s,
         )
 
-    try:
-        return await stack.enter_async_context(make_discovery(settings.mdns))
-    except DiscoveryError as exc:
-        log.error("mDNS discovery is off, inventory and seeds still work: %s", exc)
-        runtime.notes.append(f"mDNS discovery is off: {exc}")
-        return await stack.enter_async_context(make_discovery(False))
+    async def open(self) -> None:
+        try:
+            self.discovery = await self._make(self._runtime.settings.mdns).__aenter__()
+        except DiscoveryError as exc:
+            log.error("mDNS discovery is off, inventory and seeds still work: %s", exc)
+            self._runtime.notes.append(f"mDNS discovery is off: {exc}")
+            self.discovery = await self._make(False).__aenter__()
+
+    def routes(self) -> Sequence[Endpoint]:
+        return ()
+
+    def checks(self) -> Mapping[str, Check]:
+        if self.discovery is None:
+            return {}
+        loop = self.discovery.loop_health
+        return {loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)}
+
+    async def close(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.close()

@@ -1,16 +1,15 @@
 """The API's TLS side as the daemon wires it: the certificate and role checks of its routes and
-the CRL spread (`api_identity`), the spread as a component (`CrlComponent`), and the listening
-site (`api_site`)."""
+the CRL spread (`api_identity`), and the listening site (`api_site`)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 from aiohttp import web
 
 from config import NodeSettings
 from config.tls import TlsContexts
-from node.component import Served
 from node.connections import ConnectionBudget, GuardedSite
 from node.identity.crl import CrlSpread
 from node.identity.listener import IdentitySite
@@ -35,29 +34,19 @@ def api_identity(
     return gate, CrlSpread(runtime, tls, settings.tls.crl_refresh_s, revoked)
 
 
-class CrlComponent(Served):
-    """The CRL spread as a component: it serves `GET /v1/tls/crl` from the start; its loops
-    start once the API listens (`spread.start()`, by the daemon) and end on `close()`."""
-
-    def __init__(self, spread: CrlSpread) -> None:
-        super().__init__(spread)
-        self.spread = spread
-
-    async def close(self) -> None:
-        await self.spread.close()
-
-
 def api_site(
-    runner: web.AppRunner, settings: NodeSettings, identity: CertificateGate | None
+    runner: web.AppRunner,
+    sockets: list[socket.socket],
+    settings: NodeSettings,
+    identity: CertificateGate | None,
 ) -> web.BaseSite:
-    """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it; either
-    way each connection within the budgets of node.connections."""
+    """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it, on the
+    bound `sockets`; either way each connection within the budgets of node.connections."""
     if identity is None:
-        return GuardedSite(runner, settings.bind, settings.port, ConnectionBudget())
+        return GuardedSite(runner, sockets, ConnectionBudget())
     return IdentitySite(
         runner,
-        settings.bind,
-        settings.port,
+        sockets,
         contexts=identity.contexts,
         mode=settings.auth_mode,
         plain_ok=settings.secret_file is not None,

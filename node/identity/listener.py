@@ -19,8 +19,7 @@ from aiohttp import web
 
 from config.settings import AuthMode
 from config.tls.context import TlsContexts, handshake_refusal
-from net import peer_url
-from node.connections import ConnectionBudget, guarded
+from node.connections import ConnectionBudget, Listening, guarded, listening_name
 
 __all__ = [
     "MAX_HANDSHAKES",
@@ -94,26 +93,15 @@ async def _readable(sock: socket.socket, timeout_s: float | None) -> None:
         loop.remove_reader(sock.fileno())
 
 
-class _Listening:
-    """What `site._server` is to the daemon: the listening sockets, and `close()`."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sockets = [sock]
-
-    def close(self) -> None:
-        for sock in self.sockets:
-            sock.close()
-
-
 class IdentitySite(web.BaseSite):
-    """An aiohttp site on HOST:PORT whose connections are TLS 1.3 (the context of
-    `contexts.server_context()` at accept time) or, as `mode` and `plain_ok` allow, plain."""
+    """An aiohttp site on the bound `sockets` (node.startup.listen_sockets) whose connections
+    are TLS 1.3 (the context of `contexts.server_context()` at accept time) or, as `mode` and
+    `plain_ok` allow, plain."""
 
     def __init__(
         self,
         runner: web.BaseRunner,
-        host: str,
-        port: int,
+        sockets: list[socket.socket],
         *,
         contexts: TlsContexts,
         mode: AuthMode,
@@ -124,14 +112,13 @@ class IdentitySite(web.BaseSite):
         backlog: int = 128,
     ) -> None:
         super().__init__(runner, backlog=backlog)
-        self._host = host
-        self._port = port
+        self._sockets = sockets
         self._contexts = contexts
         self._mode = mode
         self._plain_ok = plain_ok
         self._refused = refused
         self._timeout_s = handshake_timeout_s
-        self._accepting: asyncio.Task[None] | None = None
+        self._accepting: list[asyncio.Task[None]] = []
         self._connections: dict[asyncio.Task[None], socket.socket] = {}
         """Connections before their first byte and handshake, by the task that serves each."""
         self.budget = budget if budget is not None else ConnectionBudget()
@@ -139,29 +126,21 @@ class IdentitySite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return peer_url(self._host, self._port, tls=True)
+        return listening_name(self._sockets, tls=True)
 
     async def start(self) -> None:
         await super().start()
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self._host, self._port))
-            sock.listen(self._backlog)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        self._server = _Listening(sock)  # type: ignore[assignment]
-        self._accepting = asyncio.create_task(self._accept(sock), name=f"accept {self.name}")
+        self._server = Listening(self._sockets)  # type: ignore[assignment]
+        self._accepting = [
+            asyncio.create_task(self._accept(sock), name=f"accept {self.name}")
+            for sock in self._sockets
+        ]
 
     async def stop(self) -> None:
-        accepting, self._accepting = self._accepting, None
-        if accepting is not None:
-            accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await accepting
+        accepting, self._accepting = self._accepting, []
+        for task in accepting:
+            task.cancel()
+        await asyncio.gather(*accepting, return_exceptions=True)
         pending = dict(self._connections)
         for task in pending:
             task.cancel()

@@ -3,6 +3,7 @@ in one place so the daemon adds them with one call."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ from node.jobs.gang import GangService
 from node.jobs.policy import rendezvous_env
 from node.jobs.routes import JobRoutes
 from node.jobs.service import JobService
+from node.metrics import JobsCollector
 from node.plan import RolePlan
 from node.runtime import NodeRuntime, local_daemon_url
 from node.training.rendezvous import rendezvous_for
@@ -56,6 +58,7 @@ class JobApi:
         self.killer = killer
         """Kills this node's jobs once a drain's kill_after_s passed (started by open())."""
         self._routes = JobRoutes(service, start=gangs.start)
+        self._collector = JobsCollector(service.summary)
 
     async def open(self) -> None:
         """Open the job store and the gangs; on failure close both and re-raise."""
@@ -67,7 +70,9 @@ class JobApi:
         except BaseException:
             await self.close()
             raise
-        self.gangs.runtime.jobs = self.service.summary
+        metrics = self.gangs.runtime.metrics
+        if metrics is not None:
+            metrics.registry.register(self._collector)
         if self.killer is not None:
             self.killer.start()
 
@@ -79,6 +84,10 @@ class JobApi:
 
     async def close(self) -> None:
         """Stop watching gangs and jobs; jobs keep running. Idempotent."""
+        metrics = self.gangs.runtime.metrics
+        if metrics is not None:
+            with contextlib.suppress(KeyError):  # not registered: open() failed or a 2nd close
+                metrics.registry.unregister(self._collector)
         if self.killer is not None:
             await self.killer.close()
         await self.gangs.close()

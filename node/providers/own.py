@@ -5,6 +5,7 @@ interrupted decision, and what /v1/status and /metrics show."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -14,6 +15,7 @@ from prometheus_client import Gauge
 
 from config import HostEntry, Inventory
 from net import PeerRequestError
+from node.component import Check, Endpoint
 from node.errors import ProviderError
 from node.locks.service import LockService
 from node.locks.wire import LOCKS_PATH
@@ -26,8 +28,9 @@ from node.providers.autostop import (
     recover_interrupted,
 )
 from node.providers.base import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle, Provider
+from node.providers.decision import AutostopDecision
 from node.providers.static import StaticProvider
-from node.runtime import NodeRuntime
+from node.runtime import AutostopStatusJson, NodeRuntime
 
 log = logging.getLogger(__name__)
 
@@ -159,67 +162,108 @@ def autostop_section(
     return entry.autostop if entry is not None else None
 
 
-async def open_autostop(
-    runtime: NodeRuntime,
-    inventory: Inventory | None,
-    running_jobs: Callable[[], int],
-    locks: LockService,
-    request_stop: Callable[[str], None],
-) -> AutoStop | None:
-    """Recover an interrupted decision, then start auto-stop when configured; fills
-    `runtime.autostop` (the status object) either way. The caller closes what it returns."""
-    wal = runtime.wal
-    assert wal is not None
-    recovered = await recover_interrupted(wal)
-    for decision in recovered:
-        runtime.notes.append(f"autostop: {decision.outcome} (WAL entry {decision.entry})")
-    section = autostop_section(runtime, inventory)
-    if section is None:
-        last = recovered[-1] if recovered else None
-        runtime.autostop = lambda: disabled_status(last)
-        return None
-    settings = runtime.settings.autostop
-    policy = AutostopPolicy.of_section(
-        section, settings.check_interval_s if settings is not None else None
-    )
-    provider, handle = own_provider(
-        runtime.settings.provider, runtime.node_id, runtime.address, inventory, request_stop
-    )
-    hostname = socket.gethostname()
+class AutostopPart:
+    """Auto-stop as a component of the daemon: `open()` recovers an interrupted decision, then
+    starts auto-stop when configured (`autostop:` in the settings or the node's inventory
+    host); `status()` is the status document's `autostop` object either way."""
 
-    async def jobs() -> int:
-        return running_jobs()
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        inventory: Inventory | None,
+        running_jobs: Callable[[], int],
+        locks: LockService,
+        request_stop: Callable[[str], None],
+    ) -> None:
+        self._runtime = runtime
+        self._inventory = inventory
+        self._running_jobs = running_jobs
+        self._locks = locks
+        self._request_stop = request_stop
+        self.auto: AutoStop | None = None
+        self._recovered: AutostopDecision | None = None
+        self._gauge: Gauge | None = None
 
-    async def held() -> list[str]:
-        return locks_held_here(await read_lock_table(locks), runtime.node_id, hostname)
+    def status(self) -> AutostopStatusJson:
+        if self.auto is not None:
+            return self.auto.status()
+        return disabled_status(self._recovered)
 
-    auto = AutoStop(
-        provider,
-        handle,
-        policy,
-        IdleChecks(jobs, held, gpu_utilization_of(runtime)),
-        wal=wal,
-        dry_run=settings.dry_run if settings is not None else False,
-    )
-    await auto.load()
-    runtime.autostop = auto.status
-    if runtime.health is not None:
-        interval = min(policy.check_interval_s, 5.0)
-        runtime.health.add_check("autostop", auto.loop_health.check, interval_s=interval)
-    if runtime.metrics is not None:
-        gauge = Gauge(
-            "shoal_autostop_idle_seconds",
-            "Seconds this node has been idle by auto-stop's checks (0 while busy).",
-            registry=runtime.metrics.registry,
+    def routes(self) -> Sequence[Endpoint]:
+        return ()
+
+    def checks(self) -> Mapping[str, Check]:
+        if self.auto is None:
+            return {}
+        interval = min(self.auto.policy.check_interval_s, 5.0)
+        return {"autostop": Check(self.auto.loop_health.check, interval_s=interval)}
+
+    async def open(self) -> None:
+        runtime = self._runtime
+        wal = runtime.wal
+        assert wal is not None, "the WAL opens before auto-stop"
+        recovered = await recover_interrupted(wal)
+        for decision in recovered:
+            runtime.notes.append(f"autostop: {decision.outcome} (WAL entry {decision.entry})")
+        self._recovered = recovered[-1] if recovered else None
+        section = autostop_section(runtime, self._inventory)
+        if section is None:
+            return
+        auto = self._build(section)
+        await auto.load()
+        self.auto = auto
+        if runtime.metrics is not None:
+            self._gauge = Gauge(
+                "shoal_autostop_idle_seconds",
+                "Seconds this node has been idle by auto-stop's checks (0 while busy).",
+                registry=runtime.metrics.registry,
+            )
+            self._gauge.set_function(auto.idle_for_s)
+        auto.start()
+        log.info(
+            "autostop: %s %s/%s after %g s idle%s",
+            auto.policy.action,
+            auto.handle.provider,
+            auto.handle.id,
+            auto.policy.idle_s,
+            " (dry run)" if auto.dry_run else "",
         )
-        gauge.set_function(auto.idle_for_s)
-    auto.start()
-    log.info(
-        "autostop: %s %s/%s after %g s idle%s",
-        policy.action,
-        handle.provider,
-        handle.id,
-        policy.idle_s,
-        " (dry run)" if auto.dry_run else "",
-    )
-    return auto
+
+    def _build(self, section: AutostopSectionLike) -> AutoStop:
+        runtime, locks = self._runtime, self._locks
+        settings = runtime.settings.autostop
+        policy = AutostopPolicy.of_section(
+            section, settings.check_interval_s if settings is not None else None
+        )
+        provider, handle = own_provider(
+            runtime.settings.provider,
+            runtime.node_id,
+            runtime.address,
+            self._inventory,
+            self._request_stop,
+        )
+        hostname = socket.gethostname()
+        running_jobs = self._running_jobs
+
+        async def jobs() -> int:
+            return running_jobs()
+
+        async def held() -> list[str]:
+            return locks_held_here(await read_lock_table(locks), runtime.node_id, hostname)
+
+        return AutoStop(
+            provider,
+            handle,
+            policy,
+            IdleChecks(jobs, held, gpu_utilization_of(runtime)),
+            wal=runtime.wal,
+            dry_run=settings.dry_run if settings is not None else False,
+        )
+
+    async def close(self) -> None:
+        if self.auto is not None:
+            await self.auto.close()
+        if self._gauge is not None and self._runtime.metrics is not None:
+            with contextlib.suppress(KeyError):
+                self._runtime.metrics.registry.unregister(self._gauge)
+            self._gauge = None

@@ -109,6 +109,11 @@ class TrainingComponent:
         elector = self._election.elector
         return elector is not None and elector.state.role is ElectionRole.COORDINATOR
 
+    def status(self) -> Mapping[str, object] | None:
+        """The status document's `training`: this node's ranks' generation, count, highest
+        step and median steps/s, None while none reports."""
+        return summary(self.store.ranks())
+
     async def open(self) -> None:
         runtime = self.runtime
         self._peers = PeerClient(
@@ -118,7 +123,6 @@ class TrainingComponent:
         )
         if runtime.metrics is not None:
             runtime.metrics.registry.register(self._collector)
-        runtime.training = lambda: summary(self.store.ranks())
         self._watch = asyncio.create_task(self._watch_loop(), name="training-watch")
         sampler = GpuSampler(
             self.gpu_ring,

@@ -22,8 +22,8 @@ from node.locks.service import LockService
 from node.plan import RolePlan
 from node.rl.backlog import RolloutBacklog
 from node.rl.service import WeightsService
-from node.routes import status_document
-from node.runtime import NodeRuntime
+from node.routes import NO_STATUS_PARTS, status_document
+from node.runtime import NodeRuntime, StatusParts
 from node.sync_routes import SyncStatusJson
 from node.sync_service import SyncService
 from node.ui.documents import (
@@ -63,6 +63,8 @@ class UiSources:
     """The cluster secret: the dashboard's GETs to other members are signed with it."""
     training: TrainingSource | None = None
     """The training group's progress and history (node.training)."""
+    status: StatusParts = NO_STATUS_PARTS
+    """The status document's parts other components own (jobs, auto-stop, training)."""
 
 
 class ClusterPeers:
@@ -197,7 +199,7 @@ async def members_topic(sources: UiSources, peers: ClusterPeers | None = None) -
         statuses = peers.status.latest(peers.alive_peers(), keep=peers.member_ids())
     runtime = sources.runtime
     statuses[runtime.node_id] = Known(
-        parse_status(await status_document(runtime)), round(time.time(), 1), None
+        parse_status(await status_document(runtime, sources.status)), round(time.time(), 1), None
     )
     return {
         "members": member_rows(sources, statuses),
@@ -222,7 +224,7 @@ def gpu_quarantine(sources: UiSources) -> list[dict[str, Any]]:
 
 
 async def status_topic(sources: UiSources) -> dict[str, Any]:
-    document = await status_document(sources.runtime)
+    document = await status_document(sources.runtime, sources.status)
     document.pop("uptime_s", None)  # changes every second; the page counts it from started_at
     return document
 

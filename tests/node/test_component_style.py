@@ -1,7 +1,6 @@
 """One way to build a component (issue 35, item 2): NodeRuntime is no service locator, its
-handles are given when it is built, and the daemon does not hang parts on it afterwards. The
-fields still filled after construction, and the parts node/daemon.py still opens itself, are
-listed here with their reason, counted and printed; the lists may only shrink."""
+handles are given when it is built and no part hangs one on it afterwards (only its live state
+changes), and node/daemon.py builds no part itself: it enters node.assembly's one list."""
 
 from __future__ import annotations
 
@@ -15,34 +14,24 @@ from node.runtime import NodeRuntime
 ROOT = Path(__file__).resolve().parents[2]
 DAEMON = ROOT / "node" / "daemon.py"
 
-LATE_FIELDS = {
-    "port": "the port the API listens on, known once its site is bound (port 0: any)",
-    "membership": "opened after the API serves, on the API's port number",
-    "jobs": "the job counts, set by the job component when it opens",
-    "autostop": "the auto-stop status, set once auto-stop opens after membership",
-    "training": "the training summary, set by the training component when it opens",
-}
-"""Handle fields a part assigns after the runtime is built (`runtime.FIELD = ...`)."""
-
 LIVE_FIELDS = frozenset({"role", "term", "coordinator", "plan_version", "drain", "quarantine"})
 """The node's live state (None: not known yet), written by the election and the quarantine
 each time status is read: state, not a handle."""
 
-OPENED_BY_DAEMON = {
-    "WriteAheadLog": "the WAL, first: everything durable writes to it",
-    "open_health": "health and the GPU reader (node.boot), before the runtime they are given to",
-    "AppRunner": "the HTTP server of the served components' routes",
-    "UdpMembershipTransport": "membership's transport, on the API's bound port",
-    "Membership": "membership, once the API serves",
-    "open_discovery": "discovery, feeding membership",
-    "open_autostop": "auto-stop, over the jobs and locks",
-}
-"""What node/daemon.py constructs or opens itself rather than from the served list."""
-
-MAX_HAND_ENTERED = 8
-"""Places node/daemon.py puts something on its exit stack itself, beside `enter(stack, the
-served list)`: the WAL, health (with the GPU reader), the HTTP runner, the dashboard's streams
-(closed before the runner), membership, the election, discovery and auto-stop."""
+OPENERS = frozenset(
+    {
+        "WriteAheadLog",
+        "host_health",
+        "AppRunner",
+        "UdpMembershipTransport",
+        "Membership",
+        "DiscoveryPart",
+        "AutostopPart",
+        "ElectionService",
+        "served_parts",
+    }
+)
+"""Parts node.assembly builds into the one list: node/daemon.py builds none of them itself."""
 
 STACK_CALLS = frozenset({"enter_async_context", "push_async_callback", "callback"})
 
@@ -120,25 +109,15 @@ def test_no_part_hangs_a_handle_on_the_runtime_after_it_is_built() -> None:
     assigned = _assigned_runtime_fields()
     late = {name: where for name, where in assigned.items() if name not in LIVE_FIELDS}
     print(f"runtime fields assigned after construction: {len(late)} ({', '.join(sorted(late))})")
-    unlisted = {name: where for name, where in late.items() if name not in LATE_FIELDS}
-    assert not unlisted, (
-        f"give these to NodeRuntime(...) or to the part that reads them: {unlisted}"
-    )
-    gone = sorted(set(LATE_FIELDS) - set(late))
-    assert not gone, f"no longer assigned late: drop {gone} from LATE_FIELDS"
+    assert not late, f"give these to NodeRuntime(...) or to the part that reads them: {late}"
 
 
-def test_the_daemon_opens_only_the_listed_parts_itself() -> None:
+def test_the_daemon_opens_only_the_one_list() -> None:
     called = _called_names(DAEMON)
-    opened = sorted(name for name in OPENED_BY_DAEMON if name in called)
+    opened = sorted(OPENERS & called)
     lines = len(DAEMON.read_text(encoding="utf-8").splitlines())
-    print(f"node/daemon.py: {lines} lines, opens {len(opened)} parts itself: {', '.join(opened)}")
+    print(f"node/daemon.py: {lines} lines, builds {len(opened)} parts itself: {', '.join(opened)}")
     entered = _hand_entered(DAEMON)
     print(f"node/daemon.py puts {len(entered)} parts on its stack by hand:", *entered, sep="\n  ")
-    assert len(entered) <= MAX_HAND_ENTERED, "a new part belongs in node.parts' one list"
-    gone = sorted(set(OPENED_BY_DAEMON) - set(opened))
-    assert not gone, f"node/daemon.py no longer opens these: drop {gone} from OPENED_BY_DAEMON"
-    for name in ("Served", "api_identity", "CrlSpread", "CrlComponent"):
-        assert name not in called, f"node/daemon.py builds {name}: it belongs in node.parts' list"
-    source = DAEMON.read_text(encoding="utf-8")
-    assert "components = (*" not in source, "a component is appended after the one list"
+    assert entered == [], "a part belongs in node.assembly's one list, entered with enter()"
+    assert opened == [], "node/daemon.py builds no part itself: node.assembly.build_node does"

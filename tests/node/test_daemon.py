@@ -315,7 +315,7 @@ async def test_status_and_peers_commands(tmp_path: Path) -> None:
 
 
 async def test_a_seed_that_starts_later_is_found_by_the_refeed(tmp_path: Path) -> None:
-    from node.daemon import DISCOVERY_REFEED_S
+    from node.assembly import DISCOVERY_REFEED_S
 
     port = _free_port()
     async with _daemon(_settings(tmp_path, "early", seeds=(f"127.0.0.1:{port}",))) as early:

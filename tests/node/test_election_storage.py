@@ -153,7 +153,8 @@ async def test_status_and_health_of_a_daemon_say_why_the_term_cannot_be_stored(
 ) -> None:
     settings = test_settings(tmp_path, "solo", voters=("solo", "other"))
     async with NodeDaemon(settings) as daemon:
-        elector = daemon._election.elector
+        assert daemon.election is not None
+        elector = daemon.election.elector
         assert elector is not None
 
         async def full(key: str, value: Any) -> None:

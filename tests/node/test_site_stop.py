@@ -22,6 +22,7 @@ from aiohttp import web
 from config.settings import AuthMode
 from node.connections import ConnectionBudget, GuardedSite
 from node.identity.listener import IdentitySite
+from node.startup import listen_sockets
 
 
 @contextmanager
@@ -43,12 +44,7 @@ def leaks_seen() -> Iterator[list[str]]:
         sys.unraisablehook = previous
 
 
-def _port(site: web.BaseSite) -> int:
-    server: Any = site._server  # the listener aiohttp keeps (plain or TLS-peeking)
-    return int(server.sockets[0].getsockname()[1])
-
-
-async def _stop_as_accepted(runner: web.AppRunner, site: web.BaseSite) -> None:
+async def _stop_as_accepted(runner: web.AppRunner, port: int) -> None:
     """Connect while a task waits on another socket that becomes readable in the same loop turn
     as the connection; that task then stops the runner before the accept completes."""
     loop = asyncio.get_running_loop()
@@ -64,7 +60,7 @@ async def _stop_as_accepted(runner: web.AppRunner, site: web.BaseSite) -> None:
         task = asyncio.create_task(stopper())
         await asyncio.sleep(0)  # the stopper waits on `wake`
         nudge.send(b"x")
-        client.connect(("127.0.0.1", _port(site)))  # completed by the kernel, not yet accepted
+        client.connect(("127.0.0.1", port))  # completed by the kernel, not yet accepted
         await task
         await asyncio.sleep(0.05)
     finally:
@@ -73,23 +69,26 @@ async def _stop_as_accepted(runner: web.AppRunner, site: web.BaseSite) -> None:
         nudge.close()
 
 
-async def _site_case(make: Callable[[web.AppRunner], web.BaseSite]) -> list[str]:
+Make = Callable[[web.AppRunner, list[socket.socket]], web.BaseSite]
+
+
+async def _site_case(make: Make) -> list[str]:
     with leaks_seen() as leaks:
         runner = web.AppRunner(web.Application(), shutdown_timeout=0.5)
         await runner.setup()
-        site = make(runner)
+        sockets = listen_sockets("127.0.0.1", 0)
+        site = make(runner, sockets)
         await site.start()
-        await _stop_as_accepted(runner, site)
-        del site, runner
+        await _stop_as_accepted(runner, int(sockets[0].getsockname()[1]))
+        del site, runner, sockets
     return leaks
 
 
-SITES: dict[str, Callable[[web.AppRunner], web.BaseSite]] = {
-    "plain": lambda runner: GuardedSite(runner, "127.0.0.1", 0, ConnectionBudget()),
-    "tls": lambda runner: IdentitySite(
+SITES: dict[str, Make] = {
+    "plain": lambda runner, sockets: GuardedSite(runner, sockets, ConnectionBudget()),
+    "tls": lambda runner, sockets: IdentitySite(
         runner,
-        "127.0.0.1",
-        0,
+        sockets,
         contexts=cast(Any, None),  # no byte is sent: no handshake starts
         mode=AuthMode.TLS,
         plain_ok=True,
