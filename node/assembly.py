@@ -48,7 +48,7 @@ from node.identity import AUTH_META, CERT_META, open_tls
 from node.lifecycle import ApiServer, CrlLoops, ElectionPart, MembershipPart, SyncLoop, WalPart
 from node.membership.keyring import GossipKeys
 from node.membership.service import Membership, MetaValue, UdpMembershipTransport
-from node.metrics import served_metrics
+from node.metrics import ServedMetrics, served_metrics
 from node.parts import PartsInputs, ServedParts, served_parts
 from node.providers import StaticProvider
 from node.routes import build_app
@@ -188,22 +188,68 @@ def build_node(resolved: Resolved, sockets: list[socket.socket], hooks: Hooks) -
     )
     series = served_metrics(runtime)
     election = ElectionService(runtime, resolved.voters)
-    served = served_parts(
-        PartsInputs(
-            runtime=runtime,
-            secrets=resolved.secrets,
-            election=election,
-            inventory=resolved.inventory,
-            voters=resolved.voters.voters,
-            stacks={} if resolved.inventory is None else resolved.inventory.stacks,
-            run_nodes=resolved.run_nodes,
-            writes=writes,
-            metrics=series,
-            gossip_keys=resolved.gossip_keys,
-            leave=hooks.leave,
-            request_stop=hooks.request_stop,
-        )
+    served = served_parts(_inputs(resolved, runtime, election, writes, series, hooks))
+    api = _api(resolved, runtime, sockets, served, election, series, hooks)
+    components: list[Component] = [WalPart(wal), host, *served.components, api]
+    components += [
+        MembershipPart(membership),
+        ElectionPart(
+            election, membership, resolved.inventory, resolved.secrets.cluster, wal, hooks.rng
+        ),
+        DiscoveryPart(
+            runtime,
+            port,
+            lambda found: membership.add_candidate(found.address, found.port),
+            resolved.inventory,
+            DISCOVERY_REFEED_S,
+        ),
+        SyncLoop(served.sync, membership),
+    ]
+    if served.autostop is not None:
+        components.append(served.autostop)
+    if served.crl is not None:
+        components.append(CrlLoops(served.crl))
+    return NodeParts(runtime, tuple(components), served, election, membership, api, sockets, host)
+
+
+def _inputs(
+    resolved: Resolved,
+    runtime: NodeRuntime,
+    election: ElectionService,
+    writes: DiskWrites,
+    series: ServedMetrics | None,
+    hooks: Hooks,
+) -> PartsInputs:
+    """What the served components are made of."""
+    inventory = resolved.inventory
+    return PartsInputs(
+        runtime=runtime,
+        secrets=resolved.secrets,
+        election=election,
+        inventory=inventory,
+        voters=resolved.voters.voters,
+        stacks={} if inventory is None else inventory.stacks,
+        run_nodes=resolved.run_nodes,
+        writes=writes,
+        metrics=series,
+        gossip_keys=resolved.gossip_keys,
+        leave=hooks.leave,
+        request_stop=hooks.request_stop,
     )
+
+
+def _api(
+    resolved: Resolved,
+    runtime: NodeRuntime,
+    sockets: list[socket.socket],
+    served: ServedParts,
+    election: ElectionService,
+    series: ServedMetrics | None,
+    hooks: Hooks,
+) -> ApiServer:
+    """The HTTP API of the served components on `sockets`, signed requests checked by the
+    cluster's policy, fenced routes by the plan this node applies."""
+    settings = resolved.settings
 
     def app() -> web.Application:
         return build_app(
@@ -223,7 +269,7 @@ def build_node(resolved: Resolved, sockets: list[socket.socket], hooks: Hooks) -
             http_metrics=None if series is None else series.http,
         )
 
-    api = ApiServer(
+    return ApiServer(
         runtime,
         sockets,
         app,
@@ -232,31 +278,6 @@ def build_node(resolved: Resolved, sockets: list[socket.socket], hooks: Hooks) -
         protocol_log=hooks.protocol_log,
         max_line_size=MAX_REQUEST_LINE_BYTES,
     )
-    components: list[Component] = [WalPart(wal), host, *served.components, api]
-    components += [
-        MembershipPart(membership),
-        ElectionPart(
-            election,
-            membership,
-            resolved.inventory,
-            resolved.secrets.cluster,
-            wal,
-            hooks.rng,
-        ),
-        DiscoveryPart(
-            runtime,
-            port,
-            lambda found: membership.add_candidate(found.address, found.port),
-            resolved.inventory,
-            DISCOVERY_REFEED_S,
-        ),
-        SyncLoop(served.sync, membership),
-    ]
-    if served.autostop is not None:
-        components.append(served.autostop)
-    if served.crl is not None:
-        components.append(CrlLoops(served.crl))
-    return NodeParts(runtime, tuple(components), served, election, membership, api, sockets, host)
 
 
 def _membership(resolved: Resolved, port: int, host: HostHealth, rng: random.Random) -> Membership:

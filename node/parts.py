@@ -6,7 +6,7 @@ The HTTP app and its OpenAPI document are built from this one list."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from config import Inventory, StackEntry
 from health import DiskWrites
@@ -141,15 +141,7 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     assert wal is not None, "the WAL opens before the served components"
     records, sync, backlog = _records_and_sync(inputs)
     jobs = job_api(runtime, election, wal, secret)
-    locks = lock_api(
-        runtime,
-        inputs.voters,
-        WalDurableState(wal),
-        secret,
-        election,
-        inputs.leave or _no_leave,
-        inputs.request_stop or _no_stop,
-    )
+    locks = _locks(inputs, wal)
     quarantine = _gpu_quarantine(runtime, locks.service, election)
     runs = _run_api(inputs, locks.service)
     checkpoints = checkpoint_api(runtime, locks.service, sync, inputs.inventory)
@@ -163,19 +155,8 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
         inputs.request_stop or _no_stop,
     )
     status = StatusParts(jobs.service.summary, autostop.status, training.status)
-    sources = UiSources(
-        runtime,
-        election.plan,
-        jobs.service,
-        sync,
-        weights,
-        backlog,
-        locks.service,
-        secret,
-        training=training,
-        status=status,
-    )
-    dashboard = Dashboard(UiAccess(inputs.secrets.ui_token, api_open=secret is None), sources)
+    sources = UiSources(runtime, election.plan, jobs.service, sync, weights, backlog, locks.service)
+    dashboard = _dashboard(inputs, sources, training, status)
     components: tuple[Component, ...] = (
         CoreRoutes(status),
         records,
@@ -196,18 +177,33 @@ def served_parts(inputs: PartsInputs) -> ServedParts:
     )
     identity, crl = api_identity(runtime, runtime.tls, election.plan_fence)
     last = () if crl is None else (Served(crl),)
+    served = (*components, *last)
     return ServedParts(
-        (*components, *last),
-        sync,
-        jobs,
-        locks.service,
-        dashboard,
-        training,
-        identity,
-        crl,
-        autostop,
-        status,
+        served, sync, jobs, locks.service, dashboard, training, identity, crl, autostop, status
     )
+
+
+def _locks(inputs: PartsInputs, wal: WriteAheadLog) -> LockApi:
+    """The lock service and its routes over this node's WAL, fenced by the election."""
+    return lock_api(
+        inputs.runtime,
+        inputs.voters,
+        WalDurableState(wal),
+        inputs.secrets.cluster,
+        inputs.election,
+        inputs.leave or _no_leave,
+        inputs.request_stop or _no_stop,
+    )
+
+
+def _dashboard(
+    inputs: PartsInputs, sources: UiSources, training: TrainingComponent, status: StatusParts
+) -> Dashboard:
+    """The dashboard over `sources` and training, its status page with the status parts, its
+    calls to other members signed with the cluster secret."""
+    secret = inputs.secrets.cluster
+    sources = replace(sources, secret=secret, training=training, status=status)
+    return Dashboard(UiAccess(inputs.secrets.ui_token, api_open=secret is None), sources)
 
 
 def _busy(jobs: JobApi) -> int:

@@ -21,7 +21,7 @@ from config import (
 from config.declare import READ, Caller, Refusal, Route, route
 from health import CircuitState, HealthStatus
 from node.access import DECLARED
-from node.component import Check, Component, Endpoint, endpoints, endpoints_of, route_docs
+from node.component import Component, Endpoint, Served, endpoints_of, route_docs
 from node.connections import head_deadline_middleware
 from node.fence import FenceSource
 from node.identity.roles import AccessRules, CertificateGate
@@ -304,25 +304,14 @@ def _version_header(
     return add
 
 
-class CoreRoutes:
+class CoreRoutes(Served):
     """The core routes as a component: health, status, peers, metrics and the OpenAPI
     document (of every route of the app it is served by). `parts`: the status document's parts
     other components own."""
 
     def __init__(self, parts: StatusParts = NO_STATUS_PARTS) -> None:
         self.parts = parts
-
-    async def open(self) -> None:
-        return None
-
-    def routes(self) -> Sequence[Endpoint]:
-        return endpoints(self)
-
-    def checks(self) -> Mapping[str, Check]:
-        return {}
-
-    async def close(self) -> None:
-        return None
+        super().__init__(self)
 
     @route(
         "GET",

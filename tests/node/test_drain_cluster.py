@@ -146,8 +146,9 @@ async def agreed(nodes: dict[str, Node], alive: list[str]) -> dict[str, Any]:
 
     async def one() -> bool:
         announces = [await get(f"{nodes[n].url}/v1/plan") for n in alive]
-        coordinators = {a["coordinator"] for a in announces}
-        plans = [a["plan"] for a in announces]
+        # a node whose election has not started yet answers 503 (an error, no coordinator)
+        coordinators = {a.get("coordinator") for a in announces}
+        plans = [a.get("plan") for a in announces]
         if len(coordinators) != 1 or None in coordinators or None in plans:
             return False
         if len({(p["term"], p["version"]) for p in plans}) != 1:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import node.daemon
+import node.assembly
 from node.providers import RUNNING, STOPPED, GPUQuery, LocalProvider
 from node.runs import ProviderNodes
 from tests.node.runs.cluster import post, running
@@ -35,7 +35,7 @@ async def test_a_run_starts_and_stops_its_local_nodes(
         assert [h.state for h in await provider.list()] == [STOPPED]
         # every daemon of the cluster drives runs through this provider (the seam: the
         # daemon's choice of node starter when it has no inventory)
-        monkeypatch.setattr(node.daemon, "StaticNodes", lambda: ProviderNodes(provider))
+        monkeypatch.setattr(node.assembly, "StaticNodes", lambda: ProviderNodes(provider))
         async with running(tmp_path / "cluster") as cluster:
             body = {
                 "argv": [sys.executable, "-c", PROBE, str(handle.url)],
