@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from aiohttp import web
 
 from config.declare import Route, declared
-from health import CheckFn
+from health import CheckFn, LoopHealth
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -90,6 +90,14 @@ class Check:
 
     fn: CheckFn
     interval_s: float = 30.0
+
+
+def loop_check(loop: LoopHealth | None) -> dict[str, Check]:
+    """The health check of a background loop, under the loop's name, read every
+    LOOP_CHECK_INTERVAL_S; none while the loop does not exist yet."""
+    if loop is None:
+        return {}
+    return {loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)}
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from config import Inventory
-from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Endpoint
+from node.component import Check, Endpoint, loop_check
 from node.election.elector import Elector
 from node.election.service import ElectionService
 from node.identity import CertificateGate, CrlSpread
@@ -102,10 +102,7 @@ class ElectionPart:
         return NO_ROUTES
 
     def checks(self) -> Mapping[str, Check]:
-        if self.elector is None:
-            return {}
-        loop = self.elector.loop_health
-        return {loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)}
+        return loop_check(None if self.elector is None else self.elector.loop_health)
 
     async def close(self) -> None:
         await self.election.close()
@@ -217,8 +214,3 @@ class CrlLoops:
 
     async def close(self) -> None:
         await self.spread.close()
-
-
-def is_component(part: object) -> bool:
-    """Whether `part` has the four methods of a Component (a check for the one list)."""
-    return isinstance(part, Component)

@@ -14,7 +14,7 @@ from node.audit import AuditRoutes
 from node.backup import BackupService
 from node.boot import Secrets, extra_record_schemas
 from node.checkpoints.component import CheckpointApi, checkpoint_api
-from node.component import LOOP_CHECK_INTERVAL_S, Check, Component, Endpoint, Served
+from node.component import Check, Component, Endpoint, Served, loop_check
 from node.election.routes import ElectionRoutes
 from node.election.seams import WalDurableState
 from node.election.service import ElectionService
@@ -66,8 +66,7 @@ class SyncComponent:
         return self.service.routes()
 
     def checks(self) -> Mapping[str, Check]:
-        loop = self.service.loop_health
-        return {loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)}
+        return loop_check(self.service.loop_health)
 
     async def close(self) -> None:
         await self.service.close()

@@ -14,7 +14,7 @@ from node.checkpoints.replicas import domains_of
 from node.checkpoints.routes import CheckpointRoutes
 from node.checkpoints.service import CheckpointService
 from node.checkpoints.view import committed_view, last_restore_view
-from node.component import LOOP_CHECK_INTERVAL_S, Check, Endpoint, endpoints
+from node.component import Check, Endpoint, endpoints, loop_check
 from node.locks.service import LockService
 from node.membership.service import MemberState
 from node.runtime import NodeRuntime
@@ -35,8 +35,7 @@ class CheckpointApi:
         return endpoints(CheckpointRoutes(self.service))
 
     def checks(self) -> Mapping[str, Check]:
-        loop = self.service.loop_health
-        return {loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)}
+        return loop_check(self.service.loop_health)
 
     async def close(self) -> None:
         await self.service.close()

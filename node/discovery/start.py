@@ -10,7 +10,7 @@ import ifaddr
 
 from config import Inventory
 from node.addresses import choose_interfaces
-from node.component import LOOP_CHECK_INTERVAL_S, Check, Endpoint
+from node.component import Check, Endpoint, loop_check
 from node.discovery.candidates import Advert, Candidate
 from node.discovery.feed import Discovery
 from node.errors import DiscoveryError
@@ -72,10 +72,7 @@ class DiscoveryPart:
         return ()
 
     def checks(self) -> Mapping[str, Check]:
-        if self.discovery is None:
-            return {}
-        loop = self.discovery.loop_health
-        return {loop.name: Check(loop.check, interval_s=LOOP_CHECK_INTERVAL_S)}
+        return loop_check(None if self.discovery is None else self.discovery.loop_health)
 
     async def close(self) -> None:
         if self.discovery is not None:
