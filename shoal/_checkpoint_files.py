@@ -66,8 +66,8 @@ def finished_steps(root: Path) -> list[tuple[int, int]]:
     """(step, generation) of every step directory under `root` that DCP finished (its
     METADATA written, which happens only after every rank's write), oldest first."""
     found = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root):
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
             parsed = parse_step_directory(entry.name)
             if parsed is not None and (Path(entry.path) / METADATA).is_file():
                 found.append(parsed)

@@ -52,16 +52,18 @@ def directory_ages(root: Path, now: float | None = None) -> dict[str, float]:
     now = time.time() if now is None else now
     ages: dict[str, float] = {}
     try:
-        entries = list(os.scandir(root))
+        with os.scandir(root) as listing:
+            entries = list(listing)
     except FileNotFoundError:
         return ages
     for entry in entries:
         if parse_step_directory(entry.name) is None or not entry.is_dir(follow_symlinks=False):
             continue
-        newest = entry.stat(follow_symlinks=False).st_mtime
-        try:
-            for item in os.scandir(entry.path):
-                newest = max(newest, item.stat(follow_symlinks=False).st_mtime)
+        try:  # each listing closed even when a file or the directory goes away under it
+            newest = entry.stat(follow_symlinks=False).st_mtime
+            with os.scandir(entry.path) as items:
+                for item in items:
+                    newest = max(newest, item.stat(follow_symlinks=False).st_mtime)
         except OSError:
             continue  # a directory going away: judged at the next sweep
         ages[entry.name] = max(0.0, now - newest)

@@ -29,6 +29,7 @@ _RANK = {
 _DOWN = (MemberState.DEAD, MemberState.LEFT)
 _UP = (MemberState.ALIVE, MemberState.SUSPECT)
 _NODE_ID = attrgetter("node_id")
+_NO_META = "\x1f?"
 
 
 def supersedes(
@@ -362,9 +363,15 @@ def reap_due(down_since: Mapping[str, float], now: float, dead_reap_s: float) ->
 
 
 def view_digest(members: Iterable[Member]) -> str:
-    """A short hash of (id, incarnation, state) of every member: equal views skip push-pull."""
+    """A short hash of (id, incarnation, state) of every member: equal views skip push-pull.
+
+    An up member whose meta this view lacks (a placeholder: see `fills_meta`) is marked, so the
+    view differs from every view that knows that meta and a push-pull brings it. Unmarked, a
+    new node that first heard of a member through a record without meta kept it meta-less (no
+    release, no GPUs) for as long as nothing about it changed: gossip carries only changes."""
     lines = [
-        f"{member.node_id}\x1f{member.incarnation}\x1f{member.state}\x1e"
+        f"{member.node_id}\x1f{member.incarnation}\x1f{member.state}"
+        f"{_NO_META if not member.meta and member.state in _UP else ''}\x1e"
         for member in sorted(members, key=_NODE_ID)
     ]
     return hashlib.blake2b("".join(lines).encode(), digest_size=8).hexdigest()

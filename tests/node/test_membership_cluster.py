@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -11,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from node.membership.service import InMemoryNetwork
-from node.membership.types import EventKind, MemberState, Update
+from node.membership.types import EventKind, MemberState, Update, freeze_meta
 from node.membership.wire import Message, MessageKind, encode_message
 from tests.node.membership_sim import (
     FAILED,
@@ -187,6 +188,29 @@ async def test_meta_update_spreads_with_a_new_incarnation(cluster: Cluster) -> N
     assert view.incarnation == 1
     assert view.meta["gpu_count"] == 8
     assert cluster.seen("n0", "n2", {EventKind.UPDATED})
+
+
+async def test_a_member_known_without_meta_gets_it_by_push_pull(cluster: Cluster) -> None:
+    """n1 holds n0 as a placeholder (no meta) while its view otherwise matches everyone's:
+    nothing about n0 changes, so no gossip carries n0's meta, and only a push-pull that the
+    meta-less view asks for brings it (the marked digest; node.membership.rules.view_digest)."""
+    await cluster.grow(3)
+    await wait_for(cluster.all_alive, what="convergence")
+    await wait_for(
+        lambda: all(not len(node._queue) for node in cluster.nodes.values()),
+        what="every join's gossip sent its last time",
+    )
+    n1 = cluster.nodes["n1"]
+    table = n1._table  # the state a message without n0's record leaves
+    known = table.get("n0")
+    assert known is not None
+    assert dict(known.meta)
+    table.store(known, dataclasses.replace(known, meta=freeze_meta({})))
+    assert not dict(table.get("n0").meta)  # type: ignore[union-attr]
+    await wait_for(
+        lambda: (view := n1.member("n0")) is not None and view.meta.get("index") == 0,
+        what="n0's meta back at n1",
+    )
 
 
 async def test_lifecycle_and_candidates(cluster: Cluster) -> None:

@@ -290,6 +290,18 @@ def test_reap_and_digest() -> None:
     assert view_digest(one) != view_digest([member(S, 1), member(A, 2, node_id="n2")])
 
 
+def test_a_view_missing_a_members_meta_differs_so_push_pull_brings_it() -> None:
+    """A placeholder (alive, no meta) marks the digest: a peer knowing the meta sees a different
+    view and sends its state, whose record fills the meta (CI: a new node kept an old node's
+    release unknown for 60 s while every other part of the views matched)."""
+    known = [member(A, 0), member(A, 2, node_id="n2")]
+    placeholder = [member(A, 0, meta=freeze_meta({})), member(A, 2, node_id="n2")]
+    assert view_digest(placeholder) != view_digest(known)
+    assert view_digest(placeholder) == view_digest(list(reversed(placeholder)))
+    dead = [member(D, 0, meta=freeze_meta({})), member(A, 2, node_id="n2")]
+    assert view_digest(dead) == view_digest([member(D, 0), member(A, 2, node_id="n2")])
+
+
 def test_gossip_queue_sends_least_sent_first_and_forgets_after_limit() -> None:
     queue = GossipQueue()
     queue.push("a", b"A" * 10)

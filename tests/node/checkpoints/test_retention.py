@@ -76,3 +76,48 @@ def test_sweep_deletes_the_doomed_directories_only(tmp_path: Path) -> None:
     assert sweep(tmp_path, committed(20, 40), keep=1) == [d(20), d(30)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", d(40)]
     assert directory_ages(tmp_path / "absent") == {}
+
+
+def test_a_file_going_away_during_the_ages_closes_every_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file a writer or a sweep removes between the listing and its stat: that step is skipped
+    and every directory listing is closed (CI: an unclosed scandir iterator, reported when the
+    garbage collector found it, failed a checkpoint test)."""
+    for name in (d(20), d(30)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / d(30) / "__1_0.distcp").write_bytes(b"x")
+    listings: list[Listing] = []
+    real = os.scandir
+
+    class Listing:
+        def __init__(self, path: str) -> None:
+            self.entries = list(real(path))
+            self.closed = False
+            listings.append(self)
+
+        def __iter__(self) -> Listing:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            if not self.entries:
+                raise StopIteration
+            entry = self.entries.pop(0)
+            if entry.name == "__1_0.distcp":
+                os.unlink(entry.path)  # gone between the listing and the stat
+            return entry
+
+        def __enter__(self) -> Listing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.closed = True
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(os, "scandir", Listing)
+    assert set(directory_ages(tmp_path)) == {d(20)}
+    assert len(listings) == 3
+    assert all(listing.closed for listing in listings)
