@@ -133,10 +133,11 @@ def request_line(args: argparse.Namespace) -> bytes:
 def relayed(args: argparse.Namespace) -> int:
     """Run the command through the relay at `args.relay`: stdin to it, its frames to stdout
     and stderr; the command's exit status, or 255 when it did not run."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(args.relay))
     except OSError as exc:
+        sock.close()
         return _report(KIND_CONNECT, f"relay {args.relay}: {exc.strerror or exc}")
     with sock:
         try:

@@ -50,3 +50,23 @@ async def test_a_stdout_that_cannot_be_written_is_reported_as_a_marker_line(
     lines = stderr.decode().splitlines()
     assert any(line.startswith(f"{MARKER} connect: relay {socket_path}") for line in lines), lines
     assert "Traceback" not in stderr.decode()
+
+
+async def test_a_relay_nobody_serves_is_one_marker_line_and_no_leaked_socket(
+    tmp_path: Path,
+) -> None:
+    socket_path = tmp_path / "absent.sock"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-W", "default::ResourceWarning", "-m", "sync.transports.ssh",
+        "--relay", str(socket_path), "peer", "rsync", "--server",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(child.communicate(), 30)
+    assert child.returncode == EXIT_SSH_FAILED
+    text = stderr.decode()
+    assert text.startswith(f"{MARKER} connect: relay {socket_path}"), text
+    assert "ResourceWarning" not in text, text
