@@ -34,7 +34,7 @@ class AutostopDecisionJson(TypedDict):
 
 class AutostopStatusJson(TypedDict):
     """The `autostop` object of the status document (node.providers.autostop): `enabled`,
-    `state` and `last_decision` always, the rest only while auto-stop is on."""
+    `state` and `last_decision` always, the rest once auto-stop has started."""
 
     enabled: bool
     state: str

@@ -65,14 +65,17 @@ _ACTING = {"stop": "stopping", "release": "releasing"}
 
 
 def autostop_text(info: AutostopInfo | None) -> str:
-    """One short cell: `-` (not reported), `off`, `idle 42 s/10 min`, `busy: job running +1`,
-    `stopping`, `stopped`; ` (dry run)` when it only audits."""
+    """One short cell: `-` (not reported), `off`, `starting` (no check made yet),
+    `idle 42 s/10 min`, `busy: job running +1`, `stopping`, `stopped`; ` (dry run)` when it
+    only audits."""
     if info is None:
         return "-"
     if not info.enabled:
         return "off"
     action = info.action or "stop"
-    if info.state == "acted":
+    if info.state == "starting":
+        text = "starting"
+    elif info.state == "acted":
         text = _ACTED.get(action, action)
     elif info.state == "acting":
         text = _ACTING.get(action, action)

@@ -385,6 +385,13 @@ def disabled_status(last_decision: AutostopDecision | None = None) -> AutostopSt
     return {"enabled": False, "state": "off", "last_decision": shown}
 
 
+def starting_status(last_decision: AutostopDecision | None = None) -> AutostopStatusJson:
+    """The `autostop` object of a node with an `autostop:` section whose auto-stop has not
+    started yet (no policy, sample or busy reason to show)."""
+    shown = None if last_decision is None else last_decision.to_json()
+    return {"enabled": True, "state": "starting", "last_decision": shown}
+
+
 __all__ = [
     "LAST_DECISION_KEY",
     "WAL_ENTRY_TYPE",
@@ -397,5 +404,6 @@ __all__ = [
     "nvml_utilization",
     "recover_interrupted",
     "should_act",
+    "starting_status",
     "take_sample",
 ]

@@ -26,6 +26,7 @@ from node.providers.autostop import (
     IdleChecks,
     disabled_status,
     recover_interrupted,
+    starting_status,
 )
 from node.providers.base import RUNNING, STOPPED, ActionResult, GPUQuery, NodeHandle, Provider
 from node.providers.decision import AutostopDecision
@@ -165,7 +166,9 @@ def autostop_section(
 class AutostopPart:
     """Auto-stop as a component of the daemon: `open()` recovers an interrupted decision, then
     starts auto-stop when configured (`autostop:` in the settings or the node's inventory
-    host); `status()` is the status document's `autostop` object either way."""
+    host); `status()` is the status document's `autostop` object either way: enabled and
+    `starting` for a configured node whose auto-stop has not started yet (the API answers
+    before it does), `off` for a node without a section."""
 
     def __init__(
         self,
@@ -183,10 +186,13 @@ class AutostopPart:
         self.auto: AutoStop | None = None
         self._recovered: AutostopDecision | None = None
         self._gauge: Gauge | None = None
+        self._starting = autostop_section(runtime, inventory) is not None
 
     def status(self) -> AutostopStatusJson:
         if self.auto is not None:
             return self.auto.status()
+        if self._starting:
+            return starting_status(self._recovered)
         return disabled_status(self._recovered)
 
     def routes(self) -> Sequence[Endpoint]:
@@ -208,6 +214,7 @@ class AutostopPart:
         self._recovered = recovered[-1] if recovered else None
         section = autostop_section(runtime, self._inventory)
         if section is None:
+            self._starting = False
             return
         auto = self._build(section)
         await auto.load()

@@ -8,6 +8,7 @@ from typing import Any
 from health.monitor.model import AutostopInfo, parse_status
 from health.monitor.render import autostop_text, render_text
 from health.monitor.rules import build_cluster_status
+from node.providers.autostop import starting_status
 from tests.health.test_monitor_render import ok, seen
 
 ON = {"enabled": True, "action": "stop", "window_s": 600.0, "dry_run": False}
@@ -21,6 +22,8 @@ def test_the_cell_says_the_state_in_a_few_words() -> None:
     assert autostop_text(None) == "-"
     assert autostop_text(AutostopInfo.from_json({"enabled": False, "state": "off"})) == "off"
     assert autostop_text(info(state="idle", idle_for_s=42.0)) == "idle 42 s/10 min"
+    assert autostop_text(info(state="starting", idle_for_s=0.0)) == "starting"
+    assert autostop_text(AutostopInfo.from_json(starting_status())) == "starting"
     busy = info(state="busy", busy_reasons=["job running", "gpu 0 at 83%"])
     assert autostop_text(busy) == "busy: job running +1"
     assert autostop_text(info(state="busy", busy_reasons=["gpu read failed"])) == (

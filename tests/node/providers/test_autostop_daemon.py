@@ -310,7 +310,8 @@ async def test_a_node_of_the_local_provider_ends_its_daemon_when_idle(
                     return body
 
             async def busy() -> bool:
-                return bool((await status())["autostop"]["busy_reasons"] == ["gpu 0 at 90%"])
+                autostop = (await status())["autostop"]  # `starting` has no reasons yet
+                return bool(autostop.get("busy_reasons") == ["gpu 0 at 90%"])
 
             await wait_for("the node's GPU reads busy through NVML", busy)
             await asyncio.sleep(HOLD_S)
