@@ -198,14 +198,17 @@ def run_session(conn: socket.socket, work_fn: WorkFn, secret: bytes | None) -> N
     if channel is None:
         return
     worker = Worker(work_fn)
+    stopping: list[int] = []
 
     def on_term(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(0)
+        # A flag the relay reads, not an exception: one raised while the session ends would
+        # cut the copy of the worker's stderr into the job's log short.
+        stopping.append(signum)
 
     signal.signal(signal.SIGTERM, on_term)
     try:
         channel.send_frame(FrameKind.READY, {"pid": worker.pid, "host": socket.gethostname()})
-        _relay(conn, worker)
+        _relay(conn, worker, stopping)
     finally:
         worker.close(keep_stderr=True)
         _copy_stderr(worker)
@@ -223,10 +226,11 @@ def _copy_stderr(worker: Worker) -> None:
         pass
 
 
-def _relay(conn: socket.socket, worker: Worker) -> None:
+def _relay(conn: socket.socket, worker: Worker, stopping: list[int]) -> None:
+    """Frames both ways until either end goes or a SIGTERM arrives (`stopping`)."""
     inner = worker.raw_socket()
     pending = bytearray()
-    while True:
+    while not stopping:
         ready, _, _ = select.select([conn, inner], [], [], POLL_SLICE_S)
         if conn in ready:
             data = _recv(conn)

@@ -41,6 +41,16 @@ def crash(handle: WorkerHandle) -> None:
     sys.exit(3)
 
 
+def crash_loudly(handle: WorkerHandle) -> None:
+    """On the first message: 64 MiB on stderr, then a last line, then exit 3."""
+    handle.recv()
+    block = "x" * 1023 + "\n"
+    for _ in range(64 * 1024):
+        sys.stderr.write(block)
+    print("the last line", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+
 def rank_report(handle: WorkerHandle) -> None:
     """Take an NCCL config, set the environment from it and answer what torch would read."""
     config = NCCLConfig.from_message(handle.recv())

@@ -160,3 +160,26 @@ def test_a_refused_connection_does_not_hold_a_worker_slot(tmp_path: Path) -> Non
             with RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker:
                 worker.send("in")
                 assert worker.recv(timeout_s=10) == "in"
+
+
+def test_a_term_right_after_a_death_still_copies_all_its_stderr_to_the_log(
+    tmp_path: Path,
+) -> None:
+    """The server is stopped (SIGTERM to its group) as soon as the caller hears of the death,
+    while its session still copies 64 MiB of the worker's stderr into the server's log: the
+    copy ends (a SIGTERM used to raise inside it and cut the log short, seen once in a full
+    run as an empty log)."""
+    secret = write_secret(tmp_path)
+    server_log = tmp_path / "server.stderr"
+    with (
+        server_log.open("w") as log,
+        worker_server("tests.node.workers.fns:crash_loudly", secret, stderr=log) as served,
+        RemoteWorker("127.0.0.1", served.port, secret_file=secret) as worker,
+    ):
+        worker.send("go")
+        with pytest.raises(WorkerDied) as caught:
+            worker.recv(timeout_s=60)
+        assert caught.value.exit_code == 3
+    text = server_log.read_text()
+    assert text.endswith("the last line\n"), text[-200:]
+    assert text.count("x" * 1023 + "\n") == 64 * 1024
