@@ -33,10 +33,11 @@ async def serve_until_sigterm(app: web.Application) -> None:
         await runner.cleanup()
 
 
-def cpu_seconds(pid: int, user_only: bool = False) -> float:
+def cpu_seconds(pid: int, user_only: bool = False, thread: int | None = None) -> float:
     """User + system (or user only) CPU seconds process `pid` has used so far, its threads
-    included (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    included, or only its thread `thread` (a thread id; `pid` is its main thread's) (Linux)."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + (0 if user_only else int(fields[12]))
     return ticks / os.sysconf("SC_CLK_TCK")
 

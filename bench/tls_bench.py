@@ -1,9 +1,13 @@
 """TLS against plain HTTP on one daemon (auth hmac+tls serves both on its port): a large file
 (GET /v1/sync/models/file), many small files (POST /v1/sync/models/files in batches, as sync
 fetches them), each over plain HTTP (signed) and over TLS 1.3 (an operator certificate), in the
-same run; and TLS handshakes per second, full and resumed with a session ticket. Prints JSON.
+same run; and TLS handshakes per second, full and resumed with a session ticket. Each is
+measured once per `--tls-workers` count (the daemon's `tls.workers`: 0, its event loop encrypts;
+more, worker threads do), and while the large file goes over TLS a plain GET /v1/health every
+20 ms says how long the daemon's loop makes other callers wait. Prints JSON.
 
     python -m bench.tls_bench [--size-mib 512] [--small-files 2000] [--small-bytes 4096]
+                              [--tls-workers 0,2]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import socket
 import ssl
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ SECRET = b"tls-bench-secret-0123456789abcdef0123"
 BATCH = 200
 """Small files per POST .../files request."""
 CHUNK = 1 << 20
+PING_GAP_S = 0.02
 
 
 def _prepare(root: Path, size_mib: int, small_files: int, small_bytes: int) -> None:
@@ -50,7 +56,7 @@ def _prepare(root: Path, size_mib: int, small_files: int, small_bytes: int) -> N
     secret.chmod(0o600)
 
 
-async def _serve(root: Path) -> None:
+async def _serve(root: Path, workers: int) -> None:
     import signal
 
     from config import load_settings
@@ -65,7 +71,12 @@ async def _serve(root: Path) -> None:
         "secret_file": root / "secret",
         "sync_interval_s": 0,
         "auth": "hmac+tls",
-        "tls": {"ca": tls / "ca.crt", "cert": tls / "bench.crt", "key": tls / "bench.key"},
+        "tls": {
+            "ca": tls / "ca.crt",
+            "cert": tls / "bench.crt",
+            "key": tls / "bench.key",
+            "workers": workers,
+        },
     }
     settings = load_settings(env={}, flags=flags).settings
     async with NodeDaemon(settings) as daemon:
@@ -133,6 +144,32 @@ async def _large(base: str, tls: bool, context: ssl.SSLContext) -> tuple[int, fl
         return received, time.perf_counter() - started
 
 
+def _pinged(plain: str, stop: threading.Event, waits: list[float]) -> None:
+    """GET /v1/health (signed, plain HTTP) every PING_GAP_S until `stop`; each answer's wait.
+    In its own thread and loop, so the client's decryption does not delay it."""
+
+    async def ping() -> None:
+        async with _session(False, ssl.create_default_context()) as session:
+            while not stop.is_set():
+                started = time.perf_counter()
+                async with session.get(f"{plain}/v1/health") as response:
+                    await response.read()
+                waits.append(time.perf_counter() - started)
+                await asyncio.sleep(PING_GAP_S)
+
+    asyncio.run(ping())
+
+
+def _waits(waits: list[float]) -> dict[str, float]:
+    ordered = sorted(waits) or [0.0]
+    return {
+        "answers": len(waits),
+        "p50_ms": round(1000 * ordered[len(ordered) // 2], 2),
+        "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+        "max_ms": round(1000 * ordered[-1], 2),
+    }
+
+
 async def _small(
     base: str, tls: bool, context: ssl.SSLContext, files: list[dict[str, Any]]
 ) -> tuple[int, float]:
@@ -185,8 +222,17 @@ async def _measure(
     for tls, base in ((False, plain), (True, secure), (False, plain), (True, secure)):
         key = "tls" if tls else "plain"
         cpu_before = time.process_time() + cpu_seconds(server_pid)
-        received, elapsed = await _large(base, tls, context)
+        loop_before = cpu_seconds(server_pid, thread=server_pid)
+        stop, waits = threading.Event(), []
+        pinger = threading.Thread(target=_pinged, args=(plain, stop, waits))
+        pinger.start()
+        try:
+            received, elapsed = await _large(base, tls, context)
+        finally:
+            stop.set()
+            await asyncio.to_thread(pinger.join)
         cpu = time.process_time() + cpu_seconds(server_pid) - cpu_before
+        loop_cpu = cpu_seconds(server_pid, thread=server_pid) - loop_before
         assert received == size_bytes, (received, size_bytes)
         best = result["large"].get(key)
         rate = received / elapsed / 2**20
@@ -196,6 +242,8 @@ async def _measure(
                 "s": round(elapsed, 3),
                 "mib_s": round(rate, 1),
                 "cpu_s_client_and_server": round(cpu, 3),
+                "cpu_s_server_loop_thread": round(loop_cpu, 3),
+                "health_wait_meanwhile": _waits(waits),
             }
         received, elapsed = await _small(base, tls, context, small)
         best = result["small"].get(key)
@@ -223,20 +271,34 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="mode")
     serve = sub.add_parser("serve")
     serve.add_argument("root", type=Path)
+    serve.add_argument("--workers", type=int, default=0)
     parser.add_argument("--size-mib", type=int, default=512)
     parser.add_argument("--small-files", type=int, default=2000)
     parser.add_argument("--small-bytes", type=int, default=4096)
+    parser.add_argument(
+        "--tls-workers",
+        default="0,2",
+        help="comma-separated tls.workers counts, each measured in turn (default 0,2)",
+    )
     args = parser.parse_args(argv)
     if args.mode == "serve":
-        asyncio.run(_serve(args.root))
+        asyncio.run(_serve(args.root, args.workers))
         return 0
+    counts = [int(count) for count in args.tls_workers.split(",")]
+    runs: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="tls-bench-") as temp:
         root = Path(temp)
         _prepare(root, args.size_mib, args.small_files, args.small_bytes)
-        pids: list[int] = []
-        with server_process(["-m", "bench.tls_bench", "serve", str(root)], pids) as port:
-            size = args.size_mib * 2**20
-            result = asyncio.run(_measure(root, port, args.small_files, size, pids[0]))
+        for count in counts:
+            pids: list[int] = []
+            argv = ["-m", "bench.tls_bench", "serve", str(root), "--workers", str(count)]
+            with server_process(argv, pids) as port:
+                size = args.size_mib * 2**20
+                runs[str(count)] = asyncio.run(
+                    _measure(root, port, args.small_files, size, pids[0])
+                )
+    result = dict(runs[str(counts[0])])
+    result["by_tls_workers"] = runs
     result["setup"] = {
         "size_mib": args.size_mib,
         "small_files": args.small_files,

@@ -81,11 +81,11 @@ if TYPE_CHECKING:
         CategorySyncSettings,
         LoadedSettings,
         NodeSettings,
-        TlsSettings,
         describe_settings,
         load_settings,
     )
     from config.timeouts import Timeouts
+    from config.tls.section import TlsSettings
     from config.version import (
         HEADER_VERSION,
         OLDEST_PROTOCOL,

@@ -30,6 +30,7 @@ from config.sections import (
 )
 from config.sources import flatten_settings, put_setting, source_of
 from config.timeouts import Timeouts
+from config.tls.section import TlsSettings
 from config.yamlfile import YamlDocument, describe_error, load_yaml_mapping
 
 
@@ -49,32 +50,6 @@ class AuthMode(StrEnum):
     @property
     def accepts_hmac(self) -> bool:
         return self is not AuthMode.TLS
-
-
-DEFAULT_CRL_REFRESH_S = 30.0
-
-
-class TlsSettings(BaseModel):
-    """The `tls:` section: this node's certificate from the cluster CA (`shoal ca issue NAME
-    --role node`), the CA certificate, and the CRL. Reloaded on SIGHUP and when a file changes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    ca: Path = Field(
-        description="The cluster CA certificate (ca.crt): every peer's must chain to it."
-    )
-    cert: Path = Field(description="This node's certificate (NAME.crt, role node).")
-    key: Path = Field(description="This node's private key (NAME.key, chmod 600).")
-    crl: Path | None = Field(
-        None,
-        description="The CA's revocation list (crl.pem); a newer one learnt from a peer is "
-        "written here (default DATA_DIR/tls/crl.pem).",
-    )
-    crl_refresh_s: float = Field(
-        DEFAULT_CRL_REFRESH_S,
-        gt=0,
-        description="How often the CRL of every alive peer is fetched; the newest CRL number wins.",
-    )
 
 
 class CategorySyncSettings(BaseModel):

@@ -20,7 +20,8 @@ from node.component import Check, Endpoint, loop_check
 from node.election.elector import Elector
 from node.election.service import ElectionService
 from node.identity import CertificateGate, CrlSpread
-from node.identity.component import api_site
+from node.identity.component import api_site, api_tls_workers
+from node.identity.terminator import TlsWorkers
 from node.membership.checks import membership_check
 from node.membership.service import Membership
 from node.runtime import NodeRuntime
@@ -135,6 +136,7 @@ class ApiServer:
         self._shutdown_timeout_s = shutdown_timeout_s
         self.app: web.Application | None = None
         self._runner: web.AppRunner | None = None
+        self._tls_workers: TlsWorkers | None = None
 
     async def open(self) -> None:
         self.app = self._build()
@@ -148,7 +150,13 @@ class ApiServer:
         await runner.setup()
         self._runner = runner
         try:
-            site = api_site(runner, self._sockets, self._runtime.settings, self._identity)
+            if self._identity is not None:
+                self._tls_workers = api_tls_workers(self._runtime.settings)
+            if self._tls_workers is not None:
+                self._tls_workers.start()
+            site = api_site(
+                runner, self._sockets, self._runtime.settings, self._identity, self._tls_workers
+            )
             await site.start()
         except BaseException:
             await self.close()
@@ -167,6 +175,9 @@ class ApiServer:
         finally:
             if runner is not None:
                 await runner.cleanup()
+            workers, self._tls_workers = self._tls_workers, None
+            if workers is not None:  # after the answers in flight, which they encrypt
+                await asyncio.to_thread(workers.stop)
             for sock in self._sockets:  # closed by the site once it started; else here
                 sock.close()
 

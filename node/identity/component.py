@@ -15,6 +15,7 @@ from node.identity.crl import CrlSpread
 from node.identity.listener import IdentitySite
 from node.identity.revoked import RevokedPeers
 from node.identity.roles import CertificateGate
+from node.identity.terminator import TlsWorkers
 from node.plan import PlanFence
 from node.runtime import NodeRuntime
 
@@ -34,14 +35,25 @@ def api_identity(
     return gate, CrlSpread(runtime, tls, settings.tls.crl_refresh_s, revoked)
 
 
+def api_tls_workers(settings: NodeSettings) -> TlsWorkers | None:
+    """The threads that terminate the API's TLS connections (`tls.workers`), not started; None
+    without TLS or with 0."""
+    if settings.tls is None or not settings.auth_mode.uses_tls:
+        return None
+    count = settings.tls.worker_count
+    return TlsWorkers(count, name="api-tls") if count else None
+
+
 def api_site(
     runner: web.AppRunner,
     sockets: list[socket.socket],
     settings: NodeSettings,
     identity: CertificateGate | None,
+    workers: TlsWorkers | None = None,
 ) -> web.BaseSite:
     """Plain HTTP (auth hmac), or TLS 1.3 with plain HTTP where the auth mode allows it, on the
-    bound `sockets`; either way each connection within the budgets of node.connections."""
+    bound `sockets`; either way each connection within the budgets of node.connections. TLS
+    connections are terminated by `workers` when given (started and stopped by the caller)."""
     if identity is None:
         return GuardedSite(runner, sockets, ConnectionBudget())
     return IdentitySite(
@@ -51,4 +63,5 @@ def api_site(
         mode=settings.auth_mode,
         plain_ok=settings.secret_file is not None,
         refused=identity.refused,
+        workers=workers,
     )

@@ -20,6 +20,7 @@ from aiohttp import web
 from config.settings import AuthMode
 from config.tls.context import TlsContexts, handshake_refusal
 from node.connections import ConnectionBudget, Listening, guarded, listening_name
+from node.identity.terminator import TlsWorkers, terminated
 
 __all__ = [
     "MAX_HANDSHAKES",
@@ -110,6 +111,7 @@ class IdentitySite(web.BaseSite):
         budget: ConnectionBudget | None = None,
         handshake_timeout_s: float = PEEK_TIMEOUT_S,
         backlog: int = 128,
+        workers: TlsWorkers | None = None,
     ) -> None:
         super().__init__(runner, backlog=backlog)
         self._sockets = sockets
@@ -119,10 +121,14 @@ class IdentitySite(web.BaseSite):
         self._refused = refused
         self._timeout_s = handshake_timeout_s
         self._accepting: list[asyncio.Task[None]] = []
-        self._connections: dict[asyncio.Task[None], socket.socket] = {}
-        """Connections before their first byte and handshake, by the task that serves each."""
+        self._connections: dict[asyncio.Task[None], socket.socket | None] = {}
+        """Connections before their first byte and handshake, by the task that serves each
+        (None once a TLS worker owns the socket)."""
         self.budget = budget if budget is not None else ConnectionBudget()
         self._handshaking: dict[str, int] = {}
+        self._workers = workers
+        """Threads that terminate TLS connections (node.identity.terminator; their owner starts
+        and stops them); None: this loop does the handshakes and the encryption."""
 
     @property
     def name(self) -> str:
@@ -146,7 +152,8 @@ class IdentitySite(web.BaseSite):
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         for conn in pending.values():
-            conn.close()  # a task cancelled before its first step never closed its socket
+            if conn is not None:
+                conn.close()  # a task cancelled before its first step never closed its socket
         await super().stop()
 
     async def _accept(self, sock: socket.socket) -> None:
@@ -201,6 +208,21 @@ class IdentitySite(web.BaseSite):
             conn.setblocking(False)
             first = await self._first_byte(conn)
             if not first:
+                return
+            if first[0] == TLS_RECORD_HANDSHAKE and self._workers is not None:
+                handed = True  # the worker owns it now, and closes it when the handshake fails
+                task = asyncio.current_task()
+                if task in self._connections:
+                    self._connections[task] = None
+                ours, tls = await self._workers.terminate(
+                    conn, self._contexts.server_context(), self._timeout_s
+                )
+                try:
+                    transport, _ = await loop.connect_accepted_socket(terminated(server, tls), ours)
+                except BaseException:
+                    ours.close()
+                    raise
+                transport.set_write_buffer_limits(high=TLS_WRITE_HIGH_BYTES)
                 return
             if first[0] == TLS_RECORD_HANDSHAKE:
                 transport, _ = await loop.connect_accepted_socket(

@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 import typer
 
+import config.tls.section
 from config import ConfigError, signing_middleware
 from config.tls import (
     CertRole,
@@ -43,6 +45,30 @@ SECRET = b"tls-daemon-test-secret-0123456789abcdef"
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(autouse=True, params=[0, 2], ids=["loop-tls", "tls-workers"])
+def tls_workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Every test twice: the daemon's loop terminates TLS (`tls.workers: 0`), and two worker
+    threads do (node.identity.terminator), as the default gives a host of 8 CPUs."""
+    count = int(request.param)
+    monkeypatch.setattr(config.tls.section, "default_tls_workers", lambda cpus: count)
+    return count
+
+
+async def test_tls_workers_run_while_the_daemon_does_and_stop_with_it(
+    tmp_path: Path, pki: Pki, tls_workers: int
+) -> None:
+    def workers() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("api-tls-")]
+
+    async with NodeDaemon(_settings(tmp_path, pki)) as daemon:
+        assert daemon.settings.tls is not None
+        assert daemon.settings.tls.worker_count == tls_workers
+        assert sorted(workers()) == [f"api-tls-{index}" for index in range(tls_workers)]
+        status, body = await _call(daemon.port, pki.client("alice"), "GET", "/v1/status")
+        assert status == 200, body
+    assert workers() == []
 
 
 async def _until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
