@@ -186,12 +186,12 @@ class AutostopPart:
         self.auto: AutoStop | None = None
         self._recovered: AutostopDecision | None = None
         self._gauge: Gauge | None = None
-        self._starting = autostop_section(runtime, inventory) is not None
+        self._section = autostop_section(runtime, inventory)
 
     def status(self) -> AutostopStatusJson:
         if self.auto is not None:
             return self.auto.status()
-        if self._starting:
+        if self._section is not None:
             return starting_status(self._recovered)
         return disabled_status(self._recovered)
 
@@ -212,11 +212,9 @@ class AutostopPart:
         for decision in recovered:
             runtime.notes.append(f"autostop: {decision.outcome} (WAL entry {decision.entry})")
         self._recovered = recovered[-1] if recovered else None
-        section = autostop_section(runtime, self._inventory)
-        if section is None:
-            self._starting = False
+        if self._section is None:
             return
-        auto = self._build(section)
+        auto = self._build(self._section)
         await auto.load()
         self.auto = auto
         if runtime.metrics is not None:
