@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from config import Inventory
-from node.component import Check, Endpoint, loop_check
+from node.component import LOOP_CHECK_INTERVAL_S, Check, Endpoint, loop_check
 from node.election.elector import Elector
 from node.election.service import ElectionService
 from node.identity import CertificateGate, CrlSpread
@@ -166,7 +166,10 @@ class ApiServer:
         return NO_ROUTES
 
     def checks(self) -> Mapping[str, Check]:
-        return {}
+        workers = self._tls_workers
+        if workers is None:
+            return {}
+        return {"tls_workers": Check(workers.check, interval_s=LOOP_CHECK_INTERVAL_S)}
 
     async def close(self) -> None:
         runner, self._runner = self._runner, None

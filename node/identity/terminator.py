@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from health import CheckResult, HealthStatus
+
 __all__ = [
     "PAIR_BUFFER_BYTES",
     "TlsConnection",
@@ -38,6 +40,9 @@ the loop and the worker take turns every few records)."""
 TLS_WRITE_HIGH_BYTES = 4 * 1024 * 1024
 """Write buffer of each side before the other side's reading pauses."""
 STOP_WAIT_S = 5.0
+HAND_OVER_S = 5.0
+"""How much longer than the handshake's own timeout a connection waits for its worker to answer
+(a worker whose loop no longer runs: its health check says so)."""
 DRAIN_TURNS = 64
 """Loop turns a stopping worker waits for its aborted transports to close their sockets."""
 
@@ -380,6 +385,27 @@ class TlsWorkers:
     def threads(self) -> list[threading.Thread]:
         return [worker.thread for worker in self._workers]
 
+    async def check(self) -> CheckResult:
+        """Unhealthy while a worker's thread or loop no longer runs (its connections would wait
+        for a handshake that never comes)."""
+        stopped = [
+            worker.thread.name
+            for worker in self._workers
+            if not worker.thread.is_alive() or not worker.loop.is_running()
+        ]
+        metrics = {
+            "workers": float(len(self._workers)),
+            "connections": float(sum(len(worker.live) for worker in self._workers) // 2),
+            "terminated": float(self.terminated),
+        }
+        if stopped:
+            return CheckResult(
+                HealthStatus.UNHEALTHY,
+                f"TLS workers stopped: {', '.join(stopped)}; restart the node",
+                metrics,
+            )
+        return CheckResult(HealthStatus.HEALTHY, f"{len(self._workers)} TLS workers", metrics)
+
     async def terminate(
         self, conn: socket.socket, context: ssl.SSLContext, timeout_s: float
     ) -> tuple[socket.socket, TlsConnection]:
@@ -406,7 +432,7 @@ class TlsWorkers:
             conn.close()
             raise ConnectionResetError("TLS workers are stopped") from None
         try:
-            tls = await asyncio.wrap_future(future)
+            tls = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s + HAND_OVER_S)
         except BaseException:
             ours.close()
             raise

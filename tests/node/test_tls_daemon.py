@@ -6,6 +6,7 @@ its files change and on SIGHUP; plain HTTP is refused (served from loopback only
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import ssl
@@ -68,6 +69,9 @@ async def test_tls_workers_run_while_the_daemon_does_and_stop_with_it(
         assert sorted(workers()) == [f"api-tls-{index}" for index in range(tls_workers)]
         status, body = await _call(daemon.port, pki.client("alice"), "GET", "/v1/status")
         assert status == 200, body
+        status, body = await _call(daemon.port, pki.client("alice"), "GET", "/v1/health")
+        assert status == 200, body
+        assert ('"tls_workers"' in json.dumps(body)) is (tls_workers > 0)
     assert workers() == []
 
 

@@ -26,6 +26,7 @@ from config import ConfigError, load_settings
 from config.settings import AuthMode
 from config.tls import CertRole, init_ca
 from config.tls.section import default_tls_workers
+from health import HealthStatus
 from node.identity.listener import IdentitySite
 from node.identity.terminator import TlsFacts, TlsWorkers
 from node.startup import listen_sockets
@@ -251,6 +252,26 @@ async def test_stopping_closes_held_connections_and_stalled_handshakes(pki: Pki)
         stalled.close()
         assert not any(thread.is_alive() for thread in threads)
     assert leaks == [], leaks
+
+
+async def test_a_worker_whose_loop_stopped_makes_the_check_unhealthy_and_hands_nothing(
+    pki: Pki,
+) -> None:
+    workers = TlsWorkers(2, name="check-tls")
+    workers.start()
+    try:
+        healthy = await workers.check()
+        assert healthy.status is HealthStatus.HEALTHY
+        assert healthy.metrics["workers"] == 2
+        stuck = workers._workers[0].loop  # a worker whose loop stops
+        stuck.call_soon_threadsafe(stuck.stop)
+        workers.threads[0].join(5)
+        found = await workers.check()
+        assert found.status is HealthStatus.UNHEALTHY
+        assert "check-tls-0" in found.message
+        assert "check-tls-1" not in found.message
+    finally:
+        workers.stop()
 
 
 def test_the_default_is_a_quarter_of_the_cpus_at_most_four_and_none_below_four() -> None:
