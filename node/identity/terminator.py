@@ -435,6 +435,8 @@ class TlsWorkers:
             tls = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s + HAND_OVER_S)
         except BaseException:
             ours.close()
+            if not worker.loop.is_running():  # nobody else holds it any more
+                conn.close()
             raise
         self.terminated += 1
         return ours, tls
