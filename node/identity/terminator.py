@@ -214,6 +214,13 @@ def terminated(
     return lambda: _Viewed(factory(), tls)
 
 
+def _close(transport: asyncio.Transport) -> None:
+    """Close `transport` once: a second close() of asyncio's TLS transport detaches it from its
+    connection, and a later abort() (a worker stopping) would then leave the socket open."""
+    if not transport.is_closing():
+        transport.close()
+
+
 class _Relay(asyncio.Protocol):
     """One end of a worker's relay: what it receives is written to `peer`'s transport, and
     each side's flow control and end reach the other."""
@@ -243,7 +250,7 @@ class _Relay(asyncio.Protocol):
         if other.can_write_eof():
             other.write_eof()  # the client's end: the daemon reads to it (TLS then closes)
         else:
-            other.close()  # the daemon's end: the TLS side flushes, says close_notify, closes
+            _close(other)  # the daemon's end: the TLS side flushes, says close_notify, closes
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -252,7 +259,7 @@ class _Relay(asyncio.Protocol):
         other = self._other()
         if other is not None:
             if exc is None:
-                other.close()
+                _close(other)
             else:
                 other.abort()
 
@@ -361,11 +368,12 @@ class _Worker:
 class TlsWorkers:
     """`count` worker threads that terminate TLS connections, taken in turn."""
 
-    def __init__(self, count: int, name: str = "tls") -> None:
+    def __init__(self, count: int, name: str = "tls", hand_over_s: float = HAND_OVER_S) -> None:
         if count < 1:
             raise ValueError(f"TLS workers: count must be at least 1, got {count}")
         self.count = count
         self._name = name
+        self._hand_over_s = hand_over_s
         self._workers: list[_Worker] = []
         self._turn = itertools.count()
         self.terminated = 0
@@ -422,17 +430,17 @@ class TlsWorkers:
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PAIR_BUFFER_BYTES)
             end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, PAIR_BUFFER_BYTES)
             end.setblocking(False)
+        relay = _relay(conn, theirs, context, timeout_s, worker.live)
         try:
-            future = asyncio.run_coroutine_threadsafe(
-                _relay(conn, theirs, context, timeout_s, worker.live), worker.loop
-            )
+            future = asyncio.run_coroutine_threadsafe(relay, worker.loop)
         except RuntimeError:  # its loop closed under us
+            relay.close()
             ours.close()
             theirs.close()
             conn.close()
             raise ConnectionResetError("TLS workers are stopped") from None
         try:
-            tls = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s + HAND_OVER_S)
+            tls = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s + self._hand_over_s)
         except BaseException:
             ours.close()
             if not worker.loop.is_running():  # nobody else holds it any more

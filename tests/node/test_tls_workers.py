@@ -28,7 +28,7 @@ from config.tls import CertRole, init_ca
 from config.tls.section import default_tls_workers
 from health import HealthStatus
 from node.identity.listener import IdentitySite
-from node.identity.terminator import TlsFacts, TlsWorkers
+from node.identity.terminator import TlsFacts, TlsWorkers, _Relay
 from node.startup import listen_sockets
 from tests.node.test_site_stop import leaks_seen
 from tests.node.tls_pki import Pki, make_pki
@@ -257,7 +257,7 @@ async def test_stopping_closes_held_connections_and_stalled_handshakes(pki: Pki)
 async def test_a_worker_whose_loop_stopped_makes_the_check_unhealthy_and_hands_nothing(
     pki: Pki,
 ) -> None:
-    workers = TlsWorkers(2, name="check-tls")
+    workers = TlsWorkers(2, name="check-tls", hand_over_s=0.2)
     workers.start()
     try:
         healthy = await workers.check()
@@ -270,6 +270,14 @@ async def test_a_worker_whose_loop_stopped_makes_the_check_unhealthy_and_hands_n
         assert found.status is HealthStatus.UNHEALTHY
         assert "check-tls-0" in found.message
         assert "check-tls-1" not in found.message
+        # a connection handed to it is closed, not left waiting or open
+        server, client = socket.socketpair()
+        try:
+            with pytest.raises((TimeoutError, ConnectionResetError)):
+                await workers.terminate(server, _Contexts(pki).server_context(), 0.1)
+            assert server.fileno() == -1
+        finally:
+            client.close()
     finally:
         workers.stop()
 
@@ -284,3 +292,35 @@ def test_a_bad_worker_count_is_refused_naming_the_field(tmp_path: Path, pki: Pki
         load_settings(env={}, flags=flags)
     flags["tls"] = pki.node_tls("a", workers=3)
     assert load_settings(env={}, flags=flags).settings.tls.worker_count == 3  # type: ignore[union-attr]
+
+
+class _TlsLike(asyncio.Transport):
+    """A transport that, as asyncio's TLS transport does, cannot write EOF and forgets its
+    connection on a second close()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closes = 0
+        self.detached = False
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def is_closing(self) -> bool:
+        return self.closes > 0
+
+    def close(self) -> None:
+        self.closes += 1
+        self.detached = self.closes > 1
+
+
+def test_the_daemons_end_closing_closes_the_tls_side_once() -> None:
+    live: set[asyncio.Transport] = set()
+    secure, plain = _Relay(live), _Relay(live)
+    secure.peer, plain.peer = plain, secure
+    tls = _TlsLike()
+    secure.connection_made(tls)
+    plain.eof_received()  # the daemon closed its end: EOF, then the pair's connection_lost
+    plain.connection_lost(None)
+    assert tls.closes == 1
+    assert not tls.detached  # so a worker that stops can still abort it
