@@ -160,8 +160,11 @@ def _pinged(plain: str, stop: threading.Event, waits: list[float]) -> None:
     asyncio.run(ping())
 
 
-def _waits(waits: list[float]) -> dict[str, float]:
-    ordered = sorted(waits) or [0.0]
+def _waits(waits: list[float]) -> dict[str, float | None]:
+    """The answers' count and waits (None without an answer: the file took less than one)."""
+    ordered = sorted(waits)
+    if not ordered:
+        return {"answers": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
     return {
         "answers": len(waits),
         "p50_ms": round(1000 * ordered[len(ordered) // 2], 2),
@@ -263,7 +266,24 @@ async def _measure(
         "full": await asyncio.to_thread(_handshakes, port, context, 200, False),
         "resumed": await asyncio.to_thread(_handshakes, port, context, 200, True),
     }
+    result["tls_workers_terminated"] = await _terminated(plain, context)
     return result
+
+
+async def _terminated(plain: str, context: ssl.SSLContext) -> float | None:
+    """The connections the daemon's TLS workers terminated, by its `tls_workers` health check
+    (read every second; None: the daemon runs none)."""
+    async with _session(False, context) as session:
+        for _ in range(30):
+            async with session.get(f"{plain}/v1/health") as response:
+                health = await response.json()
+            found = [c for c in health["components"] if c["name"] == "tls_workers"]
+            if not found:
+                return None
+            if found[0]["last_check"] is not None and found[0]["metrics"]:
+                return float(found[0]["metrics"]["terminated"])
+            await asyncio.sleep(0.2)
+    return None
 
 
 def main(argv: list[str]) -> int:
