@@ -272,18 +272,20 @@ async def _measure(
 
 async def _terminated(plain: str, context: ssl.SSLContext) -> float | None:
     """The connections the daemon's TLS workers terminated, by its `tls_workers` health check
-    (read every second; None: the daemon runs none)."""
+    (run every second: the first run after now; None: the daemon runs none)."""
+    since = time.time()
     async with _session(False, context) as session:
-        for _ in range(30):
+        for _ in range(50):
             async with session.get(f"{plain}/v1/health") as response:
                 health = await response.json()
             found = [c for c in health["components"] if c["name"] == "tls_workers"]
             if not found:
                 return None
-            if found[0]["last_check"] is not None and found[0]["metrics"]:
+            checked = found[0]["last_check"]
+            if checked is not None and checked >= since and found[0]["metrics"]:
                 return float(found[0]["metrics"]["terminated"])
             await asyncio.sleep(0.2)
-    return None
+    raise RuntimeError("the daemon's tls_workers health check did not run within 10 s")
 
 
 def main(argv: list[str]) -> int:
