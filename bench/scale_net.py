@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
+import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from heapq import heappop, heappush
 from pathlib import Path
@@ -48,7 +51,10 @@ class _Timer:
 class VirtualLoop(asyncio.BaseEventLoop):
     """An event loop with a virtual clock: when nothing is ready, time jumps to the next timer.
 
-    An exception escaping a timer callback ends the run (a simulation with a bug must fail)."""
+    An exception escaping a timer callback ends the run (a simulation with a bug must fail). In
+    a branch forked by bench/scale_fork.py (`in_branch`) it ends the process: it unwinds past the
+    branch's coroutine into the frames copied from the parent, which must not go on as if they
+    were the parent."""
 
     def __init__(self, start_s: float = 1000.0) -> None:
         super().__init__()
@@ -56,6 +62,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self._timers: list[tuple[float, int, Callable[..., object], tuple[Any, ...], Any]] = []
         self._seq = itertools.count()
         self.events_run = 0
+        self.in_branch = False
 
     def time(self) -> float:
         return self._now
@@ -75,6 +82,16 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def deliver_at(self, when: float, callback: Callable[..., object], *args: Any) -> None:
         """Run `callback(*args)` at `when`; not cancellable (a datagram in flight)."""
         heappush(self._timers, (when, next(self._seq), callback, args, None))
+
+    def run_forever(self) -> None:
+        try:
+            super().run_forever()
+        except BaseException:
+            if self.in_branch:
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(1)
+            raise
 
     def _run_once(self) -> None:
         ready = self._ready  # type: ignore[attr-defined]  # BaseEventLoop's, not in its stubs

@@ -10,6 +10,7 @@ the wire, the time until every node applies a new plan and the coordinator's egr
 Times are simulated seconds, except plan_compute_s (wall time on this machine).
 
 Usage: python bench/scale_sim.py --nodes 1000 [--nodes 5000 ...] [--loss P] [--seed S] [--json]
+       [--jobs J]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.scale_fork import Branch, default_jobs, run_branches  # noqa: E402
 from bench.scale_members import (  # noqa: E402
     SimCluster,
     kills,
@@ -106,6 +109,7 @@ class Options:
     partition_limit: int = PARTITION_LIMIT
     converge_limit_s: float = 120.0
     baseline: bool = False
+    jobs: int = 1
 
 
 def _progress(loop: VirtualLoop, what: str) -> None:
@@ -138,24 +142,23 @@ async def _membership(options: Options) -> dict[str, Any]:
     await cluster.run_for(options.steady_s)
     rate = (cluster.network.sent_bytes - sent) / options.steady_s / options.nodes
     _progress(loop, f"steady: {rate:.0f} B/s per node")
-    cluster.network.loss = options.loss or 0.0
-    known = await kills(cluster, options.kills, options.kill_gap_s, 60.0)
-    cluster.network.loss = 0.0
-    _progress(loop, f"kills: all know after {[round(k, 2) for k in known]} s")
     levels = sorted({*LOSS_LEVELS, *([options.loss] if options.loss else [])})
     window_s = options.loss_window_s or loss_window_s(options.nodes, cluster.timeouts)
-    deaths = await lossy_windows(cluster, levels, window_s)
-    false_deaths = {f"{level:g}": count for level, count in deaths.items()}
-    _progress(loop, f"false deaths {false_deaths}")
+    # the costliest first, so that the cheap ones share the other cores meanwhile: the
+    # partition, then the loss levels, highest first (each false suspicion is gossiped to all)
+    branches: dict[str, Branch] = {}
+    if options.nodes <= options.partition_limit:
+        branches["partition"] = partial(_partition, cluster, options)
+    for level in reversed(levels):
+        branches[f"{level:g}"] = partial(_false_deaths, cluster, level, window_s)
+    branches["kills"] = partial(_kills, cluster, options)
+    answers = await run_branches(branches, options.jobs)
+    known: list[float] = answers.pop("kills")
+    converge: float | None = answers.pop("partition", None)
+    false_deaths: dict[str, int] = {f"{level:g}": answers[f"{level:g}"] for level in levels}
     full, every = push_pull(options.nodes, cluster.timeouts, cluster.tuning)
     _EXTRA["push_pull_bytes_per_s"] = round(2 * full / every)
     _EXTRA["full_state_bytes"] = full
-    converge = None
-    if options.nodes <= options.partition_limit:
-        cluster.network.loss = options.loss or 0.0
-        converge = await partition_heal(cluster, PARTITION_FRACTION, options.converge_limit_s)
-        cluster.network.loss = 0.0
-        _progress(loop, f"partition healed, converged after {converge} s")
     await cluster.close()
     gc.unfreeze()
     return {
@@ -165,6 +168,30 @@ async def _membership(options: Options) -> dict[str, Any]:
         "bytes_per_s_per_node": round(rate, 1),
         "partition_converge_s": None if converge is None else _seconds(converge),
     }
+
+
+async def _kills(cluster: SimCluster, options: Options) -> list[float]:
+    """A branch: `options.kills` members SIGKILLed (at `options.loss`, if any)."""
+    cluster.network.loss = options.loss or 0.0
+    known = await kills(cluster, options.kills, options.kill_gap_s, 60.0)
+    _progress(cluster.loop, f"kills: all know after {[round(k, 2) for k in known]} s")
+    return known
+
+
+async def _false_deaths(cluster: SimCluster, level: float, window_s: float) -> int:
+    """A branch: one window at datagram loss `level`, then loss-free until no live member is
+    suspected; live members declared dead for suspicions begun in the window."""
+    deaths = await lossy_windows(cluster, [level], window_s)
+    _progress(cluster.loop, f"false deaths at {level:g} loss: {deaths[level]}")
+    return deaths[level]
+
+
+async def _partition(cluster: SimCluster, options: Options) -> float | None:
+    """A branch: a 10% partition (at `options.loss`, if any) held, healed, and converged."""
+    cluster.network.loss = options.loss or 0.0
+    converge = await partition_heal(cluster, PARTITION_FRACTION, options.converge_limit_s)
+    _progress(cluster.loop, f"partition healed, converged after {converge} s")
+    return converge
 
 
 def _seconds(value: float) -> float | None:
@@ -277,7 +304,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--partition-limit", type=int, default=PARTITION_LIMIT, help="largest N partitioned"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        help="branches (kills, each loss level, the partition) simulated at once, each in a "
+        "process forked from the settled cluster; the figures do not depend on it "
+        "(default: the CPUs this process may use)",
+    )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, not {args.jobs}")
     _hash_seed()
     global _VERBOSE
     _VERBOSE = args.verbose
@@ -294,6 +331,7 @@ def main(argv: list[str] | None = None) -> None:
             loss_window_s=args.loss_window_s,
             partition_limit=args.partition_limit,
             baseline=not args.json,
+            jobs=args.jobs,
         )
         result, extra = simulate(options)
         extra["run"] = f"{time.perf_counter() - wall:.0f} / {time.process_time() - cpu:.0f}"

@@ -5,9 +5,10 @@ envelope around them is node.membership.envelope's.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import orjson
 
 from node.errors import MembershipError, WireError
 from node.membership.types import (
@@ -70,12 +71,10 @@ class Message:
     updates: tuple[Update, ...] = ()
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-"""What json.dumps(obj, separators=(",", ":"), ensure_ascii=False) builds anew at every call."""
-
-
 def _dumps(obj: object) -> bytes:
-    return _ENCODER.encode(obj).encode()
+    """Compact UTF-8 JSON (what json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    writes, a tenth of its CPU: every datagram is encoded and decoded once)."""
+    return orjson.dumps(obj)
 
 
 def encode_update(update: Update) -> bytes:
@@ -227,8 +226,8 @@ def decode_update(raw: object) -> Update:
 def decode_message(body: bytes) -> Message:
     """The message in `body`; WireError when it is not one."""
     try:
-        raw = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise WireError(f"body is not JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise WireError("body must be an object")

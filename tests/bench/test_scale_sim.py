@@ -88,6 +88,56 @@ def test_a_thousand_members_meet_the_goals(figures: dict[str, Any]) -> None:
     assert figures["partition_converge_s"] is None  # not asked for
 
 
+def _small_run(jobs: int) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "scale_sim.py"),
+        "--nodes=200",
+        "--json",
+        "--kills=2",
+        "--loss-window-s=1.5",
+        f"--jobs={jobs}",
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=RUN_LIMIT_S, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {key: result[key] for key in MEMBERSHIP_KEYS}
+
+
+MEMBERSHIP_KEYS = (
+    "death_known_p50_s",
+    "death_known_p99_s",
+    "false_deaths",
+    "bytes_per_s_per_node",
+    "partition_converge_s",
+)
+"""The figures of the membership simulation (the plan's apply time moves with the CPU costs
+each run measures)."""
+
+
+def test_the_figures_do_not_depend_on_how_many_branches_run_at_once() -> None:
+    """Kills, each loss level and the partition run in processes forked from the settled
+    cluster; one at a time or all at once, each starts from the same state."""
+    alone, together = _small_run(jobs=1), _small_run(jobs=4)
+    assert alone == together
+    assert alone["partition_converge_s"] is not None  # 200 members: the partition ran too
+
+
+def test_jobs_below_one_are_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "scale_sim.py"), "--jobs=0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--jobs must be at least 1, not 0" in done.stderr
+
+
 def _wire(seal: bool) -> tuple[int, int]:
     loop = VirtualLoop()
 
