@@ -186,17 +186,31 @@ def freeze_meta(meta: Mapping[str, object]) -> Meta:
     """A read-only copy of `meta` after checking it is small and of scalar values."""
     if len(meta) > MAX_META_KEYS:
         raise MembershipError(f"meta has {len(meta)} keys; at most {MAX_META_KEYS} are gossiped")
+    # Every state record and alive update carries meta: the plain types a JSON body decodes to
+    # are checked inline and copied in one call; anything else by _checked_meta, which names it.
+    for key, value in meta.items():
+        kind = type(value)
+        if (
+            type(key) is not str
+            or not 0 < len(key) <= MAX_META_KEY_CHARS
+            or not (
+                (kind is str and len(value) <= MAX_META_TEXT_CHARS)  # type: ignore[arg-type]
+                or kind is int
+                or value is None
+                or kind is bool
+                or (kind is float and math.isfinite(value))  # type: ignore[arg-type]
+            )
+        ):
+            return _checked_meta(meta)
+    return MappingProxyType(dict(meta))  # type: ignore[arg-type]  # its values checked above
+
+
+def _checked_meta(meta: Mapping[str, object]) -> Meta:
     checked: dict[str, MetaValue] = {}
     for key, value in meta.items():
         if not isinstance(key, str) or not 0 < len(key) <= MAX_META_KEY_CHARS:
             raise MembershipError(f"meta key {key!r} must be a string of 1..{MAX_META_KEY_CHARS}")
-        # The plain types a JSON body decodes to are passed inline (every state record and
-        # alive update carries meta); anything else is checked by _meta_value.
-        plain = value is None or type(value) is int or type(value) is bool
-        if plain or (type(value) is str and len(value) <= MAX_META_TEXT_CHARS):
-            checked[key] = value  # type: ignore[assignment]  # narrowed by the checks above
-        else:
-            checked[key] = _meta_value(key, value)
+        checked[key] = _meta_value(key, value)
     return MappingProxyType(checked)
 
 

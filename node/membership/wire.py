@@ -196,6 +196,39 @@ def _int(obj: dict[str, object], key: str, low: int, high: int) -> int:
 
 
 def decode_update(raw: object) -> Update:
+    """The update in `raw` (a decoded JSON object); WireError naming the field that is wrong."""
+    if type(raw) is dict:  # every datagram but a few carries updates: check the usual inline
+        get = raw.get
+        node_id, code, incarnation = get("n"), get("k"), get("i")
+        address, port, meta, by = get("a"), get("p"), get("m"), get("b")
+        if (
+            type(node_id) is str
+            and 0 < len(node_id) <= MAX_NODE_ID_CHARS
+            and type(code) is str
+            and code in _CODE_STATE
+            and type(incarnation) is int
+            and 0 <= incarnation < _MAX_SEQ
+            and (
+                (address is None and port is None)
+                or (
+                    type(address) is str
+                    and 0 < len(address) <= _MAX_ADDRESS_CHARS
+                    and type(port) is int
+                    and 0 < port < 65536
+                )
+            )
+            and (by is None or (type(by) is str and 0 < len(by) <= MAX_NODE_ID_CHARS))
+            and (meta is None or type(meta) is dict)
+        ):
+            try:
+                frozen = None if meta is None else freeze_meta(meta)
+            except MembershipError as exc:
+                raise WireError(str(exc)) from exc
+            return Update(node_id, _CODE_STATE[code], incarnation, address, port, frozen, by)
+    return _checked_update(raw)
+
+
+def _checked_update(raw: object) -> Update:
     if not isinstance(raw, dict):
         raise WireError("an update must be an object")
     state = _CODE_STATE.get(str(raw.get("k")))

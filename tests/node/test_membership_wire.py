@@ -10,7 +10,8 @@ import random
 import pytest
 
 from config.timeouts import Timeouts
-from node.errors import WireError
+from node.errors import MembershipError, WireError
+from node.membership import types, wire
 from node.membership.envelope import MAX_DATAGRAM_BYTES, Drop, Envelope
 from node.membership.events import EventHub
 from node.membership.service import Membership
@@ -27,6 +28,7 @@ from node.membership.wire import (
     Message,
     MessageKind,
     decode_message,
+    decode_update,
     encode_message,
     encode_update,
     state_chunks,
@@ -94,6 +96,88 @@ def test_bodies_are_compact() -> None:
 def test_malformed_bodies_are_refused(body: bytes) -> None:
     with pytest.raises(WireError):
         decode_message(body)
+
+
+def _variants() -> list[object]:
+    """Updates as decoded JSON: well formed, and each field wrong in each way a body can be."""
+    good: dict[str, object] = {
+        "n": "n7",
+        "k": "a",
+        "i": 4,
+        "a": "10.0.0.7",
+        "p": 8770,
+        "m": dict(META),
+        "b": "n1",
+    }
+    wrong: dict[str, list[object]] = {
+        "n": [None, "", "x" * 129, 7, ["n7"]],
+        "k": [None, "z", "", 1, ["a"], {"a": 1}],
+        "i": [None, -1, 2**63, True, 1.0, "4"],
+        "a": [None, "", "x" * 256, 10],
+        "p": [None, 0, 65536, True, "8770", 80.0],
+        "m": [None, [], "m", {"k": [1]}, {"": 1}, {"k": "x" * 257}, {"k": float("nan")}],
+        "b": [None, "", "x" * 129, 3],
+    }
+    variants: list[object] = [good, {}, [good], "n7", None]
+    for key, values in wrong.items():
+        variants.append({k: v for k, v in good.items() if k != key})
+        variants += [{**good, key: value} for value in values]
+    variants.append({**good, "m": {f"k{i}": i for i in range(33)}})
+    variants.append({**good, "a": None, "p": None, "m": None})
+    return variants
+
+
+@pytest.mark.parametrize("raw", _variants())
+def test_an_update_decodes_inline_as_the_field_by_field_checks_decode_it(raw: object) -> None:
+    """decode_update checks the usual update inline and hands anything else to the checks that
+    name the wrong field: both must accept and refuse the same updates, alike."""
+    try:
+        expected: object = wire._checked_update(raw)
+    except WireError as exc:
+        expected = str(exc)
+    try:
+        decoded: object = decode_update(raw)
+    except WireError as exc:
+        decoded = str(exc)
+    assert decoded == expected
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        dict(META),
+        {},
+        {"k": float("nan")},
+        {"k": float("inf")},
+        {"k": -2.5},
+        {"k": "x" * 256},
+        {"k": "x" * 257},
+        {"k": [1]},
+        {"k": {"a": 1}},
+        {"k": b"x"},
+        {"": 1},
+        {"k" * 65: 1},
+        {7: 1},
+        {"k": _Text("a subclass of str")},
+        {"k": True, "j": None, "i": -(2**70)},
+    ],
+)
+def test_meta_is_frozen_inline_as_the_key_by_key_checks_freeze_it(
+    meta: dict[object, object],
+) -> None:
+    """freeze_meta copies the usual meta in one call and hands anything else to the checks that
+    name the wrong key: both must accept and refuse the same meta, alike."""
+    results = []
+    for freeze in (types.freeze_meta, types._checked_meta):
+        try:
+            results.append(dict(freeze(meta)))  # type: ignore[arg-type]
+        except MembershipError as exc:
+            results.append(str(exc))
+    assert results[0] == results[1]
 
 
 def test_envelope_signs_and_refuses_forgeries() -> None:
