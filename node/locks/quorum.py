@@ -2,17 +2,24 @@
 given and the highest term it promised; a coordinator reads a majority before it serves (so it
 sees every change acknowledged under an older term) and acknowledges a change only once a
 majority stored it. A deposed coordinator cannot store anything: the voters promised a newer term.
+
+A coordinator never sends two different tables under one version. A write that failed may
+still sit on a voter outside the next majority it reads; were the next change numbered like it,
+that voter would keep the failed table and answer as if it held the change (a voter ignores a
+version it already has), and a later majority read could lose an acknowledged change. So after
+a failed write the coordinator numbers its next change past every version it sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from node.errors import LockError
-from node.locks.table import LockTable
+from node.locks.table import LockFence, LockTable
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +109,8 @@ class QuorumTable:
         self.local = local
         self.peers = peers
         self.timeout_s = timeout_s
+        self.sent: LockFence | None = None
+        """The newest version this coordinator sent to the voters (stored or not)."""
 
     @property
     def majority(self) -> int:
@@ -142,10 +151,23 @@ class QuorumTable:
             for voter in self.voters
         }
         tables: list[LockTable] = await self._on_majority(calls, f"reading the locks (term {term})")
-        return max(tables, key=lambda t: t.version)
+        newest = max(tables, key=lambda t: t.version)
+        if self.sent is not None and self.sent > newest.version:
+            # a failed write of ours may be on a voter outside this majority: the next change
+            # must be numbered past it (see the module's docstring)
+            newest = dataclasses.replace(newest, version=self.sent)
+        return newest
 
     async def write(self, term: int, table: LockTable) -> None:
         """Return only once a majority of the voters stored `table`."""
+        if self.sent is not None and table.version <= self.sent:
+            raise LockError(
+                500,
+                "lock_version_reused",
+                f"lock change {table.version.to_list()} is not newer than "
+                f"{self.sent.to_list()}, already sent to the voters; re-read the locks",
+            )
+        self.sent = table.version
         calls = {
             voter: self.local.accept(term, table)
             if voter == self.node_id

@@ -79,3 +79,43 @@ async def test_no_majority_no_acknowledgement() -> None:
     with pytest.raises(LockError) as caught:
         await quorum("n1", acceptors, peers).read(1)
     assert caught.value.code == "no_lock_quorum"
+
+
+async def test_a_change_acknowledged_after_a_failed_write_survives_a_failover() -> None:
+    """A write that reached one voter only fails; the coordinator re-reads a majority without
+    that voter and acknowledges its next change on a majority that includes it. Were the next
+    change numbered like the failed one, that voter would keep the failed table (a voter ignores
+    a version it already has) while answering as if it stored the change, and the next
+    coordinator, reading it and a voter that missed both, would lose an acknowledged waiter."""
+    _, acceptors, peers = cluster()
+    coordinator = QuorumTable("n0", VOTERS, Acceptor(InMemoryDurableState()), peers, 2.0)
+    table, _ = acquire(await coordinator.read(1), 1, "train", "a", 30.0, True, 0.0)
+    await coordinator.write(1, table)
+    failed, _ = acquire(table, 1, "train", "b", 30.0, True, 1.0)
+    peers.down = {"n2", "n3"}
+    with pytest.raises(LockError):
+        await coordinator.write(1, failed)  # stored on n1 alone
+    peers.down = {"n1"}
+    table = await coordinator.read(1)  # n2 and n3: the table before the failed write
+    assert table.get("train").position_of("b") is None
+    table, answer = acquire(table, 1, "train", "c", 30.0, True, 2.0)
+    assert table.version > failed.version
+    peers.down = {"n3"}
+    await coordinator.write(1, table)  # acknowledged by n1 and n2
+    assert answer.position == 1
+    peers.down = {"n2"}
+    seen = await quorum("n3", acceptors, peers).read(2)  # n1 and n3
+    assert seen.get("train").position_of("c") is not None
+
+
+async def test_a_coordinator_never_sends_two_tables_under_one_version() -> None:
+    _, acceptors, peers = cluster()
+    coordinator = quorum("n1", acceptors, peers)
+    base = await coordinator.read(1)
+    first, _ = acquire(base, 1, "train", "a", 30.0, True, 0.0)
+    await coordinator.write(1, first)
+    other, _ = acquire(base, 1, "train", "b", 30.0, True, 0.0)
+    assert other.version == first.version
+    with pytest.raises(LockError) as caught:
+        await coordinator.write(1, other)
+    assert caught.value.code == "lock_version_reused"
