@@ -52,20 +52,24 @@ LOSS_LEVELS = (0.01, 0.05)
 PARTITION_FRACTION = 0.1
 
 
-PARTITION_LIMIT = 1000
-"""The largest N whose partition is simulated by default: the cut and the heal make every
+PARTITION_LIMIT = 500
+"""The largest N whose partition is simulated by default. The cut and the heal make every
 member gossip about a tenth of the others (suspicions, deaths, then refutations), work that
-grows as N squared; at 1,000 members it is already most of a run (docs/scale.md)."""
+grows as N squared: its branch takes about 2 minutes of CPU at 400 members, and did not end in
+16 minutes at 1,000 (docs/scale.md)."""
 GOALS_AT = 10_000
 WINDOW_PROBES = 20_000
 """Probes each loss window holds (N / probe_interval_s per second): 6 s at 1,000 members."""
-MIN_WINDOW_S = 2.0
+MIN_WINDOW_S = 1.0
+"""Three probe rounds: 1.2 s at 5,000 members, 1 s at 10,000 (33,000 probes). It was 2 s, and
+the 5% window at 10,000 members then took 8 minutes of CPU on its own (docs/scale.md)."""
 
 
 def loss_window_s(nodes: int, timeouts: Timeouts) -> float:
-    """How long each loss level lasts: WINDOW_PROBES probes, at least MIN_WINDOW_S (several
-    probe and suspicion rounds). A larger cluster probes more each second, so its windows hold
-    as many chances of a false death in a shorter time, which keeps a run of 10,000 short."""
+    """How long each loss level lasts: WINDOW_PROBES probes, at least MIN_WINDOW_S (three probe
+    rounds). A larger cluster probes more each second, so its windows hold as many chances of a
+    false death in a shorter time; every false suspicion is gossiped to all N members, so the
+    windows' cost grows as N squared (`--loss-window-s` sets a longer one)."""
     return max(MIN_WINDOW_S, WINDOW_PROBES * timeouts.probe_interval_s / nodes)
 
 
@@ -138,21 +142,21 @@ async def _membership(options: Options) -> dict[str, Any]:
     gc.freeze()
     gc.enable()
     await cluster.run_for(options.settle_s)
-    sent = cluster.network.sent_bytes
-    await cluster.run_for(options.steady_s)
-    rate = (cluster.network.sent_bytes - sent) / options.steady_s / options.nodes
-    _progress(loop, f"steady: {rate:.0f} B/s per node")
+    _progress(loop, "settled")
     levels = sorted({*LOSS_LEVELS, *([options.loss] if options.loss else [])})
     window_s = options.loss_window_s or loss_window_s(options.nodes, cluster.timeouts)
     # the costliest first, so that the cheap ones share the other cores meanwhile: the
-    # partition, then the loss levels, highest first (each false suspicion is gossiped to all)
+    # partition, the loss levels, highest first (each false suspicion is gossiped to all), the
+    # kills, then the steady state
     branches: dict[str, Branch] = {}
     if options.nodes <= options.partition_limit:
         branches["partition"] = partial(_partition, cluster, options)
     for level in reversed(levels):
         branches[f"{level:g}"] = partial(_false_deaths, cluster, level, window_s)
     branches["kills"] = partial(_kills, cluster, options)
+    branches["steady"] = partial(_steady, cluster, options)
     answers = await run_branches(branches, options.jobs)
+    rate: float = answers.pop("steady")
     known: list[float] = answers.pop("kills")
     converge: float | None = answers.pop("partition", None)
     false_deaths: dict[str, int] = {f"{level:g}": answers[f"{level:g}"] for level in levels}
@@ -170,6 +174,16 @@ async def _membership(options: Options) -> dict[str, Any]:
     }
 
 
+async def _steady(cluster: SimCluster, options: Options) -> float:
+    """A branch: `options.steady_s` without loss or deaths; membership bytes per second per
+    node, as sealed on the wire."""
+    sent = cluster.network.sent_bytes
+    await cluster.run_for(options.steady_s)
+    rate = (cluster.network.sent_bytes - sent) / options.steady_s / options.nodes
+    _progress(cluster.loop, f"steady: {rate:.0f} B/s per node")
+    return rate
+
+
 async def _kills(cluster: SimCluster, options: Options) -> list[float]:
     """A branch: `options.kills` members SIGKILLed (at `options.loss`, if any)."""
     cluster.network.loss = options.loss or 0.0
@@ -182,7 +196,8 @@ async def _false_deaths(cluster: SimCluster, level: float, window_s: float) -> i
     """A branch: one window at datagram loss `level`, then loss-free until no live member is
     suspected; live members declared dead for suspicions begun in the window."""
     deaths = await lossy_windows(cluster, [level], window_s)
-    _progress(cluster.loop, f"false deaths at {level:g} loss: {deaths[level]}")
+    suspected = len(cluster.seen.first_suspect)  # (member, incarnation) suspected in the branch
+    _progress(cluster.loop, f"false deaths at {level:g} loss: {deaths[level]} of {suspected}")
     return deaths[level]
 
 
