@@ -241,6 +241,12 @@ async def test_a_member_holding_nothing_is_asked_again_only_after_the_quiet_inte
     assert 1 <= len(asked) <= took_s / 0.3 + 1, (len(asked), took_s)
 
 
+ARRIVAL_SLACK_S = 0.1
+"""An ask the puller decided inside its young window reaches the idle member a little later
+(the window starts after `started`, and a loaded machine delays the request): asks in this
+slack after the window are neither early nor late."""
+
+
 async def test_a_member_holding_nothing_is_asked_at_every_poll_at_the_start(
     tmp_path: Path,
 ) -> None:
@@ -249,5 +255,6 @@ async def test_a_member_holding_nothing_is_asked_at_every_poll_at_the_start(
     options = SwarmOptions(poll_s=0.02, quiet_poll_s=60.0, alone_after_s=0.4)
     asked, started, _ = await _pull_beside_an_idle_member(tmp_path, options)
     early = [at for at in asked if at - started < 0.4]
+    late = [at for at in asked if at - started >= 0.4 + ARRIVAL_SLACK_S]
     assert len(early) >= 3, asked  # polled again and again while the download was young
-    assert len(asked) - len(early) <= 1, asked  # then quiet for quiet_poll_s
+    assert len(late) <= 1, asked  # then quiet for quiet_poll_s
